@@ -1,0 +1,408 @@
+"""Load: YAML files + schema + overrides -> typed, validated config objects.
+
+Reads files (and only reads); everything after this step is pure. Every error names
+the file, the line where known, and the dotted key.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from . import schema
+from .errors import ConfigError
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
+OVERRIDES = "command line"
+
+
+# --- where each value came from ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Origin:
+    file: str
+    line: int | None = None
+
+
+@dataclass
+class Provenance:
+    """Dotted key -> the file (and line) that set it last."""
+
+    origins: dict[str, Origin] = field(default_factory=dict)
+    default_file: str = "(default)"
+
+    def of(self, key: str) -> Origin:
+        probe = key
+        while probe:
+            if probe in self.origins:
+                return self.origins[probe]
+            probe = probe.rpartition(".")[0]
+        return Origin(self.default_file)
+
+    def error(self, key: str, message: str) -> ConfigError:
+        origin = self.of(key)
+        return ConfigError(message, file=origin.file, key=key, line=origin.line)
+
+
+# --- YAML ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class YamlDoc:
+    path: str
+    data: dict
+    lines: dict[str, int]
+
+    def origin(self, key: str) -> Origin:
+        return Origin(self.path, self.lines.get(key))
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1's base-60 numbers, so `time: 04:00:00` stays a string."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers
+            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?"
+               r"|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)"
+               r"|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def yaml_scalar(text: str) -> Any:
+    """Parse one override value the way a YAML file would."""
+    return yaml.load(text, Loader=_Loader)
+
+
+def read_yaml(path: str | os.PathLike) -> YamlDoc:
+    name = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("no such file", file=name) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, not a YAML file", file=name) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"cannot read: {exc}", file=name) from None
+    try:
+        node = yaml.compose(text, Loader=_Loader)
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"invalid YAML: {problem}", file=name,
+                          line=mark.line + 1 if mark else None) from None
+    if data is None:
+        raise ConfigError("the file is empty", file=name)
+    if not isinstance(data, dict):
+        raise ConfigError("the top level must be a mapping of keys", file=name)
+    for key in data:
+        if not isinstance(key, str):
+            raise ConfigError(f"keys must be strings, got {key!r}", file=name)
+    return YamlDoc(name, data, _line_map(node))
+
+
+def _line_map(node: Any, prefix: str = "") -> dict[str, int]:
+    lines: dict[str, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = f"{prefix}{key_node.value}"
+            lines[key] = key_node.start_mark.line + 1
+            lines.update(_line_map(value_node, key + "."))
+    return lines
+
+
+def _leaf_keys(data: Mapping, prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        keys.append(dotted)
+        if isinstance(value, Mapping):
+            keys.extend(_leaf_keys(value, dotted + "."))
+    return keys
+
+
+# --- schema merge ---------------------------------------------------------------------
+
+
+def _omegaconf_error(exc: OmegaConfBaseException, where: Provenance | YamlDoc | Origin) -> ConfigError:
+    key = getattr(exc, "full_key", None) or None
+    message = (getattr(exc, "msg", None) or str(exc)).split("\n")[0].strip()
+    if isinstance(where, Provenance):
+        if key:
+            return where.error(key, message)
+        return ConfigError(message, file=where.default_file)
+    origin = where.origin(key) if isinstance(where, YamlDoc) and key else (
+        where if isinstance(where, Origin) else Origin(where.path))
+    return ConfigError(message, file=origin.file, key=key, line=origin.line)
+
+
+def _merge(base: DictConfig, data: Mapping, where: YamlDoc | Origin) -> DictConfig:
+    try:
+        return OmegaConf.merge(base, data)
+    except OmegaConfBaseException as exc:
+        raise _omegaconf_error(exc, where) from None
+
+
+def _to_object(cfg: DictConfig, provenance: Provenance) -> Any:
+    try:
+        return OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:
+        error = _omegaconf_error(exc, provenance)
+        if "missing mandatory value" in error.message.lower():
+            error.message = "required key is missing"
+        raise error from None
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    parsed = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_-]+)*", key):
+            raise ConfigError(f"override {item!r} is not KEY=VALUE (e.g. resources.nodes=4)",
+                              file=OVERRIDES, key=key or item)
+        try:
+            value_obj = yaml_scalar(value) if value.strip() else ""
+        except yaml.YAMLError:
+            value_obj = value
+        parsed.append((key, value_obj))
+    return parsed
+
+
+def _overrides_dict(parsed: list[tuple[str, Any]]) -> dict:
+    root: dict = {}
+    for key, value in parsed:
+        node = root
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError("set both as a value and as a section", file=OVERRIDES, key=key)
+            node = child
+        node[parts[-1]] = value
+    return root
+
+
+def _check_choices(cfg: DictConfig, choices: Mapping[str, tuple[str, ...]], provenance: Provenance) -> None:
+    for key, allowed in choices.items():
+        value = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
+        if value is not None and value not in allowed:
+            raise provenance.error(key, f"{value!r} is not one of: {', '.join(allowed)}")
+
+
+def _resolve_interpolations(cfg: DictConfig, provenance: Provenance) -> DictConfig:
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as exc:
+        error = _omegaconf_error(exc, provenance)
+        error.message += " (a literal shell variable is written $NAME, or \\${NAME})"
+        raise error from None
+    return cfg
+
+
+# --- experiment -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoadedExperiment:
+    config: schema.Experiment
+    path: Path
+    provenance: Provenance
+
+
+def load_experiment(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> LoadedExperiment:
+    doc = read_yaml(path)
+    provenance = Provenance(default_file=doc.path)
+    for key in _leaf_keys(doc.data):
+        provenance.origins[key] = doc.origin(key)
+    cfg = _merge(OmegaConf.structured(schema.Experiment), doc.data, doc)
+    parsed = parse_overrides(list(overrides))
+    for key, _ in parsed:
+        provenance.origins[key] = Origin(OVERRIDES)
+    for key, value in parsed:
+        cfg = _merge(cfg, _overrides_dict([(key, value)]), Origin(OVERRIDES))
+    cfg = _resolve_interpolations(cfg, provenance)
+    _check_choices(cfg, schema.EXPERIMENT_CHOICES, provenance)
+    exp: schema.Experiment = _to_object(cfg, provenance)
+    _check_experiment(exp, provenance)
+    return LoadedExperiment(exp, Path(path), provenance)
+
+
+def _check_experiment(exp: schema.Experiment, prov: Provenance) -> None:
+    if not NAME_PATTERN.fullmatch(exp.name):
+        raise prov.error("name", f"{exp.name!r} must match [A-Za-z0-9._-]+")
+    ep = exp.entrypoint
+    if bool(ep.script) == bool(ep.module):
+        raise prov.error("entrypoint", "give exactly one of entrypoint.script or entrypoint.module")
+    if ep.module is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", ep.module):
+        raise prov.error("entrypoint.module", f"{ep.module!r} is not a Python module name")
+    for key, value in exp.env.items():
+        _check_env_name(key, f"env.{key}", prov)
+    if exp.site is not None and not exp.site:
+        raise prov.error("site", "must not be empty")
+
+
+def _check_env_name(name: str, key: str, prov: Provenance) -> None:
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise prov.error(key, f"{name!r} is not a valid environment variable name")
+
+
+# --- site profiles -----------------------------------------------------------------------
+
+
+SHIPPED_SITES = Path(__file__).resolve().parent.parent / "site_configs"
+
+
+def site_search_path(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
+    """Where profile names are looked up, first match wins (DESIGN.md)."""
+    dirs = [cwd / "site_configs"]
+    dirs += [Path(d) for d in environ.get("GLAUNCH_SITE_PATH", "").split(":") if d]
+    home = environ.get("HOME")
+    if home:
+        dirs.append(Path(home) / ".config" / "glaunch" / "sites")
+    dirs.append(_shipped_sites_dir())
+    return dirs
+
+
+def _shipped_sites_dir() -> Path:
+    if SHIPPED_SITES.is_dir():  # source checkout or editable install
+        return SHIPPED_SITES
+    from importlib import resources
+    return Path(str(resources.files("launcher.site_configs")))
+
+
+def _looks_like_path(name: str) -> bool:
+    return "/" in name or name.endswith((".yaml", ".yml"))
+
+
+def find_site(name: str, cwd: Path, environ: Mapping[str, str], *, near: Path | None = None,
+              referrer: Origin | None = None) -> Path:
+    """A profile name or a path -> the file. `near` is searched first (for `extends`)."""
+    if _looks_like_path(name):
+        path = Path(os.path.expanduser(name))
+        path = path if path.is_absolute() else ((near or cwd) / path)
+        if path.is_file():
+            return path
+        where = referrer or Origin(str(path))
+        raise ConfigError(f"site profile file {name!r} not found", file=where.file,
+                          key="extends" if referrer else None, line=where.line)
+    if not NAME_PATTERN.fullmatch(name):
+        where = referrer or Origin(OVERRIDES)
+        raise ConfigError(f"{name!r} is not a site name or a path", file=where.file, line=where.line)
+    dirs = ([near] if near else []) + site_search_path(cwd, environ)
+    for directory in dirs:
+        for suffix in (".yaml", ".yml"):
+            candidate = directory / f"{name}{suffix}"
+            if candidate.is_file():
+                return candidate
+    where = referrer or Origin(OVERRIDES)
+    searched = ", ".join(str(d) for d in dirs)
+    raise ConfigError(f"unknown site {name!r} (searched: {searched}); `glaunch sites list` shows those found",
+                      file=where.file, key="extends" if referrer else "site", line=where.line)
+
+
+@dataclass(frozen=True)
+class LoadedSite:
+    config: schema.Site
+    path: Path
+    chain: tuple[Path, ...]           # base first, the named file last
+    provenance: Provenance
+
+
+def load_site(name_or_path: str, cwd: Path, environ: Mapping[str, str], *,
+              referrer: Origin | None = None) -> LoadedSite:
+    path = find_site(name_or_path, cwd, environ, referrer=referrer)
+    layers: list[YamlDoc] = []
+    _collect_layers(path, cwd, environ, stack=[], layers=layers)
+    provenance = Provenance(default_file="(default)")
+    cfg = OmegaConf.structured(schema.Site)
+    for doc in layers:
+        data = {k: v for k, v in doc.data.items() if k != "extends"}
+        # Validate each file alone, so an error names the file that holds the bad value.
+        _merge(OmegaConf.structured(schema.Site), data, doc)
+        cfg = _merge(cfg, data, doc)
+        for key in _leaf_keys(data):
+            provenance.origins[key] = doc.origin(key)
+    # The profile is named by its own file, not by what it extends.
+    cfg.name = layers[-1].data.get("name", cfg.name)
+    cfg = _resolve_interpolations(cfg, provenance)
+    _check_choices(cfg, schema.SITE_CHOICES, provenance)
+    site: schema.Site = _to_object(cfg, provenance)
+    _check_site(site, provenance)
+    return LoadedSite(site, path, tuple(Path(d.path) for d in layers), provenance)
+
+
+def _collect_layers(path: Path, cwd: Path, environ: Mapping[str, str], stack: list[Path],
+                    layers: list[YamlDoc]) -> None:
+    resolved = path.resolve()
+    if resolved in stack:
+        cycle = " -> ".join(str(p) for p in stack[stack.index(resolved):] + [resolved])
+        raise ConfigError(f"extends forms a cycle: {cycle}", file=str(path), key="extends")
+    doc = read_yaml(path)
+    parents = doc.data.get("extends")
+    if parents is None:
+        parents = []
+    elif isinstance(parents, str):
+        parents = [parents]
+    elif not (isinstance(parents, list) and all(isinstance(p, str) and p for p in parents)):
+        raise ConfigError("must be a profile name, a path, or a list of them", file=doc.path,
+                          key="extends", line=doc.lines.get("extends"))
+    for parent in parents:
+        parent_path = find_site(parent, cwd, environ, near=path.parent,
+                                referrer=doc.origin("extends"))
+        if any(Path(l.path).resolve() == parent_path.resolve() for l in layers):
+            continue  # a diamond: the shared base is applied once, first
+        _collect_layers(parent_path, cwd, environ, stack + [resolved], layers)
+    layers.append(doc)
+
+
+def _check_site(site: schema.Site, prov: Provenance) -> None:
+    if not NAME_PATTERN.fullmatch(site.name):
+        raise prov.error("name", f"{site.name!r} must match [A-Za-z0-9._-]+")
+    for key in site.env:
+        _check_env_name(key, f"env.{key}", prov)
+    for pname, part in site.partitions.items():
+        if not NAME_PATTERN.fullmatch(pname):
+            raise prov.error(f"partitions.{pname}", f"{pname!r} is not a valid partition name")
+        if part.gpus_per_node < 0:
+            raise prov.error(f"partitions.{pname}.gpus_per_node", "must be 0 or more")
+        for field_name in ("cpus_per_node", "max_nodes"):
+            value = getattr(part, field_name)
+            if value is not None and value < 1:
+                raise prov.error(f"partitions.{pname}.{field_name}", "must be 1 or more")
+        for field_name in ("gpu_mem_gb", "mem_gb"):
+            value = getattr(part, field_name)
+            if value is not None and value <= 0:
+                raise prov.error(f"partitions.{pname}.{field_name}", "must be more than 0")
+    if site.default_partition is not None and site.partitions and site.default_partition not in site.partitions:
+        raise prov.error("default_partition",
+                         f"{site.default_partition!r} is not among partitions: {', '.join(site.partitions)}")
+    for key, value in site.sbatch.items():
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", str(key)):
+            raise prov.error(f"sbatch.{key}", "an sbatch option name is lower-case letters, digits and '-'")
+        if isinstance(value, (dict, list)):
+            raise prov.error(f"sbatch.{key}", "a directive's value must be a string, number or true/false")
+    if site.crash_retries < 0:
+        raise prov.error("crash_retries", "must be 0 or more")
+    if not 0 <= site.plan.headroom < 1:
+        raise prov.error("plan.headroom", "must be a fraction in [0, 1)")
+    if site.plan.overhead_gb < 0:
+        raise prov.error("plan.overhead_gb", "must be 0 or more")

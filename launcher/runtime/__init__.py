@@ -1,0 +1,106 @@
+"""glaunch in-job runtime: what a training script imports.
+
+Small and framework-agnostic; thin adapters live in ``launcher.runtime.lightning``
+and ``launcher.runtime.deepspeed``. Importing this package does not import torch.
+
+Environment (set by the launcher on every rank; all optional)
+-------------------------------------------------------------
+``RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK MASTER_ADDR MASTER_PORT``
+    torch.distributed env:// rendezvous (torchrun sets its own).
+``GLAUNCH_RUN_DIR``          run directory; result.json / stop.json go here (default ``./glaunch-run``)
+``GLAUNCH_CHECKPOINT_DIR``   checkpoints (default ``<run dir>/checkpoints``; shared by all ranks)
+``GLAUNCH_CHECKPOINT_EVERY`` checkpoint every N steps (default 0: only when stopping)
+``GLAUNCH_CHECKPOINT_KEEP``  complete checkpoints kept (default 2)
+``GLAUNCH_STRATEGY`` ``GLAUNCH_PRECISION`` ``GLAUNCH_DS_CONFIG``  what the launcher resolved
+``GLAUNCH_RESTART``          0 on the first start, +1 per requeue
+``GLAUNCH_RUN_ID`` ``GLAUNCH_JOB_ID`` ``GLAUNCH_LAUNCHER`` (srun | torchrun)
+``GLAUNCH_STOP_SIGNALS``     signals that request a graceful stop (default ``USR2,TERM``)
+
+With none of it set a script runs as one stand-alone process (rank 0 of 1).
+
+The training loop, in full::
+
+    from launcher import runtime as rt
+
+    ctx = rt.init_distributed()            # gloo on CPU, nccl with CUDA
+    rt.install_stop_handler()              # USR2/TERM only set a flag
+    start, resumed = 0, None
+    ck = rt.resume_checkpoint(ctx)         # newest *verified* checkpoint, same on all ranks
+    if ck:
+        start = resumed = rt.load_torch_state(ck, model, opt)["step"]
+    for step in range(start + 1, steps + 1):
+        train_one_step(step)               # data derived from (seed, step, rank)
+        saved = ctx.checkpoint_due(step) and rt.save_torch_state(step, model, opt)
+        if step < steps and rt.should_stop():     # collective, every rank, every step
+            ck = saved or rt.save_torch_state(step, model, opt)
+            rt.write_stop(step, ck)
+            print(f"glaunch: stopping at step {step}, checkpoint saved")
+            return 0                               # the launcher decides about requeue
+    rt.write_result(steps, model=model, final_loss=loss, resumed_from=resumed)
+
+API
+---
+``context()``               the :class:`RankContext` (rank, local_rank, world_size, node_rank,
+                            run_dir, checkpoint_dir, checkpoint_every, restart, job_id, is_main, ...)
+``init_distributed()``      init torch.distributed from it (also stand-alone); returns the context
+``install_stop_handler()``  handle GLAUNCH_STOP_SIGNALS (replaces earlier handlers, e.g. submitit's)
+``should_stop()``           collective all_reduce(MAX) of the stop flags: same answer on all ranks
+``stop_signal()`` / ``received_signal()``  which signal asked for the stop (agreed / this rank's)
+``request_stop()`` / ``reset_stop()``      set / clear the flag from code
+``stage_checkpoint(step)``  collective context manager: write shards into staging, commit atomically
+``latest_complete(dir)``    newest checkpoint whose manifest verifies (never trusts ``latest`` alone)
+``resume_checkpoint()``     the same, decided by rank 0 and broadcast
+``verify_checkpoint(path)`` ``(manifest, None)`` or ``(None, reason)``
+``save_torch_state`` / ``load_torch_state``  model + optimizer + per-rank RNG through the scheme
+``param_sha256(model)``     SHA-256 of all parameters (name order, float32 bytes; gathers ZeRO-3)
+``write_result(...)``       rank 0 writes ``<run_dir>/result.json`` atomically
+``write_stop(step, ck)``    rank 0 writes ``<run_dir>/stop.json`` (step, signal, checkpoint)
+
+See ``launcher.runtime.checkpoint`` for the on-disk layout and the commit protocol.
+"""
+
+from __future__ import annotations
+
+from .checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    Staging,
+    latest_complete,
+    list_checkpoints,
+    read_latest,
+    resume_checkpoint,
+    stage_checkpoint,
+    step_dir_name,
+    verify_checkpoint,
+)
+from .context import (
+    RankContext,
+    RuntimeConfigError,
+    barrier,
+    context,
+    export_rendezvous_env,
+    init_distributed,
+)
+from .result import param_sha256, write_result, write_stop
+from .state import load_torch_state, rng_state, save_torch_state, set_rng_state, unwrap
+from .stop import (
+    install_stop_handler,
+    received_signal,
+    request_stop,
+    reset_stop,
+    should_stop,
+    stop_requested,
+    stop_signal,
+    uninstall_stop_handler,
+)
+
+__all__ = [
+    "Checkpoint", "CheckpointError", "RankContext", "RuntimeConfigError", "Staging",
+    "barrier", "context", "export_rendezvous_env", "init_distributed",
+    "install_stop_handler", "uninstall_stop_handler", "should_stop", "stop_requested",
+    "stop_signal", "received_signal", "request_stop", "reset_stop",
+    "stage_checkpoint", "latest_complete", "resume_checkpoint", "verify_checkpoint",
+    "list_checkpoints", "read_latest", "step_dir_name",
+    "save_torch_state", "load_torch_state", "rng_state", "set_rng_state", "unwrap",
+    "param_sha256", "write_result", "write_stop",
+]

@@ -1,0 +1,161 @@
+"""Lightning adapter: cluster environment for the launch mode, and a checkpoint/stop Callback.
+
+    from launcher.runtime.lightning import GlaunchCallback, cluster_environment
+
+    cb = GlaunchCallback()
+    trainer = L.Trainer(..., plugins=[cluster_environment()], callbacks=[cb],
+                        enable_checkpointing=False)
+    trainer.fit(model, data, ckpt_path=cb.resume_path())
+    if cb.stopped_at is not None:       # a stop was requested; checkpoint committed
+        sys.exit(0)
+
+The callback saves ``trainer.save_checkpoint`` into the staging dir (``lightning.ckpt``,
+written by global rank 0) plus one ``rng-rank-RRRRR.pt`` per rank, and commits through
+:func:`launcher.runtime.stage_checkpoint`. Every ``GLAUNCH_CHECKPOINT_EVERY`` optimizer
+steps, and on a stop request, which it checks after every training batch with the
+collective :func:`launcher.runtime.should_stop` and turns into ``trainer.should_stop``.
+
+Lightning's own signal handling is kept out: its SLURM auto-requeue is off
+(``SLURMEnvironment(auto_requeue=False)``) and, because ``Trainer.fit`` installs a SIGTERM
+handler that kills the ranks and raises ``SIGTERMException`` at the next batch, the
+callback puts the glaunch handler back in ``on_train_start``.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .checkpoint import Checkpoint, resume_checkpoint, stage_checkpoint
+from .context import RankContext, all_reduce_max, context, log
+from .state import rng_state, set_rng_state
+from .stop import install_stop_handler, should_stop, stop_signal
+
+CKPT_FILE = "lightning.ckpt"
+
+
+def rng_file(rank: int) -> str:
+    return f"rng-rank-{rank:05d}.pt"
+
+
+def cluster_environment(ctx: RankContext | None = None):
+    """The Lightning ClusterEnvironment for how glaunch started this rank.
+
+    srun (one task per GPU, SLURM_PROCID set): ``SLURMEnvironment(auto_requeue=False)``
+    (glaunch requeues, not Lightning); torchrun, or any launch that exported RANK/
+    LOCAL_RANK/GROUP_RANK/LOCAL_WORLD_SIZE: ``TorchElasticEnvironment``; stand-alone:
+    ``LightningEnvironment``.
+    """
+    from lightning.pytorch.plugins.environments import (
+        LightningEnvironment,
+        SLURMEnvironment,
+        TorchElasticEnvironment,
+    )
+
+    ctx = ctx or context()
+    if ctx.launcher == "srun" and "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:
+        return SLURMEnvironment(auto_requeue=False)
+    if TorchElasticEnvironment.detect():
+        return TorchElasticEnvironment()
+    return LightningEnvironment()
+
+
+def trainer_topology(ctx: RankContext | None = None) -> dict:
+    """``{"devices": LOCAL_WORLD_SIZE, "num_nodes": WORLD_SIZE // LOCAL_WORLD_SIZE}`` for the Trainer."""
+    ctx = ctx or context()
+    return {"devices": ctx.local_world_size, "num_nodes": ctx.num_nodes}
+
+
+def _callback_base():
+    from lightning.pytorch.callbacks import Callback
+
+    return Callback
+
+
+class GlaunchCallback(_callback_base()):
+    """Atomic checkpoints every N steps and on stop requests; resume via :meth:`resume_path`."""
+
+    def __init__(self, ctx: RankContext | None = None, every: int | None = None,
+                 keep: int | None = None, verify: str = "hash") -> None:
+        super().__init__()
+        self.ctx = ctx or context()
+        self.every = self.ctx.checkpoint_every if every is None else every
+        self.keep = keep
+        self.verify = verify
+        self.resumed: Checkpoint | None = None
+        self.stopped_at: int | None = None
+        self.stop_signal: str | None = None
+        self.last_saved: Checkpoint | None = None
+        self._resolved = False
+        self._checked_step = -1
+
+    # -- resume
+    def resume_path(self) -> str | None:
+        """``ckpt_path`` for ``trainer.fit``: lightning.ckpt of the newest complete checkpoint.
+
+        Called before ``fit`` (torch.distributed is not up yet), so every rank looks
+        itself; :meth:`setup` then checks that all ranks picked the same step.
+        """
+        self.resumed = resume_checkpoint(self.ctx, verify=self.verify)
+        self._resolved = True
+        if self.resumed is None:
+            return None
+        path = self.resumed.path / CKPT_FILE
+        if not path.exists():
+            raise FileNotFoundError(f"{self.resumed.path} is not a Lightning checkpoint (no {CKPT_FILE})")
+        return str(path)
+
+    @property
+    def resumed_from(self) -> int | None:
+        return None if self.resumed is None else self.resumed.step
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        if stage != "fit" or not self._resolved:
+            return
+        mine = -1 if self.resumed is None else self.resumed.step
+        hi, neg_lo = all_reduce_max([mine, -mine])
+        if hi != -neg_lo:
+            raise RuntimeError(f"ranks disagree on the checkpoint to resume from (steps {-neg_lo}..{hi}); "
+                               "is the checkpoint dir on a filesystem shared by all ranks?")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        install_stop_handler(self.ctx.stop_signals)   # take SIGTERM back from Lightning
+        if self.resumed is not None:
+            import torch
+
+            f = self.resumed.path / rng_file(trainer.global_rank)
+            if f.exists() and self.resumed.world_size == trainer.world_size:
+                set_rng_state(torch.load(f, map_location="cpu", weights_only=True))
+            else:
+                log(f"no RNG state for rank {trainer.global_rank} in {self.resumed.path.name}: "
+                    "resume is not bitwise reproducible")
+
+    # -- save / stop
+    def save(self, trainer, step: int) -> Checkpoint:
+        import torch
+
+        with stage_checkpoint(step, framework="lightning", ctx=self.ctx, keep=self.keep,
+                              verify=self.verify) as st:
+            path = st.path / CKPT_FILE
+            trainer.save_checkpoint(str(path), weights_only=False)   # collective; rank 0 writes
+            if trainer.is_global_zero:
+                st.add(path)
+            torch.save(rng_state(), st.file(rng_file(trainer.global_rank)))
+        self.last_saved = st.committed
+        return st.committed
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if step == self._checked_step:      # gradient accumulation: act on optimizer steps only
+            return
+        self._checked_step = step
+        saved = None
+        if self.every > 0 and step > 0 and step % self.every == 0 and \
+                (self.last_saved is None or self.last_saved.step != step):
+            saved = self.save(trainer, step)
+        last = trainer.max_steps is not None and 0 < trainer.max_steps <= step
+        if not last and should_stop():
+            if saved is None:
+                self.save(trainer, step)
+            self.stopped_at = step
+            self.stop_signal = stop_signal()
+            trainer.should_stop = True

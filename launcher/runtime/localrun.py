@@ -1,0 +1,163 @@
+"""A stand-in for `srun` on the local site: start the job's tasks on this machine.
+
+    python -m launcher.runtime.localrun --ntasks=N --time-limit=SECONDS \
+        --signal=USR2@LEAD --output=PATTERN --error=PATTERN -- COMMAND...
+
+Like a Slurm job step it gives every task its rank in the environment (submitit's local
+variables), sends the warning signal LEAD seconds before the time limit, then SIGTERM
+at the limit and SIGKILL after a grace period, and signals whole process groups so a
+task's children go with it. When one task fails the others are stopped
+(`srun --kill-on-bad-exit`). %j in the patterns is the job id, %t the task's rank.
+
+Exit status: 0 when every task exited 0; otherwise the first failing task's status,
+or 124 when the time limit ended the step. A one-line JSON summary goes to
+<output dir>/<job id>_step.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+KILL_WAIT_S = 10.0
+TIMEOUT_STATUS = 124
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    if "--" not in argv:
+        raise SystemExit("localrun: usage: localrun [options] -- COMMAND...")
+    split = argv.index("--")
+    parser = argparse.ArgumentParser(prog="localrun")
+    parser.add_argument("--ntasks", type=int, required=True)
+    parser.add_argument("--time-limit", type=float, required=True, help="seconds")
+    parser.add_argument("--signal", default="USR2@0", help="SIG@LEAD_SECONDS")
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--error", required=True)
+    parser.add_argument("--kill-wait", type=float, default=KILL_WAIT_S)
+    options = parser.parse_args(argv[:split])
+    command = argv[split + 1:]
+    if not command:
+        raise SystemExit("localrun: no command after --")
+    return options, command
+
+
+class Step:
+    def __init__(self, options: argparse.Namespace, command: list[str]) -> None:
+        self.options = options
+        self.command = command
+        self.job_id = os.environ.get("GLAUNCH_JOB_ID", str(os.getpid()))
+        name, _, lead = options.signal.partition("@")
+        self.warning = signal.Signals["SIG" + name.upper().removeprefix("SIG")]
+        self.lead = float(lead or 0)
+        self.procs: list[subprocess.Popen] = []
+        self.warned = False
+        self.timed_out = False
+        self.stopping_since: float | None = None
+
+    def _path(self, pattern: str, task: int) -> str:
+        return pattern.replace("%j", self.job_id).replace("%t", str(task))
+
+    def start(self) -> None:
+        base = dict(os.environ)
+        base.setdefault("MASTER_ADDR", "127.0.0.1")
+        base.setdefault("MASTER_PORT", str(free_port()))
+        for task in range(self.options.ntasks):
+            env = dict(base)
+            env.update({
+                "SUBMITIT_LOCAL_JOB_ID": self.job_id,
+                "SUBMITIT_LOCAL_NTASKS": str(self.options.ntasks),
+                "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+                "SUBMITIT_LOCAL_NODEID": "0",
+                "SUBMITIT_LOCAL_GLOBALID": str(task),
+                "SUBMITIT_LOCAL_LOCALID": str(task),
+            })
+            out_path, err_path = self._path(self.options.output, task), self._path(self.options.error, task)
+            Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+            with open(out_path, "ab") as out, open(err_path, "ab") as err:
+                self.procs.append(subprocess.Popen(self.command, env=env, stdout=out, stderr=err,
+                                                   stdin=subprocess.DEVNULL, start_new_session=True))
+
+    def signal_all(self, signum: int) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def stop(self) -> None:
+        if self.stopping_since is None:
+            self.stopping_since = time.monotonic()
+            self.signal_all(signal.SIGCONT)
+            self.signal_all(signal.SIGTERM)
+
+    def run(self) -> int:
+        started = time.monotonic()
+        for signum in FORWARDED:
+            signal.signal(signum, self._on_signal)
+        self.start()
+        while any(p.poll() is None for p in self.procs):
+            elapsed = time.monotonic() - started
+            if not self.warned and self.lead > 0 and elapsed >= self.options.time_limit - self.lead:
+                self.warned = True
+                self.signal_all(self.warning)
+            if not self.timed_out and elapsed >= self.options.time_limit:
+                self.timed_out = True
+                self.stop()
+            if self.stopping_since is None and any(p.poll() not in (None, 0) for p in self.procs):
+                self.stop()  # --kill-on-bad-exit
+            if self.stopping_since is not None and time.monotonic() - self.stopping_since > self.options.kill_wait:
+                self.signal_all(signal.SIGKILL)
+            time.sleep(0.1)
+        # Like Slurm's end of step: nothing of the step survives it.
+        self.signal_all(signal.SIGKILL)
+        for proc in self.procs:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        codes = [p.returncode for p in self.procs]
+        status = TIMEOUT_STATUS if self.timed_out else next((_status(c) for c in codes if c), 0)
+        self._summary(codes, status, time.monotonic() - started)
+        return status
+
+    def _on_signal(self, signum: int, _frame) -> None:
+        if signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            self.stop()
+        else:
+            self.signal_all(signum)
+
+    def _summary(self, codes: list[int], status: int, seconds: float) -> None:
+        summary = {"job_id": self.job_id, "exit_codes": codes, "status": status, "timed_out": self.timed_out,
+                   "warned": self.warned, "seconds": round(seconds, 3)}
+        path = Path(self._path(self.options.output, 0)).parent / f"{self.job_id}_step.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary) + "\n")
+        os.replace(tmp, path)
+
+
+def _status(code: int) -> int:
+    return 128 - code if code < 0 else code
+
+
+def main(argv: list[str] | None = None) -> int:
+    options, command = _parse(sys.argv[1:] if argv is None else argv)
+    return Step(options, command).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

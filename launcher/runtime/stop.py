@@ -1,0 +1,124 @@
+"""Graceful stop requests: a signal sets a flag, ranks agree at a step boundary.
+
+The handler does nothing but record the signal (no I/O, no collectives: it may run
+in the middle of an all_reduce). :func:`should_stop` is a collective that every rank
+calls at the same step boundary; it returns True on every rank, at the same step, as
+soon as any rank was signalled.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+from .context import all_reduce_max, context, log
+
+_flag = False            # set by the handler (or request_stop) on this rank
+_signum: int | None = None      # first signal received on this rank
+_agreed_signum: int | None = None   # largest signal number any rank reported at the last should_stop
+_previous: dict[int, object] = {}
+
+
+def _handler(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
+    global _flag, _signum
+    _flag = True
+    if _signum is None:
+        _signum = signum
+
+
+def _resolve(name: str) -> signal.Signals:
+    key = name.strip().upper()
+    if not key.startswith("SIG"):
+        key = "SIG" + key
+    try:
+        return signal.Signals[key]
+    except KeyError:
+        raise ValueError(f"unknown signal name {name!r} in GLAUNCH_STOP_SIGNALS") from None
+
+
+def install_stop_handler(signals: list[str] | tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """Install the stop handler for ``signals`` (default: GLAUNCH_STOP_SIGNALS, else USR2,TERM).
+
+    Replaces whatever handler was there before (submitit's USR2 handler, Lightning's
+    SIGTERM handler): ours wins, the old ones are kept only for :func:`uninstall_stop_handler`.
+    Must run in the main thread; elsewhere it logs a warning and installs nothing.
+    Returns the names of the signals now handled (e.g. ``("SIGUSR2", "SIGTERM")``).
+    """
+    names = tuple(signals) if signals is not None else context().stop_signals
+    sigs = [_resolve(n) for n in names]
+    if threading.current_thread() is not threading.main_thread():
+        log("stop handler not installed: not in the main thread")
+        return ()
+    for sig in sigs:
+        old = signal.signal(sig, _handler)
+        if old is not _handler:
+            _previous.setdefault(int(sig), old)
+    return tuple(s.name for s in sigs)
+
+
+def uninstall_stop_handler() -> None:
+    """Put back the handlers that :func:`install_stop_handler` replaced."""
+    for signum, old in list(_previous.items()):
+        signal.signal(signum, old if old is not None else signal.SIG_DFL)
+        del _previous[signum]
+
+
+def handler_installed(sig: str | int = "USR2") -> bool:
+    """True when our handler is the current one for ``sig``."""
+    sig = _resolve(sig) if isinstance(sig, str) else sig
+    return signal.getsignal(sig) is _handler
+
+
+def request_stop(signum: int | None = None) -> None:
+    """Ask for a stop from code (same effect as receiving a stop signal on this rank)."""
+    _handler(signum if signum is not None else 0, None)
+
+
+def reset_stop() -> None:
+    """Forget any stop request (after a stop was handled, or between tests)."""
+    global _flag, _signum, _agreed_signum
+    _flag = False
+    _signum = None
+    _agreed_signum = None
+
+
+def stop_requested() -> bool:
+    """This rank's own flag, no communication. Use :func:`should_stop` to decide."""
+    return _flag
+
+
+def should_stop() -> bool:
+    """Collective: True on every rank once any rank was asked to stop.
+
+    Call it on every rank at the same step boundary (an all_reduce(MAX) of the flags;
+    without torch.distributed it is just the local flag).
+    """
+    global _agreed_signum
+    flag, signum = all_reduce_max([1 if _flag else 0, _signum or 0])
+    if flag:
+        _agreed_signum = signum or _agreed_signum
+    return bool(flag)
+
+
+def _name(signum: int | None) -> str | None:
+    if not signum:
+        return None
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return str(signum)
+
+
+def received_signal() -> str | None:
+    """Name of the first stop signal this rank received (``'SIGUSR2'``), or None."""
+    return _name(_signum)
+
+
+def stop_signal() -> str | None:
+    """The signal behind the stop all ranks agreed on at the last :func:`should_stop`.
+
+    Every rank gets the same answer (the largest signal number any rank saw), so rank 0
+    can record why the run stopped even when only another rank was signalled. Falls back
+    to this rank's own signal; None for a stop requested from code.
+    """
+    return _name(_agreed_signum) or _name(_signum)

@@ -1,0 +1,148 @@
+"""The function every Slurm task runs (pickled by submitit at submit time).
+
+It turns the task's place in the allocation into the standard torch.distributed
+environment and runs the experiment's entry point:
+
+- launcher `srun`: one task per rank; the entry point runs in this process, so the
+  signals Slurm sends reach the training code directly.
+- launcher `torchrun`: one task per node; torchrun's agent runs in this process (so its
+  workers cannot outlive it) and the warning signal is passed on to the workers, which
+  checkpoint, instead of making the agent tear them down.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+from typing import Any
+
+from .. import launchspec
+
+# The signal Slurm sends `requeue.signal_lead_s` before the time limit (see render.py).
+WARNING_SIGNAL = signal.SIGUSR2
+
+
+class TrainingTask:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = dict(spec)
+
+    def __repr__(self) -> str:
+        return f"TrainingTask({' '.join(launchspec.entry_words(self.spec))})"
+
+    def __call__(self) -> int:
+        import submitit
+
+        job = submitit.JobEnvironment()
+        os.environ["GLAUNCH_JOB_ID"] = str(job.job_id)
+        os.environ.setdefault("GLAUNCH_RUN_DIR", self.spec["run_dir"])
+        os.environ.setdefault("GLAUNCH_RUN_ID", self.spec["run_id"])
+        if self.spec["launcher"] == "torchrun":
+            return self._run_torchrun(job)
+        return self._run_rank(job)
+
+    # --- srun: this process is one rank ---------------------------------------------
+
+    def _run_rank(self, job: Any) -> int:
+        spec = self.spec
+        if job.num_tasks != spec["world_size"]:
+            raise RuntimeError(f"glaunch: the allocation has {job.num_tasks} tasks, the plan expects "
+                               f"{spec['world_size']} ranks")
+        os.environ.update(rank_environment(job.global_rank, job.local_rank, job.node,
+                                           spec["world_size"], spec["ranks_per_node"]))
+        _log(f"rank {job.global_rank}/{spec['world_size']} on {_hostname()}: "
+             f"python {' '.join(launchspec.entry_words(spec))}")
+        return run_entry(spec)
+
+    # --- torchrun: this process is the node's agent -----------------------------------
+
+    def _run_torchrun(self, job: Any) -> int:
+        from torch.distributed.run import main as torchrun_main
+
+        spec = self.spec
+        args = launchspec.torchrun_args(
+            spec, node_rank=str(job.node), master_addr=os.environ["MASTER_ADDR"],
+            master_port=os.environ["MASTER_PORT"], job_id=str(job.job_id))
+        entry = launchspec.entry_words(spec)
+        _log(f"node {job.node} on {_hostname()}: torchrun {' '.join(args + entry)}")
+        signal.signal(WARNING_SIGNAL, _forward_to_children)
+        try:
+            torchrun_main(args + entry)
+        except SystemExit as exc:
+            return _exit_code(exc)
+        return 0
+
+
+def rank_environment(rank: int, local_rank: int, node: int, world_size: int, ranks_per_node: int) -> dict[str, str]:
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(local_rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_WORLD_SIZE": str(ranks_per_node),
+        "GROUP_RANK": str(node),
+        "NODE_RANK": str(node),
+    }
+
+
+def run_entry(spec: dict[str, Any]) -> int:
+    """Run the script or module as `__main__` in this process, with its own argv."""
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    try:
+        if spec["module"]:
+            sys.argv = [spec["module"], *spec["args"]]
+            sys.path.insert(0, os.getcwd())
+            runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = [spec["script"], *spec["args"]]
+            sys.path.insert(0, os.path.dirname(spec["script"]))
+            runpy.run_path(spec["script"], run_name="__main__")
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        if code:
+            raise RuntimeError(f"glaunch: the entry point exited with status {code}") from None
+    finally:
+        sys.argv, sys.path = saved_argv, saved_path
+    return 0
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _forward_to_children(signum: int, _frame: Any) -> None:
+    for pid in child_pids(os.getpid()):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
+
+
+def child_pids(parent: int) -> list[int]:
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                stat = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        # The command name may hold spaces and parentheses: split after the last ')'.
+        fields = stat.rpartition(")")[2].split()
+        if len(fields) > 1 and fields[1] == str(parent):
+            children.append(int(entry))
+    return children
+
+
+def _hostname() -> str:
+    return os.uname().nodename
+
+
+def _log(message: str) -> None:
+    print(f"glaunch: {message}", file=sys.stderr, flush=True)

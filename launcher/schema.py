@@ -1,0 +1,154 @@
+"""Typed schemas of the two config files, as OmegaConf structured configs.
+
+Field names are the user contract (DESIGN.md). Enumerated values are plain strings,
+checked in `load` so the error can list the allowed values next to the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+# --- experiment ------------------------------------------------------------------
+
+
+@dataclass
+class Entrypoint:
+    script: Optional[str] = None
+    module: Optional[str] = None
+    args: List[str] = field(default_factory=list)
+
+
+@dataclass
+class Resources:
+    nodes: int = 1
+    gpus_per_node: Optional[int] = None
+    partition: Optional[str] = None
+    time: str = "01:00:00"
+    cpus_per_task: Optional[int] = None
+    mem_gb: Optional[float] = None
+
+
+@dataclass
+class Strategy:
+    name: str = "ddp"
+    zero_stage: int = 2
+    offload_optimizer: str = "none"
+    offload_params: str = "none"
+    nvme_path: Optional[str] = None
+
+
+@dataclass
+class Batch:
+    global_size: Optional[int] = None
+    micro_size: int = 1
+
+
+@dataclass
+class Model:
+    params: Optional[float] = None
+    factory: Optional[str] = None
+    optimizer: str = "adam"
+    layers: Optional[int] = None
+    hidden_size: Optional[int] = None
+    heads: Optional[int] = None
+    seq_len: Optional[int] = None
+    largest_layer_params: Optional[int] = None
+
+
+@dataclass
+class Checkpoint:
+    dir: Optional[str] = None
+    every_steps: int = 500
+    keep: int = 3
+
+
+@dataclass
+class Requeue:
+    max: int = 3
+    signal_lead_s: int = 120
+
+
+@dataclass
+class Experiment:
+    name: str = MISSING
+    site: Optional[str] = None
+    entrypoint: Entrypoint = field(default_factory=Entrypoint)
+    launcher: str = "srun"
+    resources: Resources = field(default_factory=Resources)
+    strategy: Strategy = field(default_factory=Strategy)
+    precision: str = "fp32"
+    batch: Batch = field(default_factory=Batch)
+    model: Model = field(default_factory=Model)
+    deepspeed: Dict[str, Any] = field(default_factory=dict)
+    checkpoint: Checkpoint = field(default_factory=Checkpoint)
+    requeue: Requeue = field(default_factory=Requeue)
+    env: Dict[str, str] = field(default_factory=dict)
+
+
+# --- site profile ------------------------------------------------------------------
+
+
+@dataclass
+class Partition:
+    gpus_per_node: int = MISSING
+    gpu_type: Optional[str] = None
+    gpu_mem_gb: Optional[float] = None
+    cpus_per_node: Optional[int] = None
+    mem_gb: Optional[float] = None
+    max_nodes: Optional[int] = None
+    max_time: Optional[str] = None
+    constraint: Optional[str] = None
+    qos: Optional[str] = None
+    preemptible: bool = False
+
+
+@dataclass
+class Container:
+    runtime: str = MISSING
+    image: str = MISSING
+    mounts: List[str] = field(default_factory=list)
+
+
+@dataclass
+class PlanSettings:
+    overhead_gb: float = 2.0
+    headroom: float = 0.10
+
+
+@dataclass
+class Site:
+    name: str = MISSING
+    scheduler: str = "slurm"
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    default_partition: Optional[str] = None
+    gpu_directive: str = "gpus-per-node"
+    partitions: Dict[str, Partition] = field(default_factory=dict)
+    modules: List[str] = field(default_factory=list)
+    env: Dict[str, str] = field(default_factory=dict)
+    setup: List[str] = field(default_factory=list)
+    container: Optional[Container] = None
+    sbatch: Dict[str, Any] = field(default_factory=dict)
+    runs_root: Optional[str] = None
+    python: Optional[str] = None
+    crash_retries: int = 0
+    plan: PlanSettings = field(default_factory=PlanSettings)
+
+
+# Enumerated string fields: dotted key -> allowed values.
+EXPERIMENT_CHOICES = {
+    "launcher": ("srun", "torchrun"),
+    "strategy.name": ("ddp", "deepspeed", "auto"),
+    "strategy.offload_optimizer": ("none", "cpu", "nvme"),
+    "strategy.offload_params": ("none", "cpu", "nvme"),
+    "precision": ("fp32", "fp16", "bf16"),
+    "model.optimizer": ("adam", "adamw", "sgd"),
+}
+SITE_CHOICES = {
+    "scheduler": ("slurm", "local"),
+    "gpu_directive": ("gpus-per-node", "gres"),
+    "container.runtime": ("pyxis", "apptainer"),
+}
