@@ -205,6 +205,9 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
         python = ("python3",)
     else:
         python = (ctx.python,)
+    if container is not None and container.runtime == "apptainer":
+        binds = [word for mount in container.mounts for word in ("--bind", mount)]
+        python = ("apptainer", "exec", "--nv", *binds, container.image, *python)
 
     if site.scheduler == "local" and nodes != 1:
         raise eprov.error("resources.nodes", f"site {site.name!r} runs on this machine: one node only")

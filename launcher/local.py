@@ -1,0 +1,131 @@
+"""The local scheduler: run job.sbatch with bash on this machine and follow it."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from . import runs
+from .resolve import JobPlan
+
+POLL_S = 0.2
+
+
+def next_job_id() -> str:
+    path = runs.state_dir() / "local_job_counter"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        text = f.read().strip()
+        value = int(text) + 1 if text.isdigit() else 1000
+        f.seek(0)
+        f.truncate()
+        f.write(str(value))
+    return str(value)
+
+
+def dump_task(plan: JobPlan, job_id: str) -> None:
+    from submitit.core.utils import DelayedSubmission, JobPaths
+
+    from .launchspec import task_spec
+    from .runtime.task import TrainingTask
+
+    paths = JobPaths(plan.log_dir, job_id=job_id)
+    DelayedSubmission(TrainingTask(task_spec(plan))).dump(paths.submitted_pickle)
+
+
+def start(plan: JobPlan, job_id: str, restart: int) -> subprocess.Popen:
+    env = dict(os.environ, GLAUNCH_JOB_ID=job_id, GLAUNCH_RESTART=str(restart))
+    env.pop("MASTER_PORT", None)
+    batch_log = open(Path(plan.log_dir) / f"{job_id}_batch.log", "ab")
+    try:
+        return subprocess.Popen(["bash", os.path.join(plan.run_dir, "job.sbatch")], cwd=plan.workdir, env=env,
+                                stdin=subprocess.DEVNULL, stdout=batch_log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    finally:
+        batch_log.close()
+
+
+def step_summary(plan: JobPlan, job_id: str) -> dict:
+    import json
+    try:
+        return json.loads((Path(plan.log_dir) / f"{job_id}_step.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+class LogFollower:
+    """Print what a growing file gains, from where we last stopped."""
+
+    def __init__(self, path: Path, write: Callable[[str], None]) -> None:
+        self.path, self.write, self.offset = path, write, 0
+
+    def poll(self) -> None:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                data = f.read()
+        except FileNotFoundError:
+            return
+        if data:
+            self.offset += len(data)
+            self.write(data.decode(errors="replace"))
+
+
+def run(plan: JobPlan, *, echo: Callable[[str], None] | None = None) -> int:
+    """Run the job to its end, requeueing on time limit or stop request like Slurm would.
+    Returns the job's exit status."""
+    echo = echo or (lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+    run_dir = Path(plan.run_dir)
+    restart = 0
+    while True:
+        job_id = next_job_id()
+        dump_task(plan, job_id)
+        with runs.updating(run_dir) as record:
+            record["job_id"] = job_id
+            record["state"] = "RUNNING"
+            record["starts"].append(runs.start_record(job_id, restart, started=runs.now(), state="RUNNING"))
+        proc = start(plan, job_id, restart)
+        with runs.updating(run_dir) as record:
+            record["starts"][-1]["pid"] = proc.pid
+        followers = [LogFollower(Path(plan.log_dir) / f"{job_id}_0_log.out", echo)]
+        try:
+            while proc.poll() is None:
+                for f in followers:
+                    f.poll()
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+        for f in followers:
+            f.poll()
+        status = proc.returncode
+        summary = step_summary(plan, job_id)
+        state, reason = _outcome(status, summary, run_dir)
+        requeue = state == "REQUEUED" and restart < plan.requeue_max
+        with runs.updating(run_dir) as record:
+            start_rec = record["starts"][-1]
+            start_rec.update(ended=runs.now(), exit_code=status, state=state if requeue or state != "REQUEUED"
+                             else "TIMEOUT", reason=reason)
+            record["state"] = "REQUEUED" if requeue else (state if state != "REQUEUED" else "TIMEOUT")
+        if not requeue:
+            return status if status else (0 if state == "COMPLETED" else 1)
+        restart += 1
+
+
+def _outcome(status: int, summary: dict, run_dir: Path) -> tuple[str, str | None]:
+    finished = (run_dir / "result.json").exists()
+    if summary.get("timed_out") or (summary.get("warned") and not finished):
+        return "REQUEUED", "timeout"
+    if status == 0:
+        return "COMPLETED", None
+    if status < 0 or status > 128:
+        return "CANCELLED", f"signal {abs(status) % 128}"
+    return "FAILED", "crash"
