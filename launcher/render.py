@@ -150,7 +150,8 @@ def render_job_script(plan: JobPlan) -> str:
 
 
 def glaunch_env(plan: JobPlan) -> list[tuple[str, str, bool]]:
-    """(name, value, expand) of the variables the in-job runtime reads."""
+    """(name, value, how) of the variables the in-job runtime reads; how is False (literal),
+    True ($NAME expands) or "raw" (glaunch's own shell text, e.g. a ${X:-default})."""
     slurm = plan.scheduler == "slurm"
     values = [
         ("GLAUNCH_RUN_ID", plan.run_id, False),
@@ -171,7 +172,7 @@ def glaunch_env(plan: JobPlan) -> list[tuple[str, str, bool]]:
         values.append(("GLAUNCH_DS_CONFIG", os.path.join(plan.run_dir, "ds_config.json"), False))
     if slurm:
         values += [("GLAUNCH_JOB_ID", "$SLURM_JOB_ID", True),
-                   ("GLAUNCH_RESTART", "${SLURM_RESTART_COUNT:-0}", True)]
+                   ("GLAUNCH_RESTART", "${SLURM_RESTART_COUNT:-0}", "raw")]
     return values
 
 
@@ -204,7 +205,8 @@ def render_env(plan: JobPlan) -> str:
     return _environment().get_template("env.sh.j2").render(
         run_id=plan.run_id, site=plan.site_name, modules=modules, setup=list(plan.setup),
         exports=exports, network_exports=network,
-        glaunch_exports=[shell.export(n, v, expand=e) for n, v, e in glaunch_env(plan)],
+        glaunch_exports=[f'export {n}="{v}"' if e == "raw" else shell.export(n, v, expand=e)
+                         for n, v, e in glaunch_env(plan)],
         rendezvous=rendezvous_lines(plan))
 
 

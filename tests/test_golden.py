@@ -1,0 +1,82 @@
+"""Golden files: rendered job.sbatch and env.sh for every shipped profile x launch mode,
+each also clean under `bash -n` and shellcheck. `pytest --update-golden` rewrites them."""
+
+import dataclasses
+import difflib
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.load import SHIPPED_SITES, load_experiment, load_site
+from launcher.render import render
+from launcher.resolve import SubmitContext, resolve
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).parent / "golden"
+ENVIRON = {"HOME": "/home/alice", "USER": "alice", "SCRATCH": "/scratch/alice", "WORK": "/work/alice",
+           "SCRATCHDIR": "/scratchdir/alice", "PROJECT": "/project/p1"}
+SITES = sorted(p.stem for p in SHIPPED_SITES.glob("*.yaml"))
+CASES = [(site, launcher) for site in SITES for launcher in ("srun", "torchrun")]
+
+
+def render_case(site: str, launcher: str) -> dict[str, str]:
+    exp = load_experiment(REPO / "examples" / "torch_ddp.yaml", [f"launcher={launcher}"])
+    # A fixed experiment location so golden files do not depend on the checkout path.
+    exp = dataclasses.replace(exp, path=Path("/home/alice/exp/torch_ddp.yaml"))
+    loaded = load_site(site, Path("/nonexistent"), ENVIRON)
+    nodes = 1 if loaded.config.scheduler == "local" else 2
+    exp = dataclasses.replace(exp, config=dataclasses.replace(
+        exp.config, resources=dataclasses.replace(exp.config.resources, nodes=nodes)))
+    ctx = SubmitContext(cwd="/home/alice/exp", python="/usr/bin/python3", environ=ENVIRON,
+                        run_id="torch-ddp-20260101-000000-abcd")
+    return render(resolve(exp, loaded, ctx))
+
+
+def test_every_shipped_profile_is_covered():
+    assert {"local", "base-slurm", "local-slurm"} - set(SITES) <= {"local-slurm"}
+    assert len([s for s in SITES if s not in ("local", "base-slurm", "local-slurm")]) >= 3
+
+
+@pytest.mark.parametrize("site,launcher", CASES)
+def test_golden(site, launcher, update_golden, tmp_path):
+    if site == "base-slurm":
+        pytest.skip("base-slurm has no partitions: it is only extended")
+    files = render_case(site, launcher)
+    failures = []
+    for name in ("job.sbatch", "env.sh"):
+        golden = GOLDEN / f"{site}.{launcher}.{name}"
+        if update_golden or not golden.exists():
+            golden.parent.mkdir(parents=True, exist_ok=True)
+            golden.write_text(files[name])
+            if not update_golden:
+                failures.append(f"{golden} did not exist; written -- review and commit it")
+            continue
+        expected = golden.read_text()
+        if files[name] != expected:
+            diff = "".join(difflib.unified_diff(expected.splitlines(True), files[name].splitlines(True),
+                                                str(golden), "rendered"))
+            failures.append(diff + "\n(run `pytest --update-golden` if the change is intended)")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("site,launcher", CASES)
+def test_rendered_scripts_are_shell_clean(site, launcher, tmp_path):
+    if site == "base-slurm":
+        pytest.skip("base-slurm has no partitions: it is only extended")
+    files = render_case(site, launcher)
+    for name in ("job.sbatch", "env.sh"):
+        path = tmp_path / name
+        path.write_text(files[name])
+        syntax = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+        assert syntax.returncode == 0, syntax.stderr
+        if shutil.which("shellcheck"):
+            check = subprocess.run(["shellcheck", "-s", "bash", str(path)], capture_output=True, text=True)
+            assert check.returncode == 0, f"{site}/{launcher}/{name}:\n{check.stdout}"
+
+
+def test_shellcheck_is_available_in_ci():
+    import os
+    if os.environ.get("CI") == "true":
+        assert shutil.which("shellcheck"), "CI must install shellcheck"
