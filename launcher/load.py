@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from . import schema
+from .deepspeed_config import deep_merge
 from .errors import ConfigError
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
@@ -65,7 +66,7 @@ class YamlDoc:
         return Origin(self.path, self.lines.get(key))
 
 
-class _Loader(yaml.SafeLoader):
+class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
     """SafeLoader without YAML 1.1's base-60 numbers, so `time: 04:00:00` stays a string."""
 
 
@@ -102,8 +103,12 @@ def read_yaml(path: str | os.PathLike) -> YamlDoc:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(f"cannot read: {exc}", file=name) from None
     try:
-        node = yaml.compose(text, Loader=_Loader)
-        data = yaml.load(text, Loader=_Loader)
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            data = loader.construct_document(node) if node is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc)
@@ -159,6 +164,13 @@ def _merge(base: DictConfig, data: Mapping, where: YamlDoc | Origin) -> DictConf
         return OmegaConf.merge(base, data)
     except OmegaConfBaseException as exc:
         raise _omegaconf_error(exc, where) from None
+
+
+def _merge_checked(schema_class: type, data: Mapping, provenance: Provenance) -> DictConfig:
+    try:
+        return OmegaConf.merge(OmegaConf.structured(schema_class), data)
+    except OmegaConfBaseException as exc:
+        raise _omegaconf_error(exc, provenance) from None
 
 
 def _to_object(cfg: DictConfig, provenance: Provenance) -> Any:
@@ -233,12 +245,14 @@ def load_experiment(path: str | os.PathLike, overrides: list[str] | tuple[str, .
     provenance = Provenance(default_file=doc.path)
     for key in _leaf_keys(doc.data):
         provenance.origins[key] = doc.origin(key)
-    cfg = _merge(OmegaConf.structured(schema.Experiment), doc.data, doc)
     parsed = parse_overrides(list(overrides))
-    for key, _ in parsed:
-        provenance.origins[key] = Origin(OVERRIDES)
+    data = doc.data
     for key, value in parsed:
-        cfg = _merge(cfg, _overrides_dict([(key, value)]), Origin(OVERRIDES))
+        provenance.origins[key] = Origin(OVERRIDES)
+        data = deep_merge(data, _overrides_dict([(key, value)]))
+    # One schema merge of the merged data: OmegaConf merges are slow, and the provenance
+    # already says which file (or override) each key came from.
+    cfg = _merge_checked(schema.Experiment, data, provenance)
     cfg = _resolve_interpolations(cfg, provenance)
     _check_choices(cfg, schema.EXPERIMENT_CHOICES, provenance)
     exp: schema.Experiment = _to_object(cfg, provenance)
@@ -333,16 +347,16 @@ def load_site(name_or_path: str, cwd: Path, environ: Mapping[str, str], *,
     layers: list[YamlDoc] = []
     _collect_layers(path, cwd, environ, stack=[], layers=layers)
     provenance = Provenance(default_file="(default)")
-    cfg = OmegaConf.structured(schema.Site)
+    merged: dict = {}
     for doc in layers:
         data = {k: v for k, v in doc.data.items() if k != "extends"}
-        # Validate each file alone, so an error names the file that holds the bad value.
-        _merge(OmegaConf.structured(schema.Site), data, doc)
-        cfg = _merge(cfg, data, doc)
+        merged = deep_merge(merged, data)
         for key in _leaf_keys(data):
             provenance.origins[key] = doc.origin(key)
     # The profile is named by its own file, not by what it extends.
-    cfg.name = layers[-1].data.get("name", cfg.name)
+    merged["name"] = layers[-1].data.get("name", merged.get("name"))
+    provenance.origins["name"] = layers[-1].origin("name")
+    cfg = _merge_checked(schema.Site, merged, provenance)
     cfg = _resolve_interpolations(cfg, provenance)
     _check_choices(cfg, schema.SITE_CHOICES, provenance)
     site: schema.Site = _to_object(cfg, provenance)
