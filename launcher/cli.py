@@ -239,7 +239,7 @@ def sites_show(site, as_json):
     flat = _flatten(asdict(loaded.config))
     rows = []
     for key, value in flat.items():
-        origin = loaded.provenance.of(key)
+        origin = loaded.provenance.of(key, exact=True)
         where = origin.file + (f":{origin.line}" if origin.line else "")
         rows.append({"key": key, "value": value, "from": where})
     if as_json:

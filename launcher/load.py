@@ -40,7 +40,11 @@ class Provenance:
     origins: dict[str, Origin] = field(default_factory=dict)
     default_file: str = "(default)"
 
-    def of(self, key: str) -> Origin:
+    def of(self, key: str, *, exact: bool = False) -> Origin:
+        """Where `key` was set; unless `exact`, a key no file set is blamed on the nearest
+        enclosing key that was (the right place to point an error at)."""
+        if exact:
+            return self.origins.get(key, Origin(self.default_file))
         probe = key
         while probe:
             if probe in self.origins:
@@ -293,7 +297,18 @@ def site_search_path(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
     if home:
         dirs.append(Path(home) / ".config" / "glaunch" / "sites")
     dirs.append(_shipped_sites_dir())
-    return dirs
+    unique: list[Path] = []
+    for directory in dirs:
+        if not any(_same_dir(directory, seen) for seen in unique):
+            unique.append(directory)
+    return unique
+
+
+def _same_dir(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return a == b
 
 
 def _shipped_sites_dir() -> Path:
