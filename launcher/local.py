@@ -116,12 +116,14 @@ def run(plan: JobPlan, *, echo: Callable[[str], None] | None = None) -> int:
                              else "TIMEOUT", reason=reason)
             record["state"] = "REQUEUED" if requeue else (state if state != "REQUEUED" else "TIMEOUT")
         if not requeue:
-            return status if status else (0 if state == "COMPLETED" else 1)
+            return 0 if state == "COMPLETED" else (status or 1)
         restart += 1
 
 
 def _outcome(status: int, summary: dict, run_dir: Path) -> tuple[str, str | None]:
     finished = (run_dir / "result.json").exists()
+    if finished and (status == 0 or summary.get("timed_out") or summary.get("warned")):
+        return "COMPLETED", None   # the work is done, even if the limit caught the teardown
     if summary.get("timed_out") or (summary.get("warned") and not finished):
         return "REQUEUED", "timeout"
     if status == 0:
