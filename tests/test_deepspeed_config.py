@@ -45,7 +45,11 @@ def _resolved_world(run_dir):
 
 PARSE = r"""
 import json, sys
+import deepspeed.runtime.config as ds_config_module
 from deepspeed.runtime.config import DeepSpeedConfig
+# The parser asks for this process's rank before it uses the mpu's world size; with no
+# process group that query raises and the parser falls back to world size 1.
+ds_config_module.dist.get_rank = lambda *args, **kwargs: 0
 class DataParallel:
     def __init__(self, n): self.n = n
     def get_data_parallel_world_size(self): return self.n
