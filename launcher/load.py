@@ -171,10 +171,42 @@ def _merge(base: DictConfig, data: Mapping, where: YamlDoc | Origin) -> DictConf
 
 
 def _merge_checked(schema_class: type, data: Mapping, provenance: Provenance) -> DictConfig:
+    _check_shapes(schema_class, data, provenance)
     try:
         return OmegaConf.merge(OmegaConf.structured(schema_class), data)
     except OmegaConfBaseException as exc:
         raise _omegaconf_error(exc, provenance) from None
+
+
+def _check_shapes(schema_class: type, data: Mapping, provenance: Provenance, prefix: str = "") -> None:
+    """Sections and lists given as the wrong kind of value: OmegaConf would raise a bare
+    TypeError that names no key."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(schema_class)
+    for f in dataclasses.fields(schema_class):
+        if f.name not in data or data[f.name] is None:
+            continue
+        value, key = data[f.name], f"{prefix}{f.name}"
+        hint = hints[f.name]
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        target = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+        origin = typing.get_origin(target)
+        if dataclasses.is_dataclass(target) or origin in (dict, typing.Dict):
+            if not isinstance(value, Mapping):
+                raise provenance.error(key, f"must be a mapping of keys, got {type(value).__name__}")
+            if dataclasses.is_dataclass(target):
+                _check_shapes(target, value, provenance, key + ".")
+            else:
+                inner = typing.get_args(target)[1] if typing.get_args(target) else None
+                if dataclasses.is_dataclass(inner):
+                    for name, item in value.items():
+                        if not isinstance(item, Mapping):
+                            raise provenance.error(f"{key}.{name}", "must be a mapping of keys")
+                        _check_shapes(inner, item, provenance, f"{key}.{name}.")
+        elif origin in (list, typing.List) and not isinstance(value, list):
+            raise provenance.error(key, f"must be a list, got {type(value).__name__}")
 
 
 def _to_object(cfg: DictConfig, provenance: Provenance) -> Any:
