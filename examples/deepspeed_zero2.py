@@ -5,8 +5,12 @@ launcher's ds_config.json, batch sizes fitted to the allocation) or DEFAULT_CONF
 Micro-batch ``m`` of step ``s`` on rank ``r`` is derived from (seed, s, r, m), so resume
 needs no data-loader state. On CPU: DS_ACCELERATOR=cpu and gloo.
 
-Optimizer: DeepSpeed's "AdamW" with ``torch_adam: true`` (plain torch.optim.AdamW).
-DeepSpeed's default FusedAdam is a CUDA kernel; on CPU it would need the cpu_adam op.
+Optimizer: the launcher's ds_config.json has no "optimizer" section, so the script adds
+one (:func:`optimizer_block`): DeepSpeed "AdamW". On CPU with ``torch_adam: true``
+(plain torch.optim.AdamW): DeepSpeed's FusedAdam is a CUDA kernel, and with
+offload_optimizer DeepSpeed would pick DeepSpeedCPUAdam, a C++ op JIT-built on first use
+(works here, but takes about two minutes once per machine). With CUDA the block leaves
+DeepSpeed its fast defaults (FusedAdam, or DeepSpeedCPUAdam under offload).
 
     python examples/deepspeed_zero2.py --steps 20
     torchrun --standalone --nproc-per-node 2 examples/deepspeed_zero2.py --steps 20
@@ -18,6 +22,7 @@ import argparse
 import hashlib
 import sys
 import time
+import warnings
 from pathlib import Path
 
 try:
@@ -33,11 +38,19 @@ DIM, HIDDEN = 16, 32
 DEFAULT_CONFIG = {
     "train_micro_batch_size_per_gpu": 32,
     "gradient_accumulation_steps": 1,
-    "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
     "zero_optimization": {"stage": 2},
     "steps_per_print": 10**9,
     "wall_clock_breakdown": False,
 }
+
+
+def optimizer_block(lr: float = 1e-2) -> dict:
+    import torch
+
+    params = {"lr": lr}
+    if not torch.cuda.is_available():
+        params["torch_adam"] = True
+    return {"type": "AdamW", "params": params}
 
 
 def batch(step: int, rank: int, micro: int, size: int):
@@ -58,6 +71,9 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
     p.add_argument("--log-every", type=int, default=10)
     args = p.parse_args(argv)
 
+    # DeepSpeed's gloo path calls collectives torch 2.13 marks deprecated, once per step
+    warnings.filterwarnings("ignore", message=r".*torch\.distributed\.\w+` is deprecated",
+                            category=FutureWarning)
     deepspeed = gds.import_deepspeed()        # DS_ACCELERATOR=cpu when there is no CUDA
     import torch
     import torch.distributed as dist
@@ -67,6 +83,7 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
     ctx = gds.init_distributed()              # gloo on CPU
     rt.install_stop_handler()
     config = gds.ds_config(default_config, ctx)
+    config.setdefault("optimizer", optimizer_block())
     zero3 = config.get("zero_optimization", {}).get("stage", 0) == 3
 
     torch.manual_seed(SEED)
@@ -107,7 +124,7 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
             if ctx.is_main:
                 print(f"glaunch: stopping at step {step}, checkpoint saved", flush=True)
                 print(f"glaunch: stop requested by {rt.stop_signal()}", flush=True)
-            dist.destroy_process_group()
+            gds.shutdown(engine)
             return 0
 
     final = loss.detach().float().reshape(1).cpu()
@@ -120,7 +137,7 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
                           resumed_from=resumed_from, ctx=ctx)
     if ctx.is_main:
         print(f"done: step {steps_done} param_sha256 {res['param_sha256']}", flush=True)
-    dist.destroy_process_group()
+    gds.shutdown(engine)
     return 0
 
 

@@ -23,7 +23,12 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from launcher import runtime as rt
-from launcher.runtime.lightning import GlaunchCallback, cluster_environment, trainer_topology
+from launcher.runtime.lightning import (
+    GlaunchCallback,
+    cluster_environment,
+    trainer_precision,
+    trainer_topology,
+)
 
 import lightning as L
 import torch
@@ -101,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         accelerator="cpu",
         strategy="ddp",
         **trainer_topology(ctx),
+        precision=trainer_precision(ctx),
         plugins=[cluster_environment(ctx)],
         callbacks=[cb],
         max_steps=args.steps,
@@ -120,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         if ctx.is_main:
             print(f"glaunch: stopping at step {cb.stopped_at}, checkpoint saved", flush=True)
             print(f"glaunch: stop requested by {cb.stop_signal}", flush=True)
+        rt.shutdown_distributed()
         return 0
 
     loss = model.last_loss
@@ -130,6 +137,7 @@ def main(argv: list[str] | None = None) -> int:
                           resumed_from=cb.resumed_from, ctx=ctx)
     if ctx.is_main:
         print(f"done: step {trainer.global_step} param_sha256 {res['param_sha256']}", flush=True)
+    rt.shutdown_distributed()
     return 0
 
 

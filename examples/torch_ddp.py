@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
             if ctx.is_main:
                 print(f"glaunch: stopping at step {step}, checkpoint saved", flush=True)
                 print(f"glaunch: stop requested by {rt.stop_signal()}", flush=True)
-            dist.destroy_process_group()
+            rt.shutdown_distributed()
             return 0
 
     final = loss.detach().clone().reshape(1)
@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
                           resumed_from=resumed_from, ctx=ctx)
     if ctx.is_main:
         print(f"done: step {steps_done} param_sha256 {res['param_sha256']}", flush=True)
-    dist.destroy_process_group()
+    rt.shutdown_distributed()
     return 0
 
 

@@ -176,3 +176,33 @@ def test_two_ranks_agree_on_stop_step(tmp_path, target, sig):
         assert f"rank {r} stops at 4 by {sig} own {own}" in out, out
         assert f"rank {r} CheckpointError" in out, out
         assert (f"rank {r} committed step-00000004 [('r0.bin', 0), ('r1.bin', 1)]") in out, out
+
+
+def test_lightning_cluster_environment_per_launch_mode(monkeypatch):
+    pytest.importorskip("lightning")
+    from lightning.pytorch.plugins.environments import (
+        LightningEnvironment,
+        SLURMEnvironment,
+        TorchElasticEnvironment,
+    )
+
+    from launcher.runtime.lightning import cluster_environment, trainer_precision, trainer_topology
+
+    for k in [k for k in os.environ if k.startswith("SLURM_") or k.startswith("TORCHELASTIC")]:
+        monkeypatch.delenv(k)
+    assert type(cluster_environment()) is LightningEnvironment
+    for k, v in dict(RANK=3, LOCAL_RANK=1, WORLD_SIZE=4, LOCAL_WORLD_SIZE=2, GROUP_RANK=1).items():
+        monkeypatch.setenv(k, str(v))
+    monkeypatch.setenv("GLAUNCH_LAUNCHER", "torchrun")
+    assert type(cluster_environment()) is TorchElasticEnvironment
+    assert trainer_topology() == {"devices": 2, "num_nodes": 2}
+    monkeypatch.setenv("GLAUNCH_LAUNCHER", "srun")
+    assert type(cluster_environment()) is TorchElasticEnvironment   # srun, but no SLURM vars
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_NTASKS", "4")
+    assert type(cluster_environment()) is TorchElasticEnvironment   # Lightning wants NTASKS_PER_NODE
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
+    env = cluster_environment()
+    assert type(env) is SLURMEnvironment and env.auto_requeue is False
+    monkeypatch.setenv("GLAUNCH_PRECISION", "bf16")
+    assert trainer_precision() == "bf16-mixed"

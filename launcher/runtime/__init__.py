@@ -35,14 +35,17 @@ The training loop, in full::
             ck = saved or rt.save_torch_state(step, model, opt)
             rt.write_stop(step, ck)
             print(f"glaunch: stopping at step {step}, checkpoint saved")
+            rt.shutdown_distributed()
             return 0                               # the launcher decides about requeue
     rt.write_result(steps, model=model, final_loss=loss, resumed_from=resumed)
+    rt.shutdown_distributed()
 
 API
 ---
 ``context()``               the :class:`RankContext` (rank, local_rank, world_size, node_rank,
                             run_dir, checkpoint_dir, checkpoint_every, restart, job_id, is_main, ...)
 ``init_distributed()``      init torch.distributed from it (also stand-alone); returns the context
+``shutdown_distributed()``  barrier + destroy_process_group: every rank, before returning
 ``install_stop_handler()``  handle GLAUNCH_STOP_SIGNALS (replaces earlier handlers, e.g. submitit's)
 ``should_stop()``           collective all_reduce(MAX) of the stop flags: same answer on all ranks
 ``stop_signal()`` / ``received_signal()``  which signal asked for the stop (agreed / this rank's)
@@ -80,6 +83,7 @@ from .context import (
     context,
     export_rendezvous_env,
     init_distributed,
+    shutdown_distributed,
 )
 from .result import param_sha256, write_result, write_stop
 from .state import load_torch_state, rng_state, save_torch_state, set_rng_state, unwrap
@@ -96,7 +100,7 @@ from .stop import (
 
 __all__ = [
     "Checkpoint", "CheckpointError", "RankContext", "RuntimeConfigError", "Staging",
-    "barrier", "context", "export_rendezvous_env", "init_distributed",
+    "barrier", "context", "export_rendezvous_env", "init_distributed", "shutdown_distributed",
     "install_stop_handler", "uninstall_stop_handler", "should_stop", "stop_requested",
     "stop_signal", "received_signal", "request_stop", "reset_stop",
     "stage_checkpoint", "latest_complete", "resume_checkpoint", "verify_checkpoint",

@@ -189,6 +189,22 @@ def init_distributed(ctx: RankContext | None = None, backend: str | None = None,
     return ctx
 
 
+def shutdown_distributed() -> None:
+    """Barrier, then destroy the default process group (if any). Call on every rank before exiting.
+
+    The barrier matters: a rank that tears down gloo while a peer is still busy can die
+    with "terminate called without an active exception" (seen with DeepSpeed ZeRO-3 on CPU).
+    """
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        if dist.get_world_size() > 1:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
 def is_distributed() -> bool:
     """True when torch.distributed is initialised with more than one rank (no torch import if unused)."""
     if "torch" not in sys.modules:

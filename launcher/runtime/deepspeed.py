@@ -26,7 +26,7 @@ import json
 import os
 
 from .checkpoint import Checkpoint, stage_checkpoint
-from .context import RankContext, context, export_rendezvous_env, log
+from .context import RankContext, context, export_rendezvous_env, log, shutdown_distributed
 from .state import rng_state, set_rng_state
 
 TAG = "deepspeed"
@@ -126,3 +126,15 @@ def load_engine(engine, ckpt: Checkpoint, *, ctx: RankContext | None = None, **k
     else:
         log(f"no RNG state for rank {ctx.rank} in {ckpt.path.name}: resume is not bitwise reproducible")
     return client_state or {}
+
+
+def shutdown(engine=None) -> None:
+    """``engine.destroy()``, a barrier, ``destroy_process_group``: the clean way out on every rank.
+
+    Without it, a ZeRO-3 rank that exits while its peer is still at work sometimes
+    aborts in C++ ("terminate called without an active exception", exit -6), which a
+    launcher would take for a crash.
+    """
+    if engine is not None and hasattr(engine, "destroy"):
+        engine.destroy()
+    shutdown_distributed()

@@ -53,8 +53,15 @@ def cluster_environment(ctx: RankContext | None = None):
 
     ctx = ctx or context()
     if ctx.launcher == "srun" and "SLURM_PROCID" in os.environ and "SLURM_NTASKS" in os.environ:
-        return SLURMEnvironment(auto_requeue=False)
-    if TorchElasticEnvironment.detect():
+        try:
+            return SLURMEnvironment(auto_requeue=False)
+        except RuntimeError as e:   # e.g. --ntasks without --ntasks-per-node, which Lightning refuses
+            log(f"Lightning's SLURMEnvironment refused this allocation ({e}); "
+                "using TorchElasticEnvironment on the glaunch rank variables")
+    # TorchElasticEnvironment reads exactly the glaunch/torchrun contract; its own detect()
+    # only looks for TORCHELASTIC_RUN_ID, which an srun/in-process launch does not set.
+    if TorchElasticEnvironment.detect() or all(
+            k in os.environ for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "GROUP_RANK")):
         return TorchElasticEnvironment()
     return LightningEnvironment()
 
@@ -63,6 +70,23 @@ def trainer_topology(ctx: RankContext | None = None) -> dict:
     """``{"devices": LOCAL_WORLD_SIZE, "num_nodes": WORLD_SIZE // LOCAL_WORLD_SIZE}`` for the Trainer."""
     ctx = ctx or context()
     return {"devices": ctx.local_world_size, "num_nodes": ctx.num_nodes}
+
+
+_PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+
+
+def trainer_precision(ctx: RankContext | None = None) -> str:
+    """GLAUNCH_PRECISION as a Trainer ``precision`` (fp32 -> 32-true, bf16 -> bf16-mixed,
+    fp16 -> 16-mixed; Lightning has fp16 AMP on CUDA only, so on CPU fp16 falls back to 32-true)."""
+    ctx = ctx or context()
+    flag = _PRECISION.get(ctx.precision, "32-true")
+    if flag == "16-mixed":
+        import torch
+
+        if not torch.cuda.is_available():
+            log("fp16 mixed precision needs CUDA; using 32-true on CPU")
+            return "32-true"
+    return flag
 
 
 def _callback_base():
