@@ -59,7 +59,21 @@ API
 ``write_result(...)``       rank 0 writes ``<run_dir>/result.json`` atomically
 ``write_stop(step, ck)``    rank 0 writes ``<run_dir>/stop.json`` (step, signal, checkpoint)
 
-See ``launcher.runtime.checkpoint`` for the on-disk layout and the commit protocol.
+Adapters (import them only where the framework is installed)
+-----------------------------------------------------------
+``launcher.runtime.lightning``  ``GlaunchCallback`` (atomic checkpoints via
+    trainer.save_checkpoint, resume via ``resume_path()``, ``should_stop`` each optimizer
+    step -> ``trainer.should_stop``), ``cluster_environment()`` (SLURMEnvironment with
+    auto_requeue=False under srun, TorchElasticEnvironment on the rank variables,
+    LightningEnvironment stand-alone), ``trainer_topology()``, ``trainer_precision()``.
+``launcher.runtime.deepspeed``  ``import_deepspeed()`` (DS_ACCELERATOR=cpu without CUDA),
+    ``init_distributed()``, ``ds_config(default)`` (GLAUNCH_DS_CONFIG or the default),
+    ``save_engine(engine, step)`` / ``load_engine(engine, ck)`` (engine.save_checkpoint
+    into the staging dir with save_latest=False; load names the tag), ``shutdown(engine)``.
+
+Examples: ``examples/torch_ddp.py``, ``lightning_ddp.py``, ``deepspeed_zero2.py``,
+``deepspeed_zero3.py``. See ``launcher.runtime.checkpoint`` for the on-disk layout and
+the commit protocol.
 """
 
 from __future__ import annotations
