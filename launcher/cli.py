@@ -189,12 +189,11 @@ def _follow(run_dir: Path, *, quiet: bool) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan(experiment, overrides, site, as_json):
     """Per-GPU memory of each strategy on the site, and the recommendation."""
-    from .planning import plan_for
+    from .planning import _planner, plan_for
 
     exp, loaded_site = _load(experiment, site, overrides)
     result = plan_for(exp, loaded_site)
-    from . import plan as planner
-    _emit(as_json, result.to_json(), planner.format_plan_table(result))
+    _emit(as_json, result.to_json(), _planner().format_plan_table(result))
 
 
 # --- sites ---------------------------------------------------------------------------------

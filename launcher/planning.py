@@ -6,12 +6,22 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from . import schema
-from .errors import ConfigError
+from .errors import ConfigError, GlaunchError
 from .load import LoadedExperiment, LoadedSite, Provenance
 
 
-def _params(model: schema.Model, prov: Provenance) -> int:
+def _planner():
+    import importlib.util
+
+    if importlib.util.find_spec(f"{__package__}.plan") is None:
+        raise GlaunchError("the strategy planner (launcher/plan.py) is not part of this build yet: "
+                           "choose strategy.name ddp or deepspeed")
     from . import plan as planner
+    return planner
+
+
+def _params(model: schema.Model, prov: Provenance) -> int:
+    planner = _planner()
 
     if model.params is not None:
         if model.params <= 0:
@@ -27,7 +37,7 @@ def _params(model: schema.Model, prov: Provenance) -> int:
 
 def plan_input(exp: schema.Experiment, site: schema.Site, part, nodes: int, gpus_per_node: int,
                prov: Provenance):
-    from . import plan as planner
+    planner = _planner()
 
     if part is None or part.gpu_mem_gb is None:
         raise prov.error("resources.partition", f"site {site.name!r} gives no gpu_mem_gb for this partition; "
@@ -42,7 +52,7 @@ def plan_input(exp: schema.Experiment, site: schema.Site, part, nodes: int, gpus
 
 def choose_strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int, ranks_per_node: int,
                     prov: Provenance) -> tuple[dict[str, Any], Mapping[str, Any]]:
-    from . import plan as planner
+    planner = _planner()
 
     result = planner.make_plan(plan_input(exp, site, part, nodes, ranks_per_node, prov))
     if result.recommended is None:
@@ -54,7 +64,7 @@ def choose_strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int,
 
 
 def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite):
-    from . import plan as planner
+    planner = _planner()
 
     exp, site, prov = exp_loaded.config, site_loaded.config, exp_loaded.provenance
     name = exp.resources.partition or site.default_partition or next(iter(site.partitions), None)
