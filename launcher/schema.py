@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from omegaconf import MISSING
+# omegaconf.MISSING's value, spelled here so that loading the schema does not import
+# OmegaConf (tests/test_load_paths.py checks they agree).
+MISSING: Any = "???"
 
 # --- experiment ------------------------------------------------------------------
 
