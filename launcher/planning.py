@@ -1,73 +1,90 @@
 """Glue between the configs and the pure memory model in launcher/plan.py:
-`glaunch plan` and `strategy.name: auto`."""
+`glaunch plan` and `strategy.name: auto`. Errors name the config key they come from."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
+from . import plan as planner
 from . import schema
-from .errors import ConfigError, GlaunchError
+from .errors import ConfigError
 from .load import LoadedExperiment, LoadedSite, Provenance
 
+format_plan_table = planner.format_plan_table
 
-def _planner():
-    import importlib.util
+# PlanInput field -> the experiment key it comes from
+_EXPERIMENT_KEYS = {
+    "params": "model.params", "layers": "model.layers", "hidden_size": "model.hidden_size",
+    "heads": "model.heads", "seq_len": "model.seq_len", "largest_layer_params": "model.largest_layer_params",
+    "optimizer": "model.optimizer", "precision": "precision", "micro_batch": "batch.micro_size",
+    "nodes": "resources.nodes", "gpus_per_node": "resources.gpus_per_node", "host_mem_gb": "resources.mem_gb",
+}
 
-    if importlib.util.find_spec(f"{__package__}.plan") is None:
-        raise GlaunchError("the strategy planner (launcher/plan.py) is not part of this build yet: "
-                           "choose strategy.name ddp or deepspeed")
-    from . import plan as planner
-    return planner
 
-
-def _params(model: schema.Model, prov: Provenance) -> int:
-    planner = _planner()
-
+def _model_size(model: schema.Model, prov: Provenance) -> tuple[int, int | None, str | None]:
+    """(params, largest layer or None, where the largest layer came from)."""
     if model.params is not None:
         if model.params <= 0:
             raise prov.error("model.params", "must be more than 0")
-        return int(model.params)
+        return int(model.params), model.largest_layer_params, None
     if model.factory:
+        exp_dir = os.path.dirname(os.path.abspath(prov.default_file))
         try:
-            return planner.count_params_from_factory(model.factory)
-        except (ValueError, ImportError, AttributeError) as exc:
+            params, largest = planner.inspect_factory(model.factory, [exp_dir, os.getcwd()])
+        except ValueError as exc:
             raise prov.error("model.factory", str(exc)) from None
+        if model.largest_layer_params is not None:
+            return params, model.largest_layer_params, None
+        return params, largest, f"counted from model.factory {model.factory}"
     raise prov.error("model.params", "the planner needs model.params or model.factory")
 
 
-def plan_input(exp: schema.Experiment, site: schema.Site, part, nodes: int, gpus_per_node: int,
-               prov: Provenance):
-    planner = _planner()
-
+def plan_input(exp: schema.Experiment, site: schema.Site, part, part_name: str | None, nodes: int,
+               gpus_per_node: int, prov: Provenance) -> planner.PlanInput:
     if part is None or part.gpu_mem_gb is None:
-        raise prov.error("resources.partition", f"site {site.name!r} gives no gpu_mem_gb for this partition; "
-                         "the planner needs it (partitions.NAME.gpu_mem_gb)")
+        raise prov.error("resources.partition", f"site {site.name!r} gives no gpu_mem_gb for partition "
+                         f"{part_name!r}; the planner needs it (partitions.{part_name}.gpu_mem_gb)")
     m = exp.model
-    return planner.PlanInput(
-        params=_params(m, prov), nodes=nodes, gpus_per_node=gpus_per_node, gpu_mem_gb=part.gpu_mem_gb,
-        precision=exp.precision, optimizer=m.optimizer, micro_batch=exp.batch.micro_size, layers=m.layers,
-        hidden_size=m.hidden_size, heads=m.heads, seq_len=m.seq_len, largest_layer_params=m.largest_layer_params,
-        overhead_gb=site.plan.overhead_gb, headroom=site.plan.headroom, max_nodes=part.max_nodes)
+    params, largest, largest_source = _model_size(m, prov)
+    host_mem = exp.resources.mem_gb if exp.resources.mem_gb is not None else part.mem_gb
+    try:
+        return planner.PlanInput(
+            params=params, nodes=nodes, gpus_per_node=gpus_per_node, gpu_mem_gb=part.gpu_mem_gb,
+            precision=exp.precision, optimizer=m.optimizer, micro_batch=exp.batch.micro_size, layers=m.layers,
+            hidden_size=m.hidden_size, heads=m.heads, seq_len=m.seq_len, largest_layer_params=largest,
+            overhead_gb=site.plan.overhead_gb, headroom=site.plan.headroom, max_nodes=part.max_nodes,
+            host_mem_gb=host_mem, largest_layer_source=largest_source)
+    except planner.PlanInputError as exc:
+        key = _EXPERIMENT_KEYS.get(exc.field)
+        if key is not None:
+            raise prov.error(key, exc.message) from None
+        raise ConfigError(exc.message, file=f"site {site.name}", key=exc.field) from None
 
 
 def choose_strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int, ranks_per_node: int,
                     prov: Provenance) -> tuple[dict[str, Any], Mapping[str, Any]]:
-    planner = _planner()
-
-    result = planner.make_plan(plan_input(exp, site, part, nodes, ranks_per_node, prov))
+    """The strategy settings `auto` resolves to, and what to record about the choice."""
+    result = planner.make_plan(plan_input(exp, site, part, _partition_name(exp, site), nodes, ranks_per_node,
+                                                prov))
     if result.recommended is None:
-        more = f"; it fits from {result.min_nodes} node(s) (resources.nodes)" if result.min_nodes else ""
+        more = (f"; it fits from {result.min_nodes} node(s) (resources.nodes={result.min_nodes})"
+                if result.min_nodes else "")
         raise prov.error("strategy.name", f"auto: no strategy fits on {nodes} node(s){more}\n"
                          + planner.format_plan_table(result))
-    settings = planner.strategy_settings(result.recommended)
-    return settings, {"chosen": result.recommended, "reason": result.reason}
+    row = result.row(result.recommended)
+    choice = {"chosen": result.recommended, "reason": result.reason, "per_gpu_gb": round(row.total_gb, 2),
+              "usable_gb": round(result.input.usable_gb, 2)}
+    return planner.strategy_settings(result.recommended), choice
 
 
-def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite):
-    planner = _planner()
+def _partition_name(exp: schema.Experiment, site: schema.Site) -> str | None:
+    return exp.resources.partition or site.default_partition or next(iter(site.partitions), None)
 
+
+def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite) -> planner.PlanResult:
     exp, site, prov = exp_loaded.config, site_loaded.config, exp_loaded.provenance
-    name = exp.resources.partition or site.default_partition or next(iter(site.partitions), None)
+    name = _partition_name(exp, site)
     part = site.partitions.get(name) if name else None
     if part is None:
         raise prov.error("resources.partition", f"site {site.name!r} has no partition {name!r} to plan for")
@@ -75,7 +92,4 @@ def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite):
     if gpus < 1:
         raise ConfigError("the planner needs GPUs per node", file=site_loaded.path.as_posix(),
                           key=f"partitions.{name}.gpus_per_node")
-    try:
-        return planner.make_plan(plan_input(exp, site, part, exp.resources.nodes, gpus, prov))
-    except ValueError as exc:
-        raise prov.error("model", str(exc)) from None
+    return planner.make_plan(plan_input(exp, site, part, name, exp.resources.nodes, gpus, prov))

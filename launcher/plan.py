@@ -1,0 +1,517 @@
+"""Strategy planner: per-GPU memory of each data-parallel strategy, and which one to use.
+
+Pure arithmetic on a `PlanInput`; torch is imported only by the factory helpers at the
+end. GB are 10^9 bytes. Ψ is the parameter count, N the data-parallel degree (nodes x GPUs
+per node), L the parameter count of the largest layer.
+
+Model states, ZeRO paper (`model_states_gb`)
+--------------------------------------------
+Rajbhandari et al. 2020, "ZeRO: Memory Optimizations Toward Training Trillion Parameter
+Models", section 3.1 and Figure 1: 2Ψ + 2Ψ + KΨ bytes for mixed-precision Adam. With the
+experiment's precision and optimizer, bytes per parameter are
+
+    P  weights     2 (fp16/bf16), 4 (fp32)
+    G  gradients   2 (fp16/bf16), 4 (fp32)
+    K  what the optimizer holds: the fp32 master weights under mixed precision (4) plus
+       Adam/AdamW's momentum and variance (8) or SGD's momentum (4). Mixed-precision
+       Adam K = 12; fp32 Adam K = 8 (4Ψ + 4Ψ + 8Ψ); SGD K = 8 mixed, 4 in fp32.
+
+    ddp            (P + G + K)Ψ
+    zero1          (P + G)Ψ + KΨ/N                 optimizer states partitioned (P_os)
+    zero2          PΨ + (G + K)Ψ/N                 and gradients (P_os+g)
+    zero3          (P + G + K)Ψ/N                  and parameters (P_os+g+p)
+    zero2_offload  PΨ + GΨ/N                       K lives in host memory (ZeRO-Offload)
+    zero3_offload  GΨ/N                            K and the parameter shards live on the host
+
+Persistent states only, as in the paper: the layer ZeRO-3 gathers while computing is not
+counted here.
+
+Model states, DeepSpeed's estimators (`deepspeed_gb`; this decides what fits)
+-----------------------------------------------------------------------------
+The arithmetic of `estimate_zero2_model_states_mem_needs`
+(deepspeed/runtime/zero/stage_1_and_2.py) and `estimate_zero3_model_states_mem_needs`
+(deepspeed/runtime/zero/stage3.py), GPU side, with their fixed byte counts: 2 bytes of
+16-bit weights, 18 sharded bytes (16-bit and fp32 gradients, fp32 weights, Adam's two
+states) and 4 bytes for the largest layer's 16-bit weights and gradients. They assume
+mixed-precision Adam and are reproduced as DeepSpeed computes them whatever the
+experiment's precision and optimizer; the paper column follows those.
+
+    zero2          2Ψ + 18Ψ/N                      estimate_zero2(cpu_offload=False)
+    zero2_offload  2Ψ                              estimate_zero2(cpu_offload=True)
+    zero3          4L + 18Ψ/N                      estimate_zero3(cpu_offload=False)
+    zero3_offload  4L                              estimate_zero3(cpu_offload=True,
+                                                                  cpu_offload_params=True)
+DeepSpeed has no estimator for the other two; they follow from the same byte counts:
+
+    ddp            20Ψ                             the ZeRO-2 formula with nothing sharded
+                                                   (N = 1); torch DDP with AMP holds the same:
+                                                   fp32 weights and gradients, DDP's bucket
+                                                   copy of the gradients, Adam's 8 bytes
+    zero1          4Ψ + 16Ψ/N                      16-bit gradients stay whole, the rest of
+                                                   the 18 sharded bytes is partitioned
+
+L is `model.largest_layer_params`; else the largest module counted from `model.factory`
+(its own parameters, as DeepSpeed's model_to_params counts); else 4h² + 4h, the MLP
+up-projection of a transformer block, with h = model.hidden_size, or h from
+Ψ ≈ 12·layers·h², or without layers from the aspect ratio h ≈ 128·layers of GPT-3 and
+LLaMA: h = (128Ψ/12)^(1/3). An embedding with a large vocabulary can be bigger than that
+matrix: give model.largest_layer_params then.
+
+Host memory of the offload strategies (`host_gb`, per node)
+-----------------------------------------------------------
+DeepSpeed's ZeRO-3 estimator with zero_init: 16Ψ/nodes for an offloaded optimizer (fp32
+gradients, weights, Adam states), 18Ψ/nodes with the 16-bit parameters offloaded too.
+ZeRO-2 offload keeps the same optimizer partitions on the host, so it is counted with
+the same 16; DeepSpeed's ZeRO-2 host estimate grows with the total GPU count instead,
+because it assumes every rank loads the full fp32 model on the host. The 1.5
+additional_buffer_factor is not applied: the site's headroom plays that part. An offload
+strategy is only recommended when this fits in the node's memory (resources.mem_gb, else
+the partition's mem_gb) less the headroom; when neither is known only the GPU is checked.
+`fits` in the output is the GPU check alone.
+
+Activations (`activations_gb`)
+------------------------------
+Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", section 4.1: one transformer layer without recomputation, tensor or sequence
+parallelism stores s·b·h·(34 + 5·a·s/h) bytes with 16-bit activations (s sequence
+length, b micro batch, h hidden size, a heads). Of those, sbh twice and as²b once are
+1-byte dropout masks; with fp32 activations the rest doubles: s·b·h·(66 + 9·a·s/h).
+Times model.layers; embeddings and the output logits are not counted. Without all of
+layers, hidden_size, heads and seq_len the activations count as 0, and the plan says so.
+
+Fitting
+-------
+total = deepspeed_gb + activations_gb + overhead_gb (site plan.overhead_gb: CUDA context,
+NCCL buffers, fragmentation); a strategy fits when total <= gpu_mem_gb·(1 - headroom).
+The recommendation is the first that fits in the order ddp, zero1, zero2, zero3,
+zero2_offload, zero3_offload: least communication, then least host traffic.
+
+Communication per step relative to DDP (ZeRO paper, section 7): DDP's all-reduce moves
+2Ψ, as do ZeRO-1 and ZeRO-2 (reduce-scatter and all-gather); ZeRO-3 moves 3Ψ, 1.5x,
+since parameters are all-gathered in forward and again in backward. Offload adds PCIe
+traffic per GPU and step: ZeRO-2 offload sends its gradient partition to the host and
+takes the updated weights back, (G + P)Ψ/N; ZeRO-3 offload also fetches the parameter
+shards for the backward pass, (G + 2P)Ψ/N.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+GB = 1e9
+STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
+PRECISIONS = ("fp32", "fp16", "bf16")
+OPTIMIZERS = ("adam", "adamw", "sgd")
+NODE_SEARCH_CAP = 4096          # for min_nodes when the partition gives no max_nodes
+GPT_ASPECT = 128                # hidden size / layers of GPT-3 175B, LLaMA 7B and 13B
+
+COMM_VOLUME = {"ddp": 1.0, "zero1": 1.0, "zero2": 1.0, "zero3": 1.5, "zero2_offload": 1.0, "zero3_offload": 1.5}
+SETTINGS = {
+    "ddp": {"name": "ddp"},
+    "zero1": {"name": "deepspeed", "zero_stage": 1, "offload_optimizer": "none", "offload_params": "none"},
+    "zero2": {"name": "deepspeed", "zero_stage": 2, "offload_optimizer": "none", "offload_params": "none"},
+    "zero3": {"name": "deepspeed", "zero_stage": 3, "offload_optimizer": "none", "offload_params": "none"},
+    "zero2_offload": {"name": "deepspeed", "zero_stage": 2, "offload_optimizer": "cpu", "offload_params": "none"},
+    "zero3_offload": {"name": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu"},
+}
+OFFLOAD = ("zero2_offload", "zero3_offload")
+
+
+class PlanInputError(ValueError):
+    """A PlanInput value the planner cannot use; `field` names the PlanInput field."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.message = message
+
+
+@dataclass(frozen=True)
+class PlanInput:
+    params: int
+    nodes: int
+    gpus_per_node: int
+    gpu_mem_gb: float
+    precision: str = "bf16"
+    optimizer: str = "adam"
+    micro_batch: int = 1
+    layers: int | None = None
+    hidden_size: int | None = None
+    heads: int | None = None
+    seq_len: int | None = None
+    largest_layer_params: int | None = None
+    overhead_gb: float = 2.0
+    headroom: float = 0.10
+    max_nodes: int | None = None
+    host_mem_gb: float | None = None     # per node; None: host memory is not checked
+    largest_layer_source: str | None = None   # where largest_layer_params came from, for the table
+
+    def __post_init__(self) -> None:
+        for name in ("params", "nodes", "gpus_per_node", "micro_batch"):
+            _positive_int(self, name)
+        for name in ("layers", "hidden_size", "heads", "seq_len", "largest_layer_params", "max_nodes"):
+            if getattr(self, name) is not None:
+                _positive_int(self, name)
+        for name in ("gpu_mem_gb", "host_mem_gb"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise PlanInputError(name, "must be more than 0")
+        if self.precision not in PRECISIONS:
+            raise PlanInputError("precision", f"{self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise PlanInputError("optimizer", f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
+        if not 0 <= self.headroom < 1:
+            raise PlanInputError("headroom", "must be a fraction in [0, 1)")
+        if self.overhead_gb < 0:
+            raise PlanInputError("overhead_gb", "must be 0 or more")
+        if self.largest_layer_params is not None and self.largest_layer_params > self.params:
+            raise PlanInputError("largest_layer_params", f"{self.largest_layer_params} is more than the "
+                                 f"model's {self.params} parameters")
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def usable_gb(self) -> float:
+        return self.gpu_mem_gb * (1 - self.headroom)
+
+    @property
+    def shape_given(self) -> bool:
+        return None not in (self.layers, self.hidden_size, self.heads, self.seq_len)
+
+
+def _positive_int(inp: PlanInput, name: str) -> None:
+    """Whole and positive; a whole float such as 7.5e9 becomes an int."""
+    value = getattr(inp, name)
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+        object.__setattr__(inp, name, value)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanInputError(name, f"must be a whole number of 1 or more, not {value!r}")
+
+
+@dataclass(frozen=True)
+class ByteCounts:
+    """Bytes per parameter of the ZeRO paper's accounting; see the module docstring."""
+
+    p: int    # weights
+    g: int    # gradients
+    k: int    # fp32 master weights (mixed precision) + optimizer states
+
+
+def byte_counts(precision: str, optimizer: str) -> ByteCounts:
+    mixed = precision != "fp32"
+    word = 2 if mixed else 4
+    return ByteCounts(p=word, g=word, k=(4 if optimizer == "sgd" else 8) + (4 if mixed else 0))
+
+
+def zero_paper_bytes(name: str, psi: float, n: int, b: ByteCounts) -> float:
+    """Per-GPU model-state bytes, the ZeRO paper's accounting."""
+    return {
+        "ddp": (b.p + b.g + b.k) * psi,
+        "zero1": (b.p + b.g) * psi + b.k * psi / n,
+        "zero2": b.p * psi + (b.g + b.k) * psi / n,
+        "zero3": (b.p + b.g + b.k) * psi / n,
+        "zero2_offload": b.p * psi + b.g * psi / n,
+        "zero3_offload": b.g * psi / n,
+    }[name]
+
+
+# DeepSpeed's estimators: 16-bit weights, sharded bytes, largest layer's weights + grads;
+# the 16-bit gradients' part of the sharded bytes stays whole under ZeRO-1.
+DS_PARAM, DS_SHARD, DS_LAYER, DS_GRAD16 = 2, 18, 4, 2
+DS_HOST_OPTIMIZER = 16          # fp32 grads + fp32 weights + Adam states, on the host
+
+
+def deepspeed_bytes(name: str, psi: float, n: int, largest: float) -> float:
+    """Per-GPU model-state bytes, DeepSpeed's estimator arithmetic."""
+    return {
+        "ddp": (DS_PARAM + DS_SHARD) * psi,
+        "zero1": (DS_PARAM + DS_GRAD16) * psi + (DS_SHARD - DS_GRAD16) * psi / n,
+        "zero2": DS_PARAM * psi + DS_SHARD * psi / n,
+        "zero3": DS_LAYER * largest + DS_SHARD * psi / n,
+        "zero2_offload": DS_PARAM * psi,
+        "zero3_offload": DS_LAYER * largest,
+    }[name]
+
+
+def host_bytes(name: str, psi: float, nodes: int) -> float | None:
+    """Host bytes per node an offload strategy needs; None for the others."""
+    if name == "zero2_offload":
+        return DS_HOST_OPTIMIZER * psi / nodes
+    if name == "zero3_offload":
+        return (DS_HOST_OPTIMIZER + DS_PARAM) * psi / nodes
+    return None
+
+
+def pcie_bytes(name: str, psi: float, n: int, b: ByteCounts) -> float:
+    """GPU<->host bytes per GPU per step."""
+    if name == "zero2_offload":
+        return (b.g + b.p) * psi / n
+    if name == "zero3_offload":
+        return (b.g + 2 * b.p) * psi / n
+    return 0.0
+
+
+def activation_bytes(inp: PlanInput) -> float:
+    """Korthikanti et al. 2022, per layer s·b·h·(34 + 5as/h) bytes (16-bit), times layers."""
+    if not inp.shape_given:
+        return 0.0
+    s, b, h, a = inp.seq_len, inp.micro_batch, inp.hidden_size, inp.heads
+    linear, quadratic = (66, 9) if inp.precision == "fp32" else (34, 5)
+    return inp.layers * s * b * h * (linear + quadratic * a * s / h)
+
+
+def largest_layer(inp: PlanInput) -> tuple[int, str]:
+    """L and where it came from; see the module docstring."""
+    if inp.largest_layer_params is not None:
+        return inp.largest_layer_params, inp.largest_layer_source or "model.largest_layer_params"
+    if inp.hidden_size is not None:
+        h, how = inp.hidden_size, "4h²+4h from model.hidden_size"
+    elif inp.layers is not None:
+        h, how = math.sqrt(inp.params / (12 * inp.layers)), "4h²+4h, h from params = 12·layers·h²"
+    else:
+        h, how = (GPT_ASPECT * inp.params / 12) ** (1 / 3), "4h²+4h, h from params assuming h = 128·layers"
+    return min(int(4 * h * h + 4 * h), inp.params), f"estimated: {how}"
+
+
+@dataclass(frozen=True)
+class StrategyRow:
+    name: str
+    model_states_gb: float
+    deepspeed_gb: float
+    activations_gb: float
+    total_gb: float
+    fits: bool                    # on the GPU
+    comm_volume: float
+    pcie_gb: float
+    host_gb: float | None
+    host_fits: bool | None        # None: not an offload strategy, or host memory unknown
+
+    @property
+    def viable(self) -> bool:
+        return self.fits and self.host_fits is not False
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "model_states_gb": _r(self.model_states_gb),
+                "deepspeed_gb": _r(self.deepspeed_gb), "activations_gb": _r(self.activations_gb),
+                "total_gb": _r(self.total_gb), "fits": self.fits, "comm_volume": self.comm_volume,
+                "pcie_gb": _r(self.pcie_gb), "host_gb": None if self.host_gb is None else _r(self.host_gb),
+                "host_fits": self.host_fits}
+
+
+def _r(value: float) -> float:
+    return round(value, 6)
+
+
+def evaluate(inp: PlanInput, nodes: int | None = None) -> list[StrategyRow]:
+    """Every strategy's row on `nodes` nodes (default: the requested ones)."""
+    nodes = inp.nodes if nodes is None else nodes
+    n = nodes * inp.gpus_per_node
+    psi = float(inp.params)
+    b = byte_counts(inp.precision, inp.optimizer)
+    largest, _ = largest_layer(inp)
+    act = activation_bytes(inp) / GB
+    rows = []
+    for name in STRATEGIES:
+        ds = deepspeed_bytes(name, psi, n, largest) / GB
+        total = ds + act + inp.overhead_gb
+        host = host_bytes(name, psi, nodes)
+        host_gb = None if host is None else host / GB
+        host_fits = None
+        if host_gb is not None and inp.host_mem_gb is not None:
+            host_fits = host_gb <= inp.host_mem_gb * (1 - inp.headroom)
+        rows.append(StrategyRow(name, zero_paper_bytes(name, psi, n, b) / GB, ds, act, total,
+                                total <= inp.usable_gb, COMM_VOLUME[name], pcie_bytes(name, psi, n, b) / GB,
+                                host_gb, host_fits))
+    return rows
+
+
+def _first_viable(rows: Sequence[StrategyRow]) -> StrategyRow | None:
+    return next((r for r in rows if r.viable), None)
+
+
+def find_min_nodes(inp: PlanInput) -> int | None:
+    """The fewest nodes above the requested ones at which some strategy fits, up to the
+    partition's max_nodes (else NODE_SEARCH_CAP); None when none does."""
+    cap = inp.max_nodes or NODE_SEARCH_CAP
+    for nodes in range(inp.nodes + 1, cap + 1):
+        if _first_viable(evaluate(inp, nodes)):
+            return nodes
+    return None
+
+
+@dataclass(frozen=True)
+class PlanResult:
+    input: PlanInput
+    rows: tuple[StrategyRow, ...]
+    recommended: str | None
+    reason: str
+    min_nodes: int | None
+    largest_layer_params: int
+    largest_layer_source: str
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def world_size(self) -> int:
+        return self.input.world_size
+
+    def row(self, name: str) -> StrategyRow:
+        return next(r for r in self.rows if r.name == name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"world_size": self.world_size, "gpu_mem_gb": float(self.input.gpu_mem_gb),
+                "strategies": [r.to_json() for r in self.rows], "recommended": self.recommended,
+                "reason": self.reason, "min_nodes": self.min_nodes}
+
+
+def make_plan(inp: PlanInput) -> PlanResult:
+    rows = tuple(evaluate(inp))
+    largest, source = largest_layer(inp)
+    chosen = _first_viable(rows)
+    min_nodes = None if chosen else find_min_nodes(inp)
+    reason = _reason(inp, rows, chosen, min_nodes)
+    notes = []
+    if not inp.shape_given:
+        missing = [k for k in ("layers", "hidden_size", "heads", "seq_len") if getattr(inp, k) is None]
+        notes.append("activations not counted (0 GB): model." + ", model.".join(missing) + " not given")
+    else:
+        notes.append(f"activations: {inp.layers} layers x s·b·h·(34 + 5·a·s/h) bytes, Korthikanti et al. 2022"
+                     + (" (fp32: 66 + 9·a·s/h)" if inp.precision == "fp32" else "")
+                     + f", micro batch {inp.micro_batch}, no recomputation")
+    if inp.precision == "fp32" or inp.optimizer == "sgd":
+        notes.append(f"the DeepSpeed column keeps its estimators' mixed-precision Adam byte counts; the ZeRO "
+                     f"paper column counts {inp.precision} {inp.optimizer}")
+    if inp.host_mem_gb is None:
+        notes.append("host memory not checked for offload: no resources.mem_gb or partition mem_gb")
+    return PlanResult(inp, rows, chosen.name if chosen else None, reason, min_nodes, largest, source,
+                      tuple(notes))
+
+
+def _reason(inp: PlanInput, rows: Sequence[StrategyRow], chosen: StrategyRow | None,
+            min_nodes: int | None) -> str:
+    usable = f"{inp.usable_gb:.1f} GB usable per GPU ({inp.gpu_mem_gb:g} GB less {inp.headroom:.0%} headroom)"
+    if chosen is not None:
+        skipped = rows[:rows.index(chosen)]
+        text = f"{chosen.name} is the first of {', '.join(STRATEGIES)} that fits: {chosen.total_gb:.1f} GB of {usable}"
+        if skipped:
+            text += "; " + ", ".join(_shortfall(r) for r in skipped)
+        if chosen.comm_volume != 1.0:
+            text += f"; {chosen.comm_volume:g}x DDP's communication volume"
+        if chosen.name in OFFLOAD:
+            text += f"; offload adds {chosen.pcie_gb:.1f} GB of PCIe traffic per GPU per step"
+            if chosen.host_gb is not None:
+                text += f" and needs {chosen.host_gb:.0f} GB of host memory per node"
+        return text
+    text = f"nothing fits on {inp.nodes} node(s) x {inp.gpus_per_node} GPUs"
+    host_limited = [r for r in rows if r.fits and r.host_fits is False]
+    if host_limited:
+        host_usable = inp.host_mem_gb * (1 - inp.headroom)
+        text += ": " + ", ".join(f"{r.name} fits the GPU but needs {r.host_gb:.0f} GB" for r in host_limited) \
+            + f" of host memory per node, of {host_usable:.0f} GB usable"
+    gpu_short = [r for r in rows if not r.fits]
+    if gpu_short:
+        best = min(gpu_short, key=lambda r: r.total_gb)
+        text += (f"; the least of the others, {best.name}," if host_limited else f": the least, {best.name},") \
+            + f" needs {best.total_gb:.1f} GB of {usable}"
+    if min_nodes is not None:
+        text += f"; it fits from {min_nodes} node(s)"
+    else:
+        text += f"; no node count up to {inp.max_nodes or NODE_SEARCH_CAP} fits (the largest layer, " \
+                "activations and overhead do not shrink with more nodes)"
+    return text
+
+
+def _shortfall(r: StrategyRow) -> str:
+    if r.fits:
+        return f"{r.name} fits the GPU but needs {r.host_gb:.0f} GB of host memory per node"
+    return f"{r.name} needs {r.total_gb:.1f} GB"
+
+
+def strategy_settings(name: str) -> dict[str, Any]:
+    """The strategy keys a planner name resolves to."""
+    if name not in SETTINGS:
+        raise ValueError(f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}")
+    return dict(SETTINGS[name])
+
+
+def format_plan_table(result: PlanResult) -> str:
+    inp = result.input
+    head = [
+        f"model: {inp.params:,} params ({inp.params / 1e9:.3g}B), {inp.precision}, {inp.optimizer}; "
+        f"{inp.nodes} node(s) x {inp.gpus_per_node} GPUs = {inp.world_size} ranks",
+        f"GPU: {inp.gpu_mem_gb:g} GB, {inp.usable_gb:.1f} GB usable ({inp.headroom:.0%} headroom), "
+        f"overhead {inp.overhead_gb:g} GB" + (f"; host: {inp.host_mem_gb:g} GB per node"
+                                              if inp.host_mem_gb is not None else ""),
+        f"largest layer: {result.largest_layer_params:,} params ({result.largest_layer_source})",
+        *result.notes,
+        "",
+        "per GPU, GB    ZeRO paper  DeepSpeed  activations    total  fits  comm   offload (PCIe/step, host/node)",
+    ]
+    lines = []
+    for r in result.rows:
+        offload = ""
+        if r.name in OFFLOAD:
+            offload = f"{r.pcie_gb:.1f} GB, {r.host_gb:.0f} GB"
+            if r.host_fits is not None:
+                offload += f" of {inp.host_mem_gb * (1 - inp.headroom):.0f}" + ("" if r.host_fits else " NO")
+        lines.append(f"{r.name:14s} {r.model_states_gb:10.2f} {r.deepspeed_gb:10.2f} {r.activations_gb:12.2f} "
+                     f"{r.total_gb:8.2f}  {'yes' if r.fits else 'no':4s}  {r.comm_volume:.1f}x  {offload}".rstrip())
+    tail = ["comm: per-step volume relative to DDP's 2Ψ all-reduce (ZeRO paper); offload adds the PCIe traffic shown",
+            "", f"recommended: {result.recommended or 'none'}", f"reason: {result.reason}"]
+    if result.min_nodes is not None:
+        tail.append(f"minimum nodes: {result.min_nodes} (resources.nodes)")
+    return "\n".join(head + lines + tail)
+
+
+def _factory_model(spec: str, search_path: Sequence[str] = ()):
+    """Build the model `spec` ("module:function") names on the meta device."""
+    import importlib
+    import sys
+
+    module_name, sep, func_name = spec.partition(":")
+    if not sep or not module_name or not func_name:
+        raise ValueError(f"{spec!r} is not 'module:function'")
+    added = [p for p in search_path if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"cannot import {module_name!r}: {exc}") from None
+        func = getattr(module, func_name, None)
+        if not callable(func):
+            raise ValueError(f"module {module_name!r} has no function {func_name!r}")
+        import torch
+
+        try:
+            with torch.device("meta"):      # shapes only: no memory, no weights loaded
+                model = func()
+        except Exception as exc:  # the factory is user code; any failure is bad input
+            raise ValueError(f"{spec} failed on the meta device: {type(exc).__name__}: {exc}") from None
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
+        return model
+    finally:
+        for p in added:
+            if p in sys.path:
+                sys.path.remove(p)
+
+
+def inspect_factory(spec: str, search_path: Sequence[str] = ()) -> tuple[int, int]:
+    """(parameters, parameters of the largest module) of the model `spec` builds.
+    Shared parameters count once; a module's own parameters, not its children's, make a
+    layer, as DeepSpeed's model_to_params counts them."""
+    model = _factory_model(spec, search_path)
+    total = sum(p.numel() for p in model.parameters())
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    if total < 1:
+        raise ValueError(f"{spec} built a model without parameters")
+    return total, largest
+
+
+def count_params_from_factory(spec: str, search_path: Sequence[str] = ()) -> int:
+    return inspect_factory(spec, search_path)[0]

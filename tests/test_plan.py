@@ -1,0 +1,349 @@
+"""The strategy planner: its memory model against DeepSpeed's estimators and the ZeRO
+paper, `strategy.name: auto` through the real CLI, `glaunch plan` and its imports."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from launcher import cli
+from launcher import plan as planner
+from launcher.plan import PlanInput, make_plan
+
+REPO = Path(__file__).resolve().parent.parent
+
+SITE = """\
+name: eight
+scheduler: slurm
+default_partition: gpu
+partitions:
+  gpu: {{gpus_per_node: 8, gpu_mem_gb: 80, max_nodes: 16{extra}}}
+"""
+EXP = """\
+name: sweep
+entrypoint: {script: train.py}
+resources: {nodes: 1, time: "01:00:00"}
+strategy: {name: auto}
+precision: bf16
+model: {params: 1.0e9}
+"""
+
+
+@pytest.fixture(scope="module")
+def ds_estimators():
+    """DeepSpeed's own estimator functions (CPU accelerator: no GPU here)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs
+
+
+def glaunch(monkeypatch, capsys, *args):
+    """Run the CLI in-process; (exit code, stdout, stderr)."""
+    monkeypatch.setattr(sys, "argv", ["glaunch", *args])
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as exc:
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, isolated_env):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "exp.yaml").write_text(EXP)
+    (tmp_path / "site.yaml").write_text(SITE.format(extra=""))
+    return tmp_path
+
+
+# --- DeepSpeed's estimators -------------------------------------------------------------
+
+SIZES = [(125e6, 768), (1.3e9, 2048), (7e9, 4096), (70e9, 8192)]     # (params, hidden size)
+LAYOUTS = [(1, 1), (1, 8), (2, 4), (16, 8), (128, 4)]                # (nodes, GPUs per node)
+
+
+@pytest.mark.parametrize("params,hidden", SIZES)
+@pytest.mark.parametrize("nodes,gpus", LAYOUTS)
+def test_deepspeed_gb_matches_deepspeeds_estimators(ds_estimators, params, hidden, nodes, gpus, capsys):
+    zero2, zero3 = ds_estimators
+    psi, largest = int(params), 4 * hidden * hidden
+    rows = {r.name: r for r in make_plan(PlanInput(params=psi, nodes=nodes, gpus_per_node=gpus, gpu_mem_gb=80,
+                                                   largest_layer_params=largest)).rows}
+    expected = {
+        "zero2": zero2(psi, gpus, nodes, cpu_offload=False)[1],
+        "zero2_offload": zero2(psi, gpus, nodes, cpu_offload=True)[1],
+        "zero3": zero3(psi, largest, gpus, nodes, cpu_offload=False, cpu_offload_params=False)[1],
+        "zero3_offload": zero3(psi, largest, gpus, nodes, cpu_offload=True, cpu_offload_params=True)[1],
+    }
+    for name, gpu_bytes in expected.items():
+        assert rows[name].deepspeed_gb * 1e9 == pytest.approx(gpu_bytes, rel=0.01), name
+
+
+def test_deepspeed_gb_through_plan_json(ds_estimators, workdir, monkeypatch, capsys):
+    zero2, zero3 = ds_estimators
+    code, out, err = glaunch(monkeypatch, capsys, "plan", "exp.yaml", "--site", "site.yaml", "--json",
+                             "model.params=7e9", "model.largest_layer_params=67108864", "resources.nodes=4")
+    assert code == 0, err
+    rows = {r["name"]: r for r in json.loads(out)["strategies"]}
+    assert rows["zero2"]["deepspeed_gb"] * 1e9 == pytest.approx(zero2(7_000_000_000, 8, 4, cpu_offload=False)[1],
+                                                                rel=0.01)
+    assert rows["zero3"]["deepspeed_gb"] * 1e9 == pytest.approx(
+        zero3(7_000_000_000, 67108864, 8, 4, cpu_offload=False, cpu_offload_params=False)[1], rel=0.01)
+
+
+def test_ddp_and_zero1_follow_deepspeeds_byte_counts():
+    rows = {r.name: r for r in make_plan(PlanInput(params=10**9, nodes=2, gpus_per_node=8, gpu_mem_gb=80)).rows}
+    assert rows["ddp"].deepspeed_gb == pytest.approx(20.0)              # the ZeRO-2 estimate with N = 1
+    assert rows["zero1"].deepspeed_gb == pytest.approx(4 + 16 / 16)
+    one = {r.name: r for r in make_plan(PlanInput(params=10**9, nodes=1, gpus_per_node=1, gpu_mem_gb=80)).rows}
+    assert one["ddp"].deepspeed_gb == one["zero1"].deepspeed_gb == one["zero2"].deepspeed_gb
+
+
+# --- the ZeRO paper's accounting ---------------------------------------------------------
+
+
+def test_model_states_match_zero_paper_figure_1():
+    """Ψ = 7.5B, Nd = 64, K = 12: 120 GB, 31.4 GB, 16.6 GB, 1.9 GB."""
+    result = make_plan(PlanInput(params=7_500_000_000, nodes=8, gpus_per_node=8, gpu_mem_gb=80, precision="bf16"))
+    got = {r.name: r.model_states_gb for r in result.rows}
+    assert got["ddp"] == pytest.approx(120.0, abs=0.05)
+    assert got["zero1"] == pytest.approx(31.4, abs=0.05)
+    assert got["zero2"] == pytest.approx(16.6, abs=0.05)
+    assert got["zero3"] == pytest.approx(1.9, abs=0.05)
+
+
+@pytest.mark.parametrize("precision,optimizer,ddp_bytes,zero3_bytes", [
+    ("fp16", "adamw", 16, 16),          # 2 + 2 + 12
+    ("fp32", "adam", 16, 16),           # 4 + 4 + 8
+    ("bf16", "sgd", 12, 12),            # 2 + 2 + (4 master + 4 momentum)
+    ("fp32", "sgd", 12, 12),            # 4 + 4 + 4 momentum
+])
+def test_model_states_follow_precision_and_optimizer(precision, optimizer, ddp_bytes, zero3_bytes):
+    result = make_plan(PlanInput(params=10**9, nodes=1, gpus_per_node=4, gpu_mem_gb=80, precision=precision,
+                                 optimizer=optimizer))
+    rows = {r.name: r for r in result.rows}
+    assert rows["ddp"].model_states_gb == pytest.approx(ddp_bytes)
+    assert rows["zero3"].model_states_gb == pytest.approx(zero3_bytes / 4)
+    word = 4 if precision == "fp32" else 2
+    assert rows["zero1"].model_states_gb == pytest.approx(2 * word + (ddp_bytes - 2 * word) / 4)
+
+
+# --- activations, overhead, headroom -------------------------------------------------------
+
+
+def test_activations_follow_korthikanti():
+    shape = dict(layers=24, hidden_size=2048, heads=16, seq_len=2048, micro_batch=4)
+    rows = make_plan(PlanInput(params=1_300_000_000, nodes=1, gpus_per_node=8, gpu_mem_gb=80, precision="bf16",
+                               **shape)).rows
+    s, b, h, a, layers = 2048, 4, 2048, 16, 24
+    expected = layers * s * b * h * (34 + 5 * a * s / h) / 1e9
+    assert all(r.activations_gb == pytest.approx(expected) for r in rows)
+    fp32 = make_plan(PlanInput(params=1_300_000_000, nodes=1, gpus_per_node=8, gpu_mem_gb=80, precision="fp32",
+                               **shape)).rows[0]
+    assert fp32.activations_gb == pytest.approx(layers * s * b * h * (66 + 9 * a * s / h) / 1e9)
+
+
+def test_activations_zero_without_shape_and_said_so():
+    result = make_plan(PlanInput(params=10**9, nodes=1, gpus_per_node=8, gpu_mem_gb=80, layers=24, heads=16))
+    assert all(r.activations_gb == 0 for r in result.rows)
+    table = planner.format_plan_table(result)
+    assert "activations not counted" in table and "model.hidden_size" in table and "model.seq_len" in table
+
+
+def test_fits_uses_overhead_and_headroom():
+    # ddp: 20 bytes x 3.3e9 = 66 GB, + 2 GB overhead = 68 GB of 72 GB usable (80 GB less 10 %)
+    base = dict(params=3_300_000_000, nodes=1, gpus_per_node=8, gpu_mem_gb=80)
+    assert make_plan(PlanInput(**base)).recommended == "ddp"
+    assert make_plan(PlanInput(**base, overhead_gb=6.5)).recommended != "ddp"
+    assert make_plan(PlanInput(**base, headroom=0.2)).recommended != "ddp"
+    row = make_plan(PlanInput(**base, overhead_gb=3.0)).rows[0]
+    assert row.total_gb == pytest.approx(row.deepspeed_gb + row.activations_gb + 3.0)
+
+
+def test_zero3_largest_layer_estimate_is_documented_in_the_table():
+    result = make_plan(PlanInput(params=10**9, nodes=1, gpus_per_node=8, gpu_mem_gb=80, hidden_size=2048))
+    assert result.largest_layer_params == 4 * 2048 * 2048 + 4 * 2048
+    assert "estimated" in planner.format_plan_table(result)
+    given = make_plan(PlanInput(params=10**9, nodes=1, gpus_per_node=8, gpu_mem_gb=80, largest_layer_params=5))
+    assert given.row("zero3_offload").deepspeed_gb == pytest.approx(20e-9)
+
+
+def test_bad_plan_input_names_the_field():
+    with pytest.raises(planner.PlanInputError) as info:
+        PlanInput(params=10**9, nodes=1, gpus_per_node=8, gpu_mem_gb=80, seq_len=0)
+    assert info.value.field == "seq_len"
+
+
+# --- strategy.name: auto through the CLI ---------------------------------------------------
+
+
+@pytest.mark.parametrize("params,chosen,stage,offload", [
+    ("1.0e9", "ddp", None, None),
+    ("8.0e9", "zero1", 1, None),
+    ("14.0e9", "zero2", 2, None),
+    ("25.0e9", "zero3", 3, None),
+    ("33.0e9", "zero2_offload", 2, ("cpu", None)),
+    ("60.0e9", "zero3_offload", 3, ("cpu", "cpu")),
+])
+def test_auto_picks_the_first_strategy_that_fits(workdir, monkeypatch, capsys, params, chosen, stage, offload):
+    runs = workdir / "runs"
+    code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "site.yaml", "--dry-run",
+                             "--runs-dir", str(runs), "--json", f"model.params={params}")
+    assert code == 0, err
+    run_dir = workdir / "runs" / json.loads(out)["run_id"]
+    resolved = yaml.safe_load((run_dir / "resolved.yaml").read_text())
+    choice = resolved["derived"]["strategy_choice"]
+    assert choice["chosen"] == chosen
+    assert chosen in choice["reason"] and "fits" in choice["reason"]
+    ds_path = run_dir / "ds_config.json"
+    if stage is None:
+        assert resolved["derived"]["strategy"] == "ddp"
+        assert not ds_path.exists()
+        return
+    zero = json.loads(ds_path.read_text())["zero_optimization"]
+    assert resolved["derived"]["strategy"] == "deepspeed"
+    assert zero["stage"] == stage
+    want_opt, want_param = offload or (None, None)
+    assert zero.get("offload_optimizer", {}).get("device") == want_opt
+    assert zero.get("offload_param", {}).get("device") == want_param
+
+
+def test_auto_nothing_fits_exits_2_with_minimum_nodes(workdir, monkeypatch, capsys):
+    # 60B on one node: only zero3_offload fits the GPUs, and it needs 18 x 60e9 = 1080 GB of
+    # host memory, of 460.8 GB usable. On two nodes ZeRO-3 fits the GPUs:
+    # 4L + 18 x 60e9 / 16 = 68.7 GB, + 2 GB overhead <= 72 GB.
+    (workdir / "site.yaml").write_text(SITE.format(extra=", mem_gb: 512"))
+    runs = workdir / "runs"
+    code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "site.yaml", "--dry-run",
+                             "--runs-dir", str(runs), "model.params=60e9")
+    assert code == 2
+    assert "Traceback" not in out + err
+    assert "exp.yaml" in err and "strategy.name" in err
+    assert "fits from 2 node(s)" in err
+    assert "zero3_offload" in err and "ZeRO paper" in err                 # the plan table
+    assert not runs.exists()
+    code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "site.yaml", "--dry-run",
+                             "--runs-dir", str(runs), "--json", "model.params=60e9", "resources.nodes=2")
+    assert code == 0, err
+    resolved = yaml.safe_load((runs / json.loads(out)["run_id"] / "resolved.yaml").read_text())
+    assert resolved["derived"]["strategy_choice"]["chosen"] == "zero3"
+
+
+def test_auto_nothing_fits_at_any_node_count(workdir, monkeypatch, capsys):
+    code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "site.yaml", "--dry-run",
+                             "--runs-dir", str(workdir / "runs"), "model.params=1e11",
+                             "model.largest_layer_params=20000000000")
+    assert code == 2
+    assert "strategy.name" in err and "no node count up to 16 fits" in err
+
+
+# --- glaunch plan --------------------------------------------------------------------------
+
+
+def test_plan_json_shape(workdir, monkeypatch, capsys):
+    code, out, err = glaunch(monkeypatch, capsys, "plan", "exp.yaml", "--site", "site.yaml", "--json",
+                             "model.params=7.5e9")
+    assert code == 0, err
+    data = json.loads(out)
+    assert set(data) == {"world_size", "gpu_mem_gb", "strategies", "recommended", "reason", "min_nodes"}
+    assert data["world_size"] == 8 and data["gpu_mem_gb"] == 80.0
+    assert [s["name"] for s in data["strategies"]] == list(planner.STRATEGIES)
+    for row in data["strategies"]:
+        for key in ("model_states_gb", "deepspeed_gb", "activations_gb", "total_gb"):
+            assert isinstance(row[key], float), key
+        assert isinstance(row["fits"], bool)
+        assert row["fits"] == (row["total_gb"] <= 80 * 0.9)
+    assert data["recommended"] == "zero1" and data["min_nodes"] is None
+    assert isinstance(data["reason"], str) and data["reason"]
+
+
+def test_plan_json_when_nothing_fits(workdir, monkeypatch, capsys):
+    (workdir / "site.yaml").write_text(SITE.format(extra=", mem_gb: 512"))
+    code, out, err = glaunch(monkeypatch, capsys, "plan", "exp.yaml", "--site", "site.yaml", "--json",
+                             "model.params=60e9")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["recommended"] is None and data["min_nodes"] == 2
+    zero3_offload = data["strategies"][-1]
+    assert zero3_offload["fits"] and zero3_offload["host_fits"] is False
+    assert zero3_offload["host_gb"] == pytest.approx(1080)
+
+
+def test_plan_table(workdir, monkeypatch, capsys):
+    code, out, err = glaunch(monkeypatch, capsys, "plan", "exp.yaml", "--site", "site.yaml", "model.params=7.5e9")
+    assert code == 0, err
+    for fragment in ["ZeRO paper", "DeepSpeed", "activations", "total", "fits", "1.5x", "recommended: zero1",
+                     "reason:", *planner.STRATEGIES]:
+        assert fragment in out, fragment
+
+
+def test_plan_with_params_imports_no_torch(workdir):
+    code = textwrap.dedent("""
+        import sys
+        from launcher import cli
+        sys.argv = ["glaunch", "plan", "exp.yaml", "--site", "site.yaml"]
+        try:
+            cli.main()
+        except SystemExit as exc:
+            assert not exc.code, exc.code
+        heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "deepspeed", "lightning"))
+        print("HEAVY", heavy)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=workdir, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout
+    assert "recommended:" in proc.stdout
+
+
+# --- model.factory -------------------------------------------------------------------------
+
+FACTORY = """\
+import torch
+
+def build():
+    return torch.nn.Linear(1000, 1000)
+
+def broken():
+    raise RuntimeError("no weights here")
+"""
+
+
+def test_count_params_from_factory(tmp_path):
+    (tmp_path / "tiny_factory_a.py").write_text(FACTORY)
+    assert planner.count_params_from_factory("tiny_factory_a:build", [str(tmp_path)]) == 1_001_000
+    assert planner.inspect_factory("tiny_factory_a:build", [str(tmp_path)]) == (1_001_000, 1_001_000)
+
+
+def test_factory_through_plan(workdir, monkeypatch, capsys):
+    (workdir / "tiny_factory_b.py").write_text(FACTORY)
+    exp = EXP.replace("model: {params: 1.0e9}", "model: {factory: 'tiny_factory_b:build'}")
+    (workdir / "exp.yaml").write_text(exp)
+    code, out, err = glaunch(monkeypatch, capsys, "plan", "exp.yaml", "--site", "site.yaml", "--json")
+    assert code == 0, err
+    ddp = json.loads(out)["strategies"][0]
+    assert ddp["deepspeed_gb"] == pytest.approx(20 * 1_001_000 / 1e9)
+
+
+@pytest.mark.parametrize("factory,fragment", [
+    ("tiny_factory_c", "module:function"),
+    ("no_such_module_xyz:build", "no_such_module_xyz"),
+    ("tiny_factory_c:missing", "missing"),
+    ("tiny_factory_c:broken", "no weights here"),
+])
+def test_bad_factory_exits_2_naming_model_factory(workdir, monkeypatch, capsys, factory, fragment):
+    (workdir / "tiny_factory_c.py").write_text(FACTORY)
+    exp = EXP.replace("model: {params: 1.0e9}", f"model: {{factory: '{factory}'}}")
+    (workdir / "exp.yaml").write_text(exp)
+    code, out, err = glaunch(monkeypatch, capsys, "plan", "exp.yaml", "--site", "site.yaml")
+    assert code == 2
+    assert "exp.yaml" in err and "model.factory" in err and fragment in err
+    assert "Traceback" not in out + err
