@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import runs
+from .runtime import jobend
 from .resolve import JobPlan
 
 POLL_S = 0.2
@@ -107,27 +108,24 @@ def run(plan: JobPlan, *, echo: Callable[[str], None] | None = None) -> int:
         for f in followers:
             f.poll()
         status = proc.returncode
-        summary = step_summary(plan, job_id)
-        state, reason = _outcome(status, summary, run_dir)
-        requeue = state == "REQUEUED" and restart < plan.requeue_max
+        outcome = _outcome(plan, status, step_summary(plan, job_id), run_dir, restart)
         with runs.updating(run_dir) as record:
-            start_rec = record["starts"][-1]
-            start_rec.update(ended=runs.now(), exit_code=status, state=state if requeue or state != "REQUEUED"
-                             else "TIMEOUT", reason=reason)
-            record["state"] = "REQUEUED" if requeue else (state if state != "REQUEUED" else "TIMEOUT")
-        if not requeue:
-            return 0 if state == "COMPLETED" else (status or 1)
+            jobend.record_start(record, job_id, restart, ended=runs.now(), exit_code=status, state=outcome.state,
+                                reason=outcome.reason, detail=outcome.detail, resumed_from=jobend.resumed_in(run_dir, restart),
+                                stopped_at=(jobend.stopped_in(run_dir, restart) or {}).get("step"))
+            record["state"], record["reason"], record["detail"] = outcome.state, outcome.reason, outcome.detail
+        if not outcome.requeue:
+            return 0 if outcome.state == "COMPLETED" else (status or outcome.exit_code or 1)
         restart += 1
 
 
-def _outcome(status: int, summary: dict, run_dir: Path) -> tuple[str, str | None]:
-    finished = (run_dir / "result.json").exists()
-    if finished and (status == 0 or summary.get("timed_out") or summary.get("warned")):
-        return "COMPLETED", None   # the work is done, even if the limit caught the teardown
-    if summary.get("timed_out") or (summary.get("warned") and not finished):
-        return "REQUEUED", "timeout"
-    if status == 0:
-        return "COMPLETED", None
-    if status < 0 or status > 128:
-        return "CANCELLED", f"signal {abs(status) % 128}"
-    return "FAILED", "crash"
+def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: Path, restart: int) -> "jobend.Outcome":
+    """localrun's step summary in the terms of the Slurm path's decision."""
+    warned, timed_out = bool(summary.get("warned")), bool(summary.get("timed_out"))
+    signalled = status < 0 or status > 128
+    crashes = jobend.crash_count(runs.read(run_dir).get("starts", [])[:-1])
+    return jobend.decide(
+        step_status=status, finished=(run_dir / jobend.RESULT_FILE).exists(),
+        stopped=warned or jobend.stopped_in(run_dir, restart) is not None, preempted=False,
+        timed_out=timed_out, restart=restart, requeue_max=plan.requeue_max, crashes=crashes,
+        crash_retries=plan.crash_retries, cancelled=signalled and not (warned or timed_out))

@@ -118,6 +118,34 @@ def launch_line(plan: JobPlan) -> str:
     return shell.join(words) + " " + plan.submitit_command
 
 
+def end_of_start_python(plan: JobPlan) -> list[str]:
+    """The interpreter for launcher.runtime.jobend on the batch host: the tasks' own, or,
+    in a pyxis container (which the batch shell is not in), one more one-task step in it."""
+    if plan.container is not None and plan.container.runtime == "pyxis":
+        words = ["srun", "--nodes=1", "--ntasks=1", f"--container-image={plan.container.image}"]
+        if plan.container.mounts:
+            words.append(f"--container-mounts={','.join(plan.container.mounts)}")
+        return words + [f"--container-workdir={plan.workdir}", *plan.python]
+    return list(plan.python)
+
+
+def end_of_start(plan: JobPlan) -> list[str]:
+    """After the step: record the start in run.json and requeue unless the run is done.
+    The job requeues itself on preemption too (see launcher.runtime.jobend)."""
+    jobend = shell.join([*end_of_start_python(plan), "-m", "launcher.runtime.jobend", plan.run_dir])
+    return [
+        "# End of this start: record it in run.json; requeue the job unless the run is finished.",
+        "glaunch_preempted=$(scontrol show job \"$SLURM_JOB_ID\" 2>/dev/null | grep -c 'PreemptTime=[0-9]' || true)",
+        f'glaunch_next=$({jobend} --status "$glaunch_status" --preempted "$glaunch_preempted" '
+        '--started "$glaunch_started") && glaunch_rc=0 || glaunch_rc=$?',
+        'if [ "$glaunch_next" = requeue ]; then',
+        '    scontrol requeue "$SLURM_JOB_ID" || exit 1',
+        "    sleep 300  # the requeue ends this script",
+        "fi",
+        'exit "$glaunch_rc"',
+    ]
+
+
 def task_description(plan: JobPlan) -> list[str]:
     spec = launchspec.task_spec(plan)
     entry = launchspec.entry_words(spec)
@@ -143,7 +171,7 @@ def render_job_script(plan: JobPlan) -> str:
         env_sh=shell.quote(os.path.join(plan.run_dir, "env.sh")),
         total_tasks=plan.nodes * plan.tasks_per_node, task_description=task_description(plan),
         submitit_executor="slurm" if plan.scheduler == "slurm" else "local",
-        launch=launch_line(plan))
+        launch=launch_line(plan), end_of_start=end_of_start(plan) if plan.scheduler == "slurm" else [])
 
 
 # --- env.sh --------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def updating(run_dir: Path) -> Iterator[dict[str, Any]]:
 
 def start_record(job_id: str, restart: int, **fields: Any) -> dict[str, Any]:
     record = {"job_id": str(job_id), "restart": restart, "submitted": now(), "started": None,
-              "ended": None, "state": "PENDING", "reason": None, "exit_code": None,
+              "ended": None, "state": "PENDING", "reason": None, "detail": None, "exit_code": None,
               "resumed_from": None, "stopped_at": None}
     record.update(fields)
     return record

@@ -14,8 +14,24 @@ from typing import Any, Callable
 from . import runs
 
 
+# States after which the run will not start again.
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "OUT_OF_MEMORY", "NODE_FAIL",
+                      "BOOT_FAIL", "DEADLINE", "REFUSED", "RENDERED"})
+# squeue's states of a job that is still queued or running.
+LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+                  "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
+# What a start's scheduler state says about why it ended.
+SACCT_REASONS = {"TIMEOUT": "timeout", "PREEMPTED": "preemption", "NODE_FAIL": "node failure",
+                 "FAILED": "crash", "OUT_OF_MEMORY": "crash", "CANCELLED": "cancelled"}
+
+
 def refresh(run_dir: Path) -> dict[str, Any]:
-    """Ask the scheduler about the run's job and fold the answer into run.json."""
+    """Ask the scheduler about the run's job and fold the answer into run.json.
+
+    The job's own record of each start (launcher.runtime.jobend) wins over the
+    scheduler's; sacct fills in starts the job could not record (killed at the time
+    limit, node failure) and squeue says what is live now.
+    """
     record = runs.read(run_dir)
     if record.get("scheduler") == "slurm" and record.get("job_id") and shutil.which("squeue"):
         from . import slurm
@@ -27,13 +43,43 @@ def refresh(run_dir: Path) -> dict[str, Any]:
             rec["accounting"] = history is not None
             if history:
                 rec["scheduler_history"] = history
-                rec["state"] = live or history[-1]["state"].split()[0]
-            elif live:
-                rec["state"] = live
-            elif rec["state"] in ("PENDING", "RUNNING", "REQUEUED"):
-                rec["state"] = "UNKNOWN"
+                merge_history(rec, history)
+            rec["state"] = current_state(rec.get("state"), live, history)
             record = rec
     return summarize(run_dir, record)
+
+
+def current_state(recorded: str | None, live: str | None, history: list[dict] | None) -> str:
+    """The run's state now: the job's own terminal record, else squeue, else sacct."""
+    if recorded in TERMINAL and recorded != "RENDERED":
+        return recorded
+    if live in LIVE:
+        return live
+    if history:
+        return history[-1]["state"].split()[0]
+    if live:
+        return live
+    return "UNKNOWN" if recorded in (None, "SUBMITTING", "PENDING", "RUNNING", "REQUEUED") else recorded
+
+
+def merge_history(record: dict[str, Any], history: list[dict]) -> None:
+    """sacct lists one row per start (with -D): fill in what the starts' records lack."""
+    starts = record.setdefault("starts", [])
+    for restart, row in enumerate(history):
+        entry = next((s for s in starts if s.get("restart") == restart), None)
+        if entry is None:
+            entry = runs.start_record(row["job_id"], restart, submitted=None)
+            starts.append(entry)
+        state = row["state"].split()[0]
+        for key, value in (("started", row["start"]), ("ended", row["end"]), ("nodes", row["nodes"])):
+            if not entry.get(key) and value not in ("", "Unknown", "None"):
+                entry[key] = value
+        if entry.get("state") in (None, "PENDING", "RUNNING") or entry.get("ended") is None:
+            entry["state"] = state
+            if entry.get("reason") is None:
+                entry["reason"] = SACCT_REASONS.get(state)
+        entry["scheduler_state"] = state
+    starts.sort(key=lambda s: s.get("restart", 0))
 
 
 def summarize(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
@@ -49,7 +95,8 @@ def summarize(run_dir: Path, record: dict[str, Any]) -> dict[str, Any]:
         "run_id": record["run_id"], "run_dir": str(run_dir), "site": record.get("site"),
         "state": record.get("state"), "job_id": record.get("job_id"),
         "restarts": max(len(record.get("starts", [])) - 1, 0), "starts": record.get("starts", []),
-        "accounting": record.get("accounting"), "reason": record.get("reason"), "result": result,
+        "accounting": record.get("accounting"), "reason": record.get("reason"), "detail": record.get("detail"),
+        "result": result,
     }
 
 
@@ -63,8 +110,8 @@ def format_status(summary: dict[str, Any]) -> str:
                      + (f" reason={start['reason']}" if start.get("reason") else "")
                      + (f" resumed_from={start['resumed_from']}" if start.get("resumed_from") is not None else "")
                      + (f" stopped_at={start['stopped_at']}" if start.get("stopped_at") is not None else ""))
-    if summary.get("reason"):
-        lines.append(f"  reason: {summary['reason']}")
+    if summary.get("reason") or summary.get("detail"):
+        lines.append("  reason: " + "; ".join(x for x in (summary.get("reason"), summary.get("detail")) if x))
     if summary.get("result"):
         r = summary["result"]
         lines.append(f"  result: step {r.get('final_step')} loss {r.get('final_loss')} world {r.get('world_size')}")
@@ -104,7 +151,7 @@ def print_logs(run_dir: Path, *, rank: int | None, follow: bool, echo: Callable[
                 echo(rest)
             return
         state = refresh(run_dir)["state"]
-        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "RENDERED", "UNKNOWN"):
+        if state in TERMINAL or state == "UNKNOWN":
             follow = False
         time.sleep(1)
 

@@ -269,8 +269,25 @@ def resume_checkpoint(ctx: RankContext | None = None, *, verify: str = "hash") -
     ctx = ctx or context()
     if ctx.world_size > 1 and is_distributed():
         found = latest_complete(ctx.checkpoint_dir, verify=verify) if ctx.is_main else None
-        return broadcast_object(found)
-    return latest_complete(ctx.checkpoint_dir, verify=verify, quiet=not ctx.is_main)
+        found = broadcast_object(found)
+    else:
+        found = latest_complete(ctx.checkpoint_dir, verify=verify, quiet=not ctx.is_main)
+    if ctx.is_main and not ctx.standalone:
+        _note_resume(ctx, found)
+    return found
+
+
+RESUME_FILE = "resume.json"
+
+
+def _note_resume(ctx: RankContext, found: Checkpoint | None) -> None:
+    """<run_dir>/resume.json: the step this start resumed from, for run.json's record of starts."""
+    try:
+        ctx.run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(ctx.run_dir / RESUME_FILE, json.dumps(
+            {"restart": ctx.restart, "job_id": ctx.job_id, "step": None if found is None else found.step}) + "\n")
+    except OSError as exc:
+        log(f"could not write {ctx.run_dir / RESUME_FILE}: {exc}")
 
 
 # ------------------------------------------------------------------ writing
