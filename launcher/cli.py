@@ -150,10 +150,6 @@ def _submit_slurm(plan, files, run_dir: Path, info: dict, *, wait: bool, as_json
     sys.exit(0 if state == "COMPLETED" else 1)
 
 
-TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL", "BOOT_FAIL",
-            "DEADLINE", "PREEMPTED_FINAL"}
-
-
 def _follow(run_dir: Path, *, quiet: bool) -> str:
     from . import local, status as status_mod
 
@@ -172,7 +168,7 @@ def _follow(run_dir: Path, *, quiet: bool) -> str:
             if state != last:
                 click.echo(f"[glaunch] job {job_id}: {state}", err=True)
         last = state
-        if state in TERMINAL:
+        if state in status_mod.TERMINAL or state == "UNKNOWN":
             for f in followers.values():
                 f.poll()
             return state
@@ -189,11 +185,11 @@ def _follow(run_dir: Path, *, quiet: bool) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan(experiment, overrides, site, as_json):
     """Per-GPU memory of each strategy on the site, and the recommendation."""
-    from .planning import _planner, plan_for
+    from .planning import format_plan_table, plan_for
 
     exp, loaded_site = _load(experiment, site, overrides)
     result = plan_for(exp, loaded_site)
-    _emit(as_json, result.to_json(), _planner().format_plan_table(result))
+    _emit(as_json, result.to_json(), format_plan_table(result))
 
 
 # --- sites ---------------------------------------------------------------------------------
@@ -279,6 +275,30 @@ def sites_validate(profiles):
             click.echo(f"error {item}: {exc}", err=True)
     if bad:
         sys.exit(2)
+
+
+@sites.command("detect")
+@click.option("--name", help="Profile name (default: Slurm's ClusterName).")
+@click.option("-o", "--output", type=click.Path(dir_okay=False),
+              help="Where to write it (default: ./site_configs/NAME.yaml; '-' prints it).")
+def sites_detect(name, output):
+    """Write a profile skeleton from the Slurm cluster this machine submits to."""
+    from .detect import query_cluster
+
+    if name is not None:
+        from .load import NAME_PATTERN
+        if not NAME_PATTERN.fullmatch(name):
+            raise click.BadParameter(f"{name!r}: use letters, digits, '.', '_' and '-'", param_hint="--name")
+    profile_name, text = query_cluster(name)
+    if output == "-":
+        click.echo(text, nl=False)
+        return
+    path = Path(output) if output else Path("site_configs") / f"{profile_name}.yaml"
+    if path.exists():
+        raise ConfigError(f"{path} already exists; choose another --output or --name", key="--output")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    click.echo(f"wrote {path}; check it with: glaunch sites validate {path}")
 
 
 # --- runs ----------------------------------------------------------------------------------

@@ -39,19 +39,25 @@ def require_slurm() -> None:
                              "(--dry-run renders the bundle without Slurm)")
 
 
+# sbatch's refusals (Slurm 22.05 wording, matched loosely) in the profile's terms.
 PREFLIGHT_HINTS = (
     (r"invalid partition", "partition {partition!r} does not exist on this cluster (resources.partition / "
                            "the site's default_partition)"),
-    (r"invalid generic resource|invalid gres|gres.*invalid|Invalid GRES",
-     "the cluster refused the GPU request ({gpus} per node, gpu_directive {directive}): check the site's "
+    (r"invalid generic resource|invalid gres|gres.*invalid",
+     "the cluster refused the GPU request ({gpus} per node as --{directive}): check the site's "
      "gpu_directive and partitions.{partition}.gpus_per_node"),
-    (r"time limit", "time {time} is over partition {partition!r}'s limit (resources.time, "
+    (r"time limit", "time {time} is over the limit of partition {partition!r} on the cluster (resources.time, "
                     "partitions.{partition}.max_time)"),
-    (r"invalid account|account.*(not|invalid)", "account {account!r} is not valid here (the site's account)"),
-    (r"invalid qos|qos", "QOS {qos!r} is not valid here (the site's qos)"),
-    (r"node count|requested node configuration is not available|more processors|nodes? .*not available",
-     "the partition cannot supply {nodes} node(s) of this shape (resources.nodes, gpus_per_node, "
-     "cpus_per_task, mem_gb)"),
+    (r"invalid account", "account {account!r} is not valid here, or not on partition {partition!r} "
+                         "(the site's account)"),
+    (r"invalid qos", "QOS {qos!r} is not valid here (the site's qos, partitions.{partition}.qos)"),
+    (r"node count specification invalid|node count|more processors requested than permitted",
+     "partition {partition!r} cannot give {nodes} node(s) of {tasks} task(s) x {cpus} CPU(s) "
+     "(resources.nodes, partitions.{partition}.max_nodes, cpus_per_node)"),
+    (r"requested node configuration is not available",
+     "no node of partition {partition!r} has what one node of this job asks: {gpus} GPU(s), {tasks} task(s) "
+     "x {cpus} CPU(s), memory {mem} (resources.gpus_per_node, cpus_per_task, mem_gb; "
+     "partitions.{partition}.gpus_per_node, cpus_per_node, mem_gb)"),
 )
 
 
@@ -62,7 +68,9 @@ def preflight(plan: JobPlan, job_file: Path) -> None:
         return
     raw = (proc.stderr or proc.stdout).strip()
     values = dict(partition=plan.partition, gpus=plan.gpus_per_node, directive=plan.gpu_directive,
-                  time=plan.time, account=plan.account, qos=plan.qos, nodes=plan.nodes)
+                  time=plan.time, account=plan.account, qos=plan.qos, nodes=plan.nodes,
+                  tasks=plan.tasks_per_node, cpus=plan.cpus_per_task or "default",
+                  mem=f"{plan.mem_gb} GB" if plan.mem_gb is not None else "default")
     for pattern, message in PREFLIGHT_HINTS:
         if re.search(pattern, raw, re.IGNORECASE):
             raise SchedulerError(f"preflight: {message.format(**values)}\n  sbatch said: {raw}")

@@ -32,7 +32,7 @@ def slurm_up() -> bool:
     if shutil.which("sinfo") is None:
         return False
     proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
-    return proc.returncode == 0 and "idle" in proc.stdout + "mixed allocated"
+    return proc.returncode == 0 and any(state in proc.stdout for state in ("idle", "mixed", "allocated"))
 
 
 requires_slurm = pytest.mark.skipif(os.environ.get("GLAUNCH_REQUIRE_SLURM") != "1" and not slurm_up(),

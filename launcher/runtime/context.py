@@ -186,7 +186,19 @@ def init_distributed(ctx: RankContext | None = None, backend: str | None = None,
         torch.cuda.set_device(ctx.local_rank)
     dist.init_process_group(backend=backend, init_method="env://", rank=ctx.rank,
                             world_size=ctx.world_size, **kwargs)
+    log_joined(ctx, backend)
     return ctx
+
+
+def log_joined(ctx: RankContext, backend: str) -> None:
+    """Where this rank sits, as it joins the process group (the logs show the placement)."""
+    log(f"joined {backend}: rank {ctx.rank}/{ctx.world_size}, local rank {ctx.local_rank}, "
+        f"node {ctx.node_rank} ({node_name()})")
+
+
+def node_name() -> str:
+    """Slurm's name of this node (several may share a host), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
 def shutdown_distributed() -> None:

@@ -26,7 +26,7 @@ import json
 import os
 
 from .checkpoint import Checkpoint, stage_checkpoint
-from .context import RankContext, context, export_rendezvous_env, log, shutdown_distributed
+from .context import RankContext, context, export_rendezvous_env, log, log_joined, shutdown_distributed
 from .state import rng_state, set_rng_state
 
 TAG = "deepspeed"
@@ -58,6 +58,7 @@ def init_distributed(ctx: RankContext | None = None, backend: str | None = None)
     if torch.cuda.is_available():
         torch.cuda.set_device(ctx.local_rank)
     ds.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
+    log_joined(ctx, backend)
     return ctx
 
 

@@ -19,6 +19,7 @@ import sys
 from typing import Any
 
 from .. import launchspec
+from .context import node_name
 
 # The signal Slurm sends `requeue.signal_lead_s` before the time limit (see render.py).
 WARNING_SIGNAL = signal.SIGUSR2
@@ -51,7 +52,7 @@ class TrainingTask:
                                f"{spec['world_size']} ranks")
         os.environ.update(rank_environment(job.global_rank, job.local_rank, job.node,
                                            spec["world_size"], spec["ranks_per_node"]))
-        _log(f"rank {job.global_rank}/{spec['world_size']} on {_hostname()}: "
+        _log(f"rank {job.global_rank}/{spec['world_size']} on {node_name()}: "
              f"python {' '.join(launchspec.entry_words(spec))}")
         return run_entry(spec)
 
@@ -65,7 +66,7 @@ class TrainingTask:
             spec, node_rank=str(job.node), master_addr=os.environ["MASTER_ADDR"],
             master_port=os.environ["MASTER_PORT"], job_id=str(job.job_id))
         entry = launchspec.entry_words(spec)
-        _log(f"node {job.node} on {_hostname()}: torchrun {' '.join(args + entry)}")
+        _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + entry)}")
         signal.signal(WARNING_SIGNAL, _forward_to_children)
         try:
             torchrun_main(args + entry)
@@ -138,10 +139,6 @@ def child_pids(parent: int) -> list[int]:
         if len(fields) > 1 and fields[1] == str(parent):
             children.append(int(entry))
     return children
-
-
-def _hostname() -> str:
-    return os.uname().nodename
 
 
 def _log(message: str) -> None:

@@ -1,0 +1,138 @@
+"""`glaunch sites detect`: a site-profile skeleton from the Slurm cluster this runs on.
+
+The parsing is pure (text of `scontrol show partition/node -o` in, a profile mapping
+out); :func:`query_cluster` is the only part that runs Slurm's commands.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import getpass
+import re
+import shutil
+import subprocess
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import SchedulerError
+
+# Gres=gpu:a100:4(S:0-1),gpu:h100:2  ->  ("a100", 4), ("h100", 2)
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::(?P<type>[^:,(]+))?:(?P<count>\d+)")
+
+
+def parse_records(text: str) -> list[dict[str, str]]:
+    """One dict per line of `scontrol show ... -o` (KEY=VALUE words; values have no spaces,
+    except OS=..., which is cut short harmlessly)."""
+    records = []
+    for line in text.splitlines():
+        fields = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
+        if fields:
+            records.append(fields)
+    return records
+
+
+def gpus_of(gres: str) -> tuple[int, str | None]:
+    """Total GPUs and their type (None when untyped or mixed) in a node's Gres string."""
+    found = [(m["type"], int(m["count"])) for m in _GRES_GPU.finditer(gres or "")]
+    types = {t for t, _ in found}
+    return sum(c for _, c in found), (types.pop() if len(types) == 1 else None)
+
+
+def _limit(value: str | None) -> str | None:
+    return None if value in (None, "", "UNLIMITED", "NONE", "INFINITE") else value
+
+
+def build_profile(name: str, partitions_text: str, nodes_text: str, *, select_type: str = "",
+                  account: str | None = None) -> dict[str, Any]:
+    """The profile mapping for the cluster described by scontrol's one-line records."""
+    nodes = {n["NodeName"]: n for n in parse_records(nodes_text) if "NodeName" in n}
+    parts = [p for p in parse_records(partitions_text) if "PartitionName" in p]
+    tiers = {p["PartitionName"]: int(p.get("PriorityTier", "1") or 1) for p in parts}
+    profile_parts: dict[str, Any] = {}
+    default = None
+    for p in parts:
+        pname = p["PartitionName"]
+        members = [n for n in nodes.values() if pname in n.get("Partitions", "").split(",")]
+        gpus = [gpus_of(n.get("Gres", "")) for n in members] or [(0, None)]
+        counts = [c for c, _ in gpus]
+        types = {t for _, t in gpus}
+        cpus = [int(n["CPUTot"]) for n in members if n.get("CPUTot", "").isdigit()]
+        mems = [int(n["RealMemory"]) for n in members if n.get("RealMemory", "").isdigit()]
+        entry: dict[str, Any] = {"gpus_per_node": min(counts)}
+        gtype = types.pop() if len(types) == 1 else None
+        if gtype:
+            entry["gpu_type"] = gtype
+        entry["gpu_mem_gb"] = None
+        if cpus:
+            entry["cpus_per_node"] = min(cpus)
+        if mems:
+            entry["mem_gb"] = min(mems) // 1024
+        max_nodes = _limit(p.get("MaxNodes")) or p.get("TotalNodes")
+        if max_nodes and max_nodes.isdigit():
+            entry["max_nodes"] = int(max_nodes)
+        if _limit(p.get("MaxTime")):
+            entry["max_time"] = p["MaxTime"]
+        lower = any(tiers[other] > tiers[pname] for other in tiers if other != pname)
+        if p.get("PreemptMode", "OFF") not in ("OFF", "") and lower:
+            entry["preemptible"] = True
+        profile_parts[pname] = entry
+        if p.get("Default") == "YES":
+            default = pname
+    any_gpus = any(e["gpus_per_node"] for e in profile_parts.values())
+    return {
+        "name": name,
+        "extends": "base-slurm",
+        "scheduler": "slurm",
+        "account": account,
+        # --gpus-per-node needs select/cons_tres; older selectors only honour --gres.
+        "gpu_directive": "gpus-per-node" if (not any_gpus or "cons_tres" in select_type) else "gres",
+        "default_partition": default or (parts[0]["PartitionName"] if parts else None),
+        "partitions": profile_parts,
+    }
+
+
+class _Dumper(yaml.SafeDumper):
+    """Quotes strings with a ':' so no YAML 1.1 reader takes "02:00:00" for a number."""
+
+
+_Dumper.add_representer(str, lambda d, v: d.represent_scalar(
+    "tag:yaml.org,2002:str", v, style='"' if ":" in v else None))
+
+
+def render_profile(profile: Mapping[str, Any], cluster: str) -> str:
+    stamp = dt.date.today().isoformat()
+    head = (f"# {profile['name']} -- detected from Slurm cluster {cluster!r} by `glaunch sites detect` on {stamp}.\n"
+            "# Fill in what Slurm does not know: gpu_mem_gb (for `glaunch plan`), modules, env\n"
+            "# (NCCL/network), setup (the Python environment on the nodes), container, runs_root.\n")
+    return head + yaml.dump(dict(profile), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+def _run(*cmd: str) -> str:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SchedulerError(f"{' '.join(cmd)}: {exc}") from None
+    if proc.returncode != 0:
+        raise SchedulerError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def query_cluster(name: str | None) -> tuple[str, str]:
+    """(profile name, profile text) for the cluster this machine submits to."""
+    if shutil.which("scontrol") is None:
+        raise SchedulerError("scontrol is not on PATH: run `glaunch sites detect` on a Slurm login node")
+    config = _run("scontrol", "show", "config")
+    settings = dict(re.findall(r"^(\w+)\s*=\s*(.*?)\s*$", config, re.M))
+    cluster = settings.get("ClusterName", "cluster")
+    account = None
+    if shutil.which("sacctmgr"):
+        user = getpass.getuser()
+        proc = subprocess.run(["sacctmgr", "-n", "-P", "show", "user", user, "format=defaultaccount"],
+                              capture_output=True, text=True, timeout=60)
+        if proc.returncode == 0 and proc.stdout.strip():
+            account = proc.stdout.split()[0]
+    profile = build_profile(name or cluster, _run("scontrol", "show", "partition", "-o"),
+                            _run("scontrol", "show", "node", "-o"),
+                            select_type=settings.get("SelectType", ""), account=account)
+    return profile["name"], render_profile(profile, cluster)

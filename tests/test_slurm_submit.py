@@ -1,0 +1,220 @@
+"""Submission through submitit to the real local Slurm cluster (two nodes, 2 GRES GPUs each):
+the examples on 2 nodes in both launch modes, the exact bytes sbatch received, the same
+training result as the local site, preflight refusals, and the commands that follow runs."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from conftest import requires_slurm
+from slurmkit import (REPO, SITE, final_sacct_state, glaunch, out, processes_mentioning, read_json,
+                      squeue_state, submit, wait_until)
+
+pytestmark = [requires_slurm, pytest.mark.slurm, pytest.mark.slow]
+
+TWO_NODES = {
+    "torch-srun": ("examples/torch_ddp.yaml", ["launcher=srun"], 40),
+    "torch-torchrun": ("examples/torch_ddp.yaml", ["launcher=torchrun"], 40),
+    "lightning": ("examples/lightning_ddp.yaml", [], 30),
+    "deepspeed-zero2": ("examples/deepspeed_zero2.yaml", [], 30),
+}
+# Slurm places ranks block-wise: 2 per node, node1 then node2.
+NODE_OF_RANK = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
+
+
+@pytest.mark.parametrize("case", sorted(TWO_NODES))
+def test_example_on_two_nodes(case, tmp_path, isolated_env):
+    example, overrides, steps = TWO_NODES[case]
+    proc, info = submit(example, tmp_path / "runs", isolated_env, "resources.nodes=2", *overrides)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    job_id, run_dir = info["job_id"], tmp_path / "runs" / info["run_id"]
+    assert info["state"] == "COMPLETED"
+
+    assert final_sacct_state(job_id) == "COMPLETED"
+    assert out("sacct", "-n", "-P", "-X", "-j", job_id, "-o", "NodeList").split() == ["node[1-2]"]
+
+    # The script sbatch received is job.sbatch, byte for byte.
+    held = out("scontrol", "write", "batch_script", job_id, "-")
+    assert held == (run_dir / "job.sbatch").read_text()
+
+    result = read_json(run_dir / "result.json")
+    assert result["world_size"] == 4 and result["final_step"] == steps
+    assert any(p.name.startswith("step-") for p in (run_dir / "checkpoints").iterdir())
+
+    # Every rank saw world size 4, on the node Slurm put it on.
+    logs = {p.name: p.read_text() for p in (run_dir / "logs").glob(f"{job_id}_*_log.err")}
+    if "torchrun" in case:
+        # One task (a torchrun agent) per node; c10d's rendezvous numbers the nodes in
+        # the order they join, so a node's ranks are either 0-1 or 2-3.
+        assert len(logs) == 2
+        seen = set()
+        for task, node in ((0, "node1"), (1, "node2")):
+            log = logs[f"{job_id}_{task}_log.err"]
+            assert f"glaunch: node {task} on {node}: torchrun --nnodes=2 --nproc-per-node=2" in log
+            joined = re.findall(r"joined gloo: rank (\d)/4, local rank (\d), node (\d) \((node\d)\)", log)
+            assert len(joined) == 2 and {j[3] for j in joined} == {node}, joined
+            assert len({j[2] for j in joined}) == 1 and {j[1] for j in joined} == {"0", "1"}, joined
+            seen |= {int(j[0]) for j in joined}
+        assert seen == {0, 1, 2, 3}
+    else:
+        assert len(logs) == 4                      # one task per rank
+        for rank, node in NODE_OF_RANK.items():
+            assert f"rank {rank}/4 on {node}:" in logs[f"{job_id}_{rank}_log.err"], rank
+
+    record = read_json(run_dir / "run.json")
+    assert record["job_id"] == job_id and record["state"] == "COMPLETED"
+    assert record["starts"][0]["state"] == "COMPLETED" and record["starts"][0]["nodes"] == "node[1-2]"
+
+
+def test_same_parameters_locally_and_on_slurm(tmp_path, isolated_env):
+    """Same seed, same world size (2): the launch path changes nothing of the training."""
+    args = "entrypoint.args=[--steps,30]"
+    local = glaunch("submit", "examples/torch_ddp.yaml", "--runs-dir", str(tmp_path / "local"), args,
+                    env=isolated_env)
+    assert local.returncode == 0, local.stderr[-2000:]
+    proc, info = submit("examples/torch_ddp.yaml", tmp_path / "slurm", isolated_env, "resources.nodes=1", args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (local_dir,) = (tmp_path / "local").iterdir()
+    local_result = read_json(local_dir / "result.json")
+    slurm_result = read_json(tmp_path / "slurm" / info["run_id"] / "result.json")
+    assert local_result["world_size"] == slurm_result["world_size"] == 2
+    assert local_result["param_sha256"] == slurm_result["param_sha256"]
+
+
+# --- preflight: sbatch --test-only refuses, glaunch says why in the profile's terms ------------
+
+def _site_variant(tmp_path, body: str):
+    path = tmp_path / "variant.yaml"
+    path.write_text(f"name: variant\nextends: {SITE}\n{body}")
+    return path
+
+
+PREFLIGHT = {
+    # kind: (site profile additions, experiment overrides, expected words in the message)
+    "unknown partition": ("partitions: {ghost: {gpus_per_node: 2, max_nodes: 2}}\n",
+                          ["resources.partition=ghost"], "partition 'ghost' does not exist on this cluster"),
+    "gpus over the node": ("partitions: {debug: {gpus_per_node: 4}}\n", [],
+                           "no node of partition 'debug' has what one node of this job asks: 4 GPU(s)"),
+    "time over the limit": ("partitions: {debug: {max_time: '12:00:00'}}\n", ["resources.time=10:00:00"],
+                            "time 10:00:00 is over the limit of partition 'debug' on the cluster"),
+    "unknown account": ("account: nosuch\n", [], "account 'nosuch' is not valid here"),
+    "too many nodes": ("partitions: {debug: {max_nodes: 4}}\n", ["resources.nodes=3"],
+                       "partition 'debug' cannot give 3 node(s)"),
+    "unknown qos": ("qos: nosuchqos\n", [], "QOS 'nosuchqos' is not valid here"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(PREFLIGHT))
+def test_preflight_refusal(kind, tmp_path, isolated_env):
+    body, overrides, expected = PREFLIGHT[kind]
+    site = _site_variant(tmp_path, body)
+    name = f"preflight-{kind.replace(' ', '-')}"
+    proc = glaunch("submit", "examples/torch_ddp.yaml", "--site", str(site), "--runs-dir", str(tmp_path / "runs"),
+                   f"name={name}", *overrides, env=isolated_env)
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert expected in proc.stderr, proc.stderr
+    assert "sbatch said:" in proc.stderr and "Traceback" not in proc.stderr
+    # Nothing reached the queue.
+    assert out("squeue", "-h", "-n", name).strip() == ""
+    assert out("sacct", "-n", "-X", "--name", name, "-o", "JobID").strip() == ""
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    record = read_json(run_dir / "run.json")
+    assert record["state"] == "REFUSED" and record["job_id"] is None
+
+
+# --- following and managing runs --------------------------------------------------------------
+
+def test_status_logs_list_cancel_on_a_real_job(tmp_path, isolated_env):
+    proc, info = submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env, "resources.nodes=2",
+                        "entrypoint.args=[--steps,2000,--seconds-per-step,0.2,--log-every,5]", wait=False)
+    assert proc.returncode == 0, proc.stderr
+    assert f"job {info['job_id']}" in glaunch("status", info["run_id"], env=isolated_env).stdout
+    run_id, job_id, run_dir = info["run_id"], info["job_id"], tmp_path / "runs" / info["run_id"]
+
+    def running_with_progress():
+        status = json.loads(glaunch("status", run_id, "--json", env=isolated_env).stdout)
+        logs = glaunch("logs", run_id, env=isolated_env).stdout
+        return status["state"] == "RUNNING" and "[0] step " in logs and status
+
+    status = wait_until(running_with_progress, 120, "the job to run and log steps")
+    assert status["job_id"] == job_id and status["accounting"] is True and status["site"] == SITE
+
+    logs = glaunch("logs", run_id, env=isolated_env).stdout
+    for rank in range(4):
+        assert f"[{rank}!] glaunch: rank {rank}/4 on " in logs, rank
+    only_two = glaunch("logs", run_id, "--rank", "2", env=isolated_env).stdout
+    assert only_two and all(line.startswith("[2") for line in only_two.splitlines())
+
+    listed = json.loads(glaunch("list", "--json", env=isolated_env).stdout)["runs"]
+    row = next(r for r in listed if r["run_id"] == run_id)
+    assert row["state"] == "RUNNING" and row["site"] == SITE and row["nodes"] == 2
+    assert run_id in glaunch("list", env=isolated_env).stdout
+
+    cancel = glaunch("cancel", run_id, env=isolated_env)
+    assert cancel.returncode == 0 and f"cancelled job {job_id}" in cancel.stdout
+    wait_until(lambda: squeue_state(job_id) == "", 60, "the job to leave the queue")
+    assert final_sacct_state(job_id) == "CANCELLED"
+    assert json.loads(glaunch("status", run_id, "--json", env=isolated_env).stdout)["state"] == "CANCELLED"
+    # No task, torchrun worker or end-of-start step outlives the job.
+    wait_until(lambda: not processes_mentioning(str(run_dir)), 30, "the job's processes to end")
+    # -f on a finished run prints what there is and returns.
+    followed = glaunch("logs", run_id, "-f", env=isolated_env, timeout=60)
+    assert followed.returncode == 0 and "[0] step " in followed.stdout
+
+
+def test_status_without_accounting_says_so(tmp_path, isolated_env):
+    """A cluster without slurmdbd: sacct fails, so states come from squeue alone. A stand-in
+    sacct that fails like Slurm's does is put on PATH (accounting cannot be switched off
+    under the running cluster)."""
+    proc, info = submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env,
+                        "entrypoint.args=[--steps,400,--seconds-per-step,0.1]", wait=False)
+    assert proc.returncode == 0, proc.stderr
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "sacct").write_text("#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n")
+    (fake / "sacct").chmod(0o755)
+    env = dict(isolated_env, PATH=f"{fake}:{isolated_env['PATH']}")
+    wait_until(lambda: json.loads(glaunch("status", info["run_id"], "--json", env=env).stdout)["state"]
+               in ("RUNNING", "COMPLETED"), 120, "the job to start")
+    status = glaunch("status", info["run_id"], env=env)
+    assert "no Slurm accounting here: states come from squeue only" in status.stdout
+    assert json.loads(glaunch("status", info["run_id"], "--json", env=env).stdout)["accounting"] is False
+    glaunch("cancel", info["run_id"], env=env)
+    wait_until(lambda: squeue_state(info["job_id"]) == "", 60, "the job to leave the queue")
+
+
+def test_sites_detect_writes_a_profile_that_validates(tmp_path, isolated_env):
+    target = tmp_path / "detected.yaml"
+    proc = glaunch("sites", "detect", "--name", "detected", "-o", str(target), env=isolated_env)
+    assert proc.returncode == 0, proc.stderr
+    validate = glaunch("sites", "validate", str(target), env=isolated_env)
+    assert validate.returncode == 0, validate.stderr
+    show = json.loads(glaunch("sites", "show", str(target), "--json", env=isolated_env).stdout)
+    values = {row["key"]: row["value"] for row in show["values"]}
+    assert values["name"] == "detected" and values["default_partition"] == "debug"
+    assert values["account"] == "glaunch" and values["gpu_directive"] == "gpus-per-node"
+    assert values["partitions.debug.gpus_per_node"] == 2 and values["partitions.debug.gpu_type"] == "sim"
+    assert values["partitions.debug.cpus_per_node"] == 4 and values["partitions.debug.max_nodes"] == 2
+    assert values["partitions.debug.max_time"] == "02:00:00" and values["partitions.debug.preemptible"] is True
+    assert values["partitions.urgent.max_time"] == "00:30:00" and values["partitions.urgent.preemptible"] is False
+    # The detected profile submits for real.
+    run = glaunch("submit", "examples/torch_ddp.yaml", "--site", str(target), "--runs-dir", str(tmp_path / "runs"),
+                  "--wait", "entrypoint.args=[--steps,10]", env=isolated_env, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    # Refuses to overwrite.
+    again = glaunch("sites", "detect", "-o", str(target), env=isolated_env)
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_dry_run_needs_no_slurm(tmp_path, isolated_env):
+    env = dict(isolated_env, PATH="/nonexistent")
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit",
+                           "examples/torch_ddp.yaml", "--site", SITE, "--dry-run", "--runs-dir",
+                           str(tmp_path / "runs")], cwd=REPO, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --gpus-per-node=2" in proc.stdout
