@@ -31,6 +31,7 @@ from launcher.runtime.lightning import (
 )
 
 import lightning as L
+from lightning.pytorch.strategies import DDPStrategy
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     model = Regressor(args.lr, args.steps, args.seconds_per_step, args.log_every)
     trainer = L.Trainer(
         accelerator="cpu",
-        strategy="ddp",
+        # Fixed gradient buckets (see torch_ddp.py): bitwise-identical resumes past two ranks.
+        strategy=DDPStrategy(find_unused_parameters=True),
         **trainer_topology(ctx),
         precision=trainer_precision(ctx),
         plugins=[cluster_environment(ctx)],

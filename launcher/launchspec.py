@@ -41,4 +41,7 @@ def torchrun_args(spec: dict[str, Any], *, node_rank: str, master_addr: str, mas
         f"--rdzv-endpoint={master_addr}:{master_port}",
         f"--rdzv-id={job_id}",
         "--max-restarts=0",
+        # SIGTERM (preemption) must not make the agent tear its workers down before they
+        # save: glaunch's task forwards it, like the time-limit warning.
+        "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT",
     ]

@@ -124,8 +124,8 @@ def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: Path, restart: 
     warned, timed_out = bool(summary.get("warned")), bool(summary.get("timed_out"))
     signalled = status < 0 or status > 128
     crashes = jobend.crash_count(runs.read(run_dir).get("starts", [])[:-1])
-    return jobend.decide(
+    return jobend.with_crash_note(jobend.decide(
         step_status=status, finished=(run_dir / jobend.RESULT_FILE).exists(),
         stopped=warned or jobend.stopped_in(run_dir, restart) is not None, preempted=False,
         timed_out=timed_out, restart=restart, requeue_max=plan.requeue_max, crashes=crashes,
-        crash_retries=plan.crash_retries, cancelled=signalled and not (warned or timed_out))
+        crash_retries=plan.crash_retries, cancelled=signalled and not (warned or timed_out)), run_dir, restart)

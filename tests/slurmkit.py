@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -93,3 +94,52 @@ def processes_mentioning(text: str) -> list[str]:
 
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
+
+
+def start_submit(example: str, runs: Path, env, *overrides, site: str = SITE) -> subprocess.Popen:
+    """`glaunch submit --wait --json` in the background (the test acts on the job meanwhile)."""
+    return subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", "--wait", example, "--site", site,
+                             "--runs-dir", str(runs), "--json", *overrides], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def the_run_dir(runs: Path) -> Path:
+    return wait_until(lambda: next((p for p in Path(runs).glob("*") if (p / "run.json").exists()), None),
+                      60, "the run directory")
+
+
+def job_id_of(run_dir: Path) -> str:
+    return wait_until(lambda: read_json(run_dir / "run.json").get("job_id"), 120, "the job id")
+
+
+def rank0_steps(run_dir: Path, job_id: str) -> list[int]:
+    """Steps rank 0 has logged so far (its log is appended across starts)."""
+    log = Path(run_dir) / "logs" / f"{job_id}_0_log.out"
+    if not log.exists():
+        return []
+    return [int(m) for m in re.findall(r"^step (\d+)/", log.read_text(errors="replace"), re.M)]
+
+
+def finish(proc: subprocess.Popen, job_id: str | None, timeout: float) -> tuple[int, str, str]:
+    """Wait for a background submit, releasing requeue holds meanwhile."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        if time.monotonic() > deadline:
+            proc.kill()
+            if job_id:
+                subprocess.run(["scancel", job_id], capture_output=True)
+            stdout, stderr = proc.communicate()
+            raise AssertionError(f"the run did not end within {timeout}s\n{stdout[-2000:]}\n{stderr[-2000:]}")
+        if job_id:
+            release_requeue_hold(job_id)
+        time.sleep(2)
+    stdout, stderr = proc.communicate()
+    return proc.returncode, stdout, stderr
+
+
+def preempt(nodes: int = 2, seconds: int = 3) -> str:
+    """A high-priority job on the `urgent` partition over the same nodes: Slurm preempts
+    (requeues) what runs on `debug`."""
+    text = out("sbatch", "--parsable", "-p", "urgent", f"-N{nodes}", "--exclusive", "-t", "2",
+               "-o", "/dev/null", "--wrap", f"sleep {seconds}")
+    return text.strip().split(";")[0]

@@ -20,6 +20,7 @@ It imports no torch: on the batch host it needs only the Python that runs the ta
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from .checkpoint import RESUME_FILE
 from .result import RESULT_FILE, STOP_FILE
+from .task import CRASH_FILE
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,15 @@ def resumed_in(run_dir: Path, restart: int) -> int | None:
     return resume.get("step")
 
 
+def with_crash_note(outcome: Outcome, run_dir: Path, restart: int) -> Outcome:
+    """Name the task that failed first, and how (crash.json, written by the task)."""
+    note = read_json(Path(run_dir) / CRASH_FILE)
+    if outcome.reason != "crash" or note is None or note.get("restart") != restart:
+        return outcome
+    where = f"task {note.get('task')} on {note.get('node')}: {note.get('error')}"
+    return dataclasses.replace(outcome, detail=f"{outcome.detail}; {where}" if outcome.detail else where)
+
+
 def crash_count(starts: list[dict]) -> int:
     return sum(1 for s in starts if s.get("reason") == "crash")
 
@@ -131,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             preempted=args.preempted not in ("", "0"), timed_out=False, restart=restart,
             requeue_max=int(record.get("requeue_max", 0)), crashes=crash_count(record.get("starts", [])),
             crash_retries=int(record.get("crash_retries", 0)))
+        outcome = with_crash_note(outcome, run_dir, restart)
         record_start(record, job_id, restart, started=args.started, ended=runs.now(), state=outcome.state,
                      reason=outcome.reason, detail=outcome.detail, exit_code=args.status,
                      nodes=os.environ.get("SLURM_JOB_NODELIST"), resumed_from=resumed_in(run_dir, restart),

@@ -6,12 +6,13 @@ environment and runs the experiment's entry point:
 - launcher `srun`: one task per rank; the entry point runs in this process, so the
   signals Slurm sends reach the training code directly.
 - launcher `torchrun`: one task per node; torchrun's agent runs in this process (so its
-  workers cannot outlive it) and the warning signal is passed on to the workers, which
-  checkpoint, instead of making the agent tear them down.
+  workers cannot outlive it) and the warning signal and SIGTERM (preemption) are passed
+  on to the workers, which checkpoint, instead of making the agent tear them down.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import runpy
 import signal
@@ -20,6 +21,7 @@ from typing import Any
 
 from .. import launchspec
 from .context import node_name
+from .stop import install_stop_handler
 
 # The signal Slurm sends `requeue.signal_lead_s` before the time limit (see render.py).
 WARNING_SIGNAL = signal.SIGUSR2
@@ -39,9 +41,13 @@ class TrainingTask:
         os.environ["GLAUNCH_JOB_ID"] = str(job.job_id)
         os.environ.setdefault("GLAUNCH_RUN_DIR", self.spec["run_dir"])
         os.environ.setdefault("GLAUNCH_RUN_ID", self.spec["run_id"])
-        if self.spec["launcher"] == "torchrun":
-            return self._run_torchrun(job)
-        return self._run_rank(job)
+        try:
+            if self.spec["launcher"] == "torchrun":
+                return self._run_torchrun(job)
+            return self._run_rank(job)
+        except BaseException as exc:
+            note_crash(self.spec["run_dir"], job, exc)
+            raise
 
     # --- srun: this process is one rank ---------------------------------------------
 
@@ -52,6 +58,9 @@ class TrainingTask:
                                f"{spec['world_size']} ranks")
         os.environ.update(rank_environment(job.global_rank, job.local_rank, job.node,
                                            spec["world_size"], spec["ranks_per_node"]))
+        # A warning that comes before the script installs its own handler must still
+        # count (not reach submitit's handler, which requeues on its own terms).
+        install_stop_handler()
         _log(f"rank {job.global_rank}/{spec['world_size']} on {node_name()}: "
              f"python {' '.join(launchspec.entry_words(spec))}")
         return run_entry(spec)
@@ -67,11 +76,14 @@ class TrainingTask:
             master_port=os.environ["MASTER_PORT"], job_id=str(job.job_id))
         entry = launchspec.entry_words(spec)
         _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + entry)}")
-        signal.signal(WARNING_SIGNAL, _forward_to_children)
+        for signum in (WARNING_SIGNAL, signal.SIGTERM):
+            signal.signal(signum, _forward_to_children)
         try:
             torchrun_main(args + entry)
         except SystemExit as exc:
-            return _exit_code(exc)
+            code = _exit_code(exc)
+            if code:
+                raise RuntimeError(f"glaunch: torchrun exited with status {code}") from None
         return 0
 
 
@@ -105,6 +117,30 @@ def run_entry(spec: dict[str, Any]) -> int:
     finally:
         sys.argv, sys.path = saved_argv, saved_path
     return 0
+
+
+def note_crash(run_dir: str, job: Any, exc: BaseException) -> None:
+    """<run_dir>/crash.json: the first failure this start saw, for `glaunch status`."""
+    from .checkpoint import atomic_write_text
+
+    restart = int(os.environ.get("GLAUNCH_RESTART") or os.environ.get("SLURM_RESTART_COUNT") or 0)
+    path = os.path.join(run_dir, CRASH_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            if json.load(f).get("restart") == restart:
+                return
+    except (OSError, ValueError, AttributeError):
+        pass
+    message = (str(exc).strip().splitlines() or [""])[0][:300]
+    record = {"restart": restart, "job_id": str(job.job_id), "task": job.global_rank, "node": node_name(),
+              "error": f"{type(exc).__name__}: {message}" if message else type(exc).__name__}
+    try:
+        atomic_write_text(path, json.dumps(record) + "\n")
+    except OSError:
+        pass
+
+
+CRASH_FILE = "crash.json"
 
 
 def _exit_code(exc: SystemExit) -> int:
