@@ -117,7 +117,9 @@ def record_start(record: dict, job_id: str, restart: int, **fields) -> dict:
         if entry.get("restart") == restart and str(entry.get("job_id")) == str(job_id):
             entry.update(fields)
             return entry
-    entry = start_record(job_id, restart, **fields)
+    # A start after a requeue was never submitted as such: it went back to the queue at the
+    # previous start's end.
+    entry = start_record(job_id, restart, **{"submitted": None, **fields})
     starts.append(entry)
     return entry
 
