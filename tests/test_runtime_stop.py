@@ -146,6 +146,7 @@ AGREE = textwrap.dedent("""
         st.file(f"r{ctx.rank}.bin").write_bytes(b"y" * (ctx.rank + 1))
     shards = sorted((s["path"], s["rank"]) for s in st.committed.manifest["shards"])
     print(f"rank {ctx.rank} committed {st.committed.path.name} {shards}")
+    rt.shutdown_distributed()   # as every rank must: gloo torn down under a busy peer aborts
 """)
 
 
