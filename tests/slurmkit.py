@@ -70,11 +70,22 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 1.0):
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
+_pending_since: dict[str, float] = {}
+SETTLE_S = 8.0
+
+
 def release_requeue_hold(job_id: str) -> None:
-    """A requeued job waits ~120 s (its BeginTime moves ahead); let it start now."""
-    if squeue_state(job_id) == "PENDING":
+    """A requeued job waits ~120 s (its BeginTime moves ahead); let it start sooner, but only
+    once it has waited SETTLE_S: started while its previous start is still being torn down,
+    Slurm kills it at launch ("Job credential revoked") and the run is lost."""
+    if squeue_state(job_id) != "PENDING":
+        _pending_since.pop(job_id, None)
+        return
+    since = _pending_since.setdefault(job_id, time.monotonic())
+    if time.monotonic() - since >= SETTLE_S:
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True,
                        timeout=30)
+        _pending_since.pop(job_id, None)
 
 
 def processes_mentioning(text: str) -> list[str]:
