@@ -108,24 +108,26 @@ def run(plan: JobPlan, *, echo: Callable[[str], None] | None = None) -> int:
         for f in followers:
             f.poll()
         status = proc.returncode
-        outcome = _outcome(plan, status, step_summary(plan, job_id), run_dir, restart)
+        stop = jobend.stopped_in(run_dir, restart)
+        outcome = _outcome(plan, status, step_summary(plan, job_id), run_dir, restart, stop)
         with runs.updating(run_dir) as record:
             jobend.record_start(record, job_id, restart, ended=runs.now(), exit_code=status, state=outcome.state,
-                                reason=outcome.reason, detail=outcome.detail, resumed_from=jobend.resumed_in(run_dir, restart),
-                                stopped_at=(jobend.stopped_in(run_dir, restart) or {}).get("step"))
+                                reason=outcome.reason, detail=outcome.detail,
+                                resumed_from=jobend.resumed_in(run_dir, restart), stopped_at=(stop or {}).get("step"))
             record["state"], record["reason"], record["detail"] = outcome.state, outcome.reason, outcome.detail
         if not outcome.requeue:
             return 0 if outcome.state == "COMPLETED" else (status or outcome.exit_code or 1)
         restart += 1
 
 
-def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: Path, restart: int) -> "jobend.Outcome":
+def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: Path, restart: int,
+             stop: dict | None) -> "jobend.Outcome":
     """localrun's step summary in the terms of the Slurm path's decision."""
     warned, timed_out = bool(summary.get("warned")), bool(summary.get("timed_out"))
     signalled = status < 0 or status > 128
     crashes = jobend.crash_count(runs.read(run_dir).get("starts", [])[:-1])
     return jobend.with_crash_note(jobend.decide(
         step_status=status, finished=(run_dir / jobend.RESULT_FILE).exists(),
-        stopped=warned or jobend.stopped_in(run_dir, restart) is not None, preempted=False,
+        stopped=warned or stop is not None, preempted=False,
         timed_out=timed_out, restart=restart, requeue_max=plan.requeue_max, crashes=crashes,
         crash_retries=plan.crash_retries, cancelled=signalled and not (warned or timed_out)), run_dir, restart)

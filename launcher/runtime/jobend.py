@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .checkpoint import RESUME_FILE
+from .context import context
 from .result import RESULT_FILE, STOP_FILE
 from .task import CRASH_FILE
 
@@ -135,8 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     run_dir = Path(args.run_dir)
-    job_id = os.environ.get("SLURM_JOB_ID") or os.environ.get("GLAUNCH_JOB_ID") or "?"
-    restart = int(os.environ.get("SLURM_RESTART_COUNT") or os.environ.get("GLAUNCH_RESTART") or 0)
+    ctx = context()   # env.sh, sourced by job.sbatch, exported GLAUNCH_JOB_ID and GLAUNCH_RESTART
+    job_id, restart = ctx.job_id or "?", ctx.restart
     stop = stopped_in(run_dir, restart)
     with runs.updating(run_dir) as record:
         outcome = decide(

@@ -17,6 +17,7 @@ import os
 import runpy
 import signal
 import sys
+from pathlib import Path
 from typing import Any
 
 from .. import launchspec
@@ -122,15 +123,13 @@ def run_entry(spec: dict[str, Any]) -> int:
 def note_crash(run_dir: str, job: Any, exc: BaseException) -> None:
     """<run_dir>/crash.json: the first failure this start saw, for `glaunch status`."""
     from .checkpoint import atomic_write_text
+    from .context import context
+    from .jobend import read_json
 
-    restart = int(os.environ.get("GLAUNCH_RESTART") or os.environ.get("SLURM_RESTART_COUNT") or 0)
+    restart = context().restart
     path = os.path.join(run_dir, CRASH_FILE)
-    try:
-        with open(path, encoding="utf-8") as f:
-            if json.load(f).get("restart") == restart:
-                return
-    except (OSError, ValueError, AttributeError):
-        pass
+    if (read_json(Path(path)) or {}).get("restart") == restart:
+        return
     message = (str(exc).strip().splitlines() or [""])[0][:300]
     record = {"restart": restart, "job_id": str(job.job_id), "task": job.global_rank, "node": node_name(),
               "error": f"{type(exc).__name__}: {message}" if message else type(exc).__name__}
