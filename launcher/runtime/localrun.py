@@ -67,6 +67,7 @@ class Step:
         self.warned = False
         self.timed_out = False
         self.stopping_since: float | None = None
+        self.first_bad: int | None = None
 
     def _path(self, pattern: str, task: int) -> str:
         return pattern.replace("%j", self.job_id).replace("%t", str(task))
@@ -118,7 +119,9 @@ class Step:
             if not self.timed_out and elapsed >= self.options.time_limit:
                 self.timed_out = True
                 self.stop()
-            if self.stopping_since is None and any(p.poll() not in (None, 0) for p in self.procs):
+            bad = next((p.returncode for p in self.procs if p.poll() not in (None, 0)), None)
+            if self.stopping_since is None and bad is not None:
+                self.first_bad = bad   # the task that failed first, not one stopped because of it
                 self.stop()  # --kill-on-bad-exit
             if self.stopping_since is not None and time.monotonic() - self.stopping_since > self.options.kill_wait:
                 self.signal_all(signal.SIGKILL)
@@ -131,7 +134,8 @@ class Step:
             except (ProcessLookupError, PermissionError):
                 pass
         codes = [p.returncode for p in self.procs]
-        status = TIMEOUT_STATUS if self.timed_out else next((_status(c) for c in codes if c), 0)
+        first = self.first_bad if self.first_bad is not None else next((c for c in codes if c), 0)
+        status = TIMEOUT_STATUS if self.timed_out else _status(first)
         self._summary(codes, status, time.monotonic() - started)
         return status
 
