@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-import time
 from pathlib import Path
 
 import click
 
-from . import __version__
+from . import __version__, api
+from .config.schema import NAME_PATTERN
 from .errors import ConfigError, GlaunchError
 
 
@@ -42,37 +41,13 @@ def cli() -> None:
     """
 
 
-# --- shared ------------------------------------------------------------------------------
-
-
-def _load(exp_path: str, site: str | None, overrides: tuple[str, ...]):
-    from .load import Origin, load_experiment, load_site
-
-    exp = load_experiment(exp_path, overrides)
-    cwd = Path.cwd()
-    if site is not None:
-        loaded_site = load_site(site, cwd, os.environ)
-    else:
-        name = exp.config.site or "local"
-        referrer = exp.provenance.of("site") if exp.config.site else Origin("(default site)")
-        loaded_site = load_site(name, cwd, os.environ, referrer=referrer)
-    return exp, loaded_site
-
-
-def _plan(exp_path: str, site: str | None, overrides: tuple[str, ...], runs_dir: str | None):
-    from .render import render
-    from .resolve import SubmitContext, resolve
-    from .runs import new_run_id
-
-    exp, loaded_site = _load(exp_path, site, overrides)
-    ctx = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=dict(os.environ),
-                        run_id=new_run_id(exp.config.name), runs_dir=runs_dir)
-    plan = resolve(exp, loaded_site, ctx)
-    return plan, render(plan)
-
-
 def _emit(as_json: bool, data: dict, text: str) -> None:
     click.echo(json.dumps(data, indent=2) if as_json else text)
+
+
+def _write(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 # --- submit --------------------------------------------------------------------------------
@@ -92,87 +67,36 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check)
 
     OVERRIDES are KEY=VALUE dot-list edits of the experiment, e.g. resources.nodes=4.
     """
-    from . import bundle, runs
-
-    plan, files = _plan(experiment, site, overrides, runs_dir)
-    bundle.check_inputs(plan)
-    if plan.scheduler == "slurm" and not dry_run:
-        from . import slurm
-        slurm.require_slurm()
-    run_dir = bundle.write_bundle(plan, files, dry_run=dry_run)
-    runs.register(plan.run_id, str(run_dir))
-    info = {"run_id": plan.run_id, "run_dir": str(run_dir), "site": plan.site_name, "dry_run": dry_run,
-            "files": sorted(files)}
+    prepared = api.prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir)
+    plan = prepared.plan
+    if prepared.scheduler.runs_to_completion and not dry_run and not as_json:
+        click.echo(f"run {plan.run_id}: running on this machine ({plan.world_size} ranks); "
+                   f"{plan.run_dir}")
+    run = api.launch(prepared, dry_run=dry_run, check=check, echo=(lambda text: None) if as_json else _write)
+    info = {"run_id": run.run_id, "run_dir": str(run.run_dir), "site": run.site, "dry_run": run.dry_run,
+            "files": sorted(run.files)}
     if dry_run:
-        _emit(as_json, info, f"run directory: {run_dir}\n--- job.sbatch ---\n{files['job.sbatch']}")
+        _emit(as_json, info, f"run directory: {run.run_dir}\n--- job.sbatch ---\n{prepared.files['job.sbatch']}")
         return
-    if plan.scheduler == "local":
-        from . import local
-        if not as_json:
-            click.echo(f"run {plan.run_id}: running on this machine ({plan.world_size} ranks); {run_dir}")
-        status = local.run(plan, echo=None if not as_json else (lambda text: None))
-        record = runs.read(run_dir)
-        info.update(state=record["state"], job_ids=[s["job_id"] for s in record["starts"]], exit_code=status)
-        if as_json:
-            click.echo(json.dumps(info, indent=2))
-        else:
-            click.echo(f"run {plan.run_id}: {record['state']}")
-        sys.exit(status)
-    _submit_slurm(plan, files, run_dir, info, wait=wait, as_json=as_json, check=check)
+    if run.exit_code is not None:     # the scheduler ran it to its end
+        from .runs import registry
 
-
-def _submit_slurm(plan, files, run_dir: Path, info: dict, *, wait: bool, as_json: bool, check: bool) -> None:
-    from . import runs, slurm
-
-    try:
-        if check:
-            slurm.preflight(plan, run_dir / "job.sbatch")
-        job_id = slurm.submit(plan, files["job.sbatch"])
-    except GlaunchError as exc:
-        with runs.updating(run_dir) as record:
-            record["state"] = "REFUSED"
-            record["reason"] = exc.message
-        raise
-    with runs.updating(run_dir) as record:
-        record["job_id"] = job_id
-        record["state"] = "PENDING"
-        record["starts"].append(runs.start_record(job_id, 0))
-    info.update(job_id=job_id, state="PENDING")
+        info.update(state=run.state, job_ids=[s.job_id for s in registry.read(run.run_dir).starts],
+                    exit_code=run.exit_code)
+        _emit(as_json, info, f"run {run.run_id}: {run.state}")
+        sys.exit(run.exit_code)
+    info.update(job_id=run.job_id, state=run.state)
     if not wait:
-        _emit(as_json, info, f"run {plan.run_id}: submitted job {job_id}\nrun directory: {run_dir}")
+        _emit(as_json, info, f"run {run.run_id}: submitted job {run.job_id}\nrun directory: {run.run_dir}")
         return
     if not as_json:
-        click.echo(f"run {plan.run_id}: submitted job {job_id}\nrun directory: {run_dir}")
-    state = _follow(run_dir, quiet=as_json)
+        click.echo(f"run {run.run_id}: submitted job {run.job_id}\nrun directory: {run.run_dir}")
+    state = api.wait(run, on_line=None if as_json else _write,
+                     on_state=None if as_json else (lambda line: click.echo(line, err=True)))
     info["state"] = state
     if as_json:
         click.echo(json.dumps(info, indent=2))
     sys.exit(0 if state == "COMPLETED" else 1)
-
-
-def _follow(run_dir: Path, *, quiet: bool) -> str:
-    from . import local, status as status_mod
-
-    followers: dict[str, local.LogFollower] = {}
-    last = None
-    while True:
-        summary = status_mod.refresh(run_dir)
-        state = summary["state"]
-        job_id = summary.get("job_id")
-        if not quiet:
-            if job_id and job_id not in followers:
-                followers[job_id] = local.LogFollower(run_dir / "logs" / f"{job_id}_0_log.out",
-                                                      lambda t: (sys.stdout.write(t), sys.stdout.flush()))
-            for f in followers.values():
-                f.poll()
-            if state != last:
-                click.echo(f"[glaunch] job {job_id}: {state}", err=True)
-        last = state
-        if state in status_mod.TERMINAL or state == "UNKNOWN":
-            for f in followers.values():
-                f.poll()
-            return state
-        time.sleep(2)
 
 
 # --- plan ----------------------------------------------------------------------------------
@@ -185,11 +109,8 @@ def _follow(run_dir: Path, *, quiet: bool) -> str:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan(experiment, overrides, site, as_json):
     """Per-GPU memory of each strategy on the site, and the recommendation."""
-    from .planning import format_plan_table, plan_for
-
-    exp, loaded_site = _load(experiment, site, overrides)
-    result = plan_for(exp, loaded_site)
-    _emit(as_json, result.to_json(), format_plan_table(result))
+    result = api.plan(experiment, site=site, overrides=overrides)
+    _emit(as_json, result.to_json(), api.format_plan(result))
 
 
 # --- sites ---------------------------------------------------------------------------------
@@ -204,18 +125,7 @@ def sites() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def sites_list(as_json):
     """The profiles found on the search path (first match of a name wins)."""
-    from .load import site_search_path
-
-    seen: dict[str, str] = {}
-    shadowed = []
-    for directory in site_search_path(Path.cwd(), os.environ):
-        if not directory.is_dir():
-            continue
-        for path in sorted(directory.glob("*.y*ml")):
-            if path.stem in seen:
-                shadowed.append((path.stem, str(path)))
-            else:
-                seen[path.stem] = str(path)
+    seen, shadowed = api.sites()
     lines = [f"{name:28s} {path}" for name, path in sorted(seen.items())]
     lines += [f"{name:28s} {path} (shadowed)" for name, path in shadowed]
     _emit(as_json, {"sites": seen}, "\n".join(lines) or "no site profiles found")
@@ -226,50 +136,27 @@ def sites_list(as_json):
 @click.option("--json", "as_json", is_flag=True)
 def sites_show(site, as_json):
     """SITE resolved through its extends chain, with the file each value came from."""
-    from dataclasses import asdict
-
-    from .load import load_site
-
-    loaded = load_site(site, Path.cwd(), os.environ)
-    flat = _flatten(asdict(loaded.config))
-    rows = []
-    for key, value in flat.items():
-        origin = loaded.provenance.of(key, exact=True)
-        where = origin.file + (f":{origin.line}" if origin.line else "")
-        rows.append({"key": key, "value": value, "from": where})
+    shown = api.site_values(site)
     if as_json:
-        click.echo(json.dumps({"site": loaded.config.name, "file": str(loaded.path),
-                               "chain": [str(p) for p in loaded.chain], "values": rows}, indent=2))
+        click.echo(json.dumps(shown, indent=2))
         return
-    click.echo(f"site {loaded.config.name}: {loaded.path}")
-    click.echo("extends chain: " + " -> ".join(str(p) for p in loaded.chain))
+    click.echo(f"site {shown['site']}: {shown['file']}")
+    click.echo("extends chain: " + " -> ".join(shown["chain"]))
+    rows = shown["values"]
     width = max(len(r["key"]) for r in rows)
     for r in rows:
         click.echo(f"  {r['key']:{width}s} = {json.dumps(r['value'])}    # {r['from']}")
-
-
-def _flatten(data, prefix=""):
-    out = {}
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.update(_flatten(value, dotted + "."))
-        else:
-            out[dotted] = value
-    return out
 
 
 @sites.command("validate")
 @click.argument("profiles", nargs=-1, required=True)
 def sites_validate(profiles):
     """Load and check each profile (name or file); exit 2 if any is bad."""
-    from .load import load_site
-
     bad = 0
     for item in profiles:
         try:
-            loaded = load_site(item, Path.cwd(), os.environ)
-            click.echo(f"ok    {item} ({loaded.path})")
+            path = api.validate_site(item)
+            click.echo(f"ok    {item} ({path})")
         except ConfigError as exc:
             bad += 1
             click.echo(f"error {item}: {exc}", err=True)
@@ -283,13 +170,9 @@ def sites_validate(profiles):
               help="Where to write it (default: ./site_configs/NAME.yaml; '-' prints it).")
 def sites_detect(name, output):
     """Write a profile skeleton from the Slurm cluster this machine submits to."""
-    from .detect import query_cluster
-
-    if name is not None:
-        from .load import NAME_PATTERN
-        if not NAME_PATTERN.fullmatch(name):
-            raise click.BadParameter(f"{name!r}: use letters, digits, '.', '_' and '-'", param_hint="--name")
-    profile_name, text = query_cluster(name)
+    if name is not None and not NAME_PATTERN.fullmatch(name):
+        raise click.BadParameter(f"{name!r}: use letters, digits, '.', '_' and '-'", param_hint="--name")
+    profile_name, text = api.detect_site(name)
     if output == "-":
         click.echo(text, nl=False)
         return
@@ -309,11 +192,8 @@ def sites_detect(name, output):
 @click.option("--json", "as_json", is_flag=True)
 def status_cmd(run, as_json):
     """State of RUN (a run id or directory), across requeues."""
-    from . import runs, status as status_mod
-
-    run_dir = runs.find_run(run)
-    summary = status_mod.refresh(run_dir)
-    _emit(as_json, summary, status_mod.format_status(summary))
+    summary = api.status(run)
+    _emit(as_json, summary, api.format_status(summary))
 
 
 @cli.command()
@@ -322,20 +202,14 @@ def status_cmd(run, as_json):
 @click.option("--rank", type=int, default=None, help="Only this rank.")
 def logs(run, follow, rank):
     """Per-rank logs of RUN, merged with a rank prefix, across requeues."""
-    from . import runs, status as status_mod
-
-    run_dir = runs.find_run(run)
-    status_mod.print_logs(run_dir, rank=rank, follow=follow, echo=click.echo)
+    api.logs(run, rank=rank, follow=follow, echo=click.echo)
 
 
 @cli.command()
 @click.argument("run")
 def cancel(run):
     """Cancel RUN's job."""
-    from . import runs, status as status_mod
-
-    run_dir = runs.find_run(run)
-    click.echo(status_mod.cancel(run_dir))
+    click.echo(api.cancel(run))
 
 
 @cli.command("list")
@@ -343,10 +217,10 @@ def cancel(run):
 @click.option("-n", "limit", default=20, show_default=True, help="How many recent runs.")
 def list_cmd(as_json, limit):
     """Recent runs with state, site, nodes and age."""
-    from . import status as status_mod
+    from .runs.status import format_list
 
-    rows = status_mod.recent(limit)
-    _emit(as_json, {"runs": rows}, status_mod.format_list(rows))
+    rows = api.list_runs(limit)
+    _emit(as_json, {"runs": rows}, format_list(rows))
 
 
 if __name__ == "__main__":

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.load import SHIPPED_SITES, load_experiment, load_site
-from launcher.render import render
-from launcher.resolve import SubmitContext, resolve
+from launcher import schedulers
+from launcher.config.load import load_experiment, load_site
+from launcher.config.sites import SHIPPED_SITES
+from launcher.resolution.jobplan import SubmitContext
+from launcher.resolution.resolve import resolve
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -31,7 +33,8 @@ def render_case(site: str, launcher: str) -> dict[str, str]:
         exp.config, resources=dataclasses.replace(exp.config.resources, nodes=nodes)))
     ctx = SubmitContext(cwd="/home/alice/exp", python="/usr/bin/python3", environ=ENVIRON,
                         run_id="torch-ddp-20260101-000000-abcd")
-    return render(resolve(exp, loaded, ctx))
+    plan = resolve(exp, loaded, ctx)
+    return schedulers.get(plan.scheduler).render(plan)
 
 
 def test_every_shipped_profile_is_covered():

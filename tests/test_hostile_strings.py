@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher import shell
+from launcher.rendering import shell
 
 HOSTILE = ["it's", 'a "b" c', "$(touch PWNED1)", "`touch PWNED2`", "line1\nline2", "two  spaces",
            "ünïcødé ✓", "; touch PWNED3", "*", "back\\slash", "-n", "tab\there", "$HOME-x", "!bang"]

@@ -13,15 +13,17 @@ from pathlib import Path
 import pytest
 
 import test_bad_input_table as table
-from launcher import cli, load, schema
+from launcher import cli
+from launcher.config import load, schema, sites, typed
 from launcher.errors import ConfigError
-from launcher.render import render
-from launcher.resolve import SubmitContext, resolve
+from launcher import schedulers
+from launcher.resolution.jobplan import SubmitContext
+from launcher.resolution.resolve import resolve
 
 REPO = Path(__file__).resolve().parent.parent
 ENVIRON = {"HOME": "/home/alice", "USER": "alice", "SCRATCH": "/scratch/alice", "WORK": "/work/alice",
            "SCRATCHDIR": "/scratchdir/alice", "PROJECT": "/project/p1"}
-SHIPPED = sorted(p.stem for p in load.SHIPPED_SITES.glob("*.yaml"))
+SHIPPED = sorted(p.stem for p in sites.SHIPPED_SITES.glob("*.yaml"))
 EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.yaml"))
 
 
@@ -39,17 +41,17 @@ def _outcome(fn):
 def both_paths(monkeypatch, fn):
     """(outcome on the plain path, outcome through OmegaConf, whether OmegaConf was needed)."""
     used = []
-    real = load._typed_config_omegaconf
+    real = typed._typed_config_omegaconf
 
     def spy(*args, **kwargs):
         used.append(args[0].__name__)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(load, "_typed_config_omegaconf", spy)
-    monkeypatch.setattr(load, "PLAIN_PATH", True)
+    monkeypatch.setattr(typed, "_typed_config_omegaconf", spy)
+    monkeypatch.setattr(typed, "PLAIN_PATH", True)
     plain = _outcome(fn)
     needed_omegaconf = bool(used)
-    monkeypatch.setattr(load, "PLAIN_PATH", False)
+    monkeypatch.setattr(typed, "PLAIN_PATH", False)
     slow = _outcome(fn)
     return plain, slow, needed_omegaconf
 
@@ -94,7 +96,8 @@ def _render(example: str, site: str, overrides: list[str]) -> dict[str, str]:
     loaded = load.load_site(site, Path("/nonexistent"), ENVIRON)
     ctx = SubmitContext(cwd="/home/alice/exp", python="/usr/bin/python3", environ=ENVIRON,
                         run_id="x-20260101-000000-abcd")
-    return render(resolve(exp, loaded, ctx))
+    plan = resolve(exp, loaded, ctx)
+    return schedulers.get(plan.scheduler).render(plan)
 
 
 @pytest.mark.parametrize("site", SHIPPED)
@@ -271,7 +274,7 @@ def test_bad_input_table_agrees(files, args, fragments, tmp_path, monkeypatch, c
     argv = ["glaunch", "submit", "exp.yaml", "--dry-run", "--runs-dir", str(tmp_path / "runs"), *site_args, *args]
     results = []
     for plain in (True, False):
-        monkeypatch.setattr(load, "PLAIN_PATH", plain)
+        monkeypatch.setattr(typed, "PLAIN_PATH", plain)
         results.append(_run_cli(monkeypatch, capsys, argv))
     assert results[0] == results[1]
     assert results[0][0] == 2

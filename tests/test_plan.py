@@ -12,8 +12,10 @@ import pytest
 import yaml
 
 from launcher import cli
-from launcher import plan as planner
-from launcher.plan import PlanInput, make_plan
+from launcher.resolution import memory, planner
+from launcher.resolution.memory import PlanInput
+from launcher.resolution.planner import make_plan
+from launcher.resolution.strategy import inspect_factory
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -177,7 +179,7 @@ def test_zero3_largest_layer_estimate_is_documented_in_the_table():
 
 
 def test_bad_plan_input_names_the_field():
-    with pytest.raises(planner.PlanInputError) as info:
+    with pytest.raises(memory.PlanInputError) as info:
         PlanInput(params=10**9, nodes=1, gpus_per_node=8, gpu_mem_gb=80, seq_len=0)
     assert info.value.field == "seq_len"
 
@@ -255,7 +257,7 @@ def test_plan_json_shape(workdir, monkeypatch, capsys):
     data = json.loads(out)
     assert set(data) == {"world_size", "gpu_mem_gb", "strategies", "recommended", "reason", "min_nodes"}
     assert data["world_size"] == 8 and data["gpu_mem_gb"] == 80.0
-    assert [s["name"] for s in data["strategies"]] == list(planner.STRATEGIES)
+    assert [s["name"] for s in data["strategies"]] == list(memory.STRATEGIES)
     for row in data["strategies"]:
         for key in ("model_states_gb", "deepspeed_gb", "activations_gb", "total_gb"):
             assert isinstance(row[key], float), key
@@ -281,7 +283,7 @@ def test_plan_table(workdir, monkeypatch, capsys):
     code, out, err = glaunch(monkeypatch, capsys, "plan", "exp.yaml", "--site", "site.yaml", "model.params=7.5e9")
     assert code == 0, err
     for fragment in ["ZeRO paper", "DeepSpeed", "activations", "total", "fits", "1.5x", "recommended: zero1",
-                     "reason:", *planner.STRATEGIES]:
+                     "reason:", *memory.STRATEGIES]:
         assert fragment in out, fragment
 
 
@@ -317,10 +319,9 @@ def broken():
 """
 
 
-def test_count_params_from_factory(tmp_path):
+def test_inspect_factory(tmp_path):
     (tmp_path / "tiny_factory_a.py").write_text(FACTORY)
-    assert planner.count_params_from_factory("tiny_factory_a:build", [str(tmp_path)]) == 1_001_000
-    assert planner.inspect_factory("tiny_factory_a:build", [str(tmp_path)]) == (1_001_000, 1_001_000)
+    assert inspect_factory("tiny_factory_a:build", [str(tmp_path)]) == (1_001_000, 1_001_000)
 
 
 def test_factory_through_plan(workdir, monkeypatch, capsys):

@@ -13,18 +13,22 @@ def test_submitit_version_is_the_pinned_one():
 
 
 def test_task_command_matches_submitit(tmp_path):
-    from launcher.resolve import JobPlan
+    from launcher.rendering.render import submitit_command
+    from launcher.resolution.jobplan import JobPlan
+
     executor = object.__new__(SlurmExecutor)
     executor.folder = tmp_path / "my logs"
     executor.python = shlex.quote("/opt/py env/bin/python")
     plan = object.__new__(JobPlan)
     object.__setattr__(plan, "python", ("/opt/py env/bin/python",))
     object.__setattr__(plan, "log_dir", str(tmp_path / "my logs"))
-    assert plan.submitit_command == executor._submitit_command_str
+    assert submitit_command(plan) == executor._submitit_command_str
 
 
 def test_log_names_match_submitit(tmp_path):
+    from launcher.runs.layout import RunDir
+
     paths = JobPaths(tmp_path, job_id="42", task_id=3)
-    assert paths.stdout.name == "42_3_log.out"
-    assert paths.stderr.name == "42_3_log.err"
+    assert paths.stdout.name == "42_3_log.out" == RunDir(tmp_path).task_log("42", 3, "out").name
+    assert paths.stderr.name == "42_3_log.err" == RunDir(tmp_path).task_log("42", 3, "err").name
     assert paths.submitted_pickle.name == "42_submitted.pkl"

@@ -50,6 +50,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..runs.files import atomic_write_text, fsync_dir
+from ..runs.layout import RunDir
 from .context import RankContext, all_reduce_max, broadcast_object, context, is_distributed, log
 
 MANIFEST = "manifest.json"
@@ -118,31 +120,6 @@ def fsync_file(path: str | os.PathLike) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass  # some filesystems refuse fsync on directories
-    finally:
-        os.close(fd)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same dir, fsync, os.replace, fsync dir."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def _files_under(root: Path) -> list[Path]:
@@ -277,17 +254,16 @@ def resume_checkpoint(ctx: RankContext | None = None, *, verify: str = "hash") -
     return found
 
 
-RESUME_FILE = "resume.json"
 
 
 def _note_resume(ctx: RankContext, found: Checkpoint | None) -> None:
     """<run_dir>/resume.json: the step this start resumed from, for run.json's record of starts."""
     try:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(ctx.run_dir / RESUME_FILE, json.dumps(
+        atomic_write_text(RunDir(ctx.run_dir).resume_file, json.dumps(
             {"restart": ctx.restart, "job_id": ctx.job_id, "step": None if found is None else found.step}) + "\n")
     except OSError as exc:
-        log(f"could not write {ctx.run_dir / RESUME_FILE}: {exc}")
+        log(f"could not write {RunDir(ctx.run_dir).resume_file}: {exc}")
 
 
 # ------------------------------------------------------------------ writing

@@ -13,7 +13,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-DEFAULT_RUN_DIR = "glaunch-run"
+from ..runs.layout import STANDALONE_RUN_DIR
+
 DEFAULT_STOP_SIGNALS = ("USR2", "TERM")
 DEFAULT_KEEP = 2
 
@@ -99,7 +100,7 @@ def context() -> RankContext:
     node_rank = _env_int("GROUP_RANK", _env_int("NODE_RANK", rank // local_world))
     if rank >= world:
         raise RuntimeConfigError(f"RANK={rank} is not below WORLD_SIZE={world}")
-    run_dir = Path(env.get("GLAUNCH_RUN_DIR") or Path.cwd() / DEFAULT_RUN_DIR)
+    run_dir = Path(env.get("GLAUNCH_RUN_DIR") or Path.cwd() / STANDALONE_RUN_DIR)
     ckpt_dir = Path(env.get("GLAUNCH_CHECKPOINT_DIR") or run_dir / "checkpoints")
     port = env.get("MASTER_PORT")
     ds = env.get("GLAUNCH_DS_CONFIG")
@@ -127,7 +128,7 @@ def context() -> RankContext:
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -150,7 +151,7 @@ def export_rendezvous_env(ctx: RankContext | None = None) -> RankContext:
     if "MASTER_PORT" not in os.environ:
         if ctx.world_size > 1:
             raise RuntimeConfigError("MASTER_PORT is not set but WORLD_SIZE > 1")
-        os.environ["MASTER_PORT"] = str(_free_port())
+        os.environ["MASTER_PORT"] = str(free_port())
     return context()
 
 

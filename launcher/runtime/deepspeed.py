@@ -26,14 +26,10 @@ import json
 import os
 
 from .checkpoint import Checkpoint, stage_checkpoint
-from .context import RankContext, context, export_rendezvous_env, log, log_joined, shutdown_distributed
-from .state import rng_state, set_rng_state
+from .context import RankContext, context, export_rendezvous_env, log_joined, shutdown_distributed
+from .state import restore_rng, save_rng
 
 TAG = "deepspeed"
-
-
-def rng_file(rank: int) -> str:
-    return f"rng-rank-{rank:05d}.pt"
 
 
 def import_deepspeed():
@@ -98,7 +94,6 @@ class _Recorder:
 def save_engine(engine, step: int, *, client_state: dict | None = None,
                 ctx: RankContext | None = None, keep: int | None = None) -> Checkpoint:
     """Collective: ``engine.save_checkpoint`` into a staging dir, then the atomic commit."""
-    import torch
 
     ctx = ctx or context()
     with stage_checkpoint(step, framework="deepspeed", ctx=ctx, keep=keep,
@@ -108,24 +103,19 @@ def save_engine(engine, step: int, *, client_state: dict | None = None,
                                    save_latest=False)
         for p in rec.paths:
             st.add(p)
-        torch.save(rng_state(), st.file(rng_file(ctx.rank)))
+        save_rng(st, ctx.rank)
     return st.committed
 
 
 def load_engine(engine, ckpt: Checkpoint, *, ctx: RankContext | None = None, **kwargs) -> dict:
     """``engine.load_checkpoint(ckpt.path, tag=...)`` plus this rank's RNG; returns the client state."""
-    import torch
 
     ctx = ctx or context()
     tag = ckpt.extra.get("tag", TAG)
     load_path, client_state = engine.load_checkpoint(str(ckpt.path), tag=tag, **kwargs)
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load {ckpt.path / tag}")
-    f = ckpt.path / rng_file(ctx.rank)
-    if f.exists() and ckpt.world_size == ctx.world_size:
-        set_rng_state(torch.load(f, map_location="cpu", weights_only=True))
-    else:
-        log(f"no RNG state for rank {ctx.rank} in {ckpt.path.name}: resume is not bitwise reproducible")
+    restore_rng(ckpt, ctx.rank, ctx.world_size)
     return client_state or {}
 
 

@@ -27,14 +27,10 @@ import os
 
 from .checkpoint import Checkpoint, resume_checkpoint, stage_checkpoint
 from .context import RankContext, all_reduce_max, context, log
-from .state import rng_state, set_rng_state
+from .state import restore_rng, save_rng
 from .stop import install_stop_handler, should_stop, stop_signal
 
 CKPT_FILE = "lightning.ckpt"
-
-
-def rng_file(rank: int) -> str:
-    return f"rng-rank-{rank:05d}.pt"
 
 
 def cluster_environment(ctx: RankContext | None = None):
@@ -144,18 +140,10 @@ class GlaunchCallback(_callback_base()):
     def on_train_start(self, trainer, pl_module) -> None:
         install_stop_handler(self.ctx.stop_signals)   # take SIGTERM back from Lightning
         if self.resumed is not None:
-            import torch
-
-            f = self.resumed.path / rng_file(trainer.global_rank)
-            if f.exists() and self.resumed.world_size == trainer.world_size:
-                set_rng_state(torch.load(f, map_location="cpu", weights_only=True))
-            else:
-                log(f"no RNG state for rank {trainer.global_rank} in {self.resumed.path.name}: "
-                    "resume is not bitwise reproducible")
+            restore_rng(self.resumed, trainer.global_rank, trainer.world_size)
 
     # -- save / stop
     def save(self, trainer, step: int) -> Checkpoint:
-        import torch
 
         with stage_checkpoint(step, framework="lightning", ctx=self.ctx, keep=self.keep,
                               verify=self.verify) as st:
@@ -163,7 +151,7 @@ class GlaunchCallback(_callback_base()):
             trainer.save_checkpoint(str(path), weights_only=False)   # collective; rank 0 writes
             if trainer.is_global_zero:
                 st.add(path)
-            torch.save(rng_state(), st.file(rng_file(trainer.global_rank)))
+            save_rng(st, trainer.global_rank)
         self.last_saved = st.committed
         return st.committed
 

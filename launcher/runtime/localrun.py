@@ -20,21 +20,18 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from ..runs.files import atomic_write_text
+from ..runs.layout import STEP_SUMMARY
+from .context import free_port
+
 KILL_WAIT_S = 10.0
 TIMEOUT_STATUS = 124
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -148,10 +145,8 @@ class Step:
     def _summary(self, codes: list[int], status: int, seconds: float) -> None:
         summary = {"job_id": self.job_id, "exit_codes": codes, "status": status, "timed_out": self.timed_out,
                    "warned": self.warned, "seconds": round(seconds, 3)}
-        path = Path(self._path(self.options.output, 0)).parent / f"{self.job_id}_step.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(summary) + "\n")
-        os.replace(tmp, path)
+        path = Path(self._path(self.options.output, 0)).parent / STEP_SUMMARY.format(job_id=self.job_id)
+        atomic_write_text(path, json.dumps(summary) + "\n")
 
 
 def _status(code: int) -> int:

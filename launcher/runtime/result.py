@@ -6,14 +6,11 @@ import hashlib
 import json
 import time
 
-from .checkpoint import atomic_write_text
+from ..runs.files import atomic_write_text
+from ..runs.layout import RunDir
 from .context import RankContext, context
 from .state import unwrap
 from .stop import stop_signal
-
-RESULT_FILE = "result.json"
-STOP_FILE = "stop.json"
-
 
 def _is_zero3_param(p) -> bool:
     return hasattr(p, "ds_id") and hasattr(p, "ds_status")
@@ -68,7 +65,7 @@ def write_result(final_step: int, *, model=None, final_loss: float | None = None
         result.update(extra)
     if ctx.is_main:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(ctx.run_dir / RESULT_FILE, json.dumps(result, indent=1, sort_keys=True) + "\n")
+        atomic_write_text(RunDir(ctx.run_dir).result_file, json.dumps(result, indent=1, sort_keys=True) + "\n")
     return result
 
 
@@ -88,5 +85,5 @@ def write_stop(step: int, checkpoint=None, *, ctx: RankContext | None = None) ->
     }
     if ctx.is_main:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(ctx.run_dir / STOP_FILE, json.dumps(record, indent=1, sort_keys=True) + "\n")
+        atomic_write_text(RunDir(ctx.run_dir).stop_file, json.dumps(record, indent=1, sort_keys=True) + "\n")
     return record

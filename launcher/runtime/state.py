@@ -28,6 +28,31 @@ def model_rank_file(rank: int) -> str:
     return f"model-rank-{rank:05d}.pt"
 
 
+def rng_file(rank: int) -> str:
+    """A rank's RNG states, for the adapters whose framework writes the rest."""
+    return f"rng-rank-{rank:05d}.pt"
+
+
+def save_rng(staging, rank: int) -> None:
+    """This rank's RNG states into the checkpoint being staged."""
+    import torch
+
+    torch.save(rng_state(), staging.file(rng_file(rank)))
+
+
+def restore_rng(ckpt: Checkpoint, rank: int, world_size: int) -> bool:
+    """This rank's RNG states from `ckpt`, when it was written by as many ranks."""
+    import torch
+
+    f = ckpt.path / rng_file(rank)
+    if f.exists() and ckpt.world_size == world_size:
+        set_rng_state(torch.load(f, map_location="cpu", weights_only=True))
+        return True
+    log(f"no RNG state for rank {rank} of {world_size} in {ckpt.path.name} (written by {ckpt.world_size} "
+        "ranks): resume is not bitwise reproducible")
+    return False
+
+
 def unwrap(model):
     """The user's module inside DDP / DeepSpeed engine / torch.compile wrappers."""
     for _ in range(8):

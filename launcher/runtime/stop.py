@@ -63,12 +63,6 @@ def uninstall_stop_handler() -> None:
         del _previous[signum]
 
 
-def handler_installed(sig: str | int = "USR2") -> bool:
-    """True when our handler is the current one for ``sig``."""
-    sig = _resolve(sig) if isinstance(sig, str) else sig
-    return signal.getsignal(sig) is _handler
-
-
 def request_stop(signum: int | None = None) -> None:
     """Ask for a stop from code (same effect as receiving a stop signal on this rank)."""
     _handler(signum if signum is not None else 0, None)

@@ -17,10 +17,11 @@ import os
 import runpy
 import signal
 import sys
-from pathlib import Path
 from typing import Any
 
-from .. import launchspec
+from ..runs.files import atomic_write_text, read_json
+from ..runs.layout import RunDir
+from . import launch
 from .context import node_name
 from .stop import install_stop_handler
 
@@ -33,7 +34,7 @@ class TrainingTask:
         self.spec = dict(spec)
 
     def __repr__(self) -> str:
-        return f"TrainingTask({' '.join(launchspec.entry_words(self.spec))})"
+        return f"TrainingTask({' '.join(launch.entry_words(self.spec))})"
 
     def __call__(self) -> int:
         import submitit
@@ -63,7 +64,7 @@ class TrainingTask:
         # count (not reach submitit's handler, which requeues on its own terms).
         install_stop_handler()
         _log(f"rank {job.global_rank}/{spec['world_size']} on {node_name()}: "
-             f"python {' '.join(launchspec.entry_words(spec))}")
+             f"python {' '.join(launch.entry_words(spec))}")
         return run_entry(spec)
 
     # --- torchrun: this process is the node's agent -----------------------------------
@@ -72,10 +73,10 @@ class TrainingTask:
         from torch.distributed.run import main as torchrun_main
 
         spec = self.spec
-        args = launchspec.torchrun_args(
+        args = launch.torchrun_args(
             spec, node_rank=str(job.node), master_addr=os.environ["MASTER_ADDR"],
             master_port=os.environ["MASTER_PORT"], job_id=str(job.job_id))
-        entry = launchspec.entry_words(spec)
+        entry = launch.entry_words(spec)
         _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + entry)}")
         for signum in (WARNING_SIGNAL, signal.SIGTERM):
             signal.signal(signum, _forward_to_children)
@@ -122,13 +123,11 @@ def run_entry(spec: dict[str, Any]) -> int:
 
 def note_crash(run_dir: str, job: Any, exc: BaseException) -> None:
     """<run_dir>/crash.json: the first failure this start saw, for `glaunch status`."""
-    from .checkpoint import atomic_write_text
     from .context import context
-    from .jobend import read_json
 
     restart = context().restart
-    path = os.path.join(run_dir, CRASH_FILE)
-    if (read_json(Path(path)) or {}).get("restart") == restart:
+    path = RunDir(run_dir).crash_file
+    if (read_json(path) or {}).get("restart") == restart:
         return
     message = (str(exc).strip().splitlines() or [""])[0][:300]
     record = {"restart": restart, "job_id": str(job.job_id), "task": job.global_rank, "node": node_name(),
@@ -137,9 +136,6 @@ def note_crash(run_dir: str, job: Any, exc: BaseException) -> None:
         atomic_write_text(path, json.dumps(record) + "\n")
     except OSError:
         pass
-
-
-CRASH_FILE = "crash.json"
 
 
 def _exit_code(exc: SystemExit) -> int:

@@ -2,22 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Mapping
 
-from .errors import ConfigError
+from ..config.merge import deep_merge
+from ..errors import ConfigError
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-
-
-def deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
-    merged = copy.deepcopy(dict(base))
-    for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
-            merged[key] = deep_merge(merged[key], value)
-        else:
-            merged[key] = copy.deepcopy(value)
-    return merged
 
 
 def build(*, world_size: int, global_batch: int, micro_batch: int, accumulation: int, zero_stage: int,

@@ -6,11 +6,12 @@ import os
 from pathlib import Path
 from typing import Mapping
 
-from . import runs
-from .errors import ConfigError
-from .resolve import JobPlan
+from ..errors import ConfigError
+from ..resolution.jobplan import JobPlan
+from . import registry
+from .layout import JOB_SCRIPT, RunRecord, State
 
-EXECUTABLE = {"job.sbatch"}
+EXECUTABLE = {JOB_SCRIPT}
 
 
 def check_inputs(plan: JobPlan) -> None:
@@ -41,26 +42,14 @@ def write_bundle(plan: JobPlan, files: Mapping[str, str], *, dry_run: bool) -> P
         path.write_text(text, encoding="utf-8")
         if name in EXECUTABLE:
             path.chmod(0o755)
-    runs.write(run_dir, initial_record(plan, dry_run=dry_run))
+    registry.write(run_dir, initial_record(plan, dry_run=dry_run))
     return run_dir
 
 
-def initial_record(plan: JobPlan, *, dry_run: bool) -> dict:
-    return {
-        "run_id": plan.run_id,
-        "name": plan.name,
-        "site": plan.site_name,
-        "scheduler": plan.scheduler,
-        "run_dir": plan.run_dir,
-        "experiment_file": plan.experiment_file,
-        "created": runs.now(),
-        "dry_run": dry_run,
-        "nodes": plan.nodes,
-        "world_size": plan.world_size,
-        "partition": plan.partition,
-        "requeue_max": plan.requeue_max,
-        "crash_retries": plan.crash_retries,
-        "state": "RENDERED" if dry_run else "SUBMITTING",
-        "job_id": None,
-        "starts": [],
-    }
+def initial_record(plan: JobPlan, *, dry_run: bool) -> RunRecord:
+    return RunRecord(
+        run_id=plan.run_id, name=plan.name, site=plan.site_name, scheduler=plan.scheduler,
+        run_dir=plan.run_dir, experiment_file=plan.experiment_file, created=registry.now(), dry_run=dry_run,
+        nodes=plan.nodes, world_size=plan.world_size, partition=plan.partition, requeue_max=plan.requeue_max,
+        crash_retries=plan.crash_retries, state=(State.RENDERED if dry_run else State.SUBMITTING).value,
+        job_id=None)

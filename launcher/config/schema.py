@@ -6,12 +6,16 @@ checked in `load` so the error can list the allowed values next to the key.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
 # omegaconf.MISSING's value, spelled here so that loading the schema does not import
 # OmegaConf (tests/test_load_paths.py checks they agree).
 MISSING: Any = "???"
+
+# Names of runs, sites and partitions: safe in a path, a job name and a shell word.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
 
 # --- experiment ------------------------------------------------------------------
 

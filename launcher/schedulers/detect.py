@@ -10,12 +10,12 @@ import datetime as dt
 import getpass
 import re
 import shutil
-import subprocess
 from typing import Any, Mapping
 
 import yaml
 
-from .errors import SchedulerError
+from ..errors import SchedulerError
+from .slurm import run_command
 
 # Gres=gpu:a100:4(S:0-1),gpu:h100:2  ->  ("a100", 4), ("h100", 2)
 _GRES_GPU = re.compile(r"(?:^|,)gpu(?::(?P<type>[^:,(]+))?:(?P<count>\d+)")
@@ -109,10 +109,7 @@ def render_profile(profile: Mapping[str, Any], cluster: str) -> str:
 
 
 def _run(*cmd: str) -> str:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SchedulerError(f"{' '.join(cmd)}: {exc}") from None
+    proc = run_command(*cmd)
     if proc.returncode != 0:
         raise SchedulerError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
     return proc.stdout
@@ -128,8 +125,7 @@ def query_cluster(name: str | None) -> tuple[str, str]:
     account = None
     if shutil.which("sacctmgr"):
         user = getpass.getuser()
-        proc = subprocess.run(["sacctmgr", "-n", "-P", "show", "user", user, "format=defaultaccount"],
-                              capture_output=True, text=True, timeout=60)
+        proc = run_command("sacctmgr", "-n", "-P", "show", "user", user, "format=defaultaccount")
         if proc.returncode == 0 and proc.stdout.strip():
             account = proc.stdout.split()[0]
     profile = build_profile(name or cluster, _run("scontrol", "show", "partition", "-o"),

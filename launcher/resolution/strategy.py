@@ -1,17 +1,16 @@
-"""Glue between the configs and the pure memory model in launcher/plan.py:
-`glaunch plan` and `strategy.name: auto`. Errors name the config key they come from."""
+"""The configs meet the planner: `glaunch plan` and `strategy.name: auto` (the planner's
+inputs from the experiment and the site, the model size from `model.params` or counted
+from `model.factory`). Errors name the config key they come from."""
 
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
-from . import plan as planner
-from . import schema
-from .errors import ConfigError
-from .load import LoadedExperiment, LoadedSite, Provenance
-
-format_plan_table = planner.format_plan_table
+from ..config import schema
+from ..config.load import LoadedExperiment, LoadedSite, Provenance
+from ..errors import ConfigError
+from . import memory, planner
 
 # PlanInput field -> the experiment key it comes from
 _EXPERIMENT_KEYS = {
@@ -31,7 +30,7 @@ def _model_size(model: schema.Model, prov: Provenance) -> tuple[int, int | None,
     if model.factory:
         exp_dir = os.path.dirname(os.path.abspath(prov.default_file))
         try:
-            params, largest = planner.inspect_factory(model.factory, [exp_dir, os.getcwd()])
+            params, largest = inspect_factory(model.factory, [exp_dir, os.getcwd()])
         except ValueError as exc:
             raise prov.error("model.factory", str(exc)) from None
         if model.largest_layer_params is not None:
@@ -41,7 +40,7 @@ def _model_size(model: schema.Model, prov: Provenance) -> tuple[int, int | None,
 
 
 def plan_input(exp: schema.Experiment, site: schema.Site, part, part_name: str | None, nodes: int,
-               gpus_per_node: int, prov: Provenance) -> planner.PlanInput:
+               gpus_per_node: int, prov: Provenance) -> memory.PlanInput:
     if part is None or part.gpu_mem_gb is None:
         raise prov.error("resources.partition", f"site {site.name!r} gives no gpu_mem_gb for partition "
                          f"{part_name!r}; the planner needs it (partitions.{part_name}.gpu_mem_gb)")
@@ -49,13 +48,13 @@ def plan_input(exp: schema.Experiment, site: schema.Site, part, part_name: str |
     params, largest, largest_source = _model_size(m, prov)
     host_mem = exp.resources.mem_gb if exp.resources.mem_gb is not None else part.mem_gb
     try:
-        return planner.PlanInput(
+        return memory.PlanInput(
             params=params, nodes=nodes, gpus_per_node=gpus_per_node, gpu_mem_gb=part.gpu_mem_gb,
             precision=exp.precision, optimizer=m.optimizer, micro_batch=exp.batch.micro_size, layers=m.layers,
             hidden_size=m.hidden_size, heads=m.heads, seq_len=m.seq_len, largest_layer_params=largest,
             overhead_gb=site.plan.overhead_gb, headroom=site.plan.headroom, max_nodes=part.max_nodes,
             host_mem_gb=host_mem, largest_layer_source=largest_source)
-    except planner.PlanInputError as exc:
+    except memory.PlanInputError as exc:
         key = _EXPERIMENT_KEYS.get(exc.field)
         if key is not None:
             raise prov.error(key, exc.message) from None
@@ -93,3 +92,49 @@ def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite) -> planner.P
         raise ConfigError("the planner needs GPUs per node", file=site_loaded.path.as_posix(),
                           key=f"partitions.{name}.gpus_per_node")
     return planner.make_plan(plan_input(exp, site, part, name, exp.resources.nodes, gpus, prov))
+
+
+def _factory_model(spec: str, search_path: Sequence[str] = ()):
+    """Build the model `spec` ("module:function") names on the meta device."""
+    import importlib
+    import sys
+
+    module_name, sep, func_name = spec.partition(":")
+    if not sep or not module_name or not func_name:
+        raise ValueError(f"{spec!r} is not 'module:function'")
+    added = [p for p in search_path if p not in sys.path]
+    sys.path[:0] = added
+    try:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            raise ValueError(f"cannot import {module_name!r}: {exc}") from None
+        func = getattr(module, func_name, None)
+        if not callable(func):
+            raise ValueError(f"module {module_name!r} has no function {func_name!r}")
+        import torch
+
+        try:
+            with torch.device("meta"):      # shapes only: no memory, no weights loaded
+                model = func()
+        except Exception as exc:  # the factory is user code; any failure is bad input
+            raise ValueError(f"{spec} failed on the meta device: {type(exc).__name__}: {exc}") from None
+        if not isinstance(model, torch.nn.Module):
+            raise ValueError(f"{spec} returned {type(model).__name__}, not a torch.nn.Module")
+        return model
+    finally:
+        for p in added:
+            if p in sys.path:
+                sys.path.remove(p)
+
+
+def inspect_factory(spec: str, search_path: Sequence[str] = ()) -> tuple[int, int]:
+    """(parameters, parameters of the largest module) of the model `spec` builds.
+    Shared parameters count once; a module's own parameters, not its children's, make a
+    layer, as DeepSpeed's model_to_params counts them."""
+    model = _factory_model(spec, search_path)
+    total = sum(p.numel() for p in model.parameters())
+    largest = max((sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules()), default=0)
+    if total < 1:
+        raise ValueError(f"{spec} built a model without parameters")
+    return total, largest

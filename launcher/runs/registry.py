@@ -1,5 +1,5 @@
-"""The run registry: run.json in each run directory, and an index of run directories
-so `glaunch status RUN` finds a run by its id from anywhere."""
+"""The run registry: run.json in each run directory, read and updated under a lock, and
+an index of run directories so `glaunch status RUN` finds a run by its id from anywhere."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Iterator, Mapping
 
-from .errors import RunError
-
-RUN_FILE = "run.json"
+from ..errors import RunError
+from .files import atomic_write_text
+from .layout import RunDir, RunRecord, StartRecord, State
 
 
 def now() -> str:
@@ -63,51 +63,40 @@ def indexed_runs() -> list[dict[str, str]]:
 def find_run(ref: str) -> Path:
     """A run id or a run directory -> the run directory."""
     candidate = Path(ref).expanduser()
-    if (candidate / RUN_FILE).is_file():
+    if RunDir(candidate).run_file.is_file():
         return candidate.resolve()
     for entry in reversed(indexed_runs()):
-        if entry.get("run_id") == ref and (Path(entry["run_dir"]) / RUN_FILE).is_file():
+        if entry.get("run_id") == ref and RunDir(entry["run_dir"]).run_file.is_file():
             return Path(entry["run_dir"])
     local = Path("runs") / ref
-    if (local / RUN_FILE).is_file():
+    if RunDir(local).run_file.is_file():
         return local.resolve()
     raise RunError(f"no run {ref!r}: not a run directory and not a known run id (`glaunch list` shows runs)")
 
 
-def read(run_dir: Path) -> dict[str, Any]:
+def read(run_dir: str | os.PathLike) -> RunRecord:
+    path = RunDir(run_dir).run_file
     try:
-        return json.loads((Path(run_dir) / RUN_FILE).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise RunError(f"cannot read {Path(run_dir) / RUN_FILE}: {exc}") from None
+        return RunRecord.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError) as exc:
+        raise RunError(f"cannot read {path}: {exc}") from None
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write(run_dir: Path, record: Mapping[str, Any]) -> None:
-    write_atomic(Path(run_dir) / RUN_FILE, json.dumps(record, indent=2) + "\n")
+def write(run_dir: str | os.PathLike, record: RunRecord) -> None:
+    atomic_write_text(RunDir(run_dir).run_file, json.dumps(record.to_dict(), indent=2) + "\n")
 
 
 @contextlib.contextmanager
-def updating(run_dir: Path) -> Iterator[dict[str, Any]]:
+def updating(run_dir: str | os.PathLike) -> Iterator[RunRecord]:
     """Read-modify-write run.json under a lock (the job and the CLI both update it)."""
-    lock_path = Path(run_dir) / ".run.lock"
-    with open(lock_path, "a") as lock:
+    with open(RunDir(run_dir).lock_file, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         record = read(run_dir)
         yield record
         write(run_dir, record)
 
 
-def start_record(job_id: str, restart: int, **fields: Any) -> dict[str, Any]:
-    record = {"job_id": str(job_id), "restart": restart, "submitted": now(), "started": None,
-              "ended": None, "state": "PENDING", "reason": None, "detail": None, "exit_code": None,
-              "resumed_from": None, "stopped_at": None}
-    record.update(fields)
-    return record
+def new_start(job_id: str, restart: int, **values) -> StartRecord:
+    start = StartRecord(job_id=str(job_id), restart=restart, submitted=now(), state=State.PENDING.value)
+    start.update(**values)
+    return start

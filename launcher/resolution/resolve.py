@@ -8,108 +8,16 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass, field
+import shlex
+from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Mapping
 
-from . import deepspeed_config, schema, shell, slurmtime
-from .errors import ConfigError
-from .load import LoadedExperiment, LoadedSite, Provenance
-
-# Ports below the Linux ephemeral range (32768-60999), so a rendezvous port is never
-# taken by some outgoing connection on the node.
-PORT_BASE = 10000
-PORT_SPAN = 20000
-STOP_SIGNALS = ("USR2", "TERM")
-
-
-@dataclass(frozen=True)
-class SubmitContext:
-    cwd: str
-    python: str                       # the submitting interpreter (default on the nodes)
-    environ: Mapping[str, str]        # for $VAR / ~ in paths
-    run_id: str
-    runs_dir: str | None = None       # --runs-dir
-
-
-@dataclass(frozen=True)
-class Container:
-    runtime: str
-    image: str
-    mounts: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class JobPlan:
-    run_id: str
-    name: str
-    site_name: str
-    site_file: str
-    scheduler: str
-    experiment_file: str
-    # paths (absolute, expanded)
-    workdir: str
-    run_dir: str
-    log_dir: str
-    checkpoint_dir: str
-    # allocation
-    partition: str | None
-    account: str | None
-    qos: str | None
-    constraint: str | None
-    nodes: int
-    gpus_per_node: int
-    gpu_directive: str
-    tasks_per_node: int
-    cpus_per_task: int | None
-    mem_gb: float | None
-    time_seconds: int
-    preemptible: bool
-    extra_sbatch: tuple[tuple[str, Any], ...]
-    # launch
-    launcher: str
-    ranks_per_node: int
-    world_size: int
-    entry_script: str | None
-    entry_module: str | None
-    entry_args: tuple[str, ...]
-    python: tuple[str, ...]           # interpreter command words, on the nodes
-    container: Container | None
-    modules: tuple[str, ...]
-    setup: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]  # site then experiment
-    derive_master_port: bool
-    # training
-    strategy: str                     # ddp | deepspeed
-    zero_stage: int | None
-    precision: str
-    global_batch: int
-    micro_batch: int
-    accumulation: int
-    ds_config: Mapping[str, Any] | None
-    strategy_choice: Mapping[str, Any] | None   # what `auto` chose and why
-    checkpoint_every: int
-    checkpoint_keep: int
-    requeue_max: int
-    signal_lead_s: int
-    crash_retries: int
-    # the merged configs, for resolved.yaml
-    experiment: Mapping[str, Any] = field(repr=False)
-    site: Mapping[str, Any] = field(repr=False)
-
-    @property
-    def time(self) -> str:
-        return slurmtime.format(self.time_seconds)
-
-    @property
-    def python_command(self) -> str:
-        return shell.join(self.python)
-
-    @property
-    def submitit_command(self) -> str:
-        """The task command, spelled exactly as submitit's executors spell it."""
-        return " ".join([self.python_command, "-u -m submitit.core._submit", shell.quote(self.log_dir)])
-
+from ..config import schema
+from ..config.load import LoadedExperiment, LoadedSite, Provenance
+from ..errors import ConfigError
+from . import deepspeed_config, slurmtime
+from .jobplan import Container, JobPlan, SubmitContext
 
 def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitContext) -> JobPlan:
     exp, site = exp_loaded.config, site_loaded.config
@@ -200,7 +108,7 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
                 mounts.append(path)
         container = Container(site.container.runtime, site.container.image, tuple(mounts))
     if site.python:
-        python = tuple(shell.split_command(site.python))
+        python = _python_words(site.python, sprov)
     elif container is not None:
         python = ("python3",)
     else:
@@ -319,7 +227,7 @@ def _strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int, ranks
     s = exp.strategy
     choice = None
     if s.name == "auto":
-        from .planning import choose_strategy  # keeps the planner off the non-auto path
+        from .strategy import choose_strategy  # keeps the planner off the non-auto path
         settings, choice = choose_strategy(exp, site, part, nodes, ranks_per_node, prov)
         s = schema.Strategy(name=settings["name"], zero_stage=settings.get("zero_stage", 0),
                             offload_optimizer=settings.get("offload_optimizer", "none"),
@@ -366,9 +274,20 @@ def _path_error(key: str, prov: Provenance | None, message: str):
     raise prov.error(key, message)
 
 
+def _python_words(command: str, prov: Provenance) -> tuple[str, ...]:
+    """The site's `python:` command, split into words as a shell would."""
+    try:
+        words = tuple(shlex.split(command))
+    except ValueError as exc:
+        raise prov.error("python", f"{command!r} is not a command line: {exc}") from None
+    if not words:
+        raise prov.error("python", "must name an interpreter")
+    return words
+
+
 def _as_dict(obj: Any) -> Any:
     from dataclasses import asdict, is_dataclass
     return asdict(obj) if is_dataclass(obj) else obj
 
 
-__all__ = ["JobPlan", "SubmitContext", "resolve", "PORT_BASE", "PORT_SPAN", "STOP_SIGNALS"]
+__all__ = ["JobPlan", "SubmitContext", "resolve"]

@@ -1,0 +1,188 @@
+"""Render: a JobPlan -> the run bundle's files, as text. Pure.
+
+What differs between schedulers (directives, the launch line, the shell after it, the
+rendezvous) comes in a `JobShell` from the scheduler; the shell that runs is in the
+templates (templates/), which receive only text that `launcher.rendering.shell` has
+already quoted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Mapping
+
+import jinja2
+import yaml
+
+from .. import __version__
+from ..resolution.jobplan import STOP_SIGNALS, JobPlan
+from ..runs.layout import DS_CONFIG_FILE, ENV_FILE, JOB_SCRIPT, RESOLVED_FILE, RunDir
+from ..runtime.launch import entry_words, torchrun_args
+from . import shell
+from .taskspec import task_spec
+
+NETWORK_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_", "UCX_", "GLOO_", "CUDA_DEVICE_MAX_CONNECTIONS")
+TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+
+
+@dataclass(frozen=True)
+class JobShell:
+    """The scheduler's part of job.sbatch and env.sh."""
+
+    directives: tuple[str, ...]          # header lines (#SBATCH ..., or a comment)
+    launch: str                          # the command that starts every task
+    launch_template: str                 # the shell around it (templates/NAME)
+    launch_context: Mapping[str, Any]    # what that template needs besides `launch`
+    rendezvous_template: str             # env.sh's rendezvous section (templates/NAME)
+    rendezvous_context: Mapping[str, Any]
+    submitit_executor: str               # SUBMITIT_EXECUTOR for submitit's task loader
+    node_rank: str                       # torchrun's --node-rank, as shell text
+    job_id: str                          # torchrun's --rdzv-id, as shell text
+    extra_env: tuple[tuple[str, str, Any], ...] = ()   # more GLAUNCH_* exports (see glaunch_env)
+
+
+@lru_cache(maxsize=1)
+def _environment() -> jinja2.Environment:
+    if TEMPLATES.is_dir():
+        loader: jinja2.BaseLoader = jinja2.FileSystemLoader(str(TEMPLATES))
+    else:
+        loader = jinja2.PackageLoader("launcher", "templates")
+    return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, autoescape=False,
+                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+
+
+def render(plan: JobPlan, job_shell: JobShell) -> dict[str, str]:
+    """File name (relative to the run dir) -> content."""
+    files = {
+        JOB_SCRIPT: render_job_script(plan, job_shell),
+        ENV_FILE: render_env(plan, job_shell),
+        RESOLVED_FILE: render_resolved(plan),
+    }
+    if plan.ds_config is not None:
+        files[DS_CONFIG_FILE] = json.dumps(plan.ds_config, indent=2) + "\n"
+    return files
+
+
+# --- job.sbatch ------------------------------------------------------------------------
+
+
+def python_command(plan: JobPlan) -> str:
+    return shell.join(plan.python)
+
+
+def submitit_command(plan: JobPlan) -> str:
+    """The task command, spelled exactly as submitit's executors spell it."""
+    return " ".join([python_command(plan), "-u -m submitit.core._submit", shell.quote(plan.log_dir)])
+
+
+def task_log_patterns(plan: JobPlan) -> tuple[str, str]:
+    """Per-task stdout and stderr paths; %j and %t are filled in by srun (or localrun)."""
+    run_dir = RunDir(plan.run_dir)
+    return run_dir.task_log_pattern("out"), run_dir.task_log_pattern("err")
+
+
+def task_description(plan: JobPlan, job_shell: JobShell) -> list[str]:
+    spec = task_spec(plan)
+    entry = entry_words(spec)
+    if plan.launcher == "torchrun":
+        args = torchrun_args(spec, node_rank=job_shell.node_rank, master_addr="$MASTER_ADDR",
+                             master_port="$MASTER_PORT", job_id=job_shell.job_id)
+        return ["torchrun " + " ".join(args) + " " + shell.join(entry),
+                f"(one task per node, {plan.ranks_per_node} worker(s) each)"]
+    return ["python " + shell.join(entry),
+            "(one task per rank; RANK, LOCAL_RANK and WORLD_SIZE come from the task's rank "
+            "in the allocation)"]
+
+
+def render_job_script(plan: JobPlan, job_shell: JobShell) -> str:
+    return _environment().get_template("job.sbatch.j2").render(
+        run_id=plan.run_id, name=plan.name, site=plan.site_name, scheduler=plan.scheduler,
+        directives=list(job_shell.directives),
+        env_sh=shell.quote(os.path.join(plan.run_dir, ENV_FILE)),
+        total_tasks=plan.nodes * plan.tasks_per_node, task_description=task_description(plan, job_shell),
+        submitit_executor=job_shell.submitit_executor,
+        launch_template=job_shell.launch_template, launch=job_shell.launch, **job_shell.launch_context)
+
+
+# --- env.sh --------------------------------------------------------------------------
+
+
+def glaunch_env(plan: JobPlan, job_shell: JobShell) -> list[tuple[str, str, Any]]:
+    """(name, value, how) of the variables the in-job runtime reads; how is False (literal),
+    True ($NAME expands) or "raw" (glaunch's own shell text, e.g. a ${X:-default})."""
+    values: list[tuple[str, str, Any]] = [
+        ("GLAUNCH_RUN_ID", plan.run_id, False),
+        ("GLAUNCH_RUN_DIR", plan.run_dir, False),
+        ("GLAUNCH_CHECKPOINT_DIR", plan.checkpoint_dir, False),
+        ("GLAUNCH_CHECKPOINT_EVERY", str(plan.checkpoint_every), False),
+        ("GLAUNCH_CHECKPOINT_KEEP", str(plan.checkpoint_keep), False),
+        ("GLAUNCH_STRATEGY", plan.strategy, False),
+        ("GLAUNCH_PRECISION", plan.precision, False),
+        ("GLAUNCH_LAUNCHER", plan.launcher, False),
+        ("GLAUNCH_NODES", str(plan.nodes), False),
+        ("GLAUNCH_RANKS_PER_NODE", str(plan.ranks_per_node), False),
+        ("GLAUNCH_MICRO_BATCH", str(plan.micro_batch), False),
+        ("GLAUNCH_GLOBAL_BATCH", str(plan.global_batch), False),
+        ("GLAUNCH_STOP_SIGNALS", ",".join(STOP_SIGNALS), False),
+    ]
+    if plan.ds_config is not None:
+        values.append(("GLAUNCH_DS_CONFIG", os.path.join(plan.run_dir, DS_CONFIG_FILE), False))
+    return values + list(job_shell.extra_env)
+
+
+def render_env(plan: JobPlan, job_shell: JobShell) -> str:
+    exports, network = [], []
+    for name, value in plan.env:
+        (network if name.startswith(NETWORK_PREFIXES) else exports).append(shell.export(name, value))
+    modules = [f"module load {shell.quote(m)}" for m in plan.modules]
+    return _environment().get_template("env.sh.j2").render(
+        run_id=plan.run_id, site=plan.site_name, modules=modules, setup=list(plan.setup),
+        exports=exports, network_exports=network,
+        glaunch_exports=[f'export {n}="{v}"' if e == "raw" else shell.export(n, v, expand=e)
+                         for n, v, e in glaunch_env(plan, job_shell)],
+        rendezvous_template=job_shell.rendezvous_template, **job_shell.rendezvous_context)
+
+
+# --- resolved.yaml ---------------------------------------------------------------------
+
+
+def resolved_document(plan: JobPlan) -> dict[str, Any]:
+    derived: dict[str, Any] = {
+        "scheduler": plan.scheduler,
+        "partition": plan.partition,
+        "nodes": plan.nodes,
+        "gpus_per_node": plan.gpus_per_node,
+        "ranks_per_node": plan.ranks_per_node,
+        "tasks_per_node": plan.tasks_per_node,
+        "world_size": plan.world_size,
+        "cpus_per_task": plan.cpus_per_task,
+        "time": plan.time,
+        "strategy": plan.strategy,
+        "zero_stage": plan.zero_stage,
+        "global_batch": plan.global_batch,
+        "micro_batch": plan.micro_batch,
+        "gradient_accumulation_steps": plan.accumulation,
+        "run_dir": plan.run_dir,
+        "checkpoint_dir": plan.checkpoint_dir,
+        "workdir": plan.workdir,
+        "python": list(plan.python),
+    }
+    if plan.strategy_choice is not None:
+        derived["strategy_choice"] = dict(plan.strategy_choice)
+    return {
+        "glaunch": __version__,
+        "run_id": plan.run_id,
+        "experiment_file": plan.experiment_file,
+        "site_file": plan.site_file,
+        "derived": derived,
+        "experiment": plan.experiment,
+        "site": plan.site,
+    }
+
+
+def render_resolved(plan: JobPlan) -> str:
+    return yaml.safe_dump(resolved_document(plan), sort_keys=False, allow_unicode=True, width=100)

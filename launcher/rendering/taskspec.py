@@ -1,0 +1,25 @@
+"""The task spec: what every task of a run needs to know, as plain data. Pickled with
+the task function at submit time (launcher.runtime.task) and printed into job.sbatch
+(launcher.runtime.launch spells both from it). Pure."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..resolution.jobplan import JobPlan
+
+
+def task_spec(plan: JobPlan) -> dict[str, Any]:
+    return {
+        "launcher": plan.launcher,
+        "script": plan.entry_script,
+        "module": plan.entry_module,
+        "args": list(plan.entry_args),
+        "nodes": plan.nodes,
+        "ranks_per_node": plan.ranks_per_node,
+        "world_size": plan.world_size,
+        "run_dir": plan.run_dir,
+        "run_id": plan.run_id,
+        "requeue_max": plan.requeue_max,
+        "crash_retries": plan.crash_retries,
+    }

@@ -1,0 +1,283 @@
+"""The run directory: the name of every file in it, and the records kept there.
+
+One run directory per run (DESIGN.md "The run bundle")::
+
+    job.sbatch  env.sh  ds_config.json  resolved.yaml      written at submit
+    run.json                                                the run record (RunRecord)
+    result.json  stop.json  resume.json  crash.json         written by the ranks / the task
+    logs/JOB_TASK_log.out|err  logs/JOB_batch.log  logs/JOB_step.json
+    checkpoints/                                            unless checkpoint.dir points elsewhere
+
+Both sides use this module: the submit side (bundle, registry, status, schedulers) and
+the in-job runtime (task, jobend, checkpoints, the local stand-in for srun). It imports
+the standard library only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+RUN_FILE = "run.json"
+JOB_SCRIPT = "job.sbatch"
+ENV_FILE = "env.sh"
+DS_CONFIG_FILE = "ds_config.json"
+RESOLVED_FILE = "resolved.yaml"
+RESULT_FILE = "result.json"
+STOP_FILE = "stop.json"
+RESUME_FILE = "resume.json"
+CRASH_FILE = "crash.json"
+LOCK_FILE = ".run.lock"
+LOG_DIR = "logs"
+CHECKPOINT_DIR = "checkpoints"
+# Where a script run by hand, outside any launcher, keeps its run files.
+STANDALONE_RUN_DIR = "glaunch-run"
+
+# A task's log, as srun's --output/--error patterns name it (%j job id, %t task id).
+TASK_LOG_PATTERN = "%j_%t_log.{stream}"
+BATCH_LOG_PATTERN = "%j_batch.log"
+STEP_SUMMARY = "{job_id}_step.json"      # the local stand-in for srun's account of a step
+TASK_LOG = re.compile(r"(?P<job>\d+)_(?P<task>\d+)_log\.(?P<stream>out|err)$")
+
+
+@dataclass(frozen=True)
+class RunDir:
+    """Every path of one run directory (as submitit's JobPaths does for a job)."""
+
+    path: Path
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        object.__setattr__(self, "path", Path(path))
+
+    @property
+    def run_file(self) -> Path:
+        return self.path / RUN_FILE
+
+    @property
+    def lock_file(self) -> Path:
+        return self.path / LOCK_FILE
+
+    @property
+    def job_script(self) -> Path:
+        return self.path / JOB_SCRIPT
+
+    @property
+    def env_file(self) -> Path:
+        return self.path / ENV_FILE
+
+    @property
+    def ds_config(self) -> Path:
+        return self.path / DS_CONFIG_FILE
+
+    @property
+    def result_file(self) -> Path:
+        return self.path / RESULT_FILE
+
+    @property
+    def stop_file(self) -> Path:
+        return self.path / STOP_FILE
+
+    @property
+    def resume_file(self) -> Path:
+        return self.path / RESUME_FILE
+
+    @property
+    def crash_file(self) -> Path:
+        return self.path / CRASH_FILE
+
+    @property
+    def log_dir(self) -> Path:
+        return self.path / LOG_DIR
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / CHECKPOINT_DIR
+
+    def task_log(self, job_id: str, task: int, stream: str = "out") -> Path:
+        return self.log_dir / TASK_LOG_PATTERN.replace("%j", str(job_id)).replace("%t", str(task)).format(
+            stream=stream)
+
+    def task_log_pattern(self, stream: str) -> str:
+        """srun's --output/--error for every task of every start."""
+        return os.path.join(self.log_dir, TASK_LOG_PATTERN.format(stream=stream))
+
+    def batch_log(self, job_id: str) -> Path:
+        return self.log_dir / BATCH_LOG_PATTERN.replace("%j", str(job_id))
+
+    def batch_log_pattern(self) -> str:
+        return os.path.join(self.log_dir, BATCH_LOG_PATTERN)
+
+    def step_summary(self, job_id: str) -> Path:
+        """What the local stand-in for srun says about a step it ran."""
+        return self.log_dir / STEP_SUMMARY.format(job_id=job_id)
+
+    def task_logs(self, task: int | None = None) -> list[tuple[int, int, str, Path]]:
+        """(job id, task, stream, path) of every task log, in job then task order."""
+        found = []
+        for path in self.log_dir.glob("*_log.*"):
+            m = TASK_LOG.match(path.name)
+            if m and (task is None or int(m["task"]) == task):
+                found.append((int(m["job"]), int(m["task"]), m["stream"], path))
+        return sorted(found)
+
+
+class State(str, enum.Enum):
+    """A run's or a start's state. Slurm's job states keep Slurm's names."""
+
+    RENDERED = "RENDERED"          # a dry run: never submitted
+    SUBMITTING = "SUBMITTING"
+    REFUSED = "REFUSED"            # the scheduler would not take it
+    PENDING = "PENDING"
+    RUNNING = "RUNNING"
+    REQUEUED = "REQUEUED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+    TIMEOUT = "TIMEOUT"
+    PREEMPTED = "PREEMPTED"
+    NODE_FAIL = "NODE_FAIL"
+    OUT_OF_MEMORY = "OUT_OF_MEMORY"
+    BOOT_FAIL = "BOOT_FAIL"
+    DEADLINE = "DEADLINE"
+    UNKNOWN = "UNKNOWN"            # the scheduler no longer knows the job, and it left no record
+
+    def __str__(self) -> str:
+        return self.value
+
+
+# After these the run will not start again.
+TERMINAL = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED, State.TIMEOUT, State.PREEMPTED,
+                      State.OUT_OF_MEMORY, State.NODE_FAIL, State.BOOT_FAIL, State.DEADLINE, State.REFUSED,
+                      State.RENDERED})
+# squeue's states of a job that is still queued or running (Slurm's names).
+LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+                  "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
+# States a run record holds while its job may still be queued or running.
+IN_FLIGHT = frozenset({State.SUBMITTING, State.PENDING, State.RUNNING, State.REQUEUED})
+
+
+def is_terminal(state: str | None) -> bool:
+    return state in TERMINAL
+
+
+def _known(cls: type, data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+    return ({k: v for k, v in data.items() if k in names},
+            {k: v for k, v in data.items() if k not in names})
+
+
+@dataclass
+class StartRecord:
+    """One start of a job: the first submission, then one per requeue."""
+
+    job_id: str
+    restart: int
+    submitted: str | None = None
+    started: str | None = None
+    ended: str | None = None
+    state: str = State.PENDING.value
+    reason: str | None = None       # timeout | preemption | node failure | crash | cancelled
+    detail: str | None = None
+    exit_code: int | None = None
+    resumed_from: int | None = None  # the checkpoint step this start loaded
+    stopped_at: int | None = None    # the step it saved when told to stop
+    extra: dict[str, Any] = field(default_factory=dict)   # nodes, pid, scheduler_state, ...
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "StartRecord":
+        known, extra = _known(cls, data)
+        known["job_id"] = str(known.get("job_id"))
+        known.setdefault("restart", 0)
+        return cls(**known, extra=extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"}
+        out["state"] = str(self.state) if self.state is not None else None
+        out.update(self.extra)
+        return out
+
+    def get(self, key: str, default: Any = None) -> Any:
+        if key in self.extra:
+            return self.extra[key]
+        return getattr(self, key, default) if key != "extra" else default
+
+    def set(self, key: str, value: Any) -> None:
+        if key != "extra" and key in {f.name for f in dataclasses.fields(self)}:
+            setattr(self, key, value)
+        else:
+            self.extra[key] = value
+
+    def update(self, **values: Any) -> None:
+        for key, value in values.items():
+            self.set(key, value)
+
+
+@dataclass
+class RunRecord:
+    """run.json: the run, and every start of its job."""
+
+    run_id: str
+    name: str | None = None
+    site: str | None = None
+    scheduler: str | None = None
+    run_dir: str | None = None
+    experiment_file: str | None = None
+    created: str | None = None
+    dry_run: bool = False
+    nodes: int | None = None
+    world_size: int | None = None
+    partition: str | None = None
+    requeue_max: int = 0
+    crash_retries: int = 0
+    state: str = State.SUBMITTING.value
+    job_id: str | None = None
+    starts: list[StartRecord] = field(default_factory=list)
+    reason: str | None = None
+    detail: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)   # accounting, scheduler_history, ...
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "RunRecord":
+        known, extra = _known(cls, data)
+        if not isinstance(known.get("run_id"), str):
+            raise ValueError("no run_id")
+        starts = known.pop("starts", None) or []
+        if not isinstance(starts, list) or not all(isinstance(s, Mapping) for s in starts):
+            raise ValueError("starts is not a list of records")
+        return cls(**known, starts=[StartRecord.from_dict(s) for s in starts], extra=extra)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            if f.name == "extra":
+                continue
+            value = getattr(self, f.name)
+            out[f.name] = [s.to_dict() for s in value] if f.name == "starts" else value
+        out["state"] = str(self.state) if self.state is not None else None
+        out.update(self.extra)
+        return out
+
+    def start(self, job_id: str, restart: int) -> StartRecord | None:
+        return next((s for s in self.starts if s.restart == restart and s.job_id == str(job_id)), None)
+
+    def start_of(self, restart: int) -> StartRecord | None:
+        return next((s for s in self.starts if s.restart == restart), None)
+
+    def record_start(self, job_id: str, restart: int, **values: Any) -> StartRecord:
+        """The entry of `restart` of job `job_id`, created if nobody has made it yet: a start
+        after a requeue was never submitted as such, it went back to the queue."""
+        entry = self.start(job_id, restart)
+        if entry is None:
+            entry = StartRecord(job_id=str(job_id), restart=restart)
+            self.starts.append(entry)
+        entry.update(**values)
+        return entry
+
+    def crash_count(self, *, before: int | None = None) -> int:
+        """Starts that ended in a crash (before restart `before`, when given)."""
+        return sum(1 for s in self.starts if s.reason == "crash" and (before is None or s.restart < before))

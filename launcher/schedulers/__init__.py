@@ -1,0 +1,22 @@
+"""Schedulers: one interface (`base.Scheduler`), the local machine and Slurm behind it,
+and cluster detection for `glaunch sites detect`."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .base import Scheduler
+
+NAMES = ("local", "slurm")
+
+
+def get(name: str) -> "Scheduler":
+    """The scheduler a site's `scheduler:` names (already checked by loading)."""
+    if name == "local":
+        from .local import LocalScheduler
+        return LocalScheduler()
+    if name == "slurm":
+        from .slurm import SlurmScheduler
+        return SlurmScheduler()
+    raise ValueError(f"unknown scheduler {name!r}")

@@ -1,0 +1,154 @@
+"""The local scheduler: run job.sbatch with bash on this machine, follow it to its end,
+and requeue on a time limit or a stop request as Slurm would (one node only)."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..rendering import shell
+from ..rendering.render import JobShell, submitit_command, task_log_patterns
+from ..rendering.taskspec import task_spec
+from ..resolution.jobplan import JobPlan
+from ..runs import registry
+from ..runs.files import read_json
+from ..runs.layout import RunDir, RunRecord, State
+from ..runs.logs import LogFollower
+from ..runtime import jobend
+from .base import Echo, Launched, Scheduler
+
+POLL_S = 0.2
+
+
+class LocalScheduler(Scheduler):
+    name = "local"
+    runs_to_completion = True
+
+    def check(self, plan: JobPlan) -> None:
+        if plan.nodes != 1:
+            raise ConfigError(f"site {plan.site_name!r} runs on this machine: one node only",
+                              file=plan.experiment_file, key="resources.nodes")
+
+    def job_shell(self, plan: JobPlan) -> JobShell:
+        out, err = task_log_patterns(plan)
+        words = [*plan.python, "-u", "-m", "launcher.runtime.localrun",
+                 f"--ntasks={plan.tasks_per_node}", f"--time-limit={plan.time_seconds}",
+                 f"--signal=USR2@{plan.signal_lead_s}", f"--output={out}", f"--error={err}", "--"]
+        return JobShell(
+            directives=("# scheduler: local -- run with bash on this machine by `glaunch submit`",),
+            launch=shell.join(words) + " " + submitit_command(plan),
+            launch_template="local.launch.sh.j2", launch_context={},
+            rendezvous_template="local.rendezvous.sh.j2", rendezvous_context={},
+            submitit_executor="local", node_rank="0", job_id="$GLAUNCH_JOB_ID")
+
+    def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
+        status = run(plan, echo=echo)
+        record = registry.read(run_dir)
+        return Launched(record.job_id, record.state, status)
+
+    def cancel(self, run_dir: Path, record: RunRecord) -> str:
+        pid = record.starts[-1].get("pid") if record.starts else None
+        if record.state in (State.RUNNING, State.REQUEUED) and isinstance(pid, int) and pid > 1:
+            try:
+                os.killpg(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        with registry.updating(run_dir) as rec:
+            rec.state = State.CANCELLED.value
+            rec.reason = "cancelled by user"
+        return f"run {record.run_id}: cancelled job {record.job_id}"
+
+
+def next_job_id() -> str:
+    path = registry.state_dir() / "local_job_counter"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        f.seek(0)
+        text = f.read().strip()
+        value = int(text) + 1 if text.isdigit() else 1000
+        f.seek(0)
+        f.truncate()
+        f.write(str(value))
+    return str(value)
+
+
+def dump_task(plan: JobPlan, job_id: str) -> None:
+    from submitit.core.utils import DelayedSubmission, JobPaths
+
+    from ..runtime.task import TrainingTask
+
+    paths = JobPaths(plan.log_dir, job_id=job_id)
+    DelayedSubmission(TrainingTask(task_spec(plan))).dump(paths.submitted_pickle)
+
+
+def start(plan: JobPlan, job_id: str, restart: int) -> subprocess.Popen:
+    env = dict(os.environ, GLAUNCH_JOB_ID=job_id, GLAUNCH_RESTART=str(restart))
+    env.pop("MASTER_PORT", None)
+    run_dir = RunDir(plan.run_dir)
+    batch_log = open(run_dir.batch_log(job_id), "ab")
+    try:
+        return subprocess.Popen(["bash", str(run_dir.job_script)], cwd=plan.workdir, env=env,
+                                stdin=subprocess.DEVNULL, stdout=batch_log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    finally:
+        batch_log.close()
+
+
+def run(plan: JobPlan, *, echo: Echo | None = None) -> int:
+    """Run the job to its end, requeueing on time limit or stop request like Slurm would.
+    Returns the job's exit status."""
+    echo = echo or (lambda text: (sys.stdout.write(text), sys.stdout.flush(), None)[-1])
+    run_dir = RunDir(plan.run_dir)
+    restart = 0
+    while True:
+        job_id = next_job_id()
+        dump_task(plan, job_id)
+        with registry.updating(run_dir.path) as record:
+            record.job_id = job_id
+            record.state = State.RUNNING.value
+            record.starts.append(registry.new_start(job_id, restart, started=registry.now(),
+                                                    state=State.RUNNING.value))
+        proc = start(plan, job_id, restart)
+        with registry.updating(run_dir.path) as record:
+            record.starts[-1].set("pid", proc.pid)
+        follower = LogFollower(run_dir.task_log(job_id, 0), echo)
+        try:
+            while proc.poll() is None:
+                follower.poll()
+                time.sleep(POLL_S)
+        except KeyboardInterrupt:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait()
+        follower.poll()
+        status = proc.returncode
+        stop = jobend.stopped_in(run_dir.path, restart)
+        outcome = _outcome(plan, status, read_json(run_dir.step_summary(job_id)) or {}, run_dir, restart, stop)
+        with registry.updating(run_dir.path) as record:
+            record.record_start(job_id, restart, ended=registry.now(), exit_code=status, state=outcome.state,
+                                reason=outcome.reason, detail=outcome.detail,
+                                resumed_from=jobend.resumed_in(run_dir.path, restart),
+                                stopped_at=(stop or {}).get("step"))
+            record.state, record.reason, record.detail = outcome.state, outcome.reason, outcome.detail
+        if not outcome.requeue:
+            return 0 if outcome.state == State.COMPLETED else (status or outcome.exit_code or 1)
+        restart += 1
+
+
+def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart: int,
+             stop: dict | None) -> jobend.Outcome:
+    """localrun's step summary in the terms of the Slurm path's decision."""
+    warned, timed_out = bool(summary.get("warned")), bool(summary.get("timed_out"))
+    signalled = status < 0 or status > 128
+    crashes = registry.read(run_dir.path).crash_count(before=restart)
+    return jobend.with_crash_note(jobend.decide(
+        step_status=status, finished=run_dir.result_file.exists(),
+        stopped=warned or stop is not None, preempted=False,
+        timed_out=timed_out, restart=restart, requeue_max=plan.requeue_max, crashes=crashes,
+        crash_retries=plan.crash_retries, cancelled=signalled and not (warned or timed_out)), run_dir.path, restart)
