@@ -117,9 +117,6 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
         binds = [word for mount in container.mounts for word in ("--bind", mount)]
         python = ("apptainer", "exec", "--nv", *binds, container.image, *python)
 
-    if site.scheduler == "local" and nodes != 1:
-        raise eprov.error("resources.nodes", f"site {site.name!r} runs on this machine: one node only")
-
     return JobPlan(
         run_id=ctx.run_id, name=exp.name, site_name=site.name, site_file=str(site_loaded.path),
         scheduler=site.scheduler, experiment_file=str(exp_loaded.path),
