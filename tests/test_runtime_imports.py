@@ -1,0 +1,40 @@
+"""The in-job runtime runs on every rank and on the batch host: importing it, the task
+entry and the end-of-start step loads nothing of the submit-time stack."""
+
+import subprocess
+import sys
+
+import pytest
+
+SUBMIT_TIME = ("yaml", "omegaconf", "jinja2", "click")
+# The dry-run path must not reach for the training stack either.
+TRAINING = ("torch", "lightning", "pytorch_lightning", "deepspeed")
+
+
+def loaded_after(statement: str) -> set[str]:
+    code = f"import sys\n{statement}\nprint(' '.join(sorted({{m.split('.')[0] for m in sys.modules}})))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return set(proc.stdout.split())
+
+
+@pytest.mark.parametrize("statement", [
+    "from launcher import runtime",
+    "import launcher.runtime.task",
+    "import launcher.runtime.jobend",
+    "import launcher.runtime.localrun",
+    "import launcher.runs.layout",
+])
+def test_runtime_loads_no_submit_time_stack(statement):
+    loaded = loaded_after(statement)
+    assert not loaded & set(SUBMIT_TIME), sorted(loaded & set(SUBMIT_TIME))
+    assert not loaded & set(TRAINING), sorted(loaded & set(TRAINING))
+
+
+def test_the_check_can_fail():
+    assert "yaml" in loaded_after("import launcher.config.yamlfile")
+
+
+def test_cli_loads_no_training_stack():
+    loaded = loaded_after("import launcher.cli, launcher.api")
+    assert not loaded & set(TRAINING), sorted(loaded & set(TRAINING))
