@@ -1,12 +1,14 @@
 """Wall time of `glaunch submit --dry-run` against `python -c pass`, same run, same machine;
 and proof that nothing heavy is imported on that path (python -X importtime).
 
-    python bench/dry_run.py [--runs 15] [--module] [--no-bytecode-cache]
+    python bench/dry_run.py [--runs 15] [--module] [--no-bytecode-cache] [--against TREE]
 
 It times what users run: the installed `glaunch` console script (pass --module for
 `python -m launcher.cli`), with bytecode cached as after any install (in a private
 PYTHONPYCACHEPREFIX; --no-bytecode-cache honours PYTHONDONTWRITEBYTECODE from the
 environment instead, so glaunch's own modules may be compiled on every run).
+`--against TREE` also times another checkout of glaunch (e.g. a `git worktree` of an
+older commit) in the same run, both as `python -m launcher.cli` from their own tree.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "lightning", "pytorch_lightning", "deepspeed")
 
 
-def timed(cmd: list[str], env: dict) -> float:
+def timed(cmd: list[str], env: dict, cwd: Path = REPO) -> float:
     start = time.perf_counter()
-    subprocess.run(cmd, cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(cmd, cwd=cwd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=120)
     return time.perf_counter() - start
 
 
@@ -44,6 +47,7 @@ def main() -> int:
     parser.add_argument("--module", action="store_true", help="time `python -m launcher.cli`, not the script")
     parser.add_argument("--no-bytecode-cache", action="store_true",
                         help="no private bytecode cache; PYTHONDONTWRITEBYTECODE as in the environment")
+    parser.add_argument("--against", type=Path, help="another glaunch checkout to time in the same run")
     args = parser.parse_args()
     glaunch = glaunch_command(args.module)
     with tempfile.TemporaryDirectory() as tmp:
@@ -60,6 +64,13 @@ def main() -> int:
         t_base = [timed(base, env) for _ in range(args.runs)]
         t_dry = [timed(dry, env) for _ in range(args.runs)]
         t_slurm = [timed(dry_slurm, env_slurm) for _ in range(args.runs)]
+        compared = {}
+        if args.against:
+            module = [sys.executable, "-m", "launcher.cli", "submit", "examples/torch_ddp.yaml", "--dry-run"]
+            for name, tree in (("this tree", REPO), (str(args.against), args.against.resolve())):
+                cmd = module + ["--runs-dir", os.path.join(tmp, "runs-" + str(len(compared)))]
+                timed(cmd, env, tree)
+                compared[name] = statistics.median(timed(cmd, env, tree) for _ in range(args.runs))
         traced = dry if glaunch[0] != sys.executable else dry[1:]
         imports = subprocess.run([sys.executable, "-X", "importtime", *traced], cwd=REPO, env=env,
                                  capture_output=True, text=True).stderr
@@ -73,6 +84,8 @@ def main() -> int:
     print(f"glaunch submit --dry-run slurm  median {s * 1000:7.1f} ms  = {s / b:4.1f}x baseline")
     print(f"heavy modules imported on the dry-run path: {heavy or 'none'}"
           f" (omegaconf: {'imported' if 'omegaconf' in loaded else 'not imported'})")
+    for name, seconds in compared.items():
+        print(f"python -m launcher.cli, local: {name:24s} median {seconds * 1000:7.1f} ms  = {seconds / b:4.1f}x baseline")
     print(f"target < 300 ms median: {'met' if max(d, s) < 0.3 else 'NOT met'}")
     return 1 if heavy else 0
 

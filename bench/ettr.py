@@ -36,18 +36,18 @@ batch log and `sacct -D`, keeps the scratch directory and exits 1.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import re
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchkit import BenchError, epoch, glaunch_command, run_cmd, sacct_rows, wait_queue_empty
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENT = REPO / "examples" / "torch_ddp.yaml"
@@ -62,9 +62,6 @@ STOPPED = re.compile(r"^glaunch: stopping at step (\d+)")
 TASK_START = re.compile(r"^glaunch: rank 0/")
 JOINED = re.compile(r"joined \w+: rank 0/")
 
-
-class BenchError(RuntimeError):
-    pass
 
 
 class Tail:
@@ -86,9 +83,6 @@ class Tail:
         return [(seen, line) for line in lines]
 
 
-def run_cmd(args: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(args, capture_output=True, text=True, **kw)
-
 
 def scontrol_job(job_id: str) -> dict[str, str] | None:
     proc = run_cmd(["scontrol", "-o", "show", "job", job_id])
@@ -97,42 +91,17 @@ def scontrol_job(job_id: str) -> dict[str, str] | None:
     return dict(re.findall(r"(\w+)=(\S*)", proc.stdout.splitlines()[0]))
 
 
-def epoch(stamp: str | None) -> float | None:
-    if not stamp or stamp in ("Unknown", "None", "N/A"):
-        return None
-    return dt.datetime.fromisoformat(stamp).timestamp()
 
-
-def cluster_quiet() -> bool:
-    if run_cmd(["squeue", "-h"]).stdout.strip():
-        return False
-    return all(s == "idle" for s in run_cmd(["sinfo", "-h", "-N", "-o", "%t"]).stdout.split())
-
-
-def wait_quiet(limit_s: float) -> None:
-    deadline = time.time() + limit_s
-    while not cluster_quiet():
-        if time.time() > deadline:
-            raise BenchError(f"the queue was not empty for {limit_s:.0f} s; giving up")
-        time.sleep(1)
 
 
 def sacct_starts(job_id: str) -> list[dict]:
     """One row per start of the job (sacct -D), oldest first, times as epoch seconds."""
-    out = run_cmd(["sacct", "-n", "-P", "-D", "-X", "-j", job_id,
-                   "-o", "JobID,State,Submit,Eligible,Start,End,Elapsed,Reason"]).stdout
-    rows = []
-    for line in out.strip().splitlines():
-        f = line.split("|")
-        if len(f) >= 8:
-            rows.append(dict(state=f[1], submit=epoch(f[2]), eligible=epoch(f[3]), start=epoch(f[4]),
-                             end=epoch(f[5]), elapsed=f[6], reason=f[7], raw=line))
+    rows = [dict(state=r["state"], submit=epoch(r["submit"]), eligible=epoch(r["eligible"]), start=epoch(r["start"]),
+                 end=epoch(r["end"]), elapsed=r["elapsed"], reason=r["reason"], raw=r["raw"])
+            for r in sacct_rows(job_id, ("JobID", "State", "Submit", "Eligible", "Start", "End", "Elapsed", "Reason"),
+                                starts=True)]
     return sorted(rows, key=lambda r: r["start"] or float("inf"))
 
-
-def glaunch_command() -> list[str]:
-    script = shutil.which("glaunch")
-    return [script] if script else [sys.executable, "-m", "launcher.cli"]
 
 
 class Bench:
@@ -497,11 +466,11 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     keep, rc = args.keep, 1
     try:
-        wait_quiet(args.queue_wait)
+        wait_queue_empty(args.queue_wait)
         base = bench.follow(bench.submit(), preempt=False)
         check_run(base, "uninterrupted")
         print(f"uninterrupted run: job {base['job_id']} done", flush=True)
-        wait_quiet(args.queue_wait)
+        wait_queue_empty(args.queue_wait)
         pre = bench.follow(bench.submit(), preempt=True)
         print(f"preempted run: job {pre['job_id']} ended {pre['final_state']}", flush=True)
         check_run(pre, "preempted")

@@ -27,7 +27,6 @@ so other users' jobs do not add queue time. Every job it submitted is cancelled 
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
 import re
@@ -39,6 +38,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from benchkit import epoch, glaunch_command, sacct_rows, squeue_has, wait_queue_empty
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "examples" / "torch_ddp.py"
@@ -153,30 +154,8 @@ class Bench:
             subprocess.run(["scancel", *live], capture_output=True)
 
 
-def glaunch_command() -> list[str]:
-    script = shutil.which("glaunch")
-    return [script] if script else [sys.executable, "-m", "launcher.cli"]
 
 
-def squeue_has(job_id: str) -> bool:
-    out = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%i"], capture_output=True, text=True).stdout
-    return bool(out.strip())
-
-
-def cluster_quiet() -> bool:
-    """No job queued or running, and every node idle (a finished job's node may still be completing)."""
-    if subprocess.run(["squeue", "-h"], capture_output=True, text=True).stdout.strip():
-        return False
-    states = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True).stdout.split()
-    return all(s == "idle" for s in states)
-
-
-def wait_queue_empty(limit_s: float) -> None:
-    deadline = time.time() + limit_s
-    while not cluster_quiet():
-        if time.time() > deadline:
-            raise RuntimeError(f"the queue was not empty for {limit_s:.0f} s; giving up")
-        time.sleep(1)
 
 
 def wait_first_step(log: Path, job_id: str, limit_s: float) -> float:
@@ -205,18 +184,13 @@ def sacct_times(job_id: str, limit_s: float = 30) -> tuple[float, float]:
     """(Submit, Start) of the job's allocation as epoch seconds."""
     deadline = time.time() + limit_s
     while True:
-        out = subprocess.run(["sacct", "-n", "-P", "-X", "-j", job_id, "-o", "Submit,Start"],
-                             capture_output=True, text=True).stdout.strip().splitlines()
-        if out and "Unknown" not in out[0]:
-            submit, start = out[0].split("|")[:2]
-            return epoch(submit), epoch(start)
+        rows = sacct_rows(job_id, ("Submit", "Start"))
+        if rows and "Unknown" not in rows[0]["raw"]:
+            return epoch(rows[0]["submit"]), epoch(rows[0]["start"])
         if time.time() > deadline:
             raise RuntimeError(f"sacct has no Submit/Start for job {job_id}")
         time.sleep(0.5)
 
-
-def epoch(stamp: str) -> float:
-    return dt.datetime.fromisoformat(stamp).timestamp()
 
 
 def measure(bench: Bench, kind: str, index: int, queue_wait_s: float) -> dict:
