@@ -1,0 +1,156 @@
+"""The end of a start, decided without a cluster: jobend.decide's table, and the small
+files (stop.json, resume.json, crash.json) that the ranks and the task leave for it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from launcher.runs.layout import RunDir
+from launcher.runtime.jobend import Outcome, decide, resumed_in, stopped_in, with_crash_note
+
+# What is known when a start's step ended; each row of the table changes some of it.
+BASE: dict[str, Any] = dict(step_status=0, finished=False, stopped=False, preempted=False, timed_out=False, restart=0,
+            requeue_max=3, crashes=0, crash_retries=0, cancelled=False)
+
+TABLE = [
+    # --- the run is done: result.json wins over whatever ended the step
+    ("finished", {"finished": True},
+     Outcome("COMPLETED", None, False, 0)),
+    ("finished, then killed at the time limit", {"finished": True, "timed_out": True, "step_status": 137},
+     Outcome("COMPLETED", None, False, 0)),
+    ("finished, then preempted at requeue.max", {"finished": True, "preempted": True, "restart": 3},
+     Outcome("COMPLETED", None, False, 0)),
+    ("finished, then cancelled", {"finished": True, "cancelled": True, "step_status": 143},
+     Outcome("COMPLETED", None, False, 0)),
+    # --- cancelled: never requeued, whatever else happened
+    ("cancelled", {"cancelled": True, "step_status": 143},
+     Outcome("CANCELLED", "cancelled", False, 1)),
+    ("cancelled while stopping for the time limit", {"cancelled": True, "stopped": True},
+     Outcome("CANCELLED", "cancelled", False, 1)),
+    ("cancelled with crash retries left", {"cancelled": True, "step_status": 1, "crash_retries": 2},
+     Outcome("CANCELLED", "cancelled", False, 1)),
+    # --- stopped gracefully / preempted / timed out: requeued below requeue.max
+    ("stopped, first start", {"stopped": True},
+     Outcome("REQUEUED", "timeout", True, 0)),
+    ("timed out, one below requeue.max", {"timed_out": True, "restart": 2},
+     Outcome("REQUEUED", "timeout", True, 0)),
+    ("preempted, first start", {"preempted": True, "step_status": 143},
+     Outcome("REQUEUED", "preemption", True, 0)),
+    ("stopped because preempted", {"stopped": True, "preempted": True},
+     Outcome("REQUEUED", "preemption", True, 0)),
+    ("stopped with a non-zero step status", {"stopped": True, "step_status": 1, "crash_retries": 2},
+     Outcome("REQUEUED", "timeout", True, 0)),
+    # --- ... and at requeue.max the run ends in the scheduler's terms
+    ("stopped at requeue.max", {"stopped": True, "restart": 3},
+     Outcome("TIMEOUT", "timeout", False, 1, "requeue.max (3) reached")),
+    ("timed out at requeue.max", {"timed_out": True, "restart": 3},
+     Outcome("TIMEOUT", "timeout", False, 1, "requeue.max (3) reached")),
+    ("preempted at requeue.max", {"preempted": True, "restart": 3},
+     Outcome("PREEMPTED", "preemption", False, 1, "requeue.max (3) reached")),
+    ("timed out, requeue.max 0", {"timed_out": True, "requeue_max": 0},
+     Outcome("TIMEOUT", "timeout", False, 1, "requeue.max (0) reached")),
+    # --- a clean exit that wrote no result: nothing to resume for
+    ("clean exit without result.json", {},
+     Outcome("COMPLETED", None, False, 0, "the entry point wrote no result.json")),
+    ("clean exit without result.json, crash retries left", {"crash_retries": 2, "restart": 1},
+     Outcome("COMPLETED", None, False, 0, "the entry point wrote no result.json")),
+    # --- crashes: retried while crash_retries and requeue.max both allow
+    ("crash, retries left", {"step_status": 1, "crash_retries": 2},
+     Outcome("REQUEUED", "crash", True, 0, "exit status 1; retry 1 of 2")),
+    ("crash, last retry", {"step_status": 1, "crash_retries": 2, "crashes": 1, "restart": 1},
+     Outcome("REQUEUED", "crash", True, 0, "exit status 1; retry 2 of 2")),
+    ("crash, retries used up", {"step_status": 1, "crash_retries": 2, "crashes": 2, "restart": 2},
+     Outcome("FAILED", "crash", False, 1, "exit status 1; crash_retries (2) used up")),
+    ("crash, retries left but requeue.max reached", {"step_status": 1, "crash_retries": 2, "restart": 3},
+     Outcome("FAILED", "crash", False, 1, "exit status 1; requeue.max (3) reached")),
+    ("crash, retries used up and requeue.max reached",
+     {"step_status": 1, "crash_retries": 2, "crashes": 2, "restart": 3},
+     Outcome("FAILED", "crash", False, 1, "exit status 1; crash_retries (2) used up")),
+    ("crash, no retries configured", {"step_status": 1},
+     Outcome("FAILED", "crash", False, 1, "exit status 1")),
+    ("crash killed by SIGKILL keeps its status", {"step_status": 137},
+     Outcome("FAILED", "crash", False, 137, "exit status 137")),
+    ("crash with status 255", {"step_status": 255},
+     Outcome("FAILED", "crash", False, 255, "exit status 255")),
+    ("crash with a status no process can exit with", {"step_status": 256},
+     Outcome("FAILED", "crash", False, 1, "exit status 256")),
+    ("crash with a negative status", {"step_status": -9},
+     Outcome("FAILED", "crash", False, 1, "exit status -9")),
+]
+
+
+@pytest.mark.parametrize("changes, expected", [row[1:] for row in TABLE], ids=[row[0] for row in TABLE])
+def test_decide(changes, expected):
+    assert decide(**{**BASE, **changes}) == expected
+
+
+@pytest.mark.parametrize("restart, requeue", [(0, True), (2, True), (3, False), (4, False)])
+@pytest.mark.parametrize("ending", ["stopped", "preempted", "timed_out"])
+def test_requeue_stops_exactly_at_requeue_max(ending, restart, requeue):
+    outcome = decide(**{**BASE, ending: True, "restart": restart})
+    assert outcome.requeue is requeue
+    assert outcome.exit_code == (0 if requeue else 1)
+    assert (outcome.state == "REQUEUED") is requeue
+
+
+# --- the files a start leaves -------------------------------------------------------------
+
+
+def write(run_dir, name, data):
+    path = getattr(RunDir(run_dir), name)
+    path.write_text(data if isinstance(data, str) else json.dumps(data), encoding="utf-8")
+
+
+CRASH = {"restart": 1, "task": 3, "node": "node2", "error": "RuntimeError: CUDA error: an illegal memory access"}
+WHERE = "task 3 on node2: RuntimeError: CUDA error: an illegal memory access"
+
+
+def test_crash_note_names_the_task_that_failed_first(tmp_path):
+    write(tmp_path, "crash_file", CRASH)
+    outcome = decide(**{**BASE, "step_status": 1, "crash_retries": 2, "restart": 1})
+    noted = with_crash_note(outcome, tmp_path, 1)
+    assert noted == Outcome("REQUEUED", "crash", True, 0, f"exit status 1; retry 1 of 2; {WHERE}")
+
+
+def test_crash_note_without_a_detail_is_the_note(tmp_path):
+    write(tmp_path, "crash_file", CRASH)
+    assert with_crash_note(Outcome("FAILED", "crash", False, 1), tmp_path, 1).detail == WHERE
+
+
+@pytest.mark.parametrize("outcome, restart, crash_file", [
+    (Outcome("FAILED", "crash", False, 1, "exit status 1"), 2, CRASH),          # an earlier start's note
+    (Outcome("REQUEUED", "timeout", True, 0), 1, CRASH),                        # not a crash
+    (Outcome("CANCELLED", "cancelled", False, 1), 1, CRASH),
+    (Outcome("FAILED", "crash", False, 1, "exit status 1"), 1, None),           # no crash.json
+    (Outcome("FAILED", "crash", False, 1, "exit status 1"), 1, "{half a wri"),  # torn write
+    (Outcome("FAILED", "crash", False, 1, "exit status 1"), 1, "[1, 2]"),       # not an object
+], ids=["other restart", "timeout", "cancelled", "missing", "torn", "not an object"])
+def test_crash_note_leaves_other_outcomes_alone(tmp_path, outcome, restart, crash_file):
+    if crash_file is not None:
+        write(tmp_path, "crash_file", crash_file)
+    assert with_crash_note(outcome, tmp_path, restart) == outcome
+
+
+def test_stopped_in_is_this_starts_stop_file(tmp_path):
+    assert stopped_in(tmp_path, 2) is None
+    write(tmp_path, "stop_file", {"restart": 2, "step": 40, "reason": "SIGUSR1"})
+    assert stopped_in(tmp_path, 2) == {"restart": 2, "step": 40, "reason": "SIGUSR1"}
+    assert stopped_in(tmp_path, 1) is None
+    assert stopped_in(tmp_path, 3) is None
+    write(tmp_path, "stop_file", "{\"restart\": 2,")
+    assert stopped_in(tmp_path, 2) is None
+
+
+def test_resumed_in_is_the_step_this_start_loaded(tmp_path):
+    assert resumed_in(tmp_path, 1) is None
+    write(tmp_path, "resume_file", {"restart": 1, "step": 30})
+    assert resumed_in(tmp_path, 1) == 30
+    assert resumed_in(tmp_path, 0) is None
+    assert resumed_in(tmp_path, 2) is None
+    write(tmp_path, "resume_file", {"restart": 2})
+    assert resumed_in(tmp_path, 2) is None
+    write(tmp_path, "resume_file", "not json")
+    assert resumed_in(tmp_path, 1) is None
