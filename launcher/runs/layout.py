@@ -10,7 +10,7 @@ One run directory per run (DESIGN.md "The run bundle")::
 
 Both sides use this module: the submit side (bundle, registry, status, schedulers) and
 the in-job runtime (task, jobend, checkpoints, the local stand-in for srun). It imports
-the standard library only.
+the standard library only (and `files`, which does too).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .files import json_type
+
 RUN_FILE = "run.json"
 JOB_SCRIPT = "job.sbatch"
 ENV_FILE = "env.sh"
@@ -33,6 +35,9 @@ STOP_FILE = "stop.json"
 RESUME_FILE = "resume.json"
 CRASH_FILE = "crash.json"
 LOCK_FILE = ".run.lock"
+# Held (flock) by a local job for as long as it runs: a run whose job lock nobody holds has
+# no process left to cancel, whatever pid run.json names.
+JOB_LOCK_FILE = ".job.lock"
 LOG_DIR = "logs"
 CHECKPOINT_DIR = "checkpoints"
 # Where a script run by hand, outside any launcher, keeps its run files.
@@ -61,6 +66,10 @@ class RunDir:
     @property
     def lock_file(self) -> Path:
         return self.path / LOCK_FILE
+
+    @property
+    def job_lock(self) -> Path:
+        return self.path / JOB_LOCK_FILE
 
     @property
     def job_script(self) -> Path:
@@ -165,6 +174,126 @@ def is_terminal(state: str | None) -> bool:
     return state in TERMINAL
 
 
+# --- reading records --------------------------------------------------------------------
+# run.json is read back by every command and by the job itself; it may have been edited by
+# hand or damaged. Every field is checked here, so no reader meets a value of the wrong
+# shape, and a job id reaches a Slurm command only if it has Slurm's shape.
+
+# Slurm's job id: a number, or an array element's NUMBER_INDEX.
+JOB_ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,12})?")
+# A state's name: glaunch's (State) or one Slurm reports that State does not list.
+STATE_NAME = re.compile(r"[A-Z][A-Z_]{0,31}")
+RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,255}")
+
+
+class RecordError(ValueError):
+    """A record glaunch did not write that way: `key` (dotted, with list indexes) and what
+    is wrong with it."""
+
+    def __init__(self, key: str | None, problem: str) -> None:
+        super().__init__(f"{key}: {problem}" if key else problem)
+        self.key, self.problem = key, problem
+
+    def within(self, prefix: str) -> RecordError:
+        return RecordError(f"{prefix}.{self.key}" if self.key else prefix, self.problem)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def is_job_id(value: Any) -> bool:
+    return isinstance(value, str) and JOB_ID.fullmatch(value) is not None
+
+
+def job_id_of(value: Any) -> str:
+    """`value` as a job id of Slurm's shape (a number, or NUMBER_INDEX), else RecordError."""
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        value = str(value)
+    if not is_job_id(value):
+        raise RecordError(None, f"not a Slurm job id: {_show(value)}")
+    return value
+
+
+def _text(value: Any) -> Any:
+    if value is not None and not isinstance(value, str):
+        raise RecordError(None, f"not text: {_show(value)}")
+    return value
+
+
+def _integer(value: Any) -> Any:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+        raise RecordError(None, f"not an integer: {_show(value)}")
+    return value
+
+
+def _count(value: Any) -> Any:
+    if _integer(value) is not None and value < 0:
+        raise RecordError(None, f"negative: {value}")
+    return value
+
+
+def _required_count(value: Any) -> Any:
+    if value is None:
+        raise RecordError(None, "missing")
+    return _count(value)
+
+
+def _flag(value: Any) -> Any:
+    if not isinstance(value, bool):
+        raise RecordError(None, f"not true or false: {_show(value)}")
+    return value
+
+
+def _state(value: Any) -> Any:
+    if value is not None and not (isinstance(value, str) and STATE_NAME.fullmatch(value)):
+        raise RecordError(None, f"not a state: {_show(value)}")
+    return value
+
+
+def _run_id(value: Any) -> Any:
+    if not (isinstance(value, str) and RUN_ID.fullmatch(value)):
+        raise RecordError(None, f"not a run id: {_show(value)}")
+    return value
+
+
+def _optional_job_id(value: Any) -> Any:
+    return None if value is None else job_id_of(value)
+
+
+_START_FIELDS = {
+    "job_id": job_id_of, "restart": _required_count, "submitted": _text, "started": _text, "ended": _text,
+    "state": _state, "reason": _text, "detail": _text, "exit_code": _integer, "resumed_from": _integer,
+    "stopped_at": _integer,
+}
+# Values a start takes from files the ranks write (stop.json, resume.json) or from the
+# job's exit: whatever those hold, a record keeps only what it can read back.
+_OBSERVED = frozenset({"exit_code", "resumed_from", "stopped_at"})
+_RUN_FIELDS = {
+    "run_id": _run_id, "name": _text, "site": _text, "scheduler": _text, "run_dir": _text,
+    "experiment_file": _text, "created": _text, "dry_run": _flag, "nodes": _count, "world_size": _count,
+    "partition": _text, "requeue_max": _required_count, "crash_retries": _required_count, "state": _state,
+    "job_id": _optional_job_id, "reason": _text, "detail": _text,
+}
+
+
+def _checked(data: Any, checks: Mapping[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
+    if not isinstance(data, Mapping):
+        raise RecordError(None, f"a JSON {json_type(data)}, not an object")
+    for key in required:
+        if key not in data:
+            raise RecordError(key, "missing")
+    out = dict(data)
+    for key, check in checks.items():
+        if key in out:
+            try:
+                out[key] = check(out[key])
+            except RecordError as exc:
+                raise RecordError(key, exc.problem) from None
+    return out
+
+
 def _known(cls: type, data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
     return ({k: v for k, v in data.items() if k in names},
@@ -189,9 +318,9 @@ class StartRecord:
     extra: dict[str, Any] = field(default_factory=dict)   # nodes, pid, scheduler_state, ...
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "StartRecord":
-        known, extra = _known(cls, data)
-        known["job_id"] = str(known.get("job_id"))
+    def from_dict(cls, data: Mapping[str, Any]) -> StartRecord:
+        """RecordError when a field does not have its type (or job_id Slurm's shape)."""
+        known, extra = _known(cls, _checked(data, _START_FIELDS, ("job_id",)))
         known.setdefault("restart", 0)
         return cls(**known, extra=extra)
 
@@ -207,6 +336,11 @@ class StartRecord:
         return getattr(self, key, default) if key != "extra" else default
 
     def set(self, key: str, value: Any) -> None:
+        if key in _OBSERVED:
+            try:
+                value = _START_FIELDS[key](value)
+            except RecordError:
+                value = None
         if key != "extra" and key in {f.name for f in dataclasses.fields(self)}:
             setattr(self, key, value)
         else:
@@ -242,14 +376,22 @@ class RunRecord:
     extra: dict[str, Any] = field(default_factory=dict)   # accounting, scheduler_history, ...
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "RunRecord":
-        known, extra = _known(cls, data)
-        if not isinstance(known.get("run_id"), str):
-            raise ValueError("no run_id")
-        starts = known.pop("starts", None) or []
-        if not isinstance(starts, list) or not all(isinstance(s, Mapping) for s in starts):
-            raise ValueError("starts is not a list of records")
-        return cls(**known, starts=[StartRecord.from_dict(s) for s in starts], extra=extra)
+    def from_dict(cls, data: Mapping[str, Any]) -> RunRecord:
+        """RecordError naming the first field that is missing, of the wrong type, or (job
+        ids) not of Slurm's shape."""
+        known, extra = _known(cls, _checked(data, _RUN_FIELDS, ("run_id",)))
+        starts = known.pop("starts", None)
+        if starts is None:
+            starts = []
+        if not isinstance(starts, list):
+            raise RecordError("starts", f"a JSON {json_type(starts)}, not a list")
+        records = []
+        for index, start in enumerate(starts):
+            try:
+                records.append(StartRecord.from_dict(start))
+            except RecordError as exc:
+                raise exc.within(f"starts[{index}]") from None
+        return cls(**known, starts=records, extra=extra)
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

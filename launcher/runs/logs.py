@@ -2,10 +2,24 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Callable
 
+from .files import open_regular
 from .layout import RunDir
+
+
+def read_from(path: Path, offset: int) -> bytes:
+    """What `path` holds past `offset`; nothing when it is missing or not a regular file
+    (a FIFO or device put in a run directory never blocks or floods the reader)."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        f.seek(offset)
+        return f.read()
 
 
 class LogFollower:
@@ -15,12 +29,7 @@ class LogFollower:
         self.path, self.write, self.offset = path, write, 0
 
     def poll(self) -> None:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except FileNotFoundError:
-            return
+        data = read_from(self.path, self.offset)
         if data:
             self.offset += len(data)
             self.write(data.decode(errors="replace"))
@@ -37,9 +46,7 @@ class RankLogs:
 
     def poll(self) -> None:
         for _, task, stream, path in self.run_dir.task_logs(self.rank):
-            with open(path, "rb") as f:
-                f.seek(self.offsets.get(path, 0))
-                data = f.read()
+            data = read_from(path, self.offsets.get(path, 0))
             self.offsets[path] = self.offsets.get(path, 0) + len(data)
             text = self.pending.pop(path, "") + data.decode(errors="replace")
             *complete, rest = text.split("\n")
