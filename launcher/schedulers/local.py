@@ -11,14 +11,14 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import ConfigError
+from ..errors import ConfigError, RunError
 from ..rendering import shell
 from ..rendering.render import JobShell, submitit_command, task_log_patterns
 from ..rendering.taskspec import task_spec
 from ..resolution.jobplan import JobPlan
 from ..runs import registry
-from ..runs.files import read_json
-from ..runs.layout import RunDir, RunRecord, State
+from ..runs.files import open_regular, read_json
+from ..runs.layout import IN_FLIGHT, RunDir, RunRecord, State
 from ..runs.logs import LogFollower
 from ..runtime import jobend
 from .base import Echo, Launched, Scheduler
@@ -53,25 +53,100 @@ class LocalScheduler(Scheduler):
         return Launched(record.job_id, record.state, status)
 
     def cancel(self, run_dir: Path, record: RunRecord) -> str:
-        pid = record.starts[-1].get("pid") if record.starts else None
-        if record.state in (State.RUNNING, State.REQUEUED) and isinstance(pid, int) and pid > 1:
-            try:
-                os.killpg(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        """Signal the job's process group, only once the recorded pid is proven to be this
+        run's live job; otherwise signal nothing."""
+        pid, why_not = _job_process(run_dir, record)
+        if pid is None:
+            return f"run {record.run_id}: nothing to cancel ({why_not})"
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return f"run {record.run_id}: nothing to cancel (job {record.job_id} has just ended)"
+        except OSError as exc:
+            raise RunError(f"run {record.run_id}: cannot signal job {record.job_id} (process group {pid}): "
+                           f"{exc.strerror or exc}") from None
         with registry.updating(run_dir) as rec:
             rec.state = State.CANCELLED.value
             rec.reason = "cancelled by user"
         return f"run {record.run_id}: cancelled job {record.job_id}"
 
 
+def _job_process(run_dir: Path, record: RunRecord) -> tuple[int | None, str]:
+    """(pid, "") when the process run.json names is this run's live job, else (None, why
+    not): the run is in flight, its job lock is held, and the pid leads its own process
+    group and started when the job did (a pid reused by another process has another start
+    time)."""
+    if record.state not in IN_FLIGHT or not record.starts:
+        return None, str(record.state)
+    start = record.starts[-1]
+    pid, started = start.get("pid"), start.get("pid_start")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 1:
+        return None, f"no process recorded for job {record.job_id}"
+    if isinstance(started, bool) or not isinstance(started, int):
+        return None, f"process {pid} cannot be proven to be job {record.job_id}: no start time recorded"
+    if not job_lock_held(RunDir(run_dir)):
+        return None, f"job {record.job_id} is no longer running"
+    if process_start_time(pid) != started:
+        return None, f"process {pid} is no longer job {record.job_id}"
+    try:
+        if os.getpgid(pid) != pid:
+            return None, f"process {pid} does not lead its process group"
+    except OSError:
+        return None, f"job {record.job_id} is no longer running"
+    return pid, ""
+
+
+def process_start_time(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (/proc/PID/stat field 22); None
+    when there is no such process (or no /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        # The command name (field 2) is in parentheses and may hold spaces or ')'.
+        fields = stat[stat.rindex(b")") + 2:].split()
+        return int(fields[22 - 3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def job_lock_held(run_dir: RunDir) -> bool:
+    """Whether some process (the local job, or the loop running it) holds the run's job lock."""
+    try:
+        fd = open_regular(run_dir.job_lock, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
+def hold_job_lock(run_dir: RunDir) -> int:
+    """The run's job lock, taken: a descriptor that each start's job inherits, so the lock
+    stays held while the job runs, even if this process is gone."""
+    try:
+        fd = open_regular(run_dir.job_lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise RunError(f"cannot create the job lock: {exc.strerror or exc}", file=str(run_dir.job_lock)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise RunError("another process is running this run's job", file=str(run_dir.job_lock)) from None
+    return fd
+
+
 def next_job_id() -> str:
-    path = registry.state_dir() / "local_job_counter"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
+    fd = registry.state_file("local_job_counter")
+    with os.fdopen(fd, "r+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         f.seek(0)
-        text = f.read().strip()
+        text = f.read(32).strip()
         value = int(text) + 1 if text.isdigit() else 1000
         f.seek(0)
         f.truncate()
@@ -88,17 +163,14 @@ def dump_task(plan: JobPlan, job_id: str) -> None:
     DelayedSubmission(TrainingTask(task_spec(plan))).dump(paths.submitted_pickle)
 
 
-def start(plan: JobPlan, job_id: str, restart: int) -> subprocess.Popen:
+def start(plan: JobPlan, job_id: str, restart: int, job_lock: int) -> subprocess.Popen:
     env = dict(os.environ, GLAUNCH_JOB_ID=job_id, GLAUNCH_RESTART=str(restart))
     env.pop("MASTER_PORT", None)
     run_dir = RunDir(plan.run_dir)
-    batch_log = open(run_dir.batch_log(job_id), "ab")
-    try:
+    with open(run_dir.batch_log(job_id), "ab") as batch_log:
         return subprocess.Popen(["bash", str(run_dir.job_script)], cwd=plan.workdir, env=env,
                                 stdin=subprocess.DEVNULL, stdout=batch_log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-    finally:
-        batch_log.close()
+                                start_new_session=True, pass_fds=(job_lock,))
 
 
 def run(plan: JobPlan, *, echo: Echo | None = None) -> int:
@@ -106,6 +178,14 @@ def run(plan: JobPlan, *, echo: Echo | None = None) -> int:
     Returns the job's exit status."""
     echo = echo or (lambda text: (sys.stdout.write(text), sys.stdout.flush(), None)[-1])
     run_dir = RunDir(plan.run_dir)
+    job_lock = hold_job_lock(run_dir)
+    try:
+        return _run(plan, run_dir, job_lock, echo)
+    finally:
+        os.close(job_lock)
+
+
+def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, echo: Echo) -> int:
     restart = 0
     while True:
         job_id = next_job_id()
@@ -115,9 +195,10 @@ def run(plan: JobPlan, *, echo: Echo | None = None) -> int:
             record.state = State.RUNNING.value
             record.starts.append(registry.new_start(job_id, restart, started=registry.now(),
                                                     state=State.RUNNING.value))
-        proc = start(plan, job_id, restart)
+        proc = start(plan, job_id, restart, job_lock)
         with registry.updating(run_dir.path) as record:
-            record.starts[-1].set("pid", proc.pid)
+            # The pid and its start time: `cancel` signals only a process that has both.
+            record.starts[-1].update(pid=proc.pid, pid_start=process_start_time(proc.pid))
         follower = LogFollower(run_dir.task_log(job_id, 0), echo)
         try:
             while proc.poll() is None:
