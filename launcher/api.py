@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from . import schedulers
-from .errors import ConfigError
+from .errors import ConfigError, GlaunchError, RunError, SchedulerError
 from .runs.layout import RunDir, State, is_terminal
 
 Echo = Callable[[str], None]
@@ -58,6 +58,8 @@ class Prepared:
     plan: Any                          # launcher.resolution.jobplan.JobPlan
     files: Mapping[str, str]           # file name -> content
     scheduler: Any                     # launcher.schedulers.base.Scheduler
+    runs_root_from: Any = None         # launcher.runs.bundle.PathSource: who chose the runs directory
+    checkpoint_from: Any = None        # ... and checkpoint.dir
 
 
 # --- configuration ---------------------------------------------------------------------
@@ -93,7 +95,24 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
     plan = resolve(exp, loaded_site, ctx)
     scheduler = schedulers.get(plan.scheduler)
     scheduler.check(plan)
-    return Prepared(plan, scheduler.render(plan), scheduler)
+    return Prepared(plan, scheduler.render(plan), scheduler, *_path_sources(exp, loaded_site, runs_dir))
+
+
+def _path_sources(exp, loaded_site, runs_dir: str | None):
+    """Who chose the runs directory and the checkpoint directory: what an error about
+    either names."""
+    from .runs.bundle import PathSource
+
+    if runs_dir:
+        runs = PathSource("--runs-dir", "command line")
+    elif loaded_site.config.runs_root:
+        origin = loaded_site.provenance.of("runs_root")
+        runs = PathSource("runs_root", origin.file, origin.line)
+    else:
+        runs = PathSource("--runs-dir", hint=" (the default is ./runs in the current directory: choose another "
+                          "with --runs-dir or the site's runs_root)")
+    origin = exp.provenance.of("checkpoint.dir")
+    return runs, PathSource("checkpoint.dir", origin.file, origin.line)
 
 
 def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
@@ -103,17 +122,45 @@ def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
     from .runs import bundle, registry
 
     plan, scheduler = prepared.plan, prepared.scheduler
-    bundle.check_inputs(plan)
+    paths = dict(runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
+    bundle.check_inputs(plan, **paths)
+    registry.check_state_dir()
     if not dry_run:
         scheduler.require()
-    run_dir = bundle.write_bundle(plan, prepared.files, dry_run=dry_run)
-    registry.register(plan.run_id, str(run_dir))
+    written = bundle.write_bundle(plan, prepared.files, dry_run=dry_run, **paths)
+    run_dir = written.path
+    try:
+        registry.register(plan.run_id, str(run_dir))
+    except BaseException:
+        written.remove()
+        raise
     run = Run(plan.run_id, run_dir, plan.site_name, dry_run, tuple(prepared.files), State.RENDERED.value)
     if dry_run:
         return run
-    launched = scheduler.launch(plan, run_dir, check=check, echo=echo)
+    try:
+        launched = scheduler.launch(plan, run_dir, check=check, echo=echo)
+    except SchedulerError:
+        raise                   # refused: run.json says so, and the run directory is the user's record of it
+    except BaseException as exc:
+        if _nothing_queued(run_dir):
+            written.remove()
+            registry.unregister(plan.run_id, str(run_dir))
+        if isinstance(exc, OSError):
+            raise RunError(f"run {plan.run_id}: {exc}") from None
+        raise
     return Run(plan.run_id, run_dir, plan.site_name, False, tuple(prepared.files), launched.state,
                launched.job_id, launched.exit_code)
+
+
+def _nothing_queued(run_dir: Path) -> bool:
+    """Whether the run's record says the scheduler never got a job for it. A run directory
+    whose record names a job (or cannot be read) stays, whatever failed after."""
+    from .runs import registry
+
+    try:
+        return registry.read(run_dir).job_id is None
+    except GlaunchError:
+        return False
 
 
 def submit(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = (),
@@ -224,13 +271,15 @@ def cancel(run: RunRef) -> str:  # type: ignore[valid-type]
 
     run_dir = run_dir_of(run)
     record = registry.read(run_dir)
-    if not record.job_id or record.scheduler not in schedulers.NAMES:
+    if not record.job_id or record.scheduler not in schedulers.NAMES or is_terminal(record.state):
         return f"run {record.run_id}: nothing to cancel ({record.state})"
     return schedulers.get(record.scheduler).cancel(run_dir, record)
 
 
 def list_runs(limit: int = 20) -> list[dict[str, Any]]:
-    """The newest runs: id, state, site, nodes, age, run directory."""
+    """The newest runs: id, state, site, nodes, age, run directory. A run whose record is
+    damaged, and bad lines of the run index, come as rows with `error` (the file and what
+    is wrong) instead of stopping the listing."""
     from .runs.status import recent
 
     return recent(limit)
