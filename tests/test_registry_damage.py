@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from launcher import api
-from launcher.errors import ConfigError, RunError
+from launcher.errors import ConfigError, GlaunchError, RunError
 from launcher.runs import registry
-from launcher.runs.layout import RecordError, RunRecord, StartRecord, job_id_of
+from launcher.runs.layout import RecordError, RunRecord, StartRecord, is_job_id, job_id_of
 from launcher.runs.status import format_list, format_status
 
 REPO = Path(__file__).resolve().parent.parent
@@ -333,3 +333,65 @@ def test_cli_list_and_status_on_damage(tmp_path, isolated_env):
     state_file.write_text("")
     proc = glaunch("list", env=dict(isolated_env, GLAUNCH_STATE_DIR=str(state_file)))
     assert proc.returncode == 2 and "GLAUNCH_STATE_DIR" in proc.stderr and "Traceback" not in proc.stderr
+
+
+# --- fuzz: any JSON in any field of run.json ---------------------------------------------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=20)
+    | st.sampled_from(["--me", "-u root", "1000", "12_3", "RUNNING", "COMPLETED", "local", "slurm", "1", "0"]),
+    lambda children: st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=8), children, max_size=3),
+    max_leaves=8)
+RUN_KEYS = list(good_record()) + ["accounting", "extra"]
+START_KEYS = list(good_record()["starts"][0]) + ["pid_start", "nodes"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(run_changes=st.dictionaries(st.sampled_from(RUN_KEYS), JSON_VALUES, max_size=3),
+       start_changes=st.dictionaries(st.sampled_from(START_KEYS), JSON_VALUES, max_size=3),
+       drop=st.sets(st.sampled_from(RUN_KEYS), max_size=2), scheduler=st.sampled_from(["local", "slurm"]))
+def test_fuzzed_record_is_read_or_reported_never_a_traceback(tmp_path, isolated_env, monkeypatch, run_changes,
+                                                              start_changes, drop, scheduler):
+    sent = []
+    monkeypatch.setattr(os, "killpg", lambda *args: sent.append(args))   # fake: a fuzzed pid is never signalled
+    # Stand-ins for Slurm's commands (none here, and a real one must never see a fuzzed id):
+    # each records its arguments.
+    bin_dir, calls = tmp_path / "fake-slurm-bin", tmp_path / "slurm-calls"
+    bin_dir.mkdir(exist_ok=True)
+    for name in ("scancel", "squeue", "sacct"):
+        (bin_dir / name).write_text(f'#!/bin/bash\nprintf "%s\\n" "$*" >> {calls}\nexit 1\n')
+        (bin_dir / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    data = good_record()
+    data["state"], data["scheduler"] = "RUNNING", scheduler
+    data["starts"][0].update(start_changes)
+    data.update(run_changes)
+    for key in drop:
+        data.pop(key, None)
+    run_dir = tmp_path / "runs" / "fuzz"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.json").write_text(json.dumps(data))
+    try:
+        summary = api.status(str(run_dir))
+    except RunError as exc:
+        assert str(run_dir / "run.json") in str(exc)
+    else:
+        text = format_status(summary)
+        assert "\x1b" not in text
+        json.dumps(summary)
+        record = registry.read(run_dir)
+        assert record.job_id is None or job_id_of(record.job_id)
+        assert all(job_id_of(s.job_id) for s in record.starts)
+        try:
+            api.cancel(str(run_dir))
+        except GlaunchError:
+            pass
+    assert sent == []
+    for line in calls.read_text().splitlines() if calls.exists() else []:
+        words = line.split()
+        job_ids = [words[0]] if len(words) == 1 else [words[words.index("-j") + 1]]   # scancel ID / -j ID
+        assert all(is_job_id(j) for j in job_ids) and "--me" not in words and "-u" not in words, line
