@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..runs import registry
 from ..runs.files import read_json
-from ..runs.layout import RunDir, State
+from ..runs.layout import RunDir, State, is_job_id
 from .context import context
 
 
@@ -106,19 +106,22 @@ def main(argv: list[str] | None = None) -> int:
 
     run_dir = Path(args.run_dir)
     ctx = context()   # env.sh, sourced by job.sbatch, exported GLAUNCH_JOB_ID and GLAUNCH_RESTART
-    job_id, restart = ctx.job_id or "?", ctx.restart
+    restart = ctx.restart
     stop = stopped_in(run_dir, restart)
     with registry.updating(run_dir) as record:
+        # Only an id of Slurm's shape goes into run.json (it may reach scancel later).
+        job_id = ctx.job_id if is_job_id(ctx.job_id) else record.job_id
         outcome = decide(
             step_status=args.status, finished=RunDir(run_dir).result_file.exists(), stopped=stop is not None,
             preempted=args.preempted not in ("", "0"), timed_out=False, restart=restart,
             requeue_max=record.requeue_max, crashes=record.crash_count(), crash_retries=record.crash_retries)
         outcome = with_crash_note(outcome, run_dir, restart)
-        record.record_start(job_id, restart, started=args.started, ended=registry.now(), state=outcome.state,
-                            reason=outcome.reason, detail=outcome.detail, exit_code=args.status,
-                            nodes=os.environ.get("SLURM_JOB_NODELIST"), resumed_from=resumed_in(run_dir, restart),
-                            stopped_at=None if stop is None else stop.get("step"))
-        record.job_id = job_id
+        if job_id is not None:
+            record.record_start(job_id, restart, started=args.started, ended=registry.now(), state=outcome.state,
+                                reason=outcome.reason, detail=outcome.detail, exit_code=args.status,
+                                nodes=os.environ.get("SLURM_JOB_NODELIST"), resumed_from=resumed_in(run_dir, restart),
+                                stopped_at=None if stop is None else stop.get("step"))
+            record.job_id = job_id
         record.state = outcome.state
         record.reason = outcome.reason
         record.detail = outcome.detail
