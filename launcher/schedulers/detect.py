@@ -1,7 +1,8 @@
 """`glaunch sites detect`: a site-profile skeleton from the Slurm cluster this runs on.
 
 The parsing is pure (text of `scontrol show partition/node -o` in, a profile mapping
-out); :func:`query_cluster` is the only part that runs Slurm's commands.
+out); :func:`read_scontrol` and :func:`query_cluster` are the only parts that run Slurm's
+commands. `glaunch sites check` (cluster_check.py) reads the cluster with the same call.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any, Mapping
 import yaml
 
 from ..errors import SchedulerError
-from .slurm import run_command
+from .slurm_client import ACCOUNTING_POLICY, Unreachable, run_command
 
 # Gres=gpu:a100:4(S:0-1),gpu:h100:2  ->  ("a100", 4), ("h100", 2)
 _GRES_GPU = re.compile(r"(?:^|,)gpu(?::(?P<type>[^:,(]+))?:(?P<count>\d+)")
@@ -32,11 +33,43 @@ def parse_records(text: str) -> list[dict[str, str]]:
     return records
 
 
+def gpu_kinds(gres: str) -> dict[str | None, int]:
+    """GPUs per type (None: untyped) in a node's Gres string."""
+    kinds: dict[str | None, int] = {}
+    for m in _GRES_GPU.finditer(gres or ""):
+        kinds[m["type"]] = kinds.get(m["type"], 0) + int(m["count"])
+    return kinds
+
+
 def gpus_of(gres: str) -> tuple[int, str | None]:
     """Total GPUs and their type (None when untyped or mixed) in a node's Gres string."""
-    found = [(m["type"], int(m["count"])) for m in _GRES_GPU.finditer(gres or "")]
-    types = {t for t, _ in found}
-    return sum(c for _, c in found), (types.pop() if len(types) == 1 else None)
+    kinds = gpu_kinds(gres)
+    types = set(kinds)
+    return sum(kinds.values()), (types.pop() if len(types) == 1 else None)
+
+
+# One scontrol process reads partitions, nodes and the configuration (its commands on
+# stdin); -a includes hidden partitions, which a profile may well name.
+SCONTROL_COMMANDS = "show partition\nshow node\nshow config\n"
+
+
+def split_scontrol(text: str) -> tuple[str, str, dict[str, str]]:
+    """scontrol's answer to SCONTROL_COMMANDS -> (partition records' text, node records'
+    text, configuration settings). Records are told apart by their first key; the
+    configuration is its `Key = value` lines."""
+    parts, nodes = [], []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("PartitionName="):
+            parts.append(stripped)
+        elif stripped.startswith("NodeName="):
+            nodes.append(stripped)
+    return "\n".join(parts), "\n".join(nodes), parse_config(text)
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """`scontrol show config` -> {setting: value}; SlurmctldHost[0] keeps its index."""
+    return dict(re.findall(r"^([\w\[\]]+?)\s+=\s?(.*?)\s*$", text, re.M))
 
 
 def _limit(value: str | None) -> str | None:
@@ -108,27 +141,37 @@ def render_profile(profile: Mapping[str, Any], cluster: str) -> str:
     return head + yaml.dump(dict(profile), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
-def _run(*cmd: str) -> str:
-    proc = run_command(*cmd)
-    if proc.returncode != 0:
+def _run(*cmd: str, input: str | None = None) -> str:
+    proc = run_command(*cmd, input=input)
+    if proc.returncode != 0 and not proc.stdout.strip():
         raise SchedulerError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
     return proc.stdout
 
 
+def read_scontrol(command: str = "glaunch sites detect") -> str:
+    """scontrol's answer to SCONTROL_COMMANDS: one call for partitions, nodes and settings."""
+    if shutil.which("scontrol") is None:
+        raise SchedulerError(f"scontrol is not on PATH: run `{command}` on a Slurm login node")
+    text = _run("scontrol", "-a", "-o", input=SCONTROL_COMMANDS)
+    if "PartitionName=" not in text and "ClusterName" not in text:
+        raise SchedulerError(f"scontrol gave neither partitions nor configuration: {text.strip()[:300]}")
+    return text
+
+
 def query_cluster(name: str | None) -> tuple[str, str]:
     """(profile name, profile text) for the cluster this machine submits to."""
-    if shutil.which("scontrol") is None:
-        raise SchedulerError("scontrol is not on PATH: run `glaunch sites detect` on a Slurm login node")
-    config = _run("scontrol", "show", "config")
-    settings = dict(re.findall(r"^(\w+)\s*=\s*(.*?)\s*$", config, re.M))
+    partitions_text, nodes_text, settings = split_scontrol(read_scontrol())
     cluster = settings.get("ClusterName", "cluster")
     account = None
     if shutil.which("sacctmgr"):
         user = getpass.getuser()
-        proc = run_command("sacctmgr", "-n", "-P", "show", "user", user, "format=defaultaccount")
-        if proc.returncode == 0 and proc.stdout.strip():
+        try:
+            proc = run_command("sacctmgr", "-n", "-P", "show", "user", user, "format=defaultaccount",
+                               policy=ACCOUNTING_POLICY, controller=False)
+        except Unreachable:
+            proc = None     # no accounting answer: the skeleton leaves the account to fill in
+        if proc is not None and proc.returncode == 0 and proc.stdout.strip():
             account = proc.stdout.split()[0]
-    profile = build_profile(name or cluster, _run("scontrol", "show", "partition", "-o"),
-                            _run("scontrol", "show", "node", "-o"),
+    profile = build_profile(name or cluster, partitions_text, nodes_text,
                             select_type=settings.get("SelectType", ""), account=account)
     return profile["name"], render_profile(profile, cluster)

@@ -28,9 +28,107 @@ def parse_sacct(text: str) -> list[dict[str, str]]:
 
 
 def parse_squeue(text: str) -> str | None:
-    """`squeue -h -o %T` for one job -> its state, or None when squeue no longer lists it."""
+    """`squeue -h -o %T` (or SQUEUE_FORMAT, `%T|%r`) for one job -> its state, or None when
+    squeue no longer lists it."""
     lines = text.strip().splitlines()
-    return lines[0].strip() if lines else None
+    return lines[0].split("|", 1)[0].strip() if lines else None
+
+
+def parse_squeue_reason(text: str) -> str | None:
+    """`squeue -h -o %T|%r` for one job -> why it is pending (Slurm's Reason), or None."""
+    lines = text.strip().splitlines()
+    if not lines or "|" not in lines[0]:
+        return None
+    reason = lines[0].split("|", 1)[1].strip()
+    return None if reason in ("", "None", "(null)") else reason
+
+
+SQUEUE_FORMAT = "%T|%r"
+
+
+# --- pending reasons that never clear by themselves ------------------------------------------
+
+# Slurm 22.05's Reason codes of a job that will not start until someone changes the job,
+# the limits or the nodes, each in the profile's terms. The others (Priority, Resources,
+# BeginTime, Dependency, JobHeldUser, the group and per-user limits ...) clear as the
+# queue moves. {fields} come from the job's request (request_values).
+NEVER_STARTS = {
+    "PartitionTimeLimit": "resources.time {time} is over the time limit of partition {partition} on the cluster "
+                          "(the profile's partitions.{partition}.max_time: {max_time})",
+    "PartitionNodeLimit": "resources.nodes {nodes} is outside the node limits of partition {partition} on the "
+                          "cluster, or more than it has (the profile's partitions.{partition}.max_nodes: "
+                          "{max_nodes})",
+    "PartitionDown": "partition {partition} is DOWN on the cluster: it starts no job until an administrator "
+                     "sets it UP",
+    "PartitionInactive": "partition {partition} is INACTIVE on the cluster: it starts no job",
+    "PartitionConfig": "the request does not fit partition {partition}'s configuration on the cluster",
+    "InvalidAccount": "account {account} is not valid for this user on the cluster (the site's account)",
+    "InvalidQOS": "QOS {qos} is not valid for this user and account on the cluster (the site's qos, "
+                  "partitions.{partition}.qos)",
+    "AccountNotAllowed": "account {account} may not use partition {partition} on the cluster (the site's account)",
+    "QOSNotAllowed": "QOS {qos} may not be used on partition {partition} (the site's qos, "
+                     "partitions.{partition}.qos)",
+    "BadConstraints": "no node of partition {partition} has the features asked (partitions.{partition}.constraint: "
+                      "{constraint})",
+    "DependencyNeverSatisfied": "the run it waits for ended in a way its dependency excludes (--after)",
+    "NodeDown": "a node the job needs is down",
+    "ReservationDeleted": "the reservation the job asked for was deleted",
+    "JobHeldAdmin": "an administrator holds it (scontrol release, by an administrator, lets it start)",
+    "JobHoldMaxRequeue": "Slurm held it after too many requeues (scontrol release lets it start)",
+    "AssociationTimeLimit": "resources.time {time} is over the time limit of the association of account "
+                            "{account}",
+    "QOSTimeLimit": "resources.time {time} is over the time limit of QOS {qos}",
+}
+# Per-job limits of a QOS (QOSMax...PerJob..., QOSMin...) or an association (AssocMax...):
+# what the request asks too much (or too little) of.
+_PER_JOB = re.compile(r"^(?P<who>QOS|Assoc)(?P<kind>Max|Min)(?P<what>[A-Za-z]+?)"
+                      r"(?P<per>PerJob|PerNode|MinutesPerJob|NotSatisfied)?(?:Limit)?$")
+_PER_JOB_KEYS = {"Wall": "resources.time {time}", "WallDuration": "resources.time {time}",
+                 "Node": "resources.nodes {nodes}", "Nodes": "resources.nodes {nodes}",
+                 "GRES": "resources.gpus_per_node {gpus_per_node} x resources.nodes {nodes}",
+                 "Cpu": "resources.cpus_per_task", "Mem": "resources.mem_gb", "Memory": "resources.mem_gb"}
+
+
+def pending_verdict(reason: str | None, values: Mapping[str, Any]) -> str | None:
+    """A pending job's Reason -> why it will never start, in the profile's terms; None when
+    the reason clears by itself (Priority, Resources, BeginTime, Dependency, JobHeldUser,
+    group and per-user limits, ...)."""
+    if not reason:
+        return None
+    values = _Defaulted(values)
+    code, _, detail = reason.partition(",")
+    code = code.strip()
+    if code == "ReqNodeNotAvail":
+        nodes = re.search(r"UnavailableNodes:(\S+)", detail)
+        if nodes is None:        # e.g. "Reserved for maintenance": ends with the reservation
+            return None
+        return (f"node(s) {nodes.group(1)} it needs are down, drained or reserved, and partition "
+                f"{values['partition']} has not enough others (Reason={reason}); an administrator must "
+                "return them")
+    if code in NEVER_STARTS:
+        return f"{NEVER_STARTS[code].format_map(values)} (Reason={code})"
+    m = _PER_JOB.match(code)
+    if m and (m["per"] in ("PerJob", "PerNode", "MinutesPerJob") or m["kind"] == "Min"):
+        owner = f"QOS {values['qos']}" if m["who"] == "QOS" else f"the association of account {values['account']}"
+        what = m["what"].removesuffix("Duration")
+        if m["per"] == "PerNode" and what == "GRES":
+            key = "resources.gpus_per_node {gpus_per_node}"
+        else:
+            key = _PER_JOB_KEYS.get(what, "the request")
+        if m["per"] == "MinutesPerJob":
+            key += " x resources.time {time}"
+        scope = "per-node" if m["per"] == "PerNode" else "per-job"
+        side = "over a {scope} maximum" if m["kind"] == "Max" else "under a {scope} minimum"
+        return f"{key.format_map(values)} is {side.format(scope=scope)} of {owner} on the cluster (Reason={code})"
+    return None
+
+
+class _Defaulted(dict):
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        super().__init__({k: v for k, v in values.items() if v is not None})
+
+    def __missing__(self, key: str) -> str:
+        return "(not set)" if key in ("max_time", "max_nodes", "constraint", "qos", "account") else "?"
 
 
 def base_state(state: str) -> str:
