@@ -3,14 +3,17 @@
 Same tiny MLP regression as examples/torch_ddp.py. The config is GLAUNCH_DS_CONFIG (the
 launcher's ds_config.json, batch sizes fitted to the allocation) or DEFAULT_CONFIG below.
 Micro-batch ``m`` of step ``s`` on rank ``r`` is derived from (seed, s, r, m), so resume
-needs no data-loader state. On CPU: DS_ACCELERATOR=cpu and gloo.
+needs no data-loader state. With CUDA each rank trains on ``cuda:LOCAL_RANK`` over NCCL in
+the precision of the config (ds_config.json's bf16/fp16 sections, from the experiment's
+``precision``); without, DS_ACCELERATOR=cpu and gloo (bf16 works there, fp16 is turned off).
 
 Optimizer: the launcher's ds_config.json has no "optimizer" section, so the script adds
 one (:func:`optimizer_block`): DeepSpeed "AdamW". On CPU with ``torch_adam: true``
 (plain torch.optim.AdamW): DeepSpeed's FusedAdam is a CUDA kernel, and with
 offload_optimizer DeepSpeed would pick DeepSpeedCPUAdam, a C++ op JIT-built on first use
 (works here, but takes about two minutes once per machine). With CUDA the block leaves
-DeepSpeed its fast defaults (FusedAdam, or DeepSpeedCPUAdam under offload).
+DeepSpeed its fast defaults (FusedAdam, or DeepSpeedCPUAdam under offload) where they are
+prebuilt or can be built (nvcc, a C++ compiler); ``--optimizer torch`` forces torch's AdamW.
 
     python examples/deepspeed_zero2.py --steps 20
     torchrun --standalone --nproc-per-node 2 examples/deepspeed_zero2.py --steps 20
@@ -31,6 +34,7 @@ except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from launcher import runtime as rt
 from launcher.runtime import deepspeed as gds
+from launcher.runtime.device import observed
 
 SEED = 1234
 DIM, HIDDEN = 16, 32
@@ -44,13 +48,16 @@ DEFAULT_CONFIG = {
 }
 
 
-def optimizer_block(lr: float = 1e-2) -> dict:
-    import torch
-
-    params = {"lr": lr}
-    if not torch.cuda.is_available():
+def optimizer_block(config: dict, lr: float = 1e-2, choice: str = "auto") -> dict:
+    """DeepSpeed's AdamW where it is available (see gds.fast_adam_available), else torch's."""
+    params: dict = {"lr": lr}
+    if choice == "torch" or (choice == "auto" and not gds.fast_adam_available(config)):
         params["torch_adam"] = True
     return {"type": "AdamW", "params": params}
+
+
+def precision(engine) -> str:
+    return "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
 
 
 def batch(step: int, rank: int, micro: int, size: int):
@@ -69,6 +76,8 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--seconds-per-step", type=float, default=0.0)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--optimizer", choices=("auto", "torch", "deepspeed"), default="auto",
+                   help="AdamW implementation: DeepSpeed's where it can be built (auto), torch's, or DeepSpeed's")
     args = p.parse_args(argv)
 
     # DeepSpeed's gloo path calls collectives torch 2.13 marks deprecated, once per step
@@ -80,10 +89,10 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
     from torch import nn
 
     torch.set_num_threads(1)
-    ctx = gds.init_distributed()              # gloo on CPU
+    ctx = gds.init_distributed()              # NCCL on cuda:LOCAL_RANK, gloo on CPU
     rt.install_stop_handler()
     config = gds.ds_config(default_config, ctx)
-    config.setdefault("optimizer", optimizer_block())
+    config.setdefault("optimizer", optimizer_block(config, choice=args.optimizer))
     zero3 = config.get("zero_optimization", {}).get("stage", 0) == 3
 
     torch.manual_seed(SEED)
@@ -105,11 +114,12 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
             print(f"resumed from {ck.path} (step {start})", flush=True)
 
     loss_fn = nn.MSELoss()
-    loss = torch.tensor(float("nan"))
+    loss = out = torch.tensor(float("nan"))
     for step in range(start + 1, args.steps + 1):
         for m in range(accum):
             x, y = batch(step, ctx.rank, m, micro)
-            loss = loss_fn(engine(x.to(engine.device, dtype)).float(), y.to(engine.device))
+            out = engine(x.to(engine.device, dtype))
+            loss = loss_fn(out.float(), y.to(engine.device))
             engine.backward(loss)
             engine.step()                    # the optimizer steps at the accumulation boundary
         if ctx.is_main and (step % args.log_every == 0 or step == args.steps):
@@ -127,14 +137,16 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
             gds.shutdown(engine)
             return 0
 
-    final = loss.detach().float().reshape(1).cpu()
+    final = loss.detach().float().reshape(1).to(engine.device)    # NCCL reduces CUDA tensors only
     if ctx.world_size > 1:
         dist.all_reduce(final)
         final /= ctx.world_size
     steps_done = max(start, args.steps)
     res = rt.write_result(steps_done, model=engine,        # gathers ZeRO-3 partitions: all ranks
                           final_loss=None if start >= args.steps else final.item(),
-                          resumed_from=resumed_from, ctx=ctx)
+                          resumed_from=resumed_from, ctx=ctx,
+                          extra={"placement": dict(observed(engine.module, out), precision=precision(engine),
+                                                   optimizer=type(engine.basic_optimizer).__name__)})
     if ctx.is_main:
         print(f"done: step {steps_done} param_sha256 {res['param_sha256']}", flush=True)
     gds.shutdown(engine)

@@ -8,7 +8,8 @@ comparable across launch paths.
 Optimizer: as in examples/deepspeed_zero2.py (torch AdamW on CPU; DeepSpeed's
 DeepSpeedCPUAdam, the usual choice under CPU offload, is a C++ op JIT-built with ninja on
 first use, about two minutes here, cached under ~/.cache/torch_extensions afterwards;
-it is what DeepSpeed uses with CUDA).
+with CUDA it is used where a C++ compiler can build it). Devices, backend and precision
+as in examples/deepspeed_zero2.py.
 
     python examples/deepspeed_zero3.py --steps 20
     torchrun --standalone --nproc-per-node 2 examples/deepspeed_zero3.py --steps 20
@@ -20,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from deepspeed_zero2 import main  # noqa: E402  (same loop; only the config differs)
+from deepspeed_zero2 import main  # same loop; only the config differs
 
 DEFAULT_CONFIG = {
     "train_micro_batch_size_per_gpu": 32,

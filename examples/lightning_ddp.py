@@ -2,9 +2,11 @@
 
 Same tiny MLP regression as examples/torch_ddp.py. The batch of step ``s`` on rank ``r``
 is derived from (seed, s, r) inside ``training_step`` (the dataloader only paces the
-loop), so a mid-epoch resume needs no data-loader state. Devices and nodes come from
-the launcher's environment (LOCAL_WORLD_SIZE, WORLD_SIZE / LOCAL_WORLD_SIZE); the
-cluster environment plugin matches the launch mode with Lightning's SLURM requeue off.
+loop), so a mid-epoch resume needs no data-loader state. Accelerator, devices, nodes,
+strategy and precision come from the runtime: GPUs (one per rank, NCCL, the configured
+precision) where torch sees CUDA, else the CPU over gloo; devices and nodes from the
+launcher's environment (LOCAL_WORLD_SIZE, WORLD_SIZE / LOCAL_WORLD_SIZE). The cluster
+environment plugin matches the launch mode with Lightning's SLURM requeue off.
 
     python examples/lightning_ddp.py --steps 50
     torchrun --standalone --nproc-per-node 2 examples/lightning_ddp.py --steps 50
@@ -23,15 +25,17 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from launcher import runtime as rt
+from launcher.runtime.device import observed
 from launcher.runtime.lightning import (
     GlaunchCallback,
     cluster_environment,
+    trainer_accelerator,
     trainer_precision,
+    trainer_strategy,
     trainer_topology,
 )
 
 import lightning as L
-from lightning.pytorch.strategies import DDPStrategy
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset
@@ -68,13 +72,14 @@ class Regressor(L.LightningModule):
         torch.manual_seed(SEED)
         self.net = nn.Sequential(nn.Linear(DIM, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
         self.lr, self.steps, self.sps, self.log_every = lr, steps, seconds_per_step, log_every
-        self.last_loss = None
+        self.last_loss = self.last_out = None
 
     def training_step(self, _ticks, _batch_idx):
         step = self.global_step + 1                      # the step this update completes
-        x, y = batch(step, self.global_rank)
-        loss = nn.functional.mse_loss(self.net(x), y)
-        self.last_loss = loss.detach()
+        x, y = (t.to(self.device) for t in batch(step, self.global_rank))
+        out = self.net(x)
+        loss = nn.functional.mse_loss(out, y)
+        self.last_loss, self.last_out = loss.detach(), out.detach()
         if self.global_rank == 0 and (step % self.log_every == 0 or step == self.steps):
             print(f"step {step}/{self.steps} loss {loss.item():.4f}", flush=True)
         if self.sps:
@@ -104,9 +109,9 @@ def main(argv: list[str] | None = None) -> int:
 
     model = Regressor(args.lr, args.steps, args.seconds_per_step, args.log_every)
     trainer = L.Trainer(
-        accelerator="cpu",
+        accelerator=trainer_accelerator(ctx),
         # Fixed gradient buckets (see torch_ddp.py): bitwise-identical resumes past two ranks.
-        strategy=DDPStrategy(find_unused_parameters=True),
+        strategy=trainer_strategy(ctx, find_unused_parameters=True),
         **trainer_topology(ctx),
         precision=trainer_precision(ctx),
         plugins=[cluster_environment(ctx)],
@@ -136,7 +141,9 @@ def main(argv: list[str] | None = None) -> int:
         loss = trainer.strategy.reduce(loss.clone(), reduce_op="mean")
     res = rt.write_result(trainer.global_step, model=model,
                           final_loss=None if loss is None else loss.item(),
-                          resumed_from=cb.resumed_from, ctx=ctx)
+                          resumed_from=cb.resumed_from, ctx=ctx,
+                          extra={"placement": dict(observed(model, model.last_out),
+                                                   precision=str(trainer.precision))})
     if ctx.is_main:
         print(f"done: step {trainer.global_step} param_sha256 {res['param_sha256']}", flush=True)
     rt.shutdown_distributed()

@@ -6,6 +6,10 @@ optimizer and every rank's RNG states come back from the checkpoint, so an
 interrupted-and-resumed run ends with bitwise the same parameters as an
 uninterrupted one (compare ``param_sha256`` in result.json).
 
+Where there are GPUs each rank trains on ``cuda:LOCAL_RANK`` over NCCL in the configured
+precision (GLAUNCH_PRECISION: bf16 autocast, fp16 autocast with a GradScaler, fp32);
+elsewhere on the CPU over gloo in fp32 (:mod:`launcher.runtime.device` decides).
+
     python examples/torch_ddp.py --steps 50                 # stand-alone, one process
     torchrun --standalone --nproc-per-node 2 examples/torch_ddp.py --steps 50
 """
@@ -23,6 +27,7 @@ try:
 except ImportError:  # run from a checkout without installing
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from launcher import runtime as rt
+from launcher.runtime.device import observed, placement
 
 import torch
 import torch.distributed as dist
@@ -58,39 +63,51 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)                 # same float reductions whatever the launch path
-    ctx = rt.init_distributed()              # gloo on CPU
+    ctx = rt.init_distributed()              # NCCL on cuda:LOCAL_RANK, gloo on CPU
+    where = placement(ctx)
     rt.install_stop_handler()
 
-    model = make_model()
+    model = make_model().to(where.device)
     # find_unused_parameters keeps DDP's gradient buckets as first laid out (no rebuild after
     # step one), so with more than two ranks the gradient sums add up in the same order before
     # and after a resume: the resumed run stays bitwise identical.
-    ddp = DDP(model, find_unused_parameters=True)
+    ddp = DDP(model, find_unused_parameters=True, **where.ddp_options())
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    scaler = where.grad_scaler()             # loss scaling for fp16 only; else a pass-through
     loss_fn = nn.MSELoss()
 
     start, resumed_from = 0, None
     ck = rt.resume_checkpoint(ctx)
     if ck is not None:
-        start = resumed_from = rt.load_torch_state(ck, model, opt, ctx=ctx)["step"]
+        state = rt.load_torch_state(ck, model, opt, ctx=ctx)
+        start = resumed_from = state["step"]
+        if "grad_scaler" in state["extra"]:
+            scaler.load_state_dict(state["extra"]["grad_scaler"])
         if ctx.is_main:
             print(f"resumed from {ck.path} (step {start})", flush=True)
 
-    loss = torch.tensor(float("nan"))
+    def save(step: int):
+        extra = {"grad_scaler": scaler.state_dict()} if scaler.is_enabled() else None
+        return rt.save_torch_state(step, model, opt, extra=extra, ctx=ctx)
+
+    loss = out = torch.tensor(float("nan"))
     for step in range(start + 1, args.steps + 1):
-        x, y = batch(step, ctx.rank)
+        x, y = (t.to(where.device) for t in batch(step, ctx.rank))
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(ddp(x), y)
-        loss.backward()
-        opt.step()
+        with where.autocast():
+            out = ddp(x)
+            loss = loss_fn(out, y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         if ctx.is_main and (step % args.log_every == 0 or step == args.steps):
             print(f"step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
         if args.seconds_per_step:
             time.sleep(args.seconds_per_step)
 
-        saved = rt.save_torch_state(step, model, opt, ctx=ctx) if ctx.checkpoint_due(step) else None
+        saved = save(step) if ctx.checkpoint_due(step) else None
         if step < args.steps and rt.should_stop():
-            saved = saved or rt.save_torch_state(step, model, opt, ctx=ctx)
+            saved = saved or save(step)
             rt.write_stop(step, saved, ctx=ctx)
             if ctx.is_main:
                 print(f"glaunch: stopping at step {step}, checkpoint saved", flush=True)
@@ -104,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         final /= ctx.world_size
     steps_done = max(start, args.steps)
     res = rt.write_result(steps_done, model=model, final_loss=None if start >= args.steps else final.item(),
-                          resumed_from=resumed_from, ctx=ctx)
+                          resumed_from=resumed_from, ctx=ctx,
+                          extra={"placement": dict(observed(model, out), precision=where.precision)})
     if ctx.is_main:
         print(f"done: step {steps_done} param_sha256 {res['param_sha256']}", flush=True)
     rt.shutdown_distributed()

@@ -12,6 +12,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..runs.layout import STANDALONE_RUN_DIR
 
@@ -156,12 +157,10 @@ def export_rendezvous_env(ctx: RankContext | None = None) -> RankContext:
 
 
 def default_backend(ctx: RankContext | None = None) -> str:
-    """'nccl' when CUDA is available (and not disabled), else 'gloo'."""
-    import torch
+    """'nccl' when CUDA is available, else 'gloo'; GLAUNCH_DIST_BACKEND overrides (see :mod:`.device`)."""
+    from .device import placement
 
-    if os.environ.get("GLAUNCH_DIST_BACKEND"):
-        return os.environ["GLAUNCH_DIST_BACKEND"]
-    return "nccl" if torch.cuda.is_available() else "gloo"
+    return placement(ctx).backend
 
 
 def init_distributed(ctx: RankContext | None = None, backend: str | None = None,
@@ -169,32 +168,35 @@ def init_distributed(ctx: RankContext | None = None, backend: str | None = None,
     """Initialise torch.distributed (env:// rendezvous) unless already done; returns the context.
 
     Also works stand-alone (world of one on a free local port), so the same script
-    runs by hand. On CUDA the current device is set to LOCAL_RANK.
+    runs by hand. Device and backend come from :func:`launcher.runtime.device.placement`:
+    with CUDA the current device is set to this rank's GPU first and the backend is NCCL.
     """
     import datetime
 
-    import torch
     import torch.distributed as dist
+
+    from .device import placement
 
     ctx = export_rendezvous_env(ctx)
     if dist.is_initialized():
         return ctx
-    backend = backend or default_backend(ctx)
-    kwargs = {}
+    where = placement(ctx, backend=backend)
+    # Only when given: torch before 2.2 takes no None for the default.
+    kwargs: dict[str, Any] = {}
     if timeout_s is not None:
         kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
-    if backend == "nccl":
-        torch.cuda.set_device(ctx.local_rank)
-    dist.init_process_group(backend=backend, init_method="env://", rank=ctx.rank,
+    where.activate()
+    dist.init_process_group(backend=where.backend, init_method="env://", rank=ctx.rank,
                             world_size=ctx.world_size, **kwargs)
-    log_joined(ctx, backend)
+    log_joined(ctx, where.backend, where.device)
     return ctx
 
 
-def log_joined(ctx: RankContext, backend: str) -> None:
+def log_joined(ctx: RankContext, backend: str, device: str | None = None) -> None:
     """Where this rank sits, as it joins the process group (the logs show the placement)."""
+    on = f" on {device}" if device else ""
     log(f"joined {backend}: rank {ctx.rank}/{ctx.world_size}, local rank {ctx.local_rank}, "
-        f"node {ctx.node_rank} ({node_name()})")
+        f"node {ctx.node_rank} ({node_name()}){on}")
 
 
 def node_name() -> str:

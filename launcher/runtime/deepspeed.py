@@ -3,7 +3,7 @@
     from launcher.runtime import deepspeed as gds
 
     ds = gds.import_deepspeed()          # sets DS_ACCELERATOR=cpu first when there is no CUDA
-    ctx = gds.init_distributed()         # deepspeed.init_distributed, gloo on CPU
+    ctx = gds.init_distributed()         # deepspeed.init_distributed: NCCL on cuda:LOCAL_RANK, gloo on CPU
     engine, *_ = ds.initialize(model=model, model_parameters=model.parameters(),
                                config=gds.ds_config(DEFAULT))
     ck = rt.resume_checkpoint(ctx)
@@ -26,14 +26,20 @@ import json
 import os
 
 from .checkpoint import Checkpoint, stage_checkpoint
-from .context import RankContext, context, export_rendezvous_env, log_joined, shutdown_distributed
+from .context import RankContext, context, export_rendezvous_env, log, log_joined, shutdown_distributed
+from .device import Placement
+from .device import placement as device_placement
 from .state import restore_rng, save_rng
 
 TAG = "deepspeed"
 
 
 def import_deepspeed():
-    """``import deepspeed``, with ``DS_ACCELERATOR=cpu`` set first when CUDA is unavailable."""
+    """``import deepspeed``, with ``DS_ACCELERATOR=cpu`` set first when CUDA is unavailable.
+
+    Only then: on a GPU node DeepSpeed detects CUDA itself. A DS_ACCELERATOR=cpu that the
+    environment already carries there is obeyed (see :func:`placement`).
+    """
     import torch
 
     if not torch.cuda.is_available():
@@ -43,28 +49,84 @@ def import_deepspeed():
     return deepspeed
 
 
-def init_distributed(ctx: RankContext | None = None, backend: str | None = None) -> RankContext:
-    """``deepspeed.init_distributed`` from the glaunch environment (stand-alone too); gloo on CPU."""
+def on_cuda() -> bool:
+    """Whether DeepSpeed trains on CUDA here: its accelerator, not only torch, decides."""
+    import_deepspeed()
+    from deepspeed.accelerator import get_accelerator
+
+    return get_accelerator().device_name() == "cuda"
+
+
+def placement(ctx: RankContext | None = None, backend: str | None = None) -> Placement:
+    """This rank's device, backend and precision (:func:`launcher.runtime.device.placement`),
+    on the accelerator DeepSpeed chose."""
     import torch
 
+    cuda = on_cuda()
+    if not cuda and torch.cuda.is_available():
+        log(f"DS_ACCELERATOR={os.environ.get('DS_ACCELERATOR')}: DeepSpeed trains on the CPU over gloo "
+            f"although {torch.cuda.device_count()} GPU(s) are visible; leave DS_ACCELERATOR unset "
+            "on GPU nodes")
+    return device_placement(ctx, cuda=cuda, backend=backend)
+
+
+def init_distributed(ctx: RankContext | None = None, backend: str | None = None) -> RankContext:
+    """``deepspeed.init_distributed`` from the glaunch environment (stand-alone too):
+    NCCL on this rank's GPU with CUDA, gloo on CPU."""
     ds = import_deepspeed()
     ctx = export_rendezvous_env(ctx)
-    backend = backend or os.environ.get("GLAUNCH_DIST_BACKEND") or (
-        "nccl" if torch.cuda.is_available() else "gloo")
-    if torch.cuda.is_available():
-        torch.cuda.set_device(ctx.local_rank)
-    ds.init_distributed(dist_backend=backend, auto_mpi_discovery=False)
-    log_joined(ctx, backend)
+    where = placement(ctx, backend)
+    where.activate()
+    ds.init_distributed(dist_backend=where.backend, auto_mpi_discovery=False)
+    log_joined(ctx, where.backend, where.device)
     return ctx
 
 
 def ds_config(default: dict, ctx: RankContext | None = None) -> dict:
-    """The DeepSpeed config: GLAUNCH_DS_CONFIG (the launcher's ds_config.json) if set, else ``default``."""
+    """The DeepSpeed config: GLAUNCH_DS_CONFIG (the launcher's ds_config.json) if set, else ``default``.
+
+    DeepSpeed has fp16 on CUDA only ("Type fp16 is not supported on your device"): off
+    CUDA an fp16 section is turned off and the run is fp32, as Lightning does on CPU.
+    """
     ctx = ctx or context()
     if ctx.ds_config is None:
-        return dict(default)
-    with open(ctx.ds_config, encoding="utf-8") as f:
-        return json.load(f)
+        config = json.loads(json.dumps(default))
+    else:
+        with open(ctx.ds_config, encoding="utf-8") as f:
+            config = json.load(f)
+    fp16 = config.get("fp16")
+    if isinstance(fp16, dict) and fp16.get("enabled") and not on_cuda():
+        if ctx.is_main:
+            log("fp16 needs CUDA in DeepSpeed; training in fp32 on the CPU")
+        config["fp16"] = dict(fp16, enabled=False)
+    return config
+
+
+def fast_adam_available(config: dict) -> bool:
+    """Whether DeepSpeed's own Adam for ``config`` is prebuilt or can be JIT-built here.
+
+    On CUDA that Adam is FusedAdam (a CUDA kernel: needs nvcc), or DeepSpeedCPUAdam (C++:
+    needs a compiler) when the optimizer is offloaded; both also need ninja. Off CUDA the
+    answer is always False: ``"torch_adam": true`` (torch.optim.AdamW) keeps CPU runs free
+    of a JIT build and their numerics as they are.
+    """
+    import shutil
+
+    from torch.utils import cpp_extension
+
+    if not on_cuda():
+        return False
+    offload = ((config.get("zero_optimization") or {}).get("offload_optimizer") or {}).get("device")
+    offloaded = offload not in (None, "none")
+    from deepspeed.git_version_info import installed_ops
+
+    if installed_ops.get("cpu_adam" if offloaded else "fused_adam"):
+        return True
+    if not cpp_extension.is_ninja_available():
+        return False
+    if offloaded:
+        return bool(shutil.which(os.environ.get("CXX") or "c++"))
+    return cpp_extension.CUDA_HOME is not None
 
 
 class _Recorder:

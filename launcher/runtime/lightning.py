@@ -1,10 +1,12 @@
 """Lightning adapter: cluster environment for the launch mode, and a checkpoint/stop Callback.
 
-    from launcher.runtime.lightning import GlaunchCallback, cluster_environment
+    from launcher.runtime.lightning import (GlaunchCallback, cluster_environment, trainer_accelerator,
+                                            trainer_precision, trainer_strategy, trainer_topology)
 
     cb = GlaunchCallback()
-    trainer = L.Trainer(..., plugins=[cluster_environment()], callbacks=[cb],
-                        enable_checkpointing=False)
+    trainer = L.Trainer(accelerator=trainer_accelerator(), strategy=trainer_strategy(),
+                        **trainer_topology(), precision=trainer_precision(),
+                        plugins=[cluster_environment()], callbacks=[cb], enable_checkpointing=False)
     trainer.fit(model, data, ckpt_path=cb.resume_path())
     if cb.stopped_at is not None:       # a stop was requested; checkpoint committed
         sys.exit(0)
@@ -27,6 +29,7 @@ import os
 
 from .checkpoint import Checkpoint, resume_checkpoint, stage_checkpoint
 from .context import RankContext, all_reduce_max, context, log
+from .device import placement
 from .state import restore_rng, save_rng
 from .stop import install_stop_handler, should_stop, stop_signal
 
@@ -62,8 +65,26 @@ def cluster_environment(ctx: RankContext | None = None):
     return LightningEnvironment()
 
 
+def trainer_accelerator(ctx: RankContext | None = None) -> str:
+    """The Trainer's ``accelerator``: "gpu" where this rank trains on CUDA, else "cpu"
+    (the decision of :func:`launcher.runtime.device.placement`)."""
+    return "gpu" if placement(ctx).cuda else "cpu"
+
+
+def trainer_strategy(ctx: RankContext | None = None, **ddp_options):
+    """Lightning's ``DDPStrategy`` on the runtime's process-group backend (NCCL on CUDA, gloo on
+    CPU, GLAUNCH_DIST_BACKEND if set); ``ddp_options`` go to DistributedDataParallel."""
+    from lightning.pytorch.strategies import DDPStrategy
+
+    return DDPStrategy(process_group_backend=placement(ctx).backend, **ddp_options)
+
+
 def trainer_topology(ctx: RankContext | None = None) -> dict:
-    """``{"devices": LOCAL_WORLD_SIZE, "num_nodes": WORLD_SIZE // LOCAL_WORLD_SIZE}`` for the Trainer."""
+    """``{"devices": LOCAL_WORLD_SIZE, "num_nodes": WORLD_SIZE // LOCAL_WORLD_SIZE}`` for the Trainer.
+
+    With the "gpu" accelerator Lightning then gives local rank N the GPU ``cuda:N``, the
+    device :func:`launcher.runtime.device.placement` names.
+    """
     ctx = ctx or context()
     return {"devices": ctx.local_world_size, "num_nodes": ctx.num_nodes}
 
@@ -73,15 +94,13 @@ _PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 
 def trainer_precision(ctx: RankContext | None = None) -> str:
     """GLAUNCH_PRECISION as a Trainer ``precision`` (fp32 -> 32-true, bf16 -> bf16-mixed,
-    fp16 -> 16-mixed; Lightning has fp16 AMP on CUDA only, so on CPU fp16 falls back to 32-true)."""
+    fp16 -> 16-mixed, with Lightning's GradScaler; Lightning has fp16 AMP on CUDA only, so on
+    CPU fp16 falls back to 32-true, while bf16-mixed runs on CPU too)."""
     ctx = ctx or context()
     flag = _PRECISION.get(ctx.precision, "32-true")
-    if flag == "16-mixed":
-        import torch
-
-        if not torch.cuda.is_available():
-            log("fp16 mixed precision needs CUDA; using 32-true on CPU")
-            return "32-true"
+    if flag == "16-mixed" and not placement(ctx).cuda:
+        log("fp16 mixed precision needs CUDA; using 32-true on CPU")
+        return "32-true"
     return flag
 
 
