@@ -1,10 +1,26 @@
 """What each task runs, from the task spec the submit side pickles with it: the entry
 point's words and torchrun's arguments. job.sbatch prints the same words from the same
-spec, so what the script says is what runs. Pure."""
+spec, so what the script says is what runs. Pure.
+
+torchrun's options differ between torch releases, and the torch a job runs is the one its
+nodes load (a module, a container), not the submitting machine's. So the node's task
+passes the options its own torchrun accepts (:func:`parser_options`) and
+:func:`torchrun_args` fits the words to them; without that list (job.sbatch's
+description, written at submit time) every option is shown.
+"""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
+
+# SIGTERM (preemption) must not make the agent tear its workers down before they save:
+# glaunch's task forwards it, like the time-limit warning. torchrun gained this option in
+# torch 2.9 (pytorch/pytorch#160690); an older agent handles SIGTERM itself and stops the
+# workers with it, which still lets them checkpoint but ends the start as a failure.
+SIGNALS_TO_HANDLE = "SIGINT,SIGHUP,SIGQUIT"
+
+# Options a torchrun may lack: left out where the node's torchrun does not know them.
+OPTIONAL = frozenset({"--signals-to-handle"})
 
 
 def entry_words(spec: Mapping[str, Any]) -> list[str]:
@@ -14,17 +30,46 @@ def entry_words(spec: Mapping[str, Any]) -> list[str]:
 
 
 def torchrun_args(spec: Mapping[str, Any], *, node_rank: str, master_addr: str, master_port: str,
-                  job_id: str) -> list[str]:
-    """torchrun's arguments for one node: c10d rendezvous at the first host."""
-    return [
-        f"--nnodes={spec['nodes']}",
-        f"--nproc-per-node={spec['ranks_per_node']}",
-        f"--node-rank={node_rank}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={master_addr}:{master_port}",
-        f"--rdzv-id={job_id}",
-        "--max-restarts=0",
-        # SIGTERM (preemption) must not make the agent tear its workers down before they
-        # save: glaunch's task forwards it, like the time-limit warning.
-        "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT",
+                  job_id: str, accepted: Collection[str] | None = None) -> list[str]:
+    """torchrun's arguments for one node: c10d rendezvous at the first host.
+
+    ``accepted``: the option strings the node's torchrun knows (:func:`parser_options`).
+    Given, each option takes the spelling it knows (``--nproc-per-node``, or the
+    ``--nproc_per_node`` of torch before 2.0) and optional ones it lacks are left out;
+    None keeps every option as written (the submit-time description).
+    """
+    options = [
+        ("--nnodes", str(spec["nodes"])),
+        ("--nproc-per-node", str(spec["ranks_per_node"])),
+        ("--node-rank", node_rank),
+        ("--rdzv-backend", "c10d"),
+        ("--rdzv-endpoint", f"{master_addr}:{master_port}"),
+        ("--rdzv-id", job_id),
+        ("--max-restarts", "0"),
+        ("--signals-to-handle", SIGNALS_TO_HANDLE),
     ]
+    words = []
+    for name, value in options:
+        if accepted is not None:
+            spelled = spelling(name, accepted)
+            if spelled is None:
+                if name in OPTIONAL:
+                    continue
+                raise RuntimeError(f"glaunch: this node's torchrun has no {name} option; "
+                                   "glaunch needs torch 2.0 or newer on the nodes")
+            name = spelled
+        words.append(f"{name}={value}")
+    return words
+
+
+def spelling(name: str, accepted: Collection[str]) -> str | None:
+    """``name`` as the node's torchrun spells it (dashes, else underscores), None if unknown."""
+    for candidate in (name, "--" + name[2:].replace("-", "_")):
+        if candidate in accepted:
+            return candidate
+    return None
+
+
+def parser_options(parser: Any) -> frozenset[str]:
+    """Every option string an argparse parser accepts (torch.distributed.run.get_args_parser())."""
+    return frozenset(s for action in parser._actions for s in action.option_strings)

@@ -70,12 +70,19 @@ class TrainingTask:
     # --- torchrun: this process is the node's agent -----------------------------------
 
     def _run_torchrun(self, job: Any) -> int:
+        import torch
+        from torch.distributed.run import get_args_parser
         from torch.distributed.run import main as torchrun_main
 
         spec = self.spec
+        # The options this node's torch knows, not the submitting machine's (see launch.py).
+        accepted = launch.parser_options(get_args_parser())
         args = launch.torchrun_args(
             spec, node_rank=str(job.node), master_addr=os.environ["MASTER_ADDR"],
-            master_port=os.environ["MASTER_PORT"], job_id=str(job.job_id))
+            master_port=os.environ["MASTER_PORT"], job_id=str(job.job_id), accepted=accepted)
+        if launch.spelling("--signals-to-handle", accepted) is None:
+            _log(f"torch {torch.__version__}: torchrun has no --signals-to-handle; on SIGTERM (preemption) "
+                 "its agent stops the workers itself, and the start ends as a failure")
         entry = launch.entry_words(spec)
         _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + entry)}")
         for signum in (WARNING_SIGNAL, signal.SIGTERM):
