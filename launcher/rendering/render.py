@@ -19,6 +19,7 @@ import jinja2
 import yaml
 
 from .. import __version__
+from ..errors import ConfigError
 from ..resolution.jobplan import STOP_SIGNALS, JobPlan
 from ..runs.layout import DS_CONFIG_FILE, ENV_FILE, JOB_SCRIPT, RESOLVED_FILE, RunDir
 from ..runtime.launch import entry_words, torchrun_args
@@ -63,8 +64,19 @@ def render(plan: JobPlan, job_shell: JobShell) -> dict[str, str]:
         RESOLVED_FILE: render_resolved(plan),
     }
     if plan.ds_config is not None:
-        files[DS_CONFIG_FILE] = json.dumps(plan.ds_config, indent=2) + "\n"
+        files[DS_CONFIG_FILE] = render_ds_config(plan)
     return files
+
+
+def render_ds_config(plan: JobPlan) -> str:
+    """ds_config.json; resolution has refused NaN and infinities, allow_nan=False makes
+    sure none is ever written (DeepSpeed's JSON reader would take them, and train on NaN)."""
+    try:
+        text = json.dumps(plan.ds_config, indent=2, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"not valid JSON: {exc}", file=plan.experiment_file, key="deepspeed") from None
+    # json.dumps escapes every other control character; DEL too, so the file shows none.
+    return text.replace("\x7f", "\\u007f") + "\n"
 
 
 # --- job.sbatch ------------------------------------------------------------------------
@@ -135,7 +147,8 @@ def glaunch_env(plan: JobPlan, job_shell: JobShell) -> list[tuple[str, str, Any]
 
 
 def render_env(plan: JobPlan, job_shell: JobShell) -> str:
-    exports, network = [], []
+    exports: list[str] = []
+    network: list[str] = []
     for name, value in plan.env:
         (network if name.startswith(NETWORK_PREFIXES) else exports).append(shell.export(name, value))
     modules = [f"module load {shell.quote(m)}" for m in plan.modules]

@@ -3,9 +3,9 @@ the interpreter for the end-of-start step. Pure."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
-from ..errors import ConfigError
 from ..rendering import shell
 from ..rendering.render import submitit_command, task_log_patterns
 from ..resolution.jobplan import JobPlan
@@ -41,21 +41,17 @@ def sbatch_directives(plan: JobPlan) -> list[str]:
         ("signal", f"USR2@{plan.signal_lead_s}"),
         ("requeue", True),
     ]
-    ours = {k for k, _ in opts}
-    for key, value in plan.extra_sbatch:
-        if value is False or value is None:
-            continue
-        if key in ours:
-            opts = [(k, v) for k, v in opts if k != key]
-        opts.append((key, value))
-    try:
-        return [shell.sbatch_directive(k, v) for k, v in opts]
-    except ValueError as exc:
-        raise ConfigError(str(exc), file=plan.site_file, key="sbatch") from None
+    # Resolution refuses extras that name one of these (resolve.OWN_SBATCH_OPTIONS).
+    opts += [(key, value) for key, value in plan.extra_sbatch if value is not False and value is not None]
+    return [shell.sbatch_directive(k, v) for k, v in opts]
 
 
 def slurm_mem(mem_gb: float) -> str:
-    return f"{int(mem_gb)}G" if float(mem_gb).is_integer() else f"{int(mem_gb * 1024)}M"
+    """Whole GB as G, else MiB rounded up: never less than asked, never 0 (which Slurm
+    reads as all of the node's memory; resolution refuses less than 1 MiB)."""
+    if float(mem_gb).is_integer():
+        return f"{int(mem_gb)}G"
+    return f"{max(math.ceil(mem_gb * 1024), 1)}M"
 
 
 def _container_words(plan: JobPlan) -> list[str]:

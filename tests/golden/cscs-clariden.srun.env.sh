@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # shellcheck disable=SC2016  # quoted values are literal on purpose, '$' included
 # Environment of glaunch run torch-ddp-20260101-000000-abcd (site cscs-clariden), sourced by job.sbatch
 # before the launch; every task inherits it.
@@ -41,6 +42,12 @@ export GLAUNCH_JOB_ID="$SLURM_JOB_ID"
 export GLAUNCH_RESTART="${SLURM_RESTART_COUNT:-0}"
 
 # rendezvous
+# SLURM_JOB_ID names the job here and in every task, and is a number below, where bash
+# would evaluate any other text as an expression: stop unless it is a plain job id.
+if [[ ! ${SLURM_JOB_ID:-} =~ ^[0-9]{1,18}$ ]]; then
+    printf 'glaunch: SLURM_JOB_ID is not a Slurm job id: %q\n' "${SLURM_JOB_ID:-}" >&2
+    return 1
+fi
 # The first host of the allocation, by the address slurmctld reaches it at.
 glaunch_first_host() {
     local host addr
@@ -50,5 +57,6 @@ glaunch_first_host() {
 }
 MASTER_ADDR=$(glaunch_first_host)
 export MASTER_ADDR
-# Derived from the job id, below the ephemeral range 32768-60999.
-export MASTER_PORT=$(( 10000 + SLURM_JOB_ID % 20000 ))
+# Derived from the job id, below the ephemeral range 32768-60999. Only its digits reach
+# the arithmetic, even if this file runs without the check above; 10#: not octal.
+export MASTER_PORT=$(( 10000 + 10#${SLURM_JOB_ID//[!0-9]/} % 20000 ))

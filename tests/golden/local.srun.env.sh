@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # shellcheck disable=SC2016  # quoted values are literal on purpose, '$' included
 # Environment of glaunch run torch-ddp-20260101-000000-abcd (site local), sourced by job.sbatch
 # before the launch; every task inherits it.
