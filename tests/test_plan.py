@@ -184,6 +184,52 @@ def test_bad_plan_input_names_the_field():
     assert info.value.field == "seq_len"
 
 
+@pytest.mark.parametrize("field,value", [
+    ("gpu_mem_gb", float("nan")), ("gpu_mem_gb", float("inf")), ("host_mem_gb", float("inf")),
+    ("host_mem_gb", float("nan")), ("overhead_gb", float("nan")), ("overhead_gb", float("inf")),
+    ("headroom", float("nan")), ("params", float("inf")), ("params", float("nan")), ("max_nodes", float("inf")),
+])
+def test_non_finite_plan_input_is_refused(field, value):
+    base = dict(params=10**9, nodes=1, gpus_per_node=8, gpu_mem_gb=80)
+    with pytest.raises(memory.PlanInputError) as info:
+        PlanInput(**{**base, field: value})
+    assert info.value.field == field
+
+
+def test_table_and_json_agree_on_what_fits():
+    # 60B on one node of 8 x 80 GB with 512 GB of host memory: zero3_offload fits the GPUs
+    # only; the table's `fits` column says no, like the JSON.
+    result = make_plan(PlanInput(params=60 * 10**9, nodes=1, gpus_per_node=8, gpu_mem_gb=80, host_mem_gb=512,
+                                 max_nodes=16))
+    row = result.row("zero3_offload")
+    assert row.gpu_fits and row.host_fits is False and not row.fits
+    line = next(x for x in planner.format_plan_table(result).splitlines() if x.startswith("zero3_offload"))
+    assert line.split()[5] == "no" and line.endswith("NO")
+    assert row.to_json()["fits"] is False and row.to_json()["gpu_fits"] is True
+
+
+def test_min_nodes_search_is_bounded_whatever_max_nodes_says():
+    import time
+
+    inp = PlanInput(params=10**12, nodes=1, gpus_per_node=4, gpu_mem_gb=80, largest_layer_params=10**9,
+                    host_mem_gb=512, max_nodes=10**15)
+    started = time.monotonic()
+    result = make_plan(inp)
+    assert time.monotonic() - started < 5
+    n = result.min_nodes
+    assert n is not None and n > 1
+    # The smallest: one node fewer fits nothing.
+    assert any(r.fits for r in planner.evaluate(inp, n))
+    assert not any(r.fits for r in planner.evaluate(inp, n - 1))
+
+
+def test_min_nodes_matches_a_linear_search():
+    for params in (3e10, 6e10, 1.5e11, 4e11):
+        inp = PlanInput(params=int(params), nodes=1, gpus_per_node=4, gpu_mem_gb=40, host_mem_gb=256, max_nodes=64)
+        linear = next((n for n in range(2, 65) if any(r.fits for r in planner.evaluate(inp, n))), None)
+        assert planner.find_min_nodes(inp) == linear, params
+
+
 # --- strategy.name: auto through the CLI ---------------------------------------------------
 
 
@@ -261,8 +307,9 @@ def test_plan_json_shape(workdir, monkeypatch, capsys):
     for row in data["strategies"]:
         for key in ("model_states_gb", "deepspeed_gb", "activations_gb", "total_gb"):
             assert isinstance(row[key], float), key
-        assert isinstance(row["fits"], bool)
-        assert row["fits"] == (row["total_gb"] <= 80 * 0.9)
+        assert isinstance(row["fits"], bool) and isinstance(row["gpu_fits"], bool)
+        assert row["gpu_fits"] == (row["total_gb"] <= 80 * 0.9)
+        assert row["fits"] == (row["gpu_fits"] and row["host_fits"] is not False)
     assert data["recommended"] == "zero1" and data["min_nodes"] is None
     assert isinstance(data["reason"], str) and data["reason"]
 
@@ -275,7 +322,10 @@ def test_plan_json_when_nothing_fits(workdir, monkeypatch, capsys):
     data = json.loads(out)
     assert data["recommended"] is None and data["min_nodes"] == 2
     zero3_offload = data["strategies"][-1]
-    assert zero3_offload["fits"] and zero3_offload["host_fits"] is False
+    # It fits the GPUs but not the host: a reader of `fits` must not take it as usable.
+    assert zero3_offload["gpu_fits"] and zero3_offload["host_fits"] is False
+    assert zero3_offload["fits"] is False
+    assert not any(row["fits"] for row in data["strategies"])
     assert zero3_offload["host_gb"] == pytest.approx(1080)
 
 

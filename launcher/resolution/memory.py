@@ -67,7 +67,8 @@ because it assumes every rank loads the full fp32 model on the host. The 1.5
 additional_buffer_factor is not applied: the site's headroom plays that part. An offload
 strategy is only recommended when this fits in the node's memory (resources.mem_gb, else
 the partition's mem_gb) less the headroom; when neither is known only the GPU is checked.
-`fits` in the output is the GPU check alone.
+In the output `fits` means usable: the GPU check (`gpu_fits`) and, for offload, the host
+check (`host_fits`, null when not checked) both pass.
 
 Activations (`activations_gb`)
 ------------------------------
@@ -98,6 +99,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 GB = 1e9
 STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
@@ -107,7 +109,7 @@ NODE_SEARCH_CAP = 4096          # for min_nodes when the partition gives no max_
 GPT_ASPECT = 128                # hidden size / layers of GPT-3 175B, LLaMA 7B and 13B
 
 COMM_VOLUME = {"ddp": 1.0, "zero1": 1.0, "zero2": 1.0, "zero3": 1.5, "zero2_offload": 1.0, "zero3_offload": 1.5}
-SETTINGS = {
+SETTINGS: dict[str, dict[str, Any]] = {
     "ddp": {"name": "ddp"},
     "zero1": {"name": "deepspeed", "zero_stage": 1, "offload_optimizer": "none", "offload_params": "none"},
     "zero2": {"name": "deepspeed", "zero_stage": 2, "offload_optimizer": "none", "offload_params": "none"},
@@ -155,16 +157,16 @@ class PlanInput:
                 _positive_int(self, name)
         for name in ("gpu_mem_gb", "host_mem_gb"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise PlanInputError(name, "must be more than 0")
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise PlanInputError(name, f"must be a finite number more than 0, got {value!r}")
         if self.precision not in PRECISIONS:
             raise PlanInputError("precision", f"{self.precision!r} is not one of {', '.join(PRECISIONS)}")
         if self.optimizer not in OPTIMIZERS:
             raise PlanInputError("optimizer", f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if not 0 <= self.headroom < 1:
             raise PlanInputError("headroom", "must be a fraction in [0, 1)")
-        if self.overhead_gb < 0:
-            raise PlanInputError("overhead_gb", "must be 0 or more")
+        if not (self.overhead_gb >= 0 and math.isfinite(self.overhead_gb)):
+            raise PlanInputError("overhead_gb", f"must be a finite number, 0 or more, got {self.overhead_gb!r}")
         if self.largest_layer_params is not None and self.largest_layer_params > self.params:
             raise PlanInputError("largest_layer_params", f"{self.largest_layer_params} is more than the "
                                  f"model's {self.params} parameters")
@@ -268,6 +270,7 @@ def largest_layer(inp: PlanInput) -> tuple[int, str]:
     """L and where it came from; see the module docstring."""
     if inp.largest_layer_params is not None:
         return inp.largest_layer_params, inp.largest_layer_source or "model.largest_layer_params"
+    h: float
     if inp.hidden_size is not None:
         h, how = inp.hidden_size, "4h²+4h from model.hidden_size"
     elif inp.layers is not None:

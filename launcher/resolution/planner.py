@@ -18,20 +18,22 @@ class StrategyRow:
     deepspeed_gb: float
     activations_gb: float
     total_gb: float
-    fits: bool                    # on the GPU
+    gpu_fits: bool
     comm_volume: float
     pcie_gb: float
     host_gb: float | None
     host_fits: bool | None        # None: not an offload strategy, or host memory unknown
 
     @property
-    def viable(self) -> bool:
-        return self.fits and self.host_fits is not False
+    def fits(self) -> bool:
+        """Usable: it fits the GPU and, for offload, the host memory where that is known."""
+        return self.gpu_fits and self.host_fits is not False
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "model_states_gb": _r(self.model_states_gb),
                 "deepspeed_gb": _r(self.deepspeed_gb), "activations_gb": _r(self.activations_gb),
-                "total_gb": _r(self.total_gb), "fits": self.fits, "comm_volume": self.comm_volume,
+                "total_gb": _r(self.total_gb), "fits": self.fits, "gpu_fits": self.gpu_fits,
+                "comm_volume": self.comm_volume,
                 "pcie_gb": _r(self.pcie_gb), "host_gb": None if self.host_gb is None else _r(self.host_gb),
                 "host_fits": self.host_fits}
 
@@ -63,18 +65,25 @@ def evaluate(inp: PlanInput, nodes: int | None = None) -> list[StrategyRow]:
     return rows
 
 
-def _first_viable(rows: Sequence[StrategyRow]) -> StrategyRow | None:
-    return next((r for r in rows if r.viable), None)
+def _first_fitting(rows: Sequence[StrategyRow]) -> StrategyRow | None:
+    return next((r for r in rows if r.fits), None)
 
 
 def find_min_nodes(inp: PlanInput) -> int | None:
     """The fewest nodes above the requested ones at which some strategy fits, up to the
-    partition's max_nodes (else NODE_SEARCH_CAP); None when none does."""
-    cap = inp.max_nodes or NODE_SEARCH_CAP
-    for nodes in range(inp.nodes + 1, cap + 1):
-        if _first_viable(evaluate(inp, nodes)):
-            return nodes
-    return None
+    partition's max_nodes (else NODE_SEARCH_CAP); None when none does. Per-GPU and per-node
+    host memory only shrink with more nodes, so a bisection finds it in a few steps
+    whatever max_nodes says."""
+    low, high = inp.nodes, inp.max_nodes or NODE_SEARCH_CAP
+    if high <= low or not _first_fitting(evaluate(inp, high)):
+        return None
+    while high - low > 1:           # low does not fit, high does
+        mid = (low + high) // 2
+        if _first_fitting(evaluate(inp, mid)):
+            high = mid
+        else:
+            low = mid
+    return high
 
 
 @dataclass(frozen=True)
@@ -104,7 +113,7 @@ class PlanResult:
 def make_plan(inp: PlanInput) -> PlanResult:
     rows = tuple(evaluate(inp))
     largest, source = largest_layer(inp)
-    chosen = _first_viable(rows)
+    chosen = _first_fitting(rows)
     min_nodes = None if chosen else find_min_nodes(inp)
     reason = _reason(inp, rows, chosen, min_nodes)
     notes = []
@@ -140,12 +149,12 @@ def _reason(inp: PlanInput, rows: Sequence[StrategyRow], chosen: StrategyRow | N
                 text += f" and needs {chosen.host_gb:.0f} GB of host memory per node"
         return text
     text = f"nothing fits on {inp.nodes} node(s) x {inp.gpus_per_node} GPUs"
-    host_limited = [r for r in rows if r.fits and r.host_fits is False]
+    host_limited = [r for r in rows if r.gpu_fits and r.host_fits is False]
     if host_limited:
-        host_usable = inp.host_mem_gb * (1 - inp.headroom)
+        host_usable = (inp.host_mem_gb or 0.0) * (1 - inp.headroom)
         text += ": " + ", ".join(f"{r.name} fits the GPU but needs {r.host_gb:.0f} GB" for r in host_limited) \
             + f" of host memory per node, of {host_usable:.0f} GB usable"
-    gpu_short = [r for r in rows if not r.fits]
+    gpu_short = [r for r in rows if not r.gpu_fits]
     if gpu_short:
         best = min(gpu_short, key=lambda r: r.total_gb)
         text += (f"; the least of the others, {best.name}," if host_limited else f": the least, {best.name},") \
@@ -159,7 +168,7 @@ def _reason(inp: PlanInput, rows: Sequence[StrategyRow], chosen: StrategyRow | N
 
 
 def _shortfall(r: StrategyRow) -> str:
-    if r.fits:
+    if r.gpu_fits:
         return f"{r.name} fits the GPU but needs {r.host_gb:.0f} GB of host memory per node"
     return f"{r.name} needs {r.total_gb:.1f} GB"
 
@@ -190,7 +199,7 @@ def format_plan_table(result: PlanResult) -> str:
         if r.name in OFFLOAD:
             offload = f"{r.pcie_gb:.1f} GB, {r.host_gb:.0f} GB"
             if r.host_fits is not None:
-                offload += f" of {inp.host_mem_gb * (1 - inp.headroom):.0f}" + ("" if r.host_fits else " NO")
+                offload += f" of {(inp.host_mem_gb or 0.0) * (1 - inp.headroom):.0f}" + ("" if r.host_fits else " NO")
         lines.append(f"{r.name:14s} {r.model_states_gb:10.2f} {r.deepspeed_gb:10.2f} {r.activations_gb:12.2f} "
                      f"{r.total_gb:8.2f}  {'yes' if r.fits else 'no':4s}  {r.comm_volume:.1f}x  {offload}".rstrip())
     tail = ["comm: per-step volume relative to DDP's 2Ψ all-reduce (ZeRO paper); offload adds the PCIe traffic shown",

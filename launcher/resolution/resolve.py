@@ -6,16 +6,18 @@ interpreter, the environment used to expand `$VAR` in paths, the run id).
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shlex
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Any, Mapping
+from typing import Any, Mapping, NoReturn
 
 from ..config import schema
 from ..config.load import LoadedExperiment, LoadedSite, Provenance
 from ..errors import ConfigError
+from ..rendering import shell
 from . import deepspeed_config, slurmtime
 from .jobplan import Container, JobPlan, SubmitContext
 
@@ -23,6 +25,8 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
     exp, site = exp_loaded.config, site_loaded.config
     eprov, sprov = exp_loaded.provenance, site_loaded.provenance
     res = exp.resources
+    check_site(site, sprov)
+    _check_experiment_text(exp, eprov)
 
     partition_name, part = _partition(exp, site, eprov, sprov)
     gpus = _gpus_per_node(res, part, partition_name, site, eprov)
@@ -44,8 +48,11 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
     cpus_per_task = _cpus_per_task(res, part, partition_name, ranks_per_node, tasks_per_node, eprov)
     mem_gb = res.mem_gb
     if mem_gb is not None:
-        if mem_gb <= 0:
-            raise eprov.error("resources.mem_gb", "must be more than 0")
+        if not math.isfinite(mem_gb) or mem_gb <= 0:
+            raise eprov.error("resources.mem_gb", f"must be a finite number more than 0, got {mem_gb!r}")
+        if mem_gb * 1024 < 1:
+            raise eprov.error("resources.mem_gb", f"{mem_gb:g} GB is less than 1 MiB, the smallest request "
+                              "Slurm takes (--mem=0 would mean all of the node's memory)")
         if part is not None and part.mem_gb is not None and mem_gb > part.mem_gb:
             raise eprov.error("resources.mem_gb", f"{mem_gb:g} GB per node requested, partition "
                               f"{partition_name!r} has {part.mem_gb:g} GB (partitions.{partition_name}.mem_gb)")
@@ -77,20 +84,33 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
             world_size=world_size, global_batch=global_batch, micro_batch=micro, accumulation=accumulation,
             zero_stage=strategy.zero_stage, offload_optimizer=strategy.offload_optimizer,
             offload_params=strategy.offload_params, nvme_path=strategy.nvme_path,
-            precision=exp.precision, extra=exp.deepspeed, file=eprov.of("deepspeed").file)
+            precision=exp.precision, extra=exp.deepspeed, error=eprov.error)
     elif exp.deepspeed:
         raise eprov.error("deepspeed", "DeepSpeed keys given but strategy.name is 'ddp'")
 
     cwd = ctx.cwd
-    runs_root = _path(ctx.runs_dir, "--runs-dir", None, ctx, cwd) if ctx.runs_dir else (
-        _path(site.runs_root, "runs_root", sprov, ctx, cwd) if site.runs_root else os.path.join(cwd, "runs"))
+    _check_path_text(cwd, "working directory", None)
+    runs_prov: Provenance | None
+    if ctx.runs_dir:
+        runs_key, runs_prov = "--runs-dir", None
+        runs_root = _path(ctx.runs_dir, runs_key, runs_prov, ctx.environ, cwd)
+    elif site.runs_root:
+        runs_key, runs_prov = "runs_root", sprov
+        runs_root = _path(site.runs_root, runs_key, runs_prov, ctx.environ, cwd)
+    else:
+        runs_key, runs_prov = "working directory", None
+        runs_root = os.path.join(cwd, "runs")
+    bad = sorted(set(runs_root) & set("%\\"))
+    if bad:
+        _path_error(runs_key, runs_prov, f"{runs_root!r} holds {' and '.join(map(repr, bad))}: the run directory "
+                    "is part of Slurm's log file patterns (%j, %t), where they would change the names")
     run_dir = os.path.join(runs_root, ctx.run_id)
-    checkpoint_dir = (_path(exp.checkpoint.dir, "checkpoint.dir", eprov, ctx, cwd)
+    checkpoint_dir = (_path(exp.checkpoint.dir, "checkpoint.dir", eprov, ctx.environ, cwd)
                       if exp.checkpoint.dir else os.path.join(run_dir, "checkpoints"))
     exp_dir = os.path.dirname(os.path.abspath(os.path.join(cwd, str(exp_loaded.path))))
     script = None
     if exp.entrypoint.script:
-        script = _path(exp.entrypoint.script, "entrypoint.script", eprov, ctx, exp_dir)
+        script = _path(exp.entrypoint.script, "entrypoint.script", eprov, ctx.environ, exp_dir)
 
     env = dict(site.env)
     env.update(exp.env)
@@ -103,7 +123,16 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
     container = None
     if site.container is not None:
         mounts = list(site.container.mounts)
-        for path in (cwd, runs_root, checkpoint_dir):
+        # The paths the job reads and writes are mounted too: ',' or ':' in one of them
+        # would split it into other mounts (pyxis and apptainer have no escape for them).
+        for path, key, path_prov in ((cwd, "working directory", None), (runs_root, runs_key, runs_prov),
+                                     (checkpoint_dir, "checkpoint.dir" if exp.checkpoint.dir else runs_key,
+                                      eprov if exp.checkpoint.dir else runs_prov)):
+            bad = sorted(set(path) & set(",:"))
+            if bad:
+                _path_error(key, path_prov, f"{path!r} holds {' and '.join(map(repr, bad))}: it is mounted into the "
+                            f"container ({site.container.runtime}), where ',' separates mounts and ':' source, "
+                            "target and flags")
             if not any(m.split(":")[0] == path for m in mounts):
                 mounts.append(path)
         container = Container(site.container.runtime, site.container.image, tuple(mounts))
@@ -112,6 +141,9 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
     elif container is not None:
         python = ("python3",)
     else:
+        if shell.hidden_characters(ctx.python) or shell.text_problem(ctx.python):
+            raise sprov.error("python", f"the submitting interpreter {ctx.python!r} is not a usable command name "
+                              "on the nodes; set python: in the site profile")
         python = (ctx.python,)
     if container is not None and container.runtime == "apptainer":
         binds = [word for mount in container.mounts for word in ("--bind", mount)]
@@ -244,31 +276,52 @@ def _strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int, ranks
     return _Strategy(s.name, s.zero_stage, s.offload_optimizer, s.offload_params, s.nvme_path), choice
 
 
-def _path(value: str, key: str, prov: Provenance | None, ctx: SubmitContext, base: str) -> str:
-    """Expand ~ and $VAR with the submitting environment, make absolute. A variable that
-    is not set is an error rather than a path with a hole in it."""
-    text = str(value)
-    if text.startswith("~"):
-        home = ctx.environ.get("HOME")
-        if home is None:
-            return _path_error(key, prov, "uses ~ but HOME is not set")
-        text = home + text[1:]
-    missing = [m.group(1) or m.group(2) for m in re.finditer(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))", text)
-               if (m.group(1) or m.group(2)) not in ctx.environ]
+# `$$` (a literal `$`, as in env values), `${NAME}` or `$NAME`.
+_PATH_VAR = re.compile(r"\$\$|\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+
+
+def _path(value: str, key: str, prov: Provenance | None, environ: Mapping[str, str], base: str) -> str:
+    """Expand ~ and $VAR with the submitting environment ($$ is a literal $), make absolute.
+    A variable that is not set is an error rather than a path with a hole in it. Only `~`
+    and `~/...` stand for $HOME: `~user` is refused, not guessed (resolution reads no user
+    database)."""
+    text, home = str(value), ""
+    if text == "~" or text.startswith("~/"):
+        home = environ.get("HOME", "")
+        if not home:
+            _path_error(key, prov, "uses ~ but HOME is not set")
+        text = text[1:]
+    elif text.startswith("~"):
+        user = text[1:].split("/", 1)[0]
+        _path_error(key, prov, f"{text!r}: ~{user} (another user's home) is not expanded; write the full path "
+                    "(only ~ and ~/... are, as $HOME)")
+    missing = [m.group(1) or m.group(2) for m in _PATH_VAR.finditer(text)
+               if m.group(0) != "$$" and (m.group(1) or m.group(2)) not in environ]
     if missing:
-        return _path_error(key, prov, f"${missing[0]} is not set in the environment")
-    text = re.sub(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))",
-                  lambda m: ctx.environ[m.group(1) or m.group(2)], text)
-    if "\0" in text:
-        return _path_error(key, prov, "a path cannot contain a NUL character")
+        _path_error(key, prov, f"${missing[0]} is not set in the environment")
+    # One pass: what a variable holds is taken as it is, never expanded again.
+    text = home + _PATH_VAR.sub(lambda m: "$" if m.group(0) == "$$" else environ[m.group(1) or m.group(2)], text)
+    _check_path_text(text, key, prov)
     path = text if PurePath(text).is_absolute() else os.path.join(base, text)
     return os.path.normpath(path)
 
 
-def _path_error(key: str, prov: Provenance | None, message: str):
-    if prov is None:
+def _check_path_text(text: str, key: str, prov: Provenance | None) -> None:
+    problem = shell.text_problem(text)
+    if problem:
+        _path_error(key, prov, f"the path {problem}")
+    hidden = shell.hidden_characters(text)
+    if hidden:
+        _path_error(key, prov, f"{text!r} holds {', '.join(hidden)}: a path glaunch writes into scripts, "
+                    "#SBATCH lines and the terminal cannot hold control or invisible characters")
+
+
+def _path_error(key: str, prov: Provenance | None, message: str) -> NoReturn:
+    if prov is not None:
+        raise prov.error(key, message)
+    if key.startswith("--"):
         raise ConfigError(message, file="command line", key=key)
-    raise prov.error(key, message)
+    raise ConfigError(message, key=key)    # the working directory
 
 
 def _python_words(command: str, prov: Provenance) -> tuple[str, ...]:
@@ -279,12 +332,156 @@ def _python_words(command: str, prov: Provenance) -> tuple[str, ...]:
         raise prov.error("python", f"{command!r} is not a command line: {exc}") from None
     if not words:
         raise prov.error("python", "must name an interpreter")
+    if not _INTERPRETER.fullmatch(words[0]) or words[0].startswith("-"):
+        raise prov.error("python", f"{command!r} does not start with an interpreter (a command name or path: "
+                         "letters, digits and . _ / + @ ~ -)")
     return words
+
+
+# --- values that reach rendered text --------------------------------------------------
+#
+# shell.quote and shell.expandable carry any text literally; what is checked here is what
+# they cannot carry (NUL, lone surrogates), what other parsers read differently (sbatch's
+# directives, pyxis/apptainer mount lists, the module command), and sbatch extras that
+# would replace what glaunch writes itself.
+
+# sbatch options glaunch writes itself, or that contradict what it writes: the key that
+# sets it instead. sbatch takes any unambiguous abbreviation of a long option, so an
+# extra that abbreviates one of these is refused too.
+_TASKS = "launcher and resources.gpus_per_node (glaunch starts one task per GPU or per node)"
+_GPUS = "resources.gpus_per_node and gpu_directive"
+_CPUS = "resources.cpus_per_task or partitions.<name>.cpus_per_node"
+_MEM = "resources.mem_gb or partitions.<name>.mem_gb"
+_LOGS = "runs_root or --runs-dir (glaunch writes the job's output into the run directory)"
+OWN_SBATCH_OPTIONS = {
+    "job-name": "the experiment's name", "partition": "resources.partition or default_partition",
+    "account": "account", "qos": "qos or partitions.<name>.qos", "constraint": "partitions.<name>.constraint",
+    "nodes": "resources.nodes", "ntasks": _TASKS, "ntasks-per-node": _TASKS, "tasks-per-node": _TASKS,
+    "gpus-per-node": _GPUS, "gres": _GPUS, "gpus": _GPUS, "gpus-per-task": _GPUS,
+    "cpus-per-task": _CPUS, "cpus-per-gpu": _CPUS, "mem": _MEM, "mem-per-cpu": _MEM, "mem-per-gpu": _MEM,
+    "time": "resources.time", "chdir": "the directory glaunch runs in", "workdir": "the directory glaunch runs in",
+    "output": _LOGS, "error": _LOGS, "open-mode": _LOGS,
+    "signal": "requeue.signal_lead_s", "requeue": "requeue.max", "no-requeue": "requeue.max: 0",
+    "array": "glaunch submit --sweep", "wrap": "entrypoint (job.sbatch is the batch script)",
+    "input": "nothing: the job reads no standard input", "dependency": "glaunch submit --after",
+    "parsable": "nothing: glaunch reads sbatch's answer itself", "hold": "nothing: glaunch submits jobs to run",
+}
+# The first word of a site's `python:`, a command name or path.
+_INTERPRETER = re.compile(r"[A-Za-z0-9_./+@~-]*[A-Za-z0-9_]")
+# Names a module command takes: no quoting, spaces or options reach `module load`.
+_MODULE_NAME = re.compile(r"[A-Za-z0-9_.+@%=~/][A-Za-z0-9_.+@%=~/:-]*")
+
+
+def check_site(site: schema.Site, prov: Provenance) -> None:
+    """The site's values that reach rendered files, checked on their own: `sites validate`
+    and `submit` both apply this. Pure."""
+    for key, value in site.sbatch.items():
+        _check_sbatch_extra(str(key), value, prov)
+    for key in ("account", "qos"):
+        _check_directive_value(getattr(site, key), key, prov)
+    for pname, part in site.partitions.items():
+        for field_name in ("qos", "constraint"):
+            _check_directive_value(getattr(part, field_name), f"partitions.{pname}.{field_name}", prov)
+        for field_name in ("gpu_mem_gb", "mem_gb"):
+            value = getattr(part, field_name)
+            if value is not None and not math.isfinite(value):
+                raise prov.error(f"partitions.{pname}.{field_name}", f"must be a finite number, got {value!r}")
+    for field_name in ("overhead_gb", "headroom"):
+        value = getattr(site.plan, field_name)
+        if not math.isfinite(value):
+            raise prov.error(f"plan.{field_name}", f"must be a finite number, got {value!r}")
+    for i, module in enumerate(site.modules):
+        if not _MODULE_NAME.fullmatch(str(module)):
+            raise prov.error(f"modules[{i}]", f"{module!r} is not a module name (letters, digits and . _ + @ % = "
+                             "~ / : -, not starting with '-')")
+    for i, line in enumerate(site.setup):
+        _check_text(str(line), f"setup[{i}]", prov)
+        hidden = shell.hidden_characters(str(line), allowed="\n\t")
+        if hidden:
+            raise prov.error(f"setup[{i}]", f"holds {', '.join(hidden)}: setup lines are shell text written as "
+                             "they are, and cannot hold control or invisible characters (other than newlines "
+                             "and tabs)")
+    for key, value in site.env.items():
+        _check_text(str(value), f"env.{key}", prov)
+    if site.container is not None:
+        _check_image(site.container.image, prov)
+        for i, mount in enumerate(site.container.mounts):
+            _check_mount(str(mount), f"container.mounts[{i}]", prov)
+    if site.python:
+        for word in _python_words(site.python, prov):
+            _check_text(word, "python", prov)
+
+
+def _check_experiment_text(exp: schema.Experiment, prov: Provenance) -> None:
+    for i, arg in enumerate(exp.entrypoint.args):
+        _check_text(str(arg), f"entrypoint.args[{i}]", prov)
+    for key, value in exp.env.items():
+        _check_text(str(value), f"env.{key}", prov)
+    if exp.strategy.nvme_path is not None:
+        _check_text(exp.strategy.nvme_path, "strategy.nvme_path", prov)
+
+
+def _check_text(text: str, key: str, prov: Provenance) -> None:
+    problem = shell.text_problem(text)
+    if problem:
+        raise prov.error(key, problem)
+
+
+def _check_directive_value(value: Any, key: str, prov: Provenance) -> None:
+    if value is None:
+        return
+    problem = shell.sbatch_value_problem(value)
+    if problem:
+        raise prov.error(key, f"{str(value)!r} {problem}")
+
+
+def _check_sbatch_extra(key: str, value: Any, prov: Provenance) -> None:
+    dotted = f"sbatch.{key}"
+    if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
+        raise prov.error(dotted, "an sbatch option name is lower-case letters, digits and '-'")
+    instead = OWN_SBATCH_OPTIONS.get(key)
+    if instead is not None:
+        raise prov.error(dotted, f"--{key} is written by glaunch (or contradicts what it writes); set {instead}")
+    abbreviated = sorted(own for own in OWN_SBATCH_OPTIONS if own.startswith(key))
+    if abbreviated:
+        raise prov.error(dotted, f"sbatch reads --{key} as an abbreviation of --{abbreviated[0]}, which is "
+                         f"written by glaunch; set {OWN_SBATCH_OPTIONS[abbreviated[0]]}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise prov.error(dotted, f"must be a finite number, got {value!r}")
+    if value is not None and not isinstance(value, bool):
+        _check_directive_value(value, dotted, prov)
+
+
+def _check_image(image: str, prov: Provenance) -> None:
+    text = str(image)
+    problem = shell.text_problem(text) or (
+        "is empty" if not text else
+        "starts with '-' (it would be read as an option)" if text.startswith("-") else
+        f"holds {', '.join(shell.hidden_characters(text))}" if shell.hidden_characters(text) else
+        "holds whitespace or ',' (an image is a registry reference or a path)"
+        if re.search(r"[\s,]", text) else None)
+    if problem:
+        raise prov.error("container.image", f"{text!r} {problem}")
+
+
+def _check_mount(mount: str, key: str, prov: Provenance) -> None:
+    problem = shell.text_problem(mount)
+    hidden = shell.hidden_characters(mount)
+    parts = mount.split(":")
+    if not problem and hidden:
+        problem = f"holds {', '.join(hidden)}"
+    elif not problem and "," in mount:
+        problem = "holds ',', which separates mounts (pyxis --container-mounts, apptainer --bind)"
+    elif not problem and (len(parts) > 3 or not all(p.startswith("/") for p in parts[:2]) or "" in parts):
+        problem = ("is not SRC[:DST[:FLAGS]] with absolute paths (':' separates them; mounts are taken as "
+                   "written, $VARIABLES are not expanded)")
+    if problem:
+        raise prov.error(key, f"{mount!r} {problem}")
 
 
 def _as_dict(obj: Any) -> Any:
     from dataclasses import asdict, is_dataclass
-    return asdict(obj) if is_dataclass(obj) else obj
+    return asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj
 
 
 __all__ = ["JobPlan", "SubmitContext", "resolve"]

@@ -4,6 +4,7 @@ from `model.factory`). Errors name the config key they come from."""
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any, Mapping, Sequence
 
@@ -24,8 +25,8 @@ _EXPERIMENT_KEYS = {
 def _model_size(model: schema.Model, prov: Provenance) -> tuple[int, int | None, str | None]:
     """(params, largest layer or None, where the largest layer came from)."""
     if model.params is not None:
-        if model.params <= 0:
-            raise prov.error("model.params", "must be more than 0")
+        if not math.isfinite(model.params) or model.params < 1:
+            raise prov.error("model.params", f"must be a finite number, 1 or more, got {model.params!r}")
         return int(model.params), model.largest_layer_params, None
     if model.factory:
         exp_dir = os.path.dirname(os.path.abspath(prov.default_file))
@@ -112,8 +113,11 @@ def _factory_model(spec: str, search_path: Sequence[str] = ()):
         func = getattr(module, func_name, None)
         if not callable(func):
             raise ValueError(f"module {module_name!r} has no function {func_name!r}")
-        import torch
-
+        try:
+            import torch
+        except ImportError:
+            raise ValueError("counting parameters from model.factory needs torch installed where glaunch "
+                             "runs; or give model.params") from None
         try:
             with torch.device("meta"):      # shapes only: no memory, no weights loaded
                 model = func()
