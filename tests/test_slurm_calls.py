@@ -325,6 +325,16 @@ def test_squeue_state_and_reason(text, state, reason):
     assert parse_squeue(text) == state and parse_squeue_reason(text) == reason
 
 
+@pytest.mark.parametrize("name, reason, never", [
+    ("squeue-begin-time.txt", "BeginTime", False),
+    ("squeue-never-satisfied.txt", "DependencyNeverSatisfied", True),
+])
+def test_recorded_squeue_reasons(name, reason, never):
+    text = (ERRORS.parent / name).read_text(encoding="utf-8").partition("\n")[2]
+    assert parse_squeue(text) == "PENDING" and parse_squeue_reason(text) == reason
+    assert (pending_verdict(reason, REQUEST) is not None) == never
+
+
 def test_refresh_marks_a_job_that_never_starts_and_clears_it_once_it_runs():
     record = RunRecord(run_id="r1", job_id="9", state="PENDING", extra={"request": REQUEST})
     slurm._record_pending_reason(record, "PENDING", "PartitionTimeLimit")

@@ -321,7 +321,7 @@ def compare(site: Mapping[str, Any], cluster: Cluster, *, partition: str | None 
     for pname in scope:
         diffs += _partition_diffs(pname, parts.get(pname) or {}, site, cluster, described=pname in parts)
     diffs += _site_diffs(site, cluster, scope, submit=partition is not None)
-    if request is not None and request.partition in cluster.partitions:
+    if request is not None and request.partition is not None and request.partition in cluster.partitions:
         diffs += _request_diffs(request, parts.get(request.partition) or {}, site, cluster, diffs)
 
     if partition is None:
@@ -511,7 +511,8 @@ def _accounting_limit_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[s
     for source, wall, reason in ((f"QOS {qname}", qos.max_wall if qos else None, "QOSMaxWallDurationPerJobLimit"),
                                  (f"the association of account {assoc.account}" if assoc else "", assoc.max_wall
                                   if assoc else None, "AssocMaxWallDurationPerJobLimit")):
-        if wall and _seconds(want_t) and _seconds(wall) and _seconds(want_t) > _seconds(wall):
+        want_s, wall_s = _seconds(want_t), _seconds(wall)
+        if want_s is not None and wall_s is not None and want_s > wall_s:
             out.append(Difference(f"partitions.{pname}.max_time", f"the profile says {want_t}, {source} on "
                                   f"cluster {cluster.name} allows {wall}; jobs over it never start ({reason})",
                                   True, pname))

@@ -27,7 +27,7 @@ def parse_records(text: str) -> list[dict[str, str]]:
     except OS=..., which is cut short harmlessly)."""
     records = []
     for line in text.splitlines():
-        fields = dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", line))
+        fields = {m.group(1): m.group(2) for m in re.finditer(r"(\w+)=(\S*)", line)}
         if fields:
             records.append(fields)
     return records

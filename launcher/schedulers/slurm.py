@@ -123,7 +123,8 @@ class SlurmScheduler(Scheduler):
         """squeue says what is live now (and why a pending job waits); sacct fills in
         starts the job could not record (killed at the time limit, node failure). With
         the controller unreachable: SchedulerError, and run.json says so."""
-        if shutil.which("squeue") is None or not (record.job_id or record.extra.get("submission")):
+        uncertain = isinstance(record.extra.get("submission"), dict)
+        if shutil.which("squeue") is None or not (record.job_id or uncertain):
             return record
         try:
             if not record.job_id:
@@ -169,7 +170,8 @@ def _record_pending_reason(rec: RunRecord, live: str | None, reason: str | None)
         rec.extra["pending_reason"] = reason
     else:
         rec.extra.pop("pending_reason", None)
-    values = dict(rec.extra.get("request") or {"partition": rec.partition, "nodes": rec.nodes})
+    request = rec.extra.get("request")
+    values = dict(request) if isinstance(request, dict) else {"partition": rec.partition, "nodes": rec.nodes}
     verdict = slurm_state.pending_verdict(reason, values) if live == "PENDING" else None
     if verdict:
         rec.reason = NEVER_STARTS
@@ -186,7 +188,7 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
     """A submission whose sbatch failed without a clear answer: the job, if the
     controller queued it after all, carries the run's marker."""
     sub = record.extra["submission"]
-    job_id = find_submitted(sub.get("script", ""), sub.get("marker", ""))
+    job_id = find_submitted(str(sub.get("script") or ""), str(sub.get("marker") or ""))
     with registry.updating(run_dir) as rec:
         rec.extra.pop("submission", None)
         if job_id:
