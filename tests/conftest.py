@@ -1,11 +1,19 @@
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from slurmkit import DEFAULTS, MAIN, cluster_env, slurm_up
+
 REPO = Path(__file__).resolve().parent.parent
+
+# Slurm's commands, run here or by glaunch in a subprocess, reach the local cluster `main`
+# through SLURM_CONF whatever the host's /etc/slurm holds; `slurm_defaults_env` switches a
+# test to the second cluster.
+os.environ.update(cluster_env(MAIN))
+
+# scripts/test sets it once the clusters are up: their tests must run, never skip.
+REQUIRE_SLURM = os.environ.get("GLAUNCH_REQUIRE_SLURM") == "1"
 
 
 def pytest_addoption(parser):
@@ -28,12 +36,25 @@ def isolated_env(tmp_path, monkeypatch):
     return env
 
 
-def slurm_up() -> bool:
-    if shutil.which("sinfo") is None:
-        return False
-    proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20)
-    return proc.returncode == 0 and any(state in proc.stdout for state in ("idle", "mixed", "allocated"))
-
-
-requires_slurm = pytest.mark.skipif(os.environ.get("GLAUNCH_REQUIRE_SLURM") != "1" and not slurm_up(),
+requires_slurm = pytest.mark.skipif(not REQUIRE_SLURM and not slurm_up(MAIN),
                                     reason="local Slurm cluster is not up (scripts/local-slurm up)")
+requires_slurm_defaults = pytest.mark.skipif(
+    not REQUIRE_SLURM and not slurm_up(DEFAULTS),
+    reason="the second local Slurm cluster is not up (scripts/local-slurm up defaults)")
+
+
+@pytest.fixture
+def slurm_defaults_env(isolated_env, monkeypatch):
+    """isolated_env pointed at the second cluster (`defaults`, site local-slurm-defaults):
+    SLURM_CONF in the returned environment and in os.environ, so glaunch subprocesses,
+    slurmkit's helpers and in-process api calls all reach it. Skips when that cluster is
+    not up, fails instead under GLAUNCH_REQUIRE_SLURM=1."""
+    if not slurm_up(DEFAULTS):
+        message = "the second local Slurm cluster is not up (scripts/local-slurm up defaults)"
+        if REQUIRE_SLURM:
+            pytest.fail(message)
+        pytest.skip(message)
+    variables = cluster_env(DEFAULTS)
+    for key, value in variables.items():
+        monkeypatch.setenv(key, value)
+    return dict(isolated_env, **variables)

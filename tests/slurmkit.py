@@ -1,30 +1,81 @@
-"""Helpers for the tests that run on the local Slurm cluster (scripts/local-slurm up)."""
+"""Helpers for the tests that run on the local Slurm clusters (scripts/local-slurm up [NAME]).
+
+Two clusters run side by side: `main` (site local-slurm, the default) and `defaults` (site
+local-slurm-defaults, Slurm's defaults). A client command reaches one through SLURM_CONF
+(`scripts/local-slurm env NAME`). The helpers take `cluster=`; without it they use the
+environment as it is, which tests/conftest.py points at `main` and the `slurm_defaults_env`
+fixture at `defaults`."""
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Mapping
+
+from launcher.schedulers.slurm_state import SACCT_FORMAT, base_state, parse_sacct, parse_squeue
 
 REPO = Path(__file__).resolve().parent.parent
-SITE = "local-slurm"
+LOCAL_SLURM = REPO / "scripts" / "local-slurm"
+MAIN = "main"
+DEFAULTS = "defaults"
+SITES = {MAIN: "local-slurm", DEFAULTS: "local-slurm-defaults"}
+SITE = SITES[MAIN]
 
 
-def glaunch(*args, env, cwd=REPO, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd, env=env,
+@functools.cache
+def cluster_env(cluster: str = MAIN) -> dict[str, str]:
+    """The variables (SLURM_CONF) that point Slurm's commands at one local cluster, as
+    `scripts/local-slurm env NAME` prints them."""
+    text = subprocess.run(["bash", str(LOCAL_SLURM), "env", cluster], capture_output=True, text=True,
+                          timeout=30, check=True).stdout
+    variables = {}
+    for line in text.splitlines():
+        words = shlex.split(line)
+        if words[:1] == ["export"]:
+            variables.update(word.split("=", 1) for word in words[1:])
+    return variables
+
+
+def with_cluster(env: Mapping[str, str] | None, cluster: str | None) -> dict[str, str]:
+    """`env` (default: this process's environment) pointed at `cluster`; unchanged for None."""
+    env = dict(os.environ if env is None else env)
+    if cluster is not None:
+        env.update(cluster_env(cluster))
+    return env
+
+
+def slurm_up(cluster: str = MAIN) -> bool:
+    """The cluster's controller answers and a node can take jobs."""
+    try:
+        proc = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=20,
+                              env=with_cluster(None, cluster))
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return proc.returncode == 0 and any(state in proc.stdout for state in ("idle", "mixed", "allocated"))
+
+
+def glaunch(*args, env, cwd=REPO, timeout=600, cluster: str | None = None) -> subprocess.CompletedProcess:
+    """The CLI in a subprocess with `env`, pointed at `cluster` when given."""
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd, env=with_cluster(env, cluster),
                           capture_output=True, text=True, timeout=timeout)
 
 
-def submit(example: str, runs: Path, env, *overrides, wait: bool = True, site: str = SITE,
-           timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict]:
-    """`glaunch submit --json` on the cluster; returns the process and its JSON (or {})."""
+def submit(example: str, runs: Path, env, *overrides, wait: bool = True, site: str | None = None,
+           timeout: int = 600, cluster: str | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+    """`glaunch submit --json` on the cluster (site: the cluster's profile); returns the
+    process and its JSON (or {})."""
+    site = site or SITES[cluster or MAIN]
     args = ["submit", example, "--site", site, "--runs-dir", str(runs), "--json", *overrides]
     if wait:
         args.insert(1, "--wait")
-    proc = glaunch(*args, env=env, timeout=timeout)
+    proc = glaunch(*args, env=env, timeout=timeout, cluster=cluster)
     try:
         info = json.loads(proc.stdout)
     except ValueError:
@@ -32,32 +83,34 @@ def submit(example: str, runs: Path, env, *overrides, wait: bool = True, site: s
     return proc, info
 
 
-def out(*cmd: str) -> str:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True).stdout
+def out(*cmd: str, cluster: str | None = None) -> str:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True,
+                          env=with_cluster(None, cluster)).stdout
 
 
-def sacct_rows(job_id: str) -> list[dict[str, str]]:
-    """One row per start of the job (requeues included), allocation lines only."""
-    text = out("sacct", "-n", "-P", "-D", "-X", "-j", job_id, "-o", "JobID,State,ExitCode,NodeList")
-    return [dict(zip(("job_id", "state", "exit_code", "nodes"), line.split("|")))
-            for line in text.splitlines() if line.strip()]
+def sacct_rows(job_id: str, cluster: str | None = None) -> list[dict[str, str]]:
+    """One row per start of the job (requeues included), allocation lines only, as
+    launcher.schedulers.slurm_state reads them (job_id, state, exit_code, nodes, ...)."""
+    return parse_sacct(out("sacct", "-n", "-P", "-D", "-X", "-j", job_id, "-o", ",".join(SACCT_FORMAT),
+                           cluster=cluster))
 
 
-def final_sacct_state(job_id: str, timeout: float = 60) -> str:
+def final_sacct_state(job_id: str, timeout: float = 60, cluster: str | None = None) -> str:
     """sacct's state of the job's last start, once accounting has it (slurmdbd lags a little)."""
     deadline = time.monotonic() + timeout
     state = ""
     while time.monotonic() < deadline:
-        rows = sacct_rows(job_id)
-        state = rows[-1]["state"].split()[0] if rows else ""
+        rows = sacct_rows(job_id, cluster)
+        state = base_state(rows[-1]["state"]) if rows else ""
         if state and state not in ("PENDING", "RUNNING", "REQUEUED"):
             return state
         time.sleep(1)
     return state
 
 
-def squeue_state(job_id: str) -> str:
-    return out("squeue", "-h", "-j", job_id, "-o", "%T").strip()
+def squeue_state(job_id: str, cluster: str | None = None) -> str:
+    """squeue's state of the job; "" once squeue no longer lists it."""
+    return parse_squeue(out("squeue", "-h", "-j", job_id, "-o", "%T", cluster=cluster)) or ""
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 1.0):
@@ -74,17 +127,17 @@ _pending_since: dict[str, float] = {}
 SETTLE_S = 8.0
 
 
-def release_requeue_hold(job_id: str) -> None:
+def release_requeue_hold(job_id: str, cluster: str | None = None) -> None:
     """A requeued job waits ~120 s (its BeginTime moves ahead); let it start sooner, but only
     once it has waited SETTLE_S: started while its previous start is still being torn down,
     Slurm kills it at launch ("Job credential revoked") and the run is lost."""
-    if squeue_state(job_id) != "PENDING":
+    if squeue_state(job_id, cluster) != "PENDING":
         _pending_since.pop(job_id, None)
         return
     since = _pending_since.setdefault(job_id, time.monotonic())
     if time.monotonic() - since >= SETTLE_S:
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True,
-                       timeout=30)
+                       timeout=30, env=with_cluster(None, cluster))
         _pending_since.pop(job_id, None)
 
 
@@ -107,11 +160,13 @@ def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def start_submit(example: str, runs: Path, env, *overrides, site: str = SITE) -> subprocess.Popen:
+def start_submit(example: str, runs: Path, env, *overrides, site: str | None = None,
+                 cluster: str | None = None) -> subprocess.Popen:
     """`glaunch submit --wait --json` in the background (the test acts on the job meanwhile)."""
+    site = site or SITES[cluster or MAIN]
     return subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", "--wait", example, "--site", site,
-                             "--runs-dir", str(runs), "--json", *overrides], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--runs-dir", str(runs), "--json", *overrides], cwd=REPO,
+                            env=with_cluster(env, cluster), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def the_run_dir(runs: Path) -> Path:
@@ -131,26 +186,27 @@ def rank0_steps(run_dir: Path, job_id: str) -> list[int]:
     return [int(m) for m in re.findall(r"^step (\d+)/", log.read_text(errors="replace"), re.M)]
 
 
-def finish(proc: subprocess.Popen, job_id: str | None, timeout: float) -> tuple[int, str, str]:
+def finish(proc: subprocess.Popen, job_id: str | None, timeout: float,
+           cluster: str | None = None) -> tuple[int, str, str]:
     """Wait for a background submit, releasing requeue holds meanwhile."""
     deadline = time.monotonic() + timeout
     while proc.poll() is None:
         if time.monotonic() > deadline:
             proc.kill()
             if job_id:
-                subprocess.run(["scancel", job_id], capture_output=True)
+                subprocess.run(["scancel", job_id], capture_output=True, timeout=30, env=with_cluster(None, cluster))
             stdout, stderr = proc.communicate()
             raise AssertionError(f"the run did not end within {timeout}s\n{stdout[-2000:]}\n{stderr[-2000:]}")
         if job_id:
-            release_requeue_hold(job_id)
+            release_requeue_hold(job_id, cluster)
         time.sleep(2)
     stdout, stderr = proc.communicate()
     return proc.returncode, stdout, stderr
 
 
 def preempt(nodes: int = 2, seconds: int = 3) -> str:
-    """A high-priority job on the `urgent` partition over the same nodes: Slurm preempts
+    """A high-priority job on main's `urgent` partition over the same nodes: Slurm preempts
     (requeues) what runs on `debug`."""
     text = out("sbatch", "--parsable", "-p", "urgent", f"-N{nodes}", "--exclusive", "-t", "2",
-               "-o", "/dev/null", "--wrap", f"sleep {seconds}")
+               "-o", "/dev/null", "--wrap", f"sleep {seconds}", cluster=MAIN)
     return text.strip().split(";")[0]
