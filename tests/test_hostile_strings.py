@@ -77,7 +77,7 @@ STUBS = "scontrol() { echo node1; }; module() { printf '%s\\0' \"$@\" >> \"$GLAU
 def _yaml(doc) -> str:
     # JSON is YAML; \u escapes keep the file itself free of control characters.
     text = json.dumps(doc, ensure_ascii=False)
-    return "".join(c if c.isprintable() or c == "\n" else f"\\u{ord(c):04x}" for c in text)
+    return "".join(c if c.isprintable() or c == "\n" else f"\\U{ord(c):08x}" for c in text)
 
 
 def _merge(base, extra):
@@ -185,7 +185,7 @@ def _source_env(files, names, cwd: Path, environ=None):
 
 def _expand(value: str, environ) -> str:
     """What an env value means: $NAME and ${NAME} expand, $$ is a literal $."""
-    return re.sub(r"\$\$|\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))",
+    return re.sub(r"\$\$|\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))",
                   lambda m: "$" if m.group(0) == "$$" else environ.get(m.group(1) or m.group(2), ""), value)
 
 

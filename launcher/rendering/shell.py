@@ -126,6 +126,9 @@ def expandable(value: object) -> str:
         token = match.group(0)
         if token == "$$":
             double.append("\\$")
+        elif token[1] != "{" and match.end() < len(text) and not text[match.end()].isascii():
+            # Braced, so no locale can read the next character as part of the name.
+            double.append("${" + token[1:] + "}")
         else:
             double.append(token)
         pos = match.end()
