@@ -15,6 +15,9 @@ CASES = [
     ("examples/deepspeed_zero2.yaml", ["precision=bf16", "batch.global_size=64", "batch.micro_size=4"]),
     ("examples/deepspeed_zero2.yaml", ["precision=fp16", "strategy.zero_stage=1"]),
     ("examples/deepspeed_zero3.yaml", ["strategy.offload_params=cpu", "deepspeed={gradient_clipping: 1.0}"]),
+    # A raw block that passes glaunch's checks after merging is one DeepSpeed takes too.
+    ("examples/deepspeed_zero2.yaml", ["precision=bf16", "deepspeed={bf16: {enabled: true}, zero_optimization: "
+                                      "{stage: 2, overlap_comm: true, offload_optimizer: {device: cpu}}}"]),
 ]
 
 
