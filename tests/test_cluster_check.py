@@ -4,6 +4,9 @@ fatal (refused, pending forever, other hardware) or a warning (harmless).
 
 - glaunch: the local Slurm 22.05 cluster, recorded live (EnforcePartLimits=ALL,
   select/cons_tres, Gres=gpu:sim:2, associations enforced);
+- glaunch_defaults: the second local cluster (scripts/local-slurm up defaults), recorded
+  live: Slurm's defaults (EnforcePartLimits=NO, AccountingStorageEnforce=none), typed
+  GRES gpu:tesla:2, partition short with MaxNodes=1;
 - gpufarm: written for the tests with Slurm's defaults where the local cluster differs
   (EnforcePartLimits=NO, select/cons_res), typed GRES (h100, a100), a partition with
   MaxNodes=2, a drained node, a hidden partition, per-job QOS and association limits.
@@ -48,6 +51,7 @@ def profile(name: str) -> dict:
 
 GPUFARM = cluster("gpufarm", "alice")
 GLAUNCH = cluster("glaunch", "root")
+DEFAULTS = cluster("glaunch_defaults", "root")
 
 
 def keys(diffs) -> list[str]:
@@ -85,6 +89,30 @@ def test_the_shipped_local_profile_matches_the_local_cluster():
     report = compare(profile("local-slurm"), GLAUNCH)
     assert report.fatal == [] and report.warnings == [], report.format()
     assert report.format() == "site local-slurm matches Slurm cluster glaunch"
+
+
+def test_the_shipped_defaults_profile_matches_the_second_local_cluster():
+    assert DEFAULTS.enforce_part_limits == "NO" and DEFAULTS.enforce == frozenset()
+    report = compare(profile("local-slurm-defaults"), DEFAULTS)
+    assert report.fatal == [] and report.warnings == [], report.format()
+
+
+def test_a_stale_profile_on_the_second_local_cluster():
+    site = profile("local-slurm-defaults")
+    site["partitions"]["gpu"].update(gpu_type="a100", max_time="1-00:00:00")
+    site["partitions"]["short"]["max_nodes"] = 2
+    site["account"] = "nosuch"                         # associations are not enforced there: a warning
+    report = compare(site, DEFAULTS)
+    assert [str(d) for d in report.fatal] == [
+        "partitions.gpu.gpu_type: the profile says a100, the GPUs of partition gpu on cluster glaunch_defaults are "
+        "tesla; jobs would run on other hardware",
+        "partitions.gpu.max_time: the profile says 1-00:00:00, partition gpu on cluster glaunch_defaults allows "
+        "04:00:00; jobs over it would pend forever (EnforcePartLimits=NO)",
+        "partitions.short.max_nodes: the profile says 2, partition short on cluster glaunch_defaults gives a job at "
+        "most 1 (MaxNodes=1); jobs over it would pend forever (EnforcePartLimits=NO)"]
+    assert [str(d) for d in report.warnings] == [
+        "account: the profile says nosuch, user root has no association with it on cluster glaunch_defaults "
+        "(accounts: glaunch, root)"]
 
 
 def test_the_matching_profile_has_no_fatal_difference():

@@ -292,6 +292,8 @@ NEVER = {
     "AccountNotAllowed": "account proj1 may not use partition gpu",
     "BadConstraints": "no node of partition gpu has the features asked (partitions.gpu.constraint: (not set))",
     "DependencyNeverSatisfied": "the run it waits for ended in a way its dependency excludes",
+    "PartitionConfig": "the request (resources.nodes 4, resources.time 2-00:00:00) is outside what partition gpu "
+                       "allows on the cluster",
     "PartitionDown": "partition gpu is DOWN on the cluster",
     "PartitionInactive": "partition gpu is INACTIVE",
     "JobHeldAdmin": "an administrator holds it",
@@ -328,6 +330,8 @@ def test_squeue_state_and_reason(text, state, reason):
 @pytest.mark.parametrize("name, reason, never", [
     ("squeue-begin-time.txt", "BeginTime", False),
     ("squeue-never-satisfied.txt", "DependencyNeverSatisfied", True),
+    ("squeue-partition-config.txt", "PartitionConfig", True),        # at submission, EnforcePartLimits=NO
+    ("squeue-partition-time-limit.txt", "PartitionTimeLimit", True),  # once the scheduler looked
 ])
 def test_recorded_squeue_reasons(name, reason, never):
     text = (ERRORS.parent / name).read_text(encoding="utf-8").partition("\n")[2]

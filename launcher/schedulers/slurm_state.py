@@ -61,7 +61,9 @@ NEVER_STARTS = {
     "PartitionDown": "partition {partition} is DOWN on the cluster: it starts no job until an administrator "
                      "sets it UP",
     "PartitionInactive": "partition {partition} is INACTIVE on the cluster: it starts no job",
-    "PartitionConfig": "the request does not fit partition {partition}'s configuration on the cluster",
+    "PartitionConfig": "the request (resources.nodes {nodes}, resources.time {time}) is outside what partition "
+                       "{partition} allows on the cluster (the profile's partitions.{partition}.max_nodes: "
+                       "{max_nodes}, max_time: {max_time})",
     "InvalidAccount": "account {account} is not valid for this user on the cluster (the site's account)",
     "InvalidQOS": "QOS {qos} is not valid for this user and account on the cluster (the site's qos, "
                   "partitions.{partition}.qos)",
