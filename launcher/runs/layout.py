@@ -6,7 +6,11 @@ One run directory per run (DESIGN.md "The run bundle")::
     run.json                                                the run record (RunRecord)
     result.json  stop.json  resume.json  crash.json         written by the ranks / the task
     logs/JOB_TASK_log.out|err  logs/JOB_batch.log  logs/JOB_step.json
+    logs/JOB_gpu_NODE.csv                                   GPU utilisation and memory, sampled per node
+    heartbeats/rank-RANK.json                               each rank's last step and when (overwritten)
+    telemetry/JOB_RESTART_RANK.json                         each rank's peak memory and step times, per start
     checkpoints/                                            unless checkpoint.dir points elsewhere
+    tensorboard/  wandb/                                    experiment trackers (launcher.runtime.trackers)
 
 Both sides use this module: the submit side (bundle, registry, status, schedulers) and
 the in-job runtime (task, jobend, checkpoints, the local stand-in for srun). It imports
@@ -40,6 +44,10 @@ LOCK_FILE = ".run.lock"
 JOB_LOCK_FILE = ".job.lock"
 LOG_DIR = "logs"
 CHECKPOINT_DIR = "checkpoints"
+HEARTBEAT_DIR = "heartbeats"
+TELEMETRY_DIR = "telemetry"
+TENSORBOARD_DIR = "tensorboard"
+WANDB_DIR = "wandb"
 # Where a script run by hand, outside any launcher, keeps its run files.
 STANDALONE_RUN_DIR = "glaunch-run"
 
@@ -48,6 +56,17 @@ TASK_LOG_PATTERN = "%j_%t_log.{stream}"
 BATCH_LOG_PATTERN = "%j_batch.log"
 STEP_SUMMARY = "{job_id}_step.json"      # the local stand-in for srun's account of a step
 TASK_LOG = re.compile(r"(?P<job>\d+)_(?P<task>\d+)_log\.(?P<stream>out|err)$")
+GPU_SAMPLES = "{job_id}_gpu_{node}.csv"
+HEARTBEAT_FILE = "rank-{rank:05d}.json"
+HEARTBEAT = re.compile(r"rank-(?P<rank>\d+)\.json$")
+TELEMETRY_FILE = "{job_id}_{restart}_{rank}.json"
+# What goes into a file name from a job id or a node name: a job id of Slurm's shape passes as is.
+_NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def name_part(value: object) -> str:
+    """`value` made safe as part of a file name (a node or a job id from the environment)."""
+    return _NAME_UNSAFE.sub("_", str(value))[:100] or "_"
 
 
 @dataclass(frozen=True)
@@ -124,6 +143,53 @@ class RunDir:
     def step_summary(self, job_id: str) -> Path:
         """What the local stand-in for srun says about a step it ran."""
         return self.log_dir / STEP_SUMMARY.format(job_id=job_id)
+
+    def gpu_samples(self, job_id: str, node: str) -> Path:
+        """GPU utilisation and memory of one node, sampled through a start (CSV)."""
+        return self.log_dir / GPU_SAMPLES.format(job_id=name_part(job_id), node=name_part(node))
+
+    @property
+    def heartbeat_dir(self) -> Path:
+        return self.path / HEARTBEAT_DIR
+
+    def heartbeat(self, rank: int) -> Path:
+        """Rank `rank`'s last step and when it reached it (launcher.runtime.heartbeat)."""
+        return self.heartbeat_dir / HEARTBEAT_FILE.format(rank=rank)
+
+    def heartbeats(self) -> list[tuple[int, Path]]:
+        """(rank, path) of every heartbeat file, in rank order."""
+        try:
+            names = os.listdir(self.heartbeat_dir)
+        except OSError:
+            return []
+        found = [(int(m["rank"]), self.heartbeat_dir / name) for name in names if (m := HEARTBEAT.match(name))]
+        return sorted(found)
+
+    @property
+    def telemetry_dir(self) -> Path:
+        return self.path / TELEMETRY_DIR
+
+    def telemetry(self, job_id: str, restart: int, rank: int) -> Path:
+        """What rank `rank` measured in one start (launcher.runtime.telemetry)."""
+        return self.telemetry_dir / TELEMETRY_FILE.format(job_id=name_part(job_id), restart=restart, rank=rank)
+
+    def telemetry_files(self, job_id: str, restart: int) -> list[Path]:
+        """Every rank's telemetry of one start."""
+        prefix = f"{name_part(job_id)}_{restart}_"
+        try:
+            names = os.listdir(self.telemetry_dir)
+        except OSError:
+            return []
+        return sorted(self.telemetry_dir / n for n in names
+                      if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit())
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / TENSORBOARD_DIR
+
+    @property
+    def wandb_dir(self) -> Path:
+        return self.path / WANDB_DIR
 
     def task_logs(self, task: int | None = None) -> list[tuple[int, int, str, Path]]:
         """(job id, task, stream, path) of every task log, in job then task order."""
@@ -270,6 +336,45 @@ _START_FIELDS = {
 # Values a start takes from files the ranks write (stop.json, resume.json) or from the
 # job's exit: whatever those hold, a record keeps only what it can read back.
 _OBSERVED = frozenset({"exit_code", "resumed_from", "stopped_at"})
+
+
+def _amount(value: Any) -> Any:
+    """A finite number of 0 or more (seconds, GB)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise RecordError(None, f"not a finite number of 0 or more: {_show(value)}")
+    return value
+
+
+def _amounts(value: Any) -> Any:
+    """A mapping of names to amounts ({"median": 0.41, "p90": 0.52})."""
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise RecordError(None, f"a JSON {json_type(value)}, not an object")
+    return {str(k): _amount(v) for k, v in value.items()}
+
+
+def _object(value: Any) -> Any:
+    if value is not None and not isinstance(value, Mapping):
+        raise RecordError(None, f"a JSON {json_type(value)}, not an object")
+    return value
+
+
+# What a start records of what its ranks measured (launcher.runtime.telemetry.start_summary).
+# Checked when set, like _OBSERVED: a value of the wrong shape is recorded as null. Readers
+# (goodput, status) still check what they use: run.json may have been edited by hand.
+TELEMETRY_FIELDS: dict[str, Any] = {
+    "peak_memory_gb": _amount,        # the largest peak of any rank (GPU when there is one, else host RSS)
+    "memory": _object,                # {"kind": "cuda" | "host_rss", "ranks": [{"rank", "node", "peak_gb", ...}]}
+    "step_time_s": _amounts,          # {"median", "p90"} over the ranks' step times
+    "save_s": _amounts,               # checkpoint saves seen from the loop: {"median", "max", "count"}
+    "first_step": _count, "last_step": _count, "steps_timed": _count,
+    "first_step_at": _text, "last_step_at": _text,          # ISO 8601, milliseconds
+    "resume_at": _text, "resume_load_s": _amount,
+    "stop_requested_at": _text, "stop_saved_at": _text, "stop_checkpoint": _text,
+}
 _RUN_FIELDS = {
     "run_id": _run_id, "name": _text, "site": _text, "scheduler": _text, "run_dir": _text,
     "experiment_file": _text, "created": _text, "dry_run": _flag, "nodes": _count, "world_size": _count,
@@ -315,7 +420,8 @@ class StartRecord:
     exit_code: int | None = None
     resumed_from: int | None = None  # the checkpoint step this start loaded
     stopped_at: int | None = None    # the step it saved when told to stop
-    extra: dict[str, Any] = field(default_factory=dict)   # nodes, pid, scheduler_state, ...
+    # nodes, pid, scheduler_state, ...; and what the ranks measured (TELEMETRY_FIELDS)
+    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> StartRecord:
@@ -336,9 +442,9 @@ class StartRecord:
         return getattr(self, key, default) if key != "extra" else default
 
     def set(self, key: str, value: Any) -> None:
-        if key in _OBSERVED:
+        if key in _OBSERVED or key in TELEMETRY_FIELDS:
             try:
-                value = _START_FIELDS[key](value)
+                value = (_START_FIELDS.get(key) or TELEMETRY_FIELDS[key])(value)
             except RecordError:
                 value = None
         if key != "extra" and key in {f.name for f in dataclasses.fields(self)}:

@@ -4,7 +4,9 @@ On Slurm, job.sbatch runs this after its job step ends (every rank has exited)::
 
     python -m launcher.runtime.jobend RUN_DIR --status S --preempted P --started T
 
-It prints ``requeue`` or ``done`` on stdout, and exits with the status the job should
+It records the start in run.json, with what its ranks measured (peak memory, step and
+save times, first and last step: :func:`launcher.runtime.telemetry.start_summary`),
+prints ``requeue`` or ``done`` on stdout, and exits with the status the job should
 end with. The batch script itself calls ``scontrol requeue`` (this module may run inside
 a container where Slurm's commands are absent), after run.json is written: the requeue
 kills the batch script.
@@ -23,6 +25,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +33,7 @@ from ..runs import registry
 from ..runs.files import read_json
 from ..runs.layout import RunDir, State, is_job_id
 from .context import context
+from .telemetry import iso, start_summary
 
 
 @dataclass(frozen=True)
@@ -117,10 +121,11 @@ def main(argv: list[str] | None = None) -> int:
             requeue_max=record.requeue_max, crashes=record.crash_count(), crash_retries=record.crash_retries)
         outcome = with_crash_note(outcome, run_dir, restart)
         if job_id is not None:
-            record.record_start(job_id, restart, started=args.started, ended=registry.now(), state=outcome.state,
+            measured = start_summary(run_dir, ctx.job_id or job_id, restart)
+            record.record_start(job_id, restart, started=args.started, ended=iso(time.time()), state=outcome.state,
                                 reason=outcome.reason, detail=outcome.detail, exit_code=args.status,
                                 nodes=os.environ.get("SLURM_JOB_NODELIST"), resumed_from=resumed_in(run_dir, restart),
-                                stopped_at=None if stop is None else stop.get("step"))
+                                stopped_at=None if stop is None else stop.get("step"), **measured)
             record.job_id = job_id
         record.state = outcome.state
         record.reason = outcome.reason

@@ -1,4 +1,5 @@
-"""result.json (a finished run) and stop.json (a graceful stop), written atomically by rank 0."""
+"""result.json (a finished run) and stop.json (a graceful stop), written atomically by rank 0.
+Both also end the start's heartbeats and telemetry on every rank (:mod:`.telemetry`)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import time
 
 from ..runs.files import atomic_write_text
 from ..runs.layout import RunDir
+from . import heartbeat, telemetry
 from .context import RankContext, context
 from .state import unwrap
-from .stop import stop_signal
+from .stop import stop_requested_at, stop_signal
+
 
 def _is_zero3_param(p) -> bool:
     return hasattr(p, "ds_id") and hasattr(p, "ds_status")
@@ -29,7 +32,7 @@ def param_sha256(model) -> str:
     module = unwrap(model)
     named = sorted(module.named_parameters(), key=lambda kv: kv[0])
     h = hashlib.sha256()
-    for name, p in named:
+    for _name, p in named:
         if _is_zero3_param(p):
             import deepspeed
 
@@ -63,6 +66,8 @@ def write_result(final_step: int, *, model=None, final_loss: float | None = None
     }
     if extra:
         result.update(extra)
+    heartbeat.flush("finished", int(final_step))
+    telemetry.write_rank("finish")
     if ctx.is_main:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(RunDir(ctx.run_dir).result_file, json.dumps(result, indent=1, sort_keys=True) + "\n")
@@ -73,16 +78,22 @@ def write_stop(step: int, checkpoint=None, *, ctx: RankContext | None = None) ->
     """Rank 0 records a graceful stop in ``<run_dir>/stop.json``: step, signal, checkpoint, restart.
 
     The launcher reads it to tell a time limit (USR2 from ``--signal``) from a
-    preemption (TERM) when the ranks ran in child processes it cannot ask.
+    preemption (TERM) when the ranks ran in child processes it cannot ask. ``requested``
+    and ``decided``: when this rank was asked to stop and when the ranks agreed to (the
+    stop's save ran from then until ``time``).
     """
     ctx = ctx or context()
+    beats = heartbeat.flush("stopped", int(step))
     record = {
         "step": int(step),
         "signal": stop_signal(),
         "checkpoint": None if checkpoint is None else str(getattr(checkpoint, "path", checkpoint)),
         "restart": ctx.restart,
         "time": time.time(),
+        "requested": stop_requested_at(),
+        "decided": beats.stop_decided,
     }
+    telemetry.write_rank("stop", stop_requested=stop_requested_at())
     if ctx.is_main:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(RunDir(ctx.run_dir).stop_file, json.dumps(record, indent=1, sort_keys=True) + "\n")

@@ -1,29 +1,36 @@
 """Graceful stop requests: a signal sets a flag, ranks agree at a step boundary.
 
-The handler does nothing but record the signal (no I/O, no collectives: it may run
-in the middle of an all_reduce). :func:`should_stop` is a collective that every rank
-calls at the same step boundary; it returns True on every rank, at the same step, as
-soon as any rank was signalled.
+The handler does nothing but record the signal and when it came (no I/O, no
+collectives: it may run in the middle of an all_reduce). :func:`should_stop` is a
+collective that every rank calls at the same step boundary; it returns True on every
+rank, at the same step, as soon as any rank was signalled. It is also the loop's
+heartbeat (:mod:`.heartbeat`): before the collective, so a rank that never reaches it
+is the one whose heartbeat stops.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 
+from . import heartbeat
 from .context import all_reduce_max, context, log
 
 _flag = False            # set by the handler (or request_stop) on this rank
 _signum: int | None = None      # first signal received on this rank
+_requested_at: float | None = None   # when this rank was first asked to stop
 _agreed_signum: int | None = None   # largest signal number any rank reported at the last should_stop
 _previous: dict[int, object] = {}
 
 
-def _handler(signum, frame) -> None:  # noqa: ARG001 - signal handler signature
-    global _flag, _signum
+def _handler(signum, frame) -> None:
+    global _flag, _signum, _requested_at
     _flag = True
     if _signum is None:
         _signum = signum
+    if _requested_at is None:
+        _requested_at = time.time()
 
 
 def _resolve(name: str) -> signal.Signals:
@@ -70,10 +77,11 @@ def request_stop(signum: int | None = None) -> None:
 
 def reset_stop() -> None:
     """Forget any stop request (after a stop was handled, or between tests)."""
-    global _flag, _signum, _agreed_signum
+    global _flag, _signum, _agreed_signum, _requested_at
     _flag = False
     _signum = None
     _agreed_signum = None
+    _requested_at = None
 
 
 def stop_requested() -> bool:
@@ -81,17 +89,25 @@ def stop_requested() -> bool:
     return _flag
 
 
-def should_stop() -> bool:
+def should_stop(step: int | None = None, total: int | None = None) -> bool:
     """Collective: True on every rank once any rank was asked to stop.
 
     Call it on every rank at the same step boundary (an all_reduce(MAX) of the flags;
-    without torch.distributed it is just the local flag).
+    without torch.distributed it is just the local flag), once per step: it records the
+    step this rank finished (`step` of `total`; without `step` the calls are counted).
     """
     global _agreed_signum
+    heartbeat.heartbeat(step, total)
     flag, signum = all_reduce_max([1 if _flag else 0, _signum or 0])
     if flag:
         _agreed_signum = signum or _agreed_signum
+        heartbeat.note_stop_decided()
     return bool(flag)
+
+
+def stop_requested_at() -> float | None:
+    """When this rank was first asked to stop (epoch seconds), or None."""
+    return _requested_at
 
 
 def _name(signum: int | None) -> str | None:

@@ -1,0 +1,274 @@
+"""Progress heartbeats and step times, taken from the training loop itself.
+
+Every rank calls :func:`beat` once per step: :func:`launcher.runtime.should_stop` does
+(so every training loop does), or a script calls ``rt.heartbeat(step, total)``. A beat
+costs a clock read and an append; at most every ``GLAUNCH_HEARTBEAT_S`` seconds (default
+5, 0: no files; rank 0, whose file the console shows, at most every RANK0_INTERVAL_S)
+it also replaces ``<run dir>/heartbeats/rank-RRRRR.json``::
+
+    {"rank": 3, "node": "gpu012", "job_id": "4711", "restart": 1, "step": 120, "total": 400,
+     "time": 1733230000.12, "first_step": 101, "first_time": ..., "step_s": 0.41,
+     "checkpoint_step": 100, "state": "running", ...}
+
+``time`` is when the rank reached ``step`` (not when the file was written), so a rank
+that hangs leaves a file that ages while its peers' files move on: no collective is
+needed to tell which rank fell silent. The file is replaced by rename and never fsynced:
+a reader needs a whole file, not a durable one, and an fsync per beat from every rank
+would load a shared filesystem for nothing.
+
+The intervals between beats are the step times of the start's telemetry
+(:mod:`launcher.runtime.telemetry`). A step whose number is a checkpoint step
+(``GLAUNCH_CHECKPOINT_EVERY``) also saved a checkpoint: its interval is kept apart, and
+what it took beyond a usual step is a save time. A beat without a step number is the
+step after the last one (the first, the step after the one this start resumed from:
+resume.json).
+
+Only under a launcher (``GLAUNCH_RUN_DIR`` set) are files written; a script run by hand
+times its steps and writes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from array import array
+from pathlib import Path
+from typing import Any
+
+from ..runs.files import read_json
+from ..runs.layout import RunDir
+from .context import RuntimeConfigError, context, log, node_name
+
+DEFAULT_INTERVAL_S = 5.0
+RANK0_INTERVAL_S = 1.0
+# Step times kept per start for the median and p90; beyond this a uniform sample of them.
+MAX_SAMPLES = 1 << 16
+EMA_WEIGHT = 0.1          # of the newest step in the step time the console shows
+
+
+class Beats:
+    """One rank's beats in this process (one start)."""
+
+    def __init__(self, *, run_dir: Path | None, interval_s: float, checkpoint_every: int, rank: int = 0,
+                 local_rank: int = 0, node: str = "", job_id: str | None = None, restart: int = 0) -> None:
+        self.run_dir = run_dir
+        self.path = RunDir(run_dir).heartbeat(rank) if run_dir is not None and interval_s > 0 else None
+        self.interval_s = interval_s
+        self.checkpoint_every = checkpoint_every
+        self.rank, self.local_rank, self.node = rank, local_rank, node
+        self.job_id, self.restart, self.pid = job_id, restart, os.getpid()
+        self.step: int | None = None
+        self.total: int | None = None
+        self.first_step: int | None = None
+        self.first_time: float | None = None
+        self.time: float | None = None        # when `step` was reached
+        self.step_s: float | None = None      # moving average, for the console's rate
+        self.last_write = 0.0
+        self.samples = array("d")
+        self.seen = 0
+        self.save_spans: list[tuple[float, int]] = []   # (interval, steps in it) of checkpoint steps
+        self.saves: list[float] = []          # save times the checkpoint code reported
+        self.checkpoint_step: int | None = None
+        self.stop_decided: float | None = None
+        self.state = "running"
+        self._random = random.Random(rank)
+        self._dir_made = False
+        self._warned = False
+
+    # --- the training loop's calls ------------------------------------------------------
+
+    def beat(self, step: int | None = None, total: int | None = None) -> None:
+        now = time.time()
+        if step is None:                      # counted: the step after the last one
+            step = (self.step if self.step is not None else self._resumed_step()) + 1
+        if total is not None:
+            self.total = int(total)
+        step = int(step)
+        previous = self.step
+        if previous is not None and step == previous:
+            return                            # called twice in one step: it was reached earlier
+        self.step = step
+        if previous is None or step < previous or self.time is None:
+            self.first_step, self.first_time = step, now     # the first step, or the loop went back
+        else:
+            self._timed(now - self.time, previous, step - previous)
+        self.time = now
+        if self.path is not None and now - self.last_write >= self.interval_s:
+            self.write(now)
+
+    def _timed(self, interval: float, previous: int, steps: int) -> None:
+        every = self.checkpoint_every
+        if every > 0 and (self.step // every) > (previous // every):
+            self.save_spans.append((interval, steps))
+            return
+        per_step = interval / steps
+        self.step_s = per_step if self.step_s is None else (1 - EMA_WEIGHT) * self.step_s + EMA_WEIGHT * per_step
+        self.seen += 1
+        if len(self.samples) < MAX_SAMPLES:
+            self.samples.append(per_step)
+        else:                                  # reservoir sampling: every step equally likely kept
+            slot = self._random.randrange(self.seen)
+            if slot < MAX_SAMPLES:
+                self.samples[slot] = per_step
+
+    def _resumed_step(self) -> int:
+        if self.run_dir is None:
+            return 0
+        resume = read_json(RunDir(self.run_dir).resume_file) or {}
+        step = resume.get("step")
+        if resume.get("restart") == self.restart and isinstance(step, int) and not isinstance(step, bool):
+            return max(step, 0)
+        return 0
+
+    # --- the file ------------------------------------------------------------------------
+
+    def record(self) -> dict[str, Any]:
+        return {"rank": self.rank, "local_rank": self.local_rank, "node": self.node, "pid": self.pid,
+                "job_id": self.job_id, "restart": self.restart, "step": self.step, "total": self.total,
+                "time": self.time, "first_step": self.first_step, "first_time": self.first_time,
+                "step_s": None if self.step_s is None else round(self.step_s, 6),
+                "checkpoint_step": self.checkpoint_step, "state": self.state, "written": time.time()}
+
+    def write(self, now: float | None = None) -> None:
+        """Replace this rank's heartbeat file (rename, no fsync); a failure is said once and
+        never reaches the training loop."""
+        if self.path is None:
+            return
+        self.last_write = time.time() if now is None else now
+        tmp = self.path.with_name(f".{self.path.name}.{self.pid}.tmp")
+        try:
+            if not self._dir_made:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                self._dir_made = True
+            # O_NONBLOCK: something other than a regular file in its place fails, never blocks.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                         0o644)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(self.record()))
+            os.replace(tmp, self.path)
+        except OSError as exc:
+            if not self._warned:
+                self._warned = True
+                log(f"heartbeat not written to {self.path}: {exc.strerror or exc}")
+
+    # --- what the start's telemetry reports ------------------------------------------------
+
+    def step_times(self) -> dict[str, float | int] | None:
+        """{"median", "p90", "count"} of the step times (checkpoint steps excluded)."""
+        if not self.samples:
+            return None
+        ordered = sorted(self.samples)
+        return {"median": round(quantile(ordered, 0.5), 6), "p90": round(quantile(ordered, 0.9), 6),
+                "count": self.seen}
+
+    def save_times(self) -> list[float]:
+        """Seconds each checkpoint save kept the loop from its next step: as the checkpoint
+        code reported them, else a checkpoint step's time beyond the usual step time."""
+        if self.saves:
+            return [round(s, 6) for s in self.saves]
+        times = self.step_times()
+        if times is None:
+            return []
+        return [round(max(0.0, interval - steps * float(times["median"])), 6) for interval, steps in self.save_spans]
+
+
+def quantile(ordered: list[float], q: float) -> float:
+    """The q-quantile of sorted values, interpolated between the nearest ranks."""
+    if len(ordered) == 1:
+        return ordered[0]
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+_beats: Beats | None = None
+
+
+def interval_from_env() -> float:
+    raw = os.environ.get("GLAUNCH_HEARTBEAT_S", "").strip()
+    if not raw:
+        return DEFAULT_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        log(f"GLAUNCH_HEARTBEAT_S={raw!r} is not a number of seconds >= 0; using {DEFAULT_INTERVAL_S:g}")
+        return DEFAULT_INTERVAL_S
+    return value
+
+
+def current() -> Beats:
+    """This process's beats, begun at the first call."""
+    global _beats
+    if _beats is None:
+        _beats = _begin()
+    return _beats
+
+
+def _begin() -> Beats:
+    try:
+        ctx = context()
+    except RuntimeConfigError as exc:
+        log(f"heartbeats off: {exc}")
+        return Beats(run_dir=None, interval_s=0, checkpoint_every=0)
+    under_launcher = bool(os.environ.get("GLAUNCH_RUN_DIR"))
+    interval = interval_from_env()
+    if ctx.rank == 0 and interval > 0:
+        interval = min(interval, RANK0_INTERVAL_S)
+    beats = Beats(run_dir=ctx.run_dir if under_launcher else None, interval_s=interval,
+                  checkpoint_every=ctx.checkpoint_every, rank=ctx.rank, local_rank=ctx.local_rank,
+                  node=node_name(), job_id=ctx.job_id, restart=ctx.restart)
+    if under_launcher:
+        from . import telemetry
+
+        telemetry.began(beats, ctx)
+    return beats
+
+
+def reset(beats: Beats | None = None) -> None:
+    """Forget this process's beats (tests, benchmarks), or use `beats` from now on."""
+    global _beats
+    _beats = beats
+
+
+# --- the runtime's API ----------------------------------------------------------------------
+
+
+def heartbeat(step: int | None = None, total: int | None = None) -> None:
+    """Record that this rank finished `step` (of `total`, when known). Cheap: call it every
+    step. Not needed in a loop that calls :func:`launcher.runtime.should_stop`, which does
+    it (pass ``step=`` and ``total=`` there)."""
+    current().beat(step, total)
+
+
+def note_checkpoint(step: int, seconds: float | None = None) -> None:
+    """A checkpoint of `step` was saved, taking `seconds` of the loop's time (the
+    checkpoint code calls this; the console and the start's save times use it)."""
+    beats = current()
+    beats.checkpoint_step = int(step)
+    if seconds is not None and seconds >= 0:
+        beats.saves.append(float(seconds))
+
+
+def note_stop_decided() -> None:
+    """The ranks agreed to stop (should_stop returned True): the stop's save starts now."""
+    beats = current()
+    if beats.stop_decided is None:
+        beats.stop_decided = time.time()
+
+
+def flush(state: str | None = None, step: int | None = None) -> Beats:
+    """Write the heartbeat now (at a stop or the end of training), with `step` as the last
+    one when given."""
+    beats = current()
+    if step is not None and (beats.step is None or step > beats.step):
+        beats.beat(step)
+    if state is not None:
+        beats.state = state
+    beats.write()
+    return beats

@@ -1,0 +1,329 @@
+"""What each rank measured in one start, and how it reaches run.json.
+
+- Each rank writes ``telemetry/JOB_RESTART_RANK.json`` at the end of its start (a stop:
+  :func:`launcher.runtime.write_stop`; the end of training: ``write_result``; otherwise at
+  exit, best effort): peak memory (CUDA's peak allocated and reserved when this process
+  uses CUDA, else the process's peak resident set), the step times and checkpoint save
+  times its heartbeats measured (:mod:`.heartbeat`), and when a stop was asked for, agreed
+  and saved.
+- The local rank 0 of each node samples ``nvidia-smi`` every ``GLAUNCH_GPU_SAMPLE_S``
+  seconds (default 5; 0: never) into ``logs/JOB_gpu_NODE.csv``, from a small process of its
+  own (a thread in the training process would be forked along with data-loader workers).
+  Without nvidia-smi nothing is started and nothing written.
+- :func:`start_summary` folds every rank's files into the fields of the start's entry in
+  run.json (layout.TELEMETRY_FIELDS): jobend does it on Slurm, the local scheduler's loop
+  on this machine.
+
+Standard library only: it runs on every rank and on the batch host.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import datetime as dt
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from ..runs.files import atomic_write_text, read_json
+from ..runs.layout import RunDir
+from . import heartbeat
+from .context import RankContext, log, node_name
+
+GB = 1e9                   # the planner's gigabyte
+DEFAULT_GPU_SAMPLE_S = 5.0
+GPU_QUERY = "index,uuid,utilization.gpu,utilization.memory,memory.used,memory.total"
+GPU_HEADER = "time,index,uuid,utilization_gpu_pct,utilization_memory_pct,memory_used_mib,memory_total_mib"
+GPU_FAILURES = 5           # consecutive failed nvidia-smi calls before the sampler gives up
+
+_written: str | None = None        # why this rank's telemetry was last written ("stop", "finish", "exit")
+_sampler: subprocess.Popen | None = None
+
+
+def iso(epoch: float | None) -> str | None:
+    """An epoch time as run.json writes times (ISO 8601, local offset), to the millisecond."""
+    if epoch is None:
+        return None
+    return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).astimezone().isoformat(timespec="milliseconds")
+
+
+# --- memory ---------------------------------------------------------------------------------
+
+
+def host_peak_bytes() -> int | None:
+    """This process's peak resident set (getrusage; /proc/self/status VmHWM as a fallback)."""
+    try:
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        if peak > 0:
+            return int(peak) if sys.platform == "darwin" else int(peak) * 1024   # bytes on macOS, KiB on Linux
+    except (ImportError, OSError, ValueError):
+        pass
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def peak_memory() -> dict[str, Any]:
+    """{"kind": "cuda" | "host_rss", "peak_gb", ...}: CUDA's peak when this process has used
+    CUDA (torch already imported and CUDA initialised: nothing is imported or initialised
+    here), else the host's peak resident set."""
+    host = host_peak_bytes()
+    out: dict[str, Any] = {"host_rss_gb": None if host is None else round(host / GB, 4)}
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and cuda.is_initialized():
+            device = cuda.current_device()
+            out.update(kind="cuda", device=f"cuda:{device}",
+                       peak_gb=round(cuda.max_memory_allocated(device) / GB, 4),
+                       reserved_gb=round(cuda.max_memory_reserved(device) / GB, 4))
+            return out
+    except Exception as exc:  # a CUDA error at exit must not turn a finished run into a crash
+        log(f"CUDA memory statistics unavailable: {type(exc).__name__}: {exc}")
+    out.update(kind="host_rss", peak_gb=out["host_rss_gb"])
+    return out
+
+
+# --- each rank, at the end of its start -----------------------------------------------------
+
+
+def began(beats: heartbeat.Beats, ctx: RankContext) -> None:
+    """The first beat of a rank under a launcher: write the telemetry at exit if nothing
+    else does, and sample the node's GPUs from its local rank 0."""
+    atexit.register(_at_exit)
+    if ctx.local_rank == 0:
+        start_gpu_sampler(ctx)
+
+
+def write_rank(reason: str, *, stop_requested: float | None = None) -> dict[str, Any] | None:
+    """This rank's telemetry of this start (`reason`: stop, finish, exit); None when not
+    under a launcher. Never raises for a file it cannot write."""
+    global _written
+    beats = heartbeat.current()
+    if beats.run_dir is None:
+        return None
+    now = time.time()
+    saves = beats.save_times()
+    if reason == "stop" and beats.stop_decided is not None:
+        saves.append(round(now - beats.stop_decided, 6))     # the stop's own save, timed exactly
+    record = {
+        "rank": beats.rank, "local_rank": beats.local_rank, "node": beats.node, "job_id": beats.job_id,
+        "restart": beats.restart, "reason": reason, "time": now, "memory": peak_memory(),
+        "step_time_s": beats.step_times(), "save_s": saves,
+        "first_step": beats.first_step, "first_time": beats.first_time,
+        "last_step": beats.step, "last_time": beats.time, "total": beats.total,
+        "stop": {"requested": stop_requested, "decided": beats.stop_decided,
+                 "saved": now if reason == "stop" else None},
+    }
+    path = RunDir(beats.run_dir).telemetry(beats.job_id or "none", beats.restart, beats.rank)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(record) + "\n")
+    except OSError as exc:
+        log(f"telemetry not written to {path}: {exc.strerror or exc}")
+    _written = reason
+    return record
+
+
+def _at_exit() -> None:
+    try:
+        if _written is None:
+            from .stop import stop_requested_at
+
+            write_rank("exit", stop_requested=stop_requested_at())
+    except Exception as exc:  # at exit: say it, never fail the process for it
+        log(f"telemetry at exit failed: {type(exc).__name__}: {exc}")
+    stop_gpu_sampler()
+
+
+def reset() -> None:
+    """Forget what this process wrote (tests)."""
+    global _written
+    _written = None
+
+
+# --- GPU samples ------------------------------------------------------------------------------
+
+
+def gpu_sample_interval() -> float:
+    raw = os.environ.get("GLAUNCH_GPU_SAMPLE_S", "").strip()
+    try:
+        value = float(raw) if raw else DEFAULT_GPU_SAMPLE_S
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        log(f"GLAUNCH_GPU_SAMPLE_S={raw!r} is not a number of seconds >= 0; using {DEFAULT_GPU_SAMPLE_S:g}")
+        return DEFAULT_GPU_SAMPLE_S
+    return value
+
+
+def start_gpu_sampler(ctx: RankContext) -> subprocess.Popen | None:
+    """The node's GPU sampler, when there is nvidia-smi and sampling is on; else None."""
+    global _sampler
+    every = gpu_sample_interval()
+    smi = shutil.which("nvidia-smi")
+    if smi is None or every <= 0 or _sampler is not None:
+        return None
+    out = RunDir(ctx.run_dir).gpu_samples(ctx.job_id or "none", node_name())
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH")) if p))
+    try:
+        _sampler = subprocess.Popen(
+            [sys.executable, "-m", "launcher.runtime.telemetry", "--out", str(out), "--every", str(every),
+             "--parent", str(os.getpid()), "--nvidia-smi", smi],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    except OSError as exc:
+        log(f"GPU sampler not started: {exc.strerror or exc}")
+        return None
+    return _sampler
+
+
+def stop_gpu_sampler() -> None:
+    global _sampler
+    if _sampler is not None and _sampler.poll() is None:
+        _sampler.terminate()
+        try:
+            _sampler.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _sampler.kill()
+    _sampler = None
+
+
+def sample_gpus(out: Path, every: float, parent: int, smi: str) -> int:
+    """Append one CSV row per GPU every `every` seconds while `parent` lives."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if not out.exists():
+        with open(out, "a", encoding="utf-8") as f:
+            f.write(GPU_HEADER + "\n")
+    failures = 0
+    while os.getppid() == parent:
+        began_at = time.time()
+        try:
+            proc = subprocess.run([smi, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True, timeout=max(every, 5.0))
+            ok = proc.returncode == 0
+        except (OSError, subprocess.TimeoutExpired):
+            ok = False
+        if ok:
+            failures = 0
+            stamp = f"{began_at:.3f}"
+            rows = [f"{stamp},{','.join(x.strip() for x in line.split(','))}"
+                    for line in proc.stdout.splitlines() if line.strip()]
+            with open(out, "a", encoding="utf-8") as f:
+                f.write("".join(row + "\n" for row in rows))
+        else:
+            failures += 1
+            if failures >= GPU_FAILURES:
+                return 1
+        time.sleep(max(0.0, every - (time.time() - began_at)))
+    return 0
+
+
+# --- collection, after the start -------------------------------------------------------------
+
+
+def _numbers(values: list[Any]) -> list[float]:
+    return [float(v) for v in values
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")]
+
+
+def _median(values: list[float]) -> float | None:
+    return heartbeat.quantile(sorted(values), 0.5) if values else None
+
+
+def _own(record: dict | None, job_id: str, restart: int) -> bool:
+    return record is not None and record.get("restart") == restart and str(record.get("job_id")) == str(job_id)
+
+
+def _progress(records: list[dict], time_key: str, step_key: str) -> list[tuple[float, int]]:
+    return [(float(t), s) for x in records
+            if isinstance(t := x.get(time_key), (int, float)) and not isinstance(t, bool)
+            and isinstance(s := x.get(step_key), int) and not isinstance(s, bool)]
+
+
+def start_summary(run_dir: str | os.PathLike, job_id: str, restart: int) -> dict[str, Any]:
+    """The start's run.json fields from what its ranks left (telemetry files, heartbeats,
+    stop.json, resume.json); only the fields something was measured for."""
+    rd = RunDir(run_dir)
+    ranks = [r for p in rd.telemetry_files(job_id, restart) if _own(r := read_json(p), job_id, restart)]
+    beats = [b for _, p in rd.heartbeats() if _own(b := read_json(p), job_id, restart)]
+    out: dict[str, Any] = {}
+
+    memory = [dict(m, rank=r.get("rank"), node=r.get("node")) for r in ranks if isinstance(m := r.get("memory"), dict)]
+    peaks = _numbers([m.get("peak_gb") for m in memory])
+    if peaks:
+        kinds = {m.get("kind") for m in memory}
+        out["peak_memory_gb"] = max(peaks)
+        out["memory"] = {"kind": "cuda" if "cuda" in kinds else "host_rss",
+                         "ranks": sorted(({k: m.get(k) for k in ("rank", "node", "kind", "peak_gb", "reserved_gb",
+                                                                 "host_rss_gb") if m.get(k) is not None}
+                                          for m in memory), key=lambda m: m.get("rank", 0))}
+    times = [t for r in ranks if isinstance(t := r.get("step_time_s"), dict)]
+    medians, p90s = _numbers([t.get("median") for t in times]), _numbers([t.get("p90") for t in times])
+    if medians and p90s:
+        out["step_time_s"] = {"median": round(_median(medians) or 0.0, 6), "p90": round(max(p90s), 6)}
+        counts = [int(c) for c in _numbers([t.get("count") for t in times])]
+        if counts:
+            out["steps_timed"] = max(counts)
+    saves = _numbers([s for r in ranks if isinstance(r.get("save_s"), list) for s in r["save_s"]])
+    if saves:
+        out["save_s"] = {"median": round(_median(saves) or 0.0, 6), "max": round(max(saves), 6),
+                         "count": max(len(r["save_s"]) for r in ranks if isinstance(r.get("save_s"), list))}
+
+    firsts = _progress(beats + ranks, "first_time", "first_step")
+    lasts = _progress(beats, "time", "step") + _progress(ranks, "last_time", "last_step")
+    if firsts:
+        t, s = min(firsts)
+        out["first_step"], out["first_step_at"] = s, iso(t)
+    if lasts:
+        out["last_step"] = max(s for _, s in lasts)
+        out["last_step_at"] = iso(max(t for t, _ in lasts))
+
+    stops = [s for r in ranks if isinstance(s := r.get("stop"), dict)]
+    requested, saved = _numbers([s.get("requested") for s in stops]), _numbers([s.get("saved") for s in stops])
+    if requested:
+        out["stop_requested_at"] = iso(min(requested))
+    if saved:
+        out["stop_saved_at"] = iso(max(saved))
+    stop = read_json(rd.stop_file)
+    if stop is not None and stop.get("restart") == restart:
+        checkpoint = stop.get("checkpoint")
+        out["stop_checkpoint"] = checkpoint if isinstance(checkpoint, str) else None
+    resume = read_json(rd.resume_file)
+    if resume is not None and resume.get("restart") == restart and resume.get("step") is not None:
+        when = resume.get("time")
+        if not isinstance(when, (int, float)) or isinstance(when, bool):
+            try:
+                when = os.stat(rd.resume_file).st_mtime
+            except OSError:
+                when = None
+        out["resume_at"] = iso(when)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.runtime.telemetry",
+                                     description="Sample this node's GPUs into a CSV file while a process lives.")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--every", type=float, default=DEFAULT_GPU_SAMPLE_S)
+    parser.add_argument("--parent", type=int, required=True)
+    parser.add_argument("--nvidia-smi", default="nvidia-smi")
+    args = parser.parse_args(argv)
+    return sample_gpus(Path(args.out), max(args.every, 0.5), args.parent, args.nvidia_smi)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Heartbeats: rate-limited, always whole files, step numbers given or counted, step and
+save times apart, and never an error in the training loop."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+
+import pytest
+
+from launcher.runtime import heartbeat, stop, telemetry
+
+
+class CountingBeats(heartbeat.Beats):
+    """The real writer, counting its writes."""
+
+    writes = 0
+
+    def write(self, now=None):
+        self.writes += 1
+        super().write(now)
+
+
+@pytest.fixture(autouse=True)
+def _fresh(monkeypatch):
+    for key in list(os.environ):
+        if key.startswith("GLAUNCH_") or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+            monkeypatch.delenv(key, raising=False)
+    heartbeat.reset()
+    telemetry.reset()
+    stop.reset_stop()
+    yield
+    heartbeat.reset()
+    telemetry.reset()
+
+
+def beats(tmp_path, interval=5.0, every=0, restart=0, cls=heartbeat.Beats):
+    return cls(run_dir=tmp_path, interval_s=interval, checkpoint_every=every, rank=3, node="n1", job_id="77",
+               restart=restart)
+
+
+def test_writes_at_most_once_per_interval(tmp_path):
+    b = beats(tmp_path, interval=0.2, cls=CountingBeats)
+    began = time.monotonic()
+    for step in range(1, 61):
+        b.beat(step, total=60)
+        time.sleep(0.02)
+    elapsed = time.monotonic() - began
+    assert 2 <= b.writes <= elapsed / 0.2 + 1, (b.writes, elapsed)
+    data = json.loads((tmp_path / "heartbeats" / "rank-00003.json").read_text())
+    assert data["rank"] == 3 and data["node"] == "n1" and data["job_id"] == "77" and data["total"] == 60
+    assert data["step"] >= 50                      # a write every 0.2 s: at most 10 steps behind
+    assert data["time"] <= data["written"]
+
+
+def test_readers_never_see_a_partial_file(tmp_path):
+    b = beats(tmp_path, interval=1e-9)            # a write at every beat
+    path = tmp_path / "heartbeats" / "rank-00003.json"
+    b.beat(0)
+    seen, problems, done = [], [], threading.Event()
+
+    def read():
+        while not done.is_set():
+            try:
+                text = path.read_text()
+            except FileNotFoundError:
+                problems.append("missing")
+                continue
+            try:
+                seen.append(json.loads(text)["step"])
+            except (ValueError, KeyError) as exc:
+                problems.append(repr(exc))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    for step in range(1, 1001):
+        b.beat(step)
+    done.set()
+    reader.join()
+    assert not problems, problems[:3]
+    assert seen and seen == sorted(seen)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["rank-00003.json"]    # no temp file left
+
+
+def test_counted_steps_start_after_the_resumed_step(tmp_path):
+    (tmp_path / "resume.json").write_text(json.dumps({"restart": 2, "step": 40, "job_id": "77"}))
+    b = beats(tmp_path, interval=60.0, restart=2)
+    for _ in range(5):
+        b.beat()
+    assert (b.first_step, b.step) == (41, 45)
+    stale = beats(tmp_path / "other", interval=60.0, restart=2)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "resume.json").write_text(json.dumps({"restart": 1, "step": 40}))
+    stale.beat()
+    assert stale.step == 1                          # another start's resume.json is not this start's
+
+
+def test_checkpoint_steps_are_timed_apart(tmp_path):
+    b = beats(tmp_path, interval=60.0, every=4)
+    for step in range(1, 13):
+        time.sleep(0.01)
+        if step % 4 == 0:
+            time.sleep(0.1)                        # the save
+        b.beat(step)
+    times = b.step_times()
+    assert times["count"] == 8                     # 11 intervals, 3 of them end at a checkpoint step
+    assert 0.009 <= times["median"] < 0.05
+    saves = b.save_times()
+    assert len(saves) == 3 and all(0.09 <= s < 0.3 for s in saves), saves
+    heartbeat.reset(b)
+    heartbeat.note_checkpoint(12, 1.5)             # the checkpoint code's own figure wins
+    assert b.save_times() == [1.5] and b.checkpoint_step == 12
+
+
+def test_repeated_and_backward_steps(tmp_path):
+    b = beats(tmp_path, interval=60.0)
+    b.beat(10)
+    first = b.time
+    b.beat(10)                                     # twice in one step: the step was reached earlier
+    assert b.time == first and b.step_times() is None
+    b.beat(11)
+    b.beat(5)                                      # rolled back: timing goes on from there
+    assert (b.first_step, b.step) == (5, 5)
+
+
+def test_should_stop_beats_under_a_launcher(tmp_path, monkeypatch):
+    monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("GLAUNCH_JOB_ID", "55")
+    monkeypatch.setenv("GLAUNCH_GPU_SAMPLE_S", "0")
+    for step in range(1, 4):
+        assert stop.should_stop(step=step, total=3) is False
+    data = json.loads((tmp_path / "heartbeats" / "rank-00000.json").read_text())
+    assert data["job_id"] == "55" and data["first_step"] == 1 and data["total"] == 3
+    stop.request_stop()
+    assert stop.should_stop() is True              # counted: the step after 3
+    assert heartbeat.current().step == 4 and heartbeat.current().stop_decided is not None
+
+
+def test_no_files_outside_a_launcher(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for step in range(1, 4):
+        stop.should_stop(step=step)
+    assert heartbeat.current().step == 3
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_unwritable_run_dir_never_reaches_the_loop(tmp_path, capsys):
+    blocker = tmp_path / "run"
+    blocker.write_text("a file where the run directory should be")
+    b = beats(blocker, interval=1e-9)
+    for step in range(1, 5):
+        b.beat(step)
+    assert capsys.readouterr().err.count("heartbeat not written") == 1
+
+
+def test_bad_interval_falls_back(monkeypatch, capsys):
+    monkeypatch.setenv("GLAUNCH_HEARTBEAT_S", "soon")
+    assert heartbeat.interval_from_env() == heartbeat.DEFAULT_INTERVAL_S
+    assert "GLAUNCH_HEARTBEAT_S='soon'" in capsys.readouterr().err
+    monkeypatch.setenv("GLAUNCH_HEARTBEAT_S", "0")
+    assert heartbeat.interval_from_env() == 0
+
+
+def test_interval_zero_writes_no_file(tmp_path):
+    b = beats(tmp_path, interval=0)
+    for step in range(1, 4):
+        b.beat(step)
+    assert b.step == 3 and not (tmp_path / "heartbeats").exists()
