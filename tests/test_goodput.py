@@ -1,0 +1,158 @@
+"""Goodput and the settings it suggests, from hand-written run.json records (the fields
+jobend and the local scheduler record at the end of each start)."""
+
+import json
+import math
+
+import pytest
+
+from launcher.runs import goodput
+from launcher.runs.layout import RunRecord
+from launcher.runs.status import format_status
+
+T0 = "2025-03-01T10:00:00+00:00"
+
+
+def at(seconds: float) -> str:
+    """T0 + seconds, as run.json writes times."""
+    whole, frac = divmod(seconds, 1)
+    minutes, secs = divmod(int(whole), 60)
+    return f"2025-03-01T10:{minutes:02d}:{secs:02d}.{round(frac * 1000):03d}+00:00"
+
+
+def start(restart, job, started, ended, state, reason=None, **fields):
+    return {"job_id": job, "restart": restart, "started": at(started), "ended": None if ended is None else at(ended),
+            "state": state, "reason": reason, **fields}
+
+
+def preempted_twice() -> RunRecord:
+    """Three starts of a 300-step run: two graceful stops (saved), then to the end.
+    Step time 0.5 s; each save 2 s."""
+    starts = [
+        start(0, "100", 10, 100, "REQUEUED", "preemption", submitted=T0,
+              first_step=1, first_step_at=at(30), last_step=120, last_step_at=at(90),
+              step_time_s={"median": 0.5, "p90": 0.6}, save_s={"median": 2.0, "max": 2.0, "count": 2},
+              stop_requested_at=at(91), stop_saved_at=at(94), stop_checkpoint="/c/step-00000120", stopped_at=120),
+        start(1, "100", 130, 220, "REQUEUED", "timeout", resumed_from=120, resume_at=at(150),
+              first_step=121, first_step_at=at(151), last_step=240, last_step_at=at(210.5),
+              step_time_s={"median": 0.5, "p90": 0.6}, save_s={"median": 2.0, "max": 3.0, "count": 1},
+              stop_requested_at=at(211), stop_saved_at=at(214), stop_checkpoint="/c/step-00000240", stopped_at=240),
+        start(2, "100", 250, 330, "COMPLETED", None, resumed_from=240, resume_at=at(270),
+              first_step=241, first_step_at=at(271), last_step=300, last_step_at=at(300.5),
+              step_time_s={"median": 0.5, "p90": 0.7}),
+    ]
+    return RunRecord.from_dict({"run_id": "r", "state": "COMPLETED", "requeue_max": 3, "starts": starts})
+
+
+def test_run_preempted_twice():
+    report = goodput.summarize(preempted_twice(), now=10_000, settings={"checkpoint.every_steps": 500,
+                                                                        "requeue.signal_lead_s": 30})
+    good = report["goodput"]
+    assert good["wall_s"] == 320                      # first start 10 s -> last end 330 s
+    assert good["productive_s"] == 150                 # 300 kept steps x 0.5 s
+    assert good["ettr"] == round(150 / 320, 4)
+    assert good["lost_steps"] == 0
+    assert good["interruptions"] == 2
+    # begin -> stop request: 81 s and 81 s
+    assert good["mean_time_between_interruptions_s"] == 81
+    rows = good["starts"]
+    assert [r["steps_done"] for r in rows] == [120, 120, 60]
+    assert rows[0]["queue_wait_s"] == 10 and rows[1]["queue_wait_s"] == 30 and rows[2]["queue_wait_s"] == 30
+    assert rows[0]["startup_s"] == 20 and rows[1]["startup_s"] == 21
+    assert rows[0]["stop_s"] == 3 and rows[0]["teardown_s"] == 6
+    assert rows[1]["resume_load_s"] == 0.5             # 150 s chosen -> 151 s first step, less a 0.5 s step
+    # starts 1 and 2: queue + start-up; starts 0 and 1: stop + teardown
+    assert good["restart_overhead_s"] == (30 + 21) + (30 + 21) + (3 + 6) + (3 + 6)
+    assert good["save_s"] == {"median": 2.0, "max": 3.0}
+
+    every = report["suggest"]["checkpoint.every_steps"]
+    assert every["value"] == round(math.sqrt(2 * 2.0 * 81) / 0.5)      # 36 steps
+    assert every["current"] == 500
+    lead = report["suggest"]["requeue.signal_lead_s"]
+    assert lead["value"] == 5 * math.ceil((0.7 + 2 * 3.0 + 10) / 5) == 20
+    assert lead["current"] == 30
+    assert report["warnings"] == []
+
+
+def test_crash_loses_the_steps_after_the_last_checkpoint():
+    record = RunRecord.from_dict({"run_id": "r", "state": "COMPLETED", "requeue_max": 3, "crash_retries": 2, "starts": [
+        start(0, "7", 0, 80, "REQUEUED", "crash", first_step=1, first_step_at=at(10), last_step=130,
+              last_step_at=at(75), step_time_s={"median": 0.5, "p90": 0.5}),
+        start(1, "7", 90, 150, "COMPLETED", resumed_from=100, first_step=101, first_step_at=at(100),
+              last_step=200, last_step_at=at(149.5), step_time_s={"median": 0.5, "p90": 0.5}),
+    ]})
+    good = goodput.summarize(record, now=0)["goodput"]
+    assert good["lost_steps"] == 30
+    assert good["lost_s"] == 15
+    assert [r["steps_kept"] for r in good["starts"]] == [100, 100]
+    assert good["productive_s"] == 100
+    assert good["ettr"] == round(100 / 150, 4)
+
+
+def test_requeues_without_checkpoints_lose_everything_and_warn():
+    record = RunRecord.from_dict({"run_id": "r", "state": "COMPLETED", "requeue_max": 3, "starts": [
+        start(0, "7", 0, 60, "REQUEUED", "timeout", stopped_at=50, stop_checkpoint=None, first_step=1,
+              first_step_at=at(5), last_step=50, last_step_at=at(55), step_time_s={"median": 1.0, "p90": 1.0}),
+        start(1, "7", 70, 200, "COMPLETED", first_step=1, first_step_at=at(75), last_step=120,
+              last_step_at=at(195), step_time_s={"median": 1.0, "p90": 1.0}),
+    ]})
+    report = goodput.summarize(record, now=0)
+    assert report["goodput"]["lost_steps"] == 50
+    assert report["goodput"]["starts"][0]["steps_kept"] == 0
+    (warning,) = report["warnings"]
+    assert "start 0 stopped at step 50 without a checkpoint" in warning
+    assert "start 1 began again from step 0" in warning
+    assert "Each requeue restarts from step 0" in warning
+
+
+def test_a_script_that_resumes_by_itself_is_not_warned_about():
+    record = RunRecord.from_dict({"run_id": "r", "state": "COMPLETED", "requeue_max": 3, "starts": [
+        start(0, "7", 0, 60, "REQUEUED", "timeout", stopped_at=50, first_step=1, last_step=50),
+        start(1, "7", 70, 200, "COMPLETED", first_step=51, last_step=120),
+    ]})
+    report = goodput.summarize(record, now=0)
+    assert report["warnings"] == []
+    assert report["goodput"]["lost_steps"] == 0
+
+
+def test_in_flight_run_counts_wall_time_to_now():
+    record = RunRecord.from_dict({"run_id": "r", "state": "RUNNING", "requeue_max": 3, "starts": [
+        start(0, "7", 0, None, "RUNNING", first_step=1, first_step_at=at(10), last_step=40,
+              last_step_at=at(29.5), step_time_s={"median": 0.5, "p90": 0.5}),
+    ]})
+    now = goodput.epoch(at(50))
+    good = goodput.summarize(record, now=now)["goodput"]
+    assert good["wall_s"] == 50
+    assert good["productive_s"] == 20
+    assert good["ettr"] == 0.4
+    assert good["starts"][0]["wall_s"] == 50
+
+
+def test_no_interruption_no_young_daly():
+    record = RunRecord.from_dict({"run_id": "r", "state": "COMPLETED", "requeue_max": 3, "starts": [
+        start(0, "7", 0, 60, "COMPLETED", first_step=1, last_step=50, step_time_s={"median": 1.0, "p90": 1.0},
+              save_s={"median": 1.0, "max": 1.0, "count": 1}),
+    ]})
+    suggestions = goodput.summarize(record, now=0)["suggest"]
+    assert "checkpoint.every_steps" not in suggestions
+    assert suggestions["requeue.signal_lead_s"]["value"] == 15
+
+
+HOSTILE = ["x", -1, float("inf"), True, None, [1], {"median": "0.5"}, "2025-13-45T99:00:00"]
+
+
+@pytest.mark.parametrize("value", HOSTILE)
+def test_damaged_fields_read_as_unknown(value):
+    fields = {k: value for k in ("first_step", "first_step_at", "last_step", "last_step_at", "step_time_s",
+                                 "save_s", "stop_requested_at", "stop_saved_at", "resume_at", "resume_load_s",
+                                 "peak_memory_gb", "memory", "stop_checkpoint")}
+    data = {"run_id": "r", "state": "REQUEUED", "requeue_max": 3, "starts": [
+        {"job_id": "1", "restart": 0, "started": value if isinstance(value, str) else T0, "state": "REQUEUED",
+         "reason": "timeout", **fields},
+        {"job_id": "1", "restart": 1, "state": "RUNNING", **fields}]}
+    record = RunRecord.from_dict(json.loads(json.dumps(data, default=str).replace("Infinity", "1e999")))
+    report = goodput.summarize(record, now=1e9, settings={"checkpoint.every_steps": value})
+    json.dumps(report)
+    text = format_status({"run_id": "r", "state": "RUNNING", "site": "s", "job_id": "1", "restarts": 1,
+                          "run_dir": "/r", "starts": [s.to_dict() for s in record.starts], **report})
+    assert "goodput:" in text
