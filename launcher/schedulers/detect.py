@@ -141,21 +141,15 @@ def render_profile(profile: Mapping[str, Any], cluster: str) -> str:
     return head + yaml.dump(dict(profile), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
-def _run(*cmd: str, input: str | None = None) -> str:
-    proc = run_command(*cmd, input=input)
-    if proc.returncode != 0 and not proc.stdout.strip():
-        raise SchedulerError(f"{' '.join(cmd)} failed: {proc.stderr.strip()}")
-    return proc.stdout
-
-
 def read_scontrol(command: str = "glaunch sites detect") -> str:
     """scontrol's answer to SCONTROL_COMMANDS: one call for partitions, nodes and settings."""
     if shutil.which("scontrol") is None:
         raise SchedulerError(f"scontrol is not on PATH: run `{command}` on a Slurm login node")
-    text = _run("scontrol", "-a", "-o", input=SCONTROL_COMMANDS)
-    if "PartitionName=" not in text and "ClusterName" not in text:
-        raise SchedulerError(f"scontrol gave neither partitions nor configuration: {text.strip()[:300]}")
-    return text
+    proc = run_command("scontrol", "-a", "-o", input=SCONTROL_COMMANDS)
+    if "PartitionName=" not in proc.stdout or "ClusterName" not in proc.stdout:
+        said = (proc.stderr or proc.stdout).strip()
+        raise SchedulerError(f"scontrol gave no partitions or no configuration: {said[:500]}")
+    return proc.stdout
 
 
 def query_cluster(name: str | None) -> tuple[str, str]:
