@@ -217,8 +217,6 @@ def test_preemptible_needs_a_higher_tier_to_preempt_it():
     assert [p.get("preemptible", False) for p in profile["partitions"].values()] == [False, False]
 
 
-@pytest.mark.xfail(strict=True, reason="cpus_per_node is read from CPUTot, which counts the cores Slurm keeps for "
-                                       "itself (CoreSpecCount); jobs get CPUEfctv")
 def test_cpus_per_node_leaves_out_specialized_cores():
     nodes = recorded("scontrol-node-hpc-a100.txt").replace(
         "CPUAlloc=0 CPUEfctv=128 CPUTot=128", "CPUAlloc=0 CPUEfctv=120 CPUTot=128").replace(
@@ -232,13 +230,11 @@ TINY_PARTITIONS = ("PartitionName=main Default=YES MaxNodes=UNLIMITED MaxTime=UN
                    "PreemptMode=OFF TotalCPUs=4 TotalNodes=1\n")
 
 
-@pytest.mark.xfail(strict=True, reason="RealMemory=1 (slurm.conf's default when unset) becomes mem_gb: 0")
 def test_a_node_without_configured_memory_gives_a_valid_profile(tmp_path):
     nodes = "NodeName=n1 CPUTot=4 RealMemory=1 Gres=(null) Partitions=main State=IDLE\n"
     check_loads(tmp_path, build_profile("tiny", TINY_PARTITIONS, nodes))
 
 
-@pytest.mark.xfail(strict=True, reason="a partition with no nodes (TotalNodes=0) becomes max_nodes: 0")
 def test_a_partition_without_nodes_gives_a_valid_profile(tmp_path):
     parts = TINY_PARTITIONS + ("PartitionName=spare Default=NO MaxNodes=UNLIMITED MaxTime=UNLIMITED Nodes=(null) "
                                "PriorityTier=1 PreemptMode=OFF TotalCPUs=0 TotalNodes=0\n")

@@ -268,8 +268,6 @@ def test_merge_follows_a_start_through_suspend_and_resume():
                     ("COMPLETED", "2026-12-03T13:18:54", "2026-12-03T13:19:00")]
 
 
-@pytest.mark.xfail(strict=True, reason="merge_history fills in `ended` before it asks whether the job recorded the "
-                                       "start's end, so a start last seen SUSPENDED keeps that state")
 def test_a_start_last_seen_suspended_takes_its_end_from_sacct():
     record = run(StartRecord(job_id="23", restart=0))
     merge_history(record, sacct("sacct-suspended.txt"))
@@ -303,7 +301,6 @@ def test_merge_says_why_a_start_ended(state, reason):
     assert (record.starts[0].state, record.starts[0].reason, record.starts[0].get("nodes")) == (state, reason, "node[1-2]")
 
 
-@pytest.mark.xfail(strict=True, reason="merge_history takes sacct's 'None assigned' NodeList for node names")
 @pytest.mark.parametrize("name", ["sacct-requeue-hold.txt", "sacct-cancelled-pending.txt"])
 def test_a_start_that_never_ran_has_no_nodes(name):
     record = run()

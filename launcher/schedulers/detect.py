@@ -90,7 +90,9 @@ def build_profile(name: str, partitions_text: str, nodes_text: str, *, select_ty
         gpus = [gpus_of(n.get("Gres", "")) for n in members] or [(0, None)]
         counts = [c for c, _ in gpus]
         types = {t for _, t in gpus}
-        cpus = [int(n["CPUTot"]) for n in members if n.get("CPUTot", "").isdigit()]
+        # CPUEfctv leaves out the cores Slurm keeps for itself (CoreSpecCount): what jobs get.
+        cpus = [int(n.get("CPUEfctv") or n["CPUTot"]) for n in members
+                if (n.get("CPUEfctv") or n.get("CPUTot", "")).isdigit()]
         mems = [int(n["RealMemory"]) for n in members if n.get("RealMemory", "").isdigit()]
         entry: dict[str, Any] = {"gpus_per_node": min(counts)}
         gtype = types.pop() if len(types) == 1 else None
@@ -99,10 +101,10 @@ def build_profile(name: str, partitions_text: str, nodes_text: str, *, select_ty
         entry["gpu_mem_gb"] = None
         if cpus:
             entry["cpus_per_node"] = min(cpus)
-        if mems:
+        if mems and min(mems) >= 1024:     # RealMemory=1 is slurm.conf's "not configured"
             entry["mem_gb"] = min(mems) // 1024
         max_nodes = _limit(p.get("MaxNodes")) or p.get("TotalNodes")
-        if max_nodes and max_nodes.isdigit():
+        if max_nodes and max_nodes.isdigit() and int(max_nodes) >= 1:
             entry["max_nodes"] = int(max_nodes)
         if _limit(p.get("MaxTime")):
             entry["max_time"] = p["MaxTime"]

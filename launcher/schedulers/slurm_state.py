@@ -160,10 +160,12 @@ def merge_history(record: RunRecord, history: list[dict]) -> None:
             entry = StartRecord(job_id=row["job_id"], restart=restart)
             record.starts.append(entry)
         state = base_state(row["state"])
+        # Asked before sacct fills in `ended`: did the job itself record how this start ended?
+        unrecorded = entry.state in (None, State.PENDING, State.RUNNING) or entry.ended is None
         for key, value in (("started", row["start"]), ("ended", row["end"]), ("nodes", row["nodes"])):
-            if not entry.get(key) and value not in ("", "Unknown", "None"):
+            if not entry.get(key) and value not in ("", "Unknown", "None", "None assigned"):
                 entry.set(key, value)
-        if entry.state in (None, State.PENDING, State.RUNNING) or entry.ended is None:
+        if unrecorded:
             entry.state = state
             if entry.reason is None:
                 entry.reason = SACCT_REASONS.get(state)
