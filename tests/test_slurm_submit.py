@@ -94,31 +94,37 @@ def _site_variant(tmp_path, body: str):
     return path
 
 
+# A profile that disagrees with the cluster is refused by the check against the live cluster
+# (before sbatch is asked); what the profile cannot know is refused by sbatch --test-only.
 PREFLIGHT = {
-    # kind: (site profile additions, experiment overrides, expected words in the message)
+    # kind: (site profile additions, experiment overrides, expected words in the message, who refuses)
     "unknown partition": ("partitions: {ghost: {gpus_per_node: 2, max_nodes: 2}}\n",
-                          ["resources.partition=ghost"], "partition 'ghost' does not exist on this cluster"),
+                          ["resources.partition=ghost"], "partitions.ghost: cluster glaunch has no partition ghost",
+                          "check"),
     "gpus over the node": ("partitions: {debug: {gpus_per_node: 4}}\n", [],
-                           "no node of partition 'debug' has what one node of this job asks: 4 GPU(s)"),
+                           "partitions.debug.gpus_per_node: the profile says 4", "check"),
     "time over the limit": ("partitions: {debug: {max_time: '12:00:00'}}\n", ["resources.time=10:00:00"],
-                            "time 10:00:00 is over the limit of partition 'debug' on the cluster"),
-    "unknown account": ("account: nosuch\n", [], "account 'nosuch' is not valid here"),
+                            "partitions.debug.max_time: the profile says 12:00:00", "check"),
+    "unknown account": ("account: nosuch\n", [], "account: the profile says nosuch", "check"),
     "too many nodes": ("partitions: {debug: {max_nodes: 4}}\n", ["resources.nodes=3"],
-                       "partition 'debug' cannot give 3 node(s)"),
-    "unknown qos": ("qos: nosuchqos\n", [], "QOS 'nosuchqos' is not valid here"),
+                       "partitions.debug.max_nodes: the profile says 4", "check"),
+    "unknown qos": ("qos: nosuchqos\n", [], "qos: the profile says nosuchqos", "check"),
+    "memory over the node": ("partitions: {debug: {mem_gb: null}}\n", ["resources.mem_gb=100"],
+                             "no node of partition 'debug' has what one node of this job asks", "preflight"),
 }
 
 
 @pytest.mark.parametrize("kind", sorted(PREFLIGHT))
 def test_preflight_refusal(kind, tmp_path, isolated_env):
-    body, overrides, expected = PREFLIGHT[kind]
+    body, overrides, expected, refuser = PREFLIGHT[kind]
     site = _site_variant(tmp_path, body)
     name = f"preflight-{kind.replace(' ', '-')}"
     proc = glaunch("submit", "examples/torch_ddp.yaml", "--site", str(site), "--runs-dir", str(tmp_path / "runs"),
                    f"name={name}", *overrides, env=isolated_env)
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert expected in proc.stderr, proc.stderr
-    assert "sbatch said:" in proc.stderr and "Traceback" not in proc.stderr
+    marker = "sbatch said:" if refuser == "preflight" else "does not match Slurm cluster"
+    assert marker in proc.stderr and "Traceback" not in proc.stderr
     # Nothing reached the queue.
     assert out("squeue", "-h", "-n", name).strip() == ""
     assert out("sacct", "-n", "-X", "--name", name, "-o", "JobID").strip() == ""
