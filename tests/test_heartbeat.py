@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from launcher.runs.layout import HEARTBEAT_BYTES, heartbeat_bytes, read_heartbeat
 from launcher.runtime import heartbeat, stop, telemetry
 
 
@@ -49,7 +50,7 @@ def test_writes_at_most_once_per_interval(tmp_path):
         time.sleep(0.02)
     elapsed = time.monotonic() - began
     assert 2 <= b.writes <= elapsed / 0.2 + 1, (b.writes, elapsed)
-    data = json.loads((tmp_path / "heartbeats" / "rank-00003.json").read_text())
+    data = read_heartbeat(tmp_path / "heartbeats" / "rank-00003.json")
     assert data["rank"] == 3 and data["node"] == "n1" and data["job_id"] == "77" and data["total"] == 60
     assert data["step"] >= 50                      # a write every 0.2 s: at most 10 steps behind
     assert data["time"] <= data["written"]
@@ -63,15 +64,11 @@ def test_readers_never_see_a_partial_file(tmp_path):
 
     def read():
         while not done.is_set():
-            try:
-                text = path.read_text()
-            except FileNotFoundError:
-                problems.append("missing")
-                continue
-            try:
-                seen.append(json.loads(text)["step"])
-            except (ValueError, KeyError) as exc:
-                problems.append(repr(exc))
+            record = read_heartbeat(path)
+            if record is None:
+                problems.append(path.read_bytes()[:80])
+            else:
+                seen.append(record["step"])
 
     reader = threading.Thread(target=read)
     reader.start()
@@ -81,7 +78,8 @@ def test_readers_never_see_a_partial_file(tmp_path):
     reader.join()
     assert not problems, problems[:3]
     assert seen and seen == sorted(seen)
-    assert sorted(p.name for p in path.parent.iterdir()) == ["rank-00003.json"]    # no temp file left
+    assert sorted(p.name for p in path.parent.iterdir()) == ["rank-00003.json"]
+    assert path.stat().st_size == HEARTBEAT_BYTES       # written in place, at its fixed size
 
 
 def test_counted_steps_start_after_the_resumed_step(tmp_path):
@@ -131,7 +129,7 @@ def test_should_stop_beats_under_a_launcher(tmp_path, monkeypatch):
     monkeypatch.setenv("GLAUNCH_GPU_SAMPLE_S", "0")
     for step in range(1, 4):
         assert stop.should_stop(step=step, total=3) is False
-    data = json.loads((tmp_path / "heartbeats" / "rank-00000.json").read_text())
+    data = read_heartbeat(tmp_path / "heartbeats" / "rank-00000.json")
     assert data["job_id"] == "55" and data["first_step"] == 1 and data["total"] == 3
     stop.request_stop()
     assert stop.should_stop() is True              # counted: the step after 3
@@ -168,3 +166,27 @@ def test_interval_zero_writes_no_file(tmp_path):
     for step in range(1, 4):
         b.beat(step)
     assert b.step == 3 and not (tmp_path / "heartbeats").exists()
+
+
+def test_torn_and_damaged_records_read_as_none(tmp_path):
+    path = tmp_path / "rank-00000.json"
+    old = heartbeat_bytes({"step": 19, "time": 1.0})
+    new = heartbeat_bytes({"step": 20, "time": 2.0})
+    assert len(old) == len(new) == HEARTBEAT_BYTES
+    cut = old.index(b"19") + 1
+    path.write_bytes(new[:cut] + old[cut:])          # a read that raced the write: "29"
+    assert b'"step":29' in path.read_bytes()
+    assert read_heartbeat(path, attempts=2) is None
+    path.write_bytes(new)
+    assert read_heartbeat(path) == {"step": 20, "time": 2.0}
+    for damage in (b"", b"{}", b"[1]\n" + b"%08x" % 0, b"\xff" * 50):
+        path.write_bytes(damage)
+        assert read_heartbeat(path, attempts=1) is None
+    big = heartbeat_bytes({"node": "n" * 3000})
+    assert len(big) == 4 * HEARTBEAT_BYTES and read_heartbeat_bytes(big, tmp_path)["node"] == "n" * 3000
+
+
+def read_heartbeat_bytes(data: bytes, tmp_path) -> dict | None:
+    path = tmp_path / "one.json"
+    path.write_bytes(data)
+    return read_heartbeat(path)

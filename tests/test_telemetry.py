@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runs.layout import RunDir, RunRecord
+from launcher.runs.layout import RunDir, RunRecord, heartbeat_bytes
 from launcher.runtime import heartbeat, telemetry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -45,8 +45,8 @@ def test_start_summary_folds_every_rank(tmp_path):
     rank_file(tmp_path, 7, restart=0, memory={"kind": "cuda", "peak_gb": 99.0})      # another start's
     hb = RunDir(tmp_path).heartbeat(2)
     hb.parent.mkdir()
-    hb.write_text(json.dumps({"rank": 2, "job_id": "9", "restart": 1, "step": 52, "time": 1030.0,
-                              "first_step": 11, "first_time": 999.5}))
+    hb.write_bytes(heartbeat_bytes({"rank": 2, "job_id": "9", "restart": 1, "step": 52, "time": 1030.0,
+                                    "first_step": 11, "first_time": 999.5}))
     (tmp_path / "stop.json").write_text(json.dumps({"restart": 1, "step": 52, "checkpoint": "/c/step-52"}))
     (tmp_path / "resume.json").write_text(json.dumps({"restart": 1, "step": 10, "time": 990.0}))
     out = telemetry.start_summary(tmp_path, "9", 1)

@@ -12,9 +12,11 @@ it also replaces ``<run dir>/heartbeats/rank-RRRRR.json``::
 
 ``time`` is when the rank reached ``step`` (not when the file was written), so a rank
 that hangs leaves a file that ages while its peers' files move on: no collective is
-needed to tell which rank fell silent. The file is replaced by rename and never fsynced:
-a reader needs a whole file, not a durable one, and an fsync per beat from every rank
-would load a shared filesystem for nothing.
+needed to tell which rank fell silent. The record is written over the previous one in
+place, with its checksum (layout.heartbeat_bytes; read it with layout.read_heartbeat),
+and never fsynced: a reader needs a whole record, not a durable one, and a rename or an
+fsync per beat from every rank would load a shared filesystem's metadata server for
+nothing (bench/heartbeat.py measures the cost).
 
 The intervals between beats are the step times of the start's telemetry
 (:mod:`launcher.runtime.telemetry`). A step whose number is a checkpoint step
@@ -29,7 +31,6 @@ times its steps and writes nothing.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import random
@@ -38,8 +39,8 @@ from array import array
 from pathlib import Path
 from typing import Any
 
-from ..runs.files import read_json
-from ..runs.layout import RunDir
+from ..runs.files import open_regular, read_json
+from ..runs.layout import RunDir, heartbeat_bytes
 from .context import RuntimeConfigError, context, log, node_name
 
 DEFAULT_INTERVAL_S = 5.0
@@ -75,7 +76,8 @@ class Beats:
         self.stop_decided: float | None = None
         self.state = "running"
         self._random = random.Random(rank)
-        self._dir_made = False
+        self._fd: int | None = None
+        self._size = 0
         self._warned = False
 
     # --- the training loop's calls ------------------------------------------------------
@@ -94,14 +96,14 @@ class Beats:
         if previous is None or step < previous or self.time is None:
             self.first_step, self.first_time = step, now     # the first step, or the loop went back
         else:
-            self._timed(now - self.time, previous, step - previous)
+            self._timed(now - self.time, previous, step)
         self.time = now
         if self.path is not None and now - self.last_write >= self.interval_s:
             self.write(now)
 
-    def _timed(self, interval: float, previous: int, steps: int) -> None:
-        every = self.checkpoint_every
-        if every > 0 and (self.step // every) > (previous // every):
+    def _timed(self, interval: float, previous: int, step: int) -> None:
+        every, steps = self.checkpoint_every, step - previous
+        if every > 0 and (step // every) > (previous // every):
             self.save_spans.append((interval, steps))
             return
         per_step = interval / steps
@@ -133,22 +135,20 @@ class Beats:
                 "checkpoint_step": self.checkpoint_step, "state": self.state, "written": time.time()}
 
     def write(self, now: float | None = None) -> None:
-        """Replace this rank's heartbeat file (rename, no fsync); a failure is said once and
+        """Write this rank's heartbeat over the previous one; a failure is said once and
         never reaches the training loop."""
         if self.path is None:
             return
         self.last_write = time.time() if now is None else now
-        tmp = self.path.with_name(f".{self.path.name}.{self.pid}.tmp")
         try:
-            if not self._dir_made:
+            if self._fd is None:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._dir_made = True
-            # O_NONBLOCK: something other than a regular file in its place fails, never blocks.
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                         0o644)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(json.dumps(self.record()))
-            os.replace(tmp, self.path)
+                # Refuses anything but a regular file in its place (and never blocks on one).
+                self._fd = open_regular(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
+                self._size = os.fstat(self._fd).st_size
+            data = heartbeat_bytes(self.record(), self._size)
+            os.pwrite(self._fd, data, 0)
+            self._size = max(self._size, len(data))
         except OSError as exc:
             if not self._warned:
                 self._warned = True

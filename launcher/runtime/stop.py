@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from typing import Any
 
 from . import heartbeat
 from .context import all_reduce_max, context, log
@@ -21,7 +22,7 @@ _flag = False            # set by the handler (or request_stop) on this rank
 _signum: int | None = None      # first signal received on this rank
 _requested_at: float | None = None   # when this rank was first asked to stop
 _agreed_signum: int | None = None   # largest signal number any rank reported at the last should_stop
-_previous: dict[int, object] = {}
+_previous: dict[int, Any] = {}
 
 
 def _handler(signum, frame) -> None:

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from ..runs.files import atomic_write_text, read_json
-from ..runs.layout import RunDir
+from ..runs.layout import RunDir, read_heartbeat
 from . import heartbeat
 from .context import RankContext, log, node_name
 
@@ -244,8 +244,10 @@ def _median(values: list[float]) -> float | None:
     return heartbeat.quantile(sorted(values), 0.5) if values else None
 
 
-def _own(record: dict | None, job_id: str, restart: int) -> bool:
-    return record is not None and record.get("restart") == restart and str(record.get("job_id")) == str(job_id)
+def _own(records: list[dict | None], job_id: str, restart: int) -> list[dict]:
+    """The records of this start."""
+    return [r for r in records
+            if r is not None and r.get("restart") == restart and str(r.get("job_id")) == str(job_id)]
 
 
 def _progress(records: list[dict], time_key: str, step_key: str) -> list[tuple[float, int]]:
@@ -258,8 +260,8 @@ def start_summary(run_dir: str | os.PathLike, job_id: str, restart: int) -> dict
     """The start's run.json fields from what its ranks left (telemetry files, heartbeats,
     stop.json, resume.json); only the fields something was measured for."""
     rd = RunDir(run_dir)
-    ranks = [r for p in rd.telemetry_files(job_id, restart) if _own(r := read_json(p), job_id, restart)]
-    beats = [b for _, p in rd.heartbeats() if _own(b := read_json(p), job_id, restart)]
+    ranks = _own([read_json(path) for path in rd.telemetry_files(job_id, restart)], job_id, restart)
+    beats = _own([read_heartbeat(path) for _, path in rd.heartbeats()], job_id, restart)
     out: dict[str, Any] = {}
 
     memory = [dict(m, rank=r.get("rank"), node=r.get("node")) for r in ranks if isinstance(m := r.get("memory"), dict)]
@@ -286,31 +288,31 @@ def start_summary(run_dir: str | os.PathLike, job_id: str, restart: int) -> dict
     firsts = _progress(beats + ranks, "first_time", "first_step")
     lasts = _progress(beats, "time", "step") + _progress(ranks, "last_time", "last_step")
     if firsts:
-        t, s = min(firsts)
-        out["first_step"], out["first_step_at"] = s, iso(t)
+        when, first = min(firsts)
+        out["first_step"], out["first_step_at"] = first, iso(when)
     if lasts:
-        out["last_step"] = max(s for _, s in lasts)
-        out["last_step_at"] = iso(max(t for t, _ in lasts))
+        out["last_step"] = max(step for _, step in lasts)
+        out["last_step_at"] = iso(max(when for when, _ in lasts))
 
-    stops = [s for r in ranks if isinstance(s := r.get("stop"), dict)]
-    requested, saved = _numbers([s.get("requested") for s in stops]), _numbers([s.get("saved") for s in stops])
+    stops = [stop for r in ranks if isinstance(stop := r.get("stop"), dict)]
+    requested = _numbers([stop.get("requested") for stop in stops])
+    saved = _numbers([stop.get("saved") for stop in stops])
     if requested:
         out["stop_requested_at"] = iso(min(requested))
     if saved:
         out["stop_saved_at"] = iso(max(saved))
-    stop = read_json(rd.stop_file)
-    if stop is not None and stop.get("restart") == restart:
-        checkpoint = stop.get("checkpoint")
+    stopped = read_json(rd.stop_file)
+    if stopped is not None and stopped.get("restart") == restart:
+        checkpoint = stopped.get("checkpoint")
         out["stop_checkpoint"] = checkpoint if isinstance(checkpoint, str) else None
     resume = read_json(rd.resume_file)
     if resume is not None and resume.get("restart") == restart and resume.get("step") is not None:
-        when = resume.get("time")
-        if not isinstance(when, (int, float)) or isinstance(when, bool):
-            try:
-                when = os.stat(rd.resume_file).st_mtime
-            except OSError:
-                when = None
-        out["resume_at"] = iso(when)
+        # When the checkpoint to resume from was chosen: the record's time, else the file's.
+        chosen = _numbers([resume.get("time")])
+        try:
+            out["resume_at"] = iso(chosen[0] if chosen else os.stat(rd.resume_file).st_mtime)
+        except OSError:
+            pass
     return out
 
 
