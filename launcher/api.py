@@ -29,6 +29,7 @@ from .runs.layout import RunDir, State, is_terminal
 Echo = Callable[[str], None]
 RunRef = "str | os.PathLike | Run"
 FOLLOW_POLL_S = 2.0
+CONSOLE_POLL_S = 0.25       # the console's log and status line, between two scheduler polls
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class Prepared:
     scheduler: Any                     # launcher.schedulers.base.Scheduler
     runs_root_from: Any = None         # launcher.runs.bundle.PathSource: who chose the runs directory
     checkpoint_from: Any = None        # ... and checkpoint.dir
+    warnings: tuple[str, ...] = ()     # what the user should know before it runs (one line each)
 
 
 # --- configuration ---------------------------------------------------------------------
@@ -95,7 +97,22 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
     plan = resolve(exp, loaded_site, ctx)
     scheduler = schedulers.get(plan.scheduler)
     scheduler.check(plan)
-    return Prepared(plan, scheduler.render(plan), scheduler, *_path_sources(exp, loaded_site, runs_dir))
+    warning = checkpoint_warning(exp, plan)
+    runs_from, checkpoint_from = _path_sources(exp, loaded_site, runs_dir)
+    return Prepared(plan, scheduler.render(plan), scheduler, runs_from, checkpoint_from,
+                    warnings=(warning,) if warning else ())
+
+
+def checkpoint_warning(exp, plan) -> str | None:
+    """A run that may be requeued, from an experiment that sets nothing about checkpoints:
+    whether its script saves cannot be told before it runs, so say what a requeue does
+    to a script that never saves (`glaunch status` says it again if that happens)."""
+    if plan.requeue_max <= 0 or any(key == "checkpoint" or key.startswith("checkpoint.")
+                                    for key in exp.provenance.origins):
+        return None
+    entry = plan.entry_script or plan.entry_module
+    return (f"{exp.path}: no checkpoint settings and requeue.max={plan.requeue_max}: unless {entry} saves and "
+            "resumes checkpoints (rt.save_torch_state, rt.resume_checkpoint), each requeue restarts it from step 0")
 
 
 def _path_sources(exp, loaded_site, runs_dir: str | None):
@@ -221,9 +238,11 @@ def format_status(summary: Mapping[str, Any]) -> str:
 
 
 def wait(run: RunRef, *, on_line: Echo | None = None,  # type: ignore[valid-type]
-         on_state: Echo | None = None, poll_s: float = FOLLOW_POLL_S) -> str:
+         on_state: Echo | None = None, poll_s: float = FOLLOW_POLL_S, console: Any = None) -> str:
     """Follow the run to its end across requeues: rank 0's log to `on_line` (as it grows),
-    each change of state to `on_state`. Returns the final state."""
+    each change of state to `on_state`; or everything to `console`
+    (launcher.runs.console.Console: log, status line, requeue events, the outcome), which
+    is updated several times per scheduler poll. Returns the final state."""
     from .runs.logs import LogFollower
 
     run_dir = run_dir_of(run)
@@ -232,6 +251,8 @@ def wait(run: RunRef, *, on_line: Echo | None = None,  # type: ignore[valid-type
     while True:
         record = _refreshed(run_dir)
         state = record.state
+        if console is not None:
+            console.observe(record)
         if on_line is not None:
             if record.job_id and record.job_id not in followers:
                 followers[record.job_id] = LogFollower(RunDir(run_dir).task_log(record.job_id, 0), on_line)
@@ -243,8 +264,16 @@ def wait(run: RunRef, *, on_line: Echo | None = None,  # type: ignore[valid-type
         if is_terminal(state) or state == State.UNKNOWN:
             for follower in followers.values():
                 follower.poll()
+            if console is not None:
+                console.finish(record)
             return str(state)
-        time.sleep(poll_s)
+        if console is None:
+            time.sleep(poll_s)
+            continue
+        until = time.monotonic() + poll_s
+        while time.monotonic() < until:
+            console.pump()
+            time.sleep(CONSOLE_POLL_S)
 
 
 def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,  # type: ignore[valid-type]

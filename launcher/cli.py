@@ -1,8 +1,12 @@
-"""glaunch's command line: parse, call the library, map errors to exit codes."""
+"""glaunch's command line: parse, call the library, map errors to exit codes.
+
+Exit codes: 0 success; 1 the run failed (or was cancelled); 2 bad input; 3 the scheduler
+refused or could not be reached; 130 interrupted (Ctrl-C)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -12,15 +16,17 @@ from . import __version__, api
 from .config.schema import NAME_PATTERN
 from .errors import ConfigError, GlaunchError
 
+INTERRUPTED = 130
+
 
 def main() -> None:
     try:
         cli.main(prog_name="glaunch", standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
-    except click.exceptions.Abort:
-        click.echo("glaunch: aborted", err=True)
-        sys.exit(130)
+    except (click.exceptions.Abort, KeyboardInterrupt):
+        click.echo("glaunch: interrupted", err=True)
+        sys.exit(INTERRUPTED)
     except click.ClickException as exc:
         exc.show()
         sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
@@ -67,36 +73,55 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check)
 
     OVERRIDES are KEY=VALUE dot-list edits of the experiment, e.g. resources.nodes=4.
     """
+    from .runs.console import Console
+
+    _quiet_submitit()
     prepared = api.prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir)
     plan = prepared.plan
-    if prepared.scheduler.runs_to_completion and not dry_run and not as_json:
+    for warning in prepared.warnings:
+        click.echo(f"glaunch: warning: {warning}", err=True)
+    console = None if as_json or dry_run else Console(plan.run_dir, _write, live=sys.stdout.isatty())
+    if prepared.scheduler.runs_to_completion and console is not None:
         click.echo(f"run {plan.run_id}: running on this machine ({plan.world_size} ranks); "
                    f"{plan.run_dir}")
-    run = api.launch(prepared, dry_run=dry_run, check=check, echo=(lambda text: None) if as_json else _write)
+    run = api.launch(prepared, dry_run=dry_run, check=check, echo=console or (lambda text: None))
     info = {"run_id": run.run_id, "run_dir": str(run.run_dir), "site": run.site, "dry_run": run.dry_run,
             "files": sorted(run.files)}
     if dry_run:
         _emit(as_json, info, f"run directory: {run.run_dir}\n--- job.sbatch ---\n{prepared.files['job.sbatch']}")
         return
-    if run.exit_code is not None:     # the scheduler ran it to its end
+    if run.exit_code is not None:     # the scheduler ran it to its end; its console said how it ended
         from .runs import registry
 
         info.update(state=run.state, job_ids=[s.job_id for s in registry.read(run.run_dir).starts],
                     exit_code=run.exit_code)
-        _emit(as_json, info, f"run {run.run_id}: {run.state}")
+        if as_json:
+            click.echo(json.dumps(info, indent=2))
         sys.exit(run.exit_code)
     info.update(job_id=run.job_id, state=run.state)
     if not wait:
         _emit(as_json, info, f"run {run.run_id}: submitted job {run.job_id}\nrun directory: {run.run_dir}")
         return
-    if not as_json:
+    if console is not None:
         click.echo(f"run {run.run_id}: submitted job {run.job_id}\nrun directory: {run.run_dir}")
-    state = api.wait(run, on_line=None if as_json else _write,
-                     on_state=None if as_json else (lambda line: click.echo(line, err=True)))
+    try:
+        state = api.wait(run, console=console)
+    except KeyboardInterrupt:
+        if console is not None:
+            console.clear()
+        click.echo(f"glaunch: stopped following run {run.run_id}; job {run.job_id} goes on "
+                   f"(glaunch status {run.run_id}, glaunch cancel {run.run_id})", err=True)
+        sys.exit(INTERRUPTED)
     info["state"] = state
     if as_json:
         click.echo(json.dumps(info, indent=2))
     sys.exit(0 if state == "COMPLETED" else 1)
+
+
+def _quiet_submitit() -> None:
+    """submitit logs each submission at INFO on stdout: the console says what matters. A
+    filter, because importing submitit configures its logger's level and handlers again."""
+    logging.getLogger("submitit").addFilter(lambda record: record.levelno >= logging.WARNING)
 
 
 # --- plan ----------------------------------------------------------------------------------

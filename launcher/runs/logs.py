@@ -22,13 +22,34 @@ def read_from(path: Path, offset: int) -> bytes:
         return f.read()
 
 
+def read_tail(path: Path, limit: int = 64 * 1024) -> bytes:
+    """The last `limit` bytes of `path` (from the start of a line when cut); nothing when it
+    is missing or not a regular file."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size <= limit:
+            return f.read(limit)
+        f.seek(size - limit)
+        return f.read(limit).partition(b"\n")[2]
+
+
 class LogFollower:
-    """Hand what a growing file gains, from where we last stopped, to `write`."""
+    """Hand what a growing file gains, from where we last stopped, to `write`. A file
+    that shrank (truncated, replaced) is read again from its beginning."""
 
     def __init__(self, path: Path, write: Callable[[str], None]) -> None:
         self.path, self.write, self.offset = path, write, 0
 
     def poll(self) -> None:
+        try:
+            if self.offset and os.stat(self.path).st_size < self.offset:
+                self.offset = 0
+        except OSError:
+            return
         data = read_from(self.path, self.offset)
         if data:
             self.offset += len(data)

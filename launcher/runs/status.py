@@ -1,18 +1,25 @@
 """A run's status as the user sees it: run.json with the scheduler's view folded in
-(by the scheduler), the result, and the text `glaunch status` / `glaunch list` print."""
+(by the scheduler), the result, what the ranks measured (progress, memory against the
+planner's estimate, GPU samples), goodput and the settings it suggests, and the text
+`glaunch status` / `glaunch list` print."""
 
 from __future__ import annotations
 
 import datetime as dt
 import os
 import re
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ..errors import GlaunchError
-from . import registry
-from .files import load_json_object
-from .layout import RunDir, RunRecord
+from . import goodput, registry
+from .files import load_json_object, read_text
+from .goodput import number, step_of
+from .layout import IN_FLIGHT, RunDir, RunRecord, read_heartbeat
+
+# The most of a GPU samples file status reads (its end: the newest samples).
+GPU_SAMPLES_READ = 1 << 20
 
 # Records may hold anything a hand or a rank wrote: text printed from them never carries
 # control characters to the terminal (an escape sequence could rewrite what was shown).
@@ -23,19 +30,189 @@ def printable(value: Any) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value)).replace("\n", "\\n")
 
 
-def summarize(run_dir: Path, record: RunRecord) -> dict[str, Any]:
+def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dict[str, Any]:
     """What `glaunch status --json` prints."""
+    now = time.time() if now is None else now
     result, result_problem = _result(run_dir)
+    resolved = resolved_values(run_dir)
+    experiment = _mapping(resolved.get("experiment"))
+    settings = {"checkpoint.every_steps": _dig(experiment, "checkpoint", "every_steps"),
+                "requeue.signal_lead_s": _dig(experiment, "requeue", "signal_lead_s")}
+    report = goodput.summarize(record, now, settings)
     summary = {
         "run_id": record.run_id, "run_dir": str(run_dir), "site": record.site,
         "state": record.state, "job_id": record.job_id,
         "restarts": max(len(record.starts) - 1, 0), "starts": [s.to_dict() for s in record.starts],
         "accounting": record.extra.get("accounting"), "reason": record.reason, "detail": record.detail,
         "result": result,
+        "progress": progress(run_dir, record, now) if record.state in IN_FLIGHT else None,
+        "memory": memory_report(run_dir, record, resolved),
+        "gpu": gpu_report(run_dir),
+        **report,
     }
     if result_problem:
         summary["result_error"] = result_problem
     return summary
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _dig(data: Any, *keys: str) -> Any:
+    for key in keys:
+        data = data.get(key) if isinstance(data, Mapping) else None
+    return data
+
+
+def resolved_values(run_dir: Path) -> dict[str, Any]:
+    """resolved.yaml as plain values; {} when it is missing or unreadable."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(read_text(RunDir(run_dir).path / "resolved.yaml"))
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+# --- what the ranks measured -------------------------------------------------------------------
+
+
+def progress(run_dir: Path, record: RunRecord, now: float) -> dict[str, Any] | None:
+    """The current start's progress from its heartbeats: rank 0's step, and the rank that
+    is furthest behind."""
+    if not record.starts:
+        return None
+    restart = record.starts[-1].restart
+    beats = []
+    for rank, path in RunDir(run_dir).heartbeats():
+        beat = read_heartbeat(path)
+        if beat is not None and beat.get("restart") == restart and step_of(beat.get("step")) is not None:
+            beats.append((rank, beat))
+    if not beats:
+        return None
+    rank0 = dict(beats)[0] if 0 in dict(beats) else beats[0][1]
+    behind_rank, behind = min(beats, key=lambda rb: (rb[1]["step"], number(rb[1].get("time")) or 0.0))
+    when = number(rank0.get("time"))
+    return {"step": rank0["step"], "total": step_of(rank0.get("total")), "step_s": number(rank0.get("step_s")),
+            "age_s": None if when is None else round(max(0.0, now - when), 1),
+            "checkpoint_step": step_of(rank0.get("checkpoint_step")), "ranks": len(beats),
+            "behind": {"rank": behind_rank, "step": behind["step"], "node": behind.get("node")
+                       if isinstance(behind.get("node"), str) else None}}
+
+
+# The planner's name of the strategy a run used.
+def planner_strategy(derived: Mapping[str, Any], experiment: Mapping[str, Any]) -> str | None:
+    strategy = derived.get("strategy")
+    if strategy == "ddp":
+        return "ddp"
+    if strategy == "fsdp":
+        return "zero3"        # FSDP's full sharding keeps what ZeRO-3 keeps per GPU
+    stage = derived.get("zero_stage")
+    if strategy != "deepspeed" or stage not in (0, 1, 2, 3):
+        return None
+    if stage == 0:
+        return "ddp"
+    offload = _dig(experiment, "strategy", "offload_optimizer") not in (None, "none")
+    return f"zero{stage}_offload" if offload and stage in (2, 3) else f"zero{stage}"
+
+
+def planned_memory(run_dir: Path, resolved: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The planner's per-GPU estimate for the strategy the run used: what `auto` recorded
+    when it chose, else the planner run on resolved.yaml when the model's size is known
+    (model.params; counting model.factory would import torch here)."""
+    derived, experiment = _mapping(resolved.get("derived")), _mapping(resolved.get("experiment"))
+    choice = derived.get("strategy_choice")
+    if isinstance(choice, dict) and number(choice.get("per_gpu_gb")):
+        return {"strategy": choice.get("chosen"), "estimate_gb": number(choice.get("per_gpu_gb")),
+                "from": "strategy auto"}
+    if number(_dig(experiment, "model", "params")) is None:
+        return None
+    name = planner_strategy(derived, experiment)
+    if name is None:
+        return None
+    from ..config import schema
+    from ..config.load import LoadedExperiment, LoadedSite
+    from ..config.provenance import Provenance
+    from ..config.typed import typed_config
+    from ..config.yamlfile import read_yaml
+    from ..resolution.strategy import plan_for
+
+    path = RunDir(run_dir).path / "resolved.yaml"
+    try:
+        doc = read_yaml(path)
+        exp_prov, site_prov = Provenance(default_file=str(path)), Provenance(default_file=str(path))
+        exp = typed_config(schema.Experiment, doc.data["experiment"], exp_prov, schema.EXPERIMENT_CHOICES)
+        site = typed_config(schema.Site, doc.data["site"], site_prov, schema.SITE_CHOICES)
+        result = plan_for(LoadedExperiment(exp, path, exp_prov), LoadedSite(site, path, (path,), site_prov))
+        row = result.row(name)
+    except (GlaunchError, OSError, ValueError, KeyError, TypeError, StopIteration) as exc:
+        return {"strategy": name, "estimate_gb": None, "error": str(exc).splitlines()[0] if str(exc) else
+                type(exc).__name__}
+    return {"strategy": name, "estimate_gb": round(row.total_gb, 3), "from": "planner"}
+
+
+def memory_report(run_dir: Path, record: RunRecord, resolved: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The largest per-rank peak of any start, and the planner's estimate beside it (on a
+    GPU; a host's resident set is not what the planner estimates)."""
+    peaks = []
+    for start in record.starts:
+        peak = number(start.get("peak_memory_gb"))
+        if peak is not None:
+            memory = start.get("memory")
+            kind = memory.get("kind") if isinstance(memory, dict) else None
+            peaks.append((peak, start.restart, kind if kind in ("cuda", "host_rss") else None))
+    if not peaks:
+        return None
+    peak, restart, kind = max(peaks, key=lambda p: p[0])
+    out: dict[str, Any] = {"peak_gb": peak, "kind": kind, "start": restart}
+    planned = planned_memory(run_dir, resolved)
+    if planned:
+        out["planned"] = planned
+        estimate = number(planned.get("estimate_gb"))
+        if kind == "cuda" and estimate:
+            out["ratio"] = round(peak / estimate, 3)
+    return out
+
+
+def gpu_report(run_dir: Path) -> list[dict[str, Any]] | None:
+    """Per GPU samples file (one per node and job): how many samples, mean utilisation,
+    largest memory used (of the newest MiB of samples)."""
+    rows = []
+    for path in sorted(RunDir(run_dir).log_dir.glob("*_gpu_*.csv")):
+        try:
+            size = path.stat().st_size
+            text = read_text(path, limit=2 * GPU_SAMPLES_READ) if size <= GPU_SAMPLES_READ else _tail(path)
+        except (OSError, ValueError):
+            continue
+        utils, used, total, samples = [], [], [], 0
+        for line in text.splitlines():
+            fields = line.split(",")
+            if len(fields) != 7 or fields[0] == "time":
+                continue
+            try:
+                utils.append(float(fields[3]))
+                used.append(float(fields[5]))
+                total.append(float(fields[6]))
+            except ValueError:
+                continue
+            samples += 1
+        if samples:
+            job, _, node = path.stem.partition("_gpu_")
+            rows.append({"file": path.name, "job_id": job, "node": node, "samples": samples,
+                         "utilization_mean_pct": round(sum(utils) / len(utils), 1),
+                         "memory_used_max_mib": max(used), "memory_total_mib": max(total)})
+    return rows or None
+
+
+def _tail(path: Path) -> str:
+    from .files import open_regular
+
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        f.seek(-GPU_SAMPLES_READ, os.SEEK_END)
+        return f.read(GPU_SAMPLES_READ).decode("utf-8", errors="replace").partition("\n")[2]
 
 
 def _result(run_dir: Path) -> tuple[dict | None, str | None]:
@@ -51,6 +228,98 @@ def _result(run_dir: Path) -> tuple[dict | None, str | None]:
         return None, f"{path}: {exc}"
 
 
+def duration(seconds: Any) -> str:
+    """4.1 s, 3m10s, 2h05m."""
+    value = number(seconds)
+    if value is None:
+        return "?"
+    if value < 60:
+        return f"{value:.1f} s"
+    if value < 3600:
+        return f"{int(value // 60)}m{int(value % 60):02d}s"
+    return f"{int(value // 3600)}h{int(value % 3600 // 60):02d}m"
+
+
+def _gb(value: Any) -> str:
+    amount = number(value)
+    return "?" if amount is None else f"{amount:.3g} GB"
+
+
+def _measured(start: Mapping[str, Any]) -> str:
+    """What a start's ranks measured, for its status line."""
+    parts = []
+    if number(start.get("peak_memory_gb")) is not None:
+        memory = start.get("memory")
+        kind = memory.get("kind") if isinstance(memory, dict) else None
+        parts.append(f"peak {_gb(start['peak_memory_gb'])}" + (" (host RSS)" if kind == "host_rss" else ""))
+    times = start.get("step_time_s")
+    if isinstance(times, dict) and number(times.get("median")) is not None:
+        parts.append(f"step {number(times['median']):.3g} s"
+                     + (f" (p90 {number(times['p90']):.3g} s)" if number(times.get("p90")) is not None else ""))
+    last = step_of(start.get("last_step"))
+    if last is not None:
+        parts.append(f"last step {last}")
+    return ("  " + ", ".join(parts)) if parts else ""
+
+
+def _memory_line(memory: Mapping[str, Any]) -> str:
+    kind = memory.get("kind")
+    what = {"cuda": "per GPU (CUDA peak allocated)", "host_rss": "per rank (host RSS: no GPU used)"}.get(str(kind), "")
+    line = f"  memory: peak {_gb(memory.get('peak_gb'))} {what}".rstrip()
+    planned = memory.get("planned")
+    if isinstance(planned, dict):
+        name = printable(planned.get("strategy"))
+        if number(planned.get("estimate_gb")) is not None:
+            line += f"; planner's estimate for {name}: {_gb(planned['estimate_gb'])}"
+            if number(memory.get("ratio")) is not None:
+                line += f" (peak/estimate {number(memory['ratio']):.2f})"
+            elif kind != "cuda":
+                line += " (per GPU: not comparable with a host's memory)"
+        elif planned.get("error"):
+            line += f"; no planner estimate: {printable(planned['error'])}"
+    return line
+
+
+def _goodput_lines(report: Mapping[str, Any]) -> list[str]:
+    good = report.get("goodput")
+    if not isinstance(good, dict) or not good.get("starts"):
+        return []
+    ettr = number(good.get("ettr"))
+    head = f"  goodput: ETTR {ettr:.2f}" if ettr is not None else "  goodput: ETTR ?"
+    if number(good.get("productive_s")) is not None and number(good.get("wall_s")) is not None:
+        head += f" ({duration(good['productive_s'])} of training kept in {duration(good['wall_s'])})"
+    head += f"; lost steps {good.get('lost_steps')}"
+    if number(good.get("lost_s")):
+        head += f" ({duration(good['lost_s'])})"
+    if number(good.get("restart_overhead_s")) is not None:
+        head += f"; restart overhead {duration(good['restart_overhead_s'])}"
+    interruptions = good.get("interruptions") or 0
+    head += f" over {interruptions} interruption(s)"
+    if number(good.get("mean_time_between_interruptions_s")):
+        head += f", one every {duration(good['mean_time_between_interruptions_s'])}"
+    lines = [head]
+    names = (("queue_wait_s", "queue"), ("startup_s", "start-up"), ("resume_load_s", "resume load"),
+             ("stop_s", "stop"), ("teardown_s", "teardown"))
+    for row in good["starts"]:
+        parts = [f"{label} {duration(row[key])}" for key, label in names if number(row.get(key)) is not None]
+        if row.get("lost_steps"):
+            parts.append(f"{row['lost_steps']} step(s) lost")
+        if parts:
+            lines.append(f"    start {row['restart']}: " + ", ".join(parts))
+    return lines
+
+
+def _suggestion_lines(suggestions: Any) -> list[str]:
+    lines = []
+    for key, item in (suggestions or {}).items():
+        if not isinstance(item, dict):
+            continue
+        now = item.get("current")
+        lines.append(f"  suggest: {key}={printable(item.get('value'))}"
+                     + (f" (now {printable(now)})" if now is not None else "") + f": {printable(item.get('why'))}")
+    return lines
+
+
 def format_status(summary: dict[str, Any]) -> str:
     p = printable
     lines = [f"run {p(summary['run_id'])}: {p(summary['state'])} (site {p(summary['site'])}, "
@@ -61,9 +330,32 @@ def format_status(summary: dict[str, Any]) -> str:
         lines.append(f"  start {start['restart']}: job {start['job_id']} {p(start['state'])}"
                      + (f" reason={p(start['reason'])}" if start.get("reason") else "")
                      + (f" resumed_from={start['resumed_from']}" if start.get("resumed_from") is not None else "")
-                     + (f" stopped_at={start['stopped_at']}" if start.get("stopped_at") is not None else ""))
+                     + (f" stopped_at={start['stopped_at']}" if start.get("stopped_at") is not None else "")
+                     + p(_measured(start)))
     if summary.get("reason") or summary.get("detail"):
         lines.append("  reason: " + p("; ".join(x for x in (summary.get("reason"), summary.get("detail")) if x)))
+    live = summary.get("progress")
+    if isinstance(live, dict):
+        total = f"/{live['total']}" if live.get("total") else ""
+        line = f"  progress: step {live['step']}{total}"
+        if number(live.get("step_s")):
+            line += f", {1 / live['step_s']:.3g} steps/s"
+        if live.get("age_s") is not None:
+            line += f", last step {duration(live['age_s'])} ago"
+        behind = live.get("behind") or {}
+        if behind.get("step") is not None and behind["step"] < live["step"]:
+            line += f"; rank {behind['rank']} ({p(behind.get('node'))}) is at step {behind['step']}"
+        lines.append(line)
+    if isinstance(summary.get("memory"), dict):
+        lines.append(_memory_line(summary["memory"]))
+    for gpu in summary.get("gpu") or []:
+        lines.append(f"  gpu: node {p(gpu['node'])} (job {p(gpu['job_id'])}): {gpu['samples']} samples, "
+                     f"utilisation mean {gpu['utilization_mean_pct']:g}%, memory max "
+                     f"{gpu['memory_used_max_mib']:g}/{gpu['memory_total_mib']:g} MiB")
+    lines += _goodput_lines(summary)
+    lines += _suggestion_lines(summary.get("suggest"))
+    for warning in summary.get("warnings") or []:
+        lines.append(f"  warning: {p(warning)}")
     if summary.get("result"):
         r = summary["result"]
         lines.append(f"  result: step {p(r.get('final_step'))} loss {p(r.get('final_loss'))} "

@@ -1,13 +1,21 @@
 """The local scheduler: run job.sbatch with bash on this machine, follow it to its end,
-and requeue on a time limit or a stop request as Slurm would (one node only)."""
+and requeue on a time limit or a stop request as Slurm would (one node only).
+
+Ctrl-C (SIGINT to the process running the loop) asks the ranks to stop as a preemption
+would: SIGINT to the job's process group, where bash waits for its command and localrun
+turns it into the ranks' stop signal; the loop waits for their checkpoint and the start's
+record, records the run CANCELLED with the step it stopped at, and returns
+INTERRUPTED_STATUS. A second Ctrl-C kills the job and every process it started."""
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -18,12 +26,16 @@ from ..rendering.taskspec import task_spec
 from ..resolution.jobplan import JobPlan
 from ..runs import registry
 from ..runs.files import open_regular, read_json
+from ..runs.console import Console
 from ..runs.layout import IN_FLIGHT, RunDir, RunRecord, State
-from ..runs.logs import LogFollower
 from ..runtime import jobend
+from ..runtime.task import child_pids
+from ..runtime.telemetry import iso, start_summary
 from .base import Echo, Launched, Scheduler
 
 POLL_S = 0.2
+# What the local scheduler returns for a run the user interrupted (the shell's 128 + SIGINT).
+INTERRUPTED_STATUS = 130
 
 
 class LocalScheduler(Scheduler):
@@ -175,61 +187,141 @@ def start(plan: JobPlan, job_id: str, restart: int, job_lock: int) -> subprocess
 
 def run(plan: JobPlan, *, echo: Echo | None = None) -> int:
     """Run the job to its end, requeueing on time limit or stop request like Slurm would.
-    Returns the job's exit status."""
-    echo = echo or (lambda text: (sys.stdout.write(text), sys.stdout.flush(), None)[-1])
+    `echo` gets the console (rank 0's log, status and event lines); a Console is used as
+    it is. Returns 0 (completed), 1 (failed, cancelled, out of requeues) or
+    INTERRUPTED_STATUS (Ctrl-C)."""
     run_dir = RunDir(plan.run_dir)
+    console = echo if isinstance(echo, Console) else Console(run_dir.path, echo or _stdout, live=False)
     job_lock = hold_job_lock(run_dir)
+    interrupts = Interrupts()
     try:
-        return _run(plan, run_dir, job_lock, echo)
+        return _run(plan, run_dir, job_lock, console, interrupts)
     finally:
+        interrupts.restore()
         os.close(job_lock)
 
 
-def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, echo: Echo) -> int:
+def _stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+class Interrupts:
+    """Counts SIGINT while the loop runs (in the main thread only: elsewhere Python
+    delivers no signal), instead of a KeyboardInterrupt at any line of the loop."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, _signum: int, _frame) -> None:
+        self.count += 1
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            self.previous = None
+
+
+def kill_job(pid: int) -> None:
+    """SIGKILL the job's process group and the group of every process under it (localrun
+    starts each task in a session of its own)."""
+    groups, todo, seen = {pid}, [pid], set()
+    while todo:
+        parent = todo.pop()
+        for child in child_pids(parent):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+                try:
+                    groups.add(os.getpgid(child))
+                except OSError:
+                    pass
+    own = os.getpgrp()
+    for group in groups:
+        if group > 1 and group != own:
+            try:
+                os.killpg(group, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: Console, interrupts: Interrupts) -> int:
     restart = 0
     while True:
+        if interrupts.count:          # between two starts: start nothing more
+            with registry.updating(run_dir.path) as record:
+                record.state, record.reason = State.CANCELLED.value, "cancelled"
+                record.detail = f"interrupted (Ctrl-C) before start {restart}"
+            console.finish(record)
+            return INTERRUPTED_STATUS
         job_id = next_job_id()
         dump_task(plan, job_id)
         with registry.updating(run_dir.path) as record:
             record.job_id = job_id
             record.state = State.RUNNING.value
-            record.starts.append(registry.new_start(job_id, restart, started=registry.now(),
+            record.starts.append(registry.new_start(job_id, restart, started=iso(time.time()),
                                                     state=State.RUNNING.value))
         proc = start(plan, job_id, restart, job_lock)
         with registry.updating(run_dir.path) as record:
             # The pid and its start time: `cancel` signals only a process that has both.
             record.starts[-1].update(pid=proc.pid, pid_start=process_start_time(proc.pid))
-        follower = LogFollower(run_dir.task_log(job_id, 0), echo)
-        try:
-            while proc.poll() is None:
-                follower.poll()
-                time.sleep(POLL_S)
-        except KeyboardInterrupt:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait()
-        follower.poll()
+        console.observe(record)
+        interrupted = killed = False
+        while proc.poll() is None:
+            if interrupts.count and not interrupted:
+                interrupted = True
+                console.event("interrupted: the ranks stop and save a checkpoint (Ctrl-C again kills them)")
+                try:
+                    os.killpg(proc.pid, signal.SIGINT)
+                except ProcessLookupError:
+                    pass
+            if interrupts.count > 1 and not killed:
+                killed = True
+                console.event("killing the job")
+                kill_job(proc.pid)
+            console.pump()
+            time.sleep(POLL_S)
         status = proc.returncode
         stop = jobend.stopped_in(run_dir.path, restart)
-        outcome = _outcome(plan, status, read_json(run_dir.step_summary(job_id)) or {}, run_dir, restart, stop)
+        outcome = _outcome(plan, status, read_json(run_dir.step_summary(job_id)) or {}, run_dir, restart, stop,
+                           interrupted=interrupted)
+        measured = start_summary(run_dir.path, job_id, restart)
         with registry.updating(run_dir.path) as record:
-            record.record_start(job_id, restart, ended=registry.now(), exit_code=status, state=outcome.state,
+            record.record_start(job_id, restart, ended=iso(time.time()), exit_code=status, state=outcome.state,
                                 reason=outcome.reason, detail=outcome.detail,
                                 resumed_from=jobend.resumed_in(run_dir.path, restart),
-                                stopped_at=(stop or {}).get("step"))
+                                stopped_at=(stop or {}).get("step"), **measured)
             record.state, record.reason, record.detail = outcome.state, outcome.reason, outcome.detail
         if not outcome.requeue:
-            return 0 if outcome.state == State.COMPLETED else (status or outcome.exit_code or 1)
+            console.finish(record)
+            if interrupted:
+                return INTERRUPTED_STATUS
+            return 0 if outcome.state == State.COMPLETED else 1
+        console.observe(record)
         restart += 1
 
 
 def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart: int,
-             stop: dict | None) -> jobend.Outcome:
+             stop: dict | None, *, interrupted: bool = False) -> jobend.Outcome:
     """localrun's step summary in the terms of the Slurm path's decision."""
     warned, timed_out = bool(summary.get("warned")), bool(summary.get("timed_out"))
     signalled = status < 0 or status > 128
     crashes = registry.read(run_dir.path).crash_count(before=restart)
-    return jobend.with_crash_note(jobend.decide(
+    outcome = jobend.with_crash_note(jobend.decide(
         step_status=status, finished=run_dir.result_file.exists(),
         stopped=warned or stop is not None, preempted=False,
         timed_out=timed_out, restart=restart, requeue_max=plan.requeue_max, crashes=crashes,
-        crash_retries=plan.crash_retries, cancelled=signalled and not (warned or timed_out)), run_dir.path, restart)
+        crash_retries=plan.crash_retries,
+        cancelled=interrupted or (signalled and not (warned or timed_out))), run_dir.path, restart)
+    if interrupted and outcome.state == State.CANCELLED:
+        if stop is not None and stop.get("checkpoint"):
+            said = f"stopped at step {stop.get('step')} with a checkpoint"
+        elif stop is not None:
+            said = f"stopped at step {stop.get('step')} without a checkpoint"
+        else:
+            said = "the ranks did not stop by themselves" if status else "no stop recorded"
+        outcome = dataclasses.replace(outcome, detail=f"interrupted (Ctrl-C): {said}")
+    return outcome

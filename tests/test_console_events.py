@@ -1,0 +1,104 @@
+"""The console's lines from a run directory as `glaunch submit --wait` sees a Slurm run
+go by: run.json records a requeued start only when it ends, and the next start only when
+that one ends, so the event waits for the next start's resume.json. Hand-written files;
+no scheduler."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from launcher.runs import registry
+from launcher.runs.console import Console, status_line
+from launcher.runs.layout import RunDir, RunRecord, heartbeat_bytes
+
+
+def make_run(tmp_path: Path) -> RunDir:
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.log_dir.mkdir(parents=True)
+    registry.write(run_dir.path, RunRecord.from_dict({
+        "run_id": "r", "state": "RUNNING", "requeue_max": 3, "job_id": "77",
+        "starts": [{"job_id": "77", "restart": 0, "state": "RUNNING", "started": "2025-03-01T10:00:00+00:00"}]}))
+    return run_dir
+
+
+def beat(run_dir: RunDir, restart: int, step: int, total: int = 200) -> None:
+    run_dir.heartbeat_dir.mkdir(exist_ok=True)
+    run_dir.heartbeat(0).write_bytes(heartbeat_bytes({"rank": 0, "restart": restart, "step": step, "total": total,
+                                                      "time": 1e12, "step_s": 0.5}))
+
+
+def test_requeue_event_waits_for_the_resume(tmp_path):
+    run_dir = make_run(tmp_path)
+    shown: list[str] = []
+    console = Console(run_dir.path, shown.append, live=False, clock=lambda: 1e12)
+    log = run_dir.task_log("77", 0)
+    log.write_text("submitit INFO (2025-03-01 10:00:00,000) - Starting with JobEnvironment\nstep 10/200\nste")
+    beat(run_dir, 0, 120)
+    console.observe(registry.read(run_dir.path))
+    console.pump()
+    assert "step 10/200\n" in shown and not any("submitit" in s for s in shown)
+    assert "[glaunch] RUNNING | step 120/200 | 2 steps/s | ETA 40.0 s\n" in shown
+
+    with registry.updating(run_dir.path) as record:       # jobend: start 0 ended, requeue
+        record.record_start("77", 0, state="REQUEUED", reason="preemption", stopped_at=120, last_step=121)
+        record.state = "REQUEUED"
+    console.observe(registry.read(run_dir.path))
+    console.pump()
+    assert not any("preempted" in s for s in shown)        # start 1 has not said where it resumed
+    (run_dir.path / "resume.json").write_text(json.dumps({"restart": 1, "job_id": "77", "step": 120}))
+    console.pump()
+    assert "[glaunch] start 0: preempted at step 120 -> requeued -> resumed from 120\n" in shown
+    beat(run_dir, 1, 130)
+    with registry.updating(run_dir.path) as record:
+        record.state = "RUNNING"
+    console.observe(registry.read(run_dir.path))
+    console.pump()
+    assert "[glaunch] RUNNING | start 1 | step 130/200 | 2 steps/s | ETA 35.0 s\n" in shown
+
+    with registry.updating(run_dir.path) as record:
+        record.record_start("77", 1, state="FAILED", reason="crash", detail="exit status 1", resumed_from=120)
+        record.state, record.reason, record.detail = "FAILED", "crash", "exit status 1; task 3 on n2: OOM"
+    (run_dir.path / "crash.json").write_text(json.dumps({"restart": 1, "task": 3, "node": "n2",
+                                                         "error": "RuntimeError: CUDA out of memory"}))
+    run_dir.task_log("77", 3, "err").write_text("Traceback (most recent call last):\nRuntimeError: CUDA out of memory\n")
+    console.finish(registry.read(run_dir.path))
+    text = "".join(shown)
+    assert text.count("preempted at step 120") == 1
+    assert "ste\n" in text                                  # the last partial line of the log
+    assert "[glaunch] run r FAILED after 2 start(s)" in text
+    assert "[glaunch] reason: crash; exit status 1; task 3 on n2: OOM\n" in text
+    assert "[glaunch] first failing rank: 3 on n2: RuntimeError: CUDA out of memory; its log: " in text
+    assert "    RuntimeError: CUDA out of memory\n" in text
+
+
+def test_requeue_without_a_resume_is_said_at_the_end(tmp_path):
+    run_dir = make_run(tmp_path)
+    shown: list[str] = []
+    console = Console(run_dir.path, shown.append, live=False)
+    with registry.updating(run_dir.path) as record:
+        record.record_start("77", 0, state="REQUEUED", reason="timeout", stopped_at=50, stop_checkpoint=None)
+        record.record_start("77", 1, state="TIMEOUT", reason="timeout", first_step=1, last_step=50)
+        record.state = "TIMEOUT"
+    console.finish(registry.read(run_dir.path))
+    text = "".join(shown)
+    assert "[glaunch] start 0: time limit at step 50 -> requeued -> began again from step 0 (no checkpoint)" in text
+    assert "[glaunch] warning: no checkpoint: start 0 stopped at step 50 without a checkpoint" in text
+
+
+def test_live_status_is_redrawn_in_place_and_cut_to_the_width(tmp_path, monkeypatch):
+    run_dir = make_run(tmp_path)
+    monkeypatch.setenv("COLUMNS", "25")
+    out: list[str] = []
+    console = Console(run_dir.path, out.append, live=True, clock=lambda: 1e12)
+    beat(run_dir, 0, 5)
+    console.observe(registry.read(run_dir.path))
+    console.pump()
+    console.pump()                                          # unchanged: not drawn again
+    assert out == ["\r\x1b[K[glaunch] RUNNING | step"]
+    console.log("hello\n")
+    assert out[-1] == "\r\x1b[Khello\n[glaunch] RUNNING | step"
+    (run_dir.checkpoint_dir).mkdir()
+    (run_dir.checkpoint_dir / "latest").write_text("step-00000004\n")
+    assert status_line(run_dir, registry.read(run_dir.path), 1e12, run_dir.checkpoint_dir).endswith(
+        "| checkpoint 4")
