@@ -65,9 +65,10 @@ def test_run_preempted_twice():
     assert good["restart_overhead_s"] == (30 + 21) + (30 + 21) + (3 + 6) + (3 + 6)
     assert good["save_s"] == {"median": 2.0, "max": 3.0}
 
+    assert good["unwarned_interruptions"] == 0 and good["mean_time_between_unwarned_s"] is None
     every = report["suggest"]["checkpoint.every_steps"]
     assert every["value"] == round(math.sqrt(2 * 2.0 * 81) / 0.5)      # 36 steps
-    assert every["current"] == 500
+    assert every["current"] == 500 and "all warned so far" in every["why"]
     lead = report["suggest"]["requeue.signal_lead_s"]
     assert lead["value"] == 5 * math.ceil((0.7 + 2 * 3.0 + 10) / 5) == 20
     assert lead["current"] == 30
@@ -77,12 +78,18 @@ def test_run_preempted_twice():
 def test_crash_loses_the_steps_after_the_last_checkpoint():
     record = RunRecord.from_dict({"run_id": "r", "state": "COMPLETED", "requeue_max": 3, "crash_retries": 2, "starts": [
         start(0, "7", 0, 80, "REQUEUED", "crash", first_step=1, first_step_at=at(10), last_step=130,
-              last_step_at=at(75), step_time_s={"median": 0.5, "p90": 0.5}),
+              last_step_at=at(75), step_time_s={"median": 0.5, "p90": 0.5},
+              save_s={"median": 1.0, "max": 1.0, "count": 1}),
         start(1, "7", 90, 150, "COMPLETED", resumed_from=100, first_step=101, first_step_at=at(100),
               last_step=200, last_step_at=at(149.5), step_time_s={"median": 0.5, "p90": 0.5}),
     ]})
-    good = goodput.summarize(record, now=0)["goodput"]
+    report = goodput.summarize(record, now=0)
+    good = report["goodput"]
     assert good["lost_steps"] == 30
+    assert good["unwarned_interruptions"] == 1 and good["mean_time_between_unwarned_s"] == 80
+    every = report["suggest"]["checkpoint.every_steps"]
+    assert "without warning" in every["why"] and every["mtbi_s"] == 80
+    assert every["value"] == round(math.sqrt(2 * 1.0 * 80) / 0.5)      # 25 steps
     assert good["lost_s"] == 15
     assert [r["steps_kept"] for r in good["starts"]] == [100, 100]
     assert good["productive_s"] == 100

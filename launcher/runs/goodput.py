@@ -20,14 +20,16 @@ Run (``goodput``): ``ettr`` = sum of productive_s / wall time from the first sta
 the last end (or now); ``lost_steps``; ``restart_overhead_s`` = queue wait and start-up
 of every start after the first, plus stop and teardown of every interrupted start;
 ``interruptions`` and ``mean_time_between_interruptions_s`` (a start's begin -> its stop
-request, or its end).
+request, or its end); the same for those that came without warning (crash, hang, node
+failure: ``unwarned_interruptions``, ``mean_time_between_unwarned_s``).
 
 Suggestions (``suggest``):
 - ``checkpoint.every_steps`` by Young and Daly: the checkpoint interval that minimises the
-  expected waste is sqrt(2 * save time * mean time between interruptions) (J. W. Young,
+  expected waste is sqrt(2 * save time * mean time between failures) (J. W. Young,
   "A first order approximation to the optimum checkpoint interval", CACM 17(9), 1974;
   J. T. Daly, "A higher order estimate of the optimum checkpoint interval for restart
-  dumps", FGCS 22(3), 2006), here in steps of the median step time;
+  dumps", FGCS 22(3), 2006), here in steps of the median step time. Their failures come
+  without warning: the unwarned interruptions when there were any, else all of them;
 - ``requeue.signal_lead_s``: the warning must leave time to finish the step in hand
   (p90 step time) and save (the longest save seen, doubled for a slower filesystem day)
   with LEAD_MARGIN_S to spare; rounded up to 5 s.
@@ -206,10 +208,8 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
             if part is not None:
                 overhead += part
                 measured = True
-    interrupted = [(s, r) for s, r in zip(starts, rows) if s.reason in INTERRUPTED and s.ended]
-    spans = [x for s, _ in interrupted
-             if (x := _span(epoch(s.started), epoch(s.get("stop_requested_at")) or epoch(s.ended))) is not None]
-    mtbi = round(sum(spans) / len(spans), 3) if spans else None
+    interrupted = [s for s in starts if s.reason in INTERRUPTED and s.ended]
+    unwarned = [s for s in interrupted if s.reason not in STOPPED]
     goodput = {
         "ettr": round(sum(productive) / wall, 4) if productive and wall else None,
         "productive_s": round(sum(productive), 3) if productive else None,
@@ -218,12 +218,22 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
         "lost_s": round(sum(lost_s), 3) if lost_s else None,
         "restart_overhead_s": round(overhead, 3) if measured else None,
         "interruptions": len(interrupted),
-        "mean_time_between_interruptions_s": mtbi,
+        "mean_time_between_interruptions_s": _mean_run(interrupted),
+        "unwarned_interruptions": len(unwarned),
+        "mean_time_between_unwarned_s": _mean_run(unwarned),
         "save_s": _save_times(starts),
         "starts": rows,
     }
     return {"goodput": goodput, "suggest": suggest(starts, goodput, settings or {}),
             "warnings": checkpoint_warnings(record)}
+
+
+def _mean_run(starts: Sequence[StartRecord]) -> float | None:
+    """How long the starts ran, on average, before they were interrupted (a stop request
+    when there was one, else their end)."""
+    spans = [x for s in starts
+             if (x := _span(epoch(s.started), epoch(s.get("stop_requested_at")) or epoch(s.ended))) is not None]
+    return round(sum(spans) / len(spans), 3) if spans else None
 
 
 def _save_times(starts: Sequence[StartRecord]) -> dict[str, float] | None:
@@ -245,13 +255,19 @@ def suggest(starts: Sequence[StartRecord], goodput: Mapping[str, Any],
     medians = [t for s in starts if (t := step_time(s)) is not None]
     p90s = [t for s in starts if (t := number(_field(s, "step_time_s", "p90"))) is not None]
     step = sorted(medians)[len(medians) // 2] if medians else None
-    mtbi = number(goodput.get("mean_time_between_interruptions_s"))
+    # Young and Daly model failures that come without warning: those, when the run saw any;
+    # else every interruption (so far all warned stops that could save).
+    mtbi = number(goodput.get("mean_time_between_unwarned_s"))
+    what = "interruptions without warning"
+    if not mtbi:
+        mtbi = number(goodput.get("mean_time_between_interruptions_s"))
+        what = "interruptions (all warned so far: this bounds the loss if one is not)"
     if save is not None and mtbi and step:
         interval = math.sqrt(2 * max(save, 1e-3) * mtbi)
         out["checkpoint.every_steps"] = {
             "value": max(1, round(interval / step)), "current": settings.get("checkpoint.every_steps"),
             "interval_s": round(interval, 1), "save_s": save, "mtbi_s": mtbi, "step_s": round(step, 4),
-            "why": f"Young-Daly: sqrt(2 x {save:.2f} s save x {mtbi:.0f} s between interruptions) = "
+            "why": f"Young-Daly: sqrt(2 x {save:.2f} s save x {mtbi:.0f} s between {what}) = "
                    f"{interval:.0f} s = {max(1, round(interval / step))} steps of {step:.3g} s"}
     if longest is not None:
         in_hand = max(p90s) if p90s else (step or 0.0)
