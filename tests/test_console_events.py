@@ -102,3 +102,30 @@ def test_live_status_is_redrawn_in_place_and_cut_to_the_width(tmp_path, monkeypa
     (run_dir.checkpoint_dir / "latest").write_text("step-00000004\n")
     assert status_line(run_dir, registry.read(run_dir.path), 1e12, run_dir.checkpoint_dir).endswith(
         "| checkpoint 4")
+
+
+def test_status_of_a_running_start(tmp_path):
+    """status while a start runs: rank 0's progress, ranks silent for much longer than they
+    write, and goodput so far from the heartbeats (the start records its own only at its end)."""
+    from launcher.runs.status import format_status, summarize
+
+    run_dir = make_run(tmp_path)
+    now = 1_741_000_000.0
+    with registry.updating(run_dir.path) as record:
+        record.record_start("77", 0, started="2025-03-03T11:05:40+00:00")      # now - 60 s
+    run_dir.heartbeat_dir.mkdir()
+    for rank, step, age in ((0, 100, 0.5), (1, 99, 4.0), (2, 20, 50.0)):
+        run_dir.heartbeat(rank).write_bytes(heartbeat_bytes({
+            "rank": rank, "node": f"n{rank}", "restart": 0, "job_id": "77", "step": step, "total": 400,
+            "time": now - age, "first_step": 1, "first_time": now - 50, "step_s": 0.5, "interval_s": 5.0,
+            "state": "running"}))
+    summary = summarize(run_dir.path, registry.read(run_dir.path), now=now)
+    live = summary["progress"]
+    assert (live["step"], live["total"], live["ranks"]) == (100, 400, 3)
+    assert [s["rank"] for s in live["silent"]] == [2]                  # 50 s > max(30 s, 3 x 5 s)
+    good = summary["goodput"]
+    assert good["starts"][0]["startup_s"] == 10.0 and good["wall_s"] == 60.0
+    assert good["ettr"] == round(100 * 0.5 / 60, 4)
+    text = format_status(summary)
+    assert "progress: step 100/400, 2 steps/s" in text
+    assert "1 rank(s) silent: rank 2 (n2) at step 20 for 50.0 s" in text

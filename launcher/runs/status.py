@@ -38,14 +38,15 @@ def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dic
     experiment = _mapping(resolved.get("experiment"))
     settings = {"checkpoint.every_steps": _dig(experiment, "checkpoint", "every_steps"),
                 "requeue.signal_lead_s": _dig(experiment, "requeue", "signal_lead_s")}
-    report = goodput.summarize(record, now, settings)
+    live = progress(run_dir, record, now) if record.state in IN_FLIGHT else None
+    report = goodput.summarize(_with_progress(record, live), now, settings)
     summary = {
         "run_id": record.run_id, "run_dir": str(run_dir), "site": record.site,
         "state": record.state, "job_id": record.job_id,
         "restarts": max(len(record.starts) - 1, 0), "starts": [s.to_dict() for s in record.starts],
         "accounting": record.extra.get("accounting"), "reason": record.reason, "detail": record.detail,
         "result": result,
-        "progress": progress(run_dir, record, now) if record.state in IN_FLIGHT else None,
+        "progress": live,
         "memory": memory_report(run_dir, record, resolved),
         "gpu": gpu_report(run_dir),
         **report,
@@ -79,9 +80,15 @@ def resolved_values(run_dir: Path) -> dict[str, Any]:
 # --- what the ranks measured -------------------------------------------------------------------
 
 
+# A heartbeat is silent when it is this much older than its rank's own writing interval.
+SILENT_AFTER_INTERVALS = 3
+SILENT_MIN_S = 30.0
+
+
 def progress(run_dir: Path, record: RunRecord, now: float) -> dict[str, Any] | None:
-    """The current start's progress from its heartbeats: rank 0's step, and the rank that
-    is furthest behind."""
+    """The current start's progress from its heartbeats: rank 0's step and step time, and
+    the ranks whose last step is long past (SILENT_AFTER_INTERVALS of their writing
+    interval, and at least SILENT_MIN_S)."""
     if not record.starts:
         return None
     restart = record.starts[-1].restart
@@ -92,14 +99,43 @@ def progress(run_dir: Path, record: RunRecord, now: float) -> dict[str, Any] | N
             beats.append((rank, beat))
     if not beats:
         return None
-    rank0 = dict(beats)[0] if 0 in dict(beats) else beats[0][1]
-    behind_rank, behind = min(beats, key=lambda rb: (rb[1]["step"], number(rb[1].get("time")) or 0.0))
+    rank0 = dict(beats).get(0, beats[0][1])
     when = number(rank0.get("time"))
+    silent = []
+    for rank, beat in beats:
+        reached = number(beat.get("time"))
+        limit = max(SILENT_MIN_S, SILENT_AFTER_INTERVALS * (number(beat.get("interval_s")) or 0.0))
+        if reached is not None and now - reached > limit and beat.get("state") == "running":
+            silent.append({"rank": rank, "step": beat["step"], "for_s": round(now - reached, 1),
+                           "node": beat.get("node") if isinstance(beat.get("node"), str) else None})
     return {"step": rank0["step"], "total": step_of(rank0.get("total")), "step_s": number(rank0.get("step_s")),
             "age_s": None if when is None else round(max(0.0, now - when), 1),
-            "checkpoint_step": step_of(rank0.get("checkpoint_step")), "ranks": len(beats),
-            "behind": {"rank": behind_rank, "step": behind["step"], "node": behind.get("node")
-                       if isinstance(behind.get("node"), str) else None}}
+            "first_step": step_of(rank0.get("first_step")), "first_time": number(rank0.get("first_time")),
+            "time": when, "checkpoint_step": step_of(rank0.get("checkpoint_step")), "ranks": len(beats),
+            "silent": silent}
+
+
+def _with_progress(record: RunRecord, live: Mapping[str, Any] | None) -> RunRecord:
+    """The record with the running start's progress so far where it has none recorded
+    yet (a start records what its ranks measured only when it ends)."""
+    if not live or not record.starts:
+        return record
+    copy = RunRecord.from_dict(record.to_dict())
+    start = copy.starts[-1]
+    values = {"first_step": live.get("first_step"), "first_step_at": iso_time(live.get("first_time")),
+              "last_step": live.get("step"), "last_step_at": iso_time(live.get("time")),
+              "step_time_s": {"median": live["step_s"]} if live.get("step_s") else None}
+    for key, value in values.items():
+        if value is not None and start.get(key) is None:
+            start.set(key, value)
+    return copy
+
+
+def iso_time(epoch_s: Any) -> str | None:
+    value = number(epoch_s)
+    if value is None:
+        return None
+    return dt.datetime.fromtimestamp(value, dt.timezone.utc).astimezone().isoformat(timespec="milliseconds")
 
 
 # The planner's name of the strategy a run used.
@@ -342,9 +378,11 @@ def format_status(summary: dict[str, Any]) -> str:
             line += f", {1 / live['step_s']:.3g} steps/s"
         if live.get("age_s") is not None:
             line += f", last step {duration(live['age_s'])} ago"
-        behind = live.get("behind") or {}
-        if behind.get("step") is not None and behind["step"] < live["step"]:
-            line += f"; rank {behind['rank']} ({p(behind.get('node'))}) is at step {behind['step']}"
+        silent = live.get("silent") or []
+        if silent:
+            line += f"; {len(silent)} rank(s) silent: " + ", ".join(
+                f"rank {s['rank']} ({p(s.get('node'))}) at step {s['step']} for {duration(s['for_s'])}"
+                for s in silent[:8]) + (" ..." if len(silent) > 8 else "")
         lines.append(line)
     if isinstance(summary.get("memory"), dict):
         lines.append(_memory_line(summary["memory"]))

@@ -8,11 +8,13 @@ it also replaces ``<run dir>/heartbeats/rank-RRRRR.json``::
 
     {"rank": 3, "node": "gpu012", "job_id": "4711", "restart": 1, "step": 120, "total": 400,
      "time": 1733230000.12, "first_step": 101, "first_time": ..., "step_s": 0.41,
-     "checkpoint_step": 100, "state": "running", ...}
+     "checkpoint_step": 100, "state": "running", "written": ..., "interval_s": 5.0, ...}
 
 ``time`` is when the rank reached ``step`` (not when the file was written), so a rank
 that hangs leaves a file that ages while its peers' files move on: no collective is
-needed to tell which rank fell silent. The record is written over the previous one in
+needed to tell which rank fell silent. A rank writes at most every ``interval_s``, and at
+its first step after that: a record whose ``time`` is well over ``interval_s`` plus a
+step behind its peers' is a rank that stopped stepping. The record is written over the previous one in
 place, with its checksum (layout.heartbeat_bytes; read it with layout.read_heartbeat),
 and never fsynced: a reader needs a whole record, not a durable one, and a rename or an
 fsync per beat from every rank would load a shared filesystem's metadata server for
@@ -132,7 +134,8 @@ class Beats:
                 "job_id": self.job_id, "restart": self.restart, "step": self.step, "total": self.total,
                 "time": self.time, "first_step": self.first_step, "first_time": self.first_time,
                 "step_s": None if self.step_s is None else round(self.step_s, 6),
-                "checkpoint_step": self.checkpoint_step, "state": self.state, "written": time.time()}
+                "checkpoint_step": self.checkpoint_step, "state": self.state, "written": time.time(),
+                "interval_s": self.interval_s}
 
     def write(self, now: float | None = None) -> None:
         """Write this rank's heartbeat over the previous one; a failure is said once and
