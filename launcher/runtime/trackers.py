@@ -12,6 +12,10 @@ TensorBoard: ``<run dir>/tensorboard`` (``GLAUNCH_TENSORBOARD_DIR`` overrides);
 previous start wrote after the step this start resumed from (``purge_step``), so a
 requeued run's curves do not fold back on themselves.
 
+W&B keeps a run's steps increasing: after a stop that saved, the resumed start logs on
+from the next step; after a crash, the steps it does again up to the last one logged are
+dropped by W&B (TensorBoard's purge_step replaces them instead).
+
 Both return None where they do nothing (other ranks, the package not installed): a
 script calls them unconditionally and checks the result. Offline W&B
 (``WANDB_MODE=offline`` in the experiment's ``env:``) syncs later with ``wandb sync``.
