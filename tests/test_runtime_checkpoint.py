@@ -190,9 +190,11 @@ def test_manifest_hash_mismatch(tmp_path):
     _save(1)
     c = _save(2)
     m = json.loads((c.path / "manifest.json").read_text())
-    m["shards"][0]["sha256"] = "0" * 64
+    algo = ck.checksum_algorithm()
+    assert algo in m["shards"][0] and m["format"] == 2
+    m["shards"][0][algo] = "0" * len(m["shards"][0][algo])
     (c.path / "manifest.json").write_text(json.dumps(m))
-    assert "sha256" in verify_checkpoint(c.path)[1]
+    assert f"{algo} mismatch" in verify_checkpoint(c.path)[1]
     assert latest_complete(d, quiet=True).step == 1
 
 
