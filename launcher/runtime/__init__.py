@@ -1,7 +1,8 @@
 """glaunch in-job runtime: what a training script imports.
 
-Small and framework-agnostic; thin adapters live in ``launcher.runtime.lightning``
-and ``launcher.runtime.deepspeed``. Importing this package does not import torch.
+Small and framework-agnostic; thin adapters live in ``launcher.runtime.lightning``,
+``launcher.runtime.deepspeed`` and ``launcher.runtime.fsdp``. Importing this package
+does not import torch.
 
 Environment (set by the launcher on every rank; all optional)
 -------------------------------------------------------------
@@ -30,13 +31,17 @@ The training loop, in full::
         start = resumed = rt.load_torch_state(ck, model, opt)["step"]
     for step in range(start + 1, steps + 1):
         train_one_step(step)               # data derived from (seed, step, rank)
-        saved = ctx.checkpoint_due(step) and rt.save_torch_state(step, model, opt)
+        if ctx.checkpoint_due(step):       # returns once this rank's share is in host memory
+            rt.save_torch_state(step, model, opt, blocking=False)
         if step < steps and rt.should_stop():     # collective, every rank, every step
-            ck = saved or rt.save_torch_state(step, model, opt)
+            ck = rt.wait_checkpoints()             # the save in flight: committed, or raised
+            if ck is None or ck.step != step:
+                ck = rt.save_torch_state(step, model, opt)   # blocking
             rt.write_stop(step, ck)
             print(f"glaunch: stopping at step {step}, checkpoint saved")
             rt.shutdown_distributed()
             return 0                               # the launcher decides about requeue
+    rt.wait_checkpoints()
     rt.write_result(steps, model=model, final_loss=loss, resumed_from=resumed)
     rt.shutdown_distributed()
 
@@ -52,9 +57,16 @@ API
 ``request_stop()`` / ``reset_stop()``      set / clear the flag from code
 ``stage_checkpoint(step)``  collective context manager: write shards into staging, commit atomically
 ``latest_complete(dir)``    newest checkpoint whose manifest verifies (never trusts ``latest`` alone)
-``resume_checkpoint()``     the same, decided by rank 0 and broadcast
+``resume_checkpoint()``     the same on every rank; sizes and checksums re-checked, split over the ranks
 ``verify_checkpoint(path)`` ``(manifest, None)`` or ``(None, reason)``
-``save_torch_state`` / ``load_torch_state``  model + optimizer + per-rank RNG through the scheme
+``save_torch_state`` / ``load_torch_state``  model + optimizer (+ scheduler) with
+                            torch.distributed.checkpoint, every rank writing its share (DDP
+                            replicas spread, FSDP2 shards by owner), checksummed as written;
+                            per-rank RNG and data position; loads reshard to any world size
+``save_torch_state(..., blocking=False)``  returns a ``PendingCheckpoint`` once the state is in
+                            host memory; writing and commit go on in a thread; at most one in flight
+``wait_checkpoints()``      collective: the save in flight committed (its ``Checkpoint``) or raised
+                            on every rank; the next save and a stop call it
 ``param_sha256(model)``     SHA-256 of all parameters (name order, float32 bytes; gathers ZeRO-3)
 ``write_result(...)``       rank 0 writes ``<run_dir>/result.json`` atomically
 ``write_stop(step, ck)``    rank 0 writes ``<run_dir>/stop.json`` (step, signal, checkpoint)
@@ -70,14 +82,18 @@ Adapters (import them only where the framework is installed)
     ``init_distributed()``, ``ds_config(default)`` (GLAUNCH_DS_CONFIG or the default),
     ``save_engine(engine, step)`` / ``load_engine(engine, ck)`` (engine.save_checkpoint
     into the staging dir with save_latest=False; load names the tag), ``shutdown(engine)``.
+``launcher.runtime.fsdp``  ``shard(model)`` (FSDP2 ``fully_shard`` of each layer, then the
+    root, on a CPU or CUDA mesh over all ranks), ``full_parameters(model)`` (gathered, for
+    ``param_sha256``); checkpoints go through ``save_torch_state`` unchanged.
 
-Examples: ``examples/torch_ddp.py``, ``lightning_ddp.py``, ``deepspeed_zero2.py``,
+Examples: ``examples/torch_ddp.py``, ``fsdp.py``, ``lightning_ddp.py``, ``deepspeed_zero2.py``,
 ``deepspeed_zero3.py``. See ``launcher.runtime.checkpoint`` for the on-disk layout and
 the commit protocol.
 """
 
 from __future__ import annotations
 
+from .background import PendingCheckpoint, wait_checkpoints
 from .checkpoint import (
     Checkpoint,
     CheckpointError,
@@ -113,12 +129,39 @@ from .stop import (
 )
 
 __all__ = [
-    "Checkpoint", "CheckpointError", "RankContext", "RuntimeConfigError", "Staging",
-    "barrier", "context", "export_rendezvous_env", "init_distributed", "shutdown_distributed",
-    "install_stop_handler", "uninstall_stop_handler", "should_stop", "stop_requested",
-    "stop_signal", "received_signal", "request_stop", "reset_stop",
-    "stage_checkpoint", "latest_complete", "resume_checkpoint", "verify_checkpoint",
-    "list_checkpoints", "read_latest", "step_dir_name",
-    "save_torch_state", "load_torch_state", "rng_state", "set_rng_state", "unwrap",
-    "param_sha256", "write_result", "write_stop",
+    "Checkpoint",
+    "CheckpointError",
+    "PendingCheckpoint",
+    "RankContext",
+    "RuntimeConfigError",
+    "Staging",
+    "barrier",
+    "context",
+    "export_rendezvous_env",
+    "init_distributed",
+    "install_stop_handler",
+    "latest_complete",
+    "list_checkpoints",
+    "load_torch_state",
+    "param_sha256",
+    "read_latest",
+    "received_signal",
+    "request_stop",
+    "reset_stop",
+    "resume_checkpoint",
+    "rng_state",
+    "save_torch_state",
+    "set_rng_state",
+    "should_stop",
+    "shutdown_distributed",
+    "stage_checkpoint",
+    "step_dir_name",
+    "stop_requested",
+    "stop_signal",
+    "uninstall_stop_handler",
+    "unwrap",
+    "verify_checkpoint",
+    "wait_checkpoints",
+    "write_result",
+    "write_stop",
 ]

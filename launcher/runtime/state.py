@@ -1,12 +1,21 @@
-"""Plain-torch adapter: save/load model, optimizer, RNG and data position through the atomic scheme.
+"""Plain-torch adapter: model, optimizer, scheduler, RNG and data position through the atomic scheme.
 
 Files in a checkpoint written by :func:`save_torch_state`::
 
-    model.pt              rank 0: model + optimizer (+ scheduler) state dicts, step, extra
-                          (or model-rank-RRRRR.pt on every rank with ``per_rank_model=True``)
+    state/                a torch.distributed.checkpoint (DCP) directory: model + optimizer
+      __R_0.distcp          (+ scheduler) state; every rank writes its share, replicated DDP
+      .metadata             tensors spread over the ranks, FSDP2 shards by their owner
     rank-RRRRR.pt         every rank: its RNG states (python, numpy, torch, cuda) + rank_state
 
-Everything is plain types and tensors, so it loads with ``torch.load(weights_only=True)``.
+Model and optimizer state go through ``torch.distributed.checkpoint.state_dict``
+(``get_state_dict`` / ``set_state_dict``: parameter names, not positions), so plain
+modules, DDP and FSDP2 (``fully_shard``) models all save and load the same way, and a
+checkpoint loads at another world size (DCP reshards). Checkpoints of the earlier
+layout (``model.pt`` written by rank 0, or ``model-rank-RRRRR.pt`` with
+``per_rank_model=True``) still load.
+
+Everything loads with ``weights_only=True`` except DCP's non-tensor entries (optimizer
+hyper-parameters, scheduler state), which DCP itself unpickles.
 """
 
 from __future__ import annotations
@@ -14,10 +23,25 @@ from __future__ import annotations
 import random
 import sys
 
-from .checkpoint import Checkpoint, CheckpointError, stage_checkpoint
+from . import background
+from .checkpoint import (
+    Checkpoint,
+    CheckpointError,
+    agree,
+    commit,
+    first_failed_rank,
+    open_staging,
+    stage_checkpoint,
+    step_dir_name,
+    write_failure_marker,
+    write_marker,
+)
 from .context import RankContext, context, log
 
 MODEL_FILE = "model.pt"
+STATE_DIR = "state"
+# Rank 0 waits this long at commit for the other ranks' done markers (their writes run in parallel).
+MARKER_TIMEOUT_S = 1800.0
 
 
 def rank_file(rank: int) -> str:
@@ -97,29 +121,159 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
+def _app_state(model, optimizer=None, scheduler=None) -> dict:
+    """``{"model": ..., "optimizer": ..., "scheduler": ...}`` keyed by parameter names (DCP's state_dict API)."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    if optimizer is not None:
+        msd, osd = get_state_dict(model, optimizer)
+        state = {"model": msd, "optimizer": osd}
+    else:
+        state = {"model": get_model_state_dict(model)}
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    return state
+
+
+def _stepped(optimizer) -> bool:
+    """Whether the optimizer has state yet. Before its first step DCP's state_dict API would
+    create some with a zero-gradient step, changing what the next real step does."""
+    optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+    return all(bool(o.state) for o in optimizers)
+
+
+def _rank_blob(step: int, ctx: RankContext, rank_state: dict | None) -> dict:
+    return {"step": step, "rank": ctx.rank, "world_size": ctx.world_size,
+            "rng": rng_state(), "rank_state": rank_state or {}}
+
+
+_host_buffers = None
+
+
+def _buffers():
+    global _host_buffers
+    if _host_buffers is None:
+        from .dcp import HostBuffers
+
+        _host_buffers = HostBuffers()
+    return _host_buffers
+
+
 def save_torch_state(step: int, model, optimizer=None, *, scheduler=None, extra: dict | None = None,
                      rank_state: dict | None = None, per_rank_model: bool = False,
-                     ctx: RankContext | None = None, framework: str = "torch") -> Checkpoint:
-    """Collective: checkpoint ``step`` atomically; returns the committed :class:`Checkpoint`.
+                     ctx: RankContext | None = None, framework: str = "torch", blocking: bool = True):
+    """Collective: checkpoint ``step`` atomically.
 
-    ``extra`` (rank 0's) is stored with the model and in the manifest; ``rank_state`` is
-    this rank's own (e.g. its data position). With DDP the replicas are identical, so
-    rank 0 alone writes the model; ``per_rank_model=True`` makes every rank write its
-    own copy (for models whose state differs per rank).
+    Every rank writes its share of the model and optimizer state with
+    torch.distributed.checkpoint (replicated state is spread over the ranks) and its
+    own ``rank-RRRRR.pt`` (RNG states, ``rank_state`` such as its data position),
+    checksummed as written; rank 0 commits once every rank's done marker is in.
+    ``extra`` (rank 0's) is stored in the manifest (:attr:`Checkpoint.extra`).
+
+    ``blocking=True`` returns the committed :class:`Checkpoint`. ``blocking=False``
+    returns a :class:`~launcher.runtime.background.PendingCheckpoint` as soon as this
+    rank's share is copied to host memory; writing and commit go on in a thread, and
+    :func:`~launcher.runtime.background.wait_checkpoints` (collective) returns the
+    committed checkpoint or raises the failure on every rank. A save in flight is
+    waited for first, here, so at most one is ever in flight, and a failed one is
+    raised by the next call.
+
+    ``per_rank_model=True`` writes each rank's whole state dict with ``torch.save``
+    instead (for models whose state differs per rank and is not sharded DTensors).
     """
+    ctx = ctx or context()
+    background.wait_checkpoints(ctx)
+    if per_rank_model:
+        return _save_per_rank(step, model, optimizer, scheduler=scheduler, extra=extra, rank_state=rank_state,
+                              ctx=ctx, framework=framework)
+    from . import dcp
+
+    d = ctx.checkpoint_dir
+    st = open_staging(step, ctx, d)
+    writer = dcp.ChecksummingWriter(st.path / STATE_DIR)
+    planner = dcp.StagingPlanner()
+    state: dict = {}
+    state_error: BaseException | None = None
+    optimizer_saved = optimizer is not None and _stepped(optimizer)
+    try:
+        state = _app_state(model, optimizer if optimizer_saved else None, scheduler)
+    except Exception as e:   # reported on every rank by plan_save
+        state_error = e
+    layout = {"state": "dcp", "dir": STATE_DIR,
+              "optimizer": "saved" if optimizer_saved else "unstepped" if optimizer is not None else "none"}
+    plan, metadata = dcp.plan_save(state, writer, planner, ctx, local_error=state_error)
+    blob = _rank_blob(step, ctx, rank_state)
+    final = d / step_dir_name(step)
+    stage_error: BaseException | None = None
+    if not blocking:
+        try:
+            planner.stage(plan, _buffers())
+        except Exception as e:   # becomes this rank's failure marker
+            stage_error = e
+    del state
+
+    def write_part() -> str | None:
+        """This rank's files and done marker (no collective: may run in a thread)."""
+        try:
+            if stage_error is not None:
+                raise stage_error
+            results = dcp.write_share(plan, planner, writer, skip_zip_crc32=blocking)
+            for path, (size, algo, digest) in writer.written.items():
+                st.record(path, size, algo, digest)
+            with st.open(rank_file(ctx.rank)) as f:
+                _torch_save(blob, f)
+            st.payload = {"dcp": dcp.encode_results(results)}
+            write_marker(st)
+        except Exception as e:   # rank 0 stops waiting on the failure marker
+            write_failure_marker(st, e)
+            return f"{type(e).__name__}: {e}"
+        return None
+
+    def commit_part() -> str | None:
+        """Rank 0: DCP's .metadata from the markers' write results, then the commit (no collective)."""
+        def write_metadata(markers: list[dict]) -> list[dict]:
+            path, (size, algo, digest) = dcp.write_metadata(
+                writer, metadata, [dcp.decode_results(m["payload"]["dcp"]) for m in markers])
+            return [{"path": path.relative_to(st.path).as_posix(), "size": size, algo: digest}]
+
+        try:
+            commit(ctx, d, st.path, step, framework=framework, keep=ctx.checkpoint_keep, extra=extra,
+                   marker_timeout_s=MARKER_TIMEOUT_S, on_markers=write_metadata, prune_in_background=True,
+                   layout=layout)
+        except Exception as e:   # every rank learns it in agree()
+            return f"commit failed: {type(e).__name__}: {e}"
+        return None
+
+    if not blocking:
+        def work() -> str | None:
+            error = write_part()
+            return commit_part() if error is None and ctx.is_main else error
+
+        return background.start(step, final, work)
+    error = write_part()
+    # Blocking: a collective before the commit, so rank 0 finds every marker at once, no polling.
+    if first_failed_rank(ctx, error is not None) is None and ctx.is_main:
+        error = commit_part()
+    return agree(ctx, step, final, error)
+
+
+def _torch_save(obj, f) -> None:
     import torch
 
-    ctx = ctx or context()
+    torch.save(obj, f)
+
+
+def _save_per_rank(step, model, optimizer, *, scheduler, extra, rank_state, ctx, framework) -> Checkpoint:
     with stage_checkpoint(step, framework=framework, ctx=ctx, extra=extra) as st:
-        if per_rank_model or ctx.is_main:
-            blob = {"step": step, "model": unwrap(model).state_dict(), "extra": extra or {}}
-            if optimizer is not None:
-                blob["optimizer"] = optimizer.state_dict()
-            if scheduler is not None:
-                blob["scheduler"] = scheduler.state_dict()
-            torch.save(blob, st.file(model_rank_file(ctx.rank) if per_rank_model else MODEL_FILE))
-        torch.save({"step": step, "rank": ctx.rank, "world_size": ctx.world_size,
-                    "rng": rng_state(), "rank_state": rank_state or {}}, st.file(rank_file(ctx.rank)))
+        blob = {"step": step, "model": unwrap(model).state_dict(), "extra": extra or {}}
+        if optimizer is not None:
+            blob["optimizer"] = optimizer.state_dict()
+        if scheduler is not None:
+            blob["scheduler"] = scheduler.state_dict()
+        with st.open(model_rank_file(ctx.rank)) as f:
+            _torch_save(blob, f)
+        with st.open(rank_file(ctx.rank)) as f:
+            _torch_save(_rank_blob(step, ctx, rank_state), f)
     return st.committed
 
 
@@ -127,28 +281,39 @@ def load_torch_state(ckpt: Checkpoint, model, optimizer=None, *, scheduler=None,
                      restore_rng: bool = True, ctx: RankContext | None = None) -> dict:
     """Load what :func:`save_torch_state` wrote; returns ``{"step", "extra", "rank_state", "rng_restored"}``.
 
-    RNG states are restored only when this rank's file exists (same world size); otherwise
-    a warning says that the run continues but is no longer bitwise reproducible.
+    Collective for DCP checkpoints (every rank loads its share; another world size, or
+    DDP <-> FSDP2, is resharded). RNG states and ``rank_state`` are restored only when
+    the checkpoint was written by as many ranks; otherwise a warning says that the run
+    continues but is no longer bitwise reproducible.
     """
-    import torch
-
     ctx = ctx or context()
-    per_rank = ckpt.path / model_rank_file(ctx.rank)
-    path = per_rank if per_rank.exists() else ckpt.path / MODEL_FILE
-    if not path.exists():
-        raise CheckpointError(f"{ckpt.path} has neither {MODEL_FILE} nor {per_rank.name}")
-    blob = torch.load(path, map_location="cpu", weights_only=True)
-    unwrap(model).load_state_dict(blob["model"], strict=strict)
-    if optimizer is not None:
-        if "optimizer" not in blob:
-            raise CheckpointError(f"{path} holds no optimizer state")
-        optimizer.load_state_dict(blob["optimizer"])
-    if scheduler is not None and "scheduler" in blob:
-        scheduler.load_state_dict(blob["scheduler"])
+    state_dir = ckpt.path / STATE_DIR
+    if not (state_dir / ".metadata").exists():
+        step, extra = _load_files(ckpt, model, optimizer, scheduler=scheduler, strict=strict, ctx=ctx)
+    else:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        from . import dcp
+
+        saved = dcp.saved_keys(state_dir)
+        if optimizer is not None and "optimizer" not in saved:
+            if ckpt.layout.get("optimizer") != "unstepped":
+                raise CheckpointError(f"{ckpt.path} holds no optimizer state")
+            optimizer = None   # saved before the optimizer's first step: it stays as constructed
+        state = _app_state(model, optimizer, scheduler if "scheduler" in saved else None)
+        dcp.load(state, state_dir, ctx, allow_partial=not strict)
+        set_state_dict(model, optimizer if optimizer is not None else [],
+                       model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}),
+                       options=StateDictOptions(strict=strict))
+        if "scheduler" in state:
+            scheduler.load_state_dict(state["scheduler"])
+        step, extra = ckpt.step, ckpt.extra
     rank_state: dict = {}
     restored = False
     rf = ckpt.path / rank_file(ctx.rank)
     if rf.exists() and ckpt.world_size == ctx.world_size:
+        import torch
+
         r = torch.load(rf, map_location="cpu", weights_only=True)
         rank_state = r.get("rank_state") or {}
         if restore_rng:
@@ -157,5 +322,23 @@ def load_torch_state(ckpt: Checkpoint, model, optimizer=None, *, scheduler=None,
     else:
         log(f"{ckpt.path.name} was written by {ckpt.world_size} ranks, this run has "
             f"{ctx.world_size}: RNG states not restored, resume is not bitwise reproducible")
-    return {"step": int(blob.get("step", ckpt.step)), "extra": blob.get("extra") or {},
-            "rank_state": rank_state, "rng_restored": restored}
+    return {"step": step, "extra": extra, "rank_state": rank_state, "rng_restored": restored}
+
+
+def _load_files(ckpt: Checkpoint, model, optimizer, *, scheduler, strict: bool, ctx: RankContext):
+    """The ``torch.save`` layouts: ``model-rank-RRRRR.pt`` (per_rank_model) or rank 0's ``model.pt``."""
+    import torch
+
+    per_rank = ckpt.path / model_rank_file(ctx.rank)
+    path = per_rank if per_rank.exists() else ckpt.path / MODEL_FILE
+    if not path.exists():
+        raise CheckpointError(f"{ckpt.path} has neither {STATE_DIR}/ nor {MODEL_FILE} nor {per_rank.name}")
+    blob = torch.load(path, map_location="cpu", weights_only=True)
+    unwrap(model).load_state_dict(blob["model"], strict=strict)
+    if optimizer is not None:
+        if "optimizer" not in blob:
+            raise CheckpointError(f"{path} holds no optimizer state")
+        optimizer.load_state_dict(blob["optimizer"])
+    if scheduler is not None and "scheduler" in blob:
+        scheduler.load_state_dict(blob["scheduler"])
+    return int(blob.get("step", ckpt.step)), blob.get("extra") or {}
