@@ -1,4 +1,4 @@
-"""Lightning adapter: cluster environment for the launch mode, and a checkpoint/stop Callback.
+"""Lightning adapter: cluster environment, device, strategies, and a checkpoint/stop Callback.
 
     from launcher.runtime.lightning import (GlaunchCallback, cluster_environment, trainer_accelerator,
                                             trainer_precision, trainer_strategy, trainer_topology)
@@ -11,11 +11,21 @@
     if cb.stopped_at is not None:       # a stop was requested; checkpoint committed
         sys.exit(0)
 
-The callback saves ``trainer.save_checkpoint`` into the staging dir (``lightning.ckpt``,
-written by global rank 0) plus one ``rng-rank-RRRRR.pt`` per rank, and commits through
-:func:`launcher.runtime.stage_checkpoint`. Every ``GLAUNCH_CHECKPOINT_EVERY`` optimizer
-steps, and on a stop request, which it checks after every training batch with the
-collective :func:`launcher.runtime.should_stop` and turns into ``trainer.should_stop``.
+Strategies: :func:`trainer_strategy` (DDP), :func:`trainer_fsdp_strategy` (FSDP, sharded
+checkpoints; on the CPU over gloo too) and :func:`trainer_deepspeed` (DeepSpeed from
+glaunch's ds_config.json; CUDA only, as Lightning has it).
+
+The callback saves ``trainer.save_checkpoint`` into the staging dir as ``lightning.ckpt``
+plus one ``rng-rank-RRRRR.pt`` per rank, and commits through
+:func:`launcher.runtime.stage_checkpoint`. ``lightning.ckpt`` is a file written by global
+rank 0 (DDP), or a directory every rank writes its share of (FSDP's sharded state dict,
+DeepSpeed): each rank lists the files it wrote in its done marker, with checksums taken
+while :class:`GlaunchFSDPStrategy` wrote them, or read back once (DeepSpeed's files, seen
+through its checkpoint engine). Files no rank claims (DeepSpeed's ``latest`` and scripts,
+a plain ``FSDPStrategy``'s shards) are checksummed by rank 0 at commit. Every
+``GLAUNCH_CHECKPOINT_EVERY`` optimizer steps, and on a stop request, which it checks after
+every training batch with the collective :func:`launcher.runtime.should_stop` and turns
+into ``trainer.should_stop``.
 
 Lightning's own signal handling is kept out: its SLURM auto-requeue is off
 (``SLURMEnvironment(auto_requeue=False)``) and, because ``Trainer.fit`` installs a SIGTERM
@@ -25,15 +35,20 @@ callback puts the glaunch handler back in ``on_train_start``.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import types
+from pathlib import Path
 
-from .checkpoint import Checkpoint, resume_checkpoint, stage_checkpoint
+from .checkpoint import Checkpoint, ChecksumWriter, resume_checkpoint, stage_checkpoint
 from .context import RankContext, all_reduce_max, context, log
+from .deepspeed import _Recorder
+from .deepspeed import placement as deepspeed_placement
 from .device import placement
 from .state import restore_rng, save_rng
 from .stop import install_stop_handler, should_stop, stop_signal
 
-CKPT_FILE = "lightning.ckpt"
+CKPT_FILE = "lightning.ckpt"      # a file (DDP) or a directory (sharded strategies)
 
 
 def cluster_environment(ctx: RankContext | None = None):
@@ -79,6 +94,36 @@ def trainer_strategy(ctx: RankContext | None = None, **ddp_options):
     return DDPStrategy(process_group_backend=placement(ctx).backend, **ddp_options)
 
 
+def trainer_fsdp_strategy(ctx: RankContext | None = None, **fsdp_options):
+    """:class:`GlaunchFSDPStrategy` on the runtime's process-group backend, sharded checkpoints
+    (``state_dict_type="sharded"`` unless given); ``fsdp_options`` go to Lightning's FSDPStrategy."""
+    fsdp_options.setdefault("state_dict_type", "sharded")
+    return GlaunchFSDPStrategy(process_group_backend=placement(ctx).backend, **fsdp_options)
+
+
+def trainer_deepspeed(config: dict, ctx: RankContext | None = None, **strategy_options) -> dict:
+    """Trainer keywords for Lightning's ``DeepSpeedStrategy`` configured by ``config``, the
+    DeepSpeed config (:func:`launcher.runtime.deepspeed.ds_config`: glaunch's ds_config.json).
+
+    ``{"strategy": DeepSpeedStrategy(config=...), "accumulate_grad_batches": N}``: Lightning
+    refuses ``gradient_accumulation_steps`` in the config and sets it from the Trainer's
+    ``accumulate_grad_batches``, so it moves there (DeepSpeed still checks it against
+    ``train_batch_size``). The LightningModule's own optimizer is used where the config has
+    none, which ZeRO accepts with ``zero_allow_untested_optimizer`` (Lightning's default too).
+    Lightning trains DeepSpeed on CUDA GPUs only: off CUDA ``Trainer.fit`` raises in the
+    strategy's ``setup_environment``.
+    """
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    config = dict(config)
+    accumulate = int(config.pop("gradient_accumulation_steps", 1))
+    if "optimizer" not in config:
+        config.setdefault("zero_allow_untested_optimizer", True)
+    strategy = DeepSpeedStrategy(config=config, process_group_backend=deepspeed_placement(ctx).backend,
+                                 **strategy_options)
+    return {"strategy": strategy, "accumulate_grad_batches": accumulate}
+
+
 def trainer_topology(ctx: RankContext | None = None) -> dict:
     """``{"devices": LOCAL_WORLD_SIZE, "num_nodes": WORLD_SIZE // LOCAL_WORLD_SIZE}`` for the Trainer.
 
@@ -92,16 +137,119 @@ def trainer_topology(ctx: RankContext | None = None) -> dict:
 _PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 
 
-def trainer_precision(ctx: RankContext | None = None) -> str:
+def trainer_precision(ctx: RankContext | None = None, strategy=None) -> str:
     """GLAUNCH_PRECISION as a Trainer ``precision`` (fp32 -> 32-true, bf16 -> bf16-mixed,
     fp16 -> 16-mixed, with Lightning's GradScaler; Lightning has fp16 AMP on CUDA only, so on
-    CPU fp16 falls back to 32-true, while bf16-mixed runs on CPU too)."""
+    CPU fp16 falls back to 32-true, while bf16-mixed runs on CPU too, except under the
+    Trainer's ``strategy`` FSDP, whose mixed precision autocasts on CUDA only)."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
     ctx = ctx or context()
     flag = _PRECISION.get(ctx.precision, "32-true")
     if flag == "16-mixed" and not placement(ctx).cuda:
         log("fp16 mixed precision needs CUDA; using 32-true on CPU")
         return "32-true"
+    if flag == "bf16-mixed" and isinstance(strategy, FSDPStrategy) and not placement(ctx).cuda:
+        log("Lightning's FSDP mixes precision with CUDA autocast only; using 32-true on CPU")
+        return "32-true"
     return flag
+
+
+def _fsdp_base():
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    return FSDPStrategy
+
+
+class GlaunchFSDPStrategy(_fsdp_base()):  # type: ignore[misc]
+    """Lightning's ``FSDPStrategy`` (FSDP1) that also trains on the CPU and checksums its shards as it writes them.
+
+    CPU: Lightning allows FSDP only with a GPU accelerator (its accelerator connector checks
+    for exactly ``FSDPStrategy``, not subclasses) and hands FSDP ``device_id=None``, for which
+    FSDP looks for an accelerator and, on a CPU node, fails. FSDP itself shards and trains
+    on the CPU over gloo when told ``device_id=cpu``: on the CPU this strategy wraps the
+    module so, and Lightning takes the module as already wrapped.
+
+    Sharded checkpoints: Lightning's layout (a torch.distributed.checkpoint directory plus
+    ``meta.pt`` from rank 0), written through :class:`launcher.runtime.dcp.ChecksummingWriter`;
+    afterwards :attr:`written` maps each file this rank wrote to ``(size, algorithm, digest)``.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.written: dict[Path, tuple[int, str, str]] = {}
+
+    def _setup_model(self, model):
+        from torch.distributed.fsdp import FullyShardedDataParallel
+
+        if self.root_device.type == "cpu" and not any(isinstance(m, FullyShardedDataParallel)
+                                                      for m in model.modules()):
+            model = FullyShardedDataParallel(
+                module=model, cpu_offload=self.cpu_offload, mixed_precision=self.mixed_precision_config,
+                sharding_strategy=self.sharding_strategy, device_id=self.root_device, **self.kwargs)
+            self.kwargs.pop("auto_wrap_policy", None)   # applied here; Lightning would warn it is ignored
+        return super()._setup_model(model)
+
+    def save_checkpoint(self, checkpoint: dict, filepath, storage_options=None) -> None:
+        self.written = {}
+        if self._state_dict_type != "sharded" or storage_options is not None:
+            super().save_checkpoint(checkpoint, filepath, storage_options)
+            return
+        import torch
+        from lightning.fabric.strategies.fsdp import _METADATA_FILENAME
+        from torch.distributed.checkpoint import save
+
+        from .dcp import ChecksummingWriter
+
+        path = Path(self.broadcast(filepath)).absolute()
+        if path.is_file():
+            path.unlink()
+        path.mkdir(parents=True, exist_ok=True)
+        state = {"model": checkpoint.pop("state_dict")}
+        state.update({f"optimizer_{i}": s for i, s in enumerate(checkpoint.pop("optimizer_states", []))})
+        writer = ChecksummingWriter(path)
+        save(state, storage_writer=writer)
+        written: dict = writer.written
+        if self.global_rank == 0:
+            with ChecksumWriter(path / _METADATA_FILENAME) as f:
+                torch.save(checkpoint, f)  # type: ignore[arg-type]  # a binary file object
+            written[f.path] = (f.size, f.algorithm, f.digest)
+        self.written = written
+
+
+def whole_param_sha256(trainer, module) -> str:
+    """Collective: :func:`launcher.runtime.param_sha256` of the LightningModule's parameters,
+    whole on every rank (gathered under FSDP; ZeRO-3's param_sha256 gathers itself), so the
+    hash compares across strategies and world sizes."""
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from .result import param_sha256
+
+    wrapped = trainer.strategy.model if isinstance(trainer.strategy, FSDPStrategy) else None
+    if wrapped is None:
+        return param_sha256(module)
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    # Copies: the gathered storage is freed on leaving, which a NumPy view of it would forbid.
+    with FullyShardedDataParallel.summon_full_params(wrapped, writeback=False):
+        named = [(name, p.detach().clone()) for name, p in module.named_parameters()]
+    return param_sha256(types.SimpleNamespace(named_parameters=lambda: iter(named)))
+
+
+@contextlib.contextmanager
+def _writes(strategy):
+    """What this rank writes in ``trainer.save_checkpoint``: ``{path: (size, algorithm, digest)}``
+    for files checksummed as written, ``{path: None}`` for files to read back once."""
+    from lightning.pytorch.strategies import DeepSpeedStrategy
+
+    found: dict = {}
+    if isinstance(strategy, DeepSpeedStrategy):
+        with _Recorder(strategy.deepspeed_engine) as rec:   # DeepSpeed's files, seen through its engine
+            yield found
+        found.update(dict.fromkeys(rec.paths))
+    else:
+        yield found
+        found.update(getattr(strategy, "written", None) or {})
 
 
 def _callback_base():
@@ -110,7 +258,7 @@ def _callback_base():
     return Callback
 
 
-class GlaunchCallback(_callback_base()):
+class GlaunchCallback(_callback_base()):  # type: ignore[misc]
     """Atomic checkpoints every N steps and on stop requests; resume via :meth:`resume_path`."""
 
     def __init__(self, ctx: RankContext | None = None, every: int | None = None,
@@ -129,7 +277,8 @@ class GlaunchCallback(_callback_base()):
 
     # -- resume
     def resume_path(self) -> str | None:
-        """``ckpt_path`` for ``trainer.fit``: lightning.ckpt of the newest complete checkpoint.
+        """``ckpt_path`` for ``trainer.fit``: lightning.ckpt (a file or a sharded directory) of
+        the newest complete checkpoint.
 
         Called before ``fit`` (torch.distributed is not up yet), so every rank looks
         itself; :meth:`setup` then checks that all ranks picked the same step.
@@ -158,18 +307,26 @@ class GlaunchCallback(_callback_base()):
 
     def on_train_start(self, trainer, pl_module) -> None:
         install_stop_handler(self.ctx.stop_signals)   # take SIGTERM back from Lightning
+        # Act first when the step moves on: the batches before are micro-batches of its accumulation.
+        self._checked_step = trainer.global_step
         if self.resumed is not None:
             restore_rng(self.resumed, trainer.global_rank, trainer.world_size)
 
     # -- save / stop
     def save(self, trainer, step: int) -> Checkpoint:
 
-        with stage_checkpoint(step, framework="lightning", ctx=self.ctx, keep=self.keep,
-                              verify=self.verify) as st:
+        with stage_checkpoint(step, framework="lightning", ctx=self.ctx, keep=self.keep, verify=self.verify,
+                              extra={"strategy": type(trainer.strategy).__name__}) as st:
             path = st.path / CKPT_FILE
-            trainer.save_checkpoint(str(path), weights_only=False)   # collective; rank 0 writes
-            if trainer.is_global_zero:
-                st.add(path)
+            with _writes(trainer.strategy) as written:
+                trainer.save_checkpoint(str(path), weights_only=False)   # collective
+            for f, known in written.items():
+                if known is None:
+                    st.add(f)
+                else:
+                    st.record(f, *known)
+            if not written and trainer.is_global_zero and path.is_file():
+                st.add(path)   # one file, written by rank 0
             save_rng(st, trainer.global_rank)
         self.last_saved = st.committed
         return st.committed
