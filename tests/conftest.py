@@ -11,6 +11,9 @@ REPO = Path(__file__).resolve().parent.parent
 # through SLURM_CONF whatever the host's /etc/slurm holds; `slurm_defaults_env` switches a
 # test to the second cluster.
 os.environ.update(cluster_env(MAIN))
+# Tests give each run an empty HOME; DeepSpeed's CPU ops are compiled once per machine, not
+# once per test, when their build cache stays where it is.
+os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(Path.home() / ".cache" / "torch_extensions"))
 
 # scripts/test sets it once the clusters are up: their tests must run, never skip.
 REQUIRE_SLURM = os.environ.get("GLAUNCH_REQUIRE_SLURM") == "1"
