@@ -17,9 +17,16 @@ class Origin:
     line: int | None = None
 
 
+def parent_key(key: str) -> str:
+    """`a.b[2]` -> `a.b` -> `a` -> ``."""
+    if key.endswith("]") and "[" in key:
+        return key[:key.rindex("[")]
+    return key.rpartition(".")[0]
+
+
 @dataclass
 class Provenance:
-    """Dotted key -> the file (and line) that set it last."""
+    """Dotted key (list items as `key[i]`) -> the file (and line) that set it last."""
 
     origins: dict[str, Origin] = field(default_factory=dict)
     default_file: str = "(default)"
@@ -33,8 +40,16 @@ class Provenance:
         while probe:
             if probe in self.origins:
                 return self.origins[probe]
-            probe = probe.rpartition(".")[0]
+            probe = parent_key(probe)
         return Origin(self.default_file)
+
+    def set(self, key: str, origin: Origin) -> None:
+        self.origins[key] = origin
+
+    def forget_below(self, key: str) -> None:
+        """Drop what is recorded inside `key`: a later layer replaced its value whole."""
+        for known in [k for k in self.origins if k.startswith((key + ".", key + "["))]:
+            del self.origins[known]
 
     def error(self, key: str, message: str) -> ConfigError:
         origin = self.of(key)

@@ -1,7 +1,11 @@
-"""Typed schemas of the two config files, as OmegaConf structured configs.
+"""Typed schemas of the two config files.
 
-Field names are the user contract (DESIGN.md). Enumerated values are plain strings,
-checked in `load` so the error can list the allowed values next to the key.
+Field names are the user contract (DESIGN.md). A field's type decides how a YAML
+scalar is read (launcher.config.typed): `str` keeps the text as written, `int`,
+`float` and `bool` parse it, `Any` types it as YAML does. Enumerated values are plain
+strings, checked after conversion so the error can list the allowed values next to the
+key. Fields whose values are shell environment values carry `SHELL_VALUES` metadata:
+there `${NAME}` is a variable of the job's shell, not an interpolation.
 """
 
 from __future__ import annotations
@@ -10,12 +14,42 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-# omegaconf.MISSING's value, spelled here so that loading the schema does not import
-# OmegaConf (tests/test_load_paths.py checks they agree).
-MISSING: Any = "???"
 
-# Names of runs, sites and partitions: safe in a path, a job name and a shell word.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9._-]+")
+
+class _Required:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+# The default of a field the file must set.
+MISSING: Any = _Required()
+
+# Names of runs, sites and partitions: safe in a path, a job name and a shell word, and
+# never read as an option (-x) or a hidden file (.x).
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
+NAME_RULE = "letters, digits, '.', '_' and '-', not starting with '.' or '-'"
+
+SHELL_VALUES = {"shell_values": True}
+
+# Environment variables an experiment or a site may not set: Slurm's and glaunch's own
+# (the job script reads them, in arithmetic too), and those that change how the job's
+# bash itself runs.
+RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "GLAUNCH_")
+RESERVED_ENV_NAMES = frozenset({"IFS", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND",
+                                "BASH_XTRACEFD", "CDPATH", "GLOBIGNORE"})
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def env_name_problem(name: str) -> str | None:
+    """Why `name` cannot be set in `env`, or None."""
+    if not _ENV_NAME.fullmatch(name):
+        return f"{name!r} is not a valid environment variable name (letters, digits and '_', not starting with a digit)"
+    if name.startswith(RESERVED_ENV_PREFIXES):
+        prefix = next(p for p in RESERVED_ENV_PREFIXES if name.startswith(p))
+        return f"{prefix}* variables are set by Slurm or glaunch for the job, never by a config"
+    if name in RESERVED_ENV_NAMES:
+        return f"{name} is read by bash itself while the job script runs; it cannot be set in env"
+    return None
 
 # --- experiment ------------------------------------------------------------------
 
@@ -91,7 +125,7 @@ class Experiment:
     deepspeed: Dict[str, Any] = field(default_factory=dict)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     requeue: Requeue = field(default_factory=Requeue)
-    env: Dict[str, str] = field(default_factory=dict)
+    env: Dict[str, str] = field(default_factory=dict, metadata=SHELL_VALUES)
 
 
 # --- site profile ------------------------------------------------------------------
@@ -134,7 +168,7 @@ class Site:
     gpu_directive: str = "gpus-per-node"
     partitions: Dict[str, Partition] = field(default_factory=dict)
     modules: List[str] = field(default_factory=list)
-    env: Dict[str, str] = field(default_factory=dict)
+    env: Dict[str, str] = field(default_factory=dict, metadata=SHELL_VALUES)
     setup: List[str] = field(default_factory=list)
     container: Optional[Container] = None
     sbatch: Dict[str, Any] = field(default_factory=dict)

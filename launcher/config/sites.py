@@ -1,21 +1,23 @@
-"""Site profiles: the search path, `extends` chains with provenance, and the checks a
-profile must pass before anything uses it."""
+"""Site profiles: the search path, `extends` chains with provenance; loading applies the
+profile's own checks (launcher.config.sitechecks)."""
 
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
 from ..errors import ConfigError
 from . import schema
-from .merge import deep_merge
+from .merge import merge_layer
 from .provenance import OVERRIDES, Origin, Provenance
 from .schema import NAME_PATTERN
-from .typed import check_env_name, typed_config
-from .yamlfile import YamlDoc, leaf_keys, read_yaml
+from .sitechecks import check_site
+from .typed import NULLS, typed_config
+from .yamlfile import Scalar, YamlDoc, read_yaml
+
+MAX_EXTENDS_DEPTH = 32
 
 
 SHIPPED_SITES = Path(__file__).resolve().parents[2] / "site_configs"
@@ -60,7 +62,7 @@ def find_site(name: str, cwd: Path, environ: Mapping[str, str], *, near: Path | 
     if _looks_like_path(name):
         path = Path(os.path.expanduser(name))
         path = path if path.is_absolute() else ((near or cwd) / path)
-        if path.is_file():
+        if path.exists():          # read_yaml refuses what is not a regular file
             return path
         where = referrer or Origin(str(path))
         raise ConfigError(f"site profile file {name!r} not found", file=where.file,
@@ -72,7 +74,7 @@ def find_site(name: str, cwd: Path, environ: Mapping[str, str], *, near: Path | 
     for directory in dirs:
         for suffix in (".yaml", ".yml"):
             candidate = directory / f"{name}{suffix}"
-            if candidate.is_file():
+            if candidate.exists():
                 return candidate
     where = referrer or Origin(OVERRIDES)
     searched = ", ".join(str(d) for d in dirs)
@@ -93,18 +95,13 @@ def load_site(name_or_path: str, cwd: Path, environ: Mapping[str, str], *,
     path = find_site(name_or_path, cwd, environ, referrer=referrer)
     layers: list[YamlDoc] = []
     _collect_layers(path, cwd, environ, stack=[], layers=layers)
-    provenance = Provenance(default_file="(default)")
+    provenance = Provenance(default_file=str(path))
     merged: dict = {}
     for doc in layers:
         data = {k: v for k, v in doc.data.items() if k != "extends"}
-        merged = deep_merge(merged, data)
-        for key in leaf_keys(data):
-            provenance.origins[key] = doc.origin(key)
-    # The profile is named by its own file, not by what it extends.
-    merged["name"] = layers[-1].data.get("name", merged.get("name"))
-    provenance.origins["name"] = layers[-1].origin("name")
+        merged = merge_layer(merged, data, provenance, doc.origin)
     site: schema.Site = typed_config(schema.Site, merged, provenance, schema.SITE_CHOICES)
-    _check_site(site, provenance)
+    check_site(site, provenance)
     return LoadedSite(site, path, tuple(Path(d.path) for d in layers), provenance)
 
 
@@ -114,53 +111,25 @@ def _collect_layers(path: Path, cwd: Path, environ: Mapping[str, str], stack: li
     if resolved in stack:
         cycle = " -> ".join(str(p) for p in stack[stack.index(resolved):] + [resolved])
         raise ConfigError(f"extends forms a cycle: {cycle}", file=str(path), key="extends")
+    if len(stack) >= MAX_EXTENDS_DEPTH:
+        raise ConfigError(f"extends chain is deeper than {MAX_EXTENDS_DEPTH} profiles", file=str(path),
+                          key="extends")
     doc = read_yaml(path)
-    parents = doc.data.get("extends")
-    if parents is None:
-        parents = []
-    elif isinstance(parents, str):
-        parents = [parents]
-    elif not (isinstance(parents, list) and all(isinstance(p, str) and p for p in parents)):
-        raise ConfigError("must be a profile name, a path, or a list of them", file=doc.path,
-                          key="extends", line=doc.lines.get("extends"))
-    for parent in parents:
+    for parent in _parents(doc):
         parent_path = find_site(parent, cwd, environ, near=path.parent,
                                 referrer=doc.origin("extends"))
-        if any(Path(l.path).resolve() == parent_path.resolve() for l in layers):
+        if any(Path(layer.path).resolve() == parent_path.resolve() for layer in layers):
             continue  # a diamond: the shared base is applied once, first
         _collect_layers(parent_path, cwd, environ, stack + [resolved], layers)
     layers.append(doc)
 
 
-def _check_site(site: schema.Site, prov: Provenance) -> None:
-    if not NAME_PATTERN.fullmatch(site.name):
-        raise prov.error("name", f"{site.name!r} must match [A-Za-z0-9._-]+")
-    for key in site.env:
-        check_env_name(key, f"env.{key}", prov)
-    for pname, part in site.partitions.items():
-        if not NAME_PATTERN.fullmatch(pname):
-            raise prov.error(f"partitions.{pname}", f"{pname!r} is not a valid partition name")
-        if part.gpus_per_node < 0:
-            raise prov.error(f"partitions.{pname}.gpus_per_node", "must be 0 or more")
-        for field_name in ("cpus_per_node", "max_nodes"):
-            value = getattr(part, field_name)
-            if value is not None and value < 1:
-                raise prov.error(f"partitions.{pname}.{field_name}", "must be 1 or more")
-        for field_name in ("gpu_mem_gb", "mem_gb"):
-            value = getattr(part, field_name)
-            if value is not None and value <= 0:
-                raise prov.error(f"partitions.{pname}.{field_name}", "must be more than 0")
-    if site.default_partition is not None and site.partitions and site.default_partition not in site.partitions:
-        raise prov.error("default_partition",
-                         f"{site.default_partition!r} is not among partitions: {', '.join(site.partitions)}")
-    for key, value in site.sbatch.items():
-        if not re.fullmatch(r"[a-z][a-z0-9-]*", str(key)):
-            raise prov.error(f"sbatch.{key}", "an sbatch option name is lower-case letters, digits and '-'")
-        if isinstance(value, (dict, list)):
-            raise prov.error(f"sbatch.{key}", "a directive's value must be a string, number or true/false")
-    if site.crash_retries < 0:
-        raise prov.error("crash_retries", "must be 0 or more")
-    if not 0 <= site.plan.headroom < 1:
-        raise prov.error("plan.headroom", "must be a fraction in [0, 1)")
-    if site.plan.overhead_gb < 0:
-        raise prov.error("plan.overhead_gb", "must be 0 or more")
+def _parents(doc: YamlDoc) -> list[str]:
+    raw = doc.data.get("extends")
+    if raw is None or (isinstance(raw, Scalar) and raw.plain and raw.text in NULLS):
+        return []
+    items = raw if isinstance(raw, list) else [raw]
+    if not all(isinstance(p, Scalar) and p.text and "\x00" not in p.text for p in items):
+        raise ConfigError("must be a profile name, a path, or a list of them", file=doc.path,
+                          key="extends", line=doc.lines.get("extends"))
+    return [p.text for p in items]

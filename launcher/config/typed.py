@@ -1,200 +1,372 @@
-"""Merged plain data -> the schema's dataclasses, validated; every error names the file,
-line and dotted key."""
+"""Merged raw data -> the schema's dataclasses: the one set of conversion rules.
+
+A scalar arrives as written (launcher.config.yamlfile.Scalar) and the field's type
+decides what it becomes:
+
+- `str`: the text as written (`0123`, `on`, `1e3` stay so). Plain `null`/`~`/empty is
+  None where the field is optional, else an error.
+- `int`, `float`, `bool`: parsed by YAML 1.2's rules, quoted or not, refusing what
+  YAML 1.1 would read otherwise (`010`, `yes`, `on`) and what is no number of that
+  kind (`2.5` for an int, `true` for a number); NaN and infinity never pass.
+- `Any` (`deepspeed:`, `sbatch:` values): plain scalars typed as YAML 1.2 does, quoted
+  ones are strings.
+
+Every error names the file, line and dotted key. Values holding `${...}` are resolved
+afterwards (launcher.config.interpolate), and only then is OmegaConf imported.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 import re
 import typing
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any, Mapping
+from functools import cache
+from typing import Any, Mapping
 
 from ..errors import ConfigError
-from .provenance import Origin, Provenance
-from .yamlfile import YamlDoc
+from ..rendering import shell
+from .interpolate import Interpolation, Pending, resolve, scan
+from .provenance import Provenance
+from .schema import MISSING
+from .yamlfile import Scalar
 
-if TYPE_CHECKING:
-    from omegaconf import DictConfig
-    from omegaconf.errors import OmegaConfBaseException
-
-
-def _omegaconf_error(exc: OmegaConfBaseException, where: Provenance | YamlDoc | Origin) -> ConfigError:
-    key = getattr(exc, "full_key", None) or None
-    message = (getattr(exc, "msg", None) or str(exc)).split("\n")[0].strip()
-    if isinstance(where, Provenance):
-        if key:
-            return where.error(key, message)
-        return ConfigError(message, file=where.default_file)
-    origin = where.origin(key) if isinstance(where, YamlDoc) and key else (
-        where if isinstance(where, Origin) else Origin(where.path))
-    return ConfigError(message, file=origin.file, key=key, line=origin.line)
-
-
-def _merge(base: DictConfig, data: Mapping, where: YamlDoc | Origin) -> DictConfig:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        return OmegaConf.merge(base, data)
-    except OmegaConfBaseException as exc:
-        raise _omegaconf_error(exc, where) from None
+NULLS = frozenset({"", "~", "null", "Null", "NULL"})
+TRUES = frozenset({"true", "True", "TRUE"})
+FALSES = frozenset({"false", "False", "FALSE"})
+_YAML11_BOOLS = frozenset({"yes", "no", "on", "off", "y", "n"})
+_INT = re.compile(r"[-+]?[0-9]+(?:_[0-9]+)*")
+_INT_PREFIXED = re.compile(r"[-+]?0(?:x[0-9a-fA-F]+(?:_[0-9a-fA-F]+)*|o[0-7]+(?:_[0-7]+)*)")
+_FLOAT = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?")
+_NONFINITE = re.compile(r"[-+]?\.?(?:inf|infinity|nan)", re.IGNORECASE)
+# YAML 1.2 core schema, for `Any` fields.
+_YAML_INT = re.compile(r"[-+]?[0-9]+")
+_YAML_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
+INT_LIMIT = 2 ** 63                # Slurm and the planner count in 64 bits
+MAX_DIGITS = 64
 
 
-# Importing OmegaConf (its interpolation grammar) and merging through it costs more than
-# everything else a dry run does. Plain input -- no `${`, no `???`, every value already of
-# its field's type -- gets the same objects from `_plain_object`; everything else, errors
-# included, goes through OmegaConf, which alone decides and words them.
-# tests/test_load_paths.py runs every test input through both paths.
-PLAIN_PATH = True
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """What a field holds."""
+
+    name: str                      # str | int | float | bool | any | object | dict | list
+    optional: bool = False
+    cls: Any = None                # object: the dataclass
+    item: Kind | None = None       # dict and list: their values
+    shell_values: bool = False     # str: an environment value (see interpolate.scan)
+
+
+ANY = Kind("any", optional=True)
+_DESCRIBE = {"str": "a string", "int": "an integer", "float": "a number", "bool": "true or false",
+             "object": "a mapping of keys", "dict": "a mapping of keys", "list": "a list", "any": "a value"}
 
 
 def typed_config(schema_class: type, data: Mapping, provenance: Provenance,
-                  choices: Mapping[str, tuple[str, ...]]) -> Any:
-    """Merged plain data -> the schema's dataclass instance, validated."""
-    _check_shapes(schema_class, data, provenance)
-    if PLAIN_PATH:
-        try:
-            obj = _plain_object(schema_class, data)
-        except _NeedsOmegaConf:
-            pass
-        else:
-            _check_plain_choices(obj, choices, provenance)
-            return obj
-    return _typed_config_omegaconf(schema_class, data, provenance, choices)
+                 choices: Mapping[str, tuple[str, ...]]) -> Any:
+    """Merged raw data -> the schema's dataclass instance, validated."""
+    converter = _Converter(provenance)
+    obj = converter.object(schema_class, data, "", ())
+    if converter.pending:
+        resolve(obj, converter.pending, provenance)
+    _check_choices(obj, choices, provenance)
+    return obj
 
 
-def _typed_config_omegaconf(schema_class: type, data: Mapping, provenance: Provenance,
-                            choices: Mapping[str, tuple[str, ...]]) -> Any:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
+def describe(raw: Any) -> str:
+    if isinstance(raw, dict):
+        return "a mapping"
+    if isinstance(raw, list):
+        return "a list"
+    if isinstance(raw, Scalar):
+        if raw.plain and raw.text in NULLS:
+            return "null"
+        return repr(raw.text)
+    return repr(raw)
 
+
+class _Converter:
+    def __init__(self, provenance: Provenance) -> None:
+        self.prov = provenance
+        self.pending: list[Pending] = []
+
+    def error(self, key: str, message: str) -> ConfigError:
+        return self.prov.error(key, message)
+
+    def object(self, cls: type, raw: Any, key: str, path: tuple) -> Any:
+        if not isinstance(raw, dict):
+            raise self.error(key or cls.__name__, f"must be a mapping of keys, got {describe(raw)}")
+        specs = _fields(cls)
+        for name in raw:
+            if name not in specs:
+                raise self.error(_join(key, name), _unknown_key(name, specs))
+        values, late = {}, []
+        for name, (kind, default) in specs.items():
+            dotted = _join(key, name)
+            if name in raw:
+                value = self.value(kind, raw[name], dotted, path + (name,))
+                if isinstance(value, Interpolation):
+                    late.append((name, value))
+                values[name] = value
+            elif default is dataclasses.MISSING:
+                raise self.error(dotted, "required key is missing")
+            elif default is _FROM_FIELDS:
+                values[name] = self.object(kind.cls, {}, dotted, path + (name,))
+            else:
+                values[name] = default() if callable(default) else default
+        obj = cls(**values)
+        for name, placeholder in late:
+            placeholder.attach(functools.partial(setattr, obj, name))
+        return obj
+
+    def value(self, kind: Kind, raw: Any, key: str, path: tuple) -> Any:
+        if isinstance(raw, Scalar) and raw.plain and raw.text in NULLS:
+            if kind.optional or kind.name == "any":
+                return None
+            hint = {"dict": " (write {} for none)", "list": " (write [] for none)",
+                    "str": " (quote it for the word: 'null'; '' is an empty string)"}.get(kind.name, "")
+            raise self.error(key, f"must be {_DESCRIBE[kind.name]}, got null{hint}")
+        if kind.name == "object":
+            return self.object(kind.cls, raw, key, path)
+        if kind.name == "dict":
+            if not isinstance(raw, dict):
+                raise self.error(key, f"must be a mapping of keys, got {describe(raw)}")
+            return self.mapping(kind.item or ANY, raw, key, path)
+        if kind.name == "list":
+            if not isinstance(raw, list):
+                raise self.error(key, f"must be a list, got {describe(raw)}")
+            return self.sequence(kind.item or ANY, raw, key, path)
+        if kind.name == "any" and isinstance(raw, dict):
+            return self.mapping(ANY, raw, key, path)
+        if kind.name == "any" and isinstance(raw, list):
+            return self.sequence(ANY, raw, key, path)
+        if not isinstance(raw, Scalar):
+            raise self.error(key, f"must be {_DESCRIBE[kind.name]} (a single value), got {describe(raw)}")
+        text = raw.text
+        if "${" in text:
+            try:
+                scanned = scan(text, kind.shell_values)
+            except ValueError as exc:
+                raise self.error(key, str(exc)) from None
+            if isinstance(scanned, Interpolation):
+                return self._defer(kind, scanned, key, path)
+            return self.from_text(kind, scanned, plain=False, key=key)
+        return self.from_text(kind, text, raw.plain, key)
+
+    def mapping(self, item_kind: Kind, raw: dict, key: str, path: tuple) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, item in raw.items():
+            dotted = _join(key, name)
+            _check_text(self, dotted, name, "key")
+            out[name] = value = self.value(item_kind, item, dotted, path + (name,))
+            if isinstance(value, Interpolation):
+                value.attach(functools.partial(out.__setitem__, name))
+        return out
+
+    def sequence(self, item_kind: Kind, raw: list, key: str, path: tuple) -> list[Any]:
+        out: list[Any] = []
+        for index, item in enumerate(raw):
+            value = self.value(item_kind, item, f"{key}[{index}]", path + (index,))
+            if isinstance(value, Interpolation):
+                value.attach(functools.partial(out.__setitem__, index))
+            out.append(value)
+        return out
+
+    def from_text(self, kind: Kind, text: str, plain: bool, key: str) -> Any:
+        """A scalar's text -> the field's value."""
+        if kind.name == "str":
+            _check_text(self, key, text, "value")
+            return text
+        if kind.name == "any":
+            return self.yaml_value(text, key) if plain else _check_text(self, key, text, "value")
+        if kind.name in ("int", "float", "bool"):
+            return _NUMBER_PARSERS[kind.name](self, text.strip(), key)
+        raise self.error(key, f"must be {_DESCRIBE[kind.name]}, got {text!r}")
+
+    def yaml_value(self, text: str, key: str) -> Any:
+        """A plain scalar typed by YAML 1.2's core schema."""
+        if text in NULLS:
+            return None
+        if text in TRUES:
+            return True
+        if text in FALSES:
+            return False
+        if _YAML_INT.fullmatch(text) or _INT_PREFIXED.fullmatch(text):
+            return _parse_int(self, text, key, limit=False)
+        if _YAML_FLOAT.fullmatch(text) or (_NONFINITE.fullmatch(text) and text.lstrip("+-").startswith(".")):
+            return _parse_float(self, text, key)
+        return _check_text(self, key, text, "value")
+
+    def _defer(self, kind: Kind, interpolation: Interpolation, key: str, path: tuple) -> Interpolation:
+        self.pending.append(Pending(path, key, interpolation, lambda v: self.resolved(kind, v, key)))
+        return interpolation
+
+    def resolved(self, kind: Kind, value: Any, key: str) -> Any:
+        """An interpolation's result -> the field's value."""
+        if value is None:
+            if kind.optional or kind.name == "any":
+                return None
+            raise self.error(key, f"must be {_DESCRIBE[kind.name]}, but the interpolation gives null")
+        if isinstance(value, (dict, list)):
+            if kind.name == "any":
+                _check_finite(self, key, value)
+                return value
+            raise self.error(key, f"must be {_DESCRIBE[kind.name]}, but the interpolation gives {describe(value)}")
+        if isinstance(value, str):
+            return self.from_text(kind, value, plain=False, key=key) if kind.name != "any" else value
+        if kind.name in ("str", "any"):
+            if kind.name == "any":
+                _check_finite(self, key, value)
+                return value
+            return ("true" if value else "false") if isinstance(value, bool) else str(value)
+        text = ("true" if value else "false") if isinstance(value, bool) else repr(value)
+        return self.from_text(kind, text, plain=True, key=key)
+
+
+# --- scalars --------------------------------------------------------------------------
+
+
+def _check_text(conv: _Converter, key: str, text: str, what: str) -> str:
+    """No rendered file, argv or environment can carry a NUL or a lone surrogate."""
+    problem = shell.text_problem(text)
+    if problem:
+        raise conv.error(key, f"the {what} {problem}")
+    return text
+
+
+def _parse_int(conv: _Converter, text: str, key: str, *, limit: bool = True) -> int:
+    digits = text.lstrip("+-").replace("_", "")
+    if len(digits) > MAX_DIGITS:
+        raise conv.error(key, f"{text[:20]}... has more than {MAX_DIGITS} digits")
+    if _INT_PREFIXED.fullmatch(text):
+        value = int(text.replace("_", ""), 0)
+    elif _INT.fullmatch(text):
+        if len(digits) > 1 and digits.startswith("0"):
+            raise conv.error(key, f"{text} has a leading zero, which YAML 1.1 reads as octal: write "
+                             f"{digits.lstrip('0') or '0'} (0o{digits.lstrip('0') or '0'} for octal; "
+                             "quote it where text is meant)")
+        value = int(text.replace("_", ""))
+    else:
+        raise conv.error(key, f"must be an integer, got {_shown(text)}")
+    if limit and not -INT_LIMIT < value < INT_LIMIT:
+        raise conv.error(key, f"{text} is out of range")
+    return value
+
+
+def _parse_float(conv: _Converter, text: str, key: str) -> float:
+    if _NONFINITE.fullmatch(text):
+        raise conv.error(key, f"must be a finite number, got {text}")
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(schema_class), data)
-    except OmegaConfBaseException as exc:
-        raise _omegaconf_error(exc, provenance) from None
-    cfg = _resolve_interpolations(cfg, provenance)
-    _check_choices(cfg, choices, provenance)
-    return _to_object(cfg, provenance)
+        value = float(_parse_int(conv, text, key, limit=False)) if (
+            _INT.fullmatch(text) or _INT_PREFIXED.fullmatch(text)) else float(text)
+    except (ValueError, OverflowError):
+        raise conv.error(key, f"must be a number, got {_shown(text)}") from None
+    if not math.isfinite(value):
+        raise conv.error(key, f"{text} is too large (not a finite number)")
+    return value
 
 
-class _NeedsOmegaConf(Exception):
-    """The plain path does not decide this input."""
+def _int_field(conv: _Converter, text: str, key: str) -> int:
+    if _INT.fullmatch(text) or _INT_PREFIXED.fullmatch(text):
+        return _parse_int(conv, text, key)
+    if _FLOAT.fullmatch(text) or _NONFINITE.fullmatch(text):
+        raise conv.error(key, f"must be a whole number, got {text}")
+    raise conv.error(key, f"must be an integer, got {_shown(text)}")
 
+
+def _float_field(conv: _Converter, text: str, key: str) -> float:
+    if _NONFINITE.fullmatch(text):
+        raise conv.error(key, f"must be a finite number, got {text} (NaN and infinity are not allowed)")
+    if _INT.fullmatch(text) or _INT_PREFIXED.fullmatch(text) or _FLOAT.fullmatch(text):
+        return _parse_float(conv, text, key)
+    raise conv.error(key, f"must be a number, got {_shown(text)}")
+
+
+def _bool_field(conv: _Converter, text: str, key: str) -> bool:
+    if text in TRUES:
+        return True
+    if text in FALSES:
+        return False
+    if text.lower() in _YAML11_BOOLS:
+        raise conv.error(key, f"must be true or false, got {text!r} (yes/no/on/off are not booleans here)")
+    raise conv.error(key, f"must be true or false, got {_shown(text)}")
+
+
+_NUMBER_PARSERS = {"int": _int_field, "float": _float_field, "bool": _bool_field}
+
+
+def _shown(text: str) -> str:
+    if text in TRUES or text in FALSES:
+        return f"{text} (a boolean)"
+    return repr(text) if len(text) <= 60 else repr(text[:60]) + "..."
+
+
+def _check_finite(conv: _Converter, key: str, value: Any) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise conv.error(key, f"must be a finite number, got {value}")
+    if isinstance(value, dict):
+        for item in value.values():
+            _check_finite(conv, key, item)
+    elif isinstance(value, list):
+        for item in value:
+            _check_finite(conv, key, item)
+
+
+# --- the schema -------------------------------------------------------------------------
 
 _FROM_FIELDS = object()          # default: the field's dataclass built from its own defaults
 
 
-@lru_cache(maxsize=None)
-def _field_specs(schema_class: type) -> dict[str, tuple[bool, Any, Any]]:
-    """Field name -> (None allowed, type hint without Optional, default or dataclasses.MISSING)."""
-    hints = _type_hints(schema_class)
-    specs = {}
-    for f in dataclasses.fields(schema_class):
-        optional, target = _unwrap_optional(hints[f.name])
-        if f.default_factory is dataclasses.MISSING:
-            default = f.default
-        elif f.default_factory is target and dataclasses.is_dataclass(target):
-            default = _FROM_FIELDS
+@cache
+def _fields(cls: type) -> dict[str, tuple[Kind, Any]]:
+    """Field name -> (its Kind, its default: a value, a factory, _FROM_FIELDS or dataclasses.MISSING)."""
+    hints = typing.get_type_hints(cls)
+    specs: dict[str, tuple[Kind, Any]] = {}
+    for f in dataclasses.fields(cls):
+        kind = _kind(hints[f.name], bool(f.metadata.get("shell_values")))
+        if f.default_factory is not dataclasses.MISSING:
+            default = _FROM_FIELDS if kind.name == "object" else f.default_factory
+        elif f.default is MISSING:
+            default = dataclasses.MISSING
         else:
-            default = f.default_factory()
-        specs[f.name] = (optional, target, default)
+            default = f.default
+        specs[f.name] = (kind, default)
     return specs
 
 
-def _unwrap_optional(hint: Any) -> tuple[bool, Any]:
+def _kind(hint: Any, shell_values: bool = False) -> Kind:
+    optional = False
     if typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) == 1 and len(args) < len(typing.get_args(hint)):
-            return True, args[0]
-    return hint is Any, hint
+        optional, hint = True, args[0]
+    if hint is Any:
+        return ANY
+    if dataclasses.is_dataclass(hint):
+        return Kind("object", optional, cls=hint)
+    origin = typing.get_origin(hint)
+    if origin is dict:
+        return Kind("dict", optional, item=_kind(typing.get_args(hint)[1], shell_values))
+    if origin is list:
+        return Kind("list", optional, item=_kind(typing.get_args(hint)[0], shell_values))
+    names = {str: "str", int: "int", float: "float", bool: "bool"}
+    return Kind(names[hint], optional, shell_values=shell_values and hint is str)
 
 
-def _plain_object(schema_class: type, data: Any) -> Any:
-    if type(data) is not dict:
-        raise _NeedsOmegaConf
-    specs = _field_specs(schema_class)
-    if any(key not in specs for key in data):
-        raise _NeedsOmegaConf        # unknown key
-    values = {}
-    for name, (optional, target, default) in specs.items():
-        if name in data:
-            if isinstance(default, dict) and default:
-                raise _NeedsOmegaConf    # OmegaConf would merge into the default's keys
-            values[name] = _plain_value(optional, target, data[name])
-        elif default is _FROM_FIELDS:
-            values[name] = _plain_object(target, {})
-        elif default is dataclasses.MISSING:
-            raise _NeedsOmegaConf
-        else:
-            values[name] = _plain_value(optional, target, default)
-    return schema_class(**values)
+def _unknown_key(name: str, specs: Mapping[str, Any]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(specs), n=2, cutoff=0.6)
+    if close:
+        return f"unknown key; did you mean {' or '.join(repr(c) for c in close)}?"
+    return f"unknown key (known here: {', '.join(specs)})"
 
 
-def _plain_value(optional: bool, target: Any, value: Any) -> Any:
-    """`value` as OmegaConf would hold it in a field of type `target`; only the
-    conversions that cannot fail are made here."""
-    if value is None:
-        if optional:
-            return None
-        raise _NeedsOmegaConf
-    kind = type(value)
-    if target is str:
-        if kind is str:
-            return _plain_str(value)
-        if kind in (int, float, bool):
-            return str(value)
-    elif target is int:
-        if kind is int:
-            return value
-    elif target is float:
-        if kind in (int, float):
-            try:
-                return float(value)
-            except OverflowError:
-                raise _NeedsOmegaConf from None
-    elif target is bool:
-        if kind is bool:
-            return value
-    elif target is Any:
-        return _plain_any(value)
-    elif dataclasses.is_dataclass(target):
-        return _plain_object(target, value)
-    else:
-        origin, args = typing.get_origin(target), typing.get_args(target)
-        item_optional, item_type = _unwrap_optional(args[-1]) if args else (True, Any)
-        if origin is dict and kind is dict and (not args or args[0] is str):
-            return {_plain_key(k): _plain_value(item_optional, item_type, v) for k, v in value.items()}
-        if origin is list and kind is list:
-            return [_plain_value(item_optional, item_type, v) for v in value]
-    raise _NeedsOmegaConf
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
 
 
-def _plain_any(value: Any) -> Any:
-    kind = type(value)
-    if value is None or kind in (int, float, bool):
-        return value
-    if kind is str:
-        return _plain_str(value)
-    if kind is dict:
-        return {_plain_key(k): _plain_any(v) for k, v in value.items()}
-    if kind is list:
-        return [_plain_any(v) for v in value]
-    raise _NeedsOmegaConf
-
-
-def _plain_str(value: str) -> str:
-    if "${" in value or "???" in value:   # interpolation, escape, or a missing value
-        raise _NeedsOmegaConf
-    return value
-
-
-def _plain_key(key: Any) -> str:
-    if type(key) is not str:
-        raise _NeedsOmegaConf
-    return _plain_str(key)
-
-
-def _check_plain_choices(obj: Any, choices: Mapping[str, tuple[str, ...]], provenance: Provenance) -> None:
+def _check_choices(obj: Any, choices: Mapping[str, tuple[str, ...]], provenance: Provenance) -> None:
     for key, allowed in choices.items():
         value = obj
         for part in key.split("."):
@@ -203,76 +375,3 @@ def _check_plain_choices(obj: Any, choices: Mapping[str, tuple[str, ...]], prove
                 break
         if value is not None and value not in allowed:
             raise provenance.error(key, f"{value!r} is not one of: {', '.join(allowed)}")
-
-
-@lru_cache(maxsize=None)
-def _type_hints(schema_class: type) -> dict[str, Any]:
-    return typing.get_type_hints(schema_class)
-
-
-def _check_shapes(schema_class: type, data: Mapping, provenance: Provenance, prefix: str = "") -> None:
-    """Sections and lists given as the wrong kind of value: OmegaConf would raise a bare
-    TypeError that names no key."""
-    hints = _type_hints(schema_class)
-    for f in dataclasses.fields(schema_class):
-        if f.name not in data or data[f.name] is None:
-            continue
-        value, key = data[f.name], f"{prefix}{f.name}"
-        hint = hints[f.name]
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        target = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
-        origin = typing.get_origin(target)
-        if dataclasses.is_dataclass(target) or origin in (dict, typing.Dict):
-            if not isinstance(value, Mapping):
-                raise provenance.error(key, f"must be a mapping of keys, got {type(value).__name__}")
-            if dataclasses.is_dataclass(target):
-                _check_shapes(target, value, provenance, key + ".")
-            else:
-                inner = typing.get_args(target)[1] if typing.get_args(target) else None
-                if dataclasses.is_dataclass(inner):
-                    for name, item in value.items():
-                        if not isinstance(item, Mapping):
-                            raise provenance.error(f"{key}.{name}", "must be a mapping of keys")
-                        _check_shapes(inner, item, provenance, f"{key}.{name}.")
-        elif origin in (list, typing.List) and not isinstance(value, list):
-            raise provenance.error(key, f"must be a list, got {type(value).__name__}")
-
-
-def _to_object(cfg: DictConfig, provenance: Provenance) -> Any:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        return OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as exc:
-        error = _omegaconf_error(exc, provenance)
-        if "missing mandatory value" in error.message.lower():
-            error.message = "required key is missing"
-        raise error from None
-
-
-def _check_choices(cfg: DictConfig, choices: Mapping[str, tuple[str, ...]], provenance: Provenance) -> None:
-    from omegaconf import OmegaConf
-
-    for key, allowed in choices.items():
-        value = OmegaConf.select(cfg, key, default=None, throw_on_resolution_failure=False)
-        if value is not None and value not in allowed:
-            raise provenance.error(key, f"{value!r} is not one of: {', '.join(allowed)}")
-
-
-def _resolve_interpolations(cfg: DictConfig, provenance: Provenance) -> DictConfig:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
-    try:
-        OmegaConf.resolve(cfg)
-    except OmegaConfBaseException as exc:
-        error = _omegaconf_error(exc, provenance)
-        error.message += " (a literal shell variable is written $NAME, or \\${NAME})"
-        raise error from None
-    return cfg
-
-
-def check_env_name(name: str, key: str, prov: Provenance) -> None:
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise prov.error(key, f"{name!r} is not a valid environment variable name")

@@ -1,103 +1,350 @@
-"""Reading YAML configuration files: one document, a mapping at the top, the line of
-every key, and none of YAML 1.1's surprises (base-60 numbers)."""
+"""Reading YAML configuration files safely, keeping every scalar as it was written.
+
+A scalar stays a `Scalar`: its text and whether it was plain (unquoted). Nothing is
+typed here; the schema's field type decides what a scalar becomes (launcher.config.typed),
+so `0123`, `on` or `1e3` reach a string field as written.
+
+A configuration file is small and trusted by no one: only regular files up to
+MAX_FILE_BYTES are read, aliases may expand to at most MAX_ALIAS_VALUES values,
+nesting is bounded, duplicate keys and recursive aliases are errors. Composition is a
+loop over the parser's events, so no input ends in RecursionError.
+"""
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
-from pathlib import Path
+import stat
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import yaml
+from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent, ScalarEvent,
+                         SequenceEndEvent, SequenceStartEvent, StreamEndEvent)
 
 from ..errors import ConfigError
-from .provenance import Origin
+from .provenance import OVERRIDES, Origin, parent_key
+
+MAX_FILE_BYTES = 1 << 20          # 1 MiB
+MAX_ALIAS_VALUES = 10_000         # values reached through aliases, all uses counted
+MAX_DEPTH = 64                    # nested mappings and lists
+
+_Parser = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_STRING_TAGS = (None, "!", "tag:yaml.org,2002:str")
+_MAP_TAGS = (None, "!", "tag:yaml.org,2002:map")
+_SEQ_TAGS = (None, "!", "tag:yaml.org,2002:seq")
+
+
+class Scalar:
+    """One scalar as written: `text`, and `plain` unless it was quoted, a block scalar
+    (`|`, `>`) or tagged `!!str`."""
+
+    __slots__ = ("plain", "text")
+
+    def __init__(self, text: str, plain: bool = True) -> None:
+        self.text = text
+        self.plain = plain
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Scalar) and (self.text, self.plain) == (other.text, other.plain)
+
+    def __hash__(self) -> int:
+        return hash((self.text, self.plain))
+
+    def __repr__(self) -> str:
+        return f"Scalar({self.text!r}{'' if self.plain else ', quoted'})"
+
+    def __deepcopy__(self, memo: dict) -> Scalar:
+        return self           # immutable in practice: nothing assigns to it after parsing
 
 
 @dataclass(frozen=True)
 class YamlDoc:
     path: str
     data: dict
-    lines: dict[str, int]
+    lines: dict[str, int]      # dotted key (list items as key[i]) -> line of the key
 
     def origin(self, key: str) -> Origin:
-        return Origin(self.path, self.lines.get(key))
-
-
-class _Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
-    """SafeLoader without YAML 1.1's base-60 numbers, so `time: 04:00:00` stays a string."""
-
-
-_Loader.yaml_implicit_resolvers = {
-    first: [(tag, regexp) for tag, regexp in resolvers
-            if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
-    list("-+0123456789"))
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?"
-               r"|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)"
-               r"|\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
-    list("-+0123456789."))
-
-
-def yaml_scalar(text: str) -> Any:
-    """Parse one override value the way a YAML file would."""
-    return yaml.load(text, Loader=_Loader)
+        """Where `key` was written; a key reached through an alias or a merge has no line
+        of its own, and is given its nearest written ancestor's."""
+        probe = key
+        while probe:
+            if probe in self.lines:
+                return Origin(self.path, self.lines[probe])
+            probe = parent_key(probe)
+        return Origin(self.path)
 
 
 def read_yaml(path: str | os.PathLike) -> YamlDoc:
     name = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("no such file", file=name) from None
-    except IsADirectoryError:
-        raise ConfigError("is a directory, not a YAML file", file=name) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"cannot read: {exc}", file=name) from None
-    try:
-        loader = _Loader(text)
-        try:
-            node = loader.get_single_node()
-            data = loader.construct_document(node) if node is not None else None
-        finally:
-            loader.dispose()
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"invalid YAML: {problem}", file=name,
-                          line=mark.line + 1 if mark else None) from None
+    text = _read_text(name)
+    data, lines = parse(text, name, lines=True)
     if data is None:
         raise ConfigError("the file is empty", file=name)
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping of keys", file=name)
-    for key in data:
-        if not isinstance(key, str):
-            raise ConfigError(f"keys must be strings, got {key!r}", file=name)
-    return YamlDoc(name, data, _line_map(node))
+    return YamlDoc(name, data, lines)
 
 
-def _line_map(node: Any, prefix: str = "") -> dict[str, int]:
-    lines: dict[str, int] = {}
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = f"{prefix}{key_node.value}"
-            lines[key] = key_node.start_mark.line + 1
-            lines.update(_line_map(value_node, key + "."))
-    return lines
+def _read_text(name: str) -> str:
+    # O_NONBLOCK: opening a FIFO must not wait for a writer; fstat then refuses it.
+    flags = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(name, flags)
+    except FileNotFoundError:
+        raise ConfigError("no such file", file=name) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, not a YAML file", file=name) from None
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", file=name) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise ConfigError("is a directory, not a YAML file", file=name)
+        if not stat.S_ISREG(mode):
+            raise ConfigError("is not a regular file (a FIFO, device or socket cannot be a config file)", file=name)
+        chunks, size = [], 0
+        while size <= MAX_FILE_BYTES:
+            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        raise ConfigError(f"cannot read: {exc.strerror or exc}", file=name) from None
+    finally:
+        os.close(fd)
+    if size > MAX_FILE_BYTES:
+        raise ConfigError(f"is larger than {MAX_FILE_BYTES // (1 << 20)} MiB, the most a config file may be",
+                          file=name)
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"is not UTF-8 text (byte {exc.start})", file=name) from None
+
+
+def parse(text: str, name: str, *, lines: bool = False) -> tuple[Any, dict[str, int]]:
+    """One YAML document -> (dict | list | Scalar | None, {dotted key: line}).
+    Errors are ConfigErrors naming `name`."""
+    if any("\ud800" <= char <= "\udfff" for char in text):
+        raise ConfigError("is not valid Unicode text (it holds a lone surrogate)", file=name)
+    loader = _Parser(text)
+    try:
+        return _Composer(loader, name, lines).document()
+    except yaml.reader.ReaderError as exc:
+        line = text.count("\n", 0, exc.position) + 1 if isinstance(exc.position, int) else None
+        raise ConfigError(f"invalid YAML: character U+{exc.character:04X} cannot appear in a YAML file"
+                          if isinstance(exc.character, int) else f"invalid YAML: {exc.reason}",
+                          file=name, line=line) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"invalid YAML: {problem.splitlines()[0] if problem else 'unreadable'}", file=name,
+                          line=mark.line + 1 if mark else None) from None
+    finally:
+        loader.dispose()
+
+
+@dataclass
+class _Open:
+    """A mapping or list being composed."""
+
+    value: Any                 # the dict or list
+    key: str                   # its dotted key
+    anchor: str | None
+    size: int = 1              # values inside, aliases expanded
+    pending: tuple[str, int, bool] | None = None   # mapping: (key text, line, is merge key) awaiting a value
+    seen: dict[str, int] = field(default_factory=dict)      # mapping: key -> line
+    merges: list[dict] = field(default_factory=list)        # mapping: sources of `<<`
+
+
+class _Composer:
+    def __init__(self, loader: Any, name: str, lines: bool) -> None:
+        self.loader = loader
+        self.name = name
+        self.lines: dict[str, int] | None = {} if lines else None
+        self.anchors: dict[str, tuple[Any, int]] = {}
+        self.open_anchors: set[str] = set()
+        self.alias_values = 0
+
+    def error(self, message: str, line: int | None, key: str | None = None) -> ConfigError:
+        return ConfigError(message, file=self.name, key=key or None, line=line)
+
+    def document(self) -> tuple[Any, dict[str, int]]:
+        get = self.loader.get_event
+        get()                                       # StreamStart
+        event = get()
+        if isinstance(event, StreamEndEvent):
+            return None, {}
+        root = self._node_tree()
+        get()                                       # DocumentEnd
+        event = get()
+        if isinstance(event, DocumentStartEvent):
+            raise self.error("holds more than one YAML document (---); a config file is one", event.start_mark.line + 1)
+        return root, self.lines or {}
+
+    def _node_tree(self) -> Any:
+        stack: list[_Open] = []
+        get = self.loader.get_event
+        while True:
+            event = get()
+            line = event.start_mark.line + 1
+            kind = type(event)
+            if kind is ScalarEvent:
+                if event.tag not in _STRING_TAGS:
+                    raise self._tag_error(event.tag, line, stack)
+                value: Any = Scalar(event.value, plain=not event.style and event.tag is None)
+                if event.anchor is not None:
+                    self.open_anchors.discard(event.anchor)      # redefined: the latest one counts
+                    self.anchors[event.anchor] = (value, 1)
+                done, size = value, 1
+            elif kind is AliasEvent:
+                name = event.anchor
+                if name in self.open_anchors:
+                    raise self.error(f"recursive alias *{name}: it refers to a value that contains it", line,
+                                     self._child_key(stack))
+                if name not in self.anchors:
+                    raise self.error(f"alias *{name} refers to no anchor &{name} before it", line,
+                                     self._child_key(stack))
+                done, size = self.anchors[name]
+                self.alias_values += size
+                if self.alias_values > MAX_ALIAS_VALUES:
+                    raise self.error(f"aliases expand to more than {MAX_ALIAS_VALUES} values; a few nested aliases "
+                                     "can stand for billions of values, so this is refused", line,
+                                     self._child_key(stack))
+            elif kind is MappingStartEvent or kind is SequenceStartEvent:
+                mapping = kind is MappingStartEvent
+                if event.tag not in (_MAP_TAGS if mapping else _SEQ_TAGS):
+                    raise self._tag_error(event.tag, line, stack)
+                if len(stack) >= MAX_DEPTH:
+                    raise self.error(f"nested deeper than {MAX_DEPTH} levels", line, stack[1].key if len(stack) > 1
+                                     else None)
+                key = self._child_key(stack)
+                frame = _Open({} if mapping else [], key, event.anchor)
+                if event.anchor is not None:
+                    self.open_anchors.add(event.anchor)
+                stack.append(frame)
+                continue
+            elif kind is MappingEndEvent or kind is SequenceEndEvent:
+                frame = stack.pop()
+                if frame.merges:
+                    self._apply_merges(frame)
+                if frame.anchor is not None:
+                    self.open_anchors.discard(frame.anchor)
+                    self.anchors[frame.anchor] = (frame.value, frame.size)
+                done, size = frame.value, frame.size
+            else:                                    # nothing else occurs inside a document
+                raise self.error(f"unexpected YAML event {kind.__name__}", line)
+            if not stack:
+                return done
+            self._add(stack[-1], done, size, line)
+
+    def _tag_error(self, tag: str, line: int, stack: list[_Open]) -> ConfigError:
+        shown = tag.replace("tag:yaml.org,2002:", "!!", 1)
+        return self.error(f"the YAML tag {shown} is not supported; write the value without it", line,
+                          self._child_key(stack))
+
+    def _child_key(self, stack: list[_Open]) -> str:
+        """The dotted key of the value that comes next."""
+        if not stack:
+            return ""
+        top = stack[-1]
+        if isinstance(top.value, list):
+            return f"{top.key}[{len(top.value)}]"
+        if top.pending is None:
+            return top.key
+        return _join(top.key, top.pending[0])
+
+    def _add(self, frame: _Open, value: Any, size: int, line: int) -> None:
+        frame.size += size
+        if isinstance(frame.value, list):
+            if self.lines is not None:
+                self.lines[f"{frame.key}[{len(frame.value)}]"] = line
+            frame.value.append(value)
+            return
+        if frame.pending is None:                  # a key
+            if not isinstance(value, Scalar):
+                raise self.error("a key must be a single value, not a mapping or a list", line, frame.key)
+            frame.pending = (value.text, line, value.plain and value.text == "<<")
+            return
+        text, key_line, merge = frame.pending
+        frame.pending = None
+        if merge:
+            sources = value if isinstance(value, list) else [value]
+            if not all(isinstance(s, dict) for s in sources):
+                raise self.error("<< (merge) takes a mapping or a list of mappings", key_line, frame.key)
+            frame.merges.extend(sources)
+            return
+        key = _join(frame.key, text)
+        if text in frame.seen:
+            raise self.error(f"duplicate key {text!r} (lines {frame.seen[text]} and {key_line}); a key may appear "
+                             "once", key_line, key)
+        frame.seen[text] = key_line
+        if self.lines is not None:
+            self.lines[key] = key_line
+        frame.value[text] = value
+
+    @staticmethod
+    def _apply_merges(frame: _Open) -> None:
+        # YAML merge keys: keys written in the mapping win, then earlier sources.
+        for source in frame.merges:
+            for key, value in source.items():
+                frame.value.setdefault(key, value)
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+# --- KEY=VALUE overrides ----------------------------------------------------------
+
+_SINGLE_QUOTED = re.compile(r"'(?:[^']|'')*'", re.S)
+_DOUBLE_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+
+
+def override_value(text: str) -> Any:
+    """The value of a KEY=VALUE override, as raw data: a YAML flow list or mapping
+    (`[a, b]`, `{k: v}`), one quoted scalar, or else the text exactly as given (` #` and
+    all: it is a command-line word, not a YAML line). Empty is the empty string."""
+    if text == "":
+        return Scalar("", plain=False)
+    if text[0] in "[{":
+        try:
+            value, _ = parse(text, OVERRIDES)
+        except ConfigError as exc:
+            if exc.message.startswith(("invalid YAML", "is not valid Unicode")):
+                return Scalar(text)       # the converter refuses what no value can hold
+            raise
+        if isinstance(value, (list, dict)):
+            return value
+        return Scalar(text)
+    if text[0] == "'" and _SINGLE_QUOTED.fullmatch(text):
+        return Scalar(text[1:-1].replace("''", "'"), plain=False)
+    if text[0] == '"' and _DOUBLE_QUOTED.fullmatch(text):
+        try:
+            value, _ = parse(text, OVERRIDES)
+        except ConfigError:
+            return Scalar(text)
+        if isinstance(value, Scalar):
+            return value
+    return Scalar(text)
 
 
 def leaf_keys(data: Mapping, prefix: str = "") -> list[str]:
-    keys = []
-    for key, value in data.items():
-        dotted = f"{prefix}{key}"
-        keys.append(dotted)
-        if isinstance(value, Mapping):
-            keys.extend(leaf_keys(value, dotted + "."))
+    """Every dotted key in `data`, mappings' keys and list items (`key[i]`) included."""
+    keys: list[str] = []
+    _walk_keys(data, prefix, keys)
     return keys
+
+
+def _walk_keys(value: Any, prefix: str, keys: list[str]) -> None:
+    if isinstance(value, dict):
+        for key, item in value.items():
+            dotted = _join(prefix, key)
+            keys.append(dotted)
+            _walk_keys(item, dotted, keys)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            dotted = f"{prefix}[{index}]"
+            keys.append(dotted)
+            _walk_keys(item, dotted, keys)

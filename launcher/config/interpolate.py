@@ -1,0 +1,186 @@
+"""`${...}` in configuration values: OmegaConf interpolation (`${resources.nodes}`,
+`${oc.env:HOME}`), the `\\${...}` escape, and, in environment values, the shell's own
+`${NAME}` and `$$`.
+
+`scan` reads a value without OmegaConf: most values hold no interpolation and are
+final as they are. Only a value that does is handed to OmegaConf, imported then.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields, is_dataclass
+from typing import Any, Callable
+
+from ..errors import ConfigError
+from .provenance import Provenance
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+HINT = " (a literal shell variable is written $NAME, ${NAME} in env values, or \\${NAME})"
+
+
+class Interpolation:
+    """A value holding at least one interpolation, spelled for OmegaConf. It stands in
+    the converted config until resolved; `store` then puts the result where it belongs."""
+
+    __slots__ = ("_stores", "text")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self._stores: list[Callable[[Any], None]] = []
+
+    def __repr__(self) -> str:
+        return f"Interpolation({self.text!r})"
+
+    def attach(self, store: Callable[[Any], None]) -> None:
+        self._stores.append(store)
+
+    def store(self, value: Any) -> None:
+        for store in self._stores:
+            store(value)
+
+
+def scan(text: str, shell_values: bool) -> str | Interpolation:
+    """`text` as the user meant it: the final string when nothing in it interpolates,
+    else an Interpolation. Raises ValueError for an unclosed `${`.
+
+    `\\${` is a literal `${` (an even run of backslashes before `${` is half as many
+    backslashes and an interpolation, as in OmegaConf). With `shell_values` (env values,
+    which the job's shell expands), `$$` and `${NAME}` stay as written for the shell;
+    dotted and resolver forms (`${a.b}`, `${oc.env:X}`) still interpolate."""
+    pieces: list[tuple[bool, str]] = []      # (is an interpolation, text)
+    literal: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        char = text[i]
+        if char == "\\":
+            j = i
+            while j < n and text[j] == "\\":
+                j += 1
+            if text.startswith("${", j):
+                literal.append("\\" * ((j - i) // 2))
+                if (j - i) % 2:
+                    literal.append("${")
+                    i = j + 2
+                else:
+                    i = j
+                continue
+            literal.append(text[i:j])
+            i = j
+            continue
+        if char == "$":
+            if shell_values and text.startswith("$$", i):
+                literal.append("$$")
+                i += 2
+                continue
+            if text.startswith("${", i):
+                end = _closing_brace(text, i + 2)
+                if end is None:
+                    raise ValueError(f"unclosed '${{' in {text!r}")
+                if shell_values and _IDENT.fullmatch(text, i + 2, end - 1):
+                    literal.append(text[i:end])
+                else:
+                    pieces.append((False, "".join(literal)))
+                    literal = []
+                    pieces.append((True, text[i:end]))
+                i = end
+                continue
+        literal.append(char)
+        i += 1
+    pieces.append((False, "".join(literal)))
+    if not any(is_interpolation for is_interpolation, _ in pieces):
+        return pieces[0][1]
+    out = []
+    for index, (is_interpolation, piece) in enumerate(pieces):
+        if is_interpolation:
+            out.append(piece)
+        else:
+            before_interpolation = index + 1 < len(pieces)
+            out.append(omegaconf_literal(piece, before_interpolation))
+    return Interpolation("".join(out))
+
+
+def omegaconf_literal(text: str, before_interpolation: bool = False) -> str:
+    """`text` spelled so that OmegaConf reads it back unchanged."""
+    out = re.sub(r"(\\*)\$\{", lambda m: m.group(1) * 2 + "\\${", text)
+    if before_interpolation:
+        out = re.sub(r"(\\+)$", lambda m: m.group(1) * 2, out)
+    return out
+
+
+def _closing_brace(text: str, start: int) -> int | None:
+    """Index just past the `}` closing a `${` whose body starts at `start`."""
+    depth, i, n = 1, start, len(text)
+    while i < n:
+        char = text[i]
+        if char in "'\"":
+            close = text.find(char, i + 1)
+            while close != -1 and text[close - 1] == "\\":
+                close = text.find(char, close + 1)
+            if close == -1:
+                return None
+            i = close + 1
+            continue
+        if char == "{":
+            depth += 1
+        elif char == "}":
+            depth -= 1
+            if depth == 0:
+                return i + 1
+        i += 1
+    return None
+
+
+@dataclass
+class Pending:
+    """An interpolated value to fill in once the whole config is known."""
+
+    path: tuple[str | int, ...]        # keys and list indices from the root
+    key: str                           # dotted, for errors
+    interpolation: Interpolation
+    finish: Callable[[Any], Any]       # resolved value -> the field's value (raises ConfigError)
+
+
+def resolve(root: Any, pending: list[Pending], provenance: Provenance) -> None:
+    """Resolve every pending interpolation against the converted config `root` (its
+    defaults included) and store the results."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    try:
+        cfg = OmegaConf.create(_plain(root))
+    except Exception as exc:  # OmegaConf's errors share no base class with ours
+        raise ConfigError(f"cannot interpolate: {_first_line(exc)}", file=provenance.default_file) from None
+    for item in pending:
+        try:
+            node = cfg
+            for part in item.path[:-1]:
+                node = node[part]
+            value = node[item.path[-1]]
+            if isinstance(value, (DictConfig, ListConfig)):
+                value = OmegaConf.to_container(value, resolve=True)
+        except RecursionError:
+            raise provenance.error(item.key, "interpolation refers to itself") from None
+        except Exception as exc:  # a resolver may raise anything: the input is the user's
+            raise provenance.error(item.key, _first_line(exc) + HINT) from None
+        item.interpolation.store(item.finish(value))
+
+
+def _first_line(exc: BaseException) -> str:
+    message = getattr(exc, "msg", None) or str(exc) or type(exc).__name__
+    return str(message).split("\n")[0].strip()
+
+
+def _plain(value: Any) -> Any:
+    """The converted config as OmegaConf input: interpolations in OmegaConf's syntax,
+    every other string escaped so that it stays literal."""
+    if isinstance(value, Interpolation):
+        return value.text
+    if isinstance(value, str):
+        return omegaconf_literal(value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, dict):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_plain(item) for item in value]
+    return value
