@@ -1,12 +1,22 @@
 """Bad input -> exit 2, a message naming the file and the key, no traceback, nothing written.
 
-Each row: files to write (name -> text), extra CLI args, and the fragments stderr must hold.
+Each row: files to write (name -> text, or FIFO / DIRECTORY / a Link), extra CLI args, and
+the fragments stderr must hold. Rows that change only the site profile are also checked
+through `glaunch sites validate`: it applies exactly the checks `submit` applies.
 """
 
+import collections
+import os
 import sys
+import time
+
 import pytest
 
 from launcher import cli
+
+FIFO = object()          # a named pipe: reading it would block
+DIRECTORY = object()
+Link = collections.namedtuple("Link", "target")
 
 SITE = """\
 name: mysite
@@ -136,6 +146,127 @@ CASES = [
     ("parent-bad-value", {"site_configs/mysite.yaml": site("extends: base\n"),
                           "site_configs/base.yaml": "name: base\nqos: [1, 2]\n"}, [], ["base.yaml", "qos"]),
     ("local-two-nodes", {"exp.yaml": EXP}, ["--site", "local"], ["exp.yaml", "resources.nodes"]),
+    # --- files that are no config file ---
+    ("exp-fifo", {"exp.yaml": FIFO}, [], ["exp.yaml", "not a regular file"]),
+    ("exp-dev-zero", {"exp.yaml": Link("/dev/zero")}, [], ["exp.yaml", "not a regular file"]),
+    ("exp-directory", {"exp.yaml": DIRECTORY}, [], ["exp.yaml", "is a directory"]),
+    ("exp-too-large", {"exp.yaml": EXP + "# " + "x" * (1 << 20) + "\n"}, [], ["exp.yaml", "larger than 1 MiB"]),
+    ("exp-not-utf8", {"exp.yaml": EXP + "env: {A: \udcff}\n"}, [], ["exp.yaml", "not UTF-8"]),
+    ("site-fifo", {"site_configs/mysite.yaml": FIFO}, [], ["mysite.yaml", "not a regular file"]),
+    ("site-path-fifo", {"pipe.yaml": FIFO}, ["--site", "./pipe.yaml"], ["pipe.yaml", "not a regular file"]),
+    # --- YAML that no config needs ---
+    ("yaml-alias-bomb", {"exp.yaml": EXP + "".join(
+        f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 9) if i else ', '.join(['lol'] * 9)}]\n" for i in range(10))},
+     [], ["exp.yaml", "aliases expand to more than"]),
+    ("yaml-recursive-alias", {"exp.yaml": exp("deepspeed: &d {a: *d}\n")}, [], ["exp.yaml", "deepspeed.a",
+                                                                               "recursive alias"]),
+    ("yaml-duplicate-key", {"exp.yaml": EXP + "resources: {nodes: 1}\n"}, [],
+     ["exp.yaml:4", "resources", "duplicate key", "lines 3 and 4"]),
+    ("yaml-duplicate-nested-key", {"exp.yaml": exp("strategy:\n  name: ddp\n  name: deepspeed\n")}, [],
+     ["exp.yaml:6", "strategy.name", "lines 5 and 6"]),
+    ("site-duplicate-key", {"site_configs/mysite.yaml": site("partitions:\n  gpu: {gpus_per_node: 8}\n")}, [],
+     ["mysite.yaml:7", "partitions", "lines 4 and 7"]),
+    ("site-duplicate-partition-key", {"site_configs/mysite.yaml": SITE.replace("max_nodes: 8", "max_nodes: 8, "
+                                                                              "max_nodes: 16")}, [],
+     ["mysite.yaml", "partitions.gpu.max_nodes", "duplicate key"]),
+    ("parent-duplicate-key", {"site_configs/mysite.yaml": site("extends: base\n"),
+                              "site_configs/base.yaml": "name: base\nqos: a\nqos: b\n"}, [],
+     ["base.yaml:3", "qos", "lines 2 and 3"]),
+    ("yaml-deep-nesting", {"exp.yaml": exp("deepspeed: " + "[" * 5000 + "]" * 5000 + "\n")}, [],
+     ["exp.yaml", "nested deeper than"]),
+    ("yaml-python-tag", {"exp.yaml": exp("env: {A: !!python/object/apply:os.system [touch PWNED]}\n")}, [],
+     ["exp.yaml", "env.A", "!!python/object/apply:os.system", "not supported"]),
+    ("yaml-two-documents", {"exp.yaml": EXP + "---\nname: other\n"}, [], ["exp.yaml", "more than one YAML document"]),
+    ("extends-too-deep", {"site_configs/mysite.yaml": site("extends: s0\n"), **{
+        f"site_configs/s{i}.yaml": f"name: s{i}\nextends: s{i + 1}\n" for i in range(100)}}, [],
+     ["extends chain is deeper than"]),
+    # --- typed values: the field's type decides, nothing ambiguous passes ---
+    ("nodes-bool", {"exp.yaml": EXP.replace("nodes: 2", "nodes: true")}, [], ["exp.yaml", "resources.nodes",
+                                                                             "got true"]),
+    ("nodes-leading-zero", {"exp.yaml": EXP.replace("nodes: 2", "nodes: 02")}, [], ["exp.yaml", "resources.nodes",
+                                                                                   "leading zero"]),
+    ("nodes-exponent", {"exp.yaml": EXP.replace("nodes: 2", "nodes: 2e0")}, [], ["exp.yaml", "resources.nodes",
+                                                                                "whole number"]),
+    ("nodes-out-of-range", {"exp.yaml": EXP.replace("nodes: 2", "nodes: 9223372036854775808")}, [],
+     ["exp.yaml", "resources.nodes", "out of range"]),
+    ("env-value-null", {"exp.yaml": exp("env: {A: null}\n")}, [], ["exp.yaml", "env.A", "got null"]),
+    ("args-item-mapping", {"exp.yaml": EXP.replace("{script: train.py}", "{script: train.py, args: [{a: 1}]}")},
+     [], ["exp.yaml", "entrypoint.args[0]", "a single value"]),
+    ("site-preemptible-yes", {"site_configs/mysite.yaml": SITE.replace("max_nodes: 4", "max_nodes: 4, "
+                                                                       "preemptible: yes")}, [],
+     ["mysite.yaml", "partitions.cpu.preemptible", "true or false"]),
+    ("nul-in-value", {"exp.yaml": exp('env: {A: "a\\0b"}\n')}, [], ["exp.yaml", "env.A", "NUL"]),
+    # --- NaN and infinity, wherever a number is read ---
+    ("mem-nan", {"exp.yaml": EXP.replace("nodes: 2,", "nodes: 2, mem_gb: .nan,")}, [],
+     ["exp.yaml", "resources.mem_gb", "finite"]),
+    ("mem-inf", {"exp.yaml": EXP.replace("nodes: 2,", "nodes: 2, mem_gb: .inf,")}, [],
+     ["exp.yaml", "resources.mem_gb", "finite"]),
+    ("mem-overflow", {"exp.yaml": EXP.replace("nodes: 2,", "nodes: 2, mem_gb: 1e400,")}, [],
+     ["exp.yaml", "resources.mem_gb", "too large"]),
+    ("params-nan", {"exp.yaml": exp("model: {params: NaN}\n")}, [], ["exp.yaml", "model.params", "finite"]),
+    ("override-params-inf", {"exp.yaml": EXP}, ["model.params=inf"], ["command line", "model.params", "finite"]),
+    ("deepspeed-nan", {"exp.yaml": exp("strategy: {name: deepspeed}\ndeepspeed: {gradient_clipping: .nan}\n")}, [],
+     ["exp.yaml", "deepspeed.gradient_clipping", "finite"]),
+    ("site-gpu-mem-nan", {"site_configs/mysite.yaml": SITE.replace("gpu_mem_gb: 80", "gpu_mem_gb: .nan")}, [],
+     ["mysite.yaml", "partitions.gpu.gpu_mem_gb", "finite"]),
+    ("site-mem-inf", {"site_configs/mysite.yaml": SITE.replace("mem_gb: 256", "mem_gb: .inf")}, [],
+     ["mysite.yaml", "partitions.gpu.mem_gb", "finite"]),
+    ("site-plan-nan", {"site_configs/mysite.yaml": site("plan: {headroom: .nan}\n")}, [],
+     ["mysite.yaml", "plan.headroom", "finite"]),
+    # --- times, names, reserved environment variables ---
+    ("time-61-minutes", {"exp.yaml": EXP.replace('"01:00:00"', '"01:61:00"')}, [],
+     ["exp.yaml", "resources.time", "minutes must be at most 59"]),
+    ("time-61-seconds", {"exp.yaml": EXP.replace('"01:00:00"', '"10:61"')}, [],
+     ["exp.yaml", "resources.time", "seconds must be at most 59"]),
+    ("time-25-hours-after-days", {"exp.yaml": EXP.replace('"01:00:00"', '"0-25:00:00"')}, [],
+     ["exp.yaml", "resources.time", "hours must be at most 23"]),
+    ("site-max-time-48h", {"site_configs/mysite.yaml": SITE.replace('"1-00:00:00"', "48h")}, [],
+     ["mysite.yaml", "partitions.gpu.max_time", "not a time"]),
+    ("site-max-time-unused-partition", {"site_configs/mysite.yaml": SITE.replace("max_nodes: 4}", "max_nodes: 4, "
+                                                                                 "max_time: '00:90:00'}")}, [],
+     ["mysite.yaml", "partitions.cpu.max_time"]),
+    ("name-leading-dash", {"exp.yaml": EXP.replace("name: good", "name: -rf")}, [], ["exp.yaml", "name",
+                                                                                   "not starting with"]),
+    ("name-leading-dot", {"exp.yaml": EXP.replace("name: good", "name: ..")}, [], ["exp.yaml", "name"]),
+    ("override-name-dash", {"exp.yaml": EXP}, ["name=--help"], ["command line", "name"]),
+    ("site-name-leading-dash", {"site_configs/mysite.yaml": SITE.replace("name: mysite", "name: -x")}, [],
+     ["mysite.yaml", "name"]),
+    ("partition-leading-dash", {"site_configs/mysite.yaml": site("  -p: {gpus_per_node: 1}\n")}, [],
+     ["mysite.yaml", "partitions.-p"]),
+    ("env-slurm-reserved", {"exp.yaml": exp("env: {SLURM_JOB_ID: 'x[$(touch PWNED)]'}\n")}, [],
+     ["exp.yaml", "env.SLURM_JOB_ID", "SLURM_*"]),
+    ("env-sbatch-reserved", {"exp.yaml": exp("env: {SBATCH_TIMELIMIT: '5'}\n")}, [], ["exp.yaml",
+                                                                                    "env.SBATCH_TIMELIMIT"]),
+    ("env-srun-reserved", {"exp.yaml": exp("env: {SRUN_CPUS_PER_TASK: '5'}\n")}, [], ["exp.yaml",
+                                                                                     "env.SRUN_CPUS_PER_TASK"]),
+    ("env-salloc-reserved", {"exp.yaml": exp("env: {SALLOC_PARTITION: x}\n")}, [], ["exp.yaml",
+                                                                                  "env.SALLOC_PARTITION"]),
+    ("env-bash-variable", {"exp.yaml": exp("env: {BASH_ENV: /tmp/x}\n")}, [], ["exp.yaml", "env.BASH_ENV"]),
+    ("override-env-reserved", {"exp.yaml": EXP}, ["env.SLURM_NODEID=0"], ["command line", "env.SLURM_NODEID"]),
+    ("site-env-reserved", {"site_configs/mysite.yaml": site("env: {SLURM_JOB_ID: '1'}\n")}, [],
+     ["mysite.yaml", "env.SLURM_JOB_ID"]),
+    ("site-env-glaunch", {"site_configs/mysite.yaml": site("env: {GLAUNCH_RUN_DIR: /x}\n")}, [],
+     ["mysite.yaml", "env.GLAUNCH_RUN_DIR"]),
+    # --- overrides: no sections where a value goes ---
+    ("override-mapping-into-env", {"exp.yaml": EXP}, ["env.A={x: 1}"], ["command line", "env.A", "single value"]),
+    ("override-list-into-env", {"exp.yaml": EXP}, ["env.A=[1, 2]"], ["command line", "env.A", "single value"]),
+    ("override-mapping-into-time", {"exp.yaml": EXP}, ["resources.time={h: 1}"], ["command line", "resources.time"]),
+    ("override-list-into-nodes", {"exp.yaml": EXP}, ["resources.nodes=[2]"], ["command line", "resources.nodes"]),
+    ("override-scalar-into-env", {"exp.yaml": EXP}, ["env=A"], ["command line", "env", "mapping"]),
+    ("interpolation-unclosed", {"exp.yaml": exp("env: {A: '${resources.nodes'}\n")}, [], ["exp.yaml", "env.A",
+                                                                                        "unclosed"]),
+    ("interpolation-loop", {"exp.yaml": exp("env: {A: '${env.B}', B: '${env.A}'}\n")}, [], ["exp.yaml", "env.A"]),
+    # --- profile checks `sites validate` shares with `submit` ---
+    ("site-sbatch-owned-directive", {"site_configs/mysite.yaml": site("sbatch: {nodes: 64}\n")}, [],
+     ["mysite.yaml", "sbatch.nodes", "written by glaunch"]),
+    ("site-sbatch-owned-output", {"site_configs/mysite.yaml": site("sbatch: {output: /tmp/x}\n")}, [],
+     ["mysite.yaml", "sbatch.output"]),
+    ("site-sbatch-newline", {"site_configs/mysite.yaml": site("sbatch: {comment: \"a\\nb\"}\n")}, [],
+     ["mysite.yaml", "sbatch.comment", "one line"]),
+    ("site-account-escape", {"site_configs/mysite.yaml": site("account: \"a\\eb\"\n")}, [],
+     ["mysite.yaml", "account", "control characters"]),
+    ("site-python-unbalanced", {"site_configs/mysite.yaml": site("python: \"python3 'x\"\n")}, [],
+     ["mysite.yaml", "python", "not a command line"]),
 ]
 
 
@@ -145,27 +276,76 @@ def test_bad_input(files, args, fragments, tmp_path, monkeypatch, capsys, isolat
     monkeypatch.delenv("GLAUNCH_TEST_UNSET", raising=False)
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "site_configs").mkdir()
-    files = {"exp.yaml": EXP, "site_configs/mysite.yaml": SITE, **files}
-    for name, text in files.items():
-        if text is not None:           # None: the file must not exist
-            (tmp_path / name).write_text(text)
+    write_files(tmp_path, files)
     site_args = [] if ("--site" in args or "--site-from-exp" in args) else ["--site", "mysite"]
     args = [a for a in args if a != "--site-from-exp"]
     runs = tmp_path / "runs"
     argv = ["glaunch", "submit", "exp.yaml", "--dry-run", "--runs-dir", str(runs), *site_args, *args]
-    monkeypatch.setattr(sys, "argv", argv)
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-    out, err = capsys.readouterr()
-    assert exit_info.value.code == 2, (out, err)
+    code, out, err = run_cli(monkeypatch, capsys, argv)
+    assert code == 2, (out, err)
     assert "Traceback" not in out + err
     for fragment in fragments:
         assert fragment in err, f"{fragment!r} not in {err!r}"
     assert not runs.exists(), "nothing may be written for bad input"
+    assert not list(tmp_path.rglob("PWNED*"))
+
+
+def write_files(root, files):
+    for name, text in {"exp.yaml": EXP, "site_configs/mysite.yaml": SITE, **files}.items():
+        path = root / name
+        if text is None:               # the file must not exist
+            continue
+        if text is FIFO:
+            os.mkfifo(path)
+        elif text is DIRECTORY:
+            path.mkdir()
+        elif isinstance(text, Link):
+            path.symlink_to(text.target)
+        else:
+            path.write_text(text, errors="surrogateescape")
+
+
+def run_cli(monkeypatch, capsys, argv, limit_s=10.0):
+    """(exit code, stdout, stderr) of the CLI run in-process, which must not take long."""
+    monkeypatch.setattr(sys, "argv", argv)
+    start = time.monotonic()
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    assert time.monotonic() - start < limit_s
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+SITE_ONLY = [c for c in CASES if set(c[1]) <= {"site_configs/mysite.yaml"} and not c[2]]
+
+
+@pytest.mark.parametrize("files,fragments", [(c[1], c[3]) for c in SITE_ONLY], ids=[c[0] for c in SITE_ONLY])
+def test_sites_validate_refuses_what_submit_refuses(files, fragments, tmp_path, monkeypatch, capsys, isolated_env):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "site_configs").mkdir()
+    write_files(tmp_path, files)
+    code, out, err = run_cli(monkeypatch, capsys, ["glaunch", "sites", "validate", "mysite"])
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    for fragment in fragments:
+        assert fragment in err, f"{fragment!r} not in {err!r}"
+
+
+def test_sites_validate_passes_every_shipped_profile(monkeypatch, capsys, isolated_env):
+    from launcher.config.sites import SHIPPED_SITES
+
+    names = sorted(p.stem for p in SHIPPED_SITES.glob("*.yaml"))
+    code, out, err = run_cli(monkeypatch, capsys, ["glaunch", "sites", "validate", *names])
+    assert code == 0, (out, err)
+    assert out.count("ok ") == len(names)
 
 
 def test_there_are_at_least_forty_cases():
     assert len(CASES) >= 40
+    assert len({c[0] for c in CASES}) == len(CASES), "ids are unique"
 
 
 def test_sites_validate_reports_bad_profile(tmp_path, monkeypatch, capsys, isolated_env):
