@@ -128,7 +128,7 @@ def staging_dir_name(step: int) -> str:
 try:
     import crc32c as _crc32c
 except ImportError:   # the train extra installs it; without it shards are SHA-256'd
-    _crc32c = None
+    _crc32c = None  # type: ignore[assignment]
 
 
 def checksum_algorithm() -> str:
@@ -376,7 +376,10 @@ def check_shards(path: Path, manifest: dict, *, verify: str = "hash",
         return None
     todo = manifest["shards"] if share is None else verify_share(manifest["shards"], *share)
     for shard in todo:
-        algo, digest = shard_checksum(shard)
+        found = shard_checksum(shard)
+        if found is None:
+            return f"shard {shard['path']} has no checksum"
+        algo, digest = found
         if algo == "crc32c" and _crc32c is None:
             log(f"cannot re-check {shard['path']}: its crc32c checksum needs the 'crc32c' package; "
                 "checked its size only")
@@ -533,7 +536,7 @@ class Staging:
         p = self.file(name)
         with ChecksumWriter(p) as w:
             yield w
-        self.record(p, w.size, w.algorithm, w.digest)
+        self.record(p, w.size, w.algorithm, w.checksum.hexdigest())
 
 
 def _marker_name(rank: int) -> str:

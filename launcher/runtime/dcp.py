@@ -65,7 +65,7 @@ class ChecksumFileSystem(FileSystem):
         finally:
             w.close()
         with self._lock:
-            self.written[Path(path)] = (w.size, w.algorithm, w.digest)
+            self.written[Path(path)] = (w.size, w.algorithm, w.checksum.hexdigest())
 
     def rename(self, path, new_path) -> None:
         super().rename(path, new_path)
@@ -80,11 +80,12 @@ class ChecksummingWriter(FileSystemWriter):
     def __init__(self, path: str | Path, *, thread_count: int = 1) -> None:
         super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=thread_count,
                          overwrite=True)
-        self.fs = ChecksumFileSystem()
+        self._checksums = ChecksumFileSystem()
+        self.fs = self._checksums
 
     @property
     def written(self) -> dict[Path, tuple[int, str, str]]:
-        return dict(self.fs.written)
+        return dict(self._checksums.written)
 
 
 class HostBuffers:
@@ -160,12 +161,12 @@ def plan_save(state_dict: dict, writer: ChecksummingWriter, planner: StagingPlan
         except Exception as e:   # every rank must learn about it
             mine = _PlanFailure(ctx.rank, f"{type(e).__name__}: {e}")
     distributed = ctx.world_size > 1 and is_distributed()
-    gathered: list | None = [None] * ctx.world_size if is_main else None
+    gathered: list = [None] * ctx.world_size if is_main else []
     if distributed:
-        dist.gather_object(mine, gathered, dst=0)
+        dist.gather_object(mine, gathered if is_main else None, dst=0)
     else:
         gathered = [mine]
-    replies: list | None = None
+    replies: list = []
     metadata = None
     if is_main:
         failed = [g for g in gathered if isinstance(g, _PlanFailure)]
@@ -179,7 +180,7 @@ def plan_save(state_dict: dict, writer: ChecksummingWriter, planner: StagingPlan
                 replies = [_PlanFailure(0, f"{type(e).__name__}: {e}")] * ctx.world_size
     if distributed:
         out: list = [None]
-        dist.scatter_object_list(out, replies, src=0)
+        dist.scatter_object_list(out, replies if is_main else None, src=0)
         reply = out[0]
     else:
         reply = replies[0]

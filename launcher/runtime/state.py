@@ -97,7 +97,7 @@ def rng_state() -> dict:
         import numpy as np
 
         name, keys, pos, has_gauss, cached = np.random.get_state()
-        state["numpy"] = [name, keys.tolist(), int(pos), int(has_gauss), float(cached)]
+        state["numpy"] = [name, np.asarray(keys).tolist(), int(pos), int(has_gauss), float(cached)]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
