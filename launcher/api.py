@@ -251,6 +251,9 @@ def wait(run: RunRef, *, on_line: Echo | None = None,  # type: ignore[valid-type
     while True:
         record = _refreshed(run_dir)
         state = record.state
+        if record.extra.get("blocked"):
+            # A pending reason that never clears by itself (launcher.schedulers.slurm_state).
+            raise SchedulerError(f"run {record.run_id}: {record.detail}")
         if console is not None:
             console.observe(record)
         if on_line is not None:
@@ -363,6 +366,15 @@ def validate_site(site: str) -> Path:
     from .config.load import load_site
 
     return load_site(site, Path.cwd(), os.environ).path
+
+
+def check_site(site: str):
+    """The profile against the live cluster: a CheckReport (launcher.schedulers.cluster_check)
+    with the fatal differences and the warnings, each in profile terms."""
+    from .config.load import load_site
+    from .schedulers.cluster_check import check_site as check
+
+    return check(load_site(site, Path.cwd(), os.environ).config)
 
 
 def detect_site(name: str | None = None) -> tuple[str, str]:

@@ -31,7 +31,10 @@ def main() -> None:
         exc.show()
         sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
     except GlaunchError as exc:
-        click.echo(f"glaunch: error: {exc}", err=True)
+        from .runs.status import printable
+
+        # Messages quote the user's values: no control character reaches the terminal.
+        click.echo(f"glaunch: error: {printable(exc, lines=True)}", err=True)
         sys.exit(exc.exit_code)
 
 
@@ -161,6 +164,8 @@ def sites_list(as_json):
 @click.option("--json", "as_json", is_flag=True)
 def sites_show(site, as_json):
     """SITE resolved through its extends chain, with the file each value came from."""
+    from .runs.status import printable
+
     shown = api.site_values(site)
     if as_json:
         click.echo(json.dumps(shown, indent=2))
@@ -170,7 +175,7 @@ def sites_show(site, as_json):
     rows = shown["values"]
     width = max(len(r["key"]) for r in rows)
     for r in rows:
-        click.echo(f"  {r['key']:{width}s} = {json.dumps(r['value'])}    # {r['from']}")
+        click.echo(printable(f"  {r['key']:{width}s} = {json.dumps(r['value'])}    # {r['from']}"))
 
 
 @sites.command("validate")
@@ -187,6 +192,18 @@ def sites_validate(profiles):
             click.echo(f"error {item}: {exc}", err=True)
     if bad:
         sys.exit(2)
+
+
+@sites.command("check")
+@click.argument("site")
+@click.option("--json", "as_json", is_flag=True)
+def sites_check(site, as_json):
+    """SITE against the live cluster (scontrol, sacctmgr): every difference in profile terms;
+    exit 3 where a job would be refused, never start, or run on other hardware."""
+    report = api.check_site(site)
+    _emit(as_json, report.to_json(), report.format())
+    if report.fatal:
+        sys.exit(3)
 
 
 @sites.command("detect")

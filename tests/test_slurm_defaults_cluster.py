@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import requires_slurm_defaults
+
 from launcher.config.load import load_site
 from launcher.schedulers.cluster_check import check_site
 from launcher.schedulers.slurm_client import CLIENT
@@ -40,9 +42,7 @@ def defaults_conf() -> str | None:
 
 
 CONF = defaults_conf()
-pytestmark = [pytest.mark.slurm, pytest.mark.slow,
-              pytest.mark.skipif(CONF is None, reason="the defaults cluster is not up "
-                                                      "(scripts/local-slurm up defaults)")]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, requires_slurm_defaults]
 
 
 @pytest.fixture
@@ -143,7 +143,6 @@ def test_a_job_over_a_limit_the_profile_does_not_know_is_reported_as_never_start
         subprocess.run(["scancel", info["job_id"]], capture_output=True, timeout=30, env=env)
 
 
-@pytest.mark.xfail(strict=True, reason="api.wait does not yet stop on run.json's `blocked` (launcher/api.py)")
 def test_wait_exits_3_on_a_job_over_a_limit_the_profile_does_not_know(tmp_path, env):
     runs = tmp_path / "runs"
     try:

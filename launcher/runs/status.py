@@ -26,8 +26,10 @@ GPU_SAMPLES_READ = 1 << 20
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def printable(value: Any) -> str:
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value)).replace("\n", "\\n")
+def printable(value: Any, *, lines: bool = False) -> str:
+    """`value` as text safe for a terminal; with `lines`, its line breaks are kept."""
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+    return text if lines else text.replace("\n", "\\n")
 
 
 def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dict[str, Any]:
