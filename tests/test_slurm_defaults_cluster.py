@@ -157,4 +157,7 @@ def test_wait_exits_3_on_a_job_over_a_limit_the_profile_does_not_know(tmp_path, 
             if job:
                 subprocess.run(["scancel", job], capture_output=True, timeout=30, env=env)
     assert proc is not None and proc.returncode == 3, proc and proc.stderr
-    assert "never starts" in proc.stderr and "PartitionTimeLimit" in proc.stderr
+    # Whichever of Slurm's two reasons for it --wait saw first (PartitionConfig at submission,
+    # PartitionTimeLimit once the scheduler looked), it is said as never starting.
+    assert "never starts" in proc.stderr, proc.stderr
+    assert "Reason=PartitionTimeLimit" in proc.stderr or "Reason=PartitionConfig" in proc.stderr, proc.stderr
