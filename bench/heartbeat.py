@@ -1,7 +1,7 @@
 """What heartbeats cost a training loop: per-step time with heartbeats on against off, in
 the same run, at a simulated 50 ms step.
 
-    python bench/heartbeat.py [--step-ms 50] [--blocks 4] [--steps 200] [--interval 1]
+    python bench/heartbeats.py [--step-ms 50] [--blocks 4] [--steps 200] [--interval 1]
 
 One process runs the loop `step(); rt.should_stop(step=s, total=n)` under a launcher's
 environment (GLAUNCH_RUN_DIR in a temporary directory, rank 0), in blocks of --steps
@@ -53,19 +53,19 @@ def main() -> int:
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         os.environ.pop(key, None)
 
-    from launcher.runtime import heartbeat, stop
+    from launcher.runtime import heartbeats, stop
 
     real = stop.heartbeat
     off = types.SimpleNamespace(heartbeat=lambda step=None, total=None: None, note_stop_decided=lambda: None)
     writes: list[float] = []
-    write = heartbeat.Beats.write
+    write = heartbeats.Beats.write
 
     def timed_write(self, now=None):
         began = time.perf_counter()
         write(self, now)
         writes.append(time.perf_counter() - began)
 
-    heartbeat.Beats.write = timed_write          # type: ignore[method-assign]
+    heartbeats.Beats.write = timed_write          # type: ignore[method-assign]
     step_s = args.step_ms / 1000
     total = 2 * args.blocks * args.steps
     calls = {"on": [], "off": []}
@@ -102,7 +102,7 @@ def main() -> int:
     if writes:
         print(f"  one heartbeat write: {statistics.median(writes) * 1e6:.0f} us median, "
               f"{max(writes) * 1e6:.0f} us max, over {len(writes)} writes (rank 0: one at most every "
-              f"{heartbeat.current().interval_s:g} s)")
+              f"{heartbeats.current().interval_s:g} s)")
     print(f"  target: under 1 % of the step: {'met' if share < 0.01 else 'NOT met'}")
     shutil.rmtree(run_dir, ignore_errors=True)
     return 0 if share < 0.01 else 1

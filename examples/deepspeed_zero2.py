@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
             time.sleep(args.seconds_per_step)
 
         saved = gds.save_engine(engine, step, ctx=ctx) if ctx.checkpoint_due(step) else None
-        if step < args.steps and rt.should_stop():
+        if rt.should_stop(step=step, total=args.steps) and step < args.steps:
             saved = saved or gds.save_engine(engine, step, ctx=ctx)
             rt.write_stop(step, saved, ctx=ctx)
             if ctx.is_main:

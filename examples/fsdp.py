@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
         if ctx.checkpoint_due(step):
             rt.save_torch_state(step, model, opt, ctx=ctx, blocking=False)   # returns once copied
-        if step < args.steps and rt.should_stop():
+        if rt.should_stop(step=step, total=args.steps) and step < args.steps:
             saved = rt.wait_checkpoints(ctx)          # the save in flight, committed (or raised)
             if saved is None or saved.step != step:
                 saved = rt.save_torch_state(step, model, opt, ctx=ctx)

@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.seconds_per_step)
 
         saved = save(step) if ctx.checkpoint_due(step) else None
-        if step < args.steps and rt.should_stop():
+        if rt.should_stop(step=step, total=args.steps) and step < args.steps:
             saved = saved or save(step)
             rt.write_stop(step, saved, ctx=ctx)
             if ctx.is_main:

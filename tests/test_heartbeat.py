@@ -11,10 +11,10 @@ import time
 import pytest
 
 from launcher.runs.layout import HEARTBEAT_BYTES, heartbeat_bytes, read_heartbeat
-from launcher.runtime import heartbeat, stop, telemetry
+from launcher.runtime import heartbeats, stop, telemetry
 
 
-class CountingBeats(heartbeat.Beats):
+class CountingBeats(heartbeats.Beats):
     """The real writer, counting its writes."""
 
     writes = 0
@@ -29,15 +29,15 @@ def _fresh(monkeypatch):
     for key in list(os.environ):
         if key.startswith("GLAUNCH_") or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             monkeypatch.delenv(key, raising=False)
-    heartbeat.reset()
+    heartbeats.reset()
     telemetry.reset()
     stop.reset_stop()
     yield
-    heartbeat.reset()
+    heartbeats.reset()
     telemetry.reset()
 
 
-def beats(tmp_path, interval=5.0, every=0, restart=0, cls=heartbeat.Beats):
+def beats(tmp_path, interval=5.0, every=0, restart=0, cls=heartbeats.Beats):
     return cls(run_dir=tmp_path, interval_s=interval, checkpoint_every=every, rank=3, node="n1", job_id="77",
                restart=restart)
 
@@ -107,8 +107,8 @@ def test_checkpoint_steps_are_timed_apart(tmp_path):
     assert 0.009 <= times["median"] < 0.05
     saves = b.save_times()
     assert len(saves) == 3 and all(0.09 <= s < 0.3 for s in saves), saves
-    heartbeat.reset(b)
-    heartbeat.note_checkpoint(12, 1.5)             # the checkpoint code's own figure wins
+    heartbeats.reset(b)
+    heartbeats.note_checkpoint(12, 1.5)             # the checkpoint code's own figure wins
     assert b.save_times() == [1.5] and b.checkpoint_step == 12
 
 
@@ -133,14 +133,14 @@ def test_should_stop_beats_under_a_launcher(tmp_path, monkeypatch):
     assert data["job_id"] == "55" and data["first_step"] == 1 and data["total"] == 3
     stop.request_stop()
     assert stop.should_stop() is True              # counted: the step after 3
-    assert heartbeat.current().step == 4 and heartbeat.current().stop_decided is not None
+    assert heartbeats.current().step == 4 and heartbeats.current().stop_decided is not None
 
 
 def test_no_files_outside_a_launcher(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for step in range(1, 4):
         stop.should_stop(step=step)
-    assert heartbeat.current().step == 3
+    assert heartbeats.current().step == 3
     assert list(tmp_path.iterdir()) == []
 
 
@@ -155,10 +155,10 @@ def test_an_unwritable_run_dir_never_reaches_the_loop(tmp_path, capsys):
 
 def test_bad_interval_falls_back(monkeypatch, capsys):
     monkeypatch.setenv("GLAUNCH_HEARTBEAT_S", "soon")
-    assert heartbeat.interval_from_env() == heartbeat.DEFAULT_INTERVAL_S
+    assert heartbeats.interval_from_env() == heartbeats.DEFAULT_INTERVAL_S
     assert "GLAUNCH_HEARTBEAT_S='soon'" in capsys.readouterr().err
     monkeypatch.setenv("GLAUNCH_HEARTBEAT_S", "0")
-    assert heartbeat.interval_from_env() == 0
+    assert heartbeats.interval_from_env() == 0
 
 
 def test_interval_zero_writes_no_file(tmp_path):

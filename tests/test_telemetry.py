@@ -13,17 +13,17 @@ from pathlib import Path
 import pytest
 
 from launcher.runs.layout import RunDir, RunRecord, heartbeat_bytes
-from launcher.runtime import heartbeat, telemetry
+from launcher.runtime import heartbeats, telemetry
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
 def _fresh():
-    heartbeat.reset()
+    heartbeats.reset()
     telemetry.reset()
     yield
-    heartbeat.reset()
+    heartbeats.reset()
     telemetry.reset()
 
 
@@ -82,9 +82,9 @@ def test_a_rank_writes_its_telemetry(tmp_path, monkeypatch):
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(key, raising=False)
     for step in range(5, 9):
-        heartbeat.heartbeat(step, 100)
+        heartbeats.heartbeat(step, 100)
         time.sleep(0.01)
-    heartbeat.note_stop_decided()
+    heartbeats.note_stop_decided()
     record = telemetry.write_rank("stop", stop_requested=time.time())
     written = json.loads(RunDir(tmp_path).telemetry("31", 2, 0).read_text())
     assert written == json.loads(json.dumps(record))
@@ -105,8 +105,8 @@ def test_host_peak_is_this_process():
 
 
 def _run_rank(tmp_path: Path, path_env: str) -> subprocess.CompletedProcess:
-    code = ("import time\nfrom launcher.runtime import heartbeat\n"
-            "for s in range(1, 4):\n    heartbeat.heartbeat(s)\n    time.sleep(0.4)\n")
+    code = ("import time\nfrom launcher.runtime import heartbeats\n"
+            "for s in range(1, 4):\n    heartbeats.heartbeat(s)\n    time.sleep(0.4)\n")
     env = dict(os.environ, GLAUNCH_RUN_DIR=str(tmp_path), GLAUNCH_JOB_ID="12", GLAUNCH_GPU_SAMPLE_S="0.5",
                PATH=path_env, PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)

@@ -3,6 +3,8 @@
 One run directory per run (DESIGN.md "The run bundle")::
 
     job.sbatch  env.sh  ds_config.json  resolved.yaml      written at submit
+    hparams.json                                            the experiment's hparams (GLAUNCH_HPARAMS)
+    code/  code.patch                                       the code snapshot (a sweep's elements: the sweep's)
     run.json                                                the run record (RunRecord)
     result.json  stop.json  resume.json  crash.json         written by the ranks / the task
     logs/JOB_TASK_log.out|err  logs/JOB_batch.log  logs/JOB_step.json
@@ -37,6 +39,9 @@ JOB_SCRIPT = "job.sbatch"
 ENV_FILE = "env.sh"
 DS_CONFIG_FILE = "ds_config.json"
 RESOLVED_FILE = "resolved.yaml"
+HPARAMS_FILE = "hparams.json"
+CODE_DIR = "code"                 # the code snapshot every start runs from (launcher.runs.snapshot)
+CODE_PATCH = "code.patch"         # a dirty work tree's changes against its commit
 RESULT_FILE = "result.json"
 STOP_FILE = "stop.json"
 RESUME_FILE = "resume.json"
@@ -58,7 +63,8 @@ STANDALONE_RUN_DIR = "glaunch-run"
 TASK_LOG_PATTERN = "%j_%t_log.{stream}"
 BATCH_LOG_PATTERN = "%j_batch.log"
 STEP_SUMMARY = "{job_id}_step.json"      # the local stand-in for srun's account of a step
-TASK_LOG = re.compile(r"(?P<job>\d+)_(?P<task>\d+)_log\.(?P<stream>out|err)$")
+# A sweep's element on Slurm is a task of an array job: its job id is ARRAYJOB_TASK.
+TASK_LOG = re.compile(r"(?P<job>\d+(?:_\d+)?)_(?P<task>\d+)_log\.(?P<stream>out|err)$")
 GPU_SAMPLES = "{job_id}_gpu_{node}.csv"
 HEARTBEAT_FILE = "rank-{rank:05d}.json"
 HEARTBEAT = re.compile(r"rank-(?P<rank>\d+)\.json$")
@@ -193,7 +199,7 @@ class RunDir:
         return self.path / HEARTBEAT_DIR
 
     def heartbeat(self, rank: int) -> Path:
-        """Rank `rank`'s last step and when it reached it (launcher.runtime.heartbeat)."""
+        """Rank `rank`'s last step and when it reached it (launcher.runtime.heartbeats)."""
         return self.heartbeat_dir / HEARTBEAT_FILE.format(rank=rank)
 
     def heartbeats(self) -> list[tuple[int, Path]]:
@@ -231,14 +237,14 @@ class RunDir:
     def wandb_dir(self) -> Path:
         return self.path / WANDB_DIR
 
-    def task_logs(self, task: int | None = None) -> list[tuple[int, int, str, Path]]:
+    def task_logs(self, task: int | None = None) -> list[tuple[str, int, str, Path]]:
         """(job id, task, stream, path) of every task log, in job then task order."""
         found = []
         for path in self.log_dir.glob("*_log.*"):
             m = TASK_LOG.match(path.name)
             if m and (task is None or int(m["task"]) == task):
-                found.append((int(m["job"]), int(m["task"]), m["stream"], path))
-        return sorted(found)
+                found.append((m["job"], int(m["task"]), m["stream"], path))
+        return sorted(found, key=lambda f: (tuple(int(x) for x in f[0].split("_")), f[1], f[2]))
 
 
 class State(str, enum.Enum):

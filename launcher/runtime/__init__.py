@@ -93,75 +93,131 @@ the commit protocol.
 
 from __future__ import annotations
 
-from .background import PendingCheckpoint, wait_checkpoints
-from .checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    Staging,
-    latest_complete,
-    list_checkpoints,
-    read_latest,
-    resume_checkpoint,
-    stage_checkpoint,
-    step_dir_name,
-    verify_checkpoint,
-)
-from .context import (
-    RankContext,
-    RuntimeConfigError,
-    barrier,
-    context,
-    export_rendezvous_env,
-    init_distributed,
-    shutdown_distributed,
-)
-from .result import param_sha256, write_result, write_stop
-from .state import load_torch_state, rng_state, save_torch_state, set_rng_state, unwrap
-from .stop import (
-    install_stop_handler,
-    received_signal,
-    request_stop,
-    reset_stop,
-    should_stop,
-    stop_requested,
-    stop_signal,
-    uninstall_stop_handler,
-)
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = [
-    "Checkpoint",
-    "CheckpointError",
-    "PendingCheckpoint",
-    "RankContext",
-    "RuntimeConfigError",
-    "Staging",
-    "barrier",
-    "context",
-    "export_rendezvous_env",
-    "init_distributed",
-    "install_stop_handler",
-    "latest_complete",
-    "list_checkpoints",
-    "load_torch_state",
-    "param_sha256",
-    "read_latest",
-    "received_signal",
-    "request_stop",
-    "reset_stop",
-    "resume_checkpoint",
-    "rng_state",
-    "save_torch_state",
-    "set_rng_state",
-    "should_stop",
-    "shutdown_distributed",
-    "stage_checkpoint",
-    "step_dir_name",
-    "stop_requested",
-    "stop_signal",
-    "uninstall_stop_handler",
-    "unwrap",
-    "verify_checkpoint",
-    "wait_checkpoints",
-    "write_result",
-    "write_stop",
-]
+# Names -> the module that defines them. Imported when first used, so that a process that
+# needs one piece of the runtime (the task, jobend, the renderer's launch words) does not
+# load all of it.
+_EXPORTS = {
+    "PendingCheckpoint": "background",
+    "wait_checkpoints": "background",
+    "Checkpoint": "checkpoint",
+    "CheckpointError": "checkpoint",
+    "Staging": "checkpoint",
+    "latest_complete": "checkpoint",
+    "list_checkpoints": "checkpoint",
+    "read_latest": "checkpoint",
+    "resume_checkpoint": "checkpoint",
+    "stage_checkpoint": "checkpoint",
+    "step_dir_name": "checkpoint",
+    "verify_checkpoint": "checkpoint",
+    "RankContext": "context",
+    "RuntimeConfigError": "context",
+    "barrier": "context",
+    "context": "context",
+    "export_rendezvous_env": "context",
+    "init_distributed": "context",
+    "shutdown_distributed": "context",
+    "Placement": "device",
+    "placement": "device",
+    "heartbeat": "heartbeats",
+    "note_checkpoint": "heartbeats",
+    "param_sha256": "result",
+    "write_result": "result",
+    "write_stop": "result",
+    "load_torch_state": "state",
+    "rng_state": "state",
+    "save_torch_state": "state",
+    "set_rng_state": "state",
+    "unwrap": "state",
+    "install_stop_handler": "stop",
+    "received_signal": "stop",
+    "request_stop": "stop",
+    "reset_stop": "stop",
+    "should_stop": "stop",
+    "stop_requested": "stop",
+    "stop_signal": "stop",
+    "uninstall_stop_handler": "stop",
+    "tensorboard_dir": "trackers",
+    "tensorboard_writer": "trackers",
+    "tracker_env": "trackers",
+    "wandb_init": "trackers",
+}
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from .background import (  # noqa: F401
+        PendingCheckpoint,
+        wait_checkpoints,
+    )
+    from .checkpoint import (  # noqa: F401
+        Checkpoint,
+        CheckpointError,
+        Staging,
+        latest_complete,
+        list_checkpoints,
+        read_latest,
+        resume_checkpoint,
+        stage_checkpoint,
+        step_dir_name,
+        verify_checkpoint,
+    )
+    from .context import (  # noqa: F401
+        RankContext,
+        RuntimeConfigError,
+        barrier,
+        context,
+        export_rendezvous_env,
+        init_distributed,
+        shutdown_distributed,
+    )
+    from .device import (  # noqa: F401
+        Placement,
+        placement,
+    )
+    from .heartbeats import (  # noqa: F401
+        heartbeat,
+        note_checkpoint,
+    )
+    from .result import (  # noqa: F401
+        param_sha256,
+        write_result,
+        write_stop,
+    )
+    from .state import (  # noqa: F401
+        load_torch_state,
+        rng_state,
+        save_torch_state,
+        set_rng_state,
+        unwrap,
+    )
+    from .stop import (  # noqa: F401
+        install_stop_handler,
+        received_signal,
+        request_stop,
+        reset_stop,
+        should_stop,
+        stop_requested,
+        stop_signal,
+        uninstall_stop_handler,
+    )
+    from .trackers import (  # noqa: F401
+        tensorboard_dir,
+        tensorboard_writer,
+        tracker_env,
+        wandb_init,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -214,7 +214,10 @@ def shutdown_distributed() -> None:
         return
     import torch.distributed as dist
 
+    from .background import wait_checkpoints   # here: background imports this module
+
     if dist.is_available() and dist.is_initialized():
+        wait_checkpoints()
         if dist.get_world_size() > 1:
             dist.barrier()
         dist.destroy_process_group()

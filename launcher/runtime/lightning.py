@@ -315,7 +315,7 @@ class GlaunchCallback(_callback_base()):  # type: ignore[misc]
     # -- save / stop
     def save(self, trainer, step: int) -> Checkpoint:
 
-        with stage_checkpoint(step, framework="lightning", ctx=self.ctx, keep=self.keep, verify=self.verify,
+        with stage_checkpoint(step, framework="lightning", ctx=self.ctx, keep=self.keep,
                               extra={"strategy": type(trainer.strategy).__name__}) as st:
             path = st.path / CKPT_FILE
             with _writes(trainer.strategy) as written:
@@ -341,7 +341,8 @@ class GlaunchCallback(_callback_base()):  # type: ignore[misc]
                 (self.last_saved is None or self.last_saved.step != step):
             saved = self.save(trainer, step)
         last = trainer.max_steps is not None and 0 < trainer.max_steps <= step
-        if not last and should_stop():
+        total = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else None
+        if not last and should_stop(step=step, total=total):
             if saved is None:
                 self.save(trainer, step)
             self.stopped_at = step

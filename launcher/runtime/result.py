@@ -9,7 +9,8 @@ import time
 
 from ..runs.files import atomic_write_text
 from ..runs.layout import RunDir
-from . import heartbeat, telemetry
+from . import heartbeats, telemetry
+from .background import wait_checkpoints
 from .context import RankContext, context
 from .state import unwrap
 from .stop import stop_requested_at, stop_signal
@@ -39,6 +40,8 @@ def param_sha256(model) -> str:
             with deepspeed.zero.GatheredParameters([p], modifier_rank=None):
                 data = p.detach().to("cpu", torch.float32).contiguous().clone()
         else:
+            if hasattr(p, "full_tensor"):       # a DTensor (FSDP2): the whole parameter, a collective
+                p = p.full_tensor()
             data = p.detach().to("cpu", torch.float32).contiguous()
         h.update(data.numpy().tobytes())
     return h.hexdigest()
@@ -54,6 +57,7 @@ def write_result(final_step: int, *, model=None, final_loss: float | None = None
     Returns the dict (on every rank).
     """
     ctx = ctx or context()
+    wait_checkpoints(ctx)    # a save still in flight is committed (or raised) before the run is done
     if param_hash is None and model is not None:
         param_hash = param_sha256(model)   # collective under ZeRO-3
     result = {
@@ -66,7 +70,7 @@ def write_result(final_step: int, *, model=None, final_loss: float | None = None
     }
     if extra:
         result.update(extra)
-    heartbeat.flush("finished", int(final_step))
+    heartbeats.flush("finished", int(final_step))
     telemetry.write_rank("finish")
     if ctx.is_main:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
@@ -83,7 +87,11 @@ def write_stop(step: int, checkpoint=None, *, ctx: RankContext | None = None) ->
     stop's save ran from then until ``time``).
     """
     ctx = ctx or context()
-    beats = heartbeat.flush("stopped", int(step))
+    # stop.json names only a committed checkpoint: a background save in flight finishes first.
+    committed = wait_checkpoints(ctx)
+    if checkpoint is None or not hasattr(checkpoint, "manifest"):
+        checkpoint = committed or checkpoint
+    beats = heartbeats.flush("stopped", int(step))
     record = {
         "step": int(step),
         "signal": stop_signal(),

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from . import heartbeat
+from . import heartbeats
 from .context import all_reduce_max, context, log
 
 _flag = False            # set by the handler (or request_stop) on this rank
@@ -98,11 +98,11 @@ def should_stop(step: int | None = None, total: int | None = None) -> bool:
     step this rank finished (`step` of `total`; without `step` the calls are counted).
     """
     global _agreed_signum
-    heartbeat.heartbeat(step, total)
+    heartbeats.heartbeat(step, total)
     flag, signum = all_reduce_max([1 if _flag else 0, _signum or 0])
     if flag:
         _agreed_signum = signum or _agreed_signum
-        heartbeat.note_stop_decided()
+        heartbeats.note_stop_decided()
     return bool(flag)
 
 

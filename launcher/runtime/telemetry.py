@@ -33,7 +33,7 @@ from typing import Any
 
 from ..runs.files import atomic_write_text, read_json
 from ..runs.layout import RunDir, read_heartbeat
-from . import heartbeat
+from . import heartbeats
 from .context import RankContext, log, node_name
 
 GB = 1e9                   # the planner's gigabyte
@@ -100,7 +100,7 @@ def peak_memory() -> dict[str, Any]:
 # --- each rank, at the end of its start -----------------------------------------------------
 
 
-def began(beats: heartbeat.Beats, ctx: RankContext) -> None:
+def began(beats: heartbeats.Beats, ctx: RankContext) -> None:
     """The first beat of a rank under a launcher: write the telemetry at exit if nothing
     else does, and sample the node's GPUs from its local rank 0."""
     atexit.register(_at_exit)
@@ -112,7 +112,7 @@ def write_rank(reason: str, *, stop_requested: float | None = None) -> dict[str,
     """This rank's telemetry of this start (`reason`: stop, finish, exit); None when not
     under a launcher. Never raises for a file it cannot write."""
     global _written
-    beats = heartbeat.current()
+    beats = heartbeats.current()
     if beats.run_dir is None:
         return None
     now = time.time()
@@ -241,7 +241,7 @@ def _numbers(values: list[Any]) -> list[float]:
 
 
 def _median(values: list[float]) -> float | None:
-    return heartbeat.quantile(sorted(values), 0.5) if values else None
+    return heartbeats.quantile(sorted(values), 0.5) if values else None
 
 
 def _own(records: list[dict | None], job_id: str, restart: int) -> list[dict]:
