@@ -9,13 +9,13 @@ final as they are. Only a value that does is handed to OmegaConf, imported then.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import fields, is_dataclass
 from typing import Any, Callable
 
 from ..errors import ConfigError
 from .provenance import Provenance
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 HINT = " (a literal shell variable is written $NAME, ${NAME} in env values, or \\${NAME})"
 
 
@@ -77,7 +77,7 @@ def scan(text: str, shell_values: bool) -> str | Interpolation:
                 end = _closing_brace(text, i + 2)
                 if end is None:
                     raise ValueError(f"unclosed '${{' in {text!r}")
-                if shell_values and _IDENT.fullmatch(text, i + 2, end - 1):
+                if shell_values and re.fullmatch(_IDENT, text[i + 2:end - 1]):
                     literal.append(text[i:end])
                 else:
                     pieces.append((False, "".join(literal)))
@@ -131,14 +131,17 @@ def _closing_brace(text: str, start: int) -> int | None:
     return None
 
 
-@dataclass
 class Pending:
     """An interpolated value to fill in once the whole config is known."""
 
-    path: tuple[str | int, ...]        # keys and list indices from the root
-    key: str                           # dotted, for errors
-    interpolation: Interpolation
-    finish: Callable[[Any], Any]       # resolved value -> the field's value (raises ConfigError)
+    __slots__ = ("finish", "interpolation", "key", "path")
+
+    def __init__(self, path: tuple[str | int, ...], key: str, interpolation: Interpolation,
+                 finish: Callable[[Any], Any]) -> None:
+        self.path = path                    # keys and list indices from the root
+        self.key = key                      # dotted, for errors
+        self.interpolation = interpolation
+        self.finish = finish                # resolved value -> the field's value (raises ConfigError)
 
 
 def resolve(root: Any, pending: list[Pending], provenance: Provenance) -> None:

@@ -23,7 +23,7 @@ from .yamlfile import override_value, read_yaml
 __all__ = ["LoadedExperiment", "LoadedSite", "Origin", "Provenance", "find_site", "load_experiment",
            "load_site", "parse_overrides", "site_search_path"]
 
-_OVERRIDE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_-]+)*")
+_OVERRIDE_KEY = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_-]+)*"
 
 
 def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
@@ -32,7 +32,7 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     for item in overrides:
         key, sep, value = item.partition("=")
         key = key.strip()
-        if not sep or not key or not _OVERRIDE_KEY.fullmatch(key):
+        if not sep or not key or not re.fullmatch(_OVERRIDE_KEY, key):
             raise ConfigError(f"override {item!r} is not KEY=VALUE (e.g. resources.nodes=4)",
                               file=OVERRIDES, key=key or item)
         parsed.append((key, override_value(value)))

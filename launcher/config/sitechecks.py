@@ -40,9 +40,9 @@ OWN_SBATCH_OPTIONS = {
     "parsable": "nothing: glaunch reads sbatch's answer itself", "hold": "nothing: glaunch submits jobs to run",
 }
 # The first word of a site's `python:`, a command name or path.
-_INTERPRETER = re.compile(r"[A-Za-z0-9_./+@~-]*[A-Za-z0-9_]")
+_INTERPRETER = r"[A-Za-z0-9_./+@~-]*[A-Za-z0-9_]"
 # Names a module command takes: no quoting, spaces or options reach `module load`.
-_MODULE_NAME = re.compile(r"[A-Za-z0-9_.+@%=~/][A-Za-z0-9_.+@%=~/:-]*")
+_MODULE_NAME = r"[A-Za-z0-9_.+@%=~/][A-Za-z0-9_.+@%=~/:-]*"
 
 
 def check_site(site: schema.Site, prov: Provenance) -> None:
@@ -62,7 +62,7 @@ def check_site(site: schema.Site, prov: Provenance) -> None:
     for key, value in site.sbatch.items():
         _check_sbatch_extra(key, value, prov)
     for i, module in enumerate(site.modules):
-        if not _MODULE_NAME.fullmatch(module):
+        if not re.fullmatch(_MODULE_NAME, module):
             raise prov.error(f"modules[{i}]", f"{module!r} is not a module name (letters, digits and . _ + @ % = "
                              "~ / : -, not starting with '-')")
     for i, line in enumerate(site.setup):
@@ -93,7 +93,7 @@ def python_words(command: str, prov: Provenance) -> tuple[str, ...]:
         raise prov.error("python", f"{command!r} is not a command line: {exc}") from None
     if not words:
         raise prov.error("python", "must name an interpreter")
-    if not _INTERPRETER.fullmatch(words[0]) or words[0].startswith("-"):
+    if not re.fullmatch(_INTERPRETER, words[0]) or words[0].startswith("-"):
         raise prov.error("python", f"{command!r} does not start with an interpreter (a command name or path: "
                          "letters, digits and . _ / + @ ~ -)")
     return words

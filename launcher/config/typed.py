@@ -23,39 +23,45 @@ import math
 import re
 import typing
 from functools import cache
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..errors import ConfigError
 from ..rendering import shell
-from .interpolate import Interpolation, Pending, resolve, scan
 from .provenance import Provenance
 from .schema import MISSING
 from .yamlfile import Scalar
+
+if TYPE_CHECKING:
+    from .interpolate import Interpolation, Pending
 
 NULLS = frozenset({"", "~", "null", "Null", "NULL"})
 TRUES = frozenset({"true", "True", "TRUE"})
 FALSES = frozenset({"false", "False", "FALSE"})
 _YAML11_BOOLS = frozenset({"yes", "no", "on", "off", "y", "n"})
-_INT = re.compile(r"[-+]?[0-9]+(?:_[0-9]+)*")
-_INT_PREFIXED = re.compile(r"[-+]?0(?:x[0-9a-fA-F]+(?:_[0-9a-fA-F]+)*|o[0-7]+(?:_[0-7]+)*)")
-_FLOAT = re.compile(r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?")
-_NONFINITE = re.compile(r"[-+]?\.?(?:inf|infinity|nan)", re.IGNORECASE)
+# Patterns are compiled on first use (re's cache): most configs hold only plain decimals.
+_INT = r"[-+]?[0-9]+(?:_[0-9]+)*"
+_INT_PREFIXED = r"[-+]?0(?:x[0-9a-fA-F]+(?:_[0-9a-fA-F]+)*|o[0-7]+(?:_[0-7]+)*)"
+_FLOAT = r"[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?"
+_NONFINITE = r"(?i)[-+]?\.?(?:inf|infinity|nan)"
 # YAML 1.2 core schema, for `Any` fields.
-_YAML_INT = re.compile(r"[-+]?[0-9]+")
-_YAML_FLOAT = re.compile(r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?")
+_YAML_INT = r"[-+]?[0-9]+"
+_YAML_FLOAT = r"[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
 INT_LIMIT = 2 ** 63                # Slurm and the planner count in 64 bits
 MAX_DIGITS = 64
 
 
-@dataclasses.dataclass(frozen=True)
 class Kind:
     """What a field holds."""
 
-    name: str                      # str | int | float | bool | any | object | dict | list
-    optional: bool = False
-    cls: Any = None                # object: the dataclass
-    item: Kind | None = None       # dict and list: their values
-    shell_values: bool = False     # str: an environment value (see interpolate.scan)
+    __slots__ = ("cls", "item", "name", "optional", "shell_values")
+
+    def __init__(self, name: str, optional: bool = False, cls: Any = None, item: Kind | None = None,
+                 shell_values: bool = False) -> None:
+        self.name = name                  # str | int | float | bool | any | object | dict | list
+        self.optional = optional
+        self.cls = cls                    # object: the dataclass
+        self.item = item                  # dict and list: their values
+        self.shell_values = shell_values  # str: an environment value (see interpolate.scan)
 
 
 ANY = Kind("any", optional=True)
@@ -69,6 +75,7 @@ def typed_config(schema_class: type, data: Mapping, provenance: Provenance,
     converter = _Converter(provenance)
     obj = converter.object(schema_class, data, "", ())
     if converter.pending:
+        from .interpolate import resolve
         resolve(obj, converter.pending, provenance)
     _check_choices(obj, choices, provenance)
     return obj
@@ -89,7 +96,7 @@ def describe(raw: Any) -> str:
 class _Converter:
     def __init__(self, provenance: Provenance) -> None:
         self.prov = provenance
-        self.pending: list[Pending] = []
+        self.pending: list[Pending] = []      # in the order found; see `deferred`
 
     def error(self, key: str, message: str) -> ConfigError:
         return self.prov.error(key, message)
@@ -106,7 +113,7 @@ class _Converter:
             dotted = _join(key, name)
             if name in raw:
                 value = self.value(kind, raw[name], dotted, path + (name,))
-                if isinstance(value, Interpolation):
+                if self.deferred(value):
                     late.append((name, value))
                 values[name] = value
             elif default is dataclasses.MISSING:
@@ -145,6 +152,7 @@ class _Converter:
             raise self.error(key, f"must be {_DESCRIBE[kind.name]} (a single value), got {describe(raw)}")
         text = raw.text
         if "${" in text:
+            from .interpolate import Interpolation, scan
             try:
                 scanned = scan(text, kind.shell_values)
             except ValueError as exc:
@@ -160,7 +168,7 @@ class _Converter:
             dotted = _join(key, name)
             _check_text(self, dotted, name, "key")
             out[name] = value = self.value(item_kind, item, dotted, path + (name,))
-            if isinstance(value, Interpolation):
+            if self.deferred(value):
                 value.attach(functools.partial(out.__setitem__, name))
         return out
 
@@ -168,7 +176,7 @@ class _Converter:
         out: list[Any] = []
         for index, item in enumerate(raw):
             value = self.value(item_kind, item, f"{key}[{index}]", path + (index,))
-            if isinstance(value, Interpolation):
+            if self.deferred(value):
                 value.attach(functools.partial(out.__setitem__, index))
             out.append(value)
         return out
@@ -192,15 +200,20 @@ class _Converter:
             return True
         if text in FALSES:
             return False
-        if _YAML_INT.fullmatch(text) or _INT_PREFIXED.fullmatch(text):
+        if re.fullmatch(_YAML_INT, text) or re.fullmatch(_INT_PREFIXED, text):
             return _parse_int(self, text, key, limit=False)
-        if _YAML_FLOAT.fullmatch(text) or (_NONFINITE.fullmatch(text) and text.lstrip("+-").startswith(".")):
+        if re.fullmatch(_YAML_FLOAT, text) or (re.fullmatch(_NONFINITE, text) and text.lstrip("+-").startswith(".")):
             return _parse_float(self, text, key)
         return _check_text(self, key, text, "value")
 
     def _defer(self, kind: Kind, interpolation: Interpolation, key: str, path: tuple) -> Interpolation:
+        from .interpolate import Pending
         self.pending.append(Pending(path, key, interpolation, lambda v: self.resolved(kind, v, key)))
         return interpolation
+
+    def deferred(self, value: Any) -> bool:
+        """Whether `value`, just converted, stands in for an interpolation resolved later."""
+        return bool(self.pending) and value is self.pending[-1].interpolation
 
     def resolved(self, kind: Kind, value: Any, key: str) -> Any:
         """An interpolation's result -> the field's value."""
@@ -239,9 +252,9 @@ def _parse_int(conv: _Converter, text: str, key: str, *, limit: bool = True) -> 
     digits = text.lstrip("+-").replace("_", "")
     if len(digits) > MAX_DIGITS:
         raise conv.error(key, f"{text[:20]}... has more than {MAX_DIGITS} digits")
-    if _INT_PREFIXED.fullmatch(text):
+    if re.fullmatch(_INT_PREFIXED, text):
         value = int(text.replace("_", ""), 0)
-    elif _INT.fullmatch(text):
+    elif re.fullmatch(_INT, text):
         if len(digits) > 1 and digits.startswith("0"):
             raise conv.error(key, f"{text} has a leading zero, which YAML 1.1 reads as octal: write "
                              f"{digits.lstrip('0') or '0'} (0o{digits.lstrip('0') or '0'} for octal; "
@@ -255,11 +268,11 @@ def _parse_int(conv: _Converter, text: str, key: str, *, limit: bool = True) -> 
 
 
 def _parse_float(conv: _Converter, text: str, key: str) -> float:
-    if _NONFINITE.fullmatch(text):
+    if re.fullmatch(_NONFINITE, text):
         raise conv.error(key, f"must be a finite number, got {text}")
     try:
         value = float(_parse_int(conv, text, key, limit=False)) if (
-            _INT.fullmatch(text) or _INT_PREFIXED.fullmatch(text)) else float(text)
+            re.fullmatch(_INT, text) or re.fullmatch(_INT_PREFIXED, text)) else float(text)
     except (ValueError, OverflowError):
         raise conv.error(key, f"must be a number, got {_shown(text)}") from None
     if not math.isfinite(value):
@@ -267,18 +280,27 @@ def _parse_float(conv: _Converter, text: str, key: str) -> float:
     return value
 
 
+def _plain_decimal(text: str) -> bool:
+    """Digits only, no leading zero, well inside 64 bits: the common case, decided without a regex."""
+    return text.isdigit() and text.isascii() and len(text) < 19 and (text[0] != "0" or len(text) == 1)
+
+
 def _int_field(conv: _Converter, text: str, key: str) -> int:
-    if _INT.fullmatch(text) or _INT_PREFIXED.fullmatch(text):
+    if _plain_decimal(text):
+        return int(text)
+    if re.fullmatch(_INT, text) or re.fullmatch(_INT_PREFIXED, text):
         return _parse_int(conv, text, key)
-    if _FLOAT.fullmatch(text) or _NONFINITE.fullmatch(text):
+    if re.fullmatch(_FLOAT, text) or re.fullmatch(_NONFINITE, text):
         raise conv.error(key, f"must be a whole number, got {text}")
     raise conv.error(key, f"must be an integer, got {_shown(text)}")
 
 
 def _float_field(conv: _Converter, text: str, key: str) -> float:
-    if _NONFINITE.fullmatch(text):
+    if _plain_decimal(text):
+        return float(text)
+    if re.fullmatch(_NONFINITE, text):
         raise conv.error(key, f"must be a finite number, got {text} (NaN and infinity are not allowed)")
-    if _INT.fullmatch(text) or _INT_PREFIXED.fullmatch(text) or _FLOAT.fullmatch(text):
+    if re.fullmatch(_INT, text) or re.fullmatch(_INT_PREFIXED, text) or re.fullmatch(_FLOAT, text):
         return _parse_float(conv, text, key)
     raise conv.error(key, f"must be a number, got {_shown(text)}")
 

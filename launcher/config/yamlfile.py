@@ -15,7 +15,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 import yaml
@@ -58,11 +57,15 @@ class Scalar:
         return self           # immutable in practice: nothing assigns to it after parsing
 
 
-@dataclass(frozen=True)
 class YamlDoc:
-    path: str
-    data: dict
-    lines: dict[str, int]      # dotted key (list items as key[i]) -> line of the key
+    """One parsed file: its raw data and the line of every key."""
+
+    __slots__ = ("data", "lines", "path")
+
+    def __init__(self, path: str, data: dict, lines: dict[str, int]) -> None:
+        self.path = path
+        self.data = data
+        self.lines = lines          # dotted key (list items as key[i]) -> line of the key
 
     def origin(self, key: str) -> Origin:
         """Where `key` was written; a key reached through an alias or a merge has no line
@@ -126,7 +129,7 @@ def _read_text(name: str) -> str:
 def parse(text: str, name: str, *, lines: bool = False) -> tuple[Any, dict[str, int]]:
     """One YAML document -> (dict | list | Scalar | None, {dotted key: line}).
     Errors are ConfigErrors naming `name`."""
-    if any("\ud800" <= char <= "\udfff" for char in text):
+    if not text.isascii() and re.search(_SURROGATE, text):
         raise ConfigError("is not valid Unicode text (it holds a lone surrogate)", file=name)
     loader = _Parser(text)
     try:
@@ -145,17 +148,19 @@ def parse(text: str, name: str, *, lines: bool = False) -> tuple[Any, dict[str, 
         loader.dispose()
 
 
-@dataclass
 class _Open:
     """A mapping or list being composed."""
 
-    value: Any                 # the dict or list
-    key: str                   # its dotted key
-    anchor: str | None
-    size: int = 1              # values inside, aliases expanded
-    pending: tuple[str, int, bool] | None = None   # mapping: (key text, line, is merge key) awaiting a value
-    seen: dict[str, int] = field(default_factory=dict)      # mapping: key -> line
-    merges: list[dict] = field(default_factory=list)        # mapping: sources of `<<`
+    __slots__ = ("anchor", "key", "merges", "pending", "seen", "size", "value")
+
+    def __init__(self, value: Any, key: str, anchor: str | None) -> None:
+        self.value = value          # the dict or list
+        self.key = key              # its dotted key
+        self.anchor = anchor
+        self.size = 1               # values inside, aliases expanded
+        self.pending: tuple[str, int, bool] | None = None   # mapping: (key text, line, is merge key) awaiting a value
+        self.seen: dict[str, int] = {}                      # mapping: key -> line
+        self.merges: list[dict] = []                        # mapping: sources of `<<`
 
 
 class _Composer:
@@ -298,8 +303,9 @@ def _join(prefix: str, key: str) -> str:
 
 # --- KEY=VALUE overrides ----------------------------------------------------------
 
-_SINGLE_QUOTED = re.compile(r"'(?:[^']|'')*'", re.S)
-_DOUBLE_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_SURROGATE = "[\ud800-\udfff]"
+_SINGLE_QUOTED = r"(?s)'(?:[^']|'')*'"
+_DOUBLE_QUOTED = r'(?s)"(?:[^"\\]|\\.)*"'
 
 
 def override_value(text: str) -> Any:
@@ -318,9 +324,9 @@ def override_value(text: str) -> Any:
         if isinstance(value, (list, dict)):
             return value
         return Scalar(text)
-    if text[0] == "'" and _SINGLE_QUOTED.fullmatch(text):
+    if text[0] == "'" and re.fullmatch(_SINGLE_QUOTED, text):
         return Scalar(text[1:-1].replace("''", "'"), plain=False)
-    if text[0] == '"' and _DOUBLE_QUOTED.fullmatch(text):
+    if text[0] == '"' and re.fullmatch(_DOUBLE_QUOTED, text):
         try:
             value, _ = parse(text, OVERRIDES)
         except ConfigError:
