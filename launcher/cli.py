@@ -71,7 +71,14 @@ def _write(text: str) -> None:
 @click.option("--wait", is_flag=True, help="Follow the job to its end; exit with its outcome.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--check/--no-check", default=True, help="Run `sbatch --test-only` before submitting (Slurm).")
-def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check):
+@click.option("--sweep", "sweep", multiple=True, metavar="KEY=V1,V2,...",
+              help="Sweep KEY over the values (repeatable: every combination runs, one run directory each; "
+                   "on Slurm one job array per allocation shape).")
+@click.option("--max-parallel", type=click.IntRange(min=1), default=None,
+              help="With --sweep: how many elements run at once (per array on Slurm).")
+@click.option("--after", multiple=True, metavar="RUN[:ok|any]",
+              help="Start only once RUN (a run or sweep) ended: ok (default) completed, any whatever its end.")
+def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check, sweep, max_parallel, after):
     """Resolve EXPERIMENT on a site, write the run bundle and submit it.
 
     OVERRIDES are KEY=VALUE dot-list edits of the experiment, e.g. resources.nodes=4.
@@ -79,7 +86,14 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check)
     from .runs.console import Console
 
     _quiet_submitit()
-    prepared = api.prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir)
+    if sweep:
+        _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check, sweep, max_parallel,
+                      after)
+        return
+    if max_parallel is not None:
+        raise click.UsageError("--max-parallel applies to a sweep (give --sweep)")
+    prepared = api.prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir, after=after,
+                           dry_run=dry_run)
     plan = prepared.plan
     for warning in prepared.warnings:
         click.echo(f"glaunch: warning: {warning}", err=True)
@@ -119,6 +133,53 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check)
     if as_json:
         click.echo(json.dumps(info, indent=2))
     sys.exit(0 if state == "COMPLETED" else 1)
+
+
+def _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check, sweep, max_parallel,
+                  after) -> None:
+    from .runs import sweeps
+
+    prepared = api.prepare_sweep(experiment, sweep, site=site, overrides=overrides, runs_dir=runs_dir,
+                                 max_parallel=max_parallel, after=after, dry_run=dry_run)
+    for warning in prepared.warnings:
+        click.echo(f"glaunch: warning: {warning}", err=True)
+    count = len(prepared.elements)
+    local = prepared.scheduler.runs_to_completion
+    if local and not (as_json or dry_run):
+        click.echo(f"sweep {prepared.sweep_id}: {count} runs on this machine, {max_parallel or 1} at a time; "
+                   f"{prepared.sweep_dir}")
+    result = api.launch_sweep(prepared, dry_run=dry_run, check=check, echo=lambda text: None)
+    info = result.to_json()
+    if dry_run:
+        arrays = [a for a in result.arrays if a.get("script")]
+        how = (f"{count} element(s) in {len(arrays)} job array(s)" if arrays
+               else f"{count} element(s), run one by one")
+        name, text = (arrays[0]["script"], result.files[arrays[0]["script"]]) if arrays else (
+            "job.sbatch (element 0)", prepared.prepared[0].files["job.sbatch"])
+        _emit(as_json, info, f"sweep directory: {result.sweep_dir}\n{how}\n--- {name} ---\n{text}")
+        return
+    if not local:
+        lines = [f"sweep {result.sweep_id}: {count} element(s)"]
+        for array in result.arrays:
+            what = f"job array {array['job_id']}" if array.get("job_id") else "not submitted"
+            lines.append(f"  {array.get('script')}: {what}, {len(array['elements'])} task(s)"
+                         + (f" ({array['error']})" if array.get("error") else ""))
+        lines.append(f"sweep directory: {result.sweep_dir}")
+        if not (as_json and wait):
+            _emit(as_json, info, "\n".join(lines))
+        if not wait:
+            return
+        try:
+            state = api.wait(result, on_state=None if as_json else click.echo)
+        except KeyboardInterrupt:
+            click.echo(f"glaunch: stopped following sweep {result.sweep_id}; its jobs go on "
+                       f"(glaunch status {result.sweep_id}, glaunch cancel {result.sweep_id})", err=True)
+            sys.exit(INTERRUPTED)
+        info["state"] = state
+    summary = api.status(result.sweep_dir)
+    info["state"] = summary["state"]
+    _emit(as_json, dict(info, elements=summary["elements"]), sweeps.format_status(summary))
+    sys.exit(0 if summary["state"] == "COMPLETED" else 1)
 
 
 def _quiet_submitit() -> None:
@@ -233,7 +294,7 @@ def sites_detect(name, output):
 @click.argument("run")
 @click.option("--json", "as_json", is_flag=True)
 def status_cmd(run, as_json):
-    """State of RUN (a run id or directory), across requeues."""
+    """State of RUN (a run or sweep: id or directory), across requeues."""
     summary = api.status(run)
     _emit(as_json, summary, api.format_status(summary))
 
@@ -243,24 +304,33 @@ def status_cmd(run, as_json):
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the logs grow.")
 @click.option("--rank", type=int, default=None, help="Only this rank.")
 def logs(run, follow, rank):
-    """Per-rank logs of RUN, merged with a rank prefix, across requeues."""
+    """Per-rank logs of RUN, merged with a rank prefix, across requeues (a sweep: every element's)."""
     api.logs(run, rank=rank, follow=follow, echo=click.echo)
 
 
 @cli.command()
 @click.argument("run")
 def cancel(run):
-    """Cancel RUN's job."""
+    """Cancel RUN's job (a sweep: every element's)."""
     click.echo(api.cancel(run))
 
 
 @cli.command("list")
+@click.argument("sweep", required=False)
 @click.option("--json", "as_json", is_flag=True)
 @click.option("-n", "limit", default=20, show_default=True, help="How many recent runs.")
-def list_cmd(as_json, limit):
-    """Recent runs with state, site, nodes and age."""
+def list_cmd(sweep, as_json, limit):
+    """Recent runs (and sweeps) with state, site, nodes and age; with SWEEP, its elements."""
+    from .runs import sweeps
     from .runs.status import format_list
 
+    if sweep is not None:
+        summary = api.status(sweep) if api.find_sweep(sweep) is not None else None
+        if summary is None:
+            raise click.UsageError(f"{sweep!r} is not a sweep (`glaunch status {sweep}` shows a run)")
+        _emit(as_json, {"elements": summary["elements"]},
+              "\n".join([*sweeps.format_table(summary), sweeps.summary_line(summary)]))
+        return
     rows = api.list_runs(limit)
     _emit(as_json, {"runs": rows}, format_list(rows))
 

@@ -21,7 +21,7 @@ import yaml
 from .. import __version__
 from ..errors import ConfigError
 from ..resolution.jobplan import STOP_SIGNALS, JobPlan
-from ..runs.layout import DS_CONFIG_FILE, ENV_FILE, JOB_SCRIPT, RESOLVED_FILE, RunDir
+from ..runs.layout import DS_CONFIG_FILE, ENV_FILE, HPARAMS_FILE, JOB_SCRIPT, RESOLVED_FILE, RunDir
 from ..runtime.launch import entry_words, torchrun_args
 from . import shell
 from .taskspec import task_spec
@@ -56,12 +56,18 @@ def _environment() -> jinja2.Environment:
                               keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
 
 
+def template(name: str) -> jinja2.Template:
+    """A template of templates/, rendered under StrictUndefined."""
+    return _environment().get_template(name)
+
+
 def render(plan: JobPlan, job_shell: JobShell) -> dict[str, str]:
     """File name (relative to the run dir) -> content."""
     files = {
         JOB_SCRIPT: render_job_script(plan, job_shell),
         ENV_FILE: render_env(plan, job_shell),
         RESOLVED_FILE: render_resolved(plan),
+        HPARAMS_FILE: render_hparams(plan),
     }
     if plan.ds_config is not None:
         files[DS_CONFIG_FILE] = render_ds_config(plan)
@@ -79,6 +85,11 @@ def render_ds_config(plan: JobPlan) -> str:
     return text.replace("\x7f", "\\u007f") + "\n"
 
 
+def render_hparams(plan: JobPlan) -> str:
+    """hparams.json: the experiment's `hparams:`, for the script (GLAUNCH_HPARAMS)."""
+    return json.dumps(dict(plan.hparams), indent=2, allow_nan=False) + "\n"
+
+
 # --- job.sbatch ------------------------------------------------------------------------
 
 
@@ -92,9 +103,17 @@ def submitit_command(plan: JobPlan) -> str:
 
 
 def task_log_patterns(plan: JobPlan) -> tuple[str, str]:
-    """Per-task stdout and stderr paths; %j and %t are filled in by srun (or localrun)."""
+    """Per-task stdout and stderr paths; %j and %t are filled in by srun (or localrun). A
+    task of an array job is named as Slurm names it, ARRAYJOB_TASK (%A_%a): the id its
+    run record keeps across requeues."""
     run_dir = RunDir(plan.run_dir)
-    return run_dir.task_log_pattern("out"), run_dir.task_log_pattern("err")
+    out, err = run_dir.task_log_pattern("out"), run_dir.task_log_pattern("err")
+    if plan.sweep_id is not None and plan.scheduler == "slurm":
+        head, _, tail = out.rpartition("%j")
+        out = head + "%A_%a" + tail
+        head, _, tail = err.rpartition("%j")
+        err = head + "%A_%a" + tail
+    return out, err
 
 
 def task_description(plan: JobPlan, job_shell: JobShell) -> list[str]:
@@ -140,6 +159,7 @@ def glaunch_env(plan: JobPlan, job_shell: JobShell) -> list[tuple[str, str, Any]
         ("GLAUNCH_MICRO_BATCH", str(plan.micro_batch), False),
         ("GLAUNCH_GLOBAL_BATCH", str(plan.global_batch), False),
         ("GLAUNCH_STOP_SIGNALS", ",".join(STOP_SIGNALS), False),
+        ("GLAUNCH_HPARAMS", os.path.join(plan.run_dir, HPARAMS_FILE), False),
     ]
     if plan.ds_config is not None:
         values.append(("GLAUNCH_DS_CONFIG", os.path.join(plan.run_dir, DS_CONFIG_FILE), False))
@@ -184,6 +204,9 @@ def resolved_document(plan: JobPlan) -> dict[str, Any]:
         "workdir": plan.workdir,
         "python": list(plan.python),
     }
+    if plan.code is not None:
+        derived["code"] = {"source": plan.code.source, "git": plan.code.git, "snapshot": plan.code.dest,
+                           "script": plan.code.script}
     if plan.strategy_choice is not None:
         derived["strategy_choice"] = dict(plan.strategy_choice)
     return {

@@ -22,4 +22,6 @@ def task_spec(plan: JobPlan) -> dict[str, Any]:
         "run_id": plan.run_id,
         "requeue_max": plan.requeue_max,
         "crash_retries": plan.crash_retries,
+        # The code snapshot's counterpart of the working directory: imported from before it.
+        "code_path": plan.code.import_path if plan.code is not None else None,
     }

@@ -3,6 +3,7 @@ schedulers read; nothing after resolution changes it."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -16,12 +17,44 @@ STOP_SIGNALS = ("USR2", "TERM")
 
 
 @dataclass(frozen=True)
+class CodeRoot:
+    """Where the entry point's code lives, as found on disk at submit
+    (launcher.runs.snapshot.locate): the git work tree holding it, else its folder."""
+
+    path: str                         # absolute
+    git: bool
+    entry_dir: str = "."              # the entry point's folder (module: the working directory), relative to path
+    workdir: str | None = None        # the working directory relative to path, when it is inside
+
+
+@dataclass(frozen=True)
 class SubmitContext:
     cwd: str
     python: str                       # the submitting interpreter (default on the nodes)
     environ: Mapping[str, str]        # for $VAR / ~ in paths
     run_id: str
     runs_dir: str | None = None       # --runs-dir
+    code_root: CodeRoot | None = None   # None: the entry point's folder, without git
+    code_dir: str | None = None       # where the code snapshot goes (a sweep's shared copy); default <run dir>/code
+    sweep_id: str | None = None       # the sweep this run is an element of (a task of a Slurm job array)
+    dependency: str | None = None     # Slurm's --dependency (glaunch submit --after), e.g. afterok:12:13
+
+
+@dataclass(frozen=True)
+class CodeSnapshot:
+    """The copy of the entry point's code every start runs from (`code.snapshot`)."""
+
+    source: str                       # the folder copied: the git work tree, or the entry point's folder
+    git: bool
+    dest: str                         # <run dir>/code, or a sweep's copy shared by its elements
+    script: str | None                # the submitted script (entry_script is its copy under dest)
+    exclude: tuple[str, ...]          # globs, relative to source
+    max_bytes: int
+    skip: tuple[str, ...]             # absolute directories never copied (runs root, checkpoints)
+    import_path: str | None           # the working directory's counterpart under dest, put first on sys.path
+
+    def copy_of(self, relative: str) -> str:
+        return os.path.normpath(os.path.join(self.dest, relative))
 
 
 @dataclass(frozen=True)
@@ -62,7 +95,7 @@ class JobPlan:
     launcher: str
     ranks_per_node: int
     world_size: int
-    entry_script: str | None
+    entry_script: str | None          # what every start runs (see `code`)
     entry_module: str | None
     entry_args: tuple[str, ...]
     python: tuple[str, ...]           # interpreter command words, on the nodes
@@ -88,6 +121,16 @@ class JobPlan:
     # the merged configs, for resolved.yaml
     experiment: Mapping[str, Any] = field(repr=False)
     site: Mapping[str, Any] = field(repr=False)
+    # entry_script is the snapshot's copy when the code is snapshotted
+    code: CodeSnapshot | None = None
+    hparams: Mapping[str, Any] = field(default_factory=dict)
+    sweep_id: str | None = None       # an element of this sweep: on Slurm, one task of an array job
+    dependency: str | None = None     # Slurm's --dependency: the runs it waits for (--after)
+
+    @property
+    def submitted_script(self) -> str | None:
+        """The script as the experiment names it (before any snapshot)."""
+        return self.code.script if self.code is not None else self.entry_script
 
     @property
     def time(self) -> str:

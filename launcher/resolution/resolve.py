@@ -19,7 +19,12 @@ from ..config.load import LoadedExperiment, LoadedSite, Provenance
 from ..errors import ConfigError
 from ..rendering import shell
 from . import deepspeed_config, slurmtime
-from .jobplan import Container, JobPlan, SubmitContext
+from ..runs.layout import CODE_DIR
+from .jobplan import CodeRoot, CodeSnapshot, Container, JobPlan, SubmitContext
+
+# code.max_mb when the experiment does not say: source trees are far smaller; data and
+# checkpoints in the tree are what this bound catches (code.exclude leaves them out).
+DEFAULT_CODE_MAX_MB = 100.0
 
 def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitContext) -> JobPlan:
     exp, site = exp_loaded.config, site_loaded.config
@@ -107,10 +112,9 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
     run_dir = os.path.join(runs_root, ctx.run_id)
     checkpoint_dir = (_path(exp.checkpoint.dir, "checkpoint.dir", eprov, ctx.environ, cwd)
                       if exp.checkpoint.dir else os.path.join(run_dir, "checkpoints"))
-    exp_dir = os.path.dirname(os.path.abspath(os.path.join(cwd, str(exp_loaded.path))))
-    script = None
-    if exp.entrypoint.script:
-        script = _path(exp.entrypoint.script, "entrypoint.script", eprov, ctx.environ, exp_dir)
+    script = entry_script(exp_loaded, ctx)
+    code = _code(exp, site, eprov, ctx, script, run_dir, skip=(runs_root, checkpoint_dir))
+    hparams = _hparams(exp, eprov)
 
     env = dict(site.env)
     env.update(exp.env)
@@ -161,7 +165,8 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
         preemptible=bool(part is not None and part.preemptible),
         extra_sbatch=tuple(sorted(site.sbatch.items())),
         launcher=exp.launcher, ranks_per_node=ranks_per_node, world_size=world_size,
-        entry_script=script, entry_module=exp.entrypoint.module,
+        entry_script=code.copy_of(code_entry(ctx, script)) if code and script else script,
+        entry_module=exp.entrypoint.module,
         entry_args=tuple(str(a) for a in exp.entrypoint.args),
         python=python, container=container, modules=tuple(site.modules), setup=tuple(site.setup),
         env=tuple(env.items()), derive_master_port="MASTER_PORT" not in env,
@@ -170,8 +175,87 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
         ds_config=ds_config, strategy_choice=choice,
         checkpoint_every=exp.checkpoint.every_steps, checkpoint_keep=exp.checkpoint.keep,
         requeue_max=exp.requeue.max, signal_lead_s=lead, crash_retries=site.crash_retries,
-        experiment=_as_dict(exp), site=_as_dict(site),
+        experiment=_as_dict(exp), site=_as_dict(site), code=code, hparams=hparams,
+        sweep_id=ctx.sweep_id, dependency=ctx.dependency,
     )
+
+
+# --- the code snapshot and hparams -----------------------------------------------------
+
+
+def entry_script(exp_loaded: LoadedExperiment, ctx: SubmitContext) -> str | None:
+    """The entry point's script as an absolute path (relative: from the experiment file's folder)."""
+    exp, eprov = exp_loaded.config, exp_loaded.provenance
+    if not exp.entrypoint.script:
+        return None
+    exp_dir = os.path.dirname(os.path.abspath(os.path.join(ctx.cwd, str(exp_loaded.path))))
+    return _path(exp.entrypoint.script, "entrypoint.script", eprov, ctx.environ, exp_dir)
+
+
+def code_anchor(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitContext) -> str | None:
+    """The folder whose work tree a snapshot copies (the script's folder; for a module, the
+    working directory), or None when this run takes no snapshot. The caller finds the work
+    tree around it (launcher.runs.snapshot.locate) and passes it in as ctx.code_root."""
+    if not snapshot_enabled(exp_loaded.config, site_loaded.config):
+        return None
+    script = entry_script(exp_loaded, ctx)
+    return os.path.dirname(script) if script else ctx.cwd
+
+
+def snapshot_enabled(exp: schema.Experiment, site: schema.Site) -> bool:
+    """code.snapshot; unset: on for Slurm, where a job waits in the queue and is requeued."""
+    setting = getattr(getattr(exp, "code", None), "snapshot", None)
+    return site.scheduler == "slurm" if setting is None else bool(setting)
+
+
+def code_entry(ctx: SubmitContext, script: str) -> str:
+    """The script's path relative to the snapshot's root."""
+    root = ctx.code_root
+    entry_dir = root.entry_dir if root is not None else "."
+    return os.path.join(entry_dir, os.path.basename(script))
+
+
+def _code(exp: schema.Experiment, site: schema.Site, prov: Provenance, ctx: SubmitContext, script: str | None,
+          run_dir: str, *, skip: tuple[str, ...]) -> CodeSnapshot | None:
+    if not snapshot_enabled(exp, site):
+        return None
+    settings = getattr(exp, "code", None)
+    max_mb = getattr(settings, "max_mb", None)
+    max_mb = DEFAULT_CODE_MAX_MB if max_mb is None else max_mb
+    if not math.isfinite(max_mb) or max_mb <= 0:
+        raise prov.error("code.max_mb", f"must be a finite number more than 0, got {max_mb!r}")
+    exclude = tuple(str(p) for p in (getattr(settings, "exclude", None) or ()))
+    for i, pattern in enumerate(exclude):
+        problem = shell.text_problem(pattern) or ("is empty" if not pattern.strip() else None)
+        if problem:
+            raise prov.error(f"code.exclude[{i}]", f"{pattern!r} {problem}")
+    anchor = os.path.dirname(script) if script else ctx.cwd
+    root = ctx.code_root or CodeRoot(anchor, False, ".", _inside(ctx.cwd, anchor))
+    dest = ctx.code_dir or os.path.join(run_dir, CODE_DIR)
+    return CodeSnapshot(
+        source=root.path, git=root.git, dest=dest, script=script, exclude=exclude,
+        max_bytes=int(max_mb * 1024 * 1024), skip=tuple(sorted(set(skip))),
+        import_path=os.path.normpath(os.path.join(dest, root.workdir)) if root.workdir is not None else None)
+
+
+def _inside(path: str, root: str) -> str | None:
+    """`path` relative to `root` when it is `root` or below it, else None."""
+    if path == root or path.startswith(root.rstrip("/") + "/"):
+        return os.path.relpath(path, root)
+    return None
+
+
+def _hparams(exp: schema.Experiment, prov: Provenance) -> dict[str, Any]:
+    """hparams: any mapping that JSON can carry (hparams.json), with finite numbers."""
+    import json
+
+    hparams = dict(getattr(exp, "hparams", None) or {})
+    for key, value in hparams.items():
+        try:
+            json.dumps(value, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise prov.error(f"hparams.{key}", f"not a JSON value: {exc}") from None
+    return hparams
 
 
 # --- pieces -----------------------------------------------------------------------

@@ -13,9 +13,9 @@ from typing import Mapping
 
 from ..errors import ConfigError, GlaunchError
 from ..resolution.jobplan import JobPlan
-from . import registry
+from . import provenance, registry, snapshot
 from .files import directory_problem
-from .layout import JOB_SCRIPT, RunRecord, State
+from .layout import CODE_DIR, CODE_PATCH, JOB_SCRIPT, RunRecord, State
 
 EXECUTABLE = {JOB_SCRIPT}
 
@@ -65,13 +65,22 @@ def checkpoint_outside(plan: JobPlan) -> bool:
     return os.path.commonpath([run_dir, ckpt]) != run_dir
 
 
+def owns_snapshot(plan: JobPlan) -> bool:
+    """Whether the run's code snapshot goes into its own directory (a sweep's elements
+    share their sweep's)."""
+    return plan.code is not None and os.path.normpath(plan.code.dest) == os.path.join(
+        os.path.normpath(plan.run_dir), CODE_DIR)
+
+
 def check_inputs(plan: JobPlan, *, runs_root: PathSource | None = None,
-                 checkpoint: PathSource | None = None) -> None:
+                 checkpoint: PathSource | None = None) -> snapshot.Survey | None:
     """What resolve cannot see without touching the disk: the entry point exists, the run
-    directory does not, and the directories to write can be made and written. Looks only."""
+    directory does not, the directories to write can be made and written, and the code
+    snapshot is within its bound (its survey is returned, for write_bundle). Looks only."""
     runs_src, ckpt_src = sources(plan, runs_root, checkpoint)
-    if plan.entry_script and plan.container is None and not os.path.isfile(plan.entry_script):
-        raise ConfigError(f"script {plan.entry_script!r} not found (relative paths are taken from the "
+    script = plan.submitted_script
+    if script and plan.container is None and not os.path.isfile(script):
+        raise ConfigError(f"script {script!r} not found (relative paths are taken from the "
                           "experiment file's directory)", file=plan.experiment_file, key="entrypoint.script")
     if os.path.lexists(plan.run_dir):
         raise ConfigError(f"run directory {plan.run_dir!r} already exists", file=plan.experiment_file,
@@ -83,14 +92,24 @@ def check_inputs(plan: JobPlan, *, runs_root: PathSource | None = None,
         problem = directory_problem(plan.checkpoint_dir)
         if problem:
             raise ckpt_src.error(f"checkpoint directory {plan.checkpoint_dir}: {problem}")
+    if plan.code is not None and owns_snapshot(plan):
+        return snapshot.check(plan.code, plan.experiment_file)
+    return None
 
 
 def write_bundle(plan: JobPlan, files: Mapping[str, str], *, dry_run: bool,
-                 runs_root: PathSource | None = None, checkpoint: PathSource | None = None) -> Bundle:
-    """The run directory with every file of the bundle and run.json. A dry run creates
+                 runs_root: PathSource | None = None, checkpoint: PathSource | None = None,
+                 survey: snapshot.Survey | None = None, origin: Mapping | None = None,
+                 extra: Mapping | None = None) -> Bundle:
+    """The run directory with every file of the bundle, the code snapshot (`survey`, from
+    check_inputs; surveyed again when not given) and run.json with its provenance
+    (`origin`: provenance already collected, for a sweep's elements) and `extra` (more of
+    run.json: the sweep an element belongs to, the runs it waits for). A dry run creates
     nothing outside the run directory (a checkpoint.dir elsewhere is made at submission).
     On any failure nothing written stays."""
     runs_src, ckpt_src = sources(plan, runs_root, checkpoint)
+    if survey is None and plan.code is not None and owns_snapshot(plan):
+        survey = snapshot.check(plan.code, plan.experiment_file)
     bundle = Bundle(Path(plan.run_dir))
     try:
         try:
@@ -111,7 +130,14 @@ def write_bundle(plan: JobPlan, files: Mapping[str, str], *, dry_run: bool,
                 Path(plan.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             for name, text in files.items():
                 write_file(bundle.path / name, text, executable=name in EXECUTABLE)
-            registry.write(bundle.path, initial_record(plan, dry_run=dry_run))
+            if origin is None:
+                taken = None
+                if survey is not None and plan.code is not None:
+                    taken = snapshot.take(plan.code, survey, bundle.path / CODE_PATCH)
+                origin = provenance.collect(survey, taken)
+            record = initial_record(plan, dry_run=dry_run, origin=origin)
+            record.extra.update(extra or {})
+            registry.write(bundle.path, record)
         except (OSError, GlaunchError) as exc:
             raise runs_src.error(f"cannot write the run directory {bundle.path}: "
                                  f"{_why(exc) if isinstance(exc, OSError) else exc}") from None
@@ -160,10 +186,10 @@ def _why(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def initial_record(plan: JobPlan, *, dry_run: bool) -> RunRecord:
+def initial_record(plan: JobPlan, *, dry_run: bool, origin: Mapping | None = None) -> RunRecord:
     return RunRecord(
         run_id=plan.run_id, name=plan.name, site=plan.site_name, scheduler=plan.scheduler,
         run_dir=plan.run_dir, experiment_file=plan.experiment_file, created=registry.now(), dry_run=dry_run,
         nodes=plan.nodes, world_size=plan.world_size, partition=plan.partition, requeue_max=plan.requeue_max,
         crash_retries=plan.crash_retries, state=(State.RENDERED if dry_run else State.SUBMITTING).value,
-        job_id=None)
+        job_id=None, extra={"provenance": dict(origin)} if origin is not None else {})

@@ -42,6 +42,7 @@ RESOLVED_FILE = "resolved.yaml"
 HPARAMS_FILE = "hparams.json"
 CODE_DIR = "code"                 # the code snapshot every start runs from (launcher.runs.snapshot)
 CODE_PATCH = "code.patch"         # a dirty work tree's changes against its commit
+SWEEP_FILE = "sweep.json"         # a sweep's directory: its record (launcher.runs.sweeps)
 RESULT_FILE = "result.json"
 STOP_FILE = "stop.json"
 RESUME_FILE = "resume.json"

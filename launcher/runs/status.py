@@ -16,7 +16,7 @@ from ..errors import GlaunchError
 from . import goodput, registry
 from .files import load_json_object, read_text
 from .goodput import number, step_of
-from .layout import IN_FLIGHT, RunDir, RunRecord, read_heartbeat
+from .layout import IN_FLIGHT, SWEEP_FILE, RunDir, RunRecord, read_heartbeat
 
 # The most of a GPU samples file status reads (its end: the newest samples).
 GPU_SAMPLES_READ = 1 << 20
@@ -51,6 +51,9 @@ def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dic
         "progress": live,
         "memory": memory_report(run_dir, record, resolved),
         "gpu": gpu_report(run_dir),
+        "provenance": _mapping(record.extra.get("provenance")) or None,
+        "sweep": _mapping(record.extra.get("sweep")) or None,
+        "after": record.extra.get("after") if isinstance(record.extra.get("after"), list) else None,
         **report,
     }
     if result_problem:
@@ -358,12 +361,40 @@ def _suggestion_lines(suggestions: Any) -> list[str]:
     return lines
 
 
+def _origin_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The code it runs (commit, dirty tree, snapshot), its sweep, the runs it waits for."""
+    p = printable
+    lines = []
+    origin = _mapping(summary.get("provenance"))
+    git, code = _mapping(origin.get("git")), _mapping(origin.get("code"))
+    if git:
+        line = f"  code: commit {p(str(git.get('commit'))[:12])}"
+        line += f" ({p(git['branch'])})" if git.get("branch") else ""
+        if git.get("dirty"):
+            line += f", dirty tree: {p(git.get('patch'))} (sha256 {p(str(git.get('diff_sha256'))[:12])})"
+        else:
+            line += ", clean tree"
+        lines.append(line)
+    if code:
+        lines.append(f"  snapshot: {p(code.get('snapshot'))} ({code.get('files')} files from {p(code.get('source'))})")
+    sweep = _mapping(summary.get("sweep"))
+    if sweep:
+        values = " ".join(f"{p(k)}={p(v)}" for k, v in _mapping(sweep.get("params")).items())
+        lines.append(f"  sweep {p(sweep.get('id'))}, element {sweep.get('index')}: {values}")
+    for item in summary.get("after") or []:
+        if isinstance(item, dict):
+            jobs = ",".join(map(str, item.get("job_ids") or [])) or "-"
+            lines.append(f"  after {p(item.get('ref'))}:{p(item.get('kind'))} (jobs {p(jobs)})")
+    return lines
+
+
 def format_status(summary: dict[str, Any]) -> str:
     p = printable
     lines = [f"run {p(summary['run_id'])}: {p(summary['state'])} (site {p(summary['site'])}, "
              f"job {p(summary['job_id'])}, {summary['restarts']} restart(s))", f"  {p(summary['run_dir'])}"]
     if summary.get("accounting") is False:
         lines.append("  (no Slurm accounting here: states come from squeue only)")
+    lines += _origin_lines(summary)
     for start in summary["starts"]:
         lines.append(f"  start {start['restart']}: job {start['job_id']} {p(start['state'])}"
                      + (f" reason={p(start['reason'])}" if start.get("reason") else "")
@@ -417,7 +448,14 @@ def recent(limit: int) -> list[dict[str, Any]]:
         if good >= limit:
             break
         run_dir = Path(entry["run_dir"])
-        if run_dir in seen or not os.path.lexists(RunDir(run_dir).run_file):
+        if run_dir in seen:
+            continue
+        if os.path.isfile(run_dir / SWEEP_FILE):
+            seen.add(run_dir)
+            rows.append(_sweep_row(entry["run_id"], run_dir))
+            good += 1
+            continue
+        if not os.path.lexists(RunDir(run_dir).run_file):
             continue
         seen.add(run_dir)
         try:
@@ -426,6 +464,8 @@ def recent(limit: int) -> list[dict[str, Any]]:
             rows.append({"run_id": entry["run_id"], "state": None, "site": None, "nodes": None, "created": None,
                          "age": "?", "run_dir": str(run_dir), "error": str(exc)})
             continue
+        if isinstance(record.extra.get("sweep"), dict):
+            continue            # a sweep's element: its sweep's row stands for it
         rows.append({"run_id": record.run_id, "state": record.state, "site": record.site,
                      "nodes": record.nodes, "created": record.created,
                      "age": _age(record.created), "run_dir": str(run_dir)})
@@ -436,6 +476,30 @@ def recent(limit: int) -> list[dict[str, Any]]:
                      "run_dir": None, "error": f"{index.path}: {len(index.bad_lines)} bad line(s) skipped: "
                      f"line {index.bad_lines[0]}" + (f" (and {more} more)" if more else "")})
     return rows
+
+
+def _sweep_row(sweep_id: str, sweep_dir: Path) -> dict[str, Any]:
+    """A sweep as one row of `glaunch list`: its state from its elements' records as they
+    are (`glaunch status SWEEP` asks the scheduler)."""
+    from . import sweeps
+
+    try:
+        sweep = sweeps.read(sweep_dir)
+    except GlaunchError as exc:
+        return {"run_id": sweep_id, "state": None, "site": None, "nodes": None, "created": None, "age": "?",
+                "run_dir": str(sweep_dir), "error": str(exc)}
+    states, nodes = [], set()
+    for element in sweep.elements:
+        try:
+            record = registry.read(element.run_dir)
+        except GlaunchError:
+            states.append("UNKNOWN")
+            continue
+        states.append(record.state)
+        nodes.add(record.nodes)
+    return {"run_id": sweep.sweep_id, "state": sweeps.sweep_state(states) if states else None, "site": sweep.site,
+            "nodes": next(iter(nodes)) if len(nodes) == 1 else "mixed", "created": sweep.created,
+            "age": _age(sweep.created), "run_dir": str(sweep_dir), "sweep": len(sweep.elements)}
 
 
 def _age(created: str | None) -> str:
@@ -460,6 +524,7 @@ def format_list(rows: list[dict[str, Any]]) -> str:
         if r.get("error"):
             lines.append(f"{'bad record' if r.get('run_dir') else 'bad index'}: {printable(r['error'])}")
         else:
+            sweep = f"  (a sweep of {r['sweep']} runs)" if r.get("sweep") else ""
             lines.append(f"{printable(r['run_id']):44s} {printable(r['state']):11s} {printable(r['site']):18s} "
-                         f"{printable(r['nodes']):5s} {r['age']}")
+                         f"{printable(r['nodes']):5s} {r['age']}{sweep}")
     return "\n".join(lines)

@@ -84,6 +84,7 @@ class TrainingTask:
             _log(f"torch {torch.__version__}: torchrun has no --signals-to-handle; on SIGTERM (preemption) "
                  "its agent stops the workers itself, and the start ends as a failure")
         entry = launch.entry_words(spec)
+        os.environ.update(snapshot_environment(spec, os.environ))
         _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + entry)}")
         for signum in (WARNING_SIGNAL, signal.SIGTERM):
             signal.signal(signum, _forward_to_children)
@@ -107,17 +108,34 @@ def rank_environment(rank: int, local_rank: int, node: int, world_size: int, ran
     }
 
 
+def snapshot_environment(spec: dict[str, Any], environ: Any) -> dict[str, str]:
+    """What torchrun's workers need to import from the code snapshot: its copy of the
+    working directory on PYTHONPATH; for a module, also PYTHONSAFEPATH (Python 3.11+),
+    without which `python -m` puts the working directory itself first."""
+    code_path = spec.get("code_path")
+    if not code_path:
+        return {}
+    rest = environ.get("PYTHONPATH")
+    out = {"PYTHONPATH": code_path + (os.pathsep + rest if rest else "")}
+    if spec["module"]:
+        out["PYTHONSAFEPATH"] = "1"
+    return out
+
+
 def run_entry(spec: dict[str, Any]) -> int:
     """Run the script or module as `__main__` in this process, with its own argv."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
+    # With a code snapshot its copy of the working directory is searched first, so no
+    # module edited in the work tree after submit is imported.
+    code_path = spec.get("code_path")
     try:
         if spec["module"]:
             sys.argv = [spec["module"], *spec["args"]]
-            sys.path.insert(0, os.getcwd())
+            sys.path[:0] = [code_path] if code_path else [os.getcwd()]
             runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
         else:
             sys.argv = [spec["script"], *spec["args"]]
-            sys.path.insert(0, os.path.dirname(spec["script"]))
+            sys.path[:0] = [os.path.dirname(spec["script"])] + ([code_path] if code_path else [])
             runpy.run_path(spec["script"], run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)

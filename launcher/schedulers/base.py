@@ -4,15 +4,17 @@ which one it is: `local` (this machine) and `slurm` sit behind it.
 A scheduler says what differs in the rendered files (`job_shell`), checks a plan against
 what it can run (`check`, pure), makes sure it can be reached (`require`), starts a
 written run directory (`launch`), folds its own view of a run into run.json (`refresh`)
-and cancels a run (`cancel`).
+and cancels a run (`cancel`). A sweep's elements are submitted as it says
+(`plan_sweep`: Slurm makes job arrays of them) and started together (`launch_sweep`).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar
+from typing import Callable, ClassVar, Mapping, Sequence
 
 from ..rendering.render import JobShell, render
 from ..resolution.jobplan import JobPlan
@@ -29,6 +31,33 @@ class Launched:
     job_id: str | None
     state: str
     exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class SweepBatch:
+    """One submission of a sweep: the sweep directory's file it hands the scheduler (a
+    Slurm array script; None where each element is started on its own) and the elements
+    it starts (their indices in the sweep), in task order."""
+
+    script: str | None
+    elements: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SweepPlan:
+    """How a sweep is submitted: its batches, and the sweep directory's own files."""
+
+    batches: tuple[SweepBatch, ...]
+    files: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LaunchedBatch:
+    script: str | None
+    job_id: str | None               # the array job's id
+    elements: tuple[int, ...]
+    launched: tuple[Launched | None, ...]      # per element; None: not started (an earlier failure)
+    error: str | None = None
 
 
 class Scheduler(ABC):
@@ -58,6 +87,44 @@ class Scheduler(ABC):
         """The run's record with the scheduler's view folded in (written back if changed)."""
         return record
 
+    def refresh_many(self, runs: Sequence[tuple[Path, RunRecord]]) -> list[RunRecord]:
+        """`refresh` of several runs (a sweep's elements), in order; a scheduler may ask
+        about all of them at once."""
+        return [self.refresh(run_dir, record) for run_dir, record in runs]
+
+    def cancel_many(self, runs: Sequence[tuple[Path, RunRecord]], job_ids: Sequence[str] = ()) -> list[str]:
+        """Cancel several runs (a sweep's elements; `job_ids`: jobs that run several of
+        them, Slurm's arrays); a sentence for each thing done."""
+        return [self.cancel(run_dir, record) for run_dir, record in runs]
+
     @abstractmethod
     def cancel(self, run_dir: Path, record: RunRecord) -> str:
         """Cancel the run's job; a sentence saying what was done."""
+
+    # --- sweeps ------------------------------------------------------------------------
+
+    def plan_sweep(self, plans: Sequence[JobPlan], *, sweep_id: str, sweep_dir: str,
+                   max_parallel: int | None, dry_run: bool) -> SweepPlan:
+        """How the sweep's elements (rendered, in order) are submitted. By default each on
+        its own, in order."""
+        return SweepPlan(tuple(SweepBatch(None, (i,)) for i in range(len(plans))))
+
+    def launch_sweep(self, plans: Sequence[JobPlan], sweep: SweepPlan, sweep_dir: Path, *,
+                     max_parallel: int | None, check: bool, echo: Echo | None) -> list[LaunchedBatch]:
+        """Start every batch of a written sweep directory. By default each element with
+        `launch`, `max_parallel` at a time (one when None); an element that fails does not
+        stop the others."""
+        def one(batch: SweepBatch) -> LaunchedBatch:
+            (index,) = batch.elements
+            plan = plans[index]
+            try:
+                launched = self.launch(plan, Path(plan.run_dir), check=check, echo=echo)
+            except Exception as exc:   # the element's record says what happened; the others go on
+                return LaunchedBatch(None, None, batch.elements, (None,), f"{plan.run_id}: {exc}")
+            return LaunchedBatch(None, launched.job_id, batch.elements, (launched,))
+
+        workers = max(1, max_parallel or 1)
+        if workers == 1:
+            return [one(batch) for batch in sweep.batches]
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(one, sweep.batches))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import getpass
 import logging
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -23,9 +24,10 @@ from ..rendering.render import JobShell, python_command
 from ..rendering.taskspec import task_spec
 from ..resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
 from ..runs import registry
-from ..runs.layout import RunDir, RunRecord, State
+from ..runs.layout import RunDir, RunRecord, State, is_terminal
 from . import cluster_check, slurm_client, slurm_state
-from .base import Echo, Launched, Scheduler
+from . import slurm_array
+from .base import Echo, Launched, LaunchedBatch, Scheduler, SweepBatch, SweepPlan
 from .slurm_client import ACCOUNTING_POLICY, Unreachable, run_command
 from .slurm_script import end_of_start_python, sbatch_directives, srun_line
 
@@ -52,15 +54,25 @@ class SlurmScheduler(Scheduler):
 
     def job_shell(self, plan: JobPlan) -> JobShell:
         jobend = shell.join([*end_of_start_python(plan), "-m", "launcher.runtime.jobend", plan.run_dir])
+        # A sweep's element is one task of an array job: Slurm's id for it, ARRAYJOB_TASK,
+        # stays the same across its requeues, and `scontrol requeue` of it requeues it alone.
+        directives = tuple(sbatch_directives(plan))
+        if plan.sweep_id is not None:
+            job_ref = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+            job_env: tuple[str, str, Any] = ("GLAUNCH_JOB_ID", job_ref, "raw")
+            directives += (f"# an element of sweep {plan.sweep_id}: run by the sweep's array script "
+                           "(the directives above are its array's)",)
+        else:
+            job_ref = "$SLURM_JOB_ID"
+            job_env = ("GLAUNCH_JOB_ID", "$SLURM_JOB_ID", True)
         return JobShell(
-            directives=tuple(sbatch_directives(plan)), launch=srun_line(plan),
-            launch_template="slurm.launch.sh.j2", launch_context={"jobend": jobend},
+            directives=directives, launch=srun_line(plan),
+            launch_template="slurm.launch.sh.j2", launch_context={"jobend": jobend, "requeue_job": f'"{job_ref}"'},
             rendezvous_template="slurm.rendezvous.sh.j2",
             rendezvous_context={"derive_master_port": plan.derive_master_port, "port_base": PORT_BASE,
                                 "port_span": PORT_SPAN},
             submitit_executor="slurm", node_rank="$SLURM_NODEID", job_id="$SLURM_JOB_ID",
-            extra_env=(("GLAUNCH_JOB_ID", "$SLURM_JOB_ID", True),
-                       ("GLAUNCH_RESTART", "${SLURM_RESTART_COUNT:-0}", "raw")))
+            extra_env=(job_env, ("GLAUNCH_RESTART", "${SLURM_RESTART_COUNT:-0}", "raw")))
 
     # --- submission --------------------------------------------------------------------
 
@@ -100,22 +112,84 @@ class SlurmScheduler(Scheduler):
                 record.extra["request"] = request_values(plan)
             raise
         except SchedulerError as exc:
-            with registry.updating(run_dir) as record:
-                record.state = State.REFUSED.value
-                record.reason = exc.message
-                if isinstance(exc, Unreachable):
-                    record.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
-                if warnings:
-                    record.extra["warnings"] = warnings
+            _record_refused(run_dir, exc, warnings)
             raise
-        with registry.updating(run_dir) as record:
-            record.job_id = job_id
-            record.state = State.PENDING.value
-            record.starts.append(registry.new_start(job_id, 0))
-            record.extra["request"] = request_values(plan)
-            if warnings:
-                record.extra["warnings"] = warnings
+        _record_queued(run_dir, plan, job_id, warnings, scheduler_version())
         return Launched(job_id, State.PENDING.value)
+
+    # --- sweeps: job arrays -------------------------------------------------------------
+
+    def plan_sweep(self, plans, *, sweep_id: str, sweep_dir: str, max_parallel: int | None,
+                   dry_run: bool) -> SweepPlan:
+        """One array per allocation shape, within the cluster's MaxArraySize (Slurm's
+        default on a dry run, which asks the cluster nothing)."""
+        limit = slurm_array.DEFAULT_MAX_ARRAY_SIZE
+        if not dry_run:
+            self.require()
+            limit = slurm_array.max_array_size(slurm_client.clean_env(os.environ)[0])
+        groups = slurm_array.group(plans, limit)
+        files, batches = {}, []
+        for group in groups:
+            name = slurm_array.array_script(sweep_dir, group.number).name
+            files[name] = slurm_array.render_array(group, plans, sweep_id=sweep_id, sweep_dir=sweep_dir,
+                                                   arrays=len(groups), max_parallel=max_parallel)
+            batches.append(SweepBatch(name, group.elements))
+        return SweepPlan(tuple(batches), files)
+
+    def launch_sweep(self, plans, sweep: SweepPlan, sweep_dir: Path, *, max_parallel: int | None, check: bool,
+                     echo: Echo | None) -> list[LaunchedBatch]:
+        """Check every array (the profile against the cluster, sbatch --test-only), then
+        submit them: one sbatch call per array. An array sbatch refuses leaves its elements
+        REFUSED; those already queued stay queued."""
+        env, ignored = slurm_client.clean_env(os.environ)
+        warnings = [w for w in (slurm_client.ignored_inputs_warning(ignored),) if w]
+        scripts = [Path(sweep_dir) / str(batch.script) for batch in sweep.batches]
+        try:
+            if check:
+                for batch, script in zip(sweep.batches, scripts):
+                    first = plans[batch.elements[0]]
+                    warnings += [w for w in self.check_cluster(first) if w not in warnings]
+                    preflight(first, script, env)
+        except SchedulerError as exc:
+            for plan in plans:
+                _record_refused(Path(plan.run_dir), exc, warnings)
+            raise
+        for warning in warnings:
+            log.warning("glaunch: warning: %s", warning)
+        version = scheduler_version()
+        results = []
+        for number, (batch, script) in enumerate(zip(sweep.batches, scripts)):
+            members = [plans[i] for i in batch.elements]
+            for plan in members:
+                _dump_task(plan, _task_template(plan.log_dir))
+            try:
+                array_id = submit_array(members[0], script, slurm_array.submission_marker(
+                    str(members[0].sweep_id), number), env)
+            except SubmissionUncertain as exc:
+                for task, plan in enumerate(members):
+                    with registry.updating(plan.run_dir) as record:
+                        record.state = State.UNKNOWN.value
+                        record.reason = "submission uncertain"
+                        record.detail = exc.message
+                        record.extra["submission"] = {"script": exc.script, "marker": exc.marker, "task": task}
+                        record.extra["request"] = request_values(plan)
+                results.append(LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members),
+                                             exc.message))
+                continue
+            except SchedulerError as exc:
+                for plan in members:
+                    _record_refused(Path(plan.run_dir), exc, warnings)
+                results.append(LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members),
+                                             exc.message))
+                continue
+            launched = []
+            for task, plan in enumerate(members):
+                job_id = f"{array_id}_{task}"
+                _link_task(plan.log_dir, job_id)
+                _record_queued(Path(plan.run_dir), plan, job_id, warnings, version)
+                launched.append(Launched(job_id, State.PENDING.value))
+            results.append(LaunchedBatch(batch.script, array_id, batch.elements, tuple(launched)))
+        return results
 
     # --- following ---------------------------------------------------------------------
 
@@ -134,16 +208,51 @@ class SlurmScheduler(Scheduler):
             with registry.updating(run_dir) as rec:
                 rec.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
             raise
-        history = sacct_records(record.job_id)
-        with registry.updating(run_dir) as rec:
-            rec.extra.pop("unreachable", None)
-            rec.extra["accounting"] = history is not None
-            if history:
-                rec.extra["scheduler_history"] = history
-                slurm_state.merge_history(rec, history)
-            rec.state = slurm_state.current_state(rec.state, live, history)
-            _record_pending_reason(rec, live, reason)
-        return rec
+        return _fold(run_dir, live, reason, sacct_records(record.job_id))
+
+    def refresh_many(self, runs):
+        """One squeue and one sacct call for all of them (a sweep's elements: by their
+        array jobs), instead of two per run."""
+        if shutil.which("squeue") is None:
+            return [record for _, record in runs]
+        queued = [(d, r) for d, r in runs if r.job_id and not r.dry_run and not r.extra.get("allocation")]
+        ids = sorted({slurm_array.array_job_id(r.job_id) for _, r in queued if r.job_id})
+        live: dict[str, tuple[str | None, str | None]] = {}
+        histories: dict[str, list[dict[str, Any]]] | None = {}
+        if ids:
+            try:
+                live = squeue_jobs(ids)
+            except Unreachable as exc:
+                for run_dir, _ in queued:
+                    with registry.updating(run_dir) as rec:
+                        rec.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
+                raise
+            rows = sacct_records(",".join(ids))
+            histories = None if rows is None else {}
+            for row in rows or []:
+                histories.setdefault(row["job_id"], []).append(row)  # type: ignore[union-attr]
+        asked = {id(r) for _, r in queued}
+        out = []
+        for run_dir, record in runs:
+            if id(record) in asked and record.job_id:
+                state, reason = live.get(record.job_id, (None, None))
+                history = None if histories is None else histories.get(record.job_id, [])
+                out.append(_fold(run_dir, state, reason, history))
+            else:
+                out.append(self.refresh(run_dir, record))
+        return out
+
+    def cancel_many(self, runs, job_ids=()):
+        """One scancel for all: the arrays' jobs, and the runs outside them."""
+        arrays = set(job_ids)
+        targets = list(job_ids) + [r.job_id for _, r in runs if r.job_id and not is_terminal(r.state)
+                                   and slurm_array.array_job_id(r.job_id) not in arrays]
+        if not targets:
+            return ["nothing to cancel"]
+        proc = run_command("scancel", *targets)
+        if proc.returncode != 0:
+            raise SchedulerError(f"scancel {' '.join(targets)} failed: {proc.stderr.strip()}")
+        return [f"cancelled job {t}" for t in targets]
 
     def cancel(self, run_dir: Path, record: RunRecord) -> str:
         if not record.job_id:
@@ -152,6 +261,53 @@ class SlurmScheduler(Scheduler):
         if proc.returncode != 0:
             raise SchedulerError(f"scancel {record.job_id} failed: {proc.stderr.strip()}")
         return f"run {record.run_id}: cancelled job {record.job_id}"
+
+
+def _fold(run_dir: Path, live: str | None, reason: str | None, history: list[dict[str, Any]] | None) -> RunRecord:
+    """squeue's state and reason and sacct's rows of one job, folded into its run.json."""
+    with registry.updating(run_dir) as rec:
+        rec.extra.pop("unreachable", None)
+        rec.extra["accounting"] = history is not None
+        if history:
+            rec.extra["scheduler_history"] = history
+            slurm_state.merge_history(rec, history)
+        rec.state = slurm_state.current_state(rec.state, live, history)
+        _record_pending_reason(rec, live, reason)
+    return rec
+
+
+def _record_refused(run_dir: Path, exc: SchedulerError, warnings: list[str]) -> None:
+    with registry.updating(run_dir) as record:
+        record.state = State.REFUSED.value
+        record.reason = exc.message
+        if isinstance(exc, Unreachable):
+            record.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
+        if warnings:
+            record.extra["warnings"] = warnings
+
+
+def _record_queued(run_dir: Path, plan: JobPlan, job_id: str, warnings: list[str], version: str | None) -> None:
+    with registry.updating(run_dir) as record:
+        record.job_id = job_id
+        record.state = State.PENDING.value
+        record.starts.append(registry.new_start(job_id, 0))
+        record.extra["request"] = request_values(plan)
+        if warnings:
+            record.extra["warnings"] = warnings
+        origin = record.extra.get("provenance")
+        if isinstance(origin, dict) and version:
+            origin["scheduler_version"] = version
+
+
+def scheduler_version() -> str | None:
+    """Slurm's version as its sbatch says it (`slurm 22.05.8`), for run.json's provenance."""
+    try:
+        proc = run_command("sbatch", "--version")
+    except SchedulerError:
+        return None
+    if proc.returncode != 0:
+        return None
+    return proc.stdout.strip() or None
 
 
 def request_values(plan: JobPlan) -> dict[str, Any]:
@@ -189,6 +345,14 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
     controller queued it after all, carries the run's marker."""
     sub = record.extra["submission"]
     job_id = find_submitted(str(sub.get("script") or ""), str(sub.get("marker") or ""))
+    task = sub.get("task")
+    if job_id and isinstance(task, int) and not isinstance(task, bool):
+        # A sweep's element: its array was queued after all; its task gets its pickle now.
+        job_id = f"{slurm_array.array_job_id(job_id)}_{task}"
+        try:
+            _link_task(RunDir(run_dir).log_dir, job_id)
+        except OSError:
+            pass
     with registry.updating(run_dir) as rec:
         rec.extra.pop("submission", None)
         if job_id:
@@ -262,6 +426,53 @@ def _executor_class():
     return GlaunchSlurmExecutor
 
 
+def _task_template(log_dir: str | os.PathLike) -> Path:
+    """An element's pickled task, written before its array is submitted; its task's id
+    (ARRAYJOB_TASK, known once sbatch answers) gets a link to it."""
+    return Path(log_dir) / ".glaunch_task.pkl"
+
+
+def _dump_task(plan: JobPlan, path: Path) -> None:
+    from submitit.core.utils import DelayedSubmission
+
+    from ..runtime.task import TrainingTask
+
+    DelayedSubmission(TrainingTask(task_spec(plan))).dump(path)
+
+
+def _link_task(log_dir: str | os.PathLike, job_id: str) -> None:
+    """The pickle submitit's loader reads for task `job_id` (it waits a minute for it)."""
+    from submitit.core.utils import JobPaths
+
+    target = JobPaths(log_dir, job_id=job_id).submitted_pickle
+    if not target.exists():
+        os.link(_task_template(log_dir), target)
+    _task_template(log_dir).unlink()
+
+
+def submit_array(plan: JobPlan, script: Path, marker: str, env: Mapping[str, str]) -> str:
+    """sbatch the array script; the array's job id. Never queued twice: after a lost
+    answer the array is looked up by its marker (--comment) or its script."""
+    with_comment = "comment" not in dict(plan.extra_sbatch)
+    cmd = ["sbatch", *([f"--comment={marker}"] if with_comment else []), str(script)]
+
+    def lookup(deadline: float) -> str | None:
+        try:
+            found = find_submitted(str(script), marker if with_comment else "", deadline=deadline)
+        except SchedulerError as exc:
+            raise SubmissionUncertain(
+                f"sbatch did not answer, and whether it queued the array cannot be told now: {exc.message}. "
+                "`glaunch status` looks for it again (it carries the sweep's id)",
+                script=str(script), marker=marker if with_comment else "") from None
+        return slurm_array.array_job_id(found) if found else None
+
+    output = slurm_client.CLIENT.submit(cmd, lookup=lookup, env=env)
+    m = re.search(r"Submitted batch job (\d+)", output)
+    if m is None:
+        raise SchedulerError(f"sbatch answered without a job id: {output.strip()[:200]}")
+    return m.group(1)
+
+
 def submission_marker(run_id: str) -> str:
     """The job's --comment: which run it belongs to."""
     return f"glaunch:{run_id}"
@@ -313,6 +524,20 @@ def squeue_job(job_id: str) -> tuple[str | None, str | None]:
     if proc.returncode != 0:
         return None, None
     return slurm_state.parse_squeue(proc.stdout), slurm_state.parse_squeue_reason(proc.stdout)
+
+
+def squeue_jobs(job_ids: list[str]) -> dict[str, tuple[str | None, str | None]]:
+    """(state, pending reason) of every job or array task squeue lists for these ids (an
+    array's tasks one by one, ARRAYJOB_TASK); jobs it no longer lists are left out."""
+    proc = run_command("squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|" + slurm_state.SQUEUE_FORMAT)
+    if proc.returncode != 0:
+        return {}           # none of them is known any more ("Invalid job id specified")
+    out = {}
+    for line in proc.stdout.splitlines():
+        job_id, sep, rest = line.strip().partition("|")
+        if sep:
+            out[job_id] = (slurm_state.parse_squeue(rest), slurm_state.parse_squeue_reason(rest))
+    return out
 
 
 def squeue_state(job_id: str) -> str | None:

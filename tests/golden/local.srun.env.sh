@@ -22,6 +22,7 @@ export GLAUNCH_RANKS_PER_NODE=2
 export GLAUNCH_MICRO_BATCH=8
 export GLAUNCH_GLOBAL_BATCH=16
 export GLAUNCH_STOP_SIGNALS=USR2,TERM
+export GLAUNCH_HPARAMS=/home/alice/exp/runs/torch-ddp-20260101-000000-abcd/hparams.json
 
 # rendezvous
 # localrun picks a free port on this machine for each start

@@ -1,0 +1,310 @@
+"""The code snapshot (`code.snapshot`): at submit, the entry point's code is copied into
+the run directory (`code/`; a sweep's elements share one copy) and every start runs from
+there, so an edit made while the job waits in the queue, or between two requeues, never
+reaches it.
+
+What is copied: the git work tree holding the entry point, as git sees it (tracked files,
+and untracked files that no ignore rule covers); without git, the entry point's folder
+(all of it but `__pycache__`). Never the runs directory or the checkpoint directory, nor
+any other run directory found in the tree. `code.exclude` (globs) leaves more out,
+`code.max_mb` bounds the copy: over it, nothing is written and the error names the
+largest files.
+
+A dirty work tree is recorded as `code.patch` next to the copy: `git diff --binary HEAD`
+and every untracked file of the copy as a new file, so commit + patch give back what ran.
+
+Reads the disk and runs git (bounded by a timeout); the decisions (`matches`,
+`over_bound`) are pure.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ConfigError
+from ..resolution.jobplan import CodeRoot, CodeSnapshot
+
+GIT_TIMEOUT_S = 30.0
+# How many of the largest files an error over code.max_mb names.
+LARGEST_SHOWN = 5
+NEVER_COPIED = ("__pycache__",)
+
+
+def _git(cwd: str | os.PathLike, *args: str, binary: bool = False) -> subprocess.CompletedProcess | None:
+    """git in `cwd`; None where git is missing, hangs, or `cwd` is no folder."""
+    try:
+        return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, timeout=GIT_TIMEOUT_S,
+                              text=not binary, stdin=subprocess.DEVNULL,
+                              env=dict(os.environ, GIT_OPTIONAL_LOCKS="0", LC_ALL="C"))
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def _git_text(cwd: str | os.PathLike, *args: str) -> str | None:
+    proc = _git(cwd, *args)
+    if proc is None or proc.returncode != 0:
+        return None
+    return proc.stdout.rstrip("\n")
+
+
+def _inside(path: str, root: str) -> str | None:
+    """`path` relative to `root` when it is `root` or below it, else None (real paths)."""
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    if path == root or path.startswith(root.rstrip("/") + "/"):
+        return os.path.relpath(path, root)
+    return None
+
+
+def locate(anchor: str, workdir: str) -> CodeRoot:
+    """The work tree a snapshot of `anchor` (the entry point's folder) copies: the git work
+    tree holding it, else the folder itself. Spelled as `anchor` spells it where the two
+    agree (a symlinked path stays as the user wrote it)."""
+    top = _git_text(anchor, "rev-parse", "--show-toplevel") if os.path.isdir(anchor) else None
+    if not top:
+        return CodeRoot(anchor, False, ".", _inside(workdir, anchor))
+    entry_dir = _inside(anchor, top) or "."
+    root = top
+    if entry_dir == ".":
+        root = anchor if os.path.realpath(anchor) == os.path.realpath(top) else top
+    else:
+        parts = len(Path(entry_dir).parts)
+        spelled = os.path.normpath(os.path.join(anchor, *[".."] * parts))
+        if os.path.realpath(spelled) == os.path.realpath(top):
+            root = spelled
+    return CodeRoot(root, True, entry_dir, _inside(workdir, top))
+
+
+# --- what is copied -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GitState:
+    commit: str | None
+    branch: str | None           # None: a detached HEAD
+    changed: bool                # tracked files differ from the commit (staged or not)
+    untracked: tuple[str, ...]   # untracked, not ignored files of the copy
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What a snapshot copies: every file (relative path, bytes), and git's view."""
+
+    source: str
+    files: tuple[tuple[str, int], ...]
+    git: GitState | None
+    excluded: int = 0            # files left out by code.exclude
+    total: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", sum(size for _, size in self.files))
+
+    @property
+    def dirty(self) -> bool:
+        return self.git is not None and (self.git.changed or bool(self.git.untracked))
+
+
+def matches(relative: str, patterns: tuple[str, ...]) -> bool:
+    """Whether a path (relative to the copied folder) is left out by one of `patterns`: a
+    glob without '/' matches any file or folder name on the path, one with '/' the path
+    from the top (or a folder above the file). Pure."""
+    parts = relative.split("/")
+    for raw in patterns:
+        pattern = raw.strip().rstrip("/")
+        if not pattern:
+            continue
+        if "/" in pattern:
+            pattern = pattern.lstrip("/")
+            if any(fnmatch.fnmatchcase("/".join(parts[:n]), pattern) for n in range(1, len(parts) + 1)):
+                return True
+        elif any(fnmatch.fnmatchcase(part, pattern) for part in parts):
+            return True
+    return False
+
+
+def _skipped(code: CodeSnapshot) -> tuple[str, ...]:
+    """The directories never copied (runs root, checkpoints, the snapshot itself), relative
+    to the source, where they are inside it."""
+    out = []
+    for path in (*code.skip, code.dest):
+        rel = _inside(path, code.source)
+        if rel == ".":
+            continue        # the whole tree would go: the runs directory's own check refuses this
+        if rel is not None:
+            out.append(rel)
+    return tuple(out)
+
+
+def _under(relative: str, folders: tuple[str, ...]) -> bool:
+    return any(relative == f or relative.startswith(f + "/") for f in folders)
+
+
+# A run directory (run.json beside job.sbatch) or a sweep's (sweep.json): glaunch's output,
+# never code, wherever --runs-dir put it.
+_RUN_MARKERS = (("run.json", "job.sbatch"), ("sweep.json",))
+
+
+def _run_folders(root: Path, names: list[str]) -> tuple[str, ...]:
+    folders = {os.path.dirname(n) for n in names}
+    return tuple(f for f in folders if f and any(all((root / f / m).is_file() for m in markers)
+                                                 for markers in _RUN_MARKERS))
+
+
+def _git_files(root: Path, prefix: str = "") -> list[str]:
+    """Tracked and untracked-not-ignored files under `root`, submodules' included."""
+    proc = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", binary=True)
+    if proc is None or proc.returncode != 0:
+        raise ConfigError(f"git cannot list the files of {root}: "
+                          f"{(proc.stderr.decode(errors='replace').strip() if proc else 'git did not answer')}",
+                          key="code.snapshot")
+    out: list[str] = []
+    for name in dict.fromkeys(proc.stdout.decode("utf-8", "surrogateescape").split("\0")):
+        if not name:
+            continue
+        path = root / name
+        if path.is_dir() and not path.is_symlink():     # a submodule
+            out += _git_files(path, f"{prefix}{name}/")
+        else:
+            out.append(prefix + name)
+    return out
+
+
+def _walk_files(root: Path) -> list[str]:
+    out = []
+    for folder, dirs, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        dirs[:] = sorted(d for d in dirs if d not in NEVER_COPIED)
+        for name in list(dirs):
+            if os.path.islink(os.path.join(folder, name)):
+                dirs.remove(name)
+                files.append(name)        # a symlinked folder is copied as the link
+        out += [os.path.normpath(os.path.join(rel, name)) for name in sorted(files)]
+    return out
+
+
+def _untracked(root: Path) -> set[str]:
+    proc = _git(root, "ls-files", "-z", "--others", "--exclude-standard", binary=True)
+    if proc is None or proc.returncode != 0:
+        return set()
+    return {n for n in proc.stdout.decode("utf-8", "surrogateescape").split("\0") if n}
+
+
+def git_state(root: str, copied: set[str]) -> GitState:
+    commit = _git_text(root, "rev-parse", "--verify", "-q", "HEAD")
+    branch = _git_text(root, "symbolic-ref", "-q", "--short", "HEAD")
+    changed = False
+    if commit:
+        proc = _git(root, "diff", "--quiet", "HEAD")
+        changed = proc is not None and proc.returncode == 1
+    else:
+        changed = bool(_git_text(root, "ls-files", "--cached"))
+    untracked = tuple(sorted(_untracked(Path(root)) & copied))
+    return GitState(commit, branch, changed, untracked)
+
+
+def survey(code: CodeSnapshot) -> Survey:
+    """The files a snapshot of `code.source` copies, and git's view of the tree.
+    ConfigError when the folder is not there."""
+    root = Path(code.source)
+    if not root.is_dir():
+        raise ConfigError(f"cannot snapshot {code.source}: not a folder on this machine (a script inside a "
+                          "container image cannot be copied: set code.snapshot: false)", key="code.snapshot")
+    names = _git_files(root) if code.git else _walk_files(root)
+    skipped = _skipped(code) + _run_folders(root, names)
+    files, excluded = [], 0
+    for name in names:
+        if _under(name, skipped) or _under(name, NEVER_COPIED) or any(p in NEVER_COPIED for p in name.split("/")):
+            continue
+        if matches(name, code.exclude):
+            excluded += 1
+            continue
+        try:
+            size = os.lstat(root / name).st_size
+        except OSError:
+            continue              # listed by git, deleted in the work tree
+        files.append((name, size))
+    git = git_state(code.source, {n for n, _ in files}) if code.git else None
+    return Survey(code.source, tuple(files), git, excluded)
+
+
+def over_bound(found: Survey, max_bytes: int) -> str | None:
+    """Why the copy is too large, naming its largest files; None when it fits. Pure."""
+    if found.total <= max_bytes:
+        return None
+    largest = sorted(found.files, key=lambda f: (-f[1], f[0]))[:LARGEST_SHOWN]
+    shown = ", ".join(f"{name} ({_mb(size)})" for name, size in largest)
+    return (f"the code snapshot of {found.source} would be {_mb(found.total)} in {len(found.files)} files, over "
+            f"code.max_mb ({_mb(max_bytes)}); the largest: {shown}. Leave data and outputs out with code.exclude "
+            "(globs), or raise code.max_mb")
+
+
+def _mb(size: int) -> str:
+    return f"{size / (1024 * 1024):.1f} MB"
+
+
+def check(code: CodeSnapshot, experiment_file: str | None) -> Survey:
+    """Survey the copy and check its bound: ConfigError (nothing written) when over."""
+    found = survey(code)
+    problem = over_bound(found, code.max_bytes)
+    if problem:
+        raise ConfigError(problem, file=experiment_file, key="code.max_mb")
+    return found
+
+
+# --- taking it ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A snapshot written: where, and what run.json's provenance says of it."""
+
+    dest: str
+    files: int
+    bytes: int
+    patch: str | None            # the code.patch file, for a dirty tree
+    patch_sha256: str | None
+
+
+def take(code: CodeSnapshot, found: Survey, patch_path: str | os.PathLike) -> Taken:
+    """Copy the surveyed files into `code.dest` (which must not exist yet) and, for a dirty
+    git tree, write the patch. OSError on failure (the caller removes what was written)."""
+    source, dest = Path(code.source), Path(code.dest)
+    dest.mkdir()
+    made = {dest}
+    for name, _ in found.files:
+        target = dest / name
+        if target.parent not in made:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            made.add(target.parent)
+        try:
+            shutil.copy2(source / name, target, follow_symlinks=False)
+        except FileNotFoundError:
+            if os.path.lexists(source / name):
+                raise
+            # deleted since the survey: the copy is of the tree as it is now
+    patch_file, digest = None, None
+    if found.dirty:
+        data = patch(code.source, found.git.untracked if found.git else ())
+        Path(patch_path).write_bytes(data)
+        patch_file, digest = str(patch_path), hashlib.sha256(data).hexdigest()
+    return Taken(str(dest), len(found.files), found.total, patch_file, digest)
+
+
+def patch(root: str, untracked: tuple[str, ...]) -> bytes:
+    """The work tree's changes against HEAD: tracked files (`git diff --binary HEAD`) and
+    each untracked file of the copy as a new file."""
+    parts = []
+    head = _git(root, "diff", "--binary", "HEAD", binary=True)
+    if head is not None and head.returncode == 0:
+        parts.append(head.stdout)
+    for name in untracked:
+        # --no-index exits 1 when the files differ, which they always do here.
+        proc = _git(root, "diff", "--binary", "--no-index", "--", "/dev/null", name, binary=True)
+        if proc is not None and proc.returncode in (0, 1):
+            parts.append(proc.stdout)
+    return b"".join(parts)

@@ -1,0 +1,252 @@
+"""The code snapshot: what is copied (git's view of the work tree, or the entry point's
+folder), what never is (runs and checkpoint directories, code.exclude), the bound, the
+patch of a dirty tree that gives back what ran, and provenance; real git and real files."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from launcher.config.load import load_experiment, load_site
+from launcher.errors import ConfigError
+from launcher.resolution.jobplan import CodeSnapshot, SubmitContext
+from launcher.resolution.resolve import code_anchor, resolve
+from launcher.runs import bundle, provenance, snapshot
+from launcher.schedulers.slurm import SlurmScheduler
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True, check=True, timeout=30,
+                          env=dict(os.environ, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@x", GIT_COMMITTER_NAME="t",
+                                   GIT_COMMITTER_EMAIL="t@x")).stdout.strip()
+
+
+@pytest.fixture
+def work_tree(tmp_path) -> Path:
+    """A git work tree: src/train.py and a helper module committed, an ignored data folder,
+    an untracked (not ignored) note, a local runs folder."""
+    root = tmp_path / "proj"
+    (root / "src").mkdir(parents=True)
+    (root / "src" / "train.py").write_text("import helper\nprint(helper.VALUE)\n")
+    (root / "src" / "helper.py").write_text("VALUE = 1\n")
+    (root / ".gitignore").write_text("data/\n*.log\n")
+    (root / "data").mkdir()
+    (root / "data" / "big.bin").write_bytes(b"x" * 4096)
+    git(root, "init", "-q", "-b", "main")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "first")
+    (root / "notes.txt").write_text("untracked, not ignored\n")
+    (root / "run.log").write_text("ignored\n")
+    return root
+
+
+def code_for(root: Path, dest: Path, *, exclude=(), max_bytes=10 ** 8, skip=(), git_tree=True) -> CodeSnapshot:
+    return CodeSnapshot(source=str(root), git=git_tree, dest=str(dest), script=str(root / "src" / "train.py"),
+                        exclude=tuple(exclude), max_bytes=max_bytes, skip=tuple(str(s) for s in skip),
+                        import_path=None)
+
+
+def test_locate_finds_the_work_tree_and_where_the_entry_point_is(work_tree):
+    root = snapshot.locate(str(work_tree / "src"), str(work_tree))
+    assert (root.path, root.git, root.entry_dir, root.workdir) == (str(work_tree), True, "src", ".")
+    outside = snapshot.locate(str(work_tree / "src"), "/")
+    assert outside.workdir is None
+
+
+def test_locate_without_git_is_the_entry_points_folder(tmp_path):
+    (tmp_path / "f").mkdir()
+    root = snapshot.locate(str(tmp_path / "f"), str(tmp_path / "f"))
+    assert (root.path, root.git, root.entry_dir, root.workdir) == (str(tmp_path / "f"), False, ".", ".")
+
+
+def test_locate_keeps_a_symlinked_path_as_written(work_tree, tmp_path):
+    link = tmp_path / "link"
+    link.symlink_to(work_tree)
+    root = snapshot.locate(str(link / "src"), str(link))
+    assert root.path == str(link) and root.entry_dir == "src" and root.workdir == "."
+
+
+def test_survey_is_gits_view_without_runs_and_checkpoints(work_tree):
+    runs = work_tree / "runs" / "r1"
+    runs.mkdir(parents=True)
+    (runs / "old.pt").write_bytes(b"c" * 100)
+    (work_tree / "ckpt").mkdir()
+    (work_tree / "ckpt" / "step-1").write_text("c")
+    other = work_tree / "elsewhere" / "old-run"          # a run directory another --runs-dir put here
+    other.mkdir(parents=True)
+    (other / "run.json").write_text("{}")
+    (other / "job.sbatch").write_text("#!/bin/bash\n")
+    (other / "code").mkdir()
+    (other / "code" / "train.py").write_text("old\n")
+    (work_tree / "src" / "__pycache__").mkdir()
+    (work_tree / "src" / "__pycache__" / "helper.cpython-311.pyc").write_bytes(b"\0")
+    found = snapshot.survey(code_for(work_tree, work_tree / "runs" / "r1" / "code",
+                                     skip=(work_tree / "runs", work_tree / "ckpt")))
+    names = sorted(n for n, _ in found.files)
+    assert names == [".gitignore", "notes.txt", "src/helper.py", "src/train.py"]
+    assert found.git.commit == git(work_tree, "rev-parse", "HEAD") and found.git.branch == "main"
+    assert found.git.untracked == ("notes.txt",) and not found.git.changed and found.dirty
+
+
+def test_exclude_globs_by_name_and_by_path(work_tree):
+    (work_tree / "src" / "weights.pt").write_bytes(b"w")
+    (work_tree / "assets" / "img").mkdir(parents=True)
+    (work_tree / "assets" / "img" / "a.png").write_bytes(b"p")
+    (work_tree / "assets" / "keep.txt").write_text("k")
+    found = snapshot.survey(code_for(work_tree, work_tree.parent / "dest", exclude=("*.pt", "assets/img/")))
+    names = {n for n, _ in found.files}
+    assert "src/weights.pt" not in names and "assets/img/a.png" not in names and "assets/keep.txt" in names
+    assert found.excluded == 2
+    assert snapshot.matches("a/b/c.ckpt", ("*.ckpt",)) and snapshot.matches("a/b/c", ("a/b",))
+    assert not snapshot.matches("xa/b", ("a/b",)) and not snapshot.matches("a/bc", ("a/b",))
+
+
+def test_without_git_the_whole_folder_but_pycache(tmp_path):
+    folder = tmp_path / "plain"
+    (folder / "pkg" / "__pycache__").mkdir(parents=True)
+    (folder / "train.py").write_text("pass\n")
+    (folder / "pkg" / "m.py").write_text("pass\n")
+    (folder / "pkg" / "__pycache__" / "m.pyc").write_bytes(b"\0")
+    (folder / ".hidden").write_text("h")
+    found = snapshot.survey(code_for(folder, tmp_path / "dest", git_tree=False))
+    assert sorted(n for n, _ in found.files) == [".hidden", "pkg/m.py", "train.py"] and found.git is None
+
+
+def test_over_the_bound_names_the_largest_files(work_tree):
+    (work_tree / "model.bin").write_bytes(b"m" * 300_000)
+    (work_tree / "src" / "table.csv").write_bytes(b"t" * 200_000)
+    with pytest.raises(ConfigError) as err:
+        snapshot.check(code_for(work_tree, work_tree.parent / "dest", max_bytes=250_000), "exp.yaml")
+    text = str(err.value)
+    assert err.value.key == "code.max_mb" and err.value.exit_code == 2 and "exp.yaml" in text
+    assert text.index("model.bin (0.3 MB)") < text.index("src/table.csv (0.2 MB)")
+    assert "code.exclude" in text
+    assert not (work_tree.parent / "dest").exists()
+
+
+def test_dirty_tree_patch_gives_back_the_snapshot(work_tree, tmp_path):
+    (work_tree / "src" / "helper.py").write_text("VALUE = 2\n")          # changed, not staged
+    (work_tree / "src" / "extra.py").write_text("X = 'new'\n")           # untracked
+    (work_tree / "src" / "blob.bin").write_bytes(bytes(range(256)))      # untracked, binary
+    code = code_for(work_tree, tmp_path / "dest")
+    found = snapshot.survey(code)
+    assert found.git.changed and set(found.git.untracked) == {"notes.txt", "src/extra.py", "src/blob.bin"}
+    taken = snapshot.take(code, found, tmp_path / "code.patch")
+    data = (tmp_path / "code.patch").read_bytes()
+    assert taken.patch_sha256 == hashlib.sha256(data).hexdigest()
+    # The commit plus the patch is the snapshot, file for file.
+    clone = tmp_path / "clone"
+    git(tmp_path, "clone", "-q", str(work_tree), str(clone))
+    git(clone, "checkout", "-q", found.git.commit)
+    git(clone, "apply", "--binary", str(tmp_path / "code.patch"))
+    copied = {str(p.relative_to(tmp_path / "dest")): p.read_bytes() for p in (tmp_path / "dest").rglob("*")
+              if p.is_file()}
+    rebuilt = {n: (clone / n).read_bytes() for n in copied}
+    assert copied == rebuilt and copied["src/helper.py"] == b"VALUE = 2\n"
+
+
+def test_clean_tree_has_no_patch(work_tree, tmp_path):
+    (work_tree / "notes.txt").unlink()
+    code = code_for(work_tree, tmp_path / "dest")
+    found = snapshot.survey(code)
+    assert not found.dirty
+    taken = snapshot.take(code, found, tmp_path / "code.patch")
+    assert taken.patch is None and not (tmp_path / "code.patch").exists()
+    origin = provenance.collect(found, taken)
+    assert origin["git"]["dirty"] is False and origin["git"]["diff_sha256"] is None
+    assert origin["git"]["commit"] == git(work_tree, "rev-parse", "HEAD")
+
+
+# --- through resolution and the bundle --------------------------------------------------------
+
+
+def plan_in(work_tree: Path, runs: Path, site: str = "local-slurm", *overrides: str):
+    exp_file = work_tree / "exp.yaml"
+    exp_file.write_text("name: snap\nentrypoint: {script: src/train.py, args: ['--x', '1']}\n"
+                        "resources: {nodes: 1, time: '10'}\nrequeue: {signal_lead_s: 30}\n")
+    exp = load_experiment(exp_file, list(overrides))
+    loaded_site = load_site(site, work_tree, os.environ)
+    ctx = SubmitContext(cwd=str(work_tree), python="/usr/bin/python3", environ=dict(os.environ),
+                        run_id="snap-1", runs_dir=str(runs))
+    anchor = code_anchor(exp, loaded_site, ctx)
+    if anchor is not None:
+        ctx = SubmitContext(**{**ctx.__dict__, "code_root": snapshot.locate(anchor, ctx.cwd)})
+    return resolve(exp, loaded_site, ctx)
+
+
+def test_slurm_runs_the_snapshot_local_site_the_work_tree(work_tree, tmp_path):
+    plan = plan_in(work_tree, tmp_path / "runs")
+    run_dir = tmp_path / "runs" / "snap-1"
+    assert plan.code is not None and plan.code.source == str(work_tree) and plan.code.git
+    assert plan.entry_script == str(run_dir / "code" / "src" / "train.py")
+    assert plan.submitted_script == str(work_tree / "src" / "train.py")
+    assert plan.code.import_path == str(run_dir / "code")
+    files = SlurmScheduler().render(plan)
+    assert f"#   python {run_dir}/code/src/train.py --x 1" in files["job.sbatch"]
+    local = plan_in(work_tree, tmp_path / "runs2", "local")
+    assert local.code is None and local.entry_script == str(work_tree / "src" / "train.py")
+
+
+def test_bundle_copies_the_code_and_records_provenance(work_tree, tmp_path):
+    plan = plan_in(work_tree, tmp_path / "runs")
+    files = SlurmScheduler().render(plan)
+    found = bundle.check_inputs(plan)
+    written = bundle.write_bundle(plan, files, dry_run=True, survey=found)
+    run_dir = written.path
+    assert (run_dir / "code" / "src" / "helper.py").read_text() == "VALUE = 1\n"
+    assert sorted(str(p.relative_to(run_dir / "code")) for p in (run_dir / "code").rglob("*") if p.is_file()) == [
+        ".gitignore", "exp.yaml", "notes.txt", "src/helper.py", "src/train.py"]
+    record = json.loads((run_dir / "run.json").read_text())
+    origin = record["provenance"]
+    assert origin["git"]["commit"] == git(work_tree, "rev-parse", "HEAD") and origin["git"]["dirty"] is True
+    assert origin["git"]["patch"] == str(run_dir / "code.patch")
+    assert origin["git"]["diff_sha256"] == hashlib.sha256((run_dir / "code.patch").read_bytes()).hexdigest()
+    assert origin["code"]["files"] == 5 and origin["packages"].get("submitit")
+    assert json.loads((run_dir / "hparams.json").read_text()) == {}
+
+
+def test_bound_refused_before_anything_is_written(work_tree, tmp_path):
+    (work_tree / "huge.bin").write_bytes(b"h" * (2 * 1024 * 1024))
+    plan = plan_in(work_tree, tmp_path / "runs")
+    plan = plan.__class__(**{**plan.__dict__, "code": plan.code.__class__(
+        **{**plan.code.__dict__, "max_bytes": 1024 * 1024})})
+    with pytest.raises(ConfigError) as err:
+        bundle.check_inputs(plan)
+    assert "huge.bin (2.0 MB)" in str(err.value) and err.value.key == "code.max_mb"
+    with pytest.raises(ConfigError):
+        bundle.write_bundle(plan, SlurmScheduler().render(plan), dry_run=True)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_the_task_imports_from_the_snapshot_first(tmp_path):
+    """run_entry puts the snapshot's copy of the working directory before the live one."""
+    from launcher.runtime.task import run_entry, snapshot_environment
+
+    live, copy = tmp_path / "live", tmp_path / "copy"
+    for folder, value in ((live, "live"), (copy, "snapshot")):
+        (folder / "pkg").mkdir(parents=True)
+        (folder / "pkg" / "__init__.py").write_text("")
+        (folder / "pkg" / "where.py").write_text(f"WHERE = {value!r}\n")
+    (copy / "scripts").mkdir()
+    out = tmp_path / "out.txt"
+    (copy / "scripts" / "train.py").write_text(
+        f"import pkg.where\nopen({str(out)!r}, 'w').write(pkg.where.WHERE)\n")
+    cwd = os.getcwd()
+    os.chdir(live)
+    try:
+        run_entry({"module": None, "script": str(copy / "scripts" / "train.py"), "args": [],
+                   "code_path": str(copy)})
+    finally:
+        os.chdir(cwd)
+        for name in ("pkg", "pkg.where"):
+            __import__("sys").modules.pop(name, None)
+    assert out.read_text() == "snapshot"
+    env = snapshot_environment({"module": "pkg.train", "code_path": str(copy)}, {"PYTHONPATH": "/x"})
+    assert env == {"PYTHONPATH": f"{copy}:/x", "PYTHONSAFEPATH": "1"}
