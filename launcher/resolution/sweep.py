@@ -101,7 +101,10 @@ def parse_axes(items: Sequence[str]) -> list[Axis]:
             raise _error(f"{key} overlaps {overlapping}, also swept: an element would set one inside the other", item)
         if len(set(values)) != len(values):
             raise _error(f"{item!r} repeats a value", item)
-        parse_overrides([f"{key}={v}" for v in values])      # the key's shape, as for any override
+        try:
+            parse_overrides([f"{key}={v}" for v in values])      # the key's shape, as for any override
+        except ConfigError as exc:
+            raise _error(exc.message, item) from None
         axes.append(Axis(key, tuple(values)))
     return axes
 

@@ -1,0 +1,83 @@
+"""--after on the real local Slurm cluster: a run waits for another (a Slurm dependency)
+although a node is free, and a dependency on a run that then fails is reported as never
+able to start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from conftest import requires_slurm
+from slurmkit import glaunch, out, read_json, submit, wait_until
+from launcher.schedulers.slurm_state import parse_sacct
+
+pytestmark = [requires_slurm, pytest.mark.slurm, pytest.mark.slow]
+
+
+def sacct_times(job_id: str) -> tuple[str, str]:
+    rows = parse_sacct(out("sacct", "-n", "-P", "-X", "-j", job_id, "-o",
+                           "JobID,State,ExitCode,Start,End,Elapsed,NodeList,Reason"))
+    return rows[-1]["start"], rows[-1]["end"]
+
+
+def test_second_run_starts_only_after_the_first_ended(tmp_path, isolated_env):
+    args = "entrypoint.args=[--steps,60,--seconds-per-step,0.1]"
+    proc, first = submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env, args, wait=False)
+    assert proc.returncode == 0, proc.stderr
+    proc, second = submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env, "entrypoint.args=[--steps,10]",
+                          "--after", first["run_id"], wait=False)
+    assert proc.returncode == 0, proc.stderr
+    job = out("scontrol", "show", "job", second["job_id"])
+    assert f"Dependency=afterok:{first['job_id']}" in job
+    # While the first runs on one node the other node is free, and the second waits for it.
+    wait_until(lambda: read_json(tmp_path / "runs" / first["run_id"] / "run.json")["state"] == "RUNNING", 120,
+               "the first run to start")
+    sinfo = out("sinfo", "-h", "-N", "-p", "debug", "-o", "%N %t")
+    assert "idle" in sinfo or "mix" in sinfo, sinfo
+    status = json.loads(glaunch("status", second["run_id"], "--json", env=isolated_env).stdout)
+    assert status["state"] == "PENDING" and status["after"][0]["job_ids"] == [first["job_id"]]
+    wait_until(lambda: read_json(tmp_path / "runs" / second["run_id"] / "run.json")["state"] == "COMPLETED"
+               or json.loads(glaunch("status", second["run_id"], "--json", env=isolated_env).stdout)["state"]
+               in ("COMPLETED", "FAILED", "CANCELLED"), 300, "the second run to end")
+    first_start, first_end = sacct_times(first["job_id"])
+    second_start, _ = sacct_times(second["job_id"])
+    assert second_start >= first_end > first_start, (first_start, first_end, second_start)
+    assert read_json(tmp_path / "runs" / second["run_id"] / "run.json")["state"] == "COMPLETED"
+
+
+FAIL = "import sys, time\ntime.sleep(8)\nsys.exit(1)\n"
+
+
+def test_after_ok_on_a_run_that_fails_never_starts(tmp_path, isolated_env):
+    (tmp_path / "fail.py").write_text(FAIL)
+    exp = tmp_path / "fail.yaml"
+    exp.write_text("name: fails\nentrypoint: {script: fail.py}\nresources: {nodes: 1, time: '5'}\n"
+                   "requeue: {max: 0, signal_lead_s: 10}\n")
+    proc, failing = submit(str(exp), tmp_path / "runs", isolated_env, wait=False)
+    assert proc.returncode == 0, proc.stderr
+    proc, waiting = submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env, "--after",
+                           f"{failing['run_id']}:ok", wait=False)
+    assert proc.returncode == 0, proc.stderr
+    try:
+        def blocked():
+            summary = json.loads(glaunch("status", waiting["run_id"], "--json", env=isolated_env).stdout)
+            return summary if summary.get("reason") == "never starts" else None
+
+        summary = wait_until(blocked, 180, "the dependent run to be reported as never starting")
+        assert summary["state"] == "PENDING"
+        assert "the run it waits for ended in a way its dependency excludes (--after)" in summary["detail"]
+        assert "Reason=DependencyNeverSatisfied" in summary["detail"]
+        assert read_json(tmp_path / "runs" / failing["run_id"] / "run.json")["state"] == "FAILED"
+        assert "never starts" in glaunch("status", waiting["run_id"], env=isolated_env).stdout
+        # Submitting again now that the failure is known is refused at once, nothing queued.
+        proc, _ = submit("examples/torch_ddp.yaml", tmp_path / "runs2", isolated_env, "--after", failing["run_id"],
+                         wait=False)
+        assert proc.returncode == 2 and "could never start" in proc.stderr
+        assert not (tmp_path / "runs2").exists()
+    finally:
+        cancelled = glaunch("cancel", waiting["run_id"], env=isolated_env)
+        if cancelled.returncode != 0:
+            subprocess.run(["scancel", waiting["job_id"]], capture_output=True, timeout=30)
+    assert f"cancelled job {waiting['job_id']}" in cancelled.stdout
