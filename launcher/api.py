@@ -287,6 +287,32 @@ def submit(experiment: str | os.PathLike, *, site: str | None = None, overrides:
                   dry_run=dry_run, check=check, echo=echo)
 
 
+def run(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = (),
+        runs_dir: str | None = None, echo: Echo | None = None, environ: Mapping[str, str] | None = None) -> Run:
+    """`glaunch run`: inside an existing Slurm allocation (salloc, an interactive job),
+    start the ranks on its nodes with srun, no sbatch: the same environment, rendezvous
+    and runtime as a batch job, in a run directory like any other. Returns when the run
+    ended (never requeued: its checkpoints resume in a later run). ConfigError outside an
+    allocation or for a plan it cannot hold."""
+    from .schedulers.slurm import Allocation, AllocationScheduler
+
+    allocation = Allocation.of(os.environ if environ is None else environ)
+    if allocation is None:
+        raise ConfigError("glaunch run starts the ranks inside a Slurm allocation, and this shell is in none "
+                          "(SLURM_JOB_ID is not set): run it in salloc or an interactive job, or use glaunch submit",
+                          file="environment", key="SLURM_JOB_ID")
+    prepared = prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir)
+    plan = prepared.plan
+    if plan.scheduler != "slurm":
+        raise ConfigError(f"site {plan.site_name!r} is not a Slurm site (scheduler: {plan.scheduler}); glaunch run "
+                          "needs the profile of the cluster whose allocation this is", file=plan.site_file,
+                          key="scheduler")
+    scheduler = AllocationScheduler(allocation)
+    scheduler.check(plan)
+    return launch(Prepared(plan, scheduler.render(plan), scheduler, prepared.runs_root_from,
+                           prepared.checkpoint_from, prepared.warnings), echo=echo)
+
+
 # --- sweeps --------------------------------------------------------------------------------
 
 

@@ -182,6 +182,28 @@ def _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json,
     sys.exit(0 if summary["state"] == "COMPLETED" else 1)
 
 
+@cli.command("run")
+@click.argument("experiment", type=click.Path(dir_okay=False))
+@click.argument("overrides", nargs=-1)
+@click.option("--site", "-s", help="Site profile of the cluster (default: the experiment's site:, else local).")
+@click.option("--runs-dir", type=click.Path(file_okay=False), help="Where run directories go.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
+def run_cmd(experiment, overrides, site, runs_dir, as_json):
+    """Inside a Slurm allocation (salloc, an interactive job): start EXPERIMENT's ranks on
+    its nodes with srun, no sbatch; follow it to its end."""
+    from .runs import registry
+
+    _quiet_submitit()
+    echo = (lambda text: None) if as_json else None
+    run = api.run(experiment, site=site, overrides=overrides, runs_dir=runs_dir, echo=echo)
+    if as_json:
+        info = dict(run.to_json(), job_ids=[s.job_id for s in registry.read(run.run_dir).starts])
+        click.echo(json.dumps(info, indent=2))
+    else:
+        click.echo(f"run {run.run_id}: {run.state}\nrun directory: {run.run_dir}")
+    sys.exit(run.exit_code or 0)
+
+
 def _quiet_submitit() -> None:
     """submitit logs each submission at INFO on stdout: the console says what matters. A
     filter, because importing submitit configures its logger's level and handlers again."""
