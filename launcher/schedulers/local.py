@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import ConfigError, RunError
 from ..rendering import shell
@@ -26,12 +27,14 @@ from ..rendering.taskspec import task_spec
 from ..resolution.jobplan import JobPlan
 from ..runs import registry
 from ..runs.files import open_regular, read_json
-from ..runs.console import Console
 from ..runs.layout import IN_FLIGHT, RunDir, RunRecord, State
 from ..runtime import jobend
 from ..runtime.task import child_pids
 from ..runtime.telemetry import iso, start_summary
 from .base import Echo, Launched, Scheduler
+
+if TYPE_CHECKING:
+    from ..runs.console import Console
 
 POLL_S = 0.2
 # What the local scheduler returns for a run the user interrupted (the shell's 128 + SIGINT).
@@ -191,6 +194,8 @@ def run(plan: JobPlan, *, echo: Echo | None = None) -> int:
     it is. Returns 0 (completed), 1 (failed, cancelled, out of requeues) or
     INTERRUPTED_STATUS (Ctrl-C)."""
     run_dir = RunDir(plan.run_dir)
+    from ..runs.console import Console   # only a run that starts needs the console
+
     console = echo if isinstance(echo, Console) else Console(run_dir.path, echo or _stdout, live=False)
     job_lock = hold_job_lock(run_dir)
     interrupts = Interrupts()
