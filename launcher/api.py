@@ -174,7 +174,7 @@ def checkpoint_warning(exp, plan) -> str | None:
     if plan.requeue_max <= 0 or any(key == "checkpoint" or key.startswith("checkpoint.")
                                     for key in exp.provenance.origins):
         return None
-    entry = plan.entry_script or plan.entry_module
+    entry = plan.submitted_script or plan.entry_module
     return (f"{exp.path}: no checkpoint settings and requeue.max={plan.requeue_max}: unless {entry} saves and "
             "resumes checkpoints (rt.save_torch_state, rt.resume_checkpoint), each requeue restarts it from step 0")
 

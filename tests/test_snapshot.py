@@ -8,10 +8,12 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from launcher import schedulers
 from launcher.config.load import load_experiment, load_site
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import CodeSnapshot, SubmitContext
@@ -126,7 +128,7 @@ def test_over_the_bound_names_the_largest_files(work_tree):
         snapshot.check(code_for(work_tree, work_tree.parent / "dest", max_bytes=250_000), "exp.yaml")
     text = str(err.value)
     assert err.value.key == "code.max_mb" and err.value.exit_code == 2 and "exp.yaml" in text
-    assert text.index("model.bin (0.3 MB)") < text.index("src/table.csv (0.2 MB)")
+    assert text.index("model.bin (293.0 KB)") < text.index("src/table.csv (195.3 KB)")
     assert "code.exclude" in text
     assert not (work_tree.parent / "dest").exists()
 
@@ -250,3 +252,44 @@ def test_the_task_imports_from_the_snapshot_first(tmp_path):
     assert out.read_text() == "snapshot"
     env = snapshot_environment({"module": "pkg.train", "code_path": str(copy)}, {"PYTHONPATH": "/x"})
     assert env == {"PYTHONPATH": f"{copy}:/x", "PYTHONSAFEPATH": "1"}
+
+
+# --- the experiment's code: and hparams: ------------------------------------------------------
+
+
+def test_code_settings_from_the_experiment(work_tree, tmp_path):
+    off = plan_in(work_tree, tmp_path / "a", "local-slurm", "code.snapshot=false")
+    assert off.code is None and off.entry_script == str(work_tree / "src" / "train.py")
+    on = plan_in(work_tree, tmp_path / "b", "local", "code.snapshot=true", "code.exclude=[notes.txt,'*.yaml']")
+    assert on.code is not None and on.code.exclude == ("notes.txt", "*.yaml")
+    found = snapshot.survey(on.code)
+    assert sorted(n for n, _ in found.files) == [".gitignore", "src/helper.py", "src/train.py"]
+    for bad in ("code.max_mb=0", "code.max_mb=-1"):
+        with pytest.raises(ConfigError) as err:
+            plan_in(work_tree, tmp_path / "c", "local-slurm", bad)
+        assert err.value.key == "code.max_mb"
+
+
+def test_over_the_bound_from_the_command_line_exits_2_nothing_written(work_tree, tmp_path, isolated_env):
+    (work_tree / "weights.bin").write_bytes(b"w" * 300_000)
+    plan_in(work_tree, tmp_path / "unused")            # writes exp.yaml
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", str(work_tree / "exp.yaml"), "--site",
+                           "local-slurm", "--dry-run", "--runs-dir", str(tmp_path / "runs"), "code.max_mb=0.2"],
+                          cwd=work_tree, env=isolated_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "code.max_mb" in proc.stderr and "weights.bin (293.0 KB)" in proc.stderr
+    assert "exp.yaml" in proc.stderr and "Traceback" not in proc.stderr and not (tmp_path / "runs").exists()
+
+
+def test_hparams_reach_args_and_hparams_json(work_tree, tmp_path):
+    exp_file = work_tree / "exp.yaml"
+    exp_file.write_text("name: hp\nentrypoint: {script: src/train.py, args: ['--lr', '${hparams.lr}']}\n"
+                        "hparams: {lr: 3e-4, layers: [2, 4], tag: '0123', nested: {on: true}}\n"
+                        "resources: {time: '10'}\nrequeue: {signal_lead_s: 30}\n")
+    exp = load_experiment(exp_file, ["hparams.lr=1e-4"])
+    ctx = SubmitContext(cwd=str(work_tree), python="/usr/bin/python3", environ=dict(os.environ), run_id="hp-1",
+                        runs_dir=str(tmp_path / "runs"))
+    plan = resolve(exp, load_site("local", work_tree, os.environ), ctx)
+    assert plan.entry_args == ("--lr", "0.0001")          # the value interpolated, as a number
+    files = schedulers.get(plan.scheduler).render(plan)
+    assert json.loads(files["hparams.json"]) == {"lr": 1e-4, "layers": [2, 4], "tag": "0123", "nested": {"on": True}}
+    assert f"export GLAUNCH_HPARAMS={tmp_path}/runs/hp-1/hparams.json" in files["env.sh"]

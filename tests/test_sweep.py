@@ -260,3 +260,12 @@ def test_local_site_runs_the_elements_one_after_another(tmp_path, isolated_env):
 def test_local_site_runs_n_at_a_time(tmp_path, isolated_env):
     _, spans = _local_sweep(tmp_path, isolated_env, "--max-parallel", "3")
     assert max(s for s, _, _ in spans) < min(e for _, e, _ in spans), spans     # all three overlapped
+
+
+def test_pending_array_rows_of_sacct_become_one_row_per_task():
+    rows = [{"job_id": "572_[0-2]", "state": "CANCELLED by 0"}, {"job_id": "573_1", "state": "COMPLETED"},
+            {"job_id": "573_[0,2-3%2]", "state": "PENDING"}]
+    assert [(r["job_id"], r["state"]) for r in slurm_array.task_rows(rows)] == [
+        ("572_0", "CANCELLED by 0"), ("572_1", "CANCELLED by 0"), ("572_2", "CANCELLED by 0"),
+        ("573_1", "COMPLETED"), ("573_0", "PENDING"), ("573_2", "PENDING"), ("573_3", "PENDING")]
+    assert slurm_array.array_job_id("573_[0,2-3%2]") == "573" and slurm_array.array_job_id("12") == "12"

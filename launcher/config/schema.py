@@ -112,6 +112,13 @@ class Requeue:
 
 
 @dataclass
+class Code:
+    snapshot: Optional[bool] = None    # copy the code into the run directory; unset: on for Slurm
+    exclude: List[str] = field(default_factory=list)    # globs left out of the copy
+    max_mb: float = 100.0              # larger copies are refused, naming the largest files
+
+
+@dataclass
 class Experiment:
     name: str = MISSING
     site: Optional[str] = None
@@ -126,6 +133,8 @@ class Experiment:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     requeue: Requeue = field(default_factory=Requeue)
     env: Dict[str, str] = field(default_factory=dict, metadata=SHELL_VALUES)
+    hparams: Dict[str, Any] = field(default_factory=dict)    # free-form; hparams.json for the script
+    code: Code = field(default_factory=Code)
 
 
 # --- site profile ------------------------------------------------------------------

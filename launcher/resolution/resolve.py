@@ -22,10 +22,6 @@ from . import deepspeed_config, slurmtime
 from ..runs.layout import CODE_DIR
 from .jobplan import CodeRoot, CodeSnapshot, Container, JobPlan, SubmitContext
 
-# code.max_mb when the experiment does not say: source trees are far smaller; data and
-# checkpoints in the tree are what this bound catches (code.exclude leaves them out).
-DEFAULT_CODE_MAX_MB = 100.0
-
 def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitContext) -> JobPlan:
     exp, site = exp_loaded.config, site_loaded.config
     eprov, sprov = exp_loaded.provenance, site_loaded.provenance
@@ -204,8 +200,8 @@ def code_anchor(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: Subm
 
 def snapshot_enabled(exp: schema.Experiment, site: schema.Site) -> bool:
     """code.snapshot; unset: on for Slurm, where a job waits in the queue and is requeued."""
-    setting = getattr(getattr(exp, "code", None), "snapshot", None)
-    return site.scheduler == "slurm" if setting is None else bool(setting)
+    setting = exp.code.snapshot
+    return site.scheduler == "slurm" if setting is None else setting
 
 
 def code_entry(ctx: SubmitContext, script: str) -> str:
@@ -219,12 +215,10 @@ def _code(exp: schema.Experiment, site: schema.Site, prov: Provenance, ctx: Subm
           run_dir: str, *, skip: tuple[str, ...]) -> CodeSnapshot | None:
     if not snapshot_enabled(exp, site):
         return None
-    settings = getattr(exp, "code", None)
-    max_mb = getattr(settings, "max_mb", None)
-    max_mb = DEFAULT_CODE_MAX_MB if max_mb is None else max_mb
+    max_mb = exp.code.max_mb
     if not math.isfinite(max_mb) or max_mb <= 0:
         raise prov.error("code.max_mb", f"must be a finite number more than 0, got {max_mb!r}")
-    exclude = tuple(str(p) for p in (getattr(settings, "exclude", None) or ()))
+    exclude = tuple(exp.code.exclude)
     for i, pattern in enumerate(exclude):
         problem = shell.text_problem(pattern) or ("is empty" if not pattern.strip() else None)
         if problem:
@@ -249,7 +243,7 @@ def _hparams(exp: schema.Experiment, prov: Provenance) -> dict[str, Any]:
     """hparams: any mapping that JSON can carry (hparams.json), with finite numbers."""
     import json
 
-    hparams = dict(getattr(exp, "hparams", None) or {})
+    hparams = dict(exp.hparams)
     for key, value in hparams.items():
         try:
             json.dumps(value, allow_nan=False)

@@ -244,7 +244,10 @@ def over_bound(found: Survey, max_bytes: int) -> str | None:
 
 
 def _mb(size: int) -> str:
-    return f"{size / (1024 * 1024):.1f} MB"
+    for unit, scale in (("GB", 1024 ** 3), ("MB", 1024 ** 2), ("KB", 1024)):
+        if size >= scale or unit == "KB":
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
 
 
 def check(code: CodeSnapshot, experiment_file: str | None) -> Survey:

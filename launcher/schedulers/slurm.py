@@ -234,7 +234,7 @@ class SlurmScheduler(Scheduler):
                 raise
             rows = sacct_records(",".join(ids))
             histories = None if rows is None else {}
-            for row in rows or []:
+            for row in slurm_array.task_rows(rows or []):
                 histories.setdefault(row["job_id"], []).append(row)  # type: ignore[union-attr]
         asked = {id(r) for _, r in queued}
         out = []

@@ -108,6 +108,31 @@ def max_array_size(env: Mapping[str, str] | None = None) -> int:
     return parse_max_array_size(proc.stdout)
 
 
+_PENDING_TASKS = re.compile(r"(?P<job>\d+)_\[(?P<tasks>[0-9,\-]+)(?:%\d+)?\]")
+
+
+def task_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
+    """sacct's rows with an array's tasks that never left its pending record (`12_[0-3%2]`,
+    as a cancelled pending array shows) given one row each (`12_0`, `12_1`, ...), where a
+    task has no row of its own. Pure."""
+    own = {r["job_id"] for r in rows}
+    out = []
+    for row in rows:
+        m = _PENDING_TASKS.fullmatch(row["job_id"])
+        if m is None:
+            out.append(row)
+            continue
+        for part in m["tasks"].split(","):
+            first, _, last = part.partition("-")
+            if not first.isdigit() or (last and not last.isdigit()):
+                continue
+            for task in range(int(first), int(last or first) + 1):
+                job_id = f"{m['job']}_{task}"
+                if job_id not in own:
+                    out.append(dict(row, job_id=job_id))
+    return out
+
+
 def array_job_id(squeue_id: str) -> str:
     """squeue's %i of an array (`123_[0-3%2]`, `123_4`) -> the array's job id, 123."""
     return squeue_id.split("_", 1)[0]
