@@ -38,3 +38,18 @@ def test_the_check_can_fail():
 def test_cli_loads_no_training_stack():
     loaded = loaded_after("import launcher.cli, launcher.api")
     assert not loaded & set(TRAINING), sorted(loaded & set(TRAINING))
+
+
+def test_every_exported_name_is_the_modules_object_after_the_submodules_load():
+    """Names are imported when first used; a submodule imported first must not shadow a
+    function of the same name (`context`)."""
+    code = ("import importlib, pkgutil\nimport launcher.runtime as rt\n"
+            "for m in pkgutil.iter_modules(rt.__path__):\n"
+            "    if m.name not in ('lightning', 'deepspeed', 'fsdp', 'dcp'):\n"
+            "        importlib.import_module('launcher.runtime.' + m.name)\n"
+            "bad = [n for n in rt.__all__ if getattr(rt, n) is not getattr(importlib.import_module("
+            "'launcher.runtime.' + rt._EXPORTS[n]), n)]\n"
+            "print(bad)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]", proc.stdout

@@ -146,6 +146,11 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
+# `context` names both a submodule and its function: importing the submodule (which most
+# of the runtime does) would set the package's attribute to the module, so the function
+# is bound here, once, after that import.
+from .context import context  # noqa: E402
+
 if TYPE_CHECKING:
     from .background import (  # noqa: F401
         PendingCheckpoint,
