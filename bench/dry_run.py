@@ -85,7 +85,8 @@ def main() -> int:
     print(f"heavy modules imported on the dry-run path: {heavy or 'none'}"
           f" (omegaconf: {'imported' if 'omegaconf' in loaded else 'not imported'})")
     for name, seconds in compared.items():
-        print(f"python -m launcher.cli, local: {name:24s} median {seconds * 1000:7.1f} ms  = {seconds / b:4.1f}x baseline")
+        print(f"python -m launcher.cli, local: {name:24s} median {seconds * 1000:7.1f} ms  "
+              f"= {seconds / b:4.1f}x baseline")
     print(f"target < 300 ms median: {'met' if max(d, s) < 0.3 else 'NOT met'}")
     return 1 if heavy else 0
 

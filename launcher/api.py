@@ -21,14 +21,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence, Union
 
 from . import schedulers
 from .errors import ConfigError, GlaunchError, RunError, SchedulerError
 from .runs.layout import RunDir, RunRecord, State, is_terminal
 
 Echo = Callable[[str], None]
-RunRef = "str | os.PathLike | Run"
 FOLLOW_POLL_S = 2.0
 CONSOLE_POLL_S = 0.25       # the console's log and status line, between two scheduler polls
 
@@ -51,6 +50,10 @@ class Run:
         data["run_dir"] = str(self.run_dir)
         data["files"] = sorted(self.files)
         return data
+
+
+# A run or sweep id, its directory, or a Run or Sweep.
+RunRef = Union[str, "os.PathLike[str]", Run, "Sweep"]
 
 
 @dataclass(frozen=True)
@@ -537,11 +540,13 @@ def format_plan(result) -> str:
 # --- runs ----------------------------------------------------------------------------------
 
 
-def run_dir_of(run: RunRef) -> Path:  # type: ignore[valid-type]
+def run_dir_of(run: RunRef) -> Path:
     from .runs.registry import find_run
 
     if isinstance(run, Run):
         return run.run_dir
+    if isinstance(run, Sweep):
+        raise RunError(f"{run.sweep_id} is a sweep, not a run")
     return find_run(os.fspath(run))
 
 
@@ -555,7 +560,7 @@ def _refreshed(run_dir: Path):
     return record
 
 
-def status(run: RunRef) -> dict[str, Any]:  # type: ignore[valid-type]
+def status(run: RunRef) -> dict[str, Any]:
     """What `glaunch status RUN --json` prints. For a sweep: its elements' table (each one's
     swept values, state, step, result), its arrays and the counts of each state."""
     from .runs import sweeps
@@ -577,7 +582,7 @@ def format_status(summary: Mapping[str, Any]) -> str:
     return fmt(dict(summary))
 
 
-def wait(run: RunRef, *, on_line: Echo | None = None,  # type: ignore[valid-type]
+def wait(run: RunRef, *, on_line: Echo | None = None,
          on_state: Echo | None = None, poll_s: float = FOLLOW_POLL_S, console: Any = None) -> str:
     """Follow the run to its end across requeues: rank 0's log to `on_line` (as it grows),
     each change of state to `on_state`; or everything to `console`
@@ -650,7 +655,7 @@ def _wait_sweep(sweep_dir: Path, *, on_state: Echo | None, poll_s: float) -> str
         time.sleep(poll_s)
 
 
-def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,  # type: ignore[valid-type]
+def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,
          echo: Echo = print, poll_s: float = 1.0) -> None:
     """Per-rank logs of the run with a rank prefix, across requeues; with `follow`, until it
     ends. A sweep's: every element's, `[ELEMENT]` before the rank."""
@@ -660,7 +665,7 @@ def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,  # type:
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
         elements = sweeps.read(sweep_dir).elements
-        readers = [RankLogs(Path(e.run_dir), rank, lambda line, i=e.index: echo(f"[{i}]{line}")) for e in elements]
+        readers = [RankLogs(Path(e.run_dir), rank, _prefixed(echo, f"[{e.index}]")) for e in elements]
         while True:
             for reader in readers:
                 reader.poll()
@@ -686,7 +691,7 @@ def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,  # type:
         time.sleep(poll_s)
 
 
-def cancel(run: RunRef) -> str:  # type: ignore[valid-type]
+def cancel(run: RunRef) -> str:
     """Cancel the run's job; a sentence saying what was done. A sweep's: every element's
     (on Slurm, its array jobs, with one scancel)."""
     from .runs import registry, sweeps
@@ -793,3 +798,8 @@ def detect_site(name: str | None = None) -> tuple[str, str]:
     if name is not None and not NAME_PATTERN.fullmatch(name):
         raise ConfigError(f"{name!r}: use letters, digits, '.', '_' and '-'", key="--name")
     return query_cluster(name)
+
+
+def _prefixed(echo: Echo, prefix: str) -> Echo:
+    """`echo` with `prefix` before every line (a sweep element's index)."""
+    return lambda line: echo(f"{prefix}{line}")

@@ -261,9 +261,11 @@ def activation_bytes(inp: PlanInput) -> float:
     """Korthikanti et al. 2022, per layer s·b·h·(34 + 5as/h) bytes (16-bit), times layers."""
     if not inp.shape_given:
         return 0.0
-    s, b, h, a = inp.seq_len, inp.micro_batch, inp.hidden_size, inp.heads
+    s, b, h, a, layers = inp.seq_len, inp.micro_batch, inp.hidden_size, inp.heads, inp.layers
+    if s is None or h is None or a is None or layers is None:     # shape_given says they are all set
+        return 0.0
     linear, quadratic = (66, 9) if inp.precision == "fp32" else (34, 5)
-    return inp.layers * s * b * h * (linear + quadratic * a * s / h)
+    return layers * s * b * h * (linear + quadratic * a * s / h)
 
 
 def largest_layer(inp: PlanInput) -> tuple[int, str]:

@@ -49,7 +49,9 @@ def _error(message: str, item: str) -> ConfigError:
 def split_values(text: str) -> list[str]:
     """`a,[b,c],'d,e'` -> ['a', '[b,c]', "'d,e'"]: commas inside brackets, braces or quotes
     do not split. ValueError for unbalanced brackets or an unclosed quote."""
-    out, current, depth, quote = [], [], 0, None
+    out: list[str] = []
+    current: list[str] = []
+    depth, quote = 0, None
     for char in text:
         if quote:
             current.append(char)

@@ -260,7 +260,8 @@ def summarize(sweep_dir: Path, records: Mapping[str, RunRecord | GlaunchError],
     its refreshed record, or why it cannot be read), the arrays, the counts."""
     now = time.time() if now is None else now
     sweep = read(sweep_dir)
-    rows, counts = [], {}
+    rows: list = []
+    counts: dict[str, int] = {}
     for element in sweep.elements:
         run_dir = Path(element.run_dir)
         record = records.get(element.run_id)

@@ -451,7 +451,7 @@ def _link_task(log_dir: str | os.PathLike, job_id: str) -> None:
     """The pickle submitit's loader reads for task `job_id` (it waits a minute for it)."""
     from submitit.core.utils import JobPaths
 
-    target = JobPaths(log_dir, job_id=job_id).submitted_pickle
+    target = JobPaths(Path(log_dir), job_id=job_id).submitted_pickle
     if not target.exists():
         os.link(_task_template(log_dir), target)
     _task_template(log_dir).unlink()
@@ -690,7 +690,7 @@ def _interrupt(bash_pid: int, count: int, console) -> None:
 def _submitted_pickle(log_dir: str | os.PathLike, job_id: str) -> Path:
     from submitit.core.utils import JobPaths
 
-    return JobPaths(log_dir, job_id=job_id).submitted_pickle
+    return JobPaths(Path(log_dir), job_id=job_id).submitted_pickle
 
 
 def _stdout(text: str) -> None:
