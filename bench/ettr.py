@@ -399,7 +399,7 @@ def report(args: argparse.Namespace, base: dict, pre: dict) -> int:
         elif log_lost is not None and log_lost != lost:
             problems.append(f"start {i}: lost steps {lost} by run.json, {log_lost} by the step lines")
         lost_txt = f"{lost if lost is not None else '?'} [{log_lost if log_lost is not None else '?'}]"
-        print(f"{i + 1:2d} {str(stopped_at):>6s} {str(resumed):>7s} {lost_txt:>9s} {fmt(stop)} {fmt(end)} "
+        print(f"{i + 1:2d} {stopped_at!s:>6s} {resumed!s:>7s} {lost_txt:>9s} {fmt(stop)} {fmt(end)} "
               f"{fmt(queue, p=0)} {fmt(urgent_s, 7, 0)} {fmt(hold, 6, 0)} {fmt(start)} {fmt(resume, 8, 2)} "
               f"{fmt(gap, 11)}")
     print("stop: urgent job accepted -> rank 0 'stopping at step'; end: -> sacct End; queue: sacct End -> next "

@@ -1,7 +1,6 @@
 """Every generated ds_config.json passes DeepSpeed's own parser at the run's world size."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path

@@ -20,7 +20,7 @@ import shutil
 import subprocess
 import sys
 import unicodedata
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -134,7 +134,7 @@ DIRECTIVE_CONTEXTS = {"sbatch-extra", "account", "qos", "constraint", "runs-dir"
 MOUNT_CONTEXTS = {"mount-pyxis", "mount-apptainer", "mounted-workdir", "mounted-checkpoint", "mounted-runs-dir"}
 
 
-@lru_cache(maxsize=None)
+@cache
 def render_case(context: str, value: str, root: str):
     """(plan, files) or the ConfigError; cached so the shellcheck pass reuses renders."""
     build, _ = CONTEXTS[context]

@@ -96,25 +96,22 @@ def test_same_step_saved_again_replaces(tmp_path):
 
 def test_writer_exception_commits_nothing(tmp_path):
     _save(1)
-    with pytest.raises(CheckpointError, match="failed writing"):
-        with stage_checkpoint(2) as st:
-            st.file("rank-00000.bin").write_bytes(b"partial")
-            raise OSError("disk full")
+    with pytest.raises(CheckpointError, match="failed writing"), stage_checkpoint(2) as st:
+        st.file("rank-00000.bin").write_bytes(b"partial")
+        raise OSError("disk full")
     assert latest_complete(tmp_path / "ckpt").step == 1
     assert read_latest(tmp_path / "ckpt") == "step-00000001"
 
 
 def test_claimed_but_missing_file_fails(tmp_path):
-    with pytest.raises(CheckpointError, match="not written"):
-        with stage_checkpoint(1) as st:
-            st.add("never-written.pt")
+    with pytest.raises(CheckpointError, match="not written"), stage_checkpoint(1) as st:
+        st.add("never-written.pt")
     assert latest_complete(tmp_path / "ckpt") is None
 
 
 def test_claim_outside_staging_rejected(tmp_path):
-    with pytest.raises(CheckpointError):
-        with stage_checkpoint(1) as st:
-            st.add(tmp_path / "elsewhere.pt")
+    with pytest.raises(CheckpointError), stage_checkpoint(1) as st:
+        st.add(tmp_path / "elsewhere.pt")
 
 
 def test_newer_damaged_checkpoints_removed_on_commit(tmp_path):

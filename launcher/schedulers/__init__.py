@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 NAMES = ("local", "slurm")
 
 
-def get(name: str) -> "Scheduler":
+def get(name: str) -> Scheduler:
     """The scheduler a site's `scheduler:` names (already checked by loading)."""
     if name == "local":
         from .local import LocalScheduler
