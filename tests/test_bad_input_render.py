@@ -95,6 +95,8 @@ def test_sbatch_extra_may_not_abbreviate_an_own_directive(key, own, workdir, mon
 def test_own_directive_error_names_the_profile_key_to_use(workdir):
     import dataclasses
 
+    from launcher.config.sitechecks import check_site
+
     (workdir / "good.yaml").write_text(SITE)
     loaded = load_site(str(workdir / "good.yaml"), workdir, {})
     for key, instead in [("time", "resources.time"), ("nodes", "resources.nodes"), ("mem", "resources.mem_gb"),
@@ -102,7 +104,7 @@ def test_own_directive_error_names_the_profile_key_to_use(workdir):
                          ("tasks-per-node", "launcher"), ("array", "--sweep")]:
         site = dataclasses.replace(loaded.config, sbatch={key: "1"})
         with pytest.raises(ConfigError) as info:
-            resolve_module.check_site(site, loaded.provenance)
+            check_site(site, loaded.provenance)
         assert info.value.key == f"sbatch.{key}" and instead in info.value.message
 
 

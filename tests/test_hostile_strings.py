@@ -107,7 +107,9 @@ CONTEXTS = {
     "checkpoint-dir": (lambda v: _ctx(exp={"checkpoint": {"dir": f"/ck/{v}"}}), "checkpoint.dir"),
     # The working directory comes from the OS, always normalised.
     "workdir": (lambda v: _ctx(cwd=os.path.normpath(f"/home/{v}/exp")), "working directory"),
-    "script": (lambda v: _ctx(exp={"entrypoint": {"script": f"/code/{v}/train.py"}}), "entrypoint.script"),
+    # Without the code snapshot, which would run the copy in the run directory instead.
+    "script": (lambda v: _ctx(exp={"entrypoint": {"script": f"/code/{v}/train.py"}, "code": {"snapshot": False}}),
+               "entrypoint.script"),
     "name": (lambda v: _ctx(exp={"name": v}), "name"),
     "image-pyxis": (lambda v: _ctx(site=_merge(PYXIS, {"container": {"image": v}})), "container.image"),
     "image-apptainer": (lambda v: _ctx(site=_merge(APPTAINER, {"container": {"image": v}})), "container.image"),

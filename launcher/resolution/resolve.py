@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import shlex
 from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Any, Mapping, NoReturn
@@ -17,6 +16,7 @@ from typing import Any, Mapping, NoReturn
 from ..config import schema
 from ..config.load import LoadedExperiment, LoadedSite, Provenance
 from ..errors import ConfigError
+from ..config.sitechecks import OWN_SBATCH_OPTIONS, python_words  # noqa: F401 (re-exported)
 from ..rendering import shell
 from . import deepspeed_config, slurmtime
 from ..runs.layout import CODE_DIR
@@ -26,7 +26,6 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
     exp, site = exp_loaded.config, site_loaded.config
     eprov, sprov = exp_loaded.provenance, site_loaded.provenance
     res = exp.resources
-    check_site(site, sprov)
     _check_experiment_text(exp, eprov)
 
     partition_name, part = _partition(exp, site, eprov, sprov)
@@ -137,7 +136,7 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
                 mounts.append(path)
         container = Container(site.container.runtime, site.container.image, tuple(mounts))
     if site.python:
-        python = _python_words(site.python, sprov)
+        python = python_words(site.python, sprov)
     elif container is not None:
         python = ("python3",)
     else:
@@ -402,93 +401,12 @@ def _path_error(key: str, prov: Provenance | None, message: str) -> NoReturn:
     raise ConfigError(message, key=key)    # the working directory
 
 
-def _python_words(command: str, prov: Provenance) -> tuple[str, ...]:
-    """The site's `python:` command, split into words as a shell would."""
-    try:
-        words = tuple(shlex.split(command))
-    except ValueError as exc:
-        raise prov.error("python", f"{command!r} is not a command line: {exc}") from None
-    if not words:
-        raise prov.error("python", "must name an interpreter")
-    if not _INTERPRETER.fullmatch(words[0]) or words[0].startswith("-"):
-        raise prov.error("python", f"{command!r} does not start with an interpreter (a command name or path: "
-                         "letters, digits and . _ / + @ ~ -)")
-    return words
-
-
 # --- values that reach rendered text --------------------------------------------------
 #
 # shell.quote and shell.expandable carry any text literally; what is checked here is what
 # they cannot carry (NUL, lone surrogates), what other parsers read differently (sbatch's
 # directives, pyxis/apptainer mount lists, the module command), and sbatch extras that
 # would replace what glaunch writes itself.
-
-# sbatch options glaunch writes itself, or that contradict what it writes: the key that
-# sets it instead. sbatch takes any unambiguous abbreviation of a long option, so an
-# extra that abbreviates one of these is refused too.
-_TASKS = "launcher and resources.gpus_per_node (glaunch starts one task per GPU or per node)"
-_GPUS = "resources.gpus_per_node and gpu_directive"
-_CPUS = "resources.cpus_per_task or partitions.<name>.cpus_per_node"
-_MEM = "resources.mem_gb or partitions.<name>.mem_gb"
-_LOGS = "runs_root or --runs-dir (glaunch writes the job's output into the run directory)"
-OWN_SBATCH_OPTIONS = {
-    "job-name": "the experiment's name", "partition": "resources.partition or default_partition",
-    "account": "account", "qos": "qos or partitions.<name>.qos", "constraint": "partitions.<name>.constraint",
-    "nodes": "resources.nodes", "ntasks": _TASKS, "ntasks-per-node": _TASKS, "tasks-per-node": _TASKS,
-    "gpus-per-node": _GPUS, "gres": _GPUS, "gpus": _GPUS, "gpus-per-task": _GPUS,
-    "cpus-per-task": _CPUS, "cpus-per-gpu": _CPUS, "mem": _MEM, "mem-per-cpu": _MEM, "mem-per-gpu": _MEM,
-    "time": "resources.time", "chdir": "the directory glaunch runs in", "workdir": "the directory glaunch runs in",
-    "output": _LOGS, "error": _LOGS, "open-mode": _LOGS,
-    "signal": "requeue.signal_lead_s", "requeue": "requeue.max", "no-requeue": "requeue.max: 0",
-    "array": "glaunch submit --sweep", "wrap": "entrypoint (job.sbatch is the batch script)",
-    "input": "nothing: the job reads no standard input", "dependency": "glaunch submit --after",
-    "parsable": "nothing: glaunch reads sbatch's answer itself", "hold": "nothing: glaunch submits jobs to run",
-}
-# The first word of a site's `python:`, a command name or path.
-_INTERPRETER = re.compile(r"[A-Za-z0-9_./+@~-]*[A-Za-z0-9_]")
-# Names a module command takes: no quoting, spaces or options reach `module load`.
-_MODULE_NAME = re.compile(r"[A-Za-z0-9_.+@%=~/][A-Za-z0-9_.+@%=~/:-]*")
-
-
-def check_site(site: schema.Site, prov: Provenance) -> None:
-    """The site's values that reach rendered files, checked on their own: `sites validate`
-    and `submit` both apply this. Pure."""
-    for key, value in site.sbatch.items():
-        _check_sbatch_extra(str(key), value, prov)
-    for key in ("account", "qos"):
-        _check_directive_value(getattr(site, key), key, prov)
-    for pname, part in site.partitions.items():
-        for field_name in ("qos", "constraint"):
-            _check_directive_value(getattr(part, field_name), f"partitions.{pname}.{field_name}", prov)
-        for field_name in ("gpu_mem_gb", "mem_gb"):
-            value = getattr(part, field_name)
-            if value is not None and not math.isfinite(value):
-                raise prov.error(f"partitions.{pname}.{field_name}", f"must be a finite number, got {value!r}")
-    for field_name in ("overhead_gb", "headroom"):
-        value = getattr(site.plan, field_name)
-        if not math.isfinite(value):
-            raise prov.error(f"plan.{field_name}", f"must be a finite number, got {value!r}")
-    for i, module in enumerate(site.modules):
-        if not _MODULE_NAME.fullmatch(str(module)):
-            raise prov.error(f"modules[{i}]", f"{module!r} is not a module name (letters, digits and . _ + @ % = "
-                             "~ / : -, not starting with '-')")
-    for i, line in enumerate(site.setup):
-        _check_text(str(line), f"setup[{i}]", prov)
-        hidden = shell.hidden_characters(str(line), allowed="\n\t")
-        if hidden:
-            raise prov.error(f"setup[{i}]", f"holds {', '.join(hidden)}: setup lines are shell text written as "
-                             "they are, and cannot hold control or invisible characters (other than newlines "
-                             "and tabs)")
-    for key, value in site.env.items():
-        _check_text(str(value), f"env.{key}", prov)
-    if site.container is not None:
-        _check_image(site.container.image, prov)
-        for i, mount in enumerate(site.container.mounts):
-            _check_mount(str(mount), f"container.mounts[{i}]", prov)
-    if site.python:
-        for word in _python_words(site.python, prov):
-            _check_text(word, "python", prov)
-
 
 def _check_experiment_text(exp: schema.Experiment, prov: Provenance) -> None:
     for i, arg in enumerate(exp.entrypoint.args):
@@ -503,58 +421,6 @@ def _check_text(text: str, key: str, prov: Provenance) -> None:
     problem = shell.text_problem(text)
     if problem:
         raise prov.error(key, problem)
-
-
-def _check_directive_value(value: Any, key: str, prov: Provenance) -> None:
-    if value is None:
-        return
-    problem = shell.sbatch_value_problem(value)
-    if problem:
-        raise prov.error(key, f"{str(value)!r} {problem}")
-
-
-def _check_sbatch_extra(key: str, value: Any, prov: Provenance) -> None:
-    dotted = f"sbatch.{key}"
-    if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
-        raise prov.error(dotted, "an sbatch option name is lower-case letters, digits and '-'")
-    instead = OWN_SBATCH_OPTIONS.get(key)
-    if instead is not None:
-        raise prov.error(dotted, f"--{key} is written by glaunch (or contradicts what it writes); set {instead}")
-    abbreviated = sorted(own for own in OWN_SBATCH_OPTIONS if own.startswith(key))
-    if abbreviated:
-        raise prov.error(dotted, f"sbatch reads --{key} as an abbreviation of --{abbreviated[0]}, which is "
-                         f"written by glaunch; set {OWN_SBATCH_OPTIONS[abbreviated[0]]}")
-    if isinstance(value, float) and not math.isfinite(value):
-        raise prov.error(dotted, f"must be a finite number, got {value!r}")
-    if value is not None and not isinstance(value, bool):
-        _check_directive_value(value, dotted, prov)
-
-
-def _check_image(image: str, prov: Provenance) -> None:
-    text = str(image)
-    problem = shell.text_problem(text) or (
-        "is empty" if not text else
-        "starts with '-' (it would be read as an option)" if text.startswith("-") else
-        f"holds {', '.join(shell.hidden_characters(text))}" if shell.hidden_characters(text) else
-        "holds whitespace or ',' (an image is a registry reference or a path)"
-        if re.search(r"[\s,]", text) else None)
-    if problem:
-        raise prov.error("container.image", f"{text!r} {problem}")
-
-
-def _check_mount(mount: str, key: str, prov: Provenance) -> None:
-    problem = shell.text_problem(mount)
-    hidden = shell.hidden_characters(mount)
-    parts = mount.split(":")
-    if not problem and hidden:
-        problem = f"holds {', '.join(hidden)}"
-    elif not problem and "," in mount:
-        problem = "holds ',', which separates mounts (pyxis --container-mounts, apptainer --bind)"
-    elif not problem and (len(parts) > 3 or not all(p.startswith("/") for p in parts[:2]) or "" in parts):
-        problem = ("is not SRC[:DST[:FLAGS]] with absolute paths (':' separates them; mounts are taken as "
-                   "written, $VARIABLES are not expanded)")
-    if problem:
-        raise prov.error(key, f"{mount!r} {problem}")
 
 
 def _as_dict(obj: Any) -> Any:
