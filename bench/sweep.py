@@ -3,14 +3,15 @@ times sbatch is called for it.
 
     python bench/sweep.py [--elements 100] [--runs 3] [--real]
 
-Times `glaunch submit examples/torch_ddp.yaml --site local-slurm` as the user runs it
-(a process each, median of --runs): once alone and once with a sweep of --elements
-elements (two --sweep axes), both with --dry-run; with --real also submitted to the local
-Slurm cluster (scripts/local-slurm up), with a site variant that holds every job for ten
-minutes (sbatch's --begin) so nothing runs, and each submission cancelled right after.
-Every real submission goes through an `sbatch` shim on PATH that logs each call: a sweep
-of one allocation shape makes one submitting sbatch call (plus one `--test-only`
-preflight), and a sweep of two shapes (resources.nodes=1,2) two.
+Times `glaunch submit examples/torch_ddp.yaml --site local-slurm` as a user runs it (this
+tree's `python -m launcher.cli`, a process each, median of --runs): once alone and once
+with a sweep of --elements elements (two --sweep axes), both with --dry-run; with --real
+also submitted to the local Slurm cluster (scripts/local-slurm up), with a site variant
+that holds every job for ten minutes (sbatch's --begin) so nothing runs, and each
+submission cancelled right after. Every real submission goes through an `sbatch` shim on
+PATH that logs each call: a sweep of one allocation shape makes one submitting sbatch
+call (plus one `--test-only` preflight), and a sweep of two shapes (resources.nodes=1,2)
+two.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from benchkit import BenchError, glaunch_command, run_cmd  # noqa: E402
+from benchkit import BenchError, run_cmd  # noqa: E402
 
 SHIM = """#!/bin/bash
 printf '%s\\n' "$*" >> {log}
@@ -70,9 +71,8 @@ def cancel(info: dict, env: dict) -> None:
 def sbatch_calls(log: Path) -> dict[str, int]:
     lines = log.read_text().splitlines() if log.exists() else []
     log.write_text("")
-    return {"submit": sum(1 for line in lines if "--test-only" not in line and "--version" not in line),
-            "test-only": sum(1 for line in lines if "--test-only" in line),
-            "version": sum(1 for line in lines if "--version" in line)}
+    return {"submit": sum(1 for line in lines if "--test-only" not in line),
+            "test-only": sum(1 for line in lines if "--test-only" in line)}
 
 
 def main() -> int:
@@ -81,7 +81,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--real", action="store_true", help="also submit to the local Slurm cluster")
     args = parser.parse_args()
-    glaunch = glaunch_command()
+    # This tree's glaunch, whatever an installed console script points at.
+    glaunch = [sys.executable, "-m", "launcher.cli"]
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, GLAUNCH_STATE_DIR=os.path.join(tmp, "state"))
         base = [*glaunch, "submit", "examples/torch_ddp.yaml", "--json"]

@@ -20,6 +20,7 @@ from launcher import api
 from launcher.errors import ConfigError
 from launcher.resolution.sweep import expand, parse_axes, split_values
 from launcher.schedulers import slurm_array
+from launcher.schedulers.cluster_check import parse_cluster
 from launcher.schedulers.slurm import SlurmScheduler
 
 REPO = Path(__file__).resolve().parent.parent
@@ -111,9 +112,10 @@ def test_max_array_size_splits_a_shape(tmp_path, isolated_env):
     plans = [p.plan for p in prepared.prepared]
     groups = slurm_array.group(plans, max_array_size=2)
     assert [g.elements for g in groups] == [(0, 1), (2, 3), (4,)] and groups[2].spec(None) == "0"
-    assert slurm_array.parse_max_array_size((RECORDED / "glaunch.scontrol.txt").read_text()) == 1001
-    assert slurm_array.parse_max_array_size("MaxArraySize            = 17\n") == 17
-    assert slurm_array.parse_max_array_size("ClusterName = x\n") == slurm_array.DEFAULT_MAX_ARRAY_SIZE
+    recorded = parse_cluster((RECORDED / "glaunch.scontrol.txt").read_text())
+    assert slurm_array.max_array_size(recorded.settings) == 1001
+    assert slurm_array.max_array_size({"MaxArraySize": "17"}) == 17
+    assert slurm_array.max_array_size({}) == slurm_array.DEFAULT_MAX_ARRAY_SIZE
 
 
 def test_array_script_golden_and_shell_clean(tmp_path, isolated_env, update_golden):

@@ -55,6 +55,20 @@ class SubmissionUncertain(SchedulerError):
 class SlurmScheduler(Scheduler):
     name = "slurm"
 
+    def __init__(self) -> None:
+        self._cluster: cluster_check.Cluster | None = None   # read once per submission
+
+    def cluster(self) -> cluster_check.Cluster:
+        """The live cluster's facts (one scontrol call, sacctmgr), read once."""
+        if self._cluster is None:
+            self._cluster = cluster_check.read_cluster("glaunch submit")
+        return self._cluster
+
+    def version(self) -> str | None:
+        """Slurm's version, where this submission read the cluster (run.json's provenance)."""
+        version = self._cluster.settings.get("SLURM_VERSION") if self._cluster is not None else None
+        return f"slurm {version}" if version else None
+
     # --- rendering ---------------------------------------------------------------------
 
     def job_shell(self, plan: JobPlan) -> JobShell:
@@ -91,7 +105,7 @@ class SlurmScheduler(Scheduler):
         SchedulerError naming every difference that would get the job refused, leave it
         pending forever or run it on other hardware; the harmless ones as warnings."""
         report = cluster_check.check_site(plan.site, partition=plan.partition,
-                                          request=cluster_check.Request.of_plan(plan))
+                                          request=cluster_check.Request.of_plan(plan), cluster=self.cluster())
         if report.fatal:
             raise report.error(plan.site_file)
         return [str(d) for d in report.warnings] + list(report.notes)
@@ -119,7 +133,7 @@ class SlurmScheduler(Scheduler):
         except SchedulerError as exc:
             _record_refused(run_dir, exc, warnings)
             raise
-        _record_queued(run_dir, plan, job_id, warnings, scheduler_version())
+        _record_queued(run_dir, plan, job_id, warnings, self.version())
         return Launched(job_id, State.PENDING.value)
 
     # --- sweeps: job arrays -------------------------------------------------------------
@@ -131,7 +145,7 @@ class SlurmScheduler(Scheduler):
         limit = slurm_array.DEFAULT_MAX_ARRAY_SIZE
         if not dry_run:
             self.require()
-            limit = slurm_array.max_array_size(slurm_client.clean_env(os.environ)[0])
+            limit = slurm_array.max_array_size(self.cluster().settings)
         groups = slurm_array.group(plans, limit)
         files, batches = {}, []
         for group in groups:
@@ -161,7 +175,7 @@ class SlurmScheduler(Scheduler):
             raise
         for warning in warnings:
             log.warning("glaunch: warning: %s", warning)
-        version = scheduler_version()
+        version = self.version()
         results = []
         for number, (batch, script) in enumerate(zip(sweep.batches, scripts)):
             members = [plans[i] for i in batch.elements]
@@ -304,17 +318,6 @@ def _record_queued(run_dir: Path, plan: JobPlan, job_id: str, warnings: list[str
         origin = record.extra.get("provenance")
         if isinstance(origin, dict) and version:
             origin["scheduler_version"] = version
-
-
-def scheduler_version() -> str | None:
-    """Slurm's version as its sbatch says it (`slurm 22.05.8`), for run.json's provenance."""
-    try:
-        proc = run_command("sbatch", "--version")
-    except SchedulerError:
-        return None
-    if proc.returncode != 0:
-        return None
-    return proc.stdout.strip() or None
 
 
 def request_values(plan: JobPlan) -> dict[str, Any]:
@@ -594,6 +597,7 @@ class AllocationScheduler(SlurmScheduler):
     runs_to_completion = True
 
     def __init__(self, allocation: Allocation) -> None:
+        super().__init__()
         self.allocation = allocation
 
     def check(self, plan: JobPlan) -> None:

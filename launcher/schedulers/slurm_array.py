@@ -23,7 +23,6 @@ from ..errors import SchedulerError
 from ..rendering import shell
 from ..rendering.render import template
 from ..resolution.jobplan import JobPlan
-from . import slurm_client
 from .slurm_script import sbatch_directives
 
 ARRAY_SCRIPT = "array-{number}.sbatch"
@@ -92,20 +91,12 @@ def array_script(sweep_dir: str | os.PathLike, number: int) -> Path:
 
 # --- Slurm's answers --------------------------------------------------------------------------
 
-_MAX_ARRAY = re.compile(r"^\s*MaxArraySize\s*=\s*(\d+)", re.MULTILINE)
 
-
-def parse_max_array_size(config_text: str) -> int:
-    """`scontrol show config` -> MaxArraySize (Slurm's default where it is not listed)."""
-    m = _MAX_ARRAY.search(config_text)
-    return int(m.group(1)) if m else DEFAULT_MAX_ARRAY_SIZE
-
-
-def max_array_size(env: Mapping[str, str] | None = None) -> int:
-    proc = slurm_client.run_command("scontrol", "show", "config", env=env)
-    if proc.returncode != 0:
-        raise SchedulerError(f"scontrol show config failed: {(proc.stderr or proc.stdout).strip()}")
-    return parse_max_array_size(proc.stdout)
+def max_array_size(settings: Mapping[str, str]) -> int:
+    """MaxArraySize from the cluster's settings (`scontrol show config`); Slurm's default
+    where it is not listed."""
+    value = str(settings.get("MaxArraySize") or "").strip()
+    return int(value) if value.isdigit() else DEFAULT_MAX_ARRAY_SIZE
 
 
 _PENDING_TASKS = re.compile(r"(?P<job>\d+)_\[(?P<tasks>[0-9,\-]+)(?:%\d+)?\]")
