@@ -81,3 +81,23 @@ def test_after_ok_on_a_run_that_fails_never_starts(tmp_path, isolated_env):
         if cancelled.returncode != 0:
             subprocess.run(["scancel", waiting["job_id"]], capture_output=True, timeout=30)
     assert f"cancelled job {waiting['job_id']}" in cancelled.stdout
+
+
+def test_after_a_sweep_waits_for_its_array(tmp_path, isolated_env):
+    site = tmp_path / "site.yaml"
+    site.write_text("name: later\nextends: local-slurm\nsbatch: {begin: now+300}\n")
+    proc = glaunch("submit", "examples/torch_ddp.yaml", "--site", str(site), "--runs-dir", str(tmp_path / "runs"),
+                   "--json", "--sweep", "entrypoint.args=[--steps,5],[--steps,6]", env=isolated_env)
+    assert proc.returncode == 0, proc.stderr
+    sweep = json.loads(proc.stdout)
+    array_id = sweep["arrays"][0]["job_id"]
+    waiting = None
+    try:
+        proc, waiting = submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env, "--after",
+                               f"{sweep['sweep_id']}:any", wait=False, site=str(site))
+        assert proc.returncode == 0, proc.stderr
+        assert f"Dependency=afterany:{array_id}" in out("scontrol", "show", "job", waiting["job_id"])
+    finally:
+        glaunch("cancel", sweep["sweep_id"], env=isolated_env)
+        if waiting:
+            glaunch("cancel", waiting["run_id"], env=isolated_env)
