@@ -392,7 +392,9 @@ def _calls(fakes: Path, name: str) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
 
-QUICK = RetryPolicy(attempts=3, attempt_timeout_s=2.0, budget_s=8.0, backoff_s=(0.2,), min_attempt_s=1.0)
+# Short enough for the fakes that hang (they sleep 30 s), long enough that a fake answering
+# at once is never cut off on a loaded machine (a bash start-up can take a second there).
+QUICK = RetryPolicy(attempts=3, attempt_timeout_s=8.0, budget_s=25.0, backoff_s=(0.2,), min_attempt_s=4.0)
 
 
 def _prepared(tmp_path):
