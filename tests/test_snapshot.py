@@ -293,3 +293,16 @@ def test_hparams_reach_args_and_hparams_json(work_tree, tmp_path):
     files = schedulers.get(plan.scheduler).render(plan)
     assert json.loads(files["hparams.json"]) == {"lr": 1e-4, "layers": [2, 4], "tag": "0123", "nested": {"on": True}}
     assert f"export GLAUNCH_HPARAMS={tmp_path}/runs/hp-1/hparams.json" in files["env.sh"]
+
+
+def test_a_run_without_snapshot_records_the_tree_it_runs_from(work_tree, tmp_path):
+    plan = plan_in(work_tree, tmp_path / "runs", "local")
+    assert plan.code is None
+    written = bundle.write_bundle(plan, schedulers.get("local").render(plan), dry_run=True)
+    origin = json.loads((written.path / "run.json").read_text())["provenance"]
+    assert origin["git"]["commit"] == git(work_tree, "rev-parse", "HEAD") and origin["git"]["dirty"] is True
+    assert origin["git"]["patch"] is None and origin["code"] is None and not (written.path / "code").exists()
+    from launcher.runs.status import _origin_lines
+
+    assert _origin_lines({"provenance": origin})[0].endswith("dirty tree (no snapshot: it runs from the work tree as "
+                                                             "it is)")

@@ -134,6 +134,10 @@ def write_bundle(plan: JobPlan, files: Mapping[str, str], *, dry_run: bool,
                 taken = None
                 if survey is not None and plan.code is not None:
                     taken = snapshot.take(plan.code, survey, bundle.path / CODE_PATCH)
+                elif plan.code is None:
+                    # No copy: the commit and the state of the tree it runs from, as at submit.
+                    script = plan.submitted_script
+                    survey = snapshot.tree_state(os.path.dirname(script) if script else plan.workdir)
                 origin = provenance.collect(survey, taken)
             record = initial_record(plan, dry_run=dry_run, origin=origin)
             record.extra.update(extra or {})

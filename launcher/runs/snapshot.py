@@ -232,6 +232,16 @@ def survey(code: CodeSnapshot) -> Survey:
     return Survey(code.source, tuple(files), git, excluded)
 
 
+def tree_state(anchor: str) -> Survey | None:
+    """git's view of the work tree holding `anchor`, copying nothing (a run without a
+    snapshot, for its provenance); None outside git."""
+    root = locate(anchor, anchor)
+    if not root.git:
+        return None
+    untracked = _untracked(Path(root.path))
+    return Survey(root.path, (), git_state(root.path, untracked))
+
+
 def over_bound(found: Survey, max_bytes: int) -> str | None:
     """Why the copy is too large, naming its largest files; None when it fits. Pure."""
     if found.total <= max_bytes:

@@ -370,8 +370,10 @@ def _origin_lines(summary: Mapping[str, Any]) -> list[str]:
     if git:
         line = f"  code: commit {p(str(git.get('commit'))[:12])}"
         line += f" ({p(git['branch'])})" if git.get("branch") else ""
-        if git.get("dirty"):
+        if git.get("dirty") and git.get("patch"):
             line += f", dirty tree: {p(git.get('patch'))} (sha256 {p(str(git.get('diff_sha256'))[:12])})"
+        elif git.get("dirty"):
+            line += ", dirty tree (no snapshot: it runs from the work tree as it is)"
         else:
             line += ", clean tree"
         lines.append(line)
