@@ -592,7 +592,7 @@ class AllocationScheduler(SlurmScheduler):
     already, no sbatch. The run's job.sbatch is the same script as a batch job's (env.sh,
     rendezvous, srun line, end of start), run here by bash with this shell's environment,
     the allocation's SLURM_* included; it is never requeued (the allocation ends when its
-    owner says), and its checkpoints resume in a later run or resume."""
+    owner says), and its checkpoints resume in a later run (the same checkpoint.dir)."""
 
     runs_to_completion = True
 
@@ -656,7 +656,7 @@ class AllocationScheduler(SlurmScheduler):
                                  f"the job script exited {proc.returncode} without recording the start") + f": {at}"
             elif record.state in (State.TIMEOUT.value, State.PREEMPTED.value):
                 record.detail = (f"{at}; inside an allocation nothing requeues: a later glaunch run with the same "
-                                 "checkpoint.dir, or glaunch resume, continues from it")
+                                 "checkpoint.dir continues from it")
         console.finish(record)
         return Launched(job_id, record.state, 0 if record.state == State.COMPLETED.value else 1)
 
