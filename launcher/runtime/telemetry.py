@@ -57,7 +57,16 @@ def iso(epoch: float | None) -> str | None:
 
 
 def host_peak_bytes() -> int | None:
-    """This process's peak resident set (getrusage; /proc/self/status VmHWM as a fallback)."""
+    """This process's peak resident set: /proc/self/status VmHWM (this process image's own),
+    else getrusage. getrusage's maxrss survives exec on Linux: a rank started by a large
+    parent (a torchrun agent, a test runner) would report the parent's peak."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         import resource
 
@@ -65,13 +74,6 @@ def host_peak_bytes() -> int | None:
         if peak > 0:
             return int(peak) if sys.platform == "darwin" else int(peak) * 1024   # bytes on macOS, KiB on Linux
     except (ImportError, OSError, ValueError):
-        pass
-    try:
-        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
         pass
     return None
 
