@@ -102,7 +102,10 @@ def requeued_and_resumed_bitwise(tmp_path, env, example: str, steps: int, *overr
 
 
 def test_lightning_fsdp_stops_and_resumes_bitwise_on_cpu(tmp_path, isolated_env):
-    cut_dir = requeued_and_resumed_bitwise(tmp_path, isolated_env, "examples/lightning_fsdp.yaml", 40)
+    # 40 s of steps against a warning 25 s into the start: the first start is stopped however
+    # fast the machine starts the ranks.
+    cut_dir = requeued_and_resumed_bitwise(tmp_path, isolated_env, "examples/lightning_fsdp.yaml", 40,
+                                           seconds_per_step=1.0)
     manifest = newest_manifest(cut_dir)
     # Each rank's DCP shard is in its own done marker, as are meta.pt and .metadata (rank 0).
     assert owners(manifest) == {
