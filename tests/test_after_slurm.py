@@ -23,7 +23,8 @@ def sacct_times(job_id: str) -> tuple[str, str]:
 
 
 def test_second_run_starts_only_after_the_first_ended(tmp_path, isolated_env):
-    args = "entrypoint.args=[--steps,60,--seconds-per-step,0.1]"
+    # Long enough that the first is seen running however quickly the machine starts it.
+    args = "entrypoint.args=[--steps,60,--seconds-per-step,0.5]"
     proc, first = submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env, args, wait=False)
     assert proc.returncode == 0, proc.stderr
     proc, second = submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env, "entrypoint.args=[--steps,10]",
@@ -32,8 +33,8 @@ def test_second_run_starts_only_after_the_first_ended(tmp_path, isolated_env):
     job = out("scontrol", "show", "job", second["job_id"])
     assert f"Dependency=afterok:{first['job_id']}" in job
     # While the first runs on one node the other node is free, and the second waits for it.
-    wait_until(lambda: read_json(tmp_path / "runs" / first["run_id"] / "run.json")["state"] == "RUNNING", 120,
-               "the first run to start")
+    wait_until(lambda: json.loads(glaunch("status", first["run_id"], "--json", env=isolated_env).stdout)["state"]
+               == "RUNNING", 120, "the first run to start")
     sinfo = out("sinfo", "-h", "-N", "-p", "debug", "-o", "%N %t")
     assert "idle" in sinfo or "mix" in sinfo, sinfo
     status = json.loads(glaunch("status", second["run_id"], "--json", env=isolated_env).stdout)
