@@ -4,11 +4,14 @@ huge file. Standard library only (the in-job runtime uses them on every rank).""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
 import stat
 from pathlib import Path
+from typing import Iterator
 
 # run.json of a run with thousands of requeues stays far below this; anything bigger is
 # not a record glaunch wrote, and reading it whole could exhaust memory.
@@ -136,3 +139,20 @@ def directory_problem(path: str | os.PathLike) -> str | None:
     if not os.access(probe, os.W_OK | os.X_OK):
         return f"{probe} is not writable" + ("" if probe == path else f": {path} cannot be created there")
     return None
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold an flock on `path` (created as a regular file) for the block: the job and the
+    CLI read-modify-write the same records. `what` names the record in the error."""
+    from ..errors import RunError
+
+    try:
+        fd = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise RunError(f"cannot lock the {what}: {exc.strerror or exc}", file=str(path)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterator, Mapping
 
 from ..errors import ConfigError, RunError
-from .files import atomic_write_text, directory_problem, load_json_object, open_regular
+from .files import exclusive_lock, atomic_write_text, directory_problem, load_json_object, open_regular
 from .layout import RunDir, RunRecord, StartRecord, State
 
 INDEX_FILE = "runs.jsonl"
@@ -242,18 +242,10 @@ def write(run_dir: str | os.PathLike, record: RunRecord) -> None:
 @contextlib.contextmanager
 def updating(run_dir: str | os.PathLike) -> Iterator[RunRecord]:
     """Read-modify-write run.json under a lock (the job and the CLI both update it)."""
-    path = RunDir(run_dir).lock_file
-    try:
-        fd = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise RunError(f"cannot lock the run record: {exc.strerror or exc}", file=str(path)) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with exclusive_lock(RunDir(run_dir).lock_file, "run record"):
         record = read(run_dir)
         yield record
         write(run_dir, record)
-    finally:
-        os.close(fd)
 
 
 def new_start(job_id: str, restart: int, **values) -> StartRecord:

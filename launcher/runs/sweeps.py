@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import fcntl
 import json
 import os
 import secrets
@@ -30,7 +29,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ..errors import ConfigError, GlaunchError, RunError
 from . import registry
-from .files import atomic_write_text, load_json_object, open_regular
+from .files import exclusive_lock, atomic_write_text, load_json_object
 from .layout import IN_FLIGHT, SWEEP_FILE, RunRecord, State
 from .status import printable, progress
 
@@ -150,18 +149,10 @@ def write(sweep_dir: str | os.PathLike, record: SweepRecord) -> None:
 
 @contextlib.contextmanager
 def updating(sweep_dir: str | os.PathLike) -> Iterator[SweepRecord]:
-    path = Path(sweep_dir) / LOCK_FILE
-    try:
-        fd = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
-    except OSError as exc:
-        raise RunError(f"cannot lock the sweep record: {exc.strerror or exc}", file=str(path)) from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with exclusive_lock(Path(sweep_dir) / LOCK_FILE, "sweep record"):
         record = read(sweep_dir)
         yield record
         write(sweep_dir, record)
-    finally:
-        os.close(fd)
 
 
 def is_sweep_dir(path: str | os.PathLike) -> bool:
