@@ -109,6 +109,13 @@ class Checkpoint:
 class Requeue:
     max: int = 3
     signal_lead_s: int = 120
+    exclude_bad_nodes: bool = True     # a crash or hang that points at a node: the next start avoids it
+
+
+@dataclass
+class Watchdog:
+    stall_s: int = 600                 # no rank finished a step for this long: a hang (0: off)
+    first_step_s: int = 1800           # the same bound for the first step of a start (loading, compiling)
 
 
 @dataclass
@@ -132,6 +139,7 @@ class Experiment:
     deepspeed: Dict[str, Any] = field(default_factory=dict)
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     requeue: Requeue = field(default_factory=Requeue)
+    watchdog: Watchdog = field(default_factory=Watchdog)
     env: Dict[str, str] = field(default_factory=dict, metadata=SHELL_VALUES)
     hparams: Dict[str, Any] = field(default_factory=dict)    # free-form; hparams.json for the script
     code: Code = field(default_factory=Code)
@@ -190,7 +198,7 @@ class Site:
 # Enumerated string fields: dotted key -> allowed values.
 EXPERIMENT_CHOICES = {
     "launcher": ("srun", "torchrun"),
-    "strategy.name": ("ddp", "deepspeed", "auto"),
+    "strategy.name": ("ddp", "fsdp", "deepspeed", "auto"),
     "strategy.offload_optimizer": ("none", "cpu", "nvme"),
     "strategy.offload_params": ("none", "cpu", "nvme"),
     "precision": ("fp32", "fp16", "bf16"),

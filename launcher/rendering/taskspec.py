@@ -22,6 +22,9 @@ def task_spec(plan: JobPlan) -> dict[str, Any]:
         "run_id": plan.run_id,
         "requeue_max": plan.requeue_max,
         "crash_retries": plan.crash_retries,
+        "exclude_bad_nodes": plan.exclude_bad_nodes,
+        "watchdog_stall_s": plan.watchdog_stall_s,
+        "watchdog_first_step_s": plan.watchdog_first_step_s,
         # The code snapshot's counterpart of the working directory: imported from before it.
         "code_path": plan.code.import_path if plan.code is not None else None,
     }

@@ -105,7 +105,7 @@ class JobPlan:
     env: tuple[tuple[str, str], ...]  # site then experiment
     derive_master_port: bool
     # training
-    strategy: str                     # ddp | deepspeed
+    strategy: str                     # ddp | fsdp | deepspeed
     zero_stage: int | None
     precision: str
     global_batch: int
@@ -118,6 +118,9 @@ class JobPlan:
     requeue_max: int
     signal_lead_s: int
     crash_retries: int
+    exclude_bad_nodes: bool           # requeue without the node a crash or hang points at
+    watchdog_stall_s: int             # 0: no watchdog
+    watchdog_first_step_s: int
     # the merged configs, for resolved.yaml
     experiment: Mapping[str, Any] = field(repr=False)
     site: Mapping[str, Any] = field(repr=False)

@@ -65,6 +65,9 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
                           f"{slurmtime.format(time_seconds)}: the job would be warned before it starts")
     if exp.requeue.max < 0:
         raise eprov.error("requeue.max", "must be 0 or more")
+    for key in ("stall_s", "first_step_s"):
+        if getattr(exp.watchdog, key) < 0:
+            raise eprov.error(f"watchdog.{key}", "must be 0 (off) or more seconds")
     if exp.checkpoint.every_steps < 1:
         raise eprov.error("checkpoint.every_steps", "must be 1 or more")
     if exp.checkpoint.keep < 1:
@@ -170,6 +173,8 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
         ds_config=ds_config, strategy_choice=choice,
         checkpoint_every=exp.checkpoint.every_steps, checkpoint_keep=exp.checkpoint.keep,
         requeue_max=exp.requeue.max, signal_lead_s=lead, crash_retries=site.crash_retries,
+        exclude_bad_nodes=exp.requeue.exclude_bad_nodes,
+        watchdog_stall_s=exp.watchdog.stall_s, watchdog_first_step_s=exp.watchdog.first_step_s,
         experiment=_as_dict(exp), site=_as_dict(site), code=code, hparams=hparams,
         sweep_id=ctx.sweep_id, dependency=ctx.dependency,
     )
