@@ -23,18 +23,17 @@ from typing import TYPE_CHECKING
 from ..errors import ConfigError, RunError
 from ..rendering import shell
 from ..rendering.render import JobShell, submitit_command, task_log_patterns
-from ..rendering.taskspec import task_spec
 from ..resolution.jobplan import JobPlan
-from ..runs import registry
 from ..runs.files import open_regular, read_json
 from ..runs.layout import IN_FLIGHT, RunDir, RunRecord, State
-from ..runtime import jobend
-from ..runtime.task import child_pids
-from ..runtime.telemetry import iso, start_summary
 from .base import Echo, Launched, Scheduler
 
 if TYPE_CHECKING:
     from ..runs.console import Console
+    from ..runtime import jobend
+
+# The registry, the runtime and the task spec are imported where a run starts or is
+# cancelled: rendering (a dry run) needs none of them.
 
 POLL_S = 0.2
 # What the local scheduler returns for a run the user interrupted (the shell's 128 + SIGINT).
@@ -63,6 +62,8 @@ class LocalScheduler(Scheduler):
             submitit_executor="local", node_rank="0", job_id="$GLAUNCH_JOB_ID")
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
+        from ..runs import registry
+
         status = run(plan, echo=echo)
         record = registry.read(run_dir)
         return Launched(record.job_id, record.state, status)
@@ -80,6 +81,8 @@ class LocalScheduler(Scheduler):
         except OSError as exc:
             raise RunError(f"run {record.run_id}: cannot signal job {record.job_id} (process group {pid}): "
                            f"{exc.strerror or exc}") from None
+        from ..runs import registry
+
         with registry.updating(run_dir) as rec:
             rec.state = State.CANCELLED.value
             rec.reason = "cancelled by user"
@@ -157,6 +160,8 @@ def hold_job_lock(run_dir: RunDir) -> int:
 
 
 def next_job_id() -> str:
+    from ..runs import registry
+
     fd = registry.state_file("local_job_counter")
     with os.fdopen(fd, "r+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -172,6 +177,7 @@ def next_job_id() -> str:
 def dump_task(plan: JobPlan, job_id: str) -> None:
     from submitit.core.utils import DelayedSubmission, JobPaths
 
+    from ..rendering.taskspec import task_spec
     from ..runtime.task import TrainingTask
 
     paths = JobPaths(plan.log_dir, job_id=job_id)
@@ -233,6 +239,8 @@ class Interrupts:
 def kill_job(pid: int) -> None:
     """SIGKILL the job's process group and the group of every process under it (localrun
     starts each task in a session of its own)."""
+    from ..runtime.task import child_pids
+
     groups, todo, seen = {pid}, [pid], set()
     while todo:
         parent = todo.pop()
@@ -254,6 +262,10 @@ def kill_job(pid: int) -> None:
 
 
 def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: Console, interrupts: Interrupts) -> int:
+    from ..runs import registry
+    from ..runtime import jobend
+    from ..runtime.telemetry import iso, start_summary
+
     restart = 0
     while True:
         if interrupts.count:          # between two starts: start nothing more
@@ -312,6 +324,9 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: Console, interr
 def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart: int,
              stop: dict | None, *, interrupted: bool = False) -> jobend.Outcome:
     """localrun's step summary in the terms of the Slurm path's decision."""
+    from ..runs import registry
+    from ..runtime import jobend
+
     warned, timed_out = bool(summary.get("warned")), bool(summary.get("timed_out"))
     signalled = status < 0 or status > 128
     crashes = registry.read(run_dir.path).crash_count(before=restart)
