@@ -132,6 +132,8 @@ def _with_code_root(exp, loaded_site, ctx, found: dict):
 def _upstreams(after: Sequence[str], scheduler: str, *, refresh: bool) -> list:
     """The runs and sweeps `--after` names, as they stand now (refreshed from their
     scheduler unless not `refresh`); ConfigError for one that can never be waited for."""
+    if not after:
+        return []
     from .runs import dependencies
 
     upstreams = [_upstream(item, refresh) for item in dependencies.parse(after)]
@@ -161,6 +163,8 @@ def _upstream(after, refresh: bool):
 
 
 def _dependency(upstreams, scheduler: str) -> str | None:
+    if not upstreams:
+        return None
     from .runs import dependencies
 
     return dependencies.clause(upstreams) if scheduler == "slurm" else None
@@ -205,15 +209,17 @@ def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
     scheduler runs the job to its end here (rank 0's log goes to `echo`)."""
     from .runs import bundle, registry
 
-    from .runs import dependencies
-
     plan, scheduler = prepared.plan, prepared.scheduler
     paths = dict(runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
     survey = bundle.check_inputs(plan, **paths)
     registry.check_state_dir()
     if not dry_run:
         scheduler.require()
-    extra = {"after": [dependencies.record_of(u) for u in prepared.after]} if prepared.after else None
+    extra = None
+    if prepared.after:
+        from .runs import dependencies
+
+        extra = {"after": [dependencies.record_of(u) for u in prepared.after]}
     written = bundle.write_bundle(plan, prepared.files, dry_run=dry_run, survey=survey, extra=extra, **paths)
     run_dir = written.path
     try:
