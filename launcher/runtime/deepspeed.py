@@ -18,6 +18,14 @@ done marker); what DeepSpeed copies on its own (zero_to_fp32.py) is hashed at co
 DeepSpeed's ``latest`` file (written by rank 0 before the other ranks' shards are known
 to be complete) is never written nor read: loading names the tag explicitly. Each
 rank also stores its RNG states (``rng-rank-RRRRR.pt``).
+
+ZeRO partitions the optimizer state by data-parallel rank, so a checkpoint loads as it is
+only at the world size that wrote it. At another one (``glaunch resume`` on other
+resources) ``load_engine`` converts it with DeepSpeed's universal checkpoint
+(``deepspeed.checkpoint.ds_to_universal``, on rank 0's CPU) into
+``<checkpoint_dir>/universal/step-N``, staged and committed like any checkpoint, verifies
+that copy's checksums, and loads it with DeepSpeed's ``load_universal`` path. A restart
+before the next save finds the verified copy and converts nothing.
 """
 
 from __future__ import annotations
@@ -25,13 +33,16 @@ from __future__ import annotations
 import json
 import os
 
-from .checkpoint import Checkpoint, stage_checkpoint
-from .context import RankContext, context, export_rendezvous_env, log, log_joined, shutdown_distributed
+from .checkpoint import Checkpoint, CheckpointError, stage_checkpoint, step_dir_name, verify_checkpoint
+from .context import (RankContext, broadcast_object, context, export_rendezvous_env, log, log_joined,
+                      shutdown_distributed)
 from .device import Placement
 from .device import placement as device_placement
 from .state import restore_rng, save_rng
 
 TAG = "deepspeed"
+UNIVERSAL_DIR = "universal"          # under the checkpoint dir: converted copies, one per source step
+UNIVERSAL_FRAMEWORK = "deepspeed-universal"
 
 
 def import_deepspeed():
@@ -170,15 +181,101 @@ def save_engine(engine, step: int, *, client_state: dict | None = None,
 
 
 def load_engine(engine, ckpt: Checkpoint, *, ctx: RankContext | None = None, **kwargs) -> dict:
-    """``engine.load_checkpoint(ckpt.path, tag=...)`` plus this rank's RNG; returns the client state."""
+    """Collective: ``engine.load_checkpoint(ckpt.path, tag=...)`` plus this rank's RNG;
+    returns the client state. A ZeRO checkpoint written at another world size is loaded
+    through its universal copy (made here the first time, see the module docstring)."""
 
     ctx = ctx or context()
     tag = ckpt.extra.get("tag", TAG)
-    load_path, client_state = engine.load_checkpoint(str(ckpt.path), tag=tag, **kwargs)
+    if needs_universal(ckpt, ctx):
+        universal = universal_copy(ckpt, ctx)
+        if ctx.is_main:
+            log(f"{ckpt.path.name} was saved by ZeRO-{ckpt.extra.get('zero_stage')} at world size "
+                f"{ckpt.world_size}: loading its universal copy {universal.path} at world size {ctx.world_size}")
+        load_path, client_state = _load_universal(engine, universal, tag, **kwargs)
+    else:
+        load_path, client_state = engine.load_checkpoint(str(ckpt.path), tag=tag, **kwargs)
     if load_path is None:
         raise RuntimeError(f"DeepSpeed could not load {ckpt.path / tag}")
     restore_rng(ckpt, ctx.rank, ctx.world_size)
     return client_state or {}
+
+
+def needs_universal(ckpt: Checkpoint, ctx: RankContext) -> bool:
+    """Whether `ckpt` holds ZeRO-partitioned optimizer state for another data-parallel size
+    (glaunch runs no tensor or pipeline parallelism: the data-parallel size is the world size)."""
+    stage = ckpt.extra.get("zero_stage")
+    return (ckpt.framework == "deepspeed" and isinstance(stage, int) and stage >= 1
+            and ckpt.world_size not in (0, ctx.world_size))
+
+
+def universal_copy(ckpt: Checkpoint, ctx: RankContext) -> Checkpoint:
+    """Collective: the verified universal copy of `ckpt` (``<checkpoint_dir>/universal/step-N``):
+    the one already there when it verifies and was made from this very checkpoint, else a
+    new one, converted by rank 0 inside the staging/commit protocol."""
+    directory = ckpt.path.parent / UNIVERSAL_DIR
+    source = {"source": ckpt.path.name, "source_created": ckpt.manifest.get("created"),
+              "source_world_size": ckpt.world_size}
+    found = _verified(directory / step_dir_name(ckpt.step), source, ctx)
+    if found is not None:
+        return found
+    tag = ckpt.extra.get("tag", TAG)
+    with stage_checkpoint(ckpt.step, framework=UNIVERSAL_FRAMEWORK, ctx=ctx, checkpoint_dir=directory, keep=1,
+                          extra=dict(source, tag=tag, zero_stage=ckpt.extra.get("zero_stage"))) as st:
+        if ctx.is_main:
+            convert_to_universal(ckpt.path / tag, st.path / tag)
+            st.add(*(p for p in (st.path / tag).rglob("*") if p.is_file()))
+    found = _verified(st.committed.path, source, ctx)
+    if found is None:
+        raise CheckpointError(f"the universal copy of {ckpt.path} does not verify after its commit")
+    return found
+
+
+def _verified(path, source: dict, ctx: RankContext) -> Checkpoint | None:
+    """Rank 0 re-reads every file of the copy at `path` against its manifest (checksums)
+    and checks that it was made from `source`; the same answer on every rank."""
+    manifest = None
+    if ctx.is_main and path.is_dir():
+        manifest, why = verify_checkpoint(path, verify="hash")
+        if manifest is None:
+            log(f"universal copy {path}: {why}; converting again")
+        elif any((manifest.get("extra") or {}).get(k) != v for k, v in source.items()):
+            manifest = None      # made from an earlier checkpoint of the same step
+    manifest = broadcast_object(manifest)
+    return None if manifest is None else Checkpoint(step=int(manifest["step"]), path=path, manifest=manifest)
+
+
+def convert_to_universal(source, output) -> None:
+    """DeepSpeed's ds_to_universal on this process's CPU: the ZeRO checkpoint folder
+    `source` (one tag's) -> the universal checkpoint folder `output`."""
+    import argparse
+    import contextlib
+    import io
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    args = argparse.Namespace(input_folder=str(source), output_folder=str(output), num_extract_workers=1,
+                              num_merge_workers=1, keep_temp_folder=False, strict=True,
+                              inject_missing_state=True)
+    chatter = io.StringIO()          # its progress lines and bars; kept for an error
+    try:
+        with contextlib.redirect_stdout(chatter), contextlib.redirect_stderr(chatter):
+            ds_to_universal.main(args)
+    except Exception as exc:
+        raise CheckpointError(f"converting {source} to DeepSpeed's universal checkpoint failed: "
+                              f"{type(exc).__name__}: {exc}\n{chatter.getvalue()[-2000:]}") from exc
+
+
+def _load_universal(engine, universal: Checkpoint, tag: str, **kwargs):
+    """``engine.load_checkpoint`` with DeepSpeed's ``checkpoint.load_universal`` switched on
+    for this one load (the engine reads the setting when it loads)."""
+    config = engine._config
+    before = config.load_universal_checkpoint
+    config.load_universal_checkpoint = True
+    try:
+        return engine.load_checkpoint(str(universal.path), tag=tag, **kwargs)
+    finally:
+        config.load_universal_checkpoint = before
 
 
 def shutdown(engine=None) -> None:

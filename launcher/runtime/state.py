@@ -65,16 +65,27 @@ def save_rng(staging, rank: int) -> None:
 
 
 def restore_rng(ckpt: Checkpoint, rank: int, world_size: int) -> bool:
-    """This rank's RNG states from `ckpt`, when it was written by as many ranks."""
+    """This rank's RNG states from `ckpt`, when it was written by as many ranks (else
+    rank 0 says once that the run is no longer bitwise reproducible)."""
     import torch
 
+    if ckpt.world_size != world_size:
+        warn_rng_not_restored(ckpt.world_size, world_size, rank)
+        return False
     f = ckpt.path / rng_file(rank)
-    if f.exists() and ckpt.world_size == world_size:
-        set_rng_state(torch.load(f, map_location="cpu", weights_only=True))
-        return True
-    log(f"no RNG state for rank {rank} of {world_size} in {ckpt.path.name} (written by {ckpt.world_size} "
-        "ranks): resume is not bitwise reproducible")
-    return False
+    if not f.exists():
+        log(f"no RNG state for rank {rank} in {ckpt.path.name}: resume is not bitwise reproducible")
+        return False
+    set_rng_state(torch.load(f, map_location="cpu", weights_only=True))
+    return True
+
+
+def warn_rng_not_restored(saved_world_size: int, world_size: int, rank: int) -> None:
+    """The one warning (rank 0's) of a resume at another world size: each rank's RNG stream
+    belongs to a rank of the saved run, so none is restored."""
+    if rank == 0:
+        log(f"resumed at world size {world_size} from a checkpoint saved at world size {saved_world_size}: "
+            "per-rank RNG streams are not restored; the run is no longer bitwise reproducible")
 
 
 def unwrap(model):
@@ -311,7 +322,9 @@ def load_torch_state(ckpt: Checkpoint, model, optimizer=None, *, scheduler=None,
     rank_state: dict = {}
     restored = False
     rf = ckpt.path / rank_file(ctx.rank)
-    if rf.exists() and ckpt.world_size == ctx.world_size:
+    if ckpt.world_size != ctx.world_size:
+        warn_rng_not_restored(ckpt.world_size, ctx.world_size, ctx.rank)
+    elif rf.exists():
         import torch
 
         r = torch.load(rf, map_location="cpu", weights_only=True)
@@ -320,8 +333,7 @@ def load_torch_state(ckpt: Checkpoint, model, optimizer=None, *, scheduler=None,
             set_rng_state(r["rng"])
             restored = True
     else:
-        log(f"{ckpt.path.name} was written by {ckpt.world_size} ranks, this run has "
-            f"{ctx.world_size}: RNG states not restored, resume is not bitwise reproducible")
+        log(f"no {rf.name} in {ckpt.path.name}: RNG states not restored, resume is not bitwise reproducible")
     return {"step": step, "extra": extra, "rank_state": rank_state, "rng_restored": restored}
 
 
