@@ -273,6 +273,15 @@ CASES = [
      ["mysite.yaml", "account", "control characters"]),
     ("site-python-unbalanced", {"site_configs/mysite.yaml": site("python: \"python3 'x\"\n")}, [],
      ["mysite.yaml", "python", "not a command line"]),
+    # --- fsdp: offload and DeepSpeed keys are refused ---
+    ("fsdp-offload-params", {"exp.yaml": exp("strategy: {name: fsdp, offload_params: cpu}\n")}, [],
+     ["exp.yaml", "strategy.offload_params", "fsdp", "CPUOffloadPolicy", "strategy.name: deepspeed"]),
+    ("fsdp-offload-optimizer", {"exp.yaml": exp("strategy: {name: fsdp, offload_optimizer: cpu}\n")}, [],
+     ["exp.yaml", "strategy.offload_optimizer", "fsdp"]),
+    ("fsdp-override-offload", {"exp.yaml": exp("strategy: {name: fsdp}\n")}, ["strategy.offload_params=nvme"],
+     ["command line", "strategy.offload_params", "fsdp"]),
+    ("fsdp-deepspeed-keys", {"exp.yaml": exp("strategy: {name: fsdp}\ndeepspeed: {gradient_clipping: 1.0}\n")}, [],
+     ["exp.yaml", "deepspeed", "strategy.name is 'fsdp'"]),
 ]
 
 

@@ -1,5 +1,6 @@
-"""The strategy planner: its memory model against DeepSpeed's estimators and the ZeRO
-paper, `strategy.name: auto` through the real CLI, `glaunch plan` and its imports."""
+"""The strategy planner: its memory model against DeepSpeed's estimators, the ZeRO paper
+and hand-computed FSDP2 figures, `strategy.name: auto` through the real CLI, `glaunch
+plan` and its imports."""
 
 import json
 import os
@@ -138,6 +139,64 @@ def test_model_states_follow_precision_and_optimizer(precision, optimizer, ddp_b
     assert rows["zero1"].model_states_gb == pytest.approx(2 * word + (ddp_bytes - 2 * word) / 4)
 
 
+# --- FSDP2 (fsdp): ZeRO-3's sharded states + the largest layer gathered whole ---------------
+
+
+@pytest.mark.parametrize("precision,optimizer,expected_gb", [
+    # 7.5e9 params over 4 GPUs, largest layer 2^26 = 67,108,864 params:
+    ("bf16", "adam", 16 * 7.5e9 / 4 / 1e9 + 4 * 67_108_864 / 1e9),     # 30 + 0.268435456
+    ("fp16", "adamw", 30.0 + 0.268435456),                              # (2 + 2 + 12) / 4, (2 + 2) L
+    ("fp32", "adam", 30.0 + 0.536870912),                               # (4 + 4 + 8) / 4, (4 + 4) L
+    ("bf16", "sgd", 22.5 + 0.268435456),                                # (2 + 2 + 8) / 4
+    ("fp32", "sgd", 22.5 + 0.536870912),                                # (4 + 4 + 4) / 4
+])
+def test_fsdp_row_by_hand(precision, optimizer, expected_gb):
+    result = make_plan(PlanInput(params=7_500_000_000, nodes=1, gpus_per_node=4, gpu_mem_gb=80, precision=precision,
+                                 optimizer=optimizer, largest_layer_params=2**26))
+    fsdp, zero3 = result.row("fsdp"), result.row("zero3")
+    assert fsdp.estimate_gb == pytest.approx(expected_gb, abs=1e-9)
+    assert fsdp.total_gb == pytest.approx(expected_gb + 2.0, abs=1e-9)       # + the site's overhead
+    assert fsdp.model_states_gb == zero3.model_states_gb                       # the ZeRO paper's P_os+g+p
+    assert fsdp.deepspeed_gb is None and fsdp.to_json()["deepspeed_gb"] is None
+    assert fsdp.to_json()["estimate_gb"] == pytest.approx(expected_gb, abs=1e-6)
+    assert (fsdp.comm_volume, fsdp.pcie_gb, fsdp.host_gb, fsdp.host_fits) == (1.5, 0.0, None, None)
+
+
+def test_fsdp_shards_over_every_rank_of_every_node():
+    # 70e9 on 16 nodes x 8 GPUs, bf16 Adam, L = 8192 x 28672 (a LLaMA-70B MLP matrix):
+    # 16 x 70e9 / 128 = 8.75 GB, 4 x 234,881,024 = 0.939524096 GB.
+    rows = planner.evaluate(PlanInput(params=70 * 10**9, nodes=16, gpus_per_node=8, gpu_mem_gb=80,
+                                      largest_layer_params=8192 * 28672))
+    fsdp = next(r for r in rows if r.name == "fsdp")
+    assert fsdp.estimate_gb == pytest.approx(8.75 + 0.939524096, abs=1e-9)
+    assert fsdp.total_gb == pytest.approx(8.75 + 0.939524096 + 2.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("gpu_mem_gb,chosen", [
+    (80, "zero1"),       # zero1: 2Ψ + 2Ψ + 16Ψ/4 = 60 GB + 2 of 72 usable: DDP's communication volume
+    (57, "zero2"),       # zero1's 62 > 51.3 usable; zero2: 15 + 18 x 7.5/4 = 48.75 + 2 fits
+    (40, "fsdp"),        # zero2's 50.75 > 36; fsdp: 30.27 + 2 fits, as zero3 (36.02) does not
+    (20, "zero2_offload"),   # fsdp's 32.27 > 18; zero2 offload: 15 + 2 fits
+])
+def test_auto_prefers_least_communication_then_fsdp_over_zero3(gpu_mem_gb, chosen):
+    result = make_plan(PlanInput(params=7_500_000_000, nodes=1, gpus_per_node=4, gpu_mem_gb=gpu_mem_gb,
+                                 largest_layer_params=2**26))
+    assert result.recommended == chosen
+    assert memory.STRATEGIES.index("zero2") < memory.STRATEGIES.index("fsdp") < memory.STRATEGIES.index("zero3")
+
+
+def test_fsdp_before_zero3_even_where_only_zero3_fits():
+    # fp32 with a large layer: fsdp's 8L outgrows zero3's 4L (DeepSpeed counts 16-bit copies),
+    # 16 x 1e9 / 8 + 8 x 1e8 = 2.8 GB against 18 x 1e9 / 8 + 4 x 1e8 = 2.65 GB. The order
+    # still lists fsdp first; where it does not fit, zero3 is the choice.
+    base = dict(params=10**9, nodes=1, gpus_per_node=8, precision="fp32", largest_layer_params=10**8,
+                overhead_gb=0.0, headroom=0.0)
+    rows = {r.name: r for r in make_plan(PlanInput(**base, gpu_mem_gb=80)).rows}
+    assert rows["fsdp"].estimate_gb == pytest.approx(2.8) and rows["zero3"].estimate_gb == pytest.approx(2.65)
+    assert make_plan(PlanInput(**base, gpu_mem_gb=2.7)).recommended == "zero3"
+    assert make_plan(PlanInput(**base, gpu_mem_gb=2.8)).recommended == "fsdp"
+
+
 # --- activations, overhead, headroom -------------------------------------------------------
 
 
@@ -167,7 +226,7 @@ def test_fits_uses_overhead_and_headroom():
     assert make_plan(PlanInput(**base, overhead_gb=6.5)).recommended != "ddp"
     assert make_plan(PlanInput(**base, headroom=0.2)).recommended != "ddp"
     row = make_plan(PlanInput(**base, overhead_gb=3.0)).rows[0]
-    assert row.total_gb == pytest.approx(row.deepspeed_gb + row.activations_gb + 3.0)
+    assert row.total_gb == pytest.approx(row.estimate_gb + row.activations_gb + 3.0)
 
 
 def test_zero3_largest_layer_estimate_is_documented_in_the_table():
@@ -237,8 +296,8 @@ def test_min_nodes_matches_a_linear_search():
     ("1.0e9", "ddp", None, None),
     ("8.0e9", "zero1", 1, None),
     ("14.0e9", "zero2", 2, None),
-    ("25.0e9", "zero3", 3, None),
-    ("33.0e9", "zero2_offload", 2, ("cpu", None)),
+    ("25.0e9", "fsdp", None, None),             # 16 x 25e9 / 8 + 4L = 50.7 GB; zero2's 2 x 25e9 does not fit
+    ("34.8e9", "zero2_offload", 2, ("cpu", None)),   # fsdp: 69.6 + 0.86 + 2 > 72; zero2 offload 69.6 + 2
     ("60.0e9", "zero3_offload", 3, ("cpu", "cpu")),
 ])
 def test_auto_picks_the_first_strategy_that_fits(workdir, monkeypatch, capsys, params, chosen, stage, offload):
@@ -253,7 +312,9 @@ def test_auto_picks_the_first_strategy_that_fits(workdir, monkeypatch, capsys, p
     assert chosen in choice["reason"] and "fits" in choice["reason"]
     ds_path = run_dir / "ds_config.json"
     if stage is None:
-        assert resolved["derived"]["strategy"] == "ddp"
+        assert resolved["derived"]["strategy"] == chosen
+        assert resolved["derived"].get("zero_stage") is None
+        assert f"export GLAUNCH_STRATEGY={chosen}\n" in (run_dir / "env.sh").read_text()
         assert not ds_path.exists()
         return
     zero = json.loads(ds_path.read_text())["zero_optimization"]
@@ -266,8 +327,8 @@ def test_auto_picks_the_first_strategy_that_fits(workdir, monkeypatch, capsys, p
 
 def test_auto_nothing_fits_exits_2_with_minimum_nodes(workdir, monkeypatch, capsys):
     # 60B on one node: only zero3_offload fits the GPUs, and it needs 18 x 60e9 = 1080 GB of
-    # host memory, of 460.8 GB usable. On two nodes ZeRO-3 fits the GPUs:
-    # 4L + 18 x 60e9 / 16 = 68.7 GB, + 2 GB overhead <= 72 GB.
+    # host memory, of 460.8 GB usable. On two nodes FSDP fits the GPUs:
+    # 16 x 60e9 / 16 + 4L = 61.2 GB, + 2 GB overhead <= 72 GB (L estimated: 297M).
     (workdir / "site.yaml").write_text(SITE.format(extra=", mem_gb: 512"))
     runs = workdir / "runs"
     code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "site.yaml", "--dry-run",
@@ -282,7 +343,8 @@ def test_auto_nothing_fits_exits_2_with_minimum_nodes(workdir, monkeypatch, caps
                              "--runs-dir", str(runs), "--json", "model.params=60e9", "resources.nodes=2")
     assert code == 0, err
     resolved = yaml.safe_load((runs / json.loads(out)["run_id"] / "resolved.yaml").read_text())
-    assert resolved["derived"]["strategy_choice"]["chosen"] == "zero3"
+    assert resolved["derived"]["strategy_choice"]["chosen"] == "fsdp"
+    assert resolved["derived"]["strategy"] == "fsdp"
 
 
 def test_auto_nothing_fits_at_any_node_count(workdir, monkeypatch, capsys):
@@ -304,9 +366,12 @@ def test_plan_json_shape(workdir, monkeypatch, capsys):
     assert set(data) == {"world_size", "gpu_mem_gb", "strategies", "recommended", "reason", "min_nodes"}
     assert data["world_size"] == 8 and data["gpu_mem_gb"] == 80.0
     assert [s["name"] for s in data["strategies"]] == list(memory.STRATEGIES)
+    assert "fsdp" in memory.STRATEGIES
     for row in data["strategies"]:
-        for key in ("model_states_gb", "deepspeed_gb", "activations_gb", "total_gb"):
+        for key in ("model_states_gb", "estimate_gb", "activations_gb", "total_gb"):
             assert isinstance(row[key], float), key
+        assert isinstance(row["deepspeed_gb"], float) if row["name"] != "fsdp" else row["deepspeed_gb"] is None
+        assert row["total_gb"] == pytest.approx(row["estimate_gb"] + row["activations_gb"] + 2.0, abs=1e-5)
         assert isinstance(row["fits"], bool) and isinstance(row["gpu_fits"], bool)
         assert row["gpu_fits"] == (row["total_gb"] <= 80 * 0.9)
         assert row["fits"] == (row["gpu_fits"] and row["host_fits"] is not False)
@@ -332,9 +397,14 @@ def test_plan_json_when_nothing_fits(workdir, monkeypatch, capsys):
 def test_plan_table(workdir, monkeypatch, capsys):
     code, out, err = glaunch(monkeypatch, capsys, "plan", "exp.yaml", "--site", "site.yaml", "model.params=7.5e9")
     assert code == 0, err
-    for fragment in ["ZeRO paper", "DeepSpeed", "activations", "total", "fits", "1.5x", "recommended: zero1",
-                     "reason:", *memory.STRATEGIES]:
+    for fragment in ["ZeRO paper", "estimate", "DeepSpeed", "FSDP2", "activations", "total", "fits", "1.5x",
+                     "recommended: zero1", "reason:", *memory.STRATEGIES]:
         assert fragment in out, fragment
+    # 7.5e9 over 8 GPUs, L estimated as 4h² + 4h with h = (128 x 7.5e9 / 12)^(1/3):
+    # fsdp = 16 x 7.5e9 / 8 + 4L = 15 GB + 4L
+    h = (128 * 7.5e9 / 12) ** (1 / 3)
+    fsdp_line = next(line for line in out.splitlines() if line.startswith("fsdp "))
+    assert fsdp_line.split()[1:3] == ["15.00", f"{15 + 4 * int(4 * h * h + 4 * h) / 1e9:.2f}"]
 
 
 def test_plan_with_params_imports_no_torch(workdir):

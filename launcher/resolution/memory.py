@@ -19,15 +19,15 @@ experiment's precision and optimizer, bytes per parameter are
     ddp            (P + G + K)Ψ
     zero1          (P + G)Ψ + KΨ/N                 optimizer states partitioned (P_os)
     zero2          PΨ + (G + K)Ψ/N                 and gradients (P_os+g)
-    zero3          (P + G + K)Ψ/N                  and parameters (P_os+g+p)
+    zero3, fsdp    (P + G + K)Ψ/N                  and parameters (P_os+g+p)
     zero2_offload  PΨ + GΨ/N                       K lives in host memory (ZeRO-Offload)
     zero3_offload  GΨ/N                            K and the parameter shards live on the host
 
 Persistent states only, as in the paper: the layer ZeRO-3 gathers while computing is not
 counted here.
 
-Model states, DeepSpeed's estimators (`deepspeed_gb`; this decides what fits)
------------------------------------------------------------------------------
+Model states, DeepSpeed's estimators (`deepspeed_gb`, and `estimate_gb`: what decides fit)
+-----------------------------------------------------------------------------------------
 The arithmetic of `estimate_zero2_model_states_mem_needs`
 (deepspeed/runtime/zero/stage_1_and_2.py) and `estimate_zero3_model_states_mem_needs`
 (deepspeed/runtime/zero/stage3.py), GPU side, with their fixed byte counts: 2 bytes of
@@ -41,7 +41,7 @@ experiment's precision and optimizer; the paper column follows those.
     zero3          4L + 18Ψ/N                      estimate_zero3(cpu_offload=False)
     zero3_offload  4L                              estimate_zero3(cpu_offload=True,
                                                                   cpu_offload_params=True)
-DeepSpeed has no estimator for the other two; they follow from the same byte counts:
+DeepSpeed has no estimator for ddp and zero1; they follow from the same byte counts:
 
     ddp            20Ψ                             the ZeRO-2 formula with nothing sharded
                                                    (N = 1); torch DDP with AMP holds the same:
@@ -49,6 +49,21 @@ DeepSpeed has no estimator for the other two; they follow from the same byte cou
                                                    copy of the gradients, Adam's 8 bytes
     zero1          4Ψ + 16Ψ/N                      16-bit gradients stay whole, the rest of
                                                    the 18 sharded bytes is partitioned
+
+PyTorch FSDP2 (`fully_shard`, full sharding: the `fsdp` row's `estimate_gb`)
+---------------------------------------------------------------------------
+ZeRO-3's accounting with the experiment's precision and optimizer: weights, gradients
+and optimizer states are sharded over the N ranks, and one layer at a time is gathered
+whole to compute, its weights and, in the backward pass, its gradients before they are
+reduce-scattered:
+
+    fsdp           (P + G + K)Ψ/N + (P + G)L       bf16 Adam: 16Ψ/N + 4L; fp32 Adam: 16Ψ/N + 8L
+
+Under mixed precision FSDP2 keeps the sharded weights and gradients in fp32 and
+gathers 16-bit copies (MixedPrecisionPolicy): 4 + 4 + 8 bytes per sharded parameter,
+the same 16 as P + G + K. The next layer's prefetched weights and the gradients' fp32
+copy for the reduce-scatter are transient and left to the site's headroom. DeepSpeed
+has no estimate of FSDP: the row's `deepspeed_gb` is null.
 
 L is `model.largest_layer_params`; else the largest module counted from `model.factory`
 (its own parameters, as DeepSpeed's model_to_params counts); else 4h² + 4h, the MLP
@@ -82,17 +97,18 @@ layers, hidden_size, heads and seq_len the activations count as 0, and the plan 
 
 Fitting
 -------
-total = deepspeed_gb + activations_gb + overhead_gb (site plan.overhead_gb: CUDA context,
-NCCL buffers, fragmentation); a strategy fits when total <= gpu_mem_gb·(1 - headroom).
-The recommendation is the first that fits in the order ddp, zero1, zero2, zero3,
-zero2_offload, zero3_offload: least communication, then least host traffic.
+total = estimate_gb + activations_gb + overhead_gb (estimate_gb: DeepSpeed's arithmetic
+above, FSDP2's for fsdp; site plan.overhead_gb: CUDA context, NCCL buffers,
+fragmentation); a strategy fits when total <= gpu_mem_gb·(1 - headroom). The
+recommendation is the first that fits in the order of STRATEGIES (see there).
 
 Communication per step relative to DDP (ZeRO paper, section 7): DDP's all-reduce moves
 2Ψ, as do ZeRO-1 and ZeRO-2 (reduce-scatter and all-gather); ZeRO-3 moves 3Ψ, 1.5x,
-since parameters are all-gathered in forward and again in backward. Offload adds PCIe
-traffic per GPU and step: ZeRO-2 offload sends its gradient partition to the host and
-takes the updated weights back, (G + P)Ψ/N; ZeRO-3 offload also fetches the parameter
-shards for the backward pass, (G + 2P)Ψ/N.
+since parameters are all-gathered in forward and again in backward; so does FSDP2 with
+its default reshard_after_forward. Offload adds PCIe traffic per GPU and step: ZeRO-2
+offload sends its gradient partition to the host and takes the updated weights back,
+(G + P)Ψ/N; ZeRO-3 offload also fetches the parameter shards for the backward pass,
+(G + 2P)Ψ/N.
 """
 
 from __future__ import annotations
@@ -102,15 +118,23 @@ from dataclasses import dataclass
 from typing import Any
 
 GB = 1e9
-STRATEGIES = ("ddp", "zero1", "zero2", "zero3", "zero2_offload", "zero3_offload")
+# The table's rows and `auto`'s preference, in this order: least communication first, then
+# least host traffic. ZeRO-1 and ZeRO-2 move DDP's 2Ψ per step and come before fsdp's 3Ψ;
+# fsdp comes before zero3, which moves as much and holds more (18 sharded bytes against
+# 16): it is PyTorch's own, needs no DeepSpeed installed and checkpoints through
+# torch.distributed.checkpoint. DeepSpeed is chosen over fsdp only where it moves less or
+# where offload is needed.
+STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "zero3", "zero2_offload", "zero3_offload")
 PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
 NODE_SEARCH_CAP = 4096          # for min_nodes when the partition gives no max_nodes
 GPT_ASPECT = 128                # hidden size / layers of GPT-3 175B, LLaMA 7B and 13B
 
-COMM_VOLUME = {"ddp": 1.0, "zero1": 1.0, "zero2": 1.0, "zero3": 1.5, "zero2_offload": 1.0, "zero3_offload": 1.5}
+COMM_VOLUME = {"ddp": 1.0, "zero1": 1.0, "zero2": 1.0, "fsdp": 1.5, "zero3": 1.5, "zero2_offload": 1.0,
+               "zero3_offload": 1.5}
 SETTINGS: dict[str, dict[str, Any]] = {
     "ddp": {"name": "ddp"},
+    "fsdp": {"name": "fsdp"},
     "zero1": {"name": "deepspeed", "zero_stage": 1, "offload_optimizer": "none", "offload_params": "none"},
     "zero2": {"name": "deepspeed", "zero_stage": 2, "offload_optimizer": "none", "offload_params": "none"},
     "zero3": {"name": "deepspeed", "zero_stage": 3, "offload_optimizer": "none", "offload_params": "none"},
@@ -216,6 +240,7 @@ def zero_paper_bytes(name: str, psi: float, n: int, b: ByteCounts) -> float:
         "zero1": (b.p + b.g) * psi + b.k * psi / n,
         "zero2": b.p * psi + (b.g + b.k) * psi / n,
         "zero3": (b.p + b.g + b.k) * psi / n,
+        "fsdp": (b.p + b.g + b.k) * psi / n,
         "zero2_offload": b.p * psi + b.g * psi / n,
         "zero3_offload": b.g * psi / n,
     }[name]
@@ -237,6 +262,18 @@ def deepspeed_bytes(name: str, psi: float, n: int, largest: float) -> float:
         "zero2_offload": DS_PARAM * psi,
         "zero3_offload": DS_LAYER * largest,
     }[name]
+
+
+def fsdp_bytes(psi: float, n: int, largest: float, b: ByteCounts) -> float:
+    """Per-GPU model-state bytes of FSDP2's full sharding: ZeRO-3's sharded states and the
+    largest layer's weights and gradients gathered whole, in the experiment's precision."""
+    return (b.p + b.g + b.k) * psi / n + (b.p + b.g) * largest
+
+
+def estimate_bytes(name: str, psi: float, n: int, largest: float, b: ByteCounts) -> float:
+    """Per-GPU model-state bytes that decide what fits: FSDP2's for fsdp, DeepSpeed's
+    estimator arithmetic for the others."""
+    return fsdp_bytes(psi, n, largest, b) if name == "fsdp" else deepspeed_bytes(name, psi, n, largest)
 
 
 def host_bytes(name: str, psi: float, nodes: int) -> float | None:

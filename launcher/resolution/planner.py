@@ -8,14 +8,14 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from .memory import (COMM_VOLUME, GB, NODE_SEARCH_CAP, OFFLOAD, SETTINGS, STRATEGIES, PlanInput, activation_bytes,
-                     byte_counts, deepspeed_bytes, host_bytes, largest_layer, pcie_bytes, zero_paper_bytes)
+                     byte_counts, estimate_bytes, host_bytes, largest_layer, pcie_bytes, zero_paper_bytes)
 
 
 @dataclass(frozen=True)
 class StrategyRow:
     name: str
-    model_states_gb: float
-    deepspeed_gb: float
+    model_states_gb: float        # the ZeRO paper's persistent states
+    estimate_gb: float            # what decides fit: DeepSpeed's estimator arithmetic, FSDP2's for fsdp
     activations_gb: float
     total_gb: float
     gpu_fits: bool
@@ -25,13 +25,20 @@ class StrategyRow:
     host_fits: bool | None        # None: not an offload strategy, or host memory unknown
 
     @property
+    def deepspeed_gb(self) -> float | None:
+        """DeepSpeed's estimate; None for fsdp, which DeepSpeed does not estimate."""
+        return None if self.name == "fsdp" else self.estimate_gb
+
+    @property
     def fits(self) -> bool:
         """Usable: it fits the GPU and, for offload, the host memory where that is known."""
         return self.gpu_fits and self.host_fits is not False
 
     def to_json(self) -> dict[str, Any]:
+        ds = self.deepspeed_gb
         return {"name": self.name, "model_states_gb": _r(self.model_states_gb),
-                "deepspeed_gb": _r(self.deepspeed_gb), "activations_gb": _r(self.activations_gb),
+                "estimate_gb": _r(self.estimate_gb), "deepspeed_gb": None if ds is None else _r(ds),
+                "activations_gb": _r(self.activations_gb),
                 "total_gb": _r(self.total_gb), "fits": self.fits, "gpu_fits": self.gpu_fits,
                 "comm_volume": self.comm_volume,
                 "pcie_gb": _r(self.pcie_gb), "host_gb": None if self.host_gb is None else _r(self.host_gb),
@@ -52,14 +59,14 @@ def evaluate(inp: PlanInput, nodes: int | None = None) -> list[StrategyRow]:
     act = activation_bytes(inp) / GB
     rows = []
     for name in STRATEGIES:
-        ds = deepspeed_bytes(name, psi, n, largest) / GB
-        total = ds + act + inp.overhead_gb
+        estimate = estimate_bytes(name, psi, n, largest, b) / GB
+        total = estimate + act + inp.overhead_gb
         host = host_bytes(name, psi, nodes)
         host_gb = None if host is None else host / GB
         host_fits = None
         if host_gb is not None and inp.host_mem_gb is not None:
             host_fits = host_gb <= inp.host_mem_gb * (1 - inp.headroom)
-        rows.append(StrategyRow(name, zero_paper_bytes(name, psi, n, b) / GB, ds, act, total,
+        rows.append(StrategyRow(name, zero_paper_bytes(name, psi, n, b) / GB, estimate, act, total,
                                 total <= inp.usable_gb, COMM_VOLUME[name], pcie_bytes(name, psi, n, b) / GB,
                                 host_gb, host_fits))
     return rows
@@ -125,8 +132,8 @@ def make_plan(inp: PlanInput) -> PlanResult:
                      + (" (fp32: 66 + 9·a·s/h)" if inp.precision == "fp32" else "")
                      + f", micro batch {inp.micro_batch}, no recomputation")
     if inp.precision == "fp32" or inp.optimizer == "sgd":
-        notes.append(f"the DeepSpeed column keeps its estimators' mixed-precision Adam byte counts; the ZeRO "
-                     f"paper column counts {inp.precision} {inp.optimizer}")
+        notes.append(f"the estimate column keeps DeepSpeed's mixed-precision Adam byte counts (fsdp's counts "
+                     f"{inp.precision} {inp.optimizer}); the ZeRO paper column counts {inp.precision} {inp.optimizer}")
     if inp.host_mem_gb is None:
         notes.append("host memory not checked for offload: no resources.mem_gb or partition mem_gb")
     return PlanResult(inp, rows, chosen.name if chosen else None, reason, min_nodes, largest, source,
@@ -191,7 +198,7 @@ def format_plan_table(result: PlanResult) -> str:
         f"largest layer: {result.largest_layer_params:,} params ({result.largest_layer_source})",
         *result.notes,
         "",
-        "per GPU, GB    ZeRO paper  DeepSpeed  activations    total  fits  comm   offload (PCIe/step, host/node)",
+        "per GPU, GB    ZeRO paper   estimate  activations    total  fits  comm   offload (PCIe/step, host/node)",
     ]
     lines = []
     for r in result.rows:
@@ -200,9 +207,11 @@ def format_plan_table(result: PlanResult) -> str:
             offload = f"{r.pcie_gb:.1f} GB, {r.host_gb:.0f} GB"
             if r.host_fits is not None:
                 offload += f" of {(inp.host_mem_gb or 0.0) * (1 - inp.headroom):.0f}" + ("" if r.host_fits else " NO")
-        lines.append(f"{r.name:14s} {r.model_states_gb:10.2f} {r.deepspeed_gb:10.2f} {r.activations_gb:12.2f} "
+        lines.append(f"{r.name:14s} {r.model_states_gb:10.2f} {r.estimate_gb:10.2f} {r.activations_gb:12.2f} "
                      f"{r.total_gb:8.2f}  {'yes' if r.fits else 'no':4s}  {r.comm_volume:.1f}x  {offload}".rstrip())
-    tail = ["comm: per-step volume relative to DDP's 2Ψ all-reduce (ZeRO paper); offload adds the PCIe traffic shown",
+    tail = ["estimate: DeepSpeed's estimators (ddp, zero*); fsdp: FSDP2's sharded states + the largest layer "
+            "gathered whole",
+            "comm: per-step volume relative to DDP's 2Ψ all-reduce (ZeRO paper); offload adds the PCIe traffic shown",
             "", f"recommended: {result.recommended or 'none'}", f"reason: {result.reason}"]
     if result.min_nodes is not None:
         tail.append(f"minimum nodes: {result.min_nodes} (resources.nodes)")

@@ -8,19 +8,17 @@ from __future__ import annotations
 
 import math
 import os
-import re
-from dataclasses import dataclass
-from pathlib import PurePath
-from typing import Any, Mapping, NoReturn
+from typing import Any
 
 from ..config import schema
 from ..config.load import LoadedExperiment, LoadedSite, Provenance
-from ..errors import ConfigError
 from ..config.sitechecks import OWN_SBATCH_OPTIONS, python_words  # noqa: F401 (re-exported)
 from ..rendering import shell
-from . import deepspeed_config, slurmtime
 from ..runs.layout import CODE_DIR
+from . import deepspeed_config, paths, slurmtime
 from .jobplan import CodeRoot, CodeSnapshot, Container, JobPlan, SubmitContext
+from .strategy import resolve_strategy
+
 
 def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitContext) -> JobPlan:
     exp, site = exp_loaded.config, site_loaded.config
@@ -73,7 +71,7 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
     if exp.checkpoint.keep < 1:
         raise eprov.error("checkpoint.keep", "must be 1 or more")
 
-    strategy, choice = _strategy(exp, site, part, nodes, ranks_per_node, eprov)
+    strategy, choice = resolve_strategy(exp, site, part, nodes, ranks_per_node, eprov)
     micro = _positive(exp.batch.micro_size, "batch.micro_size", eprov)
     global_batch = exp.batch.global_size if exp.batch.global_size is not None else micro * world_size
     _positive(global_batch, "batch.global_size", eprov)
@@ -89,26 +87,26 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
             offload_params=strategy.offload_params, nvme_path=strategy.nvme_path,
             precision=exp.precision, extra=exp.deepspeed, error=eprov.error)
     elif exp.deepspeed:
-        raise eprov.error("deepspeed", "DeepSpeed keys given but strategy.name is 'ddp'")
+        raise eprov.error("deepspeed", f"DeepSpeed keys given but strategy.name is {strategy.name!r}")
 
     cwd = ctx.cwd
-    _check_path_text(cwd, "working directory", None)
+    paths.check_text(cwd, "working directory", None)
     runs_prov: Provenance | None
     if ctx.runs_dir:
         runs_key, runs_prov = "--runs-dir", None
-        runs_root = _path(ctx.runs_dir, runs_key, runs_prov, ctx.environ, cwd)
+        runs_root = paths.expand(ctx.runs_dir, runs_key, runs_prov, ctx.environ, cwd)
     elif site.runs_root:
         runs_key, runs_prov = "runs_root", sprov
-        runs_root = _path(site.runs_root, runs_key, runs_prov, ctx.environ, cwd)
+        runs_root = paths.expand(site.runs_root, runs_key, runs_prov, ctx.environ, cwd)
     else:
         runs_key, runs_prov = "working directory", None
         runs_root = os.path.join(cwd, "runs")
     bad = sorted(set(runs_root) & set("%\\"))
     if bad:
-        _path_error(runs_key, runs_prov, f"{runs_root!r} holds {' and '.join(map(repr, bad))}: the run directory "
+        paths.error(runs_key, runs_prov, f"{runs_root!r} holds {' and '.join(map(repr, bad))}: the run directory "
                     "is part of Slurm's log file patterns (%j, %t), where they would change the names")
     run_dir = os.path.join(runs_root, ctx.run_id)
-    checkpoint_dir = (_path(exp.checkpoint.dir, "checkpoint.dir", eprov, ctx.environ, cwd)
+    checkpoint_dir = (paths.expand(exp.checkpoint.dir, "checkpoint.dir", eprov, ctx.environ, cwd)
                       if exp.checkpoint.dir else os.path.join(run_dir, "checkpoints"))
     script = entry_script(exp_loaded, ctx)
     code = _code(exp, site, eprov, ctx, script, run_dir, skip=(runs_root, checkpoint_dir))
@@ -132,7 +130,7 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
                                       eprov if exp.checkpoint.dir else runs_prov)):
             bad = sorted(set(path) & set(",:"))
             if bad:
-                _path_error(key, path_prov, f"{path!r} holds {' and '.join(map(repr, bad))}: it is mounted into the "
+                paths.error(key, path_prov, f"{path!r} holds {' and '.join(map(repr, bad))}: it is mounted into the "
                             f"container ({site.container.runtime}), where ',' separates mounts and ':' source, "
                             "target and flags")
             if not any(m.split(":")[0] == path for m in mounts):
@@ -189,7 +187,7 @@ def entry_script(exp_loaded: LoadedExperiment, ctx: SubmitContext) -> str | None
     if not exp.entrypoint.script:
         return None
     exp_dir = os.path.dirname(os.path.abspath(os.path.join(ctx.cwd, str(exp_loaded.path))))
-    return _path(exp.entrypoint.script, "entrypoint.script", eprov, ctx.environ, exp_dir)
+    return paths.expand(exp.entrypoint.script, "entrypoint.script", eprov, ctx.environ, exp_dir)
 
 
 def code_anchor(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitContext) -> str | None:
@@ -228,19 +226,12 @@ def _code(exp: schema.Experiment, site: schema.Site, prov: Provenance, ctx: Subm
         if problem:
             raise prov.error(f"code.exclude[{i}]", f"{pattern!r} {problem}")
     anchor = os.path.dirname(script) if script else ctx.cwd
-    root = ctx.code_root or CodeRoot(anchor, False, ".", _inside(ctx.cwd, anchor))
+    root = ctx.code_root or CodeRoot(anchor, False, ".", paths.inside(ctx.cwd, anchor))
     dest = ctx.code_dir or os.path.join(run_dir, CODE_DIR)
     return CodeSnapshot(
         source=root.path, git=root.git, dest=dest, script=script, exclude=exclude,
         max_bytes=int(max_mb * 1024 * 1024), skip=tuple(sorted(set(skip))),
         import_path=os.path.normpath(os.path.join(dest, root.workdir)) if root.workdir is not None else None)
-
-
-def _inside(path: str, root: str) -> str | None:
-    """`path` relative to `root` when it is `root` or below it, else None."""
-    if path == root or path.startswith(root.rstrip("/") + "/"):
-        return os.path.relpath(path, root)
-    return None
 
 
 def _hparams(exp: schema.Experiment, prov: Provenance) -> dict[str, Any]:
@@ -322,88 +313,6 @@ def _cpus_per_task(res: schema.Resources, part, partition_name, ranks_per_node: 
     else:
         return None
     return per_rank * (ranks_per_node // tasks_per_node)
-
-
-@dataclass(frozen=True)
-class _Strategy:
-    name: str
-    zero_stage: int
-    offload_optimizer: str
-    offload_params: str
-    nvme_path: str | None
-
-
-def _strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int, ranks_per_node: int,
-              prov: Provenance) -> tuple[_Strategy, Mapping[str, Any] | None]:
-    s = exp.strategy
-    choice = None
-    if s.name == "auto":
-        from .strategy import choose_strategy  # keeps the planner off the non-auto path
-        settings, choice = choose_strategy(exp, site, part, nodes, ranks_per_node, prov)
-        s = schema.Strategy(name=settings["name"], zero_stage=settings.get("zero_stage", 0),
-                            offload_optimizer=settings.get("offload_optimizer", "none"),
-                            offload_params=settings.get("offload_params", "none"), nvme_path=s.nvme_path)
-    if s.name == "deepspeed":
-        if not 0 <= s.zero_stage <= 3:
-            raise prov.error("strategy.zero_stage", f"{s.zero_stage} is not a ZeRO stage (0..3)")
-        if s.offload_optimizer != "none" and s.zero_stage == 0:
-            raise prov.error("strategy.offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3")
-        if s.offload_params != "none" and s.zero_stage != 3:
-            raise prov.error("strategy.offload_params", "parameter offload needs ZeRO stage 3")
-        if "nvme" in (s.offload_optimizer, s.offload_params) and not s.nvme_path:
-            raise prov.error("strategy.nvme_path", "NVMe offload needs strategy.nvme_path")
-    elif s.offload_optimizer != "none" or s.offload_params != "none":
-        key = "strategy.offload_optimizer" if s.offload_optimizer != "none" else "strategy.offload_params"
-        raise prov.error(key, "offload needs strategy.name: deepspeed")
-    return _Strategy(s.name, s.zero_stage, s.offload_optimizer, s.offload_params, s.nvme_path), choice
-
-
-# `$$` (a literal `$`, as in env values), `${NAME}` or `$NAME`.
-_PATH_VAR = re.compile(r"\$\$|\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
-
-
-def _path(value: str, key: str, prov: Provenance | None, environ: Mapping[str, str], base: str) -> str:
-    """Expand ~ and $VAR with the submitting environment ($$ is a literal $), make absolute.
-    A variable that is not set is an error rather than a path with a hole in it. Only `~`
-    and `~/...` stand for $HOME: `~user` is refused, not guessed (resolution reads no user
-    database)."""
-    text, home = str(value), ""
-    if text == "~" or text.startswith("~/"):
-        home = environ.get("HOME", "")
-        if not home:
-            _path_error(key, prov, "uses ~ but HOME is not set")
-        text = text[1:]
-    elif text.startswith("~"):
-        user = text[1:].split("/", 1)[0]
-        _path_error(key, prov, f"{text!r}: ~{user} (another user's home) is not expanded; write the full path "
-                    "(only ~ and ~/... are, as $HOME)")
-    missing = [m.group(1) or m.group(2) for m in _PATH_VAR.finditer(text)
-               if m.group(0) != "$$" and (m.group(1) or m.group(2)) not in environ]
-    if missing:
-        _path_error(key, prov, f"${missing[0]} is not set in the environment")
-    # One pass: what a variable holds is taken as it is, never expanded again.
-    text = home + _PATH_VAR.sub(lambda m: "$" if m.group(0) == "$$" else environ[m.group(1) or m.group(2)], text)
-    _check_path_text(text, key, prov)
-    path = text if PurePath(text).is_absolute() else os.path.join(base, text)
-    return os.path.normpath(path)
-
-
-def _check_path_text(text: str, key: str, prov: Provenance | None) -> None:
-    problem = shell.text_problem(text)
-    if problem:
-        _path_error(key, prov, f"the path {problem}")
-    hidden = shell.hidden_characters(text)
-    if hidden:
-        _path_error(key, prov, f"{text!r} holds {', '.join(hidden)}: a path glaunch writes into scripts, "
-                    "#SBATCH lines and the terminal cannot hold control or invisible characters")
-
-
-def _path_error(key: str, prov: Provenance | None, message: str) -> NoReturn:
-    if prov is not None:
-        raise prov.error(key, message)
-    if key.startswith("--"):
-        raise ConfigError(message, file="command line", key=key)
-    raise ConfigError(message, key=key)    # the working directory
 
 
 # --- values that reach rendered text --------------------------------------------------

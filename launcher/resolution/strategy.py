@@ -1,17 +1,66 @@
-"""The configs meet the planner: `glaunch plan` and `strategy.name: auto` (the planner's
-inputs from the experiment and the site, the model size from `model.params` or counted
-from `model.factory`). Errors name the config key they come from."""
+"""The strategy a job runs with, and the configs meeting the planner.
+
+`resolve_strategy` checks the strategy keys for the named strategy, or lets the planner
+choose (`strategy.name: auto`); `plan_for` is `glaunch plan` (the planner's inputs from the
+experiment and the site, the model size from `model.params` or counted from
+`model.factory`). Errors name the config key they come from."""
 
 from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from ..config import schema
 from ..config.load import LoadedExperiment, LoadedSite, Provenance
 from ..errors import ConfigError
 from . import memory, planner
+
+@dataclass(frozen=True)
+class StrategySettings:
+    name: str                 # ddp | fsdp | deepspeed
+    zero_stage: int
+    offload_optimizer: str
+    offload_params: str
+    nvme_path: str | None
+
+
+def resolve_strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int, ranks_per_node: int,
+                     prov: Provenance) -> tuple[StrategySettings, Mapping[str, Any] | None]:
+    """The strategy's settings, checked, and what `auto` recorded about its choice (else None).
+
+    `zero_stage` is DeepSpeed's key and is ignored by ddp and fsdp, as `nvme_path` is
+    without NVMe offload: the typed config cannot tell a written stage from its default, and
+    `strategy.name=fsdp` as an override or a sweep value must work on an experiment written
+    for DeepSpeed (a dot-list override can change a key, not remove it). Offload is refused
+    for both: DDP has none, and FSDP2's CPU offload (CPUOffloadPolicy) is not something
+    glaunch sets or plans."""
+    s = exp.strategy
+    choice = None
+    if s.name == "auto":
+        settings, choice = choose_strategy(exp, site, part, nodes, ranks_per_node, prov)
+        s = schema.Strategy(name=settings["name"], zero_stage=settings.get("zero_stage", 0),
+                            offload_optimizer=settings.get("offload_optimizer", "none"),
+                            offload_params=settings.get("offload_params", "none"), nvme_path=s.nvme_path)
+    if s.name == "deepspeed":
+        if not 0 <= s.zero_stage <= 3:
+            raise prov.error("strategy.zero_stage", f"{s.zero_stage} is not a ZeRO stage (0..3)")
+        if s.offload_optimizer != "none" and s.zero_stage == 0:
+            raise prov.error("strategy.offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3")
+        if s.offload_params != "none" and s.zero_stage != 3:
+            raise prov.error("strategy.offload_params", "parameter offload needs ZeRO stage 3")
+        if "nvme" in (s.offload_optimizer, s.offload_params) and not s.nvme_path:
+            raise prov.error("strategy.nvme_path", "NVMe offload needs strategy.nvme_path")
+    elif s.offload_optimizer != "none" or s.offload_params != "none":
+        key = "strategy.offload_optimizer" if s.offload_optimizer != "none" else "strategy.offload_params"
+        if s.name == "fsdp":
+            raise prov.error(key, "glaunch neither sets nor plans offload for fsdp: FSDP2's CPU offload is the "
+                             "script's choice (launcher.runtime.fsdp.shard(model, offload_policy=CPUOffloadPolicy()))"
+                             "; for offload that glaunch configures and plans, use strategy.name: deepspeed")
+        raise prov.error(key, "offload needs strategy.name: deepspeed")
+    return StrategySettings(s.name, s.zero_stage, s.offload_optimizer, s.offload_params, s.nvme_path), choice
+
 
 # PlanInput field -> the experiment key it comes from
 _EXPERIMENT_KEYS = {

@@ -15,6 +15,11 @@ Checkpoints need nothing FSDP-specific: :func:`launcher.runtime.save_torch_state
 through ``torch.distributed.checkpoint.state_dict``, which yields the DTensor shards,
 and torch.distributed.checkpoint writes each shard from the rank that holds it and
 reshards on load.
+
+Under glaunch the job's strategy is ``strategy.name: fsdp`` (``GLAUNCH_STRATEGY=fsdp``), whose
+per-GPU memory ``glaunch plan`` estimates; the configured precision reaches ``fully_shard``
+as a MixedPrecisionPolicy (:func:`mixed_precision`). CPU offload is the script's own choice:
+``shard(model, offload_policy=CPUOffloadPolicy())``.
 """
 
 from __future__ import annotations
@@ -31,14 +36,35 @@ def device_mesh(ctx: RankContext | None = None):
     return init_device_mesh("cuda" if torch.cuda.is_available() else "cpu", (ctx.world_size,))
 
 
+def mixed_precision(ctx: RankContext | None = None):
+    """FSDP2's MixedPrecisionPolicy for the configured precision (GLAUNCH_PRECISION) where
+    this rank trains: bf16 or fp16 weights gathered for compute and gradients reduced in
+    fp32, while the sharded weights and the optimizer stay fp32 (what the planner counts);
+    None in fp32 and on the CPU, which trains in fp32 (:func:`launcher.runtime.device.placement`)."""
+    import torch
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from .device import placement
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(placement(ctx or context()).precision)
+    if dtype is None:
+        return None
+    return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
+
+
 def shard(model, ctx: RankContext | None = None, *, mesh=None, layers=None, **kwargs):
     """``fully_shard`` each of ``layers`` (default: every direct child with parameters), then the root.
 
-    ``kwargs`` go to ``fully_shard`` (``reshard_after_forward``, ``mp_policy``, ...).
-    Returns the model (FSDP2 shards in place). Call after :func:`launcher.runtime.init_distributed`.
+    ``kwargs`` go to ``fully_shard`` (``reshard_after_forward``, ``offload_policy``, ...);
+    ``mp_policy`` defaults to :func:`mixed_precision`. Returns the model (FSDP2 shards in
+    place). Call after :func:`launcher.runtime.init_distributed`.
     """
     from torch.distributed.fsdp import fully_shard
 
+    if "mp_policy" not in kwargs:
+        policy = mixed_precision(ctx)
+        if policy is not None:
+            kwargs["mp_policy"] = policy
     mesh = mesh if mesh is not None else device_mesh(ctx)
     if layers is None:
         layers = [m for m in model.children() if any(True for _ in m.parameters())]
