@@ -306,3 +306,52 @@ def test_a_run_without_snapshot_records_the_tree_it_runs_from(work_tree, tmp_pat
 
     assert _origin_lines({"provenance": origin})[0].endswith("dirty tree (no snapshot: it runs from the work tree as "
                                                              "it is)")
+
+
+# --- package versions --------------------------------------------------------------------------
+
+
+def test_package_versions_are_importlib_metadatas():
+    from importlib import metadata
+
+    expected = {}
+    for name in provenance.PACKAGES:
+        try:
+            expected[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    found = provenance.package_versions()
+    assert found == expected and list(found) == list(expected)
+    assert found.get("submitit")          # installed with glaunch: a search that finds nothing fails here
+
+
+def test_package_versions_first_on_the_path_normalised_names(tmp_path):
+    """Crafted metadata folders: the first entry of the path that has the package wins, names
+    match as PEP 503 normalises them, egg-info folders and files count, unreadable metadata
+    is left out; importlib.metadata reads the same layout the same way."""
+    from importlib import metadata
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    for folder, text in ((first / "Torch-2.1.0+cu121.dist-info", "Metadata-Version: 2.1\nName: torch\n"
+                                                                 "Version: 2.1.0+cu121\n\nVersion: body\n"),
+                         (second / "torch-1.0.dist-info", "Name: torch\nVersion: 1.0\n"),
+                         (second / "Pytorch.Lightning-2.2.0.dist-info", "Name: pytorch-lightning\nVersion: 2.2.0\n"),
+                         (second / "DeepSpeed-0.14.egg-info", None),
+                         (second / "numpy-9.dist-info", None)):
+        folder.mkdir(parents=True)
+        if text is not None:
+            (folder / "METADATA").write_text(text)
+    (second / "DeepSpeed-0.14.egg-info" / "PKG-INFO").write_text("Name: deepspeed\nversion:   0.14.0\n")
+    (second / "omegaconf-2.3.0-py3.11.egg-info").write_text("Name: omegaconf\nVersion: 2.3.0\n")
+    path = [str(tmp_path / "missing"), str(first), str(second)]
+    found = provenance.package_versions(path=path)
+    assert found == {"torch": "2.1.0+cu121", "pytorch-lightning": "2.2.0", "deepspeed": "0.14.0",
+                     "omegaconf": "2.3.0"}
+    assert list(found) == ["torch", "pytorch-lightning", "deepspeed", "omegaconf"]
+    for name in provenance.PACKAGES:
+        dist = next(iter(metadata.Distribution.discover(name=name, path=path)), None)
+        try:
+            version = dist.version if dist is not None else None
+        except TypeError:          # numpy: no metadata to read
+            version = None
+        assert found.get(name) == version, name

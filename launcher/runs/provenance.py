@@ -6,27 +6,70 @@ version. Package versions are read from their metadata: nothing is imported."""
 from __future__ import annotations
 
 import getpass
+import os
 import platform
+import re
 import socket
 import sys
-from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from .. import __version__
-from .snapshot import Survey, Taken
+
+if TYPE_CHECKING:
+    from .snapshot import Survey, Taken
 
 # The packages whose version decides what a training run computes.
 PACKAGES = ("torch", "lightning", "pytorch-lightning", "deepspeed", "numpy", "submitit", "omegaconf")
 
 
-def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
-    found = {}
-    for name in names:
+def package_versions(names: tuple[str, ...] = PACKAGES, path: Iterable[str] | None = None) -> dict[str, str]:
+    """The version of each package installed, as importlib.metadata.version gives it:
+    the first `<name>-<version>.dist-info` or `.egg-info` along `path` (sys.path), its
+    metadata's Version. One listing per path entry instead of importlib.metadata, whose
+    import and search cost a dry run more than the rest of its provenance."""
+    wanted = {_normalized(n): n for n in names}
+    found: dict[str, str] = {}
+    for entry in sys.path if path is None else path:
+        if not wanted:
+            break
         try:
-            found[name] = metadata.version(name)
-        except Exception:  # not installed, or broken metadata: never a reason to stop a submit
+            children = os.listdir(entry or ".")
+        except (OSError, TypeError):       # a zip file, a missing folder
             continue
-    return found
+        for child in children:
+            low = child.lower()
+            if not low.endswith((".dist-info", ".egg-info")):
+                continue
+            name = wanted.pop(_normalized(low.rpartition(".")[0].partition("-")[0]), None)
+            if name is None:
+                continue
+            version = _metadata_version(os.path.join(entry or ".", child))
+            if version is not False:      # unreadable metadata: never a reason to stop a submit
+                found[name] = version
+    return {name: found[name] for name in names if name in found}
+
+
+def _normalized(name: str) -> str:
+    """A distribution name as importlib.metadata matches it (PEP 503, '-' as '_')."""
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _metadata_version(info: str) -> str | bool | None:
+    """The Version header of a .dist-info/.egg-info (a folder, or an egg-info file); None
+    when it has none, False when there is no metadata to read."""
+    for candidate in (os.path.join(info, "METADATA"), os.path.join(info, "PKG-INFO"), info):
+        try:
+            with open(candidate, encoding="utf-8") as f:
+                for line in f:
+                    if not line.strip():
+                        return None          # the end of the headers
+                    key, sep, value = line.partition(":")
+                    if sep and key.lower() == "version":
+                        return value.lstrip(" \t").rstrip("\r\n")
+                return None
+        except (OSError, UnicodeDecodeError):
+            continue
+    return False
 
 
 def _user() -> str | None:
