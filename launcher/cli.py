@@ -83,8 +83,6 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check,
 
     OVERRIDES are KEY=VALUE dot-list edits of the experiment, e.g. resources.nodes=4.
     """
-    from .runs.console import Console
-
     _quiet_submitit()
     if sweep:
         _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check, sweep, max_parallel,
@@ -94,6 +92,15 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check,
         raise click.UsageError("--max-parallel applies to a sweep (give --sweep)")
     prepared = api.prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir, after=after,
                            dry_run=dry_run)
+    _launch_and_follow(prepared, api.launch, dry_run=dry_run, wait=wait, as_json=as_json, check=check)
+
+
+def _launch_and_follow(prepared, launch, *, dry_run: bool, wait: bool, as_json: bool, check: bool,
+                       action: str = "submitted") -> None:
+    """Launch a prepared run (`launch`: api.launch or api.launch_resume), print what
+    happened, and with `wait` follow it to its end; exits with its outcome."""
+    from .runs.console import Console
+
     plan = prepared.plan
     for warning in prepared.warnings:
         click.echo(f"glaunch: warning: {warning}", err=True)
@@ -101,7 +108,7 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check,
     if prepared.scheduler.runs_to_completion and console is not None:
         click.echo(f"run {plan.run_id}: running on this machine ({plan.world_size} ranks); "
                    f"{plan.run_dir}")
-    run = api.launch(prepared, dry_run=dry_run, check=check, echo=console or (lambda text: None))
+    run = launch(prepared, dry_run=dry_run, check=check, echo=console or (lambda text: None))
     info = {"run_id": run.run_id, "run_dir": str(run.run_dir), "site": run.site, "dry_run": run.dry_run,
             "files": sorted(run.files)}
     if dry_run:
@@ -117,10 +124,10 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check,
         sys.exit(run.exit_code)
     info.update(job_id=run.job_id, state=run.state)
     if not wait:
-        _emit(as_json, info, f"run {run.run_id}: submitted job {run.job_id}\nrun directory: {run.run_dir}")
+        _emit(as_json, info, f"run {run.run_id}: {action} job {run.job_id}\nrun directory: {run.run_dir}")
         return
     if console is not None:
-        click.echo(f"run {run.run_id}: submitted job {run.job_id}\nrun directory: {run.run_dir}")
+        click.echo(f"run {run.run_id}: {action} job {run.job_id}\nrun directory: {run.run_dir}")
     try:
         state = api.wait(run, console=console)
     except KeyboardInterrupt:
@@ -133,6 +140,28 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check,
     if as_json:
         click.echo(json.dumps(info, indent=2))
     sys.exit(0 if state == "COMPLETED" else 1)
+
+
+@cli.command()
+@click.argument("run")
+@click.argument("overrides", nargs=-1)
+@click.option("--dry-run", is_flag=True, help="Resolve and render the resumed run and print it; write and submit "
+                                              "nothing.")
+@click.option("--wait", is_flag=True, help="Follow the job to its end; exit with its outcome.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@click.option("--check/--no-check", default=True, help="Run `sbatch --test-only` before submitting (Slurm).")
+def resume(run, overrides, dry_run, wait, as_json, check):
+    """Continue RUN (a run id or directory) that ended, from its newest complete checkpoint.
+
+    It stays in its run directory with its checkpoint directory. OVERRIDES are KEY=VALUE
+    edits of its recorded configuration (resolved.yaml), e.g. resources.nodes=1 or
+    entrypoint.args=[--steps,200]; the previous job.sbatch, env.sh and the rest move to
+    resumes/N/ in the run directory.
+    """
+    _quiet_submitit()
+    prepared = api.prepare_resume(run, overrides=overrides, dry_run=dry_run)
+    _launch_and_follow(prepared, api.launch_resume, dry_run=dry_run, wait=wait, as_json=as_json, check=check,
+                       action="resumed as")
 
 
 def _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check, sweep, max_parallel,
