@@ -355,3 +355,63 @@ def test_package_versions_first_on_the_path_normalised_names(tmp_path):
         except TypeError:          # numpy: no metadata to read
             version = None
         assert found.get(name) == version, name
+
+
+# --- git's view in one call ----------------------------------------------------------------------
+
+
+def _state_by_plumbing(root: Path) -> snapshot.GitState:
+    """What separate git commands say: the reference git_state must agree with."""
+    def out(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30)
+
+    head = out("rev-parse", "--verify", "-q", "HEAD")
+    commit = head.stdout.strip() if head.returncode == 0 else None
+    ref = out("symbolic-ref", "-q", "--short", "HEAD")
+    changed = (out("diff", "--quiet", "HEAD").returncode == 1 if commit
+               else bool(out("ls-files", "--cached").stdout.strip()))
+    untracked = out("ls-files", "-z", "--others", "--exclude-standard").stdout.split("\0")
+    return snapshot.GitState(commit, ref.stdout.strip() if ref.returncode == 0 else None, changed,
+                             tuple(sorted(n for n in untracked if n)))
+
+
+@pytest.mark.parametrize("change", ["clean", "edited", "staged", "renamed", "deleted", "untracked", "detached",
+                                    "unborn", "odd names"])
+def test_git_state_agrees_with_gits_plumbing(work_tree, tmp_path, change):
+    root = work_tree
+    if change != "untracked":
+        (root / "notes.txt").unlink()
+    if change == "edited":
+        (root / "src" / "helper.py").write_text("VALUE = 2\n")
+    elif change == "staged":
+        (root / "src" / "helper.py").write_text("VALUE = 3\n")
+        git(root, "add", "src/helper.py")
+    elif change == "renamed":
+        git(root, "mv", "src/helper.py", "src/helper2.py")
+    elif change == "deleted":
+        (root / "src" / "train.py").unlink()
+    elif change == "untracked":
+        (root / "new dir").mkdir()
+        (root / "new dir" / "a b.txt").write_text("x\n")
+    elif change == "detached":
+        git(root, "checkout", "-q", "--detach")
+    elif change == "unborn":
+        root = tmp_path / "fresh"
+        root.mkdir()
+        git(root, "init", "-q", "-b", "trunk")
+        (root / "a.py").write_text("a\n")
+        git(root, "add", "a.py")
+    elif change == "odd names":
+        (root / "line\nbreak.py").write_text("x\n")
+        (root / "tab\there.py").write_text("y\n")
+        git(root, "add", "line\nbreak.py")
+    expected = _state_by_plumbing(root)
+    assert snapshot.git_state(str(root)) == expected
+    assert expected.changed == (change in ("edited", "staged", "renamed", "deleted", "unborn", "odd names"))
+    assert bool(expected.untracked) == (change in ("untracked", "odd names"))
+    assert snapshot.git_state(str(root), copied={"tab\there.py"}).untracked == (
+        ("tab\there.py",) if change == "odd names" else ())
+
+
+def test_tree_state_outside_git_is_none(tmp_path):
+    assert snapshot.tree_state(str(tmp_path)) is None

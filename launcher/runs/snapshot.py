@@ -187,24 +187,31 @@ def _walk_files(root: Path) -> list[str]:
     return out
 
 
-def _untracked(root: Path) -> set[str]:
-    proc = _git(root, "ls-files", "-z", "--others", "--exclude-standard", binary=True)
+def git_state(root: str, copied: set[str] | None = None) -> GitState:
+    """The commit, branch, whether tracked files differ from the commit (staged or not) and
+    the untracked, not ignored files (those of `copied`, when given): one `git status`."""
+    proc = _git(root, "status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all", binary=True)
     if proc is None or proc.returncode != 0:
-        return set()
-    return {n for n in proc.stdout.decode("utf-8", "surrogateescape").split("\0") if n}
-
-
-def git_state(root: str, copied: set[str]) -> GitState:
-    commit = _git_text(root, "rev-parse", "--verify", "-q", "HEAD")
-    branch = _git_text(root, "symbolic-ref", "-q", "--short", "HEAD")
+        return GitState(None, None, False, ())
+    commit = branch = None
     changed = False
-    if commit:
-        proc = _git(root, "diff", "--quiet", "HEAD")
-        changed = proc is not None and proc.returncode == 1
-    else:
-        changed = bool(_git_text(root, "ls-files", "--cached"))
-    untracked = tuple(sorted(_untracked(Path(root)) & copied))
-    return GitState(commit, branch, changed, untracked)
+    untracked = []
+    fields = iter(proc.stdout.decode("utf-8", "surrogateescape").split("\0"))
+    for entry in fields:
+        kind = entry[:2]
+        if entry.startswith("# branch.oid "):
+            commit = entry[len("# branch.oid "):] if entry != "# branch.oid (initial)" else None
+        elif entry.startswith("# branch.head "):
+            branch = entry[len("# branch.head "):] if entry != "# branch.head (detached)" else None
+        elif kind in ("1 ", "2 ", "u "):
+            changed = True
+            if kind == "2 ":
+                next(fields, None)          # a rename's or copy's original path
+        elif kind == "? ":
+            untracked.append(entry[2:])
+    if copied is not None:
+        untracked = [name for name in untracked if name in copied]
+    return GitState(commit, branch, changed, tuple(sorted(untracked)))
 
 
 def survey(code: CodeSnapshot) -> Survey:
@@ -238,8 +245,7 @@ def tree_state(anchor: str) -> Survey | None:
     root = locate(anchor, anchor)
     if not root.git:
         return None
-    untracked = _untracked(Path(root.path))
-    return Survey(root.path, (), git_state(root.path, untracked))
+    return Survey(root.path, (), git_state(root.path))
 
 
 def over_bound(found: Survey, max_bytes: int) -> str | None:
