@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
              "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR")
 GPU_SITES = ("cscs-clariden", "isambard-ai", "juwels-booster", "juwels-booster-apptainer", "leonardo-booster")
-EXAMPLES = ("torch_ddp", "lightning_ddp", "deepspeed_zero2", "deepspeed_zero3")
+EXAMPLES = ("torch_ddp", "lightning_ddp", "deepspeed_zero2", "deepspeed_zero3", "fsdp", "lightning_fsdp")
 
 
 @pytest.fixture(autouse=True)
@@ -123,16 +123,17 @@ def test_backend_override_and_bad_precision(monkeypatch):
         placement()
 
 
-# --- torch_ddp: the example's own start-up -----------------------------------------------------
+# --- torch_ddp and fsdp: the examples' own start-up --------------------------------------
 
 
 class Joined(Exception):
     pass
 
 
+@pytest.mark.parametrize("example", ["torch_ddp", "fsdp"])
 @pytest.mark.parametrize("cuda", [True, False])
-def test_torch_ddp_joins_nccl_on_its_gpu_or_gloo_on_cpu(monkeypatch, tmp_path, cuda):
-    """Runs examples/torch_ddp.py's main up to init_process_group and records what it asked for."""
+def test_torch_examples_join_nccl_on_their_gpu_or_gloo_on_cpu(monkeypatch, tmp_path, cuda, example):
+    """Runs the example's main up to init_process_group and records what it asked for."""
     rank(monkeypatch, local_rank=1, local_world=2, precision="bf16")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29999")
@@ -150,9 +151,8 @@ def test_torch_ddp_joins_nccl_on_its_gpu_or_gloo_on_cpu(monkeypatch, tmp_path, c
         raise Joined
 
     monkeypatch.setattr(torch.distributed, "init_process_group", init_process_group)
-    example = load_example("torch_ddp")
     with pytest.raises(Joined):
-        example.main(["--steps", "1"])
+        load_example(example).main(["--steps", "1"])
     assert seen == ({"device": 1, "backend": "nccl"} if cuda else {"backend": "gloo"})
 
 
