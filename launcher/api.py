@@ -21,17 +21,28 @@ the site and planner calls.
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from .errors import ConfigError
-from .runs.manage import (cancel, find_sweep, format_status, list_runs, logs, run_dir_of, status,
-                          wait)
-from .runs.resume import PreparedResume, launch_resume, prepare_resume, resume
 from .runs.submission import Echo, Prepared, Run, RunRef, checkpoint_warning, launch, load, prepare, run, submit
-from .runs.sweep_submission import PreparedSweep, Sweep, launch_sweep, prepare_sweep
+
+if TYPE_CHECKING:
+    from .runs.manage import cancel, find_sweep, format_status, list_runs, logs, run_dir_of, status, wait
+    from .runs.resume import PreparedResume, launch_resume, prepare_resume, resume
+    from .runs.sweep_submission import PreparedSweep, Sweep, launch_sweep, prepare_sweep
+
+# Imported when first used: a single submission (the dry run above all) needs none of them.
+_LAZY = {
+    "launcher.runs.manage": ("cancel", "find_sweep", "format_status", "list_runs", "logs", "run_dir_of", "status",
+                             "wait"),
+    "launcher.runs.resume": ("PreparedResume", "launch_resume", "prepare_resume", "resume"),
+    "launcher.runs.sweep_submission": ("PreparedSweep", "Sweep", "launch_sweep", "prepare_sweep"),
+}
+_LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names}
 
 __all__ = ["Echo", "Prepared", "PreparedResume", "PreparedSweep", "Run", "RunRef", "Sweep", "cancel",
            "check_site", "checkpoint_warning", "detect_site", "find_sweep", "format_plan", "format_status",
@@ -122,3 +133,12 @@ def detect_site(name: str | None = None) -> tuple[str, str]:
     if name is not None and not NAME_PATTERN.fullmatch(name):
         raise ConfigError(f"{name!r}: use letters, digits, '.', '_' and '-'", key="--name")
     return query_cluster(name)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY_NAMES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

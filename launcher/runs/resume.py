@@ -77,9 +77,10 @@ def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool 
     from . import registry
     from .manage import find_sweep, refreshed, run_dir_of
 
-    if find_sweep(run) is not None:
-        raise ConfigError(f"{os.fspath(run) if not isinstance(run, Run) else run.run_id} is a sweep: resume its "
-                          "elements one by one (glaunch resume ELEMENT_RUN_DIR)", file=WHERE, key="RUN")
+    sweep_dir = find_sweep(run)
+    if sweep_dir is not None:
+        raise ConfigError(f"{sweep_dir.name} is a sweep: resume its elements one by one (glaunch resume "
+                          "ELEMENT_RUN_DIR)", file=WHERE, key="RUN")
     run_dir = run_dir_of(run)
     record = registry.read(run_dir) if dry_run else refreshed(run_dir)
     refuse_unless_ended(record)
