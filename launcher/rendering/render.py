@@ -8,8 +8,10 @@ already quoted.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -46,14 +48,61 @@ class JobShell:
     extra_env: tuple[tuple[str, str, Any], ...] = ()   # more GLAUNCH_* exports (see glaunch_env)
 
 
+# The environment's settings: compiled templates are cached under a name that includes them.
+ENVIRONMENT_OPTIONS: Mapping[str, Any] = dict(undefined=jinja2.StrictUndefined, autoescape=False,
+                                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+
+
+class TemplateCache(jinja2.FileSystemBytecodeCache):
+    """Compiled templates kept between runs (jinja2 recompiles a template whose source
+    changed). Reading or writing the cache never fails a render: a cache that cannot be
+    read or written is a miss."""
+
+    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().load_bytecode(bucket)
+        except Exception:
+            bucket.reset()
+
+    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        try:
+            super().dump_bytecode(bucket)
+        except Exception:
+            pass
+
+
+def template_cache_dir(environ: Mapping[str, str] = os.environ) -> str | None:
+    """$XDG_CACHE_HOME/glaunch/templates (~/.cache/glaunch/templates), made if missing;
+    None when it cannot be made or another user could write to it (its files are code
+    this process runs)."""
+    base = environ.get("XDG_CACHE_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".cache")
+    path = os.path.join(base, "glaunch", "templates")
+    try:
+        os.makedirs(path, mode=0o700, exist_ok=True)
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+        return None
+    return path
+
+
+def make_environment(loader: jinja2.BaseLoader, cache_dir: str | None) -> jinja2.Environment:
+    settings = repr((jinja2.__version__, sorted((k, repr(v)) for k, v in ENVIRONMENT_OPTIONS.items())))
+    key = hashlib.sha256(settings.encode()).hexdigest()[:16]
+    cache = TemplateCache(cache_dir, f"{key}-%s.cache") if cache_dir else None
+    return jinja2.Environment(loader=loader, bytecode_cache=cache, **ENVIRONMENT_OPTIONS)
+
+
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
     if TEMPLATES.is_dir():
         loader: jinja2.BaseLoader = jinja2.FileSystemLoader(str(TEMPLATES))
     else:
         loader = jinja2.PackageLoader("launcher", "templates")
-    return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, autoescape=False,
-                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+    return make_environment(loader, template_cache_dir())
 
 
 def template(name: str) -> jinja2.Template:
