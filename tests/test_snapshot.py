@@ -415,3 +415,38 @@ def test_git_state_agrees_with_gits_plumbing(work_tree, tmp_path, change):
 
 def test_tree_state_outside_git_is_none(tmp_path):
     assert snapshot.tree_state(str(tmp_path)) is None
+
+
+def test_the_copy_keeps_modes_times_links_and_bytes(work_tree, tmp_path):
+    run_sh = work_tree / "run.sh"
+    run_sh.write_text("#!/bin/sh\necho hi\n")
+    run_sh.chmod(0o750)
+    os.utime(run_sh, ns=(1_600_000_000_123_456_789, 1_500_000_000_987_654_321))
+    (work_tree / "empty.txt").write_bytes(b"")
+    (work_tree / "blob.bin").write_bytes(bytes(range(256)) * 4000)
+    (work_tree / "latest").symlink_to("src/train.py")
+    (work_tree / "gone.txt").write_text("deleted before the copy\n")
+    code = code_for(work_tree, tmp_path / "dest")
+    found = snapshot.survey(code)
+    (work_tree / "gone.txt").unlink()
+    snapshot.take(code, found, tmp_path / "code.patch")
+    dest = tmp_path / "dest"
+    copied = dest / "run.sh"
+    assert copied.read_text() == "#!/bin/sh\necho hi\n" and copied.stat().st_mode & 0o777 == 0o750
+    assert copied.stat().st_mtime_ns == 1_500_000_000_987_654_321
+    assert (dest / "empty.txt").read_bytes() == b""
+    assert (dest / "blob.bin").read_bytes() == bytes(range(256)) * 4000
+    assert (dest / "latest").is_symlink() and os.readlink(dest / "latest") == "src/train.py"
+    assert not (dest / "gone.txt").exists()
+    assert (dest / "src" / "helper.py").read_text() == "VALUE = 1\n"
+
+
+def test_a_fifo_in_the_tree_is_refused_not_waited_on(tmp_path):
+    root = tmp_path / "plain"
+    root.mkdir()
+    (root / "train.py").write_text("pass\n")
+    os.mkfifo(root / "pipe")
+    code = code_for(root, tmp_path / "dest", git_tree=False)
+    found = snapshot.survey(code)
+    with pytest.raises(OSError):
+        snapshot.take(code, found, tmp_path / "code.patch")

@@ -19,10 +19,12 @@ Reads the disk and runs git (bounded by a timeout); the decisions (`matches`,
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import hashlib
 import os
 import shutil
+import stat
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,8 +157,9 @@ def _run_folders(root: Path, names: list[str]) -> tuple[str, ...]:
                                                  for markers in _RUN_MARKERS))
 
 
-def _git_files(root: Path, prefix: str = "") -> list[str]:
-    """Tracked and untracked-not-ignored files under `root`, submodules' included."""
+def _git_files(root: str, sizes: dict[str, int], prefix: str = "") -> list[str]:
+    """Tracked and untracked-not-ignored files under `root`, submodules' included; the
+    size of each one found on disk goes into `sizes` (one lstat per file)."""
     proc = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", binary=True)
     if proc is None or proc.returncode != 0:
         raise ConfigError(f"git cannot list the files of {root}: "
@@ -166,11 +169,17 @@ def _git_files(root: Path, prefix: str = "") -> list[str]:
     for name in dict.fromkeys(proc.stdout.decode("utf-8", "surrogateescape").split("\0")):
         if not name:
             continue
-        path = root / name
-        if path.is_dir() and not path.is_symlink():     # a submodule
-            out += _git_files(path, f"{prefix}{name}/")
+        path = os.path.join(root, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            out.append(prefix + name)       # deleted in the work tree: left out by the survey
+            continue
+        if stat.S_ISDIR(info.st_mode):      # a submodule
+            out += _git_files(path, sizes, f"{prefix}{name}/")
         else:
             out.append(prefix + name)
+            sizes[prefix + name] = info.st_size
     return out
 
 
@@ -221,7 +230,8 @@ def survey(code: CodeSnapshot) -> Survey:
     if not root.is_dir():
         raise ConfigError(f"cannot snapshot {code.source}: not a folder on this machine (a script inside a "
                           "container image cannot be copied: set code.snapshot: false)", key="code.snapshot")
-    names = _git_files(root) if code.git else _walk_files(root)
+    sizes: dict[str, int] = {}
+    names = _git_files(code.source, sizes) if code.git else _walk_files(root)
     skipped = _skipped(code) + _run_folders(root, names)
     files, excluded = [], 0
     for name in names:
@@ -230,10 +240,12 @@ def survey(code: CodeSnapshot) -> Survey:
         if matches(name, code.exclude):
             excluded += 1
             continue
-        try:
-            size = os.lstat(root / name).st_size
-        except OSError:
-            continue              # listed by git, deleted in the work tree
+        size = sizes.get(name)
+        if size is None:
+            try:
+                size = os.lstat(os.path.join(code.source, name)).st_size
+            except OSError:
+                continue          # listed, then deleted in the work tree
         files.append((name, size))
     git = git_state(code.source, {n for n, _ in files}) if code.git else None
     return Survey(code.source, tuple(files), git, excluded)
@@ -292,26 +304,68 @@ class Taken:
 def take(code: CodeSnapshot, found: Survey, patch_path: str | os.PathLike) -> Taken:
     """Copy the surveyed files into `code.dest` (which must not exist yet) and, for a dirty
     git tree, write the patch. OSError on failure (the caller removes what was written)."""
-    source, dest = Path(code.source), Path(code.dest)
-    dest.mkdir()
+    dest = code.dest
+    os.mkdir(dest)
     made = {dest}
     for name, _ in found.files:
-        target = dest / name
-        if target.parent not in made:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            made.add(target.parent)
-        try:
-            shutil.copy2(source / name, target, follow_symlinks=False)
-        except FileNotFoundError:
-            if os.path.lexists(source / name):
-                raise
-            # deleted since the survey: the copy is of the tree as it is now
+        target = os.path.join(dest, name)
+        parent = os.path.dirname(target)
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        copy_file(os.path.join(code.source, name), target)
     patch_file, digest = None, None
     if found.dirty:
         data = patch(code.source, found.git.untracked if found.git else ())
         Path(patch_path).write_bytes(data)
         patch_file, digest = str(patch_path), hashlib.sha256(data).hexdigest()
     return Taken(str(dest), len(found.files), found.total, patch_file, digest)
+
+
+def copy_file(source: str, target: str) -> None:
+    """`source` to the new file `target` with its mode and times, a symlink as a symlink
+    (shutil.copy2's result, in a third of its system calls: a snapshot copies many small
+    files). A file deleted since the survey is skipped: the copy is of the tree as it is."""
+    try:
+        src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        os.symlink(os.readlink(source), target)
+        return
+    try:
+        info = os.fstat(src)
+        if not stat.S_ISREG(info.st_mode):
+            shutil.copy2(source, target, follow_symlinks=False)    # a fifo, a device: copy2 refuses it
+            return
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            _copy_bytes(src, dst)
+            os.fchmod(dst, stat.S_IMODE(info.st_mode))
+            os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns))
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _copy_bytes(src: int, dst: int) -> None:
+    """Every byte of `src` into `dst`: in the kernel (copy_file_range) where it can."""
+    if hasattr(os, "copy_file_range"):
+        try:
+            while os.copy_file_range(src, dst, 1 << 30):
+                pass
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+                raise
+            os.lseek(src, 0, os.SEEK_SET)
+            os.lseek(dst, 0, os.SEEK_SET)
+            os.ftruncate(dst, 0)
+    with open(src, "rb", closefd=False) as fin, open(dst, "wb", closefd=False) as fout:
+        shutil.copyfileobj(fin, fout)
 
 
 def patch(root: str, untracked: tuple[str, ...]) -> bytes:
