@@ -450,3 +450,54 @@ def test_a_fifo_in_the_tree_is_refused_not_waited_on(tmp_path):
     found = snapshot.survey(code)
     with pytest.raises(OSError):
         snapshot.take(code, found, tmp_path / "code.patch")
+
+
+ODD_NAMES = ("star*.txt", "[ab].txt", ":(glob)magic", "tab\tname.py", "new\nline.py", "é.txt", "sp ace/x.py", "link")
+
+
+def _untracked_tree(work_tree: Path) -> tuple[str, ...]:
+    """Untracked files whose names are pathspec magic, globs and control characters, a
+    binary file, an executable one and a symlink, beside a changed tracked file."""
+    (work_tree / "src" / "helper.py").write_text("VALUE = 2\n")
+    (work_tree / "sp ace").mkdir()
+    for name in ODD_NAMES[:-1]:
+        (work_tree / name).write_text(f"{name!r}\n")
+    (work_tree / "link").symlink_to("src/train.py")
+    (work_tree / "blob.bin").write_bytes(bytes(range(256)) * 16)
+    (work_tree / "tool.sh").write_text("#!/bin/sh\n")
+    (work_tree / "tool.sh").chmod(0o755)
+    untracked = snapshot.git_state(str(work_tree)).untracked
+    assert set(untracked) == {*ODD_NAMES, "notes.txt", "blob.bin", "tool.sh"}
+    return untracked
+
+
+def _patch_one_by_one(root: Path, names: tuple[str, ...]) -> bytes:
+    out = [subprocess.run(["git", "-C", str(root), "diff", "--binary", "HEAD"], capture_output=True, timeout=30).stdout]
+    for name in sorted(names):
+        out.append(subprocess.run(["git", "-C", str(root), "diff", "--binary", "--no-index", "--", "/dev/null", name],
+                                  capture_output=True, timeout=30).stdout)
+    return b"".join(out)
+
+
+def test_the_patch_holds_each_untracked_file_as_gits_new_file_diff(work_tree):
+    untracked = _untracked_tree(work_tree)
+    assert snapshot.patch(str(work_tree), untracked) == _patch_one_by_one(work_tree, untracked)
+    some = ("star*.txt", "tab\tname.py")      # only the copy's: a glob names no other file
+    assert snapshot.patch(str(work_tree), some) == _patch_one_by_one(work_tree, some)
+
+
+def test_the_patch_with_a_git_that_cannot_read_pathspecs_from_stdin(work_tree, tmp_path, monkeypatch):
+    """A git older than 2.25 (a stand-in that refuses --pathspec-from-file, then runs the
+    real git) gives the same patch."""
+    real = subprocess.run(["sh", "-c", "command -v git"], capture_output=True, text=True, check=True).stdout.strip()
+    shim = tmp_path / "bin" / "git"
+    shim.parent.mkdir()
+    refused = tmp_path / "refused"
+    shim.write_text(f'#!/bin/sh\ncase "$*" in *--pathspec-from-file*) echo x >> {refused}; exit 129;; esac\n'
+                    f'exec {real} "$@"\n')
+    shim.chmod(0o755)
+    untracked = _untracked_tree(work_tree)
+    expected = _patch_one_by_one(work_tree, untracked)
+    monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+    assert snapshot.patch(str(work_tree), untracked) == expected
+    assert refused.read_text() == "x\n"

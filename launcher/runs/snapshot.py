@@ -26,6 +26,7 @@ import os
 import shutil
 import stat
 import subprocess
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,12 +39,14 @@ LARGEST_SHOWN = 5
 NEVER_COPIED = ("__pycache__",)
 
 
-def _git(cwd: str | os.PathLike, *args: str, binary: bool = False) -> subprocess.CompletedProcess | None:
-    """git in `cwd`; None where git is missing, hangs, or `cwd` is no folder."""
+def _git(cwd: str | os.PathLike, *args: str, binary: bool = False, stdin: bytes | None = None,
+         env: dict[str, str] | None = None) -> subprocess.CompletedProcess | None:
+    """git in `cwd` (`env`: more variables); None where git is missing, hangs, or `cwd` is
+    no folder."""
     try:
         return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, timeout=GIT_TIMEOUT_S,
-                              text=not binary, stdin=subprocess.DEVNULL,
-                              env=dict(os.environ, GIT_OPTIONAL_LOCKS="0", LC_ALL="C"))
+                              text=not binary, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
+                              env=dict(os.environ, GIT_OPTIONAL_LOCKS="0", LC_ALL="C", **(env or {})))
     except (OSError, subprocess.TimeoutExpired):
         return None
 
@@ -375,7 +378,26 @@ def patch(root: str, untracked: tuple[str, ...]) -> bytes:
     head = _git(root, "diff", "--binary", "HEAD", binary=True)
     if head is not None and head.returncode == 0:
         parts.append(head.stdout)
-    for name in untracked:
+    if untracked:
+        parts.append(_new_files(root, untracked))
+    return b"".join(parts)
+
+
+def _new_files(root: str, names: tuple[str, ...]) -> bytes:
+    """`names` as new files, in git's order: in three git calls however many there are,
+    through a throw-away index that holds only them (intent to add); where git cannot
+    (older than 2.25), one `git diff --no-index` each, which gives the same bytes."""
+    with tempfile.TemporaryDirectory(prefix="glaunch-patch-") as scratch:
+        env = {"GIT_INDEX_FILE": os.path.join(scratch, "index"), "GIT_LITERAL_PATHSPECS": "1"}
+        listed = "\0".join(names).encode("utf-8", "surrogateescape")
+        added = _git(root, "add", "--intent-to-add", "--pathspec-from-file=-", "--pathspec-file-nul",
+                     binary=True, stdin=listed, env=env)
+        if added is not None and added.returncode == 0:
+            proc = _git(root, "diff", "--binary", binary=True, env=env)
+            if proc is not None and proc.returncode == 0:
+                return proc.stdout
+    parts = []
+    for name in sorted(names):
         # --no-index exits 1 when the files differ, which they always do here.
         proc = _git(root, "diff", "--binary", "--no-index", "--", "/dev/null", name, binary=True)
         if proc is not None and proc.returncode in (0, 1):
