@@ -8,7 +8,16 @@ it also replaces ``<run dir>/heartbeats/rank-RRRRR.json``::
 
     {"rank": 3, "node": "gpu012", "job_id": "4711", "restart": 1, "step": 120, "total": 400,
      "time": 1733230000.12, "first_step": 101, "first_time": ..., "step_s": 0.41,
-     "checkpoint_step": 100, "state": "running", "written": ..., "interval_s": 5.0, ...}
+     "checkpoint_step": 100, "state": "running", "written": ..., "interval_s": 5.0,
+     "pid": 5120, "host": "gpu012.cluster", "job_step": "0", "world_size": 16,
+     "watch": {"stall_s": 600, "first_step_s": 1800, "exclude_bad_nodes": true}, ...}
+
+``state``: ``starting`` (written by the task before the entry point runs, so the watchdog
+knows every rank before its first step), ``running``, ``saving`` (a checkpoint save,
+:func:`saving`), ``stopping`` (the save of an agreed stop), ``stopped``, ``finished``.
+``watch`` is what the rank's task was given for the watchdog and the start's end
+(watchdog.stall_s, watchdog.first_step_s, requeue.exclude_bad_nodes): the batch host's
+watchdog (:mod:`launcher.runtime.watchdog`) reads only these files.
 
 ``time`` is when the rank reached ``step`` (not when the file was written), so a rank
 that hangs leaves a file that ages while its peers' files move on: no collective is
@@ -33,13 +42,15 @@ times its steps and writes nothing.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
+import socket
 import time
 from array import array
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from ..runs.files import open_regular, read_json
 from ..runs.layout import RunDir, heartbeat_bytes
@@ -56,13 +67,18 @@ class Beats:
     """One rank's beats in this process (one start)."""
 
     def __init__(self, *, run_dir: Path | None, interval_s: float, checkpoint_every: int, rank: int = 0,
-                 local_rank: int = 0, node: str = "", job_id: str | None = None, restart: int = 0) -> None:
+                 local_rank: int = 0, node: str = "", job_id: str | None = None, restart: int = 0,
+                 world_size: int | None = None, watch: dict[str, Any] | None = None) -> None:
         self.run_dir = run_dir
         self.path = RunDir(run_dir).heartbeat(rank) if run_dir is not None and interval_s > 0 else None
         self.interval_s = interval_s
         self.checkpoint_every = checkpoint_every
         self.rank, self.local_rank, self.node = rank, local_rank, node
         self.job_id, self.restart, self.pid = job_id, restart, os.getpid()
+        self.world_size, self.watch = world_size, watch
+        self.host = socket.gethostname()
+        self.job_step = os.environ.get("SLURM_STEP_ID")
+        self.saving_since: float | None = None
         self.step: int | None = None
         self.total: int | None = None
         self.first_step: int | None = None
@@ -100,7 +116,8 @@ class Beats:
         else:
             self._timed(now - self.time, previous, step)
         self.time = now
-        if self.path is not None and now - self.last_write >= self.interval_s:
+        # The first step always: the watchdog stops waiting for it.
+        if self.path is not None and (now - self.last_write >= self.interval_s or previous is None):
             self.write(now)
 
     def _timed(self, interval: float, previous: int, step: int) -> None:
@@ -135,7 +152,8 @@ class Beats:
                 "time": self.time, "first_step": self.first_step, "first_time": self.first_time,
                 "step_s": None if self.step_s is None else round(self.step_s, 6),
                 "checkpoint_step": self.checkpoint_step, "state": self.state, "written": time.time(),
-                "interval_s": self.interval_s}
+                "interval_s": self.interval_s, "host": self.host, "job_step": self.job_step,
+                "world_size": self.world_size, "watch": self.watch, "saving_since": self.saving_since}
 
     def write(self, now: float | None = None) -> None:
         """Write this rank's heartbeat over the previous one; a failure is said once and
@@ -205,6 +223,31 @@ def interval_from_env() -> float:
     return value
 
 
+# What the task tells its ranks (and torchrun's workers) for the watchdog and the start's end.
+WATCH_ENV = {"stall_s": "GLAUNCH_WATCHDOG_STALL_S", "first_step_s": "GLAUNCH_WATCHDOG_FIRST_STEP_S",
+             "exclude_bad_nodes": "GLAUNCH_EXCLUDE_BAD_NODES"}
+
+
+def watch_environment(spec: dict[str, Any]) -> dict[str, str]:
+    """The task spec's watchdog settings as the variables :func:`watch_from_env` reads."""
+    return {WATCH_ENV["stall_s"]: str(spec.get("watchdog_stall_s", 0)),
+            WATCH_ENV["first_step_s"]: str(spec.get("watchdog_first_step_s", 0)),
+            WATCH_ENV["exclude_bad_nodes"]: "1" if spec.get("exclude_bad_nodes", True) else "0"}
+
+
+def watch_from_env() -> dict[str, Any] | None:
+    """The heartbeat's `watch`; None when the task set none (a script run by hand)."""
+    try:
+        stall = float(os.environ[WATCH_ENV["stall_s"]])
+        first = float(os.environ[WATCH_ENV["first_step_s"]])
+    except (KeyError, ValueError):
+        return None
+    if not (0 <= stall < float("inf") and 0 <= first < float("inf")):
+        return None
+    return {"stall_s": stall, "first_step_s": first,
+            "exclude_bad_nodes": os.environ.get(WATCH_ENV["exclude_bad_nodes"], "1") != "0"}
+
+
 def current() -> Beats:
     """This process's beats, begun at the first call."""
     global _beats
@@ -225,7 +268,8 @@ def _begin() -> Beats:
         interval = min(interval, RANK0_INTERVAL_S)
     beats = Beats(run_dir=ctx.run_dir if under_launcher else None, interval_s=interval,
                   checkpoint_every=ctx.checkpoint_every, rank=ctx.rank, local_rank=ctx.local_rank,
-                  node=node_name(), job_id=ctx.job_id, restart=ctx.restart)
+                  node=node_name(), job_id=ctx.job_id, restart=ctx.restart, world_size=ctx.world_size,
+                  watch=watch_from_env())
     if under_launcher:
         from . import telemetry
 
@@ -259,10 +303,40 @@ def note_checkpoint(step: int, seconds: float | None = None) -> None:
 
 
 def note_stop_decided() -> None:
-    """The ranks agreed to stop (should_stop returned True): the stop's save starts now."""
+    """The ranks agreed to stop (should_stop returned True): the stop's save starts now
+    (the watchdog gives it a save's bound, not a step's)."""
     beats = current()
     if beats.stop_decided is None:
-        beats.stop_decided = time.time()
+        beats.stop_decided = beats.saving_since = time.time()
+        beats.state = "stopping"
+        beats.write()
+
+
+def starting() -> Beats:
+    """The task, before the entry point runs: this rank's record (pid, node, job step) for
+    the watchdog, before its first step."""
+    beats = current()
+    beats.state = "starting"
+    beats.write()
+    beats.state = "running"
+    return beats
+
+
+@contextlib.contextmanager
+def saving(step: int | None = None) -> Iterator[None]:
+    """Around a checkpoint save that holds up the loop: the watchdog gives it a save's
+    bound, not a step's. The heartbeat is written as it begins and as it ends."""
+    beats = current()
+    previous = beats.state
+    beats.state, beats.saving_since = "saving", time.time()
+    beats.write()
+    try:
+        yield
+    finally:
+        beats.state, beats.saving_since = previous, None
+        if step is not None:
+            beats.checkpoint_step = int(step)
+        beats.write()
 
 
 def flush(state: str | None = None, step: int | None = None) -> Beats:

@@ -11,6 +11,15 @@ end with. The batch script itself calls ``scontrol requeue`` (this module may ru
 a container where Slurm's commands are absent), after run.json is written: the requeue
 kills the batch script.
 
+A start that crashed or hung (the watchdog's hang.json) and points at one node (the node
+of the first failing task, crash.json; the node of the silent ranks) is requeued without
+that node (``requeue.exclude_bad_nodes``) while the partition keeps enough usable nodes
+for the job (sinfo): the output is then ``requeue NODE,NODE`` (every node the job is
+kept off, for ``scontrol update ExcNodeList=``), and run.json lists them.
+
+While the step runs, the same program watches it (``--watch``: the hang watchdog,
+launcher.runtime.watchdog): job.sbatch starts it before the step and stops it after.
+
 Why glaunch requeues itself even on preemption: a job whose tasks exit 0 within the
 preemption grace time ends COMPLETED and is never requeued by Slurm, so a graceful
 save would lose the run.
@@ -24,22 +33,31 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Any, Iterable, Mapping
+
 from ..runs import registry
 from ..runs.files import read_json
-from ..runs.layout import RunDir, State, is_job_id
+from ..runs.layout import FAILURES, RunDir, State, is_job_id, is_node_name, read_heartbeat
+from . import watchdog
 from .context import context
 from .telemetry import iso, start_summary
+
+SINFO_TIMEOUT_S = 20
+# sinfo's node states (%T, lower case) that can take a job; a trailing * (not responding),
+# ~ (powered off) and the like make any state unusable.
+USABLE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
 
 
 @dataclass(frozen=True)
 class Outcome:
     state: str              # COMPLETED | REQUEUED | TIMEOUT | PREEMPTED | FAILED | CANCELLED
-    reason: str | None      # timeout | preemption | crash | cancelled (None: finished)
+    reason: str | None      # timeout | preemption | crash | hang | cancelled (None: finished)
     requeue: bool
     exit_code: int
     detail: str | None = None
@@ -47,13 +65,14 @@ class Outcome:
 
 def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, timed_out: bool,
            restart: int, requeue_max: int, crashes: int, crash_retries: int,
-           cancelled: bool = False) -> Outcome:
+           cancelled: bool = False, hung: bool = False) -> Outcome:
     """Pure: the outcome of a start from what is known when its step ended.
 
     finished: result.json exists (the run is done, whatever ended the step);
     stopped: the ranks stopped gracefully in this start (stop.json of this restart);
     preempted: the scheduler preempted the job; timed_out: the time limit ended the step;
-    crashes: earlier starts that ended in a crash.
+    crashes: earlier starts that ended in a crash or a hang; hung: the watchdog ended the
+    step (hang.json of this restart): a hang is retried like a crash.
     """
     if finished:
         return Outcome(State.COMPLETED.value, None, False, 0)
@@ -65,16 +84,17 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
             return Outcome(State.REQUEUED.value, reason, True, 0)
         return Outcome((State.PREEMPTED if preempted else State.TIMEOUT).value, reason, False, 1,
                        f"requeue.max ({requeue_max}) reached")
-    if step_status == 0:
+    if step_status == 0 and not hung:
         # The step ended cleanly but the script wrote no result: nothing to resume for.
         return Outcome(State.COMPLETED.value, None, False, 0, "the entry point wrote no result.json")
-    detail = f"exit status {step_status}"
+    reason = "hang" if hung else "crash"
+    detail = "the watchdog ended the step" if hung else f"exit status {step_status}"
     if crashes < crash_retries and restart < requeue_max:
-        return Outcome(State.REQUEUED.value, "crash", True, 0, f"{detail}; retry {crashes + 1} of {crash_retries}")
+        return Outcome(State.REQUEUED.value, reason, True, 0, f"{detail}; retry {crashes + 1} of {crash_retries}")
     if crash_retries:
         detail += (f"; crash_retries ({crash_retries}) used up" if crashes >= crash_retries
                    else f"; requeue.max ({requeue_max}) reached")
-    return Outcome(State.FAILED.value, "crash", False, step_status if 0 < step_status < 256 else 1, detail)
+    return Outcome(State.FAILED.value, reason, False, step_status if 0 < step_status < 256 else 1, detail)
 
 
 def stopped_in(run_dir: Path, restart: int) -> dict | None:
@@ -91,16 +111,91 @@ def resumed_in(run_dir: Path, restart: int) -> int | None:
     return resume.get("step")
 
 
-def with_crash_note(outcome: Outcome, run_dir: Path, restart: int) -> Outcome:
-    """Name the task that failed first, and how (crash.json, written by the task)."""
+def crash_in(run_dir: Path, restart: int) -> dict | None:
+    """crash.json, if a task of this start wrote it."""
     note = read_json(RunDir(run_dir).crash_file)
-    if outcome.reason != "crash" or note is None or note.get("restart") != restart:
-        return outcome
-    where = f"task {note.get('task')} on {note.get('node')}: {note.get('error')}"
-    return dataclasses.replace(outcome, detail=f"{outcome.detail}; {where}" if outcome.detail else where)
+    return note if note is not None and note.get("restart") == restart else None
+
+
+def with_crash_note(outcome: Outcome, run_dir: Path, restart: int) -> Outcome:
+    """Name the task that failed first, and how (crash.json, written by the task), or what
+    the watchdog found (hang.json)."""
+    if outcome.reason == "hang":
+        hang = watchdog.hang_in(run_dir, restart) or {}
+        where = str(hang.get("detail") or "")
+    else:
+        note = crash_in(run_dir, restart)
+        if outcome.reason != "crash" or note is None:
+            return outcome
+        where = f"task {note.get('task')} on {note.get('node')}: {note.get('error')}"
+    return dataclasses.replace(outcome, detail=f"{outcome.detail}; {where}" if outcome.detail and where
+                               else outcome.detail or where)
+
+
+# --- bad nodes: pure ------------------------------------------------------------------------
+
+
+def blamed_node(reason: str | None, crash: Mapping[str, Any] | None, hang: Mapping[str, Any] | None) -> str | None:
+    """The node a failed start points at: a hang's silent node; a crash's first failing task's."""
+    node = (hang or {}).get("node") if reason == "hang" else (crash or {}).get("node") if reason == "crash" else None
+    return node if is_node_name(node) else None
+
+
+def exclusion(bad: str | None, excluded: Iterable[str], *, needed: int, usable: list[str] | None,
+              partition: str | None, why_unknown: str = "") -> tuple[list[str] | None, str | None]:
+    """Pure: (every node to keep the job off from now on, or None for no change; what
+    became of `bad`, for run.json). `usable`: the partition's nodes that can take a job
+    (None: not known, `why_unknown`)."""
+    excluded = list(excluded)
+    if bad is None:
+        return None, None
+    if bad in excluded:
+        return None, f"{bad} already excluded"
+    if usable is None:
+        return None, f"{bad} not excluded: the partition's nodes are not known ({why_unknown})"
+    left = [n for n in usable if n != bad and n not in excluded]
+    if len(left) < needed:
+        return None, (f"{bad} not excluded: partition {partition or '(default)'} would keep {len(left)} usable "
+                      f"node(s), the job needs {needed}")
+    return excluded + [bad], f"{bad} excluded from later starts"
+
+
+def usable_nodes(sinfo_lines: str) -> list[str]:
+    """Pure: the nodes of `sinfo --Node --format='%N %T'` output whose state can take a job."""
+    out: list[str] = []
+    for line in sinfo_lines.splitlines():
+        words = line.split()
+        if len(words) == 2 and words[1].lower() in USABLE_STATES and is_node_name(words[0]) and words[0] not in out:
+            out.append(words[0])
+    return out
+
+
+def partition_nodes(partition: str | None) -> tuple[list[str] | None, str]:
+    """The partition's usable nodes from sinfo, or (None, why not)."""
+    words = ["sinfo", "--noheader", "--Node", "--format=%N %T"] + ([f"--partition={partition}"] if partition else [])
+    try:
+        proc = subprocess.run(words, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return None, f"sinfo: {exc}"
+    if proc.returncode != 0:
+        return None, f"sinfo: exit status {proc.returncode}: {proc.stderr.strip()[:200]}"
+    return usable_nodes(proc.stdout), ""
+
+
+def exclude_bad_nodes_setting(run_dir: Path, job_id: str, restart: int) -> bool:
+    """requeue.exclude_bad_nodes, as the ranks' tasks were given it (their heartbeats)."""
+    records = watchdog.own_records((read_heartbeat(p) for _, p in RunDir(run_dir).heartbeats()), job_id, restart)
+    for record in records.values():
+        watch = record.get("watch")
+        if isinstance(watch, Mapping) and isinstance(watch.get("exclude_bad_nodes"), bool):
+            return watch["exclude_bad_nodes"]
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--watch" in argv:
+        return watchdog.main([a for a in argv if a != "--watch"])
     parser = argparse.ArgumentParser(prog="python -m launcher.runtime.jobend")
     parser.add_argument("run_dir")
     parser.add_argument("--status", type=int, required=True, help="the job step's exit status")
@@ -112,29 +207,53 @@ def main(argv: list[str] | None = None) -> int:
     ctx = context()   # env.sh, sourced by job.sbatch, exported GLAUNCH_JOB_ID and GLAUNCH_RESTART
     restart = ctx.restart
     stop = stopped_in(run_dir, restart)
+    hang = watchdog.hang_in(run_dir, restart)
+    exclude = None
     with registry.updating(run_dir) as record:
         # Only an id of Slurm's shape goes into run.json (it may reach scancel later).
         job_id = ctx.job_id if is_job_id(ctx.job_id) else record.job_id
         outcome = decide(
             step_status=args.status, finished=RunDir(run_dir).result_file.exists(), stopped=stop is not None,
             preempted=args.preempted not in ("", "0"), timed_out=False, restart=restart,
-            requeue_max=record.requeue_max, crashes=record.crash_count(), crash_retries=record.crash_retries)
+            requeue_max=record.requeue_max, crashes=record.crash_count(), crash_retries=record.crash_retries,
+            hung=hang is not None)
         outcome = with_crash_note(outcome, run_dir, restart)
+        bad = blamed_node(outcome.reason, crash_in(run_dir, restart), hang)
+        kept_off = list(record.excluded_nodes)
+        note = None
+        if outcome.requeue and bad is not None:
+            if exclude_bad_nodes_setting(run_dir, str(ctx.job_id or job_id), restart):
+                usable, why = partition_nodes(record.partition)
+                exclude, note = exclusion(bad, kept_off, needed=record.nodes or 1, usable=usable,
+                                          partition=record.partition, why_unknown=why)
+            else:
+                note = f"{bad} not excluded: requeue.exclude_bad_nodes is false"
         if job_id is not None:
             measured = start_summary(run_dir, ctx.job_id or job_id, restart)
             record.record_start(job_id, restart, started=args.started, ended=iso(time.time()), state=outcome.state,
                                 reason=outcome.reason, detail=outcome.detail, exit_code=args.status,
                                 nodes=os.environ.get("SLURM_JOB_NODELIST"), resumed_from=resumed_in(run_dir, restart),
-                                stopped_at=None if stop is None else stop.get("step"), **measured)
+                                stopped_at=None if stop is None else stop.get("step"), hang=hang_entry(hang),
+                                bad_node=bad if outcome.reason in FAILURES else None, exclusion=note,
+                                excluded_nodes=kept_off, **measured)
             record.job_id = job_id
+        if exclude is not None:
+            record.excluded_nodes = exclude
         record.state = outcome.state
         record.reason = outcome.reason
         record.detail = outcome.detail
     print(f"glaunch: start {restart} of job {job_id} ended: {outcome.state}"
-          + "".join(f" ({x})" for x in (outcome.reason, outcome.detail) if x)
+          + "".join(f" ({x})" for x in (outcome.reason, outcome.detail, note) if x)
           + ("; requeueing" if outcome.requeue else ""), file=sys.stderr, flush=True)
-    print("requeue" if outcome.requeue else "done", flush=True)
+    print(("requeue" + (f" {','.join(exclude)}" if exclude else "")) if outcome.requeue else "done", flush=True)
     return outcome.exit_code
+
+
+def hang_entry(hang: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What a start's run.json entry keeps of hang.json."""
+    if hang is None:
+        return None
+    return {k: hang.get(k) for k in ("kind", "detected_at", "bound_s", "silent", "node", "stacks")}
 
 
 if __name__ == "__main__":

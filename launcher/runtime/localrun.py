@@ -8,6 +8,8 @@ variables), sends the warning signal LEAD seconds before the time limit, then SI
 at the limit and SIGKILL after a grace period, and signals whole process groups so a
 task's children go with it. When one task fails the others are stopped
 (`srun --kill-on-bad-exit`). %j in the patterns is the job id, %t the task's rank.
+Beside the tasks it runs the hang watchdog (launcher.runtime.watchdog) on their heartbeats:
+a hang gets every task's stack and ends the step.
 
 Exit status: 0 when every task exited 0; otherwise the first failing task's status,
 or 124 when the time limit ended the step. A one-line JSON summary goes to
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from ..runs.files import atomic_write_text
 from ..runs.layout import STEP_SUMMARY
+from . import watchdog
 from .context import free_port
 
 KILL_WAIT_S = 10.0
@@ -65,6 +68,11 @@ class Step:
         self.timed_out = False
         self.stopping_since: float | None = None
         self.first_bad: int | None = None
+        run_dir = os.environ.get("GLAUNCH_RUN_DIR")
+        restart = os.environ.get("GLAUNCH_RESTART", "0")
+        self.watch = (watchdog.Watch(run_dir, self.job_id, int(restart), world_size=options.ntasks)
+                      if run_dir and restart.isdigit() else None)
+        self.hung = False
 
     def _path(self, pattern: str, task: int) -> str:
         return pattern.replace("%j", self.job_id).replace("%t", str(task))
@@ -97,6 +105,32 @@ class Step:
                 except ProcessLookupError:
                     pass
 
+    def signal(self, signum: int) -> None:
+        """The watchdog's request for a stack: to each task itself, not its children."""
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signum)
+                except ProcessLookupError:
+                    pass
+
+    def end(self) -> None:
+        """The watchdog ends the step: a hung task does not stop when asked."""
+        self.stopping_since = time.monotonic()
+        self.signal_all(signal.SIGKILL)
+
+    def _watch(self, now: float) -> None:
+        if self.watch is None or self.stopping_since is not None or now < self.next_watch:
+            return
+        hang = self.watch.check()
+        if self.watch.off:
+            self.watch = None
+        elif hang is not None:
+            self.hung = True
+            self.watch.act(hang, self)
+        else:
+            self.next_watch = now + self.watch.poll_s()
+
     def stop(self) -> None:
         if self.stopping_since is None:
             self.stopping_since = time.monotonic()
@@ -105,10 +139,12 @@ class Step:
 
     def run(self) -> int:
         started = time.monotonic()
+        self.next_watch = started
         for signum in FORWARDED:
             signal.signal(signum, self._on_signal)
         self.start()
         while any(p.poll() is None for p in self.procs):
+            self._watch(time.monotonic())
             elapsed = time.monotonic() - started
             if not self.warned and self.lead > 0 and elapsed >= self.options.time_limit - self.lead:
                 self.warned = True
@@ -144,7 +180,7 @@ class Step:
 
     def _summary(self, codes: list[int], status: int, seconds: float) -> None:
         summary = {"job_id": self.job_id, "exit_codes": codes, "status": status, "timed_out": self.timed_out,
-                   "warned": self.warned, "seconds": round(seconds, 3)}
+                   "warned": self.warned, "hung": self.hung, "seconds": round(seconds, 3)}
         path = Path(self._path(self.options.output, 0)).parent / STEP_SUMMARY.format(job_id=self.job_id)
         atomic_write_text(path, json.dumps(summary) + "\n")
 

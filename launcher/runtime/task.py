@@ -7,7 +7,14 @@ environment and runs the experiment's entry point:
   signals Slurm sends reach the training code directly.
 - launcher `torchrun`: one task per node; torchrun's agent runs in this process (so its
   workers cannot outlive it) and the warning signal and SIGTERM (preemption) are passed
-  on to the workers, which checkpoint, instead of making the agent tear them down.
+  on to the workers, which checkpoint, instead of making the agent tear them down; so is
+  the watchdog's request for a stack (launcher.runtime.watchdog.DUMP_SIGNAL).
+
+Before the entry point runs, a rank registers its stack dump (faulthandler) and writes its
+first heartbeat (state ``starting``): the watchdog on the batch host knows every rank, its
+pid and its node before the first step. On a node with GPUs, NCCL's flight recorder is
+switched on (unless the site or the experiment set its variables): a collective that times
+out leaves each rank's last collectives in ``logs/nccl_trace_rank_RANK``.
 """
 
 from __future__ import annotations
@@ -21,7 +28,7 @@ from typing import Any
 
 from ..runs.files import atomic_write_text, read_json
 from ..runs.layout import RunDir
-from . import launch
+from . import heartbeats, launch, watchdog
 from .context import node_name
 from .stop import install_stop_handler
 
@@ -43,6 +50,9 @@ class TrainingTask:
         os.environ["GLAUNCH_JOB_ID"] = str(job.job_id)
         os.environ.setdefault("GLAUNCH_RUN_DIR", self.spec["run_dir"])
         os.environ.setdefault("GLAUNCH_RUN_ID", self.spec["run_id"])
+        os.environ.update(heartbeats.watch_environment(self.spec))
+        for name, value in flight_recorder_environment(self.spec["run_dir"], os.environ).items():
+            os.environ.setdefault(name, value)
         try:
             if self.spec["launcher"] == "torchrun":
                 return self._run_torchrun(job)
@@ -63,6 +73,8 @@ class TrainingTask:
         # A warning that comes before the script installs its own handler must still
         # count (not reach submitit's handler, which requeues on its own terms).
         install_stop_handler()
+        watchdog.arm_stack_dump(spec["run_dir"], job.global_rank)
+        heartbeats.starting()
         _log(f"rank {job.global_rank}/{spec['world_size']} on {node_name()}: "
              f"python {' '.join(launch.entry_words(spec))}")
         return run_entry(spec)
@@ -86,7 +98,7 @@ class TrainingTask:
         entry = launch.entry_words(spec)
         os.environ.update(snapshot_environment(spec, os.environ))
         _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + entry)}")
-        for signum in (WARNING_SIGNAL, signal.SIGTERM):
+        for signum in (WARNING_SIGNAL, signal.SIGTERM, watchdog.DUMP_SIGNAL):
             signal.signal(signum, _forward_to_children)
         try:
             torchrun_main(args + entry)
@@ -106,6 +118,22 @@ def rank_environment(rank: int, local_rank: int, node: int, world_size: int, ran
         "GROUP_RANK": str(node),
         "NODE_RANK": str(node),
     }
+
+
+# NCCL's flight recorder (PyTorch 2.3+): the last collectives of each rank, written when a
+# collective times out. A rank's ring of entries costs a few MB of host memory.
+FLIGHT_RECORDER_ENTRIES = 2000
+
+
+def flight_recorder_environment(run_dir: str, environ: Any) -> dict[str, str]:
+    """NCCL's flight recorder variables for a node with GPUs (none elsewhere)."""
+    gpus = environ.get("SLURM_GPUS_ON_NODE") or environ.get("SLURM_JOB_GPUS") or ""
+    visible = environ.get("CUDA_VISIBLE_DEVICES", "")
+    if not (gpus.strip() not in ("", "0") or visible.strip() not in ("", "-1", "NoDevFiles")):
+        return {}
+    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
+            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(RunDir(run_dir).log_dir, "nccl_trace_rank_")}
 
 
 def snapshot_environment(spec: dict[str, Any], environ: Any) -> dict[str, str]:

@@ -263,7 +263,7 @@ def kill_job(pid: int) -> None:
 
 def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: Console, interrupts: Interrupts) -> int:
     from ..runs import registry
-    from ..runtime import jobend
+    from ..runtime import jobend, watchdog
     from ..runtime.telemetry import iso, start_summary
 
     restart = 0
@@ -306,11 +306,15 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: Console, interr
         outcome = _outcome(plan, status, read_json(run_dir.step_summary(job_id)) or {}, run_dir, restart, stop,
                            interrupted=interrupted)
         measured = start_summary(run_dir.path, job_id, restart)
+        hang = watchdog.hang_in(run_dir.path, restart)
         with registry.updating(run_dir.path) as record:
+            # One node: a node a failure points at is recorded, never excluded.
             record.record_start(job_id, restart, ended=iso(time.time()), exit_code=status, state=outcome.state,
                                 reason=outcome.reason, detail=outcome.detail,
                                 resumed_from=jobend.resumed_in(run_dir.path, restart),
-                                stopped_at=(stop or {}).get("step"), **measured)
+                                stopped_at=(stop or {}).get("step"), hang=jobend.hang_entry(hang),
+                                bad_node=jobend.blamed_node(outcome.reason, jobend.crash_in(run_dir.path, restart),
+                                                            hang), **measured)
             record.state, record.reason, record.detail = outcome.state, outcome.reason, outcome.detail
         if not outcome.requeue:
             console.finish(record)
@@ -325,17 +329,18 @@ def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart
              stop: dict | None, *, interrupted: bool = False) -> jobend.Outcome:
     """localrun's step summary in the terms of the Slurm path's decision."""
     from ..runs import registry
-    from ..runtime import jobend
+    from ..runtime import jobend, watchdog
 
     warned, timed_out = bool(summary.get("warned")), bool(summary.get("timed_out"))
+    hung = watchdog.hang_in(run_dir.path, restart) is not None
     signalled = status < 0 or status > 128
     crashes = registry.read(run_dir.path).crash_count(before=restart)
     outcome = jobend.with_crash_note(jobend.decide(
         step_status=status, finished=run_dir.result_file.exists(),
         stopped=warned or stop is not None, preempted=False,
         timed_out=timed_out, restart=restart, requeue_max=plan.requeue_max, crashes=crashes,
-        crash_retries=plan.crash_retries,
-        cancelled=interrupted or (signalled and not (warned or timed_out))), run_dir.path, restart)
+        crash_retries=plan.crash_retries, hung=hung,
+        cancelled=interrupted or (signalled and not (warned or timed_out or hung))), run_dir.path, restart)
     if interrupted and outcome.state == State.CANCELLED:
         if stop is not None and stop.get("checkpoint"):
             said = f"stopped at step {stop.get('step')} with a checkpoint"

@@ -1,0 +1,457 @@
+"""The hang watchdog: beside a start's job step, from the ranks' heartbeats alone.
+
+It runs on the batch host (Slurm: ``python -m launcher.runtime.jobend RUN_DIR --watch``,
+started by job.sbatch before the job step and stopped after it; the local scheduler:
+inside localrun, the stand-in for srun). It asks nothing of the ranks: no collective, no
+work in the training loop. Each rank's heartbeat (launcher.runtime.heartbeats) says when
+it last finished a step, its pid, node and job step, and the limits its task was given
+(``watchdog.stall_s``, ``watchdog.first_step_s``).
+
+A start hangs when no rank has finished a step for ``stall_s`` (a record's ``time`` plus
+its ``interval_s``: a rank writes at most that often, so it may have stepped that much
+later), or no rank has reached its first step ``first_step_s`` after the start began. A
+checkpoint save in progress (heartbeat state ``saving``, or ``stopping``: the save a stop
+makes) is not a stall: it has its own bound, SAVE_BOUND_FACTOR times ``stall_s`` and at
+least SAVE_BOUND_MIN_S, because a save that never ends (a hung filesystem, a collective in
+the save's planning) must still end the start before its time limit does.
+
+Then the watchdog writes hang.json (the start, the silent ranks and their nodes, the node
+the hang points at), every rank's Python stack into ``logs/stack-JOB_RESTART_RANK.txt``,
+and ends the step; the start's end (jobend, or the local loop) records reason ``hang`` and
+requeues within ``crash_retries``.
+
+The stacks: ``py-spy dump`` for a rank on this host when py-spy is on PATH (native frames
+too); for every other rank Python's faulthandler, which each rank registers at its start
+on DUMP_SIGNAL (:func:`arm_stack_dump`) to write into its own file. The signal reaches the
+ranks of every node through Slurm (``scancel --signal=28 JOB``: every step of the job,
+not the batch script), or, on the local scheduler, from localrun, their parent.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import math
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Protocol
+
+from ..runs.files import atomic_write_text, read_json
+from ..runs.layout import RunDir, is_node_name, read_heartbeat
+
+# SIGWINCH asks for a stack: nothing in a batch job uses it (no terminal), and a process
+# that did not register it ignores it, so it can go to every process of a job step. SIGUSR1
+# is Lightning's requeue signal, SIGUSR2 and SIGTERM are glaunch's stop signals.
+DUMP_SIGNAL = signal.SIGWINCH
+SAVE_BOUND_FACTOR = 4
+SAVE_BOUND_MIN_S = 1800.0
+DUMP_WAIT_S = 10.0          # for every rank's faulthandler to write its stack
+COMMAND_TIMEOUT_S = 30
+DONE_STATES = frozenset({"stopped", "finished"})
+SAVING_STATES = frozenset({"saving", "stopping"})
+
+
+# --- the decision: pure ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Limits:
+    stall_s: float
+    first_step_s: float
+
+    @property
+    def off(self) -> bool:
+        return self.stall_s <= 0 and self.first_step_s <= 0
+
+    @property
+    def save_s(self) -> float:
+        return max(SAVE_BOUND_FACTOR * self.stall_s, SAVE_BOUND_MIN_S) if self.stall_s > 0 else 0.0
+
+
+def limits_of(records: Iterable[Mapping[str, Any]]) -> Limits | None:
+    """The limits the ranks' tasks were given (each rank's heartbeat carries them)."""
+    for record in records:
+        watch = record.get("watch")
+        if isinstance(watch, Mapping):
+            stall, first = _seconds(watch.get("stall_s")), _seconds(watch.get("first_step_s"))
+            if stall is not None and first is not None:
+                return Limits(stall, first)
+    return None
+
+
+def _seconds(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        return None
+    return float(value)
+
+
+def own_records(records: Iterable[Mapping[str, Any] | None], job_id: str, restart: int) -> dict[int, dict]:
+    """The heartbeats of this start (a rank's file outlives its start), by rank."""
+    out: dict[int, dict] = {}
+    for record in records:
+        if (record is not None and str(record.get("job_id")) == str(job_id) and record.get("restart") == restart
+                and isinstance(record.get("rank"), int) and not isinstance(record.get("rank"), bool)):
+            out[record["rank"]] = dict(record)
+    return out
+
+
+@dataclass(frozen=True)
+class Silent:
+    rank: int
+    node: str | None
+    step: int | None
+    last_step_at: float | None     # when it finished `step` (epoch seconds); None: no step yet
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "step": self.step, "last_step_at": self.last_step_at}
+
+
+@dataclass(frozen=True)
+class Hang:
+    kind: str                       # stall | first_step | save
+    bound_s: float
+    silent: tuple[Silent, ...]      # the ranks the hang points at (all of them, when none stands out)
+    node: str | None                # the node it points at, when the silent ranks single one out
+    ranks: int                      # ranks of the start
+    stacks: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        what = {"stall": f"no rank finished a step for {self.bound_s:g} s",
+                "first_step": f"no first step {self.bound_s:g} s after the start began",
+                "save": f"a checkpoint save still running after {self.bound_s:g} s"}[self.kind]
+        if len(self.silent) == self.ranks:
+            steps = sorted({s.step for s in self.silent}, key=lambda s: -1 if s is None else s)
+            where = "every rank silent" + (f" at step {steps[0]}" if len(steps) == 1 and steps[0] is not None else "")
+        else:
+            where = "silent: " + ", ".join(f"rank {s.rank}" + (f" on {s.node}" if s.node else "") for s in self.silent)
+        return f"{what} ({where})"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "bound_s": self.bound_s, "silent": [s.to_dict() for s in self.silent],
+                "node": self.node, "stacks": list(self.stacks), "detail": self.describe()}
+
+
+def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: float, limits: Limits,
+              world_size: int | None = None) -> Hang | None:
+    """Pure: the hang these heartbeats of one start show at `now`, or None.
+
+    `records`: each rank's last heartbeat of this start; `started`: when the start began;
+    `world_size`: its ranks (a rank without a record has not reached its first step).
+    Hung only when every rank is past its bound: a rank still stepping, or still within
+    its first-step or save bound, means the start is alive. A rank that stopped or
+    finished means the start is ending: not judged.
+    """
+    if limits.off or any(r.get("state") in DONE_STATES for r in records.values()):
+        return None
+    ranks = set(records) | set(range(world_size or 0))
+    if not ranks:
+        return None
+    kinds = set()
+    for rank in ranks:
+        record = records.get(rank, {})
+        last = _seconds(record.get("time"))
+        if record.get("state") in SAVING_STATES:
+            since, bound, kind = _seconds(record.get("saving_since")) or last or started, limits.save_s, "save"
+        elif last is not None:
+            since, bound, kind = last + (_seconds(record.get("interval_s")) or 0.0), limits.stall_s, "stall"
+        else:
+            since, bound, kind = started, limits.first_step_s, "first_step"
+        if bound <= 0 or now - since < bound:
+            return None
+        kinds.add(kind)
+    kind = next(k for k in ("save", "stall", "first_step") if k in kinds)
+    bound = {"save": limits.save_s, "stall": limits.stall_s, "first_step": limits.first_step_s}[kind]
+    silent = silent_ranks(records, ranks)
+    return Hang(kind, bound, silent, blamed_node(silent, records, len(ranks)), len(ranks))
+
+
+def silent_ranks(records: Mapping[int, Mapping[str, Any]], ranks: Iterable[int]) -> tuple[Silent, ...]:
+    """The ranks that fell behind: without a first step while others have one, or further
+    behind the leading rank than their own writes could hide (a rank writes at most every
+    interval_s, so up to interval_s / step_s steps, plus the one its peers may be ahead in
+    a collective, may be missing from its file). When none stands out, every rank: peers
+    waiting for a hung rank in a collective stop at its step, and only the stacks tell
+    them apart."""
+    ranks = sorted(ranks)
+    steps = {r: _step(records.get(r, {})) for r in ranks}
+    lead = max((s for s in steps.values() if s is not None), default=None)
+    behind = [r for r in ranks if lead is not None and (steps[r] is None or steps[r] + _slack(records[r]) < lead)]
+    out = []
+    for rank in behind or ranks:
+        record = records.get(rank, {})
+        node = record.get("node")
+        out.append(Silent(rank, node if is_node_name(node) else None, steps[rank], _seconds(record.get("time"))))
+    return tuple(out)
+
+
+def _step(record: Mapping[str, Any]) -> int | None:
+    step = record.get("step")
+    return step if isinstance(step, int) and not isinstance(step, bool) and record.get("time") is not None else None
+
+
+def _slack(record: Mapping[str, Any]) -> float:
+    """Steps a rank may have made since it last wrote its heartbeat, plus one."""
+    interval, step_s = _seconds(record.get("interval_s")) or 0.0, _seconds(record.get("step_s"))
+    if not step_s:
+        return float("inf")
+    return 1 + math.ceil(interval / step_s)
+
+
+def blamed_node(silent: tuple[Silent, ...], records: Mapping[int, Mapping[str, Any]], ranks: int) -> str | None:
+    """The node a hang points at: the one node of the silent ranks, when they are not every
+    rank (a hang of all ranks alike points at no node)."""
+    nodes = {s.node for s in silent}
+    if len(silent) == ranks or len(nodes) != 1 or None in nodes:
+        return None
+    (node,) = nodes
+    if all(r.get("node") == node for r in records.values()) and len(records) == ranks:
+        return None       # every rank is on that node: nothing singles it out
+    return node
+
+
+# --- stacks -----------------------------------------------------------------------------------
+
+
+def arm_stack_dump(run_dir: str | os.PathLike, rank: int) -> bool:
+    """On a rank, at its start: DUMP_SIGNAL writes every thread's Python stack into the
+    rank's dump file (RunDir.stack_dump), from C, even while the interpreter is stuck in a
+    collective or a sleep. A process forked from the rank (a data loader's worker) does
+    not write there. False when the file cannot be opened."""
+    path = RunDir(run_dir).stack_dump(rank)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        dump = open(path, "w", encoding="utf-8")   # noqa: SIM115  (kept open: faulthandler writes to its fd)
+    except OSError:
+        return False
+    faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
+    if _armed.get("file") is None:
+        os.register_at_fork(after_in_child=lambda: faulthandler.unregister(DUMP_SIGNAL))
+    else:
+        _armed["file"].close()
+    _armed["file"] = dump
+    return True
+
+
+_armed: dict[str, Any] = {}     # the open dump file, for as long as the process lives
+
+
+class Ranks(Protocol):
+    """How the watchdog reaches the ranks of a step."""
+
+    def signal(self, signum: int) -> None: ...
+
+    def end(self) -> None: ...
+
+
+def write_stacks(run_dir: Path, job_id: str, restart: int, records: Mapping[int, Mapping[str, Any]],
+                 ranks: Ranks, *, wait_s: float = DUMP_WAIT_S) -> list[str]:
+    """Every rank's stack into logs/stack-JOB_RESTART_RANK.txt: py-spy for ranks on this
+    host when it is on PATH, faulthandler (DUMP_SIGNAL) for the others. Returns the files
+    written, relative to the run directory."""
+    rd = RunDir(run_dir)
+    here, pyspy = socket.gethostname(), shutil.which("py-spy")
+    done: dict[int, str] = {}
+    for rank, record in sorted(records.items()):
+        pid = record.get("pid")
+        if pyspy and record.get("host") == here and isinstance(pid, int) and pid > 1:
+            text = _run([pyspy, "dump", "--pid", str(pid)])
+            if text:
+                done[rank] = _write_stack(rd, job_id, restart, rank, record, "py-spy dump", text)
+    pending = {rank: _size(rd.stack_dump(rank)) for rank in records if rank not in done}
+    if pending:
+        ranks.signal(DUMP_SIGNAL)
+        deadline, sizes = time.monotonic() + wait_s, dict(pending)
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            now_sizes = {rank: _size(rd.stack_dump(rank)) for rank in pending}
+            # Written and no longer growing: faulthandler has finished.
+            if all(now_sizes[r] > pending[r] and now_sizes[r] == sizes[r] for r in pending):
+                break
+            sizes = now_sizes
+        for rank, offset in pending.items():
+            try:
+                with open(rd.stack_dump(rank), "rb") as f:
+                    f.seek(offset)
+                    text = f.read(4 << 20).decode("utf-8", "replace")
+            except OSError:
+                text = ""
+            if text.strip():
+                done[rank] = _write_stack(rd, job_id, restart, rank, records[rank], "faulthandler", text)
+    return [done[rank] for rank in sorted(done)]
+
+
+def _write_stack(rd: RunDir, job_id: str, restart: int, rank: int, record: Mapping[str, Any], how: str,
+                 text: str) -> str:
+    path = rd.stack_file(job_id, restart, rank)
+    head = (f"# rank {rank} on {record.get('node')} (pid {record.get('pid')}), last step {record.get('step')}, "
+            f"state {record.get('state')}: {how}\n")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, head + text)
+    except OSError as exc:
+        log(f"stack of rank {rank} not written to {path}: {exc.strerror or exc}")
+    return os.path.relpath(path, rd.path)
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _run(words: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(words, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
+                              stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.SubprocessError) as exc:
+        log(f"{words[0]}: {exc}")
+        return None
+    if proc.returncode != 0:
+        log(f"{' '.join(words[:2])}: exit status {proc.returncode}: {proc.stderr.strip()[:300]}")
+        return None
+    return proc.stdout
+
+
+# --- the watch ---------------------------------------------------------------------------------
+
+
+class Watch:
+    """One start's watch: `check` reads the heartbeats, `act` handles a hang."""
+
+    def __init__(self, run_dir: str | os.PathLike, job_id: str, restart: int, *, world_size: int | None = None,
+                 started: float | None = None, clock: Callable[[], float] = time.time) -> None:
+        self.run_dir = Path(run_dir)
+        self.job_id, self.restart, self.world_size = str(job_id), restart, world_size
+        self.clock = clock
+        self.started = clock() if started is None else started
+        self.limits: Limits | None = None
+        self.records: dict[int, dict] = {}
+        self.hang: Hang | None = None
+
+    def check(self) -> Hang | None:
+        rd = RunDir(self.run_dir)
+        self.records = own_records((read_heartbeat(path) for _, path in rd.heartbeats()), self.job_id, self.restart)
+        self.limits = limits_of(self.records.values()) or self.limits
+        if self.limits is None:
+            return None          # no rank has said what to watch for yet
+        world = self.world_size or _world_size(self.records)
+        return find_hang(self.records, now=self.clock(), started=self.started, limits=self.limits, world_size=world)
+
+    @property
+    def off(self) -> bool:
+        return self.limits is not None and self.limits.off
+
+    def poll_s(self) -> float:
+        bounds = [b for b in (self.limits.stall_s, self.limits.first_step_s) if b > 0] if self.limits else []
+        return min([5.0] + [max(b / 10, 0.5) for b in bounds])
+
+    def act(self, hang: Hang, ranks: Ranks) -> Hang:
+        """Record the hang, write the stacks, end the step."""
+        log(f"start {self.restart} of job {self.job_id} hangs: {hang.describe()}; writing every rank's stack "
+            "and ending the step")
+        self._record(hang)
+        try:
+            stacks = write_stacks(self.run_dir, self.job_id, self.restart, self.records, ranks)
+        finally:
+            ranks.end()
+        self.hang = Hang(hang.kind, hang.bound_s, hang.silent, hang.node, hang.ranks, stacks)
+        self._record(self.hang)
+        return self.hang
+
+    def _record(self, hang: Hang) -> None:
+        from .telemetry import iso
+
+        record = {"job_id": self.job_id, "restart": self.restart, "detected_at": iso(self.clock()), **hang.to_dict()}
+        try:
+            atomic_write_text(RunDir(self.run_dir).hang_file, json.dumps(record) + "\n")
+        except OSError as exc:
+            log(f"hang.json not written: {exc.strerror or exc}")
+
+
+def _world_size(records: Mapping[int, Mapping[str, Any]]) -> int | None:
+    sizes = [r.get("world_size") for r in records.values()]
+    return max((s for s in sizes if isinstance(s, int) and not isinstance(s, bool)), default=None)
+
+
+def hang_in(run_dir: str | os.PathLike, restart: int) -> dict | None:
+    """hang.json, if the watchdog wrote it for this start."""
+    hang = read_json(RunDir(run_dir).hang_file)
+    return hang if hang is not None and hang.get("restart") == restart else None
+
+
+# --- Slurm: the batch host's watchdog ----------------------------------------------------------
+
+
+class SlurmSteps:
+    """The ranks of a Slurm job's steps, reached through scancel on any node."""
+
+    def __init__(self, job_id: str, records: Callable[[], Mapping[int, Mapping[str, Any]]]) -> None:
+        self.job_id, self.records = job_id, records
+
+    def signal(self, signum: int) -> None:
+        # Without --full: every step of the job, not the batch script (nor this process). By
+        # number: Slurm 22.05's scancel knows no WINCH by name.
+        _run(["scancel", f"--signal={int(signum)}", self.job_id])
+
+    def end(self) -> None:
+        steps = {str(r["job_step"]) for r in self.records().values()
+                 if isinstance(r.get("job_step"), str) and r["job_step"].isdigit()}
+        for step in sorted(steps or self._steps()):
+            _run(["scancel", "--signal=KILL", f"{self.job_id}.{step}"])
+
+    def _steps(self) -> set[str]:
+        text = _run(["squeue", "--steps", "--noheader", "--format=%i", f"--jobs={self.job_id}"]) or ""
+        own = os.environ.get("SLURM_STEP_ID")
+        return {step for line in text.split() if (step := line.rpartition(".")[2]).isdigit() and step != own}
+
+
+def watch_slurm(run_dir: str, *, stop: Callable[[], bool]) -> int:
+    from .context import context
+
+    ctx = context()
+    slurm_job = os.environ.get("SLURM_JOB_ID", "")
+    if not slurm_job.isdigit() or not ctx.job_id:
+        log("no Slurm job to watch (SLURM_JOB_ID, GLAUNCH_JOB_ID): watchdog off")
+        return 0
+    watch = Watch(run_dir, ctx.job_id, ctx.restart)
+    while not stop():
+        hang = watch.check()
+        if watch.off:
+            return 0
+        if hang is not None:
+            watch.act(hang, SlurmSteps(slurm_job, lambda: watch.records))
+            return 0
+        _sleep(watch.poll_s(), stop)
+    return 0
+
+
+def _sleep(seconds: float, stop: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + seconds
+    while not stop() and time.monotonic() < deadline:
+        time.sleep(min(0.5, seconds))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m launcher.runtime.watchdog")
+    parser.add_argument("run_dir")
+    args = parser.parse_args(argv)
+    stopped = []
+    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
+    return watch_slurm(args.run_dir, stop=lambda: bool(stopped))
+
+
+def log(message: str) -> None:
+    print(f"glaunch: watchdog: {message}", file=sys.stderr, flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
