@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from launcher.runtime import checkpoint as ck
+from launcher.runtime import checksums
 from launcher.runtime.checkpoint import (
     CheckpointError,
     latest_complete,
@@ -203,11 +204,49 @@ def test_manifest_with_unsafe_path_rejected(tmp_path):
     assert verify_checkpoint(c.path)[0] is None
 
 
+# ------------------------------------------------------------------ checksums
+
+def test_shards_checksummed_as_written_are_not_read_back(monkeypatch):
+    """st.open checksums while writing; a file written otherwise is read back once, by the
+    rank that wrote it (for its done marker), and not again at the commit."""
+    real, read = checksums.checksum_file, []
+
+    def counting(path, *args, **kwargs):
+        read.append(Path(path).name)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(checksums, "checksum_file", counting)
+    with stage_checkpoint(1) as st:
+        with st.open("rank-00000.pt") as f:
+            f.write(b"y" * 5000)
+        st.file("framework.bin").write_bytes(b"z" * 100)
+    assert read == ["framework.bin"]
+    assert verify_checkpoint(st.committed.path)[1] is None
+
+
+def test_sha256_without_the_crc32c_package(monkeypatch):
+    monkeypatch.setattr(checksums, "_crc32c", None)
+    assert checksums.checksum_algorithm() == "sha256"
+    c = _save(1)
+    assert len(c.manifest["shards"]) == 2
+    assert all("sha256" in s and "crc32c" not in s for s in c.manifest["shards"])
+    assert verify_checkpoint(c.path)[1] is None
+
+
+def test_crc32c_shards_checked_by_size_where_the_package_is_missing(monkeypatch, capfd):
+    pytest.importorskip("crc32c")
+    c = _save(1)
+    assert all("crc32c" in s for s in c.manifest["shards"])
+    monkeypatch.setattr(checksums, "_crc32c", None)
+    assert verify_checkpoint(c.path)[1] is None
+    assert "needs the 'crc32c' package" in capfd.readouterr().err
+
+
 # ------------------------------------------------------------------ real SIGKILL mid-save
 
 KILL_SCRIPT = textwrap.dedent("""
     import os, sys, time
-    from launcher.runtime import checkpoint as ck
+    from launcher.runtime import checkpoint as ck, checkpoint_commit
     mode = sys.argv[1]
     with ck.stage_checkpoint(1) as st:
         st.file("rank-00000.bin").write_bytes(b"first" * 1000)
@@ -216,14 +255,14 @@ KILL_SCRIPT = textwrap.dedent("""
             if ".staging-step-" in str(src):
                 print("COMMITTING", flush=True); time.sleep(60)
             _real(src, dst)
-        ck.os.rename = rename
+        os.rename = rename
     if mode == "latest":       # die after the rename, before latest is replaced
-        real_write = ck.atomic_write_text
+        real_write = checkpoint_commit.atomic_write_text
         def write(path, text):
             if str(path).endswith("latest") and "00000002" in text:
                 print("COMMITTING", flush=True); time.sleep(60)
             real_write(path, text)
-        ck.atomic_write_text = write
+        checkpoint_commit.atomic_write_text = write
     with ck.stage_checkpoint(2) as st:
         with open(st.file("rank-00000.bin"), "wb") as f:
             for i in range(10000):

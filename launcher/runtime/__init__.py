@@ -102,16 +102,16 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "PendingCheckpoint": "background",
     "wait_checkpoints": "background",
-    "Checkpoint": "checkpoint",
-    "CheckpointError": "checkpoint",
-    "Staging": "checkpoint",
-    "latest_complete": "checkpoint",
-    "list_checkpoints": "checkpoint",
-    "read_latest": "checkpoint",
-    "resume_checkpoint": "checkpoint",
-    "stage_checkpoint": "checkpoint",
-    "step_dir_name": "checkpoint",
-    "verify_checkpoint": "checkpoint",
+    "stage_checkpoint": "checkpoint_commit",
+    "Checkpoint": "checkpoint_layout",
+    "CheckpointError": "checkpoint_layout",
+    "list_checkpoints": "checkpoint_layout",
+    "read_latest": "checkpoint_layout",
+    "step_dir_name": "checkpoint_layout",
+    "latest_complete": "checkpoint_resume",
+    "resume_checkpoint": "checkpoint_resume",
+    "Staging": "checkpoint_staging",
+    "verify_checkpoint": "checkpoint_verify",
     "RankContext": "context",
     "RuntimeConfigError": "context",
     "barrier": "context",
@@ -156,18 +156,17 @@ if TYPE_CHECKING:
         PendingCheckpoint,
         wait_checkpoints,
     )
-    from .checkpoint import (  # noqa: F401
+    from .checkpoint_commit import stage_checkpoint  # noqa: F401
+    from .checkpoint_layout import (  # noqa: F401
         Checkpoint,
         CheckpointError,
-        Staging,
-        latest_complete,
         list_checkpoints,
         read_latest,
-        resume_checkpoint,
-        stage_checkpoint,
         step_dir_name,
-        verify_checkpoint,
     )
+    from .checkpoint_resume import latest_complete, resume_checkpoint  # noqa: F401
+    from .checkpoint_staging import Staging  # noqa: F401
+    from .checkpoint_verify import verify_checkpoint  # noqa: F401
     from .context import (  # noqa: F401
         RankContext,
         RuntimeConfigError,

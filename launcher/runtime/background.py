@@ -17,7 +17,9 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-from .checkpoint import Checkpoint, CheckpointError, agree, read_manifest
+from .checkpoint_commit import agree
+from .checkpoint_layout import Checkpoint, CheckpointError
+from .checkpoint_verify import read_manifest
 from .context import RankContext, context, is_distributed, log
 
 _lock = threading.Lock()
