@@ -13,8 +13,8 @@ largest files.
 A dirty work tree is recorded as `code.patch` next to the copy: `git diff --binary HEAD`
 and every untracked file of the copy as a new file, so commit + patch give back what ran.
 
-Reads the disk and runs git (bounded by a timeout); the decisions (`matches`,
-`over_bound`) are pure.
+Reads the disk and runs git (launcher.runs.gitview, bounded by a timeout); the decisions
+(`matches`, `over_bound`) are pure.
 """
 
 from __future__ import annotations
@@ -25,75 +25,19 @@ import hashlib
 import os
 import shutil
 import stat
-import subprocess
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..resolution.jobplan import CodeRoot, CodeSnapshot
+from ..resolution.jobplan import CodeSnapshot
+from .gitview import GitState, git, git_state, inside, locate, patch
 
-GIT_TIMEOUT_S = 30.0
 # How many of the largest files an error over code.max_mb names.
 LARGEST_SHOWN = 5
 NEVER_COPIED = ("__pycache__",)
 
 
-def _git(cwd: str | os.PathLike, *args: str, binary: bool = False, stdin: bytes | None = None,
-         env: dict[str, str] | None = None) -> subprocess.CompletedProcess | None:
-    """git in `cwd` (`env`: more variables); None where git is missing, hangs, or `cwd` is
-    no folder."""
-    try:
-        return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, timeout=GIT_TIMEOUT_S,
-                              text=not binary, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
-                              env=dict(os.environ, GIT_OPTIONAL_LOCKS="0", LC_ALL="C", **(env or {})))
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-def _git_text(cwd: str | os.PathLike, *args: str) -> str | None:
-    proc = _git(cwd, *args)
-    if proc is None or proc.returncode != 0:
-        return None
-    return proc.stdout.rstrip("\n")
-
-
-def _inside(path: str, root: str) -> str | None:
-    """`path` relative to `root` when it is `root` or below it, else None (real paths)."""
-    path, root = os.path.realpath(path), os.path.realpath(root)
-    if path == root or path.startswith(root.rstrip("/") + "/"):
-        return os.path.relpath(path, root)
-    return None
-
-
-def locate(anchor: str, workdir: str) -> CodeRoot:
-    """The work tree a snapshot of `anchor` (the entry point's folder) copies: the git work
-    tree holding it, else the folder itself. Spelled as `anchor` spells it where the two
-    agree (a symlinked path stays as the user wrote it)."""
-    top = _git_text(anchor, "rev-parse", "--show-toplevel") if os.path.isdir(anchor) else None
-    if not top:
-        return CodeRoot(anchor, False, ".", _inside(workdir, anchor))
-    entry_dir = _inside(anchor, top) or "."
-    root = top
-    if entry_dir == ".":
-        root = anchor if os.path.realpath(anchor) == os.path.realpath(top) else top
-    else:
-        parts = len(Path(entry_dir).parts)
-        spelled = os.path.normpath(os.path.join(anchor, *[".."] * parts))
-        if os.path.realpath(spelled) == os.path.realpath(top):
-            root = spelled
-    return CodeRoot(root, True, entry_dir, _inside(workdir, top))
-
-
 # --- what is copied -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class GitState:
-    commit: str | None
-    branch: str | None           # None: a detached HEAD
-    changed: bool                # tracked files differ from the commit (staged or not)
-    untracked: tuple[str, ...]   # untracked, not ignored files of the copy
 
 
 @dataclass(frozen=True)
@@ -137,7 +81,7 @@ def _skipped(code: CodeSnapshot) -> tuple[str, ...]:
     to the source, where they are inside it."""
     out = []
     for path in (*code.skip, code.dest):
-        rel = _inside(path, code.source)
+        rel = inside(path, code.source)
         if rel == ".":
             continue        # the whole tree would go: the runs directory's own check refuses this
         if rel is not None:
@@ -163,7 +107,7 @@ def _run_folders(root: Path, names: list[str]) -> tuple[str, ...]:
 def _git_files(root: str, sizes: dict[str, int], prefix: str = "") -> list[str]:
     """Tracked and untracked-not-ignored files under `root`, submodules' included; the
     size of each one found on disk goes into `sizes` (one lstat per file)."""
-    proc = _git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", binary=True)
+    proc = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", binary=True)
     if proc is None or proc.returncode != 0:
         raise ConfigError(f"git cannot list the files of {root}: "
                           f"{(proc.stderr.decode(errors='replace').strip() if proc else 'git did not answer')}",
@@ -197,33 +141,6 @@ def _walk_files(root: Path) -> list[str]:
                 files.append(name)        # a symlinked folder is copied as the link
         out += [os.path.normpath(os.path.join(rel, name)) for name in sorted(files)]
     return out
-
-
-def git_state(root: str, copied: set[str] | None = None) -> GitState:
-    """The commit, branch, whether tracked files differ from the commit (staged or not) and
-    the untracked, not ignored files (those of `copied`, when given): one `git status`."""
-    proc = _git(root, "status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all", binary=True)
-    if proc is None or proc.returncode != 0:
-        return GitState(None, None, False, ())
-    commit = branch = None
-    changed = False
-    untracked = []
-    fields = iter(proc.stdout.decode("utf-8", "surrogateescape").split("\0"))
-    for entry in fields:
-        kind = entry[:2]
-        if entry.startswith("# branch.oid "):
-            commit = entry[len("# branch.oid "):] if entry != "# branch.oid (initial)" else None
-        elif entry.startswith("# branch.head "):
-            branch = entry[len("# branch.head "):] if entry != "# branch.head (detached)" else None
-        elif kind in ("1 ", "2 ", "u "):
-            changed = True
-            if kind == "2 ":
-                next(fields, None)          # a rename's or copy's original path
-        elif kind == "? ":
-            untracked.append(entry[2:])
-    if copied is not None:
-        untracked = [name for name in untracked if name in copied]
-    return GitState(commit, branch, changed, tuple(sorted(untracked)))
 
 
 def survey(code: CodeSnapshot) -> Survey:
@@ -371,35 +288,3 @@ def _copy_bytes(src: int, dst: int) -> None:
         shutil.copyfileobj(fin, fout)
 
 
-def patch(root: str, untracked: tuple[str, ...]) -> bytes:
-    """The work tree's changes against HEAD: tracked files (`git diff --binary HEAD`) and
-    each untracked file of the copy as a new file."""
-    parts = []
-    head = _git(root, "diff", "--binary", "HEAD", binary=True)
-    if head is not None and head.returncode == 0:
-        parts.append(head.stdout)
-    if untracked:
-        parts.append(_new_files(root, untracked))
-    return b"".join(parts)
-
-
-def _new_files(root: str, names: tuple[str, ...]) -> bytes:
-    """`names` as new files, in git's order: in three git calls however many there are,
-    through a throw-away index that holds only them (intent to add); where git cannot
-    (older than 2.25), one `git diff --no-index` each, which gives the same bytes."""
-    with tempfile.TemporaryDirectory(prefix="glaunch-patch-") as scratch:
-        env = {"GIT_INDEX_FILE": os.path.join(scratch, "index"), "GIT_LITERAL_PATHSPECS": "1"}
-        listed = "\0".join(names).encode("utf-8", "surrogateescape")
-        added = _git(root, "add", "--intent-to-add", "--pathspec-from-file=-", "--pathspec-file-nul",
-                     binary=True, stdin=listed, env=env)
-        if added is not None and added.returncode == 0:
-            proc = _git(root, "diff", "--binary", binary=True, env=env)
-            if proc is not None and proc.returncode == 0:
-                return proc.stdout
-    parts = []
-    for name in sorted(names):
-        # --no-index exits 1 when the files differ, which they always do here.
-        proc = _git(root, "diff", "--binary", "--no-index", "--", "/dev/null", name, binary=True)
-        if proc is not None and proc.returncode in (0, 1):
-            parts.append(proc.stdout)
-    return b"".join(parts)
