@@ -25,7 +25,8 @@ import pytest
 from launcher.config.load import load_site
 from launcher.errors import SchedulerError
 from launcher.resolution import slurmtime
-from launcher.schedulers.cluster_check import Request, compare, parse_cluster, site_mapping
+from launcher.schedulers.cluster_check import Request, compare, site_mapping
+from launcher.schedulers.cluster_facts import parse_cluster
 
 RECORDED = Path(__file__).parent / "recorded_cluster"
 REPO = Path(__file__).resolve().parent.parent

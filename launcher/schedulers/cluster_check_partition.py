@@ -1,0 +1,236 @@
+"""One partition of a site profile against the same partition of the live cluster: its
+state, GPUs (count and type), CPUs, memory, time and node limits, features, who may use
+it, preemption, and the per-job limits of the QOS and association its jobs run under.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from ..resolution import slurmtime
+from .cluster_check_report import Difference
+from .cluster_facts import Association, Cluster, parse_int
+
+
+def to_seconds(text: str | None) -> int | None:
+    if text is None:
+        return None
+    try:
+        return slurmtime.parse(text)
+    except ValueError:
+        return None
+
+
+def fate(cluster: Cluster) -> str:
+    """What happens to a job over a partition limit."""
+    mode = cluster.enforce_part_limits
+    if mode in ("NO", ""):
+        return "jobs over it would pend forever (EnforcePartLimits=NO)"
+    return f"jobs over it are refused at submission (EnforcePartLimits={mode})"
+
+
+def _gpu_type_matches(profile_type: str, cluster_type: str | None) -> bool:
+    """`a100` matches `a100` and Slurm's autodetected `nvidia_a100-sxm4-80gb`."""
+    if cluster_type is None:
+        return False
+    words = re.split(r"[^a-z0-9]+", cluster_type.lower())
+    return profile_type.lower() == cluster_type.lower() or profile_type.lower() in words
+
+
+def _constraint_features(expr: str) -> tuple[list[str], bool]:
+    """The feature names of a --constraint expression, and whether any one of them is
+    enough (an OR expression)."""
+    names = [w for w in re.findall(r"[A-Za-z_][\w.-]*", expr)]
+    return names, "|" in expr
+
+
+def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any], cluster: Cluster, *,
+                     described: bool) -> list[Difference]:
+    key = f"partitions.{pname}"
+    part = cluster.partitions.get(pname)
+    on = f"partition {pname} on cluster {cluster.name}"
+    if part is None:
+        where = key if described else ("default_partition" if site.get("default_partition") == pname
+                                       else "resources.partition")
+        have = ", ".join(sorted(cluster.partitions)) or "none"
+        return [Difference(where, f"cluster {cluster.name} has no partition {pname} (it has: {have}); "
+                                  "jobs there are refused", True, pname)]
+    out: list[Difference] = []
+
+    def add(sub: str, message: str, fatal: bool) -> None:
+        out.append(Difference(f"{key}.{sub}" if sub else key, message, fatal, pname))
+
+    state = part.state.upper()
+    if state in ("INACTIVE", "DRAIN"):
+        add("", f"{on} is {part.state}: it takes no new jobs", True)
+    elif state == "DOWN":
+        add("", f"{on} is DOWN: jobs queue there but start only once an administrator sets it UP", False)
+    if not part.nodes:
+        add("", f"{on} has no nodes", True)
+        return out
+    if not described:
+        return out
+
+    # GPUs per node, and their type.
+    counts = sorted(n.gpu_count for n in part.nodes)
+    want = prof.get("gpus_per_node")
+    if isinstance(want, int):
+        if want > counts[-1]:
+            have = f"at most {counts[-1]}" if counts[-1] else "no"
+            add("gpus_per_node", f"the profile says {want}, the nodes of {on} have {have} GPUs; jobs asking "
+                "the profile's GPUs are refused", True)
+        elif want > counts[0]:
+            fit = sum(1 for c in counts if c >= want)
+            add("gpus_per_node", f"the profile says {want}, only {fit} of the {len(counts)} nodes of {on} have "
+                f"that many GPUs (the others {counts[0]}); jobs wait for those nodes", False)
+        elif want < counts[0]:
+            add("gpus_per_node", f"the profile says {want}, the nodes of {on} have {counts[0]} GPUs; jobs use "
+                f"{want} of them", False)
+    gtype = prof.get("gpu_type")
+    with_gpus = [n for n in part.nodes if n.gpu_count]
+    cluster_types = sorted({str(t) for n in with_gpus for t in n.gpus if t is not None})
+    if gtype and with_gpus:
+        matching = [n for n in with_gpus if any(_gpu_type_matches(gtype, t) for t in n.gpus)]
+        untyped = [n for n in with_gpus if set(n.gpus) == {None}]
+        if not matching and len(untyped) == len(with_gpus):
+            add("gpu_type", f"the profile says {gtype}, the GPUs of {on} have no type in Slurm (Gres=gpu:N); "
+                "it cannot be confirmed", False)
+        elif not matching:
+            add("gpu_type", f"the profile says {gtype}, the GPUs of {on} are {', '.join(cluster_types)}; jobs "
+                "would run on other hardware", True)
+        elif len(matching) < len(with_gpus):
+            other = sorted({str(t) for n in with_gpus if n not in matching for t in n.gpus})
+            add("gpu_type", f"the profile says {gtype}, {len(with_gpus) - len(matching)} of the {len(with_gpus)} "
+                f"GPU nodes of {on} have {', '.join(other)}; jobs may land there unless "
+                f"{key}.constraint selects {gtype}", False)
+    elif not gtype and cluster_types:
+        add("gpu_type", f"the profile gives none, the GPUs of {on} are {', '.join(cluster_types)}", False)
+
+    # CPUs and memory per node: what one job's node can have.
+    cpus = [min(n.cpus, part.max_cpus_per_node or n.cpus) for n in part.nodes if n.cpus is not None]
+    want = prof.get("cpus_per_node")
+    if isinstance(want, int) and cpus:
+        if want > max(cpus):
+            add("cpus_per_node", f"the profile says {want}, the nodes of {on} give a job at most {max(cpus)} "
+                "CPUs; jobs asking the profile's CPUs are refused", True)
+        elif want > min(cpus):
+            add("cpus_per_node", f"the profile says {want}, some nodes of {on} have only {min(cpus)} CPUs; jobs "
+                "wait for the larger nodes", False)
+        elif want < min(cpus):
+            add("cpus_per_node", f"the profile says {want}, the nodes of {on} have {min(cpus)} CPUs", False)
+    mems = [min(n.mem_mb, part.max_mem_per_node_mb or n.mem_mb) for n in part.nodes if n.mem_mb is not None]
+    want = prof.get("mem_gb")
+    if isinstance(want, (int, float)) and not isinstance(want, bool) and mems:
+        if want * 1024 > max(mems):
+            add("mem_gb", f"the profile says {want:g} GB, the nodes of {on} give a job at most "
+                f"{max(mems) // 1024} GB (RealMemory={max(mems)} MB); jobs asking that much are refused", True)
+        elif want * 1024 > min(mems):
+            add("mem_gb", f"the profile says {want:g} GB, some nodes of {on} have only {min(mems) // 1024} GB; "
+                "jobs asking that much wait for the larger nodes", False)
+        elif min(mems) // 1024 > want:
+            add("mem_gb", f"the profile says {want:g} GB, the nodes of {on} have {min(mems) // 1024} GB", False)
+
+    # Time and node limits.
+    want_t, have_t = prof.get("max_time"), part.max_time
+    want_s, have_s = to_seconds(want_t), to_seconds(have_t)
+    if want_s is not None and have_s is not None and want_s > have_s:
+        add("max_time", f"the profile says {want_t}, {on} allows {have_t}; {fate(cluster)}", True)
+    elif want_s is None and have_s is not None:
+        add("max_time", f"the profile gives none, {on} allows {have_t}; {fate(cluster)}", False)
+    elif want_s is not None and have_s is not None and want_s < have_s:
+        add("max_time", f"the profile says {want_t}, {on} allows {have_t}", False)
+    want_n, have_n = prof.get("max_nodes"), part.node_limit
+    limit_word = f"MaxNodes={part.max_nodes}" if part.max_nodes is not None and part.max_nodes <= part.total_nodes \
+        else f"{part.total_nodes} node(s) in all"
+    if isinstance(want_n, int) and want_n > have_n:
+        add("max_nodes", f"the profile says {want_n}, {on} gives a job at most {have_n} ({limit_word}); "
+            f"{fate(cluster)}", True)
+    elif want_n is None:
+        add("max_nodes", f"the profile gives none, {on} gives a job at most {have_n} ({limit_word})", False)
+    elif want_n < have_n:
+        add("max_nodes", f"the profile says {want_n}, {on} gives a job up to {have_n}", False)
+
+    # Features the profile's constraint asks for.
+    constraint = prof.get("constraint")
+    if constraint:
+        features = set().union(*(n.features for n in part.nodes))
+        names, any_one = _constraint_features(str(constraint))
+        missing = [f for f in names if f not in features]
+        if missing and (not any_one or len(missing) == len(names)):
+            add("constraint", f"the profile says {constraint}, no node of {on} has feature(s) "
+                f"{', '.join(missing)} (they have: {', '.join(sorted(features)) or 'none'}); jobs never start "
+                "(BadConstraints)", True)
+
+    # Who may use it.
+    account = site.get("account")
+    if account and part.allow_accounts is not None and account not in part.allow_accounts:
+        out.append(Difference("account", f"the profile says {account}, {on} allows only account(s) "
+                              f"{', '.join(sorted(part.allow_accounts))}; jobs are refused", True, pname))
+    elif account and account in part.deny_accounts:
+        out.append(Difference("account", f"the profile says {account}, {on} denies it; jobs are refused",
+                              True, pname))
+    qos = prof.get("qos") or site.get("qos")
+    qkey = f"{key}.qos" if prof.get("qos") else "qos"
+    if qos and part.allow_qos is not None and qos not in part.allow_qos:
+        out.append(Difference(qkey, f"the profile says {qos}, {on} allows only QOS "
+                              f"{', '.join(sorted(part.allow_qos))}; jobs are refused", True, pname))
+    elif qos and qos in part.deny_qos:
+        out.append(Difference(qkey, f"the profile says {qos}, {on} denies it; jobs are refused", True, pname))
+
+    # Preemption: the profile's flag tells glaunch to expect requeues.
+    lower = any(o.priority_tier > part.priority_tier for o in cluster.partitions.values() if o.name != pname)
+    preemptible = part.preempt_mode.upper() not in ("OFF", "") and lower
+    if bool(prof.get("preemptible")) != preemptible:
+        add("preemptible", f"the profile says {bool(prof.get('preemptible'))}, jobs on {on} "
+            f"{'can' if preemptible else 'cannot'} be preempted (PreemptMode={part.preempt_mode})", False)
+
+    out += _accounting_limit_diffs(pname, prof, site, cluster)
+    return out
+
+
+def effective_assoc(site: Mapping[str, Any], cluster: Cluster, pname: str | None) -> Association | None:
+    """The user's association jobs on `pname` run under: for the profile's account (else
+    the first one listed), a partition's own row before the account's general one."""
+    if not cluster.associations:
+        return None
+    account = site.get("account")
+    rows = [a for a in cluster.associations if account is None or a.account == account]
+    return (next((a for a in rows if a.partition == pname), None)
+            or next((a for a in rows if a.partition is None), None))
+
+
+def qos_name(site: Mapping[str, Any], prof: Mapping[str, Any], assoc: Association | None) -> str | None:
+    return prof.get("qos") or site.get("qos") or (assoc.default_qos if assoc else None) or \
+        (next(iter(assoc.qos)) if assoc and len(assoc.qos) == 1 else None)
+
+
+def _accounting_limit_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any],
+                            cluster: Cluster) -> list[Difference]:
+    """Per-job wall and node limits of the QOS and association the profile's jobs run
+    under, against the profile's max_time and max_nodes: over them a job never starts."""
+    if "limits" not in cluster.enforce or cluster.associations is None:
+        return []
+    assoc = effective_assoc(site, cluster, pname)
+    qname = qos_name(site, prof, assoc)
+    qos = (cluster.qos or {}).get(qname) if qname else None
+    out = []
+    want_t = prof.get("max_time")
+    for source, wall, reason in ((f"QOS {qname}", qos.max_wall if qos else None, "QOSMaxWallDurationPerJobLimit"),
+                                 (f"the association of account {assoc.account}" if assoc else "", assoc.max_wall
+                                  if assoc else None, "AssocMaxWallDurationPerJobLimit")):
+        want_s, wall_s = to_seconds(want_t), to_seconds(wall)
+        if want_s is not None and wall_s is not None and want_s > wall_s:
+            out.append(Difference(f"partitions.{pname}.max_time", f"the profile says {want_t}, {source} on "
+                                  f"cluster {cluster.name} allows {wall}; jobs over it never start ({reason})",
+                                  True, pname))
+    want_n = prof.get("max_nodes")
+    for source, tres, reason in ((f"QOS {qname}", qos.max_tres if qos else {}, "QOSMaxNodePerJobLimit"),
+                                 (f"the association of account {assoc.account}" if assoc else "",
+                                  assoc.max_tres if assoc else {}, "AssocMaxNodePerJobLimit")):
+        limit = parse_int(tres.get("node"))
+        if limit is not None and isinstance(want_n, int) and want_n > limit:
+            out.append(Difference(f"partitions.{pname}.max_nodes", f"the profile says {want_n}, {source} on "
+                                  f"cluster {cluster.name} allows {limit} node(s) per job; jobs over it never "
+                                  f"start ({reason})", True, pname))
+    return out
