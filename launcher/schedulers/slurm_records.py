@@ -1,0 +1,85 @@
+"""What the Slurm scheduler writes in a run's run.json: a refused or queued submission,
+the job's request in the words a pending reason is said in, and squeue's and sacct's
+view of the job folded in (state, starts, a pending reason that never clears).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..errors import SchedulerError
+from ..resolution.jobplan import JobPlan
+from ..runs import registry
+from ..runs.layout import RunRecord, State
+from . import slurm_state
+from .slurm_client import Unreachable
+
+# What refresh writes in run.json for a pending job that will never start.
+NEVER_STARTS = "never starts"
+
+
+def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[dict[str, Any]] | None) -> RunRecord:
+    """squeue's state and reason and sacct's rows of one job, folded into its run.json."""
+    with registry.updating(run_dir) as rec:
+        rec.extra.pop("unreachable", None)
+        rec.extra["accounting"] = history is not None
+        if history:
+            rec.extra["scheduler_history"] = history
+            slurm_state.merge_history(rec, history)
+        rec.state = slurm_state.current_state(rec.state, live, history)
+        record_pending_reason(rec, live, reason)
+    return rec
+
+
+def record_refused(run_dir: Path, exc: SchedulerError, warnings: list[str]) -> None:
+    with registry.updating(run_dir) as record:
+        record.state = State.REFUSED.value
+        record.reason = exc.message
+        if isinstance(exc, Unreachable):
+            record.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
+        if warnings:
+            record.extra["warnings"] = warnings
+
+
+def record_queued(run_dir: Path, plan: JobPlan, job_id: str, warnings: list[str], version: str | None) -> None:
+    with registry.updating(run_dir) as record:
+        record.job_id = job_id
+        record.state = State.PENDING.value
+        record.starts.append(registry.new_start(job_id, 0))
+        record.extra["request"] = request_values(plan)
+        if warnings:
+            record.extra["warnings"] = warnings
+        origin = record.extra.get("provenance")
+        if isinstance(origin, dict) and version:
+            origin["scheduler_version"] = version
+
+
+def request_values(plan: JobPlan) -> dict[str, Any]:
+    """What the job asked, and the profile's limits for it: the words a pending reason is
+    said in (run.json `request`)."""
+    part = (plan.site.get("partitions") or {}).get(plan.partition or "") or {}
+    return {"partition": plan.partition, "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node,
+            "time": plan.time, "account": plan.account, "qos": plan.qos, "constraint": plan.constraint,
+            "max_time": part.get("max_time"), "max_nodes": part.get("max_nodes")}
+
+
+def record_pending_reason(rec: RunRecord, live: str | None, reason: str | None) -> None:
+    """A pending job's reason in run.json; one that never clears by itself as
+    reason "never starts", detail in the profile's terms, and `blocked: true`."""
+    if live == "PENDING" and reason:
+        rec.extra["pending_reason"] = reason
+    else:
+        rec.extra.pop("pending_reason", None)
+    request = rec.extra.get("request")
+    values = dict(request) if isinstance(request, dict) else {"partition": rec.partition, "nodes": rec.nodes}
+    verdict = slurm_state.pending_verdict(reason, values) if live == "PENDING" else None
+    if verdict:
+        rec.reason = NEVER_STARTS
+        rec.detail = (f"job {rec.job_id} {NEVER_STARTS}: {verdict}. It stays queued until cancelled "
+                      f"(glaunch cancel {rec.run_id})")
+        rec.extra["blocked"] = True
+    else:
+        rec.extra.pop("blocked", None)
+        if rec.reason == NEVER_STARTS:
+            rec.reason = rec.detail = None
