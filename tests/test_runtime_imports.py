@@ -3,6 +3,7 @@ entry and the end-of-start step loads nothing of the submit-time stack."""
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -53,3 +54,25 @@ def test_every_exported_name_is_the_modules_object_after_the_submodules_load():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+MAX_MODULE_LINES = 400
+
+
+def modules_over(root: Path, limit: int) -> dict[str, int]:
+    """Each module under ``root`` longer than ``limit`` lines, with its length."""
+    lengths = {str(p.relative_to(root.parent)): len(p.read_text(encoding="utf-8").splitlines())
+               for p in sorted(root.rglob("*.py"))}
+    return {name: n for name, n in lengths.items() if n > limit}
+
+
+def test_the_length_check_can_fail():
+    root = Path(__file__).resolve().parents[1] / "launcher"
+    assert "launcher/runtime/checkpoint_commit.py" in modules_over(root, 100)
+
+
+@pytest.mark.xfail(strict=False, reason="modules over the limit remain; the failure lists them")
+def test_no_module_exceeds_the_line_limit():
+    """A module stays short enough to read whole; a longer one is split by responsibility."""
+    over = modules_over(Path(__file__).resolve().parents[1] / "launcher", MAX_MODULE_LINES)
+    assert not over, f"over {MAX_MODULE_LINES} lines: " + ", ".join(f"{k} ({v})" for k, v in over.items())
