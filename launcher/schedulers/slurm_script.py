@@ -78,8 +78,9 @@ def srun_line(plan: JobPlan) -> str:
 
 def end_of_start_python(plan: JobPlan) -> list[str]:
     """The interpreter for launcher.runtime.jobend on the batch host: the tasks' own, or,
-    in a pyxis container (which the batch shell is not in), one more one-task step in it."""
+    in a pyxis container (which the batch shell is not in), one more one-task step in it,
+    sharing the job's resources (--overlap): the watchdog's runs beside the job step."""
     container = _container_words(plan)
     if container:
-        return ["srun", "--nodes=1", "--ntasks=1", *container, *plan.python]
+        return ["srun", "--overlap", "--nodes=1", "--ntasks=1", *container, *plan.python]
     return list(plan.python)
