@@ -9,7 +9,6 @@ import getpass
 import os
 import platform
 import re
-import socket
 import sys
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -88,7 +87,7 @@ def collect(found: Survey | None = None, taken: Taken | None = None, *,
         "python_executable": sys.executable,
         "packages": package_versions(),
         "user": _user(),
-        "host": socket.gethostname(),
+        "host": os.uname().nodename,      # gethostname(), without importing socket
         "scheduler_version": scheduler_version,
     }
     if found is not None and found.git is not None:

@@ -11,7 +11,6 @@ and cancels a run (`cancel`). A sweep's elements are submitted as it says
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar, Mapping, Sequence
@@ -126,5 +125,7 @@ class Scheduler(ABC):
         workers = max(1, max_parallel or 1)
         if workers == 1:
             return [one(batch) for batch in sweep.batches]
+        from concurrent.futures import ThreadPoolExecutor   # a sweep's batches only
+
         with ThreadPoolExecutor(max_workers=workers) as pool:
             return list(pool.map(one, sweep.batches))
