@@ -13,7 +13,7 @@ from launcher.runtime.jobend import Outcome, decide, resumed_in, stopped_in, wit
 
 # What is known when a start's step ended; each row of the table changes some of it.
 BASE: dict[str, Any] = dict(step_status=0, finished=False, stopped=False, preempted=False, timed_out=False, restart=0,
-            requeue_max=3, crashes=0, crash_retries=0, cancelled=False)
+            requeue_max=3, crashes=0, crash_retries=0, cancelled=False, hung=False)
 
 TABLE = [
     # --- the run is done: result.json wins over whatever ended the step
@@ -79,6 +79,19 @@ TABLE = [
      Outcome("FAILED", "crash", False, 1, "exit status 256")),
     ("crash with a negative status", {"step_status": -9},
      Outcome("FAILED", "crash", False, 1, "exit status -9")),
+    # --- a hang (the watchdog ended the step): retried like a crash, counted with crashes
+    ("hang, retries left", {"hung": True, "step_status": 137, "crash_retries": 2},
+     Outcome("REQUEUED", "hang", True, 0, "the watchdog ended the step; retry 1 of 2")),
+    ("hang after a crash, last retry", {"hung": True, "step_status": 137, "crash_retries": 2, "crashes": 1},
+     Outcome("REQUEUED", "hang", True, 0, "the watchdog ended the step; retry 2 of 2")),
+    ("hang, retries used up", {"hung": True, "step_status": 137, "crash_retries": 1, "crashes": 1},
+     Outcome("FAILED", "hang", False, 137, "the watchdog ended the step; crash_retries (1) used up")),
+    ("hang, no retries configured", {"hung": True, "step_status": 0},
+     Outcome("FAILED", "hang", False, 1, "the watchdog ended the step")),
+    ("hang, but the run had finished", {"hung": True, "finished": True},
+     Outcome("COMPLETED", None, False, 0)),
+    ("hang while stopping for the time limit", {"hung": True, "stopped": True, "step_status": 137},
+     Outcome("REQUEUED", "timeout", True, 0)),
 ]
 
 
@@ -154,3 +167,12 @@ def test_resumed_in_is_the_step_this_start_loaded(tmp_path):
     assert resumed_in(tmp_path, 2) is None
     write(tmp_path, "resume_file", "not json")
     assert resumed_in(tmp_path, 1) is None
+
+
+def test_a_hang_is_described_from_hang_json_of_its_own_start(tmp_path):
+    hung = decide(**{**BASE, "hung": True, "step_status": 137, "crash_retries": 1})
+    (tmp_path / "hang.json").write_text(json.dumps({"restart": 1, "detail": "no rank finished a step for 60 s"}))
+    assert with_crash_note(hung, tmp_path, 0).detail == "the watchdog ended the step; retry 1 of 1"
+    (tmp_path / "hang.json").write_text(json.dumps({"restart": 0, "detail": "no rank finished a step for 60 s"}))
+    assert with_crash_note(hung, tmp_path, 0).detail == (
+        "the watchdog ended the step; retry 1 of 1; no rank finished a step for 60 s")

@@ -168,7 +168,7 @@ def _nodes(value: Any) -> Any:
         raise RecordError(None, f"a JSON {json_type(value)}, not a list")
     for index, name in enumerate(value):
         if not is_node_name(name):
-            raise RecordError(f"[{index}]", f"not a node name: {_show(name)}")
+            raise RecordError(None, f"item {index}: not a node name: {_show(name)}")
     return list(value)
 
 

@@ -1,0 +1,155 @@
+"""The watchdog's decisions from recorded heartbeat contents, without a job: when a start
+hangs, which ranks fell silent, which node it points at; and the rank's stack dump."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from launcher.runs.layout import RunDir
+from launcher.runtime.watchdog import (SAVE_BOUND_MIN_S, Limits, blamed_node, find_hang, limits_of, own_records,
+                                       silent_ranks, write_stacks)
+
+T0 = 1_700_000_000.0
+LIMITS = Limits(stall_s=60, first_step_s=300)
+
+
+def beat(rank, step, at, *, node="n1", state="running", interval_s=5.0, step_s=0.5, **more):
+    return {"rank": rank, "node": node, "step": step, "time": at, "state": state, "interval_s": interval_s,
+            "step_s": step_s, "job_id": "7", "restart": 0, **more}
+
+
+def test_no_hang_while_any_rank_steps_within_the_bound():
+    records = {0: beat(0, 100, T0), 1: beat(1, 100, T0 + 50)}
+    assert find_hang(records, now=T0 + 70, started=T0 - 100, limits=LIMITS) is None
+
+
+def test_a_stall_counts_from_the_last_step_a_rank_may_have_made_unwritten():
+    records = {0: beat(0, 100, T0), 1: beat(1, 100, T0)}
+    # The files say T0, but each rank may have stepped until T0 + interval_s without writing.
+    assert find_hang(records, now=T0 + 64, started=T0 - 100, limits=LIMITS) is None
+    hang = find_hang(records, now=T0 + 65, started=T0 - 100, limits=LIMITS)
+    assert hang is not None and hang.kind == "stall" and hang.bound_s == 60
+    assert [s.rank for s in hang.silent] == [0, 1]            # nothing singles a rank out
+    assert hang.node is None
+    assert "every rank silent at step 100" in hang.describe()
+
+
+def test_first_step_bound_from_the_start_and_ranks_without_a_record():
+    records = {0: beat(0, None, None, state="starting")}
+    assert find_hang(records, now=T0 + 299, started=T0, limits=LIMITS, world_size=2) is None
+    hang = find_hang(records, now=T0 + 300, started=T0, limits=LIMITS, world_size=2)
+    assert hang.kind == "first_step" and [s.rank for s in hang.silent] == [0, 1]
+    assert find_hang(records, now=T0 + 10**6, started=T0, limits=Limits(60, 0), world_size=2) is None
+
+
+def test_a_save_has_its_own_bound():
+    records = {0: beat(0, 100, T0, state="saving", saving_since=T0), 1: beat(1, 100, T0)}
+    assert LIMITS.save_s == SAVE_BOUND_MIN_S
+    assert find_hang(records, now=T0 + 1000, started=T0 - 100, limits=LIMITS) is None
+    hang = find_hang(records, now=T0 + SAVE_BOUND_MIN_S, started=T0 - 100, limits=LIMITS)
+    assert hang is not None and hang.kind == "save"
+    assert Limits(1000, 0).save_s == 4000
+
+
+def test_stopped_or_finished_ranks_and_no_limits_mean_no_judgement():
+    records = {0: beat(0, 100, T0, state="stopped"), 1: beat(1, 90, T0)}
+    assert find_hang(records, now=T0 + 10**6, started=T0, limits=LIMITS) is None
+    records = {0: beat(0, 100, T0), 1: beat(1, 90, T0)}
+    assert find_hang(records, now=T0 + 10**6, started=T0, limits=Limits(0, 0)) is None
+
+
+def test_the_rank_behind_by_more_than_its_writes_hide_is_silent_and_its_node_blamed():
+    records = {r: beat(r, 500, T0, node="n1") for r in range(4)}
+    records.update({r: beat(r, 200, T0 - 300, node="n2") for r in range(4, 8)})
+    hang = find_hang(records, now=T0 + 100, started=T0 - 1000, limits=LIMITS)
+    assert [s.rank for s in hang.silent] == [4, 5, 6, 7] and hang.node == "n2"
+    assert "silent: rank 4 on n2" in hang.describe()
+
+
+def test_a_lag_within_what_unwritten_steps_explain_blames_no_one():
+    # Rank 1 writes every 5 s at 0.5 s a step: its file may be 10 steps (and one) behind.
+    records = {0: beat(0, 100, T0, node="n1", interval_s=1.0), 1: beat(1, 90, T0, node="n2")}
+    assert [s.rank for s in silent_ranks(records, [0, 1])] == [0, 1]
+    records[1] = beat(1, 80, T0, node="n2")
+    assert [s.rank for s in silent_ranks(records, [0, 1])] == [1]
+    records[1] = beat(1, 80, T0, node="n2", step_s=None)        # no step time: nothing to go by
+    assert [s.rank for s in silent_ranks(records, [0, 1])] == [0, 1]
+
+
+def test_a_rank_without_a_first_step_while_others_step():
+    records = {0: beat(0, 3, T0), 1: beat(1, None, None, node="n2", state="starting")}
+    silent = silent_ranks(records, [0, 1, 2])
+    assert [(s.rank, s.node, s.step) for s in silent] == [(1, "n2", None), (2, None, None)]
+    assert blamed_node(silent, records, 3) is None           # rank 2's node is not known
+
+
+def test_blame_needs_a_node_the_others_are_not_all_on():
+    one_node = {0: beat(0, 90, T0), 1: beat(1, 1, T0 - 500)}
+    silent = silent_ranks(one_node, [0, 1])
+    assert [s.rank for s in silent] == [1] and blamed_node(silent, one_node, 2) is None
+
+
+def test_records_of_other_starts_and_limits():
+    records = [beat(0, 1, T0), dict(beat(1, 1, T0), restart=1), dict(beat(2, 1, T0), job_id="8"), None,
+               dict(beat(3, 1, T0), rank=True)]
+    assert list(own_records(records, "7", 0)) == [0]
+    assert limits_of([{"watch": None}, {"watch": {"stall_s": 30, "first_step_s": 0}}]) == Limits(30, 0)
+    assert limits_of([{"watch": {"stall_s": -1, "first_step_s": 0}}]) is None
+
+
+class Children:
+    """Signals the processes the test started (the watchdog's way to reach the ranks)."""
+
+    def __init__(self, procs):
+        self.procs = procs
+        self.ended = False
+
+    def signal(self, signum):
+        for p in self.procs:
+            os.kill(p.pid, signum)
+
+    def end(self):
+        self.ended = True
+        for p in self.procs:
+            p.kill()
+
+
+def test_a_rank_stuck_in_a_sleep_writes_its_stack_on_the_dump_signal(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", os.defpath)          # no py-spy: faulthandler's way
+    script = (f"import sys, time; sys.path.insert(0, {os.getcwd()!r})\n"
+              "from launcher.runtime.watchdog import arm_stack_dump\n"
+              f"arm_stack_dump({str(tmp_path)!r}, int(sys.argv[1]))\n"
+              "def stuck_in_here():\n    print('armed', flush=True); time.sleep(600)\n"
+              "stuck_in_here()\n")
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(r)], stdout=subprocess.PIPE, text=True)
+             for r in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "armed"
+        records = {r: beat(r, 5, time.time(), pid=p.pid) for r, p in enumerate(procs)}
+        written = write_stacks(tmp_path, "7", 0, records, Children(procs), wait_s=10)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert written == ["logs/stack-7_0_0.txt", "logs/stack-7_0_1.txt"]
+    for rank, path in enumerate(written):
+        text = (tmp_path / path).read_text()
+        assert text.startswith(f"# rank {rank} on n1 (pid {procs[rank].pid}), last step 5")
+        assert "stuck_in_here" in text and "faulthandler" in text.splitlines()[0]
+    assert RunDir(tmp_path).stack_files("7", 0) == [tmp_path / p for p in written]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGWINCH])
+def test_the_dump_signal_is_harmless_to_a_process_that_did_not_ask_for_it(signum):
+    proc = subprocess.Popen([sys.executable, "-c", "import time; print('up', flush=True); time.sleep(2)"],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "up"
+    os.kill(proc.pid, signum)
+    assert proc.wait(timeout=10) == 0
