@@ -138,13 +138,24 @@ def test_preempted_twice_resumes_bitwise(tmp_path, tmp_path_factory, isolated_en
     assert [r["state"] for r in sacct_rows(job_id)] == ["REQUEUED", "REQUEUED", "COMPLETED"]
 
 
-@pytest.mark.parametrize("example,steps", [("examples/deepspeed_zero2.yaml", 40), ("examples/lightning_ddp.yaml", 60)])
+@pytest.mark.parametrize("example,steps", [("examples/deepspeed_zero2.yaml", 40), ("examples/lightning_ddp.yaml", 60),
+                                           ("examples/fsdp.yaml", 40), ("examples/lightning_fsdp.yaml", 30)])
 def test_framework_preempted_once_resumes_bitwise(example, steps, tmp_path, tmp_path_factory, isolated_env):
     expected = baseline_hash(example, steps, tmp_path_factory, isolated_env)
     record, _ = run_with_preemptions(example, steps, 1, tmp_path, isolated_env, every=1000, seconds_per_step=0.3,
                                      min_progress=5)
     assert_resumed_without_loss(record, "preemption", min_requeues=1)
-    assert read_json(tmp_path / "runs" / record["run_id"] / "result.json")["param_sha256"] == expected
+    run_dir = tmp_path / "runs" / record["run_id"]
+    assert read_json(run_dir / "result.json")["param_sha256"] == expected
+    if "fsdp" in example:
+        assert "export GLAUNCH_STRATEGY=fsdp\n" in (run_dir / "env.sh").read_text()
+    if example == "examples/fsdp.yaml":
+        # The checkpoint the preemption left is sharded: a torch.distributed.checkpoint file from every rank.
+        stopped = record["starts"][0]["stopped_at"]
+        manifest = read_json(run_dir / "checkpoints" / f"step-{stopped:08d}" / "manifest.json")
+        assert manifest["layout"]["state"] == "dcp"
+        writers = {s["rank"] for s in manifest["shards"] if s["path"].endswith(".distcp")}
+        assert writers == set(range(read_json(run_dir / "result.json")["world_size"]))
 
 
 # --- crashes ------------------------------------------------------------------------------------
