@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -501,3 +502,22 @@ def test_the_patch_with_a_git_that_cannot_read_pathspecs_from_stdin(work_tree, t
     monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
     assert snapshot.patch(str(work_tree), untracked) == expected
     assert refused.read_text() == "x\n"
+
+
+def test_a_git_that_hangs_is_no_git_within_the_timeout(work_tree, tmp_path, monkeypatch):
+    """A stand-in git that never answers: every call ends at the timeout, and the tree
+    reads as outside git (a snapshot of the folder, provenance without git)."""
+    from launcher.runs import gitview
+
+    shim = tmp_path / "bin" / "git"
+    shim.parent.mkdir()
+    shim.write_text("#!/bin/sh\nexec sleep 60\n")
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(gitview, "GIT_TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    assert snapshot.tree_state(str(work_tree / "src")) is None
+    assert snapshot.git_state(str(work_tree)) == snapshot.GitState(None, None, False, ())
+    with gitview.GitCall(work_tree, "status"):
+        pass                        # never read: killed on the way out, not waited for
+    assert time.monotonic() - started < 10

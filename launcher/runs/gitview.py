@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,16 +17,51 @@ from ..resolution.jobplan import CodeRoot
 GIT_TIMEOUT_S = 30.0
 
 
+class GitCall:
+    """A git command in `cwd`, started now and read with `result()`: two calls overlap.
+    `env`: more variables; `stdin`: its input. Used as a context manager, a call whose
+    result is never read is killed on the way out."""
+
+    def __init__(self, cwd: str | os.PathLike, *args: str, binary: bool = False, stdin: bytes | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self._input = stdin
+        self._deadline = time.monotonic() + GIT_TIMEOUT_S
+        try:
+            self._proc: subprocess.Popen | None = subprocess.Popen(
+                ["git", "-C", str(cwd), *args], text=not binary, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                env=dict(os.environ, GIT_OPTIONAL_LOCKS="0", LC_ALL="C", **(env or {})))
+        except OSError:
+            self._proc = None
+
+    def result(self) -> subprocess.CompletedProcess | None:
+        """What git answered; None where git is missing, hangs, or `cwd` is no folder."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return None
+        try:
+            out, err = proc.communicate(self._input, timeout=max(0.0, self._deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            return None
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def __enter__(self) -> GitCall:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.communicate()
+            self._proc = None
+
+
 def git(cwd: str | os.PathLike, *args: str, binary: bool = False, stdin: bytes | None = None,
         env: dict[str, str] | None = None) -> subprocess.CompletedProcess | None:
     """git in `cwd` (`env`: more variables); None where git is missing, hangs, or `cwd` is
     no folder."""
-    try:
-        return subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, timeout=GIT_TIMEOUT_S,
-                              text=not binary, input=stdin, stdin=None if stdin is not None else subprocess.DEVNULL,
-                              env=dict(os.environ, GIT_OPTIONAL_LOCKS="0", LC_ALL="C", **(env or {})))
-    except (OSError, subprocess.TimeoutExpired):
-        return None
+    return GitCall(cwd, *args, binary=binary, stdin=stdin, env=env).result()
 
 
 def git_text(cwd: str | os.PathLike, *args: str) -> str | None:
@@ -70,10 +106,15 @@ class GitState:
     untracked: tuple[str, ...]   # untracked, not ignored files of the copy
 
 
-def git_state(root: str, copied: set[str] | None = None) -> GitState:
+STATUS = ("status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all")
+
+
+def git_state(root: str, copied: set[str] | None = None, *, status: GitCall | None = None) -> GitState:
     """The commit, branch, whether tracked files differ from the commit (staged or not) and
-    the untracked, not ignored files (those of `copied`, when given): one `git status`."""
-    proc = git(root, "status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all", binary=True)
+    the untracked, not ignored files (those of `copied`, when given): one `git status`
+    (`status`: GitCall(folder of the tree, *STATUS) already started; its paths are the
+    tree's, from whichever of its folders it ran)."""
+    proc = (status or GitCall(root, *STATUS, binary=True)).result()
     if proc is None or proc.returncode != 0:
         return GitState(None, None, False, ())
     commit = branch = None
@@ -100,13 +141,10 @@ def git_state(root: str, copied: set[str] | None = None) -> GitState:
 def patch(root: str, untracked: tuple[str, ...]) -> bytes:
     """The work tree's changes against HEAD: tracked files (`git diff --binary HEAD`) and
     each untracked file of the copy as a new file."""
-    parts = []
-    head = git(root, "diff", "--binary", "HEAD", binary=True)
-    if head is not None and head.returncode == 0:
-        parts.append(head.stdout)
-    if untracked:
-        parts.append(_new_files(root, untracked))
-    return b"".join(parts)
+    with GitCall(root, "diff", "--binary", "HEAD", binary=True) as tracked:
+        new = _new_files(root, untracked) if untracked else b""
+        head = tracked.result()
+    return (head.stdout if head is not None and head.returncode == 0 else b"") + new
 
 
 def _new_files(root: str, names: tuple[str, ...]) -> bytes:

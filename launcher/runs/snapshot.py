@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..resolution.jobplan import CodeSnapshot
-from .gitview import GitState, git, git_state, inside, locate, patch
+from .gitview import STATUS, GitCall, GitState, git, git_state, inside, locate, patch
 
 # How many of the largest files an error over code.max_mb names.
 LARGEST_SHOWN = 5
@@ -150,9 +150,21 @@ def survey(code: CodeSnapshot) -> Survey:
     if not root.is_dir():
         raise ConfigError(f"cannot snapshot {code.source}: not a folder on this machine (a script inside a "
                           "container image cannot be copied: set code.snapshot: false)", key="code.snapshot")
-    sizes: dict[str, int] = {}
-    names = _git_files(code.source, sizes) if code.git else _walk_files(root)
-    skipped = _skipped(code) + _run_folders(root, names)
+    if not code.git:
+        files, excluded = _chosen(code, _walk_files(root), {})
+        return Survey(code.source, files, None, excluded)
+    # git status runs while the files are listed and looked at.
+    with GitCall(code.source, *STATUS, binary=True) as status:
+        sizes: dict[str, int] = {}
+        files, excluded = _chosen(code, _git_files(code.source, sizes), sizes)
+        git = git_state(code.source, {n for n, _ in files}, status=status)
+    return Survey(code.source, files, git, excluded)
+
+
+def _chosen(code: CodeSnapshot, names: list[str], sizes: dict[str, int]) -> tuple[tuple[tuple[str, int], ...], int]:
+    """(the files copied with their sizes, how many code.exclude left out) of `names`;
+    `sizes`: those already looked at."""
+    skipped = _skipped(code) + _run_folders(Path(code.source), names)
     files, excluded = [], 0
     for name in names:
         if _under(name, skipped) or _under(name, NEVER_COPIED) or any(p in NEVER_COPIED for p in name.split("/")):
@@ -167,17 +179,20 @@ def survey(code: CodeSnapshot) -> Survey:
             except OSError:
                 continue          # listed, then deleted in the work tree
         files.append((name, size))
-    git = git_state(code.source, {n for n, _ in files}) if code.git else None
-    return Survey(code.source, tuple(files), git, excluded)
+    return tuple(files), excluded
 
 
 def tree_state(anchor: str) -> Survey | None:
     """git's view of the work tree holding `anchor`, copying nothing (a run without a
-    snapshot, for its provenance); None outside git."""
-    root = locate(anchor, anchor)
-    if not root.git:
+    snapshot, for its provenance); None outside git. git status runs while the tree is
+    located."""
+    if not os.path.isdir(anchor):
         return None
-    return Survey(root.path, (), git_state(root.path))
+    with GitCall(anchor, *STATUS, binary=True) as status:
+        root = locate(anchor, anchor)
+        if not root.git:
+            return None
+        return Survey(root.path, (), git_state(root.path, status=status))
 
 
 def over_bound(found: Survey, max_bytes: int) -> str | None:
