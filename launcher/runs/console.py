@@ -219,7 +219,8 @@ def _resumed(run_dir: RunDir, record: RunRecord, restart: int) -> tuple[bool, in
     if resume is not None and resume.get("restart") == restart:
         return True, step_of(resume.get("step"))
     beat = _heartbeat(run_dir)
-    if beat is not None and beat.get("restart") == restart:
+    # Its first step (not the record a rank writes as it starts, before it resumes).
+    if beat is not None and beat.get("restart") == restart and step_of(beat.get("step")) is not None:
         return True, None
     return False, None
 
