@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from launcher import runtime as rt  # noqa: E402
 from launcher.runtime import dcp  # noqa: E402
-from launcher.runtime import checkpoint as ck  # noqa: E402
+from launcher.runtime import checkpoint as ck, checksums  # noqa: E402
 from launcher.runtime.state import MODEL_FILE, rank_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -133,7 +133,7 @@ def test_commit_trusts_the_checksums_taken_while_writing(tmp_path):
         raise AssertionError("a shard was read back to be checksummed")
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ck, "checksum_file", no_reading)
+        mp.setattr(checksums, "checksum_file", no_reading)
         c = rt.save_torch_state(1, model, opt)
         rt.save_torch_state(2, model, opt, blocking=False)
         assert rt.wait_checkpoints().step == 2
@@ -164,7 +164,7 @@ def test_checksum_writer_matches_the_file(tmp_path):
 def test_sha256_fallback_without_crc32c(tmp_path, capfd):
     model, opt = _model()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ck, "_crc32c", None)
+        mp.setattr(checksums, "_crc32c", None)
         assert ck.checksum_algorithm() == "sha256"
         c = rt.save_torch_state(1, model, opt)
     assert all("sha256" in s and "crc32c" not in s for s in c.manifest["shards"])
@@ -173,7 +173,7 @@ def test_sha256_fallback_without_crc32c(tmp_path, capfd):
         return
     c2 = rt.save_torch_state(2, model, opt)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ck, "_crc32c", None)       # crc32c shards, verified where the package is missing
+        mp.setattr(checksums, "_crc32c", None)       # crc32c shards, verified where the package is missing
         assert ck.verify_checkpoint(c2.path)[1] is None
     assert "needs the 'crc32c' package" in capfd.readouterr().err
 
