@@ -12,7 +12,7 @@ One run directory per run (DESIGN.md "The run bundle")::
     logs/JOB_gpu_NODE.csv                                   GPU utilisation and memory, sampled per node
     logs/stack-JOB_RESTART_RANK.txt                         each rank's Python stack when its start hung
     heartbeats/rank-RANK.json                               each rank's last step and when (overwritten)
-    heartbeats/rank-RANK.stack                              where a rank's faulthandler writes its stack
+    stack-dumps/rank-RANK.txt                               where a rank's faulthandler writes its stack
     telemetry/JOB_RESTART_RANK.json                         each rank's peak memory and step times, per start
     checkpoints/                                            unless checkpoint.dir points elsewhere
     tensorboard/  wandb/                                    experiment trackers (launcher.runtime.trackers)
@@ -78,7 +78,8 @@ HEARTBEAT = re.compile(r"rank-(?P<rank>\d+)\.json$")
 TELEMETRY_FILE = "{job_id}_{restart}_{rank}.json"
 STACK_FILE = "stack-{job_id}_{restart}_{rank}.txt"
 STACK = re.compile(r"stack-(?P<job>[A-Za-z0-9._-]+)_(?P<restart>\d+)_(?P<rank>\d+)\.txt$")
-STACK_DUMP_FILE = "rank-{rank:05d}.stack"
+STACK_DUMP_DIR = "stack-dumps"
+STACK_DUMP_FILE = "rank-{rank:05d}.txt"
 HEARTBEAT_BYTES = 1024        # a heartbeat's size in its file (more only for a record that needs it)
 HEARTBEAT_READ_LIMIT = 64 * 1024
 # What goes into a file name from a job id or a node name: a job id of Slurm's shape passes as is.
@@ -224,7 +225,7 @@ class RunDir:
 
     def stack_dump(self, rank: int) -> Path:
         """Where rank `rank`'s faulthandler writes its stack when asked (opened at its start)."""
-        return self.heartbeat_dir / STACK_DUMP_FILE.format(rank=rank)
+        return self.path / STACK_DUMP_DIR / STACK_DUMP_FILE.format(rank=rank)
 
     @property
     def heartbeat_dir(self) -> Path:
