@@ -8,6 +8,7 @@ already quoted.
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import json
 import os
@@ -54,46 +55,71 @@ ENVIRONMENT_OPTIONS: Mapping[str, Any] = dict(undefined=jinja2.StrictUndefined, 
 
 
 class TemplateCache(jinja2.FileSystemBytecodeCache):
-    """Compiled templates kept between runs (jinja2 recompiles a template whose source
-    changed). Reading or writing the cache never fails a render: a cache that cannot be
-    read or written is a miss."""
+    """Compiled templates kept between runs in `directory` (jinja2 recompiles a template
+    whose source changed). What a command compiles is written by `save`, once that
+    command has succeeded: a command that fails writes nothing, this cache included.
+    The folder is used only while it is this user's alone (its files are code this
+    process runs); a cache that cannot be used, read or written is a miss."""
+
+    def __init__(self, directory: str, pattern: str) -> None:
+        super().__init__(directory, pattern)
+        self.pending: list[jinja2.bccache.Bucket] = []
+        self._trusted: bool | None = None
+
+    def usable(self, *, create: bool = False) -> bool:
+        """Whether the folder is there (made, with `create`) and no other user may write to it."""
+        if self._trusted is None or (create and not self._trusted):
+            try:
+                if create:
+                    os.makedirs(self.directory, mode=0o700, exist_ok=True)
+                info = os.lstat(self.directory)
+            except OSError:
+                return False
+            self._trusted = (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+                             and not info.st_mode & 0o022)
+        return self._trusted
 
     def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
+        if not self.usable():
+            return
         try:
             super().load_bytecode(bucket)
         except Exception:
             bucket.reset()
 
     def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        try:
-            super().dump_bytecode(bucket)
-        except Exception:
-            pass
+        self.pending.append(bucket)
+
+    def save(self) -> None:
+        pending, self.pending = self.pending, []
+        if not pending or not self.usable(create=True):
+            return
+        for bucket in pending:
+            try:
+                super().dump_bytecode(bucket)
+            except Exception:
+                pass
 
 
-def template_cache_dir(environ: Mapping[str, str] = os.environ) -> str | None:
-    """$XDG_CACHE_HOME/glaunch/templates (~/.cache/glaunch/templates), made if missing;
-    None when it cannot be made or another user could write to it (its files are code
-    this process runs)."""
+def template_cache_dir(environ: Mapping[str, str] = os.environ) -> str:
+    """$XDG_CACHE_HOME/glaunch/templates, else ~/.cache/glaunch/templates."""
     base = environ.get("XDG_CACHE_HOME", "")
     if not os.path.isabs(base):
         base = os.path.join(os.path.expanduser("~"), ".cache")
-    path = os.path.join(base, "glaunch", "templates")
-    try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
-        info = os.lstat(path)
-    except OSError:
-        return None
-    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-        return None
-    return path
+    return os.path.join(base, "glaunch", "templates")
 
 
 def make_environment(loader: jinja2.BaseLoader, cache_dir: str | None) -> jinja2.Environment:
+    """An environment with ENVIRONMENT_OPTIONS; its compiled templates cached in `cache_dir`."""
     settings = repr((jinja2.__version__, sorted((k, repr(v)) for k, v in ENVIRONMENT_OPTIONS.items())))
     key = hashlib.sha256(settings.encode()).hexdigest()[:16]
     cache = TemplateCache(cache_dir, f"{key}-%s.cache") if cache_dir else None
     return jinja2.Environment(loader=loader, bytecode_cache=cache, **ENVIRONMENT_OPTIONS)
+
+
+# The run directories rendered by this process: the cache is saved at exit if one of
+# them was written (its run.json is the last file a run directory gets).
+_RENDERED: list[str] = []
 
 
 @lru_cache(maxsize=1)
@@ -102,7 +128,14 @@ def _environment() -> jinja2.Environment:
         loader: jinja2.BaseLoader = jinja2.FileSystemLoader(str(TEMPLATES))
     else:
         loader = jinja2.PackageLoader("launcher", "templates")
-    return make_environment(loader, template_cache_dir())
+    env = make_environment(loader, template_cache_dir())
+    atexit.register(_save_if_written, env.bytecode_cache)
+    return env
+
+
+def _save_if_written(cache: TemplateCache) -> None:
+    if cache.pending and any(RunDir(path).run_file.exists() for path in _RENDERED):
+        cache.save()
 
 
 def template(name: str) -> jinja2.Template:
@@ -112,6 +145,7 @@ def template(name: str) -> jinja2.Template:
 
 def render(plan: JobPlan, job_shell: JobShell) -> dict[str, str]:
     """File name (relative to the run dir) -> content."""
+    _RENDERED.append(plan.run_dir)
     files = {
         JOB_SCRIPT: render_job_script(plan, job_shell),
         ENV_FILE: render_env(plan, job_shell),
