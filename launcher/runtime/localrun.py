@@ -73,6 +73,7 @@ class Step:
         self.watch = (watchdog.Watch(run_dir, self.job_id, int(restart), world_size=options.ntasks)
                       if run_dir and restart.isdigit() else None)
         self.hung = False
+        self.next_watch = 0.0
 
     def _path(self, pattern: str, task: int) -> str:
         return pattern.replace("%j", self.job_id).replace("%t", str(task))

@@ -183,7 +183,7 @@ def silent_ranks(records: Mapping[int, Mapping[str, Any]], ranks: Iterable[int])
     ranks = sorted(ranks)
     steps = {r: _step(records.get(r, {})) for r in ranks}
     lead = max((s for s in steps.values() if s is not None), default=None)
-    behind = [r for r in ranks if lead is not None and (steps[r] is None or steps[r] + _slack(records[r]) < lead)]
+    behind = [r for r in ranks if lead is not None and ((step := steps[r]) is None or step + _slack(records[r]) < lead)]
     out = []
     for rank in behind or ranks:
         record = records.get(rank, {})
