@@ -12,8 +12,9 @@ import time
 import pytest
 
 from launcher.runs.layout import RunDir
+from launcher.runtime.stacks import write_stacks
 from launcher.runtime.watchdog import (SAVE_BOUND_MIN_S, Limits, blamed_node, find_hang, limits_of, own_records,
-                                       silent_ranks, write_stacks)
+                                       silent_ranks)
 
 T0 = 1_700_000_000.0
 LIMITS = Limits(stall_s=60, first_step_s=300)
@@ -123,7 +124,7 @@ class Children:
 def test_a_rank_stuck_in_a_sleep_writes_its_stack_on_the_dump_signal(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", os.defpath)          # no py-spy: faulthandler's way
     script = (f"import sys, time; sys.path.insert(0, {os.getcwd()!r})\n"
-              "from launcher.runtime.watchdog import arm_stack_dump\n"
+              "from launcher.runtime.stacks import arm_stack_dump\n"
               f"arm_stack_dump({str(tmp_path)!r}, int(sys.argv[1]))\n"
               "def stuck_in_here():\n    print('armed', flush=True); time.sleep(600)\n"
               "stuck_in_here()\n")

@@ -8,7 +8,7 @@ environment and runs the experiment's entry point:
 - launcher `torchrun`: one task per node; torchrun's agent runs in this process (so its
   workers cannot outlive it) and the warning signal and SIGTERM (preemption) are passed
   on to the workers, which checkpoint, instead of making the agent tear them down; so is
-  the watchdog's request for a stack (launcher.runtime.watchdog.DUMP_SIGNAL).
+  the watchdog's request for a stack (launcher.runtime.stacks.DUMP_SIGNAL).
 
 Before the entry point runs, a rank registers its stack dump (faulthandler) and writes its
 first heartbeat (state ``starting``): the watchdog on the batch host knows every rank, its
@@ -28,7 +28,7 @@ from typing import Any
 
 from ..runs.files import atomic_write_text, read_json
 from ..runs.layout import RunDir
-from . import heartbeats, launch, watchdog
+from . import heartbeats, launch, stacks
 from .context import node_name
 from .stop import install_stop_handler
 
@@ -73,7 +73,7 @@ class TrainingTask:
         # A warning that comes before the script installs its own handler must still
         # count (not reach submitit's handler, which requeues on its own terms).
         install_stop_handler()
-        watchdog.arm_stack_dump(spec["run_dir"], job.global_rank)
+        stacks.arm_stack_dump(spec["run_dir"], job.global_rank)
         heartbeats.starting()
         _log(f"rank {job.global_rank}/{spec['world_size']} on {node_name()}: "
              f"python {' '.join(launch.entry_words(spec))}")
@@ -98,7 +98,7 @@ class TrainingTask:
         entry = launch.entry_words(spec)
         os.environ.update(snapshot_environment(spec, os.environ))
         _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + entry)}")
-        for signum in (WARNING_SIGNAL, signal.SIGTERM, watchdog.DUMP_SIGNAL):
+        for signum in (WARNING_SIGNAL, signal.SIGTERM, stacks.DUMP_SIGNAL):
             signal.signal(signum, _forward_to_children)
         try:
             torchrun_main(args + entry)

@@ -20,41 +20,31 @@ the hang points at), every rank's Python stack into ``logs/stack-JOB_RESTART_RAN
 and ends the step; the start's end (jobend, or the local loop) records reason ``hang`` and
 requeues within ``crash_retries``.
 
-The stacks: ``py-spy dump`` for a rank on this host when py-spy is on PATH (native frames
-too); for every other rank Python's faulthandler, which each rank registers at its start
-on DUMP_SIGNAL (:func:`arm_stack_dump`) to write into its own file. The signal reaches the
-ranks of every node through Slurm (``scancel --signal=28 JOB``: every step of the job,
-not the batch script), or, on the local scheduler, from localrun, their parent.
+The stacks (launcher.runtime.stacks): ``py-spy dump`` for a rank on this host when py-spy
+is on PATH, else the faulthandler each rank registered at its start on SIGWINCH, which
+reaches the ranks of every node through Slurm (``scancel --signal=28 JOB``: every step of
+the job, not the batch script) or, on the local scheduler, from localrun, their parent.
 """
 
 from __future__ import annotations
 
 import argparse
-import faulthandler
 import json
 import math
 import os
-import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Protocol
+from typing import Any, Callable, Iterable, Mapping
 
 from ..runs.files import atomic_write_text, read_json
 from ..runs.layout import RunDir, is_node_name, read_heartbeat
+from .stacks import Ranks, log, run_command, write_stacks
 
-# SIGWINCH asks for a stack: nothing in a batch job uses it (no terminal), and a process
-# that did not register it ignores it, so it can go to every process of a job step. SIGUSR1
-# is Lightning's requeue signal, SIGUSR2 and SIGTERM are glaunch's stop signals.
-DUMP_SIGNAL = signal.SIGWINCH
 SAVE_BOUND_FACTOR = 4
 SAVE_BOUND_MIN_S = 1800.0
-DUMP_WAIT_S = 10.0          # for every rank's faulthandler to write its stack
-COMMAND_TIMEOUT_S = 30
 DONE_STATES = frozenset({"stopped", "finished"})
 SAVING_STATES = frozenset({"saving", "stopping"})
 
@@ -217,110 +207,6 @@ def blamed_node(silent: tuple[Silent, ...], records: Mapping[int, Mapping[str, A
     return node
 
 
-# --- stacks -----------------------------------------------------------------------------------
-
-
-def arm_stack_dump(run_dir: str | os.PathLike, rank: int) -> bool:
-    """On a rank, at its start: DUMP_SIGNAL writes every thread's Python stack into the
-    rank's dump file (RunDir.stack_dump), from C, even while the interpreter is stuck in a
-    collective or a sleep. A process forked from the rank (a data loader's worker) does
-    not write there. False when the file cannot be opened."""
-    path = RunDir(run_dir).stack_dump(rank)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        dump = open(path, "w", encoding="utf-8")   # noqa: SIM115  (kept open: faulthandler writes to its fd)
-    except OSError:
-        return False
-    faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
-    if _armed.get("file") is None:
-        os.register_at_fork(after_in_child=lambda: faulthandler.unregister(DUMP_SIGNAL))
-    else:
-        _armed["file"].close()
-    _armed["file"] = dump
-    return True
-
-
-_armed: dict[str, Any] = {}     # the open dump file, for as long as the process lives
-
-
-class Ranks(Protocol):
-    """How the watchdog reaches the ranks of a step."""
-
-    def signal(self, signum: int) -> None: ...
-
-    def end(self) -> None: ...
-
-
-def write_stacks(run_dir: Path, job_id: str, restart: int, records: Mapping[int, Mapping[str, Any]],
-                 ranks: Ranks, *, wait_s: float = DUMP_WAIT_S) -> list[str]:
-    """Every rank's stack into logs/stack-JOB_RESTART_RANK.txt: py-spy for ranks on this
-    host when it is on PATH, faulthandler (DUMP_SIGNAL) for the others. Returns the files
-    written, relative to the run directory."""
-    rd = RunDir(run_dir)
-    here, pyspy = socket.gethostname(), shutil.which("py-spy")
-    done: dict[int, str] = {}
-    for rank, record in sorted(records.items()):
-        pid = record.get("pid")
-        if pyspy and record.get("host") == here and isinstance(pid, int) and pid > 1:
-            text = _run([pyspy, "dump", "--pid", str(pid)])
-            if text:
-                done[rank] = _write_stack(rd, job_id, restart, rank, record, "py-spy dump", text)
-    pending = {rank: _size(rd.stack_dump(rank)) for rank in records if rank not in done}
-    if pending:
-        ranks.signal(DUMP_SIGNAL)
-        deadline, sizes = time.monotonic() + wait_s, dict(pending)
-        while time.monotonic() < deadline:
-            time.sleep(0.5)
-            now_sizes = {rank: _size(rd.stack_dump(rank)) for rank in pending}
-            # Written and no longer growing: faulthandler has finished.
-            if all(now_sizes[r] > pending[r] and now_sizes[r] == sizes[r] for r in pending):
-                break
-            sizes = now_sizes
-        for rank, offset in pending.items():
-            try:
-                with open(rd.stack_dump(rank), "rb") as f:
-                    f.seek(offset)
-                    text = f.read(4 << 20).decode("utf-8", "replace")
-            except OSError:
-                text = ""
-            if text.strip():
-                done[rank] = _write_stack(rd, job_id, restart, rank, records[rank], "faulthandler", text)
-    return [done[rank] for rank in sorted(done)]
-
-
-def _write_stack(rd: RunDir, job_id: str, restart: int, rank: int, record: Mapping[str, Any], how: str,
-                 text: str) -> str:
-    path = rd.stack_file(job_id, restart, rank)
-    head = (f"# rank {rank} on {record.get('node')} (pid {record.get('pid')}), last step {record.get('step')}, "
-            f"state {record.get('state')}: {how}\n")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, head + text)
-    except OSError as exc:
-        log(f"stack of rank {rank} not written to {path}: {exc.strerror or exc}")
-    return os.path.relpath(path, rd.path)
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
-
-
-def _run(words: list[str]) -> str | None:
-    try:
-        proc = subprocess.run(words, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.SubprocessError) as exc:
-        log(f"{words[0]}: {exc}")
-        return None
-    if proc.returncode != 0:
-        log(f"{' '.join(words[:2])}: exit status {proc.returncode}: {proc.stderr.strip()[:300]}")
-        return None
-    return proc.stdout
-
-
 # --- the watch ---------------------------------------------------------------------------------
 
 
@@ -400,16 +286,16 @@ class SlurmSteps:
     def signal(self, signum: int) -> None:
         # Without --full: every step of the job, not the batch script (nor this process). By
         # number: Slurm 22.05's scancel knows no WINCH by name.
-        _run(["scancel", f"--signal={int(signum)}", self.job_id])
+        run_command(["scancel", f"--signal={int(signum)}", self.job_id])
 
     def end(self) -> None:
         steps = {str(r["job_step"]) for r in self.records().values()
                  if isinstance(r.get("job_step"), str) and r["job_step"].isdigit()}
         for step in sorted(steps or self._steps()):
-            _run(["scancel", "--signal=KILL", f"{self.job_id}.{step}"])
+            run_command(["scancel", "--signal=KILL", f"{self.job_id}.{step}"])
 
     def _steps(self) -> set[str]:
-        text = _run(["squeue", "--steps", "--noheader", "--format=%i", f"--jobs={self.job_id}"]) or ""
+        text = run_command(["squeue", "--steps", "--noheader", "--format=%i", f"--jobs={self.job_id}"]) or ""
         own = os.environ.get("SLURM_STEP_ID")
         return {step for line in text.split() if (step := line.rpartition(".")[2]).isdigit() and step != own}
 
@@ -447,10 +333,6 @@ def main(argv: list[str] | None = None) -> int:
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
     return watch_slurm(args.run_dir, stop=lambda: bool(stopped))
-
-
-def log(message: str) -> None:
-    print(f"glaunch: watchdog: {message}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
