@@ -227,8 +227,8 @@ def test_merge_gives_a_pending_start_sacct_s_end(name, state, reason):
 
 def test_the_job_s_own_record_of_a_start_wins_over_sacct():
     # jobend wrote COMPLETED on gpu-node7; an scancel during the epilogue made sacct say CANCELLED on node1.
-    start = jobend_start(0, state="COMPLETED", started="2026-12-03T13:11:00", ended="2026-12-03T13:11:11",
-                         exit_code=0, nodes="gpu-node7")
+    start = jobend_start(0, job_id="12", state="COMPLETED", started="2026-12-03T13:11:00",
+                         ended="2026-12-03T13:11:11", exit_code=0, nodes="gpu-node7")
     record = run(start)
     merge_history(record, sacct("sacct-cancelled.txt"))
     assert record.starts == [start]
@@ -254,6 +254,20 @@ def test_merge_orders_the_starts_by_restart():
     merge_history(record, sacct("sacct-requeued-completed.txt"))
     assert [(s.restart, s.state, s.reason) for s in record.starts] == [
         (0, "REQUEUED", None), (1, "REQUEUED", "timeout"), (2, "COMPLETED", None)]
+
+
+def test_merge_keeps_an_earlier_job_s_starts_apart_from_a_resumed_run_s_job():
+    # `glaunch resume` appended job 14's starts after job 9's (requeued once, then cancelled).
+    earlier = [jobend_start(0, job_id="9", state="REQUEUED", reason="preemption", ended="2026-12-03T12:00:00"),
+               jobend_start(1, job_id="9", state="CANCELLED", reason="cancelled", ended="2026-12-03T12:30:00")]
+    record = run(*earlier, StartRecord(job_id="14", restart=0))
+    text = ("14|REQUEUED|0:0|2026-12-03T14:00:00|2026-12-03T14:10:00|00:10:00|node1|None\n"
+            "14|COMPLETED|0:0|2026-12-03T14:12:00|2026-12-03T14:40:00|00:28:00|node2|None\n")
+    merge_history(record, parse_sacct(text))
+    assert [(s.job_id, s.restart, s.state, s.get("nodes")) for s in record.starts] == [
+        ("9", 0, "REQUEUED", None), ("9", 1, "CANCELLED", None),
+        ("14", 0, "REQUEUED", "node1"), ("14", 1, "COMPLETED", "node2")]
+    assert earlier[0].ended == "2026-12-03T12:00:00" and earlier[1].state == "CANCELLED"
 
 
 def test_merge_follows_a_start_through_suspend_and_resume():

@@ -154,8 +154,9 @@ def current_state(recorded: str | None, live: str | None, history: list[dict] | 
 def merge_history(record: RunRecord, history: list[dict]) -> None:
     """sacct lists one row per start (with -D): fill in what the starts' own records lack.
     The job's record of a start (launcher.runtime.jobend) wins over sacct's."""
+    # A resumed run holds the starts of earlier jobs too: a start is its job's id and restart.
     for restart, row in enumerate(history):
-        entry = record.start_of(restart)
+        entry = record.start(row["job_id"], restart)
         if entry is None:
             entry = StartRecord(job_id=row["job_id"], restart=restart)
             record.starts.append(entry)
@@ -170,7 +171,10 @@ def merge_history(record: RunRecord, history: list[dict]) -> None:
             if entry.reason is None:
                 entry.reason = SACCT_REASONS.get(state)
         entry.set("scheduler_state", state)
-    record.starts.sort(key=lambda s: s.restart)
+    jobs: dict[str, int] = {}
+    for start in record.starts:
+        jobs.setdefault(start.job_id, len(jobs))
+    record.starts.sort(key=lambda s: (jobs[s.job_id], s.restart))     # jobs in the order they came
 
 
 # sbatch's refusals (Slurm 22.05 wording, matched loosely) in the profile's terms.
