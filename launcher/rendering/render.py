@@ -1,4 +1,5 @@
-"""Render: a JobPlan -> the run bundle's files, as text. Pure.
+"""Render: a JobPlan -> the run bundle's files, as text. Pure, but for the compiled
+templates it keeps between runs (TemplateCache, saved once a rendered run was written).
 
 What differs between schedulers (directives, the launch line, the shell after it, the
 rendezvous) comes in a `JobShell` from the scheduler; the shell that runs is in the
@@ -13,6 +14,7 @@ import hashlib
 import json
 import os
 import stat
+from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -117,9 +119,9 @@ def make_environment(loader: jinja2.BaseLoader, cache_dir: str | None) -> jinja2
     return jinja2.Environment(loader=loader, bytecode_cache=cache, **ENVIRONMENT_OPTIONS)
 
 
-# The run directories rendered by this process: the cache is saved at exit if one of
-# them was written (its run.json is the last file a run directory gets).
-_RENDERED: list[str] = []
+# The latest run directories rendered by this process: the cache is saved at exit if one
+# of them was written (its run.json is the last file a run directory gets).
+_RENDERED: deque[str] = deque(maxlen=256)
 
 
 @lru_cache(maxsize=1)
@@ -133,8 +135,8 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-def _save_if_written(cache: TemplateCache) -> None:
-    if cache.pending and any(RunDir(path).run_file.exists() for path in _RENDERED):
+def _save_if_written(cache: jinja2.BytecodeCache | None) -> None:
+    if isinstance(cache, TemplateCache) and cache.pending and any(RunDir(p).run_file.exists() for p in _RENDERED):
         cache.save()
 
 

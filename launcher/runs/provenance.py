@@ -21,13 +21,15 @@ if TYPE_CHECKING:
 PACKAGES = ("torch", "lightning", "pytorch-lightning", "deepspeed", "numpy", "submitit", "omegaconf")
 
 
-def package_versions(names: tuple[str, ...] = PACKAGES, path: Iterable[str] | None = None) -> dict[str, str]:
+def package_versions(names: tuple[str, ...] = PACKAGES,
+                     path: Iterable[str] | None = None) -> dict[str, str | None]:
     """The version of each package installed, as importlib.metadata.version gives it:
     the first `<name>-<version>.dist-info` or `.egg-info` along `path` (sys.path), its
-    metadata's Version. One listing per path entry instead of importlib.metadata, whose
-    import and search cost a dry run more than the rest of its provenance."""
+    metadata's Version (None where it has none). One listing per path entry instead of
+    importlib.metadata, whose import and search cost a dry run more than the rest of its
+    provenance."""
     wanted = {_normalized(n): n for n in names}
-    found: dict[str, str] = {}
+    found: dict[str, str | None] = {}
     for entry in sys.path if path is None else path:
         if not wanted:
             break
@@ -42,9 +44,10 @@ def package_versions(names: tuple[str, ...] = PACKAGES, path: Iterable[str] | No
             name = wanted.pop(_normalized(low.rpartition(".")[0].partition("-")[0]), None)
             if name is None:
                 continue
-            version = _metadata_version(os.path.join(entry or ".", child))
-            if version is not False:      # unreadable metadata: never a reason to stop a submit
-                found[name] = version
+            try:
+                found[name] = _metadata_version(os.path.join(entry or ".", child))
+            except OSError:
+                pass                      # unreadable metadata: never a reason to stop a submit
     return {name: found[name] for name in names if name in found}
 
 
@@ -53,9 +56,9 @@ def _normalized(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
 
 
-def _metadata_version(info: str) -> str | bool | None:
+def _metadata_version(info: str) -> str | None:
     """The Version header of a .dist-info/.egg-info (a folder, or an egg-info file); None
-    when it has none, False when there is no metadata to read."""
+    when it has none. OSError when there is no metadata to read."""
     for candidate in (os.path.join(info, "METADATA"), os.path.join(info, "PKG-INFO"), info):
         try:
             with open(candidate, encoding="utf-8") as f:
@@ -68,7 +71,7 @@ def _metadata_version(info: str) -> str | bool | None:
                 return None
         except (OSError, UnicodeDecodeError):
             continue
-    return False
+    raise OSError(f"no metadata in {info}")
 
 
 def _user() -> str | None:
