@@ -271,9 +271,11 @@ def _begin() -> Beats:
                   node=node_name(), job_id=ctx.job_id, restart=ctx.restart, world_size=ctx.world_size,
                   watch=watch_from_env())
     if under_launcher:
-        from . import telemetry
+        from . import stacks, telemetry
 
         telemetry.began(beats, ctx)
+        if not stacks.armed():      # a torchrun worker: its task (the agent) armed only itself
+            stacks.arm_stack_dump(ctx.run_dir, ctx.rank)
     return beats
 
 

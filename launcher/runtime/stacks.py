@@ -55,6 +55,11 @@ def arm_stack_dump(run_dir: str | os.PathLike, rank: int) -> bool:
 _armed: dict[str, Any] = {}     # the open dump file, for as long as the process lives
 
 
+def armed() -> bool:
+    """Whether this process registered its stack dump."""
+    return _armed.get("file") is not None
+
+
 class Ranks(Protocol):
     """How the watchdog reaches the ranks of a step."""
 
