@@ -158,7 +158,7 @@ def _wait_for_step(runs: Path, step: int, proc: subprocess.Popen, timeout: float
         assert proc.poll() is None, proc.communicate()
         for path in runs.glob("*/heartbeats/rank-00000.json"):
             beat = read_heartbeat(path)
-            if beat is not None and beat["step"] >= step:
+            if beat is not None and (beat.get("step") or 0) >= step:
                 return path.parent.parent
         time.sleep(0.2)
     raise AssertionError("the run made no progress")
