@@ -62,6 +62,8 @@ def test_run_json_keeps_excluded_nodes_and_a_hang_counts_as_a_crash():
         {"job_id": "5", "restart": 1, "reason": "crash", "excluded_nodes": ["gpu001"]},
         {"job_id": "5", "restart": 2, "reason": "timeout"}]})
     assert record.crash_count() == 2 and record.crash_count(before=1) == 1
+    # A resumed run's new job starts with the whole crash_retries budget.
+    assert record.crash_count(job_id="5") == 2 and record.crash_count(job_id="9") == 0
     out = record.to_dict()
     assert out["excluded_nodes"] == ["gpu001"]
     assert out["starts"][0]["hang"]["kind"] == "stall" and "excluded_nodes" not in out["starts"][0]

@@ -378,6 +378,8 @@ class RunRecord:
         entry.update(**values)
         return entry
 
-    def crash_count(self, *, before: int | None = None) -> int:
-        """Starts that ended in a crash or a hang (before restart `before`, when given)."""
-        return sum(1 for s in self.starts if s.reason in FAILURES and (before is None or s.restart < before))
+    def crash_count(self, *, job_id: str | None = None, before: int | None = None) -> int:
+        """Starts that ended in a crash or a hang (of job `job_id` and before restart `before`,
+        when given: a resumed run's new job gets the whole crash_retries budget again)."""
+        return sum(1 for s in self.starts if s.reason in FAILURES and (job_id is None or s.job_id == str(job_id))
+                   and (before is None or s.restart < before))

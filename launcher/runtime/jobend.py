@@ -215,8 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         outcome = decide(
             step_status=args.status, finished=RunDir(run_dir).result_file.exists(), stopped=stop is not None,
             preempted=args.preempted not in ("", "0"), timed_out=False, restart=restart,
-            requeue_max=record.requeue_max, crashes=record.crash_count(), crash_retries=record.crash_retries,
-            hung=hang is not None)
+            requeue_max=record.requeue_max, crashes=record.crash_count(job_id=job_id),
+            crash_retries=record.crash_retries, hung=hang is not None)
         outcome = with_crash_note(outcome, run_dir, restart)
         bad = blamed_node(outcome.reason, crash_in(run_dir, restart), hang)
         kept_off = list(record.excluded_nodes)

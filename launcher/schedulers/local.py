@@ -334,7 +334,8 @@ def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart
     warned, timed_out = bool(summary.get("warned")), bool(summary.get("timed_out"))
     hung = watchdog.hang_in(run_dir.path, restart) is not None
     signalled = status < 0 or status > 128
-    crashes = registry.read(run_dir.path).crash_count(before=restart)
+    record = registry.read(run_dir.path)
+    crashes = record.crash_count(job_id=record.job_id, before=restart)
     outcome = jobend.with_crash_note(jobend.decide(
         step_status=status, finished=run_dir.result_file.exists(),
         stopped=warned or stop is not None, preempted=False,
