@@ -15,7 +15,19 @@ One run directory per run (DESIGN.md "The run bundle")::
     stack-dumps/rank-RANK.txt                               where a rank's faulthandler writes its stack
     telemetry/JOB_RESTART_RANK.json                         each rank's peak memory and step times, per start
     checkpoints/                                            unless checkpoint.dir points elsewhere
+    checkpoints/universal/step-N/                           DeepSpeed's universal copy of step N, made when a
+                                                            ZeRO checkpoint loads at another world size
+    resumes/N/                                              what `glaunch resume` number N moved aside: the
+                                                            previous submission's files and what its last start
+                                                            left for the next (result, stop, resume, crash, heartbeats/)
     tensorboard/  wandb/                                    experiment trackers (launcher.runtime.trackers)
+
+run.json's ``resumes`` list has one entry per `glaunch resume` (launcher.runs.resume):
+``number`` (N of resumes/N/), ``at`` (when), ``overrides``, ``previous_files`` (resumes/N),
+``ended`` (how the run had ended: state, reason, detail, job_id, nodes, world_size,
+partition, scheduler_history), the new shape (nodes, world_size, partition) and
+``first_start``: the index in ``starts`` of the resumed job's first start (its starts are
+numbered from restart 0 again, after the earlier job's).
 
 The typed run.json records live in `records` and are named here too, so both sides use
 this one module: the submit side (bundle, registry, status, schedulers) and the in-job
@@ -57,6 +69,7 @@ LOCK_FILE = ".run.lock"
 # Held (flock) by a local job for as long as it runs: a run whose job lock nobody holds has
 # no process left to cancel, whatever pid run.json names.
 JOB_LOCK_FILE = ".job.lock"
+RESUMES_DIR = "resumes"           # resumes/N/: the files `glaunch resume` number N moved aside
 LOG_DIR = "logs"
 CHECKPOINT_DIR = "checkpoints"
 HEARTBEAT_DIR = "heartbeats"
@@ -261,6 +274,14 @@ class RunDir:
             return []
         return sorted(self.telemetry_dir / n for n in names
                       if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit())
+
+    @property
+    def resumes_dir(self) -> Path:
+        return self.path / RESUMES_DIR
+
+    def previous_files(self, number: int) -> Path:
+        """resumes/N/: the previous submission's files, moved aside by resume `number`."""
+        return self.resumes_dir / str(number)
 
     @property
     def tensorboard_dir(self) -> Path:
