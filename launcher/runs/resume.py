@@ -109,7 +109,7 @@ def refuse_unless_ended(record: RunRecord) -> None:
 
 def _warnings(plan, record: RunRecord) -> tuple[str, ...]:
     """What the user should know before it starts: no checkpoint to continue from."""
-    from ..runtime.checkpoint import latest_complete      # the standard library only
+    from ..runtime.checkpoint_resume import latest_complete      # the standard library only
 
     if latest_complete(plan.checkpoint_dir, verify="size", quiet=True) is None:
         return (f"run {record.run_id}: no complete checkpoint in {plan.checkpoint_dir}: the resumed run starts "

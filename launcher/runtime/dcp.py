@@ -39,7 +39,8 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
 
 from ..runs.files import fsync_dir
-from .checkpoint import CheckpointError, ChecksumWriter
+from .checkpoint_layout import CheckpointError
+from .checksums import ChecksumWriter
 from .context import RankContext, is_distributed
 
 METADATA_FILE = ".metadata"

@@ -33,7 +33,9 @@ from __future__ import annotations
 import json
 import os
 
-from .checkpoint import Checkpoint, CheckpointError, stage_checkpoint, step_dir_name, verify_checkpoint
+from .checkpoint_commit import stage_checkpoint
+from .checkpoint_layout import Checkpoint, CheckpointError, step_dir_name
+from .checkpoint_verify import verify_checkpoint
 from .context import (RankContext, broadcast_object, context, export_rendezvous_env, log, log_joined,
                       shutdown_distributed)
 from .device import Placement

@@ -40,7 +40,10 @@ import os
 import types
 from pathlib import Path
 
-from .checkpoint import Checkpoint, ChecksumWriter, resume_checkpoint, stage_checkpoint
+from .checkpoint_commit import stage_checkpoint
+from .checkpoint_layout import Checkpoint
+from .checkpoint_resume import resume_checkpoint
+from .checksums import ChecksumWriter
 from .context import RankContext, all_reduce_max, context, log
 from .deepspeed import _Recorder
 from .deepspeed import placement as deepspeed_placement

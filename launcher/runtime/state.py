@@ -24,18 +24,9 @@ import random
 import sys
 
 from . import background
-from .checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    agree,
-    commit,
-    first_failed_rank,
-    open_staging,
-    stage_checkpoint,
-    step_dir_name,
-    write_failure_marker,
-    write_marker,
-)
+from .checkpoint_commit import agree, commit, first_failed_rank, open_staging, stage_checkpoint
+from .checkpoint_layout import Checkpoint, CheckpointError, step_dir_name
+from .checkpoint_staging import write_failure_marker, write_marker
 from .context import RankContext, context, log
 
 MODEL_FILE = "model.pt"
