@@ -24,7 +24,7 @@ import pytest
 from launcher import api
 from launcher.errors import SchedulerError
 from launcher.runs.layout import RunRecord
-from launcher.schedulers import slurm, slurm_client
+from launcher.schedulers import slurm_client, slurm_records, slurm_submit
 from launcher.schedulers.slurm_client import (Client, RetryPolicy, Unreachable, clean_env, describe_controller,
                                               is_transient, parse_controller)
 from launcher.schedulers.slurm_state import parse_squeue, parse_squeue_reason, pending_verdict
@@ -341,15 +341,15 @@ def test_recorded_squeue_reasons(name, reason, never):
 
 def test_refresh_marks_a_job_that_never_starts_and_clears_it_once_it_runs():
     record = RunRecord(run_id="r1", job_id="9", state="PENDING", extra={"request": REQUEST})
-    slurm._record_pending_reason(record, "PENDING", "PartitionTimeLimit")
+    slurm_records.record_pending_reason(record, "PENDING", "PartitionTimeLimit")
     assert record.extra["blocked"] is True and record.reason == "never starts"
     assert record.detail.startswith("job 9 never starts: resources.time 2-00:00:00 is over the time limit of "
                                     "partition gpu")
     assert record.detail.endswith("It stays queued until cancelled (glaunch cancel r1)")
     assert record.to_dict()["blocked"] is True and record.to_dict()["pending_reason"] == "PartitionTimeLimit"
-    slurm._record_pending_reason(record, "RUNNING", None)
+    slurm_records.record_pending_reason(record, "RUNNING", None)
     assert "blocked" not in record.extra and record.reason is None and record.detail is None
-    slurm._record_pending_reason(record, "PENDING", "Priority")
+    slurm_records.record_pending_reason(record, "PENDING", "Priority")
     assert "blocked" not in record.extra and record.extra["pending_reason"] == "Priority"
 
 
@@ -467,7 +467,7 @@ def test_fake_sbatch_hanging_with_squeue_unreachable_records_an_uncertain_submis
                            *) echo "RUNNING|None";; esac""".replace("                           ", "")))
     prepared = _prepared(tmp_path)
     (fakes / "run_id").write_text(prepared.plan.run_id)
-    with pytest.raises(slurm.SubmissionUncertain) as err:
+    with pytest.raises(slurm_submit.SubmissionUncertain) as err:
         api.launch(prepared, check=False)
     assert err.value.exit_code == 3 and "`glaunch status` looks for the job again" in err.value.message
     assert len(_calls(fakes, "sbatch")) == 1

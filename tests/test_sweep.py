@@ -20,7 +20,7 @@ from launcher import api
 from launcher.errors import ConfigError
 from launcher.resolution.sweep import expand, parse_axes, split_values
 from launcher.schedulers import slurm_array
-from launcher.schedulers.cluster_check import parse_cluster
+from launcher.schedulers.cluster_facts import parse_cluster
 from launcher.schedulers.slurm import SlurmScheduler
 
 REPO = Path(__file__).resolve().parent.parent

@@ -293,7 +293,7 @@ def run(experiment: str | os.PathLike, *, site: str | None = None, overrides: Se
     and runtime as a batch job, in a run directory like any other. Returns when the run
     ended (never requeued: its checkpoints resume in a later run). ConfigError outside an
     allocation or for a plan it cannot hold."""
-    from ..schedulers.slurm import Allocation, AllocationScheduler
+    from ..schedulers.slurm_allocation import Allocation, AllocationScheduler
 
     allocation = Allocation.of(os.environ if environ is None else environ)
     if allocation is None:

@@ -24,11 +24,7 @@ from typing import Any, Iterable, Mapping
 from ..resolution import slurmtime
 from .cluster_check_partition import effective_assoc, fate, partition_diffs, qos_name, to_seconds
 from .cluster_check_report import CheckReport, Difference
-from .cluster_facts import Cluster, parse_cluster, parse_int, read_cluster
-
-# Importers reach the facts and the report through this module too.
-__all__ = ["CheckReport", "Cluster", "Difference", "Request", "check_site", "compare", "parse_cluster",
-           "read_cluster", "site_mapping"]
+from .cluster_facts import Cluster, parse_int, read_cluster
 
 
 # --- the request of one job (submit) -------------------------------------------------------------

@@ -16,7 +16,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import SchedulerError
 from ..rendering import shell
@@ -27,35 +27,10 @@ from ..runs.layout import RunDir, RunRecord, State, is_terminal
 from . import cluster_check, cluster_facts, slurm_array, slurm_client
 from .base import Echo, Launched, LaunchedBatch, Scheduler, SweepBatch, SweepPlan
 from .slurm_client import Unreachable, run_command
-from .slurm_queries import find_submitted, sacct_records, squeue_job, squeue_jobs, squeue_state
-from .slurm_records import (
-    NEVER_STARTS,
-    fold_job,
-    record_pending_reason,
-    record_queued,
-    record_refused,
-    request_values,
-)
+from .slurm_queries import find_submitted, sacct_records, squeue_job, squeue_jobs
+from .slurm_records import fold_job, record_queued, record_refused, request_values
 from .slurm_script import end_of_start_python, sbatch_directives, srun_line
-from .slurm_submit import (
-    SubmissionUncertain,
-    dump_task,
-    link_task,
-    preflight,
-    submission_marker,
-    submit,
-    submit_array,
-    task_template,
-)
-
-if TYPE_CHECKING:
-    from .slurm_allocation import Allocation, AllocationScheduler
-
-# Also reached through this module: the submission, the queries and the records.
-__all__ = ["NEVER_STARTS", "Allocation", "AllocationScheduler", "SlurmScheduler", "SubmissionUncertain",
-           "find_submitted", "preflight", "request_values", "sacct_records", "squeue_job", "squeue_jobs",
-           "squeue_state", "submission_marker", "submit", "submit_array"]
-_record_pending_reason = record_pending_reason
+from .slurm_submit import SubmissionUncertain, dump_task, link_task, preflight, submit, submit_array, task_template
 
 log = logging.getLogger(__name__)
 
@@ -321,12 +296,3 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
 def inside_allocation(record: RunRecord) -> str:
     return (f"run {record.run_id} runs inside allocation {record.job_id}: stop it with Ctrl-C where `glaunch run` "
             f"runs (scancel {record.job_id} would end the whole allocation)")
-
-
-def __getattr__(name: str) -> Any:
-    # `glaunch run`'s scheduler subclasses SlurmScheduler, so its module imports this one.
-    if name in ("Allocation", "AllocationScheduler"):
-        from . import slurm_allocation
-
-        return getattr(slurm_allocation, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
