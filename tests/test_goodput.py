@@ -163,3 +163,44 @@ def test_damaged_fields_read_as_unknown(value):
     text = format_status({"run_id": "r", "state": "RUNNING", "site": "s", "job_id": "1", "restarts": 1,
                           "run_dir": "/r", "starts": [s.to_dict() for s in record.starts], **report})
     assert "goodput:" in text
+
+
+def resumed_after_idle(**fields) -> RunRecord:
+    """A 120-step run that completed at 100 s, left ended for 900 s, then resumed (at
+    1000 s) to 240 steps: queued 30 s, its first step 10 s later. Step time 0.5 s."""
+    starts = [
+        start(0, "100", 10, 100, "COMPLETED", None, submitted=T0, first_step=1, first_step_at=at(20),
+              last_step=120, last_step_at=at(80), step_time_s={"median": 0.5, "p90": 0.5}),
+        start(0, "200", 1030, 1100, "COMPLETED", None, resumed_from=120, first_step=121,
+              first_step_at=at(1040), last_step=240, last_step_at=at(1099.5), step_time_s={"median": 0.5}),
+    ]
+    entry = {"number": 1, "at": at(1000), "overrides": ["entrypoint.args=[--steps,240]"], "first_start": 1,
+             "previous_files": "resumes/1", "ended": {"state": "COMPLETED", "job_id": "100"}, **fields}
+    return RunRecord.from_dict({"run_id": "r", "state": "COMPLETED", "requeue_max": 3, "starts": starts,
+                                "resumes": [entry]})
+
+
+def test_idle_time_before_a_resume_is_not_wall_time():
+    good = goodput.summarize(resumed_after_idle(), now=10_000)["goodput"]
+    assert good["idle_s"] == 900                       # ended at 100 s, resumed at 1000 s
+    assert good["wall_s"] == (1100 - 10) - 900
+    assert good["productive_s"] == 120 and good["ettr"] == round(120 / 190, 4)
+    rows = good["starts"]
+    assert [r["resume"] for r in rows] == [0, 1]
+    assert rows[1]["queue_wait_s"] == 30               # from the resume, not from the earlier job's end
+    assert good["restart_overhead_s"] == 30 + 10        # queue + start-up of the resumed job's start
+    assert good["lost_steps"] == 0
+
+
+def test_a_resumed_run_waiting_for_its_job_counts_from_the_resume():
+    record = resumed_after_idle()
+    del record.starts[1]
+    record.state = "PENDING"
+    good = goodput.summarize(record, now=goodput.epoch(at(1020)))["goodput"]
+    assert good["idle_s"] == 900 and good["wall_s"] == (1020 - 10) - 900
+
+
+@pytest.mark.parametrize("entry", [{"at": "yesterday"}, {"first_start": 7}, {"first_start": "1"}, {"number": None}])
+def test_damaged_resume_entries_leave_nothing_out(entry):
+    good = goodput.summarize(resumed_after_idle(**entry), now=10_000)["goodput"]
+    assert good["wall_s"] == 1090 and good["idle_s"] in (None, 0)

@@ -4,7 +4,9 @@ rest went, and the settings that would waste less. Pure functions of run.json's 
 any field may be missing or damaged, and then what needs it is None.
 
 Per start (``per_start``):
-- ``queue_wait_s``: submitted (the first start) or the previous start's end -> started;
+- ``resume``: 0 for a start of the submitted job, N for one of the job resume N started;
+- ``queue_wait_s``: submitted (the first start), the resume asked for (a resumed job's
+  first start: run.json ``resumes[].at``) or the previous start's end -> started;
 - ``startup_s``: started -> its first step done (the job's set-up, the ranks' imports and
   rendezvous, the resume, the first step);
 - ``resume_load_s``: within that, the checkpoint chosen (resume.json) -> the first step,
@@ -17,7 +19,8 @@ Per start (``per_start``):
 - ``productive_s``: kept steps x the start's median step time.
 
 Run (``goodput``): ``ettr`` = sum of productive_s / wall time from the first start to
-the last end (or now); ``lost_steps``; ``restart_overhead_s`` = queue wait and start-up
+the last end (or now), less ``idle_s``: the time a run spent ended before a `glaunch
+resume` took it up again (from its job's last end to the resume); ``lost_steps``; ``restart_overhead_s`` = queue wait and start-up
 of every start after the first, plus stop and teardown of every interrupted start;
 ``interruptions`` and ``mean_time_between_interruptions_s`` (a start's begin -> its stop
 request, or its end); the same for those that came without warning (crash, hang, node
@@ -118,20 +121,41 @@ def _base(start: StartRecord) -> int | None:
 # --- per start ------------------------------------------------------------------------------
 
 
+def resumes(record: RunRecord) -> list[dict[str, Any]]:
+    """run.json's ``resumes`` entries that can be read: ``number``, ``at`` (epoch seconds
+    or None), ``first_start`` (an index into ``starts``, at most their count: the resumed
+    job may not have started yet), and the entry as written (``entry``); in order."""
+    found = []
+    entries = record.extra.get("resumes")
+    for entry in entries if isinstance(entries, list) else []:
+        if not isinstance(entry, dict):
+            continue
+        first, ordinal = step_of(entry.get("first_start")), step_of(entry.get("number"))
+        if first is None or first > len(record.starts) or ordinal is None:
+            continue
+        found.append({"number": ordinal, "at": epoch(entry.get("at")), "first_start": first, "entry": entry})
+    return sorted(found, key=lambda r: (r["first_start"], r["number"]))
+
+
 def per_start(record: RunRecord, now: float) -> list[dict[str, Any]]:
     starts = record.starts
+    resumed = {r["first_start"]: r for r in resumes(record)}
     rows = []
+    job = 0
     for index, start in enumerate(starts):
         previous = starts[index - 1] if index else None
         following = starts[index + 1] if index + 1 < len(starts) else None
-        rows.append(_start_row(start, previous, following, now))
+        queued_from = epoch(start.submitted) if previous is None else epoch(previous.ended)
+        if index in resumed:        # the first start of a resumed job: queued from the resume on
+            job = resumed[index]["number"]
+            queued_from = resumed[index]["at"] if resumed[index]["at"] is not None else epoch(start.submitted)
+        rows.append({"resume": job, **_start_row(start, queued_from, following, now)})
     return rows
 
 
-def _start_row(start: StartRecord, previous: StartRecord | None, following: StartRecord | None,
+def _start_row(start: StartRecord, queued_from: float | None, following: StartRecord | None,
                now: float) -> dict[str, Any]:
     started, ended = epoch(start.started), epoch(start.ended)
-    queued_from = epoch(start.submitted) if previous is None else epoch(previous.ended)
     first_at, last_at = epoch(start.get("first_step_at")), epoch(start.get("last_step_at"))
     stop_asked, stop_saved = epoch(start.get("stop_requested_at")), epoch(start.get("stop_saved_at"))
     seconds = step_time(start)
@@ -187,13 +211,20 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
     """``goodput`` (totals and ``starts``), ``suggest`` and ``warnings`` of a run."""
     rows = per_start(record, now)
     starts = record.starts
+    resumed = resumes(record)
     begun = [t for s in starts if (t := epoch(s.started)) is not None]
     ends = [t for s in starts if (t := epoch(s.ended)) is not None]
-    in_flight = bool(starts) and not is_terminal(starts[-1].state) and not is_terminal(record.state)
-    wall = None
+    # In flight: its last start runs, or a resume handed it to a job that has not started yet.
+    waiting = bool(resumed) and resumed[-1]["first_start"] == len(starts)
+    in_flight = (bool(starts) and (waiting or not is_terminal(starts[-1].state))
+                 and not is_terminal(record.state))
+    wall = idle = None
     if begun:
         end = now if in_flight else (max(ends) if ends else None)
         wall = _span(min(begun), end)
+        if wall is not None and resumed:
+            idle = _idle(starts, resumed, min(begun), min(begun) + wall)
+            wall = round(max(0.0, wall - idle), 3)
     productive = [r["productive_s"] for r in rows if r["productive_s"] is not None]
     lost = [r["lost_steps"] for r in rows if r["lost_steps"] is not None]
     lost_s = [r["lost_steps"] * r["step_time_s"] for r in rows
@@ -214,6 +245,7 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
         "ettr": round(sum(productive) / wall, 4) if productive and wall else None,
         "productive_s": round(sum(productive), 3) if productive else None,
         "wall_s": wall,
+        "idle_s": idle,
         "lost_steps": sum(lost) if lost else (0 if rows else None),
         "lost_s": round(sum(lost_s), 3) if lost_s else None,
         "restart_overhead_s": round(overhead, 3) if measured else None,
@@ -226,6 +258,18 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
     }
     return {"goodput": goodput, "suggest": suggest(starts, goodput, settings or {}),
             "warnings": checkpoint_warnings(record)}
+
+
+def _idle(starts: Sequence[StartRecord], resumed: Sequence[Mapping[str, Any]], begin: float, end: float) -> float:
+    """Seconds within [begin, end] that the run spent ended before each resume: from the
+    last end among the earlier job's starts to the resume."""
+    idle = 0.0
+    for entry in resumed:
+        at = entry["at"]
+        earlier = [t for s in starts[:entry["first_start"]] if (t := epoch(s.ended)) is not None]
+        if at is not None and earlier:
+            idle += max(0.0, min(at, end) - max(max(earlier), begin))
+    return round(idle, 3)
 
 
 def _mean_run(starts: Sequence[StartRecord]) -> float | None:
