@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from launcher.runs import registry
-from launcher.runs.console import Console, status_line
+from launcher.runs.console import Console, fit, status_line
 from launcher.runs.layout import RunDir, RunRecord, heartbeat_bytes
 
 
@@ -86,22 +86,31 @@ def test_requeue_without_a_resume_is_said_at_the_end(tmp_path):
     assert "[glaunch] warning: no checkpoint: start 0 stopped at step 50 without a checkpoint" in text
 
 
-def test_live_status_is_redrawn_in_place_and_cut_to_the_width(tmp_path, monkeypatch):
+def test_live_status_is_redrawn_in_place_and_fitted_to_the_width(tmp_path, monkeypatch):
     run_dir = make_run(tmp_path)
-    monkeypatch.setenv("COLUMNS", "25")
+    run_dir.checkpoint_dir.mkdir()
+    (run_dir.checkpoint_dir / "latest").write_text("step-00000004\n")
+    full = "[glaunch] RUNNING | step 5/200 | 2 steps/s | ETA 1m37s | checkpoint 4"
+    beat(run_dir, 0, 5)
+    assert status_line(run_dir, registry.read(run_dir.path), 1e12, run_dir.checkpoint_dir) == full
+    monkeypatch.setenv("COLUMNS", "46")
     out: list[str] = []
     console = Console(run_dir.path, out.append, live=True, clock=lambda: 1e12)
-    beat(run_dir, 0, 5)
     console.observe(registry.read(run_dir.path))
     console.pump()
     console.pump()                                          # unchanged: not drawn again
-    assert out == ["\r\x1b[K[glaunch] RUNNING | step"]
+    # 45 columns: the checkpoint, then the ETA left out whole (never cut mid-word).
+    assert out == ["\r\x1b[K[glaunch] RUNNING | step 5/200 | 2 steps/s"]
     console.log("hello\n")
-    assert out[-1] == "\r\x1b[Khello\n[glaunch] RUNNING | step"
-    (run_dir.checkpoint_dir).mkdir()
-    (run_dir.checkpoint_dir / "latest").write_text("step-00000004\n")
-    assert status_line(run_dir, registry.read(run_dir.path), 1e12, run_dir.checkpoint_dir).endswith(
-        "| checkpoint 4")
+    assert out[-1] == "\r\x1b[Khello\n[glaunch] RUNNING | step 5/200 | 2 steps/s"
+    record = registry.read(run_dir.path)
+    fitted = {w: status_line(run_dir, record, 1e12, run_dir.checkpoint_dir, width=w) for w in (20, 30, 58, 69)}
+    assert fitted == {20: "[glaunch] RUNNING", 30: "[glaunch] RUNNING | step 5/200",
+                      58: "[glaunch] RUNNING | step 5/200 | 2 steps/s | ETA 1m37s", 69: full}
+
+
+def test_a_state_wider_than_the_terminal_is_cut_after_a_whole_word():
+    assert fit([("state", "[glaunch] OUT_OF_MEMORY"), ("step", "step 5")], 20) == [("state", "[glaunch]")]
 
 
 def test_status_of_a_running_start(tmp_path):
@@ -129,3 +138,60 @@ def test_status_of_a_running_start(tmp_path):
     text = format_status(summary)
     assert "progress: step 100/400, 2 steps/s" in text
     assert "1 rank(s) silent: rank 2 (n2) at step 20 for 50.0 s" in text
+
+
+def test_a_resumed_run_s_console_follows_its_new_job_and_says_it_resumed(tmp_path):
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.log_dir.mkdir(parents=True)
+    registry.write(run_dir.path, RunRecord.from_dict({
+        "run_id": "r", "state": "RUNNING", "requeue_max": 3, "job_id": "90",
+        "starts": [
+            {"job_id": "77", "restart": 0, "state": "REQUEUED", "reason": "timeout", "stopped_at": 60},
+            {"job_id": "77", "restart": 1, "state": "TIMEOUT", "reason": "timeout", "resumed_from": 60,
+             "stopped_at": 120, "started": "2025-03-01T10:00:00+00:00"},
+            {"job_id": "90", "restart": 0, "state": "RUNNING", "started": "2025-03-02T10:00:00+00:00"}],
+        "resumes": [{"number": 1, "at": "2025-03-02T09:59:00+00:00", "overrides": [], "first_start": 2,
+                     "ended": {"state": "TIMEOUT"}}]}))
+    run_dir.task_log("77", 0).write_text("the earlier job's log\n")
+    run_dir.task_log("77", 1).write_text("the earlier job's log\n")
+    run_dir.task_log("90", 0).write_text("step 130/200\n")
+    shown: list[str] = []
+    console = Console(run_dir.path, shown.append, live=False, clock=lambda: 1e12)
+    console.observe(registry.read(run_dir.path))
+    console.pump()
+    assert not any("[glaunch] resumed" in s for s in shown)          # the new start has not said where from
+    (run_dir.path / "resume.json").write_text(json.dumps({"restart": 0, "job_id": "90", "step": 120}))
+    beat(run_dir, 0, 130)
+    console.pump()
+    events = [s for s in shown if s.startswith("[glaunch] ") and "|" not in s]
+    assert events == ["[glaunch] resumed (resume 1) from step 120\n"]
+    assert "[glaunch] RUNNING | resume 1 | starting\n" in shown
+    assert (status_line(run_dir, registry.read(run_dir.path), 1e12, run_dir.checkpoint_dir)
+            == "[glaunch] RUNNING | resume 1 | step 130/200 | 2 steps/s | ETA 35.0 s")
+    with registry.updating(run_dir.path) as record:
+        record.record_start("90", 0, state="COMPLETED", resumed_from=120, last_step=200)
+        record.state = "COMPLETED"
+    console.finish(registry.read(run_dir.path))
+    text = "".join(shown)
+    assert "step 130/200\n" in text and "the earlier job's log" not in text
+    assert "start 0: time limit" not in text                          # the earlier job's requeue
+    assert "[glaunch] run r COMPLETED at step 200 after 1 start(s) of resume 1 in " in text
+
+
+def test_submitit_s_error_line_is_not_shown(tmp_path):
+    run_dir = make_run(tmp_path)
+    shown: list[str] = []
+    console = Console(run_dir.path, shown.append, live=False)
+    console.log("submitit ERROR (2025-03-01 10:00:03,000) - Submitted job triggered an exception\n"
+                "submitit ERROR (2025-03-01 10:00:03,000) - something else\n")
+    assert shown == ["submitit ERROR (2025-03-01 10:00:03,000) - something else\n"]
+    with registry.updating(run_dir.path) as record:
+        record.record_start("77", 0, state="FAILED", reason="crash", detail="exit status 1")
+        record.state, record.reason = "FAILED", "crash"
+    (run_dir.path / "crash.json").write_text(json.dumps({"restart": 0, "task": 0, "error": "ValueError: x"}))
+    run_dir.task_log("77", 0, "err").write_text(
+        "Traceback (most recent call last):\nValueError: x\n"
+        "submitit ERROR (2025-03-01 10:00:03,000) - Submitted job triggered an exception\n")
+    console.finish(registry.read(run_dir.path))
+    text = "".join(shown)
+    assert "    ValueError: x\n" in text and "triggered an exception" not in text

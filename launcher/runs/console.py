@@ -5,13 +5,17 @@ rate, ETA, last checkpoint), one event line per requeue::
     [glaunch] start 0: time limit at step 120 -> requeued -> resumed from 120
 
 and at the end the outcome; on a failure its reason, the first failing rank and the end
-of that rank's error log.
+of that rank's error log. Of a resumed run (`glaunch resume`) it follows the current job
+only, the one the last resume started: its first event says so (``resumed (resume 1)
+from step 120``).
 
 On a terminal the status line stays below the log and is redrawn in place (carriage
-return, erase line), cut to the terminal's width so it never wraps. Elsewhere (a pipe, a
-file) it is a plain line, printed when the state changes and at most every
-PLAIN_STATUS_S seconds otherwise. submitit's INFO lines in rank 0's log are not shown
-(they stay in the log file).
+return, erase line), fitted to the terminal's width so it never wraps: whole parts are
+left out (the last checkpoint first, then the ETA, the rate, then from the end), never
+cut mid-word. Elsewhere (a pipe, a file) it is a plain line, printed when the state
+changes and at most every PLAIN_STATUS_S seconds otherwise. submitit's INFO lines in rank
+0's log are not shown (they stay in the log file), nor its ERROR line that a job raised
+(the reason and the first failing rank say more).
 
 Everything comes from the run directory: run.json, the heartbeats, resume.json,
 crash.json and the checkpoint directory's ``latest``; nothing here talks to a scheduler.
@@ -34,9 +38,11 @@ from .status import duration, printable, resolved_values
 
 PLAIN_STATUS_S = 60.0
 FAILED_LOG_LINES = 8
-# submitit's log format: "submitit INFO (2024-01-01 00:00:00,000) - ...". Its INFO lines, and
-# its warning about the SIGCONT that a stop sends with SIGTERM (as Slurm does), say nothing.
-SUBMITIT_LINE = re.compile(r"^submitit (DEBUG|INFO) \(|^submitit WARNING \(.*\) - Bypassing signal SIGCONT$")
+# submitit's log format: "submitit INFO (2024-01-01 00:00:00,000) - ...". Its INFO lines, its
+# warning about the SIGCONT that a stop sends with SIGTERM (as Slurm does), and its ERROR line
+# that the job raised (the outcome's reason and first failing rank say more) say nothing.
+SUBMITIT_LINE = re.compile(r"^submitit (DEBUG|INFO) \(|^submitit WARNING \(.*\) - Bypassing signal SIGCONT$"
+                           r"|^submitit ERROR \(.*\) - Submitted job triggered an exception$")
 LATEST_STEP = re.compile(r"step-0*(\d+)$")
 CLEAR_LINE = "\r\x1b[K"
 
@@ -60,6 +66,7 @@ class Console:
         self.shown_at = 0.0
         self.record: RunRecord | None = None
         self.said: set[int] = set()     # restarts whose requeue event was printed
+        self.said_resume = False
         self.began = clock()
         derived = resolved_values(self.run_dir.path).get("derived")
         directory = derived.get("checkpoint_dir") if isinstance(derived, dict) else None
@@ -80,7 +87,7 @@ class Console:
     def observe(self, record: RunRecord) -> None:
         """A fresh run.json: follow each start's rank 0 log, print requeue events."""
         self.record = record
-        for start in record.starts:
+        for start in job_starts(record)[1]:
             if start.job_id not in self.followers:
                 self.followers[start.job_id] = LogFollower(self.run_dir.task_log(start.job_id, 0), self.log)
         self._events(final=False)
@@ -127,11 +134,10 @@ class Console:
         record = self.record
         if record is None:
             return
-        text = status_line(self.run_dir, record, self.clock(), self.checkpoint_dir)
         now = self.clock()
+        width = max(20, shutil.get_terminal_size((100, 24)).columns - 1) if self.live else None
+        text = status_line(self.run_dir, record, now, self.checkpoint_dir, width=width)
         if self.live:
-            width = max(20, shutil.get_terminal_size((100, 24)).columns - 1)
-            text = text[:width]
             if text != self.shown:
                 self.write(CLEAR_LINE + text)
                 self.shown = text
@@ -145,16 +151,32 @@ class Console:
         record = self.record
         if record is None:
             return
-        for start in record.starts:
+        resume, starts = job_starts(record)
+        if resume is not None and not self.said_resume:
+            line = resume_event(self.run_dir, resume, starts, final=final)
+            if line is None:
+                return              # the resume is said first
+            self.said_resume = True
+            self._print(f"[glaunch] {line}\n")
+        for start in starts:
             if start.restart in self.said or start.state != State.REQUEUED.value:
                 continue
-            line = requeue_event(self.run_dir, record, start, final=final)
+            line = requeue_event(self.run_dir, starts, start, final=final)
             if line is not None:
                 self.said.add(start.restart)
                 self._print(f"[glaunch] {line}\n")
 
 
 # --- pure-ish pieces (they read the run directory, never write) ----------------------------------
+
+
+def job_starts(record: RunRecord) -> tuple[dict | None, list[StartRecord]]:
+    """(the last resume's entry, or None for a run never resumed; the starts of the job it
+    started, or of the submitted job): the job the console follows."""
+    resumes = goodput.resumes(record)
+    if not resumes:
+        return None, record.starts
+    return resumes[-1], record.starts[resumes[-1]["first_start"]:]
 
 
 def _heartbeat(run_dir: RunDir, rank: int = 0) -> dict | None:
@@ -171,34 +193,68 @@ def latest_checkpoint(checkpoint_dir: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def status_line(run_dir: RunDir, record: RunRecord, now: float, checkpoint_dir: Path) -> str:
-    """[glaunch] RUNNING | start 1 | step 120/400 | 3.2 steps/s | ETA 1m27s | checkpoint 100"""
+# The parts of the status line left out first when it is too wide, in this order; then the
+# others from the end (never the state).
+DROPPED_FIRST = ("checkpoint", "eta", "rate")
+SEPARATOR = " | "
+
+
+def status_line(run_dir: RunDir, record: RunRecord, now: float, checkpoint_dir: Path,
+                width: int | None = None) -> str:
+    """[glaunch] RUNNING | start 1 | step 120/400 | 3.2 steps/s | ETA 1m27s | checkpoint 100;
+    with `width`, whole parts left out until it fits (DROPPED_FIRST)."""
+    parts = status_parts(run_dir, record, now, checkpoint_dir)
+    if width is not None:
+        parts = fit(parts, width)
+    return SEPARATOR.join(text for _, text in parts)
+
+
+def status_parts(run_dir: RunDir, record: RunRecord, now: float, checkpoint_dir: Path) -> list[tuple[str, str]]:
+    """The status line's parts, (kind, text), in order."""
     state = str(record.state)
-    parts = [f"[glaunch] {printable(state)}"]
-    last = record.starts[-1] if record.starts else None
+    parts = [("state", f"[glaunch] {printable(state)}")]
+    resume, starts = job_starts(record)
+    last = starts[-1] if starts else None
     restart = 0 if last is None else last.restart + (1 if last.state == State.REQUEUED.value else 0)
+    if resume is not None:
+        parts.append(("resume", f"resume {resume['number']}"))
     if restart:
-        parts.append(f"start {restart}")
+        parts.append(("start", f"start {restart}"))
     if state == State.PENDING.value and record.extra.get("pending_reason"):
-        parts.append(f"waiting: {printable(record.extra['pending_reason'])}")
+        parts.append(("waiting", f"waiting: {printable(record.extra['pending_reason'])}"))
     beat = _heartbeat(run_dir)
     if beat is not None and beat.get("restart") == restart and step_of(beat.get("step")) is not None:
         total = step_of(beat.get("total"))
-        parts.append(f"step {beat['step']}" + (f"/{total}" if total else ""))
+        parts.append(("step", f"step {beat['step']}" + (f"/{total}" if total else "")))
         seconds = number(beat.get("step_s"))
         if seconds:
-            parts.append(f"{1 / seconds:.3g} steps/s")
+            parts.append(("rate", f"{1 / seconds:.3g} steps/s"))
             if total and total > beat["step"]:
-                parts.append(f"ETA {duration((total - beat['step']) * seconds)}")
+                parts.append(("eta", f"ETA {duration((total - beat['step']) * seconds)}"))
         when = number(beat.get("time"))
         if when is not None and now - when > 60:
-            parts.append(f"no step for {duration(now - when)}")
+            parts.append(("stalled", f"no step for {duration(now - when)}"))
     elif state == State.RUNNING.value:
-        parts.append("starting")
+        parts.append(("starting", "starting"))
     checkpoint = latest_checkpoint(checkpoint_dir)
     if checkpoint is not None:
-        parts.append(f"checkpoint {checkpoint}")
-    return " | ".join(parts)
+        parts.append(("checkpoint", f"checkpoint {checkpoint}"))
+    return parts
+
+
+def fit(parts: list[tuple[str, str]], width: int) -> list[tuple[str, str]]:
+    """`parts` less whole parts until they fit `width` joined: DROPPED_FIRST, then from the
+    end; the first part alone, too wide, is cut after its last whole word that fits."""
+    parts = list(parts)
+    while len(parts) > 1 and len(SEPARATOR.join(t for _, t in parts)) > width:
+        kinds = [kind for kind, _ in parts]
+        drop = next((kinds.index(k) for k in DROPPED_FIRST if k in kinds[1:]), len(parts) - 1)
+        del parts[drop]
+    kind, text = parts[0]
+    if len(text) > width:
+        cut = text[:width + 1].rsplit(" ", 1)[0]
+        parts[0] = (kind, cut if 0 < len(cut) <= width else text[:width])
+    return parts
 
 
 def _where(start: StartRecord) -> str:
@@ -208,10 +264,10 @@ def _where(start: StartRecord) -> str:
     return "" if step is None else f" at step {step}"
 
 
-def _resumed(run_dir: RunDir, record: RunRecord, restart: int) -> tuple[bool, int | None]:
-    """(known, step) of where start `restart` resumed: run.json once it recorded the start,
-    else resume.json or the start's first heartbeat while it runs."""
-    later = record.start_of(restart)
+def _resumed(run_dir: RunDir, starts: list[StartRecord], restart: int) -> tuple[bool, int | None]:
+    """(known, step) of where start `restart` of the job of `starts` resumed: run.json once
+    it recorded the start, else resume.json or the start's first heartbeat while it runs."""
+    later = next((s for s in starts if s.restart == restart), None)
     if later is not None and (later.resumed_from is not None or is_terminal(later.state)
                               or later.state == State.REQUEUED.value):
         return True, later.resumed_from
@@ -225,14 +281,25 @@ def _resumed(run_dir: RunDir, record: RunRecord, restart: int) -> tuple[bool, in
     return False, None
 
 
-def requeue_event(run_dir: RunDir, record: RunRecord, start: StartRecord, *, final: bool) -> str | None:
+def resume_event(run_dir: RunDir, resume: dict, starts: list[StartRecord], *, final: bool) -> str | None:
+    """"resumed (resume 1) from step 120" once the resumed job's first start said where it
+    resumed (or, with `final`, with what is known)."""
+    head = f"resumed (resume {resume['number']})"
+    known, step = _resumed(run_dir, starts, 0)
+    if not known:
+        return head if final else None
+    return head + (f" from step {step}" if step is not None else ": began again from step 0 (no checkpoint)")
+
+
+def requeue_event(run_dir: RunDir, starts: list[StartRecord], start: StartRecord, *, final: bool) -> str | None:
     """"start 0: time limit at step 120 -> requeued -> resumed from 120" once the next
-    start said where it resumed (or, with `final`, with what is known)."""
+    start of the job of `starts` said where it resumed (or, with `final`, with what is
+    known)."""
     why = REASONS.get(start.reason or "", printable(start.reason or "stopped"))
     head = f"start {start.restart}: {why}{_where(start)}"
     if start.reason in ("crash", "hang") and start.detail:
         head += f" ({printable(start.detail)})"
-    known, step = _resumed(run_dir, record, start.restart + 1)
+    known, step = _resumed(run_dir, starts, start.restart + 1)
     if not known and not final:
         return None
     if not known:
@@ -272,9 +339,11 @@ def outcome_lines(run_dir: RunDir, record: RunRecord, now: float) -> list[str]:
         steps = f" at step {result['final_step']}"
     elif last is not None and _where(last):
         steps = _where(last)
-    began = epoch(record.starts[0].started) if record.starts else None
+    resume, starts = job_starts(record)
+    began = epoch(starts[0].started) if starts else None
     took = f" in {duration(now - began)}" if began is not None else ""
-    lines = [f"[glaunch] run {p(record.run_id)} {p(state)}{steps} after {len(record.starts)} start(s){took}"]
+    job = f" of resume {resume['number']}" if resume is not None else ""
+    lines = [f"[glaunch] run {p(record.run_id)} {p(state)}{steps} after {len(starts)} start(s){job}{took}"]
     if state != State.COMPLETED.value:
         why = "; ".join(p(x) for x in (record.reason, record.detail) if x)
         if why:
