@@ -1,9 +1,12 @@
-"""Golden files: rendered job.sbatch and env.sh for every shipped profile x launch mode,
-each also clean under `bash -n` and plain `shellcheck` (no flags: each file names its
-shell). `pytest --update-golden` rewrites them."""
+"""Golden files: rendered job.sbatch and env.sh for every shipped profile x launch mode
+(examples/torch_ddp.yaml), and for other strategies' examples on one profile (EXAMPLES:
+examples/fsdp.yaml, whose run bundle has no ds_config.json); each also clean under
+`bash -n` and plain `shellcheck` (no flags: each file names its shell). `pytest
+--update-golden` rewrites them."""
 
 import dataclasses
 import difflib
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,18 +25,20 @@ ENVIRON = {"HOME": "/home/alice", "USER": "alice", "SCRATCH": "/scratch/alice", 
            "SCRATCHDIR": "/scratchdir/alice", "PROJECT": "/project/p1"}
 SITES = sorted(p.stem for p in SHIPPED_SITES.glob("*.yaml"))
 CASES = [(site, launcher) for site in SITES for launcher in ("srun", "torchrun")]
+# (example, site, launcher): other strategies' examples, golden as SITE.LAUNCHER.EXAMPLE.FILE.
+EXAMPLES = [("fsdp", "local-slurm", "srun")]
 
 
-def render_case(site: str, launcher: str) -> dict[str, str]:
-    exp = load_experiment(REPO / "examples" / "torch_ddp.yaml", [f"launcher={launcher}"])
+def render_case(site: str, launcher: str, example: str = "torch_ddp") -> dict[str, str]:
+    exp = load_experiment(REPO / "examples" / f"{example}.yaml", [f"launcher={launcher}"])
     # A fixed experiment location so golden files do not depend on the checkout path.
-    exp = dataclasses.replace(exp, path=Path("/home/alice/exp/torch_ddp.yaml"))
+    exp = dataclasses.replace(exp, path=Path(f"/home/alice/exp/{example}.yaml"))
     loaded = load_site(site, Path("/nonexistent"), ENVIRON)
     nodes = 1 if loaded.config.scheduler == "local" else 2
     exp = dataclasses.replace(exp, config=dataclasses.replace(
         exp.config, resources=dataclasses.replace(exp.config.resources, nodes=nodes)))
     ctx = SubmitContext(cwd="/home/alice/exp", python="/usr/bin/python3", environ=ENVIRON,
-                        run_id="torch-ddp-20260101-000000-abcd")
+                        run_id=f"{example.replace('_', '-')}-20260101-000000-abcd")
     plan = resolve(exp, loaded, ctx)
     return schedulers.get(plan.scheduler).render(plan)
 
@@ -47,10 +52,25 @@ def test_every_shipped_profile_is_covered():
 def test_golden(site, launcher, update_golden, tmp_path):
     if site == "base-slurm":
         pytest.skip("base-slurm has no partitions: it is only extended")
-    files = render_case(site, launcher)
+    compare_golden(render_case(site, launcher), f"{site}.{launcher}", update_golden)
+
+
+@pytest.mark.parametrize("example,site,launcher", EXAMPLES)
+def test_golden_example(example, site, launcher, update_golden):
+    files = render_case(site, launcher, example)
+    compare_golden(files, f"{site}.{launcher}.{example}", update_golden)
+
+
+def test_fsdp_bundle_names_its_strategy_and_has_no_deepspeed_config():
+    files = render_case("local-slurm", "srun", "fsdp")
+    assert "ds_config.json" not in files and "ds_config.json" in render_case("local-slurm", "srun", "deepspeed_zero2")
+    assert re.search(r"^export GLAUNCH_STRATEGY='?fsdp'?$", files["env.sh"], re.M), files["env.sh"]
+
+
+def compare_golden(files: dict[str, str], prefix: str, update_golden: bool) -> None:
     failures = []
     for name in ("job.sbatch", "env.sh"):
-        golden = GOLDEN / f"{site}.{launcher}.{name}"
+        golden = GOLDEN / f"{prefix}.{name}"
         if update_golden or not golden.exists():
             golden.parent.mkdir(parents=True, exist_ok=True)
             golden.write_text(files[name])
@@ -65,11 +85,12 @@ def test_golden(site, launcher, update_golden, tmp_path):
     assert not failures, "\n".join(failures)
 
 
-@pytest.mark.parametrize("site,launcher", CASES)
-def test_rendered_scripts_are_shell_clean(site, launcher, tmp_path):
+@pytest.mark.parametrize("site,launcher,example", [(*case, "torch_ddp") for case in CASES]
+                         + [(site, launcher, example) for example, site, launcher in EXAMPLES])
+def test_rendered_scripts_are_shell_clean(site, launcher, example, tmp_path):
     if site == "base-slurm":
         pytest.skip("base-slurm has no partitions: it is only extended")
-    files = render_case(site, launcher)
+    files = render_case(site, launcher, example)
     for name in ("job.sbatch", "env.sh"):
         path = tmp_path / name
         path.write_text(files[name])
