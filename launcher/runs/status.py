@@ -35,9 +35,10 @@ def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dic
     live = progress(run_dir, record, now) if record.state in IN_FLIGHT else None
     report = goodput.summarize(_with_progress(record, live), now, settings)
     summary = {
-        "run_id": record.run_id, "run_dir": str(run_dir), "site": record.site,
+        "run_id": record.run_id, "run_dir": str(run_dir), "site": record.site, "created": record.created,
         "state": record.state, "job_id": record.job_id,
-        "restarts": max(len(record.starts) - 1, 0), "starts": [s.to_dict() for s in record.starts],
+        "restarts": restarts(record), "starts": [s.to_dict() for s in record.starts],
+        "resumes": resume_report(record),
         "accounting": record.extra.get("accounting"), "reason": record.reason, "detail": record.detail,
         "result": result,
         "progress": live,
@@ -52,6 +53,38 @@ def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dic
     if result_problem:
         summary["result_error"] = result_problem
     return summary
+
+
+def restarts(record: RunRecord) -> int:
+    """Starts after the first of their job (requeues): a resumed job's first start is none."""
+    firsts = {0} | {r["first_start"] for r in goodput.resumes(record)}
+    return sum(1 for index in range(len(record.starts)) if index not in firsts)
+
+
+# What a resume entry says of how the run had ended (its scheduler_history stays in run.json).
+ENDED_KEYS = ("state", "reason", "detail", "job_id", "nodes", "world_size", "partition")
+
+
+def resume_report(record: RunRecord) -> list[dict[str, Any]] | None:
+    """Each `glaunch resume` of the run: when, the overrides, how the run had ended, the
+    new shape, and from which start on (``first_start``, an index into ``starts``) its
+    job runs, with the step that job's first start resumed from (None: not yet known, or
+    from step 0)."""
+    rows = []
+    for item in goodput.resumes(record):
+        entry, first = item["entry"], item["first_start"]
+        ended = as_mapping(entry.get("ended"))
+        overrides = entry.get("overrides")
+        start = record.starts[first] if first < len(record.starts) else None
+        rows.append({"number": item["number"], "at": entry.get("at") if isinstance(entry.get("at"), str) else None,
+                     "overrides": [str(o) for o in overrides] if isinstance(overrides, list) else [],
+                     "ended": {key: ended.get(key) for key in ENDED_KEYS},
+                     "previous_files": entry.get("previous_files"),
+                     "nodes": entry.get("nodes"), "world_size": entry.get("world_size"),
+                     "partition": entry.get("partition"), "first_start": first,
+                     "started": start is not None,
+                     "resumed_from": step_of(start.resumed_from) if start is not None else None})
+    return rows or None
 
 
 def _dig(data: Any, *keys: str) -> Any:
@@ -138,7 +171,7 @@ def planner_strategy(derived: Mapping[str, Any], experiment: Mapping[str, Any]) 
     if strategy == "ddp":
         return "ddp"
     if strategy == "fsdp":
-        return "zero3"        # FSDP's full sharding keeps what ZeRO-3 keeps per GPU
+        return "fsdp"
     stage = derived.get("zero_stage")
     if strategy != "deepspeed" or stage not in (0, 1, 2, 3):
         return None

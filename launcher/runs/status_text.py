@@ -84,7 +84,10 @@ def _goodput_lines(report: Mapping[str, Any]) -> list[str]:
     ettr = number(good.get("ettr"))
     head = f"  goodput: ETTR {ettr:.2f}" if ettr is not None else "  goodput: ETTR ?"
     if number(good.get("productive_s")) is not None and number(good.get("wall_s")) is not None:
-        head += f" ({duration(good['productive_s'])} of training kept in {duration(good['wall_s'])})"
+        head += f" ({duration(good['productive_s'])} of training kept in {duration(good['wall_s'])}"
+        if number(good.get("idle_s")):
+            head += f"; {duration(good['idle_s'])} ended before a resume left out"
+        head += ")"
     head += f"; lost steps {good.get('lost_steps')}"
     if number(good.get("lost_s")):
         head += f" ({duration(good['lost_s'])})"
@@ -102,7 +105,8 @@ def _goodput_lines(report: Mapping[str, Any]) -> list[str]:
         if row.get("lost_steps"):
             parts.append(f"{row['lost_steps']} step(s) lost")
         if parts:
-            lines.append(f"    start {row['restart']}: " + ", ".join(parts))
+            job = f"resume {row['resume']}, " if row.get("resume") else ""
+            lines.append(f"    {job}start {row['restart']}: " + ", ".join(parts))
     return lines
 
 
@@ -166,20 +170,62 @@ def _failure_lines(start: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _resume_line(resume: Mapping[str, Any]) -> str:
+    """A resume: when, how the run had ended, the overrides, the new shape, and from which
+    start on its job runs."""
+    p = printable
+    ended = as_mapping(resume.get("ended"))
+    why = "; ".join(p(x) for x in (ended.get("reason"), ended.get("detail")) if x)
+    line = (f"  resume {resume.get('number')} at {p(resume.get('at') or '?')}: the run had ended "
+            f"{p(ended.get('state'))}" + (f" ({why})" if why else "")
+            + (f" as job {p(ended['job_id'])}" if ended.get("job_id") else ""))
+    overrides = resume.get("overrides") or []
+    line += "; overrides: " + " ".join(p(o) for o in overrides) if overrides else "; no overrides"
+    if resume.get("nodes") is not None:
+        line += f"; now {p(resume['nodes'])} node(s), world size {p(resume.get('world_size'))}"
+        line += f", partition {p(resume['partition'])}" if resume.get("partition") else ""
+    if not resume.get("started"):
+        return line + "; its job has not started yet"
+    line += f"; its job runs from starts[{resume.get('first_start')}] on"
+    step = resume.get("resumed_from")
+    return line + (f", resumed from step {step}" if step is not None else "")
+
+
+def _job_lines(summary: Mapping[str, Any]) -> dict[int, list[str]]:
+    """The line that opens each job of a resumed run, by the index in `starts` of the job's
+    first start (a run without resumes has one job: no such lines)."""
+    resumes = [r for r in summary.get("resumes") or [] if isinstance(r, dict)]
+    if not resumes:
+        return {}
+    created = summary.get("created")
+    heads: dict[int, list[str]] = {0: ["  submitted" + (f" at {printable(created)}" if created else "") + ":"]}
+    for resume in resumes:
+        first = resume.get("first_start")
+        if isinstance(first, int):
+            heads.setdefault(first, []).append(_resume_line(resume) + ":")
+    return heads
+
+
 def format_status(summary: dict[str, Any]) -> str:
     p = printable
+    resumed = len([r for r in summary.get("resumes") or [] if isinstance(r, dict)])
     lines = [f"run {p(summary['run_id'])}: {p(summary['state'])} (site {p(summary['site'])}, "
-             f"job {p(summary['job_id'])}, {summary['restarts']} restart(s))", f"  {p(summary['run_dir'])}"]
+             f"job {p(summary['job_id'])}, {summary['restarts']} restart(s)"
+             + (f", {resumed} resume(s)" if resumed else "") + ")", f"  {p(summary['run_dir'])}"]
     if summary.get("accounting") is False:
         lines.append("  (no Slurm accounting here: states come from squeue only)")
     lines += _origin_lines(summary)
-    for start in summary["starts"]:
+    heads = _job_lines(summary)
+    for index, start in enumerate(summary["starts"]):
+        lines += heads.pop(index, [])
         lines.append(f"  start {start['restart']}: job {start['job_id']} {p(start['state'])}"
                      + (f" reason={p(start['reason'])}" if start.get("reason") else "")
                      + (f" resumed_from={start['resumed_from']}" if start.get("resumed_from") is not None else "")
                      + (f" stopped_at={start['stopped_at']}" if start.get("stopped_at") is not None else "")
                      + p(_measured(start)))
         lines += _failure_lines(start)
+    for index in sorted(heads):        # resumes whose job has no start yet
+        lines += heads[index]
     if summary.get("excluded_nodes"):
         lines.append("  excluded nodes: " + p(", ".join(summary["excluded_nodes"])))
     if summary.get("reason") or summary.get("detail"):
