@@ -56,6 +56,15 @@ def optimizer_block(config: dict, lr: float = 1e-2, choice: str = "auto") -> dic
     return {"type": "AdamW", "params": params}
 
 
+def make_model(hidden: int = HIDDEN, layers: int = 0):
+    """DIM -> hidden -> 1, with `layers` more hidden x hidden layers between (a larger model
+    for memory measurements; the default is the tiny MLP)."""
+    from torch import nn
+
+    inner = [m for _ in range(layers) for m in (nn.Linear(hidden, hidden), nn.Tanh())]
+    return nn.Sequential(nn.Linear(DIM, hidden), nn.Tanh(), *inner, nn.Linear(hidden, 1))
+
+
 def precision(engine) -> str:
     return "bf16" if engine.bfloat16_enabled() else "fp16" if engine.fp16_enabled() else "fp32"
 
@@ -78,6 +87,8 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--optimizer", choices=("auto", "torch", "deepspeed"), default="auto",
                    help="AdamW implementation: DeepSpeed's where it can be built (auto), torch's, or DeepSpeed's")
+    p.add_argument("--hidden", type=int, default=HIDDEN, help="width of the hidden layers")
+    p.add_argument("--layers", type=int, default=0, help="hidden x hidden layers besides the first and last")
     args = p.parse_args(argv)
 
     # DeepSpeed's gloo path calls collectives torch 2.13 marks deprecated, once per step
@@ -98,9 +109,9 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
     torch.manual_seed(SEED)
     if zero3:   # parameters are partitioned as they are created
         with deepspeed.zero.Init(config_dict_or_path=config):
-            model = nn.Sequential(nn.Linear(DIM, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
+            model = make_model(args.hidden, args.layers)
     else:
-        model = nn.Sequential(nn.Linear(DIM, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
+        model = make_model(args.hidden, args.layers)
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config=config)
     micro, accum = engine.train_micro_batch_size_per_gpu(), engine.gradient_accumulation_steps()
     dtype = next(engine.module.parameters()).dtype

@@ -38,9 +38,12 @@ SEED = 1234
 DIM, HIDDEN, BATCH = 16, 32, 32
 
 
-def make_model() -> nn.Module:
+def make_model(hidden: int = HIDDEN, layers: int = 0) -> nn.Module:
+    """DIM -> hidden -> 1, with `layers` more hidden x hidden layers between (a larger model
+    for memory measurements; the default is the tiny MLP)."""
     torch.manual_seed(SEED)                  # identical initial weights on every rank
-    return nn.Sequential(nn.Linear(DIM, HIDDEN), nn.Tanh(), nn.Linear(HIDDEN, 1))
+    inner = [m for _ in range(layers) for m in (nn.Linear(hidden, hidden), nn.Tanh())]
+    return nn.Sequential(nn.Linear(DIM, hidden), nn.Tanh(), *inner, nn.Linear(hidden, 1))
 
 
 def batch(step: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -60,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds-per-step", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--hidden", type=int, default=HIDDEN, help="width of the hidden layers")
+    p.add_argument("--layers", type=int, default=0, help="hidden x hidden layers besides the first and last")
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)                 # same float reductions whatever the launch path
@@ -67,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     where = placement(ctx)
     rt.install_stop_handler()
 
-    model = make_model().to(where.device)
+    model = make_model(args.hidden, args.layers).to(where.device)
     # find_unused_parameters keeps DDP's gradient buckets as first laid out (no rebuild after
     # step one), so with more than two ranks the gradient sums add up in the same order before
     # and after a resume: the resumed run stays bitwise identical.
