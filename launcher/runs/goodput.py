@@ -20,8 +20,10 @@ Per start (``per_start``):
 
 Run (``goodput``): ``ettr`` = sum of productive_s / wall time from the first start to
 the last end (or now), less ``idle_s``: the time a run spent ended before a `glaunch
-resume` took it up again (from its job's last end to the resume); ``lost_steps``; ``restart_overhead_s`` = queue wait and start-up
-of every start after the first, plus stop and teardown of every interrupted start;
+resume` took it up again (from its job's last end to the resume); ``lost_steps``;
+``restart_overhead_s`` = queue wait and start-up of every start after the first (a
+resumed job's first start queues from its resume), plus stop and teardown of every
+interrupted start;
 ``interruptions`` and ``mean_time_between_interruptions_s`` (a start's begin -> its stop
 request, or its end); the same for those that came without warning (crash, hang, node
 failure: ``unwarned_interruptions``, ``mean_time_between_unwarned_s``).
