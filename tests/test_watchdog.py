@@ -58,6 +58,18 @@ def test_a_save_has_its_own_bound():
     assert Limits(1000, 0).save_s == 4000
 
 
+def test_after_a_save_the_bounds_count_from_its_end():
+    # The save took 500 s: the step before it is old, the bound runs from the save's end.
+    records = {0: beat(0, 100, T0, save_ended=T0 + 500), 1: beat(1, 100, T0, save_ended=T0 + 500)}
+    assert find_hang(records, now=T0 + 564, started=T0 - 100, limits=LIMITS) is None
+    hang = find_hang(records, now=T0 + 565, started=T0 - 100, limits=LIMITS)
+    assert hang is not None and hang.kind == "stall"
+    # A save before the first step (a universal copy made at resume): the first-step bound too.
+    records = {0: beat(0, None, None, save_ended=T0 + 400)}
+    assert find_hang(records, now=T0 + 699, started=T0, limits=LIMITS, world_size=1) is None
+    assert find_hang(records, now=T0 + 700, started=T0, limits=LIMITS, world_size=1).kind == "first_step"
+
+
 def test_stopped_or_finished_ranks_and_no_limits_mean_no_judgement():
     records = {0: beat(0, 100, T0, state="stopped"), 1: beat(1, 90, T0)}
     assert find_hang(records, now=T0 + 10**6, started=T0, limits=LIMITS) is None

@@ -9,7 +9,9 @@ group), so the ranks agree on the outcome in :func:`wait_checkpoints`, on the ma
 thread: called by the next save, by a stop, or by the script.
 
 The thread is not a daemon: a script that returns while its last save is still being
-written exits only once the files are written and, on rank 0, committed.
+written exits only once the files are written and, on rank 0, committed. It never
+writes the rank's heartbeat (its writer is the main thread's): while it writes, the
+loop's steps beat, and only waiting for it is a save to the watchdog.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from . import heartbeats
 from .checkpoint_commit import agree
 from .checkpoint_layout import Checkpoint, CheckpointError
 from .checkpoint_verify import read_manifest
@@ -91,7 +94,8 @@ def wait_checkpoints(ctx: RankContext | None = None) -> Checkpoint | None:
     Returns the committed :class:`Checkpoint` on every rank, or None when nothing was in
     flight; raises :class:`CheckpointError` on every rank when any rank's part or the
     commit failed. Call it on every rank (the next save and a stop call it for you).
-    Once torch.distributed is shut down it only waits for this rank's part.
+    Once torch.distributed is shut down it only waits for this rank's part. The
+    heartbeat says ``saving`` meanwhile: the loop waits for the save.
     """
     global _pending
     with _lock:
@@ -99,7 +103,8 @@ def wait_checkpoints(ctx: RankContext | None = None) -> Checkpoint | None:
     if job is None:
         return None
     ctx = ctx or context()
-    job._thread.join()
-    if ctx.world_size > 1 and is_distributed():
-        return agree(ctx, job.step, job.path, job.error)
-    return job.result()
+    with heartbeats.saving(job.step):
+        job._thread.join()
+        if ctx.world_size > 1 and is_distributed():
+            return agree(ctx, job.step, job.path, job.error)
+        return job.result()

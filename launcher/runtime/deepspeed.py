@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 
+from . import heartbeats
 from .checkpoint_commit import stage_checkpoint
 from .checkpoint_layout import Checkpoint, CheckpointError, step_dir_name
 from .checkpoint_verify import verify_checkpoint
@@ -168,11 +169,13 @@ class _Recorder:
 
 def save_engine(engine, step: int, *, client_state: dict | None = None,
                 ctx: RankContext | None = None, keep: int | None = None) -> Checkpoint:
-    """Collective: ``engine.save_checkpoint`` into a staging dir, then the atomic commit."""
+    """Collective: ``engine.save_checkpoint`` into a staging dir, then the atomic commit
+    (the heartbeat says ``saving`` until it is committed)."""
 
     ctx = ctx or context()
-    with stage_checkpoint(step, framework="deepspeed", ctx=ctx, keep=keep,
-                          extra={"tag": TAG, "zero_stage": engine.zero_optimization_stage()}) as st:
+    with (heartbeats.saving(step),
+          stage_checkpoint(step, framework="deepspeed", ctx=ctx, keep=keep,
+                           extra={"tag": TAG, "zero_stage": engine.zero_optimization_stage()}) as st):
         with _Recorder(engine) as rec:
             engine.save_checkpoint(str(st.path), tag=TAG, client_state=dict(client_state or {}, step=step),
                                    save_latest=False)
@@ -222,8 +225,10 @@ def universal_copy(ckpt: Checkpoint, ctx: RankContext) -> Checkpoint:
     if found is not None:
         return found
     tag = ckpt.extra.get("tag", TAG)
-    with stage_checkpoint(ckpt.step, framework=UNIVERSAL_FRAMEWORK, ctx=ctx, checkpoint_dir=directory, keep=1,
-                          extra=dict(source, tag=tag, zero_stage=ckpt.extra.get("zero_stage"))) as st:
+    # A save to the watchdog: the other ranks wait while rank 0 converts, before any first step.
+    with (heartbeats.saving(),
+          stage_checkpoint(ckpt.step, framework=UNIVERSAL_FRAMEWORK, ctx=ctx, checkpoint_dir=directory, keep=1,
+                           extra=dict(source, tag=tag, zero_stage=ckpt.extra.get("zero_stage"))) as st):
         if ctx.is_main:
             convert_to_universal(ckpt.path / tag, st.path / tag)
             st.add(*(p for p in (st.path / tag).rglob("*") if p.is_file()))

@@ -13,8 +13,9 @@ it also replaces ``<run dir>/heartbeats/rank-RRRRR.json``::
      "watch": {"stall_s": 600, "first_step_s": 1800, "exclude_bad_nodes": true}, ...}
 
 ``state``: ``starting`` (written by the task before the entry point runs, so the watchdog
-knows every rank before its first step), ``running``, ``saving`` (a checkpoint save,
-:func:`saving`), ``stopping`` (the save of an agreed stop), ``stopped``, ``finished``.
+knows every rank before its first step), ``running``, ``saving`` (a checkpoint save that
+holds up the loop, :func:`saving`; ``saving_since`` when it began, ``save_ended`` when the
+last one ended), ``stopping`` (the save of an agreed stop), ``stopped``, ``finished``.
 ``watch`` is what the rank's task was given for the watchdog and the start's end
 (watchdog.stall_s, watchdog.first_step_s, requeue.exclude_bad_nodes): the batch host's
 watchdog (:mod:`launcher.runtime.watchdog`) reads only these files.
@@ -79,6 +80,7 @@ class Beats:
         self.host = socket.gethostname()
         self.job_step = os.environ.get("SLURM_STEP_ID")
         self.saving_since: float | None = None
+        self.save_ended: float | None = None
         self.step: int | None = None
         self.total: int | None = None
         self.first_step: int | None = None
@@ -153,7 +155,8 @@ class Beats:
                 "step_s": None if self.step_s is None else round(self.step_s, 6),
                 "checkpoint_step": self.checkpoint_step, "state": self.state, "written": time.time(),
                 "interval_s": self.interval_s, "host": self.host, "job_step": self.job_step,
-                "world_size": self.world_size, "watch": self.watch, "saving_since": self.saving_since}
+                "world_size": self.world_size, "watch": self.watch, "saving_since": self.saving_since,
+                "save_ended": self.save_ended}
 
     def write(self, now: float | None = None) -> None:
         """Write this rank's heartbeat over the previous one; a failure is said once and
@@ -324,21 +327,37 @@ def starting() -> Beats:
     return beats
 
 
+SAVING_STATES = frozenset({"saving", "stopping"})
+
+
 @contextlib.contextmanager
 def saving(step: int | None = None) -> Iterator[None]:
     """Around a checkpoint save that holds up the loop: the watchdog gives it a save's
-    bound, not a step's. The heartbeat is written as it begins and as it ends."""
+    bound, not a step's. The heartbeat is written as it begins and as it ends; its end
+    (``save_ended``) is where the next step's bound starts. `step`, when given, becomes
+    the heartbeat's ``checkpoint_step`` once the block ends without an error.
+
+    Main thread only: the heartbeat's writer is not thread-safe, and a save that goes on
+    in the background while the loop steps is not a stall (the steps beat). Within a save
+    or a stop's save it changes nothing: the outer bound holds.
+    """
     beats = current()
+    outer = beats.state in SAVING_STATES
     previous = beats.state
-    beats.state, beats.saving_since = "saving", time.time()
-    beats.write()
+    if not outer:
+        beats.state, beats.saving_since = "saving", time.time()
+        beats.write()
+    saved = False
     try:
         yield
+        saved = True
     finally:
-        beats.state, beats.saving_since = previous, None
-        if step is not None:
+        if not outer:
+            beats.state, beats.saving_since, beats.save_ended = previous, None, time.time()
+        if saved and step is not None:
             beats.checkpoint_step = int(step)
-        beats.write()
+        if not outer or (saved and step is not None):
+            beats.write()
 
 
 def flush(state: str | None = None, step: int | None = None) -> Beats:

@@ -40,6 +40,7 @@ import os
 import types
 from pathlib import Path
 
+from . import heartbeats
 from .checkpoint_commit import stage_checkpoint
 from .checkpoint_layout import Checkpoint
 from .checkpoint_resume import resume_checkpoint
@@ -317,9 +318,11 @@ class GlaunchCallback(_callback_base()):  # type: ignore[misc]
 
     # -- save / stop
     def save(self, trainer, step: int) -> Checkpoint:
-
-        with stage_checkpoint(step, framework="lightning", ctx=self.ctx, keep=self.keep,
-                              extra={"strategy": type(trainer.strategy).__name__}) as st:
+        """Collective: ``trainer.save_checkpoint`` into a staging dir, then the atomic commit
+        (the heartbeat says ``saving`` until it is committed)."""
+        with (heartbeats.saving(step),
+              stage_checkpoint(step, framework="lightning", ctx=self.ctx, keep=self.keep,
+                               extra={"strategy": type(trainer.strategy).__name__}) as st):
             path = st.path / CKPT_FILE
             with _writes(trainer.strategy) as written:
                 trainer.save_checkpoint(str(path), weights_only=False)   # collective

@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 import sys
 
-from . import background
+from . import background, heartbeats
 from .checkpoint_commit import agree, commit, first_failed_rank, open_staging, stage_checkpoint
 from .checkpoint_layout import Checkpoint, CheckpointError, step_dir_name
 from .checkpoint_staging import write_failure_marker, write_marker
@@ -182,12 +182,22 @@ def save_torch_state(step: int, model, optimizer=None, *, scheduler=None, extra:
 
     ``per_rank_model=True`` writes each rank's whole state dict with ``torch.save``
     instead (for models whose state differs per rank and is not sharded DTensors).
+
+    The heartbeat says ``saving`` while the loop waits for the save: the whole of a
+    blocking one, the plan and the copy to host memory of a background one (its
+    writing goes on while the loop steps).
     """
     ctx = ctx or context()
     background.wait_checkpoints(ctx)
-    if per_rank_model:
-        return _save_per_rank(step, model, optimizer, scheduler=scheduler, extra=extra, rank_state=rank_state,
-                              ctx=ctx, framework=framework)
+    with heartbeats.saving(step if blocking or per_rank_model else None):
+        if per_rank_model:
+            return _save_per_rank(step, model, optimizer, scheduler=scheduler, extra=extra, rank_state=rank_state,
+                                  ctx=ctx, framework=framework)
+        return _save_dcp(step, model, optimizer, scheduler=scheduler, extra=extra, rank_state=rank_state,
+                         ctx=ctx, framework=framework, blocking=blocking)
+
+
+def _save_dcp(step, model, optimizer, *, scheduler, extra, rank_state, ctx, framework, blocking):
     from . import dcp
 
     d = ctx.checkpoint_dir

@@ -13,7 +13,9 @@ later), or no rank has reached its first step ``first_step_s`` after the start b
 checkpoint save in progress (heartbeat state ``saving``, or ``stopping``: the save a stop
 makes) is not a stall: it has its own bound, SAVE_BOUND_FACTOR times ``stall_s`` and at
 least SAVE_BOUND_MIN_S, because a save that never ends (a hung filesystem, a collective in
-the save's planning) must still end the start before its time limit does.
+the save's planning) must still end the start before its time limit does. Once a save
+has ended (``save_ended``), the step or first-step bound counts from there, not from the
+step before it.
 
 Then the watchdog writes hang.json (the start, the silent ranks and their nodes, the node
 the hang points at), every rank's Python stack into ``logs/stack-JOB_RESTART_RANK.txt``,
@@ -41,12 +43,12 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..runs.files import atomic_write_text, read_json
 from ..runs.layout import RunDir, is_node_name, read_heartbeat
+from .heartbeats import SAVING_STATES
 from .stacks import Ranks, log, run_command, write_stacks
 
 SAVE_BOUND_FACTOR = 4
 SAVE_BOUND_MIN_S = 1800.0
 DONE_STATES = frozenset({"stopped", "finished"})
-SAVING_STATES = frozenset({"saving", "stopping"})
 
 
 # --- the decision: pure ---------------------------------------------------------------------
@@ -148,12 +150,14 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
     for rank in ranks:
         record = records.get(rank, {})
         last = _seconds(record.get("time"))
+        save_ended = _seconds(record.get("save_ended")) or 0.0
         if record.get("state") in SAVING_STATES:
             since, bound, kind = _seconds(record.get("saving_since")) or last or started, limits.save_s, "save"
         elif last is not None:
-            since, bound, kind = last + (_seconds(record.get("interval_s")) or 0.0), limits.stall_s, "stall"
+            since = max(last, save_ended) + (_seconds(record.get("interval_s")) or 0.0)
+            bound, kind = limits.stall_s, "stall"
         else:
-            since, bound, kind = started, limits.first_step_s, "first_step"
+            since, bound, kind = max(started, save_ended), limits.first_step_s, "first_step"
         if bound <= 0 or now - since < bound:
             return None
         kinds.add(kind)
