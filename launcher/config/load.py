@@ -9,19 +9,19 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
 from . import schema
 from .merge import merge_layer
 from .provenance import OVERRIDES, Origin, Provenance
 from .schema import NAME_PATTERN, NAME_RULE, env_name_problem
-from .sites import LoadedSite, find_site, load_site, site_search_path
+from .sites import LoadedSite, find_site, load_site, site_from_layers, site_search_path
 from .typed import typed_config
 from .yamlfile import override_value, read_yaml
 
-__all__ = ["LoadedExperiment", "LoadedSite", "Origin", "Provenance", "find_site", "load_experiment",
-           "load_site", "parse_overrides", "site_search_path"]
+__all__ = ["LoadedExperiment", "LoadedSite", "Origin", "Provenance", "experiment_from_data", "find_site",
+           "load_experiment", "load_site", "parse_overrides", "site_from_layers", "site_search_path"]
 
 _OVERRIDE_KEY = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_-]+)*"
 
@@ -54,12 +54,25 @@ class LoadedExperiment:
 
 def load_experiment(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> LoadedExperiment:
     doc = read_yaml(path)
-    provenance = Provenance(default_file=doc.path)
-    data = merge_layer({}, doc.data, provenance, doc.origin)
+    return experiment_from_data(doc.data, doc.origin, file=doc.path, path=path, overrides=overrides)
+
+
+def experiment_from_data(data: Mapping[str, Any], origin_of: Callable[[str], Origin], *, file: str,
+                         path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> LoadedExperiment:
+    """An experiment from YAML data already read (an experiment file's, or the experiment
+    section of a run's resolved.yaml), the command line's KEY=VALUE overrides on top,
+    typed and checked as :func:`load_experiment` does.
+
+    `origin_of`: where each key of `data` was written; `file`: the file an error without
+    a key of its own names; `path`: the experiment file (relative paths in it, such as
+    entrypoint.script, are taken from its folder).
+    """
+    provenance = Provenance(default_file=file)
+    merged = merge_layer({}, data, provenance, origin_of)
     command_line = Origin(OVERRIDES)
     for key, value in parse_overrides(list(overrides)):
-        data = merge_layer(data, _nested(key, value), provenance, lambda _key: command_line)
-    exp: schema.Experiment = typed_config(schema.Experiment, data, provenance, schema.EXPERIMENT_CHOICES)
+        merged = merge_layer(merged, _nested(key, value), provenance, lambda _key: command_line)
+    exp: schema.Experiment = typed_config(schema.Experiment, merged, provenance, schema.EXPERIMENT_CHOICES)
     _check_experiment(exp, provenance)
     return LoadedExperiment(exp, Path(path), provenance)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import ConfigError
 from . import schema
@@ -95,14 +95,23 @@ def load_site(name_or_path: str, cwd: Path, environ: Mapping[str, str], *,
     path = find_site(name_or_path, cwd, environ, referrer=referrer)
     layers: list[YamlDoc] = []
     _collect_layers(path, cwd, environ, stack=[], layers=layers)
-    provenance = Provenance(default_file=str(path))
+    return site_from_layers((({k: v for k, v in doc.data.items() if k != "extends"}, doc.origin) for doc in layers),
+                            file=str(path), path=path, chain=tuple(Path(d.path) for d in layers))
+
+
+def site_from_layers(layers: Iterable[tuple[Mapping[str, Any], Callable[[str], Origin]]], *, file: str,
+                     path: Path, chain: tuple[Path, ...]) -> LoadedSite:
+    """A profile from YAML data already read, merged over each other (base first), typed
+    and checked as :func:`load_site` does. A layer: its data (no ``extends``: the chain is
+    already followed) and where each of its keys was written. `file`: the file an error
+    without a key of its own names; `path` and `chain`: as in :class:`LoadedSite`."""
+    provenance = Provenance(default_file=file)
     merged: dict = {}
-    for doc in layers:
-        data = {k: v for k, v in doc.data.items() if k != "extends"}
-        merged = merge_layer(merged, data, provenance, doc.origin)
+    for data, origin_of in layers:
+        merged = merge_layer(merged, data, provenance, origin_of)
     site: schema.Site = typed_config(schema.Site, merged, provenance, schema.SITE_CHOICES)
     check_site(site, provenance)
-    return LoadedSite(site, path, tuple(Path(d.path) for d in layers), provenance)
+    return LoadedSite(site, path, chain, provenance)
 
 
 def _collect_layers(path: Path, cwd: Path, environ: Mapping[str, str], stack: list[Path],

@@ -152,30 +152,17 @@ class RecordedConfig:
     def load(self, overrides: tuple[str, ...]):
         """(LoadedExperiment, LoadedSite) of the recorded sections, `overrides` on the
         experiment's; checked as loading an experiment and a profile checks them."""
-        from ..config import schema
-        from ..config.load import LoadedExperiment, LoadedSite, _check_experiment, _nested, parse_overrides
-        from ..config.merge import merge_layer
-        from ..config.provenance import OVERRIDES, Origin, Provenance
-        from ..config.sitechecks import check_site
-        from ..config.typed import typed_config
+        from ..config.load import experiment_from_data, site_from_layers
 
         doc = self.doc
-        exp_prov = Provenance(default_file=str(self.path))
-        data = merge_layer({}, doc.data["experiment"], exp_prov, lambda key: doc.origin(f"experiment.{key}"))
-        command_line = Origin(OVERRIDES)
-        for key, value in parse_overrides(list(overrides)):
-            data = merge_layer(data, _nested(key, value), exp_prov, lambda _key: command_line)
-        exp = typed_config(schema.Experiment, data, exp_prov, schema.EXPERIMENT_CHOICES)
-        _check_experiment(exp, exp_prov)
-        site_prov = Provenance(default_file=str(self.path))
-        site_data = merge_layer({}, doc.data["site"], site_prov, lambda key: doc.origin(f"site.{key}"))
-        site = typed_config(schema.Site, site_data, site_prov, schema.SITE_CHOICES)
-        check_site(site, site_prov)
         # Relative paths (entrypoint.script) are taken from the experiment file's folder, as at submit.
         exp_file = self.text("experiment_file") or str(self.path)
         site_file = Path(self.text("site_file") or self.path)
-        return (LoadedExperiment(exp, Path(exp_file), exp_prov),
-                LoadedSite(site, site_file, (site_file,), site_prov))
+        exp = experiment_from_data(doc.data["experiment"], lambda key: doc.origin(f"experiment.{key}"),
+                                   file=str(self.path), path=exp_file, overrides=overrides)
+        site = site_from_layers([(doc.data["site"], lambda key: doc.origin(f"site.{key}"))], file=str(self.path),
+                                path=site_file, chain=(site_file,))
+        return exp, site
 
     def context(self, exp, site):
         """The submission's context again: its working directory and run directory, the
