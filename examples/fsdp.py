@@ -31,6 +31,7 @@ import torch.distributed as dist
 from torch import nn
 
 from launcher.runtime import fsdp as gfsdp
+from launcher.runtime.device import observed, placement
 
 SEED = 1234
 DIM, HIDDEN, BATCH = 16, 32, 32
@@ -62,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)                 # same float reductions whatever the launch path
-    ctx = rt.init_distributed()              # gloo on CPU
+    ctx = rt.init_distributed()              # NCCL on cuda:LOCAL_RANK, gloo on CPU
+    where = placement(ctx)                   # FSDP2 moves the shards to the mesh's device
     rt.install_stop_handler()
 
     model = gfsdp.shard(make_model(), ctx)
@@ -76,11 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         if ctx.is_main:
             print(f"resumed from {ck.path} (step {start})", flush=True)
 
-    loss = torch.tensor(float("nan"))
+    loss = out = torch.tensor(float("nan"))
     for step in range(start + 1, args.steps + 1):
-        x, y = batch(step, ctx.rank)
+        x, y = (t.to(where.device) for t in batch(step, ctx.rank))
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(model(x), y)
+        out = model(x)                       # in the configured precision on GPUs (FSDP2's policy)
+        loss = loss_fn(out.float(), y)
         loss.backward()
         opt.step()
         if ctx.is_main and (step % args.log_every == 0 or step == args.steps):
@@ -109,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     steps_done = max(start, args.steps)
     param_hash = rt.param_sha256(gfsdp.full_parameters(model))   # collective: gathers the shards
     res = rt.write_result(steps_done, param_hash=param_hash, final_loss=None if start >= args.steps else final.item(),
-                          resumed_from=resumed_from, ctx=ctx)
+                          resumed_from=resumed_from, ctx=ctx,
+                          extra={"placement": dict(observed(model, out), precision=where.precision)})
     if ctx.is_main:
         print(f"done: step {steps_done} param_sha256 {res['param_sha256']}", flush=True)
     rt.shutdown_distributed()
