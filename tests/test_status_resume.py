@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from launcher import api
 from launcher.runs import registry
 from launcher.runs.goodput import epoch
@@ -152,3 +154,19 @@ def test_a_local_run_resumed_end_to_end(tmp_path, isolated_env):
     text = glaunch("status", run_id, env=isolated_env)
     assert text.returncode == 0, text.stderr
     assert "  resume 1 at " in text.stdout and "its job runs from starts[1] on, resumed from step 20:" in text.stdout
+
+
+@pytest.mark.parametrize("strategy, expected", [
+    ({"name": "deepspeed", "zero_stage": 2, "offload_optimizer": "cpu", "offload_params": "none"}, "zero2_offload"),
+    ({"name": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu", "offload_params": "cpu"}, "zero3_offload"),
+    # ZeRO-3 with the optimizer alone on the host: the planner has no such row, so no comparison.
+    ({"name": "deepspeed", "zero_stage": 3, "offload_optimizer": "cpu", "offload_params": "none"}, None),
+    ({"name": "deepspeed", "zero_stage": 3, "offload_optimizer": "none", "offload_params": "none"}, "zero3"),
+    ({"name": "deepspeed", "zero_stage": 0}, "ddp"),
+    ({"name": "fsdp"}, "fsdp"),
+])
+def test_the_planner_row_a_run_is_compared_with(strategy, expected):
+    from launcher.runs.status import planner_strategy
+
+    derived = {"strategy": strategy["name"], "zero_stage": strategy.get("zero_stage")}
+    assert planner_strategy(derived, {"strategy": strategy}) == expected

@@ -178,6 +178,9 @@ def planner_strategy(derived: Mapping[str, Any], experiment: Mapping[str, Any]) 
     if stage == 0:
         return "ddp"
     offload = _dig(experiment, "strategy", "offload_optimizer") not in (None, "none")
+    params_offload = _dig(experiment, "strategy", "offload_params") not in (None, "none")
+    if stage == 3 and offload != params_offload:
+        return None       # the planner's zero3_offload offloads both; no row for one alone
     return f"zero{stage}_offload" if offload and stage in (2, 3) else f"zero{stage}"
 
 
