@@ -6,14 +6,12 @@ refused or could not be reached; 130 interrupted (Ctrl-C)."""
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from pathlib import Path
 
 import click
 
 from . import __version__, api
-from .config.schema import NAME_PATTERN
 from .errors import ConfigError, GlaunchError
 
 INTERRUPTED = 130
@@ -83,7 +81,8 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check,
 
     OVERRIDES are KEY=VALUE dot-list edits of the experiment, e.g. resources.nodes=4.
     """
-    _quiet_submitit()
+    if not dry_run:
+        _quiet_submitit()
     if sweep:
         _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check, sweep, max_parallel,
                       after)
@@ -99,12 +98,14 @@ def _launch_and_follow(prepared, launch, *, dry_run: bool, wait: bool, as_json: 
                        action: str = "submitted") -> None:
     """Launch a prepared run (`launch`: api.launch or api.launch_resume), print what
     happened, and with `wait` follow it to its end; exits with its outcome."""
-    from .runs.console import Console
-
     plan = prepared.plan
     for warning in prepared.warnings:
         click.echo(f"glaunch: warning: {warning}", err=True)
-    console = None if as_json or dry_run else Console(plan.run_dir, _write, live=sys.stdout.isatty())
+    console = None
+    if not (as_json or dry_run):
+        from .runs.console import Console
+
+        console = Console(plan.run_dir, _write, live=sys.stdout.isatty())
     if prepared.scheduler.runs_to_completion and console is not None:
         click.echo(f"run {plan.run_id}: running on this machine ({plan.world_size} ranks); "
                    f"{plan.run_dir}")
@@ -158,7 +159,8 @@ def resume(run, overrides, dry_run, wait, as_json, check):
     entrypoint.args=[--steps,200]; the previous job.sbatch, env.sh and the rest move to
     resumes/N/ in the run directory.
     """
-    _quiet_submitit()
+    if not dry_run:
+        _quiet_submitit()
     prepared = api.prepare_resume(run, overrides=overrides, dry_run=dry_run)
     _launch_and_follow(prepared, api.launch_resume, dry_run=dry_run, wait=wait, as_json=as_json, check=check,
                        action="resumed as")
@@ -235,7 +237,10 @@ def run_cmd(experiment, overrides, site, runs_dir, as_json):
 
 def _quiet_submitit() -> None:
     """submitit logs each submission at INFO on stdout: the console says what matters. A
-    filter, because importing submitit configures its logger's level and handlers again."""
+    filter, because importing submitit configures its logger's level and handlers again.
+    A dry run submits nothing and skips it (and the logging import)."""
+    import logging
+
     logging.getLogger("submitit").addFilter(lambda record: record.levelno >= logging.WARNING)
 
 
@@ -324,6 +329,8 @@ def sites_check(site, as_json):
               help="Where to write it (default: ./site_configs/NAME.yaml; '-' prints it).")
 def sites_detect(name, output):
     """Write a profile skeleton from the Slurm cluster this machine submits to."""
+    from .config.schema import NAME_PATTERN
+
     if name is not None and not NAME_PATTERN.fullmatch(name):
         raise click.BadParameter(f"{name!r}: use letters, digits, '.', '_' and '-'", param_hint="--name")
     profile_name, text = api.detect_site(name)
