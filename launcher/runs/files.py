@@ -8,7 +8,6 @@ import contextlib
 import fcntl
 import json
 import os
-import socket
 import stat
 from pathlib import Path
 from typing import Iterator
@@ -98,7 +97,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     of the directory. The temp file is always a new one: whatever had its name (a file left
     by a killed writer, a FIFO) is replaced, never written into."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    tmp = path.with_name(f".{path.name}.tmp-{os.uname().nodename}-{os.getpid()}")
     try:
         tmp.unlink(missing_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)

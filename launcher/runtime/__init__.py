@@ -94,6 +94,8 @@ the commit protocol.
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 # Names -> the module that defines them. Imported when first used, so that a process that
@@ -146,10 +148,21 @@ _EXPORTS = {
 }
 __all__ = sorted(_EXPORTS)
 
-# `context` names both a submodule and its function: importing the submodule (which most
-# of the runtime does) would set the package's attribute to the module, so the function
-# is bound here, once, after that import.
-from .context import context  # noqa: E402
+
+
+class _Package(types.ModuleType):
+    """`context` names both a submodule and its function. The import system binds each
+    submodule it loads as an attribute of its package; this package keeps the function
+    there, so that `rt.context()` works whichever was imported first, and a process that
+    never uses the context does not load it."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "context" and isinstance(value, types.ModuleType):
+            value = value.context
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
 
 if TYPE_CHECKING:
     from .background import (  # noqa: F401

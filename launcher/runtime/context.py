@@ -8,7 +8,6 @@ No torch import at module level.
 from __future__ import annotations
 
 import os
-import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +129,8 @@ def context() -> RankContext:
 
 
 def free_port() -> int:
+    import socket
+
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -201,7 +202,7 @@ def log_joined(ctx: RankContext, backend: str, device: str | None = None) -> Non
 
 def node_name() -> str:
     """Slurm's name of this node (several may share a host), else the host name."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename      # gethostname(), without socket
 
 
 def shutdown_distributed() -> None:
