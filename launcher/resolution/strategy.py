@@ -10,15 +10,20 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from ..config import schema
 from ..config.load import LoadedExperiment, LoadedSite, Provenance
 from ..errors import ConfigError
-from . import memory, planner
 
-@dataclass(frozen=True)
+if TYPE_CHECKING:      # imported where `auto` or `glaunch plan` needs the planner, not for every job
+    from . import memory, planner
+
+
+@dataclass(frozen=True, eq=False)
 class StrategySettings:
+    """The strategy's keys, checked, as the job runs them."""
+
     name: str                 # ddp | fsdp | deepspeed
     zero_stage: int
     offload_optimizer: str
@@ -91,6 +96,8 @@ def _model_size(model: schema.Model, prov: Provenance) -> tuple[int, int | None,
 
 def plan_input(exp: schema.Experiment, site: schema.Site, part, part_name: str | None, nodes: int,
                gpus_per_node: int, prov: Provenance) -> memory.PlanInput:
+    from . import memory
+
     if part is None or part.gpu_mem_gb is None:
         raise prov.error("resources.partition", f"site {site.name!r} gives no gpu_mem_gb for partition "
                          f"{part_name!r}; the planner needs it (partitions.{part_name}.gpu_mem_gb)")
@@ -114,6 +121,8 @@ def plan_input(exp: schema.Experiment, site: schema.Site, part, part_name: str |
 def choose_strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int, ranks_per_node: int,
                     prov: Provenance) -> tuple[dict[str, Any], Mapping[str, Any]]:
     """The strategy settings `auto` resolves to, and what to record about the choice."""
+    from . import planner
+
     result = planner.make_plan(plan_input(exp, site, part, _partition_name(exp, site), nodes, ranks_per_node,
                                                 prov))
     if result.recommended is None:
@@ -132,6 +141,8 @@ def _partition_name(exp: schema.Experiment, site: schema.Site) -> str | None:
 
 
 def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite) -> planner.PlanResult:
+    from . import planner
+
     exp, site, prov = exp_loaded.config, site_loaded.config, exp_loaded.provenance
     name = _partition_name(exp, site)
     part = site.partitions.get(name) if name else None
