@@ -12,11 +12,10 @@ existing allocation is slurm_allocation."""
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import SchedulerError
 from ..rendering import shell
@@ -24,27 +23,28 @@ from ..rendering.render import JobShell
 from ..resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
 from ..runs import registry
 from ..runs.layout import RunDir, RunRecord, State, is_terminal
-from . import cluster_check, cluster_facts, slurm_array, slurm_client
 from .base import Echo, Launched, LaunchedBatch, Scheduler, SweepBatch, SweepPlan
-from .slurm_client import Unreachable, run_command
-from .slurm_queries import find_submitted, sacct_records, squeue_job, squeue_jobs
-from .slurm_records import fold_job, record_queued, record_refused, request_values
 from .slurm_script import end_of_start_python, sbatch_directives, srun_line
-from .slurm_submit import SubmissionUncertain, dump_task, link_task, preflight, submit, submit_array, task_template
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from .cluster_facts import Cluster
+
+# What talks to Slurm (slurm_client and the modules built on it, the cluster check,
+# logging) is imported where it is used: rendering a job, as a dry run does, needs none.
 
 
 class SlurmScheduler(Scheduler):
     name = "slurm"
 
     def __init__(self) -> None:
-        self._cluster: cluster_facts.Cluster | None = None   # read once per submission
+        self._cluster: Cluster | None = None   # read once per submission
 
-    def cluster(self) -> cluster_facts.Cluster:
+    def cluster(self) -> Cluster:
         """The live cluster's facts (one scontrol call, sacctmgr), read once."""
         if self._cluster is None:
-            self._cluster = cluster_facts.read_cluster("glaunch submit")
+            from .cluster_facts import read_cluster
+
+            self._cluster = read_cluster("glaunch submit")
         return self._cluster
 
     def version(self) -> str | None:
@@ -87,6 +87,8 @@ class SlurmScheduler(Scheduler):
         """The site profile against the live cluster, for the partition this job uses:
         SchedulerError naming every difference that would get the job refused, leave it
         pending forever or run it on other hardware; the harmless ones as warnings."""
+        from . import cluster_check
+
         report = cluster_check.check_site(plan.site, partition=plan.partition,
                                           request=cluster_check.Request.of_plan(plan), cluster=self.cluster())
         if report.fatal:
@@ -94,14 +96,17 @@ class SlurmScheduler(Scheduler):
         return [str(d) for d in report.warnings] + list(report.notes)
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
+        from . import slurm_client
+        from .slurm_records import record_queued, record_refused, request_values
+        from .slurm_submit import SubmissionUncertain, preflight, submit
+
         job_text = RunDir(run_dir).job_script.read_text(encoding="utf-8")
         env, ignored = slurm_client.clean_env(os.environ)
         warnings = [w for w in (slurm_client.ignored_inputs_warning(ignored),) if w]
         try:
             if check:
                 warnings += self.check_cluster(plan)
-            for warning in warnings:
-                log.warning("glaunch: warning: %s", warning)
+            _log_warnings(warnings)
             if check:
                 preflight(plan, RunDir(run_dir).job_script, env)
             job_id = submit(plan, job_text, env)
@@ -125,6 +130,8 @@ class SlurmScheduler(Scheduler):
                    dry_run: bool) -> SweepPlan:
         """One array per allocation shape, within the cluster's MaxArraySize (Slurm's
         default on a dry run, which asks the cluster nothing)."""
+        from . import slurm_array
+
         limit = slurm_array.DEFAULT_MAX_ARRAY_SIZE
         if not dry_run:
             self.require()
@@ -143,6 +150,10 @@ class SlurmScheduler(Scheduler):
         """Check every array (the profile against the cluster, sbatch --test-only), then
         submit them: one sbatch call per array. An array sbatch refuses leaves its elements
         REFUSED; those already queued stay queued."""
+        from . import slurm_array, slurm_client
+        from .slurm_records import record_queued, record_refused, request_values
+        from .slurm_submit import SubmissionUncertain, dump_task, link_task, preflight, submit_array, task_template
+
         env, ignored = slurm_client.clean_env(os.environ)
         warnings = [w for w in (slurm_client.ignored_inputs_warning(ignored),) if w]
         scripts = [Path(sweep_dir) / str(batch.script) for batch in sweep.batches]
@@ -156,8 +167,7 @@ class SlurmScheduler(Scheduler):
             for plan in plans:
                 record_refused(Path(plan.run_dir), exc, warnings)
             raise
-        for warning in warnings:
-            log.warning("glaunch: warning: %s", warning)
+        _log_warnings(warnings)
         version = self.version()
         results = []
         for number, (batch, script) in enumerate(zip(sweep.batches, scripts)):
@@ -199,6 +209,10 @@ class SlurmScheduler(Scheduler):
         """squeue says what is live now (and why a pending job waits); sacct fills in
         starts the job could not record (killed at the time limit, node failure). With
         the controller unreachable: SchedulerError, and run.json says so."""
+        from .slurm_client import Unreachable
+        from .slurm_queries import sacct_records, squeue_job
+        from .slurm_records import fold_job
+
         uncertain = isinstance(record.extra.get("submission"), dict)
         if shutil.which("squeue") is None or not (record.job_id or uncertain) or record.extra.get("allocation"):
             return record       # a run inside an allocation: its own record says all (the job is the allocation)
@@ -215,6 +229,11 @@ class SlurmScheduler(Scheduler):
     def refresh_many(self, runs):
         """One squeue and one sacct call for all of them (a sweep's elements: by their
         array jobs), instead of two per run."""
+        from . import slurm_array
+        from .slurm_client import Unreachable
+        from .slurm_queries import sacct_records, squeue_jobs
+        from .slurm_records import fold_job
+
         if shutil.which("squeue") is None:
             return [record for _, record in runs]
         queued = [(d, r) for d, r in runs if r.job_id and not r.dry_run and not r.extra.get("allocation")]
@@ -246,6 +265,9 @@ class SlurmScheduler(Scheduler):
 
     def cancel_many(self, runs, job_ids=()):
         """One scancel for all: the arrays' jobs, and the runs outside them."""
+        from . import slurm_array
+        from .slurm_client import run_command
+
         arrays = set(job_ids)
         targets = list(job_ids) + [r.job_id for _, r in runs if r.job_id and not is_terminal(r.state)
                                    and slurm_array.array_job_id(r.job_id) not in arrays]
@@ -257,6 +279,8 @@ class SlurmScheduler(Scheduler):
         return [f"cancelled job {t}" for t in targets]
 
     def cancel(self, run_dir: Path, record: RunRecord) -> str:
+        from .slurm_client import run_command
+
         if not record.job_id:
             return f"run {record.run_id}: nothing to cancel ({record.state})"
         if record.extra.get("allocation"):
@@ -270,6 +294,10 @@ class SlurmScheduler(Scheduler):
 def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
     """A submission whose sbatch failed without a clear answer: the job, if the
     controller queued it after all, carries the run's marker."""
+    from . import slurm_array
+    from .slurm_queries import find_submitted
+    from .slurm_submit import link_task
+
     sub = record.extra["submission"]
     job_id = find_submitted(str(sub.get("script") or ""), str(sub.get("marker") or ""))
     task = sub.get("task")
@@ -291,6 +319,13 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
             rec.state = State.REFUSED.value
             rec.reason = "sbatch did not queue the job (Slurm has no job carrying this run's id)"
     return rec if not job_id else SlurmScheduler().refresh(run_dir, rec)
+
+
+def _log_warnings(warnings: list[str]) -> None:
+    import logging
+
+    for warning in warnings:
+        logging.getLogger(__name__).warning("glaunch: warning: %s", warning)
 
 
 def inside_allocation(record: RunRecord) -> str:
