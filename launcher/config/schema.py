@@ -8,8 +8,8 @@ key. Fields whose values are shell environment values carry `SHELL_VALUES` metad
 there `${NAME}` is a variable of the job's shell, not an interpolation.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: launcher.config.typed reads these annotations on
+# every load (typing.get_type_hints), and evaluated ones cost nothing to read.
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
@@ -53,16 +53,23 @@ def env_name_problem(name: str) -> str | None:
 
 # --- experiment ------------------------------------------------------------------
 
+# Every command builds these classes: eq=False (configs are never compared) and a docstring
+# (else dataclass renders one from the signature) keep that cheap.
 
-@dataclass
+
+@dataclass(eq=False)
 class Entrypoint:
+    """`entrypoint:` what every rank runs: exactly one of a script and a module, with its arguments."""
+
     script: Optional[str] = None
     module: Optional[str] = None
     args: List[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(eq=False)
 class Resources:
+    """`resources:` the allocation (defaults: the site's partition)."""
+
     nodes: int = 1
     gpus_per_node: Optional[int] = None
     partition: Optional[str] = None
@@ -71,8 +78,10 @@ class Resources:
     mem_gb: Optional[float] = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Strategy:
+    """`strategy:` how the model is distributed (ddp | fsdp | deepspeed | auto) and ZeRO's settings."""
+
     name: str = "ddp"
     zero_stage: int = 2
     offload_optimizer: str = "none"
@@ -80,14 +89,18 @@ class Strategy:
     nvme_path: Optional[str] = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Batch:
+    """`batch:` the global batch (DeepSpeed's train_batch_size) and the per-GPU micro batch."""
+
     global_size: Optional[int] = None
     micro_size: int = 1
 
 
-@dataclass
+@dataclass(eq=False)
 class Model:
+    """`model:` the model's size and shape, for the planner (`glaunch plan`, `strategy: auto`)."""
+
     params: Optional[float] = None
     factory: Optional[str] = None
     optimizer: str = "adam"
@@ -98,35 +111,45 @@ class Model:
     largest_layer_params: Optional[int] = None
 
 
-@dataclass
+@dataclass(eq=False)
 class Checkpoint:
+    """`checkpoint:` where and how often checkpoints are written, and how many are kept."""
+
     dir: Optional[str] = None
     every_steps: int = 500
     keep: int = 3
 
 
-@dataclass
+@dataclass(eq=False)
 class Requeue:
+    """`requeue:` requeues after a time limit, preemption or a bad node, and the warning before the limit."""
+
     max: int = 3
     signal_lead_s: int = 120
     exclude_bad_nodes: bool = True     # a crash or hang that points at a node: the next start avoids it
 
 
-@dataclass
+@dataclass(eq=False)
 class Watchdog:
+    """`watchdog:` how long the ranks may go without finishing a step before it is a hang."""
+
     stall_s: int = 600                 # no rank finished a step for this long: a hang (0: off)
     first_step_s: int = 1800           # the same bound for the first step of a start (loading, compiling)
 
 
-@dataclass
+@dataclass(eq=False)
 class Code:
+    """`code:` the snapshot of the entry point's code that every start runs from."""
+
     snapshot: Optional[bool] = None    # copy the code into the run directory; unset: on for Slurm
     exclude: List[str] = field(default_factory=list)    # globs left out of the copy
     max_mb: float = 100.0              # larger copies are refused, naming the largest files
 
 
-@dataclass
+@dataclass(eq=False)
 class Experiment:
+    """An experiment config file."""
+
     name: str = MISSING
     site: Optional[str] = None
     entrypoint: Entrypoint = field(default_factory=Entrypoint)
@@ -148,8 +171,10 @@ class Experiment:
 # --- site profile ------------------------------------------------------------------
 
 
-@dataclass
+@dataclass(eq=False)
 class Partition:
+    """A site's `partitions.NAME:` its nodes and limits."""
+
     gpus_per_node: int = MISSING
     gpu_type: Optional[str] = None
     gpu_mem_gb: Optional[float] = None
@@ -162,21 +187,27 @@ class Partition:
     preemptible: bool = False
 
 
-@dataclass
+@dataclass(eq=False)
 class Container:
+    """A site's `container:` the image every task runs in."""
+
     runtime: str = MISSING
     image: str = MISSING
     mounts: List[str] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(eq=False)
 class PlanSettings:
+    """A site's `plan:` what the planner reserves on each GPU."""
+
     overhead_gb: float = 2.0
     headroom: float = 0.10
 
 
-@dataclass
+@dataclass(eq=False)
 class Site:
+    """A site profile."""
+
     name: str = MISSING
     scheduler: str = "slurm"
     account: Optional[str] = None

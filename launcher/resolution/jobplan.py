@@ -15,8 +15,11 @@ PORT_BASE = 10000
 PORT_SPAN = 20000
 STOP_SIGNALS = ("USR2", "TERM")
 
+# Every command builds these classes: eq=False (plans are never compared) and a docstring
+# (else dataclass renders one from the signature) keep that cheap.
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, eq=False)
 class CodeRoot:
     """Where the entry point's code lives, as found on disk at submit
     (launcher.runs.snapshot.locate): the git work tree holding it, else its folder."""
@@ -27,8 +30,10 @@ class CodeRoot:
     workdir: str | None = None        # the working directory relative to path, when it is inside
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SubmitContext:
+    """What resolution takes from the submitting command, beside the two configs."""
+
     cwd: str
     python: str                       # the submitting interpreter (default on the nodes)
     environ: Mapping[str, str]        # for $VAR / ~ in paths
@@ -40,7 +45,7 @@ class SubmitContext:
     dependency: str | None = None     # Slurm's --dependency (glaunch submit --after), e.g. afterok:12:13
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class CodeSnapshot:
     """The copy of the entry point's code every start runs from (`code.snapshot`)."""
 
@@ -57,15 +62,19 @@ class CodeSnapshot:
         return os.path.normpath(os.path.join(self.dest, relative))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Container:
+    """The container every task runs in (the site's `container:`)."""
+
     runtime: str
     image: str
     mounts: tuple[str, ...]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class JobPlan:
+    """Everything resolved about one run."""
+
     run_id: str
     name: str
     site_name: str
