@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from ..runs.files import atomic_write_text, fsync_dir
-from . import checksums
+from . import checksums, heartbeats
 from .checkpoint_layout import (
     FORMAT,
     LATEST,
@@ -212,30 +212,33 @@ def stage_checkpoint(step: int, *, framework: str = "torch", ctx: RankContext | 
     :func:`commit`.
     """
     ctx = ctx or context()
-    d = Path(checkpoint_dir) if checkpoint_dir is not None else ctx.checkpoint_dir
-    keep = ctx.checkpoint_keep if keep is None else keep
-    st = open_staging(step, ctx, d)
-    err: BaseException | None = None
-    try:
-        yield st
-        write_marker(st)
-    except Exception as e:   # every rank must learn about it
-        err = e
-    if all_reduce_max([1 if err else 0])[0]:
-        if err is not None:
-            raise CheckpointError(f"step {step}: rank {ctx.rank} failed writing its shards: {err}") from err
-        raise CheckpointError(f"step {step}: another rank failed writing its shards; nothing committed")
-    outcome: tuple[str, str] | None = None
-    if ctx.is_main:
+    # The loop stalls for the whole save: the hang watchdog gives it the save's bound
+    # (inside an adapter's own mark, this changes nothing).
+    with heartbeats.saving(step):
+        d = Path(checkpoint_dir) if checkpoint_dir is not None else ctx.checkpoint_dir
+        keep = ctx.checkpoint_keep if keep is None else keep
+        st = open_staging(step, ctx, d)
+        err: BaseException | None = None
         try:
-            final = commit(ctx, d, st.path, step, framework=framework, keep=keep, extra=extra, verify=verify,
-                           marker_timeout_s=marker_timeout_s, on_markers=on_markers)
-            outcome = ("ok", str(final))
-        except Exception as e:
-            outcome = ("error", f"{type(e).__name__}: {e}")
-    outcome = broadcast_object(outcome) if ctx.world_size > 1 else outcome
-    if outcome is None or outcome[0] != "ok":
-        raise CheckpointError(f"step {step}: commit failed: {outcome[1] if outcome else 'no answer'}")
-    final = Path(outcome[1])
-    manifest = json.loads((final / MANIFEST).read_text(encoding="utf-8"))
-    st.committed = Checkpoint(step=step, path=final, manifest=manifest)
+            yield st
+            write_marker(st)
+        except Exception as e:   # every rank must learn about it
+            err = e
+        if all_reduce_max([1 if err else 0])[0]:
+            if err is not None:
+                raise CheckpointError(f"step {step}: rank {ctx.rank} failed writing its shards: {err}") from err
+            raise CheckpointError(f"step {step}: another rank failed writing its shards; nothing committed")
+        outcome: tuple[str, str] | None = None
+        if ctx.is_main:
+            try:
+                final = commit(ctx, d, st.path, step, framework=framework, keep=keep, extra=extra, verify=verify,
+                               marker_timeout_s=marker_timeout_s, on_markers=on_markers)
+                outcome = ("ok", str(final))
+            except Exception as e:
+                outcome = ("error", f"{type(e).__name__}: {e}")
+        outcome = broadcast_object(outcome) if ctx.world_size > 1 else outcome
+        if outcome is None or outcome[0] != "ok":
+            raise CheckpointError(f"step {step}: commit failed: {outcome[1] if outcome else 'no answer'}")
+        final = Path(outcome[1])
+        manifest = json.loads((final / MANIFEST).read_text(encoding="utf-8"))
+        st.committed = Checkpoint(step=step, path=final, manifest=manifest)
