@@ -19,6 +19,13 @@ def loaded_after(statement: str) -> set[str]:
     return set(proc.stdout.split())
 
 
+def _full_names(statement: str) -> set[str]:
+    code = f"import sys\n{statement}\nprint(' '.join(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return set(proc.stdout.split())
+
+
 @pytest.mark.parametrize("statement", [
     "from launcher import runtime",
     "import launcher.runtime.task",
@@ -54,6 +61,18 @@ def test_every_exported_name_is_the_modules_object_after_the_submodules_load():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]", proc.stdout
+
+
+def test_the_package_loads_its_context_only_when_used():
+    """The renderer imports launcher.runtime.launch on every submit: that must not load the
+    rank context (and socket with it); `rt.context` stays the function whichever comes first."""
+    loaded = _full_names("import launcher.runtime.launch")
+    assert "launcher.runtime.context" not in loaded and "socket" not in loaded
+    code = ("import launcher.runtime.context\nfrom launcher import runtime as rt\n"
+            "from launcher.runtime import context\nprint(rt.context is context, rt.context().world_size)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["True", "1"]
 
 
 MAX_MODULE_LINES = 400
