@@ -31,10 +31,9 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import ConfigError, GlaunchError, RunError, SchedulerError
 from .layout import (CRASH_FILE, DS_CONFIG_FILE, ENV_FILE, HEARTBEAT_DIR, HPARAMS_FILE, IN_FLIGHT, JOB_SCRIPT,
-                     RESOLVED_FILE, RESULT_FILE, RESUME_FILE, STOP_FILE, RunRecord, State)
+                     RESOLVED_FILE, RESULT_FILE, RESUME_FILE, RESUMES_DIR, STOP_FILE, RunRecord, State)
 from .submission import Echo, Run, RunRef
 
-RESUMES_DIR = "resumes"
 # Moved to resumes/N/: the previous submission's files, and the files a start leaves for
 # the next one (a new start would take an old result.json for its own end).
 MOVED_ASIDE = (JOB_SCRIPT, ENV_FILE, DS_CONFIG_FILE, RESOLVED_FILE, HPARAMS_FILE,
