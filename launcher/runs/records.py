@@ -365,9 +365,6 @@ class RunRecord:
     def start(self, job_id: str, restart: int) -> StartRecord | None:
         return next((s for s in self.starts if s.restart == restart and s.job_id == str(job_id)), None)
 
-    def start_of(self, restart: int) -> StartRecord | None:
-        return next((s for s in self.starts if s.restart == restart), None)
-
     def record_start(self, job_id: str, restart: int, **values: Any) -> StartRecord:
         """The entry of `restart` of job `job_id`, created if nobody has made it yet: a start
         after a requeue was never submitted as such, it went back to the queue."""
