@@ -25,7 +25,8 @@ requeues within ``crash_retries``.
 The stacks (launcher.runtime.stacks): ``py-spy dump`` for a rank on this host when py-spy
 is on PATH, else the faulthandler each rank registered at its start on SIGWINCH, which
 reaches the ranks of every node through Slurm (``scancel --signal=28 JOB``: every step of
-the job, not the batch script) or, on the local scheduler, from localrun, their parent.
+the job, not the batch script; job.sbatch runs scancel on the watchdog's request, outside
+any container: :class:`SlurmSteps`) or, on the local scheduler, from localrun, their parent.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, TextIO
 
 from ..runs.files import atomic_write_text, read_json
 from ..runs.layout import RunDir, is_node_name, read_heartbeat
@@ -282,23 +283,32 @@ def hang_in(run_dir: str | os.PathLike, restart: int) -> dict | None:
 
 
 class SlurmSteps:
-    """The ranks of a Slurm job's steps, reached through scancel on any node."""
+    """The ranks of a Slurm job's steps, reached through scancel, which job.sbatch runs on
+    the watchdog's behalf: the watchdog may run inside the job's container, where Slurm's
+    commands are absent, and job.sbatch reads its stdout outside it. One request a line:
+    ``signal N`` (every step of the job, not the batch script: scancel without --full) and
+    ``end STEP`` (SIGKILL to that step)."""
 
-    def __init__(self, job_id: str, records: Callable[[], Mapping[int, Mapping[str, Any]]]) -> None:
-        self.job_id, self.records = job_id, records
+    def __init__(self, job_id: str, records: Callable[[], Mapping[int, Mapping[str, Any]]],
+                 out: TextIO | None = None) -> None:
+        self.job_id, self.records, self.out = job_id, records, out
+
+    def _ask(self, request: str) -> None:
+        print(request, file=self.out or sys.stdout, flush=True)
 
     def signal(self, signum: int) -> None:
-        # Without --full: every step of the job, not the batch script (nor this process). By
-        # number: Slurm 22.05's scancel knows no WINCH by name.
-        run_command(["scancel", f"--signal={int(signum)}", self.job_id])
+        # By number: Slurm 22.05's scancel knows no WINCH by name.
+        self._ask(f"signal {int(signum)}")
 
     def end(self) -> None:
         steps = {str(r["job_step"]) for r in self.records().values()
                  if isinstance(r.get("job_step"), str) and r["job_step"].isdigit()}
         for step in sorted(steps or self._steps()):
-            run_command(["scancel", "--signal=KILL", f"{self.job_id}.{step}"])
+            self._ask(f"end {step}")
 
     def _steps(self) -> set[str]:
+        """The job's other steps, when the ranks' heartbeats do not name theirs (squeue;
+        nothing where it is absent)."""
         text = run_command(["squeue", "--steps", "--noheader", "--format=%i", f"--jobs={self.job_id}"]) or ""
         own = os.environ.get("SLURM_STEP_ID")
         return {step for line in text.split() if (step := line.rpartition(".")[2]).isdigit() and step != own}
