@@ -39,6 +39,22 @@ def isolated_env(tmp_path, monkeypatch):
     return env
 
 
+# What makes a process a rank of a distributed job: a test of one process's runtime unsets it.
+RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+             "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.fixture
+def single_rank_env(monkeypatch, tmp_path):
+    """This process as the only rank of a run in tmp: no rank or GLAUNCH_* variables from
+    outside, the run and checkpoint directories under tmp_path."""
+    for k in list(os.environ):
+        if k in RANK_VARS or k.startswith("GLAUNCH_"):
+            monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path / "run"))
+    monkeypatch.setenv("GLAUNCH_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
+
+
 requires_slurm = pytest.mark.skipif(not REQUIRE_SLURM and not slurm_up(MAIN),
                                     reason="local Slurm cluster is not up (scripts/local-slurm up)")
 requires_slurm_defaults = pytest.mark.skipif(

@@ -17,23 +17,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import RANK_VARS  # noqa: E402
 from launcher import runtime as rt  # noqa: E402
 from launcher.runtime import dcp  # noqa: E402
 from launcher.runtime import checkpoint as ck, checksums  # noqa: E402
 from launcher.runtime.state import MODEL_FILE, rank_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-             "MASTER_ADDR", "MASTER_PORT")
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch, tmp_path):
-    for k in list(os.environ):
-        if k in RANK_VARS or k.startswith("GLAUNCH_"):
-            monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("GLAUNCH_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
+def _clean_env(single_rank_env):
     yield
     try:
         rt.wait_checkpoints()

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import RANK_VARS
 from launcher.runtime import checkpoint as ck
 from launcher.runtime import checksums
 from launcher.runtime.checkpoint import (
@@ -24,17 +25,9 @@ from launcher.runtime.checkpoint import (
 )
 
 REPO = Path(__file__).resolve().parents[1]
-RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-             "MASTER_ADDR", "MASTER_PORT")
 
 
-@pytest.fixture(autouse=True)
-def _clean_env(monkeypatch, tmp_path):
-    for k in list(os.environ):
-        if k in RANK_VARS or k.startswith("GLAUNCH_"):
-            monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("GLAUNCH_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
+pytestmark = pytest.mark.usefixtures("single_rank_env")
 
 
 def _save(step: int, payload: bytes = b"x" * 100, **kw) -> ck.Checkpoint:

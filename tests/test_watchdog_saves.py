@@ -18,6 +18,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from conftest import RANK_VARS  # noqa: E402
 from launcher import runtime as rt  # noqa: E402
 from launcher.runs.layout import RunDir, read_heartbeat  # noqa: E402
 from launcher.runtime import checkpoint as ck, dcp, heartbeats, state  # noqa: E402
@@ -27,17 +28,10 @@ from launcher.runtime.watchdog import Watch  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 STALL_S = 0.5
 SLOW_S = 3 * STALL_S          # longer than the step bound, far within the save bound
-RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
-             "MASTER_ADDR", "MASTER_PORT")
 
 
 @pytest.fixture(autouse=True)
-def _clean_env(monkeypatch, tmp_path):
-    for k in list(os.environ):
-        if k in RANK_VARS or k.startswith("GLAUNCH_"):
-            monkeypatch.delenv(k, raising=False)
-    monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path / "run"))
-    monkeypatch.setenv("GLAUNCH_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
+def _clean_env(single_rank_env):
     yield
     try:
         rt.wait_checkpoints()
