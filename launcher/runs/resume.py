@@ -31,7 +31,7 @@ from typing import Any, Mapping, Sequence
 
 from ..errors import ConfigError, GlaunchError, RunError, SchedulerError
 from .layout import (CRASH_FILE, DS_CONFIG_FILE, ENV_FILE, HEARTBEAT_DIR, HPARAMS_FILE, IN_FLIGHT, JOB_SCRIPT,
-                     RESOLVED_FILE, RESULT_FILE, RESUME_FILE, RESUMES_DIR, STOP_FILE, RunRecord, State)
+                     RESOLVED_FILE, RESULT_FILE, RESUME_FILE, STOP_FILE, RunDir, RunRecord, State)
 from .submission import Echo, Run, RunRef
 
 # Moved to resumes/N/: the previous submission's files, and the files a start leaves for
@@ -238,7 +238,7 @@ def _switch_bundle(prepared: PreparedResume) -> RunRecord:
         refuse_unless_ended(record)
         previous = record.extra.get("resumes")
         number = (len(previous) if isinstance(previous, list) else 0) + 1
-        aside = run_dir / RESUMES_DIR / str(number)
+        aside = RunDir(run_dir).previous_files(number)
         moved: list[str] = []
         written: list[str] = []
         try:
