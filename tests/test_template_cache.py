@@ -118,3 +118,24 @@ def test_a_submit_that_fails_after_rendering_writes_no_cache(tmp_path):
     proc = _dry_run(tmp_path, str(tmp_path / "blocker" / "runs"))
     assert proc.returncode == 2, proc.stderr
     assert not (tmp_path / "cache").exists()
+
+
+def test_a_rendered_run_dir_the_file_system_refuses_is_not_written(tmp_path, monkeypatch):
+    """The exit hook asks whether a rendered run dir got its run.json; a name too long
+    for the file system is an answer (no), never an error at exit."""
+    from launcher.rendering import render
+
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    (templates / "t.j2").write_text("{{ x }}\n")
+    cache = tmp_path / "cache"
+    env = make_environment(jinja2.FileSystemLoader(str(templates)), str(cache))
+    env.get_template("t.j2").render(x=1)
+    monkeypatch.setattr(render, "_RENDERED", [str(tmp_path / ("x" * 3000) / "run")])
+    render._save_if_written(env.bytecode_cache)
+    assert not cache.exists()
+    monkeypatch.setattr(render, "_RENDERED", [str(tmp_path / "run")])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "run.json").write_text("{}")
+    render._save_if_written(env.bytecode_cache)
+    assert len(list(cache.iterdir())) == 1

@@ -136,7 +136,10 @@ def _environment() -> jinja2.Environment:
 
 
 def _save_if_written(cache: jinja2.BytecodeCache | None) -> None:
-    if isinstance(cache, TemplateCache) and cache.pending and any(RunDir(p).run_file.exists() for p in _RENDERED):
+    # os.path.isfile, not Path.exists: a run dir whose name the file system refuses
+    # (too long, say) was never written, and must not raise at exit.
+    if isinstance(cache, TemplateCache) and cache.pending and any(
+            os.path.isfile(RunDir(p).run_file) for p in _RENDERED):
         cache.save()
 
 
