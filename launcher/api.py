@@ -122,7 +122,14 @@ def check_site(site: str):
     from .config.load import load_site
     from .schedulers.cluster_check import check_site as check
 
-    return check(load_site(site, Path.cwd(), os.environ).config)
+    loaded = load_site(site, Path.cwd(), os.environ)
+    if loaded.config.scheduler != "slurm":
+        # A local profile describes this machine: a Slurm cluster's partitions say nothing about it.
+        origin = loaded.provenance.of("scheduler")
+        raise ConfigError(f"site {loaded.config.name!r} runs jobs on this machine (scheduler: "
+                          f"{loaded.config.scheduler}): there is no Slurm cluster to check it against",
+                          file=origin.file if origin.line else str(loaded.path), line=origin.line, key="scheduler")
+    return check(loaded.config)
 
 
 def detect_site(name: str | None = None) -> tuple[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import os
 from pathlib import Path
 from typing import Callable
@@ -37,23 +38,50 @@ def read_tail(path: Path, limit: int = 64 * 1024) -> bytes:
         return f.read(limit).partition(b"\n")[2]
 
 
+def _decoder() -> codecs.IncrementalDecoder:
+    """UTF-8 read in pieces: a character cut between two reads is decoded whole."""
+    return codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+
+class Lines:
+    """Text handed on in pieces -> whole lines, without their newline, to `echo`; `flush`
+    hands on an unfinished last line."""
+
+    def __init__(self, echo: Callable[[str], None]) -> None:
+        self.echo, self.rest = echo, ""
+
+    def __call__(self, text: str) -> None:
+        *complete, self.rest = (self.rest + text).split("\n")
+        for line in complete:
+            self.echo(line)
+
+    def flush(self) -> None:
+        if self.rest:
+            rest, self.rest = self.rest, ""
+            self.echo(rest)
+
+
 class LogFollower:
     """Hand what a growing file gains, from where we last stopped, to `write`. A file
     that shrank (truncated, replaced) is read again from its beginning."""
 
     def __init__(self, path: Path, write: Callable[[str], None]) -> None:
         self.path, self.write, self.offset = path, write, 0
+        self.decoder = _decoder()
 
     def poll(self) -> None:
         try:
             if self.offset and os.stat(self.path).st_size < self.offset:
                 self.offset = 0
+                self.decoder = _decoder()
         except OSError:
             return
         data = read_from(self.path, self.offset)
         if data:
             self.offset += len(data)
-            self.write(data.decode(errors="replace"))
+            text = self.decoder.decode(data)
+            if text:
+                self.write(text)
 
 
 class RankLogs:
@@ -63,21 +91,21 @@ class RankLogs:
     def __init__(self, run_dir: Path, rank: int | None, echo: Callable[[str], None]) -> None:
         self.run_dir, self.rank, self.echo = RunDir(run_dir), rank, echo
         self.offsets: dict[Path, int] = {}
-        self.pending: dict[Path, str] = {}
+        self.decoders: dict[Path, codecs.IncrementalDecoder] = {}
+        self.lines: dict[Path, Lines] = {}
 
     def poll(self) -> None:
         for _, task, stream, path in self.run_dir.task_logs(self.rank):
             data = read_from(path, self.offsets.get(path, 0))
             self.offsets[path] = self.offsets.get(path, 0) + len(data)
-            text = self.pending.pop(path, "") + data.decode(errors="replace")
-            *complete, rest = text.split("\n")
-            if rest:
-                self.pending[path] = rest
-            tag = f"[{task}]" if stream == "out" else f"[{task}!]"
-            for line in complete:
-                self.echo(f"{tag} {line}")
+            if path not in self.lines:
+                tag = f"[{task}]" if stream == "out" else f"[{task}!]"
+                self.lines[path] = Lines(lambda line, tag=tag: self.echo(f"{tag} {line}"))
+                self.decoders[path] = _decoder()
+            self.lines[path](self.decoders[path].decode(data))
 
     def flush(self) -> None:
-        for rest in self.pending.values():
-            self.echo(rest)
-        self.pending.clear()
+        """Hand on each log's unfinished last line, with its rank's tag."""
+        for path, lines in self.lines.items():
+            lines(self.decoders[path].decode(b"", final=True))
+            lines.flush()

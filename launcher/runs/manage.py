@@ -84,17 +84,19 @@ def format_status(summary: Mapping[str, Any]) -> str:
 
 def wait(run: RunRef, *, on_line: Echo | None = None,
          on_state: Echo | None = None, poll_s: float = FOLLOW_POLL_S, console: Any = None) -> str:
-    """Follow the run to its end across requeues: rank 0's log to `on_line` (as it grows),
+    """Follow the run to its end across requeues: rank 0's log to `on_line` as it grows, one
+    whole line (without its newline) per call,
     each change of state to `on_state`; or everything to `console`
     (launcher.runs.console.Console: log, status line, requeue events, the outcome), which
     is updated several times per scheduler poll. Returns the final state."""
-    from .logs import LogFollower
+    from .logs import Lines, LogFollower
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
         return _wait_sweep(sweep_dir, on_state=on_state, poll_s=poll_s)
     run_dir = run_dir_of(run)
     followers: dict[str, LogFollower] = {}
+    lines: dict[str, Lines] = {}
     last = None
     while True:
         record = refreshed(run_dir)
@@ -106,7 +108,9 @@ def wait(run: RunRef, *, on_line: Echo | None = None,
             console.observe(record)
         if on_line is not None:
             if record.job_id and record.job_id not in followers:
-                followers[record.job_id] = LogFollower(RunDir(run_dir).task_log(record.job_id, 0), on_line)
+                lines[record.job_id] = Lines(on_line)
+                followers[record.job_id] = LogFollower(RunDir(run_dir).task_log(record.job_id, 0),
+                                                       lines[record.job_id])
             for follower in followers.values():
                 follower.poll()
         if state != last and on_state is not None:
@@ -115,6 +119,8 @@ def wait(run: RunRef, *, on_line: Echo | None = None,
         if is_terminal(state) or state == State.UNKNOWN:
             for follower in followers.values():
                 follower.poll()
+            for unfinished in lines.values():
+                unfinished.flush()
             if console is not None:
                 console.finish(record)
             return str(state)

@@ -194,20 +194,22 @@ def indexed_runs() -> list[dict[str, str]]:
 
 
 def find_run(ref: str) -> Path:
-    """A run id or a run directory -> the run directory."""
+    """A run id or a run directory -> the run directory. ConfigError (bad input, exit 2)
+    when it names no run: exit 1 says a run failed."""
     try:
         candidate = Path(ref).expanduser()
         if _has_record(candidate):
             return candidate.resolve()
     except RuntimeError as exc:         # ~user unknown, a symlink loop
-        raise RunError(f"no run {ref!r}: {exc}") from None
+        raise ConfigError(f"no run {ref!r}: {exc}", file="command line", key="RUN") from None
     for entry in reversed(indexed_runs()):
         if entry["run_id"] == ref and _has_record(Path(entry["run_dir"])):
             return Path(entry["run_dir"])
     local = Path("runs") / ref
     if _has_record(local):
         return local.resolve()
-    raise RunError(f"no run {ref!r}: not a run directory and not a known run id (`glaunch list` shows runs)")
+    raise ConfigError(f"no run {ref!r}: not a run directory and not a known run id (`glaunch list` shows runs)",
+                      file="command line", key="RUN")
 
 
 def _has_record(run_dir: Path) -> bool:

@@ -138,8 +138,9 @@ def _upstream(after, refresh: bool):
             run_dir = registry.find_run(after.ref)
             record = refreshed(run_dir) if refresh else registry.read(run_dir)
             return dependencies.upstream_of_run(after, record, run_dir)
-    except RunError as exc:
-        raise ConfigError(f"{after}: {exc}", file="command line", key=dependencies.OPTION) from None
+    except (RunError, ConfigError) as exc:      # no such run (said as RUN's), or its record is damaged (its file)
+        what = exc.message if isinstance(exc, ConfigError) else str(exc)
+        raise ConfigError(f"{after}: {what}", file="command line", key=dependencies.OPTION) from None
     sweep = sweeps.read(sweep_dir)
     records = sweep_records(sweep_dir, refresh=refresh)
     states = tuple(r.state if not isinstance(r, GlaunchError) else State.UNKNOWN.value for r in records.values())

@@ -1,0 +1,115 @@
+"""The user contract of the Python API and the run commands (DESIGN.md, README): what
+`api.wait(run, on_line=print)` hands on, what a RUN that names nothing exits with, and
+what `glaunch sites check` does with a profile that has no cluster."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import api
+from launcher.errors import ConfigError
+from launcher.runs import registry
+from launcher.runs.layout import RunDir
+from launcher.runs.logs import LogFollower
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def ended_run(tmp_path: Path, state: str = "COMPLETED", job_id: str = "1000") -> Path:
+    """A local run's directory as its job leaves it at its end."""
+    run_dir = tmp_path / "runs" / "r"
+    (run_dir / "logs").mkdir(parents=True)
+    record = {"run_id": "r", "site": "local", "scheduler": "local", "dry_run": False, "requeue_max": 0,
+              "crash_retries": 0, "state": state, "job_id": job_id,
+              "starts": [{"job_id": job_id, "restart": 0, "state": state}]}
+    (run_dir / "run.json").write_text(json.dumps(record))
+    registry.register("r", str(run_dir))
+    return run_dir
+
+
+def glaunch(*args, env, cwd=REPO):
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+# --- api.wait(run, on_line=print) -----------------------------------------------------------
+
+
+def test_wait_hands_on_line_one_whole_line_per_call(tmp_path, isolated_env):
+    run_dir = ended_run(tmp_path)
+    RunDir(run_dir).task_log("1000", 0).write_bytes("step 1\nstep 2 \u00e9\n\ndone".encode())
+    lines: list[str] = []
+    assert api.wait(str(run_dir), on_line=lines.append, poll_s=0) == "COMPLETED"
+    assert lines == ["step 1", "step 2 \u00e9", "", "done"]
+
+
+def test_a_character_cut_between_two_reads_of_a_growing_log_arrives_whole(tmp_path):
+    path = tmp_path / "log"
+    data = "caf\u00e9 \u2713\n".encode()
+    got: list[str] = []
+    follower = LogFollower(path, got.append)
+    for cut in range(1, len(data) + 1):      # the file grows one byte at a time
+        path.write_bytes(data[:cut])
+        follower.poll()
+    assert "".join(got) == "caf\u00e9 \u2713\n" and "\ufffd" not in "".join(got)
+
+
+def test_logs_keep_the_rank_tag_on_an_unfinished_last_line(tmp_path, isolated_env):
+    run_dir = ended_run(tmp_path)
+    rd = RunDir(run_dir)
+    rd.task_log("1000", 0).write_text("a\nb")
+    rd.task_log("1000", 1, "err").write_text("boom")
+    lines: list[str] = []
+    api.logs(str(run_dir), echo=lines.append)
+    assert sorted(lines) == ["[0] a", "[0] b", "[1!] boom"]
+
+
+# --- a RUN that names nothing is bad input ------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "cancel", "resume"])
+def test_unknown_run_is_bad_input_exit_2(tmp_path, isolated_env, command):
+    proc = glaunch(command, "no-such-run", env=isolated_env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert "RUN" in proc.stderr and "no-such-run" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_unknown_run_in_the_api_is_a_config_error(tmp_path, isolated_env, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        api.status(str(tmp_path / "not-a-run"))
+    assert caught.value.exit_code == 2 and caught.value.key == "RUN"
+
+
+def test_a_failed_run_still_exits_1_and_an_after_on_a_missing_run_still_names_after(tmp_path, isolated_env):
+    run_dir = ended_run(tmp_path, state="FAILED")
+    proc = glaunch("status", str(run_dir), env=isolated_env)
+    assert proc.returncode == 0 and "FAILED" in proc.stdout, proc.stderr
+    proc = glaunch("submit", "examples/torch_ddp.yaml", "--dry-run", "--runs-dir", str(tmp_path / "out"),
+                   "--after", "no-such-run", env=isolated_env)
+    assert proc.returncode == 2 and "--after: no-such-run:ok: no run 'no-such-run'" in proc.stderr, proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+# --- sites check on a profile without a cluster ---------------------------------------------
+
+
+def test_sites_check_of_a_local_profile_is_bad_input_and_asks_no_slurm(tmp_path, isolated_env):
+    # A stand-in scontrol/sinfo/sacctmgr (mock: which Slurm command was called) first on PATH.
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    called = tmp_path / "called"
+    for name in ("scontrol", "sinfo", "sacctmgr", "squeue"):
+        script = bin_dir / name
+        script.write_text(f"#!/bin/sh\necho {name} >> {called}\nexit 1\n")
+        script.chmod(0o755)
+    env = dict(isolated_env, PATH=f"{bin_dir}{os.pathsep}{isolated_env['PATH']}")
+    proc = glaunch("sites", "check", "local", env=env)
+    assert proc.returncode == 2, (proc.stdout, proc.stderr)
+    assert "local.yaml" in proc.stderr and "scheduler" in proc.stderr and "Traceback" not in proc.stderr
+    assert not called.exists(), called.read_text()
