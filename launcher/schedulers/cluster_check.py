@@ -18,13 +18,14 @@ cluster_check_report holds the differences and their wording.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from ..resolution import slurmtime
-from .cluster_check_partition import effective_assoc, fate, partition_diffs, qos_name, to_seconds
+from .cluster_check_partition import effective_assoc, fate, has_features, partition_diffs, qos_name, to_seconds
 from .cluster_check_report import CheckReport, Difference
-from .cluster_facts import Cluster, parse_int, read_cluster
+from .cluster_facts import Cluster, Node, Partition, parse_int, read_cluster
 
 
 # --- the request of one job (submit) -------------------------------------------------------------
@@ -38,10 +39,34 @@ class Request:
     nodes: int
     time_s: int
     gpus_per_node: int
+    cpus_per_node: int | None = None    # None: Slurm's default
+    mem_mb: int | None = None
+    constraint: str | None = None
 
     @classmethod
     def of_plan(cls, plan: Any) -> Request:
-        return cls(plan.partition, plan.nodes, plan.time_seconds, plan.gpus_per_node)
+        cpus = plan.cpus_per_task * plan.tasks_per_node if plan.cpus_per_task else None
+        mem = math.ceil(plan.mem_gb * 1024) if plan.mem_gb is not None else None
+        return cls(plan.partition, plan.nodes, plan.time_seconds, plan.gpus_per_node, cpus, mem, plan.constraint)
+
+    def fits(self, part: Partition, node: Node) -> bool:
+        """Whether `node` can be one of this job's nodes in `part`."""
+        cpus, mem = part.job_cpus(node), part.job_mem_mb(node)
+        return (node.gpu_count >= self.gpus_per_node
+                and (self.cpus_per_node is None or cpus is None or cpus >= self.cpus_per_node)
+                and (self.mem_mb is None or mem is None or mem >= self.mem_mb)
+                and has_features(self.constraint, node.features))
+
+    def per_node(self) -> str:
+        """The per-node ask, in words."""
+        words = [f"{self.gpus_per_node} GPU(s)"] if self.gpus_per_node else []
+        if self.cpus_per_node:
+            words.append(f"{self.cpus_per_node} CPUs")
+        if self.mem_mb is not None:
+            words.append(f"{self.mem_mb} MB of memory")
+        if self.constraint:
+            words.append(f"feature(s) {self.constraint}")
+        return ", ".join(words) or "a node"
 
 
 def compare(site: Mapping[str, Any], cluster: Cluster, *, partition: str | None = None,
@@ -82,8 +107,8 @@ def _site_diffs(site: Mapping[str, Any], cluster: Cluster, scope: Iterable[str],
     select = cluster.settings.get("SelectType", "")
     gpus_in_scope = any(int((site.get("partitions") or {}).get(p, {}).get("gpus_per_node") or 0) > 0
                         for p in scope)
-    if site.get("gpu_directive", "gpus-per-node") == "gpus-per-node" and gpus_in_scope and select \
-            and "cons_tres" not in select:
+    if site.get("gpu_directive", "gpus-per-node") == "gpus-per-node" and gpus_in_scope \
+            and not cluster.takes_gpus_per_node:
         out.append(Difference("gpu_directive", f"the profile says gpus-per-node, cluster {cluster.name} runs "
                               f"{select}, which takes GPUs only as --gres; jobs are refused (set gpu_directive: "
                               "gres)", True))
@@ -154,6 +179,8 @@ def _request_diffs(request: Request, prof: Mapping[str, Any], site: Mapping[str,
         out.append(Difference("resources.nodes", f"{request.nodes} asked, {on} gives a job at most "
                               f"{part.node_limit}; {fate(cluster).replace('jobs over it', 'this job')}", True,
                               part.name))
+    elif part.nodes and request.nodes <= part.node_limit:
+        out += _fit_diffs(request, part, on)
     if "limits" in cluster.enforce and cluster.associations is not None:
         assoc = effective_assoc(site, cluster, part.name)
         qname = qos_name(site, prof, assoc)
@@ -175,6 +202,23 @@ def _request_diffs(request: Request, prof: Mapping[str, Any], site: Mapping[str,
                                       f"{cluster.name} allows {nodes} per job; this job would never start "
                                       f"({kind}MaxNodePerJobLimit)", True, part.name))
     return out
+
+
+def _fit_diffs(request: Request, part: Partition, on: str) -> list[Difference]:
+    """Enough nodes that can each hold the per-node ask: in a partition of nodes of several
+    sizes, a job on more nodes than have its GPUs, CPUs, memory and features never starts."""
+    fit = [n for n in part.nodes if request.fits(part, n)]
+    if len(fit) < request.nodes:
+        have = f"only {len(fit)} of its {len(part.nodes)} nodes" if fit else f"none of its {len(part.nodes)} nodes"
+        return [Difference("resources.nodes", f"{request.nodes} node(s) with {request.per_node()} asked, {on} has "
+                           f"{have} with that much; this job can never start (Requested node configuration is not "
+                           "available)", True, part.name)]
+    up = sum(1 for n in fit if n.usable)
+    if up < request.nodes:
+        return [Difference("resources.nodes", f"{request.nodes} node(s) asked, {on} has {len(fit)} that fit, of "
+                           f"which {up} take jobs now (the others are down or drained); this job waits for them",
+                           False, part.name)]
+    return []
 
 
 def site_mapping(site_config: Any) -> Mapping[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any, Mapping
 
 from ..resolution import slurmtime
 from .cluster_check_report import Difference
-from .cluster_facts import Association, Cluster, parse_int
+from .cluster_facts import Association, Cluster, Partition, parse_int
 
 
 def to_seconds(text: str | None) -> int | None:
@@ -45,6 +45,25 @@ def _constraint_features(expr: str) -> tuple[list[str], bool]:
     return names, "|" in expr
 
 
+def has_features(expr: str | None, features: frozenset[str]) -> bool:
+    """Whether a node with `features` can satisfy the --constraint `expr` (`a&b`: all;
+    `a|b`, `[a|b]`: any one)."""
+    if not expr:
+        return True
+    names, any_one = _constraint_features(expr)
+    return any(f in features for f in names) if any_one else all(f in features for f in names)
+
+
+def _memory_source(part: Partition, mem_mb: int) -> str:
+    """Where a node's memory for jobs comes from, in Slurm's words."""
+    node = next(n for n in part.nodes if part.job_mem_mb(n) == mem_mb)
+    if part.max_mem_per_node_mb is not None and mem_mb == part.max_mem_per_node_mb:
+        return f"MaxMemPerNode={mem_mb} MB"
+    if node.mem_spec_mb:
+        return f"RealMemory={node.mem_mb} MB less MemSpecLimit={node.mem_spec_mb} MB"
+    return f"RealMemory={mem_mb} MB"
+
+
 def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any], cluster: Cluster, *,
                      described: bool) -> list[Difference]:
     key = f"partitions.{pname}"
@@ -69,6 +88,9 @@ def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any]
     if not part.nodes:
         add("", f"{on} has no nodes", True)
         return out
+    if not any(n.usable for n in part.nodes):
+        states = ", ".join(sorted({n.state for n in part.nodes}))
+        add("", f"no node of {on} takes jobs now ({states}); jobs wait until an administrator returns them", False)
     if not described:
         return out
 
@@ -82,8 +104,9 @@ def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any]
                 "the profile's GPUs are refused", True)
         elif want > counts[0]:
             fit = sum(1 for c in counts if c >= want)
+            beyond = (f"; jobs on more than {fit} node(s) never start" if fit < part.node_limit else "")
             add("gpus_per_node", f"the profile says {want}, only {fit} of the {len(counts)} nodes of {on} have "
-                f"that many GPUs (the others {counts[0]}); jobs wait for those nodes", False)
+                f"that many GPUs (the others {counts[0]}); jobs wait for those nodes{beyond}", False)
         elif want < counts[0]:
             add("gpus_per_node", f"the profile says {want}, the nodes of {on} have {counts[0]} GPUs; jobs use "
                 f"{want} of them", False)
@@ -91,7 +114,8 @@ def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any]
     with_gpus = [n for n in part.nodes if n.gpu_count]
     cluster_types = sorted({str(t) for n in with_gpus for t in n.gpus if t is not None})
     if gtype and with_gpus:
-        matching = [n for n in with_gpus if any(_gpu_type_matches(gtype, t) for t in n.gpus)]
+        matches = {t: _gpu_type_matches(gtype, t) for t in {t for n in with_gpus for t in n.gpus}}
+        matching = [n for n in with_gpus if any(matches[t] for t in n.gpus)]
         untyped = [n for n in with_gpus if set(n.gpus) == {None}]
         if not matching and len(untyped) == len(with_gpus):
             add("gpu_type", f"the profile says {gtype}, the GPUs of {on} have no type in Slurm (Gres=gpu:N); "
@@ -100,7 +124,7 @@ def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any]
             add("gpu_type", f"the profile says {gtype}, the GPUs of {on} are {', '.join(cluster_types)}; jobs "
                 "would run on other hardware", True)
         elif len(matching) < len(with_gpus):
-            other = sorted({str(t) for n in with_gpus if n not in matching for t in n.gpus})
+            other = sorted({str(t) for n in with_gpus if not any(matches[t] for t in n.gpus) for t in n.gpus})
             add("gpu_type", f"the profile says {gtype}, {len(with_gpus) - len(matching)} of the {len(with_gpus)} "
                 f"GPU nodes of {on} have {', '.join(other)}; jobs may land there unless "
                 f"{key}.constraint selects {gtype}", False)
@@ -108,7 +132,7 @@ def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any]
         add("gpu_type", f"the profile gives none, the GPUs of {on} are {', '.join(cluster_types)}", False)
 
     # CPUs and memory per node: what one job's node can have.
-    cpus = [min(n.cpus, part.max_cpus_per_node or n.cpus) for n in part.nodes if n.cpus is not None]
+    cpus = [c for c in (part.job_cpus(n) for n in part.nodes) if c is not None]
     want = prof.get("cpus_per_node")
     if isinstance(want, int) and cpus:
         if want > max(cpus):
@@ -119,12 +143,13 @@ def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any]
                 "wait for the larger nodes", False)
         elif want < min(cpus):
             add("cpus_per_node", f"the profile says {want}, the nodes of {on} have {min(cpus)} CPUs", False)
-    mems = [min(n.mem_mb, part.max_mem_per_node_mb or n.mem_mb) for n in part.nodes if n.mem_mb is not None]
+    mems = [m for m in (part.job_mem_mb(n) for n in part.nodes) if m is not None]
     want = prof.get("mem_gb")
     if isinstance(want, (int, float)) and not isinstance(want, bool) and mems:
         if want * 1024 > max(mems):
             add("mem_gb", f"the profile says {want:g} GB, the nodes of {on} give a job at most "
-                f"{max(mems) // 1024} GB (RealMemory={max(mems)} MB); jobs asking that much are refused", True)
+                f"{max(mems) // 1024} GB ({_memory_source(part, max(mems))}); jobs asking that much are refused",
+                True)
         elif want * 1024 > min(mems):
             add("mem_gb", f"the profile says {want:g} GB, some nodes of {on} have only {min(mems) // 1024} GB; "
                 "jobs asking that much wait for the larger nodes", False)
@@ -177,6 +202,16 @@ def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any]
                               f"{', '.join(sorted(part.allow_qos))}; jobs are refused", True, pname))
     elif qos and qos in part.deny_qos:
         out.append(Difference(qkey, f"the profile says {qos}, {on} denies it; jobs are refused", True, pname))
+    elif not qos and part.allow_qos is not None:
+        assoc = effective_assoc(site, cluster, pname)
+        default = qos_name(site, prof, assoc)
+        allowed = ", ".join(sorted(part.allow_qos))
+        if default is None:
+            add("qos", f"the profile gives none, {on} allows only QOS {allowed}; jobs under another default QOS "
+                "are refused", False)
+        elif default not in part.allow_qos:
+            add("qos", f"the profile gives none, so jobs run under QOS {default} (the association's default), "
+                f"{on} allows only QOS {allowed}; jobs are refused", True)
 
     # Preemption: the profile's flag tells glaunch to expect requeues.
     lower = any(o.priority_tier > part.priority_tier for o in cluster.partitions.values() if o.name != pname)

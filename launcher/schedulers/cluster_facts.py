@@ -8,17 +8,86 @@ The parsers are pure (the tests feed them recorded answers); `read_cluster` asks
 from __future__ import annotations
 
 import getpass
+import re
 import shutil
+from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping
 
-from .detect import gpu_kinds, parse_records, read_scontrol, split_scontrol
+from ..errors import SchedulerError
 from .slurm_client import ACCOUNTING_POLICY, Unreachable, run_command
 
 ASSOC_FORMAT = ("Account", "Partition", "QOS", "DefaultQOS", "MaxWall", "MaxTRES")
 QOS_FORMAT = ("Name", "MaxWall", "MaxTRES", "MaxTRESPerNode")
 # Node states in which a node takes no job now (scontrol writes e.g. IDLE+DRAIN, DOWN*).
 UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "FUTURE", "POWERED_DOWN", "INVAL")
+
+# One scontrol process reads partitions, nodes and the configuration (its commands on
+# stdin); -a includes hidden partitions, which a profile may well name.
+SCONTROL_COMMANDS = "show partition\nshow node\nshow config\n"
+
+# Gres=gpu:a100:4(S:0-1),gpu:h100:2  ->  ("a100", 4), ("h100", 2)
+_GRES_GPU = re.compile(r"(?:^|,)gpu(?::(?P<type>[^:,(]+))?:(?P<count>\d+)")
+_FIELD = re.compile(r"(\w+)=(\S*)")
+
+
+def parse_records(text: str) -> list[dict[str, str]]:
+    """One dict per line of `scontrol show ... -o` (KEY=VALUE words; values have no spaces,
+    except OS=..., Reason=... and Comment=..., which are cut short harmlessly). A key's
+    first occurrence wins: free text such as a drain Reason may hold `Gres=...` words."""
+    records = []
+    for line in text.splitlines():
+        fields: dict[str, str] = {}
+        for key, value in _FIELD.findall(line):
+            fields.setdefault(key, value)
+        if fields:
+            records.append(fields)
+    return records
+
+
+def gpu_kinds(gres: str) -> dict[str | None, int]:
+    """GPUs per type (None: untyped) in a node's Gres string; MIG slices count as GPUs."""
+    kinds: dict[str | None, int] = {}
+    for m in _GRES_GPU.finditer(gres or ""):
+        kinds[m["type"]] = kinds.get(m["type"], 0) + int(m["count"])
+    return kinds
+
+
+def gpus_of(gres: str) -> tuple[int, str | None]:
+    """Total GPUs and their type (None when untyped or mixed) in a node's Gres string."""
+    kinds = gpu_kinds(gres)
+    types = set(kinds)
+    return sum(kinds.values()), (types.pop() if len(types) == 1 else None)
+
+
+def split_scontrol(text: str) -> tuple[str, str, dict[str, str]]:
+    """scontrol's answer to SCONTROL_COMMANDS -> (partition records' text, node records'
+    text, configuration settings). Records are told apart by their first key; the
+    configuration is its `Key = value` lines."""
+    parts, nodes = [], []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("PartitionName="):
+            parts.append(stripped)
+        elif stripped.startswith("NodeName="):
+            nodes.append(stripped)
+    return "\n".join(parts), "\n".join(nodes), parse_config(text)
+
+
+def parse_config(text: str) -> dict[str, str]:
+    """`scontrol show config` -> {setting: value}; SlurmctldHost[0] keeps its index."""
+    return dict(re.findall(r"^([\w\[\]]+?)\s+=\s?(.*?)\s*$", text, re.M))
+
+
+def read_scontrol(command: str) -> str:
+    """scontrol's answer to SCONTROL_COMMANDS: one call for partitions, nodes and settings."""
+    if shutil.which("scontrol") is None:
+        raise SchedulerError(f"scontrol is not on PATH: run `{command}` on a Slurm login node")
+    proc = run_command("scontrol", "-a", "-o", input=SCONTROL_COMMANDS)
+    if "PartitionName=" not in proc.stdout or "ClusterName" not in proc.stdout:
+        said = (proc.stderr or proc.stdout).strip()
+        raise SchedulerError(f"scontrol gave no partitions or no configuration: {said[:500]}")
+    return proc.stdout
 
 
 @dataclass(frozen=True)
@@ -30,6 +99,7 @@ class Node:
     features: frozenset[str]
     state: str
     partitions: tuple[str, ...]
+    mem_spec_mb: int = 0                # MemSpecLimit: kept for Slurm's daemons, never a job's
 
     @property
     def gpu_count(self) -> int:
@@ -38,6 +108,11 @@ class Node:
     @property
     def usable(self) -> bool:
         return not any(s in self.state.upper() for s in UNUSABLE)
+
+    @property
+    def job_mem_mb(self) -> int | None:
+        """The memory a job can have here: RealMemory less MemSpecLimit."""
+        return None if self.mem_mb is None else max(self.mem_mb - self.mem_spec_mb, 0)
 
 
 @dataclass(frozen=True)
@@ -57,11 +132,26 @@ class Partition:
     max_mem_per_node_mb: int | None
     preempt_mode: str
     priority_tier: int
+    hidden: bool = False
+    root_only: bool = False
 
     @property
     def node_limit(self) -> int:
         """The most nodes one job can get: MaxNodes, and never more than the partition has."""
         return min(self.max_nodes, self.total_nodes) if self.max_nodes is not None else self.total_nodes
+
+    def job_cpus(self, node: Node) -> int | None:
+        """The CPUs a job can have on `node` here (MaxCPUsPerNode caps the node's)."""
+        if node.cpus is None or self.max_cpus_per_node is None:
+            return node.cpus
+        return min(node.cpus, self.max_cpus_per_node)
+
+    def job_mem_mb(self, node: Node) -> int | None:
+        """The memory a job can have on `node` here (MaxMemPerNode caps the node's)."""
+        mem = node.job_mem_mb
+        if mem is None or self.max_mem_per_node_mb is None:
+            return mem
+        return min(mem, self.max_mem_per_node_mb)
 
 
 @dataclass(frozen=True)
@@ -106,6 +196,18 @@ class Cluster:
     def default_partition(self) -> str | None:
         return next((p.name for p in self.partitions.values() if p.default), None)
 
+    @property
+    def takes_gpus_per_node(self) -> bool:
+        """Whether sbatch takes --gpus-per-node: select/cons_tres (or Cray's select with
+        OTHER_CONS_TRES) does; cons_res and linear take GPUs only as --gres. Unknown: yes."""
+        return takes_gpus_per_node(self.settings)
+
+
+def takes_gpus_per_node(settings: Mapping[str, str]) -> bool:
+    select = settings.get("SelectType", "") or ""
+    params = (settings.get("SelectTypeParameters", "") or "").upper()
+    return not select or "cons_tres" in select or "OTHER_CONS_TRES" in params
+
 
 def _limit(value: str | None) -> str | None:
     return None if value in (None, "", "UNLIMITED", "NONE", "INFINITE", "(null)", "N/A") else value
@@ -144,30 +246,42 @@ def parse_nodes(text: str) -> list[Node]:
         features = _limit(r.get("AvailableFeatures"))
         nodes.append(Node(r["NodeName"], gpu_kinds(r.get("Gres", "")), parse_int(cpus), parse_int(r.get("RealMemory")),
                           frozenset(features.split(",")) if features else frozenset(), r.get("State", ""),
-                          tuple(p for p in r.get("Partitions", "").split(",") if p)))
+                          tuple(p for p in r.get("Partitions", "").split(",") if p),
+                          parse_int(r.get("MemSpecLimit")) or 0))
     return nodes
+
+
+def parse_partitions(parts_text: str, nodes_text: str) -> dict[str, Partition]:
+    """`scontrol show partition -o` and `show node -o` -> the partitions, in scontrol's
+    order, each with its nodes (read from the nodes' Partitions=, in one pass)."""
+    members: dict[str, list[Node]] = defaultdict(list)
+    for node in parse_nodes(nodes_text):
+        for pname in node.partitions:
+            members[pname].append(node)
+    partitions = {}
+    for r in parse_records(parts_text):
+        name = r.get("PartitionName")
+        if not name:
+            continue
+        nodes = tuple(members.get(name, ()))
+        partitions[name] = Partition(
+            name=name, default=r.get("Default") == "YES", state=r.get("State", "UP"),
+            max_time=_limit(r.get("MaxTime")), max_nodes=parse_int(r.get("MaxNodes")),
+            total_nodes=parse_int(r.get("TotalNodes")) or len(nodes), nodes=nodes,
+            allow_accounts=_names(r.get("AllowAccounts")), deny_accounts=_names(r.get("DenyAccounts")) or frozenset(),
+            allow_qos=_names(r.get("AllowQos")), deny_qos=_names(r.get("DenyQos")) or frozenset(),
+            max_cpus_per_node=parse_int(r.get("MaxCPUsPerNode")), max_mem_per_node_mb=parse_int(r.get("MaxMemPerNode")),
+            preempt_mode=r.get("PreemptMode", "OFF"), priority_tier=parse_int(r.get("PriorityTier")) or 1,
+            hidden=r.get("Hidden") == "YES", root_only=r.get("RootOnly") == "YES")
+    return partitions
 
 
 def parse_cluster(scontrol_text: str, *, assoc_text: str | None = None, qos_text: str | None = None,
                   user: str | None = None, accounting_note: str | None = None) -> Cluster:
-    """The facts `compare` reads: scontrol's answer to detect.SCONTROL_COMMANDS, and
-    sacctmgr's `-n -P` rows in ASSOC_FORMAT and QOS_FORMAT (None: not reachable)."""
+    """The facts `compare` reads: scontrol's answer to SCONTROL_COMMANDS, and sacctmgr's
+    `-n -P` rows in ASSOC_FORMAT and QOS_FORMAT (None: not reachable)."""
     parts_text, nodes_text, settings = split_scontrol(scontrol_text)
-    nodes = parse_nodes(nodes_text)
-    partitions = {}
-    for r in parse_records(parts_text):
-        name = r["PartitionName"]
-        members = tuple(n for n in nodes if name in n.partitions)
-        mem = _limit(r.get("MaxMemPerNode"))
-        partitions[name] = Partition(
-            name=name, default=r.get("Default") == "YES", state=r.get("State", "UP"),
-            max_time=_limit(r.get("MaxTime")), max_nodes=parse_int(r.get("MaxNodes")),
-            total_nodes=parse_int(r.get("TotalNodes")) or len(members), nodes=members,
-            allow_accounts=_names(r.get("AllowAccounts")), deny_accounts=_names(r.get("DenyAccounts")) or frozenset(),
-            allow_qos=_names(r.get("AllowQos")), deny_qos=_names(r.get("DenyQos")) or frozenset(),
-            max_cpus_per_node=parse_int(r.get("MaxCPUsPerNode")),
-            max_mem_per_node_mb=int(mem) if mem and mem.isdigit() else None,
-            preempt_mode=r.get("PreemptMode", "OFF"), priority_tier=parse_int(r.get("PriorityTier")) or 1)
+    partitions = parse_partitions(parts_text, nodes_text)
     assocs = None if assoc_text is None else tuple(parse_associations(assoc_text))
     qos = None if qos_text is None else {q.name: q for q in parse_qos(qos_text)}
     return Cluster(settings.get("ClusterName", "cluster"), settings, partitions, user, assocs, qos, accounting_note)

@@ -1,130 +1,139 @@
 """`glaunch sites detect`: a site-profile skeleton from the Slurm cluster this runs on.
 
 The parsing is pure (text of `scontrol show partition/node -o` in, a profile mapping
-out); :func:`read_scontrol` and :func:`query_cluster` are the only parts that run Slurm's
-commands. `glaunch sites check` (cluster_check.py) reads the cluster with the same call.
+out) and reads the cluster as `glaunch sites check` does (cluster_facts), so a detected
+profile is one the check passes: what a job can have on a node (MaxCPUsPerNode,
+MaxMemPerNode and MemSpecLimit taken off), the nodes one job can get (MaxNodes, never
+more than there are). :func:`query_cluster` is the only part that runs Slurm's commands.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import getpass
-import re
 import shutil
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
 
 import yaml
 
+from ..config.schema import NAME_PATTERN
 from ..errors import SchedulerError
+from ..resolution import slurmtime
+from .cluster_facts import (Partition, gpus_of, parse_partitions, parse_records, read_scontrol, split_scontrol,
+                            takes_gpus_per_node)
 from .slurm_client import ACCOUNTING_POLICY, Unreachable, run_command
 
-# Gres=gpu:a100:4(S:0-1),gpu:h100:2  ->  ("a100", 4), ("h100", 2)
-_GRES_GPU = re.compile(r"(?:^|,)gpu(?::(?P<type>[^:,(]+))?:(?P<count>\d+)")
+__all__ = ["Detected", "build_profile", "detect_profile", "gpus_of", "parse_records", "query_cluster",
+           "render_profile"]
 
 
-def parse_records(text: str) -> list[dict[str, str]]:
-    """One dict per line of `scontrol show ... -o` (KEY=VALUE words; values have no spaces,
-    except OS=..., which is cut short harmlessly)."""
-    records = []
-    for line in text.splitlines():
-        fields = {m.group(1): m.group(2) for m in re.finditer(r"(\w+)=(\S*)", line)}
-        if fields:
-            records.append(fields)
-    return records
+@dataclass(frozen=True)
+class Detected:
+    profile: dict[str, Any]
+    notes: tuple[str, ...]      # the partitions left out of the profile and why; choices to review
 
 
-def gpu_kinds(gres: str) -> dict[str | None, int]:
-    """GPUs per type (None: untyped) in a node's Gres string."""
-    kinds: dict[str | None, int] = {}
-    for m in _GRES_GPU.finditer(gres or ""):
-        kinds[m["type"]] = kinds.get(m["type"], 0) + int(m["count"])
-    return kinds
+def _left_out(part: Partition, account: str | None, user: str | None) -> str | None:
+    """Why a partition has no place in this user's profile, or None."""
+    if not NAME_PATTERN.fullmatch(part.name):
+        return "its name is not one a profile takes (letters, digits, '.', '_' and '-')"
+    if not part.nodes:
+        return "it has no nodes"
+    if part.state.upper() == "INACTIVE":
+        return "State=INACTIVE: it takes no jobs"
+    if part.root_only and user != "root":
+        return "RootOnly=YES: only root submits there"
+    if account and part.allow_accounts is not None and account not in part.allow_accounts:
+        return f"account {account} may not use it (AllowAccounts={','.join(sorted(part.allow_accounts))})"
+    if account and account in part.deny_accounts:
+        return f"account {account} may not use it (DenyAccounts)"
+    if part.hidden:
+        return "Hidden=YES: add it by hand if your jobs go there"
+    return None
 
 
-def gpus_of(gres: str) -> tuple[int, str | None]:
-    """Total GPUs and their type (None when untyped or mixed) in a node's Gres string."""
-    kinds = gpu_kinds(gres)
-    types = set(kinds)
-    return sum(kinds.values()), (types.pop() if len(types) == 1 else None)
+def _entry(part: Partition, partitions: Mapping[str, Partition]) -> dict[str, Any]:
+    """One partition in profile terms: what every one of its nodes gives a job."""
+    gpus = [(n.gpu_count, _one_type(n.gpus)) for n in part.nodes]
+    types = {t for _, t in gpus}
+    entry: dict[str, Any] = {"gpus_per_node": min(c for c, _ in gpus)}
+    gtype = types.pop() if len(types) == 1 else None
+    if gtype:
+        entry["gpu_type"] = gtype
+    entry["gpu_mem_gb"] = None
+    cpus = [c for c in (part.job_cpus(n) for n in part.nodes) if c is not None]
+    if cpus and min(cpus) >= 1:
+        entry["cpus_per_node"] = min(cpus)
+    mems = [m for m in (part.job_mem_mb(n) for n in part.nodes) if m is not None]
+    if mems and min(mems) >= 1024:     # RealMemory=1 is slurm.conf's "not configured"
+        entry["mem_gb"] = min(mems) // 1024
+    if part.node_limit >= 1:
+        entry["max_nodes"] = part.node_limit
+    if part.max_time is not None and _is_time(part.max_time):
+        entry["max_time"] = part.max_time
+    if part.allow_qos is not None:
+        # Jobs under any other QOS (the user's default one, say) are refused there.
+        entry["qos"] = sorted(part.allow_qos)[0]
+    lower = any(o.priority_tier > part.priority_tier for o in partitions.values() if o.name != part.name)
+    if part.preempt_mode.upper() not in ("OFF", "") and lower:
+        entry["preemptible"] = True
+    return entry
 
 
-# One scontrol process reads partitions, nodes and the configuration (its commands on
-# stdin); -a includes hidden partitions, which a profile may well name.
-SCONTROL_COMMANDS = "show partition\nshow node\nshow config\n"
+def _one_type(kinds: Mapping[str | None, int]) -> str | None:
+    types = [t for t, count in kinds.items() if count]
+    return types[0] if len(types) == 1 else None
 
 
-def split_scontrol(text: str) -> tuple[str, str, dict[str, str]]:
-    """scontrol's answer to SCONTROL_COMMANDS -> (partition records' text, node records'
-    text, configuration settings). Records are told apart by their first key; the
-    configuration is its `Key = value` lines."""
-    parts, nodes = [], []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("PartitionName="):
-            parts.append(stripped)
-        elif stripped.startswith("NodeName="):
-            nodes.append(stripped)
-    return "\n".join(parts), "\n".join(nodes), parse_config(text)
+def _is_time(text: str) -> bool:
+    try:
+        slurmtime.parse(text)
+    except ValueError:
+        return False
+    return True
 
 
-def parse_config(text: str) -> dict[str, str]:
-    """`scontrol show config` -> {setting: value}; SlurmctldHost[0] keeps its index."""
-    return dict(re.findall(r"^([\w\[\]]+?)\s+=\s?(.*?)\s*$", text, re.M))
-
-
-def _limit(value: str | None) -> str | None:
-    return None if value in (None, "", "UNLIMITED", "NONE", "INFINITE") else value
-
-
-def build_profile(name: str, partitions_text: str, nodes_text: str, *, select_type: str = "",
-                  account: str | None = None) -> dict[str, Any]:
-    """The profile mapping for the cluster described by scontrol's one-line records."""
-    nodes = {n["NodeName"]: n for n in parse_records(nodes_text) if "NodeName" in n}
-    parts = [p for p in parse_records(partitions_text) if "PartitionName" in p]
-    tiers = {p["PartitionName"]: int(p.get("PriorityTier", "1") or 1) for p in parts}
-    profile_parts: dict[str, Any] = {}
-    default = None
-    for p in parts:
-        pname = p["PartitionName"]
-        members = [n for n in nodes.values() if pname in n.get("Partitions", "").split(",")]
-        gpus = [gpus_of(n.get("Gres", "")) for n in members] or [(0, None)]
-        counts = [c for c, _ in gpus]
-        types = {t for _, t in gpus}
-        # CPUEfctv leaves out the cores Slurm keeps for itself (CoreSpecCount): what jobs get.
-        cpus = [int(n.get("CPUEfctv") or n["CPUTot"]) for n in members
-                if (n.get("CPUEfctv") or n.get("CPUTot", "")).isdigit()]
-        mems = [int(n["RealMemory"]) for n in members if n.get("RealMemory", "").isdigit()]
-        entry: dict[str, Any] = {"gpus_per_node": min(counts)}
-        gtype = types.pop() if len(types) == 1 else None
-        if gtype:
-            entry["gpu_type"] = gtype
-        entry["gpu_mem_gb"] = None
-        if cpus:
-            entry["cpus_per_node"] = min(cpus)
-        if mems and min(mems) >= 1024:     # RealMemory=1 is slurm.conf's "not configured"
-            entry["mem_gb"] = min(mems) // 1024
-        max_nodes = _limit(p.get("MaxNodes")) or p.get("TotalNodes")
-        if max_nodes and max_nodes.isdigit() and int(max_nodes) >= 1:
-            entry["max_nodes"] = int(max_nodes)
-        if _limit(p.get("MaxTime")):
-            entry["max_time"] = p["MaxTime"]
-        lower = any(tiers[other] > tiers[pname] for other in tiers if other != pname)
-        if p.get("PreemptMode", "OFF") not in ("OFF", "") and lower:
-            entry["preemptible"] = True
-        profile_parts[pname] = entry
-        if p.get("Default") == "YES":
-            default = pname
+def detect_profile(name: str, partitions_text: str, nodes_text: str, *, settings: Mapping[str, str] | None = None,
+                   account: str | None = None, user: str | None = None) -> Detected:
+    """The profile mapping for the cluster described by scontrol's one-line records, with
+    the partitions this user cannot use (by account, RootOnly, Hidden, INACTIVE, no nodes)
+    left out and said why."""
+    partitions = parse_partitions(partitions_text, nodes_text)
+    notes, profile_parts = [], {}
+    for part in partitions.values():
+        why = _left_out(part, account, user)
+        if why:
+            notes.append(f"partition {part.name} left out: {why}")
+        else:
+            profile_parts[part.name] = _entry(part, partitions)
+            if "qos" in profile_parts[part.name] and len(part.allow_qos or ()) > 1:
+                notes.append(f"partition {part.name}: AllowQos={','.join(sorted(part.allow_qos or ()))}: "
+                             f"qos set to {profile_parts[part.name]['qos']}; choose the one your jobs use")
+    if partitions and not profile_parts:
+        raise SchedulerError(f"no partition of the cluster takes this user's jobs: {'; '.join(notes)}")
+    kept = [partitions[p] for p in profile_parts]
+    default = next((p.name for p in kept if p.default), None) \
+        or next((p.name for p in kept if p.state.upper() == "UP"), None) \
+        or (kept[0].name if kept else None)
     any_gpus = any(e["gpus_per_node"] for e in profile_parts.values())
-    return {
+    return Detected({
         "name": name,
         "extends": "base-slurm",
         "scheduler": "slurm",
         "account": account,
         # --gpus-per-node needs select/cons_tres; older selectors only honour --gres.
-        "gpu_directive": "gpus-per-node" if (not any_gpus or "cons_tres" in select_type) else "gres",
-        "default_partition": default or (parts[0]["PartitionName"] if parts else None),
+        "gpu_directive": "gres" if any_gpus and not takes_gpus_per_node(settings or {}) else "gpus-per-node",
+        "default_partition": default,
         "partitions": profile_parts,
-    }
+    }, tuple(notes))
+
+
+def build_profile(name: str, partitions_text: str, nodes_text: str, *, select_type: str = "",
+                  account: str | None = None, user: str | None = None) -> dict[str, Any]:
+    """The profile mapping alone (see :func:`detect_profile`)."""
+    return detect_profile(name, partitions_text, nodes_text, settings={"SelectType": select_type},
+                          account=account, user=user).profile
 
 
 class _Dumper(yaml.SafeDumper):
@@ -135,32 +144,22 @@ _Dumper.add_representer(str, lambda d, v: d.represent_scalar(
     "tag:yaml.org,2002:str", v, style='"' if ":" in v else None))
 
 
-def render_profile(profile: Mapping[str, Any], cluster: str) -> str:
+def render_profile(profile: Mapping[str, Any], cluster: str, notes: Iterable[str] = ()) -> str:
     stamp = dt.date.today().isoformat()
     head = (f"# {profile['name']} -- detected from Slurm cluster {cluster!r} by `glaunch sites detect` on {stamp}.\n"
             "# Fill in what Slurm does not know: gpu_mem_gb (for `glaunch plan`), modules, env\n"
             "# (NCCL/network), setup (the Python environment on the nodes), container, runs_root.\n")
+    head += "".join(f"# Review: {note}\n" for note in notes)
     return head + yaml.dump(dict(profile), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
-
-
-def read_scontrol(command: str = "glaunch sites detect") -> str:
-    """scontrol's answer to SCONTROL_COMMANDS: one call for partitions, nodes and settings."""
-    if shutil.which("scontrol") is None:
-        raise SchedulerError(f"scontrol is not on PATH: run `{command}` on a Slurm login node")
-    proc = run_command("scontrol", "-a", "-o", input=SCONTROL_COMMANDS)
-    if "PartitionName=" not in proc.stdout or "ClusterName" not in proc.stdout:
-        said = (proc.stderr or proc.stdout).strip()
-        raise SchedulerError(f"scontrol gave no partitions or no configuration: {said[:500]}")
-    return proc.stdout
 
 
 def query_cluster(name: str | None) -> tuple[str, str]:
     """(profile name, profile text) for the cluster this machine submits to."""
-    partitions_text, nodes_text, settings = split_scontrol(read_scontrol())
+    partitions_text, nodes_text, settings = split_scontrol(read_scontrol("glaunch sites detect"))
     cluster = settings.get("ClusterName", "cluster")
+    user = getpass.getuser()
     account = None
     if shutil.which("sacctmgr"):
-        user = getpass.getuser()
         try:
             proc = run_command("sacctmgr", "-n", "-P", "show", "user", user, "format=defaultaccount",
                                policy=ACCOUNTING_POLICY, controller=False)
@@ -168,6 +167,6 @@ def query_cluster(name: str | None) -> tuple[str, str]:
             proc = None     # no accounting answer: the skeleton leaves the account to fill in
         if proc is not None and proc.returncode == 0 and proc.stdout.strip():
             account = proc.stdout.split()[0]
-    profile = build_profile(name or cluster, partitions_text, nodes_text,
-                            select_type=settings.get("SelectType", ""), account=account)
-    return profile["name"], render_profile(profile, cluster)
+    detected = detect_profile(name or cluster, partitions_text, nodes_text, settings=settings, account=account,
+                              user=user)
+    return detected.profile["name"], render_profile(detected.profile, cluster, detected.notes)
