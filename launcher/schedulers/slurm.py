@@ -209,6 +209,7 @@ class SlurmScheduler(Scheduler):
         """squeue says what is live now (and why a pending job waits); sacct fills in
         starts the job could not record (killed at the time limit, node failure). With
         the controller unreachable: SchedulerError, and run.json says so."""
+        from . import slurm_array
         from .slurm_client import Unreachable
         from .slurm_queries import sacct_records, squeue_job
         from .slurm_records import fold_job
@@ -224,7 +225,9 @@ class SlurmScheduler(Scheduler):
             with registry.updating(run_dir) as rec:
                 rec.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
             raise
-        return fold_job(run_dir, live, reason, sacct_records(record.job_id))
+        # An array task's rows: asked of its array, whose row a task still pending when the
+        # array was cancelled shares (sacct -j ARRAY_TASK has none for it).
+        return fold_job(run_dir, live, reason, sacct_records(slurm_array.array_job_id(record.job_id)))
 
     def refresh_many(self, runs):
         """One squeue and one sacct call for all of them (a sweep's elements: by their

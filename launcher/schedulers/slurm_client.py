@@ -267,7 +267,7 @@ class Client:
             proc = outcome.proc
             if proc is not None and not outcome.transient:
                 if proc.returncode != 0:
-                    raise SchedulerError(f"sbatch refused the job: {_last_line(proc.stderr or proc.stdout)}")
+                    raise SchedulerError(f"sbatch refused the job: {_error_lines(proc.stderr or proc.stdout)}")
                 return proc.stdout
             found = lookup(deadline)
             if found:
@@ -303,6 +303,13 @@ class Client:
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
     return lines[-1] if lines else "(nothing)"
+
+
+def _error_lines(text: str) -> str:
+    """A refusal's lines, each once: sbatch names the cause (`invalid partition specified:
+    nosuch`, `QOSMaxSubmitJobPerUserLimit`) before its last, generic line."""
+    lines = list(dict.fromkeys(line.strip() for line in (text or "").splitlines() if line.strip()))
+    return "; ".join(lines[-4:]) if lines else "(nothing)"
 
 
 # The process's client: glaunch's commands share what it learnt about the controller.

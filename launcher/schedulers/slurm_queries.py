@@ -31,6 +31,7 @@ def squeue_job(job_id: str) -> tuple[str | None, str | None]:
     """(state, pending reason) of the job as squeue lists it; (None, None) once it is gone."""
     proc = run_command("squeue", "-h", "-j", job_id, "-o", slurm_state.SQUEUE_FORMAT)
     if proc.returncode != 0:
+        _raise_unless_gone(proc, job_id)
         return None, None
     return slurm_state.parse_squeue(proc.stdout), slurm_state.parse_squeue_reason(proc.stdout)
 
@@ -40,6 +41,7 @@ def squeue_jobs(job_ids: list[str]) -> dict[str, tuple[str | None, str | None]]:
     array's tasks one by one, ARRAYJOB_TASK); jobs it no longer lists are left out."""
     proc = run_command("squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|" + slurm_state.SQUEUE_FORMAT)
     if proc.returncode != 0:
+        _raise_unless_gone(proc, ",".join(job_ids))
         return {}           # none of them is known any more ("Invalid job id specified")
     out = {}
     for line in proc.stdout.splitlines():
@@ -47,6 +49,14 @@ def squeue_jobs(job_ids: list[str]) -> dict[str, tuple[str | None, str | None]]:
         if sep:
             out[job_id] = (slurm_state.parse_squeue(rest), slurm_state.parse_squeue_reason(rest))
     return out
+
+
+def _raise_unless_gone(proc, job_ids: str) -> None:
+    """squeue failed: fine when it no longer knows the job; any other failure says nothing
+    of the job, so the run is not taken for ended."""
+    error = slurm_state.squeue_error(proc.stderr or proc.stdout)
+    if error is not None:
+        raise SchedulerError(f"squeue could not tell the state of job {job_ids}: {error}")
 
 
 def squeue_state(job_id: str) -> str | None:

@@ -5,6 +5,8 @@ view of the job folded in (state, starts, a pending reason that never clears).
 
 from __future__ import annotations
 
+import datetime as dt
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,11 +14,33 @@ from ..errors import SchedulerError
 from ..resolution.jobplan import JobPlan
 from ..runs import registry
 from ..runs.layout import RunRecord, State
-from . import slurm_state
+from . import slurm_array, slurm_state
 from .slurm_client import Unreachable
 
 # What refresh writes in run.json for a pending job that will never start.
 NEVER_STARTS = "never starts"
+# ... and for a job Slurm no longer knows, that left no record of its end.
+UNKNOWN_TO_SLURM = "unknown to Slurm"
+
+# A heterogeneous job's component (12+1) and a step (12.batch, 12.extern, 12+0.0).
+_COMPONENT = re.compile(r"^(?P<job>[^.+]+)\+(?P<n>\d+)$")
+
+
+def own_rows(rows: list[dict[str, Any]], job_id: str | None) -> list[dict[str, Any]]:
+    """sacct's rows of exactly this job, one per start: an array's rows expanded to one per
+    task and the others' dropped, steps dropped, a heterogeneous job's leader (N+0) as the
+    job N (it carries the job's state), its other components dropped."""
+    out = []
+    for row in slurm_array.task_rows(rows):
+        row_id = str(row.get("job_id", ""))
+        m = _COMPONENT.match(row_id)
+        if m is not None:
+            if m["n"] != "0":
+                continue
+            row = dict(row, job_id=m["job"])
+        if row["job_id"] == job_id:
+            out.append(row)
+    return out
 
 
 def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[dict[str, Any]] | None) -> RunRecord:
@@ -24,12 +48,39 @@ def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[
     with registry.updating(run_dir) as rec:
         rec.extra.pop("unreachable", None)
         rec.extra["accounting"] = history is not None
+        if history is not None:
+            history = own_rows(history, rec.job_id)
         if history:
             rec.extra["scheduler_history"] = history
             slurm_state.merge_history(rec, history)
         rec.state = slurm_state.current_state(rec.state, live, history)
+        record_unlisted(rec, live, history)
         record_pending_reason(rec, live, reason)
     return rec
+
+
+def record_unlisted(rec: RunRecord, live: str | None, history: list[dict[str, Any]] | None) -> None:
+    """A job squeue no longer lists: since when (run.json `unlisted_since`); once nothing
+    can tell how it ended, state UNKNOWN, reason "unknown to Slurm" and why in `detail`."""
+    if live is not None:
+        rec.extra.pop("unlisted_since", None)
+        unlisted_s = None
+    else:
+        since = rec.extra.get("unlisted_since")
+        try:
+            unlisted_s = max(0.0, dt.datetime.now(dt.timezone.utc).timestamp()
+                             - dt.datetime.fromisoformat(str(since)).timestamp())
+        except ValueError:
+            rec.extra["unlisted_since"] = registry.now()
+            unlisted_s = 0.0
+    lost = None
+    if rec.state == State.UNKNOWN or rec.state in slurm_state.SQUEUE_LIVE:
+        lost = slurm_state.unlisted_verdict(str(rec.job_id), history, unlisted_s)
+    if lost:
+        rec.state = State.UNKNOWN.value
+        rec.reason, rec.detail = UNKNOWN_TO_SLURM, lost
+    elif rec.reason == UNKNOWN_TO_SLURM:
+        rec.reason = rec.detail = None
 
 
 def record_refused(run_dir: Path, exc: SchedulerError, warnings: list[str]) -> None:
@@ -73,7 +124,10 @@ def record_pending_reason(rec: RunRecord, live: str | None, reason: str | None) 
         rec.extra.pop("pending_reason", None)
     request = rec.extra.get("request")
     values = dict(request) if isinstance(request, dict) else {"partition": rec.partition, "nodes": rec.nodes}
-    verdict = slurm_state.pending_verdict(reason, values) if live == "PENDING" else None
+    if live == "PENDING":
+        verdict = slurm_state.pending_verdict(reason, values)
+    else:
+        verdict = slurm_state.HELD.get(live or "", "").format(job_id=rec.job_id) or None
     if verdict:
         rec.reason = NEVER_STARTS
         rec.detail = (f"job {rec.job_id} {NEVER_STARTS}: {verdict}. It stays queued until cancelled "

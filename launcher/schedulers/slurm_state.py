@@ -34,6 +34,20 @@ def parse_squeue(text: str) -> str | None:
     return lines[0].split("|", 1)[0].strip() if lines else None
 
 
+def squeue_error(stderr: str) -> str | None:
+    """squeue's failure (stderr of a nonzero exit) -> None when it says the job is gone
+    ("Invalid job id specified": squeue forgets a job MinJobAge after its end), else the
+    error in a few words: the controller answered, but not about the job (munge down, no
+    permission), so nothing is known of the job's state."""
+    lines = [line.strip().removeprefix("squeue: error: ") for line in (stderr or "").splitlines()]
+    lines = list(dict.fromkeys(line for line in lines if line and "--num-threads" not in line))
+    if not lines or any("invalid job id" in line.lower() for line in lines):
+        return None
+    # The first line names the cause (munge, permissions), the last what failed.
+    text = "; ".join(dict.fromkeys((lines[0], lines[-1])))
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
 def parse_squeue_reason(text: str) -> str | None:
     """`squeue -h -o %T|%r` for one job -> why it is pending (Slurm's Reason), or None."""
     lines = text.strip().splitlines()
@@ -44,6 +58,17 @@ def parse_squeue_reason(text: str) -> str | None:
 
 
 SQUEUE_FORMAT = "%T|%r"
+
+# squeue's states of a job still queued or running: Slurm's LIVE ones and SPECIAL_EXIT
+# (requeued held after it exited with a code in the cluster's RequeueExitHold).
+SQUEUE_LIVE = LIVE | {"SPECIAL_EXIT"}
+# Held states whose job never starts until someone releases it, in words.
+HELD = {
+    "RESV_DEL_HOLD": "the reservation it asked for was deleted and Slurm holds it (an administrator's "
+                     "`scontrol release` lets it start)",
+    "SPECIAL_EXIT": "it exited with a code in the cluster's RequeueExitHold and Slurm requeued it held "
+                    "(`scontrol release {job_id}` lets it start)",
+}
 
 
 # --- pending reasons that never clear by themselves ------------------------------------------
@@ -142,13 +167,38 @@ def current_state(recorded: str | None, live: str | None, history: list[dict] | 
     """The run's state now: the job's own terminal record, else squeue, else sacct."""
     if recorded in TERMINAL and recorded != State.RENDERED:
         return str(recorded)
-    if live in LIVE:
+    if live in SQUEUE_LIVE:
         return str(live)
     if history:
         return base_state(history[-1]["state"])
     if live:
         return live
     return State.UNKNOWN.value if recorded is None or recorded in IN_FLIGHT else recorded
+
+
+# How long squeue may not list a job whose last start accounting still shows queued or
+# running: slurmdbd records an end within seconds, so past this the controller has lost
+# the job (a runaway job in accounting), and the run's state is UNKNOWN, not RUNNING.
+UNLISTED_GRACE_S = 300.0
+
+
+def unlisted_verdict(job_id: str, history: list[dict] | None, unlisted_s: float | None) -> str | None:
+    """squeue no longer lists the job (for `unlisted_s` seconds; None while it does):
+    why its state is UNKNOWN, or None while accounting may still tell (it says how the
+    job ended, or lags for less than UNLISTED_GRACE_S)."""
+    if unlisted_s is None:
+        return None
+    if history is None:
+        return (f"Slurm no longer lists job {job_id} (squeue), the job left no record of its end, and this "
+                "cluster has no accounting (sacct) to tell how it ended")
+    if not history:
+        return (f"Slurm no longer lists job {job_id} (squeue), the job left no record of its end, and accounting "
+                "(sacct) has no record of it")
+    last = base_state(history[-1]["state"])
+    if last in SQUEUE_LIVE and unlisted_s >= UNLISTED_GRACE_S:
+        return (f"Slurm no longer lists job {job_id} (squeue, for {unlisted_s:.0f} s), yet accounting (sacct) still "
+                f"shows it {last}: the controller lost it (`sacctmgr show runawayjobs` lists such jobs)")
+    return None
 
 
 def merge_history(record: RunRecord, history: list[dict]) -> None:
@@ -184,6 +234,11 @@ PREFLIGHT_HINTS = (
     (r"invalid generic resource|invalid gres|gres.*invalid",
      "the cluster refused the GPU request ({gpus} per node as --{directive}): check the site's "
      "gpu_directive and partitions.{partition}.gpus_per_node"),
+    # Before "time limit": this refusal's wording ends in "time limits" but names no partition.
+    (r"accounting/qos policy|qos(?:max|min)\w*limit|assoc\w*limit",
+     "the job breaks a limit of QOS {qos!r} or of account {account!r}'s association on the cluster: too many "
+     "jobs queued or running, or its size or time over a per-user or per-job limit (`sacctmgr show qos`, "
+     "`sacctmgr show assoc` name the limits; the site's account and qos)"),
     (r"time limit", "time {time} is over the limit of partition {partition!r} on the cluster (resources.time, "
                     "partitions.{partition}.max_time)"),
     (r"invalid account", "account {account!r} is not valid here, or not on partition {partition!r} "
