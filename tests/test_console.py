@@ -117,14 +117,20 @@ def test_console_through_a_time_limit_requeue(tmp_path, isolated_env):
             + as_seen(raw.replace(str(runs), "runs")))
 
 
+# Rank 1 fails once rank 0 is training (told by a file, whatever the machine's speed);
+# rank 0 trains on until the job's end stops it.
 FAILING = """\
 import os, sys, time
 rank = int(os.environ["RANK"])
+up = os.path.join(os.environ["GLAUNCH_RUN_DIR"], "rank0-training")
 print(f"rank {rank} training", flush=True)
-time.sleep(2)
-if rank == 1:
-    raise RuntimeError("boom on rank 1")
-time.sleep(3)
+if rank == 0:
+    open(up, "w").close()
+    time.sleep(600)
+deadline = time.monotonic() + 120
+while not os.path.exists(up) and time.monotonic() < deadline:
+    time.sleep(0.05)
+raise RuntimeError("boom on rank 1")
 """
 
 
@@ -147,7 +153,7 @@ def test_console_of_a_failing_run(tmp_path, isolated_env):
     if os.environ.get("GLAUNCH_UPDATE_RECORDINGS") == "1":
         RECORDINGS.mkdir(exist_ok=True)
         (RECORDINGS / "local_failure.txt").write_text(
-            "# glaunch submit fail.yaml (rank 1 raises RuntimeError after 2 s)\n"
+            "# glaunch submit fail.yaml (rank 1 raises RuntimeError once rank 0 trains)\n"
             "# on a terminal (a pty); '~ ' marks each redraw of the status line in place.\n"
             + as_seen(raw.replace(str(tmp_path), "/tmp/x")))
 
@@ -184,11 +190,9 @@ def test_ctrl_c_stops_saves_and_records(tmp_path, isolated_env):
                                     "entrypoint.args=[--steps,400,--seconds-per-step,0.1]"),
                             cwd=REPO, env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     run_dir = _wait_for_step(runs, 3, proc)
-    asked = time.monotonic()
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-2000:] + err[-2000:]
-    assert time.monotonic() - asked > 0.5              # it waited for the ranks
     record = json.loads((run_dir / "run.json").read_text())
     stop = json.loads((run_dir / "stop.json").read_text())
     (start,) = record["starts"]
@@ -228,10 +232,12 @@ def test_second_ctrl_c_kills_at_once(tmp_path, isolated_env):
     time.sleep(1.0)
     assert proc.poll() is None                          # waiting for ranks that do not stop
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=8)              # well before localrun's own kill (10 s)
+    out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, out[-2000:] + err[-2000:]
     record = json.loads((run_dir / "run.json").read_text())
     assert record["state"] == "CANCELLED" and record["detail"].startswith("interrupted (Ctrl-C)")
-    assert "killing the job" in out
-    time.sleep(0.5)
+    assert "killing the job" in out                     # the second Ctrl-C killed it, not localrun's own bound
+    deadline = time.monotonic() + 60
+    while _processes_of(run_dir) and time.monotonic() < deadline:     # SIGKILLed processes leave soon after
+        time.sleep(0.2)
     assert _processes_of(run_dir) == []

@@ -239,8 +239,25 @@ if os.environ.get("RANK", "0") == "0":
 """
 
 
-def _local_sweep(tmp_path, env, *extra):
-    (tmp_path / "sleep.py").write_text(SLEEPER)
+# Each element says it started, then waits (up to 120 s) until every element has: it ends
+# only when all ran at the same time, however slowly each one starts.
+TOGETHER = """\
+import json, os, sys, time
+here = os.path.join(os.path.dirname(os.environ["GLAUNCH_RUN_DIR"]), "started")
+os.makedirs(here, exist_ok=True)
+open(os.path.join(here, sys.argv[1]), "w").close()
+deadline = time.monotonic() + 120
+while len(os.listdir(here)) < 3:
+    if time.monotonic() > deadline:
+        sys.exit("the other elements never started beside this one")
+    time.sleep(0.05)
+with open(os.path.join(os.environ["GLAUNCH_RUN_DIR"], "result.json"), "w") as f:
+    json.dump({"final_step": 1, "start": 0, "end": 0, "arg": sys.argv[1]}, f)
+"""
+
+
+def _local_sweep(tmp_path, env, *extra, script=SLEEPER):
+    (tmp_path / "sleep.py").write_text(script)
     (tmp_path / "exp.yaml").write_text("name: nap\nentrypoint: {script: sleep.py, args: ['1']}\n"
                                        "resources: {gpus_per_node: 1, time: '5'}\nrequeue: {max: 0, signal_lead_s: 10}\n")
     proc = glaunch("submit", str(tmp_path / "exp.yaml"), "--runs-dir", str(tmp_path / "runs"),
@@ -260,8 +277,9 @@ def test_local_site_runs_the_elements_one_after_another(tmp_path, isolated_env):
 
 
 def test_local_site_runs_n_at_a_time(tmp_path, isolated_env):
-    _, spans = _local_sweep(tmp_path, isolated_env, "--max-parallel", "3")
-    assert max(s for s, _, _ in spans) < min(e for _, e, _ in spans), spans     # all three overlapped
+    proc, spans = _local_sweep(tmp_path, isolated_env, "--max-parallel", "3", script=TOGETHER)
+    assert sorted(a for _, _, a in spans) == ["1.5", "1.6", "1.7"]        # all three met while running
+    assert "3 element(s): 3 COMPLETED" in proc.stdout
 
 
 def test_pending_array_rows_of_sacct_become_one_row_per_task():
