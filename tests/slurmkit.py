@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Mapping
 
+from launcher.schedulers.slurm_client import is_transient
 from launcher.schedulers.slurm_state import SACCT_FORMAT, base_state, parse_sacct, parse_squeue
 
 REPO = Path(__file__).resolve().parent.parent
@@ -84,8 +85,15 @@ def submit(example: str, runs: Path, env, *overrides, wait: bool = True, site: s
 
 
 def out(*cmd: str, cluster: str | None = None) -> str:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=True,
-                          env=with_cluster(None, cluster)).stdout
+    """A Slurm command's stdout; retried while the controller is busy or restarting (a
+    loaded CI machine makes it time out now and then), an error otherwise."""
+    for attempt in range(4):
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=with_cluster(None, cluster))
+        if proc.returncode == 0 or not is_transient(proc.stderr) or attempt == 3:
+            break
+        time.sleep(2 + 3 * attempt)
+    proc.check_returncode()
+    return proc.stdout
 
 
 def sacct_rows(job_id: str, cluster: str | None = None) -> list[dict[str, str]]:
@@ -95,7 +103,7 @@ def sacct_rows(job_id: str, cluster: str | None = None) -> list[dict[str, str]]:
                            cluster=cluster))
 
 
-def final_sacct_state(job_id: str, timeout: float = 60, cluster: str | None = None) -> str:
+def final_sacct_state(job_id: str, timeout: float = 300, cluster: str | None = None) -> str:
     """sacct's state of the job's last start, once accounting has it (slurmdbd lags a little)."""
     deadline = time.monotonic() + timeout
     state = ""
@@ -109,8 +117,14 @@ def final_sacct_state(job_id: str, timeout: float = 60, cluster: str | None = No
 
 
 def squeue_state(job_id: str, cluster: str | None = None) -> str:
-    """squeue's state of the job; "" once squeue no longer lists it."""
-    return parse_squeue(out("squeue", "-h", "-j", job_id, "-o", "%T", cluster=cluster)) or ""
+    """squeue's state of the job; "" once squeue no longer lists it (or, MinJobAge after its
+    end, answers "Invalid job id specified")."""
+    try:
+        return parse_squeue(out("squeue", "-h", "-j", job_id, "-o", "%T", cluster=cluster)) or ""
+    except subprocess.CalledProcessError as exc:
+        if "invalid job id" in (exc.stderr or "").lower():
+            return ""
+        raise
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 1.0):
@@ -171,11 +185,11 @@ def start_submit(example: str, runs: Path, env, *overrides, site: str | None = N
 
 def the_run_dir(runs: Path) -> Path:
     return wait_until(lambda: next((p for p in Path(runs).glob("*") if (p / "run.json").exists()), None),
-                      60, "the run directory")
+                      300, "the run directory")
 
 
 def job_id_of(run_dir: Path) -> str:
-    return wait_until(lambda: read_json(run_dir / "run.json").get("job_id"), 120, "the job id")
+    return wait_until(lambda: read_json(run_dir / "run.json").get("job_id"), 300, "the job id")
 
 
 def rank0_steps(run_dir: Path, job_id: str) -> list[int]:

@@ -66,7 +66,7 @@ def test_a_crash_on_one_node_requeues_the_job_without_it(tmp_path, slurm_default
                         site=str(tmp_path / "site.yaml"), cluster=DEFAULTS)
     run_dir = the_run_dir(tmp_path / "runs")
     job_id = job_id_of(run_dir)
-    code, stdout, stderr = finish(proc, job_id, timeout=170, cluster=DEFAULTS)
+    code, stdout, stderr = finish(proc, job_id, timeout=900, cluster=DEFAULTS)
     assert code == 0, stdout[-2000:] + stderr[-3000:]
 
     record = read_json(run_dir / "run.json")

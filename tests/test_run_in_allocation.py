@@ -62,7 +62,7 @@ def in_salloc(tmp_path, env, *args, pid_file=None) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
-def finished(proc: subprocess.Popen, timeout: float = 300) -> dict:
+def finished(proc: subprocess.Popen, timeout: float = 900) -> dict:
     stdout, stderr = proc.communicate(timeout=timeout)
     assert stdout.strip().startswith("{"), stdout + stderr[-3000:]
     return json.loads(stdout)
@@ -100,7 +100,7 @@ def test_run_inside_salloc_then_interrupted_and_resumed_bitwise(tmp_path, isolat
         runs = [p for p in (tmp_path / "runs").glob("*/logs/*_0_log.out") if p.parent.parent != run_dir]
         return runs and runs[0].read_text().count("step ") >= 20
 
-    wait_until(progressed, 240, "the second run to make progress")
+    wait_until(progressed, 600, "the second run to make progress")
     os.kill(int(pid_file.read_text()), signal.SIGINT)
     stopped = finished(proc)
     assert stopped["state"] == "CANCELLED" and stopped["exit_code"] == 1

@@ -145,7 +145,7 @@ def test_squeue_failing_otherwise_says_why():
 def test_fake_squeue_with_munge_down_is_an_error_not_an_ended_job(tmp_path, fake_bin):
     fake_bin("squeue", "squeue-munge-down-stderr.txt")
     fake_bin("sacct", "sacct-pending.txt")
-    with pytest.raises(SchedulerError, match="squeue could not tell the state of job 12: .*Protocol authentication"):
+    with pytest.raises(SchedulerError, match=r"squeue could not tell the state of job 12: .*Protocol authentication"):
         squeue_job("12")
     with pytest.raises(SchedulerError, match="Protocol authentication error"):
         squeue_jobs(["12", "13"])

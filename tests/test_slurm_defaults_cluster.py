@@ -133,7 +133,7 @@ def test_a_job_over_a_limit_the_profile_does_not_know_is_reported_as_never_start
             summary = json.loads(glaunch("status", info["run_id"], "--json", env=env).stdout)
             return summary if "PartitionTimeLimit" in (summary["detail"] or "") else None
 
-        summary = wait_until(blocked, 90, "status to say the job never starts")
+        summary = wait_until(blocked, 300, "status to say the job never starts")
         assert summary["reason"] == "never starts"
         assert summary["state"] == "PENDING"
         assert summary["detail"].startswith(
@@ -148,7 +148,7 @@ def test_wait_exits_3_on_a_job_over_a_limit_the_profile_does_not_know(tmp_path, 
     try:
         proc = glaunch("submit", "--no-check", "--wait", "examples/torch_ddp.yaml", "--site",
                        str(variant(tmp_path, UNKNOWING)), "--runs-dir", str(runs), STEPS, "resources.time=05:00:00",
-                       env=env, timeout=90)
+                       env=env, timeout=300)
     except subprocess.TimeoutExpired:
         proc = None
     finally:

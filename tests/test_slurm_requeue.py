@@ -16,7 +16,7 @@ import time
 import pytest
 
 from conftest import requires_slurm
-from slurmkit import (REPO, SITE, finish, glaunch, job_id_of, preempt, rank0_steps, read_json,
+from slurmkit import (REPO, SITE, final_sacct_state, finish, glaunch, job_id_of, preempt, rank0_steps, read_json,
                       release_requeue_hold, sacct_rows, squeue_state, start_submit, submit, the_run_dir,
                       wait_until)
 
@@ -76,9 +76,9 @@ def finish_while_progressing(proc, job_id: str, run_dir, timeout: float) -> tupl
 
 
 def test_time_limit_requeues_and_resumes_bitwise(tmp_path, tmp_path_factory, isolated_env):
-    # 60 s of steps against a 1-minute limit warned 20 s ahead: a few starts on a quiet
-    # machine, more where start-up is slow. The test is bounded by progress (every start
-    # must get further), not by a count of starts that the machine's speed decides.
+    # 60 s of steps against a 1-minute limit warned 20 s ahead: two starts where start-up
+    # is quick, more where it is slow. The test is bounded by progress (every start must get
+    # further), not by a count of starts that the machine's speed decides.
     steps = 240
     expected = baseline_hash("examples/torch_ddp.yaml", steps, tmp_path_factory, isolated_env)
     proc = start_submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env, "resources.nodes=2",
@@ -90,8 +90,10 @@ def test_time_limit_requeues_and_resumes_bitwise(tmp_path, tmp_path_factory, iso
     assert code == 0, stdout[-2000:] + stderr[-2000:]
 
     record = read_json(run_dir / "run.json")
-    assert_resumed_without_loss(record, "timeout", min_requeues=2)
+    assert_resumed_without_loss(record, "timeout", min_requeues=1)
     assert read_json(run_dir / "result.json")["param_sha256"] == expected
+    # --wait returns once the job recorded its end; accounting has it a little later.
+    assert final_sacct_state(job_id) == "COMPLETED"
     rows = sacct_rows(job_id)
     assert [r["state"] for r in rows[:-1]] == ["REQUEUED"] * (len(rows) - 1) and rows[-1]["state"] == "COMPLETED"
     assert len(rows) == len(record["starts"])
@@ -117,11 +119,11 @@ def run_with_preemptions(example: str, steps: int, times: int, tmp_path, env, *,
             release_requeue_hold(job_id)
             return squeue_state(job_id) == "RUNNING" and len(rank0_steps(run_dir, job_id)) >= seen + min_progress
 
-        wait_until(making_progress, 300, f"progress before preemption {n + 1}", interval=0.5)
+        wait_until(making_progress, 600, f"progress before preemption {n + 1}", interval=0.5)
         preempt()
         wait_until(lambda: any(s["restart"] == n and s["state"] == "REQUEUED"
                                for s in read_json(run_dir / "run.json")["starts"]),
-                   120, f"preemption {n + 1} to requeue the job")
+                   300, f"preemption {n + 1} to requeue the job")
     code, stdout, stderr = finish(proc, job_id, timeout=timeout)
     assert code == 0, stdout[-2000:] + stderr[-2000:]
     return read_json(run_dir / "run.json"), job_id
@@ -135,6 +137,7 @@ def test_preempted_twice_resumes_bitwise(tmp_path, tmp_path_factory, isolated_en
     assert_resumed_without_loss(record, "preemption", min_requeues=2)
     assert len(record["starts"]) == 3
     assert read_json(tmp_path / "runs" / record["run_id"] / "result.json")["param_sha256"] == expected
+    assert final_sacct_state(job_id) == "COMPLETED"
     assert [r["state"] for r in sacct_rows(job_id)] == ["REQUEUED", "REQUEUED", "COMPLETED"]
 
 

@@ -147,7 +147,7 @@ def test_status_logs_list_cancel_on_a_real_job(tmp_path, isolated_env):
         logs = glaunch("logs", run_id, env=isolated_env).stdout
         return status["state"] == "RUNNING" and "[0] step " in logs and status
 
-    status = wait_until(running_with_progress, 120, "the job to run and log steps")
+    status = wait_until(running_with_progress, 600, "the job to run and log steps")
     assert status["job_id"] == job_id and status["accounting"] is True and status["site"] == SITE
 
     logs = glaunch("logs", run_id, env=isolated_env).stdout
@@ -163,11 +163,11 @@ def test_status_logs_list_cancel_on_a_real_job(tmp_path, isolated_env):
 
     cancel = glaunch("cancel", run_id, env=isolated_env)
     assert cancel.returncode == 0 and f"cancelled job {job_id}" in cancel.stdout
-    wait_until(lambda: squeue_state(job_id) == "", 60, "the job to leave the queue")
+    wait_until(lambda: squeue_state(job_id) == "", 300, "the job to leave the queue")
     assert final_sacct_state(job_id) == "CANCELLED"
     assert json.loads(glaunch("status", run_id, "--json", env=isolated_env).stdout)["state"] == "CANCELLED"
     # No task, torchrun worker or end-of-start step outlives the job.
-    wait_until(lambda: not processes_mentioning(str(run_dir)), 30, "the job's processes to end")
+    wait_until(lambda: not processes_mentioning(str(run_dir)), 120, "the job's processes to end")
     # -f on a finished run prints what there is and returns.
     followed = glaunch("logs", run_id, "-f", env=isolated_env, timeout=60)
     assert followed.returncode == 0 and "[0] step " in followed.stdout
@@ -186,12 +186,12 @@ def test_status_without_accounting_says_so(tmp_path, isolated_env):
     (fake / "sacct").chmod(0o755)
     env = dict(isolated_env, PATH=f"{fake}:{isolated_env['PATH']}")
     wait_until(lambda: json.loads(glaunch("status", info["run_id"], "--json", env=env).stdout)["state"]
-               in ("RUNNING", "COMPLETED"), 120, "the job to start")
+               in ("RUNNING", "COMPLETED"), 600, "the job to start")
     status = glaunch("status", info["run_id"], env=env)
     assert "no Slurm accounting here: states come from squeue only" in status.stdout
     assert json.loads(glaunch("status", info["run_id"], "--json", env=env).stdout)["accounting"] is False
     glaunch("cancel", info["run_id"], env=env)
-    wait_until(lambda: squeue_state(info["job_id"]) == "", 60, "the job to leave the queue")
+    wait_until(lambda: squeue_state(info["job_id"]) == "", 300, "the job to leave the queue")
 
 
 def test_sites_detect_writes_a_profile_that_validates(tmp_path, isolated_env):
