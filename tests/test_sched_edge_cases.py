@@ -272,3 +272,17 @@ def test_an_sbatch_refusal_keeps_the_line_naming_its_cause(name, said):
     with pytest.raises(SchedulerError) as caught:
         client.submit(["sbatch", "job.sh"], lookup=lambda d: pytest.fail("looked up"))
     assert caught.value.message == said
+
+
+@pytest.mark.parametrize("squeue, sacct, state", [
+    ("squeue-hetjob-pending.txt", "sacct-pending.txt", "PENDING"),
+    ("squeue-ended.txt", "sacct-hetjob-cancelled-pending.txt", "CANCELLED"),
+])
+def test_fake_status_of_many_runs_with_a_heterogeneous_job(tmp_path, fake_bin, squeue, sacct, state):
+    # `glaunch list`'s one squeue and one sacct for every run.
+    fake_bin("squeue", squeue)
+    fake_bin("sacct", sacct)
+    record = RunRecord(run_id="r1", job_id="2539", state="PENDING",
+                       starts=[StartRecord(job_id="2539", restart=0, state="PENDING")])
+    (rec,) = SlurmScheduler().refresh_many([(run_dir_with(tmp_path, record), record)])
+    assert rec.state == state and [s.job_id for s in rec.starts] == ["2539"]

@@ -235,7 +235,7 @@ class SlurmScheduler(Scheduler):
         from . import slurm_array
         from .slurm_client import Unreachable
         from .slurm_queries import sacct_records, squeue_jobs
-        from .slurm_records import fold_job
+        from .slurm_records import fold_job, job_rows
 
         if shutil.which("squeue") is None:
             return [record for _, record in runs]
@@ -253,7 +253,7 @@ class SlurmScheduler(Scheduler):
                 raise
             rows = sacct_records(",".join(ids))
             histories = None if rows is None else {}
-            for row in slurm_array.task_rows(rows or []):
+            for row in job_rows(rows or []):
                 histories.setdefault(row["job_id"], []).append(row)  # type: ignore[union-attr]
         asked = {id(r) for _, r in queued}
         out = []

@@ -46,7 +46,8 @@ def squeue_jobs(job_ids: list[str]) -> dict[str, tuple[str | None, str | None]]:
     out = {}
     for line in proc.stdout.splitlines():
         job_id, sep, rest = line.strip().partition("|")
-        if sep:
+        job_id, _, component = job_id.partition("+")
+        if sep and component in ("", "0"):      # a heterogeneous job: its leader's state is the job's
             out[job_id] = (slurm_state.parse_squeue(rest), slurm_state.parse_squeue_reason(rest))
     return out
 

@@ -26,21 +26,25 @@ UNKNOWN_TO_SLURM = "unknown to Slurm"
 _COMPONENT = re.compile(r"^(?P<job>[^.+]+)\+(?P<n>\d+)$")
 
 
-def own_rows(rows: list[dict[str, Any]], job_id: str | None) -> list[dict[str, Any]]:
-    """sacct's rows of exactly this job, one per start: an array's rows expanded to one per
-    task and the others' dropped, steps dropped, a heterogeneous job's leader (N+0) as the
-    job N (it carries the job's state), its other components dropped."""
+def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """sacct's rows, one per start of a job glaunch knows by its id: an array's pending
+    rows expanded to one per task, steps dropped, a heterogeneous job's leader (N+0) as
+    the job N (it carries the job's state), its other components dropped."""
     out = []
     for row in slurm_array.task_rows(rows):
         row_id = str(row.get("job_id", ""))
         m = _COMPONENT.match(row_id)
         if m is not None:
-            if m["n"] != "0":
-                continue
-            row = dict(row, job_id=m["job"])
-        if row["job_id"] == job_id:
+            if m["n"] == "0":
+                out.append(dict(row, job_id=m["job"]))
+        elif "." not in row_id:
             out.append(row)
     return out
+
+
+def own_rows(rows: list[dict[str, Any]], job_id: str | None) -> list[dict[str, Any]]:
+    """sacct's rows of exactly this job (job_rows), one per start."""
+    return [row for row in job_rows(rows) if row["job_id"] == job_id]
 
 
 def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[dict[str, Any]] | None) -> RunRecord:
