@@ -97,14 +97,13 @@ def test_defaults_gpus_are_typed_gres():
 
 
 @needs_root
-def test_up_is_idempotent_and_quick_when_up():
+def test_up_is_idempotent_when_up():
+    """A second `up` installs, configures and restarts nothing: the same daemons run on."""
     before = daemons(DEFAULTS)
     assert sorted(before) == sorted(DAEMONS[DEFAULTS])
-    start = time.monotonic()
     proc = script("up", DEFAULTS)
-    took = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr
-    assert took < 15, took
+    assert not re.search(r"installing|restarting|stopping", proc.stderr), proc.stderr
     assert daemons(DEFAULTS) == before
 
 

@@ -72,9 +72,9 @@ def _entry(part: Partition, partitions: Mapping[str, Partition]) -> dict[str, An
         entry["max_nodes"] = part.node_limit
     if part.max_time is not None and _is_time(part.max_time):
         entry["max_time"] = part.max_time
-    if part.allow_qos is not None:
+    if part.allow_qos is not None and len(part.allow_qos) == 1:
         # Jobs under any other QOS (the user's default one, say) are refused there.
-        entry["qos"] = sorted(part.allow_qos)[0]
+        entry["qos"] = next(iter(part.allow_qos))
     lower = any(o.priority_tier > part.priority_tier for o in partitions.values() if o.name != part.name)
     if part.preempt_mode.upper() not in ("OFF", "") and lower:
         entry["preemptible"] = True
@@ -107,9 +107,9 @@ def detect_profile(name: str, partitions_text: str, nodes_text: str, *, settings
             notes.append(f"partition {part.name} left out: {why}")
         else:
             profile_parts[part.name] = _entry(part, partitions)
-            if "qos" in profile_parts[part.name] and len(part.allow_qos or ()) > 1:
-                notes.append(f"partition {part.name}: AllowQos={','.join(sorted(part.allow_qos or ()))}: "
-                             f"qos set to {profile_parts[part.name]['qos']}; choose the one your jobs use")
+            if len(part.allow_qos or ()) > 1:
+                notes.append(f"partition {part.name} takes only QOS {', '.join(sorted(part.allow_qos or ()))} "
+                             f"(AllowQos): set partitions.{part.name}.qos to the one your jobs use")
     if partitions and not profile_parts:
         raise SchedulerError(f"no partition of the cluster takes this user's jobs: {'; '.join(notes)}")
     kept = [partitions[p] for p in profile_parts]
