@@ -113,3 +113,21 @@ def test_sites_check_of_a_local_profile_is_bad_input_and_asks_no_slurm(tmp_path,
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert "local.yaml" in proc.stderr and "scheduler" in proc.stderr and "Traceback" not in proc.stderr
     assert not called.exists(), called.read_text()
+
+
+# --- the API takes one string where it takes a list of them ---------------------------------
+
+
+def test_api_takes_a_single_override_sweep_and_after_as_one_item(tmp_path, isolated_env, monkeypatch):
+    monkeypatch.chdir(REPO)
+    runs = str(tmp_path / "runs")
+    run = api.submit("examples/torch_ddp.yaml", site="local-slurm", overrides="resources.nodes=2", dry_run=True,
+                     runs_dir=runs)
+    assert run.job_id is None and registry.read(run.run_dir).nodes == 2
+    sweep = api.submit("examples/torch_ddp.yaml", site="local-slurm", sweep="hparams.lr=1e-4,3e-4",
+                       overrides="resources.nodes=2", dry_run=True, runs_dir=runs)
+    assert [registry.read(Path(r.run_dir)).nodes for r in sweep.runs] == [2, 2]
+    with pytest.raises(ConfigError, match="no run 'no-such-run'"):
+        api.prepare("examples/torch_ddp.yaml", site="local-slurm", after="no-such-run", dry_run=True)
+    plan = api.plan("examples/torch_ddp.yaml", site="local-slurm", overrides="model.params=1e6")
+    assert plan.input.params == 1_000_000

@@ -32,7 +32,7 @@ from typing import Any, Mapping, Sequence
 from ..errors import ConfigError, GlaunchError, RunError, SchedulerError
 from .layout import (CRASH_FILE, DS_CONFIG_FILE, ENV_FILE, HEARTBEAT_DIR, HPARAMS_FILE, IN_FLIGHT, JOB_SCRIPT,
                      RESOLVED_FILE, RESULT_FILE, RESUME_FILE, STOP_FILE, RunDir, RunRecord, State)
-from .submission import Echo, Run, RunRef
+from .submission import Echo, Run, RunRef, items
 
 # Moved to resumes/N/: the previous submission's files, and the files a start leaves for
 # the next one (a new start would take an old result.json for its own end).
@@ -84,12 +84,13 @@ def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool 
     record = registry.read(run_dir) if dry_run else refreshed(run_dir)
     refuse_unless_ended(record)
     recorded = RecordedConfig.read(run_dir)
-    exp, site = recorded.load(tuple(overrides))
+    overrides = items(overrides)
+    exp, site = recorded.load(overrides)
     plan = resolve(exp, site, recorded.context(exp, site))
     recorded.check_kept(plan, exp)
     scheduler = schedulers.get(plan.scheduler)
     scheduler.check(plan)
-    return PreparedResume(run_dir, record, tuple(overrides), plan, scheduler.render(plan), scheduler,
+    return PreparedResume(run_dir, record, overrides, plan, scheduler.render(plan), scheduler,
                           _warnings(plan, record))
 
 

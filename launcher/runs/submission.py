@@ -59,6 +59,12 @@ class Prepared:
     after: tuple[Any, ...] = ()        # launcher.runs.dependencies.Upstream: the runs it waits for (--after)
 
 
+def items(value: str | Sequence[str]) -> tuple[str, ...]:
+    """Overrides, sweeps, --after runs as given to the API: one string alone is one item
+    (overrides="resources.nodes=4"), not a sequence of its characters."""
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
 def load(experiment: str | os.PathLike, site: str | None = None, overrides: Sequence[str] = (),
          *, cwd: Path | None = None, environ: Mapping[str, str] | None = None):
     """(LoadedExperiment, LoadedSite): the experiment's own `site:` unless `site` is given,
@@ -68,7 +74,7 @@ def load(experiment: str | os.PathLike, site: str | None = None, overrides: Sequ
 
     cwd = cwd or Path.cwd()
     environ = os.environ if environ is None else environ
-    exp = load_experiment(experiment, list(overrides))
+    exp = load_experiment(experiment, list(items(overrides)))
     if site is not None:
         return exp, load_site(site, cwd, environ)
     name = exp.config.site or "local"
@@ -123,7 +129,7 @@ def upstreams_of(after: Sequence[str], scheduler: str, *, refresh: bool) -> list
         return []
     from . import dependencies
 
-    upstreams = [_upstream(item, refresh) for item in dependencies.parse(after)]
+    upstreams = [_upstream(item, refresh) for item in dependencies.parse(items(after))]
     dependencies.check_for(upstreams, scheduler)
     return upstreams
 

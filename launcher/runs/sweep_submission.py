@@ -13,7 +13,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from .. import schedulers
 from ..errors import ConfigError
-from .submission import (Echo, Prepared, Run, checkpoint_warning, dependency_clause, load, path_sources,
+from .submission import (Echo, Prepared, Run, checkpoint_warning, dependency_clause, items, load, path_sources,
                          upstreams_of, wait_upstreams, with_code_root)
 
 
@@ -75,7 +75,8 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
 
     if max_parallel is not None and max_parallel < 1:
         raise ConfigError(f"must be 1 or more, got {max_parallel}", file="command line", key="--max-parallel")
-    axes = parse_axes(sweep)
+    overrides = items(overrides)
+    axes = parse_axes(items(sweep))
     elements = expand(axes)
     first = elements[0]
     with _naming(first):
