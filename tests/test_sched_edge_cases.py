@@ -177,7 +177,7 @@ def test_accounting_lagging_behind_squeue_is_waited_for(tmp_path):
                    parse_sacct(recorded("sacct-running.txt")))
     assert rec.state == "RUNNING" and rec.reason is None and rec.extra["unlisted_since"]
     rec = fold_job(run_dir, None, None, parse_sacct(recorded("sacct-completed.txt").replace("10|", "12|")))
-    assert rec.state == "COMPLETED" and rec.reason is None
+    assert rec.state == "COMPLETED" and rec.reason is None and "unlisted_since" not in rec.extra
 
 
 def test_a_job_accounting_shows_running_long_after_squeue_lost_it_is_unknown(tmp_path):

@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import SchedulerError
 from ..resolution.jobplan import JobPlan
 from ..runs import registry
-from ..runs.layout import RunRecord, State
+from ..runs.layout import RunRecord, State, is_terminal
 from . import slurm_array, slurm_state
 from .slurm_client import Unreachable
 
@@ -85,6 +85,8 @@ def record_unlisted(rec: RunRecord, live: str | None, history: list[dict[str, An
         rec.reason, rec.detail = UNKNOWN_TO_SLURM, lost
     elif rec.reason == UNKNOWN_TO_SLURM:
         rec.reason = rec.detail = None
+    if is_terminal(rec.state):
+        rec.extra.pop("unlisted_since", None)      # an end is known: nothing is waited for
 
 
 def record_refused(run_dir: Path, exc: SchedulerError, warnings: list[str]) -> None:
