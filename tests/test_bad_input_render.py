@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 
 import pytest
 
@@ -35,13 +34,11 @@ DS = "strategy: {name: deepspeed, zero_stage: 2}\nbatch: {micro_size: 2}\n"
 
 def run_cli(monkeypatch, capsys, argv):
     monkeypatch.setattr(sys, "argv", argv)
-    start = time.monotonic()
     try:
         cli.main()
         code = 0
     except SystemExit as exc:
         code = exc.code or 0
-    assert time.monotonic() - start < 20
     out, err = capsys.readouterr()
     return code, out, err
 

@@ -28,7 +28,7 @@ from launcher.config import schema
 from launcher.errors import ConfigError
 
 EXAMPLES = int(os.environ.get("GLAUNCH_FUZZ_EXAMPLES", "100"))
-LIMIT_S = 5
+LIMIT_S = 120      # a hang guard: one document takes well under a second, but CI machines are loaded
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, database=None, derandomize=False,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
                                        HealthCheck.data_too_large])

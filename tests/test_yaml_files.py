@@ -5,7 +5,6 @@ RecursionError or memory exhaustion."""
 
 import os
 import signal
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -18,24 +17,24 @@ from launcher.errors import ConfigError
 ENVIRON = {"HOME": "/home/alice"}
 EXP = "name: safe\nentrypoint: {script: train.py}\n"
 SITE = "name: mysite\nscheduler: slurm\npartitions:\n  gpu: {gpus_per_node: 4}\n"
-LIMIT_S = 2.0
+# Only a hang (a blocked read, an exponential expansion) gets near this, however loaded the
+# machine: the bounds that matter are on the work (bytes read, values expanded), tested below.
+HANG_S = 120
 
 
 @contextmanager
-def bounded(seconds: float = LIMIT_S):
+def bounded(seconds: float = HANG_S):
     """Fails the test instead of hanging it: SIGALRM interrupts a blocked read."""
     def expire(signum, frame):
-        raise TimeoutError(f"took more than {seconds * 5:.0f} s")
+        raise TimeoutError(f"took more than {seconds:.0f} s")
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds * 5)
-    start = time.monotonic()
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    assert time.monotonic() - start < seconds
 
 
 def refused(path, *fragments, overrides=()):
@@ -90,11 +89,15 @@ def test_huge_file_is_refused_by_size(tmp_path):
     refused(path, "larger than 1 MiB")
 
 
-def test_sparse_huge_file_is_not_read_whole(tmp_path):
+def test_sparse_huge_file_is_not_read_whole(tmp_path, monkeypatch):
     path = tmp_path / "exp.yaml"
     with open(path, "wb") as f:
         f.truncate(8 << 30)              # 8 GiB of holes: reading it whole would exhaust memory
+    read = []
+    real_read = os.read
+    monkeypatch.setattr(os, "read", lambda fd, n: read.append(n) or real_read(fd, n))
     refused(path, "larger than 1 MiB")
+    assert sum(read) <= MAX_FILE_BYTES + 1, "no more than the cap (and one byte to tell) is read"
 
 
 def test_file_just_under_the_cap_loads(tmp_path):
