@@ -25,15 +25,17 @@ def main() -> None:
     except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("glaunch: interrupted", err=True)
         sys.exit(INTERRUPTED)
-    except click.ClickException as exc:
-        exc.show()
-        sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
-    except GlaunchError as exc:
+    except (click.ClickException, GlaunchError) as exc:
         from .runs.status import printable
 
-        # Messages quote the user's values: no control character reaches the terminal.
-        click.echo(f"glaunch: error: {printable(exc, lines=True)}", err=True)
-        sys.exit(exc.exit_code)
+        if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+            exc.show()                  # `glaunch`, `glaunch sites`: their help
+            sys.exit(2)
+        # One line, usage errors too; no control character of a quoted value reaches the terminal.
+        hint = f" ({exc.ctx.command_path} --help)" if isinstance(exc, click.UsageError) and exc.ctx else ""
+        text = exc.format_message() if isinstance(exc, click.ClickException) else exc
+        click.echo(f"glaunch: error: {printable(text, lines=True)}{hint}", err=True)
+        sys.exit(2 if isinstance(exc, click.UsageError) else exc.exit_code)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -52,6 +54,10 @@ def _emit(as_json: bool, data: dict, text: str) -> None:
     click.echo(json.dumps(data, indent=2) if as_json else text)
 
 
+def _warn(warnings) -> None:
+    click.echo("".join(f"glaunch: warning: {w}\n" for w in warnings), err=True, nl=False)
+
+
 def _write(text: str) -> None:
     sys.stdout.write(text)
     sys.stdout.flush()
@@ -61,11 +67,11 @@ def _write(text: str) -> None:
 
 
 @cli.command()
-@click.argument("experiment", type=click.Path(dir_okay=False))
+@click.argument("experiment")
 @click.argument("overrides", nargs=-1)
 @click.option("--site", "-s", help="Site profile name or YAML path (default: the experiment's site:, else local).")
 @click.option("--dry-run", is_flag=True, help="Render the run bundle and print it; submit nothing.")
-@click.option("--runs-dir", type=click.Path(file_okay=False), help="Where run directories go.")
+@click.option("--runs-dir", help="Where run directories go.")
 @click.option("--wait", is_flag=True, help="Follow the job to its end; exit with its outcome.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option("--check/--no-check", default=True, help="Run `sbatch --test-only` before submitting (Slurm).")
@@ -89,8 +95,7 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check,
         return
     if max_parallel is not None:
         raise click.UsageError("--max-parallel applies to a sweep (give --sweep)")
-    prepared = api.prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir, after=after,
-                           dry_run=dry_run)
+    prepared = api.prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir, after=after, dry_run=dry_run)
     _launch_and_follow(prepared, api.launch, dry_run=dry_run, wait=wait, as_json=as_json, check=check)
 
 
@@ -99,17 +104,18 @@ def _launch_and_follow(prepared, launch, *, dry_run: bool, wait: bool, as_json: 
     """Launch a prepared run (`launch`: api.launch or api.launch_resume), print what
     happened, and with `wait` follow it to its end; exits with its outcome."""
     plan = prepared.plan
-    for warning in prepared.warnings:
-        click.echo(f"glaunch: warning: {warning}", err=True)
+    # Warnings wait for launch's checks (bad input: one error line), unless the run starts in it.
+    runs_here = prepared.scheduler.runs_to_completion and not dry_run
+    _warn(prepared.warnings if runs_here else ())
     console = None
     if not (as_json or dry_run):
         from .runs.console import Console
 
         console = Console(plan.run_dir, _write, live=sys.stdout.isatty())
     if prepared.scheduler.runs_to_completion and console is not None:
-        click.echo(f"run {plan.run_id}: running on this machine ({plan.world_size} ranks); "
-                   f"{plan.run_dir}")
+        click.echo(f"run {plan.run_id}: running on this machine ({plan.world_size} ranks); {plan.run_dir}")
     run = launch(prepared, dry_run=dry_run, check=check, echo=console or (lambda text: None))
+    _warn(() if runs_here else prepared.warnings)
     info = {"run_id": run.run_id, "run_dir": str(run.run_dir), "site": run.site, "dry_run": run.dry_run,
             "files": sorted(run.files)}
     if dry_run:
@@ -172,14 +178,15 @@ def _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json,
 
     prepared = api.prepare_sweep(experiment, sweep, site=site, overrides=overrides, runs_dir=runs_dir,
                                  max_parallel=max_parallel, after=after, dry_run=dry_run)
-    for warning in prepared.warnings:
-        click.echo(f"glaunch: warning: {warning}", err=True)
     count = len(prepared.elements)
     local = prepared.scheduler.runs_to_completion
+    runs_here = local and not dry_run
+    _warn(prepared.warnings if runs_here else ())
     if local and not (as_json or dry_run):
         click.echo(f"sweep {prepared.sweep_id}: {count} runs on this machine, {max_parallel or 1} at a time; "
                    f"{prepared.sweep_dir}")
     result = api.launch_sweep(prepared, dry_run=dry_run, check=check, echo=lambda text: None)
+    _warn(() if runs_here else prepared.warnings)
     info = result.to_json()
     if dry_run:
         arrays = [a for a in result.arrays if a.get("script")]
@@ -214,10 +221,10 @@ def _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json,
 
 
 @cli.command("run")
-@click.argument("experiment", type=click.Path(dir_okay=False))
+@click.argument("experiment")
 @click.argument("overrides", nargs=-1)
 @click.option("--site", "-s", help="Site profile of the cluster (default: the experiment's site:, else local).")
-@click.option("--runs-dir", type=click.Path(file_okay=False), help="Where run directories go.")
+@click.option("--runs-dir", help="Where run directories go.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object at the end.")
 def run_cmd(experiment, overrides, site, runs_dir, as_json):
     """Inside a Slurm allocation (salloc, an interactive job): start EXPERIMENT's ranks on
@@ -236,9 +243,8 @@ def run_cmd(experiment, overrides, site, runs_dir, as_json):
 
 
 def _quiet_submitit() -> None:
-    """submitit logs each submission at INFO on stdout: the console says what matters. A
-    filter, because importing submitit configures its logger's level and handlers again.
-    A dry run submits nothing and skips it (and the logging import)."""
+    """submitit logs each submission at INFO on stdout (the console says what matters): a filter,
+    as importing submitit resets its logger. A dry run submits nothing and skips it."""
     import logging
 
     logging.getLogger("submitit").addFilter(lambda record: record.levelno >= logging.WARNING)
@@ -248,7 +254,7 @@ def _quiet_submitit() -> None:
 
 
 @cli.command()
-@click.argument("experiment", type=click.Path(dir_okay=False))
+@click.argument("experiment")
 @click.argument("overrides", nargs=-1)
 @click.option("--site", "-s", help="Site profile name or YAML path.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
@@ -299,6 +305,7 @@ def sites_show(site, as_json):
 @click.argument("profiles", nargs=-1, required=True)
 def sites_validate(profiles):
     """Load and check each profile (name or file); exit 2 if any is bad."""
+    from .runs.status import printable
     bad = 0
     for item in profiles:
         try:
@@ -306,7 +313,7 @@ def sites_validate(profiles):
             click.echo(f"ok    {item} ({path})")
         except ConfigError as exc:
             bad += 1
-            click.echo(f"error {item}: {exc}", err=True)
+            click.echo(f"error {printable(item)}: {printable(exc, lines=True)}", err=True)
     if bad:
         sys.exit(2)
 
@@ -329,10 +336,6 @@ def sites_check(site, as_json):
               help="Where to write it (default: ./site_configs/NAME.yaml; '-' prints it).")
 def sites_detect(name, output):
     """Write a profile skeleton from the Slurm cluster this machine submits to."""
-    from .config.schema import NAME_PATTERN
-
-    if name is not None and not NAME_PATTERN.fullmatch(name):
-        raise click.BadParameter(f"{name!r}: use letters, digits, '.', '_' and '-'", param_hint="--name")
     profile_name, text = api.detect_site(name)
     if output == "-":
         click.echo(text, nl=False)

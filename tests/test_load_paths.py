@@ -164,7 +164,7 @@ CONVERSIONS = [
     ("interpolation-unknown", "env: {A: '${nosuch.key}'}\n", [], None, "env.A: Interpolation key 'nosuch.key' not "
      "found"),
     ("interpolation-unclosed", "env: {A: '${resources.nodes'}\n", [], None, "env.A: unclosed '${'"),
-    ("interpolation-loop", "env: {A: '${env.B}', B: '${env.A}'}\n", [], None, "env.A: Recursive interpolation"),
+    ("interpolation-loop", "env: {A: '${env.B}', B: '${env.A}'}\n", [], None, "env.A: the interpolation refers to itself"),
     ("interpolation-wrong-type", "resources: {nodes: '${name}'}\n", [], None,
      "resources.nodes: must be an integer, got 'conv'"),
     ("interpolation-list-into-str", "  args: [a]\nenv: {A: '${entrypoint.args}'}\n", [], None,

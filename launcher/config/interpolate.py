@@ -9,6 +9,7 @@ final as they are. Only a value that does is handed to OmegaConf, imported then.
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import fields, is_dataclass
 from typing import Any, Callable
 
@@ -149,23 +150,51 @@ def resolve(root: Any, pending: list[Pending], provenance: Provenance) -> None:
     defaults included) and store the results."""
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
-    try:
-        cfg = OmegaConf.create(_plain(root))
-    except Exception as exc:  # OmegaConf's errors share no base class with ours
-        raise ConfigError(f"cannot interpolate: {_first_line(exc)}", file=provenance.default_file) from None
+    with warnings.catch_warnings():
+        # Resolvers such as oc.deprecated warn on stderr, which is the error channel here.
+        warnings.simplefilter("ignore")
+        try:
+            cfg = OmegaConf.create(_plain(root))
+        except Exception as exc:  # OmegaConf's errors share no base class with ours
+            raise _unparsable(pending, provenance, exc) from None
+        for item in pending:
+            try:
+                node = cfg
+                for part in item.path[:-1]:
+                    node = node[part]
+                value = node[item.path[-1]]
+                if isinstance(value, (DictConfig, ListConfig)):
+                    value = OmegaConf.to_container(value, resolve=True)
+            except RecursionError:
+                raise provenance.error(item.key, "interpolations nest too deeply (or refer to each other)") from None
+            except Exception as exc:  # a resolver may raise anything: the input is the user's
+                raise provenance.error(item.key, _resolution_problem(exc)) from None
+            item.interpolation.store(item.finish(value))
+
+
+def _unparsable(pending: list[Pending], provenance: Provenance, exc: Exception) -> ConfigError:
+    """The config as a whole did not parse: name the value whose interpolation is not
+    OmegaConf's grammar (bash's `${NAME:-default}`, `${}`, `${a b}`)."""
+    from omegaconf import OmegaConf
+
     for item in pending:
         try:
-            node = cfg
-            for part in item.path[:-1]:
-                node = node[part]
-            value = node[item.path[-1]]
-            if isinstance(value, (DictConfig, ListConfig)):
-                value = OmegaConf.to_container(value, resolve=True)
-        except RecursionError:
-            raise provenance.error(item.key, "interpolation refers to itself") from None
-        except Exception as exc:  # a resolver may raise anything: the input is the user's
-            raise provenance.error(item.key, _first_line(exc) + HINT) from None
-        item.interpolation.store(item.finish(value))
+            OmegaConf.create({"value": item.interpolation.text})
+        except Exception as own:  # any failure of this one value is the answer
+            return provenance.error(item.key, f"{item.interpolation.text!r} is not an interpolation "
+                                    f"({_first_line(own)}){HINT}")
+    return ConfigError(f"cannot interpolate: {_first_line(exc)}", file=provenance.default_file)
+
+
+def _resolution_problem(exc: Exception) -> str:
+    from omegaconf.errors import InterpolationKeyError, UnsupportedInterpolationType
+
+    message = _first_line(exc)
+    if message == "Recursive interpolation detected":
+        return "the interpolation refers to itself (directly or through other values)"
+    if isinstance(exc, (InterpolationKeyError, UnsupportedInterpolationType)):
+        return message + HINT
+    return message
 
 
 def _first_line(exc: BaseException) -> str:

@@ -9,13 +9,13 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import ConfigError
 from . import schema
 from .merge import merge_layer
 from .provenance import OVERRIDES, Origin, Provenance
-from .schema import NAME_PATTERN, NAME_RULE, env_name_problem
+from .schema import MAX_RUN_NAME, NAME_PATTERN, NAME_RULE, env_name_problem
 from .sites import LoadedSite, find_site, load_site, site_from_layers, site_search_path
 from .typed import typed_config
 from .yamlfile import override_value, read_yaml
@@ -26,10 +26,16 @@ __all__ = ["LoadedExperiment", "LoadedSite", "Origin", "Provenance", "experiment
 _OVERRIDE_KEY = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_-]+)*"
 
 
-def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+def parse_overrides(overrides: Sequence[str]) -> list[tuple[str, Any]]:
     """KEY=VALUE words -> (dotted key, raw value); see yamlfile.override_value."""
+    if isinstance(overrides, (str, bytes)):
+        raise ConfigError(f"overrides must be a list of KEY=VALUE strings, got the single string {overrides!r}",
+                          file=OVERRIDES)
     parsed = []
     for item in overrides:
+        if not isinstance(item, str):
+            raise ConfigError(f"override {item!r} is not KEY=VALUE text (e.g. 'resources.nodes=4'), "
+                              f"it is {type(item).__name__}", file=OVERRIDES)
         key, sep, value = item.partition("=")
         key = key.strip()
         if not sep or not key or not re.fullmatch(_OVERRIDE_KEY, key):
@@ -53,6 +59,8 @@ class LoadedExperiment:
 
 
 def load_experiment(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> LoadedExperiment:
+    if not isinstance(path, (str, os.PathLike)):
+        raise ConfigError(f"the experiment must be a YAML file's path, got {type(path).__name__} {path!r}")
     doc = read_yaml(path)
     return experiment_from_data(doc.data, doc.origin, file=doc.path, path=path, overrides=overrides)
 
@@ -70,7 +78,7 @@ def experiment_from_data(data: Mapping[str, Any], origin_of: Callable[[str], Ori
     provenance = Provenance(default_file=file)
     merged = merge_layer({}, data, provenance, origin_of)
     command_line = Origin(OVERRIDES)
-    for key, value in parse_overrides(list(overrides)):
+    for key, value in parse_overrides(overrides):
         merged = merge_layer(merged, _nested(key, value), provenance, lambda _key: command_line)
     exp: schema.Experiment = typed_config(schema.Experiment, merged, provenance, schema.EXPERIMENT_CHOICES)
     _check_experiment(exp, provenance)
@@ -80,6 +88,9 @@ def experiment_from_data(data: Mapping[str, Any], origin_of: Callable[[str], Ori
 def _check_experiment(exp: schema.Experiment, prov: Provenance) -> None:
     if not NAME_PATTERN.fullmatch(exp.name):
         raise prov.error("name", f"{exp.name!r}: a run name is {NAME_RULE}")
+    if len(exp.name) > MAX_RUN_NAME:
+        raise prov.error("name", f"{exp.name[:20]}... is {len(exp.name)} characters long; a run name has at most "
+                         f"{MAX_RUN_NAME} (it becomes part of directory names)")
     ep = exp.entrypoint
     if bool(ep.script) == bool(ep.module):
         raise prov.error("entrypoint", "give exactly one of entrypoint.script or entrypoint.module")

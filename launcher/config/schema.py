@@ -28,6 +28,9 @@ MISSING: Any = _Required()
 # never read as an option (-x) or a hidden file (.x).
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]*")
 NAME_RULE = "letters, digits, '.', '_' and '-', not starting with '.' or '-'"
+# A run id is the name plus a stamp (and, in a sweep, more); it names a directory, whose
+# name a file system bounds at 255 bytes.
+MAX_RUN_NAME = 128
 
 SHELL_VALUES = {"shell_values": True}
 

@@ -92,6 +92,8 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
     cwd = ctx.cwd
     paths.check_text(cwd, "working directory", None)
     runs_prov: Provenance | None
+    if ctx.runs_dir is not None and not str(ctx.runs_dir).strip():
+        paths.error("--runs-dir", None, "is empty: give a directory, or leave the option out for the default")
     if ctx.runs_dir:
         runs_key, runs_prov = "--runs-dir", None
         runs_root = paths.expand(ctx.runs_dir, runs_key, runs_prov, ctx.environ, cwd)

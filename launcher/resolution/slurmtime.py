@@ -19,6 +19,8 @@ _UNIT = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 # The largest value of each field, where it is not the format's leading one.
 _LIMIT = {"h": 23, "m": 59, "s": 59}
 _NAMES = {"d": "days", "h": "hours", "m": "minutes", "s": "seconds"}
+# Slurm counts a limit in minutes in a C int: above this it overflows (about 4,000 years).
+MAX_MINUTES = 2 ** 31 - 2
 
 
 def parse(text: str | int) -> int:
@@ -39,6 +41,8 @@ def parse(text: str | int) -> int:
             seconds = sum(number * _UNIT[unit] for number, unit in fields)
             if seconds <= 0:
                 raise ValueError(f"{value!r} is not a positive duration")
+            if seconds // 60 > MAX_MINUTES:
+                raise ValueError(f"{value!r} is longer than any time limit Slurm can hold ({MAX_MINUTES} minutes)")
             return seconds
     raise ValueError(f"{value!r} is not a time (use HH:MM:SS, D-HH:MM:SS or minutes)")
 

@@ -148,10 +148,16 @@ def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite) -> planner.P
     part = site.partitions.get(name) if name else None
     if part is None:
         raise prov.error("resources.partition", f"site {site.name!r} has no partition {name!r} to plan for")
-    gpus = exp.resources.gpus_per_node if exp.resources.gpus_per_node is not None else part.gpus_per_node
-    if gpus < 1:
-        raise ConfigError("the planner needs GPUs per node", file=site_loaded.path.as_posix(),
-                          key=f"partitions.{name}.gpus_per_node")
+    gpus = exp.resources.gpus_per_node
+    if gpus is None:
+        gpus = part.gpus_per_node
+        if gpus < 1:
+            raise site_loaded.provenance.error(f"partitions.{name}.gpus_per_node", "the planner needs GPUs per node")
+    elif gpus < 1:
+        raise prov.error("resources.gpus_per_node", f"the planner needs 1 GPU per node or more, got {gpus}")
+    elif gpus > part.gpus_per_node:
+        raise prov.error("resources.gpus_per_node", f"{gpus} GPUs per node requested, partition {name!r} of site "
+                         f"{site.name!r} has {part.gpus_per_node} per node (partitions.{name}.gpus_per_node)")
     return planner.make_plan(plan_input(exp, site, part, name, exp.resources.nodes, gpus, prov))
 
 

@@ -1,0 +1,234 @@
+"""Bad input found by trying glaunch as a new user and as an attacker of its inputs: each
+is one error line naming the file and the dotted key, exit 2, nothing written, and through
+the Python API a ConfigError."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher import api, cli
+from launcher.config import load
+from launcher.config.schema import MAX_RUN_NAME
+from launcher.errors import ConfigError
+from launcher.resolution import slurmtime
+
+REPO = Path(__file__).resolve().parent.parent
+
+SITE = """\
+name: mysite
+scheduler: slurm
+default_partition: gpu
+partitions:
+  gpu: {gpus_per_node: 4, gpu_mem_gb: 80, cpus_per_node: 32, mem_gb: 256, max_nodes: 8, max_time: "1-00:00:00"}
+  cpu: {gpus_per_node: 0, max_nodes: 4}
+"""
+# requeue.max: 0 -- no checkpoint warning: stderr is empty unless something is wrong.
+EXP = """\
+name: good
+entrypoint: {script: train.py}
+resources: {nodes: 2, time: "01:00:00"}
+requeue: {max: 0}
+"""
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch, isolated_env):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "site_configs").mkdir()
+    (tmp_path / "site_configs" / "mysite.yaml").write_text(SITE)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "exp.yaml").write_text(EXP)
+    return tmp_path
+
+
+def glaunch(monkeypatch, capsys, *args):
+    """(exit code, stdout, stderr) of the CLI run in-process."""
+    monkeypatch.setattr(sys, "argv", ["glaunch", *args])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code or 0
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def files_under(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if not p.is_relative_to(root / "home")}
+
+
+def refused(root, monkeypatch, capsys, args, *fragments, command="submit"):
+    """The CLI refuses: exit 2, one stderr line holding every fragment, nothing written."""
+    before = files_under(root)
+    extra = ["--site", "mysite", "--dry-run"] if command == "submit" else ["--site", "mysite"]
+    code, out, err = glaunch(monkeypatch, capsys, command, *args[:1], *extra, *args[1:])
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    assert len(err.strip().splitlines()) == 1, err
+    for fragment in fragments:
+        assert fragment in err, f"{fragment!r} not in {err!r}"
+    assert files_under(root) == before, "nothing may be written for bad input"
+    return err
+
+
+# --- ${...} that OmegaConf's grammar cannot parse ---------------------------------------------
+
+@pytest.mark.parametrize("where,text,key", [
+    ("hparams", "hparams: {a: '${}'}\n", "exp.yaml:5: hparams.a"),
+    ("hparams-space", "hparams: {a: '${ }'}\n", "exp.yaml:5: hparams.a"),
+    ("bash-default-in-env", "env: {A: '${HOME:-$(touch PWNED)}'}\n", "exp.yaml:5: env.A"),
+    ("bash-default-in-args", "entrypoint: {script: train.py, args: ['${x:-$(touch PWNED)}']}\n", "entrypoint.args[0]"),
+])
+def test_unparsable_interpolation_names_its_key(where, text, key, workdir, monkeypatch, capsys):
+    exp = EXP.replace("entrypoint: {script: train.py}\n", "") if where == "bash-default-in-args" else EXP
+    (workdir / "exp.yaml").write_text(exp + text)
+    err = refused(workdir, monkeypatch, capsys, ["exp.yaml"], key, "is not an interpolation")
+    assert "cannot interpolate" not in err
+    assert not list(workdir.rglob("PWNED*"))
+
+
+def test_unparsable_interpolation_in_an_override_is_the_command_lines(workdir, monkeypatch, capsys):
+    refused(workdir, monkeypatch, capsys, ["exp.yaml", "hparams.a=${a b}"], "command line: hparams.a",
+            "is not an interpolation")
+
+
+def test_unparsable_interpolation_in_a_site_names_the_profile_key(workdir, monkeypatch, capsys):
+    (workdir / "site_configs" / "mysite.yaml").write_text(SITE + "account: '${}'\n")
+    refused(workdir, monkeypatch, capsys, ["exp.yaml"], "mysite.yaml:7: account", "is not an interpolation")
+
+
+def test_interpolation_cycle_says_so(workdir, monkeypatch, capsys):
+    (workdir / "exp.yaml").write_text(EXP + "hparams: {a: '${hparams.b}', b: '${hparams.a}'}\n")
+    err = refused(workdir, monkeypatch, capsys, ["exp.yaml"], "hparams.a", "refers to itself")
+    assert "literal shell variable" not in err, "the shell hint is for names that are not found"
+
+
+def test_resolver_warnings_do_not_reach_stderr(workdir, isolated_env):
+    """In a process of its own: pytest would capture the Python warning itself."""
+    (workdir / "exp.yaml").write_text(EXP + "hparams: {a: '${oc.deprecated:name}'}\n")
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "exp.yaml", "--site", "mysite",
+                           "--dry-run"], cwd=workdir, env=dict(isolated_env, PYTHONPATH=str(REPO)),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""
+
+
+# --- names too long for a directory ------------------------------------------------------------
+
+def test_too_long_name_is_refused_before_anything_is_written(workdir, monkeypatch, capsys):
+    (workdir / "exp.yaml").write_text(EXP.replace("name: good", "name: " + "a" * 300))
+    refused(workdir, monkeypatch, capsys, ["exp.yaml"], "exp.yaml:1: name", "300 characters", str(MAX_RUN_NAME))
+
+
+def test_longest_name_renders(workdir, monkeypatch, capsys):
+    (workdir / "exp.yaml").write_text(EXP.replace("name: good", "name: " + "a" * MAX_RUN_NAME))
+    code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "mysite", "--dry-run")
+    assert code == 0, err
+
+
+def test_longest_name_sweeps(workdir, monkeypatch, capsys):
+    """A sweep adds the most to a run name: its elements' directories must still be creatable."""
+    (workdir / "exp.yaml").write_text(EXP.replace("name: good", "name: " + "a" * MAX_RUN_NAME))
+    code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "mysite", "--dry-run",
+                             "--sweep", "hparams.lr=1,2")
+    assert code == 0, err
+
+
+# --- the command line's own arguments ----------------------------------------------------------
+
+def test_experiment_that_is_a_directory_is_one_line(workdir, monkeypatch, capsys):
+    (workdir / "exp.yaml").unlink()
+    (workdir / "exp.yaml").mkdir()
+    for command in ("submit", "plan"):
+        refused(workdir, monkeypatch, capsys, ["exp.yaml"], "exp.yaml", "is a directory", command=command)
+
+
+def test_runs_dir_that_is_a_file_names_the_option(workdir, monkeypatch, capsys):
+    (workdir / "afile").write_text("x")
+    refused(workdir, monkeypatch, capsys, ["exp.yaml", "--runs-dir", "afile"], "--runs-dir", "is a file")
+
+
+def test_empty_runs_dir_is_refused(workdir, monkeypatch, capsys):
+    refused(workdir, monkeypatch, capsys, ["exp.yaml", "--runs-dir", ""], "--runs-dir", "empty")
+    assert not (workdir / "runs").exists()
+
+
+def test_warning_does_not_precede_an_error(workdir, monkeypatch, capsys):
+    """The checkpoint warning names the script; a script that is not there is the error, alone."""
+    (workdir / "exp.yaml").write_text(EXP.replace("requeue: {max: 0}\n", "").replace("train.py", "nope.py"))
+    refused(workdir, monkeypatch, capsys, ["exp.yaml"], "entrypoint.script", "not found")
+
+
+def test_warning_still_shown_for_a_dry_run(workdir, monkeypatch, capsys):
+    (workdir / "exp.yaml").write_text(EXP.replace("requeue: {max: 0}\n", ""))
+    code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "mysite", "--dry-run")
+    assert code == 0, err
+    assert err.startswith("glaunch: warning: exp.yaml: no checkpoint settings")
+
+
+# --- plan: the experiment's GPU count ---------------------------------------------------------
+
+@pytest.mark.parametrize("gpus,fragments", [
+    ("0", ["command line: resources.gpus_per_node", "got 0"]),
+    ("-1", ["command line: resources.gpus_per_node", "got -1"]),
+    ("9", ["command line: resources.gpus_per_node", "partition 'gpu'", "has 4"]),
+])
+def test_plan_blames_the_experiments_gpu_count(gpus, fragments, workdir, monkeypatch, capsys):
+    (workdir / "exp.yaml").write_text(EXP + "model: {params: 7e9}\n")
+    refused(workdir, monkeypatch, capsys, ["exp.yaml", f"resources.gpus_per_node={gpus}"], *fragments,
+            command="plan")
+
+
+def test_plan_blames_the_site_for_a_partition_without_gpus(workdir, monkeypatch, capsys):
+    (workdir / "exp.yaml").write_text(EXP + "model: {params: 7e9}\n")
+    refused(workdir, monkeypatch, capsys, ["exp.yaml", "resources.partition=cpu"],
+            "mysite.yaml:6: partitions.cpu.gpus_per_node", command="plan")
+
+
+# --- time limits beyond what Slurm holds --------------------------------------------------------
+
+def test_time_beyond_slurms_range_is_refused(workdir, monkeypatch, capsys):
+    (workdir / "site_configs" / "mysite.yaml").write_text(SITE.replace(', max_time: "1-00:00:00"', ""))
+    refused(workdir, monkeypatch, capsys, ["exp.yaml", "resources.time=99999999-00:00:00"],
+            "command line: resources.time", "longer than any time limit Slurm can hold")
+    longest = slurmtime.MAX_MINUTES // 1440           # whole days
+    assert slurmtime.parse(f"{longest}-00:00:00") == longest * 86400
+    with pytest.raises(ValueError, match="Slurm can hold"):
+        slurmtime.parse(f"{longest + 1}-00:00:00")
+
+
+# --- the Python API -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides,fragment", [
+    ([4], "override 4 is not KEY=VALUE text"),
+    ([None], "override None is not KEY=VALUE text"),
+    ([b"resources.nodes=1"], "it is bytes"),
+])
+def test_api_overrides_of_another_type_are_config_errors(overrides, fragment, workdir):
+    with pytest.raises(ConfigError) as info:
+        api.submit("exp.yaml", site="mysite", overrides=overrides, dry_run=True)
+    assert fragment in str(info.value)
+    assert info.value.exit_code == 2
+    assert not (workdir / "runs").exists()
+
+
+def test_overrides_as_one_string_are_refused_not_split(workdir):
+    with pytest.raises(ConfigError, match="a list of KEY=VALUE strings"):
+        load.load_experiment("exp.yaml", "resources.nodes=1")
+
+
+@pytest.mark.parametrize("experiment", [None, 3])
+def test_api_experiment_that_is_no_path(experiment, workdir):
+    with pytest.raises(ConfigError, match="the experiment must be a YAML file's path"):
+        api.prepare(experiment, site="mysite")
+
+
+def test_api_too_long_name_is_a_config_error(workdir):
+    with pytest.raises(ConfigError) as info:
+        api.submit("exp.yaml", site="mysite", overrides=["name=" + "b" * (MAX_RUN_NAME + 1)], dry_run=True)
+    assert info.value.key == "name" and info.value.file == "command line"
+    assert not (workdir / "runs").exists()
+    assert os.listdir(workdir / "site_configs") == ["mysite.yaml"]
