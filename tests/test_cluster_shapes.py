@@ -74,7 +74,8 @@ def test_hopper_detected():
     # ("... run with Gres=gpu:h100:3 ...") does not replace its Gres.
     assert parts["gpu"] == {"gpus_per_node": 4, "gpu_type": "h100", "gpu_mem_gb": None, "cpus_per_node": 48,
                             "mem_gb": 494, "max_nodes": 17, "max_time": "2-00:00:00"}
-    assert parts["mig"]["gpus_per_node"] == 14 and parts["mig"]["gpu_type"] == "a100_1g.10gb"
+    # 14 MIG slices a node, but CUDA shows a process one: one rank a node.
+    assert parts["mig"]["gpus_per_node"] == 1 and parts["mig"]["gpu_type"] == "a100_1g.10gb"
     assert "qos" not in parts["mig"]                          # AllowQos=interactive,debug: the user's choice
     # No GRES, ThreadsPerCore=2: CPUs are hardware threads; MaxTime=UNLIMITED: no max_time.
     assert parts["cpu"] == {"gpus_per_node": 0, "gpu_mem_gb": None, "cpus_per_node": 256, "mem_gb": 486,
@@ -82,6 +83,8 @@ def test_hopper_detected():
     # MaxCPUsPerNode=64 and MaxMemPerNode=128000 cap what a job gets of the same nodes.
     assert parts["cpu-shared"]["cpus_per_node"] == 64 and parts["cpu-shared"]["mem_gb"] == 125
     assert found.notes == (
+        "partition mig has MIG slices: gpus_per_node is 1, as CUDA shows a process one slice (a job's ranks on a "
+        "node would all share the first)",
         "partition mig takes only QOS debug, interactive (AllowQos): set partitions.mig.qos to the one your jobs use",
         "partition long left out: account proj1 may not use it (AllowAccounts=proj-long)",
         "partition maint left out: State=INACTIVE: it takes no jobs",
@@ -286,7 +289,7 @@ SBATCH_CASES = {
     "mig slices, one QOS": ("hopper", HOPPER.replace("AllowQos=interactive,debug", "AllowQos=interactive"),
                             "proj1", ["resources.partition=mig"],
                             ["--partition=mig", "--account=proj1", "--qos=interactive", "--nodes=1",
-                             "--ntasks-per-node=14", "--gpus-per-node=14", "--cpus-per-task=4", "--time=00:20:00"]),
+                             "--ntasks-per-node=1", "--gpus-per-node=1", "--cpus-per-task=64", "--time=00:20:00"]),
     "hyperthreads, MaxCPUsPerNode": ("hopper", HOPPER, "proj1", ["resources.partition=cpu-shared"],
                                      ["--partition=cpu-shared", "--account=proj1", "--nodes=1",
                                       "--ntasks-per-node=1", "--cpus-per-task=64", "--time=00:20:00"]),
@@ -355,3 +358,23 @@ def test_thousands_of_nodes_parse_and_compare():
     assert len([d for d in report.warnings if d.key.endswith(".gpu_type") and "2000 of the 20000" in d.message]) == 30
     report = compare(site, cluster, partition="p07", request=request("p07", nodes=2001, gpus=8))
     assert "only 2000 of its 20000 nodes" in report.fatal[0].message
+
+
+def test_a_partition_qos_binds_every_job_there(tmp_path):
+    """QoS=gpu-part on partition gpu (MaxWall 1 day, 8 nodes a job): a profile allowing more
+    never starts its longest jobs; a job over it is refused before submission."""
+    text = HOPPER.replace("Default=YES QoS=N/A", "Default=YES QoS=gpu-part")
+    assert text != HOPPER
+    cluster = parse_cluster(text, assoc_text=HOPPER_ACCOUNTING["assoc_text"], user="alice",
+                            qos_text=HOPPER_ACCOUNTING["qos_text"] + "gpu-part|1-00:00:00|node=8|\n")
+    site = hopper_profile(tmp_path)
+    report = compare(site, cluster, partition="gpu")
+    assert [str(d) for d in report.fatal] == [
+        "partitions.gpu.max_time: the profile says 2-00:00:00, partition gpu's QOS gpu-part on cluster hopper "
+        "allows 1-00:00:00; jobs over it never start (QOSMaxWallDurationPerJobLimit)",
+        "partitions.gpu.max_nodes: the profile says 17, partition gpu's QOS gpu-part on cluster hopper allows 8 "
+        "node(s) per job; jobs over it never start (QOSMaxNodePerJobLimit)"]
+    site["partitions"]["gpu"].update(max_time=None, max_nodes=None)
+    report = compare(site, cluster, partition="gpu", request=request(nodes=9, time="1-12:00:00"))
+    assert [d.key for d in report.fatal] == ["resources.time", "resources.nodes"], report.format()
+    assert "partition gpu's QOS gpu-part on cluster hopper allows 8 per job" in report.fatal[1].message

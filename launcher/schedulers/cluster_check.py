@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from ..resolution import slurmtime
-from .cluster_check_partition import effective_assoc, fate, has_features, partition_diffs, qos_name, to_seconds
+from .cluster_check_partition import (accounting_limits, effective_assoc, fate, has_features, partition_diffs,
+                                      to_seconds)
 from .cluster_check_report import CheckReport, Difference
 from .cluster_facts import Cluster, Node, Partition, parse_int, read_cluster
 
@@ -181,26 +182,17 @@ def _request_diffs(request: Request, prof: Mapping[str, Any], site: Mapping[str,
                               part.name))
     elif part.nodes and request.nodes <= part.node_limit:
         out += _fit_diffs(request, part, on)
-    if "limits" in cluster.enforce and cluster.associations is not None:
-        assoc = effective_assoc(site, cluster, part.name)
-        qname = qos_name(site, prof, assoc)
-        qos = (cluster.qos or {}).get(qname) if qname else None
-        for source, wall, tres, kind in ((f"QOS {qname}", qos.max_wall if qos else None,
-                                          qos.max_tres if qos else {}, "QOS"),
-                                         ("the association of account " + (assoc.account if assoc else ""),
-                                          assoc.max_wall if assoc else None, assoc.max_tres if assoc else {},
-                                          "Assoc")):
-            wall_s = to_seconds(wall)
-            if wall_s is not None and request.time_s > wall_s and \
-                    f"partitions.{part.name}.max_time" not in flagged:
-                out.append(Difference("resources.time", f"{slurmtime.format(request.time_s)} asked, {source} on "
-                                      f"cluster {cluster.name} allows {wall}; this job would never start "
-                                      f"({kind}MaxWallDurationPerJobLimit)", True, part.name))
-            nodes = parse_int(tres.get("node"))
-            if nodes is not None and request.nodes > nodes and f"partitions.{part.name}.max_nodes" not in flagged:
-                out.append(Difference("resources.nodes", f"{request.nodes} asked, {source} on cluster "
-                                      f"{cluster.name} allows {nodes} per job; this job would never start "
-                                      f"({kind}MaxNodePerJobLimit)", True, part.name))
+    for source, wall, tres, kind in accounting_limits(site, prof, cluster, part.name):
+        wall_s = to_seconds(wall)
+        if wall_s is not None and request.time_s > wall_s and f"partitions.{part.name}.max_time" not in flagged:
+            out.append(Difference("resources.time", f"{slurmtime.format(request.time_s)} asked, {source} on "
+                                  f"cluster {cluster.name} allows {wall}; this job would never start "
+                                  f"({kind}MaxWallDurationPerJobLimit)", True, part.name))
+        nodes = parse_int(tres.get("node"))
+        if nodes is not None and request.nodes > nodes and f"partitions.{part.name}.max_nodes" not in flagged:
+            out.append(Difference("resources.nodes", f"{request.nodes} asked, {source} on cluster "
+                                  f"{cluster.name} allows {nodes} per job; this job would never start "
+                                  f"({kind}MaxNodePerJobLimit)", True, part.name))
     return out
 
 

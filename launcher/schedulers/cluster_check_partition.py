@@ -240,32 +240,46 @@ def qos_name(site: Mapping[str, Any], prof: Mapping[str, Any], assoc: Associatio
         (next(iter(assoc.qos)) if assoc and len(assoc.qos) == 1 else None)
 
 
-def _accounting_limit_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any],
-                            cluster: Cluster) -> list[Difference]:
-    """Per-job wall and node limits of the QOS and association the profile's jobs run
-    under, against the profile's max_time and max_nodes: over them a job never starts."""
+def accounting_limits(site: Mapping[str, Any], prof: Mapping[str, Any], cluster: Cluster,
+                      pname: str) -> list[tuple[str, str | None, Mapping[str, str], str]]:
+    """The per-job limits a job on `pname` runs under where Slurm enforces them
+    (AccountingStorageEnforce=limits): (who sets them, MaxWall, MaxTRES, the pending
+    reason's prefix) for the partition's own QOS, the job's QOS and its association."""
     if "limits" not in cluster.enforce or cluster.associations is None:
         return []
     assoc = effective_assoc(site, cluster, pname)
     qname = qos_name(site, prof, assoc)
-    qos = (cluster.qos or {}).get(qname) if qname else None
+    known = cluster.qos or {}
+    out: list[tuple[str, str | None, Mapping[str, str], str]] = []
+    part = cluster.partitions.get(pname)
+    part_qos = known.get(part.qos) if part is not None and part.qos else None
+    if part_qos is not None:
+        out.append((f"partition {pname}'s QOS {part_qos.name}", part_qos.max_wall, part_qos.max_tres, "QOS"))
+    qos = known.get(qname) if qname else None
+    if qos is not None and qos is not part_qos:
+        out.append((f"QOS {qos.name}", qos.max_wall, qos.max_tres, "QOS"))
+    if assoc is not None:
+        out.append((f"the association of account {assoc.account}", assoc.max_wall, assoc.max_tres, "Assoc"))
+    return out
+
+
+def _accounting_limit_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any],
+                            cluster: Cluster) -> list[Difference]:
+    """Per-job wall and node limits of the QOS and association the profile's jobs run
+    under, against the profile's max_time and max_nodes: over them a job never starts."""
     out = []
-    want_t = prof.get("max_time")
-    for source, wall, reason in ((f"QOS {qname}", qos.max_wall if qos else None, "QOSMaxWallDurationPerJobLimit"),
-                                 (f"the association of account {assoc.account}" if assoc else "", assoc.max_wall
-                                  if assoc else None, "AssocMaxWallDurationPerJobLimit")):
+    want_t, want_n = prof.get("max_time"), prof.get("max_nodes")
+    limits = accounting_limits(site, prof, cluster, pname)
+    for source, wall, _, kind in limits:
         want_s, wall_s = to_seconds(want_t), to_seconds(wall)
         if want_s is not None and wall_s is not None and want_s > wall_s:
             out.append(Difference(f"partitions.{pname}.max_time", f"the profile says {want_t}, {source} on "
-                                  f"cluster {cluster.name} allows {wall}; jobs over it never start ({reason})",
-                                  True, pname))
-    want_n = prof.get("max_nodes")
-    for source, tres, reason in ((f"QOS {qname}", qos.max_tres if qos else {}, "QOSMaxNodePerJobLimit"),
-                                 (f"the association of account {assoc.account}" if assoc else "",
-                                  assoc.max_tres if assoc else {}, "AssocMaxNodePerJobLimit")):
+                                  f"cluster {cluster.name} allows {wall}; jobs over it never start "
+                                  f"({kind}MaxWallDurationPerJobLimit)", True, pname))
+    for source, _, tres, kind in limits:
         limit = parse_int(tres.get("node"))
         if limit is not None and isinstance(want_n, int) and want_n > limit:
             out.append(Difference(f"partitions.{pname}.max_nodes", f"the profile says {want_n}, {source} on "
                                   f"cluster {cluster.name} allows {limit} node(s) per job; jobs over it never "
-                                  f"start ({reason})", True, pname))
+                                  f"start ({kind}MaxNodePerJobLimit)", True, pname))
     return out

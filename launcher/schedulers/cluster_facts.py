@@ -134,6 +134,7 @@ class Partition:
     priority_tier: int
     hidden: bool = False
     root_only: bool = False
+    qos: str | None = None              # the partition's own QOS (QoS=), whose limits bind every job there
 
     @property
     def node_limit(self) -> int:
@@ -272,7 +273,7 @@ def parse_partitions(parts_text: str, nodes_text: str) -> dict[str, Partition]:
             allow_qos=_names(r.get("AllowQos")), deny_qos=_names(r.get("DenyQos")) or frozenset(),
             max_cpus_per_node=parse_int(r.get("MaxCPUsPerNode")), max_mem_per_node_mb=parse_int(r.get("MaxMemPerNode")),
             preempt_mode=r.get("PreemptMode", "OFF"), priority_tier=parse_int(r.get("PriorityTier")) or 1,
-            hidden=r.get("Hidden") == "YES", root_only=r.get("RootOnly") == "YES")
+            hidden=r.get("Hidden") == "YES", root_only=r.get("RootOnly") == "YES", qos=_limit(r.get("QoS")))
     return partitions
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import getpass
+import re
 import shutil
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -58,6 +59,9 @@ def _entry(part: Partition, partitions: Mapping[str, Partition]) -> dict[str, An
     gpus = [(n.gpu_count, _one_type(n.gpus)) for n in part.nodes]
     types = {t for _, t in gpus}
     entry: dict[str, Any] = {"gpus_per_node": min(c for c, _ in gpus)}
+    if entry["gpus_per_node"] and is_mig(part):
+        # CUDA shows a process one MIG slice: more ranks on a node would share the first.
+        entry["gpus_per_node"] = 1
     gtype = types.pop() if len(types) == 1 else None
     if gtype:
         entry["gpu_type"] = gtype
@@ -79,6 +83,15 @@ def _entry(part: Partition, partitions: Mapping[str, Partition]) -> dict[str, An
     if part.preempt_mode.upper() not in ("OFF", "") and lower:
         entry["preemptible"] = True
     return entry
+
+
+_MIG_TYPE = re.compile(r"(?:^|[_-])\d+g\.\d+gb$", re.I)
+
+
+def is_mig(part: Partition) -> bool:
+    """Whether every GPU of the partition is a MIG slice (Gres=gpu:a100_1g.10gb:7, ...)."""
+    kinds = [t for n in part.nodes for t in n.gpus]
+    return bool(kinds) and all(t is not None and _MIG_TYPE.search(t) for t in kinds)
 
 
 def _one_type(kinds: Mapping[str | None, int]) -> str | None:
@@ -107,6 +120,9 @@ def detect_profile(name: str, partitions_text: str, nodes_text: str, *, settings
             notes.append(f"partition {part.name} left out: {why}")
         else:
             profile_parts[part.name] = _entry(part, partitions)
+            if is_mig(part):
+                notes.append(f"partition {part.name} has MIG slices: gpus_per_node is 1, as CUDA shows a process "
+                             "one slice (a job's ranks on a node would all share the first)")
             if len(part.allow_qos or ()) > 1:
                 notes.append(f"partition {part.name} takes only QOS {', '.join(sorted(part.allow_qos or ()))} "
                              f"(AllowQos): set partitions.{part.name}.qos to the one your jobs use")
