@@ -378,3 +378,24 @@ def test_a_partition_qos_binds_every_job_there(tmp_path):
     report = compare(site, cluster, partition="gpu", request=request(nodes=9, time="1-12:00:00"))
     assert [d.key for d in report.fatal] == ["resources.time", "resources.nodes"], report.format()
     assert "partition gpu's QOS gpu-part on cluster hopper allows 8 per job" in report.fatal[1].message
+
+
+def test_nodes_found_by_the_partition_s_host_list():
+    """A node record without Partitions=: the partition's Nodes= (gpu[001-016,020]) names them."""
+    text = re.sub(r"Partitions=\S+ ", "", HOPPER)
+    assert "Partitions=" not in text
+    cluster = parse_cluster(text)
+    assert [n.name for n in cluster.partitions["gpu"].nodes] == [f"gpu{i:03d}" for i in range(1, 17)] + ["gpu020"]
+    assert len(cluster.partitions["admin"].nodes) == 25 and len(cluster.partitions["cpu"].nodes) == 8
+
+
+def test_powered_down_nodes_take_jobs(tmp_path):
+    """Power saving (sinfo's idle~): Slurm powers a node up for a job; not-responding ones wait."""
+    site = hopper_profile(tmp_path)
+    saving = HOPPER.replace("State=IDLE ThreadsPerCore=2", "State=IDLE+CLOUD+POWERED_DOWN ThreadsPerCore=2")
+    report = compare(site, parse_cluster(saving), partition="cpu", request=request("cpu", nodes=7, gpus=0))
+    assert report.fatal == [] and report.warnings == [], report.format()
+    gone = saving.replace("State=IDLE+CLOUD+POWERED_DOWN", "State=IDLE+NOT_RESPONDING")
+    report = compare(site, parse_cluster(gone), partition="cpu")
+    assert any(d.key == "partitions.cpu" and "no node of partition cpu on cluster hopper takes jobs now" in d.message
+               for d in report.warnings), report.format()

@@ -20,7 +20,11 @@ from .slurm_client import ACCOUNTING_POLICY, Unreachable, run_command
 ASSOC_FORMAT = ("Account", "Partition", "QOS", "DefaultQOS", "MaxWall", "MaxTRES")
 QOS_FORMAT = ("Name", "MaxWall", "MaxTRES", "MaxTRESPerNode")
 # Node states in which a node takes no job now (scontrol writes e.g. IDLE+DRAIN, DOWN*).
-UNUSABLE = ("DOWN", "DRAIN", "FAIL", "NOT_RESPONDING", "FUTURE", "POWERED_DOWN", "INVAL")
+# The words of a node's state (scontrol writes e.g. IDLE+DRAIN, DOWN+NOT_RESPONDING; before
+# 21.08 DOWN*) for which it takes no job now. A POWERED_DOWN one (power saving, cloud:
+# sinfo's idle~) is powered up for a job.
+UNUSABLE = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "FUTURE",
+                      "INVAL", "INVALID_REG"})
 
 # One scontrol process reads partitions, nodes and the configuration (its commands on
 # stdin); -a includes hidden partitions, which a profile may well name.
@@ -107,7 +111,8 @@ class Node:
 
     @property
     def usable(self) -> bool:
-        return not any(s in self.state.upper() for s in UNUSABLE)
+        words = self.state.upper().split("+")
+        return not any(w.rstrip("*~#$@!%^") in UNUSABLE or w.endswith("*") for w in words)
 
     @property
     def job_mem_mb(self) -> int | None:
@@ -252,11 +257,31 @@ def parse_nodes(text: str) -> list[Node]:
     return nodes
 
 
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's host list -> the names: `gpu[001-016,020],login1` -> gpu001 ... gpu016,
+    gpu020, login1 (zero padding kept; several bracket groups in one name multiply)."""
+    names: list[str] = []
+    for item in re.findall(r"(?:[^,\[]|\[[^\]]*\])+", text or ""):
+        expanded = [""]
+        for literal, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
+            numbers = []
+            for span in (ranges.split(",") if ranges else []):
+                lo, _, hi = span.partition("-")
+                if lo.isdigit() and (hi or lo).isdigit():
+                    numbers += [f"{i:0{len(lo)}d}" for i in range(int(lo), int(hi or lo) + 1)]
+            expanded = [e + literal + n for e in expanded for n in (numbers or [""])]
+        names += [e for e in expanded if e]
+    return names
+
+
 def parse_partitions(parts_text: str, nodes_text: str) -> dict[str, Partition]:
     """`scontrol show partition -o` and `show node -o` -> the partitions, in scontrol's
-    order, each with its nodes (read from the nodes' Partitions=, in one pass)."""
+    order, each with its nodes: read from the nodes' Partitions= in one pass, else (a
+    node record without it) from the partition's Nodes= host list."""
     members: dict[str, list[Node]] = defaultdict(list)
+    by_name: dict[str, Node] = {}
     for node in parse_nodes(nodes_text):
+        by_name[node.name] = node
         for pname in node.partitions:
             members[pname].append(node)
     partitions = {}
@@ -265,6 +290,10 @@ def parse_partitions(parts_text: str, nodes_text: str) -> dict[str, Partition]:
         if not name:
             continue
         nodes = tuple(members.get(name, ()))
+        listed = _limit(r.get("Nodes"))
+        if not nodes and listed:
+            names = list(by_name) if listed == "ALL" else expand_hostlist(listed)
+            nodes = tuple(by_name[n] for n in names if n in by_name)
         partitions[name] = Partition(
             name=name, default=r.get("Default") == "YES", state=r.get("State", "UP"),
             max_time=_limit(r.get("MaxTime")), max_nodes=parse_int(r.get("MaxNodes")),
