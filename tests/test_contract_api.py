@@ -131,3 +131,12 @@ def test_api_takes_a_single_override_sweep_and_after_as_one_item(tmp_path, isola
         api.prepare("examples/torch_ddp.yaml", site="local-slurm", after="no-such-run", dry_run=True)
     plan = api.plan("examples/torch_ddp.yaml", site="local-slurm", overrides="model.params=1e6")
     assert plan.input.params == 1_000_000
+
+
+def test_list_of_a_sweep_that_does_not_exist_is_bad_input(tmp_path, isolated_env, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError) as caught:
+        api.list_runs(sweep="no-such-sweep")
+    assert caught.value.exit_code == 2 and caught.value.key == "SWEEP"
+    proc = glaunch("list", "no-such-sweep", env=isolated_env, cwd=tmp_path)
+    assert proc.returncode == 2 and "no-such-sweep" in proc.stderr and "Traceback" not in proc.stderr

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import schedulers
-from ..errors import GlaunchError, RunError, SchedulerError
+from ..errors import ConfigError, GlaunchError, SchedulerError
 from .layout import RunDir, RunRecord, State, is_terminal
 from .submission import Echo, Run, RunRef
 from .sweep_submission import Sweep
@@ -46,7 +46,7 @@ def run_dir_of(run: RunRef) -> Path:
     if isinstance(run, Run):
         return run.run_dir
     if isinstance(run, Sweep):
-        raise RunError(f"{run.sweep_id} is a sweep, not a run")
+        raise ConfigError(f"{run.sweep_id} is a sweep, not a run", file="command line", key="RUN")
     return find_run(os.fspath(run))
 
 
@@ -231,7 +231,8 @@ def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
     if sweep is not None:
         sweep_dir = find_sweep(sweep)
         if sweep_dir is None:
-            raise RunError(f"no sweep {sweep!r} (`glaunch list` shows runs and sweeps)")
+            raise ConfigError(f"no sweep {sweep!r} (`glaunch list` shows runs and sweeps)", file="command line",
+                              key="SWEEP")
         return list(status(sweep_dir)["elements"])
     return recent(limit)
 
