@@ -15,9 +15,11 @@ rendered for the detected profile is right for the cluster and shell-clean.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -399,3 +401,61 @@ def test_powered_down_nodes_take_jobs(tmp_path):
     report = compare(site, parse_cluster(gone), partition="cpu")
     assert any(d.key == "partitions.cpu" and "no node of partition cpu on cluster hopper takes jobs now" in d.message
                for d in report.warnings), report.format()
+
+
+# --- through the command line, with stand-ins for Slurm's commands ------------------------------------
+
+
+def fake_slurm(tmp_path: Path, cluster: str, account: str) -> dict[str, str]:
+    """Mock scontrol and sacctmgr (no Slurm here) answering from the recordings; the environment
+    that puts them first on PATH."""
+    bin_dir = tmp_path / "fake-bin"
+    bin_dir.mkdir()
+    for name, body in (
+            ("scontrol", f'cat >/dev/null\ntail -n +2 "{RECORDED / f"{cluster}.scontrol.txt"}"\n'),
+            ("sacctmgr", f'case "$*" in\n  *"show user"*) echo {account} ;;\n'
+                         f'  *"show assoc"*) tail -n +2 "{RECORDED / f"{cluster}.assoc.txt"}" ;;\n'
+                         f'  *"show qos"*) tail -n +2 "{RECORDED / f"{cluster}.qos.txt"}" ;;\nesac\n')):
+        (bin_dir / name).write_text(f"#!/bin/bash\n{body}", encoding="utf-8")
+        (bin_dir / name).chmod(0o755)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", HOME=str(tmp_path / "home"),
+                PYTHONPATH=str(REPO))
+
+
+def glaunch(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], env=env, cwd=cwd, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_sites_detect_then_check_on_hopper(tmp_path):
+    env = fake_slurm(tmp_path, "hopper", "proj1")
+    detected = glaunch(env, tmp_path, "sites", "detect")
+    assert detected.returncode == 0, detected.stderr
+    path = tmp_path / "site_configs" / "hopper.yaml"
+    text = path.read_text(encoding="utf-8")
+    assert "# Review: partition mig takes only QOS debug, interactive (AllowQos)" in text
+    assert "account: proj1" in text and "default_partition: gpu" in text
+    # The one choice detection leaves to the user is what the check refuses: the user's default
+    # QOS is not one partition mig takes.
+    checked = glaunch(env, tmp_path, "sites", "check", "hopper")
+    assert checked.returncode == 3, checked.stdout + checked.stderr
+    assert "FATAL    partitions.mig.qos: the profile gives none, so jobs run under QOS normal" in checked.stdout
+    path.write_text(text.replace("    max_time: \"04:00:00\"\n", "    max_time: \"04:00:00\"\n    qos: interactive\n"),
+                    encoding="utf-8")
+    checked = glaunch(env, tmp_path, "sites", "check", "hopper")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert "FATAL" not in checked.stdout and "Traceback" not in checked.stderr
+
+
+def test_sites_detect_with_no_partition_for_the_account(tmp_path):
+    env = fake_slurm(tmp_path, "cpuonly", "guests")
+    recording = RECORDED / "cpuonly.scontrol.txt"
+    text = recording.read_text(encoding="utf-8").replace("AllowAccounts=ALL", "AllowAccounts=staff")
+    (tmp_path / "cpuonly-staff.txt").write_text(text, encoding="utf-8")
+    scontrol = tmp_path / "fake-bin" / "scontrol"
+    scontrol.write_text(scontrol.read_text().replace(str(recording), str(tmp_path / "cpuonly-staff.txt")))
+    detected = glaunch(env, tmp_path, "sites", "detect")
+    assert detected.returncode == 3 and "Traceback" not in detected.stderr, detected.stderr
+    assert "no partition of the cluster takes this user's jobs: partition short left out: account guests may not " \
+           "use it (AllowAccounts=staff)" in detected.stderr
+    assert not (tmp_path / "site_configs").exists()
