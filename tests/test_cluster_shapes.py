@@ -459,3 +459,11 @@ def test_sites_detect_with_no_partition_for_the_account(tmp_path):
     assert "no partition of the cluster takes this user's jobs: partition short left out: account guests may not " \
            "use it (AllowAccounts=staff)" in detected.stderr
     assert not (tmp_path / "site_configs").exists()
+
+
+def test_a_job_naming_no_partition_is_checked_on_the_default_one():
+    site = {"name": "bare", "partitions": {}}
+    report = compare(site, parse_cluster(CPUONLY), request=request(None, nodes=5, gpus=0))
+    assert [str(d) for d in report.fatal] == [
+        "resources.nodes: 5 asked, partition batch on cluster cpuonly gives a job at most 4; this job is refused at "
+        "submission (EnforcePartLimits=ALL)"], report.format()

@@ -84,6 +84,9 @@ def compare(site: Mapping[str, Any], cluster: Cluster, *, partition: str | None 
     for pname in scope:
         diffs += partition_diffs(pname, parts.get(pname) or {}, site, cluster, described=pname in parts)
     diffs += _site_diffs(site, cluster, scope, submit=partition is not None)
+    if request is not None and request.partition is None and cluster.default_partition is not None:
+        # No partition named: sbatch sends the job to the cluster's default one.
+        request = dataclasses.replace(request, partition=cluster.default_partition)
     if request is not None and request.partition is not None and request.partition in cluster.partitions:
         diffs += _request_diffs(request, parts.get(request.partition) or {}, site, cluster, diffs)
 
@@ -175,10 +178,10 @@ def _request_diffs(request: Request, prof: Mapping[str, Any], site: Mapping[str,
     if limit is not None and request.time_s > limit and f"partitions.{part.name}.max_time" not in flagged:
         out.append(Difference("resources.time", f"{slurmtime.format(request.time_s)} asked, {on} allows "
                               f"{part.max_time} (the profile gives no partitions.{part.name}.max_time); "
-                              f"{fate(cluster).replace('jobs over it', 'this job')}", True, part.name))
+                              f"{fate(cluster, this_job=True)}", True, part.name))
     if request.nodes > part.node_limit and f"partitions.{part.name}.max_nodes" not in flagged:
         out.append(Difference("resources.nodes", f"{request.nodes} asked, {on} gives a job at most "
-                              f"{part.node_limit}; {fate(cluster).replace('jobs over it', 'this job')}", True,
+                              f"{part.node_limit}; {fate(cluster, this_job=True)}", True,
                               part.name))
     elif part.nodes and request.nodes <= part.node_limit:
         out += _fit_diffs(request, part, on)

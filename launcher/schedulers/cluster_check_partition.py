@@ -22,12 +22,12 @@ def to_seconds(text: str | None) -> int | None:
         return None
 
 
-def fate(cluster: Cluster) -> str:
-    """What happens to a job over a partition limit."""
+def fate(cluster: Cluster, *, this_job: bool = False) -> str:
+    """What happens to a job over a partition limit (this one, or any)."""
     mode = cluster.enforce_part_limits
     if mode in ("NO", ""):
-        return "jobs over it would pend forever (EnforcePartLimits=NO)"
-    return f"jobs over it are refused at submission (EnforcePartLimits={mode})"
+        return f"{'this job' if this_job else 'jobs over it'} would pend forever (EnforcePartLimits=NO)"
+    return f"{'this job is' if this_job else 'jobs over it are'} refused at submission (EnforcePartLimits={mode})"
 
 
 def _gpu_type_matches(profile_type: str, cluster_type: str | None) -> bool:
