@@ -26,7 +26,7 @@ import pytest
 
 from launcher import schedulers
 from launcher.config.load import load_experiment, load_site
-from launcher.errors import SchedulerError
+from launcher.errors import ConfigError, SchedulerError
 from launcher.resolution import slurmtime
 from launcher.resolution.jobplan import SubmitContext
 from launcher.resolution.resolve import resolve
@@ -467,3 +467,12 @@ def test_a_job_naming_no_partition_is_checked_on_the_default_one():
     assert [str(d) for d in report.fatal] == [
         "resources.nodes: 5 asked, partition batch on cluster cpuonly gives a job at most 4; this job is refused at "
         "submission (EnforcePartLimits=ALL)"], report.format()
+
+
+def test_a_profile_copying_max_time_unlimited_is_told_what_to_write(tmp_path):
+    path = tmp_path / "copied.yaml"
+    path.write_text("name: copied\nextends: base-slurm\ndefault_partition: cpu\npartitions:\n  cpu:\n"
+                    "    gpus_per_node: 0\n    max_time: UNLIMITED\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as err:
+        load_site(str(path), tmp_path, {"HOME": str(tmp_path / "home")})
+    assert err.value.key == "partitions.cpu.max_time" and "leave it out or write null" in str(err.value)

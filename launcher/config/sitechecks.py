@@ -114,6 +114,9 @@ def _check_partition(pname: str, part: schema.Partition, prov: Provenance) -> No
         if value is not None and value <= 0:
             raise prov.error(f"{key}.{field_name}", "must be more than 0")
     if part.max_time is not None:
+        if part.max_time.strip().upper() in ("UNLIMITED", "INFINITE"):
+            raise prov.error(f"{key}.max_time", f"{part.max_time!r}: a partition without a time limit (Slurm's "
+                             "MaxTime=UNLIMITED) has no max_time: leave it out or write null")
         try:
             slurmtime.parse(part.max_time)
         except ValueError as exc:
