@@ -140,3 +140,11 @@ def test_list_of_a_sweep_that_does_not_exist_is_bad_input(tmp_path, isolated_env
     assert caught.value.exit_code == 2 and caught.value.key == "SWEEP"
     proc = glaunch("list", "no-such-sweep", env=isolated_env, cwd=tmp_path)
     assert proc.returncode == 2 and "no-such-sweep" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("limit", ["0", "-5"])
+def test_list_of_no_or_fewer_than_no_runs_is_bad_input(tmp_path, isolated_env, limit):
+    ended_run(tmp_path)
+    proc = glaunch("list", "-n", limit, env=isolated_env, cwd=tmp_path)
+    assert proc.returncode == 2 and "-n" in proc.stderr and "no runs yet" not in proc.stdout, proc.stdout
+    assert api.list_runs(1)[0]["run_id"] == "r"

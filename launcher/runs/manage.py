@@ -228,6 +228,8 @@ def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
     listing. With `sweep` (its id or directory): its elements' rows, as `status` has them."""
     from .status import recent
 
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ConfigError(f"how many runs to list: 1 or more, got {limit!r}", file="command line", key="-n")
     if sweep is not None:
         sweep_dir = find_sweep(sweep)
         if sweep_dir is None:
