@@ -21,7 +21,7 @@ import yaml
 from ..config.schema import NAME_PATTERN
 from ..errors import SchedulerError
 from ..resolution import slurmtime
-from .cluster_facts import (Partition, gpus_of, parse_partitions, parse_records, read_scontrol, split_scontrol,
+from .cluster_facts import (Node, Partition, gpus_of, parse_partitions, parse_records, read_scontrol, split_scontrol,
                             takes_gpus_per_node)
 from .slurm_client import ACCOUNTING_POLICY, Unreachable, run_command
 
@@ -54,24 +54,44 @@ def _left_out(part: Partition, account: str | None, user: str | None) -> str | N
     return None
 
 
-def _entry(part: Partition, partitions: Mapping[str, Partition]) -> dict[str, Any]:
-    """One partition in profile terms: what every one of its nodes gives a job."""
-    gpus = [(n.gpu_count, _one_type(n.gpus)) for n in part.nodes]
-    types = {t for _, t in gpus}
-    entry: dict[str, Any] = {"gpus_per_node": min(c for c, _ in gpus)}
-    if entry["gpus_per_node"] and is_mig(part):
+# A node as a profile sees it: GPU count, its one GPU type (or None), whether every GPU is
+# a MIG slice (vacuously, with none), CPUs, memory for jobs. Partitions share nodes, and
+# their nodes come in a few shapes: each node is read once, each partition per shape.
+_Shape = tuple[int, "str | None", bool, "int | None", "int | None"]
+
+
+def _shape(node: Node) -> _Shape:
+    mig = all(t is not None and _MIG_TYPE.search(t) for t in node.gpus)
+    return node.gpu_count, _one_type(node.gpus), mig, node.cpus, node.job_mem_mb
+
+
+def _entry(part: Partition, partitions: Mapping[str, Partition],
+           shapes: dict[int, _Shape]) -> tuple[dict[str, Any], bool]:
+    """One partition in profile terms: what every one of its nodes gives a job; and whether
+    its GPUs are MIG slices."""
+    kinds = set()
+    for n in part.nodes:
+        shape = shapes.get(id(n))
+        if shape is None:
+            shape = shapes[id(n)] = _shape(n)
+        kinds.add(shape)
+    entry: dict[str, Any] = {"gpus_per_node": min(k[0] for k in kinds)}
+    mig = bool(entry["gpus_per_node"]) and all(k[2] for k in kinds)
+    if mig:
         # CUDA shows a process one MIG slice: more ranks on a node would share the first.
         entry["gpus_per_node"] = 1
+    types = {k[1] for k in kinds}
     gtype = types.pop() if len(types) == 1 else None
     if gtype:
         entry["gpu_type"] = gtype
     entry["gpu_mem_gb"] = None
-    cpus = [c for c in (part.job_cpus(n) for n in part.nodes) if c is not None]
+    # MaxCPUsPerNode and MaxMemPerNode cap every node alike (Partition.job_cpus, job_mem_mb).
+    cpus = [k[3] for k in kinds if k[3] is not None]
     if cpus and min(cpus) >= 1:
-        entry["cpus_per_node"] = min(cpus)
-    mems = [m for m in (part.job_mem_mb(n) for n in part.nodes) if m is not None]
+        entry["cpus_per_node"] = min(min(cpus), part.max_cpus_per_node or min(cpus))
+    mems = [k[4] for k in kinds if k[4] is not None]
     if mems and min(mems) >= 1024:     # RealMemory=1 is slurm.conf's "not configured"
-        entry["mem_gb"] = min(mems) // 1024
+        entry["mem_gb"] = min(min(mems), part.max_mem_per_node_mb or min(mems)) // 1024
     if part.node_limit >= 1:
         entry["max_nodes"] = part.node_limit
     if part.max_time is not None and _is_time(part.max_time):
@@ -82,16 +102,10 @@ def _entry(part: Partition, partitions: Mapping[str, Partition]) -> dict[str, An
     lower = any(o.priority_tier > part.priority_tier for o in partitions.values() if o.name != part.name)
     if part.preempt_mode.upper() not in ("OFF", "") and lower:
         entry["preemptible"] = True
-    return entry
+    return entry, mig
 
 
 _MIG_TYPE = re.compile(r"(?:^|[_-])\d+g\.\d+gb$", re.I)
-
-
-def is_mig(part: Partition) -> bool:
-    """Whether every GPU of the partition is a MIG slice (Gres=gpu:a100_1g.10gb:7, ...)."""
-    kinds = [t for n in part.nodes for t in n.gpus]
-    return bool(kinds) and all(t is not None and _MIG_TYPE.search(t) for t in kinds)
 
 
 def _one_type(kinds: Mapping[str | None, int]) -> str | None:
@@ -114,13 +128,14 @@ def detect_profile(name: str, partitions_text: str, nodes_text: str, *, settings
     left out and said why."""
     partitions = parse_partitions(partitions_text, nodes_text)
     notes, profile_parts = [], {}
+    shapes: dict[int, _Shape] = {}
     for part in partitions.values():
         why = _left_out(part, account, user)
         if why:
             notes.append(f"partition {part.name} left out: {why}")
         else:
-            profile_parts[part.name] = _entry(part, partitions)
-            if is_mig(part):
+            profile_parts[part.name], mig = _entry(part, partitions, shapes)
+            if mig:
                 notes.append(f"partition {part.name} has MIG slices: gpus_per_node is 1, as CUDA shows a process "
                              "one slice (a job's ranks on a node would all share the first)")
             if len(part.allow_qos or ()) > 1:
