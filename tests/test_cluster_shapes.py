@@ -476,3 +476,22 @@ def test_a_profile_copying_max_time_unlimited_is_told_what_to_write(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_site(str(path), tmp_path, {"HOME": str(tmp_path / "home")})
     assert err.value.key == "partitions.cpu.max_time" and "leave it out or write null" in str(err.value)
+
+
+def test_allow_groups():
+    """AllowGroups=ml-staff on partition debug: a user in none of them is refused there."""
+    text = HOPPER.replace("PartitionName=debug AllowGroups=ALL", "PartitionName=debug AllowGroups=ml-staff,admins")
+    assert text != HOPPER
+    parts, nodes, settings = split_scontrol(text)
+    found = detect_profile("hopper", parts, nodes, settings=settings, account="proj1", user="alice",
+                           groups=frozenset({"alice", "users"}))
+    assert "debug" not in found.profile["partitions"]
+    assert "partition debug left out: user alice is in none of its groups (AllowGroups=admins,ml-staff)" in found.notes
+    profile = detect(HOPPER, "hopper", account="proj1").profile
+    outsider = parse_cluster(text, user="alice", groups=frozenset({"alice", "users"}))
+    assert [str(d) for d in compare(profile, outsider, partition="debug").fatal] == [
+        "partitions.debug: user alice is in none of the groups partition debug on cluster hopper allows "
+        "(AllowGroups=admins,ml-staff); jobs are refused"]
+    member = parse_cluster(text, user="alice", groups=frozenset({"alice", "ml-staff"}))
+    assert compare(profile, member, partition="debug").fatal == []
+    assert compare(profile, parse_cluster(text, user="alice"), partition="debug").fatal == []   # groups unknown

@@ -188,6 +188,11 @@ def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any]
                 "(BadConstraints)", True)
 
     # Who may use it.
+    allowed_groups = part.allow_groups
+    if allowed_groups is not None and cluster.groups is not None and cluster.user not in (None, "root") \
+            and not allowed_groups & cluster.groups:
+        out.append(Difference(key, f"user {cluster.user} is in none of the groups {on} allows "
+                              f"(AllowGroups={','.join(sorted(allowed_groups))}); jobs are refused", True, pname))
     account = site.get("account")
     if account and part.allow_accounts is not None and account not in part.allow_accounts:
         out.append(Difference("account", f"the profile says {account}, {on} allows only account(s) "

@@ -140,6 +140,7 @@ class Partition:
     hidden: bool = False
     root_only: bool = False
     qos: str | None = None              # the partition's own QOS (QoS=), whose limits bind every job there
+    allow_groups: frozenset[str] | None = None   # None: ALL
 
     @property
     def node_limit(self) -> int:
@@ -187,6 +188,7 @@ class Cluster:
     associations: tuple[Association, ...] | None = None   # None: sacctmgr gave no answer
     qos: Mapping[str, Qos] | None = None
     accounting_note: str | None = None                     # why associations/QOS are unknown
+    groups: frozenset[str] | None = None                   # the user's Unix groups (None: unknown)
 
     @property
     def enforce_part_limits(self) -> str:
@@ -302,19 +304,22 @@ def parse_partitions(parts_text: str, nodes_text: str) -> dict[str, Partition]:
             allow_qos=_names(r.get("AllowQos")), deny_qos=_names(r.get("DenyQos")) or frozenset(),
             max_cpus_per_node=parse_int(r.get("MaxCPUsPerNode")), max_mem_per_node_mb=parse_int(r.get("MaxMemPerNode")),
             preempt_mode=r.get("PreemptMode", "OFF"), priority_tier=parse_int(r.get("PriorityTier")) or 1,
-            hidden=r.get("Hidden") == "YES", root_only=r.get("RootOnly") == "YES", qos=_limit(r.get("QoS")))
+            hidden=r.get("Hidden") == "YES", root_only=r.get("RootOnly") == "YES", qos=_limit(r.get("QoS")),
+            allow_groups=_names(r.get("AllowGroups")))
     return partitions
 
 
 def parse_cluster(scontrol_text: str, *, assoc_text: str | None = None, qos_text: str | None = None,
-                  user: str | None = None, accounting_note: str | None = None) -> Cluster:
+                  user: str | None = None, accounting_note: str | None = None,
+                  groups: frozenset[str] | None = None) -> Cluster:
     """The facts `compare` reads: scontrol's answer to SCONTROL_COMMANDS, and sacctmgr's
     `-n -P` rows in ASSOC_FORMAT and QOS_FORMAT (None: not reachable)."""
     parts_text, nodes_text, settings = split_scontrol(scontrol_text)
     partitions = parse_partitions(parts_text, nodes_text)
     assocs = None if assoc_text is None else tuple(parse_associations(assoc_text))
     qos = None if qos_text is None else {q.name: q for q in parse_qos(qos_text)}
-    return Cluster(settings.get("ClusterName", "cluster"), settings, partitions, user, assocs, qos, accounting_note)
+    return Cluster(settings.get("ClusterName", "cluster"), settings, partitions, user, assocs, qos, accounting_note,
+                   groups)
 
 
 def parse_associations(text: str) -> list[Association]:
@@ -366,4 +371,25 @@ def read_cluster(command: str = "glaunch sites check") -> Cluster:
                 note = f"account and QOS not checked: sacctmgr said: {said[-1] if said else 'nothing'}"
         except Unreachable as exc:
             note = f"account and QOS not checked: {exc.message}"
-    return parse_cluster(text, assoc_text=assoc_text, qos_text=qos_text, user=user, accounting_note=note)
+    return parse_cluster(text, assoc_text=assoc_text, qos_text=qos_text, user=user, accounting_note=note,
+                         groups=user_groups(user))
+
+
+def user_groups(user: str) -> frozenset[str] | None:
+    """The names of `user`'s Unix groups, as slurmctld resolves them for AllowGroups (None:
+    not known here)."""
+    import grp
+    import os
+    import pwd
+
+    try:
+        gids = os.getgrouplist(user, pwd.getpwnam(user).pw_gid)
+    except (KeyError, OSError):
+        return None
+    names = set()
+    for gid in gids:
+        try:
+            names.add(grp.getgrgid(gid).gr_name)
+        except KeyError:
+            continue
+    return frozenset(names)

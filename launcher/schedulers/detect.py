@@ -22,7 +22,7 @@ from ..config.schema import NAME_PATTERN
 from ..errors import SchedulerError
 from ..resolution import slurmtime
 from .cluster_facts import (Node, Partition, gpus_of, parse_partitions, parse_records, read_scontrol, split_scontrol,
-                            takes_gpus_per_node)
+                            takes_gpus_per_node, user_groups)
 from .slurm_client import ACCOUNTING_POLICY, Unreachable, run_command
 
 __all__ = ["Detected", "build_profile", "detect_profile", "gpus_of", "parse_records", "query_cluster",
@@ -35,7 +35,8 @@ class Detected:
     notes: tuple[str, ...]      # the partitions left out of the profile and why; choices to review
 
 
-def _left_out(part: Partition, account: str | None, user: str | None) -> str | None:
+def _left_out(part: Partition, account: str | None, user: str | None,
+              groups: frozenset[str] | None) -> str | None:
     """Why a partition has no place in this user's profile, or None."""
     if not NAME_PATTERN.fullmatch(part.name):
         return "its name is not one a profile takes (letters, digits, '.', '_' and '-')"
@@ -45,6 +46,8 @@ def _left_out(part: Partition, account: str | None, user: str | None) -> str | N
         return "State=INACTIVE: it takes no jobs"
     if part.root_only and user != "root":
         return "RootOnly=YES: only root submits there"
+    if part.allow_groups is not None and groups is not None and user != "root" and not part.allow_groups & groups:
+        return f"user {user} is in none of its groups (AllowGroups={','.join(sorted(part.allow_groups))})"
     if account and part.allow_accounts is not None and account not in part.allow_accounts:
         return f"account {account} may not use it (AllowAccounts={','.join(sorted(part.allow_accounts))})"
     if account and account in part.deny_accounts:
@@ -122,15 +125,16 @@ def _is_time(text: str) -> bool:
 
 
 def detect_profile(name: str, partitions_text: str, nodes_text: str, *, settings: Mapping[str, str] | None = None,
-                   account: str | None = None, user: str | None = None) -> Detected:
+                   account: str | None = None, user: str | None = None,
+                   groups: frozenset[str] | None = None) -> Detected:
     """The profile mapping for the cluster described by scontrol's one-line records, with
-    the partitions this user cannot use (by account, RootOnly, Hidden, INACTIVE, no nodes)
+    the partitions this user cannot use (by account or group, RootOnly, Hidden, INACTIVE, no nodes)
     left out and said why."""
     partitions = parse_partitions(partitions_text, nodes_text)
     notes, profile_parts = [], {}
     shapes: dict[int, _Shape] = {}
     for part in partitions.values():
-        why = _left_out(part, account, user)
+        why = _left_out(part, account, user, groups)
         if why:
             notes.append(f"partition {part.name} left out: {why}")
         else:
@@ -199,5 +203,5 @@ def query_cluster(name: str | None) -> tuple[str, str]:
         if proc is not None and proc.returncode == 0 and proc.stdout.strip():
             account = proc.stdout.split()[0]
     detected = detect_profile(name or cluster, partitions_text, nodes_text, settings=settings, account=account,
-                              user=user)
+                              user=user, groups=user_groups(user))
     return detected.profile["name"], render_profile(detected.profile, cluster, detected.notes)
