@@ -2,6 +2,7 @@
 is one error line naming the file and the dotted key, exit 2, nothing written, and through
 the Python API a ConfigError."""
 
+import errno
 import os
 import subprocess
 import sys
@@ -232,3 +233,71 @@ def test_api_too_long_name_is_a_config_error(workdir):
     assert info.value.key == "name" and info.value.file == "command line"
     assert not (workdir / "runs").exists()
     assert os.listdir(workdir / "site_configs") == ["mysite.yaml"]
+
+
+# --- counts beyond what PyTorch and Slurm hold ---------------------------------------------------
+
+UNBOUNDED_SITE = "name: mysite\nscheduler: slurm\npartitions:\n  gpu: {gpus_per_node: 8}\n"
+
+
+@pytest.mark.parametrize("override,key,fragment", [
+    ("resources.nodes=268435456", "resources.nodes", "2147483648 ranks, more than PyTorch can number"),
+    ("resources.nodes=9223372036854775807", "resources.nodes", "more than PyTorch can number"),
+    ("resources.cpus_per_task=65534", "resources.cpus_per_task", "more than Slurm can request (65533)"),
+    ("resources.mem_gb=1e300", "resources.mem_gb", "more than Slurm can request"),
+    ("batch.micro_size=9223372036854775807", "batch.micro_size", "more than a 64-bit count holds"),
+])
+def test_counts_beyond_the_jobs_consumers_are_refused(override, key, fragment, workdir, monkeypatch, capsys):
+    (workdir / "site_configs" / "mysite.yaml").write_text(UNBOUNDED_SITE)
+    refused(workdir, monkeypatch, capsys, ["exp.yaml", override], f"command line: {key}", fragment)
+
+
+def test_largest_world_size_renders(workdir):
+    (workdir / "site_configs" / "mysite.yaml").write_text(UNBOUNDED_SITE)
+    prepared = api.prepare("exp.yaml", site="mysite", overrides=["resources.nodes=268435455"], dry_run=True)
+    assert prepared.plan.world_size == 2 ** 31 - 8
+    assert "#SBATCH --nodes=268435455" in prepared.files["job.sbatch"]
+
+
+# --- what exec() cannot start ------------------------------------------------------------------
+
+def test_the_exec_string_bound_is_the_kernels():
+    """A program starts with an environment string of MAX_EXEC_STRING bytes, not one more."""
+    from launcher.resolution.resolve import MAX_EXEC_STRING
+
+    def starts(size):
+        env = {"PATH": "/usr/bin:/bin", "A": "x" * (size - len("A="))}
+        try:
+            return subprocess.run(["/bin/true"], env=env, timeout=60).returncode == 0
+        except OSError as exc:
+            assert exc.errno == errno.E2BIG, exc
+            return False
+    assert starts(MAX_EXEC_STRING)
+    assert not starts(MAX_EXEC_STRING + 1)
+
+
+@pytest.mark.parametrize("text,key,fragment", [
+    ("env: {A: '%s'}\n" % ("x" * 131070), "exp.yaml:5: env.A", "131072 bytes long"),
+    # Aliases make a small file a large environment.
+    ("env: {V0: &v '%s', %s}\n" % ("x" * 100000, ", ".join(f"V{i}: *v" for i in range(1, 11))), "env.V10",
+     "ARG_MAX"),
+    ("launcher: torchrun\nentrypoint: {script: train.py, args: ['%s']}\n" % ("y" * 131072),
+     "entrypoint.args[0]", "131072 bytes long"),
+], ids=["env-value", "env-total", "torchrun-arg"])
+def test_what_exec_cannot_start_is_refused(text, key, fragment, workdir, monkeypatch, capsys):
+    exp = EXP.replace("entrypoint: {script: train.py}\n", "") if "entrypoint" in text else EXP
+    (workdir / "exp.yaml").write_text(exp + text)
+    refused(workdir, monkeypatch, capsys, ["exp.yaml"], key, fragment)
+
+
+def test_long_arguments_are_fine_under_srun(workdir):
+    """Under srun the script runs in the task's own process: its arguments are never exec'd."""
+    (workdir / "exp.yaml").write_text(EXP.replace("{script: train.py}", "{script: train.py, args: ['%s']}"
+                                                  % ("y" * 200000)))
+    prepared = api.prepare("exp.yaml", site="mysite", dry_run=True)
+    assert prepared.plan.entry_args == ("y" * 200000,)
+
+
+def test_site_env_too_long_names_the_profile(workdir, monkeypatch, capsys):
+    (workdir / "site_configs" / "mysite.yaml").write_text(SITE + "env: {BIG: '%s'}\n" % ("z" * 140000))
+    refused(workdir, monkeypatch, capsys, ["exp.yaml"], "mysite.yaml:7: env.BIG", "MAX_ARG_STRLEN")

@@ -19,6 +19,13 @@ from . import deepspeed_config, paths, slurmtime
 from .jobplan import CodeRoot, CodeSnapshot, Container, JobPlan, SubmitContext
 from .strategy import resolve_strategy
 
+# Counts beyond what the job's consumers hold: PyTorch ranks are C ints; Slurm keeps CPUs
+# per task in 16 bits and memory in MB in 64, their top values meaning "unset"/"unlimited".
+MAX_WORLD_SIZE = 2 ** 31 - 1
+MAX_CPUS_PER_TASK = 2 ** 16 - 3
+MAX_MEM_MB = 2 ** 62
+MAX_BATCH = 2 ** 63 - 1
+
 
 def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitContext) -> JobPlan:
     exp, site = exp_loaded.config, site_loaded.config
@@ -43,11 +50,19 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
     ranks_per_node = max(gpus, 1)
     tasks_per_node = ranks_per_node if exp.launcher == "srun" else 1
     world_size = nodes * ranks_per_node
+    if world_size > MAX_WORLD_SIZE:
+        raise eprov.error("resources.nodes", f"{nodes} nodes x {ranks_per_node} ranks = {world_size} ranks, more than "
+                          f"PyTorch can number ({MAX_WORLD_SIZE})")
     cpus_per_task = _cpus_per_task(res, part, partition_name, ranks_per_node, tasks_per_node, eprov)
+    if cpus_per_task is not None and cpus_per_task > MAX_CPUS_PER_TASK:
+        raise eprov.error("resources.cpus_per_task", f"{cpus_per_task} CPUs per task, more than Slurm can request "
+                          f"({MAX_CPUS_PER_TASK})")
     mem_gb = res.mem_gb
     if mem_gb is not None:
         if not math.isfinite(mem_gb) or mem_gb <= 0:
             raise eprov.error("resources.mem_gb", f"must be a finite number more than 0, got {mem_gb!r}")
+        if mem_gb * 1024 > MAX_MEM_MB:
+            raise eprov.error("resources.mem_gb", f"{mem_gb:g} GB is more than Slurm can request ({MAX_MEM_MB} MB)")
         if mem_gb * 1024 < 1:
             raise eprov.error("resources.mem_gb", f"{mem_gb:g} GB is less than 1 MiB, the smallest request "
                               "Slurm takes (--mem=0 would mean all of the node's memory)")
@@ -75,6 +90,9 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
     micro = _positive(exp.batch.micro_size, "batch.micro_size", eprov)
     global_batch = exp.batch.global_size if exp.batch.global_size is not None else micro * world_size
     _positive(global_batch, "batch.global_size", eprov)
+    if micro * world_size > MAX_BATCH:
+        raise eprov.error("batch.micro_size", f"{micro} x {world_size} ranks = {micro * world_size} samples per "
+                          f"step, more than a 64-bit count holds")
     if global_batch % (micro * world_size):
         raise eprov.error("batch.global_size", f"{global_batch} is not divisible by micro_size {micro} x world "
                           f"size {world_size} (= {micro * world_size}); accumulation must be a whole number")
@@ -121,6 +139,7 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
         key = reserved[0]
         prov = eprov if key in exp.env else sprov
         raise prov.error(f"env.{key}", "GLAUNCH_* variables are set by glaunch itself")
+    _check_exec_sizes(env, exp, eprov, sprov)
 
     container = None
     if site.container is not None:
@@ -331,6 +350,32 @@ def _check_experiment_text(exp: schema.Experiment, prov: Provenance) -> None:
         _check_text(str(value), f"env.{key}", prov)
     if exp.strategy.nvme_path is not None:
         _check_text(exp.strategy.nvme_path, "strategy.nvme_path", prov)
+
+
+# Linux starts no program with one argument or environment string over MAX_ARG_STRLEN
+# (32 pages, its NUL included), nor with all of them over ARG_MAX (2 MiB by default,
+# shared with what the job inherits): every rank would fail with "Argument list too long".
+MAX_EXEC_STRING = 32 * 4096 - 1
+MAX_EXEC_TOTAL = 1 << 20
+
+
+def _check_exec_sizes(env: dict[str, str], exp: schema.Experiment, eprov: Provenance, sprov: Provenance) -> None:
+    """The environment, and torchrun's workers' arguments (under srun the script runs in
+    the task's own process), within what exec() takes."""
+    strings = [(f"env.{k}", eprov if k in exp.env else sprov, f"{k}={v}") for k, v in env.items()]
+    if exp.launcher == "torchrun":
+        strings += [(f"entrypoint.args[{i}]", eprov, str(a)) for i, a in enumerate(exp.entrypoint.args)]
+    total = 0
+    for key, prov, text in strings:
+        size = len(text.encode())
+        total += size + 1
+        if size > MAX_EXEC_STRING:
+            raise prov.error(key, f"{size} bytes long: Linux starts no program with a single argument or "
+                             f"environment variable of more than {MAX_EXEC_STRING} bytes (MAX_ARG_STRLEN)")
+        if total > MAX_EXEC_TOTAL:
+            what = "the environment and arguments reach" if exp.launcher == "torchrun" else "the environment reaches"
+            raise prov.error(key, f"{what} {total} bytes here, more than the {MAX_EXEC_TOTAL} a job may add to what "
+                             "every program it starts receives (ARG_MAX)")
 
 
 def _check_text(text: str, key: str, prov: Provenance) -> None:
