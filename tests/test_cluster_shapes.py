@@ -31,8 +31,9 @@ from launcher.resolution import slurmtime
 from launcher.resolution.jobplan import SubmitContext
 from launcher.resolution.resolve import resolve
 from launcher.schedulers.cluster_check import Request, compare, site_mapping
-from launcher.schedulers.cluster_facts import parse_cluster, parse_records, split_scontrol
+from launcher.schedulers.cluster_facts import parse_cluster
 from launcher.schedulers.detect import detect_profile, render_profile
+from launcher.schedulers.scontrol_text import parse_records, split_scontrol
 
 RECORDED = Path(__file__).parent / "recorded_cluster"
 REPO = Path(__file__).resolve().parent.parent

@@ -22,7 +22,8 @@ import yaml
 from launcher.config import schema
 from launcher.config.load import load_site
 from launcher.errors import ConfigError
-from launcher.schedulers.detect import build_profile, gpus_of, parse_records, render_profile
+from launcher.schedulers.detect import build_profile, render_profile
+from launcher.schedulers.scontrol_text import gpus_of, parse_records
 
 RECORDED = Path(__file__).parent / "recorded"
 SHIPPED = Path(__file__).resolve().parent.parent / "site_configs"

@@ -21,12 +21,9 @@ import yaml
 from ..config.schema import NAME_PATTERN
 from ..errors import SchedulerError
 from ..resolution import slurmtime
-from .cluster_facts import (Node, Partition, gpus_of, parse_partitions, parse_records, read_scontrol, split_scontrol,
-                            takes_gpus_per_node, user_groups)
+from .cluster_facts import Node, Partition, parse_partitions, takes_gpus_per_node, user_groups
+from .scontrol_text import read_scontrol, split_scontrol
 from .slurm_client import ACCOUNTING_POLICY, Unreachable, run_command
-
-__all__ = ["Detected", "build_profile", "detect_profile", "gpus_of", "parse_records", "query_cluster",
-           "render_profile"]
 
 
 @dataclass(frozen=True)
