@@ -301,3 +301,18 @@ def test_long_arguments_are_fine_under_srun(workdir):
 def test_site_env_too_long_names_the_profile(workdir, monkeypatch, capsys):
     (workdir / "site_configs" / "mysite.yaml").write_text(SITE + "env: {BIG: '%s'}\n" % ("z" * 140000))
     refused(workdir, monkeypatch, capsys, ["exp.yaml"], "mysite.yaml:7: env.BIG", "MAX_ARG_STRLEN")
+
+
+# --- documents and keys that show nothing ---------------------------------------------------------
+
+@pytest.mark.parametrize("text", ["---\n", "# only a comment\n--- \n...\n"])
+def test_a_document_marker_alone_is_an_empty_file(text, workdir, monkeypatch, capsys):
+    (workdir / "exp.yaml").write_text(text)
+    refused(workdir, monkeypatch, capsys, ["exp.yaml"], "exp.yaml: the file is empty")
+
+
+@pytest.mark.parametrize("key,shown", [("''", "unknown key ''"), ("' resources'", "unknown key ' resources'"),
+                                       ("resources\u200b", "unknown key 'resources\\u200b'")])
+def test_an_unknown_key_that_would_not_show_is_quoted(key, shown, workdir, monkeypatch, capsys):
+    (workdir / "exp.yaml").write_text(EXP + f"{key}: 1\n")
+    refused(workdir, monkeypatch, capsys, ["exp.yaml"], shown)

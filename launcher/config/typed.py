@@ -379,9 +379,10 @@ def _unknown_key(name: str, specs: Mapping[str, Any]) -> str:
     import difflib
 
     close = difflib.get_close_matches(name, list(specs), n=2, cutoff=0.6)
+    shown = "" if name.isidentifier() else f" {name!r}"      # '' or one with spaces would not show
     if close:
-        return f"unknown key; did you mean {' or '.join(repr(c) for c in close)}?"
-    return f"unknown key (known here: {', '.join(specs)})"
+        return f"unknown key{shown}; did you mean {' or '.join(repr(c) for c in close)}?"
+    return f"unknown key{shown} (known here: {', '.join(specs)})"
 
 
 def _join(prefix: str, name: str) -> str:

@@ -82,7 +82,7 @@ def read_yaml(path: str | os.PathLike) -> YamlDoc:
     name = str(path)
     text = _read_text(name)
     data, lines = parse(text, name, lines=True)
-    if data is None:
+    if data is None or data == Scalar(""):        # nothing, or only `---`
         raise ConfigError("the file is empty", file=name)
     if not isinstance(data, dict):
         raise ConfigError("the top level must be a mapping of keys", file=name)
