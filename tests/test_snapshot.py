@@ -442,15 +442,69 @@ def test_the_copy_keeps_modes_times_links_and_bytes(work_tree, tmp_path):
     assert (dest / "src" / "helper.py").read_text() == "VALUE = 1\n"
 
 
-def test_a_fifo_in_the_tree_is_refused_not_waited_on(tmp_path):
+def test_a_fifo_or_socket_in_the_tree_is_left_out_never_waited_on(tmp_path, work_tree):
+    """Not code (git cannot track one): left out by the survey, and one that appears
+    between the survey and the copy is skipped, never opened for a blocking read."""
+    import socket
+
     root = tmp_path / "plain"
     root.mkdir()
     (root / "train.py").write_text("pass\n")
     os.mkfifo(root / "pipe")
+    os.mkfifo(work_tree / "pipe")
+    for tree, git_tree in ((root, False), (work_tree, True)):
+        code = code_for(tree, tmp_path / f"dest-{git_tree}", git_tree=git_tree)
+        found = snapshot.survey(code)
+        assert "pipe" not in {name for name, _ in found.files}
+        (tree / "late.py").write_text("x = 1\n")
+        found = snapshot.survey(code)
+        (tree / "late.py").unlink()
+        os.mkfifo(tree / "late.py")                    # a file that became a pipe after the survey
+        snapshot.take(code, found, tmp_path / "code.patch")
+        assert sorted(os.listdir(code.dest)) == sorted(n for n in os.listdir(tree) if n not in (
+            "pipe", "late.py", ".git", "data", "run.log"))
+        (tree / "late.py").unlink()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(root / "sock"))
+        code = code_for(root, tmp_path / "dest-socket", git_tree=False)
+        assert "sock" not in {name for name, _ in snapshot.survey(code).files}
+
+
+def test_a_file_the_copy_cannot_open_names_code_exclude(tmp_path):
+    """A file that became a socket after the survey cannot be opened (ENXIO): said in the
+    experiment's terms, not as the run directory's fault."""
+    import socket
+
+    root = tmp_path / "plain"
+    root.mkdir()
+    (root / "train.py").write_text("pass\n")
+    (root / "sock").write_text("a file at survey time\n")
     code = code_for(root, tmp_path / "dest", git_tree=False)
     found = snapshot.survey(code)
-    with pytest.raises(OSError):
-        snapshot.take(code, found, tmp_path / "code.patch")
+    (root / "sock").unlink()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(root / "sock"))
+        with pytest.raises(ConfigError) as caught:
+            snapshot.take(code, found, tmp_path / "code.patch", "exp.yaml")
+    assert caught.value.key == "code.exclude" and caught.value.file == "exp.yaml"
+    assert str(root / "sock") in caught.value.message
+
+
+@pytest.mark.parametrize("sweep", [(), ("--sweep", "hparams.a=1,2")])
+def test_a_fifo_beside_the_entry_point_submits(tmp_path, isolated_env, sweep):
+    """A folder outside git (copied whole) with a named pipe in it."""
+    root = tmp_path / "plain"
+    root.mkdir()
+    (root / "train.py").write_text("pass\n")
+    (root / "exp.yaml").write_text("name: snap\nentrypoint: {script: train.py}\nresources: {time: '10'}\n"
+                                   "requeue: {signal_lead_s: 30}\n")
+    os.mkfifo(root / "pipe")
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "exp.yaml", "--site", "local-slurm",
+                           "--dry-run", "--runs-dir", str(tmp_path / "runs"), *sweep],
+                          cwd=root, env=isolated_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    (written,) = (tmp_path / "runs").iterdir()
+    assert sorted(os.listdir(written / "code")) == ["exp.yaml", "train.py"]
 
 
 ODD_NAMES = ("star*.txt", "[ab].txt", ":(glob)magic", "tab\tname.py", "new\nline.py", "é.txt", "sp ace/x.py", "link")

@@ -133,7 +133,7 @@ def write_bundle(plan: JobPlan, files: Mapping[str, str], *, dry_run: bool,
             if origin is None:
                 taken = None
                 if survey is not None and plan.code is not None:
-                    taken = snapshot.take(plan.code, survey, bundle.path / CODE_PATCH)
+                    taken = snapshot.take(plan.code, survey, bundle.path / CODE_PATCH, plan.experiment_file)
                 elif plan.code is None:
                     # No copy: the commit and the state of the tree it runs from, as at submit.
                     script = plan.submitted_script
@@ -142,6 +142,10 @@ def write_bundle(plan: JobPlan, files: Mapping[str, str], *, dry_run: bool,
             record = initial_record(plan, dry_run=dry_run, origin=origin)
             record.extra.update(extra or {})
             registry.write(bundle.path, record)
+        except ConfigError as exc:
+            if not (exc.key or "").startswith("code."):
+                raise runs_src.error(f"cannot write the run directory {bundle.path}: {exc}") from None
+            raise               # the code tree's, not the run directory's
         except (OSError, GlaunchError) as exc:
             raise runs_src.error(f"cannot write the run directory {bundle.path}: "
                                  f"{_why(exc) if isinstance(exc, OSError) else exc}") from None

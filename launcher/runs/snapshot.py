@@ -124,10 +124,16 @@ def _git_files(root: str, sizes: dict[str, int], prefix: str = "") -> list[str]:
             continue
         if stat.S_ISDIR(info.st_mode):      # a submodule
             out += _git_files(path, sizes, f"{prefix}{name}/")
-        else:
+        elif _is_code(info.st_mode):
             out.append(prefix + name)
             sizes[prefix + name] = info.st_size
     return out
+
+
+def _is_code(mode: int) -> bool:
+    """A regular file or a symlink. A named pipe, socket or device in the tree is not code
+    (git cannot track one): the snapshot leaves it out."""
+    return stat.S_ISREG(mode) or stat.S_ISLNK(mode)
 
 
 def _walk_files(root: Path) -> list[str]:
@@ -175,9 +181,12 @@ def _chosen(code: CodeSnapshot, names: list[str], sizes: dict[str, int]) -> tupl
         size = sizes.get(name)
         if size is None:
             try:
-                size = os.lstat(os.path.join(code.source, name)).st_size
+                info = os.lstat(os.path.join(code.source, name))
             except OSError:
                 continue          # listed, then deleted in the work tree
+            if not _is_code(info.st_mode):
+                continue
+            size = info.st_size
         files.append((name, size))
     return tuple(files), excluded
 
@@ -236,9 +245,19 @@ class Taken:
     patch_sha256: str | None
 
 
-def take(code: CodeSnapshot, found: Survey, patch_path: str | os.PathLike) -> Taken:
+class Unreadable(Exception):
+    """A file of the tree that cannot be read (not where it is copied to)."""
+
+    def __init__(self, path: str, error: OSError) -> None:
+        super().__init__(path)
+        self.path, self.error = path, error
+
+
+def take(code: CodeSnapshot, found: Survey, patch_path: str | os.PathLike,
+         experiment_file: str | None = None) -> Taken:
     """Copy the surveyed files into `code.dest` (which must not exist yet) and, for a dirty
-    git tree, write the patch. OSError on failure (the caller removes what was written)."""
+    git tree, write the patch. ConfigError naming code.exclude for a file of the tree that
+    cannot be read; OSError for a failure to write (the caller removes what was written)."""
     dest = code.dest
     os.mkdir(dest)
     made = {dest}
@@ -248,7 +267,12 @@ def take(code: CodeSnapshot, found: Survey, patch_path: str | os.PathLike) -> Ta
         if parent not in made:
             os.makedirs(parent, exist_ok=True)
             made.add(parent)
-        copy_file(os.path.join(code.source, name), target)
+        try:
+            copy_file(os.path.join(code.source, name), target)
+        except Unreadable as exc:
+            raise ConfigError(f"the code snapshot cannot read {exc.path}: {exc.error.strerror or exc.error}; leave "
+                              "it out with code.exclude (globs), or set code.snapshot: false",
+                              file=experiment_file, key="code.exclude") from None
     patch_file, digest = None, None
     if found.dirty:
         data = patch(code.source, found.git.untracked if found.git else ())
@@ -260,20 +284,21 @@ def take(code: CodeSnapshot, found: Survey, patch_path: str | os.PathLike) -> Ta
 def copy_file(source: str, target: str) -> None:
     """`source` to the new file `target` with its mode and times, a symlink as a symlink
     (shutil.copy2's result, in a third of its system calls: a snapshot copies many small
-    files). A file deleted since the survey is skipped: the copy is of the tree as it is."""
+    files). A file deleted since the survey is skipped: the copy is of the tree as it is;
+    so is one that became a named pipe, socket or device. Unreadable when `source` cannot
+    be opened."""
     try:
         src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return
     except OSError as exc:
         if exc.errno != errno.ELOOP:
-            raise
+            raise Unreadable(source, exc) from None
         os.symlink(os.readlink(source), target)
         return
     try:
         info = os.fstat(src)
         if not stat.S_ISREG(info.st_mode):
-            shutil.copy2(source, target, follow_symlinks=False)    # a fifo, a device: copy2 refuses it
             return
         dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:

@@ -155,7 +155,8 @@ def launch_sweep(prepared: PreparedSweep, *, dry_run: bool = False, check: bool 
     after = [dependencies.record_of(u) for u in prepared.after]
     written = sweeps.create_dir(prepared.sweep_dir, prepared.experiment_file)
     try:
-        taken = snapshot.take(code, survey, prepared.sweep_dir / "code.patch") if code and survey else None
+        taken = (snapshot.take(code, survey, prepared.sweep_dir / "code.patch", prepared.experiment_file)
+                 if code and survey else None)
         origin = provenance.collect(survey, taken)
         for name, text in sweep_plan.files.items():
             bundle.write_file(prepared.sweep_dir / name, text, executable=True)
@@ -172,8 +173,11 @@ def launch_sweep(prepared: PreparedSweep, *, dry_run: bool = False, check: bool 
                 checkpoint=item.checkpoint_from, origin=origin, extra=extra))
             registry.register(item.plan.run_id, item.plan.run_dir)
             written.registered.append((item.plan.run_id, item.plan.run_dir))
-    except BaseException:
+    except BaseException as exc:
         written.remove()
+        if isinstance(exc, OSError):
+            raise prepared.prepared[0].runs_root_from.error(
+                f"cannot write the sweep directory {prepared.sweep_dir}: {exc.strerror or exc}") from None
         raise
     if not dry_run:
         if prepared.after and scheduler.runs_to_completion:
