@@ -496,3 +496,19 @@ def test_allow_groups():
     member = parse_cluster(text, user="alice", groups=frozenset({"alice", "ml-staff"}))
     assert compare(profile, member, partition="debug").fatal == []
     assert compare(profile, parse_cluster(text, user="alice"), partition="debug").fatal == []   # groups unknown
+
+
+def test_glaunch_run_in_an_allocation_with_fewer_cpus_on_a_node(tmp_path):
+    """An allocation over nodes of two sizes (SLURM_JOB_CPUS_PER_NODE=48,24): the plan's 4 tasks
+    x 12 CPUs fit the first node only; refused before any srun, naming the key to set."""
+    from launcher.schedulers.slurm_allocation import Allocation, AllocationScheduler
+
+    site = loaded(tmp_path, HOPPER, "hopper", "proj1")
+    plan = plan_on(site, tmp_path, "resources.partition=gpu", "resources.nodes=2")
+    assert (plan.tasks_per_node, plan.cpus_per_task) == (4, 12)
+    environ = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_CPUS_PER_NODE": "48,24"}
+    with pytest.raises(ConfigError) as err:
+        AllocationScheduler(Allocation.of(environ)).check(plan)
+    assert err.value.key == "resources.cpus_per_task" and "has 24 CPUs on a node" in str(err.value)
+    AllocationScheduler(Allocation.of(dict(environ, SLURM_JOB_CPUS_PER_NODE="96(x2)"))).check(plan)
+    AllocationScheduler(Allocation.of({"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2"})).check(plan)

@@ -34,6 +34,7 @@ class Allocation:
     job_id: str
     nodes: int
     nodelist: str
+    cpus_per_node: int | None = None    # the fewest the allocation has on one node (None: not said)
 
     @classmethod
     def of(cls, environ: Mapping[str, str]) -> Allocation | None:
@@ -41,7 +42,8 @@ class Allocation:
         if not re.fullmatch(r"[0-9]{1,18}", job_id):
             return None
         count = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or ""
-        return cls(job_id, int(count) if count.isdigit() else 0, environ.get("SLURM_JOB_NODELIST", ""))
+        return cls(job_id, int(count) if count.isdigit() else 0, environ.get("SLURM_JOB_NODELIST", ""),
+                   _fewest_cpus(environ.get("SLURM_JOB_CPUS_PER_NODE", "")))
 
 
 class AllocationScheduler(SlurmScheduler):
@@ -61,6 +63,13 @@ class AllocationScheduler(SlurmScheduler):
         if self.allocation.nodes and plan.nodes > self.allocation.nodes:
             raise ConfigError(f"{plan.nodes} nodes requested, the allocation (job {self.allocation.job_id}) has "
                               f"{self.allocation.nodes}", file=plan.experiment_file, key="resources.nodes")
+        # srun would refuse the step ("More processors requested than permitted").
+        have = self.allocation.cpus_per_node
+        if have is not None and plan.cpus_per_task and plan.cpus_per_task * plan.tasks_per_node > have:
+            raise ConfigError(f"{plan.tasks_per_node} task(s) x {plan.cpus_per_task} CPUs per node requested, the "
+                              f"allocation (job {self.allocation.job_id}) has {have} CPUs on a node "
+                              "(SLURM_JOB_CPUS_PER_NODE); set resources.cpus_per_task to fit",
+                              file=plan.experiment_file, key="resources.cpus_per_task")
 
     def job_shell(self, plan: JobPlan) -> JobShell:
         batch = super().job_shell(plan)
@@ -119,6 +128,13 @@ class AllocationScheduler(SlurmScheduler):
 
     def cancel(self, run_dir: Path, record: RunRecord) -> str:
         return inside_allocation(record)
+
+
+def _fewest_cpus(text: str) -> int | None:
+    """SLURM_JOB_CPUS_PER_NODE (`72(x2),36`: 72 CPUs on each of two nodes, 36 on a third)
+    -> the fewest on one node; None when unset or unreadable."""
+    counts = [int(m[1]) for m in re.finditer(r"(?:^|,)(\d+)(?:\(x\d+\))?(?=,|$)", text)]
+    return min(counts) if counts and len(counts) == text.count(",") + 1 else None
 
 
 def _interrupt(bash_pid: int, count: int, console) -> None:
