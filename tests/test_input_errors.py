@@ -316,3 +316,8 @@ def test_a_document_marker_alone_is_an_empty_file(text, workdir, monkeypatch, ca
 def test_an_unknown_key_that_would_not_show_is_quoted(key, shown, workdir, monkeypatch, capsys):
     (workdir / "exp.yaml").write_text(EXP + f"{key}: 1\n")
     refused(workdir, monkeypatch, capsys, ["exp.yaml"], shown)
+
+
+def test_api_sweep_of_another_type_is_a_config_error(workdir):
+    with pytest.raises(ConfigError, match="is not KEY=V1,V2,... text, it is int"):
+        api.prepare_sweep("exp.yaml", [5], site="mysite", dry_run=True)

@@ -83,6 +83,8 @@ def parse_axes(items: Sequence[str]) -> list[Axis]:
     """The --sweep options -> axes; ConfigError naming the option for what cannot be one."""
     axes: list[Axis] = []
     for item in items:
+        if not isinstance(item, str):
+            raise _error(f"{item!r} is not KEY=V1,V2,... text, it is {type(item).__name__}", str(item))
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep or not key:
