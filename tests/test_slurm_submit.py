@@ -110,7 +110,10 @@ PREFLIGHT = {
                        "partitions.debug.max_nodes: the profile says 4", "check"),
     "unknown qos": ("qos: nosuchqos\n", [], "qos: the profile says nosuchqos", "check"),
     "memory over the node": ("partitions: {debug: {mem_gb: null}}\n", ["resources.mem_gb=100"],
-                             "no node of partition 'debug' has what one node of this job asks", "preflight"),
+                             "partition debug on cluster glaunch has none of its 2 nodes with that much", "check"),
+    # A reservation is no part of what the check reads: sbatch --test-only refuses it.
+    "unknown reservation": ("sbatch: {reservation: nosuch}\n", [], "sbatch --test-only refused the job",
+                            "preflight"),
 }
 
 
