@@ -512,3 +512,24 @@ def test_glaunch_run_in_an_allocation_with_fewer_cpus_on_a_node(tmp_path):
     assert err.value.key == "resources.cpus_per_task" and "has 24 CPUs on a node" in str(err.value)
     AllocationScheduler(Allocation.of(dict(environ, SLURM_JOB_CPUS_PER_NODE="96(x2)"))).check(plan)
     AllocationScheduler(Allocation.of({"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2"})).check(plan)
+
+
+def test_qos_gpu_and_cpu_limits_per_job_and_per_node(tmp_path):
+    """QOS gpu8: MaxTRES=gres/gpu=8,cpu=96 per job, MaxTRESPerNode=gres/gpu=4: jobs over them
+    never start; said before submission with the reason Slurm would pend them with."""
+    cluster = parse_cluster(HOPPER, user="alice",
+                            assoc_text=HOPPER_ACCOUNTING["assoc_text"].replace("debug,interactive,normal",
+                                                                               "debug,gpu8,interactive,normal"),
+                            qos_text=HOPPER_ACCOUNTING["qos_text"] + "gpu8|2-00:00:00|gres/gpu=8,cpu=96|gres/gpu=4\n")
+    site = hopper_profile(tmp_path)
+    site["qos"] = "gpu8"
+    assert compare(site, cluster, partition="gpu", request=request(nodes=2, cpus_per_node=48)).fatal == []
+    report = compare(site, cluster, partition="gpu", request=request(nodes=3, cpus_per_node=48))
+    assert [str(d) for d in report.fatal] == [
+        "resources.gpus_per_node: 3 node(s) x 4 GPU(s) = 12 asked, QOS gpu8 on cluster hopper allows 8 GPU(s) per "
+        "job; this job would never start (QOSMaxGRESPerJob)",
+        "resources.cpus_per_task: 3 node(s) x 48 CPUs = 144 asked, QOS gpu8 on cluster hopper allows 96 CPUs per "
+        "job; this job would never start (QOSMaxCpuPerJobLimit)"], report.format()
+    report = compare(site, cluster, partition="gpu", request=request(gpus=8))
+    assert any(d.key == "resources.gpus_per_node" and "allows 4 per node" in d.message and "QOSMaxGRESPerNode"
+               in d.message for d in report.fatal), report.format()

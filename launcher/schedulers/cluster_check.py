@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from ..resolution import slurmtime
-from .cluster_check_partition import (accounting_limits, effective_assoc, fate, has_features, partition_diffs,
+from .cluster_check_partition import (Limits, accounting_limits, effective_assoc, fate, has_features, partition_diffs,
                                       to_seconds)
 from .cluster_check_report import CheckReport, Difference
 from .cluster_facts import Cluster, Node, Partition, parse_int, read_cluster
@@ -185,17 +185,45 @@ def _request_diffs(request: Request, prof: Mapping[str, Any], site: Mapping[str,
                               part.name))
     elif part.nodes and request.nodes <= part.node_limit:
         out += _fit_diffs(request, part, on)
-    for source, wall, tres, kind in accounting_limits(site, prof, cluster, part.name):
-        wall_s = to_seconds(wall)
-        if wall_s is not None and request.time_s > wall_s and f"partitions.{part.name}.max_time" not in flagged:
-            out.append(Difference("resources.time", f"{slurmtime.format(request.time_s)} asked, {source} on "
-                                  f"cluster {cluster.name} allows {wall}; this job would never start "
-                                  f"({kind}MaxWallDurationPerJobLimit)", True, part.name))
-        nodes = parse_int(tres.get("node"))
-        if nodes is not None and request.nodes > nodes and f"partitions.{part.name}.max_nodes" not in flagged:
-            out.append(Difference("resources.nodes", f"{request.nodes} asked, {source} on cluster "
-                                  f"{cluster.name} allows {nodes} per job; this job would never start "
-                                  f"({kind}MaxNodePerJobLimit)", True, part.name))
+    for limits in accounting_limits(site, prof, cluster, part.name):
+        out += _limit_diffs(request, limits, cluster, part.name, flagged)
+    return out
+
+
+def _limit_diffs(request: Request, limits: Limits, cluster: Cluster, pname: str,
+                 flagged: set[str]) -> list[Difference]:
+    """The job against one QOS's or association's per-job and per-node limits."""
+    out = []
+    never = f"this job would never start ({limits.kind}"
+    by = f"{limits.source} on cluster {cluster.name} allows"
+    wall_s = to_seconds(limits.wall)
+    if wall_s is not None and request.time_s > wall_s and f"partitions.{pname}.max_time" not in flagged:
+        out.append(Difference("resources.time", f"{slurmtime.format(request.time_s)} asked, {by} {limits.wall}; "
+                              f"{never}MaxWallDurationPerJobLimit)", True, pname))
+    nodes = parse_int(limits.per_job.get("node"))
+    if nodes is not None and request.nodes > nodes and f"partitions.{pname}.max_nodes" not in flagged:
+        out.append(Difference("resources.nodes", f"{request.nodes} asked, {by} {nodes} per job; "
+                              f"{never}MaxNodePerJobLimit)", True, pname))
+    gpus = request.nodes * request.gpus_per_node
+    most = parse_int(limits.per_job.get("gres/gpu"))
+    if most is not None and gpus > most:
+        out.append(Difference("resources.gpus_per_node", f"{request.nodes} node(s) x {request.gpus_per_node} GPU(s) "
+                              f"= {gpus} asked, {by} {most} GPU(s) per job; {never}MaxGRESPerJob)", True, pname))
+    most = parse_int(limits.per_node.get("gres/gpu"))
+    if most is not None and request.gpus_per_node > most:
+        out.append(Difference("resources.gpus_per_node", f"{request.gpus_per_node} asked, {by} {most} per node; "
+                              f"{never}MaxGRESPerNode)", True, pname))
+    if request.cpus_per_node:
+        cpus = request.nodes * request.cpus_per_node
+        most = parse_int(limits.per_job.get("cpu"))
+        if most is not None and cpus > most:
+            out.append(Difference("resources.cpus_per_task", f"{request.nodes} node(s) x {request.cpus_per_node} "
+                                  f"CPUs = {cpus} asked, {by} {most} CPUs per job; {never}MaxCpuPerJobLimit)",
+                                  True, pname))
+        most = parse_int(limits.per_node.get("cpu"))
+        if most is not None and request.cpus_per_node > most:
+            out.append(Difference("resources.cpus_per_task", f"{request.cpus_per_node} CPUs a node asked, {by} "
+                                  f"{most} per node; {never}MaxCpuPerNode)", True, pname))
     return out
 
 

@@ -6,7 +6,7 @@ it, preemption, and the per-job limits of the QOS and association its jobs run u
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any, Mapping, NamedTuple
 
 from ..resolution import slurmtime
 from .cluster_check_report import Difference
@@ -245,26 +245,35 @@ def qos_name(site: Mapping[str, Any], prof: Mapping[str, Any], assoc: Associatio
         (next(iter(assoc.qos)) if assoc and len(assoc.qos) == 1 else None)
 
 
-def accounting_limits(site: Mapping[str, Any], prof: Mapping[str, Any], cluster: Cluster,
-                      pname: str) -> list[tuple[str, str | None, Mapping[str, str], str]]:
+class Limits(NamedTuple):
+    source: str                     # who sets them, in words
+    wall: str | None                # MaxWall
+    per_job: Mapping[str, str]      # MaxTRES
+    per_node: Mapping[str, str]     # MaxTRESPerNode
+    kind: str                       # the pending reason's prefix: QOS or Assoc
+
+
+def accounting_limits(site: Mapping[str, Any], prof: Mapping[str, Any], cluster: Cluster, pname: str) -> list[Limits]:
     """The per-job limits a job on `pname` runs under where Slurm enforces them
-    (AccountingStorageEnforce=limits): (who sets them, MaxWall, MaxTRES, the pending
-    reason's prefix) for the partition's own QOS, the job's QOS and its association."""
+    (AccountingStorageEnforce=limits): the partition's own QOS, the job's QOS and its
+    association."""
     if "limits" not in cluster.enforce or cluster.associations is None:
         return []
     assoc = effective_assoc(site, cluster, pname)
     qname = qos_name(site, prof, assoc)
     known = cluster.qos or {}
-    out: list[tuple[str, str | None, Mapping[str, str], str]] = []
+    out: list[Limits] = []
     part = cluster.partitions.get(pname)
     part_qos = known.get(part.qos) if part is not None and part.qos else None
     if part_qos is not None:
-        out.append((f"partition {pname}'s QOS {part_qos.name}", part_qos.max_wall, part_qos.max_tres, "QOS"))
+        out.append(Limits(f"partition {pname}'s QOS {part_qos.name}", part_qos.max_wall, part_qos.max_tres,
+                          part_qos.max_tres_per_node, "QOS"))
     qos = known.get(qname) if qname else None
     if qos is not None and qos is not part_qos:
-        out.append((f"QOS {qos.name}", qos.max_wall, qos.max_tres, "QOS"))
+        out.append(Limits(f"QOS {qos.name}", qos.max_wall, qos.max_tres, qos.max_tres_per_node, "QOS"))
     if assoc is not None:
-        out.append((f"the association of account {assoc.account}", assoc.max_wall, assoc.max_tres, "Assoc"))
+        out.append(Limits(f"the association of account {assoc.account}", assoc.max_wall, assoc.max_tres, {},
+                          "Assoc"))
     return out
 
 
@@ -275,13 +284,13 @@ def _accounting_limit_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[s
     out = []
     want_t, want_n = prof.get("max_time"), prof.get("max_nodes")
     limits = accounting_limits(site, prof, cluster, pname)
-    for source, wall, _, kind in limits:
+    for source, wall, _, _, kind in limits:
         want_s, wall_s = to_seconds(want_t), to_seconds(wall)
         if want_s is not None and wall_s is not None and want_s > wall_s:
             out.append(Difference(f"partitions.{pname}.max_time", f"the profile says {want_t}, {source} on "
                                   f"cluster {cluster.name} allows {wall}; jobs over it never start "
                                   f"({kind}MaxWallDurationPerJobLimit)", True, pname))
-    for source, _, tres, kind in limits:
+    for source, _, tres, _, kind in limits:
         limit = parse_int(tres.get("node"))
         if limit is not None and isinstance(want_n, int) and want_n > limit:
             out.append(Difference(f"partitions.{pname}.max_nodes", f"the profile says {want_n}, {source} on "
