@@ -286,3 +286,19 @@ def test_fake_status_of_many_runs_with_a_heterogeneous_job(tmp_path, fake_bin, s
                        starts=[StartRecord(job_id="2539", restart=0, state="PENDING")])
     (rec,) = SlurmScheduler().refresh_many([(run_dir_with(tmp_path, record), record)])
     assert rec.state == state and [s.job_id for s in rec.starts] == ["2539"]
+
+
+@pytest.mark.parametrize("name, detail", [
+    ("sacct-cancelled.txt", "cancelled by uid 0 (root: an administrator or Slurm)"),
+    ("sacct-cancelled-pending.txt", "cancelled by uid 0 (root: an administrator or Slurm)"),
+])
+def test_a_start_cancelled_by_someone_says_who(name, detail):
+    job_id = parse_sacct(recorded(name))[0]["job_id"]
+    record = RunRecord(run_id="r1", job_id=job_id, starts=[StartRecord(job_id=job_id, restart=0, state="RUNNING")])
+    merge_history(record, parse_sacct(recorded(name)))
+    assert (record.starts[0].state, record.starts[0].reason, record.starts[0].detail) == ("CANCELLED", "cancelled",
+                                                                                         detail)
+    other = parse_sacct(recorded(name).replace("CANCELLED by 0", "CANCELLED by 1000"))
+    record = RunRecord(run_id="r1", job_id=job_id, starts=[StartRecord(job_id=job_id, restart=0, state="RUNNING")])
+    merge_history(record, other)
+    assert record.starts[0].detail == "cancelled by uid 1000"

@@ -220,6 +220,10 @@ def merge_history(record: RunRecord, history: list[dict]) -> None:
             entry.state = state
             if entry.reason is None:
                 entry.reason = SACCT_REASONS.get(state)
+            by = re.fullmatch(r"CANCELLED by (\d+)", row["state"].strip())
+            if by and entry.detail is None:     # who: uid 0 is root, an administrator or Slurm itself
+                root = " (root: an administrator or Slurm)" if by[1] == "0" else ""
+                entry.detail = f"cancelled by uid {by[1]}{root}"
         entry.set("scheduler_state", state)
     jobs: dict[str, int] = {}
     for start in record.starts:
