@@ -148,3 +148,35 @@ def test_list_of_no_or_fewer_than_no_runs_is_bad_input(tmp_path, isolated_env, l
     proc = glaunch("list", "-n", limit, env=isolated_env, cwd=tmp_path)
     assert proc.returncode == 2 and "-n" in proc.stderr and "no runs yet" not in proc.stdout, proc.stdout
     assert api.list_runs(1)[0]["run_id"] == "r"
+
+
+def strict_json(text: str):
+    """JSON as RFC 8259 has it (what jq reads): NaN and Infinity are not JSON."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_status_json_of_a_run_whose_loss_diverged_is_strict_json(tmp_path, isolated_env):
+    run_dir = ended_run(tmp_path)
+    (run_dir / "result.json").write_text(json.dumps({"final_step": 7, "final_loss": float("nan"),
+                                                     "grad_norm": float("inf"), "world_size": 1}))
+    proc = glaunch("status", str(run_dir), "--json", env=isolated_env)
+    assert proc.returncode == 0, proc.stderr
+    result = strict_json(proc.stdout)["result"]
+    assert result["final_loss"] == "NaN" and result["grad_norm"] == "Infinity" and result["final_step"] == 7
+    assert api.status(str(run_dir))["result"]["final_loss"] == "NaN"
+    text = glaunch("status", str(run_dir), env=isolated_env).stdout
+    assert "step 7 loss NaN" in text
+
+
+def test_status_of_a_sweep_with_a_diverged_element_is_strict_json_and_names_it(tmp_path, isolated_env, monkeypatch):
+    monkeypatch.chdir(REPO)
+    sweep = api.submit("examples/torch_ddp.yaml", site="local-slurm", sweep=["hparams.lr=1,2"], dry_run=True,
+                       runs_dir=str(tmp_path / "runs"))
+    (Path(sweep.runs[0].run_dir) / "result.json").write_text(json.dumps({"final_step": 3, "final_loss": float("nan")}))
+    proc = glaunch("status", sweep.sweep_id, "--json", env=isolated_env)
+    assert proc.returncode == 0, proc.stderr
+    assert strict_json(proc.stdout)["elements"][0]["result"]["final_loss"] == "NaN"
+    text = glaunch("status", sweep.sweep_id, env=isolated_env).stdout
+    assert "loss NaN" in text

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import stat
 from pathlib import Path
@@ -51,6 +52,18 @@ def json_type(value: object) -> str:
     names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number",
              type(None): "null"}
     return names.get(type(value), type(value).__name__)
+
+
+def json_safe(value: object) -> object:
+    """`value` with each float JSON cannot hold (NaN, Infinity: a diverged run's loss) as
+    its name, so what glaunch prints as JSON is JSON to a strict parser (jq)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
 
 
 def load_json_object(path: str | os.PathLike) -> dict:

@@ -100,9 +100,12 @@ class RankLogs:
             self.offsets[path] = self.offsets.get(path, 0) + len(data)
             if path not in self.lines:
                 tag = f"[{task}]" if stream == "out" else f"[{task}!]"
-                self.lines[path] = Lines(lambda line, tag=tag: self.echo(f"{tag} {line}"))
+                self.lines[path] = Lines(self._tagged(tag))
                 self.decoders[path] = _decoder()
             self.lines[path](self.decoders[path].decode(data))
+
+    def _tagged(self, tag: str) -> Callable[[str], None]:
+        return lambda line: self.echo(f"{tag} {line}")
 
     def flush(self) -> None:
         """Hand on each log's unfinished last line, with its rank's tag."""

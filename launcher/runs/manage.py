@@ -64,13 +64,14 @@ def status(run: RunRef) -> dict[str, Any]:
     """What `glaunch status RUN --json` prints. For a sweep: its elements' table (each one's
     swept values, state, step, result), its arrays and the counts of each state."""
     from . import sweeps
+    from .files import json_safe
     from .status import summarize
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
-        return sweeps.summarize(sweep_dir, sweep_records(sweep_dir))
+        return json_safe(sweeps.summarize(sweep_dir, sweep_records(sweep_dir)))      # type: ignore[return-value]
     run_dir = run_dir_of(run)
-    return summarize(run_dir, refreshed(run_dir))
+    return json_safe(summarize(run_dir, refreshed(run_dir)))      # type: ignore[return-value]
 
 
 def format_status(summary: Mapping[str, Any]) -> str:

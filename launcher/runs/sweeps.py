@@ -298,7 +298,8 @@ def format_table(summary: Mapping[str, Any]) -> list[str]:
         shown = ""
         if result:
             loss = result.get("final_loss")
-            shown = (f"loss {loss:.4g}" if isinstance(loss, (int, float)) and not isinstance(loss, bool) else "")
+            shown = (f"loss {loss:.4g}" if isinstance(loss, (int, float)) and not isinstance(loss, bool)
+                     else f"loss {loss}" if loss in ("NaN", "Infinity", "-Infinity") else "")   # named by json_safe
             if result.get("param_sha256"):
                 shown = (shown + " " if shown else "") + f"sha {str(result['param_sha256'])[:12]}"
         state = row.get("state") or "?"
