@@ -321,3 +321,11 @@ def test_an_unknown_key_that_would_not_show_is_quoted(key, shown, workdir, monke
 def test_api_sweep_of_another_type_is_a_config_error(workdir):
     with pytest.raises(ConfigError, match="is not KEY=V1,V2,... text, it is int"):
         api.prepare_sweep("exp.yaml", [5], site="mysite", dry_run=True)
+
+
+@pytest.mark.parametrize("override", ["resources.partition=", "checkpoint.dir=", "checkpoint.dir= ",
+                                      "strategy.nvme_path=", "model.factory="])
+def test_an_empty_choice_is_refused_not_taken_for_the_default(override, workdir, monkeypatch, capsys):
+    """`checkpoint.dir=$CKPT` with CKPT unset must not quietly mean the default."""
+    key = override.split("=")[0]
+    refused(workdir, monkeypatch, capsys, ["exp.yaml", override], f"command line: {key}", "leave it out")

@@ -102,3 +102,8 @@ def _check_experiment(exp: schema.Experiment, prov: Provenance) -> None:
             raise prov.error(f"env.{key}", problem)
     if exp.site is not None and not exp.site:
         raise prov.error("site", "must not be empty")
+    # Empty is no choice: often a shell variable that was not set (checkpoint.dir=$CKPT).
+    for key, value in (("resources.partition", exp.resources.partition), ("checkpoint.dir", exp.checkpoint.dir),
+                       ("strategy.nvme_path", exp.strategy.nvme_path), ("model.factory", exp.model.factory)):
+        if value is not None and not value.strip():
+            raise prov.error(key, f"is {'empty' if not value else 'blank'}: leave it out (or null) for the default")
