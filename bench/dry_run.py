@@ -53,6 +53,18 @@ def glaunch_command(module: bool) -> list[str]:
     return [str(script)]
 
 
+def timed_tree(env: dict, script: bool, elsewhere: str) -> str:
+    """Which launcher package the timed command imports: the console script finds it as
+    from any other folder (`elsewhere`), where an editable install may point at another
+    checkout than this one (PYTHONPATH, when set, comes first); `python -m` from here."""
+    proc = subprocess.run([sys.executable, "-c", "import launcher; print(launcher.__file__)"],
+                          cwd=elsewhere if script else REPO, env=env, capture_output=True, text=True, timeout=60)
+    found = Path(proc.stdout.strip()).resolve().parent.parent if proc.returncode == 0 else None
+    if found is None:
+        return "launcher not importable"
+    return "this checkout" if found == REPO else f"{found}, NOT this checkout (pass --module, or set PYTHONPATH)"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=15)
@@ -88,11 +100,12 @@ def main() -> int:
         traced = dry if glaunch[0] != sys.executable else dry[1:]
         imports = subprocess.run([sys.executable, "-X", "importtime", *traced], cwd=REPO, env=env,
                                  capture_output=True, text=True).stderr
+        tree = timed_tree(env, glaunch[0] != sys.executable, tmp)
     loaded = {line.split("|")[-1].strip().split(".")[0] for line in imports.splitlines() if "|" in line}
     heavy = sorted(set(HEAVY) & loaded)
     (b, bc), (d, dc), (s, sc) = (medians(t) for t in (t_base, t_dry, t_slurm))
     cache = "none of its own (--no-bytecode-cache)" if args.no_bytecode_cache else "cached"
-    print(f"glaunch run as: {' '.join(glaunch)}; bytecode: {cache}")
+    print(f"glaunch run as: {' '.join(glaunch)}; bytecode: {cache}; code: {tree}")
     print(f"python -c pass                  median {b * 1000:7.1f} ms  (baseline, {args.runs} runs)"
           f"  cpu {bc * 1000:6.1f} ms")
     print(f"glaunch submit --dry-run local  median {d * 1000:7.1f} ms  = {d / b:4.1f}x baseline"

@@ -100,3 +100,22 @@ def test_every_command_and_option_the_readme_shows_exists():
         options = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
         shown = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", " ".join(rest)))
         assert shown <= options, f"README: {line!r} shows {sorted(shown - options)}, not options of the command"
+
+
+def test_bench_dry_run_says_which_checkout_it_times(tmp_path):
+    """`python bench/dry_run.py` times the installed console script: it says when that
+    imports another checkout's launcher than the one the bench belongs to."""
+    sys.path.insert(0, str(REPO / "bench"))
+    try:
+        import dry_run
+    finally:
+        sys.path.remove(str(REPO / "bench"))
+    other = tmp_path / "other"
+    (other / "launcher").mkdir(parents=True)
+    (other / "launcher" / "__init__.py").write_text("")
+    elsewhere = str(tmp_path)
+    base = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    assert dry_run.timed_tree(dict(base, PYTHONPATH=str(REPO)), True, elsewhere) == "this checkout"
+    assert dry_run.timed_tree(dict(base, PYTHONPATH=str(other)), True, elsewhere).startswith(
+        f"{other}, NOT this checkout")
+    assert dry_run.timed_tree(dict(base, PYTHONPATH=str(other)), False, elsewhere) == "this checkout"
