@@ -363,7 +363,7 @@ def status_cmd(run, as_json):
 @cli.command()
 @click.argument("run")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the logs grow.")
-@click.option("--rank", type=int, default=None, help="Only this rank.")
+@click.option("--rank", type=click.IntRange(min=0), default=None, help="Only this rank.")
 def logs(run, follow, rank):
     """Per-rank logs of RUN, merged with a rank prefix, across requeues (a sweep: every element's)."""
     api.logs(run, rank=rank, follow=follow, echo=click.echo)

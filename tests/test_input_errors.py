@@ -319,7 +319,7 @@ def test_an_unknown_key_that_would_not_show_is_quoted(key, shown, workdir, monke
 
 
 def test_api_sweep_of_another_type_is_a_config_error(workdir):
-    with pytest.raises(ConfigError, match="is not KEY=V1,V2,... text, it is int"):
+    with pytest.raises(ConfigError, match=r"is not KEY=V1,V2,\.\.\. text, it is int"):
         api.prepare_sweep("exp.yaml", [5], site="mysite", dry_run=True)
 
 
@@ -329,3 +329,25 @@ def test_an_empty_choice_is_refused_not_taken_for_the_default(override, workdir,
     """`checkpoint.dir=$CKPT` with CKPT unset must not quietly mean the default."""
     key = override.split("=")[0]
     refused(workdir, monkeypatch, capsys, ["exp.yaml", override], f"command line: {key}", "leave it out")
+
+
+# --- usage errors: one line too; no arguments at all: the help --------------------------------------
+
+@pytest.mark.parametrize("args,fragment", [
+    (["submit"], "Missing argument 'EXPERIMENT'. (glaunch submit --help)"),
+    (["submit", "exp.yaml", "--max-parallel", "2"], "--max-parallel applies to a sweep"),
+    (["submit", "exp.yaml", "--max-parallel", "0"], "'--max-parallel': 0 is not in the range"),
+    (["logs", "somerun", "--rank", "-1"], "'--rank': -1 is not in the range x>=0"),
+    (["bogus"], "No such command 'bogus'"),
+])
+def test_usage_errors_are_one_line(args, fragment, workdir, monkeypatch, capsys):
+    code, out, err = glaunch(monkeypatch, capsys, *args)
+    assert code == 2
+    assert err.count("\n") == 1 and err.startswith("glaunch: error: ") and fragment in err, err
+
+
+@pytest.mark.parametrize("args", [[], ["sites"]])
+def test_no_subcommand_shows_the_help(args, workdir, monkeypatch, capsys):
+    code, out, err = glaunch(monkeypatch, capsys, *args)
+    assert code == 2
+    assert (out + err).lstrip().startswith("Usage: glaunch") and "Commands:" in out + err
