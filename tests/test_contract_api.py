@@ -180,3 +180,13 @@ def test_status_of_a_sweep_with_a_diverged_element_is_strict_json_and_names_it(t
     assert strict_json(proc.stdout)["elements"][0]["result"]["final_loss"] == "NaN"
     text = glaunch("status", sweep.sweep_id, env=isolated_env).stdout
     assert "loss NaN" in text
+
+
+def test_every_start_in_status_json_has_the_keys_the_contract_names(tmp_path, isolated_env):
+    """peak_memory_gb and step_time_s per start (DESIGN), nodes (README): null until known,
+    so a script reads them from a start that never measured anything."""
+    run_dir = ended_run(tmp_path, state="FAILED")
+    (start,) = api.status(str(run_dir))["starts"]
+    assert {"job_id", "restart", "started", "ended", "state", "reason", "detail", "resumed_from", "stopped_at",
+            "nodes", "peak_memory_gb", "step_time_s"} <= set(start)
+    assert start["peak_memory_gb"] is None and start["step_time_s"] is None and start["nodes"] is None

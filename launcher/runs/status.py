@@ -37,7 +37,7 @@ def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dic
     summary = {
         "run_id": record.run_id, "run_dir": str(run_dir), "site": record.site, "created": record.created,
         "state": record.state, "job_id": record.job_id,
-        "restarts": restarts(record), "starts": [s.to_dict() for s in record.starts],
+        "restarts": restarts(record), "starts": [_start_row(s) for s in record.starts],
         "resumes": resume_report(record),
         "accounting": record.extra.get("accounting"), "reason": record.reason, "detail": record.detail,
         "result": result,
@@ -53,6 +53,18 @@ def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dic
     if result_problem:
         summary["result_error"] = result_problem
     return summary
+
+
+# Keys every start of `status --json` has (null until known): what the ranks measured, and
+# where it ran.
+START_KEYS = ("nodes", "peak_memory_gb", "step_time_s")
+
+
+def _start_row(start) -> dict[str, Any]:
+    row = start.to_dict()
+    for key in START_KEYS:
+        row.setdefault(key, None)
+    return row
 
 
 def restarts(record: RunRecord) -> int:
