@@ -119,3 +119,26 @@ def test_bench_dry_run_says_which_checkout_it_times(tmp_path):
     assert dry_run.timed_tree(dict(base, PYTHONPATH=str(other)), True, elsewhere).startswith(
         f"{other}, NOT this checkout")
     assert dry_run.timed_tree(dict(base, PYTHONPATH=str(other)), False, elsewhere) == "this checkout"
+
+
+def bundle_table() -> set[str]:
+    """The names the first column of "The run bundle"'s table gives (`logs/` for a folder)."""
+    section = README[README.index("## The run bundle"):]
+    section = section[:section.index("\n## ", 3)]
+    names = set()
+    for line in section.splitlines():
+        if line.startswith("| `"):
+            names |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
+    return names
+
+
+def test_every_file_of_a_rendered_bundle_is_in_the_readme_table(tmp_path, isolated_env):
+    env = dict(isolated_env, PYTHONPATH=str(REPO))
+    proc = glaunch("submit", "examples/deepspeed_zero2.yaml", "--site", "local-slurm", "--dry-run", "--json",
+                   "--runs-dir", str(tmp_path / "runs"), env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = Path(json.loads(proc.stdout)["run_dir"])
+    written = {p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir()}
+    assert {"job.sbatch", "env.sh", "ds_config.json", "resolved.yaml", "run.json", "logs/", "code/"} <= written
+    missing = written - bundle_table()
+    assert not missing, f"README's run bundle table does not name {sorted(missing)}"
