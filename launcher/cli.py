@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import click
 
 from . import __version__, api
-from .errors import ConfigError, GlaunchError
+from .cli_sites import sites
+from .errors import GlaunchError
 
 INTERRUPTED = 130
 
@@ -56,6 +56,12 @@ def _emit(as_json: bool, data: dict, text: str) -> None:
 
 def _warn(warnings) -> None:
     click.echo("".join(f"glaunch: warning: {w}\n" for w in warnings), err=True, nl=False)
+
+
+def _flush(pending: list) -> None:
+    """Call the deferred outputs, once each, in order."""
+    while pending:
+        pending.pop(0)()
 
 
 def _write(text: str) -> None:
@@ -104,18 +110,19 @@ def _launch_and_follow(prepared, launch, *, dry_run: bool, wait: bool, as_json: 
     """Launch a prepared run (`launch`: api.launch or api.launch_resume), print what
     happened, and with `wait` follow it to its end; exits with its outcome."""
     plan = prepared.plan
-    # Warnings wait for launch's checks (bad input: one error line), unless the run starts in it.
-    runs_here = prepared.scheduler.runs_to_completion and not dry_run
-    _warn(prepared.warnings if runs_here else ())
+    # The warnings (and a local run's first line) wait until launch's checks passed, so that
+    # bad input is one error line; a run on this machine shows them before its console.
+    pending = [lambda: _warn(prepared.warnings)]
     console = None
     if not (as_json or dry_run):
         from .runs.console import Console
 
-        console = Console(plan.run_dir, _write, live=sys.stdout.isatty())
-    if prepared.scheduler.runs_to_completion and console is not None:
-        click.echo(f"run {plan.run_id}: running on this machine ({plan.world_size} ranks); {plan.run_dir}")
+        if prepared.scheduler.runs_to_completion:
+            pending.append(lambda: click.echo(f"run {plan.run_id}: running on this machine ({plan.world_size} "
+                                              f"ranks); {plan.run_dir}"))
+        console = Console(plan.run_dir, lambda text: _flush(pending) or _write(text), live=sys.stdout.isatty())
     run = launch(prepared, dry_run=dry_run, check=check, echo=console or (lambda text: None))
-    _warn(() if runs_here else prepared.warnings)
+    _flush(pending)
     info = {"run_id": run.run_id, "run_dir": str(run.run_dir), "site": run.site, "dry_run": run.dry_run,
             "files": sorted(run.files)}
     if dry_run:
@@ -264,88 +271,7 @@ def plan(experiment, overrides, site, as_json):
     _emit(as_json, result.to_json(), api.format_plan(result))
 
 
-# --- sites ---------------------------------------------------------------------------------
-
-
-@cli.group()
-def sites() -> None:
-    """Find, inspect and check site profiles."""
-
-
-@sites.command("list")
-@click.option("--json", "as_json", is_flag=True)
-def sites_list(as_json):
-    """The profiles found on the search path (first match of a name wins)."""
-    seen, shadowed = api.sites()
-    lines = [f"{name:28s} {path}" for name, path in sorted(seen.items())]
-    lines += [f"{name:28s} {path} (shadowed)" for name, path in shadowed]
-    _emit(as_json, {"sites": seen}, "\n".join(lines) or "no site profiles found")
-
-
-@sites.command("show")
-@click.argument("site")
-@click.option("--json", "as_json", is_flag=True)
-def sites_show(site, as_json):
-    """SITE resolved through its extends chain, with the file each value came from."""
-    from .runs.status import printable
-
-    shown = api.site_values(site)
-    if as_json:
-        click.echo(json.dumps(shown, indent=2))
-        return
-    click.echo(f"site {shown['site']}: {shown['file']}")
-    click.echo("extends chain: " + " -> ".join(shown["chain"]))
-    rows = shown["values"]
-    width = max(len(r["key"]) for r in rows)
-    for r in rows:
-        click.echo(printable(f"  {r['key']:{width}s} = {json.dumps(r['value'])}    # {r['from']}"))
-
-
-@sites.command("validate")
-@click.argument("profiles", nargs=-1, required=True)
-def sites_validate(profiles):
-    """Load and check each profile (name or file); exit 2 if any is bad."""
-    from .runs.status import printable
-    bad = 0
-    for item in profiles:
-        try:
-            path = api.validate_site(item)
-            click.echo(f"ok    {item} ({path})")
-        except ConfigError as exc:
-            bad += 1
-            click.echo(f"error {printable(item)}: {printable(exc, lines=True)}", err=True)
-    if bad:
-        sys.exit(2)
-
-
-@sites.command("check")
-@click.argument("site")
-@click.option("--json", "as_json", is_flag=True)
-def sites_check(site, as_json):
-    """SITE against the live cluster (scontrol, sacctmgr): every difference in profile terms;
-    exit 3 where a job would be refused, never start, or run on other hardware."""
-    report = api.check_site(site)
-    _emit(as_json, report.to_json(), report.format())
-    if report.fatal:
-        sys.exit(3)
-
-
-@sites.command("detect")
-@click.option("--name", help="Profile name (default: Slurm's ClusterName).")
-@click.option("-o", "--output", type=click.Path(dir_okay=False),
-              help="Where to write it (default: ./site_configs/NAME.yaml; '-' prints it).")
-def sites_detect(name, output):
-    """Write a profile skeleton from the Slurm cluster this machine submits to."""
-    profile_name, text = api.detect_site(name)
-    if output == "-":
-        click.echo(text, nl=False)
-        return
-    path = Path(output) if output else Path("site_configs") / f"{profile_name}.yaml"
-    if path.exists():
-        raise ConfigError(f"{path} already exists; choose another --output or --name", key="--output")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    click.echo(f"wrote {path}; check it with: glaunch sites validate {path}")
+cli.add_command(sites)          # glaunch sites ...: launcher/cli_sites.py
 
 
 # --- runs ----------------------------------------------------------------------------------

@@ -351,3 +351,27 @@ def test_no_subcommand_shows_the_help(args, workdir, monkeypatch, capsys):
     code, out, err = glaunch(monkeypatch, capsys, *args)
     assert code == 2
     assert (out + err).lstrip().startswith("Usage: glaunch") and "Commands:" in out + err
+
+
+# --- the local scheduler: the same one-line errors, warnings once the checks passed ------------------
+
+def test_local_run_of_a_missing_script_is_one_line(workdir, monkeypatch, capsys):
+    """The default requeue.max warns about checkpoints; the missing script it names is the error."""
+    (workdir / "exp.yaml").write_text("name: good\nentrypoint: {script: nope.py}\n")
+    before = files_under(workdir)
+    code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "local")
+    assert code == 2, (out, err)
+    assert err.count("\n") == 1 and "entrypoint.script" in err and "not found" in err, err
+    assert out == ""
+    assert files_under(workdir) == before
+
+
+def test_local_run_warns_before_it_starts(workdir, isolated_env):
+    (workdir / "exp.yaml").write_text("name: good\nentrypoint: {script: train.py}\n")
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "exp.yaml", "--site", "local"],
+                          cwd=workdir, env=dict(isolated_env, PYTHONPATH=str(REPO)), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.startswith("glaunch: warning: exp.yaml: no checkpoint settings"), proc.stderr
+    assert proc.stdout.startswith("run good-") and "running on this machine" in proc.stdout.splitlines()[0]
+    assert "hi" in proc.stdout
