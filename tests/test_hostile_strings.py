@@ -544,13 +544,15 @@ def test_hostile_name_is_rejected(tmp_path, isolated_env):
     assert not (tmp_path / "runs").exists() and not list(tmp_path.rglob("PWNED*"))
 
 
-def test_real_local_job_sees_hostile_args_and_env_literally(tmp_path, isolated_env):
+@pytest.mark.parametrize("launcher", ["srun", "torchrun"])     # torchrun execs its workers with the arguments
+def test_real_local_job_sees_hostile_args_and_env_literally(launcher, tmp_path, isolated_env):
     env_values = {"HOSTILE_A": "$(touch PWNED6) `touch PWNED7` it's \"q\"", "HOSTILE_B": "new\nline ünï",
                   "HOSTILE_C": "\x1b[31m\x9b\x7f", "HOSTILE_D": "$$HOME"}
     exp = _write_exp(tmp_path, REAL, env_values)
     runs = tmp_path / "runs with space"
-    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", str(exp), "--runs-dir", str(runs)],
-                          cwd=tmp_path, env=isolated_env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", str(exp), "--runs-dir", str(runs),
+                           f"launcher={launcher}"], cwd=tmp_path, env=isolated_env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (run_dir,) = runs.iterdir()
     seen = json.loads((run_dir / "seen.json").read_text())
