@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 
+# A key is shown whole up to this length: a config may hold a key of any length (`? key`).
+MAX_KEY_SHOWN = 200
+
+
 class GlaunchError(Exception):
     """Base class: a message meant for the user, never a traceback."""
 
@@ -21,7 +25,10 @@ class GlaunchError(Exception):
         if self.file:
             where = self.file + (f":{self.line}" if self.line else "")
         if self.key:
-            where = f"{where}: {self.key}" if where else self.key
+            key = self.key
+            if len(key) > MAX_KEY_SHOWN:
+                key = f"{key[:MAX_KEY_SHOWN]}... ({len(key)} characters)"
+            where = f"{where}: {key}" if where else key
         return f"{where}: {self.message}" if where else self.message
 
 

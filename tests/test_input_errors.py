@@ -375,3 +375,10 @@ def test_local_run_warns_before_it_starts(workdir, isolated_env):
     assert proc.stderr.startswith("glaunch: warning: exp.yaml: no checkpoint settings"), proc.stderr
     assert proc.stdout.startswith("run good-") and "running on this machine" in proc.stdout.splitlines()[0]
     assert "hi" in proc.stdout
+
+
+def test_a_huge_key_is_shortened_in_the_error(workdir, monkeypatch, capsys):
+    """YAML's explicit keys (`? key`) have no length limit: the error line stays short."""
+    (workdir / "exp.yaml").write_text(EXP + "? " + "k" * 500000 + "\n: 1\n")
+    err = refused(workdir, monkeypatch, capsys, ["exp.yaml"], "... (500000 characters): unknown key")
+    assert len(err) < 1000
