@@ -382,3 +382,8 @@ def test_a_huge_key_is_shortened_in_the_error(workdir, monkeypatch, capsys):
     (workdir / "exp.yaml").write_text(EXP + "? " + "k" * 500000 + "\n: 1\n")
     err = refused(workdir, monkeypatch, capsys, ["exp.yaml"], "... (500000 characters): unknown key")
     assert len(err) < 1000
+
+
+def test_a_site_profile_given_as_the_experiment_says_so(workdir, monkeypatch, capsys):
+    refused(workdir, monkeypatch, capsys, ["site_configs/mysite.yaml"], "mysite.yaml:4: partitions",
+            "this is a site profile", "give it with --site")

@@ -75,6 +75,10 @@ def experiment_from_data(data: Mapping[str, Any], origin_of: Callable[[str], Ori
     a key of its own names; `path`: the experiment file (relative paths in it, such as
     entrypoint.script, are taken from its folder).
     """
+    site_keys = sorted({"scheduler", "partitions", "extends"} & set(data))
+    if site_keys and "entrypoint" not in data:
+        raise ConfigError(f"this is a site profile ({', '.join(site_keys)}), not an experiment: give it with --site",
+                          file=file, key=site_keys[0], line=origin_of(site_keys[0]).line)
     provenance = Provenance(default_file=file)
     merged = merge_layer({}, data, provenance, origin_of)
     command_line = Origin(OVERRIDES)
