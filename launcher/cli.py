@@ -15,6 +15,7 @@ from .cli_sites import sites
 from .errors import GlaunchError
 
 INTERRUPTED = 130
+_NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())     # click >= 8.2
 
 
 def main() -> None:
@@ -28,7 +29,7 @@ def main() -> None:
     except (click.ClickException, GlaunchError) as exc:
         from .runs.status import printable
 
-        if isinstance(exc, getattr(click.exceptions, "NoArgsIsHelpError", ())):
+        if isinstance(exc, click.ClickException) and isinstance(exc, _NO_ARGS_IS_HELP):
             exc.show()                  # `glaunch`, `glaunch sites`: their help
             sys.exit(2)
         # One line, usage errors too; no control character of a quoted value reaches the terminal.
@@ -120,7 +121,11 @@ def _launch_and_follow(prepared, launch, *, dry_run: bool, wait: bool, as_json: 
         if prepared.scheduler.runs_to_completion:
             pending.append(lambda: click.echo(f"run {plan.run_id}: running on this machine ({plan.world_size} "
                                               f"ranks); {plan.run_dir}"))
-        console = Console(plan.run_dir, lambda text: _flush(pending) or _write(text), live=sys.stdout.isatty())
+        def write(text: str) -> None:
+            _flush(pending)
+            _write(text)
+
+        console = Console(plan.run_dir, write, live=sys.stdout.isatty())
     run = launch(prepared, dry_run=dry_run, check=check, echo=console or (lambda text: None))
     _flush(pending)
     info = {"run_id": run.run_id, "run_dir": str(run.run_dir), "site": run.site, "dry_run": run.dry_run,
