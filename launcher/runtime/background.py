@@ -20,7 +20,7 @@ import threading
 from pathlib import Path
 
 from . import heartbeats
-from .checkpoint_commit import agree
+from .checkpoint_commit import agree, discard_staging
 from .checkpoint_layout import Checkpoint, CheckpointError
 from .checkpoint_verify import read_manifest
 from .context import RankContext, context, is_distributed, log
@@ -107,4 +107,9 @@ def wait_checkpoints(ctx: RankContext | None = None) -> Checkpoint | None:
         job._thread.join()
         if ctx.world_size > 1 and is_distributed():
             return agree(ctx, job.step, job.path, job.error)
-        return job.result()
+        try:
+            return job.result()
+        except CheckpointError:
+            if ctx.world_size == 1:   # else other ranks may still be writing into it
+                discard_staging(ctx, job.path.parent, job.step)
+            raise

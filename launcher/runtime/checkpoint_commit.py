@@ -152,23 +152,42 @@ def _files_under(root: Path) -> list[Path]:
 
 
 def open_staging(step: int, ctx: RankContext, d: Path) -> Staging:
-    """Collective: rank 0 makes an empty ``.staging-step-N`` in ``d``; every rank gets its :class:`Staging`."""
+    """Collective: rank 0 makes an empty ``.staging-step-N`` in ``d``; every rank gets its :class:`Staging`.
+
+    Rank 0 first removes the staging dirs of earlier attempts (killed, or failed): only one
+    save is ever in flight, so they are dead, and on a full disk they would keep every
+    later save from fitting.
+    """
+    from .background import in_flight   # here: background imports this module
+
     staging = d / staging_dir_name(step)
     if ctx.world_size > 1 and not is_distributed():
         raise CheckpointError("checkpoints need torch.distributed initialised when WORLD_SIZE > 1")
-    err: BaseException | None = None
+    err: str | None = None
     if ctx.is_main:
+        pending = in_flight()
+        busy = None if pending is None else staging_dir_name(pending.step)
         try:
             d.mkdir(parents=True, exist_ok=True)
-            if staging.exists():
-                shutil.rmtree(staging)  # left by an attempt that was killed
+            for e in os.scandir(d):
+                if STAGING_RE.match(e.name) and e.name != busy:
+                    _delete_all([_to_trash(d / e.name)])
             staging.mkdir()
             fsync_dir(d)
         except OSError as e:
-            err = e
-    if all_reduce_max([1 if err else 0])[0]:
-        raise CheckpointError(f"cannot create {staging}: {err or 'failed on rank 0'}")
+            err = f"{type(e).__name__}: {e}"
+    if first_failed_rank(ctx, err is not None) is not None:
+        why = broadcast_object(err) if is_distributed() else err
+        raise CheckpointError(f"cannot create {staging}: {why}")
     return Staging(path=staging, step=step, rank=ctx.rank, world_size=ctx.world_size)
+
+
+def discard_staging(ctx: RankContext, d: Path, step: int) -> None:
+    """Rank 0, once no rank writes into it any more: remove a failed save's staging dir."""
+    if ctx.is_main:
+        staging = d / staging_dir_name(step)
+        if staging.exists():
+            _delete_all([_to_trash(staging)])
 
 
 def first_failed_rank(ctx: RankContext, failed: bool) -> int | None:
@@ -188,6 +207,7 @@ def agree(ctx: RankContext, step: int, final: Path, error: str | None) -> Checkp
     bad = first_failed_rank(ctx, error is not None)
     if bad is not None:
         why = broadcast_object(error, src=bad) if ctx.world_size > 1 and is_distributed() else error
+        discard_staging(ctx, final.parent, step)
         raise CheckpointError(f"step {step}: rank {bad}: {why}; nothing committed")
     manifest, why = read_manifest(final)
     if manifest is None:
@@ -211,7 +231,10 @@ def stage_checkpoint(step: int, *, framework: str = "torch", ctx: RankContext | 
     at commit (default ``"size"``: markers' checksums and stat sizes). ``on_markers``: see
     :func:`commit`.
     """
+    from .background import wait_checkpoints   # here: background imports this module
+
     ctx = ctx or context()
+    wait_checkpoints(ctx)   # at most one save in flight: its staging dir is not this one's to clean
     # The loop stalls for the whole save: the hang watchdog gives it the save's bound
     # (inside an adapter's own mark, this changes nothing).
     with heartbeats.saving(step):
@@ -225,6 +248,7 @@ def stage_checkpoint(step: int, *, framework: str = "torch", ctx: RankContext | 
         except Exception as e:   # every rank must learn about it
             err = e
         if all_reduce_max([1 if err else 0])[0]:
+            discard_staging(ctx, d, step)
             if err is not None:
                 raise CheckpointError(f"step {step}: rank {ctx.rank} failed writing its shards: {err}") from err
             raise CheckpointError(f"step {step}: another rank failed writing its shards; nothing committed")
@@ -238,6 +262,7 @@ def stage_checkpoint(step: int, *, framework: str = "torch", ctx: RankContext | 
                 outcome = ("error", f"{type(e).__name__}: {e}")
         outcome = broadcast_object(outcome) if ctx.world_size > 1 else outcome
         if outcome is None or outcome[0] != "ok":
+            discard_staging(ctx, d, step)
             raise CheckpointError(f"step {step}: commit failed: {outcome[1] if outcome else 'no answer'}")
         final = Path(outcome[1])
         manifest = json.loads((final / MANIFEST).read_text(encoding="utf-8"))

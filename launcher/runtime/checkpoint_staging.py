@@ -57,7 +57,11 @@ class Staging:
         """A :class:`ChecksumWriter` on ``path / name``, claimed and recorded when closed."""
         p = self.file(name)
         with ChecksumWriter(p) as w:
-            yield w
+            try:
+                yield w
+            except Exception as e:
+                w.raise_io_error(e)
+                raise
         self.record(p, w.size, w.algorithm, w.checksum.hexdigest())
 
 

@@ -100,6 +100,9 @@ class ChecksumWriter:
         self.size = 0
         self.digest: str | None = None
         self.sync = sync
+        # The file system's own error (ENOSPC, EROFS, EIO): torch.save's C++ writer turns it
+        # into "unexpected pos ...", so whoever called the framework re-raises this one.
+        self.error: OSError | None = None
         self._f = open(self.path, "wb")   # noqa: SIM115 - closed in close()
 
     @property
@@ -109,9 +112,18 @@ class ChecksumWriter:
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
         self.checksum.update(view)
-        n = self._f.write(view)
+        try:
+            n = self._f.write(view)
+        except OSError as e:
+            self.error = self.error or e
+            raise
         self.size += n
         return n
+
+    def raise_io_error(self, exc: BaseException) -> None:
+        """Raise the file system's error behind ``exc`` (a framework's wrapper of it), if there was one."""
+        if self.error is not None and exc is not self.error:
+            raise self.error from exc
 
     def writable(self) -> bool:
         return True
@@ -134,7 +146,11 @@ class ChecksumWriter:
         if self._f.closed:
             return
         try:
-            self._f.flush()
+            try:
+                self._f.flush()
+            except OSError as e:
+                self.error = self.error or e
+                raise
             if self.sync:
                 os.fsync(self._f.fileno())
             _drop_cached(self._f.fileno())

@@ -63,6 +63,9 @@ class ChecksumFileSystem(FileSystem):
         w = ChecksumWriter(path, sync=False)   # DCP fsyncs through fileno() itself
         try:
             yield w
+        except Exception as e:
+            w.raise_io_error(e)
+            raise
         finally:
             w.close()
         with self._lock:
