@@ -134,3 +134,36 @@ def test_a_collective_save_waits_for_the_background_save_in_flight(single_rank_e
     assert st.committed.step == 2
     assert ck.verify_checkpoint(tmp_path / "ckpt" / "step-00000001")[1] is None
     assert ck.latest_complete(tmp_path / "ckpt").step == 2
+
+
+ORPHAN = textwrap.dedent('''
+    import sys, threading
+    from pathlib import Path
+    from launcher.runtime import checkpoint_staging as cs
+    from launcher.runtime.checkpoint_layout import CheckpointError
+
+    staging = Path(sys.argv[1])
+
+    def commit():   # rank 0's background commit; rank 1 died before its marker
+        try:
+            cs.read_markers(staging, 5, 2, timeout_s=1e6, orphan_stall_s=1.0)
+        except CheckpointError as e:
+            print("GAVE UP:", e, flush=True)
+
+    threading.Thread(target=commit).start()
+    print("main thread ends", flush=True)   # as it does when a peer's death breaks a collective
+''')
+
+
+def test_a_background_commit_gives_up_on_a_dead_rank_once_the_main_thread_ended(tmp_path):
+    staging = tmp_path / ".staging-step-00000005"
+    staging.mkdir()
+    (staging / ".done-rank-00000.json").write_text(json.dumps({"rank": 0, "step": 5, "files": []}))
+    (staging / "__1_0.distcp").write_bytes(b"half a shard")
+    script = tmp_path / "orphan.py"
+    script.write_text(ORPHAN)
+    # Before, the process stayed until the marker timeout (30 min for save_torch_state).
+    proc = subprocess.run([sys.executable, str(script), str(staging)], env=_clean_env(tmp_path),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "GAVE UP: rank 1 wrote no done marker" in proc.stdout and "main thread ended" in proc.stdout, proc.stdout

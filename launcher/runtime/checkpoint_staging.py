@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -118,14 +119,38 @@ def write_failure_marker(st: Staging, error: BaseException) -> None:
         pass   # the staging dir itself is gone: rank 0 times out on the missing marker
 
 
-def read_markers(staging: Path, step: int, world: int, timeout_s: float) -> list[dict]:
+# Off the main thread, once the main thread has ended (the script returned, or died of a
+# peer's death in a collective), rank 0 waits for missing markers only while the staging
+# dir still changes: a rank that is still writing grows its files; a dead one never will.
+ORPHAN_STALL_S = 60.0
+
+
+def _progress(staging: Path) -> tuple:
+    """What changes while any rank writes into ``staging``: its files' names and sizes."""
+    seen = []
+    for root, _dirs, files in os.walk(staging):
+        for name in files:
+            try:
+                seen.append((root, name, os.stat(os.path.join(root, name)).st_size))
+            except OSError:
+                pass
+    return tuple(sorted(seen))
+
+
+def read_markers(staging: Path, step: int, world: int, timeout_s: float,
+                 orphan_stall_s: float = ORPHAN_STALL_S) -> list[dict]:
     """Every rank's done marker, waiting up to ``timeout_s`` for them to appear.
 
-    Raises :class:`CheckpointError` as soon as a rank's failure marker shows up.
+    Raises :class:`CheckpointError` as soon as a rank's failure marker shows up, and, in a
+    background save whose process's main thread has ended, once the staging dir has not
+    changed for ``orphan_stall_s`` (the missing ranks are gone: nothing would ever commit).
     """
     deadline = time.monotonic() + timeout_s
     markers: dict[int, dict] = {}
     delay = 0.005
+    orphan = threading.current_thread() is not threading.main_thread()
+    last: tuple | None = None
+    changed = time.monotonic()
     while True:
         try:
             names = [e.name for e in os.scandir(staging)]
@@ -154,9 +179,16 @@ def read_markers(staging: Path, step: int, world: int, timeout_s: float) -> list
             markers[r] = marker
         if len(markers) == world:
             return [markers[r] for r in range(world)]
+        missing = [r for r in range(world) if r not in markers]
+        who = f"rank {missing[0]}" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
         if time.monotonic() > deadline:
-            missing = [r for r in range(world) if r not in markers]
-            raise CheckpointError(f"rank {missing[0]} wrote no done marker in {staging}"
-                                  + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""))
+            raise CheckpointError(f"{who} wrote no done marker in {staging}")
+        if orphan and not threading.main_thread().is_alive():
+            now = _progress(staging)
+            if now != last:
+                last, changed = now, time.monotonic()
+            elif time.monotonic() - changed > orphan_stall_s:
+                raise CheckpointError(f"{who} wrote no done marker in {staging}, which has not changed for "
+                                      f"{orphan_stall_s:.0f} s since the main thread ended: nothing committed")
         time.sleep(delay)   # shared filesystems may show new files late
         delay = min(0.2, delay * 2)
