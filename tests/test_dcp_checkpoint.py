@@ -155,6 +155,8 @@ def _env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in RANK_VARS and not k.startswith("GLAUNCH_")}
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
+    # A rank that aborts (SIGABRT, e.g. in gloo's teardown) prints every thread's Python stack.
+    env["PYTHONFAULTHANDLER"] = "1"
     env.update({k: str(v) for k, v in extra.items()})
     return env
 
@@ -178,7 +180,7 @@ def _start(script: Path, args: list[str], world: int, ckpt: Path, out: Path, res
     return procs
 
 
-def _finish(procs, timeout: float = 240) -> list[str]:
+def _finish(procs, timeout: float = 900) -> list[str]:   # a bound for hangs only: CI may be slow
     outs = []
     try:
         for p in procs:
