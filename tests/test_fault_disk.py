@@ -39,6 +39,7 @@ FULL = textwrap.dedent('''
     opt.step()
     ckpt = os.environ["GLAUNCH_CHECKPOINT_DIR"]
     os.makedirs(os.path.join(ckpt, ".staging-step-00000001"))   # a killed attempt's leftovers
+    os.makedirs(os.path.join(ckpt, ".trash-step-00000000-1"))   # an interrupted prune's
     out = {}
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (int(os.environ["LIMIT"]), hard))
@@ -79,7 +80,7 @@ def test_a_full_disk_is_named_leaves_no_staging_dir_and_the_next_save_fits(tmp_p
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     # the file system's error, not the framework's rewording of it ("unexpected pos ...")
     assert out["error"] and "File too large" in out["error"] and "unexpected pos" not in out["error"], out
-    assert not [n for n in out["after_failure"] if n.startswith(".staging-")], out
+    assert not [n for n in out["after_failure"] if n.startswith((".staging-", ".trash-"))], out
     assert out["saved"] == 3
     assert [n for n in out["after_success"] if not n.startswith(".trash-")] == ["latest", "step-00000003"], out
 

@@ -154,9 +154,9 @@ def _files_under(root: Path) -> list[Path]:
 def open_staging(step: int, ctx: RankContext, d: Path) -> Staging:
     """Collective: rank 0 makes an empty ``.staging-step-N`` in ``d``; every rank gets its :class:`Staging`.
 
-    Rank 0 first removes the staging dirs of earlier attempts (killed, or failed): only one
-    save is ever in flight, so they are dead, and on a full disk they would keep every
-    later save from fitting.
+    Rank 0 first removes the staging dirs of earlier attempts (killed, or failed) and what
+    an interrupted prune left: only one save is ever in flight, so they are dead, and on a
+    full disk they would keep every later save from fitting.
     """
     from .background import in_flight   # here: background imports this module
 
@@ -172,6 +172,8 @@ def open_staging(step: int, ctx: RankContext, d: Path) -> Staging:
             for e in os.scandir(d):
                 if STAGING_RE.match(e.name) and e.name != busy:
                     _delete_all([_to_trash(d / e.name)])
+                elif e.name.startswith(TRASH_PREFIX):   # an interrupted prune's
+                    _delete_all([d / e.name])
             staging.mkdir()
             fsync_dir(d)
         except OSError as e:
