@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from conftest import requires_slurm
-from slurmkit import glaunch, out, read_json, submit, wait_until
+from slurmkit import final_sacct_state, glaunch, out, read_json, submit, wait_until
 from launcher.schedulers.slurm_state import parse_sacct
 
 pytestmark = [requires_slurm, pytest.mark.slurm, pytest.mark.slow]
@@ -34,14 +34,17 @@ def test_second_run_starts_only_after_the_first_ended(tmp_path, isolated_env):
     assert f"Dependency=afterok:{first['job_id']}" in job
     # While the first runs on one node the other node is free, and the second waits for it.
     wait_until(lambda: json.loads(glaunch("status", first["run_id"], "--json", env=isolated_env).stdout)["state"]
-               == "RUNNING", 120, "the first run to start")
+               == "RUNNING", 300, "the first run to start")
     sinfo = out("sinfo", "-h", "-N", "-p", "debug", "-o", "%N %t")
     assert "idle" in sinfo or "mix" in sinfo, sinfo
     status = json.loads(glaunch("status", second["run_id"], "--json", env=isolated_env).stdout)
     assert status["state"] == "PENDING" and status["after"][0]["job_ids"] == [first["job_id"]]
     wait_until(lambda: read_json(tmp_path / "runs" / second["run_id"] / "run.json")["state"] == "COMPLETED"
                or json.loads(glaunch("status", second["run_id"], "--json", env=isolated_env).stdout)["state"]
-               in ("COMPLETED", "FAILED", "CANCELLED"), 300, "the second run to end")
+               in ("COMPLETED", "FAILED", "CANCELLED"), 600, "the second run to end")
+    # Accounting can lag the end of a job: read the times once it has each one's final state.
+    assert final_sacct_state(first["job_id"]) == "COMPLETED"
+    assert final_sacct_state(second["job_id"]) == "COMPLETED"
     first_start, first_end = sacct_times(first["job_id"])
     second_start, _ = sacct_times(second["job_id"])
     assert second_start >= first_end > first_start, (first_start, first_end, second_start)
@@ -66,7 +69,7 @@ def test_after_ok_on_a_run_that_fails_never_starts(tmp_path, isolated_env):
             summary = json.loads(glaunch("status", waiting["run_id"], "--json", env=isolated_env).stdout)
             return summary if summary.get("reason") == "never starts" else None
 
-        summary = wait_until(blocked, 180, "the dependent run to be reported as never starting")
+        summary = wait_until(blocked, 300, "the dependent run to be reported as never starting")
         assert summary["state"] == "PENDING"
         assert "the run it waits for ended in a way its dependency excludes (--after)" in summary["detail"]
         assert "Reason=DependencyNeverSatisfied" in summary["detail"]

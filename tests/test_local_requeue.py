@@ -7,21 +7,26 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+STEPS = 120          # 48 s of training at 0.4 s a step: more than one start's 40 s
 
 
 def submit(runs: Path, env, *overrides):
     proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "examples/torch_ddp.yaml",
                            "--runs-dir", str(runs), *overrides], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=400)
+                          text=True, timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (run_dir,) = runs.iterdir()
     return run_dir, proc.stdout
 
 
 def test_time_limit_requeues_and_resumes_bitwise(tmp_path, isolated_env):
-    base_dir, _ = submit(tmp_path / "base", isolated_env, "entrypoint.args=[--steps,40]")
-    cut_dir, out = submit(tmp_path / "cut", isolated_env, "resources.time=0:30", "requeue.signal_lead_s=14",
-                          "checkpoint.every_steps=100", "entrypoint.args=[--steps,40,--seconds-per-step,0.4]")
+    # Each start trains for what its minute leaves after start-up (40 s less that); the training
+    # takes longer than one start can give, so the first start is cut however fast it starts, and
+    # a slow start-up only adds starts. No periodic checkpoint: each start resumes from its stop's.
+    base_dir, _ = submit(tmp_path / "base", isolated_env, f"entrypoint.args=[--steps,{STEPS}]")
+    cut_dir, out = submit(tmp_path / "cut", isolated_env, "resources.time=1", "requeue.signal_lead_s=20",
+                          "requeue.max=20", "checkpoint.every_steps=1000",
+                          f"entrypoint.args=[--steps,{STEPS},--seconds-per-step,0.4]")
     record = json.loads((cut_dir / "run.json").read_text())
     states = [(s["state"], s["reason"]) for s in record["starts"]]
     assert states[0] == ("REQUEUED", "timeout"), states
@@ -30,7 +35,7 @@ def test_time_limit_requeues_and_resumes_bitwise(tmp_path, isolated_env):
     assert "stopping at step" in out and "resumed from" in out
     base = json.loads((base_dir / "result.json").read_text())
     cut = json.loads((cut_dir / "result.json").read_text())
-    assert cut["final_step"] == base["final_step"] == 40
+    assert cut["final_step"] == base["final_step"] == STEPS
     assert cut["param_sha256"] == base["param_sha256"]
     assert cut["resumed_from"] is not None
 
@@ -47,7 +52,7 @@ def test_requeue_max_bounds_restarts(tmp_path, isolated_env):
 def submit_expect_failure(runs: Path, env, *overrides):
     proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "examples/torch_ddp.yaml",
                            "--runs-dir", str(runs), *overrides], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=400)
+                          text=True, timeout=1200)
     assert proc.returncode != 0
     (run_dir,) = runs.iterdir()
     return run_dir, proc.stdout

@@ -26,7 +26,7 @@ def losses(run_dir: Path, job_id: str) -> list[tuple[int, float]]:
 
 
 def resume(run_id: str, env, *overrides) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = glaunch("resume", "--wait", "--json", run_id, *overrides, env=env, timeout=300)
+    proc = glaunch("resume", "--wait", "--json", run_id, *overrides, env=env, timeout=900)
     try:
         return proc, json.loads(proc.stdout)
     except ValueError:
@@ -71,13 +71,13 @@ def test_ddp_cancelled_on_two_nodes_resumes_on_one(tmp_path, isolated_env):
     run_dir = the_run_dir(runs)
     job_id = job_id_of(run_dir)
     try:
-        wait_until(lambda: (run_dir / "checkpoints" / "step-00000020").is_dir(), 150, "a checkpoint at step 20")
+        wait_until(lambda: (run_dir / "checkpoints" / "step-00000020").is_dir(), 600, "a checkpoint at step 20")
         refused, _ = resume(run_dir.name, isolated_env, "resources.nodes=1")
         assert refused.returncode == 2 and "only a run that ended can be resumed" in refused.stderr, refused.stderr
         cancelled = glaunch("cancel", run_dir.name, env=isolated_env)
         assert cancelled.returncode == 0, cancelled.stderr
     finally:
-        rc, _, _ = finish(proc, job_id, 120)
+        rc, _, _ = finish(proc, job_id, 300)
     assert rc != 0
     newest = max(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*"))
     done, info = resume(run_dir.name, isolated_env, "resources.nodes=1",

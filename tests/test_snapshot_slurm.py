@@ -11,7 +11,7 @@ import subprocess
 import pytest
 
 from conftest import requires_slurm
-from slurmkit import REPO, SITE, glaunch, read_json, squeue_state, submit, wait_until
+from slurmkit import REPO, SITE, glaunch, out, read_json, squeue_state, submit, wait_until
 
 pytestmark = [requires_slurm, pytest.mark.slurm, pytest.mark.slow]
 
@@ -42,18 +42,22 @@ def test_edit_while_queued_does_not_reach_the_job(tmp_path, isolated_env):
     git(repo, "add", "-A")
     git(repo, "commit", "-q", "-m", "twenty steps")
     commit = git(repo, "rev-parse", "HEAD")
-    # The job may not start for 25 s: it waits in the queue while the work tree changes.
+    # The job is held in the queue (a start time far ahead) while the work tree changes, then let go.
     site = tmp_path / "site.yaml"
-    site.write_text(f"name: later\nextends: {SITE}\nsbatch: {{begin: now+25}}\n")
+    site.write_text(f"name: later\nextends: {SITE}\nsbatch: {{begin: now+600}}\n")
 
     proc, info = submit(str(repo / "exp.yaml"), tmp_path / "runs", isolated_env, site=str(site), wait=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir, job_id = tmp_path / "runs" / info["run_id"], info["job_id"]
-    (repo / "settings.py").write_text("STEPS = 30\n")
-    (repo / "train.py").write_text("raise SystemExit('edited after submit')\n")
-    assert squeue_state(job_id) == "PENDING"          # the edit happened while it waited
-
-    wait_until(lambda: read_json(run_dir / "run.json")["state"] in ("COMPLETED", "FAILED"), 240, "the run to end")
+    try:
+        (repo / "settings.py").write_text("STEPS = 30\n")
+        (repo / "train.py").write_text("raise SystemExit('edited after submit')\n")
+        assert squeue_state(job_id) == "PENDING"          # the edit happened while it waited
+        out("scontrol", "update", f"JobId={job_id}", "StartTime=now")
+        wait_until(lambda: read_json(run_dir / "run.json")["state"] in ("COMPLETED", "FAILED"), 600, "the run to end")
+    finally:
+        if squeue_state(job_id):
+            glaunch("cancel", info["run_id"], env=isolated_env)
     record = read_json(run_dir / "run.json")
     assert record["state"] == "COMPLETED", record
     result = read_json(run_dir / "result.json")

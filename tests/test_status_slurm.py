@@ -32,6 +32,8 @@ RECORD = os.environ.get("GLAUNCH_RECORD_CONSOLE") == "1"
 # The example's MLP: Linear(16, 32) + Linear(32, 1).
 MODEL_PARAMS = 16 * 32 + 32 + 32 + 1
 STEP_S = 0.1
+# Enough steps that the second preemption lands before the run ends, however late it is noticed.
+STEPS = 400
 
 
 def _record(name: str, text: str) -> None:
@@ -73,11 +75,11 @@ def _preempt_and_follow(runs: Path, thread: threading.Thread, times: int, min_pr
             return (squeue_state(job_id) == "RUNNING" and beat.get("restart") == n
                     and (beat.get("step") or 0) >= (base or 0) + min_progress)
 
-        wait_until(progressed, 240, f"progress of start {n}", interval=0.5)
+        wait_until(progressed, 480, f"progress of start {n}", interval=0.5)
         preempt()
         wait_until(lambda n=n: any(s["restart"] == n and s["state"] == "REQUEUED"
                                    for s in read_json(run_dir / "run.json")["starts"]),
-                   120, f"preemption {n + 1} to requeue the job")
+                   300, f"preemption {n + 1} to requeue the job")
     deadline = time.monotonic() + timeout
     while thread.is_alive() and time.monotonic() < deadline:
         release_requeue_hold(job_id)
@@ -121,8 +123,8 @@ def test_status_of_a_run_preempted_twice(tmp_path, isolated_env):
     thread, seen = _on_terminal(_submit_argv(
         "examples/torch_ddp.yaml", runs, "resources.nodes=2", "resources.time=10", f"model.params={MODEL_PARAMS}",
         "checkpoint.every_steps=1000", "requeue.max=5",
-        f"entrypoint.args=[--steps,150,--seconds-per-step,{STEP_S}]"), isolated_env, REPO, timeout=420)
-    run_dir, job_id = _preempt_and_follow(runs, thread, times=2, min_progress=10, timeout=400)
+        f"entrypoint.args=[--steps,{STEPS},--seconds-per-step,{STEP_S}]"), isolated_env, REPO, timeout=840)
+    run_dir, job_id = _preempt_and_follow(runs, thread, times=2, min_progress=10, timeout=800)
     assert seen["status"] == 0, seen["raw"][-3000:]
     run_id = run_dir.name
 
@@ -134,7 +136,7 @@ def test_status_of_a_run_preempted_twice(tmp_path, isolated_env):
     _record("slurm_status_preempted_twice.txt",
             "# glaunch submit --wait examples/torch_ddp.yaml --site local-slurm resources.nodes=2 resources.time=10 \\\n"
             f"#     model.params={MODEL_PARAMS} checkpoint.every_steps=1000 requeue.max=5 \\\n"
-            f"#     'entrypoint.args=[--steps,150,--seconds-per-step,{STEP_S}]'\n"
+            f"#     'entrypoint.args=[--steps,{STEPS},--seconds-per-step,{STEP_S}]'\n"
             "# preempted twice by a job on the `urgent` partition; then:\n"
             f"# $ glaunch status {run_id}\n"
             + text.replace(shown_runs, "runs")
@@ -231,9 +233,9 @@ def test_status_of_a_run_preempted_twice(tmp_path, isolated_env):
     assert console_events(raw) == [
         f"[glaunch] start {s['restart']}: preempted at step {s['stopped_at']} -> requeued -> "
         f"resumed from {s['stopped_at']}" for s in starts[:2]]
-    assert re.search(r"\r\x1b\[K\[glaunch\] RUNNING \| start 2 \| step \d+/150", raw), raw[-3000:]
-    assert "step 10/150 loss" in raw and "step 150/150 loss" in raw
-    assert f"[glaunch] run {run_id} COMPLETED at step 150 after 3 start(s)" in raw
+    assert re.search(rf"\r\x1b\[K\[glaunch\] RUNNING \| start 2 \| step \d+/{STEPS}", raw), raw[-3000:]
+    assert f"step 10/{STEPS} loss" in raw and f"step {STEPS}/{STEPS} loss" in raw
+    assert f"[glaunch] run {run_id} COMPLETED at step {STEPS} after 3 start(s)" in raw
     assert "[glaunch] goodput: ETTR " in raw
     assert "submitit INFO" not in raw and "submitit ERROR" not in raw and "Bypassing signal" not in raw
 
@@ -269,8 +271,8 @@ def test_console_of_a_failure(tmp_path, isolated_env):
                    f"'--seconds-per-step', '{STEP_S}']}}\nresources: {{nodes: 2, time: '5'}}\n"
                    "checkpoint: {every_steps: 10}\n")
     runs = tmp_path / "runs"
-    thread, seen = _on_terminal(_submit_argv(str(exp), runs), isolated_env, REPO, timeout=240)
-    run_dir, _ = _preempt_and_follow(runs, thread, times=0, min_progress=0, timeout=230)
+    thread, seen = _on_terminal(_submit_argv(str(exp), runs), isolated_env, REPO, timeout=480)
+    run_dir, _ = _preempt_and_follow(runs, thread, times=0, min_progress=0, timeout=460)
     raw, status = seen["raw"], seen["status"]
     _record("slurm_failure.txt",
             "# glaunch submit --wait failing.yaml --site local-slurm  (examples/torch_ddp.py on 2 nodes whose\n"
