@@ -98,9 +98,23 @@ def commit(ctx: RankContext, d: Path, staging: Path, step: int, *, framework: st
         os.rename(final, old)
     os.rename(staging, final)
     fsync_dir(d)
-    atomic_write_text(d / LATEST, final.name)
+    _point_latest(d, final.name)
     _prune(d, step, keep, in_background=prune_in_background)
     return final
+
+
+def _point_latest(d: Path, name: str) -> None:
+    """Replace ``latest``. The rename before it was the commit (resume never trusts ``latest``),
+    so a pointer that cannot be written is a warning, not a failed save; a directory in its
+    place (not ours) is moved aside first."""
+    pointer = d / LATEST
+    try:
+        if pointer.is_dir() and not pointer.is_symlink():
+            _to_trash(pointer)
+        atomic_write_text(pointer, name)
+    except OSError as e:
+        log(f"warning: {name} is committed, but {pointer} could not be updated ({e}); "
+            "resume finds the newest complete checkpoint without it")
 
 
 def _prune(d: Path, step: int, keep: int, *, in_background: bool = False) -> None:
