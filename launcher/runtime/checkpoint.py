@@ -15,21 +15,22 @@ Writing (every rank, same step, collectively)::
         st.add(other_path)           # or claim a file written some other way (hashed at the marker)
     st.committed                     # Checkpoint(step, path, manifest)
 
-1. rank 0 empties ``.staging-step-N``; barrier.
+1. rank 0 removes the staging and trash dirs of earlier attempts (at most one save is
+   in flight: they are dead) and makes an empty ``.staging-step-N``; barrier.
 2. each rank writes its files into the staging dir, fsyncs them and writes
    ``.done-rank-RRRRR.json``: its files with size and checksum, the checksum taken
    while the bytes were written (``st.open``, the DCP writer) or, for files a framework
    wrote itself, read back once by the rank that wrote them. A rank that fails
    writes ``.failed-rank-RRRRR.json`` instead.
 3. all_reduce of the ranks' failure flags (a rank that raised makes every rank raise
-   :class:`CheckpointError`, nothing is committed).
+   :class:`CheckpointError`, nothing is committed, rank 0 removes the staging dir).
 4. rank 0 waits for all ``world_size`` markers, checks that every claimed file exists
    with the size its rank wrote (stat, no re-reading), checksums any unclaimed file
    (written by a framework behind our back, e.g. DeepSpeed's zero_to_fp32.py), writes
-   ``manifest.json``, fsyncs, renames the staging dir to ``step-N``, replaces ``latest``
-   atomically (temp file + os.replace), and prunes: checkpoints newer than N (an
-   abandoned timeline after a fallback), damaged ones, complete ones beyond ``keep``,
-   stale staging dirs.
+   ``manifest.json``, fsyncs, renames the staging dir to ``step-N`` (the commit), replaces
+   ``latest`` atomically (temp file + os.replace; a failure there is only a warning),
+   and prunes: checkpoints newer than N (an abandoned timeline after a fallback),
+   damaged ones, complete ones beyond ``keep``, stale staging dirs.
 5. rank 0 broadcasts the outcome; every rank returns only once the commit is
    visible (or raises :class:`CheckpointError` on all ranks).
 
