@@ -317,9 +317,9 @@ def list_cmd(sweep, as_json, limit):
     from .runs.status import format_list
 
     if sweep is not None:
-        summary = api.status(sweep) if api.find_sweep(sweep) is not None else None
-        if summary is None:
-            raise click.UsageError(f"{sweep!r} is not a sweep (`glaunch status {sweep}` shows a run)")
+        if api.find_sweep(sweep) is None:
+            api.list_runs(limit, sweep=sweep)       # the ConfigError naming SWEEP, as the API gives it
+        summary = api.status(sweep)
         _emit(as_json, {"elements": summary["elements"]},
               "\n".join([*sweeps.format_table(summary), sweeps.summary_line(summary)]))
         return

@@ -45,6 +45,7 @@ class SchedulerError(GlaunchError):
 
 
 class RunError(GlaunchError):
-    """A run finished unsuccessfully, or a run id names nothing we know. Exit 1."""
+    """A run finished unsuccessfully, or its records or job cannot be read, written or
+    acted on (an unknown run id is a ConfigError). Exit 1."""
 
     exit_code = 1

@@ -46,9 +46,11 @@ class State(str, enum.Enum):
 TERMINAL = frozenset({State.COMPLETED, State.FAILED, State.CANCELLED, State.TIMEOUT, State.PREEMPTED,
                       State.OUT_OF_MEMORY, State.NODE_FAIL, State.BOOT_FAIL, State.DEADLINE, State.REFUSED,
                       State.RENDERED})
-# squeue's states of a job that is still queued or running (Slurm's names).
+# squeue's states of a job that is still queued or running (Slurm's names). SPECIAL_EXIT is
+# a job Slurm requeued held after an exit code in the cluster's RequeueExitHold: not ended.
 LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
-                  "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD"})
+                  "REQUEUE_FED", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "RESV_DEL_HOLD",
+                  "SPECIAL_EXIT"})
 # States a run record holds while its job may still be queued or running.
 IN_FLIGHT = frozenset({State.SUBMITTING, State.PENDING, State.RUNNING, State.REQUEUED})
 

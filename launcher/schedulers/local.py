@@ -82,10 +82,16 @@ class LocalScheduler(Scheduler):
             raise RunError(f"run {record.run_id}: cannot signal job {record.job_id} (process group {pid}): "
                            f"{exc.strerror or exc}") from None
         from ..runs import registry
+        from ..runtime.telemetry import iso
 
         with registry.updating(run_dir) as rec:
-            rec.state = State.CANCELLED.value
-            rec.reason = "cancelled by user"
+            # The loop running the job, while it lives, records the start's end when the
+            # job exits; without it nobody would, so the start ends here.
+            last = rec.starts[-1] if rec.starts else None
+            if last is not None and last.job_id == record.job_id and not last.ended:
+                last.update(state=State.CANCELLED.value, reason="cancelled", ended=iso(time.time()))
+            if rec.state in IN_FLIGHT:
+                rec.state, rec.reason, rec.detail = State.CANCELLED.value, "cancelled", None
         return f"run {record.run_id}: cancelled job {record.job_id}"
 
 
@@ -264,6 +270,7 @@ def kill_job(pid: int) -> None:
 def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: Console, interrupts: Interrupts) -> int:
     from ..runs import registry
     from ..runtime import jobend, watchdog
+    from ..runtime.context import node_name
     from ..runtime.telemetry import iso, start_summary
 
     restart = 0
@@ -280,7 +287,7 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: Console, interr
             record.job_id = job_id
             record.state = State.RUNNING.value
             record.starts.append(registry.new_start(job_id, restart, started=iso(time.time()),
-                                                    state=State.RUNNING.value))
+                                                    state=State.RUNNING.value, nodes=node_name()))
         proc = start(plan, job_id, restart, job_lock)
         with registry.updating(run_dir.path) as record:
             # The pid and its start time: `cancel` signals only a process that has both.

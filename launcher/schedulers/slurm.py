@@ -319,8 +319,8 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
             rec.reason = rec.detail = None
             rec.starts.append(registry.new_start(job_id, 0))
         else:
-            rec.state = State.REFUSED.value
-            rec.reason = "sbatch did not queue the job (Slurm has no job carrying this run's id)"
+            rec.state, rec.reason = State.REFUSED.value, "refused"
+            rec.detail = "sbatch did not queue the job (Slurm has no job carrying this run's id)"
     return rec if not job_id else SlurmScheduler().refresh(run_dir, rec)
 
 

@@ -59,9 +59,8 @@ def parse_squeue_reason(text: str) -> str | None:
 
 SQUEUE_FORMAT = "%T|%r"
 
-# squeue's states of a job still queued or running: Slurm's LIVE ones and SPECIAL_EXIT
-# (requeued held after it exited with a code in the cluster's RequeueExitHold).
-SQUEUE_LIVE = LIVE | {"SPECIAL_EXIT"}
+# The name slurm_records reads LIVE by.
+SQUEUE_LIVE = LIVE
 # Held states whose job never starts until someone releases it, in words.
 HELD = {
     "RESV_DEL_HOLD": "the reservation it asked for was deleted and Slurm holds it (an administrator's "
@@ -167,7 +166,7 @@ def current_state(recorded: str | None, live: str | None, history: list[dict] | 
     """The run's state now: the job's own terminal record, else squeue, else sacct."""
     if recorded in TERMINAL and recorded != State.RENDERED:
         return str(recorded)
-    if live in SQUEUE_LIVE:
+    if live in LIVE:
         return str(live)
     if history:
         return base_state(history[-1]["state"])
@@ -195,7 +194,7 @@ def unlisted_verdict(job_id: str, history: list[dict] | None, unlisted_s: float 
         return (f"Slurm no longer lists job {job_id} (squeue), the job left no record of its end, and accounting "
                 "(sacct) has no record of it")
     last = base_state(history[-1]["state"])
-    if last in SQUEUE_LIVE and unlisted_s >= UNLISTED_GRACE_S:
+    if last in LIVE and unlisted_s >= UNLISTED_GRACE_S:
         return (f"Slurm no longer lists job {job_id} (squeue, for {unlisted_s:.0f} s), yet accounting (sacct) still "
                 f"shows it {last}: the controller lost it (`sacctmgr show runawayjobs` lists such jobs)")
     return None
