@@ -59,7 +59,7 @@ def parse_squeue_reason(text: str) -> str | None:
 
 SQUEUE_FORMAT = "%T|%r"
 
-# The name slurm_records reads LIVE by.
+# LIVE, under the name slurm_records imports it by.
 SQUEUE_LIVE = LIVE
 # Held states whose job never starts until someone releases it, in words.
 HELD = {
