@@ -89,7 +89,7 @@ def site_values(site: str) -> dict[str, Any]:
     """The profile resolved through its extends chain: every key's value and where it came from."""
     from .config.load import load_site
 
-    loaded = load_site(site, Path.cwd(), os.environ)
+    loaded = load_site(site, Path.cwd(), os.environ, key="SITE")
     rows = []
     for key, value in _flatten(asdict(loaded.config)).items():
         origin = loaded.provenance.of(key, exact=True)
@@ -113,7 +113,7 @@ def validate_site(site: str) -> Path:
     """Load and check one profile (a name or a file); its file, or ConfigError."""
     from .config.load import load_site
 
-    return load_site(site, Path.cwd(), os.environ).path
+    return load_site(site, Path.cwd(), os.environ, key="SITE").path
 
 
 def check_site(site: str):
@@ -122,7 +122,7 @@ def check_site(site: str):
     from .config.load import load_site
     from .schedulers.cluster_check import check_site as check
 
-    loaded = load_site(site, Path.cwd(), os.environ)
+    loaded = load_site(site, Path.cwd(), os.environ, key="SITE")
     if loaded.config.scheduler != "slurm":
         # A local profile describes this machine: a Slurm cluster's partitions say nothing about it.
         origin = loaded.provenance.of("scheduler")

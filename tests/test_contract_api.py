@@ -33,7 +33,7 @@ def ended_run(tmp_path: Path, state: str = "COMPLETED", job_id: str = "1000") ->
 
 def glaunch(*args, env, cwd=REPO):
     return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120)
+                          text=True, timeout=300)
 
 
 # --- api.wait(run, on_line=print) -----------------------------------------------------------

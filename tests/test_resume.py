@@ -66,6 +66,7 @@ def test_a_dry_run_is_refused(tmp_path, isolated_env):
     ("resources.gpus=3", "resources.gpus: unknown key"),
     ("checkpoint.dir=/elsewhere", "a resumed run keeps its checkpoint directory"),
     ("nokey", "is not KEY=VALUE"),
+    ("site=other", "site: the run ran on site 'local'; a resumed run keeps its site"),
 ])
 def test_bad_overrides_exit_2_and_write_nothing(tmp_path, isolated_env, override, message):
     run_dir = ended_run(tmp_path)
@@ -74,6 +75,16 @@ def test_bad_overrides_exit_2_and_write_nothing(tmp_path, isolated_env, override
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert snapshot(run_dir) == before
+
+
+def test_one_override_string_is_one_override_and_the_runs_own_site_may_be_named(tmp_path, isolated_env):
+    run_dir = ended_run(tmp_path)
+    prepared = api.prepare_resume(run_dir, overrides="batch.micro_size=4", dry_run=True)
+    assert prepared.overrides == ("batch.micro_size=4",) and prepared.plan.global_batch == 8
+    assert api.prepare_resume(run_dir, overrides=["site=local"], dry_run=True).plan.site_name == "local"
+    with pytest.raises(ConfigError) as info:
+        api.prepare_resume(run_dir, overrides=5, dry_run=True)
+    assert info.value.key == "overrides"
 
 
 def test_overrides_go_on_top_of_the_recorded_configuration(tmp_path, isolated_env):

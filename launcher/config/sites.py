@@ -56,20 +56,31 @@ def _looks_like_path(name: str) -> bool:
     return "/" in name or name.endswith((".yaml", ".yml"))
 
 
-def find_site(name: str, cwd: Path, environ: Mapping[str, str], *, near: Path | None = None,
-              referrer: Origin | None = None) -> Path:
-    """A profile name or a path -> the file. `near` is searched first (for `extends`)."""
-    if _looks_like_path(name):
+def find_site(name: str | os.PathLike, cwd: Path, environ: Mapping[str, str], *, near: Path | None = None,
+              referrer: Origin | None = None, key: str | None = None) -> Path:
+    """A profile name or a path -> the file. `near` is searched first (for `extends`).
+    `referrer`: where the name was written; `key`: the key (or option) that gave it, which
+    an error names (`extends` in a profile, `site` in an experiment, `--site` when neither)."""
+    key = key or ("extends" if referrer else "--site")
+    given = name
+    is_path = isinstance(name, os.PathLike)     # a path object is a path, whatever its name looks like
+    if is_path:
+        name = os.fspath(name)
+    if not isinstance(name, str):
+        where = referrer or Origin(OVERRIDES)
+        raise ConfigError(f"a site is a profile name or a path (text), not {type(given).__name__} ({given!r})",
+                          file=where.file, key=key, line=where.line)
+    if is_path or _looks_like_path(name):
         path = Path(os.path.expanduser(name))
         path = path if path.is_absolute() else ((near or cwd) / path)
         if path.exists():          # read_yaml refuses what is not a regular file
             return path
         where = referrer or Origin(str(path))
         raise ConfigError(f"site profile file {name!r} not found", file=where.file,
-                          key="extends" if referrer else None, line=where.line)
+                          key=key if referrer else None, line=where.line)
     if not NAME_PATTERN.fullmatch(name):
         where = referrer or Origin(OVERRIDES)
-        raise ConfigError(f"{name!r} is not a site name or a path", file=where.file, line=where.line)
+        raise ConfigError(f"{name!r} is not a site name or a path", file=where.file, key=key, line=where.line)
     dirs = ([near] if near else []) + site_search_path(cwd, environ)
     for directory in dirs:
         for suffix in (".yaml", ".yml"):
@@ -79,7 +90,7 @@ def find_site(name: str, cwd: Path, environ: Mapping[str, str], *, near: Path | 
     where = referrer or Origin(OVERRIDES)
     searched = ", ".join(str(d) for d in dirs)
     raise ConfigError(f"unknown site {name!r} (searched: {searched}); `glaunch sites list` shows those found",
-                      file=where.file, key="extends" if referrer else "site", line=where.line)
+                      file=where.file, key=key, line=where.line)
 
 
 @dataclass(frozen=True)
@@ -90,9 +101,11 @@ class LoadedSite:
     provenance: Provenance
 
 
-def load_site(name_or_path: str, cwd: Path, environ: Mapping[str, str], *,
-              referrer: Origin | None = None) -> LoadedSite:
-    path = find_site(name_or_path, cwd, environ, referrer=referrer)
+def load_site(name_or_path: str | os.PathLike, cwd: Path, environ: Mapping[str, str], *,
+              referrer: Origin | None = None, key: str | None = None) -> LoadedSite:
+    """The profile `name_or_path` names (see find_site for `referrer` and `key`), its
+    extends chain merged, typed and checked."""
+    path = find_site(name_or_path, cwd, environ, referrer=referrer, key=key)
     layers: list[YamlDoc] = []
     _collect_layers(path, cwd, environ, stack=[], layers=layers)
     return site_from_layers((({k: v for k, v in doc.data.items() if k != "extends"}, doc.origin) for doc in layers),

@@ -15,6 +15,7 @@ On the local site (no queue) the run waits, polling, until every run it depends 
 from __future__ import annotations
 
 import time
+from os import PathLike, fspath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -40,6 +41,12 @@ def parse(items: Sequence[str]) -> list[After]:
     """RUN, RUN:ok, RUN:any -> After (ok by default)."""
     out = []
     for item in items:
+        if not isinstance(item, (str, PathLike)):
+            raise ConfigError(f"{item!r} is not a run: give a run or sweep id or directory (RUN[:ok|any] text)",
+                              file="command line", key=OPTION)
+        item = fspath(item)
+        if not isinstance(item, str):
+            raise ConfigError(f"{item!r} is bytes: give the run as text", file="command line", key=OPTION)
         ref, sep, kind = item.rpartition(":")
         if not sep or kind not in KINDS:
             ref, kind = item, "ok"

@@ -84,8 +84,9 @@ def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool 
     record = registry.read(run_dir) if dry_run else refreshed(run_dir)
     refuse_unless_ended(record)
     recorded = RecordedConfig.read(run_dir)
-    overrides = items(overrides)
+    overrides = items(overrides, "overrides")
     exp, site = recorded.load(overrides)
+    recorded.check_site_kept(exp, site)
     plan = resolve(exp, site, recorded.context(exp, site))
     recorded.check_kept(plan, exp)
     scheduler = schedulers.get(plan.scheduler)
@@ -181,6 +182,14 @@ class RecordedConfig:
         return SubmitContext(cwd=workdir, python=sys.executable, environ=dict(os.environ),
                              run_id=os.path.basename(run_dir), runs_dir=os.path.dirname(run_dir).replace("$", "$$"),
                              code_root=code_root, code_dir=code_dir)
+
+    def check_site_kept(self, exp, site) -> None:
+        """The run resumes on the profile recorded with it: `site` cannot change."""
+        wanted = exp.config.site
+        if wanted is None or wanted in (self.text("experiment.site"), site.config.name):
+            return
+        raise exp.provenance.error("site", f"the run ran on site {site.config.name!r}; a resumed run keeps its site "
+                                   f"(to run on {wanted!r}, submit the experiment again)")
 
     def check_kept(self, plan, exp) -> None:
         """The run keeps its run directory, its checkpoint directory and its code snapshot."""

@@ -10,7 +10,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, Union
 
 from .. import schedulers
 from ..errors import ConfigError, GlaunchError, RunError, SchedulerError
@@ -59,10 +59,16 @@ class Prepared:
     after: tuple[Any, ...] = ()        # launcher.runs.dependencies.Upstream: the runs it waits for (--after)
 
 
-def items(value: str | Sequence[str]) -> tuple[str, ...]:
+def items(value: str | os.PathLike | Sequence[str], key: str) -> tuple[Any, ...]:
     """Overrides, sweeps, --after runs as given to the API: one string alone is one item
-    (overrides="resources.nodes=4"), not a sequence of its characters."""
-    return (value,) if isinstance(value, str) else tuple(value)
+    (overrides="resources.nodes=4"), not a sequence of its characters. ConfigError naming
+    the parameter `key` for what is neither; each item's type is its parser's to check."""
+    if isinstance(value, (str, os.PathLike)):     # a run directory (--after) is one item too
+        return (value,)
+    if isinstance(value, (bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
+        raise ConfigError(f"must be a string or a list of strings, got {type(value).__name__} ({value!r:.80})",
+                          file="command line", key=key)
+    return tuple(value)
 
 
 def load(experiment: str | os.PathLike, site: str | None = None, overrides: Sequence[str] = (),
@@ -74,12 +80,12 @@ def load(experiment: str | os.PathLike, site: str | None = None, overrides: Sequ
 
     cwd = cwd or Path.cwd()
     environ = os.environ if environ is None else environ
-    exp = load_experiment(experiment, list(items(overrides)))
+    exp = load_experiment(experiment, list(items(overrides, "overrides")))
     if site is not None:
         return exp, load_site(site, cwd, environ)
     name = exp.config.site or "local"
     referrer = exp.provenance.of("site") if exp.config.site else Origin("(default site)")
-    return exp, load_site(name, cwd, environ, referrer=referrer)
+    return exp, load_site(name, cwd, environ, referrer=referrer, key="site")
 
 
 def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = (),
@@ -129,7 +135,7 @@ def upstreams_of(after: Sequence[str], scheduler: str, *, refresh: bool) -> list
         return []
     from . import dependencies
 
-    upstreams = [_upstream(item, refresh) for item in dependencies.parse(items(after))]
+    upstreams = [_upstream(item, refresh) for item in dependencies.parse(items(after, "after"))]
     dependencies.check_for(upstreams, scheduler)
     return upstreams
 

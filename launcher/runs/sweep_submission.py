@@ -73,10 +73,15 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
     from ..resolution.sweep import expand, parse_axes
     from . import sweeps
 
-    if max_parallel is not None and max_parallel < 1:
-        raise ConfigError(f"must be 1 or more, got {max_parallel}", file="command line", key="--max-parallel")
-    overrides = items(overrides)
-    axes = parse_axes(items(sweep))
+    if max_parallel is not None:
+        # bool is an int to Python, but max_parallel=True is no count of jobs.
+        if isinstance(max_parallel, bool) or not isinstance(max_parallel, int):
+            raise ConfigError(f"must be a whole number, 1 or more, got {type(max_parallel).__name__} "
+                              f"({max_parallel!r:.80})", file="command line", key="max_parallel")
+        if max_parallel < 1:
+            raise ConfigError(f"must be 1 or more, got {max_parallel}", file="command line", key="--max-parallel")
+    overrides = items(overrides, "overrides")
+    axes = parse_axes(items(sweep, "sweep"))
     elements = expand(axes)
     first = elements[0]
     with _naming(first):
