@@ -38,6 +38,12 @@ OWN_SBATCH_OPTIONS = {
     "array": "glaunch submit --sweep", "wrap": "entrypoint (job.sbatch is the batch script)",
     "input": "nothing: the job reads no standard input", "dependency": "glaunch submit --after",
     "parsable": "nothing: glaunch reads sbatch's answer itself", "hold": "nothing: glaunch submits jobs to run",
+    "export": "env: (srun inside the job inherits the job's environment, so --export=NONE or a list would "
+              "start the ranks without the variables glaunch and the site set)",
+    "test-only": "nothing: glaunch runs sbatch --test-only itself before it submits, and with it in the job "
+                 "script nothing would ever be queued",
+    "wait": "nothing: glaunch submit --wait follows the run (in the script, --wait would block glaunch submit "
+            "until the job ended)",
 }
 # The first word of a site's `python:`, a command name or path.
 _INTERPRETER = r"[A-Za-z0-9_./+@~-]*[A-Za-z0-9_]"

@@ -35,13 +35,15 @@ def resolve_strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int
                      prov: Provenance) -> tuple[StrategySettings, Mapping[str, Any] | None]:
     """The strategy's settings, checked, and what `auto` recorded about its choice (else None).
 
-    `zero_stage` is DeepSpeed's key and is ignored by ddp and fsdp, as `nvme_path` is
+    `zero_stage` is DeepSpeed's key (a stage, 0..3) and is ignored by ddp and fsdp, as `nvme_path` is
     without NVMe offload: the typed config cannot tell a written stage from its default, and
     `strategy.name=fsdp` as an override or a sweep value must work on an experiment written
     for DeepSpeed (a dot-list override can change a key, not remove it). Offload is refused
     for both: DDP has none, and FSDP2's CPU offload (CPUOffloadPolicy) is not something
     glaunch sets or plans."""
     s = exp.strategy
+    if not 0 <= s.zero_stage <= 3:       # whatever the strategy: a sweep or override may switch it to deepspeed
+        raise prov.error("strategy.zero_stage", f"{s.zero_stage} is not a ZeRO stage (0..3)")
     choice = None
     if s.name == "auto":
         settings, choice = choose_strategy(exp, site, part, nodes, ranks_per_node, prov)
@@ -49,8 +51,6 @@ def resolve_strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int
                             offload_optimizer=settings.get("offload_optimizer", "none"),
                             offload_params=settings.get("offload_params", "none"), nvme_path=s.nvme_path)
     if s.name == "deepspeed":
-        if not 0 <= s.zero_stage <= 3:
-            raise prov.error("strategy.zero_stage", f"{s.zero_stage} is not a ZeRO stage (0..3)")
         if s.offload_optimizer != "none" and s.zero_stage == 0:
             raise prov.error("strategy.offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3")
         if s.offload_params != "none" and s.zero_stage != 3:

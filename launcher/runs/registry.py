@@ -39,19 +39,42 @@ def new_run_id(name: str) -> str:
 
 
 def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """$GLAUNCH_STATE_DIR, else $XDG_STATE_HOME/glaunch (when absolute, as the XDG spec
+    asks), else ~/.local/state/glaunch from $HOME or, without it, the user's passwd entry.
+    Never a shared default such as /tmp, where another user could create it first."""
     if environ.get("GLAUNCH_STATE_DIR"):
         return Path(environ["GLAUNCH_STATE_DIR"])
-    base = environ.get("XDG_STATE_HOME") or os.path.join(environ.get("HOME", "/tmp"), ".local", "state")
-    return Path(base) / "glaunch"
+    xdg = environ.get("XDG_STATE_HOME", "")
+    if os.path.isabs(xdg):
+        return Path(xdg) / "glaunch"
+    home: str | None = environ.get("HOME", "")
+    if not os.path.isabs(home or ""):
+        home = _passwd_home()
+    if not home:
+        raise ConfigError("glaunch's state directory: HOME is not an absolute path and this user's passwd entry "
+                          "gives no home directory; set GLAUNCH_STATE_DIR (or HOME) to a directory of yours",
+                          file="environment", key="GLAUNCH_STATE_DIR")
+    return Path(home) / ".local" / "state" / "glaunch"
+
+
+def _passwd_home() -> str | None:
+    import pwd
+
+    try:
+        home = pwd.getpwuid(os.getuid()).pw_dir
+    except KeyError:               # a uid with no passwd entry (a container run as an arbitrary uid)
+        return None
+    return home if os.path.isabs(home) else None
 
 
 def state_dir_error(problem: str, environ: Mapping[str, str] = os.environ) -> ConfigError:
     """The state directory is unusable: blamed on the variable that chose it."""
+    directory = state_dir(environ)
     for key in ("GLAUNCH_STATE_DIR", "XDG_STATE_HOME", "HOME"):
-        if environ.get(key):
-            return ConfigError(f"glaunch's state directory {state_dir(environ)}: {problem}",
-                               file="environment", key=key)
-    return ConfigError(f"glaunch's state directory {state_dir(environ)}: {problem} (set GLAUNCH_STATE_DIR)",
+        value = environ.get(key, "")
+        if value and (key == "GLAUNCH_STATE_DIR" or os.path.isabs(value)):
+            return ConfigError(f"glaunch's state directory {directory}: {problem}", file="environment", key=key)
+    return ConfigError(f"glaunch's state directory {directory}: {problem} (set GLAUNCH_STATE_DIR)",
                        file="environment", key="GLAUNCH_STATE_DIR")
 
 
