@@ -153,7 +153,7 @@ def test_controller_unreachable_submit_and_status_end_within_a_minute(tmp_path, 
     assert named in refused.stderr and "Traceback" not in refused.stderr
     second = read_json(only_run(runs / "second") / "run.json")
     assert second["state"] == "REFUSED" and second["job_id"] is None
-    assert second["reason"].startswith(named)
+    assert second["reason"] == "unreachable" and second["detail"].startswith(named)
 
     # The controller answers again: the first run goes on, nothing was queued twice.
     status = glaunch("status", first, "--json", env=isolated_env, timeout=120)

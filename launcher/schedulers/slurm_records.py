@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import SchedulerError
 from ..resolution.jobplan import JobPlan
 from ..runs import registry
-from ..runs.layout import RunRecord, State, is_terminal
+from ..runs.layout import LIVE, RunRecord, State, is_terminal
 from . import slurm_array, slurm_state
 from .slurm_client import Unreachable
 
@@ -78,7 +78,7 @@ def record_unlisted(rec: RunRecord, live: str | None, history: list[dict[str, An
             rec.extra["unlisted_since"] = registry.now()
             unlisted_s = 0.0
     lost = None
-    if rec.state == State.UNKNOWN or rec.state in slurm_state.SQUEUE_LIVE:
+    if rec.state == State.UNKNOWN or rec.state in LIVE:
         lost = slurm_state.unlisted_verdict(str(rec.job_id), history, unlisted_s)
     if lost:
         rec.state = State.UNKNOWN.value
@@ -92,7 +92,8 @@ def record_unlisted(rec: RunRecord, live: str | None, history: list[dict[str, An
 def record_refused(run_dir: Path, exc: SchedulerError, warnings: list[str]) -> None:
     with registry.updating(run_dir) as record:
         record.state = State.REFUSED.value
-        record.reason = exc.message
+        record.reason = "unreachable" if isinstance(exc, Unreachable) else "refused"
+        record.detail = exc.message
         if isinstance(exc, Unreachable):
             record.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
         if warnings:

@@ -59,8 +59,6 @@ def parse_squeue_reason(text: str) -> str | None:
 
 SQUEUE_FORMAT = "%T|%r"
 
-# LIVE, under the name slurm_records imports it by.
-SQUEUE_LIVE = LIVE
 # Held states whose job never starts until someone releases it, in words.
 HELD = {
     "RESV_DEL_HOLD": "the reservation it asked for was deleted and Slurm holds it (an administrator's "
