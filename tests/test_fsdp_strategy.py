@@ -73,8 +73,9 @@ def test_zero_stage_is_ignored_for_fsdp(workdir):
     staged, staged_env = bundle("strategy: {name: fsdp, zero_stage: 3, nvme_path: /nvme}\n")
     assert staged.zero_stage is None and staged.ds_config is None
     assert staged_env == plain_env
-    # Even a stage DeepSpeed would refuse: the key is DeepSpeed's alone.
-    assert bundle("strategy: {name: fsdp, zero_stage: 7}\n")[0].strategy == "fsdp"
+    # A stage outside 0..3 is a mistake whatever the strategy: refused, naming the key.
+    with pytest.raises(ConfigError, match=r"strategy\.zero_stage.*0\.\.3"):
+        bundle("strategy: {name: fsdp, zero_stage: 7}\n")
 
 
 def test_an_experiment_written_for_deepspeed_switches_to_fsdp_by_override(workdir):
