@@ -122,6 +122,27 @@ def test_a_script_that_resumes_by_itself_is_not_warned_about():
     assert report["goodput"]["lost_steps"] == 0
 
 
+def test_a_restart_from_zero_is_no_warning_when_nothing_was_lost_or_the_script_saves():
+    """A start that hung or crashed before its first step (or before its first save, in a
+    script that saves) had nothing to keep: the next start beginning at step 0 is expected."""
+    def record(previous_last_step, **saved):
+        return RunRecord.from_dict({"run_id": "r", "state": "COMPLETED", "requeue_max": 3, "starts": [
+            start(0, "7", 0, 60, "REQUEUED", "hang", first_step=previous_last_step, last_step=previous_last_step),
+            start(1, "7", 70, 200, "REQUEUED", "timeout", first_step=1, last_step=120, **saved),
+            start(2, "7", 210, 300, "COMPLETED", resumed_from=120, first_step=121, last_step=200),
+        ]})
+    assert goodput.summarize(record(None), now=0)["warnings"] == []
+    assert goodput.summarize(record(0), now=0)["warnings"] == []
+    assert goodput.summarize(record(3, save_s={"median": 1.0, "max": 1.0, "count": 1}), now=0)["warnings"] == []
+    # The same start losing 3 steps, in a run that never saved nor resumed, is warned about.
+    never = RunRecord.from_dict({"run_id": "r", "state": "COMPLETED", "requeue_max": 3, "starts": [
+        start(0, "7", 0, 60, "REQUEUED", "hang", first_step=1, last_step=3),
+        start(1, "7", 70, 200, "COMPLETED", first_step=1, last_step=120),
+    ]})
+    (warning,) = goodput.summarize(never, now=0)["warnings"]
+    assert "start 1 began again from step 0" in warning
+
+
 def test_in_flight_run_counts_wall_time_to_now():
     record = RunRecord.from_dict({"run_id": "r", "state": "RUNNING", "requeue_max": 3, "starts": [
         start(0, "7", 0, None, "RUNNING", first_step=1, first_step_at=at(10), last_step=40,

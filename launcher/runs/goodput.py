@@ -330,9 +330,14 @@ def checkpoint_warnings(record: RunRecord) -> list[str]:
     a run that may be requeued but never saves loses everything at each requeue."""
     unsaved = [s for s in record.starts
                if s.reason in STOPPED and "stop_checkpoint" in s.extra and not s.get("stop_checkpoint")]
+    # A script that ever saved or resumed does checkpoint: a start that began from step 0
+    # after one that crashed before its first save is expected, not a missing checkpoint.
+    checkpoints = any(step_of(s.resumed_from) is not None or number(_field(s, "save_s", "count"))
+                      for s in record.starts)
     from_zero = []
     for previous, start in zip(record.starts, record.starts[1:]):
-        if previous.state != State.REQUEUED.value or step_of(start.resumed_from) is not None:
+        if (checkpoints or previous.state != State.REQUEUED.value or step_of(start.resumed_from) is not None
+                or not step_of(previous.get("last_step"))):          # it lost no step: nothing was there to save
             continue
         first = step_of(start.get("first_step"))
         if (first is not None and first <= 1) or (first is None and is_terminal(start.state)):
