@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -18,6 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from launcher.runtime import checkpoint as ck  # noqa: E402
+from launcher.runtime.context import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
@@ -161,15 +161,9 @@ def _env(**extra) -> dict:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(script: Path, args: list[str], world: int, ckpt: Path, out: Path, restart: int = 0, **env):
     out.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(world):
         e = _env(RANK=r, LOCAL_RANK=r, WORLD_SIZE=world, LOCAL_WORLD_SIZE=world, GROUP_RANK=0,

@@ -104,9 +104,11 @@ def test_checkpoint_steps_are_timed_apart(tmp_path):
         b.beat(step)
     times = b.step_times()
     assert times["count"] == 8                     # 11 intervals, 3 of them end at a checkpoint step
-    assert 0.009 <= times["median"] < 0.05
     saves = b.save_times()
-    assert len(saves) == 3 and all(0.09 <= s < 0.3 for s in saves), saves
+    # Lower bounds are the sleeps; on a loaded machine any step may take longer, so the
+    # ordering (a plain step is shorter than every save) is what holds.
+    assert times["median"] >= 0.009 and len(saves) == 3 and all(s >= 0.09 for s in saves), saves
+    assert times["median"] < min(saves), (times, saves)
     heartbeats.reset(b)
     heartbeats.note_checkpoint(12, 1.5)             # the checkpoint code's own figure wins
     assert b.save_times() == [1.5] and b.checkpoint_step == 12

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -15,6 +14,7 @@ import pytest
 
 from conftest import RANK_VARS
 from launcher.runtime import checkpoint as ck
+from launcher.runtime.context import free_port
 from launcher.runtime import checksums
 from launcher.runtime.checkpoint import (
     CheckpointError,
@@ -323,14 +323,8 @@ def test_torch_state_roundtrip_restores_rng_and_optimizer(tmp_path):
     assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(tmp_path: Path, run: str, steps: int, restart: int = 0, sps: float = 0.0, world: int = 2):
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(world):
         env = _env(RANK=r, LOCAL_RANK=r, WORLD_SIZE=world, LOCAL_WORLD_SIZE=world, GROUP_RANK=0,

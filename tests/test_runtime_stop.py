@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -14,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.runtime import stop
-from launcher.runtime.context import RuntimeConfigError, context
+from launcher.runtime.context import RuntimeConfigError, context, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
@@ -150,17 +149,11 @@ AGREE = textwrap.dedent("""
 """)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("target,sig", [(1, "SIGUSR2"), (0, "SIGTERM")])
 def test_two_ranks_agree_on_stop_step(tmp_path, target, sig):
     script = tmp_path / "agree.py"
     script.write_text(AGREE)
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(2):
         env = {k: v for k, v in os.environ.items() if k not in RANK_VARS}

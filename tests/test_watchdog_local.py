@@ -96,7 +96,7 @@ def test_a_hung_rank_is_found_dumped_and_the_run_resumes_bitwise(tmp_path, isola
     # depends on the machine's load, so the upper bound is only the step's time limit.
     last_step_at = max(s["last_step_at"] for s in hang["silent"])
     latency = datetime.fromisoformat(hang["detected_at"]).timestamp() - last_step_at
-    assert STALL_S <= latency < 600, latency
+    assert STALL_S - 1e-3 <= latency < 600, latency          # detected_at is cut to the millisecond
 
     stacks = {Path(p).name: (hung_dir / p).read_text() for p in hang["stacks"]}
     job = first["job_id"]

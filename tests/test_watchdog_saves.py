@@ -26,7 +26,7 @@ from launcher.runtime.context import free_port  # noqa: E402
 from launcher.runtime.watchdog import Watch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-STALL_S = 0.5
+STALL_S = 1.5                 # a pause this long after a save must not be taken for a stall, even on a loaded machine
 SLOW_S = 3 * STALL_S          # longer than the step bound, far within the save bound
 
 
