@@ -51,3 +51,31 @@ def test_foreign_entries_and_a_half_deleted_checkpoint_are_skipped_and_the_next_
     assert (d / "latest").read_text() == "step-00000006"
     assert rt.resume_checkpoint().step == 6
     assert (d / "README.txt").exists() and (d / "step-abc").is_dir() and (d / "step-00000099").is_file()
+
+
+def test_opening_a_save_leaves_trash_to_the_background_prune_still_deleting_it(tmp_path, monkeypatch):
+    """Rank 0 clears what an interrupted prune left before it stages; while this process's
+    own background prune runs, its ``.trash-*`` dirs are that thread's work, not leftovers,
+    and deleting them here would stall the save for the prune's whole length."""
+    import threading
+
+    from launcher.runtime import checkpoint_commit
+    from launcher.runtime.checkpoint_layout import TRASH_PREFIX
+    from launcher.runtime.context import context
+
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    trash = d / f"{TRASH_PREFIX}old"
+    trash.mkdir()
+    (trash / "shard").write_bytes(b"x" * 1024)
+    release = threading.Event()
+    prune = threading.Thread(target=release.wait, args=(60,), daemon=True)
+    prune.start()
+    monkeypatch.setattr(checkpoint_commit, "_pruning", prune)
+    checkpoint_commit.open_staging(7, context(), d)
+    assert trash.is_dir()
+    release.set()
+    prune.join()
+    checkpoint_commit.open_staging(8, context(), d)
+    assert not trash.exists()
+    assert [p.name for p in d.iterdir() if p.name.startswith(".staging")] == [".staging-step-00000008"]

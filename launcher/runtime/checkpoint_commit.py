@@ -142,7 +142,9 @@ def _prune(d: Path, step: int, keep: int, *, in_background: bool = False) -> Non
     fsync_dir(d)
     doomed = list(dict.fromkeys(doomed))
     if in_background:
-        threading.Thread(target=_delete_all, args=(doomed,), name="glaunch-prune", daemon=True).start()
+        global _pruning
+        _pruning = threading.Thread(target=_delete_all, args=(doomed,), name="glaunch-prune", daemon=True)
+        _pruning.start()
     else:
         _delete_all(doomed)
 
@@ -154,6 +156,10 @@ def _to_trash(path: Path) -> Path:
     except OSError:
         return path
     return trash
+
+
+# The background prune's thread: while it runs, the ``.trash-*`` dirs are its work, not leftovers.
+_pruning: threading.Thread | None = None
 
 
 def _delete_all(paths: list[Path]) -> None:
@@ -186,8 +192,8 @@ def open_staging(step: int, ctx: RankContext, d: Path) -> Staging:
             for e in os.scandir(d):
                 if STAGING_RE.match(e.name) and e.name != busy:
                     _delete_all([_to_trash(d / e.name)])
-                elif e.name.startswith(TRASH_PREFIX):   # an interrupted prune's
-                    _delete_all([d / e.name])
+                elif e.name.startswith(TRASH_PREFIX) and not (_pruning and _pruning.is_alive()):
+                    _delete_all([d / e.name])           # an interrupted prune's
             staging.mkdir()
             fsync_dir(d)
         except OSError as e:
