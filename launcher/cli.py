@@ -310,7 +310,7 @@ def cancel(run):
 @cli.command("list")
 @click.argument("sweep", required=False)
 @click.option("--json", "as_json", is_flag=True)
-@click.option("-n", "limit", default=20, show_default=True, help="How many recent runs.")
+@click.option("-n", "limit", default=20, show_default=True, type=click.IntRange(min=1), help="How many recent runs.")
 def list_cmd(sweep, as_json, limit):
     """Recent runs (and sweeps) with state, site, nodes and age; with SWEEP, its elements."""
     from .runs import sweeps

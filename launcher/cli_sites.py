@@ -56,7 +56,7 @@ def sites_validate(profiles):
     for item in profiles:
         try:
             path = api.validate_site(item)
-            click.echo(f"ok    {item} ({path})")
+            click.echo(f"ok    {printable(item)} ({printable(path)})")
         except ConfigError as exc:
             bad += 1
             click.echo(f"error {printable(item)}: {printable(exc, lines=True)}", err=True)
@@ -89,6 +89,9 @@ def sites_detect(name, output):
     path = Path(output) if output else Path("site_configs") / f"{profile_name}.yaml"
     if path.exists():
         raise ConfigError(f"{path} already exists; choose another --output or --name", key="--output")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}", key="--output") from None
     click.echo(f"wrote {path}; check it with: glaunch sites validate {path}")

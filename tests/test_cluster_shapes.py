@@ -533,3 +533,25 @@ def test_qos_gpu_and_cpu_limits_per_job_and_per_node(tmp_path):
     report = compare(site, cluster, partition="gpu", request=request(gpus=8))
     assert any(d.key == "resources.gpus_per_node" and "allows 4 per node" in d.message and "QOSMaxGRESPerNode"
                in d.message for d in report.fatal), report.format()
+
+
+def test_sites_detect_into_a_path_it_cannot_write_is_one_error_line(tmp_path):
+    env = fake_slurm(tmp_path, "cpuonly", "proj1")
+    (tmp_path / "file").write_text("")
+    detected = glaunch(env, tmp_path, "sites", "detect", "-o", str(tmp_path / "file" / "below" / "x.yaml"))
+    assert detected.returncode == 2 and "Traceback" not in detected.stderr, detected.stderr
+    assert detected.stderr.startswith("glaunch: error: ") and "--output: cannot write " in detected.stderr
+    assert len(detected.stderr.splitlines()) == 1
+
+
+def test_the_current_user_is_known_without_a_passwd_entry(monkeypatch):
+    """getpass.getuser raises where the uid has no passwd entry and USER/LOGNAME are unset
+    (a container run as an arbitrary uid); Slurm still takes the job, so does glaunch."""
+    import getpass
+
+    from launcher.schedulers.cluster_facts import current_user
+
+    def no_entry():
+        raise KeyError("getpwuid(): uid not found")
+    monkeypatch.setattr(getpass, "getuser", no_entry)        # mock: no such uid can be made here
+    assert current_user() == str(os.getuid())

@@ -147,6 +147,8 @@ def test_list_of_no_or_fewer_than_no_runs_is_bad_input(tmp_path, isolated_env, l
     ended_run(tmp_path)
     proc = glaunch("list", "-n", limit, env=isolated_env, cwd=tmp_path)
     assert proc.returncode == 2 and "-n" in proc.stderr and "no runs yet" not in proc.stdout, proc.stdout
+    with_sweep = glaunch("list", "-n", limit, "some-sweep", env=isolated_env, cwd=tmp_path)
+    assert with_sweep.returncode == 2 and "'-n'" in with_sweep.stderr, with_sweep.stderr
     assert api.list_runs(1)[0]["run_id"] == "r"
 
 

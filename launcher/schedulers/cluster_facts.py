@@ -267,7 +267,7 @@ def read_cluster(command: str = "glaunch sites check") -> Cluster:
     text = read_scontrol(command)
     _, _, settings = split_scontrol(text)
     cluster_name = settings.get("ClusterName", "")
-    user = getpass.getuser()
+    user = current_user()
     assoc_text = qos_text = None
     note = None
     if shutil.which("sacctmgr") is None:
@@ -288,6 +288,17 @@ def read_cluster(command: str = "glaunch sites check") -> Cluster:
             note = f"account and QOS not checked: {exc.message}"
     return parse_cluster(text, assoc_text=assoc_text, qos_text=qos_text, user=user, accounting_note=note,
                          groups=user_groups(user))
+
+
+def current_user() -> str:
+    """The login name Slurm knows this user by; the uid as text where there is none (no
+    passwd entry and no USER/LOGNAME: a container run as an arbitrary uid)."""
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        import os
+
+        return str(os.getuid())
 
 
 def user_groups(user: str) -> frozenset[str] | None:

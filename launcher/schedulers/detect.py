@@ -10,7 +10,6 @@ more than there are). :func:`query_cluster` is the only part that runs Slurm's c
 from __future__ import annotations
 
 import datetime as dt
-import getpass
 import re
 import shutil
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import yaml
 from ..config.schema import NAME_PATTERN
 from ..errors import SchedulerError
 from ..resolution import slurmtime
-from .cluster_facts import Node, Partition, parse_partitions, takes_gpus_per_node, user_groups
+from .cluster_facts import Node, Partition, current_user, parse_partitions, takes_gpus_per_node, user_groups
 from .scontrol_text import read_scontrol, split_scontrol
 from .slurm_client import ACCOUNTING_POLICY, Unreachable, run_command
 
@@ -189,7 +188,7 @@ def query_cluster(name: str | None) -> tuple[str, str]:
     """(profile name, profile text) for the cluster this machine submits to."""
     partitions_text, nodes_text, settings = split_scontrol(read_scontrol("glaunch sites detect"))
     cluster = settings.get("ClusterName", "cluster")
-    user = getpass.getuser()
+    user = current_user()
     account = None
     if shutil.which("sacctmgr"):
         try:
