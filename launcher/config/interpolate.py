@@ -174,7 +174,7 @@ def resolve(root: Any, pending: list[Pending], provenance: Provenance) -> None:
 
 def _unparsable(pending: list[Pending], provenance: Provenance, exc: Exception) -> ConfigError:
     """The config as a whole did not parse: name the value whose interpolation is not
-    OmegaConf's grammar (bash's `${NAME:-default}`, `${}`, `${a b}`)."""
+    OmegaConf's grammar (`${}`, `${a b}`)."""
     from omegaconf import OmegaConf
 
     for item in pending:

@@ -35,7 +35,8 @@ def resolve_strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int
                      prov: Provenance) -> tuple[StrategySettings, Mapping[str, Any] | None]:
     """The strategy's settings, checked, and what `auto` recorded about its choice (else None).
 
-    `zero_stage` is DeepSpeed's key (a stage, 0..3) and is ignored by ddp and fsdp, as `nvme_path` is
+    `zero_stage` is DeepSpeed's key (a stage, 0..3: checked for every strategy, a typo is a
+    typo) and is otherwise ignored by ddp and fsdp, as `nvme_path` is
     without NVMe offload: the typed config cannot tell a written stage from its default, and
     `strategy.name=fsdp` as an override or a sweep value must work on an experiment written
     for DeepSpeed (a dot-list override can change a key, not remove it). Offload is refused
