@@ -22,11 +22,25 @@ import yaml
 from launcher.config import schema
 from launcher.config.load import load_site
 from launcher.errors import ConfigError
-from launcher.schedulers.detect import build_profile, render_profile
-from launcher.schedulers.scontrol_text import gpus_of, parse_records
+from launcher.schedulers.detect import detect_profile, render_profile
+from launcher.schedulers.scontrol_text import gpu_kinds, parse_records
 
 RECORDED = Path(__file__).parent / "recorded"
 SHIPPED = Path(__file__).resolve().parent.parent / "site_configs"
+
+
+def build_profile(name: str, partitions_text: str, nodes_text: str, *, select_type: str = "",
+                  account: str | None = None, user: str | None = None) -> dict:
+    """detect_profile's profile mapping, with only SelectType of scontrol's settings."""
+    return detect_profile(name, partitions_text, nodes_text, settings={"SelectType": select_type},
+                          account=account, user=user).profile
+
+
+def gpus_of(gres: str) -> tuple[int, str | None]:
+    """Total GPUs and their type (None when untyped or mixed), as gpu_kinds counts them."""
+    kinds = gpu_kinds(gres)
+    types = set(kinds)
+    return sum(kinds.values()), (types.pop() if len(types) == 1 else None)
 
 
 def recorded(name: str) -> str:

@@ -160,13 +160,6 @@ def detect_profile(name: str, partitions_text: str, nodes_text: str, *, settings
     }, tuple(notes))
 
 
-def build_profile(name: str, partitions_text: str, nodes_text: str, *, select_type: str = "",
-                  account: str | None = None, user: str | None = None) -> dict[str, Any]:
-    """The profile mapping alone (see :func:`detect_profile`)."""
-    return detect_profile(name, partitions_text, nodes_text, settings={"SelectType": select_type},
-                          account=account, user=user).profile
-
-
 class _Dumper(yaml.SafeDumper):
     """Quotes strings with a ':' so no YAML 1.1 reader takes "02:00:00" for a number."""
 

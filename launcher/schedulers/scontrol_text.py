@@ -42,13 +42,6 @@ def gpu_kinds(gres: str) -> dict[str | None, int]:
     return kinds
 
 
-def gpus_of(gres: str) -> tuple[int, str | None]:
-    """Total GPUs and their type (None when untyped or mixed) in a node's Gres string."""
-    kinds = gpu_kinds(gres)
-    types = set(kinds)
-    return sum(kinds.values()), (types.pop() if len(types) == 1 else None)
-
-
 def split_scontrol(text: str) -> tuple[str, str, dict[str, str]]:
     """scontrol's answer to SCONTROL_COMMANDS -> (partition records' text, node records'
     text, configuration settings). Records are told apart by their first key; the
