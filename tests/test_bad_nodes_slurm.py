@@ -13,7 +13,7 @@ import pytest
 
 from slurmkit import DEFAULTS, finish, job_id_of, out, read_json, start_submit, the_run_dir
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.defaults_cluster]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parent.parent
 

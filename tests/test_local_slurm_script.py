@@ -17,7 +17,7 @@ import pytest
 from conftest import requires_slurm, requires_slurm_defaults
 from slurmkit import DEFAULTS, LOCAL_SLURM, MAIN, cluster_env, out, slurm_up, wait_until
 
-pytestmark = [requires_slurm, requires_slurm_defaults, pytest.mark.slurm, pytest.mark.slow, pytest.mark.defaults_cluster]
+pytestmark = [requires_slurm, requires_slurm_defaults, pytest.mark.slurm, pytest.mark.slow]
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="scripts/local-slurm starts and stops daemons as root")
 

@@ -42,7 +42,7 @@ def defaults_conf() -> str | None:
 
 
 CONF = defaults_conf()
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.defaults_cluster, requires_slurm_defaults]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, requires_slurm_defaults]
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import pytest
 from slurmkit import DEFAULTS, finish, job_id_of, read_json, start_submit, the_run_dir
 from test_watchdog_local import EXPERIMENT, HANGING_SCRIPT, submit
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.defaults_cluster]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 STALL_S = 20
 SITE = """
