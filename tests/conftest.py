@@ -77,3 +77,32 @@ def slurm_defaults_env(isolated_env, monkeypatch):
     for key, value in variables.items():
         monkeypatch.setenv(key, value)
     return dict(isolated_env, **variables)
+
+
+# A Slurm site profile and an experiment that is valid on it: the bad-input tests each break one thing.
+MYSITE_PROFILE = """\
+name: mysite
+scheduler: slurm
+default_partition: gpu
+partitions:
+  gpu: {gpus_per_node: 4, gpu_mem_gb: 80, cpus_per_node: 32, mem_gb: 256, max_nodes: 8, max_time: "1-00:00:00"}
+  cpu: {gpus_per_node: 0, max_nodes: 4}
+"""
+# requeue.max: 0 -- no checkpoint warning: stderr is empty unless something is wrong.
+GOOD_EXPERIMENT = """\
+name: good
+entrypoint: {script: train.py}
+resources: {nodes: 2, time: "01:00:00"}
+requeue: {max: 0}
+"""
+
+
+@pytest.fixture
+def mysite_workdir(tmp_path, monkeypatch, isolated_env):
+    """The working directory: site_configs/mysite.yaml, train.py and exp.yaml (GOOD_EXPERIMENT)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "site_configs").mkdir()
+    (tmp_path / "site_configs" / "mysite.yaml").write_text(MYSITE_PROFILE)
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "exp.yaml").write_text(GOOD_EXPERIMENT)
+    return tmp_path

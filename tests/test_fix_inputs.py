@@ -11,34 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import MYSITE_PROFILE as SITE, GOOD_EXPERIMENT as EXP
 from launcher import api, cli
 from launcher.config.load import parse_overrides
 from launcher.errors import ConfigError
 from launcher.runs import registry
 
-SITE = """\
-name: mysite
-scheduler: slurm
-default_partition: gpu
-partitions:
-  gpu: {gpus_per_node: 4, gpu_mem_gb: 80, cpus_per_node: 32, mem_gb: 256, max_nodes: 8, max_time: "1-00:00:00"}
-"""
-EXP = """\
-name: good
-entrypoint: {script: train.py}
-resources: {nodes: 2, time: "01:00:00"}
-requeue: {max: 0}
-"""
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch, isolated_env):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "site_configs").mkdir()
-    (tmp_path / "site_configs" / "mysite.yaml").write_text(SITE)
-    (tmp_path / "train.py").write_text("print('hi')\n")
-    (tmp_path / "exp.yaml").write_text(EXP)
-    return tmp_path
 
 
 def written(root: Path) -> set[Path]:
@@ -72,47 +50,47 @@ def dry_run(**kwargs):
 # --- the site -----------------------------------------------------------------------------------
 
 
-def test_an_experiments_unknown_site_names_its_site_key(workdir, monkeypatch, capsys):
-    (workdir / "exp.yaml").write_text(EXP.replace("requeue:", "site: nowhere\nrequeue:"))
+def test_an_experiments_unknown_site_names_its_site_key(mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "exp.yaml").write_text(EXP.replace("requeue:", "site: nowhere\nrequeue:"))
     code, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--dry-run")
     assert code == 2
     assert "exp.yaml:4: site: unknown site 'nowhere'" in err and "extends" not in err, err
-    assert not (workdir / "runs").exists()
+    assert not (mysite_workdir / "runs").exists()
 
 
-def test_a_profiles_unknown_parent_still_names_extends(workdir, monkeypatch, capsys):
-    (workdir / "site_configs" / "child.yaml").write_text("extends: nowhere\nname: child\n")
+def test_a_profiles_unknown_parent_still_names_extends(mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "site_configs" / "child.yaml").write_text("extends: nowhere\nname: child\n")
     code, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "child", "--dry-run")
     assert code == 2 and "child.yaml:1: extends: unknown site 'nowhere'" in err, err
 
 
-def test_a_site_option_that_is_no_name_names_the_option(workdir, monkeypatch, capsys):
+def test_a_site_option_that_is_no_name_names_the_option(mysite_workdir, monkeypatch, capsys):
     code, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "a b", "--dry-run")
     assert code == 2 and "--site: 'a b' is not a site name or a path" in err, err
-    assert not (workdir / "runs").exists()
+    assert not (mysite_workdir / "runs").exists()
 
 
-def test_sites_show_names_its_argument(workdir):
-    assert refused(workdir, lambda: api.site_values("a b"), "SITE")
+def test_sites_show_names_its_argument(mysite_workdir):
+    assert refused(mysite_workdir, lambda: api.site_values("a b"), "SITE")
 
 
-def test_a_path_object_is_a_profile_file_whatever_its_name(workdir):
+def test_a_path_object_is_a_profile_file_whatever_its_name(mysite_workdir):
     # "plain" has neither '/' nor .yaml: as text it would be looked up as a profile name.
-    (workdir / "plain").write_text(SITE.replace("mysite", "plain"))
+    (mysite_workdir / "plain").write_text(SITE.replace("mysite", "plain"))
     assert dry_run(site=Path("plain")).site == "plain"
     assert dry_run(site=Path("site_configs/mysite.yaml")).site == "mysite"
 
 
 @pytest.mark.parametrize("site", [123, 1.5, ["mysite"], b"mysite"])
-def test_a_site_of_another_type_is_refused(workdir, site):
-    err = refused(workdir, lambda: dry_run(site=site), "--site")
+def test_a_site_of_another_type_is_refused(mysite_workdir, site):
+    err = refused(mysite_workdir, lambda: dry_run(site=site), "--site")
     assert type(site).__name__ in err.message
 
 
 # --- overrides, sweeps, --after as the API takes them ----------------------------------------------
 
 
-def test_one_override_string_is_one_override_everywhere(workdir):
+def test_one_override_string_is_one_override_everywhere(mysite_workdir):
     run = dry_run(site="mysite", overrides="resources.nodes=1")
     assert "#SBATCH --nodes=1" in (run.run_dir / "job.sbatch").read_text()
     swept = dry_run(site="mysite", overrides="resources.nodes=1", sweep="hparams.lr=1,2")
@@ -122,8 +100,8 @@ def test_one_override_string_is_one_override_everywhere(workdir):
 
 @pytest.mark.parametrize("param", ["overrides", "sweep", "after"])
 @pytest.mark.parametrize("value", [5, b"resources.nodes=1", {"resources.nodes": 1}])
-def test_overrides_sweep_after_of_another_shape_are_refused(workdir, param, value):
-    refused(workdir, lambda: dry_run(site="mysite", **{param: value}), param)
+def test_overrides_sweep_after_of_another_shape_are_refused(mysite_workdir, param, value):
+    refused(mysite_workdir, lambda: dry_run(site="mysite", **{param: value}), param)
 
 
 def test_parse_overrides_refuses_a_bare_string():
@@ -132,28 +110,28 @@ def test_parse_overrides_refuses_a_bare_string():
 
 
 @pytest.mark.parametrize("after", [[5], [None], [b"run"], [["run"]]])
-def test_an_after_item_that_is_no_run_is_refused(workdir, after):
-    err = refused(workdir, lambda: dry_run(site="mysite", after=after), "--after")
+def test_an_after_item_that_is_no_run_is_refused(mysite_workdir, after):
+    err = refused(mysite_workdir, lambda: dry_run(site="mysite", after=after), "--after")
     assert "is not a run" in err.message or "bytes" in err.message
 
 
-def test_one_after_string_is_one_run(workdir):
-    err = refused(workdir, lambda: dry_run(site="mysite", after="abc"), "--after")
+def test_one_after_string_is_one_run(mysite_workdir):
+    err = refused(mysite_workdir, lambda: dry_run(site="mysite", after="abc"), "--after")
     assert "'abc'" in err.message
 
 
 @pytest.mark.parametrize("value", ["2", True, 1.5])
-def test_max_parallel_must_be_a_whole_number(workdir, value):
-    err = refused(workdir, lambda: dry_run(site="mysite", sweep=["hparams.lr=1,2"], max_parallel=value),
+def test_max_parallel_must_be_a_whole_number(mysite_workdir, value):
+    err = refused(mysite_workdir, lambda: dry_run(site="mysite", sweep=["hparams.lr=1,2"], max_parallel=value),
                   "max_parallel")
     assert type(value).__name__ in err.message
 
 
-def test_max_parallel_below_one_names_the_option(workdir):
-    refused(workdir, lambda: dry_run(site="mysite", sweep=["hparams.lr=1,2"], max_parallel=0), "--max-parallel")
+def test_max_parallel_below_one_names_the_option(mysite_workdir):
+    refused(mysite_workdir, lambda: dry_run(site="mysite", sweep=["hparams.lr=1,2"], max_parallel=0), "--max-parallel")
 
 
-def test_max_parallel_whole_number_is_taken(workdir):
+def test_max_parallel_whole_number_is_taken(mysite_workdir):
     assert len(dry_run(site="mysite", sweep=["hparams.lr=1,2"], max_parallel=1).runs) == 2
 
 
@@ -164,16 +142,17 @@ def test_max_parallel_whole_number_is_taken(workdir):
                                         ("test-only", "nothing would ever be queued"),
                                         ("wait", "block glaunch submit until the job ended"),
                                         ("expo", "abbreviation of --export")])
-def test_sbatch_options_that_break_the_job_are_refused(workdir, monkeypatch, capsys, option, why):
-    with open(workdir / "site_configs" / "mysite.yaml", "a") as f:
+def test_sbatch_options_that_break_the_job_are_refused(mysite_workdir, monkeypatch, capsys, option, why):
+    with open(mysite_workdir / "site_configs" / "mysite.yaml", "a") as f:
         f.write(f"sbatch: {{{option}: NONE}}\n")
     code, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "mysite", "--dry-run")
-    assert code == 2 and f"mysite.yaml:6: sbatch.{option}:" in err and why in err, err
-    assert not (workdir / "runs").exists()
+    line = len(SITE.splitlines()) + 1                 # the line appended above
+    assert code == 2 and f"mysite.yaml:{line}: sbatch.{option}:" in err and why in err, err
+    assert not (mysite_workdir / "runs").exists()
 
 
-def test_wait_all_nodes_is_not_taken_for_wait(workdir):
-    with open(workdir / "site_configs" / "mysite.yaml", "a") as f:
+def test_wait_all_nodes_is_not_taken_for_wait(mysite_workdir):
+    with open(mysite_workdir / "site_configs" / "mysite.yaml", "a") as f:
         f.write("sbatch: {wait-all-nodes: 1}\n")
     assert "#SBATCH --wait-all-nodes=1" in (dry_run(site="mysite").run_dir / "job.sbatch").read_text()
 
@@ -183,14 +162,14 @@ def test_wait_all_nodes_is_not_taken_for_wait(workdir):
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed"])
 @pytest.mark.parametrize("stage", [4, -1])
-def test_zero_stage_out_of_range_is_refused_whatever_the_strategy(workdir, strategy, stage):
-    err = refused(workdir, lambda: dry_run(site="mysite", overrides=[f"strategy.name={strategy}",
+def test_zero_stage_out_of_range_is_refused_whatever_the_strategy(mysite_workdir, strategy, stage):
+    err = refused(mysite_workdir, lambda: dry_run(site="mysite", overrides=[f"strategy.name={strategy}",
                                                                       f"strategy.zero_stage={stage}"]),
                   "strategy.zero_stage")
     assert "0..3" in err.message
 
 
-def test_zero_stage_in_range_with_ddp_is_taken(workdir):
+def test_zero_stage_in_range_with_ddp_is_taken(mysite_workdir):
     assert dry_run(site="mysite", overrides=["strategy.name=ddp", "strategy.zero_stage=3"]).state == "RENDERED"
 
 
@@ -219,7 +198,7 @@ def test_state_dir_without_any_home_is_refused(monkeypatch):
         registry.check_state_dir({"HOME": "tmp"})
 
 
-def test_submit_without_home_writes_its_index_under_the_users_home(workdir, monkeypatch, tmp_path):
+def test_submit_without_home_writes_its_index_under_the_users_home(mysite_workdir, monkeypatch, tmp_path):
     def passwd_home(uid):              # mock: this user's real home is not the test's to write into
         return pwd.struct_passwd(("u", "x", uid, uid, "", str(tmp_path / "pwhome"), "/bin/sh"))
 

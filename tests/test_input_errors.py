@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import MYSITE_PROFILE as SITE, GOOD_EXPERIMENT as EXP
 from launcher import api, cli
 from launcher.config import load
 from launcher.config.schema import MAX_RUN_NAME
@@ -18,31 +19,6 @@ from launcher.resolution import slurmtime
 
 REPO = Path(__file__).resolve().parent.parent
 
-SITE = """\
-name: mysite
-scheduler: slurm
-default_partition: gpu
-partitions:
-  gpu: {gpus_per_node: 4, gpu_mem_gb: 80, cpus_per_node: 32, mem_gb: 256, max_nodes: 8, max_time: "1-00:00:00"}
-  cpu: {gpus_per_node: 0, max_nodes: 4}
-"""
-# requeue.max: 0 -- no checkpoint warning: stderr is empty unless something is wrong.
-EXP = """\
-name: good
-entrypoint: {script: train.py}
-resources: {nodes: 2, time: "01:00:00"}
-requeue: {max: 0}
-"""
-
-
-@pytest.fixture
-def workdir(tmp_path, monkeypatch, isolated_env):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "site_configs").mkdir()
-    (tmp_path / "site_configs" / "mysite.yaml").write_text(SITE)
-    (tmp_path / "train.py").write_text("print('hi')\n")
-    (tmp_path / "exp.yaml").write_text(EXP)
-    return tmp_path
 
 
 def glaunch(monkeypatch, capsys, *args):
@@ -83,35 +59,35 @@ def refused(root, monkeypatch, capsys, args, *fragments, command="submit"):
     ("bash-default-in-env", "env: {A: '${HOME:-$(touch PWNED)}'}\n", "exp.yaml:5: env.A"),
     ("bash-default-in-args", "entrypoint: {script: train.py, args: ['${x:-$(touch PWNED)}']}\n", "entrypoint.args[0]"),
 ])
-def test_unparsable_interpolation_names_its_key(where, text, key, workdir, monkeypatch, capsys):
+def test_unparsable_interpolation_names_its_key(where, text, key, mysite_workdir, monkeypatch, capsys):
     exp = EXP.replace("entrypoint: {script: train.py}\n", "") if where == "bash-default-in-args" else EXP
-    (workdir / "exp.yaml").write_text(exp + text)
-    err = refused(workdir, monkeypatch, capsys, ["exp.yaml"], key, "is not an interpolation")
+    (mysite_workdir / "exp.yaml").write_text(exp + text)
+    err = refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml"], key, "is not an interpolation")
     assert "cannot interpolate" not in err
-    assert not list(workdir.rglob("PWNED*"))
+    assert not list(mysite_workdir.rglob("PWNED*"))
 
 
-def test_unparsable_interpolation_in_an_override_is_the_command_lines(workdir, monkeypatch, capsys):
-    refused(workdir, monkeypatch, capsys, ["exp.yaml", "hparams.a=${a b}"], "command line: hparams.a",
+def test_unparsable_interpolation_in_an_override_is_the_command_lines(mysite_workdir, monkeypatch, capsys):
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml", "hparams.a=${a b}"], "command line: hparams.a",
             "is not an interpolation")
 
 
-def test_unparsable_interpolation_in_a_site_names_the_profile_key(workdir, monkeypatch, capsys):
-    (workdir / "site_configs" / "mysite.yaml").write_text(SITE + "account: '${}'\n")
-    refused(workdir, monkeypatch, capsys, ["exp.yaml"], "mysite.yaml:7: account", "is not an interpolation")
+def test_unparsable_interpolation_in_a_site_names_the_profile_key(mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "site_configs" / "mysite.yaml").write_text(SITE + "account: '${}'\n")
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml"], "mysite.yaml:7: account", "is not an interpolation")
 
 
-def test_interpolation_cycle_says_so(workdir, monkeypatch, capsys):
-    (workdir / "exp.yaml").write_text(EXP + "hparams: {a: '${hparams.b}', b: '${hparams.a}'}\n")
-    err = refused(workdir, monkeypatch, capsys, ["exp.yaml"], "hparams.a", "refers to itself")
+def test_interpolation_cycle_says_so(mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "exp.yaml").write_text(EXP + "hparams: {a: '${hparams.b}', b: '${hparams.a}'}\n")
+    err = refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml"], "hparams.a", "refers to itself")
     assert "literal shell variable" not in err, "the shell hint is for names that are not found"
 
 
-def test_resolver_warnings_do_not_reach_stderr(workdir, isolated_env):
+def test_resolver_warnings_do_not_reach_stderr(mysite_workdir, isolated_env):
     """In a process of its own: pytest would capture the Python warning itself."""
-    (workdir / "exp.yaml").write_text(EXP + "hparams: {a: '${oc.deprecated:name}'}\n")
+    (mysite_workdir / "exp.yaml").write_text(EXP + "hparams: {a: '${oc.deprecated:name}'}\n")
     proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "exp.yaml", "--site", "mysite",
-                           "--dry-run"], cwd=workdir, env=dict(isolated_env, PYTHONPATH=str(REPO)),
+                           "--dry-run"], cwd=mysite_workdir, env=dict(isolated_env, PYTHONPATH=str(REPO)),
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
@@ -119,20 +95,20 @@ def test_resolver_warnings_do_not_reach_stderr(workdir, isolated_env):
 
 # --- names too long for a directory ------------------------------------------------------------
 
-def test_too_long_name_is_refused_before_anything_is_written(workdir, monkeypatch, capsys):
-    (workdir / "exp.yaml").write_text(EXP.replace("name: good", "name: " + "a" * 300))
-    refused(workdir, monkeypatch, capsys, ["exp.yaml"], "exp.yaml:1: name", "300 characters", str(MAX_RUN_NAME))
+def test_too_long_name_is_refused_before_anything_is_written(mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "exp.yaml").write_text(EXP.replace("name: good", "name: " + "a" * 300))
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml"], "exp.yaml:1: name", "300 characters", str(MAX_RUN_NAME))
 
 
-def test_longest_name_renders(workdir, monkeypatch, capsys):
-    (workdir / "exp.yaml").write_text(EXP.replace("name: good", "name: " + "a" * MAX_RUN_NAME))
+def test_longest_name_renders(mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "exp.yaml").write_text(EXP.replace("name: good", "name: " + "a" * MAX_RUN_NAME))
     code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "mysite", "--dry-run")
     assert code == 0, err
 
 
-def test_longest_name_sweeps(workdir, monkeypatch, capsys):
+def test_longest_name_sweeps(mysite_workdir, monkeypatch, capsys):
     """A sweep adds the most to a run name: its elements' directories must still be creatable."""
-    (workdir / "exp.yaml").write_text(EXP.replace("name: good", "name: " + "a" * MAX_RUN_NAME))
+    (mysite_workdir / "exp.yaml").write_text(EXP.replace("name: good", "name: " + "a" * MAX_RUN_NAME))
     code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "mysite", "--dry-run",
                              "--sweep", "hparams.lr=1,2")
     assert code == 0, err
@@ -140,31 +116,31 @@ def test_longest_name_sweeps(workdir, monkeypatch, capsys):
 
 # --- the command line's own arguments ----------------------------------------------------------
 
-def test_experiment_that_is_a_directory_is_one_line(workdir, monkeypatch, capsys):
-    (workdir / "exp.yaml").unlink()
-    (workdir / "exp.yaml").mkdir()
+def test_experiment_that_is_a_directory_is_one_line(mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "exp.yaml").unlink()
+    (mysite_workdir / "exp.yaml").mkdir()
     for command in ("submit", "plan"):
-        refused(workdir, monkeypatch, capsys, ["exp.yaml"], "exp.yaml", "is a directory", command=command)
+        refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml"], "exp.yaml", "is a directory", command=command)
 
 
-def test_runs_dir_that_is_a_file_names_the_option(workdir, monkeypatch, capsys):
-    (workdir / "afile").write_text("x")
-    refused(workdir, monkeypatch, capsys, ["exp.yaml", "--runs-dir", "afile"], "--runs-dir", "is a file")
+def test_runs_dir_that_is_a_file_names_the_option(mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "afile").write_text("x")
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml", "--runs-dir", "afile"], "--runs-dir", "is a file")
 
 
-def test_empty_runs_dir_is_refused(workdir, monkeypatch, capsys):
-    refused(workdir, monkeypatch, capsys, ["exp.yaml", "--runs-dir", ""], "--runs-dir", "empty")
-    assert not (workdir / "runs").exists()
+def test_empty_runs_dir_is_refused(mysite_workdir, monkeypatch, capsys):
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml", "--runs-dir", ""], "--runs-dir", "empty")
+    assert not (mysite_workdir / "runs").exists()
 
 
-def test_warning_does_not_precede_an_error(workdir, monkeypatch, capsys):
+def test_warning_does_not_precede_an_error(mysite_workdir, monkeypatch, capsys):
     """The checkpoint warning names the script; a script that is not there is the error, alone."""
-    (workdir / "exp.yaml").write_text(EXP.replace("requeue: {max: 0}\n", "").replace("train.py", "nope.py"))
-    refused(workdir, monkeypatch, capsys, ["exp.yaml"], "entrypoint.script", "not found")
+    (mysite_workdir / "exp.yaml").write_text(EXP.replace("requeue: {max: 0}\n", "").replace("train.py", "nope.py"))
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml"], "entrypoint.script", "not found")
 
 
-def test_warning_still_shown_for_a_dry_run(workdir, monkeypatch, capsys):
-    (workdir / "exp.yaml").write_text(EXP.replace("requeue: {max: 0}\n", ""))
+def test_warning_still_shown_for_a_dry_run(mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "exp.yaml").write_text(EXP.replace("requeue: {max: 0}\n", ""))
     code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "mysite", "--dry-run")
     assert code == 0, err
     assert err.startswith("glaunch: warning: exp.yaml: no checkpoint settings")
@@ -177,23 +153,23 @@ def test_warning_still_shown_for_a_dry_run(workdir, monkeypatch, capsys):
     ("-1", ["command line: resources.gpus_per_node", "got -1"]),
     ("9", ["command line: resources.gpus_per_node", "partition 'gpu'", "has 4"]),
 ])
-def test_plan_blames_the_experiments_gpu_count(gpus, fragments, workdir, monkeypatch, capsys):
-    (workdir / "exp.yaml").write_text(EXP + "model: {params: 7e9}\n")
-    refused(workdir, monkeypatch, capsys, ["exp.yaml", f"resources.gpus_per_node={gpus}"], *fragments,
+def test_plan_blames_the_experiments_gpu_count(gpus, fragments, mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "exp.yaml").write_text(EXP + "model: {params: 7e9}\n")
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml", f"resources.gpus_per_node={gpus}"], *fragments,
             command="plan")
 
 
-def test_plan_blames_the_site_for_a_partition_without_gpus(workdir, monkeypatch, capsys):
-    (workdir / "exp.yaml").write_text(EXP + "model: {params: 7e9}\n")
-    refused(workdir, monkeypatch, capsys, ["exp.yaml", "resources.partition=cpu"],
+def test_plan_blames_the_site_for_a_partition_without_gpus(mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "exp.yaml").write_text(EXP + "model: {params: 7e9}\n")
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml", "resources.partition=cpu"],
             "mysite.yaml:6: partitions.cpu.gpus_per_node", command="plan")
 
 
 # --- time limits beyond what Slurm holds --------------------------------------------------------
 
-def test_time_beyond_slurms_range_is_refused(workdir, monkeypatch, capsys):
-    (workdir / "site_configs" / "mysite.yaml").write_text(SITE.replace(', max_time: "1-00:00:00"', ""))
-    refused(workdir, monkeypatch, capsys, ["exp.yaml", "resources.time=99999999-00:00:00"],
+def test_time_beyond_slurms_range_is_refused(mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "site_configs" / "mysite.yaml").write_text(SITE.replace(', max_time: "1-00:00:00"', ""))
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml", "resources.time=99999999-00:00:00"],
             "command line: resources.time", "longer than any time limit Slurm can hold")
     longest = slurmtime.MAX_MINUTES // 1440           # whole days
     assert slurmtime.parse(f"{longest}-00:00:00") == longest * 86400
@@ -208,31 +184,31 @@ def test_time_beyond_slurms_range_is_refused(workdir, monkeypatch, capsys):
     ([None], "override None is not KEY=VALUE text"),
     ([b"resources.nodes=1"], "it is bytes"),
 ])
-def test_api_overrides_of_another_type_are_config_errors(overrides, fragment, workdir):
+def test_api_overrides_of_another_type_are_config_errors(overrides, fragment, mysite_workdir):
     with pytest.raises(ConfigError) as info:
         api.submit("exp.yaml", site="mysite", overrides=overrides, dry_run=True)
     assert fragment in str(info.value)
     assert info.value.exit_code == 2
-    assert not (workdir / "runs").exists()
+    assert not (mysite_workdir / "runs").exists()
 
 
-def test_overrides_as_one_string_are_refused_not_split(workdir):
+def test_overrides_as_one_string_are_refused_not_split(mysite_workdir):
     with pytest.raises(ConfigError, match="a list of KEY=VALUE strings"):
         load.load_experiment("exp.yaml", "resources.nodes=1")
 
 
 @pytest.mark.parametrize("experiment", [None, 3])
-def test_api_experiment_that_is_no_path(experiment, workdir):
+def test_api_experiment_that_is_no_path(experiment, mysite_workdir):
     with pytest.raises(ConfigError, match="the experiment must be a YAML file's path"):
         api.prepare(experiment, site="mysite")
 
 
-def test_api_too_long_name_is_a_config_error(workdir):
+def test_api_too_long_name_is_a_config_error(mysite_workdir):
     with pytest.raises(ConfigError) as info:
         api.submit("exp.yaml", site="mysite", overrides=["name=" + "b" * (MAX_RUN_NAME + 1)], dry_run=True)
     assert info.value.key == "name" and info.value.file == "command line"
-    assert not (workdir / "runs").exists()
-    assert os.listdir(workdir / "site_configs") == ["mysite.yaml"]
+    assert not (mysite_workdir / "runs").exists()
+    assert os.listdir(mysite_workdir / "site_configs") == ["mysite.yaml"]
 
 
 # --- counts beyond what PyTorch and Slurm hold ---------------------------------------------------
@@ -247,13 +223,13 @@ UNBOUNDED_SITE = "name: mysite\nscheduler: slurm\npartitions:\n  gpu: {gpus_per_
     ("resources.mem_gb=1e300", "resources.mem_gb", "more than Slurm can request"),
     ("batch.micro_size=9223372036854775807", "batch.micro_size", "more than a 64-bit count holds"),
 ])
-def test_counts_beyond_the_jobs_consumers_are_refused(override, key, fragment, workdir, monkeypatch, capsys):
-    (workdir / "site_configs" / "mysite.yaml").write_text(UNBOUNDED_SITE)
-    refused(workdir, monkeypatch, capsys, ["exp.yaml", override], f"command line: {key}", fragment)
+def test_counts_beyond_the_jobs_consumers_are_refused(override, key, fragment, mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "site_configs" / "mysite.yaml").write_text(UNBOUNDED_SITE)
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml", override], f"command line: {key}", fragment)
 
 
-def test_largest_world_size_renders(workdir):
-    (workdir / "site_configs" / "mysite.yaml").write_text(UNBOUNDED_SITE)
+def test_largest_world_size_renders(mysite_workdir):
+    (mysite_workdir / "site_configs" / "mysite.yaml").write_text(UNBOUNDED_SITE)
     prepared = api.prepare("exp.yaml", site="mysite", overrides=["resources.nodes=268435455"], dry_run=True)
     assert prepared.plan.world_size == 2 ** 31 - 8
     assert "#SBATCH --nodes=268435455" in prepared.files["job.sbatch"]
@@ -284,51 +260,51 @@ def test_the_exec_string_bound_is_the_kernels():
     ("launcher: torchrun\nentrypoint: {script: train.py, args: ['%s']}\n" % ("y" * 131072),
      "entrypoint.args[0]", "131072 bytes long"),
 ], ids=["env-value", "env-total", "torchrun-arg"])
-def test_what_exec_cannot_start_is_refused(text, key, fragment, workdir, monkeypatch, capsys):
+def test_what_exec_cannot_start_is_refused(text, key, fragment, mysite_workdir, monkeypatch, capsys):
     exp = EXP.replace("entrypoint: {script: train.py}\n", "") if "entrypoint" in text else EXP
-    (workdir / "exp.yaml").write_text(exp + text)
-    refused(workdir, monkeypatch, capsys, ["exp.yaml"], key, fragment)
+    (mysite_workdir / "exp.yaml").write_text(exp + text)
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml"], key, fragment)
 
 
-def test_long_arguments_are_fine_under_srun(workdir):
+def test_long_arguments_are_fine_under_srun(mysite_workdir):
     """Under srun the script runs in the task's own process: its arguments are never exec'd."""
-    (workdir / "exp.yaml").write_text(EXP.replace("{script: train.py}", "{script: train.py, args: ['%s']}"
+    (mysite_workdir / "exp.yaml").write_text(EXP.replace("{script: train.py}", "{script: train.py, args: ['%s']}"
                                                   % ("y" * 200000)))
     prepared = api.prepare("exp.yaml", site="mysite", dry_run=True)
     assert prepared.plan.entry_args == ("y" * 200000,)
 
 
-def test_site_env_too_long_names_the_profile(workdir, monkeypatch, capsys):
-    (workdir / "site_configs" / "mysite.yaml").write_text(SITE + "env: {BIG: '%s'}\n" % ("z" * 140000))
-    refused(workdir, monkeypatch, capsys, ["exp.yaml"], "mysite.yaml:7: env.BIG", "MAX_ARG_STRLEN")
+def test_site_env_too_long_names_the_profile(mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "site_configs" / "mysite.yaml").write_text(SITE + "env: {BIG: '%s'}\n" % ("z" * 140000))
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml"], "mysite.yaml:7: env.BIG", "MAX_ARG_STRLEN")
 
 
 # --- documents and keys that show nothing ---------------------------------------------------------
 
 @pytest.mark.parametrize("text", ["---\n", "# only a comment\n--- \n...\n"])
-def test_a_document_marker_alone_is_an_empty_file(text, workdir, monkeypatch, capsys):
-    (workdir / "exp.yaml").write_text(text)
-    refused(workdir, monkeypatch, capsys, ["exp.yaml"], "exp.yaml: the file is empty")
+def test_a_document_marker_alone_is_an_empty_file(text, mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "exp.yaml").write_text(text)
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml"], "exp.yaml: the file is empty")
 
 
 @pytest.mark.parametrize("key,shown", [("''", "unknown key ''"), ("' resources'", "unknown key ' resources'"),
                                        ("resources\u200b", "unknown key 'resources\\u200b'")])
-def test_an_unknown_key_that_would_not_show_is_quoted(key, shown, workdir, monkeypatch, capsys):
-    (workdir / "exp.yaml").write_text(EXP + f"{key}: 1\n")
-    refused(workdir, monkeypatch, capsys, ["exp.yaml"], shown)
+def test_an_unknown_key_that_would_not_show_is_quoted(key, shown, mysite_workdir, monkeypatch, capsys):
+    (mysite_workdir / "exp.yaml").write_text(EXP + f"{key}: 1\n")
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml"], shown)
 
 
-def test_api_sweep_of_another_type_is_a_config_error(workdir):
+def test_api_sweep_of_another_type_is_a_config_error(mysite_workdir):
     with pytest.raises(ConfigError, match=r"is not KEY=V1,V2,\.\.\. text, it is int"):
         api.prepare_sweep("exp.yaml", [5], site="mysite", dry_run=True)
 
 
 @pytest.mark.parametrize("override", ["resources.partition=", "checkpoint.dir=", "checkpoint.dir= ",
                                       "strategy.nvme_path=", "model.factory="])
-def test_an_empty_choice_is_refused_not_taken_for_the_default(override, workdir, monkeypatch, capsys):
+def test_an_empty_choice_is_refused_not_taken_for_the_default(override, mysite_workdir, monkeypatch, capsys):
     """`checkpoint.dir=$CKPT` with CKPT unset must not quietly mean the default."""
     key = override.split("=")[0]
-    refused(workdir, monkeypatch, capsys, ["exp.yaml", override], f"command line: {key}", "leave it out")
+    refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml", override], f"command line: {key}", "leave it out")
 
 
 # --- usage errors: one line too; no arguments at all: the help --------------------------------------
@@ -340,14 +316,14 @@ def test_an_empty_choice_is_refused_not_taken_for_the_default(override, workdir,
     (["logs", "somerun", "--rank", "-1"], "'--rank': -1 is not in the range x>=0"),
     (["bogus"], "No such command 'bogus'"),
 ])
-def test_usage_errors_are_one_line(args, fragment, workdir, monkeypatch, capsys):
+def test_usage_errors_are_one_line(args, fragment, mysite_workdir, monkeypatch, capsys):
     code, out, err = glaunch(monkeypatch, capsys, *args)
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("glaunch: error: ") and fragment in err, err
 
 
 @pytest.mark.parametrize("args", [[], ["sites"]])
-def test_no_subcommand_shows_the_help(args, workdir, monkeypatch, capsys):
+def test_no_subcommand_shows_the_help(args, mysite_workdir, monkeypatch, capsys):
     code, out, err = glaunch(monkeypatch, capsys, *args)
     assert code == 2
     assert (out + err).lstrip().startswith("Usage: glaunch") and "Commands:" in out + err
@@ -355,21 +331,21 @@ def test_no_subcommand_shows_the_help(args, workdir, monkeypatch, capsys):
 
 # --- the local scheduler: the same one-line errors, warnings once the checks passed ------------------
 
-def test_local_run_of_a_missing_script_is_one_line(workdir, monkeypatch, capsys):
+def test_local_run_of_a_missing_script_is_one_line(mysite_workdir, monkeypatch, capsys):
     """The default requeue.max warns about checkpoints; the missing script it names is the error."""
-    (workdir / "exp.yaml").write_text("name: good\nentrypoint: {script: nope.py}\n")
-    before = files_under(workdir)
+    (mysite_workdir / "exp.yaml").write_text("name: good\nentrypoint: {script: nope.py}\n")
+    before = files_under(mysite_workdir)
     code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "local")
     assert code == 2, (out, err)
     assert err.count("\n") == 1 and "entrypoint.script" in err and "not found" in err, err
     assert out == ""
-    assert files_under(workdir) == before
+    assert files_under(mysite_workdir) == before
 
 
-def test_local_run_warns_before_it_starts(workdir, isolated_env):
-    (workdir / "exp.yaml").write_text("name: good\nentrypoint: {script: train.py}\n")
+def test_local_run_warns_before_it_starts(mysite_workdir, isolated_env):
+    (mysite_workdir / "exp.yaml").write_text("name: good\nentrypoint: {script: train.py}\n")
     proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "exp.yaml", "--site", "local"],
-                          cwd=workdir, env=dict(isolated_env, PYTHONPATH=str(REPO)), capture_output=True,
+                          cwd=mysite_workdir, env=dict(isolated_env, PYTHONPATH=str(REPO)), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.startswith("glaunch: warning: exp.yaml: no checkpoint settings"), proc.stderr
@@ -377,13 +353,13 @@ def test_local_run_warns_before_it_starts(workdir, isolated_env):
     assert "hi" in proc.stdout
 
 
-def test_a_huge_key_is_shortened_in_the_error(workdir, monkeypatch, capsys):
+def test_a_huge_key_is_shortened_in_the_error(mysite_workdir, monkeypatch, capsys):
     """YAML's explicit keys (`? key`) have no length limit: the error line stays short."""
-    (workdir / "exp.yaml").write_text(EXP + "? " + "k" * 500000 + "\n: 1\n")
-    err = refused(workdir, monkeypatch, capsys, ["exp.yaml"], "... (500000 characters): unknown key")
+    (mysite_workdir / "exp.yaml").write_text(EXP + "? " + "k" * 500000 + "\n: 1\n")
+    err = refused(mysite_workdir, monkeypatch, capsys, ["exp.yaml"], "... (500000 characters): unknown key")
     assert len(err) < 1000
 
 
-def test_a_site_profile_given_as_the_experiment_says_so(workdir, monkeypatch, capsys):
-    refused(workdir, monkeypatch, capsys, ["site_configs/mysite.yaml"], "mysite.yaml:4: partitions",
+def test_a_site_profile_given_as_the_experiment_says_so(mysite_workdir, monkeypatch, capsys):
+    refused(mysite_workdir, monkeypatch, capsys, ["site_configs/mysite.yaml"], "mysite.yaml:4: partitions",
             "this is a site profile", "give it with --site")
