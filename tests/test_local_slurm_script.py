@@ -103,7 +103,7 @@ def test_up_is_idempotent_when_up():
     assert sorted(before) == sorted(DAEMONS[DEFAULTS])
     proc = script("up", DEFAULTS)
     assert proc.returncode == 0, proc.stderr
-    assert not re.search(r"installing|restarting|stopping", proc.stderr), proc.stderr
+    assert not re.search(r"installing|restarting|stopping|cancelling", proc.stderr), proc.stderr
     assert daemons(DEFAULTS) == before
 
 
@@ -114,6 +114,11 @@ def test_down_and_up_of_defaults_touch_nothing_else():
     # Not ours, though named like a Slurm daemon: `down` must leave it running.
     foreign = subprocess.Popen(["bash", "-c", "exec -a slurmctld sleep 600"])
     ctld_pid_file = Path(config_value(DEFAULTS, "SlurmctldPidFile"))
+    # Running when the cluster stops: slurmctld saves it as running, and a fresh `up` must
+    # not let it hold its node (with no process behind it) until its time limit.
+    job = out("sbatch", "--parsable", "-t", "20", "-o", "/dev/null", "--wrap", "sleep 600",
+              cluster=DEFAULTS).strip().split(";")[0]
+    wait_until(lambda: squeue_row(job, DEFAULTS).startswith("RUNNING") or None, 60, "the job to run")
     try:
         down = script("down", DEFAULTS)
         assert down.returncode == 0, down.stderr
@@ -138,6 +143,10 @@ def test_down_and_up_of_defaults_touch_nothing_else():
         foreign.kill()
         foreign.wait(timeout=30)
     assert up.returncode == 0, up.stderr
+    assert f"cancelling job(s) {job} of cluster defaults, left from before it stopped" in up.stderr, up.stderr
+    assert job not in out("squeue", "-h", "-o", "%A", cluster=DEFAULTS).split()
+    assert {row.split()[1] for row in out("sinfo", "-h", "-N", "-o", "%N %t", cluster=DEFAULTS).splitlines()} \
+        == {"idle"}
     assert slurm_up(DEFAULTS)
     assert sorted(daemons(DEFAULTS)) == sorted(DAEMONS[DEFAULTS])
     assert daemons(MAIN) == main_before
