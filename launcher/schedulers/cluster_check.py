@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from ..resolution import slurmtime
-from .cluster_check_partition import (Limits, accounting_limits, effective_assoc, fate, has_features, partition_diffs,
-                                      to_seconds)
+from .cluster_check_partition import (Limits, accounting_limits, effective_assoc, fate, has_features,
+                                      mem_per_cpu_source, partition_diffs, to_seconds)
 from .cluster_check_report import CheckReport, Difference
 from .cluster_facts import Cluster, Node, Partition, parse_int, read_cluster
 
@@ -50,11 +50,17 @@ class Request:
         mem = math.ceil(plan.mem_gb * 1024) if plan.mem_gb is not None else None
         return cls(plan.partition, plan.nodes, plan.time_seconds, plan.gpus_per_node, cpus, mem, plan.constraint)
 
+    def cpus_on(self, part: Partition) -> int | None:
+        """The CPUs a node of this job gets in `part`: its own ask, raised where MaxMemPerCPU
+        needs more to carry its memory (None: Slurm's default)."""
+        need = part.cpus_for_mem(self.mem_mb) if self.mem_mb else None
+        return max(self.cpus_per_node or 0, need or 0) or None
+
     def fits(self, part: Partition, node: Node) -> bool:
         """Whether `node` can be one of this job's nodes in `part`."""
-        cpus, mem = part.job_cpus(node), part.job_mem_mb(node)
+        cpus, mem, want = part.job_cpus(node), part.job_mem_mb(node), self.cpus_on(part)
         return (node.gpu_count >= self.gpus_per_node
-                and (self.cpus_per_node is None or cpus is None or cpus >= self.cpus_per_node)
+                and (want is None or cpus is None or cpus >= want)
                 and (self.mem_mb is None or mem is None or mem >= self.mem_mb)
                 and has_features(self.constraint, node.features))
 
@@ -184,10 +190,37 @@ def _request_diffs(request: Request, prof: Mapping[str, Any], site: Mapping[str,
                               f"{part.node_limit}; {fate(cluster, this_job=True)}", True,
                               part.name))
     elif part.nodes and request.nodes <= part.node_limit:
-        out += _fit_diffs(request, part, on)
+        per_cpu, never = _mem_per_cpu_diffs(request, prof, part, cluster, on)
+        out += per_cpu if never else per_cpu + _fit_diffs(request, part, on)
     for limits in accounting_limits(site, prof, cluster, part.name):
         out += _limit_diffs(request, limits, cluster, part.name, flagged)
     return out
+
+
+def _mem_per_cpu_diffs(request: Request, prof: Mapping[str, Any], part: Partition, cluster: Cluster,
+                       on: str) -> tuple[list[Difference], bool]:
+    """The job's memory against MaxMemPerCPU, and whether it can never run: Slurm raises a
+    job's CPUs to carry its memory, never past what a node gives. Left unsaid where the
+    profile's check said it of the same memory and CPUs."""
+    cpus = [c for c in (part.job_cpus(n) for n in part.nodes) if c is not None]
+    need = part.cpus_for_mem(request.mem_mb) if request.mem_mb else None
+    if need is None or request.mem_mb is None or not cpus:
+        return [], False
+    per_cpu = part.max_mem_per_cpu_mb or 0
+    mem_gb = prof.get("mem_gb")
+    profile_said = isinstance(mem_gb, (int, float)) and math.ceil(mem_gb * 1024) == request.mem_mb
+    if need > max(cpus):
+        if profile_said:
+            return [], True
+        return [Difference("resources.mem_gb", f"{request.mem_mb} MB a node asked, {on} gives a job at most "
+                           f"{per_cpu * max(cpus)} MB a node ({mem_per_cpu_source(part, max(cpus))}): this job "
+                           f"needs {need} CPUs a node; {fate(cluster, this_job=True)}", True, part.name)], True
+    asked = request.cpus_per_node
+    if asked and need > asked and not (profile_said and prof.get("cpus_per_node") == asked):
+        return [Difference("resources.mem_gb", f"{request.mem_mb} MB a node asked with {asked} CPUs, {on} gives "
+                           f"{asked} CPUs at most {per_cpu * asked} MB (MaxMemPerCPU={per_cpu} MB); Slurm raises "
+                           f"this job's CPUs to {need} a node", False, part.name)], False
+    return [], False
 
 
 def _limit_diffs(request: Request, limits: Limits, cluster: Cluster, pname: str,

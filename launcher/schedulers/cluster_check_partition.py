@@ -64,6 +64,12 @@ def _memory_source(part: Partition, mem_mb: int) -> str:
     return f"RealMemory={mem_mb} MB"
 
 
+def mem_per_cpu_source(part: Partition, cpus: int) -> str:
+    """MaxMemPerCPU times the most CPUs a job has on a node, in Slurm's words."""
+    most = f"MaxCPUsPerNode={cpus}" if cpus == part.max_cpus_per_node else f"{cpus} CPUs"
+    return f"MaxMemPerCPU={part.max_mem_per_cpu_mb} MB x {most}"
+
+
 def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any], cluster: Cluster, *,
                      described: bool) -> list[Difference]:
     key = f"partitions.{pname}"
@@ -155,6 +161,22 @@ def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any]
                 "jobs asking that much wait for the larger nodes", False)
         elif min(mems) // 1024 > want:
             add("mem_gb", f"the profile says {want:g} GB, the nodes of {on} have {min(mems) // 1024} GB", False)
+    asked = prof.get("cpus_per_node")
+    want_mb = want * 1024 if isinstance(want, (int, float)) and not isinstance(want, bool) else None
+    need = part.cpus_for_mem(want_mb) if want_mb is not None and not (mems and want_mb > max(mems)) else None
+    if need is not None and cpus:
+        # MaxMemPerCPU: Slurm raises a job's CPUs to carry its memory, up to what a node gives.
+        per_cpu = part.max_mem_per_cpu_mb or 0
+        if need > max(cpus):
+            add("mem_gb", f"the profile says {want:g} GB, {on} gives a job at most {per_cpu * max(cpus) // 1024} GB "
+                f"a node ({mem_per_cpu_source(part, max(cpus))}): a job asking that much needs {need} CPUs a "
+                f"node; {fate(cluster)}", True)
+        elif isinstance(asked, int) and need > asked:
+            fit = sum(1 for c in cpus if c >= need)
+            few = f", which only {fit} of its {len(cpus)} nodes give; jobs wait for them" if fit < len(cpus) else ""
+            add("mem_gb", f"the profile says {want:g} GB and {asked} CPUs, {on} gives {asked} CPUs at most "
+                f"{per_cpu * asked // 1024} GB (MaxMemPerCPU={per_cpu} MB); Slurm raises the CPUs of a job asking "
+                f"that much to {need} a node{few}", False)
 
     # Time and node limits.
     want_t, have_t = prof.get("max_time"), part.max_time

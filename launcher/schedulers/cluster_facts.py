@@ -9,6 +9,7 @@ in scontrol_text); `read_cluster` asks Slurm.
 from __future__ import annotations
 
 import getpass
+import math
 import shutil
 from collections import defaultdict
 from dataclasses import dataclass
@@ -73,6 +74,7 @@ class Partition:
     root_only: bool = False
     qos: str | None = None              # the partition's own QOS (QoS=), whose limits bind every job there
     allow_groups: frozenset[str] | None = None   # None: ALL
+    max_mem_per_cpu_mb: int | None = None         # MaxMemPerCPU, the partition's or the cluster's (None: none)
 
     @property
     def node_limit(self) -> int:
@@ -91,6 +93,11 @@ class Partition:
         if mem is None or self.max_mem_per_node_mb is None:
             return mem
         return min(mem, self.max_mem_per_node_mb)
+
+    def cpus_for_mem(self, mem_mb: float) -> int | None:
+        """The CPUs a node of a job asking `mem_mb` there must have: Slurm raises a job's
+        CPUs to ceil(mem / MaxMemPerCPU) (None: no MaxMemPerCPU here)."""
+        return math.ceil(mem_mb / self.max_mem_per_cpu_mb) if self.max_mem_per_cpu_mb else None
 
 
 @dataclass(frozen=True)
@@ -191,10 +198,23 @@ def parse_nodes(text: str) -> list[Node]:
     return nodes
 
 
-def parse_partitions(parts_text: str, nodes_text: str) -> dict[str, Partition]:
+def _mem_limits(record: Mapping[str, str], settings: Mapping[str, str]) -> tuple[int | None, int | None]:
+    """A partition's (MaxMemPerNode, MaxMemPerCPU) in MB. scontrol prints one of them;
+    MaxMemPerNode=UNLIMITED is "not set here", and then the cluster's own value holds."""
+    if "MaxMemPerCPU" in record:
+        return None, parse_int(record["MaxMemPerCPU"])      # MaxMemPerCPU=UNLIMITED: no limit
+    per_node = parse_int(record.get("MaxMemPerNode"))
+    if per_node is None:
+        return parse_int(settings.get("MaxMemPerNode")), parse_int(settings.get("MaxMemPerCPU"))
+    return per_node, None
+
+
+def parse_partitions(parts_text: str, nodes_text: str,
+                     settings: Mapping[str, str] | None = None) -> dict[str, Partition]:
     """`scontrol show partition -o` and `show node -o` -> the partitions, in scontrol's
     order, each with its nodes: read from the nodes' Partitions= in one pass, else (a
-    node record without it) from the partition's Nodes= host list."""
+    node record without it) from the partition's Nodes= host list. `settings` (`show
+    config`) give the memory limits a partition does not set itself."""
     members: dict[str, list[Node]] = defaultdict(list)
     by_name: dict[str, Node] = {}
     for node in parse_nodes(nodes_text):
@@ -211,16 +231,17 @@ def parse_partitions(parts_text: str, nodes_text: str) -> dict[str, Partition]:
         if not nodes and listed:
             names = list(by_name) if listed == "ALL" else expand_hostlist(listed)
             nodes = tuple(by_name[n] for n in names if n in by_name)
+        max_mem_per_node, max_mem_per_cpu = _mem_limits(r, settings or {})
         partitions[name] = Partition(
             name=name, default=r.get("Default") == "YES", state=r.get("State", "UP"),
             max_time=_limit(r.get("MaxTime")), max_nodes=parse_int(r.get("MaxNodes")),
             total_nodes=parse_int(r.get("TotalNodes")) or len(nodes), nodes=nodes,
             allow_accounts=_names(r.get("AllowAccounts")), deny_accounts=_names(r.get("DenyAccounts")) or frozenset(),
             allow_qos=_names(r.get("AllowQos")), deny_qos=_names(r.get("DenyQos")) or frozenset(),
-            max_cpus_per_node=parse_int(r.get("MaxCPUsPerNode")), max_mem_per_node_mb=parse_int(r.get("MaxMemPerNode")),
+            max_cpus_per_node=parse_int(r.get("MaxCPUsPerNode")), max_mem_per_node_mb=max_mem_per_node,
             preempt_mode=r.get("PreemptMode", "OFF"), priority_tier=parse_int(r.get("PriorityTier")) or 1,
             hidden=r.get("Hidden") == "YES", root_only=r.get("RootOnly") == "YES", qos=_limit(r.get("QoS")),
-            allow_groups=_names(r.get("AllowGroups")))
+            allow_groups=_names(r.get("AllowGroups")), max_mem_per_cpu_mb=max_mem_per_cpu)
     return partitions
 
 
@@ -230,7 +251,7 @@ def parse_cluster(scontrol_text: str, *, assoc_text: str | None = None, qos_text
     """The facts `compare` reads: scontrol's answer to SCONTROL_COMMANDS, and sacctmgr's
     `-n -P` rows in ASSOC_FORMAT and QOS_FORMAT (None: not reachable)."""
     parts_text, nodes_text, settings = split_scontrol(scontrol_text)
-    partitions = parse_partitions(parts_text, nodes_text)
+    partitions = parse_partitions(parts_text, nodes_text, settings)
     assocs = None if assoc_text is None else tuple(parse_associations(assoc_text))
     qos = None if qos_text is None else {q.name: q for q in parse_qos(qos_text)}
     return Cluster(settings.get("ClusterName", "cluster"), settings, partitions, user, assocs, qos, accounting_note,
