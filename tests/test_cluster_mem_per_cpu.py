@@ -17,7 +17,7 @@ import pytest
 
 from launcher.config.load import load_site
 from launcher.errors import SchedulerError
-from launcher.schedulers.cluster_check import compare
+from launcher.schedulers.cluster_check import compare, site_mapping
 from launcher.schedulers.cluster_facts import parse_cluster
 from launcher.schedulers.detect import render_profile
 from launcher.schedulers.slurm import SlurmScheduler
@@ -214,3 +214,18 @@ def test_fake_submit_refuses_before_queuing(tmp_path, monkeypatch):
             "(MaxMemPerCPU=4000 MB x MaxCPUsPerNode=64): this job needs 77 CPUs a node") in str(err.value)
     plan = plan_on(site, tmp_path, "resources.partition=cpu-shared", "resources.mem_gb=250")
     assert not [w for w in SlurmScheduler().check_cluster(plan) if "MaxMemPerCPU" in w]
+
+
+@pytest.mark.parametrize("text, partition, mem_gb", [
+    (PER_CPU, "cpu-shared", 250),              # 4000 MB x MaxCPUsPerNode=64
+    (GLOBAL_PER_CPU, "cpu", 250),              # the cluster's 1000 MB x 256 CPUs
+    (GLOBAL_PER_NODE, "cpu", 97),              # the cluster's MaxMemPerNode=100000
+])
+def test_detect_writes_the_memory_a_job_can_have_and_check_agrees(tmp_path, text, partition, mem_gb):
+    found = detect(text, "hopper", "proj1")
+    assert found.profile["partitions"][partition]["mem_gb"] == mem_gb
+    path = tmp_path / "hopper.yaml"
+    path.write_text(render_profile(found.profile, "hopper", found.notes), encoding="utf-8")
+    site = site_mapping(load_site(str(path), tmp_path, {"HOME": str(tmp_path / "home")}).config)
+    assert not [d for d in compare(site, parse_cluster(text)).fatal if "mem_gb" in d.key], compare(
+        site, parse_cluster(text)).fatal

@@ -84,13 +84,17 @@ def _entry(part: Partition, partitions: Mapping[str, Partition],
     if gtype:
         entry["gpu_type"] = gtype
     entry["gpu_mem_gb"] = None
-    # MaxCPUsPerNode and MaxMemPerNode cap every node alike (Partition.job_cpus, job_mem_mb).
+    # MaxCPUsPerNode, MaxMemPerNode and MaxMemPerCPU cap every node alike (Partition.job_cpus, job_mem_mb).
     cpus = [k[3] for k in kinds if k[3] is not None]
     if cpus and min(cpus) >= 1:
         entry["cpus_per_node"] = min(min(cpus), part.max_cpus_per_node or min(cpus))
     mems = [k[4] for k in kinds if k[4] is not None]
     if mems and min(mems) >= 1024:     # RealMemory=1 is slurm.conf's "not configured"
-        entry["mem_gb"] = min(min(mems), part.max_mem_per_node_mb or min(mems)) // 1024
+        mem_mb = min(min(mems), part.max_mem_per_node_mb or min(mems))
+        if part.max_mem_per_cpu_mb and "cpus_per_node" in entry:
+            # More would make Slurm raise the job's CPUs past what the profile asks for.
+            mem_mb = min(mem_mb, part.max_mem_per_cpu_mb * entry["cpus_per_node"])
+        entry["mem_gb"] = mem_mb // 1024
     if part.node_limit >= 1:
         entry["max_nodes"] = part.node_limit
     if part.max_time is not None and _is_time(part.max_time):
@@ -126,7 +130,7 @@ def detect_profile(name: str, partitions_text: str, nodes_text: str, *, settings
     """The profile mapping for the cluster described by scontrol's one-line records, with
     the partitions this user cannot use (by account or group, RootOnly, Hidden, INACTIVE, no nodes)
     left out and said why."""
-    partitions = parse_partitions(partitions_text, nodes_text)
+    partitions = parse_partitions(partitions_text, nodes_text, settings or {})
     notes, profile_parts = [], {}
     shapes: dict[int, _Shape] = {}
     for part in partitions.values():
