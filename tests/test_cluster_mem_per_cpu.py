@@ -220,7 +220,7 @@ def test_fake_submit_refuses_before_queuing(tmp_path, monkeypatch):
     (PER_CPU, "cpu-shared", 250),              # 4000 MB x MaxCPUsPerNode=64
     (GLOBAL_PER_CPU, "cpu", 250),              # the cluster's 1000 MB x 256 CPUs
     (GLOBAL_PER_NODE, "cpu", 97),              # the cluster's MaxMemPerNode=100000
-])
+], ids=["partition-MaxMemPerCPU", "cluster-MaxMemPerCPU", "cluster-MaxMemPerNode"])
 def test_detect_writes_the_memory_a_job_can_have_and_check_agrees(tmp_path, text, partition, mem_gb):
     found = detect(text, "hopper", "proj1")
     assert found.profile["partitions"][partition]["mem_gb"] == mem_gb
