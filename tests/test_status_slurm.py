@@ -1,6 +1,6 @@
 """What a user sees of a run on the local Slurm cluster: `glaunch status` (text and --json)
-of a run preempted twice (per-start peak memory and step time against the planner's
-estimate, goodput, the suggested settings), and the console of `glaunch submit --wait` on a
+of a run preempted twice, which resumes bitwise (per-start peak memory and step time against
+the planner's estimate, goodput, the suggested settings), and the console of `glaunch submit --wait` on a
 terminal through a preemption and through a failure.
 
 GLAUNCH_RECORD_CONSOLE=1 writes what the tests saw to tests/recorded_console/slurm_*.txt."""
@@ -20,10 +20,11 @@ import pytest
 
 from conftest import requires_slurm
 from launcher.runs.layout import RunDir, read_heartbeat
-from slurmkit import (REPO, SITE, glaunch, job_id_of, preempt, read_json, release_requeue_hold, squeue_state,
-                      the_run_dir, wait_until)
+from slurmkit import (REPO, SITE, final_sacct_state, glaunch, job_id_of, preempt, read_json, release_requeue_hold,
+                      sacct_rows, squeue_state, the_run_dir, wait_until)
 from test_console import as_seen, in_pty
 from test_console import glaunch as glaunch_argv
+from test_slurm_requeue import assert_resumed_without_loss, baseline_hash
 
 pytestmark = [requires_slurm, pytest.mark.slurm, pytest.mark.slow]
 
@@ -118,7 +119,10 @@ def _number(value) -> float | None:
 # --- status of a run preempted twice ------------------------------------------------------------
 
 
-def test_status_of_a_run_preempted_twice(tmp_path, isolated_env):
+def test_status_of_a_run_preempted_twice(tmp_path, tmp_path_factory, isolated_env):
+    """Also the cluster's test of resuming bitwise after two preemptions: one run serves
+    both, to keep the cluster's tests short."""
+    expected = baseline_hash("examples/torch_ddp.yaml", STEPS, tmp_path_factory, isolated_env)
     runs = tmp_path / "runs"
     thread, seen = _on_terminal(_submit_argv(
         "examples/torch_ddp.yaml", runs, "resources.nodes=2", "resources.time=10", f"model.params={MODEL_PARAMS}",
@@ -127,6 +131,12 @@ def test_status_of_a_run_preempted_twice(tmp_path, isolated_env):
     run_dir, job_id = _preempt_and_follow(runs, thread, times=2, min_progress=10, timeout=800)
     assert seen["status"] == 0, seen["raw"][-3000:]
     run_id = run_dir.name
+    record = read_json(run_dir / "run.json")
+    assert_resumed_without_loss(record, "preemption", min_requeues=2)
+    assert len(record["starts"]) == 3
+    assert read_json(run_dir / "result.json")["param_sha256"] == expected
+    assert final_sacct_state(job_id) == "COMPLETED"
+    assert [r["state"] for r in sacct_rows(job_id)] == ["REQUEUED", "REQUEUED", "COMPLETED"]
 
     text_proc = glaunch("status", run_id, env=isolated_env, timeout=120)
     json_proc = glaunch("status", run_id, "--json", env=isolated_env, timeout=120)
