@@ -5,8 +5,11 @@ refused or could not be reached; 130 interrupted (Ctrl-C)."""
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import sys
+import threading
 
 import click
 
@@ -16,6 +19,33 @@ from .errors import GlaunchError
 
 INTERRUPTED = 130
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())     # click >= 8.2
+
+
+def run() -> None:
+    """The console script: `main`, then the process ends without tearing down every module
+    it imported (a tenth of a dry run's time). Exit handlers run and output is flushed
+    first; while a thread of this process still works, or a profiler or tracer watches it,
+    it ends the usual way."""
+    try:
+        main()
+        code: int | str | None = 0
+    except SystemExit as exc:
+        code = exc.code
+    if sys.getprofile() or sys.gettrace() or any(
+            t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    if code is not None and not isinstance(code, int):
+        if sys.stderr is not None:
+            print(code, file=sys.stderr)
+        code = 1
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:          # None: the process was started with it closed
+                stream.flush()
+        except (OSError, ValueError):       # a reader that went away, a closed stream
+            code = code or 1
+    os._exit(code or 0)
 
 
 def main() -> None:
@@ -328,4 +358,4 @@ def list_cmd(sweep, as_json, limit):
 
 
 if __name__ == "__main__":
-    main()
+    run()

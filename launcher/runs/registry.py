@@ -12,7 +12,6 @@ import datetime as dt
 import fcntl
 import json
 import os
-import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -32,7 +31,8 @@ def now() -> str:
 
 def new_run_id(name: str) -> str:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{name}-{stamp}-{secrets.token_hex(2)}"
+    # os.urandom, not the secrets module: that one imports hmac and hashlib for each command.
+    return f"{name}-{stamp}-{os.urandom(2).hex()}"
 
 
 # --- the state directory -------------------------------------------------------------------

@@ -20,7 +20,6 @@ import contextlib
 import datetime as dt
 import json
 import os
-import secrets
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ LOG_DIR = "logs"
 
 def new_sweep_id(name: str) -> str:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{name}-sweep-{stamp}-{secrets.token_hex(2)}"
+    return f"{name}-sweep-{stamp}-{os.urandom(2).hex()}"
 
 
 def element_run_id(sweep_id: str, index: int) -> str:

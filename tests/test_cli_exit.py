@@ -1,0 +1,47 @@
+"""How the `glaunch` process ends (launcher.cli.run, the console script and `python -m
+launcher.cli`): the exit code main() chose, output flushed, exit handlers run, and no
+traceback when stdout is closed or its reader went away."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def shell(command: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO), GLAUNCH_STATE_DIR=str(tmp_path / "state"),
+               XDG_CACHE_HOME=str(tmp_path / "cache"), GLAUNCH=f"{sys.executable} -m launcher.cli")
+    return subprocess.run(["bash", "-c", command], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_exit_codes_and_output_come_through(tmp_path):
+    ok = shell(f"$GLAUNCH submit examples/torch_ddp.yaml --dry-run --json --runs-dir {tmp_path}/runs", tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert ok.stdout.rstrip().endswith("}") and '"run_id"' in ok.stdout     # the whole JSON, flushed
+    bad = shell("$GLAUNCH status no-such-run", tmp_path)
+    assert bad.returncode == 2 and bad.stderr.startswith("glaunch: error: ") and bad.stderr.count("\n") == 1
+    usage = shell("$GLAUNCH submit", tmp_path)
+    assert usage.returncode == 2 and "Traceback" not in usage.stderr
+
+
+def test_exit_handlers_run(tmp_path):
+    # The compiled-template cache is written by an exit handler, once the run directory is.
+    proc = shell(f"$GLAUNCH submit examples/torch_ddp.yaml --dry-run --runs-dir {tmp_path}/runs", tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert list((tmp_path / "cache" / "glaunch" / "templates").iterdir())
+
+
+def test_closed_stdout_is_no_traceback(tmp_path):
+    proc = shell("$GLAUNCH --version >&-", tmp_path)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+
+
+def test_a_reader_that_went_away_is_no_traceback(tmp_path):
+    # `true` exits before glaunch writes: the write or the flush meets a closed pipe.
+    proc = shell('$GLAUNCH --help | true; echo "rc=${PIPESTATUS[0]}"', tmp_path)
+    assert proc.stdout.strip() == "rc=1", proc.stdout
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, proc.stderr
