@@ -114,13 +114,18 @@ def test_down_and_up_of_defaults_touch_nothing_else():
     # Not ours, though named like a Slurm daemon: `down` must leave it running.
     foreign = subprocess.Popen(["bash", "-c", "exec -a slurmctld sleep 600"])
     ctld_pid_file = Path(config_value(DEFAULTS, "SlurmctldPidFile"))
-    # Running when the cluster stops: slurmctld saves it as running, and a fresh `up` must
-    # not let it hold its node (with no process behind it) until its time limit.
-    job = out("sbatch", "--parsable", "-t", "20", "-o", "/dev/null", "--wrap", "sleep 600",
-              cluster=DEFAULTS).strip().split(";")[0]
-    wait_until(lambda: squeue_row(job, DEFAULTS).startswith("RUNNING") or None, 60, "the job to run")
+    # Two jobs run when the cluster stops, and slurmctld saves both as running. `down` leaves
+    # their processes alone: `live` goes on after `up`. Those of `stale` are then killed, as a
+    # restart of the machine would: a fresh `up` must not let it hold its node, with nothing
+    # behind it, until its time limit.
+    stale, live = (out("sbatch", "--parsable", "-t", "20", "-o", "/dev/null", "--wrap", f"sleep {seconds}",
+                       cluster=DEFAULTS).strip().split(";")[0] for seconds in (6001, 6002))
+    for job in (stale, live):
+        wait_until(lambda: squeue_row(job, DEFAULTS).startswith("RUNNING") or None, 60, f"job {job} to run")
     try:
         down = script("down", DEFAULTS)
+        for pattern in (rf"^slurmstepd: \[{stale}\.", "^sleep 6001$"):
+            subprocess.run(["pkill", "-KILL", "-f", pattern], timeout=30)
         assert down.returncode == 0, down.stderr
         assert not slurm_up(DEFAULTS)
         assert script("status", DEFAULTS).returncode != 0
@@ -134,8 +139,8 @@ def test_down_and_up_of_defaults_touch_nothing_else():
 
         # A stale pid file whose number now belongs to another slurmctld: not ours to stop.
         ctld_pid_file.write_text(f"{foreign.pid}\n")
-        stale = script("down", DEFAULTS)
-        assert stale.returncode == 0, stale.stderr
+        not_ours = script("down", DEFAULTS)
+        assert not_ours.returncode == 0, not_ours.stderr
         assert foreign.poll() is None
         assert "slurmctld: stopped" in script("status", DEFAULTS).stdout
     finally:
@@ -143,10 +148,14 @@ def test_down_and_up_of_defaults_touch_nothing_else():
         foreign.kill()
         foreign.wait(timeout=30)
     assert up.returncode == 0, up.stderr
-    assert f"cancelling job(s) {job} of cluster defaults, left from before it stopped" in up.stderr, up.stderr
-    assert job not in out("squeue", "-h", "-o", "%A", cluster=DEFAULTS).split()
-    assert {row.split()[1] for row in out("sinfo", "-h", "-N", "-o", "%N %t", cluster=DEFAULTS).splitlines()} \
-        == {"idle"}
+    try:
+        assert re.search(rf"cancelling job\(s\) [\d ]*\b{stale}\b[\d ]* of cluster defaults, left from before it "
+                         "stopped", up.stderr), up.stderr
+        assert not re.search(rf"cancelling job\(s\) .*\b{live}\b", up.stderr), up.stderr
+        assert stale not in out("squeue", "-h", "-o", "%A", cluster=DEFAULTS).split()
+        assert squeue_row(live, DEFAULTS).startswith("RUNNING")
+    finally:
+        out("scancel", live, cluster=DEFAULTS)
     assert slurm_up(DEFAULTS)
     assert sorted(daemons(DEFAULTS)) == sorted(DAEMONS[DEFAULTS])
     assert daemons(MAIN) == main_before
