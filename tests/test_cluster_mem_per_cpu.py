@@ -66,19 +66,19 @@ def test_max_mem_per_cpu_is_parsed_and_unset_is_no_limit():
     assert parse_cluster(GLOBAL_PER_NODE).partitions["cpu"].max_mem_per_node_mb == 100000
 
 
-FATAL_NO = "jobs over it would pend forever (EnforcePartLimits=NO)"
+REFUSED = "more than any node gives; jobs asking that much are refused at submission (Requested node configuration is not available)"
 PROFILE_CASES = {
     # cluster, partition, the profile's cpus_per_node and mem_gb, the fatal differences, the warnings
     # naming MaxMemPerCPU
     "over MaxMemPerCPU x MaxCPUsPerNode": (
         PER_CPU, "cpu-shared", 64, 300,
         [f"partitions.cpu-shared.mem_gb: the profile says 300 GB, {ON} gives a job at most 250 GB a node "
-         f"(MaxMemPerCPU=4000 MB x MaxCPUsPerNode=64): a job asking that much needs 77 CPUs a node; {FATAL_NO}"], []),
+         f"(MaxMemPerCPU=4000 MB x MaxCPUsPerNode=64): a job asking that much needs 77 CPUs a node, {REFUSED}"], []),
     "one GB over, refused at submission": (
         enforcing(PER_CPU), "cpu-shared", 64, 251,
         [f"partitions.cpu-shared.mem_gb: the profile says 251 GB, {ON} gives a job at most 250 GB a node "
-         "(MaxMemPerCPU=4000 MB x MaxCPUsPerNode=64): a job asking that much needs 65 CPUs a node; jobs over it "
-         "are refused at submission (EnforcePartLimits=ALL)"], []),
+         "(MaxMemPerCPU=4000 MB x MaxCPUsPerNode=64): a job asking that much needs 65 CPUs a node, "
+         f"{REFUSED}"], []),
     "exactly MaxMemPerCPU x the CPUs": (PER_CPU, "cpu-shared", 64, 250, [], []),
     "within, for fewer CPUs": (PER_CPU, "cpu-shared", 16, 60, [], []),
     "more than the profile's CPUs carry": (
@@ -97,7 +97,7 @@ PROFILE_CASES = {
     "the cluster's MaxMemPerCPU, no MaxCPUsPerNode": (
         GLOBAL_PER_CPU, "cpu", 256, 486,
         ["partitions.cpu.mem_gb: the profile says 486 GB, partition cpu on cluster hopper gives a job at most 250 GB "
-         f"a node (MaxMemPerCPU=1000 MB x 256 CPUs): a job asking that much needs 498 CPUs a node; {FATAL_NO}"], []),
+         f"a node (MaxMemPerCPU=1000 MB x 256 CPUs): a job asking that much needs 498 CPUs a node, {REFUSED}"], []),
     "MaxMemPerNode still caps": (
         HOPPER, "cpu-shared", 64, 200,
         [f"partitions.cpu-shared.mem_gb: the profile says 200 GB, the nodes of {ON} give a job at most 125 GB "
@@ -127,17 +127,19 @@ REQUEST_CASES = {
     "over: pends forever": (
         PER_CPU, 64, 300 * 1024,
         [f"resources.mem_gb: 307200 MB a node asked, {ON} gives a job at most 256000 MB a node (MaxMemPerCPU=4000 "
-         "MB x MaxCPUsPerNode=64): this job needs 77 CPUs a node; this job would pend forever (EnforcePartLimits=NO)"],
+         "MB x MaxCPUsPerNode=64): this job needs 77 CPUs a node, more than any node gives; this job is "
+         "refused at submission (Requested node configuration is not available)"],
         []),
     "over: refused": (
         enforcing(PER_CPU), 64, 256001,
         [f"resources.mem_gb: 256001 MB a node asked, {ON} gives a job at most 256000 MB a node (MaxMemPerCPU=4000 "
-         "MB x MaxCPUsPerNode=64): this job needs 65 CPUs a node; this job is refused at submission "
-         "(EnforcePartLimits=ALL)"], []),
+         "MB x MaxCPUsPerNode=64): this job needs 65 CPUs a node, more than any node gives; this job is "
+         "refused at submission (Requested node configuration is not available)"], []),
     "over, CPUs left to Slurm": (
         PER_CPU, None, 300 * 1024,
         [f"resources.mem_gb: 307200 MB a node asked, {ON} gives a job at most 256000 MB a node (MaxMemPerCPU=4000 "
-         "MB x MaxCPUsPerNode=64): this job needs 77 CPUs a node; this job would pend forever (EnforcePartLimits=NO)"],
+         "MB x MaxCPUsPerNode=64): this job needs 77 CPUs a node, more than any node gives; this job is "
+         "refused at submission (Requested node configuration is not available)"],
         []),
     "more than its CPUs carry": (
         PER_CPU, 16, 100 * 1024, [],

@@ -214,7 +214,8 @@ def _mem_per_cpu_diffs(request: Request, prof: Mapping[str, Any], part: Partitio
             return [], True
         return [Difference("resources.mem_gb", f"{request.mem_mb} MB a node asked, {on} gives a job at most "
                            f"{per_cpu * max(cpus)} MB a node ({mem_per_cpu_source(part, max(cpus))}): this job "
-                           f"needs {need} CPUs a node; {fate(cluster, this_job=True)}", True, part.name)], True
+                           f"needs {need} CPUs a node, more than any node gives; this job is refused at submission "
+                           "(Requested node configuration is not available)", True, part.name)], True
     asked = request.cpus_per_node
     if asked and need > asked and not (profile_said and prof.get("cpus_per_node") == asked):
         return [Difference("resources.mem_gb", f"{request.mem_mb} MB a node asked with {asked} CPUs, {on} gives "

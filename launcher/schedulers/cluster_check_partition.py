@@ -54,6 +54,10 @@ def has_features(expr: str | None, features: frozenset[str]) -> bool:
     return any(f in features for f in names) if any_one else all(f in features for f in names)
 
 
+# Slurm's answer to a job that no node of the partition can hold, whatever EnforcePartLimits says.
+NO_NODE_FITS = "jobs asking that much are refused at submission (Requested node configuration is not available)"
+
+
 def _memory_source(part: Partition, mem_mb: int) -> str:
     """Where a node's memory for jobs comes from, in Slurm's words."""
     node = next(n for n in part.nodes if part.job_mem_mb(n) == mem_mb)
@@ -170,7 +174,7 @@ def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any]
         if need > max(cpus):
             add("mem_gb", f"the profile says {want:g} GB, {on} gives a job at most {per_cpu * max(cpus) // 1024} GB "
                 f"a node ({mem_per_cpu_source(part, max(cpus))}): a job asking that much needs {need} CPUs a "
-                f"node; {fate(cluster)}", True)
+                f"node, more than any node gives; {NO_NODE_FITS}", True)
         elif isinstance(asked, int) and need > asked:
             fit = sum(1 for c in cpus if c >= need)
             few = f", which only {fit} of its {len(cpus)} nodes give; jobs wait for them" if fit < len(cpus) else ""
