@@ -1,7 +1,7 @@
 """A partition's MaxMemPerCPU (scontrol prints it in place of MaxMemPerNode; unset there,
 the cluster's own value holds): Slurm raises a job's CPUs on a node to ceil(mem /
 MaxMemPerCPU), so memory past MaxMemPerCPU x the CPUs a job can have on a node never
-runs (refused or pending forever, by EnforcePartLimits), and memory past it for the CPUs
+runs (refused at submission: no node can hold it), and memory past it for the CPUs
 asked silently costs more CPUs. Said for the profile (`sites check`) and for one job's
 own ask (`submit`, before anything is queued).
 
