@@ -6,6 +6,7 @@ refused or could not be reached; 130 interrupted (Ctrl-C)."""
 from __future__ import annotations
 
 import atexit
+import errno
 import json
 import os
 import sys
@@ -31,21 +32,42 @@ def run() -> None:
         code: int | str | None = 0
     except SystemExit as exc:
         code = exc.code
+    except OSError as exc:
+        # Output that cannot be written (a full disk, a reader gone): said in one line.
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EPIPE):
+            raise
+        if exc.errno != errno.EPIPE:
+            _say_quietly(f"glaunch: error: cannot write the output: {exc.strerror}\n")
+        code = 1
     if sys.getprofile() or sys.gettrace() or any(
             t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)
-    atexit._run_exitfuncs()
-    if code is not None and not isinstance(code, int):
-        if sys.stderr is not None:
-            print(code, file=sys.stderr)
-        code = 1
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:          # None: the process was started with it closed
-                stream.flush()
-        except (OSError, ValueError):       # a reader that went away, a closed stream
-            code = code or 1
+    try:
+        atexit._run_exitfuncs()
+        if code is not None and not isinstance(code, int):
+            if sys.stderr is not None:
+                print(code, file=sys.stderr)
+            code = 1
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                if stream is not None:          # None: the process was started with it closed
+                    stream.flush()
+            except (OSError, ValueError) as exc:    # a reader that went away, a full disk
+                code = code or 1
+                if stream is sys.stdout and isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError):
+                    _say_quietly(f"glaunch: error: cannot write the output: {exc.strerror or exc}\n")
+    except KeyboardInterrupt:
+        code = INTERRUPTED
     os._exit(code or 0)
+
+
+def _say_quietly(text: str) -> None:
+    try:
+        if sys.stderr is not None:
+            sys.stderr.write(text)
+            sys.stderr.flush()
+    except (OSError, ValueError):
+        pass
 
 
 def main() -> None:

@@ -309,7 +309,8 @@ def resolved_document(plan: JobPlan) -> dict[str, Any]:
 
 
 # libyaml's emitter where PyYAML was built with it, in a tenth of the time: the same document
-# (it folds long quoted strings and writes odd keys as "? key" differently, and loads back equal).
+# (it folds long quoted strings, writes odd keys as "? key" and characters past U+FFFF as
+# escapes, and loads back equal).
 _SAFE_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
