@@ -37,7 +37,7 @@ def run() -> None:
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EPIPE):
             raise
         if exc.errno != errno.EPIPE:
-            _say_quietly(f"glaunch: error: cannot write the output: {exc.strerror}\n")
+            _cannot_write(exc)
         code = 1
     if sys.getprofile() or sys.gettrace() or any(
             t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
@@ -55,16 +55,17 @@ def run() -> None:
             except (OSError, ValueError) as exc:    # a reader that went away, a full disk
                 code = code or 1
                 if stream is sys.stdout and isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError):
-                    _say_quietly(f"glaunch: error: cannot write the output: {exc.strerror or exc}\n")
+                    _cannot_write(exc)
     except KeyboardInterrupt:
         code = INTERRUPTED
     os._exit(code or 0)
 
 
-def _say_quietly(text: str) -> None:
+def _cannot_write(exc: OSError) -> None:
+    """Say on stderr, if it can take it, that the output could not be written."""
     try:
         if sys.stderr is not None:
-            sys.stderr.write(text)
+            sys.stderr.write(f"glaunch: error: cannot write the output: {exc.strerror or exc}\n")
             sys.stderr.flush()
     except (OSError, ValueError):
         pass

@@ -124,13 +124,13 @@ def test_the_profile_s_memory_against_max_mem_per_cpu(tmp_path, case):
 
 REQUEST_CASES = {
     # cluster, the job's CPUs and MB a node, the fatal differences, the warnings naming MaxMemPerCPU
-    "over: pends forever": (
+    "over, EnforcePartLimits=NO: refused all the same": (
         PER_CPU, 64, 300 * 1024,
         [f"resources.mem_gb: 307200 MB a node asked, {ON} gives a job at most 256000 MB a node (MaxMemPerCPU=4000 "
          "MB x MaxCPUsPerNode=64): this job needs 77 CPUs a node, more than any node gives; this job is "
          "refused at submission (Requested node configuration is not available)"],
         []),
-    "over: refused": (
+    "one MB over, EnforcePartLimits=ALL": (
         enforcing(PER_CPU), 64, 256001,
         [f"resources.mem_gb: 256001 MB a node asked, {ON} gives a job at most 256000 MB a node (MaxMemPerCPU=4000 "
          "MB x MaxCPUsPerNode=64): this job needs 65 CPUs a node, more than any node gives; this job is "

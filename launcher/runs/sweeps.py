@@ -17,7 +17,6 @@ values, state, step and result) and the summary line.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import json
 import os
 import shutil
@@ -37,8 +36,7 @@ LOG_DIR = "logs"
 
 
 def new_sweep_id(name: str) -> str:
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return f"{name}-sweep-{stamp}-{os.urandom(2).hex()}"
+    return registry.new_run_id(f"{name}-sweep")
 
 
 def element_run_id(sweep_id: str, index: int) -> str:

@@ -202,9 +202,9 @@ def _mem_per_cpu_diffs(request: Request, prof: Mapping[str, Any], part: Partitio
     """The job's memory against MaxMemPerCPU, and whether it can never run: Slurm raises a
     job's CPUs to carry its memory, never past what a node gives. Left unsaid where the
     profile's check said it of the same memory and CPUs."""
-    cpus = [c for c in (part.job_cpus(n) for n in part.nodes) if c is not None]
+    cpus = part.job_cpu_counts()
     need = part.cpus_for_mem(request.mem_mb) if request.mem_mb else None
-    if need is None or request.mem_mb is None or not cpus:
+    if need is None or not cpus:
         return [], False
     per_cpu = part.max_mem_per_cpu_mb or 0
     mem_gb = prof.get("mem_gb")

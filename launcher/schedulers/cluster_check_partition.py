@@ -142,7 +142,7 @@ def partition_diffs(pname: str, prof: Mapping[str, Any], site: Mapping[str, Any]
         add("gpu_type", f"the profile gives none, the GPUs of {on} are {', '.join(cluster_types)}", False)
 
     # CPUs and memory per node: what one job's node can have.
-    cpus = [c for c in (part.job_cpus(n) for n in part.nodes) if c is not None]
+    cpus = part.job_cpu_counts()
     want = prof.get("cpus_per_node")
     if isinstance(want, int) and cpus:
         if want > max(cpus):

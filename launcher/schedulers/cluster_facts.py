@@ -94,6 +94,10 @@ class Partition:
             return mem
         return min(mem, self.max_mem_per_node_mb)
 
+    def job_cpu_counts(self) -> list[int]:
+        """The CPUs a job can have on each node here, where known."""
+        return [c for c in (self.job_cpus(n) for n in self.nodes) if c is not None]
+
     def cpus_for_mem(self, mem_mb: float) -> int | None:
         """The CPUs a node of a job asking `mem_mb` there must have: Slurm raises a job's
         CPUs to ceil(mem / MaxMemPerCPU) (None: no MaxMemPerCPU here)."""
