@@ -175,7 +175,7 @@ def worker(gb: float, repeats: int) -> None:
         if s["rank"] is not None:
             shares[s["rank"]] = shares.get(s["rank"], 0) + s["size"]
     out["share_gb"] = [shares.get(r, 0) / 1e9 for r in range(ctx.world_size)]
-    from launcher.runtime.checksums import checksum_algorithm
+    from launcher.runtime.checkpoint.checksums import checksum_algorithm
 
     out["checksum"] = checksum_algorithm()
     if ctx.is_main:

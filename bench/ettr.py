@@ -265,7 +265,7 @@ import os, statistics, sys, time
 sys.path.insert(0, sys.argv[2])
 import torch
 from torch_ddp import make_model
-from launcher.runtime.checkpoint_resume import latest_complete
+from launcher.runtime.checkpoint.resume import latest_complete
 from launcher.runtime.state import load_torch_state
 times = []
 for _ in range(5):

@@ -27,20 +27,40 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from .errors import ConfigError
-from .runs.submission import Echo, Prepared, Run, RunRef, checkpoint_warning, launch, load, prepare, run, submit
+from launcher.errors import ConfigError
+from launcher.runner.submission import (
+    Echo,
+    Prepared,
+    Run,
+    RunRef,
+    checkpoint_warning,
+    launch,
+    load,
+    prepare,
+    run,
+    submit,
+)
 
 if TYPE_CHECKING:
-    from .runs.manage import cancel, find_sweep, format_status, list_runs, logs, run_dir_of, status, wait
-    from .runs.resume import PreparedResume, launch_resume, prepare_resume, resume
-    from .runs.sweep_submission import PreparedSweep, Sweep, launch_sweep, prepare_sweep
+    from launcher.runner.manage import (
+        cancel,
+        find_sweep,
+        format_status,
+        list_runs,
+        logs,
+        run_dir_of,
+        status,
+        wait,
+    )
+    from launcher.runner.resume import PreparedResume, launch_resume, prepare_resume, resume
+    from launcher.runner.sweep_submission import PreparedSweep, Sweep, launch_sweep, prepare_sweep
 
 # Imported when first used: a single submission (the dry run above all) needs none of them.
 _LAZY = {
-    "launcher.runs.manage": ("cancel", "find_sweep", "format_status", "list_runs", "logs", "run_dir_of", "status",
+    "launcher.runner.manage": ("cancel", "find_sweep", "format_status", "list_runs", "logs", "run_dir_of", "status",
                              "wait"),
-    "launcher.runs.resume": ("PreparedResume", "launch_resume", "prepare_resume", "resume"),
-    "launcher.runs.sweep_submission": ("PreparedSweep", "Sweep", "launch_sweep", "prepare_sweep"),
+    "launcher.runner.resume": ("PreparedResume", "launch_resume", "prepare_resume", "resume"),
+    "launcher.runner.sweep_submission": ("PreparedSweep", "Sweep", "launch_sweep", "prepare_sweep"),
 }
 _LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names}
 
@@ -53,14 +73,14 @@ __all__ = ["Echo", "Prepared", "PreparedResume", "PreparedSweep", "Run", "RunRef
 
 def plan(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = ()):
     """The planner's result (launcher.resolution.planner.PlanResult) for the experiment on the site."""
-    from .resolution.strategy import plan_for
+    from launcher.resolution.strategy import plan_for
 
     exp, loaded_site = load(experiment, site, overrides)
     return plan_for(exp, loaded_site)
 
 
 def format_plan(result) -> str:
-    from .resolution.planner import format_plan_table
+    from launcher.resolution.planner import format_plan_table
 
     return format_plan_table(result)
 
@@ -70,7 +90,7 @@ def format_plan(result) -> str:
 
 def sites() -> tuple[dict[str, str], list[tuple[str, str]]]:
     """(name -> file of the profile that name finds, [(name, file) of those it shadows])."""
-    from .config.sites import site_search_path
+    from launcher.config.sites import site_search_path
 
     seen: dict[str, str] = {}
     shadowed = []
@@ -87,7 +107,7 @@ def sites() -> tuple[dict[str, str], list[tuple[str, str]]]:
 
 def site_values(site: str) -> dict[str, Any]:
     """The profile resolved through its extends chain: every key's value and where it came from."""
-    from .config.load import load_site
+    from launcher.config.sites import load_site
 
     loaded = load_site(site, Path.cwd(), os.environ, key="SITE")
     rows = []
@@ -111,16 +131,16 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def validate_site(site: str) -> Path:
     """Load and check one profile (a name or a file); its file, or ConfigError."""
-    from .config.load import load_site
+    from launcher.config.sites import load_site
 
     return load_site(site, Path.cwd(), os.environ, key="SITE").path
 
 
 def check_site(site: str):
-    """The profile against the live cluster: a CheckReport (launcher.schedulers.cluster_check)
+    """The profile against the live cluster: a CheckReport (launcher.schedulers.cluster.check)
     with the fatal differences and the warnings, each in profile terms."""
-    from .config.load import load_site
-    from .schedulers.cluster_check import check_site as check
+    from launcher.config.sites import load_site
+    from launcher.schedulers.cluster.check import check_site as check
 
     loaded = load_site(site, Path.cwd(), os.environ, key="SITE")
     if loaded.config.scheduler != "slurm":
@@ -134,8 +154,8 @@ def check_site(site: str):
 
 def detect_site(name: str | None = None) -> tuple[str, str]:
     """(profile name, profile text) for the Slurm cluster this machine submits to."""
-    from .config.schema import NAME_PATTERN
-    from .schedulers.detect import query_cluster
+    from launcher.config.schema import NAME_PATTERN
+    from launcher.schedulers.cluster.detect import query_cluster
 
     if name is not None and not NAME_PATTERN.fullmatch(name):
         raise ConfigError(f"{name!r}: use letters, digits, '.', '_' and '-'", key="--name")

@@ -14,9 +14,9 @@ import threading
 
 import click
 
-from . import __version__, api
-from .cli_sites import sites
-from .errors import GlaunchError
+from launcher import __version__, api
+from launcher.cli_sites import sites
+from launcher.errors import GlaunchError
 
 INTERRUPTED = 130
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())     # click >= 8.2
@@ -80,7 +80,7 @@ def main() -> None:
         click.echo("glaunch: interrupted", err=True)
         sys.exit(INTERRUPTED)
     except (click.ClickException, GlaunchError) as exc:
-        from .runs.status import printable
+        from launcher.views.status_text import printable
 
         if isinstance(exc, click.ClickException) and isinstance(exc, _NO_ARGS_IS_HELP):
             exc.show()                  # `glaunch`, `glaunch sites`: their help
@@ -169,7 +169,7 @@ def _launch_and_follow(prepared, launch, *, dry_run: bool, wait: bool, as_json: 
     pending = [lambda: _warn(prepared.warnings)]
     console = None
     if not (as_json or dry_run):
-        from .runs.console import Console
+        from launcher.views.console import Console
 
         if prepared.scheduler.runs_to_completion:
             pending.append(lambda: click.echo(f"run {plan.run_id}: running on this machine ({plan.world_size} "
@@ -187,7 +187,7 @@ def _launch_and_follow(prepared, launch, *, dry_run: bool, wait: bool, as_json: 
         _emit(as_json, info, f"run directory: {run.run_dir}\n--- job.sbatch ---\n{prepared.files['job.sbatch']}")
         return
     if run.exit_code is not None:     # the scheduler ran it to its end; its console said how it ended
-        from .runs import registry
+        from launcher.rundir import registry
 
         info.update(state=run.state, job_ids=[s.job_id for s in registry.read(run.run_dir).starts],
                     exit_code=run.exit_code)
@@ -239,7 +239,7 @@ def resume(run, overrides, dry_run, wait, as_json, check):
 
 def _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check, sweep, max_parallel,
                   after) -> None:
-    from .runs import sweeps
+    from launcher.runner import sweeps
 
     prepared = api.prepare_sweep(experiment, sweep, site=site, overrides=overrides, runs_dir=runs_dir,
                                  max_parallel=max_parallel, after=after, dry_run=dry_run)
@@ -294,7 +294,7 @@ def _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json,
 def run_cmd(experiment, overrides, site, runs_dir, as_json):
     """Inside a Slurm allocation (salloc, an interactive job): start EXPERIMENT's ranks on
     its nodes with srun, no sbatch; follow it to its end."""
-    from .runs import registry
+    from launcher.rundir import registry
 
     _quiet_submitit()
     echo = (lambda text: None) if as_json else None
@@ -366,8 +366,8 @@ def cancel(run):
 @click.option("-n", "limit", default=20, show_default=True, type=click.IntRange(min=1), help="How many recent runs.")
 def list_cmd(sweep, as_json, limit):
     """Recent runs (and sweeps) with state, site, nodes and age; with SWEEP, its elements."""
-    from .runs import sweeps
-    from .runs.status import format_list
+    from launcher.runner import sweeps
+    from launcher.views.listing import format_list
 
     if sweep is not None:
         if api.find_sweep(sweep) is None:

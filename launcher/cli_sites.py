@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from . import api
-from .errors import ConfigError
+from launcher import api
+from launcher.errors import ConfigError
 
 
 @click.group()
@@ -32,7 +32,7 @@ def sites_list(as_json):
 @click.option("--json", "as_json", is_flag=True)
 def sites_show(site, as_json):
     """SITE resolved through its extends chain, with the file each value came from."""
-    from .runs.status import printable
+    from launcher.views.status_text import printable
 
     shown = api.site_values(site)
     if as_json:
@@ -50,7 +50,7 @@ def sites_show(site, as_json):
 @click.argument("profiles", nargs=-1, required=True)
 def sites_validate(profiles):
     """Load and check each profile (name or file); exit 2 if any is bad."""
-    from .runs.status import printable
+    from launcher.views.status_text import printable
 
     bad = 0
     for item in profiles:

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from typing import Mapping
 
-from launcher.schedulers.slurm_client import is_transient
-from launcher.schedulers.slurm_state import SACCT_FORMAT, base_state, parse_sacct, parse_squeue
+from launcher.schedulers.slurm.client import is_transient
+from launcher.schedulers.slurm.state import SACCT_FORMAT, base_state, parse_sacct, parse_squeue
 
 REPO = Path(__file__).resolve().parent.parent
 LOCAL_SLURM = REPO / "scripts" / "local-slurm"
@@ -98,7 +98,7 @@ def out(*cmd: str, cluster: str | None = None) -> str:
 
 def sacct_rows(job_id: str, cluster: str | None = None) -> list[dict[str, str]]:
     """One row per start of the job (requeues included), allocation lines only, as
-    launcher.schedulers.slurm_state reads them (job_id, state, exit_code, nodes, ...)."""
+    launcher.schedulers.slurm.state reads them (job_id, state, exit_code, nodes, ...)."""
     return parse_sacct(out("sacct", "-n", "-P", "-D", "-X", "-j", job_id, "-o", ",".join(SACCT_FORMAT),
                            cluster=cluster))
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.runs.dependencies import After, Upstream, check_for, clause, never_satisfied, parse, wait
+from launcher.runner.dependencies import After, Upstream, check_for, clause, never_satisfied, parse, wait
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -11,7 +11,7 @@ import pytest
 
 from conftest import requires_slurm
 from slurmkit import final_sacct_state, glaunch, out, read_json, submit, wait_until
-from launcher.schedulers.slurm_state import parse_sacct
+from launcher.schedulers.slurm.state import parse_sacct
 
 pytestmark = [requires_slurm, pytest.mark.slurm, pytest.mark.slow]
 

@@ -19,8 +19,13 @@ torch = pytest.importorskip("torch")
 
 from conftest import RANK_VARS  # noqa: E402
 from launcher import runtime as rt  # noqa: E402
-from launcher.runtime import dcp  # noqa: E402
-from launcher.runtime import checkpoint as ck, checksums  # noqa: E402
+from launcher.runtime.checkpoint import dcp  # noqa: E402
+from launcher.runtime.checkpoint.checksums import Checksum, ChecksumWriter, checksum_algorithm, checksum_file  # noqa: E402
+from launcher.runtime.checkpoint.commit import stage_checkpoint  # noqa: E402
+from launcher.runtime.checkpoint.layout import CheckpointError, step_dir_name  # noqa: E402
+from launcher.runtime.checkpoint.resume import latest_complete  # noqa: E402
+from launcher.runtime.checkpoint.verify import verify_checkpoint  # noqa: E402
+from launcher.runtime.checkpoint import checksums  # noqa: E402
 from launcher.runtime.state import MODEL_FILE, rank_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +36,7 @@ def _clean_env(single_rank_env):
     yield
     try:
         rt.wait_checkpoints()
-    except ck.CheckpointError:
+    except CheckpointError:
         pass
 
 
@@ -97,11 +102,11 @@ def test_failed_background_save_is_raised_by_the_next_call(tmp_path):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(dcp, "write_share", _boom)
         pending = rt.save_torch_state(2, model, opt, blocking=False)    # returns: the failure comes later
-        with pytest.raises(ck.CheckpointError, match="disk full"):
+        with pytest.raises(CheckpointError, match="disk full"):
             pending.result(timeout=30)                                  # this rank's own part
-    with pytest.raises(ck.CheckpointError, match=r"step 2.*disk full \(injected\)"):
+    with pytest.raises(CheckpointError, match=r"step 2.*disk full \(injected\)"):
         rt.save_torch_state(3, model, opt)
-    assert ck.latest_complete(tmp_path / "ckpt", quiet=True).step == 1
+    assert latest_complete(tmp_path / "ckpt", quiet=True).step == 1
     assert rt.save_torch_state(3, model, opt).step == 3              # raised once, then saving works
     assert not list((tmp_path / "ckpt").glob(".staging-*"))
 
@@ -114,7 +119,7 @@ def test_failed_background_save_is_raised_by_wait_checkpoints(monkeypatch):
     model, opt = _model()
     monkeypatch.setattr(dcp, "write_share", _boom)
     rt.save_torch_state(1, model, opt, blocking=False)
-    with pytest.raises(ck.CheckpointError, match="disk full"):
+    with pytest.raises(CheckpointError, match="disk full"):
         rt.wait_checkpoints()
     assert rt.wait_checkpoints() is None
 
@@ -132,7 +137,7 @@ def test_commit_trusts_the_checksums_taken_while_writing(tmp_path):
         rt.save_torch_state(2, model, opt, blocking=False)
         assert rt.wait_checkpoints().step == 2
     for step in (1, 2):
-        assert ck.verify_checkpoint(tmp_path / "ckpt" / ck.step_dir_name(step))[1] is None
+        assert verify_checkpoint(tmp_path / "ckpt" / step_dir_name(step))[1] is None
     # the blocking save wrote its tensors without torch's zip CRC-32 and switched it back on
     assert torch.serialization.get_crc32_options() is True
     names = {s["path"] for s in c.manifest["shards"]}
@@ -143,32 +148,32 @@ def test_checksum_writer_matches_the_file(tmp_path):
     import io
 
     payload = os.urandom(1 << 20)
-    for algo in ("sha256", ck.checksum_algorithm()):
+    for algo in ("sha256", checksum_algorithm()):
         buf = io.BytesIO()
-        with ck.ChecksumWriter(tmp_path / algo, algo) as w:
+        with ChecksumWriter(tmp_path / algo, algo) as w:
             for i in range(0, len(payload), 4099):
                 w.write(payload[i:i + 4099])
                 buf.write(payload[i:i + 4099])
         assert w.size == len(payload) == w.tell()
-        c = ck.Checksum(algo)
+        c = Checksum(algo)
         c.update(buf.getvalue())
-        assert w.digest == c.hexdigest() == ck.checksum_file(tmp_path / algo, algo)
+        assert w.digest == c.hexdigest() == checksum_file(tmp_path / algo, algo)
 
 
 def test_sha256_fallback_without_crc32c(tmp_path, capfd):
     model, opt = _model()
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(checksums, "_crc32c", None)
-        assert ck.checksum_algorithm() == "sha256"
+        assert checksum_algorithm() == "sha256"
         c = rt.save_torch_state(1, model, opt)
     assert all("sha256" in s and "crc32c" not in s for s in c.manifest["shards"])
-    assert ck.verify_checkpoint(c.path)[1] is None
-    if ck.checksum_algorithm() != "crc32c":
+    assert verify_checkpoint(c.path)[1] is None
+    if checksum_algorithm() != "crc32c":
         return
     c2 = rt.save_torch_state(2, model, opt)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(checksums, "_crc32c", None)       # crc32c shards, verified where the package is missing
-        assert ck.verify_checkpoint(c2.path)[1] is None
+        assert verify_checkpoint(c2.path)[1] is None
     assert "needs the 'crc32c' package" in capfd.readouterr().err
 
 
@@ -190,7 +195,7 @@ def test_scheduler_and_extra_round_trip(tmp_path):
 def test_earlier_layouts_still_load(tmp_path):
     model, opt = _model()
     expect = _params(model)
-    with ck.stage_checkpoint(4) as st:             # rank 0's model.pt, as written before DCP
+    with stage_checkpoint(4) as st:             # rank 0's model.pt, as written before DCP
         torch.save({"step": 4, "model": model.state_dict(), "optimizer": opt.state_dict(), "extra": {"a": 1}},
                    st.file(MODEL_FILE))
         torch.save({"step": 4, "rank": 0, "world_size": 1, "rng": rt.rng_state(), "rank_state": {"pos": 3}},
@@ -210,7 +215,7 @@ def test_earlier_layouts_still_load(tmp_path):
 EXIT_SCRIPT = textwrap.dedent("""
     import torch
     from launcher import runtime as rt
-    from launcher.runtime import dcp
+    from launcher.runtime.checkpoint import dcp
     real = dcp.write_share
     def slow(*a, **k):
         import time; time.sleep(1.5)
@@ -232,7 +237,7 @@ def test_process_exit_waits_for_the_save_in_flight(tmp_path):
     proc = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "RETURNING" in proc.stdout
-    found = ck.latest_complete(tmp_path / "ckpt")
+    found = latest_complete(tmp_path / "ckpt")
     assert found is not None and found.step == 1
     assert json.loads((found.path / "manifest.json").read_text())["step"] == 1
 
@@ -252,5 +257,5 @@ def test_saving_before_the_first_step_leaves_the_optimizer_as_constructed(tmp_pa
         m(torch.ones(1, 4)).sum().backward()
         o.step()
     assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
-    with pytest.raises(ck.CheckpointError, match="no optimizer state"):
+    with pytest.raises(CheckpointError, match="no optimizer state"):
         rt.load_torch_state(rt.save_torch_state(1, model), model2, opt2)

@@ -11,11 +11,11 @@ import sys
 import pytest
 
 from launcher import cli
-from launcher.config.load import load_site
+from launcher.config.sites import load_site
 from launcher.errors import ConfigError
 from launcher.resolution import resolve as resolve_module
 from launcher.resolution.strategy import inspect_factory
-from launcher.schedulers.slurm_script import slurm_mem
+from launcher.schedulers.slurm.script import slurm_mem
 
 SITE = """\
 name: mysite

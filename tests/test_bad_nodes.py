@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher.runs.layout import RecordError, RunRecord
+from launcher.rundir.records import RecordError, RunRecord
 from launcher.runtime.jobend import blamed_node, exclusion, usable_nodes
 
 # sinfo --noheader --Node --format='%N %T' on a partition of six nodes.

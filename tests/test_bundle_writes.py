@@ -13,7 +13,8 @@ import pytest
 
 from launcher import api
 from launcher.errors import ConfigError, RunError, SchedulerError
-from launcher.runs import bundle, registry
+from launcher.runner import bundle
+from launcher.rundir import registry
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -14,8 +14,8 @@ import pytest
 
 from launcher import api
 from launcher.errors import RunError
-from launcher.runs import registry
-from launcher.runs.layout import RunDir
+from launcher.rundir import registry
+from launcher.rundir.layout import RunDir
 from launcher.schedulers.local import hold_job_lock, process_start_time
 
 REPO = Path(__file__).resolve().parent.parent

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config.load import load_site
+from launcher.config.sites import load_site
 from launcher.errors import SchedulerError
-from launcher.resolution import slurmtime
-from launcher.schedulers.cluster_check import Request, compare, site_mapping
-from launcher.schedulers.cluster_facts import parse_cluster
+from launcher.config import slurmtime
+from launcher.schedulers.cluster.check import Request, compare, site_mapping
+from launcher.schedulers.cluster.facts import parse_cluster
 
 RECORDED = Path(__file__).parent / "recorded_cluster"
 REPO = Path(__file__).resolve().parent.parent

@@ -15,12 +15,12 @@ import re
 
 import pytest
 
-from launcher.config.load import load_site
+from launcher.config.sites import load_site
 from launcher.errors import SchedulerError
-from launcher.schedulers.cluster_check import compare, site_mapping
-from launcher.schedulers.cluster_facts import parse_cluster
-from launcher.schedulers.detect import render_profile
-from launcher.schedulers.slurm import SlurmScheduler
+from launcher.schedulers.cluster.check import compare, site_mapping
+from launcher.schedulers.cluster.facts import parse_cluster
+from launcher.schedulers.cluster.detect import render_profile
+from launcher.schedulers.slurm.scheduler import SlurmScheduler
 from test_cluster_shapes import HOPPER, detect, hopper_profile, plan_on, request
 
 

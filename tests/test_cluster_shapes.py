@@ -25,15 +25,16 @@ from pathlib import Path
 import pytest
 
 from launcher import schedulers
-from launcher.config.load import load_experiment, load_site
+from launcher.config.load import load_experiment
+from launcher.config.sites import load_site
 from launcher.errors import ConfigError, SchedulerError
-from launcher.resolution import slurmtime
+from launcher.config import slurmtime
 from launcher.resolution.jobplan import SubmitContext
 from launcher.resolution.resolve import resolve
-from launcher.schedulers.cluster_check import Request, compare, site_mapping
-from launcher.schedulers.cluster_facts import parse_cluster
-from launcher.schedulers.detect import detect_profile, render_profile
-from launcher.schedulers.scontrol_text import parse_records, split_scontrol
+from launcher.schedulers.cluster.check import Request, compare, site_mapping
+from launcher.schedulers.cluster.facts import parse_cluster
+from launcher.schedulers.cluster.detect import detect_profile, render_profile
+from launcher.schedulers.cluster.scontrol_text import parse_records, split_scontrol
 
 RECORDED = Path(__file__).parent / "recorded_cluster"
 REPO = Path(__file__).resolve().parent.parent
@@ -501,7 +502,7 @@ def test_allow_groups():
 def test_glaunch_run_in_an_allocation_with_fewer_cpus_on_a_node(tmp_path):
     """An allocation over nodes of two sizes (SLURM_JOB_CPUS_PER_NODE=48,24): the plan's 4 tasks
     x 12 CPUs fit the first node only; refused before any srun, naming the key to set."""
-    from launcher.schedulers.slurm_allocation import Allocation, AllocationScheduler
+    from launcher.schedulers.slurm.allocation import Allocation, AllocationScheduler
 
     site = loaded(tmp_path, HOPPER, "hopper", "proj1")
     plan = plan_on(site, tmp_path, "resources.partition=gpu", "resources.nodes=2")
@@ -549,7 +550,7 @@ def test_the_current_user_is_known_without_a_passwd_entry(monkeypatch):
     (a container run as an arbitrary uid); Slurm still takes the job, so does glaunch."""
     import getpass
 
-    from launcher.schedulers.cluster_facts import current_user
+    from launcher.schedulers.cluster.facts import current_user
 
     def no_entry():
         raise KeyError("getpwuid(): uid not found")

@@ -18,7 +18,7 @@ import termios
 import time
 from pathlib import Path
 
-from launcher.runs.layout import read_heartbeat
+from launcher.rundir.layout import read_heartbeat
 
 REPO = Path(__file__).resolve().parent.parent
 RECORDINGS = Path(__file__).resolve().parent / "recorded_console"

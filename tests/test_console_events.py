@@ -8,9 +8,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from launcher.runs import registry
-from launcher.runs.console import Console, fit, status_line
-from launcher.runs.layout import RunDir, RunRecord, heartbeat_bytes
+from launcher.rundir import registry
+from launcher.views.console import Console, fit, status_line
+from launcher.rundir.layout import RunDir, heartbeat_bytes
+from launcher.rundir.records import RunRecord
 
 
 def make_run(tmp_path: Path) -> RunDir:
@@ -116,7 +117,8 @@ def test_a_state_wider_than_the_terminal_is_cut_after_a_whole_word():
 def test_status_of_a_running_start(tmp_path):
     """status while a start runs: rank 0's progress, ranks silent for much longer than they
     write, and goodput so far from the heartbeats (the start records its own only at its end)."""
-    from launcher.runs.status import format_status, summarize
+    from launcher.views.status_text import format_status
+    from launcher.runner.status import summarize
 
     run_dir = make_run(tmp_path)
     now = 1_741_000_000.0

@@ -12,9 +12,9 @@ import pytest
 
 from launcher import api
 from launcher.errors import ConfigError
-from launcher.runs import registry
-from launcher.runs.layout import RunDir
-from launcher.runs.logs import LogFollower
+from launcher.rundir import registry
+from launcher.rundir.layout import RunDir
+from launcher.runner.logs import LogFollower
 
 REPO = Path(__file__).resolve().parent.parent
 

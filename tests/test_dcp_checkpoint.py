@@ -16,8 +16,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from launcher.runtime import checkpoint as ck  # noqa: E402
-from launcher.runtime.context import free_port  # noqa: E402
+from launcher.runtime.checkpoint.checksums import checksum_algorithm, checksum_file  # noqa: E402
+from launcher.runtime.checkpoint.resume import latest_complete  # noqa: E402
+from launcher.runtime.checkpoint.verify import verify_checkpoint  # noqa: E402
+from launcher.runtime.rankcontext import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
@@ -28,8 +30,12 @@ WORKER = textwrap.dedent('''
     import torch
     from torch import nn
     from launcher import runtime as rt
-    from launcher.runtime import checkpoint as ck, checksums
-    from launcher.runtime import dcp, fsdp as gfsdp
+    from launcher.runtime.checkpoint import checksums
+    from launcher.runtime.checkpoint.checksums import ChecksumWriter, checksum_algorithm, checksum_file
+    from launcher.runtime.checkpoint.resume import latest_complete
+    from launcher.runtime.checkpoint.verify import verify_checkpoint
+    from launcher.runtime import fsdp as gfsdp
+    from launcher.runtime.checkpoint import dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.tensor import DTensor
 
@@ -216,7 +222,7 @@ def test_ddp_state_spread_over_ranks_checksummed_while_written_and_bitwise(tmp_p
     assert outs[0]["committed3"] == outs[1]["committed3"] == str(step3)
     m = _manifest(step3)
     shards = {s["path"]: s for s in m["shards"]}
-    algo = ck.checksum_algorithm()
+    algo = checksum_algorithm()
     assert all(algo in s for s in shards.values())
     # each rank wrote a share of the replicated model + optimizer state, neither all of it
     a, b = shards["state/__0_0.distcp"], shards["state/__1_0.distcp"]
@@ -228,8 +234,8 @@ def test_ddp_state_spread_over_ranks_checksummed_while_written_and_bitwise(tmp_p
     for rank in (0, 1):
         marker = json.loads((step3 / f".done-rank-{rank:05d}.json").read_text())
         for e in marker["files"]:
-            assert ck.checksum_file(step3 / e["path"], algo) == e[algo], e
-    assert ck.verify_checkpoint(step3)[1] is None
+            assert checksum_file(step3 / e["path"], algo) == e[algo], e
+    assert verify_checkpoint(step3)[1] is None
 
 
 def test_background_failure_on_one_rank_raises_on_every_rank_then_saves_again(tmp_path):
@@ -309,10 +315,12 @@ KILLER = textwrap.dedent('''
     # examples/fsdp.py, except that on the first start rank 1 stops inside the background write
     # of its shard of step KILL_STEP and says so: the test then SIGKILLs it there.
     import os, runpy, sys, time
-    from launcher.runtime import checkpoint as ck
+    from launcher.runtime.checkpoint.checksums import ChecksumWriter, checksum_algorithm, checksum_file
+    from launcher.runtime.checkpoint.resume import latest_complete
+    from launcher.runtime.checkpoint.verify import verify_checkpoint
 
     KILL = ".staging-step-%08d" % int(os.environ["KILL_STEP"])
-    real = ck.ChecksumWriter.write
+    real = ChecksumWriter.write
 
     def write(self, data):
         if os.environ.get("GLAUNCH_RESTART") == "0" and os.environ["RANK"] == "1" and KILL in str(self.path) \\
@@ -321,7 +329,7 @@ KILLER = textwrap.dedent('''
             time.sleep(600)
         return real(self, data)
 
-    ck.ChecksumWriter.write = write
+    ChecksumWriter.write = write
     sys.argv[0] = {script!r}
     runpy.run_path({script!r}, run_name="__main__")
 ''')
@@ -354,7 +362,7 @@ def test_rank_killed_mid_background_save_resumes_from_previous_checkpoint_bitwis
             p.communicate(timeout=60)
     assert (ckpt / ".staging-step-00000010").is_dir()
     assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-00000005"]
-    assert ck.latest_complete(ckpt, quiet=True).step == 5
+    assert latest_complete(ckpt, quiet=True).step == 5
 
     outs = _finish(_start(example, args, 2, ckpt, tmp_path / "killed", restart=1, **common))
     assert f"resumed from {ckpt / 'step-00000005'} (step 5)" in outs[0]

@@ -20,10 +20,10 @@ import pytest
 import yaml
 
 from launcher.config import schema
-from launcher.config.load import load_site
+from launcher.config.sites import load_site
 from launcher.errors import ConfigError
-from launcher.schedulers.detect import detect_profile, render_profile
-from launcher.schedulers.scontrol_text import gpu_kinds, parse_records
+from launcher.schedulers.cluster.detect import detect_profile, render_profile
+from launcher.schedulers.cluster.scontrol_text import gpu_kinds, parse_records
 
 RECORDED = Path(__file__).parent / "recorded"
 SHIPPED = Path(__file__).resolve().parent.parent / "site_configs"

@@ -19,8 +19,9 @@ from pathlib import Path
 import pytest
 
 from launcher import api
-from launcher.runtime import launch, stop
-from launcher.runtime.context import RuntimeConfigError
+from launcher.rundir import launch
+from launcher.runtime import stop
+from launcher.runtime.rankcontext import RuntimeConfigError
 from launcher.runtime.device import gpu_index, placement
 
 torch = pytest.importorskip("torch")
@@ -323,7 +324,7 @@ def test_task_runs_torchrun_with_the_options_the_node_knows(monkeypatch, tmp_pat
     the real agent here parses the words chosen from it and starts the worker."""
     import torch.distributed.run as run
 
-    from launcher.runtime.context import free_port
+    from launcher.runtime.rankcontext import free_port
     from launcher.runtime.task import TrainingTask
 
     script = tmp_path / "worker.py"

@@ -59,9 +59,9 @@ def test_opening_a_save_leaves_trash_to_the_background_prune_still_deleting_it(t
     and deleting them here would stall the save for the prune's whole length."""
     import threading
 
-    from launcher.runtime import checkpoint_commit
-    from launcher.runtime.checkpoint_layout import TRASH_PREFIX
-    from launcher.runtime.context import context
+    from launcher.runtime.checkpoint import commit as checkpoint_commit
+    from launcher.runtime.checkpoint.layout import TRASH_PREFIX
+    from launcher.runtime.rankcontext import context
 
     d = tmp_path / "ckpt"
     d.mkdir()

@@ -18,8 +18,9 @@ torch = pytest.importorskip("torch")
 
 from conftest import RANK_VARS  # noqa: E402
 from launcher import runtime as rt  # noqa: E402
-from launcher.runtime import background  # noqa: E402
-from launcher.runtime import checkpoint as ck  # noqa: E402
+from launcher.runtime.checkpoint import background  # noqa: E402
+from launcher.runtime.checkpoint.resume import latest_complete  # noqa: E402
+from launcher.runtime.checkpoint.verify import verify_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -133,15 +134,15 @@ def test_a_collective_save_waits_for_the_background_save_in_flight(single_rank_e
         with st.open("blob.bin") as f:
             f.write(b"x" * 10)
     assert st.committed.step == 2
-    assert ck.verify_checkpoint(tmp_path / "ckpt" / "step-00000001")[1] is None
-    assert ck.latest_complete(tmp_path / "ckpt").step == 2
+    assert verify_checkpoint(tmp_path / "ckpt" / "step-00000001")[1] is None
+    assert latest_complete(tmp_path / "ckpt").step == 2
 
 
 ORPHAN = textwrap.dedent('''
     import sys, threading
     from pathlib import Path
-    from launcher.runtime import checkpoint_staging as cs
-    from launcher.runtime.checkpoint_layout import CheckpointError
+    from launcher.runtime.checkpoint import staging as cs
+    from launcher.runtime.checkpoint.layout import CheckpointError
 
     staging = Path(sys.argv[1])
 

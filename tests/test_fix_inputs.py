@@ -15,7 +15,7 @@ from conftest import MYSITE_PROFILE as SITE, GOOD_EXPERIMENT as EXP
 from launcher import api, cli
 from launcher.config.load import parse_overrides
 from launcher.errors import ConfigError
-from launcher.runs import registry
+from launcher.rundir import registry
 
 
 

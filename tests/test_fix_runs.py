@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from launcher import api
-from launcher.runs import registry
-from launcher.runs.layout import LIVE, State
-from launcher.runtime.context import node_name
-from launcher.schedulers import slurm, slurm_state
+from launcher.rundir import registry
+from launcher.rundir.records import LIVE, State
+from launcher.runtime.rankcontext import node_name
+from launcher.schedulers.slurm import scheduler as slurm, state as slurm_state
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -94,7 +94,7 @@ def test_cancel_leaves_an_ended_start_as_its_loop_recorded_it(tmp_path, isolated
 def test_a_submission_slurm_never_queued_is_refused_in_one_word(tmp_path, isolated_env, monkeypatch):
     """Slurm cannot run here: find_submitted is replaced by a stand-in answering that no job
     carries the run's id."""
-    from launcher.schedulers import slurm_queries
+    from launcher.schedulers.slurm import queries as slurm_queries
 
     run_dir = tmp_path / "r"
     run_dir.mkdir()

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from launcher import schedulers
-from launcher.config.load import load_experiment, load_site
+from launcher.config.load import load_experiment
+from launcher.config.sites import load_site
 from launcher.config.sites import SHIPPED_SITES
 from launcher.resolution.jobplan import SubmitContext
 from launcher.resolution.resolve import resolve

@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from launcher.runs import goodput
-from launcher.runs.layout import RunRecord
-from launcher.runs.status import format_status
+from launcher.runner import goodput
+from launcher.rundir.records import RunRecord
+from launcher.views.status_text import format_status
 
 T0 = "2025-03-01T10:00:00+00:00"
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from launcher.runs.layout import HEARTBEAT_BYTES, heartbeat_bytes, read_heartbeat
+from launcher.rundir.layout import HEARTBEAT_BYTES, heartbeat_bytes, read_heartbeat
 from launcher.runtime import heartbeats, stop, telemetry
 
 

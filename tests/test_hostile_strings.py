@@ -27,9 +27,10 @@ import pytest
 from sbatch_parse import directive_arguments, read_directives
 
 from launcher import schedulers
-from launcher.config.load import load_experiment, load_site
+from launcher.config.load import load_experiment
+from launcher.config.sites import load_site
 from launcher.errors import ConfigError
-from launcher.rendering import shell
+from launcher import shell
 from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, SubmitContext
 from launcher.resolution.resolve import resolve
 

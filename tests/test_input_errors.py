@@ -15,7 +15,7 @@ from launcher import api, cli
 from launcher.config import load
 from launcher.config.schema import MAX_RUN_NAME
 from launcher.errors import ConfigError
-from launcher.resolution import slurmtime
+from launcher.config import slurmtime
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -223,8 +223,12 @@ def test_lightning_deepspeed_example_builds_its_trainer_and_lightning_refuses_th
 
 
 def test_lightning_fsdp_strategy_and_precision_on_cpu(rank_env, capfd):
-    from launcher.runtime.lightning import GlaunchFSDPStrategy, trainer_fsdp_strategy, trainer_precision, \
-        trainer_strategy
+    from launcher.runtime.lightning import (
+        GlaunchFSDPStrategy,
+        trainer_fsdp_strategy,
+        trainer_precision,
+        trainer_strategy,
+    )
 
     strategy = trainer_fsdp_strategy()
     assert type(strategy) is GlaunchFSDPStrategy

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 from launcher import api
-from launcher.runs import registry
-from launcher.runs.status import format_status
+from launcher.rundir import registry
+from launcher.views.status_text import format_status
 
 REPO = Path(__file__).resolve().parent.parent
 

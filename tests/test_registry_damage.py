@@ -12,9 +12,10 @@ import pytest
 
 from launcher import api
 from launcher.errors import ConfigError, GlaunchError, RunError
-from launcher.runs import registry
-from launcher.runs.layout import RecordError, RunRecord, StartRecord, is_job_id, job_id_of
-from launcher.runs.status import format_list, format_status
+from launcher.rundir import registry
+from launcher.rundir.records import RecordError, RunRecord, StartRecord, is_job_id, job_id_of
+from launcher.views.listing import format_list
+from launcher.views.status_text import format_status
 
 REPO = Path(__file__).resolve().parent.parent
 

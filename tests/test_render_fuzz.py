@@ -15,7 +15,7 @@ from sbatch_parse import directive_arguments  # noqa: E402
 from test_hostile_strings import CONTEXTS, _expand, _hidden, check_rendered, render_case  # noqa: E402
 
 from launcher.errors import ConfigError  # noqa: E402
-from launcher.rendering import shell  # noqa: E402
+from launcher import shell  # noqa: E402
 
 # Shell and sbatch metacharacters, separators, hidden characters, and anything else.
 SPECIAL = list("$`'\"\\ \n\t\r;|&<>(){}[]*?~#%,:=!-/.") + ["\x1b", "\x07", "\x7f", "\x9b", "\x85", "\u202e",

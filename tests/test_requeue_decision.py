@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from launcher.runs.layout import RunDir
+from launcher.rundir.layout import RunDir
 from launcher.runtime.jobend import Outcome, decide, resumed_in, stopped_in, with_crash_note
 
 # What is known when a start's step ended; each row of the table changes some of it.

@@ -17,7 +17,7 @@ import yaml
 
 from launcher import api
 from launcher.errors import ConfigError
-from launcher.runs import registry
+from launcher.rundir import registry
 
 REPO = Path(__file__).resolve().parents[1]
 DDP = str(REPO / "examples" / "torch_ddp.yaml")

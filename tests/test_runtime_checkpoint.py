@@ -13,16 +13,14 @@ from pathlib import Path
 import pytest
 
 from conftest import RANK_VARS
-from launcher.runtime import checkpoint as ck
-from launcher.runtime.context import free_port
-from launcher.runtime import checksums
-from launcher.runtime.checkpoint import (
-    CheckpointError,
-    latest_complete,
-    read_latest,
-    stage_checkpoint,
-    verify_checkpoint,
-)
+from launcher.runtime.checkpoint.checksums import checksum_algorithm
+from launcher.runtime.checkpoint.commit import stage_checkpoint
+from launcher.runtime.checkpoint.layout import Checkpoint
+from launcher.runtime.rankcontext import free_port
+from launcher.runtime.checkpoint import checksums
+from launcher.runtime.checkpoint.layout import CheckpointError, read_latest
+from launcher.runtime.checkpoint.resume import latest_complete
+from launcher.runtime.checkpoint.verify import verify_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("single_rank_env")
 
 
-def _save(step: int, payload: bytes = b"x" * 100, **kw) -> ck.Checkpoint:
+def _save(step: int, payload: bytes = b"x" * 100, **kw) -> Checkpoint:
     with stage_checkpoint(step, **kw) as st:
         st.file("rank-00000.bin").write_bytes(payload + str(step).encode())
         (st.path / "sub").mkdir()
@@ -181,7 +179,7 @@ def test_manifest_hash_mismatch(tmp_path):
     _save(1)
     c = _save(2)
     m = json.loads((c.path / "manifest.json").read_text())
-    algo = ck.checksum_algorithm()
+    algo = checksum_algorithm()
     assert algo in m["shards"][0] and m["format"] == 2
     m["shards"][0][algo] = "0" * len(m["shards"][0][algo])
     (c.path / "manifest.json").write_text(json.dumps(m))
@@ -239,9 +237,12 @@ def test_crc32c_shards_checked_by_size_where_the_package_is_missing(monkeypatch,
 
 KILL_SCRIPT = textwrap.dedent("""
     import os, sys, time
-    from launcher.runtime import checkpoint as ck, checkpoint_commit
+    from launcher.runtime.checkpoint import commit as checkpoint_commit
+    from launcher.runtime.checkpoint.checksums import checksum_algorithm
+    from launcher.runtime.checkpoint.commit import stage_checkpoint
+    from launcher.runtime.checkpoint.layout import Checkpoint
     mode = sys.argv[1]
-    with ck.stage_checkpoint(1) as st:
+    with stage_checkpoint(1) as st:
         st.file("rank-00000.bin").write_bytes(b"first" * 1000)
     if mode == "rename":       # die inside the commit, manifest written, before the rename
         def rename(src, dst, _real=os.rename):
@@ -256,7 +257,7 @@ KILL_SCRIPT = textwrap.dedent("""
                 print("COMMITTING", flush=True); time.sleep(60)
             real_write(path, text)
         checkpoint_commit.atomic_write_text = write
-    with ck.stage_checkpoint(2) as st:
+    with stage_checkpoint(2) as st:
         with open(st.file("rank-00000.bin"), "wb") as f:
             for i in range(10000):
                 f.write(b"y" * 4096); f.flush()

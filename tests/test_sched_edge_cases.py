@@ -20,15 +20,22 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import SchedulerError
-from launcher.runs import registry
-from launcher.runs.layout import RunRecord, StartRecord
-from launcher.schedulers import slurm_client
-from launcher.schedulers.slurm import SlurmScheduler
-from launcher.schedulers.slurm_client import Client
-from launcher.schedulers.slurm_queries import squeue_job, squeue_jobs
-from launcher.schedulers.slurm_records import UNKNOWN_TO_SLURM, fold_job, own_rows, record_pending_reason
-from launcher.schedulers.slurm_state import (UNLISTED_GRACE_S, current_state, merge_history, parse_sacct,
-                                             parse_squeue, preflight_message, squeue_error)
+from launcher.rundir import registry
+from launcher.rundir.records import RunRecord, StartRecord
+from launcher.schedulers.slurm import client as slurm_client
+from launcher.schedulers.slurm.scheduler import SlurmScheduler
+from launcher.schedulers.slurm.client import Client
+from launcher.schedulers.slurm.queries import squeue_job, squeue_jobs
+from launcher.schedulers.slurm.records import UNKNOWN_TO_SLURM, fold_job, own_rows, record_pending_reason
+from launcher.schedulers.slurm.state import (
+    UNLISTED_GRACE_S,
+    current_state,
+    merge_history,
+    parse_sacct,
+    parse_squeue,
+    preflight_message,
+    squeue_error,
+)
 
 RECORDED = Path(__file__).parent / "recorded"
 

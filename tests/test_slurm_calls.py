@@ -22,11 +22,18 @@ import pytest
 
 from launcher import api
 from launcher.errors import SchedulerError
-from launcher.runs.layout import RunRecord
-from launcher.schedulers import slurm_client, slurm_records, slurm_submit
-from launcher.schedulers.slurm_client import (Client, RetryPolicy, Unreachable, clean_env, describe_controller,
-                                              is_transient, parse_controller)
-from launcher.schedulers.slurm_state import parse_squeue, parse_squeue_reason, pending_verdict
+from launcher.rundir.records import RunRecord
+from launcher.schedulers.slurm import client as slurm_client, records as slurm_records, submit as slurm_submit
+from launcher.schedulers.slurm.client import (
+    Client,
+    RetryPolicy,
+    Unreachable,
+    clean_env,
+    describe_controller,
+    is_transient,
+    parse_controller,
+)
+from launcher.schedulers.slurm.state import parse_squeue, parse_squeue_reason, pending_verdict
 
 REPO = Path(__file__).resolve().parent.parent
 ERRORS = Path(__file__).parent / "recorded_cluster" / "errors"

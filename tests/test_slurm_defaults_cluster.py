@@ -17,9 +17,9 @@ import pytest
 
 from conftest import requires_slurm_defaults
 
-from launcher.config.load import load_site
-from launcher.schedulers.cluster_check import check_site
-from launcher.schedulers.slurm_client import CLIENT
+from launcher.config.sites import load_site
+from launcher.schedulers.cluster.check import check_site
+from launcher.schedulers.slurm.client import CLIENT
 from slurmkit import REPO, glaunch, read_json, wait_until
 
 SITE = "local-slurm-defaults"

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from conftest import requires_slurm
-from launcher.config.load import load_site
-from launcher.schedulers.cluster_check import check_site
+from launcher.config.sites import load_site
+from launcher.schedulers.cluster.check import check_site
 from slurmkit import (REPO, SITE, final_sacct_state, glaunch, job_id_of, out, read_json, start_submit, submit,
                       the_run_dir, wait_until)
 

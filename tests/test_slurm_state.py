@@ -10,9 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runs.layout import RunRecord, StartRecord
-from launcher.schedulers.slurm_state import (SACCT_FORMAT, base_state, current_state, merge_history,
-                                             parse_sacct, parse_squeue, preflight_message)
+from launcher.rundir.records import RunRecord, StartRecord
+from launcher.schedulers.slurm.state import (
+    SACCT_FORMAT,
+    base_state,
+    current_state,
+    merge_history,
+    parse_sacct,
+    parse_squeue,
+    preflight_message,
+)
 
 RECORDED = Path(__file__).parent / "recorded"
 
@@ -365,7 +372,7 @@ PREFLIGHT = [
 
 @pytest.mark.parametrize("name, values, hint", PREFLIGHT, ids=[p[0] for p in PREFLIGHT])
 def test_preflight_message(name, values, hint):
-    raw = recorded(name).strip()     # as launcher.schedulers.slurm.preflight reads sbatch's stderr
+    raw = recorded(name).strip()     # as launcher.schedulers.slurm.scheduler.preflight reads sbatch's stderr
     assert preflight_message(raw, {**VALUES, **values}) == f"preflight: {hint}\n  sbatch said: {raw}"
 
 

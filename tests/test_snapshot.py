@@ -15,12 +15,13 @@ from pathlib import Path
 import pytest
 
 from launcher import schedulers
-from launcher.config.load import load_experiment, load_site
+from launcher.config.load import load_experiment
+from launcher.config.sites import load_site
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import CodeSnapshot, SubmitContext
 from launcher.resolution.resolve import code_anchor, resolve
-from launcher.runs import bundle, provenance, snapshot
-from launcher.schedulers.slurm import SlurmScheduler
+from launcher.runner import bundle, provenance, snapshot
+from launcher.schedulers.slurm.scheduler import SlurmScheduler
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -303,7 +304,7 @@ def test_a_run_without_snapshot_records_the_tree_it_runs_from(work_tree, tmp_pat
     origin = json.loads((written.path / "run.json").read_text())["provenance"]
     assert origin["git"]["commit"] == git(work_tree, "rev-parse", "HEAD") and origin["git"]["dirty"] is True
     assert origin["git"]["patch"] is None and origin["code"] is None and not (written.path / "code").exists()
-    from launcher.runs.status import _origin_lines
+    from launcher.views.status_text import _origin_lines
 
     assert _origin_lines({"provenance": origin})[0].endswith("dirty tree (no snapshot: it runs from the work tree as "
                                                              "it is)")
@@ -564,7 +565,7 @@ NEVER_S = 240          # how long the stand-in git takes to answer
 def test_a_git_that_hangs_is_no_git_within_the_timeout(work_tree, tmp_path, monkeypatch):
     """A stand-in git that never answers: every call ends at the timeout, and the tree
     reads as outside git (a snapshot of the folder, provenance without git)."""
-    from launcher.runs import gitview
+    from launcher.runner import gitview
 
     shim = tmp_path / "bin" / "git"
     shim.parent.mkdir()

@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 
 from launcher import api
-from launcher.runs import registry
-from launcher.runs.goodput import epoch
-from launcher.runs.status import format_status, summarize
+from launcher.rundir import registry
+from launcher.runner.goodput import epoch
+from launcher.views.status_text import format_status
+from launcher.runner.status import summarize
 
 REPO = Path(__file__).resolve().parents[1]
 DDP = str(REPO / "examples" / "torch_ddp.yaml")
@@ -101,7 +102,8 @@ def test_a_resume_whose_job_has_not_started(tmp_path, isolated_env):
 
 
 def test_status_compares_an_fsdp_run_s_peak_with_the_planner_s_fsdp_row(tmp_path, isolated_env):
-    from launcher.config.load import load_experiment, load_site
+    from launcher.config.load import load_experiment
+    from launcher.config.sites import load_site
     from launcher.resolution.strategy import plan_for
 
     overrides = ["model.params=2e8"]
@@ -168,7 +170,7 @@ def test_a_local_run_resumed_end_to_end(tmp_path, isolated_env):
     ({"name": "fsdp"}, "fsdp"),
 ])
 def test_the_planner_row_a_run_is_compared_with(strategy, expected):
-    from launcher.runs.status import planner_strategy
+    from launcher.runner.status import planner_strategy
 
     derived = {"strategy": strategy["name"], "zero_stage": strategy.get("zero_stage")}
     assert planner_strategy(derived, {"strategy": strategy}) == expected

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import requires_slurm
-from launcher.runs.layout import RunDir, read_heartbeat
+from launcher.rundir.layout import RunDir, read_heartbeat
 from slurmkit import (REPO, SITE, final_sacct_state, glaunch, job_id_of, preempt, read_json, release_requeue_hold,
                       sacct_rows, squeue_state, the_run_dir, wait_until)
 from test_console import as_seen, in_pty

@@ -26,7 +26,7 @@ def test_task_command_matches_submitit(tmp_path):
 
 
 def test_log_names_match_submitit(tmp_path):
-    from launcher.runs.layout import RunDir
+    from launcher.rundir.layout import RunDir
 
     paths = JobPaths(tmp_path, job_id="42", task_id=3)
     assert paths.stdout.name == "42_3_log.out" == RunDir(tmp_path).task_log("42", 3, "out").name

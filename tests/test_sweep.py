@@ -19,9 +19,9 @@ import pytest
 from launcher import api
 from launcher.errors import ConfigError
 from launcher.resolution.sweep import expand, parse_axes, split_values
-from launcher.schedulers import slurm_array
-from launcher.schedulers.cluster_facts import parse_cluster
-from launcher.schedulers.slurm import SlurmScheduler
+from launcher.schedulers.slurm import array as slurm_array
+from launcher.schedulers.cluster.facts import parse_cluster
+from launcher.schedulers.slurm.scheduler import SlurmScheduler
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"

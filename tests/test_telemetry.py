@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runs.layout import RunDir, RunRecord, heartbeat_bytes
+from launcher.rundir.layout import RunDir, heartbeat_bytes
+from launcher.rundir.records import RunRecord
 from launcher.runtime import heartbeats, telemetry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -143,7 +144,7 @@ def test_gpu_samples_from_a_stand_in_nvidia_smi(tmp_path):
     time.sleep(1.5)
     assert samples.read_text().splitlines() == lines   # the sampler ended with its rank
 
-    from launcher.runs.status import gpu_report
+    from launcher.runner.status import gpu_report
 
     (row,) = gpu_report(tmp_path)
     assert row["utilization_mean_pct"] == 89 and row["memory_used_max_mib"] == 61234

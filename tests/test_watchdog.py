@@ -11,10 +11,17 @@ import time
 
 import pytest
 
-from launcher.runs.layout import RunDir
+from launcher.rundir.layout import RunDir
 from launcher.runtime.stacks import write_stacks
-from launcher.runtime.watchdog import (SAVE_BOUND_MIN_S, Limits, blamed_node, find_hang, limits_of, own_records,
-                                       silent_ranks)
+from launcher.runtime.watchdog import (
+    SAVE_BOUND_MIN_S,
+    Limits,
+    blamed_node,
+    find_hang,
+    limits_of,
+    own_records,
+    silent_ranks,
+)
 
 T0 = 1_700_000_000.0
 LIMITS = Limits(stall_s=60, first_step_s=300)

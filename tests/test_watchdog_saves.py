@@ -20,9 +20,11 @@ torch = pytest.importorskip("torch")
 
 from conftest import RANK_VARS  # noqa: E402
 from launcher import runtime as rt  # noqa: E402
-from launcher.runs.layout import RunDir, read_heartbeat  # noqa: E402
-from launcher.runtime import checkpoint as ck, dcp, heartbeats, state  # noqa: E402
-from launcher.runtime.context import free_port  # noqa: E402
+from launcher.rundir.layout import RunDir, read_heartbeat  # noqa: E402
+from launcher.runtime import heartbeats, state  # noqa: E402
+from launcher.runtime.checkpoint.layout import CheckpointError  # noqa: E402
+from launcher.runtime.checkpoint import dcp  # noqa: E402
+from launcher.runtime.rankcontext import free_port  # noqa: E402
 from launcher.runtime.watchdog import Watch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -35,7 +37,7 @@ def _clean_env(single_rank_env):
     yield
     try:
         rt.wait_checkpoints()
-    except ck.CheckpointError:
+    except CheckpointError:
         pass
     heartbeats.reset()
 
@@ -159,7 +161,7 @@ import json, os, sys, time
 from pathlib import Path
 
 import torch
-from launcher.runs.layout import read_heartbeat
+from launcher.rundir.layout import read_heartbeat
 from launcher.runtime import heartbeats
 from launcher.runtime.watchdog import Watch
 

@@ -13,8 +13,8 @@ import warnings
 from dataclasses import fields, is_dataclass
 from typing import Any, Callable
 
-from ..errors import ConfigError
-from .provenance import Provenance
+from launcher.errors import ConfigError
+from launcher.config.provenance import Provenance
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 HINT = " (a literal shell variable is written $NAME, ${NAME} in env values, or \\${NAME})"

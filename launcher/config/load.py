@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from ..errors import ConfigError
-from . import schema
-from .merge import merge_layer
-from .provenance import OVERRIDES, Origin, Provenance
-from .schema import MAX_RUN_NAME, NAME_PATTERN, NAME_RULE, env_name_problem
-from .sites import LoadedSite, find_site, load_site, site_from_layers, site_search_path
-from .typed import typed_config
-from .yamlfile import override_value, read_yaml
+from launcher.errors import ConfigError
+from launcher.config import schema
+from launcher.config.merge import merge_layer
+from launcher.config.provenance import OVERRIDES, Origin, Provenance
+from launcher.config.schema import MAX_RUN_NAME, NAME_PATTERN, NAME_RULE, env_name_problem
+from launcher.config.sites import LoadedSite, find_site, load_site, site_from_layers, site_search_path
+from launcher.config.typed import typed_config
+from launcher.config.yamlfile import override_value, read_yaml
 
 __all__ = ["LoadedExperiment", "LoadedSite", "Origin", "Provenance", "experiment_from_data", "find_site",
            "load_experiment", "load_site", "parse_overrides", "site_from_layers", "site_search_path"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 from typing import Any, Callable, Mapping
 
-from .provenance import Origin, Provenance
+from launcher.config.provenance import Origin, Provenance
 
 
 def deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

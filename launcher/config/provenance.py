@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from launcher.errors import ConfigError
 
 # The origin named for KEY=VALUE overrides.
 OVERRIDES = "command line"

@@ -12,11 +12,11 @@ import re
 import shlex
 from typing import Any
 
-from ..rendering import shell
-from ..resolution import slurmtime
-from . import schema
-from .provenance import Provenance
-from .schema import NAME_PATTERN, NAME_RULE, env_name_problem
+from launcher import shell
+from launcher.config import slurmtime
+from launcher.config import schema
+from launcher.config.provenance import Provenance
+from launcher.config.schema import NAME_PATTERN, NAME_RULE, env_name_problem
 
 # sbatch options glaunch writes itself, or that contradict what it writes: the key that
 # sets it instead. sbatch takes any unambiguous abbreviation of a long option, so an

@@ -8,14 +8,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from ..errors import ConfigError
-from . import schema
-from .merge import merge_layer
-from .provenance import OVERRIDES, Origin, Provenance
-from .schema import NAME_PATTERN
-from .sitechecks import check_site
-from .typed import NULLS, typed_config
-from .yamlfile import Scalar, YamlDoc, read_yaml
+from launcher.errors import ConfigError
+from launcher.config import schema
+from launcher.config.merge import merge_layer
+from launcher.config.provenance import OVERRIDES, Origin, Provenance
+from launcher.config.schema import NAME_PATTERN
+from launcher.config.sitechecks import check_site
+from launcher.config.typed import NULLS, typed_config
+from launcher.config.yamlfile import Scalar, YamlDoc, read_yaml
 
 MAX_EXTENDS_DEPTH = 32
 

@@ -25,14 +25,14 @@ import typing
 from functools import cache
 from typing import TYPE_CHECKING, Any, Mapping
 
-from ..errors import ConfigError
-from ..rendering import shell
-from .provenance import Provenance
-from .schema import MISSING
-from .yamlfile import Scalar
+from launcher.errors import ConfigError
+from launcher import shell
+from launcher.config.provenance import Provenance
+from launcher.config.schema import MISSING
+from launcher.config.yamlfile import Scalar
 
 if TYPE_CHECKING:
-    from .interpolate import Interpolation, Pending
+    from launcher.config.interpolate import Interpolation, Pending
 
 NULLS = frozenset({"", "~", "null", "Null", "NULL"})
 TRUES = frozenset({"true", "True", "TRUE"})
@@ -75,7 +75,7 @@ def typed_config(schema_class: type, data: Mapping, provenance: Provenance,
     converter = _Converter(provenance)
     obj = converter.object(schema_class, data, "", ())
     if converter.pending:
-        from .interpolate import resolve
+        from launcher.config.interpolate import resolve
         resolve(obj, converter.pending, provenance)
     _check_choices(obj, choices, provenance)
     return obj
@@ -152,7 +152,7 @@ class _Converter:
             raise self.error(key, f"must be {_DESCRIBE[kind.name]} (a single value), got {describe(raw)}")
         text = raw.text
         if "${" in text:
-            from .interpolate import Interpolation, scan
+            from launcher.config.interpolate import Interpolation, scan
             try:
                 scanned = scan(text, kind.shell_values)
             except ValueError as exc:
@@ -207,7 +207,7 @@ class _Converter:
         return _check_text(self, key, text, "value")
 
     def _defer(self, kind: Kind, interpolation: Interpolation, key: str, path: tuple) -> Interpolation:
-        from .interpolate import Pending
+        from launcher.config.interpolate import Pending
         self.pending.append(Pending(path, key, interpolation, lambda v: self.resolved(kind, v, key)))
         return interpolation
 

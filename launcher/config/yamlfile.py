@@ -21,8 +21,8 @@ import yaml
 from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent, ScalarEvent,
                          SequenceEndEvent, SequenceStartEvent, StreamEndEvent)
 
-from ..errors import ConfigError
-from .provenance import OVERRIDES, Origin, parent_key
+from launcher.errors import ConfigError
+from launcher.config.provenance import OVERRIDES, Origin, parent_key
 
 MAX_FILE_BYTES = 1 << 20          # 1 MiB
 MAX_ALIAS_VALUES = 10_000         # values reached through aliases, all uses counted

@@ -3,7 +3,7 @@ templates it keeps between runs (TemplateCache, saved once a rendered run was wr
 
 What differs between schedulers (directives, the launch line, the shell after it, the
 rendezvous) comes in a `JobShell` from the scheduler; the shell that runs is in the
-templates (templates/), which receive only text that `launcher.rendering.shell` has
+templates (templates/), which receive only text that `launcher.shell` has
 already quoted.
 """
 
@@ -23,13 +23,13 @@ from typing import Any, Mapping
 import jinja2
 import yaml
 
-from .. import __version__
-from ..errors import ConfigError
-from ..resolution.jobplan import STOP_SIGNALS, JobPlan
-from ..runs.layout import DS_CONFIG_FILE, ENV_FILE, HPARAMS_FILE, JOB_SCRIPT, RESOLVED_FILE, RunDir
-from ..runtime.launch import entry_words, torchrun_args
-from . import shell
-from .taskspec import task_spec
+from launcher import __version__
+from launcher.errors import ConfigError
+from launcher.resolution.jobplan import STOP_SIGNALS, JobPlan
+from launcher.rundir.layout import DS_CONFIG_FILE, ENV_FILE, HPARAMS_FILE, JOB_SCRIPT, RESOLVED_FILE, RunDir
+from launcher.rundir.launch import entry_words, torchrun_args
+from launcher import shell
+from launcher.rendering.taskspec import task_spec
 
 NETWORK_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_", "UCX_", "GLOO_", "CUDA_DEVICE_MAX_CONNECTIONS")
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"

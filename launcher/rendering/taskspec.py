@@ -1,12 +1,12 @@
 """The task spec: what every task of a run needs to know, as plain data. Pickled with
 the task function at submit time (launcher.runtime.task) and printed into job.sbatch
-(launcher.runtime.launch spells both from it). Pure."""
+(launcher.rundir.launch spells both from it). Pure."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..resolution.jobplan import JobPlan
+from launcher.resolution.jobplan import JobPlan
 
 
 def task_spec(plan: JobPlan) -> dict[str, Any]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable, Mapping, TypeGuard
 
-from ..config.merge import deep_merge
-from ..errors import ConfigError
+from launcher.config.merge import deep_merge
+from launcher.errors import ConfigError
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from . import slurmtime
+from launcher.config import slurmtime
 
 # Ports below the Linux ephemeral range (32768-60999), so a rendezvous port is never
 # taken by some outgoing connection on the node.
@@ -22,7 +22,7 @@ STOP_SIGNALS = ("USR2", "TERM")
 @dataclass(frozen=True, eq=False)
 class CodeRoot:
     """Where the entry point's code lives, as found on disk at submit
-    (launcher.runs.snapshot.locate): the git work tree holding it, else its folder."""
+    (launcher.runner.snapshot.locate): the git work tree holding it, else its folder."""
 
     path: str                         # absolute
     git: bool

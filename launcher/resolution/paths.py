@@ -9,9 +9,9 @@ import re
 from pathlib import PurePath
 from typing import Mapping, NoReturn
 
-from ..config.load import Provenance
-from ..errors import ConfigError
-from ..rendering import shell
+from launcher.config.provenance import Provenance
+from launcher.errors import ConfigError
+from launcher import shell
 
 # `$$` (a literal `$`, as in env values), `${NAME}` or `$NAME`.
 _PATH_VAR = re.compile(r"\$\$|\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")

@@ -7,8 +7,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from .memory import (COMM_VOLUME, GB, NODE_SEARCH_CAP, OFFLOAD, SETTINGS, STRATEGIES, PlanInput, activation_bytes,
-                     byte_counts, estimate_bytes, host_bytes, largest_layer, pcie_bytes, zero_paper_bytes)
+from launcher.resolution.memory import (
+    COMM_VOLUME,
+    GB,
+    NODE_SEARCH_CAP,
+    OFFLOAD,
+    SETTINGS,
+    STRATEGIES,
+    PlanInput,
+    activation_bytes,
+    byte_counts,
+    estimate_bytes,
+    host_bytes,
+    largest_layer,
+    pcie_bytes,
+    zero_paper_bytes,
+)
 
 
 @dataclass(frozen=True)

@@ -10,14 +10,17 @@ import math
 import os
 from typing import Any
 
-from ..config import schema
-from ..config.load import LoadedExperiment, LoadedSite, Provenance
-from ..config.sitechecks import OWN_SBATCH_OPTIONS, python_words  # noqa: F401 (re-exported)
-from ..rendering import shell
-from ..runs.layout import CODE_DIR
-from . import deepspeed_config, paths, slurmtime
-from .jobplan import CodeRoot, CodeSnapshot, Container, JobPlan, SubmitContext
-from .strategy import resolve_strategy
+from launcher.config import schema
+from launcher.config.load import LoadedExperiment
+from launcher.config.sites import LoadedSite
+from launcher.config.provenance import Provenance
+from launcher.config.sitechecks import OWN_SBATCH_OPTIONS, python_words  # noqa: F401 (re-exported)
+from launcher import shell
+from launcher.rundir.layout import CODE_DIR
+from launcher.resolution import deepspeed_config, paths
+from launcher.config import slurmtime
+from launcher.resolution.jobplan import CodeRoot, CodeSnapshot, Container, JobPlan, SubmitContext
+from launcher.resolution.strategy import resolve_strategy
 
 # Counts beyond what the job's consumers hold: PyTorch ranks are C ints; Slurm keeps CPUs
 # per task in 16 bits and memory in MB in 64, their top values meaning "unset"/"unlimited".
@@ -214,7 +217,7 @@ def entry_script(exp_loaded: LoadedExperiment, ctx: SubmitContext) -> str | None
 def code_anchor(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitContext) -> str | None:
     """The folder whose work tree a snapshot copies (the script's folder; for a module, the
     working directory), or None when this run takes no snapshot. The caller finds the work
-    tree around it (launcher.runs.snapshot.locate) and passes it in as ctx.code_root."""
+    tree around it (launcher.runner.snapshot.locate) and passes it in as ctx.code_root."""
     if not snapshot_enabled(exp_loaded.config, site_loaded.config):
         return None
     script = entry_script(exp_loaded, ctx)

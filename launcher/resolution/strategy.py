@@ -12,12 +12,14 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ..config import schema
-from ..config.load import LoadedExperiment, LoadedSite, Provenance
-from ..errors import ConfigError
+from launcher.config import schema
+from launcher.config.load import LoadedExperiment
+from launcher.config.sites import LoadedSite
+from launcher.config.provenance import Provenance
+from launcher.errors import ConfigError
 
 if TYPE_CHECKING:      # imported where `auto` or `glaunch plan` needs the planner, not for every job
-    from . import memory, planner
+    from launcher.resolution import memory, planner
 
 
 @dataclass(frozen=True, eq=False)
@@ -97,7 +99,7 @@ def _model_size(model: schema.Model, prov: Provenance) -> tuple[int, int | None,
 
 def plan_input(exp: schema.Experiment, site: schema.Site, part, part_name: str | None, nodes: int,
                gpus_per_node: int, prov: Provenance) -> memory.PlanInput:
-    from . import memory
+    from launcher.resolution import memory
 
     if part is None or part.gpu_mem_gb is None:
         raise prov.error("resources.partition", f"site {site.name!r} gives no gpu_mem_gb for partition "
@@ -122,7 +124,7 @@ def plan_input(exp: schema.Experiment, site: schema.Site, part, part_name: str |
 def choose_strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int, ranks_per_node: int,
                     prov: Provenance) -> tuple[dict[str, Any], Mapping[str, Any]]:
     """The strategy settings `auto` resolves to, and what to record about the choice."""
-    from . import planner
+    from launcher.resolution import planner
 
     result = planner.make_plan(plan_input(exp, site, part, _partition_name(exp, site), nodes, ranks_per_node,
                                                 prov))
@@ -142,7 +144,7 @@ def _partition_name(exp: schema.Experiment, site: schema.Site) -> str | None:
 
 
 def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite) -> planner.PlanResult:
-    from . import planner
+    from launcher.resolution import planner
 
     exp, site, prov = exp_loaded.config, site_loaded.config, exp_loaded.provenance
     name = _partition_name(exp, site)

@@ -13,8 +13,8 @@ import itertools
 from dataclasses import dataclass
 from typing import Sequence
 
-from ..config.load import parse_overrides
-from ..errors import ConfigError
+from launcher.config.load import parse_overrides
+from launcher.errors import ConfigError
 
 OPTION = "--sweep"
 # Far more than anyone submits at once, and under Slurm's default MaxJobCount (10000).

@@ -93,148 +93,85 @@ the commit protocol.
 
 from __future__ import annotations
 
-import importlib
-import sys
-import types
-from typing import TYPE_CHECKING, Any
+from launcher.runtime.checkpoint.background import PendingCheckpoint, wait_checkpoints
+from launcher.runtime.checkpoint.commit import stage_checkpoint
+from launcher.runtime.checkpoint.layout import (
+    Checkpoint,
+    CheckpointError,
+    list_checkpoints,
+    read_latest,
+    step_dir_name,
+)
+from launcher.runtime.checkpoint.resume import latest_complete, resume_checkpoint
+from launcher.runtime.checkpoint.staging import Staging
+from launcher.runtime.checkpoint.verify import verify_checkpoint
+from launcher.runtime.device import Placement, placement
+from launcher.runtime.heartbeats import heartbeat, note_checkpoint
+from launcher.runtime.rankcontext import (
+    RankContext,
+    RuntimeConfigError,
+    barrier,
+    context,
+    export_rendezvous_env,
+    init_distributed,
+    shutdown_distributed,
+)
+from launcher.runtime.result import param_sha256, write_result, write_stop
+from launcher.runtime.state import load_torch_state, rng_state, save_torch_state, set_rng_state, unwrap
+from launcher.runtime.stop import (
+    install_stop_handler,
+    received_signal,
+    request_stop,
+    reset_stop,
+    should_stop,
+    stop_requested,
+    stop_signal,
+    uninstall_stop_handler,
+)
+from launcher.runtime.trackers import tensorboard_dir, tensorboard_writer, tracker_env, wandb_init
 
-# Names -> the module that defines them. Imported when first used, so that a process that
-# needs one piece of the runtime (the task, jobend, the renderer's launch words) does not
-# load all of it.
-_EXPORTS = {
-    "PendingCheckpoint": "background",
-    "wait_checkpoints": "background",
-    "stage_checkpoint": "checkpoint_commit",
-    "Checkpoint": "checkpoint_layout",
-    "CheckpointError": "checkpoint_layout",
-    "list_checkpoints": "checkpoint_layout",
-    "read_latest": "checkpoint_layout",
-    "step_dir_name": "checkpoint_layout",
-    "latest_complete": "checkpoint_resume",
-    "resume_checkpoint": "checkpoint_resume",
-    "Staging": "checkpoint_staging",
-    "verify_checkpoint": "checkpoint_verify",
-    "RankContext": "context",
-    "RuntimeConfigError": "context",
-    "barrier": "context",
-    "context": "context",
-    "export_rendezvous_env": "context",
-    "init_distributed": "context",
-    "shutdown_distributed": "context",
-    "Placement": "device",
-    "placement": "device",
-    "heartbeat": "heartbeats",
-    "note_checkpoint": "heartbeats",
-    "param_sha256": "result",
-    "write_result": "result",
-    "write_stop": "result",
-    "load_torch_state": "state",
-    "rng_state": "state",
-    "save_torch_state": "state",
-    "set_rng_state": "state",
-    "unwrap": "state",
-    "install_stop_handler": "stop",
-    "received_signal": "stop",
-    "request_stop": "stop",
-    "reset_stop": "stop",
-    "should_stop": "stop",
-    "stop_requested": "stop",
-    "stop_signal": "stop",
-    "uninstall_stop_handler": "stop",
-    "tensorboard_dir": "trackers",
-    "tensorboard_writer": "trackers",
-    "tracker_env": "trackers",
-    "wandb_init": "trackers",
-}
-__all__ = sorted(_EXPORTS)
-
-
-
-class _Package(types.ModuleType):
-    """`context` names both a submodule and its function. The import system binds each
-    submodule it loads as an attribute of its package; this package keeps the function
-    there, so that `rt.context()` works whichever was imported first, and a process that
-    never uses the context does not load it."""
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "context" and isinstance(value, types.ModuleType):
-            value = value.context
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
-if TYPE_CHECKING:
-    from .background import (  # noqa: F401
-        PendingCheckpoint,
-        wait_checkpoints,
-    )
-    from .checkpoint_commit import stage_checkpoint  # noqa: F401
-    from .checkpoint_layout import (  # noqa: F401
-        Checkpoint,
-        CheckpointError,
-        list_checkpoints,
-        read_latest,
-        step_dir_name,
-    )
-    from .checkpoint_resume import latest_complete, resume_checkpoint  # noqa: F401
-    from .checkpoint_staging import Staging  # noqa: F401
-    from .checkpoint_verify import verify_checkpoint  # noqa: F401
-    from .context import (  # noqa: F401
-        RankContext,
-        RuntimeConfigError,
-        barrier,
-        context,
-        export_rendezvous_env,
-        init_distributed,
-        shutdown_distributed,
-    )
-    from .device import (  # noqa: F401
-        Placement,
-        placement,
-    )
-    from .heartbeats import (  # noqa: F401
-        heartbeat,
-        note_checkpoint,
-    )
-    from .result import (  # noqa: F401
-        param_sha256,
-        write_result,
-        write_stop,
-    )
-    from .state import (  # noqa: F401
-        load_torch_state,
-        rng_state,
-        save_torch_state,
-        set_rng_state,
-        unwrap,
-    )
-    from .stop import (  # noqa: F401
-        install_stop_handler,
-        received_signal,
-        request_stop,
-        reset_stop,
-        should_stop,
-        stop_requested,
-        stop_signal,
-        uninstall_stop_handler,
-    )
-    from .trackers import (  # noqa: F401
-        tensorboard_dir,
-        tensorboard_writer,
-        tracker_env,
-        wandb_init,
-    )
-
-
-def __getattr__(name: str) -> Any:
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "PendingCheckpoint",
+    "Placement",
+    "RankContext",
+    "RuntimeConfigError",
+    "Staging",
+    "barrier",
+    "context",
+    "export_rendezvous_env",
+    "heartbeat",
+    "init_distributed",
+    "install_stop_handler",
+    "latest_complete",
+    "list_checkpoints",
+    "load_torch_state",
+    "note_checkpoint",
+    "param_sha256",
+    "placement",
+    "read_latest",
+    "received_signal",
+    "request_stop",
+    "reset_stop",
+    "resume_checkpoint",
+    "rng_state",
+    "save_torch_state",
+    "set_rng_state",
+    "should_stop",
+    "shutdown_distributed",
+    "stage_checkpoint",
+    "step_dir_name",
+    "stop_requested",
+    "stop_signal",
+    "tensorboard_dir",
+    "tensorboard_writer",
+    "tracker_env",
+    "uninstall_stop_handler",
+    "unwrap",
+    "verify_checkpoint",
+    "wait_checkpoints",
+    "wandb_init",
+    "write_result",
+    "write_stop",
+]

@@ -33,15 +33,22 @@ from __future__ import annotations
 import json
 import os
 
-from . import heartbeats
-from .checkpoint_commit import stage_checkpoint
-from .checkpoint_layout import Checkpoint, CheckpointError, step_dir_name
-from .checkpoint_verify import verify_checkpoint
-from .context import (RankContext, broadcast_object, context, export_rendezvous_env, log, log_joined,
-                      shutdown_distributed)
-from .device import Placement
-from .device import placement as device_placement
-from .state import restore_rng, save_rng
+from launcher.runtime import heartbeats
+from launcher.runtime.checkpoint.commit import stage_checkpoint
+from launcher.runtime.checkpoint.layout import Checkpoint, CheckpointError, step_dir_name
+from launcher.runtime.checkpoint.verify import verify_checkpoint
+from launcher.runtime.rankcontext import (
+    RankContext,
+    broadcast_object,
+    context,
+    export_rendezvous_env,
+    log,
+    log_joined,
+    shutdown_distributed,
+)
+from launcher.runtime.device import Placement
+from launcher.runtime.device import placement as device_placement
+from launcher.runtime.state import restore_rng, save_rng
 
 TAG = "deepspeed"
 UNIVERSAL_DIR = "universal"          # under the checkpoint dir: converted copies, one per source step

@@ -21,7 +21,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .context import RankContext, RuntimeConfigError, context
+from launcher.runtime.rankcontext import RankContext, RuntimeConfigError, context
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 

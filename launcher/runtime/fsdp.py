@@ -24,7 +24,7 @@ as a MixedPrecisionPolicy (:func:`mixed_precision`). CPU offload is the script's
 
 from __future__ import annotations
 
-from .context import RankContext, context
+from launcher.runtime.rankcontext import RankContext, context
 
 
 def device_mesh(ctx: RankContext | None = None):
@@ -44,7 +44,7 @@ def mixed_precision(ctx: RankContext | None = None):
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
-    from .device import placement
+    from launcher.runtime.device import placement
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(placement(ctx or context()).precision)
     if dtype is None:

@@ -53,9 +53,9 @@ from array import array
 from pathlib import Path
 from typing import Any, Iterator
 
-from ..runs.files import open_regular, read_json
-from ..runs.layout import RunDir, heartbeat_bytes
-from .context import RuntimeConfigError, context, log, node_name
+from launcher.rundir.files import open_regular, read_json
+from launcher.rundir.layout import RunDir, heartbeat_bytes
+from launcher.runtime.rankcontext import RuntimeConfigError, context, log, node_name
 
 DEFAULT_INTERVAL_S = 5.0
 RANK0_INTERVAL_S = 1.0
@@ -274,7 +274,7 @@ def _begin() -> Beats:
                   node=node_name(), job_id=ctx.job_id, restart=ctx.restart, world_size=ctx.world_size,
                   watch=watch_from_env())
     if under_launcher:
-        from . import stacks, telemetry
+        from launcher.runtime import stacks, telemetry
 
         telemetry.began(beats, ctx)
         if not stacks.armed():      # a torchrun worker: its task (the agent) armed only itself

@@ -41,12 +41,13 @@ from pathlib import Path
 
 from typing import Any, Iterable, Mapping
 
-from ..runs import registry
-from ..runs.files import read_json
-from ..runs.layout import FAILURES, RunDir, State, is_job_id, is_node_name, read_heartbeat
-from . import watchdog
-from .context import context
-from .telemetry import iso, start_summary
+from launcher.rundir import registry
+from launcher.rundir.files import read_json
+from launcher.rundir.records import FAILURES, State, is_job_id, is_node_name
+from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.runtime import watchdog
+from launcher.runtime.rankcontext import context
+from launcher.runtime.telemetry import iso, start_summary
 
 SINFO_TIMEOUT_S = 20
 # sinfo's node states (%T, lower case) that can take a job; a trailing * (not responding),

@@ -40,17 +40,17 @@ import os
 import types
 from pathlib import Path
 
-from . import heartbeats
-from .checkpoint_commit import stage_checkpoint
-from .checkpoint_layout import Checkpoint
-from .checkpoint_resume import resume_checkpoint
-from .checksums import ChecksumWriter
-from .context import RankContext, all_reduce_max, context, log
-from .deepspeed import _Recorder
-from .deepspeed import placement as deepspeed_placement
-from .device import placement
-from .state import restore_rng, save_rng
-from .stop import install_stop_handler, should_stop, stop_signal
+from launcher.runtime import heartbeats
+from launcher.runtime.checkpoint.commit import stage_checkpoint
+from launcher.runtime.checkpoint.layout import Checkpoint
+from launcher.runtime.checkpoint.resume import resume_checkpoint
+from launcher.runtime.checkpoint.checksums import ChecksumWriter
+from launcher.runtime.rankcontext import RankContext, all_reduce_max, context, log
+from launcher.runtime.deepspeed import _Recorder
+from launcher.runtime.deepspeed import placement as deepspeed_placement
+from launcher.runtime.device import placement
+from launcher.runtime.state import restore_rng, save_rng
+from launcher.runtime.stop import install_stop_handler, should_stop, stop_signal
 
 CKPT_FILE = "lightning.ckpt"      # a file (DDP) or a directory (sharded strategies)
 
@@ -175,7 +175,7 @@ class GlaunchFSDPStrategy(_fsdp_base()):  # type: ignore[misc]
     module so, and Lightning takes the module as already wrapped.
 
     Sharded checkpoints: Lightning's layout (a torch.distributed.checkpoint directory plus
-    ``meta.pt`` from rank 0), written through :class:`launcher.runtime.dcp.ChecksummingWriter`;
+    ``meta.pt`` from rank 0), written through :class:`launcher.runtime.checkpoint.dcp.ChecksummingWriter`;
     afterwards :attr:`written` maps each file this rank wrote to ``(size, algorithm, digest)``.
     """
 
@@ -203,7 +203,7 @@ class GlaunchFSDPStrategy(_fsdp_base()):  # type: ignore[misc]
         from lightning.fabric.strategies.fsdp import _METADATA_FILENAME
         from torch.distributed.checkpoint import save
 
-        from .dcp import ChecksummingWriter
+        from launcher.runtime.checkpoint.dcp import ChecksummingWriter
 
         path = Path(self.broadcast(filepath)).absolute()
         if path.is_file():
@@ -227,7 +227,7 @@ def whole_param_sha256(trainer, module) -> str:
     hash compares across strategies and world sizes."""
     from lightning.pytorch.strategies import FSDPStrategy
 
-    from .result import param_sha256
+    from launcher.runtime.result import param_sha256
 
     wrapped = trainer.strategy.model if isinstance(trainer.strategy, FSDPStrategy) else None
     if wrapped is None:

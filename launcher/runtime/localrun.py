@@ -27,10 +27,10 @@ import sys
 import time
 from pathlib import Path
 
-from ..runs.files import atomic_write_text
-from ..runs.layout import STEP_SUMMARY
-from . import watchdog
-from .context import free_port
+from launcher.rundir.files import atomic_write_text
+from launcher.rundir.layout import STEP_SUMMARY
+from launcher.runtime import watchdog
+from launcher.runtime.rankcontext import free_port
 
 KILL_WAIT_S = 10.0
 TIMEOUT_STATUS = 124

@@ -7,13 +7,13 @@ import hashlib
 import json
 import time
 
-from ..runs.files import atomic_write_text
-from ..runs.layout import RunDir
-from . import heartbeats, telemetry
-from .background import wait_checkpoints
-from .context import RankContext, context
-from .state import unwrap
-from .stop import stop_requested_at, stop_signal
+from launcher.rundir.files import atomic_write_text
+from launcher.rundir.layout import RunDir
+from launcher.runtime import heartbeats, telemetry
+from launcher.runtime.checkpoint.background import wait_checkpoints
+from launcher.runtime.rankcontext import RankContext, context
+from launcher.runtime.state import unwrap
+from launcher.runtime.stop import stop_requested_at, stop_signal
 
 
 def _is_zero3_param(p) -> bool:

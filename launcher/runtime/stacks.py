@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
-from ..runs.files import atomic_write_text
-from ..runs.layout import RunDir
+from launcher.rundir.files import atomic_write_text
+from launcher.rundir.layout import RunDir
 
 # SIGWINCH asks for a stack: nothing in a batch job uses it (no terminal), and a process
 # that did not register it ignores it, so it can go to every process of a job step. SIGUSR1

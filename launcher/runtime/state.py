@@ -23,11 +23,18 @@ from __future__ import annotations
 import random
 import sys
 
-from . import background, heartbeats
-from .checkpoint_commit import agree, commit, first_failed_rank, open_staging, stage_checkpoint
-from .checkpoint_layout import Checkpoint, CheckpointError, step_dir_name
-from .checkpoint_staging import write_failure_marker, write_marker
-from .context import RankContext, context, log
+from launcher.runtime.checkpoint import background
+from launcher.runtime import heartbeats
+from launcher.runtime.checkpoint.commit import (
+    agree,
+    commit,
+    first_failed_rank,
+    open_staging,
+    stage_checkpoint,
+)
+from launcher.runtime.checkpoint.layout import Checkpoint, CheckpointError, step_dir_name
+from launcher.runtime.checkpoint.staging import write_failure_marker, write_marker
+from launcher.runtime.rankcontext import RankContext, context, log
 
 MODEL_FILE = "model.pt"
 STATE_DIR = "state"
@@ -155,7 +162,7 @@ _host_buffers = None
 def _buffers():
     global _host_buffers
     if _host_buffers is None:
-        from .dcp import HostBuffers
+        from launcher.runtime.checkpoint.dcp import HostBuffers
 
         _host_buffers = HostBuffers()
     return _host_buffers
@@ -173,9 +180,9 @@ def save_torch_state(step: int, model, optimizer=None, *, scheduler=None, extra:
     ``extra`` (rank 0's) is stored in the manifest (:attr:`Checkpoint.extra`).
 
     ``blocking=True`` returns the committed :class:`Checkpoint`. ``blocking=False``
-    returns a :class:`~launcher.runtime.background.PendingCheckpoint` as soon as this
+    returns a :class:`~launcher.runtime.checkpoint.background.PendingCheckpoint` as soon as this
     rank's share is copied to host memory; writing and commit go on in a thread, and
-    :func:`~launcher.runtime.background.wait_checkpoints` (collective) returns the
+    :func:`~launcher.runtime.checkpoint.background.wait_checkpoints` (collective) returns the
     committed checkpoint or raises the failure on every rank. A save in flight is
     waited for first, here, so at most one is ever in flight, and a failed one is
     raised by the next call.
@@ -198,7 +205,7 @@ def save_torch_state(step: int, model, optimizer=None, *, scheduler=None, extra:
 
 
 def _save_dcp(step, model, optimizer, *, scheduler, extra, rank_state, ctx, framework, blocking):
-    from . import dcp
+    from launcher.runtime.checkpoint import dcp
 
     d = ctx.checkpoint_dir
     st = open_staging(step, ctx, d)
@@ -305,7 +312,7 @@ def load_torch_state(ckpt: Checkpoint, model, optimizer=None, *, scheduler=None,
     else:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        from . import dcp
+        from launcher.runtime.checkpoint import dcp
 
         saved = dcp.saved_keys(state_dir)
         if optimizer is not None and "optimizer" not in saved:

@@ -15,8 +15,8 @@ import threading
 import time
 from typing import Any
 
-from . import heartbeats
-from .context import all_reduce_max, context, log
+from launcher.runtime import heartbeats
+from launcher.runtime.rankcontext import all_reduce_max, context, log
 
 _flag = False            # set by the handler (or request_stop) on this rank
 _signum: int | None = None      # first signal received on this rank

@@ -26,11 +26,12 @@ import signal
 import sys
 from typing import Any
 
-from ..runs.files import atomic_write_text, read_json
-from ..runs.layout import RunDir
-from . import heartbeats, launch, stacks
-from .context import node_name
-from .stop import install_stop_handler
+from launcher.rundir.files import atomic_write_text, read_json
+from launcher.rundir.layout import RunDir
+from launcher.runtime import heartbeats, stacks
+from launcher.rundir import launch
+from launcher.runtime.rankcontext import node_name
+from launcher.runtime.stop import install_stop_handler
 
 # The signal Slurm sends `requeue.signal_lead_s` before the time limit (see render.py).
 WARNING_SIGNAL = signal.SIGUSR2
@@ -176,7 +177,7 @@ def run_entry(spec: dict[str, Any]) -> int:
 
 def note_crash(run_dir: str, job: Any, exc: BaseException) -> None:
     """<run_dir>/crash.json: the first failure this start saw, for `glaunch status`."""
-    from .context import context
+    from launcher.runtime.rankcontext import context
 
     restart = context().restart
     path = RunDir(run_dir).crash_file

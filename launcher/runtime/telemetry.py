@@ -31,10 +31,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..runs.files import atomic_write_text, read_json
-from ..runs.layout import RunDir, read_heartbeat
-from . import heartbeats
-from .context import RankContext, log, node_name
+from launcher.rundir.files import atomic_write_text, read_json
+from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.runtime import heartbeats
+from launcher.runtime.rankcontext import RankContext, log, node_name
 
 GB = 1e9                   # the planner's gigabyte
 DEFAULT_GPU_SAMPLE_S = 5.0
@@ -143,7 +143,7 @@ def write_rank(reason: str, *, stop_requested: float | None = None) -> dict[str,
 def _at_exit() -> None:
     try:
         if _written is None:
-            from .stop import stop_requested_at
+            from launcher.runtime.stop import stop_requested_at
 
             write_rank("exit", stop_requested=stop_requested_at())
     except Exception as exc:  # at exit: say it, never fail the process for it

@@ -30,9 +30,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..runs.files import read_json
-from ..runs.layout import RunDir
-from .context import RankContext, context, log
+from launcher.rundir.files import read_json
+from launcher.rundir.layout import RunDir
+from launcher.runtime.rankcontext import RankContext, context, log
 
 WANDB_ID_LIMIT = 64
 _said: set[str] = set()

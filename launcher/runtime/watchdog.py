@@ -42,10 +42,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TextIO
 
-from ..runs.files import atomic_write_text, read_json
-from ..runs.layout import RunDir, is_node_name, read_heartbeat
-from .heartbeats import SAVING_STATES
-from .stacks import Ranks, log, run_command, write_stacks
+from launcher.rundir.files import atomic_write_text, read_json
+from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.rundir.records import is_node_name
+from launcher.runtime.heartbeats import SAVING_STATES
+from launcher.runtime.stacks import Ranks, log, run_command, write_stacks
 
 SAVE_BOUND_FACTOR = 4
 SAVE_BOUND_MIN_S = 1800.0
@@ -259,7 +260,7 @@ class Watch:
         return self.hang
 
     def _record(self, hang: Hang) -> None:
-        from .telemetry import iso
+        from launcher.runtime.telemetry import iso
 
         record = {"job_id": self.job_id, "restart": self.restart, "detected_at": iso(self.clock()), **hang.to_dict()}
         try:
@@ -315,7 +316,7 @@ class SlurmSteps:
 
 
 def watch_slurm(run_dir: str, *, stop: Callable[[], bool]) -> int:
-    from .context import context
+    from launcher.runtime.rankcontext import context
 
     ctx = context()
     slurm_job = os.environ.get("SLURM_JOB_ID", "")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .base import Scheduler
+    from launcher.schedulers.base import Scheduler
 
 NAMES = ("local", "slurm")
 
@@ -14,9 +14,9 @@ NAMES = ("local", "slurm")
 def get(name: str) -> Scheduler:
     """The scheduler a site's `scheduler:` names (already checked by loading)."""
     if name == "local":
-        from .local import LocalScheduler
+        from launcher.schedulers.local import LocalScheduler
         return LocalScheduler()
     if name == "slurm":
-        from .slurm import SlurmScheduler
+        from launcher.schedulers.slurm.scheduler import SlurmScheduler
         return SlurmScheduler()
     raise ValueError(f"unknown scheduler {name!r}")

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ClassVar, Mapping, Sequence
 
-from ..rendering.render import JobShell, render
-from ..resolution.jobplan import JobPlan
-from ..runs.layout import RunRecord
+from launcher.rendering.render import JobShell, render
+from launcher.resolution.jobplan import JobPlan
+from launcher.rundir.records import RunRecord
 
 Echo = Callable[[str], None]
 

@@ -20,17 +20,18 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import ConfigError, RunError
-from ..rendering import shell
-from ..rendering.render import JobShell, submitit_command, task_log_patterns
-from ..resolution.jobplan import JobPlan
-from ..runs.files import open_regular, read_json
-from ..runs.layout import IN_FLIGHT, RunDir, RunRecord, State
-from .base import Echo, Launched, Scheduler
+from launcher.errors import ConfigError, RunError
+from launcher import shell
+from launcher.rendering.render import JobShell, submitit_command, task_log_patterns
+from launcher.resolution.jobplan import JobPlan
+from launcher.rundir.files import open_regular, read_json
+from launcher.rundir.records import IN_FLIGHT, RunRecord, State
+from launcher.rundir.layout import RunDir
+from launcher.schedulers.base import Echo, Launched, Scheduler
 
 if TYPE_CHECKING:
-    from ..runs.console import Console
-    from ..runtime import jobend
+    from launcher.views.console import Console
+    from launcher.runtime import jobend
 
 # The registry, the runtime and the task spec are imported where a run starts or is
 # cancelled: rendering (a dry run) needs none of them.
@@ -62,7 +63,7 @@ class LocalScheduler(Scheduler):
             submitit_executor="local", node_rank="0", job_id="$GLAUNCH_JOB_ID")
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
-        from ..runs import registry
+        from launcher.rundir import registry
 
         status = run(plan, echo=echo)
         record = registry.read(run_dir)
@@ -81,8 +82,8 @@ class LocalScheduler(Scheduler):
         except OSError as exc:
             raise RunError(f"run {record.run_id}: cannot signal job {record.job_id} (process group {pid}): "
                            f"{exc.strerror or exc}") from None
-        from ..runs import registry
-        from ..runtime.telemetry import iso
+        from launcher.rundir import registry
+        from launcher.runtime.telemetry import iso
 
         with registry.updating(run_dir) as rec:
             # The loop running the job, while it lives, records the start's end when the
@@ -166,7 +167,7 @@ def hold_job_lock(run_dir: RunDir) -> int:
 
 
 def next_job_id() -> str:
-    from ..runs import registry
+    from launcher.rundir import registry
 
     fd = registry.state_file("local_job_counter")
     with os.fdopen(fd, "r+") as f:
@@ -183,8 +184,8 @@ def next_job_id() -> str:
 def dump_task(plan: JobPlan, job_id: str) -> None:
     from submitit.core.utils import DelayedSubmission, JobPaths
 
-    from ..rendering.taskspec import task_spec
-    from ..runtime.task import TrainingTask
+    from launcher.rendering.taskspec import task_spec
+    from launcher.runtime.task import TrainingTask
 
     paths = JobPaths(plan.log_dir, job_id=job_id)
     DelayedSubmission(TrainingTask(task_spec(plan))).dump(paths.submitted_pickle)
@@ -206,7 +207,7 @@ def run(plan: JobPlan, *, echo: Echo | None = None) -> int:
     it is. Returns 0 (completed), 1 (failed, cancelled, out of requeues) or
     INTERRUPTED_STATUS (Ctrl-C)."""
     run_dir = RunDir(plan.run_dir)
-    from ..runs.console import Console   # only a run that starts needs the console
+    from launcher.views.console import Console  # only a run that starts needs the console
 
     console = echo if isinstance(echo, Console) else Console(run_dir.path, echo or _stdout, live=False)
     job_lock = hold_job_lock(run_dir)
@@ -245,7 +246,7 @@ class Interrupts:
 def kill_job(pid: int) -> None:
     """SIGKILL the job's process group and the group of every process under it (localrun
     starts each task in a session of its own)."""
-    from ..runtime.task import child_pids
+    from launcher.runtime.task import child_pids
 
     groups, todo, seen = {pid}, [pid], set()
     while todo:
@@ -268,10 +269,10 @@ def kill_job(pid: int) -> None:
 
 
 def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: Console, interrupts: Interrupts) -> int:
-    from ..runs import registry
-    from ..runtime import jobend, watchdog
-    from ..runtime.context import node_name
-    from ..runtime.telemetry import iso, start_summary
+    from launcher.rundir import registry
+    from launcher.runtime import jobend, watchdog
+    from launcher.runtime.rankcontext import node_name
+    from launcher.runtime.telemetry import iso, start_summary
 
     restart = 0
     while True:
@@ -335,8 +336,8 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: Console, interr
 def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart: int,
              stop: dict | None, *, interrupted: bool = False) -> jobend.Outcome:
     """localrun's step summary in the terms of the Slurm path's decision."""
-    from ..runs import registry
-    from ..runtime import jobend, watchdog
+    from launcher.rundir import registry
+    from launcher.runtime import jobend, watchdog
 
     warned, timed_out = bool(summary.get("warned")), bool(summary.get("timed_out"))
     hung = watchdog.hang_in(run_dir.path, restart) is not None

@@ -1,0 +1,170 @@
+"""Small file operations both sides share: atomic writes, tolerant JSON reads, and opening
+files of a run or state directory that someone may have replaced by a FIFO, a device or a
+huge file. Standard library only (the in-job runtime uses them on every rank)."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import math
+import os
+import stat
+from pathlib import Path
+from typing import Iterator
+
+# run.json of a run with thousands of requeues stays far below this; anything bigger is
+# not a record glaunch wrote, and reading it whole could exhaust memory.
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+
+
+class NotARegularFile(OSError):
+    """A path that should hold a regular file holds something else (FIFO, device, directory)."""
+
+
+def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+    """A descriptor of the regular file at `path`. Opening never blocks (a FIFO would wait
+    for a writer forever) and anything but a regular file is refused."""
+    fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, mode)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotARegularFile(f"{path} is not a regular file")
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_text(path: str | os.PathLike, limit: int = MAX_RECORD_BYTES) -> str:
+    """The UTF-8 text of a regular file of at most `limit` bytes. OSError when it cannot be
+    read or is not a regular file; ValueError when it is larger or not UTF-8."""
+    fd = open_regular(path)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit} bytes")
+    return data.decode("utf-8")
+
+
+def json_type(value: object) -> str:
+    """JSON's name for the type of a decoded value."""
+    names = {dict: "object", list: "list", str: "string", bool: "boolean", int: "number", float: "number",
+             type(None): "null"}
+    return names.get(type(value), type(value).__name__)
+
+
+def json_safe(value: object) -> object:
+    """`value` with each float JSON cannot hold (NaN, Infinity: a diverged run's loss) as
+    its name, so what glaunch prints as JSON is JSON to a strict parser (jq)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {key: json_safe(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(item) for item in value]
+    return value
+
+
+def load_json_object(path: str | os.PathLike) -> dict:
+    """The JSON object in `path`; OSError when it cannot be read, ValueError (with what is
+    wrong) when it is not a JSON object."""
+    try:
+        data = json.loads(read_text(path))
+    except RecursionError:
+        raise ValueError("not JSON: nested too deeply") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"a JSON {json_type(data)}, not an object")
+    return data
+
+
+def read_json(path: str | os.PathLike) -> dict | None:
+    """A JSON object from `path`, or None when it is missing, unreadable or not an object."""
+    try:
+        return load_json_object(path)
+    except (OSError, ValueError):
+        return None
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename or a new entry in `path` durable; some filesystems refuse, harmlessly."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write `text` so a reader sees the old content or the new, never a part: a temp file
+    beside it (named per host and process, for shared filesystems), fsync, rename, fsync
+    of the directory. The temp file is always a new one: whatever had its name (a file left
+    by a killed writer, a FIFO) is replaced, never written into."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.uname().nodename}-{os.getpid()}")
+    try:
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise
+    fsync_dir(path.parent)
+
+
+def directory_problem(path: str | os.PathLike) -> str | None:
+    """Why a directory could not be used (created if missing, then written) at `path`, or
+    None. Looks only: creates nothing."""
+    path = Path(os.path.abspath(path))
+    probe = path
+    while True:
+        try:
+            st = os.stat(probe)
+            break
+        except FileNotFoundError:
+            if probe.parent == probe:
+                return f"{path} cannot be created"
+            probe = probe.parent
+        except NotADirectoryError:
+            probe = probe.parent
+        except OSError as exc:
+            return f"{probe}: {exc.strerror or exc}"
+    if not stat.S_ISDIR(st.st_mode):
+        what = "a file" if stat.S_ISREG(st.st_mode) else "not a directory"
+        return f"{probe} is {what}" + ("" if probe == path else f": {path} cannot be created there")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return f"{probe} is not writable" + ("" if probe == path else f": {path} cannot be created there")
+    return None
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: str | os.PathLike, what: str) -> Iterator[None]:
+    """Hold an flock on `path` (created as a regular file) for the block: the job and the
+    CLI read-modify-write the same records. `what` names the record in the error."""
+    from launcher.errors import RunError
+
+    try:
+        fd = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise RunError(f"cannot lock the {what}: {exc.strerror or exc}", file=str(path)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

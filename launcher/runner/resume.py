@@ -1,0 +1,326 @@
+"""`glaunch resume RUN [KEY=VALUE ...]`: continue an ended run from its newest complete
+checkpoint, in its own run directory, on the same or other resources.
+
+The run's recorded configuration (resolved.yaml: the experiment as it ran, and its site)
+with the new overrides on top is resolved and checked again as a submission is
+(`prepare_resume`: nothing written, no scheduler asked on a dry run). Values in
+resolved.yaml are final: an interpolation such as `${hparams.steps}` was resolved when the
+run was submitted, so an override names the key the job reads (`entrypoint.args`, or
+`hparams.*` for a script that reads GLAUNCH_HPARAMS). The run keeps its id, its run
+directory, its checkpoint directory (`checkpoint.dir` cannot change) and its code
+snapshot.
+
+`launch_resume` then, under the run's lock: moves the previous submission's files
+(job.sbatch, env.sh, ds_config.json, resolved.yaml, hparams.json) and what its last start
+left for the next one to read (result.json, stop.json, resume.json, crash.json,
+heartbeats/) to `resumes/N/` (N = 1, 2, ...), writes the newly rendered files, appends a
+`resumes` entry to run.json (when, the overrides, where the previous files went, the
+state the run ended in, the new shape, and `first_start`: the index in `starts` of this
+resume's first start) and hands the run to its scheduler, which appends the new starts
+after the earlier ones. The ranks find the newest complete checkpoint in the unchanged
+checkpoint directory as after any requeue; one saved at another world size is resharded
+(torch.distributed.checkpoint) or converted (DeepSpeed's universal checkpoint)."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
+from launcher.rundir.layout import (
+    CRASH_FILE,
+    DS_CONFIG_FILE,
+    ENV_FILE,
+    HEARTBEAT_DIR,
+    HPARAMS_FILE,
+    JOB_SCRIPT,
+    RESOLVED_FILE,
+    RESULT_FILE,
+    RESUME_FILE,
+    STOP_FILE,
+    RunDir,
+)
+from launcher.rundir.records import IN_FLIGHT, RunRecord, State
+from launcher.runner.submission import Echo, Run, RunRef, items
+
+# Moved to resumes/N/: the previous submission's files, and the files a start leaves for
+# the next one (a new start would take an old result.json for its own end).
+MOVED_ASIDE = (JOB_SCRIPT, ENV_FILE, DS_CONFIG_FILE, RESOLVED_FILE, HPARAMS_FILE,
+               RESULT_FILE, STOP_FILE, RESUME_FILE, CRASH_FILE, HEARTBEAT_DIR)
+# run.json keys about the previous job that the new one's scheduler writes afresh.
+_PREVIOUS_JOB_KEYS = ("scheduler_history", "accounting", "request", "warnings", "pending_reason", "blocked",
+                      "unreachable", "submission")
+WHERE = "command line"
+
+
+@dataclass(frozen=True)
+class PreparedResume:
+    """An ended run resolved again with the new overrides and rendered, nothing written."""
+
+    run_dir: Path
+    record: RunRecord                  # run.json as it was read (refreshed from the scheduler)
+    overrides: tuple[str, ...]
+    plan: Any                          # launcher.resolution.jobplan.JobPlan
+    files: Mapping[str, str]
+    scheduler: Any                     # launcher.schedulers.base.Scheduler
+    warnings: tuple[str, ...] = ()
+
+
+def resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool = False, check: bool = True,
+           echo: Echo | None = None) -> Run:
+    """Continue the ended run `run` (a run id or directory, or a Run) from its newest
+    complete checkpoint with `overrides` (KEY=VALUE) on its recorded configuration;
+    `dry_run` renders and checks only, writing nothing. The local site runs it to its end
+    here. ConfigError (exit 2) for a run that is still queued or running, or bad overrides."""
+    return launch_resume(prepare_resume(run, overrides=overrides, dry_run=dry_run), dry_run=dry_run, check=check,
+                         echo=echo)
+
+
+def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool = False) -> PreparedResume:
+    """Read the run, refuse it unless it ended, resolve its recorded configuration with
+    `overrides` and render it. Nothing written; the scheduler is asked for the run's
+    state unless `dry_run`."""
+    from launcher import schedulers
+    from launcher.resolution.resolve import resolve
+    from launcher.rundir import registry
+    from launcher.runner.manage import find_sweep, refreshed, run_dir_of
+
+    sweep_dir = find_sweep(run)
+    if sweep_dir is not None:
+        raise ConfigError(f"{sweep_dir.name} is a sweep: resume its elements one by one (glaunch resume "
+                          "ELEMENT_RUN_DIR)", file=WHERE, key="RUN")
+    run_dir = run_dir_of(run)
+    record = registry.read(run_dir) if dry_run else refreshed(run_dir)
+    refuse_unless_ended(record)
+    recorded = RecordedConfig.read(run_dir)
+    overrides = items(overrides, "overrides")
+    exp, site = recorded.load(overrides)
+    recorded.check_site_kept(exp, site)
+    plan = resolve(exp, site, recorded.context(exp, site))
+    recorded.check_kept(plan, exp)
+    scheduler = schedulers.get(plan.scheduler)
+    scheduler.check(plan)
+    return PreparedResume(run_dir, record, overrides, plan, scheduler.render(plan), scheduler,
+                          _warnings(plan, record))
+
+
+def refuse_unless_ended(record: RunRecord) -> None:
+    """ConfigError for a run that may still be queued or running, or that never ran."""
+    state = str(record.state)
+    if record.dry_run or state == State.RENDERED.value:
+        raise ConfigError(f"run {record.run_id} is a dry run: nothing ran to continue (glaunch submit the "
+                          "experiment instead)", file=WHERE, key="RUN")
+    uncertain = state == State.UNKNOWN.value and any(k in record.extra for k in ("submission", "unreachable"))
+    if state in IN_FLIGHT or uncertain:
+        job = f" (job {record.job_id})" if record.job_id else ""
+        raise ConfigError(f"run {record.run_id} is {state}{job}: only a run that ended can be resumed; wait for "
+                          f"its end or cancel it (glaunch cancel {record.run_id})", file=WHERE, key="RUN")
+
+
+def _warnings(plan, record: RunRecord) -> tuple[str, ...]:
+    """What the user should know before it starts: no checkpoint to continue from."""
+    from launcher.runtime.checkpoint.resume import latest_complete  # the standard library only
+
+    if latest_complete(plan.checkpoint_dir, verify="size", quiet=True) is None:
+        return (f"run {record.run_id}: no complete checkpoint in {plan.checkpoint_dir}: the resumed run starts "
+                "again from step 0",)
+    return ()
+
+
+@dataclass(frozen=True)
+class RecordedConfig:
+    """resolved.yaml of a run: the experiment and site it ran with, and what its
+    submission derived (working directory, run and checkpoint directories, code snapshot)."""
+
+    path: Path
+    doc: Any                           # launcher.config.yamlfile.YamlDoc
+
+    @classmethod
+    def read(cls, run_dir: Path) -> RecordedConfig:
+        from launcher.config.yamlfile import read_yaml
+
+        path = Path(run_dir) / RESOLVED_FILE
+        doc = read_yaml(path)
+        for key in ("experiment", "site", "derived"):
+            if not isinstance(doc.data.get(key), dict):
+                raise ConfigError("not a resolved.yaml written by glaunch (no mapping here)", file=str(path), key=key,
+                                  line=doc.lines.get(key))
+        return cls(path, doc)
+
+    def text(self, dotted: str) -> str | None:
+        """A scalar of the document by dotted key (None when absent or null)."""
+        from launcher.config.typed import NULLS
+        from launcher.config.yamlfile import Scalar
+
+        value: Any = self.doc.data
+        for part in dotted.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if not isinstance(value, Scalar) or (value.plain and value.text in NULLS):
+            return None
+        return value.text
+
+    def load(self, overrides: tuple[str, ...]):
+        """(LoadedExperiment, LoadedSite) of the recorded sections, `overrides` on the
+        experiment's; checked as loading an experiment and a profile checks them."""
+        from launcher.config.load import experiment_from_data
+        from launcher.config.sites import site_from_layers
+
+        doc = self.doc
+        # Relative paths (entrypoint.script) are taken from the experiment file's folder, as at submit.
+        exp_file = self.text("experiment_file") or str(self.path)
+        site_file = Path(self.text("site_file") or self.path)
+        exp = experiment_from_data(doc.data["experiment"], lambda key: doc.origin(f"experiment.{key}"),
+                                   file=str(self.path), path=exp_file, overrides=overrides)
+        site = site_from_layers([(doc.data["site"], lambda key: doc.origin(f"site.{key}"))], file=str(self.path),
+                                path=site_file, chain=(site_file,))
+        return exp, site
+
+    def context(self, exp, site):
+        """The submission's context again: its working directory and run directory, the
+        code snapshot it took; no sweep (an element resumes as a job of its own)."""
+        from launcher.resolution.jobplan import CodeRoot, SubmitContext
+
+        workdir = self.text("derived.workdir") or os.getcwd()
+        run_dir = self.text("derived.run_dir") or str(self.path.parent)
+        code_root = code_dir = None
+        source, script = self.text("derived.code.source"), self.text("derived.code.script")
+        if source is not None:
+            code_dir = self.text("derived.code.snapshot")
+            anchor = os.path.dirname(script) if script else workdir
+            code_root = CodeRoot(source, self.text("derived.code.git") == "true", _below(anchor, source) or ".",
+                                 _below(workdir, source))
+        return SubmitContext(cwd=workdir, python=sys.executable, environ=dict(os.environ),
+                             run_id=os.path.basename(run_dir), runs_dir=os.path.dirname(run_dir).replace("$", "$$"),
+                             code_root=code_root, code_dir=code_dir)
+
+    def check_site_kept(self, exp, site) -> None:
+        """The run resumes on the profile recorded with it: `site` cannot change."""
+        wanted = exp.config.site
+        if wanted is None or wanted in (self.text("experiment.site"), site.config.name):
+            return
+        raise exp.provenance.error("site", f"the run ran on site {site.config.name!r}; a resumed run keeps its site "
+                                   f"(to run on {wanted!r}, submit the experiment again)")
+
+    def check_kept(self, plan, exp) -> None:
+        """The run keeps its run directory, its checkpoint directory and its code snapshot."""
+        where = exp.provenance
+        checkpoint_dir = self.text("derived.checkpoint_dir")
+        if checkpoint_dir is not None and os.path.normpath(plan.checkpoint_dir) != os.path.normpath(checkpoint_dir):
+            raise where.error("checkpoint.dir", f"the run's checkpoints are in {checkpoint_dir}; a resumed run keeps "
+                              f"its checkpoint directory (this would be {plan.checkpoint_dir})")
+        run_dir = self.text("derived.run_dir")
+        if run_dir is not None and os.path.normpath(plan.run_dir) != os.path.normpath(run_dir):
+            raise ConfigError(f"the run directory would move to {plan.run_dir}", file=str(self.path),
+                              key="derived.run_dir")
+        if plan.code is not None and not os.path.isdir(plan.code.dest):
+            raise where.error("code.snapshot", f"the run has no code snapshot in {plan.code.dest} to run from "
+                              "(it was submitted without one)")
+        script = plan.entry_script
+        if script and plan.container is None and not os.path.isfile(script):
+            raise where.error("entrypoint.script", f"script {script!r} not found")
+
+
+def _below(path: str, root: str) -> str | None:
+    """`path` relative to `root` when inside it (as written: the tree may be gone)."""
+    rel = os.path.relpath(os.path.normpath(path), os.path.normpath(root))
+    return None if rel == ".." or rel.startswith("../") else rel
+
+
+def launch_resume(prepared: PreparedResume, *, dry_run: bool = False, check: bool = True,
+                  echo: Echo | None = None) -> Run:
+    """Unless `dry_run`: move the previous files aside, write the new ones, record the
+    resume in run.json and hand the run to its scheduler (the local one runs it to its end
+    here). A dry run writes nothing."""
+    plan, scheduler, run_dir = prepared.plan, prepared.scheduler, prepared.run_dir
+    files = tuple(prepared.files)
+    if dry_run:
+        return Run(prepared.record.run_id, run_dir, plan.site_name, True, files, str(prepared.record.state))
+    scheduler.require()
+    record = _switch_bundle(prepared)
+    try:
+        launched = scheduler.launch(plan, run_dir, check=check, echo=echo)
+    except SchedulerError:
+        raise                   # refused: run.json says so
+    except OSError as exc:
+        raise RunError(f"run {record.run_id}: {exc}") from None
+    return Run(record.run_id, run_dir, plan.site_name, False, files, launched.state, launched.job_id,
+               launched.exit_code)
+
+
+def _switch_bundle(prepared: PreparedResume) -> RunRecord:
+    """Under the run's lock: the run still ended, the previous files moved to resumes/N/,
+    the new ones written, run.json's resume entry appended. On failure everything moves
+    back and run.json is unchanged."""
+    from launcher.runner import bundle
+    from launcher.rundir import registry
+
+    run_dir = prepared.run_dir
+    with registry.updating(run_dir) as record:
+        refuse_unless_ended(record)
+        previous = record.extra.get("resumes")
+        number = (len(previous) if isinstance(previous, list) else 0) + 1
+        aside = RunDir(run_dir).previous_files(number)
+        moved: list[str] = []
+        written: list[str] = []
+        try:
+            aside.mkdir(parents=True)
+            for name in MOVED_ASIDE:
+                if os.path.lexists(run_dir / name):
+                    os.rename(run_dir / name, aside / name)
+                    moved.append(name)
+            for name, text in prepared.files.items():
+                bundle.write_file(run_dir / name, text, executable=name in bundle.EXECUTABLE)
+                written.append(name)
+        except (OSError, GlaunchError) as exc:
+            _undo(run_dir, aside, moved, written)
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+            raise RunError(f"run {record.run_id}: cannot prepare its run directory for the resume: {why}") from None
+        _record_resume(record, prepared, number, aside)
+    return record
+
+
+def _undo(run_dir: Path, aside: Path, moved: list[str], written: list[str]) -> None:
+    for name in written:
+        try:
+            os.unlink(run_dir / name)
+        except OSError:
+            pass
+    for name in moved:
+        try:
+            os.rename(aside / name, run_dir / name)
+        except OSError:
+            pass
+    for directory in (aside, aside.parent):
+        try:
+            directory.rmdir()
+        except OSError:
+            pass
+
+
+def _record_resume(record: RunRecord, prepared: PreparedResume, number: int, aside: Path) -> None:
+    """run.json: the resume entry, the new shape, the state back to SUBMITTING; the keys
+    about the previous job go into the entry (its scheduler writes them afresh)."""
+    from launcher.rundir import registry
+
+    plan = prepared.plan
+    ended: dict[str, Any] = {"state": str(record.state), "reason": record.reason, "detail": record.detail,
+                             "job_id": record.job_id, "nodes": record.nodes, "world_size": record.world_size,
+                             "partition": record.partition}
+    for key in _PREVIOUS_JOB_KEYS:
+        if key in record.extra:
+            value = record.extra.pop(key)
+            if key == "scheduler_history":
+                ended[key] = value
+    entry = {"number": number, "at": registry.now(), "overrides": list(prepared.overrides),
+             "previous_files": os.path.relpath(aside, prepared.run_dir), "ended": ended,
+             "nodes": plan.nodes, "world_size": plan.world_size, "partition": plan.partition,
+             "first_start": len(record.starts)}
+    resumes = record.extra.get("resumes")
+    record.extra["resumes"] = [*(resumes if isinstance(resumes, list) else []), entry]
+    record.state = State.SUBMITTING.value
+    record.job_id = record.reason = record.detail = None
+    record.nodes, record.world_size, record.partition = plan.nodes, plan.world_size, plan.partition
+    record.requeue_max, record.crash_retries = plan.requeue_max, plan.crash_retries

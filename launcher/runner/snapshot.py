@@ -1,0 +1,330 @@
+"""The code snapshot (`code.snapshot`): at submit, the entry point's code is copied into
+the run directory (`code/`; a sweep's elements share one copy) and every start runs from
+there, so an edit made while the job waits in the queue, or between two requeues, never
+reaches it.
+
+What is copied: the git work tree holding the entry point, as git sees it (tracked files,
+and untracked files that no ignore rule covers); without git, the entry point's folder
+(all of it but `__pycache__`). Never the runs directory or the checkpoint directory, nor
+any other run directory found in the tree. `code.exclude` (globs) leaves more out,
+`code.max_mb` bounds the copy: over it, nothing is written and the error names the
+largest files.
+
+A dirty work tree is recorded as `code.patch` next to the copy: `git diff --binary HEAD`
+and every untracked file of the copy as a new file, so commit + patch give back what ran.
+
+Reads the disk and runs git (launcher.runner.gitview, bounded by a timeout); the decisions
+(`matches`, `over_bound`) are pure.
+"""
+
+from __future__ import annotations
+
+import errno
+import fnmatch
+import hashlib
+import os
+import shutil
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from launcher.errors import ConfigError
+from launcher.resolution.jobplan import CodeSnapshot
+from launcher.runner.gitview import STATUS, GitCall, GitState, git, git_state, inside, locate, patch
+
+# How many of the largest files an error over code.max_mb names.
+LARGEST_SHOWN = 5
+NEVER_COPIED = ("__pycache__",)
+
+
+# --- what is copied -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Survey:
+    """What a snapshot copies: every file (relative path, bytes), and git's view."""
+
+    source: str
+    files: tuple[tuple[str, int], ...]
+    git: GitState | None
+    excluded: int = 0            # files left out by code.exclude
+    total: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "total", sum(size for _, size in self.files))
+
+    @property
+    def dirty(self) -> bool:
+        return self.git is not None and (self.git.changed or bool(self.git.untracked))
+
+
+def matches(relative: str, patterns: tuple[str, ...]) -> bool:
+    """Whether a path (relative to the copied folder) is left out by one of `patterns`: a
+    glob without '/' matches any file or folder name on the path, one with '/' the path
+    from the top (or a folder above the file). Pure."""
+    parts = relative.split("/")
+    for raw in patterns:
+        pattern = raw.strip().rstrip("/")
+        if not pattern:
+            continue
+        if "/" in pattern:
+            pattern = pattern.lstrip("/")
+            if any(fnmatch.fnmatchcase("/".join(parts[:n]), pattern) for n in range(1, len(parts) + 1)):
+                return True
+        elif any(fnmatch.fnmatchcase(part, pattern) for part in parts):
+            return True
+    return False
+
+
+def _skipped(code: CodeSnapshot) -> tuple[str, ...]:
+    """The directories never copied (runs root, checkpoints, the snapshot itself), relative
+    to the source, where they are inside it."""
+    out = []
+    for path in (*code.skip, code.dest):
+        rel = inside(path, code.source)
+        if rel == ".":
+            continue        # the whole tree would go: the runs directory's own check refuses this
+        if rel is not None:
+            out.append(rel)
+    return tuple(out)
+
+
+def _under(relative: str, folders: tuple[str, ...]) -> bool:
+    return any(relative == f or relative.startswith(f + "/") for f in folders)
+
+
+# A run directory (run.json beside job.sbatch) or a sweep's (sweep.json): glaunch's output,
+# never code, wherever --runs-dir put it.
+_RUN_MARKERS = (("run.json", "job.sbatch"), ("sweep.json",))
+
+
+def _run_folders(root: Path, names: list[str]) -> tuple[str, ...]:
+    folders = {os.path.dirname(n) for n in names}
+    return tuple(f for f in folders if f and any(all((root / f / m).is_file() for m in markers)
+                                                 for markers in _RUN_MARKERS))
+
+
+def _git_files(root: str, sizes: dict[str, int], prefix: str = "") -> list[str]:
+    """Tracked and untracked-not-ignored files under `root`, submodules' included; the
+    size of each one found on disk goes into `sizes` (one lstat per file)."""
+    proc = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", binary=True)
+    if proc is None or proc.returncode != 0:
+        raise ConfigError(f"git cannot list the files of {root}: "
+                          f"{(proc.stderr.decode(errors='replace').strip() if proc else 'git did not answer')}",
+                          key="code.snapshot")
+    out: list[str] = []
+    for name in dict.fromkeys(proc.stdout.decode("utf-8", "surrogateescape").split("\0")):
+        if not name:
+            continue
+        path = os.path.join(root, name)
+        try:
+            info = os.lstat(path)
+        except OSError:
+            out.append(prefix + name)       # deleted in the work tree: left out by the survey
+            continue
+        if stat.S_ISDIR(info.st_mode):      # a submodule
+            out += _git_files(path, sizes, f"{prefix}{name}/")
+        elif _is_code(info.st_mode):
+            out.append(prefix + name)
+            sizes[prefix + name] = info.st_size
+    return out
+
+
+def _is_code(mode: int) -> bool:
+    """A regular file or a symlink. A named pipe, socket or device in the tree is not code
+    (git cannot track one): the snapshot leaves it out."""
+    return stat.S_ISREG(mode) or stat.S_ISLNK(mode)
+
+
+def _walk_files(root: Path) -> list[str]:
+    out = []
+    for folder, dirs, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
+        dirs[:] = sorted(d for d in dirs if d not in NEVER_COPIED)
+        for name in list(dirs):
+            if os.path.islink(os.path.join(folder, name)):
+                dirs.remove(name)
+                files.append(name)        # a symlinked folder is copied as the link
+        out += [os.path.normpath(os.path.join(rel, name)) for name in sorted(files)]
+    return out
+
+
+def survey(code: CodeSnapshot) -> Survey:
+    """The files a snapshot of `code.source` copies, and git's view of the tree.
+    ConfigError when the folder is not there."""
+    root = Path(code.source)
+    if not root.is_dir():
+        raise ConfigError(f"cannot snapshot {code.source}: not a folder on this machine (a script inside a "
+                          "container image cannot be copied: set code.snapshot: false)", key="code.snapshot")
+    if not code.git:
+        files, excluded = _chosen(code, _walk_files(root), {})
+        return Survey(code.source, files, None, excluded)
+    # git status runs while the files are listed and looked at.
+    with GitCall(code.source, *STATUS, binary=True) as status:
+        sizes: dict[str, int] = {}
+        files, excluded = _chosen(code, _git_files(code.source, sizes), sizes)
+        git = git_state(code.source, {n for n, _ in files}, status=status)
+    return Survey(code.source, files, git, excluded)
+
+
+def _chosen(code: CodeSnapshot, names: list[str], sizes: dict[str, int]) -> tuple[tuple[tuple[str, int], ...], int]:
+    """(the files copied with their sizes, how many code.exclude left out) of `names`;
+    `sizes`: those already looked at."""
+    skipped = _skipped(code) + _run_folders(Path(code.source), names)
+    files, excluded = [], 0
+    for name in names:
+        if _under(name, skipped) or _under(name, NEVER_COPIED) or any(p in NEVER_COPIED for p in name.split("/")):
+            continue
+        if matches(name, code.exclude):
+            excluded += 1
+            continue
+        size = sizes.get(name)
+        if size is None:
+            try:
+                info = os.lstat(os.path.join(code.source, name))
+            except OSError:
+                continue          # listed, then deleted in the work tree
+            if not _is_code(info.st_mode):
+                continue
+            size = info.st_size
+        files.append((name, size))
+    return tuple(files), excluded
+
+
+def tree_state(anchor: str) -> Survey | None:
+    """git's view of the work tree holding `anchor`, copying nothing (a run without a
+    snapshot, for its provenance); None outside git. git status runs while the tree is
+    located."""
+    if not os.path.isdir(anchor):
+        return None
+    with GitCall(anchor, *STATUS, binary=True) as status:
+        root = locate(anchor, anchor)
+        if not root.git:
+            return None
+        return Survey(root.path, (), git_state(root.path, status=status))
+
+
+def over_bound(found: Survey, max_bytes: int) -> str | None:
+    """Why the copy is too large, naming its largest files; None when it fits. Pure."""
+    if found.total <= max_bytes:
+        return None
+    largest = sorted(found.files, key=lambda f: (-f[1], f[0]))[:LARGEST_SHOWN]
+    shown = ", ".join(f"{name} ({_mb(size)})" for name, size in largest)
+    return (f"the code snapshot of {found.source} would be {_mb(found.total)} in {len(found.files)} files, over "
+            f"code.max_mb ({_mb(max_bytes)}); the largest: {shown}. Leave data and outputs out with code.exclude "
+            "(globs), or raise code.max_mb")
+
+
+def _mb(size: int) -> str:
+    for unit, scale in (("GB", 1024 ** 3), ("MB", 1024 ** 2), ("KB", 1024)):
+        if size >= scale or unit == "KB":
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} B"
+
+
+def check(code: CodeSnapshot, experiment_file: str | None) -> Survey:
+    """Survey the copy and check its bound: ConfigError (nothing written) when over."""
+    found = survey(code)
+    problem = over_bound(found, code.max_bytes)
+    if problem:
+        raise ConfigError(problem, file=experiment_file, key="code.max_mb")
+    return found
+
+
+# --- taking it ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A snapshot written: where, and what run.json's provenance says of it."""
+
+    dest: str
+    files: int
+    bytes: int
+    patch: str | None            # the code.patch file, for a dirty tree
+    patch_sha256: str | None
+
+
+class Unreadable(Exception):
+    """A file of the tree that cannot be read (not where it is copied to)."""
+
+    def __init__(self, path: str, error: OSError) -> None:
+        super().__init__(path)
+        self.path, self.error = path, error
+
+
+def take(code: CodeSnapshot, found: Survey, patch_path: str | os.PathLike,
+         experiment_file: str | None = None) -> Taken:
+    """Copy the surveyed files into `code.dest` (which must not exist yet) and, for a dirty
+    git tree, write the patch. ConfigError naming code.exclude for a file of the tree that
+    cannot be read; OSError for a failure to write (the caller removes what was written)."""
+    dest = code.dest
+    os.mkdir(dest)
+    made = {dest}
+    for name, _ in found.files:
+        target = os.path.join(dest, name)
+        parent = os.path.dirname(target)
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        try:
+            copy_file(os.path.join(code.source, name), target)
+        except Unreadable as exc:
+            raise ConfigError(f"the code snapshot cannot read {exc.path}: {exc.error.strerror or exc.error}; leave "
+                              "it out with code.exclude (globs), or set code.snapshot: false",
+                              file=experiment_file, key="code.exclude") from None
+    patch_file, digest = None, None
+    if found.dirty:
+        data = patch(code.source, found.git.untracked if found.git else ())
+        Path(patch_path).write_bytes(data)
+        patch_file, digest = str(patch_path), hashlib.sha256(data).hexdigest()
+    return Taken(str(dest), len(found.files), found.total, patch_file, digest)
+
+
+def copy_file(source: str, target: str) -> None:
+    """`source` to the new file `target` with its mode and times, a symlink as a symlink
+    (shutil.copy2's result, in a third of its system calls: a snapshot copies many small
+    files). A file deleted since the survey is skipped: the copy is of the tree as it is;
+    so is one that became a named pipe, socket or device. Unreadable when `source` cannot
+    be opened."""
+    try:
+        src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise Unreadable(source, exc) from None
+        os.symlink(os.readlink(source), target)
+        return
+    try:
+        info = os.fstat(src)
+        if not stat.S_ISREG(info.st_mode):
+            return
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            _copy_bytes(src, dst)
+            os.fchmod(dst, stat.S_IMODE(info.st_mode))
+            os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns))
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
+def _copy_bytes(src: int, dst: int) -> None:
+    """Every byte of `src` into `dst`: in the kernel (copy_file_range) where it can."""
+    if hasattr(os, "copy_file_range"):
+        try:
+            while os.copy_file_range(src, dst, 1 << 30):
+                pass
+            return
+        except OSError as exc:
+            if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):
+                raise
+            os.lseek(src, 0, os.SEEK_SET)
+            os.lseek(dst, 0, os.SEEK_SET)
+            os.ftruncate(dst, 0)
+    with open(src, "rb", closefd=False) as fin, open(dst, "wb", closefd=False) as fout:
+        shutil.copyfileobj(fin, fout)
+
+

@@ -1,0 +1,222 @@
+"""A sweep's submission: every combination of the swept values resolved and checked as
+its own run (`prepare_sweep`, nothing written), then the sweep directory, its elements'
+run directories and one submission per allocation shape (`launch_sweep`)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from launcher import schedulers
+from launcher.errors import ConfigError
+from launcher.runner.submission import (
+    Echo,
+    Prepared,
+    Run,
+    checkpoint_warning,
+    dependency_clause,
+    items,
+    load,
+    path_sources,
+    upstreams_of,
+    wait_upstreams,
+    with_code_root,
+)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A submitted (or rendered) sweep: its elements are runs."""
+
+    sweep_id: str
+    sweep_dir: Path
+    site: str
+    dry_run: bool
+    runs: tuple[Run, ...]
+    arrays: tuple[dict[str, Any], ...]      # Slurm: {script, job_id, elements, error}
+    files: Mapping[str, str]                # the sweep directory's own (array scripts)
+    state: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"sweep_id": self.sweep_id, "sweep_dir": str(self.sweep_dir), "site": self.site,
+                "dry_run": self.dry_run, "state": self.state, "arrays": list(self.arrays),
+                "files": sorted(self.files), "runs": [r.to_json() for r in self.runs]}
+
+
+@dataclass(frozen=True)
+class PreparedSweep:
+    """Every element of a sweep resolved and rendered, nothing written."""
+
+    sweep_id: str
+    sweep_dir: Path
+    elements: tuple[Any, ...]        # launcher.resolution.sweep.Element
+    prepared: tuple[Prepared, ...]   # one per element
+    axes: tuple[Any, ...]            # launcher.resolution.sweep.Axis
+    max_parallel: int | None
+    experiment_file: str
+    after: tuple[Any, ...] = ()
+
+    @property
+    def scheduler(self):
+        return self.prepared[0].scheduler
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        return self.prepared[0].warnings
+
+
+def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: str | None = None,
+                  overrides: Sequence[str] = (), runs_dir: str | None = None, max_parallel: int | None = None,
+                  after: Sequence[str] = (), dry_run: bool = False) -> PreparedSweep:
+    """Every combination of the `sweep` values (KEY=V1,V2,... each; the first varies
+    slowest), each resolved and checked as its own run would be, its values applied after
+    `overrides`: one element that cannot run refuses the whole sweep, naming it. Nothing
+    written."""
+    import dataclasses
+
+    from launcher.config.load import load_experiment
+    from launcher.resolution.jobplan import SubmitContext
+    from launcher.resolution.resolve import resolve
+    from launcher.resolution.sweep import expand, parse_axes
+    from launcher.runner import sweeps
+
+    if max_parallel is not None:
+        # bool is an int to Python, but max_parallel=True is no count of jobs.
+        if isinstance(max_parallel, bool) or not isinstance(max_parallel, int):
+            raise ConfigError(f"must be a whole number, 1 or more, got {type(max_parallel).__name__} "
+                              f"({max_parallel!r:.80})", file="command line", key="max_parallel")
+        if max_parallel < 1:
+            raise ConfigError(f"must be 1 or more, got {max_parallel}", file="command line", key="--max-parallel")
+    overrides = items(overrides, "overrides")
+    axes = parse_axes(items(sweep, "sweep"))
+    elements = expand(axes)
+    first = elements[0]
+    with _naming(first):
+        exp0, loaded_site = load(experiment, site, [*overrides, *first.overrides])
+    scheduler_name = loaded_site.config.scheduler
+    upstreams = upstreams_of(after, scheduler_name, refresh=not dry_run)
+    sweep_id = sweeps.new_sweep_id(exp0.config.name)
+    base = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=dict(os.environ), run_id=sweep_id,
+                         runs_dir=runs_dir, dependency=dependency_clause(upstreams, scheduler_name))
+    # The sweep's directory is where a run with the sweep's id would go.
+    with _naming(first):
+        sweep_dir = Path(resolve(exp0, loaded_site, base).run_dir)
+    roots: dict = {}
+    prepared = []
+    for element in elements:
+        with _naming(element):
+            exp = exp0 if element is first else load_experiment(experiment, [*overrides, *element.overrides])
+            ctx = dataclasses.replace(base, run_id=sweeps.element_run_id(sweep_id, element.index),
+                                      runs_dir=str(sweep_dir).replace("$", "$$"),
+                                      code_dir=str(sweep_dir / "code"), sweep_id=sweep_id)
+            plan = resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots))
+            scheduler = schedulers.get(plan.scheduler)
+            scheduler.check(plan)
+            files = scheduler.render(plan)
+        warning = checkpoint_warning(exp, plan)
+        runs_from, checkpoint_from = path_sources(exp, loaded_site, runs_dir)
+        prepared.append(Prepared(plan, files, scheduler, runs_from, checkpoint_from,
+                                 warnings=(warning,) if warning else (), after=tuple(upstreams)))
+    sources = {p.plan.code.source for p in prepared if p.plan.code is not None}
+    if len(sources) > 1:
+        raise ConfigError(f"the elements run code from different work trees ({', '.join(sorted(sources))}); "
+                          "a sweep snapshots one", file="command line", key="--sweep")
+    return PreparedSweep(sweep_id, sweep_dir, tuple(elements), tuple(prepared), tuple(axes), max_parallel,
+                         str(exp0.path), tuple(upstreams))
+
+
+@contextlib.contextmanager
+def _naming(element) -> Iterator[None]:
+    """A ConfigError while preparing `element` names the element and its values."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise ConfigError(f"sweep element {element.index} ({element.label()}): {exc.message}", file=exc.file,
+                          key=exc.key, line=exc.line) from None
+
+
+def launch_sweep(prepared: PreparedSweep, *, dry_run: bool = False, check: bool = True,
+                 echo: Echo | None = None) -> Sweep:
+    """Write the sweep directory (its code snapshot once, every element's run directory,
+    sweep.json, the array scripts) and, unless `dry_run`, submit it: on Slurm one array job
+    per allocation shape; on the local site the elements run one after another
+    (`max_parallel` at a time)."""
+    from launcher.runner import bundle, dependencies, provenance, snapshot, sweeps
+    from launcher.rundir import registry
+
+    plans = [p.plan for p in prepared.prepared]
+    scheduler = prepared.scheduler
+    for item in prepared.prepared:
+        bundle.check_inputs(item.plan, runs_root=item.runs_root_from, checkpoint=item.checkpoint_from)
+    code = plans[0].code
+    survey = snapshot.check(code, prepared.experiment_file) if code is not None else None
+    registry.check_state_dir()
+    if not dry_run:
+        scheduler.require()
+    sweep_plan = scheduler.plan_sweep(plans, sweep_id=prepared.sweep_id, sweep_dir=str(prepared.sweep_dir),
+                                      max_parallel=prepared.max_parallel, dry_run=dry_run)
+    first = plans[0]
+    record = sweeps.SweepRecord(
+        sweep_id=prepared.sweep_id, name=first.name, site=first.site_name, scheduler=first.scheduler,
+        sweep_dir=str(prepared.sweep_dir), experiment_file=prepared.experiment_file, created=registry.now(),
+        dry_run=dry_run, axes=[{"key": a.key, "values": list(a.values)} for a in prepared.axes],
+        max_parallel=prepared.max_parallel,
+        elements=[sweeps.SweepElement(e.index, p.run_id, p.run_dir, dict(e.params))
+                  for e, p in zip(prepared.elements, plans)],
+        arrays=[sweeps.SweepArray(list(b.elements), b.script) for b in sweep_plan.batches if b.script],
+        after=[str(u.after) for u in prepared.after])
+    after = [dependencies.record_of(u) for u in prepared.after]
+    written = sweeps.create_dir(prepared.sweep_dir, prepared.experiment_file)
+    try:
+        taken = (snapshot.take(code, survey, prepared.sweep_dir / "code.patch", prepared.experiment_file)
+                 if code and survey else None)
+        origin = provenance.collect(survey, taken)
+        for name, text in sweep_plan.files.items():
+            bundle.write_file(prepared.sweep_dir / name, text, executable=True)
+        sweeps.write(prepared.sweep_dir, record)
+        registry.register(prepared.sweep_id, str(prepared.sweep_dir))
+        written.registered.append((prepared.sweep_id, str(prepared.sweep_dir)))
+        for element, item in zip(prepared.elements, prepared.prepared):
+            extra: dict[str, Any] = {"sweep": {"id": prepared.sweep_id, "index": element.index,
+                                               "params": dict(element.params)}}
+            if after:
+                extra["after"] = after
+            written.bundles.append(bundle.write_bundle(
+                item.plan, item.files, dry_run=dry_run, runs_root=item.runs_root_from,
+                checkpoint=item.checkpoint_from, origin=origin, extra=extra))
+            registry.register(item.plan.run_id, item.plan.run_dir)
+            written.registered.append((item.plan.run_id, item.plan.run_dir))
+    except BaseException as exc:
+        written.remove()
+        if isinstance(exc, OSError):
+            raise prepared.prepared[0].runs_root_from.error(
+                f"cannot write the sweep directory {prepared.sweep_dir}: {exc.strerror or exc}") from None
+        raise
+    if not dry_run:
+        if prepared.after and scheduler.runs_to_completion:
+            blocked = [wait_upstreams(prepared.after, Path(p.run_dir), echo) for p in plans]
+            if any(blocked):
+                return _sweep_result(prepared, dry_run)
+        batches = scheduler.launch_sweep(plans, sweep_plan, prepared.sweep_dir, max_parallel=prepared.max_parallel,
+                                         check=check, echo=echo)
+        sweeps.record_launch(prepared.sweep_dir, batches)
+    return _sweep_result(prepared, dry_run, sweep_plan.files)
+
+
+def _sweep_result(prepared: PreparedSweep, dry_run: bool, files: Mapping[str, str] | None = None) -> Sweep:
+    from launcher.rundir import registry
+    from launcher.runner import sweeps
+
+    record = sweeps.read(prepared.sweep_dir)
+    runs = []
+    for item in prepared.prepared:
+        rec = registry.read(item.plan.run_dir)
+        runs.append(Run(rec.run_id, Path(item.plan.run_dir), item.plan.site_name, dry_run, tuple(item.files),
+                        rec.state, rec.job_id))
+    state = sweeps.sweep_state([r.state for r in runs])
+    return Sweep(prepared.sweep_id, prepared.sweep_dir, record.site, dry_run, tuple(runs),
+                 tuple(a.__dict__ for a in record.arrays), dict(files or {}), state)

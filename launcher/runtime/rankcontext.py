@@ -1,0 +1,273 @@
+"""Rank environment: who am I, where do my files go, and torch.distributed set-up.
+
+Everything is read from the environment the launcher exported (see the package
+docstring); with none of it set the script is a single stand-alone process.
+No torch import at module level.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.rundir.layout import STANDALONE_RUN_DIR
+
+DEFAULT_STOP_SIGNALS = ("USR2", "TERM")
+DEFAULT_KEEP = 2
+
+
+class RuntimeConfigError(ValueError):
+    """An environment variable the launcher sets has a value the runtime cannot use."""
+
+
+def _env_int(name: str, default: int, *, minimum: int | None = 0) -> int:
+    raw = os.environ.get(name, "").strip()
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise RuntimeConfigError(f"{name}={raw!r}: not an integer") from None
+    if minimum is not None and value < minimum:
+        raise RuntimeConfigError(f"{name}={raw!r}: must be >= {minimum}")
+    return value
+
+
+def _signal_names(raw: str | None) -> tuple[str, ...]:
+    if raw is None or raw.strip() == "":
+        return DEFAULT_STOP_SIGNALS
+    names = []
+    for part in raw.split(","):
+        name = part.strip().upper()
+        if not name:
+            continue
+        if name.startswith("SIG"):
+            name = name[3:]
+        names.append(name)
+    return tuple(names)
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """This process's place in the job. Built by :func:`context` from the environment."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str | None
+    master_port: int | None
+    run_dir: Path
+    run_id: str | None
+    job_id: str | None
+    checkpoint_dir: Path
+    checkpoint_every: int
+    checkpoint_keep: int
+    strategy: str
+    precision: str
+    ds_config: Path | None
+    restart: int
+    launcher: str | None
+    stop_signals: tuple[str, ...]
+    standalone: bool
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0 (the rank that commits checkpoints and writes result.json)."""
+        return self.rank == 0
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.world_size // max(1, self.local_world_size))
+
+    def checkpoint_due(self, step: int) -> bool:
+        """True when ``step`` is a multiple of GLAUNCH_CHECKPOINT_EVERY (0 disables)."""
+        return self.checkpoint_every > 0 and step > 0 and step % self.checkpoint_every == 0
+
+
+def context() -> RankContext:
+    """Read the rank context from the environment (cheap; re-reads on every call)."""
+    env = os.environ
+    standalone = "RANK" not in env and "WORLD_SIZE" not in env
+    rank = _env_int("RANK", 0)
+    world = _env_int("WORLD_SIZE", 1, minimum=1)
+    local_world = _env_int("LOCAL_WORLD_SIZE", world, minimum=1)
+    local_rank = _env_int("LOCAL_RANK", rank % local_world)
+    node_rank = _env_int("GROUP_RANK", _env_int("NODE_RANK", rank // local_world))
+    if rank >= world:
+        raise RuntimeConfigError(f"RANK={rank} is not below WORLD_SIZE={world}")
+    run_dir = Path(env.get("GLAUNCH_RUN_DIR") or Path.cwd() / STANDALONE_RUN_DIR)
+    ckpt_dir = Path(env.get("GLAUNCH_CHECKPOINT_DIR") or run_dir / "checkpoints")
+    port = env.get("MASTER_PORT")
+    ds = env.get("GLAUNCH_DS_CONFIG")
+    return RankContext(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=local_world,
+        node_rank=node_rank,
+        master_addr=env.get("MASTER_ADDR"),
+        master_port=int(port) if port and port.isdigit() else None,
+        run_dir=run_dir,
+        run_id=env.get("GLAUNCH_RUN_ID"),
+        job_id=env.get("GLAUNCH_JOB_ID") or env.get("SLURM_JOB_ID"),
+        checkpoint_dir=ckpt_dir,
+        checkpoint_every=_env_int("GLAUNCH_CHECKPOINT_EVERY", 0),
+        checkpoint_keep=_env_int("GLAUNCH_CHECKPOINT_KEEP", DEFAULT_KEEP, minimum=1),
+        strategy=(env.get("GLAUNCH_STRATEGY") or "ddp").lower(),
+        precision=(env.get("GLAUNCH_PRECISION") or "fp32").lower(),
+        ds_config=Path(ds) if ds else None,
+        restart=_env_int("GLAUNCH_RESTART", 0),
+        launcher=env.get("GLAUNCH_LAUNCHER") or None,
+        stop_signals=_signal_names(env.get("GLAUNCH_STOP_SIGNALS")),
+        standalone=standalone,
+    )
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def export_rendezvous_env(ctx: RankContext | None = None) -> RankContext:
+    """Fill in RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/MASTER_ADDR/MASTER_PORT when missing.
+
+    Only a stand-alone run lacks them; frameworks that insist on env:// (DeepSpeed,
+    Lightning) then find a world of one on 127.0.0.1 and a free port. Existing values
+    are never overwritten.
+    """
+    ctx = ctx or context()
+    os.environ.setdefault("RANK", str(ctx.rank))
+    os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))
+    os.environ.setdefault("WORLD_SIZE", str(ctx.world_size))
+    os.environ.setdefault("LOCAL_WORLD_SIZE", str(ctx.local_world_size))
+    os.environ.setdefault("GROUP_RANK", str(ctx.node_rank))
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    if "MASTER_PORT" not in os.environ:
+        if ctx.world_size > 1:
+            raise RuntimeConfigError("MASTER_PORT is not set but WORLD_SIZE > 1")
+        os.environ["MASTER_PORT"] = str(free_port())
+    return context()
+
+
+def default_backend(ctx: RankContext | None = None) -> str:
+    """'nccl' when CUDA is available, else 'gloo'; GLAUNCH_DIST_BACKEND overrides (see :mod:`.device`)."""
+    from launcher.runtime.device import placement
+
+    return placement(ctx).backend
+
+
+def init_distributed(ctx: RankContext | None = None, backend: str | None = None,
+                     timeout_s: float | None = None) -> RankContext:
+    """Initialise torch.distributed (env:// rendezvous) unless already done; returns the context.
+
+    Also works stand-alone (world of one on a free local port), so the same script
+    runs by hand. Device and backend come from :func:`launcher.runtime.device.placement`:
+    with CUDA the current device is set to this rank's GPU first and the backend is NCCL.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    from launcher.runtime.device import placement
+
+    ctx = export_rendezvous_env(ctx)
+    if dist.is_initialized():
+        return ctx
+    where = placement(ctx, backend=backend)
+    # Only when given: torch before 2.2 takes no None for the default.
+    kwargs: dict[str, Any] = {}
+    if timeout_s is not None:
+        kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
+    where.activate()
+    dist.init_process_group(backend=where.backend, init_method="env://", rank=ctx.rank,
+                            world_size=ctx.world_size, **kwargs)
+    log_joined(ctx, where.backend, where.device)
+    return ctx
+
+
+def log_joined(ctx: RankContext, backend: str, device: str | None = None) -> None:
+    """Where this rank sits, as it joins the process group (the logs show the placement)."""
+    on = f" on {device}" if device else ""
+    log(f"joined {backend}: rank {ctx.rank}/{ctx.world_size}, local rank {ctx.local_rank}, "
+        f"node {ctx.node_rank} ({node_name()}){on}")
+
+
+def node_name() -> str:
+    """Slurm's name of this node (several may share a host), else the host name."""
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename      # gethostname(), without socket
+
+
+def shutdown_distributed() -> None:
+    """Barrier, then destroy the default process group (if any). Call on every rank before exiting.
+
+    The barrier matters: a rank that tears down gloo while a peer is still busy can die
+    with "terminate called without an active exception" (seen with DeepSpeed ZeRO-3 on CPU).
+    """
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    from launcher.runtime.checkpoint.background import wait_checkpoints  # here: background imports this module
+
+    if dist.is_available() and dist.is_initialized():
+        wait_checkpoints()
+        if dist.get_world_size() > 1:
+            dist.barrier()
+        dist.destroy_process_group()
+
+
+def is_distributed() -> bool:
+    """True when torch.distributed is initialised with more than one rank (no torch import if unused)."""
+    if "torch" not in sys.modules:
+        return False
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def barrier() -> None:
+    """dist.barrier() when distributed, else nothing."""
+    if is_distributed():
+        import torch.distributed as dist
+
+        dist.barrier()
+
+
+def broadcast_object(obj, src: int = 0):
+    """Broadcast a picklable object from ``src`` to every rank (identity when not distributed)."""
+    if not is_distributed():
+        return obj
+    import torch.distributed as dist
+
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_reduce_max(values: list[int]) -> list[int]:
+    """Element-wise MAX of small integer vectors across ranks (identity when not distributed)."""
+    if not is_distributed():
+        return list(values)
+    import torch
+    import torch.distributed as dist
+
+    device = "cpu"
+    if dist.get_backend() == "nccl":
+        device = f"cuda:{torch.cuda.current_device()}"
+    t = torch.tensor(values, dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
+
+
+def log(msg: str) -> None:
+    """One line on stderr, prefixed with glaunch and the rank."""
+    rank = os.environ.get("RANK", "0")
+    print(f"glaunch[rank {rank}]: {msg}", file=sys.stderr, flush=True)

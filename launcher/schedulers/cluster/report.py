@@ -1,0 +1,57 @@
+"""What `glaunch sites check` finds: each difference between a site profile and the
+cluster under the profile's dotted key, fatal or a warning, and how it is said (the
+command's text, its JSON, the refusal `submit` raises).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from launcher.errors import SchedulerError
+
+
+@dataclass(frozen=True)
+class Difference:
+    key: str            # the profile's dotted key (or the experiment's, for a job's request)
+    message: str
+    fatal: bool
+    partition: str | None = None
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.message}"
+
+
+@dataclass
+class CheckReport:
+    site: str
+    cluster: str
+    fatal: list[Difference] = field(default_factory=list)
+    warnings: list[Difference] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"site": self.site, "cluster": self.cluster, "ok": not self.fatal,
+                "fatal": [dataclasses.asdict(d) for d in self.fatal],
+                "warnings": [dataclasses.asdict(d) for d in self.warnings], "notes": list(self.notes)}
+
+    def format(self) -> str:
+        """What `glaunch sites check` prints."""
+        if not self.fatal and not self.warnings:
+            head = f"site {self.site} matches Slurm cluster {self.cluster}"
+        else:
+            head = (f"site {self.site} against Slurm cluster {self.cluster}: {len(self.fatal)} fatal "
+                    f"difference(s), {len(self.warnings)} warning(s)")
+        lines = [head]
+        lines += [f"  FATAL    {d}" for d in self.fatal]
+        lines += [f"  warning  {d}" for d in self.warnings]
+        lines += [f"  note     {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def error(self, site_file: str | None = None) -> SchedulerError:
+        """The refusal `submit` raises: every fatal difference, and what to do."""
+        lines = [f"site {self.site} does not match Slurm cluster {self.cluster}; nothing was submitted:"]
+        lines += [f"  {d}" for d in self.fatal]
+        lines.append(f"fix the profile (`glaunch sites check {self.site}` lists every difference)")
+        return SchedulerError("\n".join(lines), file=site_file)

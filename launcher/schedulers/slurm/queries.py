@@ -1,0 +1,76 @@
+"""Asking Slurm about jobs: squeue for what is queued or running now (and why a pending
+job waits), sacct for every start a job had, and the lookup of a submission by its
+marker or script.
+"""
+
+from __future__ import annotations
+
+import getpass
+from typing import Any
+
+from launcher.errors import SchedulerError
+from launcher.schedulers.slurm import state as slurm_state
+from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Unreachable, run_command
+
+
+def find_submitted(script: str, marker: str, *, deadline: float | None = None) -> str | None:
+    """The id of the job submitted from `script` or carrying comment `marker`, if Slurm
+    has it (pending, running or recently ended); None when it has no such job."""
+    proc = run_command("squeue", "-h", "--states=all", "-u", getpass.getuser(), "-o", "%i|%k|%o",
+                       deadline=deadline)
+    if proc.returncode != 0:
+        raise SchedulerError(f"squeue failed: {(proc.stderr or proc.stdout).strip()}")
+    for line in proc.stdout.splitlines():
+        fields = line.strip().split("|", 2)
+        if len(fields) == 3 and ((marker and fields[1] == marker) or (script and fields[2] == script)):
+            return fields[0]
+    return None
+
+
+def squeue_job(job_id: str) -> tuple[str | None, str | None]:
+    """(state, pending reason) of the job as squeue lists it; (None, None) once it is gone."""
+    proc = run_command("squeue", "-h", "-j", job_id, "-o", slurm_state.SQUEUE_FORMAT)
+    if proc.returncode != 0:
+        _raise_unless_gone(proc, job_id)
+        return None, None
+    return slurm_state.parse_squeue(proc.stdout), slurm_state.parse_squeue_reason(proc.stdout)
+
+
+def squeue_jobs(job_ids: list[str]) -> dict[str, tuple[str | None, str | None]]:
+    """(state, pending reason) of every job or array task squeue lists for these ids (an
+    array's tasks one by one, ARRAYJOB_TASK); jobs it no longer lists are left out."""
+    proc = run_command("squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|" + slurm_state.SQUEUE_FORMAT)
+    if proc.returncode != 0:
+        _raise_unless_gone(proc, ",".join(job_ids))
+        return {}           # none of them is known any more ("Invalid job id specified")
+    out = {}
+    for line in proc.stdout.splitlines():
+        job_id, sep, rest = line.strip().partition("|")
+        job_id, _, component = job_id.partition("+")
+        if sep and component in ("", "0"):      # a heterogeneous job: its leader's state is the job's
+            out[job_id] = (slurm_state.parse_squeue(rest), slurm_state.parse_squeue_reason(rest))
+    return out
+
+
+def _raise_unless_gone(proc, job_ids: str) -> None:
+    """squeue failed: fine when it no longer knows the job; any other failure says nothing
+    of the job, so the run is not taken for ended."""
+    error = slurm_state.squeue_error(proc.stderr or proc.stdout)
+    if error is not None:
+        raise SchedulerError(f"squeue could not tell the state of job {job_ids}: {error}")
+
+
+def squeue_state(job_id: str) -> str | None:
+    return squeue_job(job_id)[0]
+
+
+def sacct_records(job_id: str) -> list[dict[str, Any]] | None:
+    """Every start of the job (requeues included), or None without accounting."""
+    try:
+        proc = run_command("sacct", "-n", "-P", "-D", "-X", "-j", job_id, "-o", ",".join(slurm_state.SACCT_FORMAT),
+                           policy=ACCOUNTING_POLICY, controller=False)
+    except Unreachable:
+        return None
+    if proc.returncode != 0 or "not running" in proc.stderr.lower():
+        return None
+    return slurm_state.parse_sacct(proc.stdout)

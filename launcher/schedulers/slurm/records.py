@@ -1,0 +1,146 @@
+"""What the Slurm scheduler writes in a run's run.json: a refused or queued submission,
+the job's request in the words a pending reason is said in, and squeue's and sacct's
+view of the job folded in (state, starts, a pending reason that never clears).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from pathlib import Path
+from typing import Any
+
+from launcher.errors import SchedulerError
+from launcher.resolution.jobplan import JobPlan
+from launcher.rundir import registry
+from launcher.rundir.records import LIVE, RunRecord, State, is_terminal
+from launcher.schedulers.slurm import array as slurm_array, state as slurm_state
+from launcher.schedulers.slurm.client import Unreachable
+
+# What refresh writes in run.json for a pending job that will never start.
+NEVER_STARTS = "never starts"
+# ... and for a job Slurm no longer knows, that left no record of its end.
+UNKNOWN_TO_SLURM = "unknown to Slurm"
+
+# A heterogeneous job's component (12+1) and a step (12.batch, 12.extern, 12+0.0).
+_COMPONENT = re.compile(r"^(?P<job>[^.+]+)\+(?P<n>\d+)$")
+
+
+def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """sacct's rows, one per start of a job glaunch knows by its id: an array's pending
+    rows expanded to one per task, steps dropped, a heterogeneous job's leader (N+0) as
+    the job N (it carries the job's state), its other components dropped."""
+    out = []
+    for row in slurm_array.task_rows(rows):
+        row_id = str(row.get("job_id", ""))
+        m = _COMPONENT.match(row_id)
+        if m is not None:
+            if m["n"] == "0":
+                out.append(dict(row, job_id=m["job"]))
+        elif "." not in row_id:
+            out.append(row)
+    return out
+
+
+def own_rows(rows: list[dict[str, Any]], job_id: str | None) -> list[dict[str, Any]]:
+    """sacct's rows of exactly this job (job_rows), one per start."""
+    return [row for row in job_rows(rows) if row["job_id"] == job_id]
+
+
+def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[dict[str, Any]] | None) -> RunRecord:
+    """squeue's state and reason and sacct's rows of one job, folded into its run.json."""
+    with registry.updating(run_dir) as rec:
+        rec.extra.pop("unreachable", None)
+        rec.extra["accounting"] = history is not None
+        if history is not None:
+            history = own_rows(history, rec.job_id)
+        if history:
+            rec.extra["scheduler_history"] = history
+            slurm_state.merge_history(rec, history)
+        rec.state = slurm_state.current_state(rec.state, live, history)
+        record_unlisted(rec, live, history)
+        record_pending_reason(rec, live, reason)
+    return rec
+
+
+def record_unlisted(rec: RunRecord, live: str | None, history: list[dict[str, Any]] | None) -> None:
+    """A job squeue no longer lists: since when (run.json `unlisted_since`); once nothing
+    can tell how it ended, state UNKNOWN, reason "unknown to Slurm" and why in `detail`."""
+    if live is not None:
+        rec.extra.pop("unlisted_since", None)
+        unlisted_s = None
+    else:
+        since = rec.extra.get("unlisted_since")
+        try:
+            unlisted_s = max(0.0, dt.datetime.now(dt.timezone.utc).timestamp()
+                             - dt.datetime.fromisoformat(str(since)).timestamp())
+        except ValueError:
+            rec.extra["unlisted_since"] = registry.now()
+            unlisted_s = 0.0
+    lost = None
+    if rec.state == State.UNKNOWN or rec.state in LIVE:
+        lost = slurm_state.unlisted_verdict(str(rec.job_id), history, unlisted_s)
+    if lost:
+        rec.state = State.UNKNOWN.value
+        rec.reason, rec.detail = UNKNOWN_TO_SLURM, lost
+    elif rec.reason == UNKNOWN_TO_SLURM:
+        rec.reason = rec.detail = None
+    if is_terminal(rec.state):
+        rec.extra.pop("unlisted_since", None)      # an end is known: nothing is waited for
+
+
+def record_refused(run_dir: Path, exc: SchedulerError, warnings: list[str]) -> None:
+    with registry.updating(run_dir) as record:
+        record.state = State.REFUSED.value
+        record.reason = "unreachable" if isinstance(exc, Unreachable) else "refused"
+        record.detail = exc.message
+        if isinstance(exc, Unreachable):
+            record.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
+        if warnings:
+            record.extra["warnings"] = warnings
+
+
+def record_queued(run_dir: Path, plan: JobPlan, job_id: str, warnings: list[str], version: str | None) -> None:
+    with registry.updating(run_dir) as record:
+        record.job_id = job_id
+        record.state = State.PENDING.value
+        record.starts.append(registry.new_start(job_id, 0))
+        record.extra["request"] = request_values(plan)
+        if warnings:
+            record.extra["warnings"] = warnings
+        origin = record.extra.get("provenance")
+        if isinstance(origin, dict) and version:
+            origin["scheduler_version"] = version
+
+
+def request_values(plan: JobPlan) -> dict[str, Any]:
+    """What the job asked, and the profile's limits for it: the words a pending reason is
+    said in (run.json `request`)."""
+    part = (plan.site.get("partitions") or {}).get(plan.partition or "") or {}
+    return {"partition": plan.partition, "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node,
+            "time": plan.time, "account": plan.account, "qos": plan.qos, "constraint": plan.constraint,
+            "max_time": part.get("max_time"), "max_nodes": part.get("max_nodes")}
+
+
+def record_pending_reason(rec: RunRecord, live: str | None, reason: str | None) -> None:
+    """A pending job's reason in run.json; one that never clears by itself as
+    reason "never starts", detail in the profile's terms, and `blocked: true`."""
+    if live == "PENDING" and reason:
+        rec.extra["pending_reason"] = reason
+    else:
+        rec.extra.pop("pending_reason", None)
+    request = rec.extra.get("request")
+    values = dict(request) if isinstance(request, dict) else {"partition": rec.partition, "nodes": rec.nodes}
+    if live == "PENDING":
+        verdict = slurm_state.pending_verdict(reason, values)
+    else:
+        verdict = slurm_state.HELD.get(live or "", "").format(job_id=rec.job_id) or None
+    if verdict:
+        rec.reason = NEVER_STARTS
+        rec.detail = (f"job {rec.job_id} {NEVER_STARTS}: {verdict}. It stays queued until cancelled "
+                      f"(glaunch cancel {rec.run_id})")
+        rec.extra["blocked"] = True
+    else:
+        rec.extra.pop("blocked", None)
+        if rec.reason == NEVER_STARTS:
+            rec.reason = rec.detail = None

@@ -1,0 +1,344 @@
+"""Slurm: job.sbatch's directives and srun line, the profile checked against the live
+cluster, preflight with `sbatch --test-only`, submission through submitit with glaunch's
+rendered job.sbatch as the exact submission text, state from squeue and sacct, scancel.
+
+Every Slurm command runs through slurm_client: a timeout, a bounded retry on transient
+errors, an environment without the submitting shell's SLURM_* variables or Slurm's input
+variables (SBATCH_*, SALLOC_*, SRUN_*), which would otherwise reach or reshape the job.
+
+Here: the scheduler itself. sbatch and submitit are driven by slurm_submit, squeue and
+sacct asked by slurm_queries, run.json written by slurm_records; `glaunch run` inside an
+existing allocation is slurm_allocation."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launcher.errors import SchedulerError
+from launcher import shell
+from launcher.rendering.render import JobShell
+from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
+from launcher.rundir import registry
+from launcher.rundir.layout import RunDir
+from launcher.rundir.records import RunRecord, State, is_terminal
+from launcher.schedulers.base import Echo, Launched, LaunchedBatch, Scheduler, SweepBatch, SweepPlan
+from launcher.schedulers.slurm.script import end_of_start_python, sbatch_directives, srun_line
+
+if TYPE_CHECKING:
+    from launcher.schedulers.cluster.facts import Cluster
+
+# What talks to Slurm (slurm_client and the modules built on it, the cluster check,
+# logging) is imported where it is used: rendering a job, as a dry run does, needs none.
+
+
+class SlurmScheduler(Scheduler):
+    name = "slurm"
+
+    def __init__(self) -> None:
+        self._cluster: Cluster | None = None   # read once per submission
+
+    def cluster(self) -> Cluster:
+        """The live cluster's facts (one scontrol call, sacctmgr), read once."""
+        if self._cluster is None:
+            from launcher.schedulers.cluster.facts import read_cluster
+
+            self._cluster = read_cluster("glaunch submit")
+        return self._cluster
+
+    def version(self) -> str | None:
+        """Slurm's version, where this submission read the cluster (run.json's provenance)."""
+        version = self._cluster.settings.get("SLURM_VERSION") if self._cluster is not None else None
+        return f"slurm {version}" if version else None
+
+    # --- rendering ---------------------------------------------------------------------
+
+    def job_shell(self, plan: JobPlan) -> JobShell:
+        jobend = shell.join([*end_of_start_python(plan), "-m", "launcher.runtime.jobend", plan.run_dir])
+        # A sweep's element is one task of an array job: Slurm's id for it, ARRAYJOB_TASK,
+        # stays the same across its requeues, and `scontrol requeue` of it requeues it alone.
+        directives = tuple(sbatch_directives(plan))
+        if plan.sweep_id is not None:
+            job_ref = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+            job_env: tuple[str, str, Any] = ("GLAUNCH_JOB_ID", job_ref, "raw")
+            directives += (f"# an element of sweep {plan.sweep_id}: run by the sweep's array script "
+                           "(the directives above are its array's)",)
+        else:
+            job_ref = "$SLURM_JOB_ID"
+            job_env = ("GLAUNCH_JOB_ID", "$SLURM_JOB_ID", True)
+        return JobShell(
+            directives=directives, launch=srun_line(plan),
+            launch_template="slurm.launch.sh.j2", launch_context={"jobend": jobend, "requeue_job": f'"{job_ref}"'},
+            rendezvous_template="slurm.rendezvous.sh.j2",
+            rendezvous_context={"derive_master_port": plan.derive_master_port, "port_base": PORT_BASE,
+                                "port_span": PORT_SPAN},
+            submitit_executor="slurm", node_rank="$SLURM_NODEID", job_id="$SLURM_JOB_ID",
+            extra_env=(job_env, ("GLAUNCH_RESTART", "${SLURM_RESTART_COUNT:-0}", "raw")))
+
+    # --- submission --------------------------------------------------------------------
+
+    def require(self) -> None:
+        if shutil.which("sbatch") is None or shutil.which("srun") is None:
+            raise SchedulerError("Slurm's sbatch/srun are not on PATH: is this a Slurm login node? "
+                                 "(--dry-run renders the bundle without Slurm)")
+
+    def check_cluster(self, plan: JobPlan) -> list[str]:
+        """The site profile against the live cluster, for the partition this job uses:
+        SchedulerError naming every difference that would get the job refused, leave it
+        pending forever or run it on other hardware; the harmless ones as warnings."""
+        from launcher.schedulers.cluster import check as cluster_check
+
+        report = cluster_check.check_site(plan.site, partition=plan.partition,
+                                          request=cluster_check.Request.of_plan(plan), cluster=self.cluster())
+        if report.fatal:
+            raise report.error(plan.site_file)
+        return [str(d) for d in report.warnings] + list(report.notes)
+
+    def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
+        from launcher.schedulers.slurm import client as slurm_client
+        from launcher.schedulers.slurm.records import record_queued, record_refused, request_values
+        from launcher.schedulers.slurm.submit import SubmissionUncertain, preflight, submit
+
+        job_text = RunDir(run_dir).job_script.read_text(encoding="utf-8")
+        env, ignored = slurm_client.clean_env(os.environ)
+        warnings = [w for w in (slurm_client.ignored_inputs_warning(ignored),) if w]
+        try:
+            if check:
+                warnings += self.check_cluster(plan)
+            _log_warnings(warnings)
+            if check:
+                preflight(plan, RunDir(run_dir).job_script, env)
+            job_id = submit(plan, job_text, env)
+        except SubmissionUncertain as exc:
+            with registry.updating(run_dir) as record:
+                record.state = State.UNKNOWN.value
+                record.reason = "submission uncertain"
+                record.detail = exc.message
+                record.extra["submission"] = {"script": exc.script, "marker": exc.marker}
+                record.extra["request"] = request_values(plan)
+            raise
+        except SchedulerError as exc:
+            record_refused(run_dir, exc, warnings)
+            raise
+        record_queued(run_dir, plan, job_id, warnings, self.version())
+        return Launched(job_id, State.PENDING.value)
+
+    # --- sweeps: job arrays -------------------------------------------------------------
+
+    def plan_sweep(self, plans, *, sweep_id: str, sweep_dir: str, max_parallel: int | None,
+                   dry_run: bool) -> SweepPlan:
+        """One array per allocation shape, within the cluster's MaxArraySize (Slurm's
+        default on a dry run, which asks the cluster nothing)."""
+        from launcher.schedulers.slurm import array as slurm_array
+
+        limit = slurm_array.DEFAULT_MAX_ARRAY_SIZE
+        if not dry_run:
+            self.require()
+            limit = slurm_array.max_array_size(self.cluster().settings)
+        groups = slurm_array.group(plans, limit)
+        files, batches = {}, []
+        for group in groups:
+            name = slurm_array.array_script(sweep_dir, group.number).name
+            files[name] = slurm_array.render_array(group, plans, sweep_id=sweep_id, sweep_dir=sweep_dir,
+                                                   arrays=len(groups), max_parallel=max_parallel)
+            batches.append(SweepBatch(name, group.elements))
+        return SweepPlan(tuple(batches), files)
+
+    def launch_sweep(self, plans, sweep: SweepPlan, sweep_dir: Path, *, max_parallel: int | None, check: bool,
+                     echo: Echo | None) -> list[LaunchedBatch]:
+        """Check every array (the profile against the cluster, sbatch --test-only), then
+        submit them: one sbatch call per array. An array sbatch refuses leaves its elements
+        REFUSED; those already queued stay queued."""
+        from launcher.schedulers.slurm import array as slurm_array, client as slurm_client
+        from launcher.schedulers.slurm.records import record_queued, record_refused, request_values
+        from launcher.schedulers.slurm.submit import (
+            SubmissionUncertain,
+            dump_task,
+            link_task,
+            preflight,
+            submit_array,
+            task_template,
+        )
+
+        env, ignored = slurm_client.clean_env(os.environ)
+        warnings = [w for w in (slurm_client.ignored_inputs_warning(ignored),) if w]
+        scripts = [Path(sweep_dir) / str(batch.script) for batch in sweep.batches]
+        try:
+            if check:
+                for batch, script in zip(sweep.batches, scripts):
+                    first = plans[batch.elements[0]]
+                    warnings += [w for w in self.check_cluster(first) if w not in warnings]
+                    preflight(first, script, env)
+        except SchedulerError as exc:
+            for plan in plans:
+                record_refused(Path(plan.run_dir), exc, warnings)
+            raise
+        _log_warnings(warnings)
+        version = self.version()
+        results = []
+        for number, (batch, script) in enumerate(zip(sweep.batches, scripts)):
+            members = [plans[i] for i in batch.elements]
+            for plan in members:
+                dump_task(plan, task_template(plan.log_dir))
+            try:
+                array_id = submit_array(members[0], script, slurm_array.submission_marker(
+                    str(members[0].sweep_id), number), env)
+            except SubmissionUncertain as exc:
+                for task, plan in enumerate(members):
+                    with registry.updating(plan.run_dir) as record:
+                        record.state = State.UNKNOWN.value
+                        record.reason = "submission uncertain"
+                        record.detail = exc.message
+                        record.extra["submission"] = {"script": exc.script, "marker": exc.marker, "task": task}
+                        record.extra["request"] = request_values(plan)
+                results.append(LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members),
+                                             exc.message))
+                continue
+            except SchedulerError as exc:
+                for plan in members:
+                    record_refused(Path(plan.run_dir), exc, warnings)
+                results.append(LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members),
+                                             exc.message))
+                continue
+            launched = []
+            for task, plan in enumerate(members):
+                job_id = f"{array_id}_{task}"
+                link_task(plan.log_dir, job_id)
+                record_queued(Path(plan.run_dir), plan, job_id, warnings, version)
+                launched.append(Launched(job_id, State.PENDING.value))
+            results.append(LaunchedBatch(batch.script, array_id, batch.elements, tuple(launched)))
+        return results
+
+    # --- following ---------------------------------------------------------------------
+
+    def refresh(self, run_dir: Path, record: RunRecord) -> RunRecord:
+        """squeue says what is live now (and why a pending job waits); sacct fills in
+        starts the job could not record (killed at the time limit, node failure). With
+        the controller unreachable: SchedulerError, and run.json says so."""
+        from launcher.schedulers.slurm import array as slurm_array
+        from launcher.schedulers.slurm.client import Unreachable
+        from launcher.schedulers.slurm.queries import sacct_records, squeue_job
+        from launcher.schedulers.slurm.records import fold_job
+
+        uncertain = isinstance(record.extra.get("submission"), dict)
+        if shutil.which("squeue") is None or not (record.job_id or uncertain) or record.extra.get("allocation"):
+            return record       # a run inside an allocation: its own record says all (the job is the allocation)
+        try:
+            if not record.job_id:
+                return _settle_uncertain(run_dir, record)
+            live, reason = squeue_job(record.job_id)
+        except Unreachable as exc:
+            with registry.updating(run_dir) as rec:
+                rec.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
+            raise
+        # An array task's rows: asked of its array, whose row a task still pending when the
+        # array was cancelled shares (sacct -j ARRAY_TASK has none for it).
+        return fold_job(run_dir, live, reason, sacct_records(slurm_array.array_job_id(record.job_id)))
+
+    def refresh_many(self, runs):
+        """One squeue and one sacct call for all of them (a sweep's elements: by their
+        array jobs), instead of two per run."""
+        from launcher.schedulers.slurm import array as slurm_array
+        from launcher.schedulers.slurm.client import Unreachable
+        from launcher.schedulers.slurm.queries import sacct_records, squeue_jobs
+        from launcher.schedulers.slurm.records import fold_job, job_rows
+
+        if shutil.which("squeue") is None:
+            return [record for _, record in runs]
+        queued = [(d, r) for d, r in runs if r.job_id and not r.dry_run and not r.extra.get("allocation")]
+        ids = sorted({slurm_array.array_job_id(r.job_id) for _, r in queued if r.job_id})
+        live: dict[str, tuple[str | None, str | None]] = {}
+        histories: dict[str, list[dict[str, Any]]] | None = {}
+        if ids:
+            try:
+                live = squeue_jobs(ids)
+            except Unreachable as exc:
+                for run_dir, _ in queued:
+                    with registry.updating(run_dir) as rec:
+                        rec.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
+                raise
+            rows = sacct_records(",".join(ids))
+            histories = None if rows is None else {}
+            for row in job_rows(rows or []):
+                histories.setdefault(row["job_id"], []).append(row)  # type: ignore[union-attr]
+        asked = {id(r) for _, r in queued}
+        out = []
+        for run_dir, record in runs:
+            if id(record) in asked and record.job_id:
+                state, reason = live.get(record.job_id, (None, None))
+                history = None if histories is None else histories.get(record.job_id, [])
+                out.append(fold_job(run_dir, state, reason, history))
+            else:
+                out.append(self.refresh(run_dir, record))
+        return out
+
+    def cancel_many(self, runs, job_ids=()):
+        """One scancel for all: the arrays' jobs, and the runs outside them."""
+        from launcher.schedulers.slurm import array as slurm_array
+        from launcher.schedulers.slurm.client import run_command
+
+        arrays = set(job_ids)
+        targets = list(job_ids) + [r.job_id for _, r in runs if r.job_id and not is_terminal(r.state)
+                                   and slurm_array.array_job_id(r.job_id) not in arrays]
+        if not targets:
+            return ["nothing to cancel"]
+        proc = run_command("scancel", *targets)
+        if proc.returncode != 0:
+            raise SchedulerError(f"scancel {' '.join(targets)} failed: {proc.stderr.strip()}")
+        return [f"cancelled job {t}" for t in targets]
+
+    def cancel(self, run_dir: Path, record: RunRecord) -> str:
+        from launcher.schedulers.slurm.client import run_command
+
+        if not record.job_id:
+            return f"run {record.run_id}: nothing to cancel ({record.state})"
+        if record.extra.get("allocation"):
+            return inside_allocation(record)
+        proc = run_command("scancel", record.job_id)
+        if proc.returncode != 0:
+            raise SchedulerError(f"scancel {record.job_id} failed: {proc.stderr.strip()}")
+        return f"run {record.run_id}: cancelled job {record.job_id}"
+
+
+def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
+    """A submission whose sbatch failed without a clear answer: the job, if the
+    controller queued it after all, carries the run's marker."""
+    from launcher.schedulers.slurm import array as slurm_array
+    from launcher.schedulers.slurm.queries import find_submitted
+    from launcher.schedulers.slurm.submit import link_task
+
+    sub = record.extra["submission"]
+    job_id = find_submitted(str(sub.get("script") or ""), str(sub.get("marker") or ""))
+    task = sub.get("task")
+    if job_id and isinstance(task, int) and not isinstance(task, bool):
+        # A sweep's element: its array was queued after all; its task gets its pickle now.
+        job_id = f"{slurm_array.array_job_id(job_id)}_{task}"
+        try:
+            link_task(RunDir(run_dir).log_dir, job_id)
+        except OSError:
+            pass
+    with registry.updating(run_dir) as rec:
+        rec.extra.pop("submission", None)
+        if job_id:
+            rec.job_id = job_id
+            rec.state = State.PENDING.value
+            rec.reason = rec.detail = None
+            rec.starts.append(registry.new_start(job_id, 0))
+        else:
+            rec.state, rec.reason = State.REFUSED.value, "refused"
+            rec.detail = "sbatch did not queue the job (Slurm has no job carrying this run's id)"
+    return rec if not job_id else SlurmScheduler().refresh(run_dir, rec)
+
+
+def _log_warnings(warnings: list[str]) -> None:
+    import logging
+
+    for warning in warnings:
+        logging.getLogger(__name__).warning("glaunch: warning: %s", warning)
+
+
+def inside_allocation(record: RunRecord) -> str:
+    return (f"run {record.run_id} runs inside allocation {record.job_id}: stop it with Ctrl-C where `glaunch run` "
+            f"runs (scancel {record.job_id} would end the whole allocation)")

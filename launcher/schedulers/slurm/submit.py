@@ -1,0 +1,175 @@
+"""Submitting to Slurm: `sbatch --test-only` before, then sbatch through submitit with
+glaunch's rendered job.sbatch as the exact submission text (a sweep's array script is
+sbatch'ed directly), and the pickled tasks submitit's loader reads.
+
+sbatch runs under slurm_client's timeout and retry; a submission whose answer was lost
+is looked up by its marker (--comment) or its script, so a job is never queued twice.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Mapping
+
+from launcher.errors import SchedulerError
+from launcher.rendering.render import python_command
+from launcher.rendering.taskspec import task_spec
+from launcher.resolution.jobplan import JobPlan
+from launcher.schedulers.slurm import array as slurm_array, client as slurm_client, state as slurm_state
+from launcher.schedulers.slurm.client import run_command
+from launcher.schedulers.slurm.queries import find_submitted
+
+
+class SubmissionUncertain(SchedulerError):
+    """sbatch failed in a way that may have queued the job, and the controller could not
+    be asked whether it did. `glaunch status` looks again (the job carries the run id)."""
+
+    def __init__(self, message: str, *, script: str, marker: str) -> None:
+        super().__init__(message)
+        self.script = script
+        self.marker = marker
+
+
+def _executor_class():
+    from submitit.core.utils import JobPaths
+    from submitit.slurm.slurm import SlurmExecutor
+
+    class GlaunchSlurmExecutor(SlurmExecutor):
+        """submitit's executor, submitting our rendered script byte for byte, with sbatch run
+        by slurm_client (timeout, retry after a lookup, a clean environment)."""
+
+        def __init__(self, plan: JobPlan, job_text: str, env: Mapping[str, str]) -> None:
+            super().__init__(plan.log_dir, max_num_timeout=plan.requeue_max, python=python_command(plan))
+            self._job_text = job_text
+            self._env = dict(env)
+            # The job carries the run id: a submission that may have gone through is found again.
+            self._marker = submission_marker(plan.run_id)
+            self._comment = "comment" not in dict(plan.extra_sbatch)
+            self.update_parameters(nodes=plan.nodes, ntasks_per_node=plan.tasks_per_node,
+                                   time=max(plan.time_seconds // 60, 1))
+
+        def _make_submission_file_text(self, command: str, uid: str) -> str:
+            if command not in self._job_text:
+                raise SchedulerError(f"internal: submitit's task command {command!r} is not in job.sbatch")
+            return self._job_text
+
+        def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+            comment = [f"--comment={self._marker}"] if self._comment else []
+            return ["sbatch", *comment, str(submission_file_path)]
+
+        def _submit_command(self, command: str):
+            # submitit's own (core.PicklingExecutor._submit_command), with sbatch run under a
+            # timeout and retry, in the cleaned environment, looked up before a retry.
+            tmp_uuid = uuid.uuid4().hex
+            path = JobPaths.get_first_id_independent_folder(self.folder) / f".submission_file_{tmp_uuid}.sh"
+            with path.open("w") as f:
+                f.write(self._make_submission_file_text(command, tmp_uuid))
+            script, marker = str(path), self._marker
+
+            def lookup(deadline: float) -> str | None:
+                try:
+                    return find_submitted(script, marker, deadline=deadline)
+                except SchedulerError as exc:
+                    raise SubmissionUncertain(
+                        f"sbatch did not answer, and whether it queued the job cannot be told now: {exc.message}. "
+                        "`glaunch status` looks for the job again (it carries the run id)",
+                        script=script, marker=marker) from None
+
+            output = slurm_client.CLIENT.submit(self._make_submission_command(path), lookup=lookup,
+                                                env=self._env)
+            job_id = self._get_job_id_from_submission_command(output)
+            job = self.job_class(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
+            job.paths.move_temporary_file(path, "submission_file", keep_as_symlink=True)
+            self._write_job_id(job.job_id, tmp_uuid)
+            self._set_job_permissions(job.paths.folder)
+            return job
+
+    return GlaunchSlurmExecutor
+
+
+def task_template(log_dir: str | os.PathLike) -> Path:
+    """An element's pickled task, written before its array is submitted; its task's id
+    (ARRAYJOB_TASK, known once sbatch answers) gets a link to it."""
+    return Path(log_dir) / ".glaunch_task.pkl"
+
+
+def dump_task(plan: JobPlan, path: Path) -> None:
+    from submitit.core.utils import DelayedSubmission
+
+    from launcher.runtime.task import TrainingTask
+
+    DelayedSubmission(TrainingTask(task_spec(plan))).dump(path)
+
+
+def link_task(log_dir: str | os.PathLike, job_id: str) -> None:
+    """The pickle submitit's loader reads for task `job_id` (it waits a minute for it)."""
+    from submitit.core.utils import JobPaths
+
+    target = JobPaths(Path(log_dir), job_id=job_id).submitted_pickle
+    if not target.exists():
+        os.link(task_template(log_dir), target)
+    task_template(log_dir).unlink()
+
+
+def submitted_pickle(log_dir: str | os.PathLike, job_id: str) -> Path:
+    from submitit.core.utils import JobPaths
+
+    return JobPaths(Path(log_dir), job_id=job_id).submitted_pickle
+
+
+def submit_array(plan: JobPlan, script: Path, marker: str, env: Mapping[str, str]) -> str:
+    """sbatch the array script; the array's job id. Never queued twice: after a lost
+    answer the array is looked up by its marker (--comment) or its script."""
+    with_comment = "comment" not in dict(plan.extra_sbatch)
+    cmd = ["sbatch", *([f"--comment={marker}"] if with_comment else []), str(script)]
+
+    def lookup(deadline: float) -> str | None:
+        try:
+            found = find_submitted(str(script), marker if with_comment else "", deadline=deadline)
+        except SchedulerError as exc:
+            raise SubmissionUncertain(
+                f"sbatch did not answer, and whether it queued the array cannot be told now: {exc.message}. "
+                "`glaunch status` looks for it again (it carries the sweep's id)",
+                script=str(script), marker=marker if with_comment else "") from None
+        return slurm_array.array_job_id(found) if found else None
+
+    output = slurm_client.CLIENT.submit(cmd, lookup=lookup, env=env)
+    m = re.search(r"Submitted batch job (\d+)", output)
+    if m is None:
+        raise SchedulerError(f"sbatch answered without a job id: {output.strip()[:200]}")
+    return m.group(1)
+
+
+def submission_marker(run_id: str) -> str:
+    """The job's --comment: which run it belongs to."""
+    return f"glaunch:{run_id}"
+
+
+def preflight(plan: JobPlan, job_file: Path, env: Mapping[str, str] | None = None) -> None:
+    """`sbatch --test-only`: Slurm validates the request without queueing anything."""
+    proc = run_command("sbatch", "--test-only", str(job_file), env=env)
+    if proc.returncode == 0:
+        return
+    raw = (proc.stderr or proc.stdout).strip()
+    values = dict(partition=plan.partition, gpus=plan.gpus_per_node, directive=plan.gpu_directive,
+                  time=plan.time, account=plan.account, qos=plan.qos, nodes=plan.nodes,
+                  tasks=plan.tasks_per_node, cpus=plan.cpus_per_task or "default",
+                  mem=f"{plan.mem_gb} GB" if plan.mem_gb is not None else "default")
+    raise SchedulerError(slurm_state.preflight_message(raw, values))
+
+
+def submit(plan: JobPlan, job_text: str, env: Mapping[str, str] | None = None) -> str:
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    from launcher.runtime.task import TrainingTask
+
+    executor = _executor_class()(plan, job_text, env if env is not None else slurm_client.clean_env(os.environ)[0])
+    try:
+        job = executor.submit(TrainingTask(task_spec(plan)))
+    except (FailedSubmissionError, FailedJobError, subprocess.CalledProcessError, OSError) as exc:
+        raise SchedulerError(f"sbatch refused the job: {exc}") from None
+    return str(job.job_id)

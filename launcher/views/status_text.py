@@ -1,0 +1,263 @@
+"""The text `glaunch status` prints from a run's summary (launcher.runner.status.summarize),
+and the helpers every printed value goes through."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from launcher.runner.goodput import number, step_of
+
+
+def as_mapping(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else {} (records may hold anything)."""
+    return value if isinstance(value, dict) else {}
+
+
+# Records may hold anything a hand or a rank wrote: text printed from them never carries
+# control characters to the terminal (an escape sequence could rewrite what was shown).
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def printable(value: Any, *, lines: bool = False) -> str:
+    """`value` as text safe for a terminal; with `lines`, its line breaks are kept."""
+    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
+    return text if lines else text.replace("\n", "\\n")
+
+
+def duration(seconds: Any) -> str:
+    """4.1 s, 3m10s, 2h05m."""
+    value = number(seconds)
+    if value is None:
+        return "?"
+    if value < 60:
+        return f"{value:.1f} s"
+    if value < 3600:
+        return f"{int(value // 60)}m{int(value % 60):02d}s"
+    return f"{int(value // 3600)}h{int(value % 3600 // 60):02d}m"
+
+
+def _gb(value: Any) -> str:
+    amount = number(value)
+    return "?" if amount is None else f"{amount:.3g} GB"
+
+
+def _measured(start: Mapping[str, Any]) -> str:
+    """What a start's ranks measured, for its status line."""
+    parts = []
+    if number(start.get("peak_memory_gb")) is not None:
+        memory = start.get("memory")
+        kind = memory.get("kind") if isinstance(memory, dict) else None
+        parts.append(f"peak {_gb(start['peak_memory_gb'])}" + (" (host RSS)" if kind == "host_rss" else ""))
+    times = start.get("step_time_s")
+    if isinstance(times, dict) and number(times.get("median")) is not None:
+        parts.append(f"step {number(times['median']):.3g} s"
+                     + (f" (p90 {number(times['p90']):.3g} s)" if number(times.get("p90")) is not None else ""))
+    last = step_of(start.get("last_step"))
+    if last is not None:
+        parts.append(f"last step {last}")
+    return ("  " + ", ".join(parts)) if parts else ""
+
+
+def _memory_line(memory: Mapping[str, Any]) -> str:
+    kind = memory.get("kind")
+    what = {"cuda": "per GPU (CUDA peak allocated)", "host_rss": "per rank (host RSS: no GPU used)"}.get(str(kind), "")
+    line = f"  memory: peak {_gb(memory.get('peak_gb'))} {what}".rstrip()
+    planned = memory.get("planned")
+    if isinstance(planned, dict):
+        name = printable(planned.get("strategy"))
+        if number(planned.get("estimate_gb")) is not None:
+            line += f"; planner's estimate for {name}: {_gb(planned['estimate_gb'])}"
+            if number(memory.get("ratio")) is not None:
+                line += f" (peak/estimate {number(memory['ratio']):.2f})"
+            elif kind != "cuda":
+                line += " (per GPU: not comparable with a host's memory)"
+        elif planned.get("error"):
+            line += f"; no planner estimate: {printable(planned['error'])}"
+    return line
+
+
+def _goodput_lines(report: Mapping[str, Any]) -> list[str]:
+    good = report.get("goodput")
+    if not isinstance(good, dict) or not good.get("starts"):
+        return []
+    ettr = number(good.get("ettr"))
+    head = f"  goodput: ETTR {ettr:.2f}" if ettr is not None else "  goodput: ETTR ?"
+    if number(good.get("productive_s")) is not None and number(good.get("wall_s")) is not None:
+        head += f" ({duration(good['productive_s'])} of training kept in {duration(good['wall_s'])}"
+        if number(good.get("idle_s")):
+            head += f"; {duration(good['idle_s'])} ended before a resume left out"
+        head += ")"
+    head += f"; lost steps {good.get('lost_steps')}"
+    if number(good.get("lost_s")):
+        head += f" ({duration(good['lost_s'])})"
+    if number(good.get("restart_overhead_s")) is not None:
+        head += f"; restart overhead {duration(good['restart_overhead_s'])}"
+    interruptions = good.get("interruptions") or 0
+    head += f" over {interruptions} interruption(s)"
+    if number(good.get("mean_time_between_interruptions_s")):
+        head += f", one every {duration(good['mean_time_between_interruptions_s'])}"
+    lines = [head]
+    names = (("queue_wait_s", "queue"), ("startup_s", "start-up"), ("resume_load_s", "resume load"),
+             ("stop_s", "stop"), ("teardown_s", "teardown"))
+    for row in good["starts"]:
+        parts = [f"{label} {duration(row[key])}" for key, label in names if number(row.get(key)) is not None]
+        if row.get("lost_steps"):
+            parts.append(f"{row['lost_steps']} step(s) lost")
+        if parts:
+            job = f"resume {row['resume']}, " if row.get("resume") else ""
+            lines.append(f"    {job}start {row['restart']}: " + ", ".join(parts))
+    return lines
+
+
+def _suggestion_lines(suggestions: Any) -> list[str]:
+    lines = []
+    for key, item in (suggestions or {}).items():
+        if not isinstance(item, dict):
+            continue
+        now = item.get("current")
+        lines.append(f"  suggest: {key}={printable(item.get('value'))}"
+                     + (f" (now {printable(now)})" if now is not None else "") + f": {printable(item.get('why'))}")
+    return lines
+
+
+def _origin_lines(summary: Mapping[str, Any]) -> list[str]:
+    """The code it runs (commit, dirty tree, snapshot), its sweep, the runs it waits for."""
+    p = printable
+    lines = []
+    origin = as_mapping(summary.get("provenance"))
+    git, code = as_mapping(origin.get("git")), as_mapping(origin.get("code"))
+    if git:
+        line = f"  code: commit {p(str(git.get('commit'))[:12])}"
+        line += f" ({p(git['branch'])})" if git.get("branch") else ""
+        if git.get("dirty") and git.get("patch"):
+            line += f", dirty tree: {p(git.get('patch'))} (sha256 {p(str(git.get('diff_sha256'))[:12])})"
+        elif git.get("dirty"):
+            line += ", dirty tree (no snapshot: it runs from the work tree as it is)"
+        else:
+            line += ", clean tree"
+        lines.append(line)
+    if code:
+        lines.append(f"  snapshot: {p(code.get('snapshot'))} ({code.get('files')} files from {p(code.get('source'))})")
+    sweep = as_mapping(summary.get("sweep"))
+    if sweep:
+        values = " ".join(f"{p(k)}={p(v)}" for k, v in as_mapping(sweep.get("params")).items())
+        lines.append(f"  sweep {p(sweep.get('id'))}, element {sweep.get('index')}: {values}")
+    for item in summary.get("after") or []:
+        if isinstance(item, dict):
+            jobs = ",".join(map(str, item.get("job_ids") or [])) or "-"
+            lines.append(f"  after {p(item.get('ref'))}:{p(item.get('kind'))} (jobs {p(jobs)})")
+    return lines
+
+
+def _failure_lines(start: Mapping[str, Any]) -> list[str]:
+    """What the watchdog found in a start (its silent ranks, their stacks), and the node a
+    failure pointed at with what became of it."""
+    p, lines = printable, []
+    hang = as_mapping(start.get("hang"))
+    if hang:
+        silent = [s for s in hang.get("silent") or [] if isinstance(s, dict)]
+        ranks = ", ".join(f"rank {s.get('rank')}" + (f" on {p(s['node'])}" if s.get("node") else "")
+                          + (f" at step {s['step']}" if s.get("step") is not None else "") for s in silent[:8])
+        kind = {"stall": "no step", "first_step": "no first step", "save": "a save unfinished"}.get(
+            str(hang.get("kind")), p(hang.get("kind")))
+        lines.append(f"    hang: {kind} for {duration(hang.get('bound_s'))}; silent: {ranks}"
+                     + (" ..." if len(silent) > 8 else ""))
+        stacks = [p(s) for s in hang.get("stacks") or []]
+        lines.append("    stacks: " + (", ".join(stacks) if stacks else "none written"))
+    if start.get("bad_node"):
+        lines.append(f"    node {p(start['bad_node'])}: {p(start.get('exclusion') or 'not excluded')}")
+    return lines
+
+
+def _resume_line(resume: Mapping[str, Any]) -> str:
+    """A resume: when, how the run had ended, the overrides, the new shape, and from which
+    start on its job runs."""
+    p = printable
+    ended = as_mapping(resume.get("ended"))
+    why = "; ".join(p(x) for x in (ended.get("reason"), ended.get("detail")) if x)
+    line = (f"  resume {resume.get('number')} at {p(resume.get('at') or '?')}: the run had ended "
+            f"{p(ended.get('state'))}" + (f" ({why})" if why else "")
+            + (f" as job {p(ended['job_id'])}" if ended.get("job_id") else ""))
+    overrides = resume.get("overrides") or []
+    line += "; overrides: " + " ".join(p(o) for o in overrides) if overrides else "; no overrides"
+    if resume.get("nodes") is not None:
+        line += f"; now {p(resume['nodes'])} node(s), world size {p(resume.get('world_size'))}"
+        line += f", partition {p(resume['partition'])}" if resume.get("partition") else ""
+    if not resume.get("started"):
+        return line + "; its job has not started yet"
+    line += f"; its job runs from starts[{resume.get('first_start')}] on"
+    step = resume.get("resumed_from")
+    return line + (f", resumed from step {step}" if step is not None else "")
+
+
+def _job_lines(summary: Mapping[str, Any]) -> dict[int, list[str]]:
+    """The line that opens each job of a resumed run, by the index in `starts` of the job's
+    first start (a run without resumes has one job: no such lines)."""
+    resumes = [r for r in summary.get("resumes") or [] if isinstance(r, dict)]
+    if not resumes:
+        return {}
+    created = summary.get("created")
+    heads: dict[int, list[str]] = {0: ["  submitted" + (f" at {printable(created)}" if created else "") + ":"]}
+    for resume in resumes:
+        first = resume.get("first_start")
+        if isinstance(first, int):
+            heads.setdefault(first, []).append(_resume_line(resume) + ":")
+    return heads
+
+
+def format_status(summary: dict[str, Any]) -> str:
+    p = printable
+    resumed = len([r for r in summary.get("resumes") or [] if isinstance(r, dict)])
+    lines = [f"run {p(summary['run_id'])}: {p(summary['state'])} (site {p(summary['site'])}, "
+             f"job {p(summary['job_id'])}, {summary['restarts']} restart(s)"
+             + (f", {resumed} resume(s)" if resumed else "") + ")", f"  {p(summary['run_dir'])}"]
+    if summary.get("accounting") is False:
+        lines.append("  (no Slurm accounting here: states come from squeue only)")
+    lines += _origin_lines(summary)
+    heads = _job_lines(summary)
+    for index, start in enumerate(summary["starts"]):
+        lines += heads.pop(index, [])
+        lines.append(f"  start {start['restart']}: job {start['job_id']} {p(start['state'])}"
+                     + (f" reason={p(start['reason'])}" if start.get("reason") else "")
+                     + (f" resumed_from={start['resumed_from']}" if start.get("resumed_from") is not None else "")
+                     + (f" stopped_at={start['stopped_at']}" if start.get("stopped_at") is not None else "")
+                     + p(_measured(start)))
+        lines += _failure_lines(start)
+    for index in sorted(heads):        # resumes whose job has no start yet
+        lines += heads[index]
+    if summary.get("excluded_nodes"):
+        lines.append("  excluded nodes: " + p(", ".join(summary["excluded_nodes"])))
+    if summary.get("reason") or summary.get("detail"):
+        lines.append("  reason: " + p("; ".join(x for x in (summary.get("reason"), summary.get("detail")) if x)))
+    live = summary.get("progress")
+    if isinstance(live, dict):
+        total = f"/{live['total']}" if live.get("total") else ""
+        line = f"  progress: step {live['step']}{total}"
+        if number(live.get("step_s")):
+            line += f", {1 / live['step_s']:.3g} steps/s"
+        if live.get("age_s") is not None:
+            line += f", last step {duration(live['age_s'])} ago"
+        silent = live.get("silent") or []
+        if silent:
+            line += f"; {len(silent)} rank(s) silent: " + ", ".join(
+                f"rank {s['rank']} ({p(s.get('node'))}) at step {s['step']} for {duration(s['for_s'])}"
+                for s in silent[:8]) + (" ..." if len(silent) > 8 else "")
+        lines.append(line)
+    if isinstance(summary.get("memory"), dict):
+        lines.append(_memory_line(summary["memory"]))
+    for gpu in summary.get("gpu") or []:
+        lines.append(f"  gpu: node {p(gpu['node'])} (job {p(gpu['job_id'])}): {gpu['samples']} samples, "
+                     f"utilisation mean {gpu['utilization_mean_pct']:g}%, memory max "
+                     f"{gpu['memory_used_max_mib']:g}/{gpu['memory_total_mib']:g} MiB")
+    lines += _goodput_lines(summary)
+    lines += _suggestion_lines(summary.get("suggest"))
+    for warning in summary.get("warnings") or []:
+        lines.append(f"  warning: {p(warning)}")
+    if summary.get("result"):
+        r = summary["result"]
+        lines.append(f"  result: step {p(r.get('final_step'))} loss {p(r.get('final_loss'))} "
+                     f"world {p(r.get('world_size'))}")
+    if summary.get("result_error"):
+        lines.append(f"  result: unreadable: {p(summary['result_error'])}")
+    return "\n".join(lines)

@@ -1,0 +1,174 @@
+"""The package reads bottom to top: every import, function-level and TYPE_CHECKING ones
+included, goes down the layers of DESIGN.md "The shape of the code" (or stays in its
+layer), and no file imports itself back through others."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "launcher"
+
+# Bottom to top. A module belongs to the first layer one of whose prefixes names it.
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("floor", ("launcher", "launcher.errors", "launcher.shell", "launcher.rundir")),
+    ("runtime", ("launcher.runtime",)),
+    ("config", ("launcher.config",)),
+    ("resolution", ("launcher.resolution",)),
+    ("rendering", ("launcher.rendering",)),
+    ("schedulers", ("launcher.schedulers",)),
+    ("runner", ("launcher.runner",)),
+    ("views", ("launcher.views",)),
+    ("api", ("launcher.api",)),
+    ("cli", ("launcher.cli", "launcher.cli_sites")),
+]
+# The in-job runtime stands on the floor alone; the pure core (configuration, resolution,
+# rendering) never reaches for it; the CLI talks to the API and the views only.
+MAY_IMPORT_ONLY: dict[str, tuple[str, ...]] = {
+    "runtime": ("floor", "runtime"),
+    "config": ("floor", "config"),
+    "resolution": ("floor", "config", "resolution"),
+    "rendering": ("floor", "config", "resolution", "rendering"),
+    "cli": ("floor", "views", "api", "cli"),
+}
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    names = {}
+    for path in root.rglob("*.py"):
+        parts = path.relative_to(root.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        names[name] = path
+    return names
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
+    """Every project module that ``name`` imports, wherever the import statement stands."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{base}.{alias.name}"
+                found.add(sub if sub in known else base)
+    return {m for m in found if m in known and m != name}
+
+
+def import_graph(root: Path = PACKAGE) -> dict[str, set[str]]:
+    modules = module_names(root)
+    return {name: imports_of(name, path, set(modules)) for name, path in modules.items()}
+
+
+def layer_of(module: str) -> str:
+    best, best_len = None, -1
+    for layer, prefixes in LAYERS:
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and len(prefix) > best_len:
+                best, best_len = layer, len(prefix)
+    if best is None:
+        raise LookupError(f"{module} belongs to no layer: add it to LAYERS")
+    return best
+
+
+RANK = {layer: i for i, (layer, _) in enumerate(LAYERS)}
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """Each import against the layer order, as 'importer (layer) -> imported (layer)'."""
+    found = []
+    for importer, imported in sorted(graph.items()):
+        low = layer_of(importer)
+        for target in sorted(imported):
+            high = layer_of(target)
+            allowed = MAY_IMPORT_ONLY.get(low)
+            upward = RANK[high] > RANK[low] or (allowed is not None and high not in allowed)
+            if upward:
+                found.append(f"{importer} ({low}) -> {target} ({high})")
+    return found
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_every_import_goes_down_the_layers():
+    found = violations(import_graph())
+    assert not found, "imports against the layer order:\n" + "\n".join(found)
+
+
+def test_no_file_imports_itself_back():
+    found = cycles(import_graph())
+    assert not found, "import cycles:\n" + "\n".join(" <-> ".join(group) for group in found)
+
+
+def test_every_module_has_a_layer():
+    for name in import_graph():
+        layer_of(name)
+
+
+@pytest.fixture
+def planted(tmp_path):
+    """A copy of the package with one upward import planted inside a function of the floor."""
+    import shutil
+
+    copy = tmp_path / "launcher"
+    shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    layout = copy / "rundir" / "layout.py"
+    layout.write_text(layout.read_text() + "\n\ndef _planted():\n    from launcher.runner import status\n")
+    return copy
+
+
+def test_a_planted_upward_import_is_found(planted):
+    found = violations(import_graph(planted))
+    assert "launcher.rundir.layout (floor) -> launcher.runner.status (runner)" in found
+
+
+def test_a_planted_cycle_is_found(planted):
+    status = planted / "runner" / "status.py"
+    status.write_text(status.read_text() + "\n\nfrom launcher.rundir import layout\n")
+    groups = cycles(import_graph(planted))
+    assert any("launcher.rundir.layout" in group and "launcher.runner.status" in group for group in groups)
+
+
+def test_the_runtime_may_not_reach_the_configuration(tmp_path):
+    graph = {"launcher.runtime.task": {"launcher.config.load"}, "launcher.config.load": set()}
+    assert violations(graph) == ["launcher.runtime.task (runtime) -> launcher.config.load (config)"]
