@@ -3,7 +3,6 @@ entry and the end-of-start step loads nothing of the submit-time stack."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
