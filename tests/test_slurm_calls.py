@@ -329,7 +329,7 @@ def test_a_reason_that_clears_by_itself_has_no_verdict(reason):
     ("PENDING\n", "PENDING", None),
     ("", None, None),
 ])
-def test_squeue_state_and_reason(text, state, reason):
+def test_parse_squeue_state_and_reason(text, state, reason):
     assert parse_squeue(text) == state and parse_squeue_reason(text) == reason
 
 

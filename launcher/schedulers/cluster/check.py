@@ -11,8 +11,8 @@ slurmdbd answers, `sacctmgr` (associations, QOS). `check_site` is the thin part 
 asks Slurm.
 
 Here: the site-wide checks and a job's own request. The cluster's facts are read and
-parsed in cluster_facts, one partition is compared in cluster_check_partition, and
-cluster_check_report holds the differences and their wording.
+parsed in facts.py, one partition is compared in partition.py, and report.py holds the
+differences and their wording.
 """
 
 from __future__ import annotations

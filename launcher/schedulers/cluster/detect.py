@@ -1,7 +1,7 @@
 """`glaunch sites detect`: a site-profile skeleton from the Slurm cluster this runs on.
 
 The parsing is pure (text of `scontrol show partition/node -o` in, a profile mapping
-out) and reads the cluster as `glaunch sites check` does (cluster_facts), so a detected
+out) and reads the cluster as `glaunch sites check` does (facts.py), so a detected
 profile is one the check passes: what a job can have on a node (MaxCPUsPerNode,
 MaxMemPerNode and MemSpecLimit taken off), the nodes one job can get (MaxNodes, never
 more than there are). :func:`query_cluster` is the only part that runs Slurm's commands.

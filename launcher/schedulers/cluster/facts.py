@@ -3,13 +3,16 @@ partitions, nodes and settings from one `scontrol` call, and, where slurmdbd ans
 the user's associations and the QOS from `sacctmgr`.
 
 The parsers are pure (the tests feed them recorded answers; scontrol's text itself is read
-in scontrol_text); `read_cluster` asks Slurm.
+in scontrol_text.py); `read_cluster` asks Slurm.
 """
 
 from __future__ import annotations
 
 import getpass
+import grp
 import math
+import os
+import pwd
 import shutil
 from collections import defaultdict
 from dataclasses import dataclass
@@ -26,12 +29,12 @@ from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Unreachable, run
 
 ASSOC_FORMAT = ("Account", "Partition", "QOS", "DefaultQOS", "MaxWall", "MaxTRES")
 QOS_FORMAT = ("Name", "MaxWall", "MaxTRES", "MaxTRESPerNode")
-# Node states in which a node takes no job now (scontrol writes e.g. IDLE+DRAIN, DOWN*).
 # The words of a node's state (scontrol writes e.g. IDLE+DRAIN, DOWN+NOT_RESPONDING; before
 # 21.08 DOWN*) for which it takes no job now. A POWERED_DOWN one (power saving, cloud:
 # sinfo's idle~) is powered up for a job.
 UNUSABLE = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "FUTURE",
                       "INVAL", "INVALID_REG"})
+
 
 @dataclass(frozen=True)
 class Node:
@@ -327,18 +330,12 @@ def current_user() -> str:
     try:
         return getpass.getuser()
     except (KeyError, OSError):
-        import os
-
         return str(os.getuid())
 
 
 def user_groups(user: str) -> frozenset[str] | None:
     """The names of `user`'s Unix groups, as slurmctld resolves them for AllowGroups (None:
     not known here)."""
-    import grp
-    import os
-    import pwd
-
     try:
         gids = os.getgrouplist(user, pwd.getpwnam(user).pw_gid)
     except (KeyError, OSError):

@@ -8,7 +8,7 @@ allows in one array (more make more arrays of that shape). The array script
 element and runs the element's own job.sbatch, so each element keeps its run directory,
 env.sh, logs, checkpoints, starts and requeues (`scontrol requeue ARRAYJOB_TASK`).
 
-Grouping and rendering are pure; `submit_array` runs sbatch through slurm_client.
+Grouping and rendering are pure; submit.py's `submit_array` runs sbatch through client.py.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def render_array(group: ArrayGroup, plans: Sequence[JobPlan], *, sweep_id: str, 
         name=first.name, site=first.site_name, directives=directives, tasks=tasks)
 
 
-def array_script(sweep_dir: str | os.PathLike, number: int) -> Path:
+def array_script(sweep_dir: str | os.PathLike[str], number: int) -> Path:
     return Path(sweep_dir) / ARRAY_SCRIPT.format(number=number)
 
 

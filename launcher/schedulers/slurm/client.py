@@ -171,7 +171,7 @@ class Unreachable(SchedulerError):
 class Outcome:
     """One attempt: the process when it ended, or None when it ran past its timeout."""
 
-    proc: subprocess.CompletedProcess | None
+    proc: subprocess.CompletedProcess[str] | None
     elapsed_s: float
 
     @property
@@ -189,7 +189,7 @@ class Outcome:
         return self.proc is None or (self.proc.returncode != 0 and is_transient(self.output))
 
 
-Runner = Callable[..., subprocess.CompletedProcess]
+Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @dataclass
@@ -225,7 +225,7 @@ class Client:
 
     def call(self, *cmd: str, policy: RetryPolicy | None = None, input: str | None = None,
              env: Mapping[str, str] | None = None, deadline: float | None = None,
-             controller: bool = True) -> subprocess.CompletedProcess:
+             controller: bool = True) -> subprocess.CompletedProcess[str]:
         """Run `cmd`, retrying transient failures within `policy` (and before `deadline`,
         a clock() value). Returns the process of the last attempt when it ended without a
         transient error (its return code may say Slurm refused). Raises Unreachable when
@@ -318,6 +318,6 @@ CLIENT = Client()
 
 def run_command(*cmd: str, policy: RetryPolicy | None = None, input: str | None = None,
                 env: Mapping[str, str] | None = None, deadline: float | None = None,
-                controller: bool = True) -> subprocess.CompletedProcess:
+                controller: bool = True) -> subprocess.CompletedProcess[str]:
     """Run one Slurm client command under the shared client (see Client.call)."""
     return CLIENT.call(*cmd, policy=policy, input=input, env=env, deadline=deadline, controller=controller)

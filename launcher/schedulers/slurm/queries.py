@@ -6,11 +6,18 @@ marker or script.
 from __future__ import annotations
 
 import getpass
-from typing import Any
+import subprocess
 
 from launcher.errors import SchedulerError
-from launcher.schedulers.slurm import state as slurm_state
 from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Unreachable, run_command
+from launcher.schedulers.slurm.state import (
+    SACCT_FORMAT,
+    SQUEUE_FORMAT,
+    parse_sacct,
+    parse_squeue,
+    parse_squeue_reason,
+    squeue_error,
+)
 
 
 def find_submitted(script: str, marker: str, *, deadline: float | None = None) -> str | None:
@@ -29,17 +36,17 @@ def find_submitted(script: str, marker: str, *, deadline: float | None = None) -
 
 def squeue_job(job_id: str) -> tuple[str | None, str | None]:
     """(state, pending reason) of the job as squeue lists it; (None, None) once it is gone."""
-    proc = run_command("squeue", "-h", "-j", job_id, "-o", slurm_state.SQUEUE_FORMAT)
+    proc = run_command("squeue", "-h", "-j", job_id, "-o", SQUEUE_FORMAT)
     if proc.returncode != 0:
         _raise_unless_gone(proc, job_id)
         return None, None
-    return slurm_state.parse_squeue(proc.stdout), slurm_state.parse_squeue_reason(proc.stdout)
+    return parse_squeue(proc.stdout), parse_squeue_reason(proc.stdout)
 
 
 def squeue_jobs(job_ids: list[str]) -> dict[str, tuple[str | None, str | None]]:
     """(state, pending reason) of every job or array task squeue lists for these ids (an
     array's tasks one by one, ARRAYJOB_TASK); jobs it no longer lists are left out."""
-    proc = run_command("squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|" + slurm_state.SQUEUE_FORMAT)
+    proc = run_command("squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|" + SQUEUE_FORMAT)
     if proc.returncode != 0:
         _raise_unless_gone(proc, ",".join(job_ids))
         return {}           # none of them is known any more ("Invalid job id specified")
@@ -48,29 +55,25 @@ def squeue_jobs(job_ids: list[str]) -> dict[str, tuple[str | None, str | None]]:
         job_id, sep, rest = line.strip().partition("|")
         job_id, _, component = job_id.partition("+")
         if sep and component in ("", "0"):      # a heterogeneous job: its leader's state is the job's
-            out[job_id] = (slurm_state.parse_squeue(rest), slurm_state.parse_squeue_reason(rest))
+            out[job_id] = (parse_squeue(rest), parse_squeue_reason(rest))
     return out
 
 
-def _raise_unless_gone(proc, job_ids: str) -> None:
+def _raise_unless_gone(proc: subprocess.CompletedProcess[str], job_ids: str) -> None:
     """squeue failed: fine when it no longer knows the job; any other failure says nothing
     of the job, so the run is not taken for ended."""
-    error = slurm_state.squeue_error(proc.stderr or proc.stdout)
+    error = squeue_error(proc.stderr or proc.stdout)
     if error is not None:
         raise SchedulerError(f"squeue could not tell the state of job {job_ids}: {error}")
 
 
-def squeue_state(job_id: str) -> str | None:
-    return squeue_job(job_id)[0]
-
-
-def sacct_records(job_id: str) -> list[dict[str, Any]] | None:
+def sacct_records(job_id: str) -> list[dict[str, str]] | None:
     """Every start of the job (requeues included), or None without accounting."""
     try:
-        proc = run_command("sacct", "-n", "-P", "-D", "-X", "-j", job_id, "-o", ",".join(slurm_state.SACCT_FORMAT),
+        proc = run_command("sacct", "-n", "-P", "-D", "-X", "-j", job_id, "-o", ",".join(SACCT_FORMAT),
                            policy=ACCOUNTING_POLICY, controller=False)
     except Unreachable:
         return None
     if proc.returncode != 0 or "not running" in proc.stderr.lower():
         return None
-    return slurm_state.parse_sacct(proc.stdout)
+    return parse_sacct(proc.stdout)

@@ -14,8 +14,9 @@ from launcher.errors import SchedulerError
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import registry
 from launcher.rundir.records import LIVE, RunRecord, State, is_terminal
-from launcher.schedulers.slurm import array as slurm_array, state as slurm_state
+from launcher.schedulers.slurm.array import task_rows
 from launcher.schedulers.slurm.client import Unreachable
+from launcher.schedulers.slurm.state import HELD, current_state, merge_history, pending_verdict, unlisted_verdict
 
 # What refresh writes in run.json for a pending job that will never start.
 NEVER_STARTS = "never starts"
@@ -26,12 +27,12 @@ UNKNOWN_TO_SLURM = "unknown to Slurm"
 _COMPONENT = re.compile(r"^(?P<job>[^.+]+)\+(?P<n>\d+)$")
 
 
-def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def job_rows(rows: list[dict[str, str]]) -> list[dict[str, str]]:
     """sacct's rows, one per start of a job glaunch knows by its id: an array's pending
     rows expanded to one per task, steps dropped, a heterogeneous job's leader (N+0) as
     the job N (it carries the job's state), its other components dropped."""
     out = []
-    for row in slurm_array.task_rows(rows):
+    for row in task_rows(rows):
         row_id = str(row.get("job_id", ""))
         m = _COMPONENT.match(row_id)
         if m is not None:
@@ -42,12 +43,12 @@ def job_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def own_rows(rows: list[dict[str, Any]], job_id: str | None) -> list[dict[str, Any]]:
+def own_rows(rows: list[dict[str, str]], job_id: str | None) -> list[dict[str, str]]:
     """sacct's rows of exactly this job (job_rows), one per start."""
     return [row for row in job_rows(rows) if row["job_id"] == job_id]
 
 
-def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[dict[str, Any]] | None) -> RunRecord:
+def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[dict[str, str]] | None) -> RunRecord:
     """squeue's state and reason and sacct's rows of one job, folded into its run.json."""
     with registry.updating(run_dir) as rec:
         rec.extra.pop("unreachable", None)
@@ -56,14 +57,14 @@ def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[
             history = own_rows(history, rec.job_id)
         if history:
             rec.extra["scheduler_history"] = history
-            slurm_state.merge_history(rec, history)
-        rec.state = slurm_state.current_state(rec.state, live, history)
+            merge_history(rec, history)
+        rec.state = current_state(rec.state, live, history)
         record_unlisted(rec, live, history)
         record_pending_reason(rec, live, reason)
     return rec
 
 
-def record_unlisted(rec: RunRecord, live: str | None, history: list[dict[str, Any]] | None) -> None:
+def record_unlisted(rec: RunRecord, live: str | None, history: list[dict[str, str]] | None) -> None:
     """A job squeue no longer lists: since when (run.json `unlisted_since`); once nothing
     can tell how it ended, state UNKNOWN, reason "unknown to Slurm" and why in `detail`."""
     if live is not None:
@@ -79,7 +80,7 @@ def record_unlisted(rec: RunRecord, live: str | None, history: list[dict[str, An
             unlisted_s = 0.0
     lost = None
     if rec.state == State.UNKNOWN or rec.state in LIVE:
-        lost = slurm_state.unlisted_verdict(str(rec.job_id), history, unlisted_s)
+        lost = unlisted_verdict(str(rec.job_id), history, unlisted_s)
     if lost:
         rec.state = State.UNKNOWN.value
         rec.reason, rec.detail = UNKNOWN_TO_SLURM, lost
@@ -132,9 +133,9 @@ def record_pending_reason(rec: RunRecord, live: str | None, reason: str | None) 
     request = rec.extra.get("request")
     values = dict(request) if isinstance(request, dict) else {"partition": rec.partition, "nodes": rec.nodes}
     if live == "PENDING":
-        verdict = slurm_state.pending_verdict(reason, values)
+        verdict = pending_verdict(reason, values)
     else:
-        verdict = slurm_state.HELD.get(live or "", "").format(job_id=rec.job_id) or None
+        verdict = HELD.get(live or "", "").format(job_id=rec.job_id) or None
     if verdict:
         rec.reason = NEVER_STARTS
         rec.detail = (f"job {rec.job_id} {NEVER_STARTS}: {verdict}. It stays queued until cancelled "

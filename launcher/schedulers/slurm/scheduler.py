@@ -2,36 +2,46 @@
 cluster, preflight with `sbatch --test-only`, submission through submitit with glaunch's
 rendered job.sbatch as the exact submission text, state from squeue and sacct, scancel.
 
-Every Slurm command runs through slurm_client: a timeout, a bounded retry on transient
+Every Slurm command runs through client.py: a timeout, a bounded retry on transient
 errors, an environment without the submitting shell's SLURM_* variables or Slurm's input
 variables (SBATCH_*, SALLOC_*, SRUN_*), which would otherwise reach or reshape the job.
 
-Here: the scheduler itself. sbatch and submitit are driven by slurm_submit, squeue and
-sacct asked by slurm_queries, run.json written by slurm_records; `glaunch run` inside an
-existing allocation is slurm_allocation."""
+Here: the scheduler itself. sbatch and submitit are driven by submit.py, squeue and sacct
+asked by queries.py, run.json written by records.py, job arrays shaped by array.py;
+`glaunch run` inside an existing allocation is allocation.py."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Sequence
 
-from launcher.errors import SchedulerError
 from launcher import shell
+from launcher.errors import SchedulerError
 from launcher.rendering.render import JobShell
 from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
 from launcher.rundir import registry
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord, State, is_terminal
 from launcher.schedulers.base import Echo, Launched, LaunchedBatch, Scheduler, SweepBatch, SweepPlan
+from launcher.schedulers.cluster.check import Request, check_site
+from launcher.schedulers.cluster.facts import Cluster, read_cluster
+from launcher.schedulers.slurm import array
+from launcher.schedulers.slurm.client import Unreachable, clean_env, ignored_inputs_warning, run_command
+from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job, squeue_jobs
+from launcher.schedulers.slurm.records import fold_job, job_rows, record_queued, record_refused, request_values
 from launcher.schedulers.slurm.script import end_of_start_python, sbatch_directives, srun_line
-
-if TYPE_CHECKING:
-    from launcher.schedulers.cluster.facts import Cluster
-
-# What talks to Slurm (slurm_client and the modules built on it, the cluster check,
-# logging) is imported where it is used: rendering a job, as a dry run does, needs none.
+from launcher.schedulers.slurm.submit import (
+    SubmissionUncertain,
+    dump_task,
+    link_task,
+    preflight,
+    submit,
+    submit_array,
+    task_template,
+)
 
 
 class SlurmScheduler(Scheduler):
@@ -43,8 +53,6 @@ class SlurmScheduler(Scheduler):
     def cluster(self) -> Cluster:
         """The live cluster's facts (one scontrol call, sacctmgr), read once."""
         if self._cluster is None:
-            from launcher.schedulers.cluster.facts import read_cluster
-
             self._cluster = read_cluster("glaunch submit")
         return self._cluster
 
@@ -88,22 +96,16 @@ class SlurmScheduler(Scheduler):
         """The site profile against the live cluster, for the partition this job uses:
         SchedulerError naming every difference that would get the job refused, leave it
         pending forever or run it on other hardware; the harmless ones as warnings."""
-        from launcher.schedulers.cluster import check as cluster_check
-
-        report = cluster_check.check_site(plan.site, partition=plan.partition,
-                                          request=cluster_check.Request.of_plan(plan), cluster=self.cluster())
+        report = check_site(plan.site, partition=plan.partition, request=Request.of_plan(plan),
+                            cluster=self.cluster())
         if report.fatal:
             raise report.error(plan.site_file)
         return [str(d) for d in report.warnings] + list(report.notes)
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
-        from launcher.schedulers.slurm import client as slurm_client
-        from launcher.schedulers.slurm.records import record_queued, record_refused, request_values
-        from launcher.schedulers.slurm.submit import SubmissionUncertain, preflight, submit
-
         job_text = RunDir(run_dir).job_script.read_text(encoding="utf-8")
-        env, ignored = slurm_client.clean_env(os.environ)
-        warnings = [w for w in (slurm_client.ignored_inputs_warning(ignored),) if w]
+        env, ignored = clean_env(os.environ)
+        warnings = [w for w in (ignored_inputs_warning(ignored),) if w]
         try:
             if check:
                 warnings += self.check_cluster(plan)
@@ -127,43 +129,30 @@ class SlurmScheduler(Scheduler):
 
     # --- sweeps: job arrays -------------------------------------------------------------
 
-    def plan_sweep(self, plans, *, sweep_id: str, sweep_dir: str, max_parallel: int | None,
+    def plan_sweep(self, plans: Sequence[JobPlan], *, sweep_id: str, sweep_dir: str, max_parallel: int | None,
                    dry_run: bool) -> SweepPlan:
         """One array per allocation shape, within the cluster's MaxArraySize (Slurm's
         default on a dry run, which asks the cluster nothing)."""
-        from launcher.schedulers.slurm import array as slurm_array
-
-        limit = slurm_array.DEFAULT_MAX_ARRAY_SIZE
+        limit = array.DEFAULT_MAX_ARRAY_SIZE
         if not dry_run:
             self.require()
-            limit = slurm_array.max_array_size(self.cluster().settings)
-        groups = slurm_array.group(plans, limit)
+            limit = array.max_array_size(self.cluster().settings)
+        groups = array.group(plans, limit)
         files, batches = {}, []
         for group in groups:
-            name = slurm_array.array_script(sweep_dir, group.number).name
-            files[name] = slurm_array.render_array(group, plans, sweep_id=sweep_id, sweep_dir=sweep_dir,
-                                                   arrays=len(groups), max_parallel=max_parallel)
+            name = array.array_script(sweep_dir, group.number).name
+            files[name] = array.render_array(group, plans, sweep_id=sweep_id, sweep_dir=sweep_dir,
+                                             arrays=len(groups), max_parallel=max_parallel)
             batches.append(SweepBatch(name, group.elements))
         return SweepPlan(tuple(batches), files)
 
-    def launch_sweep(self, plans, sweep: SweepPlan, sweep_dir: Path, *, max_parallel: int | None, check: bool,
-                     echo: Echo | None) -> list[LaunchedBatch]:
+    def launch_sweep(self, plans: Sequence[JobPlan], sweep: SweepPlan, sweep_dir: Path, *,
+                     max_parallel: int | None, check: bool, echo: Echo | None) -> list[LaunchedBatch]:
         """Check every array (the profile against the cluster, sbatch --test-only), then
         submit them: one sbatch call per array. An array sbatch refuses leaves its elements
         REFUSED; those already queued stay queued."""
-        from launcher.schedulers.slurm import array as slurm_array, client as slurm_client
-        from launcher.schedulers.slurm.records import record_queued, record_refused, request_values
-        from launcher.schedulers.slurm.submit import (
-            SubmissionUncertain,
-            dump_task,
-            link_task,
-            preflight,
-            submit_array,
-            task_template,
-        )
-
-        env, ignored = slurm_client.clean_env(os.environ)
-        warnings = [w for w in (slurm_client.ignored_inputs_warning(ignored),) if w]
+        env, ignored = clean_env(os.environ)
+        warnings = [w for w in (ignored_inputs_warning(ignored),) if w]
         scripts = [Path(sweep_dir) / str(batch.script) for batch in sweep.batches]
         try:
             if check:
@@ -183,7 +172,7 @@ class SlurmScheduler(Scheduler):
             for plan in members:
                 dump_task(plan, task_template(plan.log_dir))
             try:
-                array_id = submit_array(members[0], script, slurm_array.submission_marker(
+                array_id = submit_array(members[0], script, array.submission_marker(
                     str(members[0].sweep_id), number), env)
             except SubmissionUncertain as exc:
                 for task, plan in enumerate(members):
@@ -217,11 +206,6 @@ class SlurmScheduler(Scheduler):
         """squeue says what is live now (and why a pending job waits); sacct fills in
         starts the job could not record (killed at the time limit, node failure). With
         the controller unreachable: SchedulerError, and run.json says so."""
-        from launcher.schedulers.slurm import array as slurm_array
-        from launcher.schedulers.slurm.client import Unreachable
-        from launcher.schedulers.slurm.queries import sacct_records, squeue_job
-        from launcher.schedulers.slurm.records import fold_job
-
         uncertain = isinstance(record.extra.get("submission"), dict)
         if shutil.which("squeue") is None or not (record.job_id or uncertain) or record.extra.get("allocation"):
             return record       # a run inside an allocation: its own record says all (the job is the allocation)
@@ -235,22 +219,17 @@ class SlurmScheduler(Scheduler):
             raise
         # An array task's rows: asked of its array, whose row a task still pending when the
         # array was cancelled shares (sacct -j ARRAY_TASK has none for it).
-        return fold_job(run_dir, live, reason, sacct_records(slurm_array.array_job_id(record.job_id)))
+        return fold_job(run_dir, live, reason, sacct_records(array.array_job_id(record.job_id)))
 
-    def refresh_many(self, runs):
+    def refresh_many(self, runs: Sequence[tuple[Path, RunRecord]]) -> list[RunRecord]:
         """One squeue and one sacct call for all of them (a sweep's elements: by their
         array jobs), instead of two per run."""
-        from launcher.schedulers.slurm import array as slurm_array
-        from launcher.schedulers.slurm.client import Unreachable
-        from launcher.schedulers.slurm.queries import sacct_records, squeue_jobs
-        from launcher.schedulers.slurm.records import fold_job, job_rows
-
         if shutil.which("squeue") is None:
             return [record for _, record in runs]
         queued = [(d, r) for d, r in runs if r.job_id and not r.dry_run and not r.extra.get("allocation")]
-        ids = sorted({slurm_array.array_job_id(r.job_id) for _, r in queued if r.job_id})
+        ids = sorted({array.array_job_id(r.job_id) for _, r in queued if r.job_id})
         live: dict[str, tuple[str | None, str | None]] = {}
-        histories: dict[str, list[dict[str, Any]]] | None = {}
+        histories: dict[str, list[dict[str, str]]] | None = {}
         if ids:
             try:
                 live = squeue_jobs(ids)
@@ -274,14 +253,11 @@ class SlurmScheduler(Scheduler):
                 out.append(self.refresh(run_dir, record))
         return out
 
-    def cancel_many(self, runs, job_ids=()):
+    def cancel_many(self, runs: Sequence[tuple[Path, RunRecord]], job_ids: Sequence[str] = ()) -> list[str]:
         """One scancel for all: the arrays' jobs, and the runs outside them."""
-        from launcher.schedulers.slurm import array as slurm_array
-        from launcher.schedulers.slurm.client import run_command
-
         arrays = set(job_ids)
         targets = list(job_ids) + [r.job_id for _, r in runs if r.job_id and not is_terminal(r.state)
-                                   and slurm_array.array_job_id(r.job_id) not in arrays]
+                                   and array.array_job_id(r.job_id) not in arrays]
         if not targets:
             return ["nothing to cancel"]
         proc = run_command("scancel", *targets)
@@ -290,8 +266,6 @@ class SlurmScheduler(Scheduler):
         return [f"cancelled job {t}" for t in targets]
 
     def cancel(self, run_dir: Path, record: RunRecord) -> str:
-        from launcher.schedulers.slurm.client import run_command
-
         if not record.job_id:
             return f"run {record.run_id}: nothing to cancel ({record.state})"
         if record.extra.get("allocation"):
@@ -305,16 +279,12 @@ class SlurmScheduler(Scheduler):
 def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
     """A submission whose sbatch failed without a clear answer: the job, if the
     controller queued it after all, carries the run's marker."""
-    from launcher.schedulers.slurm import array as slurm_array
-    from launcher.schedulers.slurm.queries import find_submitted
-    from launcher.schedulers.slurm.submit import link_task
-
     sub = record.extra["submission"]
     job_id = find_submitted(str(sub.get("script") or ""), str(sub.get("marker") or ""))
     task = sub.get("task")
     if job_id and isinstance(task, int) and not isinstance(task, bool):
         # A sweep's element: its array was queued after all; its task gets its pickle now.
-        job_id = f"{slurm_array.array_job_id(job_id)}_{task}"
+        job_id = f"{array.array_job_id(job_id)}_{task}"
         try:
             link_task(RunDir(run_dir).log_dir, job_id)
         except OSError:
@@ -333,8 +303,6 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
 
 
 def _log_warnings(warnings: list[str]) -> None:
-    import logging
-
     for warning in warnings:
         logging.getLogger(__name__).warning("glaunch: warning: %s", warning)
 

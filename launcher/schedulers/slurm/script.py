@@ -43,7 +43,7 @@ def sbatch_directives(plan: JobPlan) -> list[str]:
     ]
     if plan.dependency:
         opts.append(("dependency", plan.dependency))
-    # Resolution refuses extras that name one of these (resolve.OWN_SBATCH_OPTIONS).
+    # Loading the site refuses extras that name one of these (config.sitechecks.OWN_SBATCH_OPTIONS).
     opts += [(key, value) for key, value in plan.extra_sbatch if value is not False and value is not None]
     return [shell.sbatch_directive(k, v) for k, v in opts]
 

@@ -147,7 +147,7 @@ def pending_verdict(reason: str | None, values: Mapping[str, Any]) -> str | None
     return None
 
 
-class _Defaulted(dict):
+class _Defaulted(dict[str, Any]):
     def __init__(self, values: Mapping[str, Any]) -> None:
         super().__init__({k: v for k, v in values.items() if v is not None})
 
@@ -160,7 +160,7 @@ def base_state(state: str) -> str:
     return state.split()[0] if state.strip() else state
 
 
-def current_state(recorded: str | None, live: str | None, history: list[dict] | None) -> str:
+def current_state(recorded: str | None, live: str | None, history: list[dict[str, str]] | None) -> str:
     """The run's state now: the job's own terminal record, else squeue, else sacct."""
     if recorded in TERMINAL and recorded != State.RENDERED:
         return str(recorded)
@@ -179,7 +179,7 @@ def current_state(recorded: str | None, live: str | None, history: list[dict] | 
 UNLISTED_GRACE_S = 300.0
 
 
-def unlisted_verdict(job_id: str, history: list[dict] | None, unlisted_s: float | None) -> str | None:
+def unlisted_verdict(job_id: str, history: list[dict[str, str]] | None, unlisted_s: float | None) -> str | None:
     """squeue no longer lists the job (for `unlisted_s` seconds; None while it does):
     why its state is UNKNOWN, or None while accounting may still tell (it says how the
     job ended, or lags for less than UNLISTED_GRACE_S)."""
@@ -198,7 +198,7 @@ def unlisted_verdict(job_id: str, history: list[dict] | None, unlisted_s: float 
     return None
 
 
-def merge_history(record: RunRecord, history: list[dict]) -> None:
+def merge_history(record: RunRecord, history: list[dict[str, str]]) -> None:
     """sacct lists one row per start (with -D): fill in what the starts' own records lack.
     The job's record of a start (launcher.runtime.jobend) wins over sacct's."""
     # A resumed run holds the starts of earlier jobs too: a start is its job's id and restart.
