@@ -96,11 +96,6 @@ def join(words: Iterable[object]) -> str:
     return " ".join(quote(w) for w in words)
 
 
-def split_command(command: str) -> list[str]:
-    """Split a command given as one string (e.g. a site's `python:`) into words."""
-    return shlex.split(command)
-
-
 def expandable(value: object) -> str:
     """A shell word in which only `$NAME` / `${NAME}` references expand; `$$` is `$`."""
     text = _check(str(value))

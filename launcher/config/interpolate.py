@@ -13,8 +13,7 @@ import warnings
 from dataclasses import fields, is_dataclass
 from typing import Any, Callable
 
-from launcher.errors import ConfigError
-from launcher.config.provenance import Provenance
+from launcher.config.provenance import ConfigKeyError
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 HINT = " (a literal shell variable is written $NAME, ${NAME} in env values, or \\${NAME})"
@@ -142,12 +141,13 @@ class Pending:
         self.path = path                    # keys and list indices from the root
         self.key = key                      # dotted, for errors
         self.interpolation = interpolation
-        self.finish = finish                # resolved value -> the field's value (raises ConfigError)
+        self.finish = finish                # resolved value -> the field's value (raises ConfigKeyError)
 
 
-def resolve(root: Any, pending: list[Pending], provenance: Provenance) -> None:
+def resolve(root: Any, pending: list[Pending]) -> None:
     """Resolve every pending interpolation against the converted config `root` (its
     defaults included) and store the results."""
+    # OmegaConf is imported only here and below: it is heavy, and most configs never need it.
     from omegaconf import DictConfig, ListConfig, OmegaConf
 
     with warnings.catch_warnings():
@@ -156,7 +156,7 @@ def resolve(root: Any, pending: list[Pending], provenance: Provenance) -> None:
         try:
             cfg = OmegaConf.create(_plain(root))
         except Exception as exc:  # OmegaConf's errors share no base class with ours
-            raise _unparsable(pending, provenance, exc) from None
+            raise _unparsable(pending, exc) from None
         for item in pending:
             try:
                 node = cfg
@@ -166,13 +166,13 @@ def resolve(root: Any, pending: list[Pending], provenance: Provenance) -> None:
                 if isinstance(value, (DictConfig, ListConfig)):
                     value = OmegaConf.to_container(value, resolve=True)
             except RecursionError:
-                raise provenance.error(item.key, "interpolations nest too deeply (or refer to each other)") from None
+                raise ConfigKeyError(item.key, "interpolations nest too deeply (or refer to each other)") from None
             except Exception as exc:  # a resolver may raise anything: the input is the user's
-                raise provenance.error(item.key, _resolution_problem(exc)) from None
+                raise ConfigKeyError(item.key, _resolution_problem(exc)) from None
             item.interpolation.store(item.finish(value))
 
 
-def _unparsable(pending: list[Pending], provenance: Provenance, exc: Exception) -> ConfigError:
+def _unparsable(pending: list[Pending], exc: Exception) -> ConfigKeyError:
     """The config as a whole did not parse: name the value whose interpolation is not
     OmegaConf's grammar (`${}`, `${a b}`)."""
     from omegaconf import OmegaConf
@@ -181,9 +181,9 @@ def _unparsable(pending: list[Pending], provenance: Provenance, exc: Exception) 
         try:
             OmegaConf.create({"value": item.interpolation.text})
         except Exception as own:  # any failure of this one value is the answer
-            return provenance.error(item.key, f"{item.interpolation.text!r} is not an interpolation "
-                                    f"({_first_line(own)}){HINT}")
-    return ConfigError(f"cannot interpolate: {_first_line(exc)}", file=provenance.default_file)
+            return ConfigKeyError(item.key, f"{item.interpolation.text!r} is not an interpolation "
+                                  f"({_first_line(own)}){HINT}")
+    return ConfigKeyError("", f"cannot interpolate: {_first_line(exc)}")
 
 
 def _resolution_problem(exc: Exception) -> str:

@@ -7,14 +7,15 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from launcher.errors import ConfigError
 from launcher.config import schema
 from launcher.config.merge import merge_layer
-from launcher.config.provenance import OVERRIDES, Origin, Provenance
+from launcher.config.provenance import OVERRIDES, ConfigKeyError, Origin, Provenance, locating
 from launcher.config.schema import MAX_RUN_NAME, NAME_PATTERN, NAME_RULE, env_name_problem
 from launcher.config.sites import LoadedSite, find_site, load_site, site_from_layers, site_search_path
 from launcher.config.typed import typed_config
@@ -45,20 +46,28 @@ def parse_overrides(overrides: Sequence[str]) -> list[tuple[str, Any]]:
     return parsed
 
 
-def _nested(key: str, value: Any) -> dict:
+def _nested(key: str, value: Any) -> dict[str, Any]:
+    nested: dict[str, Any] = {}
     for part in reversed(key.split(".")):
-        value = {part: value}
-    return value
+        nested = {part: value}
+        value = nested
+    return nested
 
 
 @dataclass(frozen=True)
 class LoadedExperiment:
     config: schema.Experiment
     path: Path
-    provenance: Provenance
+    provenance: Provenance            # where each key was set: the file, or the command line
+
+    @property
+    def folder(self) -> str:
+        """The folder of the file the experiment was read from, where model.factory's
+        module is looked for first."""
+        return os.path.dirname(os.path.abspath(self.provenance.default_file))
 
 
-def load_experiment(path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> LoadedExperiment:
+def load_experiment(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> LoadedExperiment:
     if not isinstance(path, (str, os.PathLike)):
         raise ConfigError(f"the experiment must be a YAML file's path, got {type(path).__name__} {path!r}")
     doc = read_yaml(path)
@@ -66,7 +75,7 @@ def load_experiment(path: str | os.PathLike, overrides: list[str] | tuple[str, .
 
 
 def experiment_from_data(data: Mapping[str, Any], origin_of: Callable[[str], Origin], *, file: str,
-                         path: str | os.PathLike, overrides: list[str] | tuple[str, ...] = ()) -> LoadedExperiment:
+                         path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> LoadedExperiment:
     """An experiment from YAML data already read (an experiment file's, or the experiment
     section of a run's resolved.yaml), the command line's KEY=VALUE overrides on top,
     typed and checked as :func:`load_experiment` does.
@@ -85,29 +94,31 @@ def experiment_from_data(data: Mapping[str, Any], origin_of: Callable[[str], Ori
     for key, value in parse_overrides(overrides):
         merged = merge_layer(merged, _nested(key, value), provenance, lambda _key: command_line)
     exp: schema.Experiment = typed_config(schema.Experiment, merged, provenance, schema.EXPERIMENT_CHOICES)
-    _check_experiment(exp, provenance)
+    with locating(provenance):
+        _check_experiment(exp)
     return LoadedExperiment(exp, Path(path), provenance)
 
 
-def _check_experiment(exp: schema.Experiment, prov: Provenance) -> None:
+def _check_experiment(exp: schema.Experiment) -> None:
     if not NAME_PATTERN.fullmatch(exp.name):
-        raise prov.error("name", f"{exp.name!r}: a run name is {NAME_RULE}")
+        raise ConfigKeyError("name", f"{exp.name!r}: a run name is {NAME_RULE}")
     if len(exp.name) > MAX_RUN_NAME:
-        raise prov.error("name", f"{exp.name[:20]}... is {len(exp.name)} characters long; a run name has at most "
-                         f"{MAX_RUN_NAME} (it becomes part of directory names)")
+        raise ConfigKeyError("name", f"{exp.name[:20]}... is {len(exp.name)} characters long; a run name has at "
+                             f"most {MAX_RUN_NAME} (it becomes part of directory names)")
     ep = exp.entrypoint
     if bool(ep.script) == bool(ep.module):
-        raise prov.error("entrypoint", "give exactly one of entrypoint.script or entrypoint.module")
+        raise ConfigKeyError("entrypoint", "give exactly one of entrypoint.script or entrypoint.module")
     if ep.module is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*", ep.module):
-        raise prov.error("entrypoint.module", f"{ep.module!r} is not a Python module name")
+        raise ConfigKeyError("entrypoint.module", f"{ep.module!r} is not a Python module name")
     for key in exp.env:
         problem = env_name_problem(key)
         if problem:
-            raise prov.error(f"env.{key}", problem)
+            raise ConfigKeyError(f"env.{key}", problem)
     if exp.site is not None and not exp.site:
-        raise prov.error("site", "must not be empty")
+        raise ConfigKeyError("site", "must not be empty")
     # Empty is no choice: often a shell variable that was not set (checkpoint.dir=$CKPT).
     for key, value in (("resources.partition", exp.resources.partition), ("checkpoint.dir", exp.checkpoint.dir),
                        ("strategy.nvme_path", exp.strategy.nvme_path), ("model.factory", exp.model.factory)):
         if value is not None and not value.strip():
-            raise prov.error(key, f"is {'empty' if not value else 'blank'}: leave it out (or null) for the default")
+            raise ConfigKeyError(key, f"is {'empty' if not value else 'blank'}: leave it out (or null) for the "
+                                 "default")

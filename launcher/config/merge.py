@@ -4,7 +4,8 @@ and scalars are replaced whole."""
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from launcher.config.provenance import Origin, Provenance
 
@@ -19,10 +20,10 @@ def deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, A
     return merged
 
 
-def merge_layer(base: dict, layer: Mapping, provenance: Provenance, origin_of: Callable[[str], Origin],
-                prefix: str = "") -> dict:
-    """`layer` over `base` (raw YAML data), recording where every key `layer` sets came
-    from. Neither input is changed: merged mappings are new dicts, anything else is
+def merge_layer(base: dict[str, Any], layer: Mapping[str, Any], provenance: Provenance,
+                origin_of: Callable[[str], Origin], prefix: str = "") -> dict[str, Any]:
+    """`layer` over `base` (raw YAML data), recording in the source map `provenance` where
+    every key `layer` sets came from. Neither input is changed: merged mappings are new dicts, anything else is
     shared (raw values are never modified after parsing)."""
     merged = dict(base)
     for key, value in layer.items():

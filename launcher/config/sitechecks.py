@@ -3,7 +3,8 @@
 `load_site` applies them, so `glaunch sites validate` and `glaunch submit` refuse the
 same profiles. What depends on the experiment (a request over a partition's limits) is
 resolution's. Types, finiteness and NUL characters are settled by the converter
-(launcher.config.typed) before these run. Pure.
+(launcher.config.typed) before these run. Pure: an error names its key, and loading
+gives it the key's file and line.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 from launcher import shell
 from launcher.config import slurmtime
 from launcher.config import schema
-from launcher.config.provenance import Provenance
+from launcher.config.provenance import ConfigKeyError
 from launcher.config.schema import NAME_PATTERN, NAME_RULE, env_name_problem
 
 # sbatch options glaunch writes itself, or that contradict what it writes: the key that
@@ -51,113 +52,132 @@ _INTERPRETER = r"[A-Za-z0-9_./+@~-]*[A-Za-z0-9_]"
 _MODULE_NAME = r"[A-Za-z0-9_.+@%=~/][A-Za-z0-9_.+@%=~/:-]*"
 
 
-def check_site(site: schema.Site, prov: Provenance) -> None:
+def check_site(site: schema.Site) -> None:
+    """The profile's own checks; the first that fails raises, naming its key."""
     if not NAME_PATTERN.fullmatch(site.name):
-        raise prov.error("name", f"{site.name!r}: a site name is {NAME_RULE}")
+        raise _error("name", f"{site.name!r}: a site name is {NAME_RULE}")
     for key in site.env:
         problem = env_name_problem(key)
         if problem:
-            raise prov.error(f"env.{key}", problem)
-    for pname, part in site.partitions.items():
-        _check_partition(pname, part, prov)
-    if site.default_partition is not None and site.partitions and site.default_partition not in site.partitions:
-        raise prov.error("default_partition",
-                         f"{site.default_partition!r} is not among partitions: {', '.join(site.partitions)}")
+            raise _error(f"env.{key}", problem)
+    _check_partitions(site)
     for key in ("account", "qos"):
-        _check_directive_value(getattr(site, key), key, prov)
+        _check_directive_value(getattr(site, key), key)
     for key, value in site.sbatch.items():
-        _check_sbatch_extra(key, value, prov)
+        _check_sbatch_extra(key, value)
+    _check_shell_lines(site)
+    if site.container is not None:
+        _check_image(site.container.image)
+        for i, mount in enumerate(site.container.mounts):
+            _check_mount(mount, f"container.mounts[{i}]")
+    if site.python is not None:
+        python_words(site.python)
+    _check_counts(site)
+
+
+def _error(key: str, message: str) -> ConfigKeyError:
+    # site=True: python_words also runs in resolution, where the experiment's keys are the default.
+    return ConfigKeyError(key, message, site=True)
+
+
+def _check_partitions(site: schema.Site) -> None:
+    for pname, part in site.partitions.items():
+        _check_partition(pname, part)
+    if site.default_partition is not None and site.partitions and site.default_partition not in site.partitions:
+        raise _error("default_partition",
+                     f"{site.default_partition!r} is not among partitions: {', '.join(site.partitions)}")
+
+
+def _check_shell_lines(site: schema.Site) -> None:
+    """`modules:` (each becomes `module load NAME`) and `setup:` (lines env.sh runs as written)."""
     for i, module in enumerate(site.modules):
         if not re.fullmatch(_MODULE_NAME, module):
-            raise prov.error(f"modules[{i}]", f"{module!r} is not a module name (letters, digits and . _ + @ % = "
-                             "~ / : -, not starting with '-')")
+            raise _error(f"modules[{i}]", f"{module!r} is not a module name (letters, digits and . _ + @ % = "
+                         "~ / : -, not starting with '-')")
     for i, line in enumerate(site.setup):
         hidden = shell.hidden_characters(line, allowed="\n\t")
         if hidden:
-            raise prov.error(f"setup[{i}]", f"holds {', '.join(hidden)}: setup lines are shell text written as "
-                             "they are, and cannot hold control or invisible characters (other than newlines "
-                             "and tabs)")
-    if site.container is not None:
-        _check_image(site.container.image, prov)
-        for i, mount in enumerate(site.container.mounts):
-            _check_mount(mount, f"container.mounts[{i}]", prov)
-    if site.python is not None:
-        python_words(site.python, prov)
+            raise _error(f"setup[{i}]", f"holds {', '.join(hidden)}: setup lines are shell text written as "
+                         "they are, and cannot hold control or invisible characters (other than newlines "
+                         "and tabs)")
+
+
+def _check_counts(site: schema.Site) -> None:
     if site.crash_retries < 0:
-        raise prov.error("crash_retries", "must be 0 or more")
+        raise _error("crash_retries", "must be 0 or more")
     if not 0 <= site.plan.headroom < 1:
-        raise prov.error("plan.headroom", "must be a fraction in [0, 1)")
+        raise _error("plan.headroom", "must be a fraction in [0, 1)")
     if site.plan.overhead_gb < 0:
-        raise prov.error("plan.overhead_gb", "must be 0 or more")
+        raise _error("plan.overhead_gb", "must be 0 or more")
 
 
-def python_words(command: str, prov: Provenance) -> tuple[str, ...]:
+def python_words(command: str) -> tuple[str, ...]:
     """The site's `python:` command, split into words as a shell would."""
     try:
         words = tuple(shlex.split(command))
     except ValueError as exc:
-        raise prov.error("python", f"{command!r} is not a command line: {exc}") from None
+        raise _error("python", f"{command!r} is not a command line: {exc}") from None
     if not words:
-        raise prov.error("python", "must name an interpreter")
+        raise _error("python", "must name an interpreter")
     if not re.fullmatch(_INTERPRETER, words[0]) or words[0].startswith("-"):
-        raise prov.error("python", f"{command!r} does not start with an interpreter (a command name or path: "
-                         "letters, digits and . _ / + @ ~ -)")
+        raise _error("python", f"{command!r} does not start with an interpreter (a command name or path: "
+                     "letters, digits and . _ / + @ ~ -)")
     return words
 
 
-def _check_partition(pname: str, part: schema.Partition, prov: Provenance) -> None:
+def _check_partition(pname: str, part: schema.Partition) -> None:
     key = f"partitions.{pname}"
     if not NAME_PATTERN.fullmatch(pname):
-        raise prov.error(key, f"{pname!r}: a partition name is {NAME_RULE}")
+        raise _error(key, f"{pname!r}: a partition name is {NAME_RULE}")
     if part.gpus_per_node < 0:
-        raise prov.error(f"{key}.gpus_per_node", "must be 0 or more")
+        raise _error(f"{key}.gpus_per_node", "must be 0 or more")
     for field_name in ("cpus_per_node", "max_nodes"):
         value = getattr(part, field_name)
         if value is not None and value < 1:
-            raise prov.error(f"{key}.{field_name}", "must be 1 or more")
+            raise _error(f"{key}.{field_name}", "must be 1 or more")
     for field_name in ("gpu_mem_gb", "mem_gb"):
         value = getattr(part, field_name)
         if value is not None and value <= 0:
-            raise prov.error(f"{key}.{field_name}", "must be more than 0")
+            raise _error(f"{key}.{field_name}", "must be more than 0")
     if part.max_time is not None:
         if part.max_time.strip().upper() in ("UNLIMITED", "INFINITE"):
-            raise prov.error(f"{key}.max_time", f"{part.max_time!r}: a partition without a time limit (Slurm's "
-                             "MaxTime=UNLIMITED) has no max_time: leave it out or write null")
+            raise _error(f"{key}.max_time", f"{part.max_time!r}: a partition without a time limit (Slurm's "
+                         "MaxTime=UNLIMITED) has no max_time: leave it out or write null")
         try:
             slurmtime.parse(part.max_time)
         except ValueError as exc:
-            raise prov.error(f"{key}.max_time", str(exc)) from None
+            raise _error(f"{key}.max_time", str(exc)) from None
     for field_name in ("qos", "constraint"):
-        _check_directive_value(getattr(part, field_name), f"{key}.{field_name}", prov)
+        _check_directive_value(getattr(part, field_name), f"{key}.{field_name}")
 
 
-def _check_directive_value(value: Any, key: str, prov: Provenance) -> None:
+def _check_directive_value(value: Any, key: str) -> None:
     """Values that become #SBATCH lines, which sbatch reads itself."""
     if value is None:
         return
     problem = shell.sbatch_value_problem(value)
     if problem:
-        raise prov.error(key, f"{str(value)!r} {problem}")
+        raise _error(key, f"{str(value)!r} {problem}")
 
 
-def _check_sbatch_extra(key: str, value: Any, prov: Provenance) -> None:
+def _check_sbatch_extra(key: str, value: Any) -> None:
     dotted = f"sbatch.{key}"
     if not re.fullmatch(r"[a-z][a-z0-9-]*", key):
-        raise prov.error(dotted, "an sbatch option name is lower-case letters, digits and '-'")
+        raise _error(dotted, "an sbatch option name is lower-case letters, digits and '-'")
     instead = OWN_SBATCH_OPTIONS.get(key)
     if instead is not None:
-        raise prov.error(dotted, f"--{key} is written by glaunch (or contradicts what it writes); set {instead}")
+        raise _error(dotted, f"--{key} is written by glaunch (or contradicts what it writes); set {instead}")
     abbreviated = sorted(own for own in OWN_SBATCH_OPTIONS if own.startswith(key))
     if abbreviated:
-        raise prov.error(dotted, f"sbatch reads --{key} as an abbreviation of --{abbreviated[0]}, which is "
-                         f"written by glaunch; set {OWN_SBATCH_OPTIONS[abbreviated[0]]}")
+        raise _error(dotted, f"sbatch reads --{key} as an abbreviation of --{abbreviated[0]}, which is "
+                     f"written by glaunch; set {OWN_SBATCH_OPTIONS[abbreviated[0]]}")
     if isinstance(value, (dict, list)):
-        raise prov.error(dotted, "a directive's value must be a string, number or true/false")
+        raise _error(dotted, "a directive's value must be a string, number or true/false")
     if value is not None and not isinstance(value, bool):
-        _check_directive_value(value, dotted, prov)
+        _check_directive_value(value, dotted)
 
 
-def _check_image(image: str, prov: Provenance) -> None:
+def _check_image(image: str) -> None:
     hidden = shell.hidden_characters(image)
     problem = (
         "is empty" if not image else
@@ -166,10 +186,10 @@ def _check_image(image: str, prov: Provenance) -> None:
         "holds whitespace or ',' (an image is a registry reference or a path)"
         if re.search(r"[\s,]", image) else None)
     if problem:
-        raise prov.error("container.image", f"{image!r} {problem}")
+        raise _error("container.image", f"{image!r} {problem}")
 
 
-def _check_mount(mount: str, key: str, prov: Provenance) -> None:
+def _check_mount(mount: str, key: str) -> None:
     hidden = shell.hidden_characters(mount)
     parts = mount.split(":")
     problem = None
@@ -181,4 +201,4 @@ def _check_mount(mount: str, key: str, prov: Provenance) -> None:
         problem = ("is not SRC[:DST[:FLAGS]] with absolute paths (':' separates them; mounts are taken as "
                    "written, $VARIABLES are not expanded)")
     if problem:
-        raise prov.error(key, f"{mount!r} {problem}")
+        raise _error(key, f"{mount!r} {problem}")

@@ -4,14 +4,15 @@ profile's own checks (launcher.config.sitechecks)."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 from launcher.errors import ConfigError
 from launcher.config import schema
 from launcher.config.merge import merge_layer
-from launcher.config.provenance import OVERRIDES, Origin, Provenance
+from launcher.config.provenance import OVERRIDES, Origin, Provenance, locating
 from launcher.config.schema import NAME_PATTERN
 from launcher.config.sitechecks import check_site
 from launcher.config.typed import NULLS, typed_config
@@ -20,7 +21,10 @@ from launcher.config.yamlfile import Scalar, YamlDoc, read_yaml
 MAX_EXTENDS_DEPTH = 32
 
 
+# The profiles shipped with glaunch: the checkout's site_configs/, which an install puts
+# in the package as launcher/site_configs/ (pyproject.toml's package-dir).
 SHIPPED_SITES = Path(__file__).resolve().parents[2] / "site_configs"
+INSTALLED_SITES = Path(__file__).resolve().parents[1] / "site_configs"
 
 
 def site_search_path(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
@@ -48,15 +52,14 @@ def _same_dir(a: Path, b: Path) -> bool:
 def _shipped_sites_dir() -> Path:
     if SHIPPED_SITES.is_dir():  # source checkout or editable install
         return SHIPPED_SITES
-    from importlib import resources
-    return Path(str(resources.files("launcher.site_configs")))
+    return INSTALLED_SITES
 
 
 def _looks_like_path(name: str) -> bool:
     return "/" in name or name.endswith((".yaml", ".yml"))
 
 
-def find_site(name: str | os.PathLike, cwd: Path, environ: Mapping[str, str], *, near: Path | None = None,
+def find_site(name: str | os.PathLike[str], cwd: Path, environ: Mapping[str, str], *, near: Path | None = None,
               referrer: Origin | None = None, key: str | None = None) -> Path:
     """A profile name or a path -> the file. `near` is searched first (for `extends`).
     `referrer`: where the name was written; `key`: the key (or option) that gave it, which
@@ -98,10 +101,10 @@ class LoadedSite:
     config: schema.Site
     path: Path
     chain: tuple[Path, ...]           # base first, the named file last
-    provenance: Provenance
+    provenance: Provenance            # where each key was set, along the chain
 
 
-def load_site(name_or_path: str | os.PathLike, cwd: Path, environ: Mapping[str, str], *,
+def load_site(name_or_path: str | os.PathLike[str], cwd: Path, environ: Mapping[str, str], *,
               referrer: Origin | None = None, key: str | None = None) -> LoadedSite:
     """The profile `name_or_path` names (see find_site for `referrer` and `key`), its
     extends chain merged, typed and checked."""
@@ -119,11 +122,12 @@ def site_from_layers(layers: Iterable[tuple[Mapping[str, Any], Callable[[str], O
     already followed) and where each of its keys was written. `file`: the file an error
     without a key of its own names; `path` and `chain`: as in :class:`LoadedSite`."""
     provenance = Provenance(default_file=file)
-    merged: dict = {}
+    merged: dict[str, Any] = {}
     for data, origin_of in layers:
         merged = merge_layer(merged, data, provenance, origin_of)
     site: schema.Site = typed_config(schema.Site, merged, provenance, schema.SITE_CHOICES)
-    check_site(site, provenance)
+    with locating(provenance):
+        check_site(site)
     return LoadedSite(site, path, chain, provenance)
 
 

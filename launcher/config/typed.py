@@ -11,28 +11,29 @@ decides what it becomes:
 - `Any` (`deepspeed:`, `sbatch:` values): plain scalars typed as YAML 1.2 does, quoted
   ones are strings.
 
-Every error names the file, line and dotted key. Values holding `${...}` are resolved
-afterwards (launcher.config.interpolate), and only then is OmegaConf imported.
+Every error names the dotted key, and `typed_config` gives it the key's file and line.
+Values holding `${...}` are resolved afterwards (launcher.config.interpolate), and only
+then is OmegaConf imported.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 import math
 import re
 import typing
+from collections.abc import Callable, Mapping
 from functools import cache
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any
 
-from launcher.errors import ConfigError
 from launcher import shell
-from launcher.config.provenance import Provenance
+from launcher.config import interpolate
+from launcher.config.interpolate import Interpolation, Pending
+from launcher.config.provenance import ConfigKeyError, Provenance, locating
 from launcher.config.schema import MISSING
 from launcher.config.yamlfile import Scalar
-
-if TYPE_CHECKING:
-    from launcher.config.interpolate import Interpolation, Pending
 
 NULLS = frozenset({"", "~", "null", "Null", "NULL"})
 TRUES = frozenset({"true", "True", "TRUE"})
@@ -69,15 +70,20 @@ _DESCRIBE = {"str": "a string", "int": "an integer", "float": "a number", "bool"
              "object": "a mapping of keys", "dict": "a mapping of keys", "list": "a list", "any": "a value"}
 
 
-def typed_config(schema_class: type, data: Mapping, provenance: Provenance,
+# Keys and list indices from the root to a value.
+KeyPath = tuple[str | int, ...]
+
+
+def typed_config(schema_class: type, data: Mapping[str, Any], provenance: Provenance,
                  choices: Mapping[str, tuple[str, ...]]) -> Any:
-    """Merged raw data -> the schema's dataclass instance, validated."""
-    converter = _Converter(provenance)
-    obj = converter.object(schema_class, data, "", ())
-    if converter.pending:
-        from launcher.config.interpolate import resolve
-        resolve(obj, converter.pending, provenance)
-    _check_choices(obj, choices, provenance)
+    """Merged raw data -> the schema's dataclass instance, validated; `provenance`, the
+    data's source map, places an error at its key's file and line."""
+    with locating(provenance):
+        converter = _Converter()
+        obj = converter.object(schema_class, data, "", ())
+        if converter.pending:
+            interpolate.resolve(obj, converter.pending)
+        _check_choices(obj, choices)
     return obj
 
 
@@ -94,21 +100,18 @@ def describe(raw: Any) -> str:
 
 
 class _Converter:
-    def __init__(self, provenance: Provenance) -> None:
-        self.prov = provenance
+    def __init__(self) -> None:
         self.pending: list[Pending] = []      # in the order found; see `deferred`
 
-    def error(self, key: str, message: str) -> ConfigError:
-        return self.prov.error(key, message)
-
-    def object(self, cls: type, raw: Any, key: str, path: tuple) -> Any:
+    def object(self, cls: type, raw: Any, key: str, path: KeyPath) -> Any:
         if not isinstance(raw, dict):
-            raise self.error(key or cls.__name__, f"must be a mapping of keys, got {describe(raw)}")
+            raise ConfigKeyError(key or cls.__name__, f"must be a mapping of keys, got {describe(raw)}")
         specs = _fields(cls)
         for name in raw:
             if name not in specs:
-                raise self.error(_join(key, name), _unknown_key(name, specs))
-        values, late = {}, []
+                raise ConfigKeyError(_join(key, name), _unknown_key(name, specs))
+        values: dict[str, Any] = {}
+        late: list[tuple[str, Interpolation]] = []
         for name, (kind, default) in specs.items():
             dotted = _join(key, name)
             if name in raw:
@@ -117,7 +120,7 @@ class _Converter:
                     late.append((name, value))
                 values[name] = value
             elif default is dataclasses.MISSING:
-                raise self.error(dotted, "required key is missing")
+                raise ConfigKeyError(dotted, "required key is missing")
             elif default is _FROM_FIELDS:
                 values[name] = self.object(kind.cls, {}, dotted, path + (name,))
             else:
@@ -127,52 +130,51 @@ class _Converter:
             placeholder.attach(functools.partial(setattr, obj, name))
         return obj
 
-    def value(self, kind: Kind, raw: Any, key: str, path: tuple) -> Any:
+    def value(self, kind: Kind, raw: Any, key: str, path: KeyPath) -> Any:
         if isinstance(raw, Scalar) and raw.plain and raw.text in NULLS:
             if kind.optional or kind.name == "any":
                 return None
             hint = {"dict": " (write {} for none)", "list": " (write [] for none)",
                     "str": " (quote it for the word: 'null'; '' is an empty string)"}.get(kind.name, "")
-            raise self.error(key, f"must be {_DESCRIBE[kind.name]}, got null{hint}")
+            raise ConfigKeyError(key, f"must be {_DESCRIBE[kind.name]}, got null{hint}")
         if kind.name == "object":
             return self.object(kind.cls, raw, key, path)
         if kind.name == "dict":
             if not isinstance(raw, dict):
-                raise self.error(key, f"must be a mapping of keys, got {describe(raw)}")
+                raise ConfigKeyError(key, f"must be a mapping of keys, got {describe(raw)}")
             return self.mapping(kind.item or ANY, raw, key, path)
         if kind.name == "list":
             if not isinstance(raw, list):
-                raise self.error(key, f"must be a list, got {describe(raw)}")
+                raise ConfigKeyError(key, f"must be a list, got {describe(raw)}")
             return self.sequence(kind.item or ANY, raw, key, path)
         if kind.name == "any" and isinstance(raw, dict):
             return self.mapping(ANY, raw, key, path)
         if kind.name == "any" and isinstance(raw, list):
             return self.sequence(ANY, raw, key, path)
         if not isinstance(raw, Scalar):
-            raise self.error(key, f"must be {_DESCRIBE[kind.name]} (a single value), got {describe(raw)}")
+            raise ConfigKeyError(key, f"must be {_DESCRIBE[kind.name]} (a single value), got {describe(raw)}")
         text = raw.text
         if "${" in text:
-            from launcher.config.interpolate import Interpolation, scan
             try:
-                scanned = scan(text, kind.shell_values)
+                scanned = interpolate.scan(text, kind.shell_values)
             except ValueError as exc:
-                raise self.error(key, str(exc)) from None
+                raise ConfigKeyError(key, str(exc)) from None
             if isinstance(scanned, Interpolation):
                 return self._defer(kind, scanned, key, path)
             return self.from_text(kind, scanned, plain=False, key=key)
         return self.from_text(kind, text, raw.plain, key)
 
-    def mapping(self, item_kind: Kind, raw: dict, key: str, path: tuple) -> dict[str, Any]:
+    def mapping(self, item_kind: Kind, raw: dict[str, Any], key: str, path: KeyPath) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for name, item in raw.items():
             dotted = _join(key, name)
-            _check_text(self, dotted, name, "key")
+            _check_text(dotted, name, "key")
             out[name] = value = self.value(item_kind, item, dotted, path + (name,))
             if self.deferred(value):
                 value.attach(functools.partial(out.__setitem__, name))
         return out
 
-    def sequence(self, item_kind: Kind, raw: list, key: str, path: tuple) -> list[Any]:
+    def sequence(self, item_kind: Kind, raw: list[Any], key: str, path: KeyPath) -> list[Any]:
         out: list[Any] = []
         for index, item in enumerate(raw):
             value = self.value(item_kind, item, f"{key}[{index}]", path + (index,))
@@ -184,30 +186,14 @@ class _Converter:
     def from_text(self, kind: Kind, text: str, plain: bool, key: str) -> Any:
         """A scalar's text -> the field's value."""
         if kind.name == "str":
-            _check_text(self, key, text, "value")
-            return text
+            return _check_text(key, text, "value")
         if kind.name == "any":
-            return self.yaml_value(text, key) if plain else _check_text(self, key, text, "value")
+            return _yaml_value(text, key) if plain else _check_text(key, text, "value")
         if kind.name in ("int", "float", "bool"):
-            return _NUMBER_PARSERS[kind.name](self, text.strip(), key)
-        raise self.error(key, f"must be {_DESCRIBE[kind.name]}, got {text!r}")
+            return _NUMBER_PARSERS[kind.name](text.strip(), key)
+        raise ConfigKeyError(key, f"must be {_DESCRIBE[kind.name]}, got {text!r}")
 
-    def yaml_value(self, text: str, key: str) -> Any:
-        """A plain scalar typed by YAML 1.2's core schema."""
-        if text in NULLS:
-            return None
-        if text in TRUES:
-            return True
-        if text in FALSES:
-            return False
-        if re.fullmatch(_YAML_INT, text) or re.fullmatch(_INT_PREFIXED, text):
-            return _parse_int(self, text, key, limit=False)
-        if re.fullmatch(_YAML_FLOAT, text) or (re.fullmatch(_NONFINITE, text) and text.lstrip("+-").startswith(".")):
-            return _parse_float(self, text, key)
-        return _check_text(self, key, text, "value")
-
-    def _defer(self, kind: Kind, interpolation: Interpolation, key: str, path: tuple) -> Interpolation:
-        from launcher.config.interpolate import Pending
+    def _defer(self, kind: Kind, interpolation: Interpolation, key: str, path: KeyPath) -> Interpolation:
         self.pending.append(Pending(path, key, interpolation, lambda v: self.resolved(kind, v, key)))
         return interpolation
 
@@ -220,17 +206,17 @@ class _Converter:
         if value is None:
             if kind.optional or kind.name == "any":
                 return None
-            raise self.error(key, f"must be {_DESCRIBE[kind.name]}, but the interpolation gives null")
+            raise ConfigKeyError(key, f"must be {_DESCRIBE[kind.name]}, but the interpolation gives null")
         if isinstance(value, (dict, list)):
             if kind.name == "any":
-                _check_finite(self, key, value)
+                _check_finite(key, value)
                 return value
-            raise self.error(key, f"must be {_DESCRIBE[kind.name]}, but the interpolation gives {describe(value)}")
+            raise ConfigKeyError(key, f"must be {_DESCRIBE[kind.name]}, but the interpolation gives {describe(value)}")
         if isinstance(value, str):
             return self.from_text(kind, value, plain=False, key=key) if kind.name != "any" else value
         if kind.name in ("str", "any"):
             if kind.name == "any":
-                _check_finite(self, key, value)
+                _check_finite(key, value)
                 return value
             return ("true" if value else "false") if isinstance(value, bool) else str(value)
         text = ("true" if value else "false") if isinstance(value, bool) else repr(value)
@@ -240,43 +226,58 @@ class _Converter:
 # --- scalars --------------------------------------------------------------------------
 
 
-def _check_text(conv: _Converter, key: str, text: str, what: str) -> str:
+def _check_text(key: str, text: str, what: str) -> str:
     """No rendered file, argv or environment can carry a NUL or a lone surrogate."""
     problem = shell.text_problem(text)
     if problem:
-        raise conv.error(key, f"the {what} {problem}")
+        raise ConfigKeyError(key, f"the {what} {problem}")
     return text
 
 
-def _parse_int(conv: _Converter, text: str, key: str, *, limit: bool = True) -> int:
+def _yaml_value(text: str, key: str) -> Any:
+    """A plain scalar typed by YAML 1.2's core schema."""
+    if text in NULLS:
+        return None
+    if text in TRUES:
+        return True
+    if text in FALSES:
+        return False
+    if re.fullmatch(_YAML_INT, text) or re.fullmatch(_INT_PREFIXED, text):
+        return _parse_int(text, key, limit=False)
+    if re.fullmatch(_YAML_FLOAT, text) or (re.fullmatch(_NONFINITE, text) and text.lstrip("+-").startswith(".")):
+        return _parse_float(text, key)
+    return _check_text(key, text, "value")
+
+
+def _parse_int(text: str, key: str, *, limit: bool = True) -> int:
     digits = text.lstrip("+-").replace("_", "")
     if len(digits) > MAX_DIGITS:
-        raise conv.error(key, f"{text[:20]}... has more than {MAX_DIGITS} digits")
+        raise ConfigKeyError(key, f"{text[:20]}... has more than {MAX_DIGITS} digits")
     if re.fullmatch(_INT_PREFIXED, text):
         value = int(text.replace("_", ""), 0)
     elif re.fullmatch(_INT, text):
         if len(digits) > 1 and digits.startswith("0"):
-            raise conv.error(key, f"{text} has a leading zero, which YAML 1.1 reads as octal: write "
-                             f"{digits.lstrip('0') or '0'} (0o{digits.lstrip('0') or '0'} for octal; "
-                             "quote it where text is meant)")
+            raise ConfigKeyError(key, f"{text} has a leading zero, which YAML 1.1 reads as octal: write "
+                                 f"{digits.lstrip('0') or '0'} (0o{digits.lstrip('0') or '0'} for octal; "
+                                 "quote it where text is meant)")
         value = int(text.replace("_", ""))
     else:
-        raise conv.error(key, f"must be an integer, got {_shown(text)}")
+        raise ConfigKeyError(key, f"must be an integer, got {_shown(text)}")
     if limit and not -INT_LIMIT < value < INT_LIMIT:
-        raise conv.error(key, f"{text} is out of range")
+        raise ConfigKeyError(key, f"{text} is out of range")
     return value
 
 
-def _parse_float(conv: _Converter, text: str, key: str) -> float:
+def _parse_float(text: str, key: str) -> float:
     if re.fullmatch(_NONFINITE, text):
-        raise conv.error(key, f"must be a finite number, got {text}")
+        raise ConfigKeyError(key, f"must be a finite number, got {text}")
     try:
-        value = float(_parse_int(conv, text, key, limit=False)) if (
+        value = float(_parse_int(text, key, limit=False)) if (
             re.fullmatch(_INT, text) or re.fullmatch(_INT_PREFIXED, text)) else float(text)
     except (ValueError, OverflowError):
-        raise conv.error(key, f"must be a number, got {_shown(text)}") from None
+        raise ConfigKeyError(key, f"must be a number, got {_shown(text)}") from None
     if not math.isfinite(value):
-        raise conv.error(key, f"{text} is too large (not a finite number)")
+        raise ConfigKeyError(key, f"{text} is too large (not a finite number)")
     return value
 
 
@@ -285,37 +286,38 @@ def _plain_decimal(text: str) -> bool:
     return text.isdigit() and text.isascii() and len(text) < 19 and (text[0] != "0" or len(text) == 1)
 
 
-def _int_field(conv: _Converter, text: str, key: str) -> int:
+def _int_field(text: str, key: str) -> int:
     if _plain_decimal(text):
         return int(text)
     if re.fullmatch(_INT, text) or re.fullmatch(_INT_PREFIXED, text):
-        return _parse_int(conv, text, key)
+        return _parse_int(text, key)
     if re.fullmatch(_FLOAT, text) or re.fullmatch(_NONFINITE, text):
-        raise conv.error(key, f"must be a whole number, got {text}")
-    raise conv.error(key, f"must be an integer, got {_shown(text)}")
+        raise ConfigKeyError(key, f"must be a whole number, got {text}")
+    raise ConfigKeyError(key, f"must be an integer, got {_shown(text)}")
 
 
-def _float_field(conv: _Converter, text: str, key: str) -> float:
+def _float_field(text: str, key: str) -> float:
     if _plain_decimal(text):
         return float(text)
     if re.fullmatch(_NONFINITE, text):
-        raise conv.error(key, f"must be a finite number, got {text} (NaN and infinity are not allowed)")
+        raise ConfigKeyError(key, f"must be a finite number, got {text} (NaN and infinity are not allowed)")
     if re.fullmatch(_INT, text) or re.fullmatch(_INT_PREFIXED, text) or re.fullmatch(_FLOAT, text):
-        return _parse_float(conv, text, key)
-    raise conv.error(key, f"must be a number, got {_shown(text)}")
+        return _parse_float(text, key)
+    raise ConfigKeyError(key, f"must be a number, got {_shown(text)}")
 
 
-def _bool_field(conv: _Converter, text: str, key: str) -> bool:
+def _bool_field(text: str, key: str) -> bool:
     if text in TRUES:
         return True
     if text in FALSES:
         return False
     if text.lower() in _YAML11_BOOLS:
-        raise conv.error(key, f"must be true or false, got {text!r} (yes/no/on/off are not booleans here)")
-    raise conv.error(key, f"must be true or false, got {_shown(text)}")
+        raise ConfigKeyError(key, f"must be true or false, got {text!r} (yes/no/on/off are not booleans here)")
+    raise ConfigKeyError(key, f"must be true or false, got {_shown(text)}")
 
 
-_NUMBER_PARSERS = {"int": _int_field, "float": _float_field, "bool": _bool_field}
+_NUMBER_PARSERS: dict[str, Callable[[str, str], Any]] = {"int": _int_field, "float": _float_field,
+                                                          "bool": _bool_field}
 
 
 def _shown(text: str) -> str:
@@ -324,15 +326,15 @@ def _shown(text: str) -> str:
     return repr(text) if len(text) <= 60 else repr(text[:60]) + "..."
 
 
-def _check_finite(conv: _Converter, key: str, value: Any) -> None:
+def _check_finite(key: str, value: Any) -> None:
     if isinstance(value, float) and not math.isfinite(value):
-        raise conv.error(key, f"must be a finite number, got {value}")
+        raise ConfigKeyError(key, f"must be a finite number, got {value}")
     if isinstance(value, dict):
         for item in value.values():
-            _check_finite(conv, key, item)
+            _check_finite(key, item)
     elif isinstance(value, list):
         for item in value:
-            _check_finite(conv, key, item)
+            _check_finite(key, item)
 
 
 # --- the schema -------------------------------------------------------------------------
@@ -376,8 +378,6 @@ def _kind(hint: Any, shell_values: bool = False) -> Kind:
 
 
 def _unknown_key(name: str, specs: Mapping[str, Any]) -> str:
-    import difflib
-
     close = difflib.get_close_matches(name, list(specs), n=2, cutoff=0.6)
     shown = "" if name.isidentifier() else f" {name!r}"      # '' or one with spaces would not show
     if close:
@@ -389,7 +389,7 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _check_choices(obj: Any, choices: Mapping[str, tuple[str, ...]], provenance: Provenance) -> None:
+def _check_choices(obj: Any, choices: Mapping[str, tuple[str, ...]]) -> None:
     for key, allowed in choices.items():
         value = obj
         for part in key.split("."):
@@ -397,4 +397,4 @@ def _check_choices(obj: Any, choices: Mapping[str, tuple[str, ...]], provenance:
             if value is None:
                 break
         if value is not None and value not in allowed:
-            raise provenance.error(key, f"{value!r} is not one of: {', '.join(allowed)}")
+            raise ConfigKeyError(key, f"{value!r} is not one of: {', '.join(allowed)}")

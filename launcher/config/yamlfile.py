@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import stat
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, MappingStartEvent, ScalarEvent,
@@ -53,7 +53,7 @@ class Scalar:
     def __repr__(self) -> str:
         return f"Scalar({self.text!r}{'' if self.plain else ', quoted'})"
 
-    def __deepcopy__(self, memo: dict) -> Scalar:
+    def __deepcopy__(self, memo: dict[int, Any]) -> Scalar:
         return self           # immutable in practice: nothing assigns to it after parsing
 
 
@@ -62,7 +62,7 @@ class YamlDoc:
 
     __slots__ = ("data", "lines", "path")
 
-    def __init__(self, path: str, data: dict, lines: dict[str, int]) -> None:
+    def __init__(self, path: str, data: dict[str, Any], lines: dict[str, int]) -> None:
         self.path = path
         self.data = data
         self.lines = lines          # dotted key (list items as key[i]) -> line of the key
@@ -78,7 +78,7 @@ class YamlDoc:
         return Origin(self.path)
 
 
-def read_yaml(path: str | os.PathLike) -> YamlDoc:
+def read_yaml(path: str | os.PathLike[str]) -> YamlDoc:
     name = str(path)
     text = _read_text(name)
     data, lines = parse(text, name, lines=True)
@@ -160,7 +160,7 @@ class _Open:
         self.size = 1               # values inside, aliases expanded
         self.pending: tuple[str, int, bool] | None = None   # mapping: (key text, line, is merge key) awaiting a value
         self.seen: dict[str, int] = {}                      # mapping: key -> line
-        self.merges: list[dict] = []                        # mapping: sources of `<<`
+        self.merges: list[dict[str, Any]] = []              # mapping: sources of `<<`
 
 
 class _Composer:
@@ -189,60 +189,70 @@ class _Composer:
         return root, self.lines or {}
 
     def _node_tree(self) -> Any:
+        """The document's root value, composed from the parser's events without recursion:
+        `stack` holds the mappings and lists still open, innermost last."""
         stack: list[_Open] = []
         get = self.loader.get_event
         while True:
             event = get()
             line = event.start_mark.line + 1
             kind = type(event)
-            if kind is ScalarEvent:
-                if event.tag not in _STRING_TAGS:
-                    raise self._tag_error(event.tag, line, stack)
-                value: Any = Scalar(event.value, plain=not event.style and event.tag is None)
-                if event.anchor is not None:
-                    self.open_anchors.discard(event.anchor)      # redefined: the latest one counts
-                    self.anchors[event.anchor] = (value, 1)
-                done, size = value, 1
-            elif kind is AliasEvent:
-                name = event.anchor
-                if name in self.open_anchors:
-                    raise self.error(f"recursive alias *{name}: it refers to a value that contains it", line,
-                                     self._child_key(stack))
-                if name not in self.anchors:
-                    raise self.error(f"alias *{name} refers to no anchor &{name} before it", line,
-                                     self._child_key(stack))
-                done, size = self.anchors[name]
-                self.alias_values += size
-                if self.alias_values > MAX_ALIAS_VALUES:
-                    raise self.error(f"aliases expand to more than {MAX_ALIAS_VALUES} values; a few nested aliases "
-                                     "can stand for billions of values, so this is refused", line,
-                                     self._child_key(stack))
-            elif kind is MappingStartEvent or kind is SequenceStartEvent:
-                mapping = kind is MappingStartEvent
-                if event.tag not in (_MAP_TAGS if mapping else _SEQ_TAGS):
-                    raise self._tag_error(event.tag, line, stack)
-                if len(stack) >= MAX_DEPTH:
-                    raise self.error(f"nested deeper than {MAX_DEPTH} levels", line, stack[1].key if len(stack) > 1
-                                     else None)
-                key = self._child_key(stack)
-                frame = _Open({} if mapping else [], key, event.anchor)
-                if event.anchor is not None:
-                    self.open_anchors.add(event.anchor)
-                stack.append(frame)
+            if kind is MappingStartEvent or kind is SequenceStartEvent:
+                stack.append(self._open(event, kind is MappingStartEvent, line, stack))
                 continue
+            if kind is ScalarEvent:
+                done, size = self._scalar(event, line, stack)
+            elif kind is AliasEvent:
+                done, size = self._alias(event, line, stack)
             elif kind is MappingEndEvent or kind is SequenceEndEvent:
-                frame = stack.pop()
-                if frame.merges:
-                    self._apply_merges(frame)
-                if frame.anchor is not None:
-                    self.open_anchors.discard(frame.anchor)
-                    self.anchors[frame.anchor] = (frame.value, frame.size)
-                done, size = frame.value, frame.size
+                done, size = self._close(stack.pop())
             else:                                    # nothing else occurs inside a document
                 raise self.error(f"unexpected YAML event {kind.__name__}", line)
             if not stack:
                 return done
             self._add(stack[-1], done, size, line)
+
+    def _scalar(self, event: ScalarEvent, line: int, stack: list[_Open]) -> tuple[Scalar, int]:
+        if event.tag not in _STRING_TAGS:
+            raise self._tag_error(event.tag, line, stack)
+        value = Scalar(event.value, plain=not event.style and event.tag is None)
+        if event.anchor is not None:
+            self.open_anchors.discard(event.anchor)      # redefined: the latest one counts
+            self.anchors[event.anchor] = (value, 1)
+        return value, 1
+
+    def _alias(self, event: AliasEvent, line: int, stack: list[_Open]) -> tuple[Any, int]:
+        name = event.anchor
+        if name in self.open_anchors:
+            raise self.error(f"recursive alias *{name}: it refers to a value that contains it", line,
+                             self._child_key(stack))
+        if name not in self.anchors:
+            raise self.error(f"alias *{name} refers to no anchor &{name} before it", line, self._child_key(stack))
+        value, size = self.anchors[name]
+        self.alias_values += size
+        if self.alias_values > MAX_ALIAS_VALUES:
+            raise self.error(f"aliases expand to more than {MAX_ALIAS_VALUES} values; a few nested aliases "
+                             "can stand for billions of values, so this is refused", line, self._child_key(stack))
+        return value, size
+
+    def _open(self, event: MappingStartEvent | SequenceStartEvent, mapping: bool, line: int,
+              stack: list[_Open]) -> _Open:
+        if event.tag not in (_MAP_TAGS if mapping else _SEQ_TAGS):
+            raise self._tag_error(event.tag, line, stack)
+        if len(stack) >= MAX_DEPTH:
+            raise self.error(f"nested deeper than {MAX_DEPTH} levels", line, stack[1].key if len(stack) > 1
+                             else None)
+        if event.anchor is not None:
+            self.open_anchors.add(event.anchor)
+        return _Open({} if mapping else [], self._child_key(stack), event.anchor)
+
+    def _close(self, frame: _Open) -> tuple[Any, int]:
+        if frame.merges:
+            self._apply_merges(frame)
+        if frame.anchor is not None:
+            self.open_anchors.discard(frame.anchor)
+            self.anchors[frame.anchor] = (frame.value, frame.size)
+        return frame.value, frame.size
 
     def _tag_error(self, tag: str, line: int, stack: list[_Open]) -> ConfigError:
         shown = tag.replace("tag:yaml.org,2002:", "!!", 1)
@@ -334,23 +344,3 @@ def override_value(text: str) -> Any:
         if isinstance(value, Scalar):
             return value
     return Scalar(text)
-
-
-def leaf_keys(data: Mapping, prefix: str = "") -> list[str]:
-    """Every dotted key in `data`, mappings' keys and list items (`key[i]`) included."""
-    keys: list[str] = []
-    _walk_keys(data, prefix, keys)
-    return keys
-
-
-def _walk_keys(value: Any, prefix: str, keys: list[str]) -> None:
-    if isinstance(value, dict):
-        for key, item in value.items():
-            dotted = _join(prefix, key)
-            keys.append(dotted)
-            _walk_keys(item, dotted, keys)
-    elif isinstance(value, list):
-        for index, item in enumerate(value):
-            dotted = f"{prefix}[{index}]"
-            keys.append(dotted)
-            _walk_keys(item, dotted, keys)

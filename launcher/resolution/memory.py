@@ -1,8 +1,10 @@
-"""Strategy planner: per-GPU memory of each data-parallel strategy, and which one to use.
+"""Per-GPU memory of each data-parallel strategy: the arithmetic the planner
+(launcher.resolution.planner) compares to choose one.
 
-Pure arithmetic on a `PlanInput`; torch is imported only by the factory helpers at the
-end. GB are 10^9 bytes. Ψ is the parameter count, N the data-parallel degree (nodes x GPUs
-per node), L the parameter count of the largest layer.
+Pure arithmetic on a `PlanInput`, without torch (a size counted from `model.factory`
+comes in counted: launcher.resolution.strategy.inspect_factory). GB are 10^9 bytes. Ψ is
+the parameter count, N the data-parallel degree (nodes x GPUs per node), L the parameter
+count of the largest layer.
 
 Model states, ZeRO paper (`model_states_gb`)
 --------------------------------------------

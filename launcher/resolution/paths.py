@@ -1,23 +1,30 @@
 """Paths from the configs and the command line: `~` and `$VAR` expanded with the
 submitting environment, made absolute, and checked for text that rendered scripts,
-#SBATCH lines and the terminal cannot carry. Pure: the environment is passed in."""
+#SBATCH lines and the terminal cannot carry. Pure: the environment is passed in.
+
+A path is named in errors by what gave it: a config key (`checkpoint.dir`, the site's
+`runs_root`), an option of the command line (`--runs-dir`), or WORKDIR."""
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from pathlib import PurePath
-from typing import Mapping, NoReturn
 
-from launcher.config.provenance import Provenance
-from launcher.errors import ConfigError
 from launcher import shell
+from launcher.config.provenance import ConfigKeyError
+from launcher.errors import ConfigError
 
 # `$$` (a literal `$`, as in env values), `${NAME}` or `$NAME`.
 _PATH_VAR = re.compile(r"\$\$|\$(?:\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*))")
+# The working directory, which no file or option chose.
+WORKDIR = "working directory"
+# The path keys of the site profile; the others are the experiment's.
+SITE_KEYS = frozenset({"runs_root"})
 
 
-def expand(value: str, key: str, prov: Provenance | None, environ: Mapping[str, str], base: str) -> str:
+def expand(value: str, key: str, environ: Mapping[str, str], base: str) -> str:
     """Expand ~ and $VAR with the submitting environment ($$ is a literal $), make absolute.
     A variable that is not set is an error rather than a path with a hole in it. Only `~`
     and `~/...` stand for $HOME: `~user` is refused, not guessed (resolution reads no user
@@ -26,41 +33,41 @@ def expand(value: str, key: str, prov: Provenance | None, environ: Mapping[str, 
     if text == "~" or text.startswith("~/"):
         home = environ.get("HOME", "")
         if not home:
-            error(key, prov, "uses ~ but HOME is not set")
+            raise error(key, "uses ~ but HOME is not set")
         text = text[1:]
     elif text.startswith("~"):
         user = text[1:].split("/", 1)[0]
-        error(key, prov, f"{text!r}: ~{user} (another user's home) is not expanded; write the full path "
-              "(only ~ and ~/... are, as $HOME)")
+        raise error(key, f"{text!r}: ~{user} (another user's home) is not expanded; write the full path "
+                    "(only ~ and ~/... are, as $HOME)")
     missing = [m.group(1) or m.group(2) for m in _PATH_VAR.finditer(text)
                if m.group(0) != "$$" and (m.group(1) or m.group(2)) not in environ]
     if missing:
-        error(key, prov, f"${missing[0]} is not set in the environment")
+        raise error(key, f"${missing[0]} is not set in the environment")
     # One pass: what a variable holds is taken as it is, never expanded again.
     text = home + _PATH_VAR.sub(lambda m: "$" if m.group(0) == "$$" else environ[m.group(1) or m.group(2)], text)
-    check_text(text, key, prov)
+    check_text(text, key)
     path = text if PurePath(text).is_absolute() else os.path.join(base, text)
     return os.path.normpath(path)
 
 
-def check_text(text: str, key: str, prov: Provenance | None) -> None:
+def check_text(text: str, key: str) -> None:
     problem = shell.text_problem(text)
     if problem:
-        error(key, prov, f"the path {problem}")
+        raise error(key, f"the path {problem}")
     hidden = shell.hidden_characters(text)
     if hidden:
-        error(key, prov, f"{text!r} holds {', '.join(hidden)}: a path glaunch writes into scripts, "
-              "#SBATCH lines and the terminal cannot hold control or invisible characters")
+        raise error(key, f"{text!r} holds {', '.join(hidden)}: a path glaunch writes into scripts, "
+                    "#SBATCH lines and the terminal cannot hold control or invisible characters")
 
 
-def error(key: str, prov: Provenance | None, message: str) -> NoReturn:
-    """A ConfigError naming the key: in its config file, on the command line (`--...`),
-    or the working directory (no file)."""
-    if prov is not None:
-        raise prov.error(key, message)
+def error(key: str, message: str) -> ConfigError:
+    """An error about the path `key` names: a config key's (located where resolution
+    ends), a command-line option's (`--...`), or the working directory's (no file)."""
     if key.startswith("--"):
-        raise ConfigError(message, file="command line", key=key)
-    raise ConfigError(message, key=key)
+        return ConfigError(message, file="command line", key=key)
+    if key == WORKDIR:
+        return ConfigError(message, key=key)
+    return ConfigKeyError(key, message, site=key in SITE_KEYS)
 
 
 def inside(path: str, root: str) -> str | None:

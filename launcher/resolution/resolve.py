@@ -1,26 +1,31 @@
 """Resolve: site profile + experiment -> one frozen JobPlan, with every cross-check.
 
 Pure: the caller passes in everything from the outside world (cwd, the submitting
-interpreter, the environment used to expand `$VAR` in paths, the run id).
+interpreter, the environment used to expand `$VAR` in paths, the run id). `resolve`
+reads as the steps of a plan: the allocation, the restart settings, the strategy, the
+batch, the directories, the code, the environment, the container and the interpreter.
+Each step raises a ConfigKeyError naming the key at fault; `resolve` gives it the file
+and line that set the key.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
-from launcher.config import schema
-from launcher.config.load import LoadedExperiment
-from launcher.config.sites import LoadedSite
-from launcher.config.provenance import Provenance
-from launcher.config.sitechecks import OWN_SBATCH_OPTIONS, python_words  # noqa: F401 (re-exported)
 from launcher import shell
-from launcher.rundir.layout import CODE_DIR
+from launcher.config import schema, slurmtime
+from launcher.config.load import LoadedExperiment
+from launcher.config.provenance import ConfigKeyError, locating
+from launcher.config.sitechecks import python_words
+from launcher.config.sites import LoadedSite
 from launcher.resolution import deepspeed_config, paths
-from launcher.config import slurmtime
 from launcher.resolution.jobplan import CodeRoot, CodeSnapshot, Container, JobPlan, SubmitContext
-from launcher.resolution.strategy import resolve_strategy
+from launcher.resolution.strategy import StrategySettings, resolve_strategy
+from launcher.rundir.layout import CODE_DIR
 
 # Counts beyond what the job's consumers hold: PyTorch ranks are C ints; Slurm keeps CPUs
 # per task in 16 bits and memory in MB in 64, their top values meaning "unset"/"unlimited".
@@ -31,160 +36,41 @@ MAX_BATCH = 2 ** 63 - 1
 
 
 def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitContext) -> JobPlan:
+    """The run's plan; a ConfigError names the key at fault where it was set."""
+    with locating(exp_loaded.provenance, site_loaded.provenance):
+        return _plan(exp_loaded, site_loaded, ctx)
+
+
+def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitContext) -> JobPlan:
     exp, site = exp_loaded.config, site_loaded.config
-    eprov, sprov = exp_loaded.provenance, site_loaded.provenance
-    res = exp.resources
-    _check_experiment_text(exp, eprov)
-
-    partition_name, part = _partition(exp, site, eprov, sprov)
-    gpus = _gpus_per_node(res, part, partition_name, site, eprov)
-    nodes = _positive(res.nodes, "resources.nodes", eprov)
-    if part is not None and part.max_nodes is not None and nodes > part.max_nodes:
-        raise eprov.error("resources.nodes", f"{nodes} nodes requested, partition {partition_name!r} of site "
-                          f"{site.name!r} allows at most {part.max_nodes} (partitions.{partition_name}.max_nodes)")
-    time_seconds = _time(res.time, "resources.time", eprov)
-    if part is not None and part.max_time is not None:
-        limit = _time(part.max_time, f"partitions.{partition_name}.max_time", sprov)
-        if time_seconds > limit:
-            raise eprov.error("resources.time", f"{slurmtime.format(time_seconds)} requested, partition "
-                              f"{partition_name!r} of site {site.name!r} allows at most "
-                              f"{slurmtime.format(limit)} (partitions.{partition_name}.max_time)")
-
-    ranks_per_node = max(gpus, 1)
-    tasks_per_node = ranks_per_node if exp.launcher == "srun" else 1
-    world_size = nodes * ranks_per_node
-    if world_size > MAX_WORLD_SIZE:
-        raise eprov.error("resources.nodes", f"{nodes} nodes x {ranks_per_node} ranks = {world_size} ranks, more than "
-                          f"PyTorch can number ({MAX_WORLD_SIZE})")
-    cpus_per_task = _cpus_per_task(res, part, partition_name, ranks_per_node, tasks_per_node, eprov)
-    if cpus_per_task is not None and cpus_per_task > MAX_CPUS_PER_TASK:
-        raise eprov.error("resources.cpus_per_task", f"{cpus_per_task} CPUs per task, more than Slurm can request "
-                          f"({MAX_CPUS_PER_TASK})")
-    mem_gb = res.mem_gb
-    if mem_gb is not None:
-        if not math.isfinite(mem_gb) or mem_gb <= 0:
-            raise eprov.error("resources.mem_gb", f"must be a finite number more than 0, got {mem_gb!r}")
-        if mem_gb * 1024 > MAX_MEM_MB:
-            raise eprov.error("resources.mem_gb", f"{mem_gb:g} GB is more than Slurm can request ({MAX_MEM_MB} MB)")
-        if mem_gb * 1024 < 1:
-            raise eprov.error("resources.mem_gb", f"{mem_gb:g} GB is less than 1 MiB, the smallest request "
-                              "Slurm takes (--mem=0 would mean all of the node's memory)")
-        if part is not None and part.mem_gb is not None and mem_gb > part.mem_gb:
-            raise eprov.error("resources.mem_gb", f"{mem_gb:g} GB per node requested, partition "
-                              f"{partition_name!r} has {part.mem_gb:g} GB (partitions.{partition_name}.mem_gb)")
-
-    lead = exp.requeue.signal_lead_s
-    if lead < 0 or lead > 65535:
-        raise eprov.error("requeue.signal_lead_s", "must be between 0 and 65535 seconds (Slurm's --signal limit)")
-    if lead >= time_seconds:
-        raise eprov.error("requeue.signal_lead_s", f"{lead} s warning is not shorter than the time limit "
-                          f"{slurmtime.format(time_seconds)}: the job would be warned before it starts")
-    if exp.requeue.max < 0:
-        raise eprov.error("requeue.max", "must be 0 or more")
-    for key in ("stall_s", "first_step_s"):
-        if getattr(exp.watchdog, key) < 0:
-            raise eprov.error(f"watchdog.{key}", "must be 0 (off) or more seconds")
-    if exp.checkpoint.every_steps < 1:
-        raise eprov.error("checkpoint.every_steps", "must be 1 or more")
-    if exp.checkpoint.keep < 1:
-        raise eprov.error("checkpoint.keep", "must be 1 or more")
-
-    strategy, choice = resolve_strategy(exp, site, part, nodes, ranks_per_node, eprov)
-    micro = _positive(exp.batch.micro_size, "batch.micro_size", eprov)
-    global_batch = exp.batch.global_size if exp.batch.global_size is not None else micro * world_size
-    _positive(global_batch, "batch.global_size", eprov)
-    if micro * world_size > MAX_BATCH:
-        raise eprov.error("batch.micro_size", f"{micro} x {world_size} ranks = {micro * world_size} samples per "
-                          f"step, more than a 64-bit count holds")
-    if global_batch % (micro * world_size):
-        raise eprov.error("batch.global_size", f"{global_batch} is not divisible by micro_size {micro} x world "
-                          f"size {world_size} (= {micro * world_size}); accumulation must be a whole number")
-    accumulation = global_batch // (micro * world_size)
-    ds_config = None
-    if strategy.name == "deepspeed":
-        ds_config = deepspeed_config.build(
-            world_size=world_size, global_batch=global_batch, micro_batch=micro, accumulation=accumulation,
-            zero_stage=strategy.zero_stage, offload_optimizer=strategy.offload_optimizer,
-            offload_params=strategy.offload_params, nvme_path=strategy.nvme_path,
-            precision=exp.precision, extra=exp.deepspeed, error=eprov.error)
-    elif exp.deepspeed:
-        raise eprov.error("deepspeed", f"DeepSpeed keys given but strategy.name is {strategy.name!r}")
-
-    cwd = ctx.cwd
-    paths.check_text(cwd, "working directory", None)
-    runs_prov: Provenance | None
-    if ctx.runs_dir is not None and not str(ctx.runs_dir).strip():
-        paths.error("--runs-dir", None, "is empty: give a directory, or leave the option out for the default")
-    if ctx.runs_dir:
-        runs_key, runs_prov = "--runs-dir", None
-        runs_root = paths.expand(ctx.runs_dir, runs_key, runs_prov, ctx.environ, cwd)
-    elif site.runs_root:
-        runs_key, runs_prov = "runs_root", sprov
-        runs_root = paths.expand(site.runs_root, runs_key, runs_prov, ctx.environ, cwd)
-    else:
-        runs_key, runs_prov = "working directory", None
-        runs_root = os.path.join(cwd, "runs")
-    bad = sorted(set(runs_root) & set("%\\"))
-    if bad:
-        paths.error(runs_key, runs_prov, f"{runs_root!r} holds {' and '.join(map(repr, bad))}: the run directory "
-                    "is part of Slurm's log file patterns (%j, %t), where they would change the names")
-    run_dir = os.path.join(runs_root, ctx.run_id)
-    checkpoint_dir = (paths.expand(exp.checkpoint.dir, "checkpoint.dir", eprov, ctx.environ, cwd)
-                      if exp.checkpoint.dir else os.path.join(run_dir, "checkpoints"))
-    script = entry_script(exp_loaded, ctx)
-    code = _code(exp, site, eprov, ctx, script, run_dir, skip=(runs_root, checkpoint_dir))
-    hparams = _hparams(exp, eprov)
-
-    env = dict(site.env)
-    env.update(exp.env)
-    reserved = sorted(k for k in env if k.startswith("GLAUNCH_"))
-    if reserved:
-        key = reserved[0]
-        prov = eprov if key in exp.env else sprov
-        raise prov.error(f"env.{key}", "GLAUNCH_* variables are set by glaunch itself")
-    _check_exec_sizes(env, exp, eprov, sprov)
-
-    container = None
-    if site.container is not None:
-        mounts = list(site.container.mounts)
-        # The paths the job reads and writes are mounted too: ',' or ':' in one of them
-        # would split it into other mounts (pyxis and apptainer have no escape for them).
-        for path, key, path_prov in ((cwd, "working directory", None), (runs_root, runs_key, runs_prov),
-                                     (checkpoint_dir, "checkpoint.dir" if exp.checkpoint.dir else runs_key,
-                                      eprov if exp.checkpoint.dir else runs_prov)):
-            bad = sorted(set(path) & set(",:"))
-            if bad:
-                paths.error(key, path_prov, f"{path!r} holds {' and '.join(map(repr, bad))}: it is mounted into the "
-                            f"container ({site.container.runtime}), where ',' separates mounts and ':' source, "
-                            "target and flags")
-            if not any(m.split(":")[0] == path for m in mounts):
-                mounts.append(path)
-        container = Container(site.container.runtime, site.container.image, tuple(mounts))
-    if site.python:
-        python = python_words(site.python, sprov)
-    elif container is not None:
-        python = ("python3",)
-    else:
-        if shell.hidden_characters(ctx.python) or shell.text_problem(ctx.python):
-            raise sprov.error("python", f"the submitting interpreter {ctx.python!r} is not a usable command name "
-                              "on the nodes; set python: in the site profile")
-        python = (ctx.python,)
-    if container is not None and container.runtime == "apptainer":
-        binds = [word for mount in container.mounts for word in ("--bind", mount)]
-        python = ("apptainer", "exec", "--nv", *binds, container.image, *python)
-
+    _check_experiment_text(exp)
+    alloc = _allocation(exp, site)
+    _check_requeue(exp, alloc.time_seconds)
+    _check_watchdog_and_checkpoints(exp)
+    strategy, choice = resolve_strategy(exp, site, alloc.part, alloc.nodes, alloc.ranks_per_node, exp_loaded.folder)
+    global_batch, micro, accumulation = _batch(exp, alloc.world_size)
+    ds_config = _deepspeed_config(exp, strategy, alloc.world_size, global_batch, micro, accumulation)
+    dirs = _directories(exp, site, ctx)
+    script = _entry_script(exp_loaded, ctx)
+    code = _code(exp, site, ctx, script, dirs.run_dir, skip=(dirs.runs_root, dirs.checkpoint_dir))
+    hparams = _hparams(exp)
+    env = _environment(exp, site)
+    container = _container(site, ctx.cwd, dirs)
+    python = _python(site, container, ctx.python)
+    part = alloc.part
     return JobPlan(
         run_id=ctx.run_id, name=exp.name, site_name=site.name, site_file=str(site_loaded.path),
         scheduler=site.scheduler, experiment_file=str(exp_loaded.path),
-        workdir=cwd, run_dir=run_dir, log_dir=os.path.join(run_dir, "logs"), checkpoint_dir=checkpoint_dir,
-        partition=partition_name, account=site.account,
+        workdir=ctx.cwd, run_dir=dirs.run_dir, log_dir=os.path.join(dirs.run_dir, "logs"),
+        checkpoint_dir=dirs.checkpoint_dir,
+        partition=alloc.partition, account=site.account,
         qos=(part.qos if part is not None and part.qos else site.qos),
         constraint=part.constraint if part is not None else None,
-        nodes=nodes, gpus_per_node=gpus, gpu_directive=site.gpu_directive, tasks_per_node=tasks_per_node,
-        cpus_per_task=cpus_per_task, mem_gb=mem_gb, time_seconds=time_seconds,
-        preemptible=bool(part is not None and part.preemptible),
+        nodes=alloc.nodes, gpus_per_node=alloc.gpus_per_node, gpu_directive=site.gpu_directive,
+        tasks_per_node=alloc.tasks_per_node, cpus_per_task=alloc.cpus_per_task, mem_gb=alloc.mem_gb,
+        time_seconds=alloc.time_seconds, preemptible=bool(part is not None and part.preemptible),
         extra_sbatch=tuple(sorted(site.sbatch.items())),
-        launcher=exp.launcher, ranks_per_node=ranks_per_node, world_size=world_size,
+        launcher=exp.launcher, ranks_per_node=alloc.ranks_per_node, world_size=alloc.world_size,
         entry_script=code.copy_of(code_entry(ctx, script)) if code and script else script,
         entry_module=exp.entrypoint.module,
         entry_args=tuple(str(a) for a in exp.entrypoint.args),
@@ -194,7 +80,7 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
         precision=exp.precision, global_batch=global_batch, micro_batch=micro, accumulation=accumulation,
         ds_config=ds_config, strategy_choice=choice,
         checkpoint_every=exp.checkpoint.every_steps, checkpoint_keep=exp.checkpoint.keep,
-        requeue_max=exp.requeue.max, signal_lead_s=lead, crash_retries=site.crash_retries,
+        requeue_max=exp.requeue.max, signal_lead_s=exp.requeue.signal_lead_s, crash_retries=site.crash_retries,
         exclude_bad_nodes=exp.requeue.exclude_bad_nodes,
         watchdog_stall_s=exp.watchdog.stall_s, watchdog_first_step_s=exp.watchdog.first_step_s,
         experiment=_as_dict(exp), site=_as_dict(site), code=code, hparams=hparams,
@@ -202,16 +88,283 @@ def resolve(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCo
     )
 
 
-# --- the code snapshot and hparams -----------------------------------------------------
+# --- the allocation ---------------------------------------------------------------------
 
 
-def entry_script(exp_loaded: LoadedExperiment, ctx: SubmitContext) -> str | None:
-    """The entry point's script as an absolute path (relative: from the experiment file's folder)."""
-    exp, eprov = exp_loaded.config, exp_loaded.provenance
-    if not exp.entrypoint.script:
+@dataclass(frozen=True, eq=False)
+class _Allocation:
+    """What the job asks of the scheduler, checked against its partition."""
+
+    partition: str | None
+    part: schema.Partition | None
+    nodes: int
+    gpus_per_node: int
+    ranks_per_node: int
+    tasks_per_node: int
+    world_size: int
+    cpus_per_task: int | None
+    mem_gb: float | None
+    time_seconds: int
+
+
+def _allocation(exp: schema.Experiment, site: schema.Site) -> _Allocation:
+    res = exp.resources
+    name, part = _partition(exp, site)
+    gpus = _gpus_per_node(res, part, name, site)
+    nodes = _nodes(res, part, name, site)
+    time_seconds = _time_limit(res, part, name, site)
+    ranks_per_node = max(gpus, 1)
+    tasks_per_node = ranks_per_node if exp.launcher == "srun" else 1
+    world_size = nodes * ranks_per_node
+    if world_size > MAX_WORLD_SIZE:
+        raise ConfigKeyError("resources.nodes", f"{nodes} nodes x {ranks_per_node} ranks = {world_size} ranks, "
+                             f"more than PyTorch can number ({MAX_WORLD_SIZE})")
+    return _Allocation(
+        partition=name, part=part, nodes=nodes, gpus_per_node=gpus, ranks_per_node=ranks_per_node,
+        tasks_per_node=tasks_per_node, world_size=world_size,
+        cpus_per_task=_cpus_per_task(res, part, name, ranks_per_node, tasks_per_node),
+        mem_gb=_mem_gb(res, part, name), time_seconds=time_seconds)
+
+
+def _partition(exp: schema.Experiment, site: schema.Site) -> tuple[str | None, schema.Partition | None]:
+    name = exp.resources.partition or site.default_partition
+    if name is None:
+        if len(site.partitions) == 1:
+            name = next(iter(site.partitions))
+        elif site.partitions:
+            raise ConfigKeyError("resources.partition", f"site {site.name!r} has no default_partition; choose "
+                                 f"one of: {', '.join(site.partitions)}")
+        else:
+            return None, None
+    if site.partitions and name not in site.partitions:
+        chosen = bool(exp.resources.partition)
+        raise ConfigKeyError("resources.partition" if chosen else "default_partition",
+                             f"partition {name!r} is not defined by site {site.name!r} "
+                             f"(partitions: {', '.join(site.partitions)})", site=not chosen)
+    return name, site.partitions.get(name)
+
+
+def _gpus_per_node(res: schema.Resources, part: schema.Partition | None, partition: str | None,
+                   site: schema.Site) -> int:
+    available = part.gpus_per_node if part is not None else None
+    if res.gpus_per_node is None:
+        if available is None:
+            raise ConfigKeyError("resources.gpus_per_node", f"site {site.name!r} describes no partition "
+                                 "to take the GPU count from; set resources.gpus_per_node")
+        return available
+    if res.gpus_per_node < 0:
+        raise ConfigKeyError("resources.gpus_per_node", "must be 0 or more")
+    if available is not None and res.gpus_per_node > available:
+        raise ConfigKeyError("resources.gpus_per_node", f"{res.gpus_per_node} GPUs per node requested, partition "
+                             f"{partition!r} of site {site.name!r} has {available} per node "
+                             f"(partitions.{partition}.gpus_per_node)")
+    return res.gpus_per_node
+
+
+def _nodes(res: schema.Resources, part: schema.Partition | None, partition: str | None, site: schema.Site) -> int:
+    nodes = _positive(res.nodes, "resources.nodes")
+    if part is not None and part.max_nodes is not None and nodes > part.max_nodes:
+        raise ConfigKeyError("resources.nodes", f"{nodes} nodes requested, partition {partition!r} of site "
+                             f"{site.name!r} allows at most {part.max_nodes} (partitions.{partition}.max_nodes)")
+    return nodes
+
+
+def _time_limit(res: schema.Resources, part: schema.Partition | None, partition: str | None,
+                site: schema.Site) -> int:
+    seconds = _time(res.time, "resources.time")
+    if part is not None and part.max_time is not None:
+        limit = _time(part.max_time, f"partitions.{partition}.max_time", site=True)
+        if seconds > limit:
+            raise ConfigKeyError("resources.time", f"{slurmtime.format(seconds)} requested, partition "
+                                 f"{partition!r} of site {site.name!r} allows at most "
+                                 f"{slurmtime.format(limit)} (partitions.{partition}.max_time)")
+    return seconds
+
+
+def _cpus_per_task(res: schema.Resources, part: schema.Partition | None, partition: str | None,
+                   ranks_per_node: int, tasks_per_node: int) -> int | None:
+    """CPUs per Slurm task. `resources.cpus_per_task` is per rank; torchrun's one task per
+    node gets the CPUs of all the node's ranks."""
+    cpus_per_node = part.cpus_per_node if part is not None else None
+    if res.cpus_per_task is not None:
+        per_rank = _positive(res.cpus_per_task, "resources.cpus_per_task")
+        if cpus_per_node is not None and per_rank * ranks_per_node > cpus_per_node:
+            raise ConfigKeyError("resources.cpus_per_task", f"{per_rank} CPUs x {ranks_per_node} ranks per node = "
+                                 f"{per_rank * ranks_per_node}, partition {partition!r} has {cpus_per_node} "
+                                 f"(partitions.{partition}.cpus_per_node)")
+    elif cpus_per_node is not None:
+        per_rank = max(cpus_per_node // ranks_per_node, 1)
+    else:
         return None
-    exp_dir = os.path.dirname(os.path.abspath(os.path.join(ctx.cwd, str(exp_loaded.path))))
-    return paths.expand(exp.entrypoint.script, "entrypoint.script", eprov, ctx.environ, exp_dir)
+    cpus = per_rank * (ranks_per_node // tasks_per_node)
+    if cpus > MAX_CPUS_PER_TASK:
+        raise ConfigKeyError("resources.cpus_per_task", f"{cpus} CPUs per task, more than Slurm can request "
+                             f"({MAX_CPUS_PER_TASK})")
+    return cpus
+
+
+def _mem_gb(res: schema.Resources, part: schema.Partition | None, partition: str | None) -> float | None:
+    mem_gb = res.mem_gb
+    if mem_gb is None:
+        return None
+    if not math.isfinite(mem_gb) or mem_gb <= 0:
+        raise ConfigKeyError("resources.mem_gb", f"must be a finite number more than 0, got {mem_gb!r}")
+    if mem_gb * 1024 > MAX_MEM_MB:
+        raise ConfigKeyError("resources.mem_gb", f"{mem_gb:g} GB is more than Slurm can request ({MAX_MEM_MB} MB)")
+    if mem_gb * 1024 < 1:
+        raise ConfigKeyError("resources.mem_gb", f"{mem_gb:g} GB is less than 1 MiB, the smallest request "
+                             "Slurm takes (--mem=0 would mean all of the node's memory)")
+    if part is not None and part.mem_gb is not None and mem_gb > part.mem_gb:
+        raise ConfigKeyError("resources.mem_gb", f"{mem_gb:g} GB per node requested, partition "
+                             f"{partition!r} has {part.mem_gb:g} GB (partitions.{partition}.mem_gb)")
+    return mem_gb
+
+
+# --- restarts, the batch and DeepSpeed ----------------------------------------------------
+
+
+def _check_requeue(exp: schema.Experiment, time_seconds: int) -> None:
+    lead = exp.requeue.signal_lead_s
+    if lead < 0 or lead > 65535:
+        raise ConfigKeyError("requeue.signal_lead_s", "must be between 0 and 65535 seconds (Slurm's --signal "
+                             "limit)")
+    if lead >= time_seconds:
+        raise ConfigKeyError("requeue.signal_lead_s", f"{lead} s warning is not shorter than the time limit "
+                             f"{slurmtime.format(time_seconds)}: the job would be warned before it starts")
+    if exp.requeue.max < 0:
+        raise ConfigKeyError("requeue.max", "must be 0 or more")
+
+
+def _check_watchdog_and_checkpoints(exp: schema.Experiment) -> None:
+    for key in ("stall_s", "first_step_s"):
+        if getattr(exp.watchdog, key) < 0:
+            raise ConfigKeyError(f"watchdog.{key}", "must be 0 (off) or more seconds")
+    if exp.checkpoint.every_steps < 1:
+        raise ConfigKeyError("checkpoint.every_steps", "must be 1 or more")
+    if exp.checkpoint.keep < 1:
+        raise ConfigKeyError("checkpoint.keep", "must be 1 or more")
+
+
+def _batch(exp: schema.Experiment, world_size: int) -> tuple[int, int, int]:
+    """(global batch, micro batch, gradient accumulation steps)."""
+    micro = _positive(exp.batch.micro_size, "batch.micro_size")
+    global_batch = exp.batch.global_size if exp.batch.global_size is not None else micro * world_size
+    _positive(global_batch, "batch.global_size")
+    if micro * world_size > MAX_BATCH:
+        raise ConfigKeyError("batch.micro_size", f"{micro} x {world_size} ranks = {micro * world_size} samples "
+                             f"per step, more than a 64-bit count holds")
+    if global_batch % (micro * world_size):
+        raise ConfigKeyError("batch.global_size", f"{global_batch} is not divisible by micro_size {micro} x world "
+                             f"size {world_size} (= {micro * world_size}); accumulation must be a whole number")
+    return global_batch, micro, global_batch // (micro * world_size)
+
+
+def _deepspeed_config(exp: schema.Experiment, strategy: StrategySettings, world_size: int, global_batch: int,
+                      micro: int, accumulation: int) -> dict[str, Any] | None:
+    if strategy.name != "deepspeed":
+        if exp.deepspeed:
+            raise ConfigKeyError("deepspeed", f"DeepSpeed keys given but strategy.name is {strategy.name!r}")
+        return None
+    return deepspeed_config.build(
+        world_size=world_size, global_batch=global_batch, micro_batch=micro, accumulation=accumulation,
+        zero_stage=strategy.zero_stage, offload_optimizer=strategy.offload_optimizer,
+        offload_params=strategy.offload_params, nvme_path=strategy.nvme_path,
+        precision=exp.precision, extra=exp.deepspeed)
+
+
+# --- directories ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _Directories:
+    """The run's directories, and what chose each: the name an error about one gives."""
+
+    runs_root: str
+    runs_key: str              # --runs-dir, runs_root or the working directory
+    run_dir: str
+    checkpoint_dir: str
+    checkpoint_key: str        # checkpoint.dir, or runs_key for <run dir>/checkpoints
+
+
+def _directories(exp: schema.Experiment, site: schema.Site, ctx: SubmitContext) -> _Directories:
+    paths.check_text(ctx.cwd, paths.WORKDIR)
+    runs_key, runs_root = _runs_root(site, ctx)
+    bad = sorted(set(runs_root) & set("%\\"))
+    if bad:
+        raise paths.error(runs_key, f"{runs_root!r} holds {' and '.join(map(repr, bad))}: the run directory is "
+                          "part of Slurm's log file patterns (%j, %t), where they would change the names")
+    run_dir = os.path.join(runs_root, ctx.run_id)
+    if exp.checkpoint.dir:
+        checkpoint_key = "checkpoint.dir"
+        checkpoint_dir = paths.expand(exp.checkpoint.dir, checkpoint_key, ctx.environ, ctx.cwd)
+    else:
+        checkpoint_key, checkpoint_dir = runs_key, os.path.join(run_dir, "checkpoints")
+    return _Directories(runs_root, runs_key, run_dir, checkpoint_dir, checkpoint_key)
+
+
+def _runs_root(site: schema.Site, ctx: SubmitContext) -> tuple[str, str]:
+    """(what chose it, the directory run directories are made in)."""
+    if ctx.runs_dir is not None and not str(ctx.runs_dir).strip():
+        raise paths.error("--runs-dir", "is empty: give a directory, or leave the option out for the default")
+    if ctx.runs_dir:
+        return "--runs-dir", paths.expand(ctx.runs_dir, "--runs-dir", ctx.environ, ctx.cwd)
+    if site.runs_root:
+        return "runs_root", paths.expand(site.runs_root, "runs_root", ctx.environ, ctx.cwd)
+    return paths.WORKDIR, os.path.join(ctx.cwd, "runs")
+
+
+# --- the environment, the container and the interpreter -------------------------------------
+
+
+def _environment(exp: schema.Experiment, site: schema.Site) -> dict[str, str]:
+    """The site's env, then the experiment's over it."""
+    env = dict(site.env)
+    env.update(exp.env)
+    reserved = sorted(k for k in env if k.startswith("GLAUNCH_"))
+    if reserved:
+        key = reserved[0]
+        raise ConfigKeyError(f"env.{key}", "GLAUNCH_* variables are set by glaunch itself", site=key not in exp.env)
+    _check_exec_sizes(env, exp)
+    return env
+
+
+def _container(site: schema.Site, cwd: str, dirs: _Directories) -> Container | None:
+    if site.container is None:
+        return None
+    mounts = list(site.container.mounts)
+    # The paths the job reads and writes are mounted too: ',' or ':' in one of them
+    # would split it into other mounts (pyxis and apptainer have no escape for them).
+    for path, key in ((cwd, paths.WORKDIR), (dirs.runs_root, dirs.runs_key),
+                      (dirs.checkpoint_dir, dirs.checkpoint_key)):
+        bad = sorted(set(path) & set(",:"))
+        if bad:
+            raise paths.error(key, f"{path!r} holds {' and '.join(map(repr, bad))}: it is mounted into the "
+                              f"container ({site.container.runtime}), where ',' separates mounts and ':' source, "
+                              "target and flags")
+        if not any(m.split(":")[0] == path for m in mounts):
+            mounts.append(path)
+    return Container(site.container.runtime, site.container.image, tuple(mounts))
+
+
+def _python(site: schema.Site, container: Container | None, submitting: str) -> tuple[str, ...]:
+    """The interpreter command on the nodes: the site's `python:`, a container's python3,
+    else the submitting interpreter; inside apptainer, run through `apptainer exec`."""
+    if site.python:
+        python = python_words(site.python)
+    elif container is not None:
+        python = ("python3",)
+    else:
+        if shell.hidden_characters(submitting) or shell.text_problem(submitting):
+            raise ConfigKeyError("python", f"the submitting interpreter {submitting!r} is not a usable command "
+                                 "name on the nodes; set python: in the site profile", site=True)
+        python = (submitting,)
+    if container is not None and container.runtime == "apptainer":
+        binds = [word for mount in container.mounts for word in ("--bind", mount)]
+        python = ("apptainer", "exec", "--nv", *binds, container.image, *python)
+    return python
+
+
+# --- the code snapshot and hparams -----------------------------------------------------
 
 
 def code_anchor(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitContext) -> str | None:
@@ -220,7 +373,8 @@ def code_anchor(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: Subm
     tree around it (launcher.runner.snapshot.locate) and passes it in as ctx.code_root."""
     if not snapshot_enabled(exp_loaded.config, site_loaded.config):
         return None
-    script = entry_script(exp_loaded, ctx)
+    with locating(exp_loaded.provenance, site_loaded.provenance):
+        script = _entry_script(exp_loaded, ctx)
     return os.path.dirname(script) if script else ctx.cwd
 
 
@@ -237,18 +391,27 @@ def code_entry(ctx: SubmitContext, script: str) -> str:
     return os.path.join(entry_dir, os.path.basename(script))
 
 
-def _code(exp: schema.Experiment, site: schema.Site, prov: Provenance, ctx: SubmitContext, script: str | None,
-          run_dir: str, *, skip: tuple[str, ...]) -> CodeSnapshot | None:
+def _entry_script(exp_loaded: LoadedExperiment, ctx: SubmitContext) -> str | None:
+    """The entry point's script as an absolute path (relative: from the experiment file's folder)."""
+    exp = exp_loaded.config
+    if not exp.entrypoint.script:
+        return None
+    exp_dir = os.path.dirname(os.path.abspath(os.path.join(ctx.cwd, str(exp_loaded.path))))
+    return paths.expand(exp.entrypoint.script, "entrypoint.script", ctx.environ, exp_dir)
+
+
+def _code(exp: schema.Experiment, site: schema.Site, ctx: SubmitContext, script: str | None, run_dir: str, *,
+          skip: tuple[str, ...]) -> CodeSnapshot | None:
     if not snapshot_enabled(exp, site):
         return None
     max_mb = exp.code.max_mb
     if not math.isfinite(max_mb) or max_mb <= 0:
-        raise prov.error("code.max_mb", f"must be a finite number more than 0, got {max_mb!r}")
+        raise ConfigKeyError("code.max_mb", f"must be a finite number more than 0, got {max_mb!r}")
     exclude = tuple(exp.code.exclude)
     for i, pattern in enumerate(exclude):
         problem = shell.text_problem(pattern) or ("is empty" if not pattern.strip() else None)
         if problem:
-            raise prov.error(f"code.exclude[{i}]", f"{pattern!r} {problem}")
+            raise ConfigKeyError(f"code.exclude[{i}]", f"{pattern!r} {problem}")
     anchor = os.path.dirname(script) if script else ctx.cwd
     root = ctx.code_root or CodeRoot(anchor, False, ".", paths.inside(ctx.cwd, anchor))
     dest = ctx.code_dir or os.path.join(run_dir, CODE_DIR)
@@ -258,101 +421,48 @@ def _code(exp: schema.Experiment, site: schema.Site, prov: Provenance, ctx: Subm
         import_path=os.path.normpath(os.path.join(dest, root.workdir)) if root.workdir is not None else None)
 
 
-def _hparams(exp: schema.Experiment, prov: Provenance) -> dict[str, Any]:
+def _hparams(exp: schema.Experiment) -> dict[str, Any]:
     """hparams: any mapping that JSON can carry (hparams.json), with finite numbers."""
-    import json
-
     hparams = dict(exp.hparams)
     for key, value in hparams.items():
         try:
             json.dumps(value, allow_nan=False)
         except (TypeError, ValueError) as exc:
-            raise prov.error(f"hparams.{key}", f"not a JSON value: {exc}") from None
+            raise ConfigKeyError(f"hparams.{key}", f"not a JSON value: {exc}") from None
     return hparams
 
 
 # --- pieces -----------------------------------------------------------------------
 
 
-def _positive(value: int, key: str, prov: Provenance) -> int:
+def _positive(value: int, key: str) -> int:
     if value < 1:
-        raise prov.error(key, f"must be 1 or more, got {value}")
+        raise ConfigKeyError(key, f"must be 1 or more, got {value}")
     return value
 
 
-def _time(value: str, key: str, prov: Provenance) -> int:
+def _time(value: str, key: str, *, site: bool = False) -> int:
     try:
         return slurmtime.parse(value)
     except ValueError as exc:
-        raise prov.error(key, str(exc)) from None
-
-
-def _partition(exp: schema.Experiment, site: schema.Site, eprov: Provenance, sprov: Provenance):
-    name = exp.resources.partition or site.default_partition
-    if name is None:
-        if len(site.partitions) == 1:
-            name = next(iter(site.partitions))
-        elif site.partitions:
-            raise eprov.error("resources.partition", f"site {site.name!r} has no default_partition; choose one "
-                              f"of: {', '.join(site.partitions)}")
-        else:
-            return None, None
-    if site.partitions and name not in site.partitions:
-        key = "resources.partition" if exp.resources.partition else "default_partition"
-        prov = eprov if exp.resources.partition else sprov
-        raise prov.error(key, f"partition {name!r} is not defined by site {site.name!r} "
-                         f"(partitions: {', '.join(site.partitions)})")
-    return name, site.partitions.get(name)
-
-
-def _gpus_per_node(res: schema.Resources, part, partition_name, site: schema.Site, prov: Provenance) -> int:
-    available = part.gpus_per_node if part is not None else None
-    if res.gpus_per_node is None:
-        if available is None:
-            raise prov.error("resources.gpus_per_node", f"site {site.name!r} describes no partition "
-                             "to take the GPU count from; set resources.gpus_per_node")
-        return available
-    if res.gpus_per_node < 0:
-        raise prov.error("resources.gpus_per_node", "must be 0 or more")
-    if available is not None and res.gpus_per_node > available:
-        raise prov.error("resources.gpus_per_node", f"{res.gpus_per_node} GPUs per node requested, partition "
-                         f"{partition_name!r} of site {site.name!r} has {available} per node "
-                         f"(partitions.{partition_name}.gpus_per_node)")
-    return res.gpus_per_node
-
-
-def _cpus_per_task(res: schema.Resources, part, partition_name, ranks_per_node: int, tasks_per_node: int,
-                   prov: Provenance) -> int | None:
-    """CPUs per Slurm task. `resources.cpus_per_task` is per rank; torchrun's one task per
-    node gets the CPUs of all the node's ranks."""
-    cpus_per_node = part.cpus_per_node if part is not None else None
-    if res.cpus_per_task is not None:
-        per_rank = _positive(res.cpus_per_task, "resources.cpus_per_task", prov)
-        if cpus_per_node is not None and per_rank * ranks_per_node > cpus_per_node:
-            raise prov.error("resources.cpus_per_task", f"{per_rank} CPUs x {ranks_per_node} ranks per node = "
-                             f"{per_rank * ranks_per_node}, partition {partition_name!r} has {cpus_per_node} "
-                             f"(partitions.{partition_name}.cpus_per_node)")
-    elif cpus_per_node is not None:
-        per_rank = max(cpus_per_node // ranks_per_node, 1)
-    else:
-        return None
-    return per_rank * (ranks_per_node // tasks_per_node)
+        raise ConfigKeyError(key, str(exc), site=site) from None
 
 
 # --- values that reach rendered text --------------------------------------------------
 #
 # shell.quote and shell.expandable carry any text literally; what is checked here is what
-# they cannot carry (NUL, lone surrogates), what other parsers read differently (sbatch's
-# directives, pyxis/apptainer mount lists, the module command), and sbatch extras that
-# would replace what glaunch writes itself.
+# they cannot carry (NUL, lone surrogates) and what exec() refuses. What other parsers
+# read differently (sbatch's directives, pyxis/apptainer mount lists, the module command)
+# and sbatch extras that would replace what glaunch writes are the site's own checks
+# (launcher.config.sitechecks).
 
-def _check_experiment_text(exp: schema.Experiment, prov: Provenance) -> None:
+def _check_experiment_text(exp: schema.Experiment) -> None:
     for i, arg in enumerate(exp.entrypoint.args):
-        _check_text(str(arg), f"entrypoint.args[{i}]", prov)
+        _check_text(str(arg), f"entrypoint.args[{i}]")
     for key, value in exp.env.items():
-        _check_text(str(value), f"env.{key}", prov)
+        _check_text(str(value), f"env.{key}")
     if exp.strategy.nvme_path is not None:
-        _check_text(exp.strategy.nvme_path, "strategy.nvme_path", prov)
+        _check_text(exp.strategy.nvme_path, "strategy.nvme_path")
 
 
 # Linux starts no program with one argument or environment string over MAX_ARG_STRLEN
@@ -362,34 +472,32 @@ MAX_EXEC_STRING = 32 * 4096 - 1
 MAX_EXEC_TOTAL = 1 << 20
 
 
-def _check_exec_sizes(env: dict[str, str], exp: schema.Experiment, eprov: Provenance, sprov: Provenance) -> None:
+def _check_exec_sizes(env: dict[str, str], exp: schema.Experiment) -> None:
     """The environment, and torchrun's workers' arguments (under srun the script runs in
     the task's own process), within what exec() takes."""
-    strings = [(f"env.{k}", eprov if k in exp.env else sprov, f"{k}={v}") for k, v in env.items()]
+    strings = [(f"env.{k}", k not in exp.env, f"{k}={v}") for k, v in env.items()]
     if exp.launcher == "torchrun":
-        strings += [(f"entrypoint.args[{i}]", eprov, str(a)) for i, a in enumerate(exp.entrypoint.args)]
+        strings += [(f"entrypoint.args[{i}]", False, str(a)) for i, a in enumerate(exp.entrypoint.args)]
     total = 0
-    for key, prov, text in strings:
+    for key, in_site, text in strings:
         size = len(text.encode())
         total += size + 1
         if size > MAX_EXEC_STRING:
-            raise prov.error(key, f"{size} bytes long: Linux starts no program with a single argument or "
-                             f"environment variable of more than {MAX_EXEC_STRING} bytes (MAX_ARG_STRLEN)")
+            raise ConfigKeyError(key, f"{size} bytes long: Linux starts no program with a single argument or "
+                                 f"environment variable of more than {MAX_EXEC_STRING} bytes (MAX_ARG_STRLEN)",
+                                 site=in_site)
         if total > MAX_EXEC_TOTAL:
             what = "the environment and arguments reach" if exp.launcher == "torchrun" else "the environment reaches"
-            raise prov.error(key, f"{what} {total} bytes here, more than the {MAX_EXEC_TOTAL} a job may add to what "
-                             "every program it starts receives (ARG_MAX)")
+            raise ConfigKeyError(key, f"{what} {total} bytes here, more than the {MAX_EXEC_TOTAL} a job may add to "
+                                 "what every program it starts receives (ARG_MAX)", site=in_site)
 
 
-def _check_text(text: str, key: str, prov: Provenance) -> None:
+def _check_text(text: str, key: str) -> None:
     problem = shell.text_problem(text)
     if problem:
-        raise prov.error(key, problem)
+        raise ConfigKeyError(key, problem)
 
 
 def _as_dict(obj: Any) -> Any:
-    from dataclasses import asdict, is_dataclass
     return asdict(obj) if is_dataclass(obj) and not isinstance(obj, type) else obj
 
-
-__all__ = ["JobPlan", "SubmitContext", "resolve"]

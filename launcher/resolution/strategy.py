@@ -3,23 +3,25 @@
 `resolve_strategy` checks the strategy keys for the named strategy, or lets the planner
 choose (`strategy.name: auto`); `plan_for` is `glaunch plan` (the planner's inputs from the
 experiment and the site, the model size from `model.params` or counted from
-`model.factory`). Errors name the config key they come from."""
+`model.factory`). Errors name the config key they come from; `plan_for`, and `resolve` for
+the rest, give it its file and line."""
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any
 
 from launcher.config import schema
 from launcher.config.load import LoadedExperiment
+from launcher.config.provenance import ConfigKeyError, locating
 from launcher.config.sites import LoadedSite
-from launcher.config.provenance import Provenance
 from launcher.errors import ConfigError
-
-if TYPE_CHECKING:      # imported where `auto` or `glaunch plan` needs the planner, not for every job
-    from launcher.resolution import memory, planner
+from launcher.resolution import memory, planner
 
 
 @dataclass(frozen=True, eq=False)
@@ -33,9 +35,10 @@ class StrategySettings:
     nvme_path: str | None
 
 
-def resolve_strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int, ranks_per_node: int,
-                     prov: Provenance) -> tuple[StrategySettings, Mapping[str, Any] | None]:
+def resolve_strategy(exp: schema.Experiment, site: schema.Site, part: schema.Partition | None, nodes: int,
+                     ranks_per_node: int, exp_dir: str) -> tuple[StrategySettings, Mapping[str, Any] | None]:
     """The strategy's settings, checked, and what `auto` recorded about its choice (else None).
+    `exp_dir`: the experiment file's folder, where `auto` looks for model.factory's module.
 
     `zero_stage` is DeepSpeed's key (a stage, 0..3: checked for every strategy, a typo is a
     typo) and is otherwise ignored by ddp and fsdp, as `nvme_path` is
@@ -46,27 +49,28 @@ def resolve_strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int
     glaunch sets or plans."""
     s = exp.strategy
     if not 0 <= s.zero_stage <= 3:       # whatever the strategy: a sweep or override may switch it to deepspeed
-        raise prov.error("strategy.zero_stage", f"{s.zero_stage} is not a ZeRO stage (0..3)")
+        raise ConfigKeyError("strategy.zero_stage", f"{s.zero_stage} is not a ZeRO stage (0..3)")
     choice = None
     if s.name == "auto":
-        settings, choice = choose_strategy(exp, site, part, nodes, ranks_per_node, prov)
+        settings, choice = choose_strategy(exp, site, part, nodes, ranks_per_node, exp_dir)
         s = schema.Strategy(name=settings["name"], zero_stage=settings.get("zero_stage", 0),
                             offload_optimizer=settings.get("offload_optimizer", "none"),
                             offload_params=settings.get("offload_params", "none"), nvme_path=s.nvme_path)
     if s.name == "deepspeed":
         if s.offload_optimizer != "none" and s.zero_stage == 0:
-            raise prov.error("strategy.offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3")
+            raise ConfigKeyError("strategy.offload_optimizer", "optimizer offload needs ZeRO stage 1, 2 or 3")
         if s.offload_params != "none" and s.zero_stage != 3:
-            raise prov.error("strategy.offload_params", "parameter offload needs ZeRO stage 3")
+            raise ConfigKeyError("strategy.offload_params", "parameter offload needs ZeRO stage 3")
         if "nvme" in (s.offload_optimizer, s.offload_params) and not s.nvme_path:
-            raise prov.error("strategy.nvme_path", "NVMe offload needs strategy.nvme_path")
+            raise ConfigKeyError("strategy.nvme_path", "NVMe offload needs strategy.nvme_path")
     elif s.offload_optimizer != "none" or s.offload_params != "none":
         key = "strategy.offload_optimizer" if s.offload_optimizer != "none" else "strategy.offload_params"
         if s.name == "fsdp":
-            raise prov.error(key, "glaunch neither sets nor plans offload for fsdp: FSDP2's CPU offload is the "
-                             "script's choice (launcher.runtime.fsdp.shard(model, offload_policy=CPUOffloadPolicy()))"
-                             "; for offload that glaunch configures and plans, use strategy.name: deepspeed")
-        raise prov.error(key, "offload needs strategy.name: deepspeed")
+            raise ConfigKeyError(key, "glaunch neither sets nor plans offload for fsdp: FSDP2's CPU offload is the "
+                                 "script's choice (launcher.runtime.fsdp.shard(model, "
+                                 "offload_policy=CPUOffloadPolicy())); for offload that glaunch configures and "
+                                 "plans, use strategy.name: deepspeed")
+        raise ConfigKeyError(key, "offload needs strategy.name: deepspeed")
     return StrategySettings(s.name, s.zero_stage, s.offload_optimizer, s.offload_params, s.nvme_path), choice
 
 
@@ -79,33 +83,31 @@ _EXPERIMENT_KEYS = {
 }
 
 
-def _model_size(model: schema.Model, prov: Provenance) -> tuple[int, int | None, str | None]:
-    """(params, largest layer or None, where the largest layer came from)."""
+def _model_size(model: schema.Model, exp_dir: str) -> tuple[int, int | None, str | None]:
+    """(params, largest layer or None, where the largest layer came from); model.factory's
+    module is looked for in `exp_dir`, then in the working directory."""
     if model.params is not None:
         if not math.isfinite(model.params) or model.params < 1:
-            raise prov.error("model.params", f"must be a finite number, 1 or more, got {model.params!r}")
+            raise ConfigKeyError("model.params", f"must be a finite number, 1 or more, got {model.params!r}")
         return int(model.params), model.largest_layer_params, None
     if model.factory:
-        exp_dir = os.path.dirname(os.path.abspath(prov.default_file))
         try:
             params, largest = inspect_factory(model.factory, [exp_dir, os.getcwd()])
         except ValueError as exc:
-            raise prov.error("model.factory", str(exc)) from None
+            raise ConfigKeyError("model.factory", str(exc)) from None
         if model.largest_layer_params is not None:
             return params, model.largest_layer_params, None
         return params, largest, f"counted from model.factory {model.factory}"
-    raise prov.error("model.params", "the planner needs model.params or model.factory")
+    raise ConfigKeyError("model.params", "the planner needs model.params or model.factory")
 
 
-def plan_input(exp: schema.Experiment, site: schema.Site, part, part_name: str | None, nodes: int,
-               gpus_per_node: int, prov: Provenance) -> memory.PlanInput:
-    from launcher.resolution import memory
-
+def plan_input(exp: schema.Experiment, site: schema.Site, part: schema.Partition | None, part_name: str | None,
+               nodes: int, gpus_per_node: int, exp_dir: str) -> memory.PlanInput:
     if part is None or part.gpu_mem_gb is None:
-        raise prov.error("resources.partition", f"site {site.name!r} gives no gpu_mem_gb for partition "
-                         f"{part_name!r}; the planner needs it (partitions.{part_name}.gpu_mem_gb)")
+        raise ConfigKeyError("resources.partition", f"site {site.name!r} gives no gpu_mem_gb for partition "
+                             f"{part_name!r}; the planner needs it (partitions.{part_name}.gpu_mem_gb)")
     m = exp.model
-    params, largest, largest_source = _model_size(m, prov)
+    params, largest, largest_source = _model_size(m, exp_dir)
     host_mem = exp.resources.mem_gb if exp.resources.mem_gb is not None else part.mem_gb
     try:
         return memory.PlanInput(
@@ -117,22 +119,20 @@ def plan_input(exp: schema.Experiment, site: schema.Site, part, part_name: str |
     except memory.PlanInputError as exc:
         key = _EXPERIMENT_KEYS.get(exc.field)
         if key is not None:
-            raise prov.error(key, exc.message) from None
+            raise ConfigKeyError(key, exc.message) from None
         raise ConfigError(exc.message, file=f"site {site.name}", key=exc.field) from None
 
 
-def choose_strategy(exp: schema.Experiment, site: schema.Site, part, nodes: int, ranks_per_node: int,
-                    prov: Provenance) -> tuple[dict[str, Any], Mapping[str, Any]]:
+def choose_strategy(exp: schema.Experiment, site: schema.Site, part: schema.Partition | None, nodes: int,
+                    ranks_per_node: int, exp_dir: str) -> tuple[dict[str, Any], Mapping[str, Any]]:
     """The strategy settings `auto` resolves to, and what to record about the choice."""
-    from launcher.resolution import planner
-
     result = planner.make_plan(plan_input(exp, site, part, _partition_name(exp, site), nodes, ranks_per_node,
-                                                prov))
+                                          exp_dir))
     if result.recommended is None:
         more = (f"; it fits from {result.min_nodes} node(s) (resources.nodes={result.min_nodes})"
                 if result.min_nodes else "")
-        raise prov.error("strategy.name", f"auto: no strategy fits on {nodes} node(s){more}\n"
-                         + planner.format_plan_table(result))
+        raise ConfigKeyError("strategy.name", f"auto: no strategy fits on {nodes} node(s){more}\n"
+                             + planner.format_plan_table(result))
     row = result.row(result.recommended)
     choice = {"chosen": result.recommended, "reason": result.reason, "per_gpu_gb": round(row.total_gb, 2),
               "usable_gb": round(result.input.usable_gb, 2)}
@@ -144,31 +144,34 @@ def _partition_name(exp: schema.Experiment, site: schema.Site) -> str | None:
 
 
 def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite) -> planner.PlanResult:
-    from launcher.resolution import planner
+    """`glaunch plan`: the planner's table for the experiment on the site."""
+    exp, site = exp_loaded.config, site_loaded.config
+    with locating(exp_loaded.provenance, site_loaded.provenance):
+        name = _partition_name(exp, site)
+        part = site.partitions.get(name) if name else None
+        if part is None:
+            raise ConfigKeyError("resources.partition", f"site {site.name!r} has no partition {name!r} to plan for")
+        gpus = _planned_gpus(exp, site, part, name)
+        return planner.make_plan(plan_input(exp, site, part, name, exp.resources.nodes, gpus, exp_loaded.folder))
 
-    exp, site, prov = exp_loaded.config, site_loaded.config, exp_loaded.provenance
-    name = _partition_name(exp, site)
-    part = site.partitions.get(name) if name else None
-    if part is None:
-        raise prov.error("resources.partition", f"site {site.name!r} has no partition {name!r} to plan for")
+
+def _planned_gpus(exp: schema.Experiment, site: schema.Site, part: schema.Partition, name: str | None) -> int:
     gpus = exp.resources.gpus_per_node
     if gpus is None:
-        gpus = part.gpus_per_node
-        if gpus < 1:
-            raise site_loaded.provenance.error(f"partitions.{name}.gpus_per_node", "the planner needs GPUs per node")
-    elif gpus < 1:
-        raise prov.error("resources.gpus_per_node", f"the planner needs 1 GPU per node or more, got {gpus}")
-    elif gpus > part.gpus_per_node:
-        raise prov.error("resources.gpus_per_node", f"{gpus} GPUs per node requested, partition {name!r} of site "
-                         f"{site.name!r} has {part.gpus_per_node} per node (partitions.{name}.gpus_per_node)")
-    return planner.make_plan(plan_input(exp, site, part, name, exp.resources.nodes, gpus, prov))
+        if part.gpus_per_node < 1:
+            raise ConfigKeyError(f"partitions.{name}.gpus_per_node", "the planner needs GPUs per node", site=True)
+        return part.gpus_per_node
+    if gpus < 1:
+        raise ConfigKeyError("resources.gpus_per_node", f"the planner needs 1 GPU per node or more, got {gpus}")
+    if gpus > part.gpus_per_node:
+        raise ConfigKeyError("resources.gpus_per_node", f"{gpus} GPUs per node requested, partition {name!r} of "
+                             f"site {site.name!r} has {part.gpus_per_node} per node "
+                             f"(partitions.{name}.gpus_per_node)")
+    return gpus
 
 
-def _factory_model(spec: str, search_path: Sequence[str] = ()):
+def _factory_model(spec: str, search_path: Sequence[str] = ()) -> Any:
     """Build the model `spec` ("module:function") names on the meta device."""
-    import importlib
-    import sys
-
     module_name, sep, func_name = spec.partition(":")
     if not sep or not module_name or not func_name:
         raise ValueError(f"{spec!r} is not 'module:function'")
@@ -183,7 +186,7 @@ def _factory_model(spec: str, search_path: Sequence[str] = ()):
         if not callable(func):
             raise ValueError(f"module {module_name!r} has no function {func_name!r}")
         try:
-            import torch
+            import torch      # only here: counting a factory's parameters is the one use of torch at submit
         except ImportError:
             raise ValueError("counting parameters from model.factory needs torch installed where glaunch "
                              "runs; or give model.params") from None
