@@ -7,89 +7,198 @@ benchmarks call instead of the command line.
     api.status(run.run_id)                   # the same dict as `glaunch status RUN --json`
     api.wait(run.run_id, on_line=print)      # follow to the end; returns the final state
     api.cancel(run.run_id); api.list_runs()
-    api.resume(run.run_id, overrides=["resources.nodes=1"])   # continue an ended run
+    api.resume(run.run_id, overrides=["resources.nodes=1"]); api.plan("exp.yaml", site="mycluster")
 
-`submit` is `prepare` (load, resolve, render: pure, nothing written) then `launch`
-(write the run directory, hand it to the scheduler); `resume` is `prepare_resume` then
-`launch_resume`. Errors are `launcher.errors.GlaunchError` subclasses carrying
-`exit_code`; bad input writes nothing.
+`submit` is `prepare` (or `prepare_sweep`) then `launch`; `resume` is `prepare_resume`
+then `launch`. The first step loads, resolves and renders: every check that needs no
+scheduler, nothing written. `launch` writes the run directory and hands it to the
+scheduler. A caller that acts between the two (the command line shows the warnings once
+the checks passed) calls them itself. Errors are `launcher.errors.GlaunchError`
+subclasses carrying `exit_code`; bad input writes nothing.
 
-The work is done in launcher.runs: `submission` (one run), `sweep_submission`,
+A run that the scheduler runs to its end here (the local site; `run`, inside an
+allocation), and `wait` given `echo`, show the run's console (launcher.views.console):
+rank 0's log, a status line (redrawn in place when `live`), requeue events and the
+outcome, as text to `echo` (stdout for a run that starts here without one).
+
+The work is done in launcher.runner: `submission` (one run), `sweep_submission`,
 `resume`, and `manage` (status, wait, logs, cancel, list); this module gathers it with
-the site and planner calls.
+the site and planner calls, and makes the console from launcher.views.
 """
 
 from __future__ import annotations
 
-import importlib
 import os
+import sys
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, overload
 
 from launcher.errors import ConfigError
-from launcher.runner.submission import (
-    Echo,
-    Prepared,
-    Run,
-    RunRef,
-    checkpoint_warning,
-    launch,
-    load,
-    prepare,
-    run,
-    submit,
-)
+from launcher.runner import manage, submission
+from launcher.runner.results import Run, RunRef, Sweep
+from launcher.runner.resume import PreparedResume, launch_resume, prepare_resume
+from launcher.runner.submission import Prepared
+from launcher.runner.sweep_submission import PreparedSweep, launch_sweep, prepare_sweep
+from launcher.schedulers.base import Echo
+from launcher.views.console import Console
+from launcher.views.submit_text import state_line
 
-if TYPE_CHECKING:
-    from launcher.runner.manage import (
-        cancel,
-        find_sweep,
-        format_status,
-        list_runs,
-        logs,
-        run_dir_of,
-        status,
-        wait,
-    )
-    from launcher.runner.resume import PreparedResume, launch_resume, prepare_resume, resume
-    from launcher.runner.sweep_submission import PreparedSweep, Sweep, launch_sweep, prepare_sweep
+__all__ = ["Run", "Sweep", "cancel", "check_site", "detect_site", "launch", "list_runs", "logs", "plan",
+           "prepare", "prepare_resume", "prepare_sweep", "resume", "run", "sites", "status", "submit", "wait"]
 
-# Imported when first used: a single submission (the dry run above all) needs none of them.
-_LAZY = {
-    "launcher.runner.manage": ("cancel", "find_sweep", "format_status", "list_runs", "logs", "run_dir_of", "status",
-                             "wait"),
-    "launcher.runner.resume": ("PreparedResume", "launch_resume", "prepare_resume", "resume"),
-    "launcher.runner.sweep_submission": ("PreparedSweep", "Sweep", "launch_sweep", "prepare_sweep"),
-}
-_LAZY_NAMES = {name: module for module, names in _LAZY.items() for name in names}
+Text = Callable[[str], None]
 
-__all__ = ["Echo", "Prepared", "PreparedResume", "PreparedSweep", "Run", "RunRef", "Sweep", "cancel",
-           "check_site", "checkpoint_warning", "detect_site", "find_sweep", "format_plan", "format_status",
-           "launch", "launch_resume", "launch_sweep", "list_runs", "load", "logs", "plan", "prepare",
-           "prepare_resume", "prepare_sweep", "resume", "run", "run_dir_of", "site_values", "sites", "status",
-           "submit", "validate_site", "wait"]
+
+# --- submitting -------------------------------------------------------------------------------
+
+
+def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = (),
+            runs_dir: str | None = None, after: Sequence[str] = (), dry_run: bool = False) -> Prepared:
+    """One run of the experiment on the site (its `site:` unless `site` is given, else
+    local), `overrides` (KEY=VALUE) applied, resolved and rendered; nothing written.
+    `after` (RUN[:ok|any]): runs or sweeps to wait for; their state is asked of the
+    scheduler unless `dry_run`."""
+    return submission.prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir, after=after,
+                              dry_run=dry_run)
+
+
+@overload
+def launch(prepared: PreparedSweep, *, dry_run: bool = False, check: bool = True, echo: Text | None = None,
+           live: bool = False) -> Sweep: ...
+
+
+@overload
+def launch(prepared: Prepared | PreparedResume, *, dry_run: bool = False, check: bool = True,
+           echo: Text | None = None, live: bool = False) -> Run: ...
+
+
+def launch(prepared: Prepared | PreparedResume | PreparedSweep, *, dry_run: bool = False, check: bool = True,
+           echo: Text | None = None, live: bool = False) -> Run | Sweep:
+    """Write what `prepare`, `prepare_sweep` or `prepare_resume` made and, unless `dry_run`,
+    hand it to the scheduler (`check`: Slurm's `sbatch --test-only` first). The local site
+    runs it to its end here, its console to `echo`."""
+    console = _console(echo, live)
+    if isinstance(prepared, PreparedSweep):
+        return launch_sweep(prepared, dry_run=dry_run, check=check, echo=console)
+    if isinstance(prepared, PreparedResume):
+        return launch_resume(prepared, dry_run=dry_run, check=check, echo=console)
+    return submission.launch(prepared, dry_run=dry_run, check=check, echo=console)
+
+
+def submit(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = (),
+           dry_run: bool = False, runs_dir: str | None = None, check: bool = True, echo: Text | None = None,
+           live: bool = False, sweep: Sequence[str] = (), max_parallel: int | None = None,
+           after: Sequence[str] = ()) -> Run | Sweep:
+    """Resolve, render, write the run bundle and submit it (or stop there with `dry_run`).
+    With `sweep` (KEY=V1,V2,... each): a sweep of every combination, `max_parallel` of
+    its elements at a time (see prepare_sweep)."""
+    if sweep:
+        return launch(prepare_sweep(experiment, sweep, site=site, overrides=overrides, runs_dir=runs_dir,
+                                    max_parallel=max_parallel, after=after, dry_run=dry_run),
+                      dry_run=dry_run, check=check, echo=echo, live=live)
+    return launch(prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir, after=after,
+                          dry_run=dry_run),
+                  dry_run=dry_run, check=check, echo=echo, live=live)
+
+
+def resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool = False, check: bool = True,
+           echo: Text | None = None, live: bool = False) -> Run:
+    """Continue the ended run `run` from its newest complete checkpoint, in its run
+    directory, with `overrides` (KEY=VALUE) on its recorded configuration (see
+    launcher.runner.resume)."""
+    return launch(prepare_resume(run, overrides=overrides, dry_run=dry_run), dry_run=dry_run, check=check,
+                  echo=echo, live=live)
+
+
+def run(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = (),
+        runs_dir: str | None = None, echo: Text | None = None, live: bool = False,
+        environ: Mapping[str, str] | None = None) -> Run:
+    """`glaunch run`: inside an existing Slurm allocation, start the run's ranks on its
+    nodes with srun and follow it to its end (see launcher.runner.submission.run)."""
+    return submission.run(experiment, site=site, overrides=overrides, runs_dir=runs_dir, echo=_console(echo, live),
+                          environ=environ)
+
+
+def _console(echo: Text | None, live: bool) -> Echo:
+    """How a run that starts here is shown: its console, to `echo` (stdout without it)."""
+    write = echo or _stdout
+    return lambda run_dir: Console(run_dir, write, live=live)
+
+
+def _stdout(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+# --- runs after submission -------------------------------------------------------------------
+
+
+def status(run: RunRef) -> dict[str, Any]:
+    """What `glaunch status RUN --json` prints (a sweep: its elements, arrays and counts)."""
+    return manage.status(run)
+
+
+def wait(run: RunRef, *, on_line: Text | None = None, on_state: Text | None = None, echo: Text | None = None,
+         live: bool = False, poll_s: float = manage.FOLLOW_POLL_S) -> str:
+    """Follow the run to its end across requeues; returns the final state. `on_line`: rank
+    0's log, one whole line (without its newline) per call; `on_state`: a line per change
+    of state (a sweep: each element's); `echo`: the run's console. SchedulerError when it
+    can never start."""
+    said = (lambda change: on_state(state_line(change))) if on_state is not None else None
+    return manage.wait(run, on_line=on_line, on_state=said, poll_s=poll_s,
+                       console=_console(echo, live) if echo is not None else None)
+
+
+def logs(run: RunRef, *, rank: int | None = None, follow: bool = False, echo: Text = print,
+         poll_s: float = 1.0) -> None:
+    """Per-rank logs of the run, each line with its rank ([0], [1!] for stderr), across
+    requeues; with `follow`, until it ends. A sweep's: every element's."""
+    manage.logs(run, rank=rank, follow=follow, echo=echo, poll_s=poll_s)
+
+
+def cancel(run: RunRef) -> str:
+    """Cancel the run's job (a sweep: every element's); a sentence saying what was done."""
+    return manage.cancel(run)
+
+
+def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
+    """The newest runs and sweeps, one row each (`glaunch list --json`); with `sweep`, its
+    elements' rows."""
+    return manage.list_runs(limit, sweep)
+
+
+# --- planning and sites ----------------------------------------------------------------------
 
 
 def plan(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = ()):
     """The planner's result (launcher.resolution.planner.PlanResult) for the experiment on the site."""
     from launcher.resolution.strategy import plan_for
 
-    exp, loaded_site = load(experiment, site, overrides)
+    exp, loaded_site = submission.load(experiment, site, overrides)
     return plan_for(exp, loaded_site)
 
 
-def format_plan(result) -> str:
-    from launcher.resolution.planner import format_plan_table
+def sites(site: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The profiles on the search path: {"sites": name -> the file that name finds,
+    "shadowed": [(name, file) of those it hides]}. With `site` (a name or a file): that
+    profile loaded and checked, resolved through its extends chain: {"site", "file",
+    "chain", "values": every key's value and where it came from}; ConfigError for a bad
+    one."""
+    if site is None:
+        return _profiles()
+    from launcher.config.sites import load_site
 
-    return format_plan_table(result)
+    loaded = load_site(site, Path.cwd(), os.environ, key="SITE")
+    rows = []
+    for key, value in _flatten(asdict(loaded.config)).items():
+        origin = loaded.provenance.of(key, exact=True)
+        rows.append({"key": key, "value": value, "from": origin.file + (f":{origin.line}" if origin.line else "")})
+    return {"site": loaded.config.name, "file": str(loaded.path), "chain": [str(p) for p in loaded.chain],
+            "values": rows}
 
 
-# --- sites ---------------------------------------------------------------------------------
-
-
-def sites() -> tuple[dict[str, str], list[tuple[str, str]]]:
-    """(name -> file of the profile that name finds, [(name, file) of those it shadows])."""
+def _profiles() -> dict[str, Any]:
     from launcher.config.sites import site_search_path
 
     seen: dict[str, str] = {}
@@ -102,20 +211,7 @@ def sites() -> tuple[dict[str, str], list[tuple[str, str]]]:
                 shadowed.append((path.stem, str(path)))
             else:
                 seen[path.stem] = str(path)
-    return seen, shadowed
-
-
-def site_values(site: str) -> dict[str, Any]:
-    """The profile resolved through its extends chain: every key's value and where it came from."""
-    from launcher.config.sites import load_site
-
-    loaded = load_site(site, Path.cwd(), os.environ, key="SITE")
-    rows = []
-    for key, value in _flatten(asdict(loaded.config)).items():
-        origin = loaded.provenance.of(key, exact=True)
-        rows.append({"key": key, "value": value, "from": origin.file + (f":{origin.line}" if origin.line else "")})
-    return {"site": loaded.config.name, "file": str(loaded.path), "chain": [str(p) for p in loaded.chain],
-            "values": rows}
+    return {"sites": seen, "shadowed": shadowed}
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -127,13 +223,6 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[dotted] = value
     return out
-
-
-def validate_site(site: str) -> Path:
-    """Load and check one profile (a name or a file); its file, or ConfigError."""
-    from launcher.config.sites import load_site
-
-    return load_site(site, Path.cwd(), os.environ, key="SITE").path
 
 
 def check_site(site: str):
@@ -152,20 +241,25 @@ def check_site(site: str):
     return check(loaded.config)
 
 
-def detect_site(name: str | None = None) -> tuple[str, str]:
-    """(profile name, profile text) for the Slurm cluster this machine submits to."""
+def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool = False
+                ) -> tuple[str, str, Path | None]:
+    """(profile name, profile text, the file written) for the Slurm cluster this machine
+    submits to. With `write_to` (a file; True: ./site_configs/NAME.yaml) the profile is
+    written there, never over a file that exists (ConfigError naming --output)."""
     from launcher.config.schema import NAME_PATTERN
     from launcher.schedulers.cluster.detect import query_cluster
 
     if name is not None and not NAME_PATTERN.fullmatch(name):
         raise ConfigError(f"{name!r}: use letters, digits, '.', '_' and '-'", key="--name")
-    return query_cluster(name)
-
-
-def __getattr__(name: str) -> Any:
-    module = _LAZY_NAMES.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+    profile_name, text = query_cluster(name)
+    if write_to is False:
+        return profile_name, text, None
+    path = Path("site_configs") / f"{profile_name}.yaml" if write_to is True else Path(write_to)
+    if path.exists():
+        raise ConfigError(f"{path} already exists; choose another --output or --name", key="--output")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}", key="--output") from None
+    return profile_name, text, path

@@ -1,4 +1,5 @@
-"""glaunch's command line: parse, call the library, map errors to exit codes.
+"""glaunch's command line: parse, call launcher.api, print what launcher.views makes of
+its results, map errors to exit codes.
 
 Exit codes: 0 success; 1 the run failed (or was cancelled); 2 bad input; 3 the scheduler
 refused or could not be reached; 130 interrupted (Ctrl-C)."""
@@ -17,6 +18,12 @@ import click
 from launcher import __version__, api
 from launcher.cli_sites import sites
 from launcher.errors import GlaunchError
+from launcher.views import submit_text
+from launcher.views.listing import format_list
+from launcher.views.plan_text import format_plan
+from launcher.views.status_text import format_status
+from launcher.views.sweep_text import format_elements
+from launcher.views.text import printable
 
 INTERRUPTED = 130
 _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())     # click >= 8.2
@@ -80,8 +87,6 @@ def main() -> None:
         click.echo("glaunch: interrupted", err=True)
         sys.exit(INTERRUPTED)
     except (click.ClickException, GlaunchError) as exc:
-        from launcher.views.status_text import printable
-
         if isinstance(exc, click.ClickException) and isinstance(exc, _NO_ARGS_IS_HELP):
             exc.show()                  # `glaunch`, `glaunch sites`: their help
             sys.exit(2)
@@ -156,55 +161,46 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check,
     if max_parallel is not None:
         raise click.UsageError("--max-parallel applies to a sweep (give --sweep)")
     prepared = api.prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir, after=after, dry_run=dry_run)
-    _launch_and_follow(prepared, api.launch, dry_run=dry_run, wait=wait, as_json=as_json, check=check)
+    _launch_and_follow(prepared, dry_run=dry_run, wait=wait, as_json=as_json, check=check)
 
 
-def _launch_and_follow(prepared, launch, *, dry_run: bool, wait: bool, as_json: bool, check: bool,
+def _launch_and_follow(prepared, *, dry_run: bool, wait: bool, as_json: bool, check: bool,
                        action: str = "submitted") -> None:
-    """Launch a prepared run (`launch`: api.launch or api.launch_resume), print what
-    happened, and with `wait` follow it to its end; exits with its outcome."""
-    plan = prepared.plan
+    """Launch a prepared run (api.prepare or api.prepare_resume), print what happened, and
+    with `wait` follow it to its end; exits with its outcome."""
     # The warnings (and a local run's first line) wait until launch's checks passed, so that
     # bad input is one error line; a run on this machine shows them before its console.
     pending = [lambda: _warn(prepared.warnings)]
-    console = None
-    if not (as_json or dry_run):
-        from launcher.views.console import Console
+    shown = not (as_json or dry_run)
+    if shown and prepared.scheduler.runs_to_completion:
+        pending.append(lambda: click.echo(submit_text.running_here(prepared.plan)))
 
-        if prepared.scheduler.runs_to_completion:
-            pending.append(lambda: click.echo(f"run {plan.run_id}: running on this machine ({plan.world_size} "
-                                              f"ranks); {plan.run_dir}"))
-        def write(text: str) -> None:
-            _flush(pending)
-            _write(text)
+    def write(text: str) -> None:
+        _flush(pending)
+        _write(text)
 
-        console = Console(plan.run_dir, write, live=sys.stdout.isatty())
-    run = launch(prepared, dry_run=dry_run, check=check, echo=console or (lambda text: None))
+    live = sys.stdout.isatty()
+    run = api.launch(prepared, dry_run=dry_run, check=check, echo=write if shown else _quiet, live=live)
     _flush(pending)
     info = {"run_id": run.run_id, "run_dir": str(run.run_dir), "site": run.site, "dry_run": run.dry_run,
             "files": sorted(run.files)}
     if dry_run:
-        _emit(as_json, info, f"run directory: {run.run_dir}\n--- job.sbatch ---\n{prepared.files['job.sbatch']}")
+        _emit(as_json, info, submit_text.dry_run(run, prepared.files["job.sbatch"]))
         return
     if run.exit_code is not None:     # the scheduler ran it to its end; its console said how it ended
-        from launcher.rundir import registry
-
-        info.update(state=run.state, job_ids=[s.job_id for s in registry.read(run.run_dir).starts],
-                    exit_code=run.exit_code)
+        info.update(state=run.state, job_ids=list(run.job_ids), exit_code=run.exit_code)
         if as_json:
             click.echo(json.dumps(info, indent=2))
         sys.exit(run.exit_code)
     info.update(job_id=run.job_id, state=run.state)
     if not wait:
-        _emit(as_json, info, f"run {run.run_id}: {action} job {run.job_id}\nrun directory: {run.run_dir}")
+        _emit(as_json, info, submit_text.started(run, action))
         return
-    if console is not None:
-        click.echo(f"run {run.run_id}: {action} job {run.job_id}\nrun directory: {run.run_dir}")
+    if shown:
+        click.echo(submit_text.started(run, action))
     try:
-        state = api.wait(run, console=console)
+        state = api.wait(run, echo=write if shown else None, live=live)
     except KeyboardInterrupt:
-        if console is not None:
-            console.clear()
         click.echo(f"glaunch: stopped following run {run.run_id}; job {run.job_id} goes on "
                    f"(glaunch status {run.run_id}, glaunch cancel {run.run_id})", err=True)
         sys.exit(INTERRUPTED)
@@ -212,6 +208,10 @@ def _launch_and_follow(prepared, launch, *, dry_run: bool, wait: bool, as_json: 
     if as_json:
         click.echo(json.dumps(info, indent=2))
     sys.exit(0 if state == "COMPLETED" else 1)
+
+
+def _quiet(text: str) -> None:
+    """Where the console of a run goes when nothing but one JSON object is printed."""
 
 
 @cli.command()
@@ -233,43 +233,27 @@ def resume(run, overrides, dry_run, wait, as_json, check):
     if not dry_run:
         _quiet_submitit()
     prepared = api.prepare_resume(run, overrides=overrides, dry_run=dry_run)
-    _launch_and_follow(prepared, api.launch_resume, dry_run=dry_run, wait=wait, as_json=as_json, check=check,
-                       action="resumed as")
+    _launch_and_follow(prepared, dry_run=dry_run, wait=wait, as_json=as_json, check=check, action="resumed as")
 
 
 def _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check, sweep, max_parallel,
                   after) -> None:
-    from launcher.runner import sweeps
-
     prepared = api.prepare_sweep(experiment, sweep, site=site, overrides=overrides, runs_dir=runs_dir,
                                  max_parallel=max_parallel, after=after, dry_run=dry_run)
-    count = len(prepared.elements)
     local = prepared.scheduler.runs_to_completion
     runs_here = local and not dry_run
     _warn(prepared.warnings if runs_here else ())
     if local and not (as_json or dry_run):
-        click.echo(f"sweep {prepared.sweep_id}: {count} runs on this machine, {max_parallel or 1} at a time; "
-                   f"{prepared.sweep_dir}")
-    result = api.launch_sweep(prepared, dry_run=dry_run, check=check, echo=lambda text: None)
+        click.echo(submit_text.sweep_running_here(prepared))
+    result = api.launch(prepared, dry_run=dry_run, check=check, echo=_quiet)
     _warn(() if runs_here else prepared.warnings)
     info = result.to_json()
     if dry_run:
-        arrays = [a for a in result.arrays if a.get("script")]
-        how = (f"{count} element(s) in {len(arrays)} job array(s)" if arrays
-               else f"{count} element(s), run one by one")
-        name, text = (arrays[0]["script"], result.files[arrays[0]["script"]]) if arrays else (
-            "job.sbatch (element 0)", prepared.prepared[0].files["job.sbatch"])
-        _emit(as_json, info, f"sweep directory: {result.sweep_dir}\n{how}\n--- {name} ---\n{text}")
+        _emit(as_json, info, submit_text.sweep_dry_run(result, prepared.prepared[0].files["job.sbatch"]))
         return
     if not local:
-        lines = [f"sweep {result.sweep_id}: {count} element(s)"]
-        for array in result.arrays:
-            what = f"job array {array['job_id']}" if array.get("job_id") else "not submitted"
-            lines.append(f"  {array.get('script')}: {what}, {len(array['elements'])} task(s)"
-                         + (f" ({array['error']})" if array.get("error") else ""))
-        lines.append(f"sweep directory: {result.sweep_dir}")
         if not (as_json and wait):
-            _emit(as_json, info, "\n".join(lines))
+            _emit(as_json, info, submit_text.sweep_started(result))
         if not wait:
             return
         try:
@@ -281,7 +265,7 @@ def _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json,
         info["state"] = state
     summary = api.status(result.sweep_dir)
     info["state"] = summary["state"]
-    _emit(as_json, dict(info, elements=summary["elements"]), sweeps.format_status(summary))
+    _emit(as_json, dict(info, elements=summary["elements"]), format_status(summary))
     sys.exit(0 if summary["state"] == "COMPLETED" else 1)
 
 
@@ -294,16 +278,12 @@ def _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json,
 def run_cmd(experiment, overrides, site, runs_dir, as_json):
     """Inside a Slurm allocation (salloc, an interactive job): start EXPERIMENT's ranks on
     its nodes with srun, no sbatch; follow it to its end."""
-    from launcher.rundir import registry
-
     _quiet_submitit()
-    echo = (lambda text: None) if as_json else None
-    run = api.run(experiment, site=site, overrides=overrides, runs_dir=runs_dir, echo=echo)
+    run = api.run(experiment, site=site, overrides=overrides, runs_dir=runs_dir, echo=_quiet if as_json else None)
     if as_json:
-        info = dict(run.to_json(), job_ids=[s.job_id for s in registry.read(run.run_dir).starts])
-        click.echo(json.dumps(info, indent=2))
+        click.echo(json.dumps(dict(run.to_json(), job_ids=list(run.job_ids)), indent=2))
     else:
-        click.echo(f"run {run.run_id}: {run.state}\nrun directory: {run.run_dir}")
+        click.echo(submit_text.ended_here(run))
     sys.exit(run.exit_code or 0)
 
 
@@ -326,7 +306,7 @@ def _quiet_submitit() -> None:
 def plan(experiment, overrides, site, as_json):
     """Per-GPU memory of each strategy on the site, and the recommendation."""
     result = api.plan(experiment, site=site, overrides=overrides)
-    _emit(as_json, result.to_json(), api.format_plan(result))
+    _emit(as_json, result.to_json(), format_plan(result))
 
 
 cli.add_command(sites)          # glaunch sites ...: launcher/cli_sites.py
@@ -341,7 +321,7 @@ cli.add_command(sites)          # glaunch sites ...: launcher/cli_sites.py
 def status_cmd(run, as_json):
     """State of RUN (a run or sweep: id or directory), across requeues."""
     summary = api.status(run)
-    _emit(as_json, summary, api.format_status(summary))
+    _emit(as_json, summary, format_status(summary))
 
 
 @cli.command()
@@ -366,15 +346,9 @@ def cancel(run):
 @click.option("-n", "limit", default=20, show_default=True, type=click.IntRange(min=1), help="How many recent runs.")
 def list_cmd(sweep, as_json, limit):
     """Recent runs (and sweeps) with state, site, nodes and age; with SWEEP, its elements."""
-    from launcher.runner import sweeps
-    from launcher.views.listing import format_list
-
     if sweep is not None:
-        if api.find_sweep(sweep) is None:
-            api.list_runs(limit, sweep=sweep)       # the ConfigError naming SWEEP, as the API gives it
-        summary = api.status(sweep)
-        _emit(as_json, {"elements": summary["elements"]},
-              "\n".join([*sweeps.format_table(summary), sweeps.summary_line(summary)]))
+        elements = api.list_runs(limit, sweep=sweep)
+        _emit(as_json, {"elements": elements}, format_elements(elements))
         return
     rows = api.list_runs(limit)
     _emit(as_json, {"runs": rows}, format_list(rows))

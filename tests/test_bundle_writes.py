@@ -14,6 +14,7 @@ import pytest
 from launcher import api
 from launcher.errors import ConfigError, RunError, SchedulerError
 from launcher.runner import bundle
+from launcher.runner.submission import Prepared
 from launcher.rundir import registry
 
 REPO = Path(__file__).resolve().parent.parent
@@ -257,7 +258,7 @@ class QueuedThenCrashingScheduler:
 
 def with_scheduler(project, scheduler):
     prep = prepared(project)
-    return api.Prepared(prep.plan, prep.files, scheduler, prep.runs_root_from, prep.checkpoint_from)
+    return Prepared(prep.plan, prep.files, scheduler, prep.runs_root_from, prep.checkpoint_from)
 
 
 def test_refused_run_keeps_its_directory_as_the_record_of_the_refusal(project):

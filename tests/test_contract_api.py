@@ -36,6 +36,27 @@ def glaunch(*args, env, cwd=REPO):
                           text=True, timeout=300)
 
 
+# --- the names the API exports (DESIGN.md "Python API") ---------------------------------------
+
+DESIGN_NAMES = {"submit", "status", "wait", "cancel", "list_runs", "resume", "plan", "run", "logs", "sites",
+                "check_site", "detect_site"}
+
+
+def test_the_api_exports_the_names_design_lists_and_the_steps_and_results_of_submit():
+    assert set(api.__all__) == DESIGN_NAMES | {"prepare", "prepare_sweep", "prepare_resume", "launch", "Run",
+                                               "Sweep"}
+    assert all(callable(getattr(api, name)) for name in api.__all__)
+
+
+def test_the_api_module_has_no_name_beyond_those_it_exports():
+    """Formatting is launcher.views'; the API imports its names plainly (no lazy table)."""
+    public = {name for name, value in vars(api).items()
+              if not name.startswith("_") and getattr(value, "__module__", None) == api.__name__
+              and callable(value)}
+    assert public <= set(api.__all__), public - set(api.__all__)
+    assert not hasattr(api, "__getattr__") and not hasattr(api, "format_status")
+
+
 # --- api.wait(run, on_line=print) -----------------------------------------------------------
 
 

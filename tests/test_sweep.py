@@ -225,6 +225,9 @@ def test_dry_run_renders_every_element_prints_the_array_script_once(tmp_path, is
     assert record["sweep_id"] in listed and f"{record['sweep_id']}-0" not in listed
     elements = glaunch("list", record["sweep_id"], "--json", env=isolated_env)
     assert len(json.loads(elements.stdout)["elements"]) == 4
+    # `list SWEEP` prints the elements' table of `status SWEEP` (from the rows alone) and its count line.
+    table = glaunch("list", record["sweep_id"], env=isolated_env).stdout.splitlines()
+    assert [f"  {line}" for line in table[:-1]] == text.splitlines()[3:8] and table[-1] == "4 element(s): 4 RENDERED"
     assert "nothing to cancel" in glaunch("cancel", record["sweep_id"], env=isolated_env).stdout
 
 
@@ -280,6 +283,14 @@ def test_local_site_runs_n_at_a_time(tmp_path, isolated_env):
     proc, spans = _local_sweep(tmp_path, isolated_env, "--max-parallel", "3", script=TOGETHER)
     assert sorted(a for _, _, a in spans) == ["1.5", "1.6", "1.7"]        # all three met while running
     assert "3 element(s): 3 COMPLETED" in proc.stdout
+
+
+def test_wait_says_each_change_of_state_of_a_run_or_an_element_in_one_line():
+    from launcher.runner.results import StateChange
+    from launcher.views.submit_text import state_line
+
+    assert state_line(StateChange("RUNNING", "123")) == "[glaunch] job 123: RUNNING"
+    assert state_line(StateChange("PENDING", None, sweep=True, element=2)) == "[glaunch] element 2 (job None): PENDING"
 
 
 def test_pending_array_rows_of_sacct_become_one_row_per_task():

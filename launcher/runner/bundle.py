@@ -114,36 +114,9 @@ def write_bundle(plan: JobPlan, files: Mapping[str, str], *, dry_run: bool,
         survey = snapshot.check(plan.code, plan.experiment_file)
     bundle = Bundle(Path(plan.run_dir))
     try:
+        _make_run_dir(bundle, plan, runs_src)
         try:
-            _make_dirs(bundle.path.parent, bundle.created)
-        except OSError as exc:
-            raise runs_src.error(f"cannot create the runs directory {bundle.path.parent}: {_why(exc)}") from None
-        try:
-            bundle.path.mkdir()
-        except FileExistsError:
-            raise ConfigError(f"run directory {plan.run_dir!r} already exists", file=plan.experiment_file,
-                              key="name") from None
-        except OSError as exc:
-            raise runs_src.error(f"cannot create the run directory {bundle.path}: {_why(exc)}") from None
-        bundle.owns_path = True
-        try:
-            Path(plan.log_dir).mkdir()
-            if not checkpoint_outside(plan):
-                Path(plan.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-            for name, text in files.items():
-                write_file(bundle.path / name, text, executable=name in EXECUTABLE)
-            if origin is None:
-                taken = None
-                if survey is not None and plan.code is not None:
-                    taken = snapshot.take(plan.code, survey, bundle.path / CODE_PATCH, plan.experiment_file)
-                elif plan.code is None:
-                    # No copy: the commit and the state of the tree it runs from, as at submit.
-                    script = plan.submitted_script
-                    survey = snapshot.tree_state(os.path.dirname(script) if script else plan.workdir)
-                origin = provenance.collect(survey, taken)
-            record = initial_record(plan, dry_run=dry_run, origin=origin)
-            record.extra.update(extra or {})
-            registry.write(bundle.path, record)
+            _write_contents(bundle, plan, files, dry_run=dry_run, survey=survey, origin=origin, extra=extra)
         except ConfigError as exc:
             if not (exc.key or "").startswith("code."):
                 raise runs_src.error(f"cannot write the run directory {bundle.path}: {exc}") from None
@@ -161,6 +134,52 @@ def write_bundle(plan: JobPlan, files: Mapping[str, str], *, dry_run: bool,
         bundle.remove()
         raise
     return bundle
+
+
+def _make_run_dir(bundle: Bundle, plan: JobPlan, runs_src: PathSource) -> None:
+    """The runs directory as needed (what it made goes into `bundle.created`), then the run
+    directory itself, new."""
+    try:
+        _make_dirs(bundle.path.parent, bundle.created)
+    except OSError as exc:
+        raise runs_src.error(f"cannot create the runs directory {bundle.path.parent}: {_why(exc)}") from None
+    try:
+        bundle.path.mkdir()
+    except FileExistsError:
+        raise ConfigError(f"run directory {plan.run_dir!r} already exists", file=plan.experiment_file,
+                          key="name") from None
+    except OSError as exc:
+        raise runs_src.error(f"cannot create the run directory {bundle.path}: {_why(exc)}") from None
+    bundle.owns_path = True
+
+
+def _write_contents(bundle: Bundle, plan: JobPlan, files: Mapping[str, str], *, dry_run: bool,
+                    survey: snapshot.Survey | None, origin: Mapping | None, extra: Mapping | None) -> None:
+    """Inside the new run directory: logs/, checkpoints/ (unless checkpoint.dir is
+    elsewhere), the bundle's files, the code snapshot, run.json."""
+    Path(plan.log_dir).mkdir()
+    if not checkpoint_outside(plan):
+        Path(plan.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+    for name, text in files.items():
+        write_file(bundle.path / name, text, executable=name in EXECUTABLE)
+    if origin is None:
+        origin = _provenance(plan, survey, bundle.path)
+    record = initial_record(plan, dry_run=dry_run, origin=origin)
+    record.extra.update(extra or {})
+    registry.write(bundle.path, record)
+
+
+def _provenance(plan: JobPlan, survey: snapshot.Survey | None, run_dir: Path) -> dict:
+    """The run's provenance: its code snapshot taken now (from `survey`), or, where it
+    runs from the work tree as it is, the commit and state of that tree."""
+    taken = None
+    if survey is not None and plan.code is not None:
+        taken = snapshot.take(plan.code, survey, run_dir / CODE_PATCH, plan.experiment_file)
+    elif plan.code is None:
+        # No copy: the commit and the state of the tree it runs from, as at submit.
+        script = plan.submitted_script
+        survey = snapshot.tree_state(os.path.dirname(script) if script else plan.workdir)
+    return provenance.collect(survey, taken)
 
 
 def write_file(path: Path, text: str, *, executable: bool = False) -> None:

@@ -18,10 +18,14 @@ import time
 from os import PathLike, fspath
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, GlaunchError, RunError
 from launcher.rundir.records import TERMINAL, RunRecord, State
+from launcher.runner.inputs import items
+
+if TYPE_CHECKING:
+    from launcher.schedulers.base import Echo
 
 OPTION = "--after"
 KINDS = ("ok", "any")
@@ -117,10 +121,10 @@ def record_of(upstream: Upstream) -> dict:
 
 
 def wait(upstreams: Sequence[Upstream], refresh: Callable[[Upstream], Upstream], *,
-         echo: Callable[[str], None] | None = None, poll_s: float = POLL_S,
+         say: Callable[[str], None] | None = None, poll_s: float = POLL_S,
          sleep: Callable[[float], None] = time.sleep) -> list[Upstream]:
     """Wait until every upstream ended (the local site's --after); returns them as they
-    ended. The caller judges `satisfied`."""
+    ended. The caller judges `satisfied`. `say` gets one event per upstream waited for."""
     current = list(upstreams)
     said: set[str] = set()
     while True:
@@ -129,9 +133,9 @@ def wait(upstreams: Sequence[Upstream], refresh: Callable[[Upstream], Upstream],
         if not waiting:
             return current
         for up in waiting:
-            if echo is not None and up.name not in said:
+            if say is not None and up.name not in said:
                 said.add(up.name)
-                echo(f"[glaunch] waiting for {up.name} to end (--after {up.after})\n")
+                say(f"waiting for {up.name} to end (--after {up.after})")
         sleep(poll_s)
 
 
@@ -146,3 +150,69 @@ def never_satisfied(upstreams: Sequence[Upstream]) -> str | None:
 def upstream_of_run(after: After, record: RunRecord, run_dir: Path) -> Upstream:
     job_ids = (record.job_id,) if record.job_id and not record.dry_run else ()
     return Upstream(after, record.run_id, record.scheduler, job_ids, (record.state,), (run_dir,))
+
+
+# --- the runs a submission names -----------------------------------------------------------------
+
+
+def upstreams_of(after: Sequence[str], scheduler: str, *, refresh: bool) -> list[Upstream]:
+    """The runs and sweeps `--after` names (`after`: items as the API takes them), as they
+    stand now (refreshed from their scheduler unless not `refresh`); ConfigError for one
+    that can never be waited for."""
+    if not after:
+        return []
+    upstreams = [upstream(item, refresh) for item in parse(items(after, "after"))]
+    check_for(upstreams, scheduler)
+    return upstreams
+
+
+def upstream(after: After, refresh: bool) -> Upstream:
+    """The run or sweep `after` names as it stands now; ConfigError naming OPTION when
+    there is none or its record is damaged."""
+    from launcher.rundir import registry
+    from launcher.runner import lookup, sweeps
+
+    sweep_dir = lookup.find_sweep(after.ref)
+    try:
+        if sweep_dir is None:
+            run_dir = registry.find_run(after.ref)
+            record = lookup.refreshed(run_dir) if refresh else registry.read(run_dir)
+            return upstream_of_run(after, record, run_dir)
+    except (RunError, ConfigError) as exc:      # no such run (said as RUN's), or its record is damaged (its file)
+        what = exc.message if isinstance(exc, ConfigError) else str(exc)
+        raise ConfigError(f"{after}: {what}", file="command line", key=OPTION) from None
+    sweep = sweeps.read(sweep_dir)
+    records = lookup.sweep_records(sweep_dir, refresh=refresh)
+    states = tuple(r.state if not isinstance(r, GlaunchError) else State.UNKNOWN.value for r in records.values())
+    job_ids = tuple(a.job_id for a in sweep.arrays if a.job_id)
+    if not job_ids:       # elements submitted one by one (or not at all)
+        job_ids = tuple(r.job_id for r in records.values() if not isinstance(r, GlaunchError) and r.job_id)
+    return Upstream(after, sweep.sweep_id, sweep.scheduler, job_ids, states,
+                    tuple(Path(e.run_dir) for e in sweep.elements))
+
+
+def dependency_clause(upstreams: Sequence[Upstream], scheduler: str) -> str | None:
+    """What the job script's --dependency says (Slurm only)."""
+    if not upstreams or scheduler != "slurm":
+        return None
+    return clause(upstreams)
+
+
+def wait_before_start(upstreams: Sequence[Upstream], run_dir: Path, echo: Echo | None) -> str | None:
+    """The local site's --after: wait until every run waited for ended. None when this run
+    may start; else its state, recorded with the reason it never starts. The console
+    `echo` makes for the run is told what it waits for."""
+    from launcher.rundir import registry
+
+    say = echo(run_dir).event if echo is not None else None
+    ended = wait(upstreams, lambda up: upstream(up.after, True), say=say)
+    why = never_satisfied(ended)
+    if why is None:
+        return None
+    with registry.updating(run_dir) as record:
+        record.state = State.CANCELLED.value
+        record.reason = "never starts"
+        record.detail = why
+    if say is not None:
+        say(f"run {record.run_id} never starts: {why}")
+    return record.state

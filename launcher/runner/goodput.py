@@ -59,6 +59,11 @@ LEAD_ROUND_S = 5
 # --- reading fields that may hold anything ----------------------------------------------------
 
 
+def as_mapping(value: Any) -> dict[str, Any]:
+    """`value` when it is a JSON object, else {} (records may hold anything)."""
+    return value if isinstance(value, dict) else {}
+
+
 def number(value: Any) -> float | None:
     """A finite number of 0 or more, else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:

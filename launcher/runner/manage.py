@@ -1,70 +1,32 @@
 """Following and managing runs and sweeps after submission: their state (the scheduler's
-view folded into run.json), waiting for the end, logs, cancelling, listing."""
+view folded into run.json), waiting for the end, logs, cancelling, listing. Everything
+here returns or reports data; launcher.views makes the text."""
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable
 
 from launcher import schedulers
 from launcher.errors import ConfigError, GlaunchError, SchedulerError
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord, State, is_terminal
-from launcher.runner.submission import Echo, Run, RunRef
-from launcher.runner.sweep_submission import Sweep
+from launcher.runner import sweeps
+from launcher.runner.lookup import find_sweep, refreshed, run_dir_of, sweep_records
+from launcher.runner.results import RunRef, StateChange
+from launcher.schedulers.base import Echo, RunConsole
 
 FOLLOW_POLL_S = 2.0
 CONSOLE_POLL_S = 0.25       # the console's log and status line, between two scheduler polls
 
-
-def sweep_records(sweep_dir: Path, *, refresh: bool = True) -> dict:
-    """run id -> each element's record (refreshed together by its scheduler), or the error
-    reading it."""
-    from launcher.runner import sweeps
-
-    record = sweeps.read(sweep_dir)
-    if refresh and not record.dry_run and record.scheduler in schedulers.NAMES:
-        return sweeps.element_records(sweep_dir, schedulers.get(record.scheduler).refresh_many)
-    return sweeps.element_records(sweep_dir, lambda runs: [r for _, r in runs])
-
-
-def find_sweep(ref: Any) -> Path | None:
-    """The sweep directory `ref` (a sweep id or directory, or a Sweep) names; None for a run."""
-    from launcher.runner import sweeps
-
-    if isinstance(ref, Sweep):
-        return ref.sweep_dir
-    if isinstance(ref, Run):
-        return None
-    return sweeps.find_sweep(ref)
-
-
-def run_dir_of(run: RunRef) -> Path:
-    from launcher.rundir.registry import find_run
-
-    if isinstance(run, Run):
-        return run.run_dir
-    if isinstance(run, Sweep):
-        raise ConfigError(f"{run.sweep_id} is a sweep, not a run", file="command line", key="RUN")
-    return find_run(os.fspath(run))
-
-
-def refreshed(run_dir: Path):
-    """run.json with the scheduler's current view folded in."""
-    from launcher.rundir import registry
-
-    record = registry.read(run_dir)
-    if record.scheduler in schedulers.NAMES and not record.dry_run:
-        record = schedulers.get(record.scheduler).refresh(run_dir, record)
-    return record
+Text = Callable[[str], None]
+OnState = Callable[[StateChange], None]
 
 
 def status(run: RunRef) -> dict[str, Any]:
     """What `glaunch status RUN --json` prints. For a sweep: its elements' table (each one's
     swept values, state, step, result), its arrays and the counts of each state."""
-    from launcher.runner import sweeps
     from launcher.rundir.files import json_safe
     from launcher.runner.status import summarize
 
@@ -75,30 +37,56 @@ def status(run: RunRef) -> dict[str, Any]:
     return json_safe(summarize(run_dir, refreshed(run_dir)))      # type: ignore[return-value]
 
 
-def format_status(summary: Mapping[str, Any]) -> str:
-    from launcher.runner import sweeps
-    from launcher.views.status_text import format_status as fmt
-
-    if "sweep_id" in summary:
-        return sweeps.format_status(summary)
-    return fmt(dict(summary))
-
-
-def wait(run: RunRef, *, on_line: Echo | None = None,
-         on_state: Echo | None = None, poll_s: float = FOLLOW_POLL_S, console: Any = None) -> str:
+def wait(run: RunRef, *, on_line: Text | None = None, on_state: OnState | None = None,
+         poll_s: float = FOLLOW_POLL_S, console: Echo | None = None) -> str:
     """Follow the run to its end across requeues: rank 0's log to `on_line` as it grows, one
-    whole line (without its newline) per call,
-    each change of state to `on_state`; or everything to `console`
-    (launcher.views.console.Console: log, status line, requeue events, the outcome), which
-    is updated several times per scheduler poll. Returns the final state."""
-    from launcher.runner.logs import Lines, LogFollower
-
+    whole line (without its newline) per call, each change of state to `on_state`; and
+    everything to the console `console` makes for the run (launcher.views.console.Console:
+    log, status line, requeue events, the outcome), updated several times per scheduler
+    poll and taken off the screen on an interrupt. A sweep: each element's change of state.
+    Returns the final state."""
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
         return _wait_sweep(sweep_dir, on_state=on_state, poll_s=poll_s)
     run_dir = run_dir_of(run)
-    followers: dict[str, LogFollower] = {}
-    lines: dict[str, Lines] = {}
+    shown = console(run_dir) if console is not None else None
+    try:
+        return _follow(run_dir, on_line, on_state, poll_s, shown)
+    except KeyboardInterrupt:
+        if shown is not None:
+            shown.clear()
+        raise
+
+
+class _Rank0Log:
+    """Rank 0's log of each job of a run as it grows, as whole lines to `on_line`."""
+
+    def __init__(self, run_dir: Path, on_line: Text) -> None:
+        from launcher.runner.logs import Lines, LogFollower
+
+        self.run_dir, self.on_line = RunDir(run_dir), on_line
+        self.followers: dict[str, LogFollower] = {}
+        self.lines: dict[str, Lines] = {}
+
+    def poll(self, job_id: str | None) -> None:
+        from launcher.runner.logs import Lines, LogFollower
+
+        if job_id and job_id not in self.followers:
+            self.lines[job_id] = Lines(self.on_line)
+            self.followers[job_id] = LogFollower(self.run_dir.task_log(job_id, 0), self.lines[job_id])
+        for follower in self.followers.values():
+            follower.poll()
+
+    def finish(self) -> None:
+        for follower in self.followers.values():
+            follower.poll()
+        for unfinished in self.lines.values():
+            unfinished.flush()
+
+
+def _follow(run_dir: Path, on_line: Text | None, on_state: OnState | None, poll_s: float,
+            console: RunConsole | None) -> str:
+    log = _Rank0Log(run_dir, on_line) if on_line is not None else None
     last = None
     while True:
         record = refreshed(run_dir)
@@ -108,21 +96,14 @@ def wait(run: RunRef, *, on_line: Echo | None = None,
             raise SchedulerError(f"run {record.run_id}: {record.detail}")
         if console is not None:
             console.observe(record)
-        if on_line is not None:
-            if record.job_id and record.job_id not in followers:
-                lines[record.job_id] = Lines(on_line)
-                followers[record.job_id] = LogFollower(RunDir(run_dir).task_log(record.job_id, 0),
-                                                       lines[record.job_id])
-            for follower in followers.values():
-                follower.poll()
+        if log is not None:
+            log.poll(record.job_id)
         if state != last and on_state is not None:
-            on_state(f"[glaunch] job {record.job_id}: {state}")
+            on_state(StateChange(state, record.job_id))
         last = state
         if is_terminal(state) or state == State.UNKNOWN:
-            for follower in followers.values():
-                follower.poll()
-            for unfinished in lines.values():
-                unfinished.flush()
+            if log is not None:
+                log.finish()
             if console is not None:
                 console.finish(record)
             return str(state)
@@ -135,11 +116,9 @@ def wait(run: RunRef, *, on_line: Echo | None = None,
             time.sleep(CONSOLE_POLL_S)
 
 
-def _wait_sweep(sweep_dir: Path, *, on_state: Echo | None, poll_s: float) -> str:
+def _wait_sweep(sweep_dir: Path, *, on_state: OnState | None, poll_s: float) -> str:
     """Follow every element of a sweep to its end; the sweep's state. SchedulerError when
     the elements still waiting can never start."""
-    from launcher.runner import sweeps
-
     index = {e.run_id: e.index for e in sweeps.read(sweep_dir).elements}
     last: dict[str, str] = {}
     while True:
@@ -153,7 +132,7 @@ def _wait_sweep(sweep_dir: Path, *, on_state: Echo | None, poll_s: float) -> str
                 blocked.append(f"element {index.get(run_id)}: {record.detail}")
             if on_state is not None and last.get(run_id) != state:
                 job = record.job_id if not isinstance(record, GlaunchError) else None
-                on_state(f"[glaunch] element {index.get(run_id)} (job {job}): {state}")
+                on_state(StateChange(state, job, sweep=True, element=index.get(run_id)))
             last[run_id] = state
         waiting = [s for s in states if not (is_terminal(s) or s == State.UNKNOWN)]
         if not waiting:
@@ -164,10 +143,9 @@ def _wait_sweep(sweep_dir: Path, *, on_state: Echo | None, poll_s: float) -> str
 
 
 def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,
-         echo: Echo = print, poll_s: float = 1.0) -> None:
+         echo: Text = print, poll_s: float = 1.0) -> None:
     """Per-rank logs of the run with a rank prefix, across requeues; with `follow`, until it
     ends. A sweep's: every element's, `[ELEMENT]` before the rank."""
-    from launcher.runner import sweeps
     from launcher.runner.logs import RankLogs
 
     sweep_dir = find_sweep(run)
@@ -203,7 +181,6 @@ def cancel(run: RunRef) -> str:
     """Cancel the run's job; a sentence saying what was done. A sweep's: every element's
     (on Slurm, its array jobs, with one scancel)."""
     from launcher.rundir import registry
-    from launcher.runner import sweeps
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
@@ -229,7 +206,7 @@ def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
     its elements are not listed). A run whose record is damaged, and bad lines of the run
     index, come as rows with `error` (the file and what is wrong) instead of stopping the
     listing. With `sweep` (its id or directory): its elements' rows, as `status` has them."""
-    from launcher.views.listing import recent
+    from launcher.runner.recent import recent
 
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ConfigError(f"how many runs to list: 1 or more, got {limit!r}", file="command line", key="-n")
@@ -242,6 +219,6 @@ def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
     return recent(limit)
 
 
-def prefixed(echo: Echo, prefix: str) -> Echo:
+def prefixed(echo: Text, prefix: str) -> Text:
     """`echo` with `prefix` before every line (a sweep element's index)."""
     return lambda line: echo(f"{prefix}{line}")

@@ -44,7 +44,10 @@ from launcher.rundir.layout import (
     RunDir,
 )
 from launcher.rundir.records import IN_FLIGHT, RunRecord, State
-from launcher.runner.submission import Echo, Run, RunRef, items
+from launcher.runner.inputs import items
+from launcher.runner.results import Run, RunRef
+from launcher.runner.submission import job_ids
+from launcher.schedulers.base import Echo
 
 # Moved to resumes/N/: the previous submission's files, and the files a start leaves for
 # the next one (a new start would take an old result.json for its own end).
@@ -74,7 +77,8 @@ def resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool = False,
     """Continue the ended run `run` (a run id or directory, or a Run) from its newest
     complete checkpoint with `overrides` (KEY=VALUE) on its recorded configuration;
     `dry_run` renders and checks only, writing nothing. The local site runs it to its end
-    here. ConfigError (exit 2) for a run that is still queued or running, or bad overrides."""
+    here, shown on the console `echo` makes. ConfigError (exit 2) for a run that is still
+    queued or running, or bad overrides."""
     return launch_resume(prepare_resume(run, overrides=overrides, dry_run=dry_run), dry_run=dry_run, check=check,
                          echo=echo)
 
@@ -86,7 +90,7 @@ def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool 
     from launcher import schedulers
     from launcher.resolution.resolve import resolve
     from launcher.rundir import registry
-    from launcher.runner.manage import find_sweep, refreshed, run_dir_of
+    from launcher.runner.lookup import find_sweep, refreshed, run_dir_of
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
@@ -233,11 +237,12 @@ def launch_resume(prepared: PreparedResume, *, dry_run: bool = False, check: boo
                   echo: Echo | None = None) -> Run:
     """Unless `dry_run`: move the previous files aside, write the new ones, record the
     resume in run.json and hand the run to its scheduler (the local one runs it to its end
-    here). A dry run writes nothing."""
+    here, shown on the console `echo` makes). A dry run writes nothing."""
     plan, scheduler, run_dir = prepared.plan, prepared.scheduler, prepared.run_dir
     files = tuple(prepared.files)
     if dry_run:
-        return Run(prepared.record.run_id, run_dir, plan.site_name, True, files, str(prepared.record.state))
+        return Run(prepared.record.run_id, run_dir, plan.site_name, True, files, str(prepared.record.state),
+                   warnings=prepared.warnings)
     scheduler.require()
     record = _switch_bundle(prepared)
     try:
@@ -247,7 +252,7 @@ def launch_resume(prepared: PreparedResume, *, dry_run: bool = False, check: boo
     except OSError as exc:
         raise RunError(f"run {record.run_id}: {exc}") from None
     return Run(record.run_id, run_dir, plan.site_name, False, files, launched.state, launched.job_id,
-               launched.exit_code)
+               launched.exit_code, job_ids(run_dir, launched.exit_code), prepared.warnings)
 
 
 def _switch_bundle(prepared: PreparedResume) -> RunRecord:

@@ -1,8 +1,7 @@
 """A run's status as the user sees it: run.json with the scheduler's view folded in
 (by the scheduler), the result, what the ranks measured (progress, memory against the
 planner's estimate, GPU samples), goodput and the settings it suggests, a hang and the
-nodes the job is kept off. The text `glaunch status` prints is status_text's; the rows of
-`glaunch list` are listing's."""
+nodes the job is kept off. The text `glaunch status` prints is launcher.views.status_text's."""
 
 from __future__ import annotations
 
@@ -15,15 +14,13 @@ from typing import Any, Mapping
 from launcher.errors import GlaunchError
 from launcher.runner import goodput
 from launcher.rundir.files import load_json_object, read_text
-from launcher.runner.goodput import number, step_of
+from launcher.runner.goodput import as_mapping, number, step_of
 from launcher.rundir.records import IN_FLIGHT, RunRecord
 from launcher.rundir.layout import RunDir, read_heartbeat
-# The text of `status` and the rows of `list`, named here for their callers.
-from launcher.views.listing import format_list, recent  # noqa: F401
-from launcher.views.status_text import _origin_lines, as_mapping, duration, format_status, printable  # noqa: F401
 
 # The most of a GPU samples file status reads (its end: the newest samples).
 GPU_SAMPLES_READ = 1 << 20
+
 
 def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dict[str, Any]:
     """What `glaunch status --json` prints."""

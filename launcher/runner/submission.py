@@ -1,49 +1,24 @@
 """The submission path: load and resolve an experiment, render its run bundle (`prepare`:
 pure, nothing written), then write the run directory and hand it to the scheduler
-(`launch`). `submit` is both; `run` starts the ranks inside an existing allocation.
+(`launch`); `run` starts the ranks inside an existing allocation.
 Everything heavy (loading, resolution, rendering, the registry) is imported where it is
 used, so a dry run imports only what it needs."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, Union
+from typing import Any, Mapping, Sequence
 
 from launcher import schedulers
 from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
 from launcher.rundir.records import State
-
-if TYPE_CHECKING:
-    from launcher.runner.sweep_submission import Sweep
-
-Echo = Callable[[str], None]
-
-
-@dataclass(frozen=True)
-class Run:
-    """A submitted (or rendered) run."""
-
-    run_id: str
-    run_dir: Path
-    site: str
-    dry_run: bool
-    files: tuple[str, ...]
-    state: str
-    job_id: str | None = None
-    exit_code: int | None = None      # set when the scheduler ran the job to its end (local)
-
-    def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["run_dir"] = str(self.run_dir)
-        data["files"] = sorted(self.files)
-        return data
-
-
-# A run or sweep id, its directory, or a Run or Sweep.
-RunRef = Union[str, "os.PathLike[str]", Run, "Sweep"]
+from launcher.runner.inputs import items
+from launcher.runner.results import Run
+from launcher.schedulers.base import Echo
 
 
 @dataclass(frozen=True)
@@ -57,18 +32,6 @@ class Prepared:
     checkpoint_from: Any = None        # ... and checkpoint.dir
     warnings: tuple[str, ...] = ()     # what the user should know before it runs (one line each)
     after: tuple[Any, ...] = ()        # launcher.runner.dependencies.Upstream: the runs it waits for (--after)
-
-
-def items(value: str | os.PathLike | Sequence[str], key: str) -> tuple[Any, ...]:
-    """Overrides, sweeps, --after runs as given to the API: one string alone is one item
-    (overrides="resources.nodes=4"), not a sequence of its characters. ConfigError naming
-    the parameter `key` for what is neither; each item's type is its parser's to check."""
-    if isinstance(value, (str, os.PathLike)):     # a run directory (--after) is one item too
-        return (value,)
-    if isinstance(value, (bytes, bytearray, Mapping)) or not isinstance(value, Iterable):
-        raise ConfigError(f"must be a string or a list of strings, got {type(value).__name__} ({value!r:.80})",
-                          file="command line", key=key)
-    return tuple(value)
 
 
 def load(experiment: str | os.PathLike, site: str | None = None, overrides: Sequence[str] = (),
@@ -100,10 +63,9 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
     from launcher.rundir.registry import new_run_id
 
     exp, loaded_site = load(experiment, site, overrides)
-    upstreams = upstreams_of(after, loaded_site.config.scheduler, refresh=not dry_run)
+    upstreams, dependency = upstreams_of(after, loaded_site.config.scheduler, dry_run=dry_run)
     ctx = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=dict(os.environ),
-                        run_id=run_id or new_run_id(exp.config.name), runs_dir=runs_dir,
-                        dependency=dependency_clause(upstreams, loaded_site.config.scheduler))
+                        run_id=run_id or new_run_id(exp.config.name), runs_dir=runs_dir, dependency=dependency)
     plan = resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, {}))
     scheduler = schedulers.get(plan.scheduler)
     scheduler.check(plan)
@@ -116,8 +78,6 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
 def with_code_root(exp, loaded_site, ctx, found: dict):
     """ctx with the work tree the code snapshot copies (found on disk; `found` caches it
     by the folder it was looked up from)."""
-    import dataclasses
-
     from launcher.resolution.resolve import code_anchor
     from launcher.runner.gitview import locate
 
@@ -129,52 +89,16 @@ def with_code_root(exp, loaded_site, ctx, found: dict):
     return dataclasses.replace(ctx, code_root=found[anchor])
 
 
-def upstreams_of(after: Sequence[str], scheduler: str, *, refresh: bool) -> list:
-    """The runs and sweeps `--after` names, as they stand now (refreshed from their
-    scheduler unless not `refresh`); ConfigError for one that can never be waited for."""
+def upstreams_of(after: Sequence[str], scheduler: str, *, dry_run: bool) -> tuple[list, str | None]:
+    """(the runs and sweeps `--after` names, as they stand now: asked of their scheduler
+    unless `dry_run`; the job script's --dependency for them). Nothing is imported for a
+    submission that waits for none."""
     if not after:
-        return []
+        return [], None
     from launcher.runner import dependencies
 
-    upstreams = [_upstream(item, refresh) for item in dependencies.parse(items(after, "after"))]
-    dependencies.check_for(upstreams, scheduler)
-    return upstreams
-
-
-def _upstream(after, refresh: bool):
-    from launcher.runner import dependencies, sweeps
-    from launcher.rundir import registry
-    from launcher.runner.manage import refreshed, sweep_records
-
-    sweep_dir = sweeps.find_sweep(after.ref)
-    try:
-        if sweep_dir is None:
-            run_dir = registry.find_run(after.ref)
-            record = refreshed(run_dir) if refresh else registry.read(run_dir)
-            return dependencies.upstream_of_run(after, record, run_dir)
-    except (RunError, ConfigError) as exc:      # no such run (said as RUN's), or its record is damaged (its file)
-        what = exc.message if isinstance(exc, ConfigError) else str(exc)
-        raise ConfigError(f"{after}: {what}", file="command line", key=dependencies.OPTION) from None
-    sweep = sweeps.read(sweep_dir)
-    records = sweep_records(sweep_dir, refresh=refresh)
-    states = tuple(r.state if not isinstance(r, GlaunchError) else State.UNKNOWN.value for r in records.values())
-    job_ids = tuple(a.job_id for a in sweep.arrays if a.job_id)
-    if not job_ids:       # elements submitted one by one (or not at all)
-        job_ids = tuple(r.job_id for r in records.values() if not isinstance(r, GlaunchError) and r.job_id)
-    return dependencies.Upstream(after, sweep.sweep_id, sweep.scheduler, job_ids, states,
-                                 tuple(Path(e.run_dir) for e in sweep.elements))
-
-
-def dependency_clause(upstreams, scheduler: str) -> str | None:
-    if not upstreams:
-        return None
-    from launcher.runner import dependencies
-
-    return dependencies.clause(upstreams) if scheduler == "slurm" else None
-
-
-def _refresh_upstream(upstream):
-    return _upstream(upstream.after, True)
+    upstreams = dependencies.upstreams_of(after, scheduler, refresh=not dry_run)
+    return upstreams, dependencies.dependency_clause(upstreams, scheduler)
 
 
 def checkpoint_warning(exp, plan) -> str | None:
@@ -209,7 +133,8 @@ def path_sources(exp, loaded_site, runs_dir: str | None):
 def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
            echo: Echo | None = None) -> Run:
     """Write the run directory and, unless `dry_run`, hand it to the scheduler. The local
-    scheduler runs the job to its end here (rank 0's log goes to `echo`)."""
+    scheduler runs the job to its end here, shown on the console `echo` makes (none
+    without it)."""
     from launcher.runner import bundle
     from launcher.rundir import registry
 
@@ -231,13 +156,16 @@ def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
     except BaseException:
         written.remove()
         raise
-    run = Run(plan.run_id, run_dir, plan.site_name, dry_run, tuple(prepared.files), State.RENDERED.value)
+    run = Run(plan.run_id, run_dir, plan.site_name, dry_run, tuple(prepared.files), State.RENDERED.value,
+              warnings=prepared.warnings)
     if dry_run:
         return run
     if prepared.after and scheduler.runs_to_completion:
-        blocked = wait_upstreams(prepared.after, run_dir, echo)
+        from launcher.runner import dependencies
+
+        blocked = dependencies.wait_before_start(prepared.after, run_dir, echo)
         if blocked is not None:
-            return Run(plan.run_id, run_dir, plan.site_name, False, tuple(prepared.files), blocked, None, 1)
+            return dataclasses.replace(run, state=blocked, exit_code=1)
     try:
         launched = scheduler.launch(plan, run_dir, check=check, echo=echo)
     except SchedulerError:
@@ -249,27 +177,18 @@ def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
         if isinstance(exc, OSError):
             raise RunError(f"run {plan.run_id}: {exc}") from None
         raise
-    return Run(plan.run_id, run_dir, plan.site_name, False, tuple(prepared.files), launched.state,
-               launched.job_id, launched.exit_code)
+    return dataclasses.replace(run, state=launched.state, job_id=launched.job_id, exit_code=launched.exit_code,
+                               job_ids=job_ids(run_dir, launched.exit_code))
 
 
-def wait_upstreams(upstreams, run_dir: Path, echo: Echo | None) -> str | None:
-    """The local site's --after: wait until every run waited for ended. None when this run
-    may start; else its state, recorded with the reason it never starts."""
-    from launcher.runner import dependencies
+def job_ids(run_dir: Path, exit_code: int | None) -> tuple[str, ...]:
+    """The job of each start of a run the scheduler ran to its end (`exit_code` set);
+    () for one it queued."""
     from launcher.rundir import registry
 
-    ended = dependencies.wait(upstreams, _refresh_upstream, echo=echo)
-    why = dependencies.never_satisfied(ended)
-    if why is None:
-        return None
-    with registry.updating(run_dir) as record:
-        record.state = State.CANCELLED.value
-        record.reason = "never starts"
-        record.detail = why
-    if echo is not None:
-        echo(f"[glaunch] run {record.run_id} never starts: {why}\n")
-    return record.state
+    if exit_code is None:
+        return ()
+    return tuple(start.job_id for start in registry.read(run_dir).starts)
 
 
 def _nothing_queued(run_dir: Path) -> bool:
@@ -281,26 +200,6 @@ def _nothing_queued(run_dir: Path) -> bool:
         return registry.read(run_dir).job_id is None
     except GlaunchError:
         return False
-
-
-def submit(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = (),
-           dry_run: bool = False, runs_dir: str | None = None, check: bool = True,
-           echo: Echo | None = None, sweep: Sequence[str] = (), max_parallel: int | None = None,
-           after: Sequence[str] = ()) -> Run | Sweep:
-    """Resolve, render, write the run bundle and submit it (or stop there with `dry_run`).
-    With `sweep` (KEY=V1,V2,... each): a sweep of every combination (see prepare_sweep)."""
-    if sweep:
-        from launcher.runner.sweep_submission import launch_sweep, prepare_sweep
-
-        return launch_sweep(prepare_sweep(experiment, sweep, site=site, overrides=overrides, runs_dir=runs_dir,
-                                          max_parallel=max_parallel, after=after, dry_run=dry_run),
-                            dry_run=dry_run, check=check, echo=echo)
-    if max_parallel is not None:
-        raise ConfigError("--max-parallel applies to a sweep (give --sweep)", file="command line",
-                          key="--max-parallel")
-    return launch(prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir, after=after,
-                          dry_run=dry_run),
-                  dry_run=dry_run, check=check, echo=echo)
 
 
 def run(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = (),
@@ -325,5 +224,4 @@ def run(experiment: str | os.PathLike, *, site: str | None = None, overrides: Se
                           key="scheduler")
     scheduler = AllocationScheduler(allocation)
     scheduler.check(plan)
-    return launch(Prepared(plan, scheduler.render(plan), scheduler, prepared.runs_root_from,
-                           prepared.checkpoint_from, prepared.warnings), echo=echo)
+    return launch(dataclasses.replace(prepared, files=scheduler.render(plan), scheduler=scheduler), echo=echo)

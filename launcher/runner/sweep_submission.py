@@ -13,38 +13,17 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from launcher import schedulers
 from launcher.errors import ConfigError
+from launcher.runner.inputs import items
+from launcher.runner.results import Run, Sweep
 from launcher.runner.submission import (
-    Echo,
     Prepared,
-    Run,
     checkpoint_warning,
-    dependency_clause,
-    items,
     load,
     path_sources,
     upstreams_of,
-    wait_upstreams,
     with_code_root,
 )
-
-
-@dataclass(frozen=True)
-class Sweep:
-    """A submitted (or rendered) sweep: its elements are runs."""
-
-    sweep_id: str
-    sweep_dir: Path
-    site: str
-    dry_run: bool
-    runs: tuple[Run, ...]
-    arrays: tuple[dict[str, Any], ...]      # Slurm: {script, job_id, elements, error}
-    files: Mapping[str, str]                # the sweep directory's own (array scripts)
-    state: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"sweep_id": self.sweep_id, "sweep_dir": str(self.sweep_dir), "site": self.site,
-                "dry_run": self.dry_run, "state": self.state, "arrays": list(self.arrays),
-                "files": sorted(self.files), "runs": [r.to_json() for r in self.runs]}
+from launcher.schedulers.base import Echo
 
 
 @dataclass(frozen=True)
@@ -97,11 +76,10 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
     first = elements[0]
     with _naming(first):
         exp0, loaded_site = load(experiment, site, [*overrides, *first.overrides])
-    scheduler_name = loaded_site.config.scheduler
-    upstreams = upstreams_of(after, scheduler_name, refresh=not dry_run)
+    upstreams, dependency = upstreams_of(after, loaded_site.config.scheduler, dry_run=dry_run)
     sweep_id = sweeps.new_sweep_id(exp0.config.name)
     base = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=dict(os.environ), run_id=sweep_id,
-                         runs_dir=runs_dir, dependency=dependency_clause(upstreams, scheduler_name))
+                         runs_dir=runs_dir, dependency=dependency)
     # The sweep's directory is where a run with the sweep's id would go.
     with _naming(first):
         sweep_dir = Path(resolve(exp0, loaded_site, base).run_dir)
@@ -197,14 +175,22 @@ def launch_sweep(prepared: PreparedSweep, *, dry_run: bool = False, check: bool 
                 f"cannot write the sweep directory {prepared.sweep_dir}: {exc.strerror or exc}") from None
         raise
     if not dry_run:
-        if prepared.after and scheduler.runs_to_completion:
-            blocked = [wait_upstreams(prepared.after, Path(p.run_dir), echo) for p in plans]
-            if any(blocked):
-                return _sweep_result(prepared, dry_run)
+        if prepared.after and scheduler.runs_to_completion and _never_start(prepared, echo):
+            return _sweep_result(prepared, dry_run)
         batches = scheduler.launch_sweep(plans, sweep_plan, prepared.sweep_dir, max_parallel=prepared.max_parallel,
                                          check=check, echo=echo)
         sweeps.record_launch(prepared.sweep_dir, batches)
     return _sweep_result(prepared, dry_run, sweep_plan.files)
+
+
+def _never_start(prepared: PreparedSweep, echo: Echo | None) -> bool:
+    """The local site's --after, for every element: whether they never start (each one's
+    record says why)."""
+    from launcher.runner import dependencies
+
+    blocked = [dependencies.wait_before_start(prepared.after, Path(item.plan.run_dir), echo)
+               for item in prepared.prepared]
+    return any(blocked)
 
 
 def _sweep_result(prepared: PreparedSweep, dry_run: bool, files: Mapping[str, str] | None = None) -> Sweep:

@@ -10,8 +10,9 @@
                                    says which sweep and values it belongs to)
 
 The sweep id is registered in the run index beside its elements' run ids, so `glaunch
-status|logs|cancel|list SWEEP` find it; `summarize` makes its table (each element's swept
-values, state, step and result) and the summary line.
+status|logs|cancel|list SWEEP` find it; `summarize` gathers each element's swept values,
+state, step and result and the count of each state (launcher.views.sweep_text makes the
+text).
 """
 
 from __future__ import annotations
@@ -30,7 +31,6 @@ from launcher.rundir import registry
 from launcher.rundir.files import exclusive_lock, atomic_write_text, load_json_object
 from launcher.rundir.records import IN_FLIGHT, RunRecord, State
 from launcher.rundir.layout import SWEEP_FILE
-from launcher.views.status_text import printable
 from launcher.runner.status import progress
 
 LOCK_FILE = ".sweep.lock"
@@ -278,57 +278,6 @@ def summarize(sweep_dir: Path, records: Mapping[str, RunRecord | GlaunchError],
             "state": sweep_state(states) if states else "EMPTY", "counts": counts,
             "axes": sweep.axes, "max_parallel": sweep.max_parallel, "after": sweep.after,
             "arrays": [a.__dict__ for a in sweep.arrays], "elements": rows}
-
-
-def summary_line(summary: Mapping[str, Any]) -> str:
-    counts = summary.get("counts") or {}
-    parts = ", ".join(f"{n} {state}" for state, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
-    return f"{len(summary['elements'])} element(s): {parts or 'none readable'}"
-
-
-def format_table(summary: Mapping[str, Any]) -> list[str]:
-    """One line per element: index, swept values, state, step, result."""
-    p = printable
-    keys = [a.get("key") for a in summary.get("axes") or []]
-    header = ["#", *[str(k) for k in keys], "STATE", "STEP", "RESULT", "RUN"]
-    rows = []
-    for row in summary["elements"]:
-        result = row.get("result") or {}
-        shown = ""
-        if result:
-            loss = result.get("final_loss")
-            shown = (f"loss {loss:.4g}" if isinstance(loss, (int, float)) and not isinstance(loss, bool)
-                     else f"loss {loss}" if loss in ("NaN", "Infinity", "-Infinity") else "")   # named by json_safe
-            if result.get("param_sha256"):
-                shown = (shown + " " if shown else "") + f"sha {str(result['param_sha256'])[:12]}"
-        state = row.get("state") or "?"
-        if row.get("error"):
-            state, shown = "UNREADABLE", row["error"]
-        elif row.get("pending_reason") and state == State.PENDING.value:
-            state = f"PENDING ({row['pending_reason']})"
-        rows.append([str(row["index"]), *[p(row["params"].get(k, "")) for k in keys], p(state),
-                     "" if row.get("step") is None else str(row["step"]), p(shown), p(row["run_id"])])
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    return ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in [header, *rows]]
-
-
-def format_status(summary: Mapping[str, Any]) -> str:
-    p = printable
-    lines = [f"sweep {p(summary['sweep_id'])}: {p(summary['state'])} (site {p(summary['site'])})",
-             f"  {p(summary['sweep_dir'])}"]
-    for array in summary.get("arrays") or []:
-        if array.get("script"):
-            what = f"job {array['job_id']}" if array.get("job_id") else "not submitted"
-            lines.append(f"  {array['script']}: {what}, {len(array['elements'])} task(s)"
-                         + (f": {p(array['error'])}" if array.get("error") else ""))
-    if summary.get("after"):
-        lines.append(f"  after: {', '.join(p(a) for a in summary['after'])}")
-    lines += ["  " + line for line in format_table(summary)]
-    for row in summary["elements"]:
-        if row.get("detail") and row.get("state") not in (State.COMPLETED.value, None):
-            lines.append(f"  element {row['index']}: {p(row['detail'])}")
-    lines.append(summary_line(summary))
-    return "\n".join(lines)
 
 
 def element_records(sweep_dir: Path, refresh: Callable[[list[tuple[Path, RunRecord]]], list[RunRecord]]

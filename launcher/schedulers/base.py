@@ -6,6 +6,10 @@ what it can run (`check`, pure), makes sure it can be reached (`require`), start
 written run directory (`launch`), folds its own view of a run into run.json (`refresh`)
 and cancels a run (`cancel`). A sweep's elements are submitted as it says
 (`plan_sweep`: Slurm makes job arrays of them) and started together (`launch_sweep`).
+
+One that runs a job to its end (`runs_to_completion`) reports it while it runs to a
+`RunConsole`; the caller says how to make one (`Echo`), so that what the user sees is
+decided above the schedulers (launcher.views.console).
 """
 
 from __future__ import annotations
@@ -13,13 +17,57 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar, Mapping, Sequence
+from typing import Callable, ClassVar, Mapping, Protocol, Sequence
 
 from launcher.rendering.render import JobShell, render
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir.records import RunRecord
 
-Echo = Callable[[str], None]
+
+class RunConsole(Protocol):
+    """What follows a run for its user while it runs: each fresh run.json (`observe`), a
+    call a few times a second (`pump`: its logs and status grew), a line of glaunch's own
+    (`event`), the end (`finish`), and `clear` before other output."""
+
+    def observe(self, record: RunRecord) -> None: ...
+
+    def pump(self) -> None: ...
+
+    def event(self, text: str) -> None: ...
+
+    def finish(self, record: RunRecord) -> None: ...
+
+    def clear(self) -> None: ...
+
+
+class Silent:
+    """A RunConsole that shows nothing."""
+
+    def observe(self, record: RunRecord) -> None:
+        pass
+
+    def pump(self) -> None:
+        pass
+
+    def event(self, text: str) -> None:
+        pass
+
+    def finish(self, record: RunRecord) -> None:
+        pass
+
+    def clear(self) -> None:
+        pass
+
+
+# How a run is shown while it runs: called with the run directory once the run's files are
+# written, it makes the console that follows that run.
+Echo = Callable[[Path], RunConsole]
+
+
+def console_of(echo: Echo | None, run_dir: Path) -> RunConsole:
+    """The console `echo` makes for the run in `run_dir`; without `echo`, one that shows
+    nothing."""
+    return echo(run_dir) if echo is not None else Silent()
 
 
 @dataclass(frozen=True)
@@ -80,7 +128,8 @@ class Scheduler(ABC):
 
     @abstractmethod
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
-        """Start the run whose bundle is written in `run_dir`."""
+        """Start the run whose bundle is written in `run_dir`; one that runs it to its end
+        reports to the console `echo` makes."""
 
     def refresh(self, run_dir: Path, record: RunRecord) -> RunRecord:
         """The run's record with the scheduler's view folded in (written back if changed)."""

@@ -35,7 +35,7 @@ from launcher.runner.goodput import epoch, number, step_of
 from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.rundir.records import RunRecord, StartRecord, State, is_terminal
 from launcher.runner.logs import LogFollower, read_tail
-from launcher.views.status_text import duration, printable
+from launcher.views.text import duration, printable
 from launcher.runner.status import resolved_values
 
 PLAIN_STATUS_S = 60.0

@@ -1,40 +1,13 @@
-"""The text `glaunch status` prints from a run's summary (launcher.runner.status.summarize),
-and the helpers every printed value goes through."""
+"""The text `glaunch status` prints from a run's summary (launcher.runner.status.summarize)
+or a sweep's (launcher.runner.sweeps.summarize)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any, Mapping
 
-from launcher.runner.goodput import number, step_of
-
-
-def as_mapping(value: Any) -> dict[str, Any]:
-    """`value` when it is a JSON object, else {} (records may hold anything)."""
-    return value if isinstance(value, dict) else {}
-
-
-# Records may hold anything a hand or a rank wrote: text printed from them never carries
-# control characters to the terminal (an escape sequence could rewrite what was shown).
-_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def printable(value: Any, *, lines: bool = False) -> str:
-    """`value` as text safe for a terminal; with `lines`, its line breaks are kept."""
-    text = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
-    return text if lines else text.replace("\n", "\\n")
-
-
-def duration(seconds: Any) -> str:
-    """4.1 s, 3m10s, 2h05m."""
-    value = number(seconds)
-    if value is None:
-        return "?"
-    if value < 60:
-        return f"{value:.1f} s"
-    if value < 3600:
-        return f"{int(value // 60)}m{int(value % 60):02d}s"
-    return f"{int(value // 3600)}h{int(value % 3600 // 60):02d}m"
+from launcher.runner.goodput import as_mapping, number, step_of
+from launcher.views.sweep_text import format_sweep
+from launcher.views.text import duration, printable
 
 
 def _gb(value: Any) -> str:
@@ -206,7 +179,10 @@ def _job_lines(summary: Mapping[str, Any]) -> dict[int, list[str]]:
     return heads
 
 
-def format_status(summary: dict[str, Any]) -> str:
+def format_status(summary: Mapping[str, Any]) -> str:
+    """The text of a run's summary, or of a sweep's."""
+    if "sweep_id" in summary:
+        return format_sweep(summary)
     p = printable
     resumed = len([r for r in summary.get("resumes") or [] if isinstance(r, dict)])
     lines = [f"run {p(summary['run_id'])}: {p(summary['state'])} (site {p(summary['site'])}, "
@@ -215,35 +191,13 @@ def format_status(summary: dict[str, Any]) -> str:
     if summary.get("accounting") is False:
         lines.append("  (no Slurm accounting here: states come from squeue only)")
     lines += _origin_lines(summary)
-    heads = _job_lines(summary)
-    for index, start in enumerate(summary["starts"]):
-        lines += heads.pop(index, [])
-        lines.append(f"  start {start['restart']}: job {start['job_id']} {p(start['state'])}"
-                     + (f" reason={p(start['reason'])}" if start.get("reason") else "")
-                     + (f" resumed_from={start['resumed_from']}" if start.get("resumed_from") is not None else "")
-                     + (f" stopped_at={start['stopped_at']}" if start.get("stopped_at") is not None else "")
-                     + p(_measured(start)))
-        lines += _failure_lines(start)
-    for index in sorted(heads):        # resumes whose job has no start yet
-        lines += heads[index]
+    lines += _start_lines(summary)
     if summary.get("excluded_nodes"):
         lines.append("  excluded nodes: " + p(", ".join(summary["excluded_nodes"])))
     if summary.get("reason") or summary.get("detail"):
         lines.append("  reason: " + p("; ".join(x for x in (summary.get("reason"), summary.get("detail")) if x)))
-    live = summary.get("progress")
-    if isinstance(live, dict):
-        total = f"/{live['total']}" if live.get("total") else ""
-        line = f"  progress: step {live['step']}{total}"
-        if number(live.get("step_s")):
-            line += f", {1 / live['step_s']:.3g} steps/s"
-        if live.get("age_s") is not None:
-            line += f", last step {duration(live['age_s'])} ago"
-        silent = live.get("silent") or []
-        if silent:
-            line += f"; {len(silent)} rank(s) silent: " + ", ".join(
-                f"rank {s['rank']} ({p(s.get('node'))}) at step {s['step']} for {duration(s['for_s'])}"
-                for s in silent[:8]) + (" ..." if len(silent) > 8 else "")
-        lines.append(line)
+    if isinstance(summary.get("progress"), dict):
+        lines.append(_progress_line(summary["progress"]))
     if isinstance(summary.get("memory"), dict):
         lines.append(_memory_line(summary["memory"]))
     for gpu in summary.get("gpu") or []:
@@ -261,3 +215,39 @@ def format_status(summary: dict[str, Any]) -> str:
     if summary.get("result_error"):
         lines.append(f"  result: unreadable: {p(summary['result_error'])}")
     return "\n".join(lines)
+
+
+def _start_lines(summary: Mapping[str, Any]) -> list[str]:
+    """Each start (a requeue is one more) with what ended it and what its ranks measured,
+    each job of a resumed run opened by its resume."""
+    p = printable
+    lines = []
+    heads = _job_lines(summary)
+    for index, start in enumerate(summary["starts"]):
+        lines += heads.pop(index, [])
+        lines.append(f"  start {start['restart']}: job {start['job_id']} {p(start['state'])}"
+                     + (f" reason={p(start['reason'])}" if start.get("reason") else "")
+                     + (f" resumed_from={start['resumed_from']}" if start.get("resumed_from") is not None else "")
+                     + (f" stopped_at={start['stopped_at']}" if start.get("stopped_at") is not None else "")
+                     + p(_measured(start)))
+        lines += _failure_lines(start)
+    for index in sorted(heads):        # resumes whose job has no start yet
+        lines += heads[index]
+    return lines
+
+
+def _progress_line(live: Mapping[str, Any]) -> str:
+    """The running start's step, rate, when it last stepped, and the ranks gone silent."""
+    p = printable
+    total = f"/{live['total']}" if live.get("total") else ""
+    line = f"  progress: step {live['step']}{total}"
+    if number(live.get("step_s")):
+        line += f", {1 / live['step_s']:.3g} steps/s"
+    if live.get("age_s") is not None:
+        line += f", last step {duration(live['age_s'])} ago"
+    silent = live.get("silent") or []
+    if silent:
+        line += f"; {len(silent)} rank(s) silent: " + ", ".join(
+            f"rank {s['rank']} ({p(s.get('node'))}) at step {s['step']} for {duration(s['for_s'])}"
+            for s in silent[:8]) + (" ..." if len(silent) > 8 else "")
+    return line

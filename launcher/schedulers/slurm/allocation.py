@@ -10,7 +10,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +21,7 @@ from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import registry
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord, State
-from launcher.schedulers.base import Echo, Launched
+from launcher.schedulers.base import Echo, Launched, RunConsole, console_of
 from launcher.schedulers.slurm.scheduler import SlurmScheduler, inside_allocation
 from launcher.schedulers.slurm.submit import dump_task, submitted_pickle
 
@@ -80,7 +79,6 @@ class AllocationScheduler(SlurmScheduler):
                                    launch_context=dict(batch.launch_context, requeue_job=None))
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
-        from launcher.views.console import Console
         from launcher.runtime.telemetry import iso
 
         job_id = self.allocation.job_id
@@ -92,7 +90,7 @@ class AllocationScheduler(SlurmScheduler):
             record.requeue_max = record.crash_retries = 0      # nothing requeues an allocation
             record.extra["allocation"] = {"job_id": job_id, "nodes": self.allocation.nodelist}
             record.starts.append(registry.new_start(job_id, 0, started=iso(time.time()), state=State.RUNNING.value))
-        console = echo if isinstance(echo, Console) else Console(run_dir, echo or _stdout, live=False)
+        console = console_of(echo, run_dir)
         console.observe(record)
         # The caller's environment as it is: srun needs the allocation's SLURM_* variables.
         env = dict(os.environ, SLURM_TIME_FORMAT="standard")
@@ -138,7 +136,7 @@ def _fewest_cpus(text: str) -> int | None:
     return min(counts) if counts and len(counts) == text.count(",") + 1 else None
 
 
-def _interrupt(bash_pid: int, count: int, console) -> None:
+def _interrupt(bash_pid: int, count: int, console: RunConsole) -> None:
     """Ctrl-C in `glaunch run`: the first asks the ranks to stop as before a time limit
     (the warning signal to srun, which passes it on to every task: they save a checkpoint
     and exit, and the script records the start; srun would end the step at once on
@@ -158,8 +156,3 @@ def _interrupt(bash_pid: int, count: int, console) -> None:
             os.killpg(bash_pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-
-
-def _stdout(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()

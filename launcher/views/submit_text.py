@@ -1,0 +1,62 @@
+"""What `glaunch submit`, `resume` and `run` print about what they wrote and started (the
+console of a run followed to its end is launcher.views.console's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launcher.runner.results import Run, StateChange, Sweep
+
+
+def running_here(plan: Any) -> str:
+    """The first line of a run on this machine (`plan`: its JobPlan)."""
+    return f"run {plan.run_id}: running on this machine ({plan.world_size} ranks); {plan.run_dir}"
+
+
+def dry_run(run: Run, job_script: str) -> str:
+    return f"run directory: {run.run_dir}\n--- job.sbatch ---\n{job_script}"
+
+
+def started(run: Run, action: str = "submitted") -> str:
+    """`action`: submitted, resumed as."""
+    return f"run {run.run_id}: {action} job {run.job_id}\nrun directory: {run.run_dir}"
+
+
+def ended_here(run: Run) -> str:
+    """A run `glaunch run` followed to its end."""
+    return f"run {run.run_id}: {run.state}\nrun directory: {run.run_dir}"
+
+
+def sweep_running_here(prepared: Any) -> str:
+    """The first line of a sweep on this machine (`prepared`: its PreparedSweep)."""
+    return (f"sweep {prepared.sweep_id}: {len(prepared.elements)} runs on this machine, "
+            f"{prepared.max_parallel or 1} at a time; {prepared.sweep_dir}")
+
+
+def sweep_dry_run(sweep: Sweep, first_job_script: str) -> str:
+    """The sweep directory, how its elements would be submitted, and the first array's
+    script (else the first element's job.sbatch, `first_job_script`)."""
+    arrays = [a for a in sweep.arrays if a.get("script")]
+    count = len(sweep.runs)
+    how = f"{count} element(s) in {len(arrays)} job array(s)" if arrays else f"{count} element(s), run one by one"
+    name, text = ((arrays[0]["script"], sweep.files[arrays[0]["script"]]) if arrays
+                  else ("job.sbatch (element 0)", first_job_script))
+    return f"sweep directory: {sweep.sweep_dir}\n{how}\n--- {name} ---\n{text}"
+
+
+def sweep_started(sweep: Sweep) -> str:
+    """Each submission of a sweep (a Slurm job array): its job or why it was not submitted."""
+    lines = [f"sweep {sweep.sweep_id}: {len(sweep.runs)} element(s)"]
+    for array in sweep.arrays:
+        what = f"job array {array['job_id']}" if array.get("job_id") else "not submitted"
+        lines.append(f"  {array.get('script')}: {what}, {len(array['elements'])} task(s)"
+                     + (f" ({array['error']})" if array.get("error") else ""))
+    lines.append(f"sweep directory: {sweep.sweep_dir}")
+    return "\n".join(lines)
+
+
+def state_line(change: StateChange) -> str:
+    """A change of state while `--wait` follows a run or sweep."""
+    if change.sweep:
+        return f"[glaunch] element {change.element} (job {change.job_id}): {change.state}"
+    return f"[glaunch] job {change.job_id}: {change.state}"
