@@ -6,12 +6,10 @@ refused or could not be reached; 130 interrupted (Ctrl-C)."""
 
 from __future__ import annotations
 
-import atexit
 import errno
 import json
 import os
 import sys
-import threading
 
 import click
 
@@ -30,42 +28,39 @@ _NO_ARGS_IS_HELP = getattr(click.exceptions, "NoArgsIsHelpError", ())     # clic
 
 
 def run() -> None:
-    """The console script: `main`, then the process ends without tearing down every module
-    it imported (a tenth of a dry run's time). Exit handlers run and output is flushed
-    first; while a thread of this process still works, or a profiler or tracer watches it,
-    it ends the usual way."""
+    """The console script: `main`, then its output flushed here, so that output that cannot
+    be written (a full disk, a reader gone) is one line and exit 1, not a traceback at exit."""
     try:
         main()
         code: int | str | None = 0
     except SystemExit as exc:
         code = exc.code
     except OSError as exc:
-        # Output that cannot be written (a full disk, a reader gone): said in one line.
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EPIPE):
             raise
         if exc.errno != errno.EPIPE:
             _cannot_write(exc)
         code = 1
-    if sys.getprofile() or sys.gettrace() or any(
-            t.is_alive() and not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
-        sys.exit(code)
-    try:
-        atexit._run_exitfuncs()
-        if code is not None and not isinstance(code, int):
-            if sys.stderr is not None:
-                print(code, file=sys.stderr)
-            code = 1
-        for stream in (sys.stdout, sys.stderr):
+    sys.exit(_flush_output(code))
+
+
+def _flush_output(code: int | str | None) -> int | str | None:
+    """Flush stdout and stderr; one that cannot take it is pointed at /dev/null, so that the
+    interpreter's own flush at exit has nothing left to complain about."""
+    for stream in (sys.stdout, sys.stderr):
+        if stream is None:          # the process was started with it closed
+            continue
+        try:
+            stream.flush()
+        except (OSError, ValueError) as exc:
+            code = code or 1
+            if stream is sys.stdout and isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError):
+                _cannot_write(exc)
             try:
-                if stream is not None:          # None: the process was started with it closed
-                    stream.flush()
-            except (OSError, ValueError) as exc:    # a reader that went away, a full disk
-                code = code or 1
-                if stream is sys.stdout and isinstance(exc, OSError) and not isinstance(exc, BrokenPipeError):
-                    _cannot_write(exc)
-    except KeyboardInterrupt:
-        code = INTERRUPTED
-    os._exit(code or 0)
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+            except (OSError, ValueError):
+                pass
+    return code
 
 
 def _cannot_write(exc: OSError) -> None:
