@@ -34,13 +34,18 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence, overload
 
+from launcher.config.schema import NAME_PATTERN
+from launcher.config.sites import load_site, site_search_path
 from launcher.errors import ConfigError
+from launcher.resolution.strategy import plan_for
 from launcher.runner import manage, submission
 from launcher.runner.results import Run, RunRef, Sweep
 from launcher.runner.resume import PreparedResume, launch_resume, prepare_resume
 from launcher.runner.submission import Prepared
 from launcher.runner.sweep_submission import PreparedSweep, launch_sweep, prepare_sweep
 from launcher.schedulers.base import Echo
+from launcher.schedulers.cluster.check import check_site as check_against_cluster
+from launcher.schedulers.cluster.detect import query_cluster
 from launcher.views.console import Console
 from launcher.views.submit_text import state_line
 
@@ -173,7 +178,6 @@ def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
 
 def plan(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = ()):
     """The planner's result (launcher.resolution.planner.PlanResult) for the experiment on the site."""
-    from launcher.resolution.strategy import plan_for
 
     exp, loaded_site = submission.load(experiment, site, overrides)
     return plan_for(exp, loaded_site)
@@ -187,7 +191,6 @@ def sites(site: str | os.PathLike | None = None) -> dict[str, Any]:
     one."""
     if site is None:
         return _profiles()
-    from launcher.config.sites import load_site
 
     loaded = load_site(site, Path.cwd(), os.environ, key="SITE")
     rows = []
@@ -199,8 +202,6 @@ def sites(site: str | os.PathLike | None = None) -> dict[str, Any]:
 
 
 def _profiles() -> dict[str, Any]:
-    from launcher.config.sites import site_search_path
-
     seen: dict[str, str] = {}
     shadowed = []
     for directory in site_search_path(Path.cwd(), os.environ):
@@ -228,9 +229,6 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def check_site(site: str):
     """The profile against the live cluster: a CheckReport (launcher.schedulers.cluster.check)
     with the fatal differences and the warnings, each in profile terms."""
-    from launcher.config.sites import load_site
-    from launcher.schedulers.cluster.check import check_site as check
-
     loaded = load_site(site, Path.cwd(), os.environ, key="SITE")
     if loaded.config.scheduler != "slurm":
         # A local profile describes this machine: a Slurm cluster's partitions say nothing about it.
@@ -238,7 +236,7 @@ def check_site(site: str):
         raise ConfigError(f"site {loaded.config.name!r} runs jobs on this machine (scheduler: "
                           f"{loaded.config.scheduler}): there is no Slurm cluster to check it against",
                           file=origin.file if origin.line else str(loaded.path), line=origin.line, key="scheduler")
-    return check(loaded.config)
+    return check_against_cluster(loaded.config)
 
 
 def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool = False
@@ -246,8 +244,6 @@ def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool =
     """(profile name, profile text, the file written) for the Slurm cluster this machine
     submits to. With `write_to` (a file; True: ./site_configs/NAME.yaml) the profile is
     written there, never over a file that exists (ConfigError naming --output)."""
-    from launcher.config.schema import NAME_PATTERN
-    from launcher.schedulers.cluster.detect import query_cluster
 
     if name is not None and not NAME_PATTERN.fullmatch(name):
         raise ConfigError(f"{name!r}: use letters, digits, '.', '_' and '-'", key="--name")

@@ -13,11 +13,11 @@ from typing import Mapping
 
 from launcher.errors import ConfigError, GlaunchError
 from launcher.resolution.jobplan import JobPlan
-from launcher.runner import provenance, snapshot
 from launcher.rundir import registry
 from launcher.rundir.files import directory_problem
 from launcher.rundir.layout import CODE_DIR, CODE_PATCH, JOB_SCRIPT
 from launcher.rundir.records import RunRecord, State
+from launcher.runner import provenance, snapshot
 
 EXECUTABLE = {JOB_SCRIPT}
 

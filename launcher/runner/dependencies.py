@@ -15,13 +15,15 @@ On the local site (no queue) the run waits, polling, until every run it depends 
 from __future__ import annotations
 
 import time
-from os import PathLike, fspath
 from dataclasses import dataclass
+from os import PathLike, fspath
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from launcher.errors import ConfigError, GlaunchError, RunError
+from launcher.rundir import registry
 from launcher.rundir.records import TERMINAL, RunRecord, State
+from launcher.runner import lookup, sweeps
 from launcher.runner.inputs import items
 
 if TYPE_CHECKING:
@@ -169,8 +171,6 @@ def upstreams_of(after: Sequence[str], scheduler: str, *, refresh: bool) -> list
 def upstream(after: After, refresh: bool) -> Upstream:
     """The run or sweep `after` names as it stands now; ConfigError naming OPTION when
     there is none or its record is damaged."""
-    from launcher.rundir import registry
-    from launcher.runner import lookup, sweeps
 
     sweep_dir = lookup.find_sweep(after.ref)
     try:
@@ -202,7 +202,6 @@ def wait_before_start(upstreams: Sequence[Upstream], run_dir: Path, echo: Echo |
     """The local site's --after: wait until every run waited for ended. None when this run
     may start; else its state, recorded with the reason it never starts. The console
     `echo` makes for the run is told what it waits for."""
-    from launcher.rundir import registry
 
     say = echo(run_dir).event if echo is not None else None
     ended = wait(upstreams, lambda up: upstream(up.after, True), say=say)

@@ -9,7 +9,9 @@ from typing import Any
 
 from launcher import schedulers
 from launcher.errors import ConfigError, GlaunchError
+from launcher.rundir import registry
 from launcher.rundir.records import RunRecord
+from launcher.rundir.registry import find_run
 from launcher.runner import sweeps
 from launcher.runner.results import Run, RunRef, Sweep
 
@@ -24,8 +26,6 @@ def find_sweep(ref: Any) -> Path | None:
 
 
 def run_dir_of(run: RunRef) -> Path:
-    from launcher.rundir.registry import find_run
-
     if isinstance(run, Run):
         return run.run_dir
     if isinstance(run, Sweep):
@@ -35,7 +35,6 @@ def run_dir_of(run: RunRef) -> Path:
 
 def refreshed(run_dir: Path) -> RunRecord:
     """run.json with the scheduler's current view folded in."""
-    from launcher.rundir import registry
 
     record = registry.read(run_dir)
     if record.scheduler in schedulers.NAMES and not record.dry_run:

@@ -10,11 +10,16 @@ from typing import Any, Callable
 
 from launcher import schedulers
 from launcher.errors import ConfigError, GlaunchError, SchedulerError
+from launcher.rundir import registry
+from launcher.rundir.files import json_safe
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord, State, is_terminal
 from launcher.runner import sweeps
+from launcher.runner.logs import Lines, LogFollower, RankLogs
 from launcher.runner.lookup import find_sweep, refreshed, run_dir_of, sweep_records
+from launcher.runner.recent import recent
 from launcher.runner.results import RunRef, StateChange
+from launcher.runner.status import summarize
 from launcher.schedulers.base import Echo, RunConsole
 
 FOLLOW_POLL_S = 2.0
@@ -27,8 +32,6 @@ OnState = Callable[[StateChange], None]
 def status(run: RunRef) -> dict[str, Any]:
     """What `glaunch status RUN --json` prints. For a sweep: its elements' table (each one's
     swept values, state, step, result), its arrays and the counts of each state."""
-    from launcher.rundir.files import json_safe
-    from launcher.runner.status import summarize
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
@@ -62,15 +65,11 @@ class _Rank0Log:
     """Rank 0's log of each job of a run as it grows, as whole lines to `on_line`."""
 
     def __init__(self, run_dir: Path, on_line: Text) -> None:
-        from launcher.runner.logs import Lines, LogFollower
-
         self.run_dir, self.on_line = RunDir(run_dir), on_line
         self.followers: dict[str, LogFollower] = {}
         self.lines: dict[str, Lines] = {}
 
     def poll(self, job_id: str | None) -> None:
-        from launcher.runner.logs import Lines, LogFollower
-
         if job_id and job_id not in self.followers:
             self.lines[job_id] = Lines(self.on_line)
             self.followers[job_id] = LogFollower(self.run_dir.task_log(job_id, 0), self.lines[job_id])
@@ -146,7 +145,6 @@ def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,
          echo: Text = print, poll_s: float = 1.0) -> None:
     """Per-rank logs of the run with a rank prefix, across requeues; with `follow`, until it
     ends. A sweep's: every element's, `[ELEMENT]` before the rank."""
-    from launcher.runner.logs import RankLogs
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
@@ -180,7 +178,6 @@ def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,
 def cancel(run: RunRef) -> str:
     """Cancel the run's job; a sentence saying what was done. A sweep's: every element's
     (on Slurm, its array jobs, with one scancel)."""
-    from launcher.rundir import registry
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
@@ -206,7 +203,6 @@ def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
     its elements are not listed). A run whose record is damaged, and bad lines of the run
     index, come as rows with `error` (the file and what is wrong) instead of stopping the
     listing. With `sweep` (its id or directory): its elements' rows, as `status` has them."""
-    from launcher.runner.recent import recent
 
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ConfigError(f"how many runs to list: 1 or more, got {limit!r}", file="command line", key="-n")

@@ -29,7 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from launcher import schedulers
+from launcher.config.load import experiment_from_data
+from launcher.config.sites import site_from_layers
+from launcher.config.typed import NULLS
+from launcher.config.yamlfile import Scalar, read_yaml
 from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
+from launcher.resolution.jobplan import CodeRoot, SubmitContext
+from launcher.resolution.resolve import resolve
+from launcher.rundir import registry
 from launcher.rundir.layout import (
     CRASH_FILE,
     DS_CONFIG_FILE,
@@ -44,9 +52,12 @@ from launcher.rundir.layout import (
     RunDir,
 )
 from launcher.rundir.records import IN_FLIGHT, RunRecord, State
+from launcher.runner import bundle
 from launcher.runner.inputs import items
+from launcher.runner.lookup import find_sweep, refreshed, run_dir_of
 from launcher.runner.results import Run, RunRef
 from launcher.runner.submission import job_ids
+from launcher.runtime.checkpoint.resume import latest_complete
 from launcher.schedulers.base import Echo
 
 # Moved to resumes/N/: the previous submission's files, and the files a start leaves for
@@ -87,10 +98,6 @@ def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool 
     """Read the run, refuse it unless it ended, resolve its recorded configuration with
     `overrides` and render it. Nothing written; the scheduler is asked for the run's
     state unless `dry_run`."""
-    from launcher import schedulers
-    from launcher.resolution.resolve import resolve
-    from launcher.rundir import registry
-    from launcher.runner.lookup import find_sweep, refreshed, run_dir_of
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
@@ -126,7 +133,6 @@ def refuse_unless_ended(record: RunRecord) -> None:
 
 def _warnings(plan, record: RunRecord) -> tuple[str, ...]:
     """What the user should know before it starts: no checkpoint to continue from."""
-    from launcher.runtime.checkpoint.resume import latest_complete  # the standard library only
 
     if latest_complete(plan.checkpoint_dir, verify="size", quiet=True) is None:
         return (f"run {record.run_id}: no complete checkpoint in {plan.checkpoint_dir}: the resumed run starts "
@@ -144,8 +150,6 @@ class RecordedConfig:
 
     @classmethod
     def read(cls, run_dir: Path) -> RecordedConfig:
-        from launcher.config.yamlfile import read_yaml
-
         path = Path(run_dir) / RESOLVED_FILE
         doc = read_yaml(path)
         for key in ("experiment", "site", "derived"):
@@ -156,8 +160,6 @@ class RecordedConfig:
 
     def text(self, dotted: str) -> str | None:
         """A scalar of the document by dotted key (None when absent or null)."""
-        from launcher.config.typed import NULLS
-        from launcher.config.yamlfile import Scalar
 
         value: Any = self.doc.data
         for part in dotted.split("."):
@@ -169,8 +171,6 @@ class RecordedConfig:
     def load(self, overrides: tuple[str, ...]):
         """(LoadedExperiment, LoadedSite) of the recorded sections, `overrides` on the
         experiment's; checked as loading an experiment and a profile checks them."""
-        from launcher.config.load import experiment_from_data
-        from launcher.config.sites import site_from_layers
 
         doc = self.doc
         # Relative paths (entrypoint.script) are taken from the experiment file's folder, as at submit.
@@ -185,7 +185,6 @@ class RecordedConfig:
     def context(self, exp, site):
         """The submission's context again: its working directory and run directory, the
         code snapshot it took; no sweep (an element resumes as a job of its own)."""
-        from launcher.resolution.jobplan import CodeRoot, SubmitContext
 
         workdir = self.text("derived.workdir") or os.getcwd()
         run_dir = self.text("derived.run_dir") or str(self.path.parent)
@@ -259,8 +258,6 @@ def _switch_bundle(prepared: PreparedResume) -> RunRecord:
     """Under the run's lock: the run still ended, the previous files moved to resumes/N/,
     the new ones written, run.json's resume entry appended. On failure everything moves
     back and run.json is unchanged."""
-    from launcher.runner import bundle
-    from launcher.rundir import registry
 
     run_dir = prepared.run_dir
     with registry.updating(run_dir) as record:
@@ -308,7 +305,6 @@ def _undo(run_dir: Path, aside: Path, moved: list[str], written: list[str]) -> N
 def _record_resume(record: RunRecord, prepared: PreparedResume, number: int, aside: Path) -> None:
     """run.json: the resume entry, the new shape, the state back to SUBMITTING; the keys
     about the previous job go into the entry (its scheduler writes them afresh)."""
-    from launcher.rundir import registry
 
     plan = prepared.plan
     ended: dict[str, Any] = {"state": str(record.state), "reason": record.reason, "detail": record.detail,

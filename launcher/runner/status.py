@@ -11,12 +11,21 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+import yaml
+
+from launcher.config import schema
+from launcher.config.load import LoadedExperiment
+from launcher.config.provenance import Provenance
+from launcher.config.sites import LoadedSite
+from launcher.config.typed import typed_config
+from launcher.config.yamlfile import read_yaml
 from launcher.errors import GlaunchError
-from launcher.runner import goodput
-from launcher.rundir.files import load_json_object, read_text
-from launcher.runner.goodput import as_mapping, number, step_of
-from launcher.rundir.records import IN_FLIGHT, RunRecord
+from launcher.resolution.strategy import plan_for
+from launcher.rundir.files import load_json_object, open_regular, read_text
 from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.rundir.records import IN_FLIGHT, RunRecord
+from launcher.runner import goodput
+from launcher.runner.goodput import as_mapping, number, step_of
 
 # The most of a GPU samples file status reads (its end: the newest samples).
 GPU_SAMPLES_READ = 1 << 20
@@ -105,7 +114,6 @@ def _dig(data: Any, *keys: str) -> Any:
 
 def resolved_values(run_dir: Path) -> dict[str, Any]:
     """resolved.yaml as plain values; {} when it is missing or unreadable."""
-    import yaml
 
     try:
         data = yaml.safe_load(read_text(RunDir(run_dir).path / "resolved.yaml"))
@@ -208,13 +216,6 @@ def planned_memory(run_dir: Path, resolved: Mapping[str, Any]) -> dict[str, Any]
     name = planner_strategy(derived, experiment)
     if name is None:
         return None
-    from launcher.config import schema
-    from launcher.config.load import LoadedExperiment
-    from launcher.config.sites import LoadedSite
-    from launcher.config.provenance import Provenance
-    from launcher.config.typed import typed_config
-    from launcher.config.yamlfile import read_yaml
-    from launcher.resolution.strategy import plan_for
 
     path = RunDir(run_dir).path / "resolved.yaml"
     try:
@@ -284,8 +285,6 @@ def gpu_report(run_dir: Path) -> list[dict[str, Any]] | None:
 
 
 def _tail(path: Path) -> str:
-    from launcher.rundir.files import open_regular
-
     fd = open_regular(path)
     with os.fdopen(fd, "rb") as f:
         f.seek(-GPU_SAMPLES_READ, os.SEEK_END)

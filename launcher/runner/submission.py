@@ -14,11 +14,22 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from launcher import schedulers
+from launcher.config.load import load_experiment
+from launcher.config.provenance import Origin
+from launcher.config.sites import load_site
 from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
+from launcher.resolution.jobplan import SubmitContext
+from launcher.resolution.resolve import code_anchor, resolve
+from launcher.rundir import registry
 from launcher.rundir.records import State
+from launcher.rundir.registry import new_run_id
+from launcher.runner import bundle, dependencies
+from launcher.runner.bundle import PathSource
+from launcher.runner.gitview import locate
 from launcher.runner.inputs import items
 from launcher.runner.results import Run
 from launcher.schedulers.base import Echo
+from launcher.schedulers.slurm.allocation import Allocation, AllocationScheduler
 
 
 @dataclass(frozen=True)
@@ -38,9 +49,6 @@ def load(experiment: str | os.PathLike, site: str | None = None, overrides: Sequ
          *, cwd: Path | None = None, environ: Mapping[str, str] | None = None):
     """(LoadedExperiment, LoadedSite): the experiment's own `site:` unless `site` is given,
     else the local site."""
-    from launcher.config.load import load_experiment
-    from launcher.config.sites import load_site
-    from launcher.config.provenance import Origin
 
     cwd = cwd or Path.cwd()
     environ = os.environ if environ is None else environ
@@ -58,9 +66,6 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
     """Load, resolve and render: every check that needs no scheduler; nothing written.
     `after` (RUN[:ok|any]): runs or sweeps to wait for; their state is asked of the
     scheduler unless `dry_run`."""
-    from launcher.resolution.jobplan import SubmitContext
-    from launcher.resolution.resolve import resolve
-    from launcher.rundir.registry import new_run_id
 
     exp, loaded_site = load(experiment, site, overrides)
     upstreams, dependency = upstreams_of(after, loaded_site.config.scheduler, dry_run=dry_run)
@@ -78,8 +83,6 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
 def with_code_root(exp, loaded_site, ctx, found: dict):
     """ctx with the work tree the code snapshot copies (found on disk; `found` caches it
     by the folder it was looked up from)."""
-    from launcher.resolution.resolve import code_anchor
-    from launcher.runner.gitview import locate
 
     anchor = code_anchor(exp, loaded_site, ctx)
     if anchor is None:
@@ -95,7 +98,6 @@ def upstreams_of(after: Sequence[str], scheduler: str, *, dry_run: bool) -> tupl
     submission that waits for none."""
     if not after:
         return [], None
-    from launcher.runner import dependencies
 
     upstreams = dependencies.upstreams_of(after, scheduler, refresh=not dry_run)
     return upstreams, dependencies.dependency_clause(upstreams, scheduler)
@@ -116,7 +118,6 @@ def checkpoint_warning(exp, plan) -> str | None:
 def path_sources(exp, loaded_site, runs_dir: str | None):
     """Who chose the runs directory and the checkpoint directory: what an error about
     either names."""
-    from launcher.runner.bundle import PathSource
 
     if runs_dir:
         runs = PathSource("--runs-dir", "command line")
@@ -135,8 +136,6 @@ def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
     """Write the run directory and, unless `dry_run`, hand it to the scheduler. The local
     scheduler runs the job to its end here, shown on the console `echo` makes (none
     without it)."""
-    from launcher.runner import bundle
-    from launcher.rundir import registry
 
     plan, scheduler = prepared.plan, prepared.scheduler
     paths = dict(runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
@@ -146,7 +145,6 @@ def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
         scheduler.require()
     extra = None
     if prepared.after:
-        from launcher.runner import dependencies
 
         extra = {"after": [dependencies.record_of(u) for u in prepared.after]}
     written = bundle.write_bundle(plan, prepared.files, dry_run=dry_run, survey=survey, extra=extra, **paths)
@@ -161,7 +159,6 @@ def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
     if dry_run:
         return run
     if prepared.after and scheduler.runs_to_completion:
-        from launcher.runner import dependencies
 
         blocked = dependencies.wait_before_start(prepared.after, run_dir, echo)
         if blocked is not None:
@@ -184,7 +181,6 @@ def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
 def job_ids(run_dir: Path, exit_code: int | None) -> tuple[str, ...]:
     """The job of each start of a run the scheduler ran to its end (`exit_code` set);
     () for one it queued."""
-    from launcher.rundir import registry
 
     if exit_code is None:
         return ()
@@ -194,7 +190,6 @@ def job_ids(run_dir: Path, exit_code: int | None) -> tuple[str, ...]:
 def _nothing_queued(run_dir: Path) -> bool:
     """Whether the run's record says the scheduler never got a job for it. A run directory
     whose record names a job (or cannot be read) stays, whatever failed after."""
-    from launcher.rundir import registry
 
     try:
         return registry.read(run_dir).job_id is None
@@ -209,7 +204,6 @@ def run(experiment: str | os.PathLike, *, site: str | None = None, overrides: Se
     and runtime as a batch job, in a run directory like any other. Returns when the run
     ended (never requeued: its checkpoints resume in a later run). ConfigError outside an
     allocation or for a plan it cannot hold."""
-    from launcher.schedulers.slurm.allocation import Allocation, AllocationScheduler
 
     allocation = Allocation.of(os.environ if environ is None else environ)
     if allocation is None:

@@ -5,6 +5,7 @@ run directories and one submission per allocation shape (`launch_sweep`)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -12,7 +13,13 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from launcher import schedulers
+from launcher.config.load import load_experiment
 from launcher.errors import ConfigError
+from launcher.resolution.jobplan import SubmitContext
+from launcher.resolution.resolve import resolve
+from launcher.resolution.sweep import expand, parse_axes
+from launcher.rundir import registry
+from launcher.runner import bundle, dependencies, provenance, snapshot, sweeps
 from launcher.runner.inputs import items
 from launcher.runner.results import Run, Sweep
 from launcher.runner.submission import (
@@ -55,13 +62,7 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
     slowest), each resolved and checked as its own run would be, its values applied after
     `overrides`: one element that cannot run refuses the whole sweep, naming it. Nothing
     written."""
-    import dataclasses
 
-    from launcher.config.load import load_experiment
-    from launcher.resolution.jobplan import SubmitContext
-    from launcher.resolution.resolve import resolve
-    from launcher.resolution.sweep import expand, parse_axes
-    from launcher.runner import sweeps
 
     if max_parallel is not None:
         # bool is an int to Python, but max_parallel=True is no count of jobs.
@@ -123,8 +124,6 @@ def launch_sweep(prepared: PreparedSweep, *, dry_run: bool = False, check: bool 
     sweep.json, the array scripts) and, unless `dry_run`, submit it: on Slurm one array job
     per allocation shape; on the local site the elements run one after another
     (`max_parallel` at a time)."""
-    from launcher.runner import bundle, dependencies, provenance, snapshot, sweeps
-    from launcher.rundir import registry
 
     plans = [p.plan for p in prepared.prepared]
     scheduler = prepared.scheduler
@@ -186,7 +185,6 @@ def launch_sweep(prepared: PreparedSweep, *, dry_run: bool = False, check: bool 
 def _never_start(prepared: PreparedSweep, echo: Echo | None) -> bool:
     """The local site's --after, for every element: whether they never start (each one's
     record says why)."""
-    from launcher.runner import dependencies
 
     blocked = [dependencies.wait_before_start(prepared.after, Path(item.plan.run_dir), echo)
                for item in prepared.prepared]
@@ -194,9 +192,6 @@ def _never_start(prepared: PreparedSweep, echo: Echo | None) -> bool:
 
 
 def _sweep_result(prepared: PreparedSweep, dry_run: bool, files: Mapping[str, str] | None = None) -> Sweep:
-    from launcher.rundir import registry
-    from launcher.runner import sweeps
-
     record = sweeps.read(prepared.sweep_dir)
     runs = []
     for item in prepared.prepared:

@@ -28,9 +28,9 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from launcher.errors import ConfigError, GlaunchError, RunError
 from launcher.rundir import registry
-from launcher.rundir.files import exclusive_lock, atomic_write_text, load_json_object
-from launcher.rundir.records import IN_FLIGHT, RunRecord, State
+from launcher.rundir.files import atomic_write_text, exclusive_lock, load_json_object
 from launcher.rundir.layout import SWEEP_FILE
+from launcher.rundir.records import IN_FLIGHT, RunRecord, State
 from launcher.runner.status import progress
 
 LOCK_FILE = ".sweep.lock"

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from launcher.schedulers.local import LocalScheduler
+from launcher.schedulers.slurm.scheduler import SlurmScheduler
+
 if TYPE_CHECKING:
     from launcher.schedulers.base import Scheduler
 
@@ -14,9 +17,7 @@ NAMES = ("local", "slurm")
 def get(name: str) -> Scheduler:
     """The scheduler a site's `scheduler:` names (already checked by loading)."""
     if name == "local":
-        from launcher.schedulers.local import LocalScheduler
         return LocalScheduler()
     if name == "slurm":
-        from launcher.schedulers.slurm.scheduler import SlurmScheduler
         return SlurmScheduler()
     raise ValueError(f"unknown scheduler {name!r}")
