@@ -1,7 +1,7 @@
 """Wall time of `glaunch submit --dry-run` against `python -c pass`, same run, same machine;
 and proof that nothing heavy is imported on that path (python -X importtime).
 
-    python bench/dry_run.py [--runs 15] [--module] [--no-bytecode-cache] [--against TREE]
+    python bench/dry_run.py [--runs 15] [--module] [--no-bytecode-cache] [--against TREE] [--tiny]
 
 It times what users run: the installed `glaunch` console script (pass --module for
 `python -m launcher.cli`), with bytecode cached as after any install (in a private
@@ -12,6 +12,12 @@ older commit) in the same run, both as `python -m launcher.cli` from their own t
 Compiled templates are cached in a private XDG_CACHE_HOME, filled by the warm-up run as
 a user's first submit fills theirs. Beside each wall-clock median, the median CPU time
 (user + system, glaunch and the git it runs), which a busy machine disturbs less.
+
+Budget: on a quiet machine, the median of each dry run (local and Slurm site) under 8x the
+median of `python -c pass`; the ratio is printed beside it, and a miss exits 1. --tiny (CI:
+3 runs, a few seconds) prints the same figures and the budget's verdict, but fails only on
+a heavy import: three samples on a machine shared with other jobs can put one command's
+median behind a burst of someone else's work, which the ratio would blame on glaunch.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "lightning", "pytorch_lightning", "deepspeed")
+BUDGET_X = 8.0      # each dry run's median, in medians of `python -c pass`
+TINY_RUNS = 3
 
 
 def timed(cmd: list[str], env: dict, cwd: Path = REPO) -> tuple[float, float]:
@@ -72,7 +80,11 @@ def main() -> int:
     parser.add_argument("--no-bytecode-cache", action="store_true",
                         help="no private bytecode cache; PYTHONDONTWRITEBYTECODE as in the environment")
     parser.add_argument("--against", type=Path, help="another glaunch checkout to time in the same run")
+    parser.add_argument("--tiny", action="store_true",
+                        help=f"{TINY_RUNS} runs; the budget is reported, not enforced (CI)")
     args = parser.parse_args()
+    if args.tiny:
+        args.runs = TINY_RUNS
     glaunch = glaunch_command(args.module)
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, GLAUNCH_STATE_DIR=os.path.join(tmp, "state"), XDG_CACHE_HOME=os.path.join(tmp, "cache"))
@@ -117,8 +129,13 @@ def main() -> int:
     for name, (seconds, cpu) in compared.items():
         print(f"python -m launcher.cli, local: {name:24s} median {seconds * 1000:7.1f} ms  "
               f"= {seconds / b:4.1f}x baseline  cpu {cpu * 1000:6.1f} ms = {cpu / bc:4.1f}x")
-    print(f"target < 300 ms median: {'met' if max(d, s) < 0.3 else 'NOT met'}")
-    return 1 if heavy else 0
+    worst = max(d, s) / b
+    verdict = "met" if worst < BUDGET_X else "NOT met"
+    print(f"budget: each dry run's median under {BUDGET_X:g}x python -c pass: worst {worst:.1f}x, {verdict}"
+          + (" (--tiny: reported, not enforced)" if args.tiny else ""))
+    if heavy:
+        return 1
+    return 0 if args.tiny or worst < BUDGET_X else 1
 
 
 if __name__ == "__main__":

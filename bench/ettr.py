@@ -2,11 +2,13 @@
 against an uninterrupted run of the same training in the same bench run.
 
     python bench/ettr.py [--every 45] [--preemptions 3] [--steps 600] [--seconds-per-step 0.2]
-                         [--checkpoint-every 50] [--no-release] [--keep]
+                         [--checkpoint-every 50] [--nodes 2] [--from-first-step] [--no-release]
+                         [--keep] [--tiny]
 
-Both runs: examples/torch_ddp.py through `glaunch submit` on --site (2 nodes x 2 ranks),
---log-every 1. In the preempted run, --every seconds after each start of the job (Slurm
-RUNNING), a job on the high-priority partition takes both nodes (`sbatch -p urgent -N 2
+Both runs: examples/torch_ddp.py through `glaunch submit` on --site (--nodes nodes x 2
+ranks), --log-every 1. In the preempted run, --every seconds after each start of the job
+(Slurm RUNNING; with --from-first-step, after the start's first step line), a job on the
+high-priority partition takes both nodes of the local cluster (`sbatch -p urgent -N 2
 --exclusive --wrap 'sleep 5'`), so Slurm preempts the glaunch job (warning signal, then
 requeue). After each requeue the bench releases Slurm's hold on the job (`scontrol update
 JobId=N StartTime=now`) unless --no-release; the hold Slurm set is recorded and reported.
@@ -31,6 +33,14 @@ times are whole seconds. Before each submission the bench waits for an empty que
 idle nodes. Every job it submitted is cancelled on exit. If the preempted run stops
 making progress or ends in another state than COMPLETED, the bench prints run.json, the
 batch log and `sacct -D`, keeps the scratch directory and exits 1.
+
+--tiny (CI: under a minute on a quiet machine, most of it three starts of two ranks): one
+node, 80 steps of 0.1 s, a checkpoint every 10 steps, one preemption 1 s after the first
+step (--from-first-step: on a loaded machine the ranks' start alone can take longer than
+any fixed delay; the 7 s of training left cover the seconds Slurm takes to preempt), the
+preempting job holding the nodes 1 s. Every figure and the ETTR ratio are printed, and
+the checks are the same as ever (the preempted run completes, the step counts agree, the
+final parameters equal the uninterrupted run's); the ETTR itself has no target to miss.
 """
 
 from __future__ import annotations
@@ -52,6 +62,8 @@ from benchkit import BenchError, epoch, glaunch_command, run_cmd, sacct_rows, wa
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENT = REPO / "examples" / "torch_ddp.yaml"
 NODES = 2
+# The urgent job takes every node of local-slurm, so it preempts the run wherever it runs.
+URGENT_NODES = 2
 POLL_S = 0.05
 STATE_POLL_S = 0.5
 ENDED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
@@ -115,7 +127,7 @@ class Bench:
         a = self.args
         train = ["--steps", str(a.steps), "--seconds-per-step", str(a.seconds_per_step), "--log-every", "1"]
         proc = run_cmd([*glaunch_command(), "submit", str(EXPERIMENT), "--site", a.site, "--json",
-                        "--runs-dir", str(self.tmp / "runs"), f"resources.nodes={NODES}",
+                        "--runs-dir", str(self.tmp / "runs"), f"resources.nodes={a.nodes}",
                         f"entrypoint.args={json.dumps(train)}", f"checkpoint.every_steps={a.checkpoint_every}",
                         f"requeue.max={a.preemptions + 1}"], env=self.env, cwd=REPO)
         if proc.returncode != 0:
@@ -126,7 +138,7 @@ class Bench:
 
     def urgent(self) -> tuple[str, float]:
         a = self.args
-        proc = run_cmd(["sbatch", "--parsable", "-p", a.urgent_partition, "-A", a.account, "-N", str(NODES),
+        proc = run_cmd(["sbatch", "--parsable", "-p", a.urgent_partition, "-A", a.account, "-N", str(URGENT_NODES),
                         "--exclusive", "-t", "1", "-J", "bench-preempt", "-o", "/dev/null",
                         "--wrap", f"sleep {a.urgent_sleep}"])
         accepted = time.time()
@@ -150,6 +162,7 @@ class Bench:
         lines: list[tuple[float, str, str]] = []
         states: list[tuple[float, str, str, int]] = []
         running_since: dict[int, float] = {}
+        stepping_since: dict[int, float] = {}    # restart -> when its first step line was seen
         urgent: list[dict] = []
         holds: list[dict] = []
         self.current = dict(job_id=job_id, run_dir=run_dir, lines=lines, states=states, urgent=urgent,
@@ -164,6 +177,8 @@ class Bench:
                 lines.extend((t, stream, text) for t, text in new)
                 if new:
                     last_progress = now
+                    if stream == "out" and running_since and any(STEP.match(text) for _, text in new):
+                        stepping_since.setdefault(max(running_since), now)
             if now - last_state_poll >= STATE_POLL_S:
                 last_state_poll = now
                 job = scontrol_job(job_id)
@@ -175,8 +190,9 @@ class Bench:
                     last_progress = now
                 if state == "RUNNING":
                     running_since.setdefault(restarts, now)
+                    since = stepping_since.get(restarts) if a.from_first_step else running_since[restarts]
                     if (preempt and len(urgent) < a.preemptions and restarts == len(urgent)
-                            and now - running_since[restarts] >= a.every):
+                            and since is not None and now - since >= a.every):
                         urgent_id, accepted = self.urgent()
                         urgent.append(dict(job_id=urgent_id, accepted=accepted, restart=restarts))
                 if (state == "PENDING" and restarts > 0 and reason == "BeginTime"
@@ -341,8 +357,9 @@ def report(args: argparse.Namespace, base: dict, pre: dict) -> int:
     starts = pre["status"]["starts"]
     rows = pre["sacct"]
     n = len(pre["urgent"])
-    print(f"\nETTR on site {args.site}: {NODES} nodes x 2 ranks, {steps} steps x {args.seconds_per_step} s delay, "
-          f"checkpoint every {args.checkpoint_every} steps; preempted {args.every:.0f} s after each start "
+    since = "each start's first step" if args.from_first_step else "each start"
+    print(f"\nETTR on site {args.site}: {args.nodes} node(s) x 2 ranks, {steps} steps x {args.seconds_per_step} s "
+          f"delay, checkpoint every {args.checkpoint_every} steps; preempted {args.every:.0f} s after {since} "
           f"({n} preemption(s), hold {'released' if args.release else 'NOT released'})")
     print(f"per-step time (uninterrupted run, step lines): {per_step * 1000:.1f} ms; productive time "
           f"{productive:.1f} s")
@@ -458,8 +475,16 @@ def main() -> int:
     parser.add_argument("--stall", type=float, default=150, help="no progress for this long: the run is stuck")
     parser.add_argument("--limit", type=float, default=600, help="seconds one run may take")
     parser.add_argument("--queue-wait", type=float, default=600)
+    parser.add_argument("--nodes", type=int, default=NODES, help="nodes of the run")
+    parser.add_argument("--from-first-step", action="store_true",
+                        help="count --every from each start's first step line, not from RUNNING")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    parser.add_argument("--tiny", action="store_true", help="one short preemption: checks the bench works")
     args = parser.parse_args()
+    if args.tiny:
+        args.nodes, args.preemptions, args.every, args.from_first_step = 1, 1, 1.0, True
+        args.steps, args.seconds_per_step, args.checkpoint_every, args.urgent_sleep = 80, 0.1, 10, 1
+        args.queue_wait = min(args.queue_wait, 120)
 
     tmp = Path(tempfile.mkdtemp(prefix="glaunch-bench-ettr-"))
     bench = Bench(args, tmp)

@@ -1,7 +1,7 @@
 """What heartbeats cost a training loop: per-step time with heartbeats on against off, in
 the same run, at a simulated 50 ms step.
 
-    python bench/heartbeats.py [--step-ms 50] [--blocks 4] [--steps 200] [--interval 1]
+    python bench/heartbeat.py [--step-ms 50] [--blocks 4] [--steps 200] [--interval 1] [--tiny]
 
 One process runs the loop `step(); rt.should_stop(step=s, total=n)` under a launcher's
 environment (GLAUNCH_RUN_DIR in a temporary directory, rank 0), in blocks of --steps
@@ -21,6 +21,11 @@ Figures:
   blocks made.
 Target: the heartbeat's cost under 1 % of a 50 ms step. Single process: the all_reduce a
 distributed should_stop adds is the same on and off, and not counted.
+
+--tiny (CI, under a second): 2 blocks x 20 steps each way at a 5 ms step, with rank 0's
+file written at every step (--interval 0.001): every figure above is printed, but the
+target is not checked: on so short a step a scheduler hiccup on a shared machine is
+larger than the heartbeat, and a write per step is not what a run does.
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ def main() -> int:
     parser.add_argument("--blocks", type=int, default=4, help="blocks of each kind, interleaved")
     parser.add_argument("--steps", type=int, default=200, help="steps per block")
     parser.add_argument("--interval", type=float, default=1.0, help="GLAUNCH_HEARTBEAT_S")
+    parser.add_argument("--tiny", action="store_true", help="a run of seconds that checks the bench works")
     args = parser.parse_args()
+    if args.tiny:
+        args.step_ms, args.blocks, args.steps, args.interval = 5.0, 2, 20, 0.001
 
     run_dir = Path(tempfile.mkdtemp(prefix="glaunch-heartbeat-bench-"))
     os.environ.update(GLAUNCH_RUN_DIR=str(run_dir), GLAUNCH_JOB_ID="1", GLAUNCH_HEARTBEAT_S=str(args.interval),
@@ -55,7 +63,8 @@ def main() -> int:
 
     from launcher.runtime import heartbeats, stop
 
-    real = stop.heartbeat
+    # should_stop beats through the heartbeats module it imported; "off" swaps that for no-ops.
+    real = stop.heartbeats
     off = types.SimpleNamespace(heartbeat=lambda step=None, total=None: None, note_stop_decided=lambda: None)
     writes: list[float] = []
     write = heartbeats.Beats.write
@@ -75,7 +84,7 @@ def main() -> int:
           f"interleaved; GLAUNCH_HEARTBEAT_S={args.interval:g}", flush=True)
     for block in range(2 * args.blocks):
         kind = "on" if block % 2 == 0 else "off"
-        stop.heartbeat = real if kind == "on" else off
+        stop.heartbeats = real if kind == "on" else off   # type: ignore[assignment]
         for _ in range(args.steps):
             step += 1
             began = time.perf_counter()
@@ -88,7 +97,7 @@ def main() -> int:
             ended = time.perf_counter()
             calls[kind].append(ended - called)
             loops[kind].append(ended - began)
-    stop.heartbeat = real
+    stop.heartbeats = real
 
     on_call, off_call = statistics.mean(calls["on"]), statistics.mean(calls["off"])
     on_loop, off_loop = statistics.mean(loops["on"]), statistics.mean(loops["off"])
@@ -103,8 +112,14 @@ def main() -> int:
         print(f"  one heartbeat write: {statistics.median(writes) * 1e6:.0f} us median, "
               f"{max(writes) * 1e6:.0f} us max, over {len(writes)} writes (rank 0: one at most every "
               f"{heartbeats.current().interval_s:g} s)")
-    print(f"  target: under 1 % of the step: {'met' if share < 0.01 else 'NOT met'}")
     shutil.rmtree(run_dir, ignore_errors=True)
+    if not writes:
+        print("  no heartbeat file was written: the 'on' blocks did not beat")
+        return 1
+    if args.tiny:
+        print("  target: under 1 % of the step: not checked (--tiny)")
+        return 0
+    print(f"  target: under 1 % of the step: {'met' if share < 0.01 else 'NOT met'}")
     return 0 if share < 0.01 else 1
 
 

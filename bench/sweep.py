@@ -1,7 +1,7 @@
 """Submit time of a sweep against one single submission, in the same run, and how many
 times sbatch is called for it.
 
-    python bench/sweep.py [--elements 100] [--runs 3] [--real]
+    python bench/sweep.py [--elements 100] [--runs 3] [--real] [--tiny]
 
 Times `glaunch submit examples/torch_ddp.yaml --site local-slurm` as a user runs it (this
 tree's `python -m launcher.cli`, a process each, median of --runs): once alone and once
@@ -12,6 +12,9 @@ submission cancelled right after. Every real submission goes through an `sbatch`
 PATH that logs each call: a sweep of one allocation shape makes one submitting sbatch
 call (plus one `--test-only` preflight), and a sweep of two shapes (resources.nodes=1,2)
 two.
+
+--tiny (CI, seconds): a sweep of 4 elements, one timed run of each; the ratios are printed
+as ever, and with --real the sbatch calls are checked as ever.
 """
 
 from __future__ import annotations
@@ -80,7 +83,10 @@ def main() -> int:
     parser.add_argument("--elements", type=int, default=100)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--real", action="store_true", help="also submit to the local Slurm cluster")
+    parser.add_argument("--tiny", action="store_true", help="4 elements, 1 run: checks the bench works")
     args = parser.parse_args()
+    if args.tiny:
+        args.elements, args.runs = 4, 1
     # This tree's glaunch, whatever an installed console script points at.
     glaunch = [sys.executable, "-m", "launcher.cli"]
     with tempfile.TemporaryDirectory() as tmp:

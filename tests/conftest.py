@@ -1,4 +1,6 @@
+import functools
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -55,11 +57,60 @@ def single_rank_env(monkeypatch, tmp_path):
     monkeypatch.setenv("GLAUNCH_CHECKPOINT_DIR", str(tmp_path / "ckpt"))
 
 
-requires_slurm = pytest.mark.skipif(not REQUIRE_SLURM and not slurm_up(MAIN),
-                                    reason="local Slurm cluster is not up (scripts/local-slurm up)")
-requires_slurm_defaults = pytest.mark.skipif(
-    not REQUIRE_SLURM and not slurm_up(DEFAULTS),
-    reason="the second local Slurm cluster is not up (scripts/local-slurm up defaults)")
+# A test that needs a local cluster says which: requires_slurm (`main`), requires_slurm_defaults
+# or the slurm_defaults_env fixture (`defaults`); a `slurm` test that names neither needs
+# `main`. The clusters are asked only when such a test is about to run: a session of other
+# tests never waits on a controller that does not answer (sinfo takes ~20 s to give up).
+requires_slurm = pytest.mark.requires_slurm
+requires_slurm_defaults = pytest.mark.requires_slurm_defaults
+
+NOT_UP = {MAIN: "local Slurm cluster is not up (scripts/local-slurm up)",
+          DEFAULTS: "the second local Slurm cluster is not up (scripts/local-slurm up defaults)"}
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "requires_slurm: skips unless the local cluster `main` answers "
+                                       "(fails instead under GLAUNCH_REQUIRE_SLURM=1)")
+    config.addinivalue_line("markers", "requires_slurm_defaults: skips unless the local cluster `defaults` "
+                                       "answers (fails instead under GLAUNCH_REQUIRE_SLURM=1)")
+
+
+def clusters_needed(item) -> list[str]:
+    needed = []
+    if item.get_closest_marker("requires_slurm"):
+        needed.append(MAIN)
+    if item.get_closest_marker("requires_slurm_defaults") or "slurm_defaults_env" in item.fixturenames:
+        needed.append(DEFAULTS)
+    if not needed and item.get_closest_marker("slurm"):
+        needed.append(MAIN)
+    return needed
+
+
+@functools.cache
+def cluster_answers(cluster: str) -> bool:
+    """Whether the cluster answers, asked once per session (per xdist worker). Under
+    GLAUNCH_REQUIRE_SLURM=1 a no fails every test of that cluster, so it is asked again
+    before it stands: a controller busy for a moment is not a cluster that is down."""
+    for attempt in range(3 if REQUIRE_SLURM else 1):
+        if attempt:
+            time.sleep(5)
+        if slurm_up(cluster):
+            return True
+    return False
+
+
+def need_cluster(cluster: str) -> None:
+    """Skip the test when the cluster does not answer; fail it under GLAUNCH_REQUIRE_SLURM=1."""
+    if not cluster_answers(cluster):
+        if REQUIRE_SLURM:
+            pytest.fail(f"{NOT_UP[cluster]}, and GLAUNCH_REQUIRE_SLURM=1 requires it", pytrace=False)
+        pytest.skip(NOT_UP[cluster])
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    for cluster in clusters_needed(item):
+        need_cluster(cluster)
 
 
 @pytest.fixture
@@ -68,11 +119,7 @@ def slurm_defaults_env(isolated_env, monkeypatch):
     SLURM_CONF in the returned environment and in os.environ, so glaunch subprocesses,
     slurmkit's helpers and in-process api calls all reach it. Skips when that cluster is
     not up, fails instead under GLAUNCH_REQUIRE_SLURM=1."""
-    if not slurm_up(DEFAULTS):
-        message = "the second local Slurm cluster is not up (scripts/local-slurm up defaults)"
-        if REQUIRE_SLURM:
-            pytest.fail(message)
-        pytest.skip(message)
+    need_cluster(DEFAULTS)
     variables = cluster_env(DEFAULTS)
     for key, value in variables.items():
         monkeypatch.setenv(key, value)

@@ -1,7 +1,7 @@
 """What run.json and the CLI say at the edges of a run's life: a local start names its node,
 a local job cancelled after its `glaunch submit` died ends its start, a submission Slurm
-never queued is `refused` with the why in `detail`, a held job is live, and errors about
-what the user named are one line with exit 2."""
+never queued is `refused` with the why in `detail`, and a held job is live (the errors
+about runs and sweeps the user named: tests/test_bad_input_runner.py)."""
 
 import json
 import os
@@ -17,6 +17,7 @@ from launcher.rundir import registry
 from launcher.rundir.records import LIVE, State
 from launcher.runtime.rankcontext import node_name
 from launcher.schedulers.slurm import scheduler as slurm, state as slurm_state
+from launcher.views.status_text import format_status
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -94,8 +95,6 @@ def test_cancel_leaves_an_ended_start_as_its_loop_recorded_it(tmp_path, isolated
 def test_a_submission_slurm_never_queued_is_refused_in_one_word(tmp_path, isolated_env, monkeypatch):
     """Slurm cannot run here: find_submitted is replaced by a stand-in answering that no job
     carries the run's id."""
-    from launcher.schedulers.slurm import queries as slurm_queries
-
     run_dir = tmp_path / "r"
     run_dir.mkdir()
     record = {"run_id": "r", "scheduler": "slurm", "requeue_max": 0, "crash_retries": 0, "state": "UNKNOWN",
@@ -103,13 +102,13 @@ def test_a_submission_slurm_never_queued_is_refused_in_one_word(tmp_path, isolat
               "submission": {"script": str(run_dir / "job.sbatch"), "marker": "glaunch-run=r"}}
     (run_dir / "run.json").write_text(json.dumps(record))
     registry.register("r", str(run_dir))
-    monkeypatch.setattr(slurm_queries, "find_submitted", lambda script, marker: None)
+    monkeypatch.setattr(slurm, "find_submitted", lambda script, marker: None)
     slurm._settle_uncertain(run_dir, registry.read(run_dir))
     after = registry.read(run_dir)
     assert (after.state, after.reason) == (State.REFUSED.value, "refused")
     assert "sbatch did not queue the job" in after.detail
     assert "submission" not in after.extra
-    assert "  reason: refused; sbatch did not queue the job" in api.format_status(api.status("r"))
+    assert "  reason: refused; sbatch did not queue the job" in format_status(api.status("r"))
 
 
 def test_a_job_slurm_requeued_held_is_live():
@@ -117,18 +116,3 @@ def test_a_job_slurm_requeued_held_is_live():
     assert slurm_state.current_state("RUNNING", "SPECIAL_EXIT", None) == "SPECIAL_EXIT"
     # Accounting still shows it held and squeue lost it long ago: the controller lost it.
     assert slurm_state.unlisted_verdict("12", [{"state": "SPECIAL_EXIT"}], slurm_state.UNLISTED_GRACE_S)
-
-
-def test_list_of_a_name_that_is_no_sweep_is_one_error_line_exit_2(isolated_env):
-    out = glaunch("list", "no-such-sweep", env=isolated_env)
-    assert out.returncode == 2
-    assert out.stdout == ""
-    assert out.stderr.splitlines() == [
-        "glaunch: error: command line: SWEEP: no sweep 'no-such-sweep' (`glaunch list` shows runs and sweeps)"]
-
-
-def test_an_unknown_run_id_is_bad_input_exit_2(isolated_env):
-    out = glaunch("status", "no-such-run", env=isolated_env)
-    assert out.returncode == 2
-    assert len(out.stderr.splitlines()) == 1
-    assert out.stderr.startswith("glaunch: error: command line: RUN: no run 'no-such-run'")
