@@ -24,6 +24,7 @@ from functools import cache
 from pathlib import Path
 
 import pytest
+from conftest import requires_slurm
 from sbatch_parse import directive_arguments, read_directives
 
 from launcher import schedulers
@@ -433,16 +434,7 @@ def test_sbatch_parse_rules_match_slurm():
     assert directive_arguments('#SBATCH --output="/tmp/a b/%j.log" # trailing') == ["--output=/tmp/a b/%j.log"]
 
 
-def _slurm_up() -> bool:
-    if shutil.which("sinfo") is None or shutil.which("sbatch") is None:
-        return False
-    try:
-        return subprocess.run(["sinfo", "-h"], capture_output=True, timeout=20).returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
-
-
-@pytest.mark.skipif(not _slurm_up(), reason="no Slurm cluster answers (sinfo)")
+@requires_slurm
 def test_real_sbatch_reads_directives_back(tmp_path):
     """sbatch --test-only (queues nothing) reads each value back exactly."""
     for i, value in enumerate(SBATCH_VALUES):
