@@ -21,7 +21,7 @@ from conftest import RANK_VARS  # noqa: E402
 from launcher import runtime as rt  # noqa: E402
 from launcher.runtime.checkpoint import dcp  # noqa: E402
 from launcher.runtime.checkpoint.checksums import Checksum, ChecksumWriter, checksum_algorithm, checksum_file  # noqa: E402
-from launcher.runtime.checkpoint.commit import stage_checkpoint  # noqa: E402
+from launcher.runtime.checkpoint.save import stage_checkpoint  # noqa: E402
 from launcher.runtime.checkpoint.layout import CheckpointError, step_dir_name  # noqa: E402
 from launcher.runtime.checkpoint.resume import latest_complete  # noqa: E402
 from launcher.runtime.checkpoint.verify import verify_checkpoint  # noqa: E402

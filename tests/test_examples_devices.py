@@ -9,6 +9,7 @@ side runs for real here and end to end in test_local_run.py and test_local_reque
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import os
@@ -20,6 +21,7 @@ import pytest
 
 from launcher import api
 from launcher.rundir import launch
+from launcher.rundir.taskspec import TaskSpec
 from launcher.runtime import stop
 from launcher.runtime.rankcontext import RuntimeConfigError
 from launcher.runtime.device import gpu_index, placement
@@ -281,7 +283,9 @@ def test_gpu_sites_export_nothing_cpu_only(site, tmp_path, isolated_env):
 
 # --- torchrun's options, from the node's parser ------------------------------------------------
 
-SPEC = {"nodes": 2, "ranks_per_node": 4, "module": None, "script": "train.py", "args": []}
+SPEC = TaskSpec(launcher="torchrun", script="/home/alice/train.py", module=None, args=(), nodes=2, ranks_per_node=4,
+                world_size=8, run_dir="/home/alice/runs/r", run_id="r", requeue_max=0, crash_retries=0,
+                exclude_bad_nodes=True, watchdog_stall_s=0.0, watchdog_first_step_s=0.0)
 
 
 def old_style(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -329,13 +333,13 @@ def test_task_runs_torchrun_with_the_options_the_node_knows(monkeypatch, tmp_pat
 
     script = tmp_path / "worker.py"
     script.write_text("import os\nprint('worker', os.environ['RANK'], os.environ['WORLD_SIZE'], flush=True)\n")
-    spec = dict(nodes=1, ranks_per_node=1, module=None, script=str(script), args=[], launcher="torchrun",
-                run_dir=str(tmp_path), run_id="r1", world_size=1)
+    spec = dataclasses.replace(SPEC, nodes=1, ranks_per_node=1, world_size=1, script=str(script),
+                               run_dir=str(tmp_path), run_id="r1")
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     installed = run.get_args_parser
     monkeypatch.setattr(run, "get_args_parser", lambda: old_style(installed()))
-    assert TrainingTask(spec)._run_torchrun(types.SimpleNamespace(node=0, job_id="5")) == 0
+    assert TrainingTask(tmp_path)._run_torchrun(spec, types.SimpleNamespace(node=0, job_id="5")) == 0
     out, err = capfd.readouterr()
     assert "torchrun has no --signals-to-handle" in err
     assert "torchrun --nnodes=1 --nproc_per_node=1 --node_rank=0 --rdzv_backend=c10d" in err

@@ -61,6 +61,7 @@ def test_opening_a_save_leaves_trash_to_the_background_prune_still_deleting_it(t
 
     from launcher.runtime.checkpoint import commit as checkpoint_commit
     from launcher.runtime.checkpoint.layout import TRASH_PREFIX
+    from launcher.runtime.checkpoint.save import open_staging
     from launcher.runtime.rankcontext import context
 
     d = tmp_path / "ckpt"
@@ -72,10 +73,10 @@ def test_opening_a_save_leaves_trash_to_the_background_prune_still_deleting_it(t
     prune = threading.Thread(target=release.wait, args=(60,), daemon=True)
     prune.start()
     monkeypatch.setattr(checkpoint_commit, "_pruning", prune)
-    checkpoint_commit.open_staging(7, context(), d)
+    open_staging(7, context(), d)
     assert trash.is_dir()
     release.set()
     prune.join()
-    checkpoint_commit.open_staging(8, context(), d)
+    open_staging(8, context(), d)
     assert not trash.exists()
     assert [p.name for p in d.iterdir() if p.name.startswith(".staging")] == [".staging-step-00000008"]

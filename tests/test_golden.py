@@ -1,8 +1,8 @@
-"""Golden files: rendered job.sbatch and env.sh for every shipped profile x launch mode
-(examples/torch_ddp.yaml), and for other strategies' examples on one profile (EXAMPLES:
-examples/fsdp.yaml, whose run bundle has no ds_config.json); each also clean under
-`bash -n` and plain `shellcheck` (no flags: each file names its shell). `pytest
---update-golden` rewrites them."""
+"""Golden files: rendered job.sbatch, env.sh and task.json for every shipped profile x
+launch mode (examples/torch_ddp.yaml), and for other strategies' examples on one profile
+(EXAMPLES: examples/fsdp.yaml, whose run bundle has no ds_config.json); the scripts also
+clean under `bash -n` and plain `shellcheck` (no flags: each file names its shell).
+`pytest --update-golden` rewrites them."""
 
 import dataclasses
 import difflib
@@ -17,8 +17,10 @@ from launcher import schedulers
 from launcher.config.load import load_experiment
 from launcher.config.sites import load_site
 from launcher.config.sites import SHIPPED_SITES
-from launcher.resolution.jobplan import SubmitContext
+from launcher.rendering.taskspec import task_file_text
+from launcher.resolution.jobplan import JobPlan, SubmitContext
 from launcher.resolution.resolve import resolve
+from launcher.rundir.layout import TASK_FILE
 
 REPO = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).parent / "golden"
@@ -30,7 +32,7 @@ CASES = [(site, launcher) for site in SITES for launcher in ("srun", "torchrun")
 EXAMPLES = [("fsdp", "local-slurm", "srun")]
 
 
-def render_case(site: str, launcher: str, example: str = "torch_ddp") -> dict[str, str]:
+def plan_case(site: str, launcher: str, example: str = "torch_ddp") -> JobPlan:
     exp = load_experiment(REPO / "examples" / f"{example}.yaml", [f"launcher={launcher}"])
     # A fixed experiment location so golden files do not depend on the checkout path.
     exp = dataclasses.replace(exp, path=Path(f"/home/alice/exp/{example}.yaml"))
@@ -40,8 +42,17 @@ def render_case(site: str, launcher: str, example: str = "torch_ddp") -> dict[st
         exp.config, resources=dataclasses.replace(exp.config.resources, nodes=nodes)))
     ctx = SubmitContext(cwd="/home/alice/exp", python="/usr/bin/python3", environ=ENVIRON,
                         run_id=f"{example.replace('_', '-')}-20260101-000000-abcd")
-    plan = resolve(exp, loaded, ctx)
+    return resolve(exp, loaded, ctx)
+
+
+def render_case(site: str, launcher: str, example: str = "torch_ddp") -> dict[str, str]:
+    plan = plan_case(site, launcher, example)
     return schedulers.get(plan.scheduler).render(plan)
+
+
+def task_text(site: str, launcher: str, example: str = "torch_ddp") -> str:
+    """The run's task.json, as the bundle holds it."""
+    return task_file_text(plan_case(site, launcher, example))
 
 
 def test_every_shipped_profile_is_covered():
@@ -53,7 +64,8 @@ def test_every_shipped_profile_is_covered():
 def test_golden(site, launcher, update_golden, tmp_path):
     if site == "base-slurm":
         pytest.skip("base-slurm has no partitions: it is only extended")
-    compare_golden(render_case(site, launcher), f"{site}.{launcher}", update_golden)
+    files = dict(render_case(site, launcher), **{TASK_FILE: task_text(site, launcher)})
+    compare_golden(files, f"{site}.{launcher}", update_golden)
 
 
 @pytest.mark.parametrize("example,site,launcher", EXAMPLES)
@@ -70,7 +82,9 @@ def test_fsdp_bundle_names_its_strategy_and_has_no_deepspeed_config():
 
 def compare_golden(files: dict[str, str], prefix: str, update_golden: bool) -> None:
     failures = []
-    for name in ("job.sbatch", "env.sh"):
+    for name in ("job.sbatch", "env.sh", TASK_FILE):
+        if name not in files:
+            continue
         golden = GOLDEN / f"{prefix}.{name}"
         if update_golden or not golden.exists():
             golden.parent.mkdir(parents=True, exist_ok=True)

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from launcher.rundir.layout import HEARTBEAT_BYTES, heartbeat_bytes, read_heartbeat
-from launcher.runtime import heartbeats, stop, telemetry
+from launcher.runtime import heartbeats, stop
 
 
 class CountingBeats(heartbeats.Beats):
@@ -30,11 +30,9 @@ def _fresh(monkeypatch):
         if key.startswith("GLAUNCH_") or key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
             monkeypatch.delenv(key, raising=False)
     heartbeats.reset()
-    telemetry.reset()
     stop.reset_stop()
     yield
     heartbeats.reset()
-    telemetry.reset()
 
 
 def beats(tmp_path, interval=5.0, every=0, restart=0, cls=heartbeats.Beats):
@@ -196,20 +194,17 @@ def read_heartbeat_bytes(data: bytes, tmp_path) -> dict | None:
 
 def test_what_the_watchdog_reads_starting_saving_stopping(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURM_STEP_ID", "0")
-    monkeypatch.setattr(telemetry, "began", lambda beats, ctx: None)    # no GPU sampler, no atexit here
+    monkeypatch.setattr(heartbeats, "began", lambda ctx: None)    # no GPU sampler, no atexit here
     monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("GLAUNCH_JOB_ID", "77")
-    for name, value in heartbeats.watch_environment({"watchdog_stall_s": 60, "watchdog_first_step_s": 0,
-                                                     "exclude_bad_nodes": False}).items():
-        monkeypatch.setenv(name, value)
     path = tmp_path / "heartbeats" / "rank-00001.json"
     heartbeats.starting()
     data = read_heartbeat(path)
     assert data["state"] == "starting" and data["step"] is None and data["time"] is None
     assert data["pid"] == os.getpid() and data["job_step"] == "0" and data["world_size"] == 2 and data["host"]
-    assert data["watch"] == {"stall_s": 60.0, "first_step_s": 0.0, "exclude_bad_nodes": False}
+    assert "watch" not in data                    # the bounds are task.json's, not the ranks'
     heartbeats.heartbeat(1)                       # the first step is written at once
     assert read_heartbeat(path)["step"] == 1 and read_heartbeat(path)["state"] == "running"
     with heartbeats.saving(1):
@@ -219,10 +214,3 @@ def test_what_the_watchdog_reads_starting_saving_stopping(tmp_path, monkeypatch)
     assert data["state"] == "running" and data["saving_since"] is None and data["checkpoint_step"] == 1
     heartbeats.note_stop_decided()
     assert read_heartbeat(path)["state"] == "stopping"
-
-
-def test_no_watch_without_the_tasks_settings(monkeypatch):
-    assert heartbeats.watch_from_env() is None
-    monkeypatch.setenv("GLAUNCH_WATCHDOG_STALL_S", "nan")
-    monkeypatch.setenv("GLAUNCH_WATCHDOG_FIRST_STEP_S", "10")
-    assert heartbeats.watch_from_env() is None

@@ -14,7 +14,7 @@ import pytest
 
 from conftest import RANK_VARS
 from launcher.runtime.checkpoint.checksums import checksum_algorithm
-from launcher.runtime.checkpoint.commit import stage_checkpoint
+from launcher.runtime.checkpoint.save import stage_checkpoint
 from launcher.runtime.checkpoint.layout import Checkpoint
 from launcher.runtime.rankcontext import free_port
 from launcher.runtime.checkpoint import checksums
@@ -239,7 +239,7 @@ KILL_SCRIPT = textwrap.dedent("""
     import os, sys, time
     from launcher.runtime.checkpoint import commit as checkpoint_commit
     from launcher.runtime.checkpoint.checksums import checksum_algorithm
-    from launcher.runtime.checkpoint.commit import stage_checkpoint
+    from launcher.runtime.checkpoint.save import stage_checkpoint
     from launcher.runtime.checkpoint.layout import Checkpoint
     mode = sys.argv[1]
     with stage_checkpoint(1) as st:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtime import stop
+from launcher.runtime import stop, stopflag
 from launcher.runtime.rankcontext import RuntimeConfigError, context, free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,7 +58,7 @@ def test_replaces_submitit_handlers_and_restores_them():
     signal.signal(signal.SIGTERM, sub.bypass)
     signal.signal(signal.SIGUSR2, sub.checkpoint_and_try_requeue)
     stop.install_stop_handler()
-    assert signal.getsignal(signal.SIGUSR2) is stop._handler and signal.getsignal(signal.SIGTERM) is stop._handler
+    assert signal.getsignal(signal.SIGUSR2) is stopflag.handler and signal.getsignal(signal.SIGTERM) is stopflag.handler
     _deliver(signal.SIGUSR2)
     _deliver(signal.SIGTERM)
     assert stop.stop_requested()
@@ -72,7 +72,7 @@ def test_stop_signals_from_env(monkeypatch):
     monkeypatch.setenv("GLAUNCH_STOP_SIGNALS", " usr1 ,SIGUSR2,")
     assert context().stop_signals == ("USR1", "USR2")
     assert stop.install_stop_handler() == ("SIGUSR1", "SIGUSR2")
-    assert signal.getsignal(signal.SIGTERM) is not stop._handler
+    assert signal.getsignal(signal.SIGTERM) is not stopflag.handler
     _deliver(signal.SIGUSR1)
     assert stop.received_signal() == "SIGUSR1"
 

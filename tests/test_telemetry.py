@@ -22,10 +22,8 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture(autouse=True)
 def _fresh():
     heartbeats.reset()
-    telemetry.reset()
     yield
     heartbeats.reset()
-    telemetry.reset()
 
 
 def rank_file(run_dir: Path, rank: int, **fields) -> None:
@@ -86,7 +84,7 @@ def test_a_rank_writes_its_telemetry(tmp_path, monkeypatch):
         heartbeats.heartbeat(step, 100)
         time.sleep(0.01)
     heartbeats.note_stop_decided()
-    record = telemetry.write_rank("stop", stop_requested=time.time())
+    record = heartbeats.write_telemetry("stop", stop_requested=time.time())
     written = json.loads(RunDir(tmp_path).telemetry("31", 2, 0).read_text())
     assert written == json.loads(json.dumps(record))
     assert written["memory"]["kind"] == "host_rss" and written["memory"]["peak_gb"] > 0.01

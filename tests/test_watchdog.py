@@ -11,14 +11,15 @@ import time
 
 import pytest
 
-from launcher.rundir.layout import RunDir
+from launcher.rundir.layout import RunDir, heartbeat_bytes
+from launcher.rundir.taskspec import TaskSpec, write_task_spec
 from launcher.runtime.stacks import write_stacks
 from launcher.runtime.watchdog import (
     SAVE_BOUND_MIN_S,
     Limits,
+    Watch,
     blamed_node,
     find_hang,
-    limits_of,
     own_records,
     silent_ranks,
 )
@@ -115,12 +116,42 @@ def test_blame_needs_a_node_the_others_are_not_all_on():
     assert [s.rank for s in silent] == [1] and blamed_node(silent, one_node, 2) is None
 
 
-def test_records_of_other_starts_and_limits():
+def test_records_of_other_starts():
     records = [beat(0, 1, T0), dict(beat(1, 1, T0), restart=1), dict(beat(2, 1, T0), job_id="8"), None,
                dict(beat(3, 1, T0), rank=True)]
     assert list(own_records(records, "7", 0)) == [0]
-    assert limits_of([{"watch": None}, {"watch": {"stall_s": 30, "first_step_s": 0}}]) == Limits(30, 0)
-    assert limits_of([{"watch": {"stall_s": -1, "first_step_s": 0}}]) is None
+
+
+def spec(run_dir, **fields):
+    values = dict(launcher="srun", script="/home/alice/train.py", module=None, args=(), nodes=1, ranks_per_node=2,
+                  world_size=2, run_dir=str(run_dir), run_id="r", requeue_max=3, crash_retries=1,
+                  exclude_bad_nodes=True, watchdog_stall_s=60.0, watchdog_first_step_s=300.0)
+    values.update(fields)
+    return TaskSpec(**values)
+
+
+def test_the_watch_takes_its_bounds_and_ranks_from_task_json(tmp_path):
+    write_task_spec(tmp_path, spec(tmp_path))
+    clock = [T0]
+    watch = Watch(tmp_path, "7", 0, started=T0, clock=lambda: clock[0])
+    assert watch.limits == LIMITS and watch.world_size == 2 and not watch.off
+    path = RunDir(tmp_path).heartbeat(0)
+    path.parent.mkdir()
+    path.write_bytes(heartbeat_bytes(beat(0, None, None, state="starting")))
+    clock[0] = T0 + 299
+    assert watch.check() is None
+    clock[0] = T0 + 300           # rank 1 never wrote: the first-step bound holds for it too
+    hang = watch.check()
+    assert hang.kind == "first_step" and [s.rank for s in hang.silent] == [0, 1]
+
+
+def test_no_bounds_or_no_task_json_means_no_watch(tmp_path, capsys):
+    write_task_spec(tmp_path, spec(tmp_path, watchdog_stall_s=0.0, watchdog_first_step_s=0.0))
+    assert Watch(tmp_path, "7", 0).off
+    missing = Watch(tmp_path / "elsewhere", "7", 0)
+    assert missing.off and missing.check() is None
+    err = capsys.readouterr().err
+    assert "glaunch: watchdog: off: " in err and "elsewhere/task.json: missing" in err
 
 
 class Children:

@@ -25,7 +25,7 @@ from launcher.runtime import heartbeats, state  # noqa: E402
 from launcher.runtime.checkpoint.layout import CheckpointError  # noqa: E402
 from launcher.runtime.checkpoint import dcp  # noqa: E402
 from launcher.runtime.rankcontext import free_port  # noqa: E402
-from launcher.runtime.watchdog import Watch  # noqa: E402
+from launcher.runtime.watchdog import Limits, Watch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 STALL_S = 1.5                 # a pause this long after a save must not be taken for a stall, even on a loaded machine
@@ -46,10 +46,9 @@ def _watched(tmp_path) -> tuple[heartbeats.Beats, Watch, Path]:
     """This process's beats, as a rank's task sets them up, and the watchdog's view of them."""
     run = tmp_path / "run"
     beats = heartbeats.Beats(run_dir=run, interval_s=0.05, checkpoint_every=0, rank=0, node="n1", job_id="77",
-                             restart=0, world_size=1,
-                             watch={"stall_s": STALL_S, "first_step_s": 0, "exclude_bad_nodes": True})
+                             restart=0, world_size=1)
     heartbeats.reset(beats)
-    return beats, Watch(run, "77", 0, world_size=1), run / "heartbeats" / "rank-00000.json"
+    return beats, Watch(run, "77", 0, limits=Limits(STALL_S, 0), world_size=1), run / "heartbeats" / "rank-00000.json"
 
 
 def _model():
@@ -163,15 +162,14 @@ from pathlib import Path
 import torch
 from launcher.rundir.layout import read_heartbeat
 from launcher.runtime import heartbeats
-from launcher.runtime.watchdog import Watch
+from launcher.runtime.watchdog import Limits, Watch
 
 SLOW_S = float(os.environ["SLOW_S"])
 run = Path(os.environ["GLAUNCH_RUN_DIR"])
 beats = heartbeats.Beats(run_dir=run, interval_s=0.05, checkpoint_every=0, rank=0, node="n1", job_id="77",
-                         restart=0, world_size=1,
-                         watch={"stall_s": float(os.environ["STALL_S"]), "first_step_s": 0, "exclude_bad_nodes": True})
+                         restart=0, world_size=1)
 heartbeats.reset(beats)
-watch = Watch(run, "77", 0, world_size=1)
+watch = Watch(run, "77", 0, limits=Limits(float(os.environ["STALL_S"]), 0), world_size=1)
 path = run / "heartbeats" / "rank-00000.json"
 seen = []
 

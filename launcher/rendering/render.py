@@ -1,5 +1,5 @@
-"""Render: a JobPlan -> the run bundle's files, as text. Pure, but for the compiled
-templates it keeps between runs (TemplateCache, saved once a rendered run was written).
+"""Render: a JobPlan -> the run bundle's files, as text. Pure: the only files it reads
+are its own templates, and it writes none (the caller writes what it returns).
 
 What differs between schedulers (directives, the launch line, the shell after it, the
 rendezvous) comes in a `JobShell` from the scheduler; the shell that runs is in the
@@ -9,12 +9,8 @@ already quoted.
 
 from __future__ import annotations
 
-import atexit
-import hashlib
 import json
 import os
-import stat
-from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -26,6 +22,7 @@ import yaml
 from launcher import __version__
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import STOP_SIGNALS, JobPlan
+from launcher.rundir import envnames
 from launcher.rundir.layout import DS_CONFIG_FILE, ENV_FILE, HPARAMS_FILE, JOB_SCRIPT, RESOLVED_FILE, RunDir
 from launcher.rundir.launch import entry_words, torchrun_args
 from launcher import shell
@@ -51,96 +48,14 @@ class JobShell:
     extra_env: tuple[tuple[str, str, Any], ...] = ()   # more GLAUNCH_* exports (see glaunch_env)
 
 
-# The environment's settings: compiled templates are cached under a name that includes them.
-ENVIRONMENT_OPTIONS: Mapping[str, Any] = dict(undefined=jinja2.StrictUndefined, autoescape=False,
-                                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
-
-
-class TemplateCache(jinja2.FileSystemBytecodeCache):
-    """Compiled templates kept between runs in `directory` (jinja2 recompiles a template
-    whose source changed). What a command compiles is written by `save`, once that
-    command has succeeded: a command that fails writes nothing, this cache included.
-    The folder is used only while it is this user's alone (its files are code this
-    process runs); a cache that cannot be used, read or written is a miss."""
-
-    def __init__(self, directory: str, pattern: str) -> None:
-        super().__init__(directory, pattern)
-        self.pending: list[jinja2.bccache.Bucket] = []
-        self._trusted: bool | None = None
-
-    def usable(self, *, create: bool = False) -> bool:
-        """Whether the folder is there (made, with `create`) and no other user may write to it."""
-        if self._trusted is None or (create and not self._trusted):
-            try:
-                if create:
-                    os.makedirs(self.directory, mode=0o700, exist_ok=True)
-                info = os.lstat(self.directory)
-            except OSError:
-                return False
-            self._trusted = (stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
-                             and not info.st_mode & 0o022)
-        return self._trusted
-
-    def load_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        if not self.usable():
-            return
-        try:
-            super().load_bytecode(bucket)
-        except Exception:
-            bucket.reset()
-
-    def dump_bytecode(self, bucket: jinja2.bccache.Bucket) -> None:
-        self.pending.append(bucket)
-
-    def save(self) -> None:
-        pending, self.pending = self.pending, []
-        if not pending or not self.usable(create=True):
-            return
-        for bucket in pending:
-            try:
-                super().dump_bytecode(bucket)
-            except Exception:
-                pass
-
-
-def template_cache_dir(environ: Mapping[str, str] = os.environ) -> str:
-    """$XDG_CACHE_HOME/glaunch/templates, else ~/.cache/glaunch/templates."""
-    base = environ.get("XDG_CACHE_HOME", "")
-    if not os.path.isabs(base):
-        base = os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "glaunch", "templates")
-
-
-def make_environment(loader: jinja2.BaseLoader, cache_dir: str | None) -> jinja2.Environment:
-    """An environment with ENVIRONMENT_OPTIONS; its compiled templates cached in `cache_dir`."""
-    settings = repr((jinja2.__version__, sorted((k, repr(v)) for k, v in ENVIRONMENT_OPTIONS.items())))
-    key = hashlib.sha256(settings.encode()).hexdigest()[:16]
-    cache = TemplateCache(cache_dir, f"{key}-%s.cache") if cache_dir else None
-    return jinja2.Environment(loader=loader, bytecode_cache=cache, **ENVIRONMENT_OPTIONS)
-
-
-# The latest run directories rendered by this process: the cache is saved at exit if one
-# of them was written (its run.json is the last file a run directory gets).
-_RENDERED: deque[str] = deque(maxlen=256)
-
-
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
     if TEMPLATES.is_dir():
         loader: jinja2.BaseLoader = jinja2.FileSystemLoader(str(TEMPLATES))
     else:
         loader = jinja2.PackageLoader("launcher", "templates")
-    env = make_environment(loader, template_cache_dir())
-    atexit.register(_save_if_written, env.bytecode_cache)
-    return env
-
-
-def _save_if_written(cache: jinja2.BytecodeCache | None) -> None:
-    # os.path.isfile, not Path.exists: a run dir whose name the file system refuses
-    # (too long, say) was never written, and must not raise at exit.
-    if isinstance(cache, TemplateCache) and cache.pending and any(
-            os.path.isfile(RunDir(p).run_file) for p in _RENDERED):
-        cache.save()
+    return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, autoescape=False,
+                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
 
 
 def template(name: str) -> jinja2.Template:
@@ -150,7 +65,6 @@ def template(name: str) -> jinja2.Template:
 
 def render(plan: JobPlan, job_shell: JobShell) -> dict[str, str]:
     """File name (relative to the run dir) -> content."""
-    _RENDERED.append(plan.run_dir)
     files = {
         JOB_SCRIPT: render_job_script(plan, job_shell),
         ENV_FILE: render_env(plan, job_shell),
@@ -234,23 +148,23 @@ def glaunch_env(plan: JobPlan, job_shell: JobShell) -> list[tuple[str, str, Any]
     """(name, value, how) of the variables the in-job runtime reads; how is False (literal),
     True ($NAME expands) or "raw" (glaunch's own shell text, e.g. a ${X:-default})."""
     values: list[tuple[str, str, Any]] = [
-        ("GLAUNCH_RUN_ID", plan.run_id, False),
-        ("GLAUNCH_RUN_DIR", plan.run_dir, False),
-        ("GLAUNCH_CHECKPOINT_DIR", plan.checkpoint_dir, False),
-        ("GLAUNCH_CHECKPOINT_EVERY", str(plan.checkpoint_every), False),
-        ("GLAUNCH_CHECKPOINT_KEEP", str(plan.checkpoint_keep), False),
-        ("GLAUNCH_STRATEGY", plan.strategy, False),
-        ("GLAUNCH_PRECISION", plan.precision, False),
-        ("GLAUNCH_LAUNCHER", plan.launcher, False),
-        ("GLAUNCH_NODES", str(plan.nodes), False),
-        ("GLAUNCH_RANKS_PER_NODE", str(plan.ranks_per_node), False),
-        ("GLAUNCH_MICRO_BATCH", str(plan.micro_batch), False),
-        ("GLAUNCH_GLOBAL_BATCH", str(plan.global_batch), False),
-        ("GLAUNCH_STOP_SIGNALS", ",".join(STOP_SIGNALS), False),
-        ("GLAUNCH_HPARAMS", os.path.join(plan.run_dir, HPARAMS_FILE), False),
+        (envnames.RUN_ID, plan.run_id, False),
+        (envnames.RUN_DIR, plan.run_dir, False),
+        (envnames.CHECKPOINT_DIR, plan.checkpoint_dir, False),
+        (envnames.CHECKPOINT_EVERY, str(plan.checkpoint_every), False),
+        (envnames.CHECKPOINT_KEEP, str(plan.checkpoint_keep), False),
+        (envnames.STRATEGY, plan.strategy, False),
+        (envnames.PRECISION, plan.precision, False),
+        (envnames.LAUNCHER, plan.launcher, False),
+        (envnames.NODES, str(plan.nodes), False),
+        (envnames.RANKS_PER_NODE, str(plan.ranks_per_node), False),
+        (envnames.MICRO_BATCH, str(plan.micro_batch), False),
+        (envnames.GLOBAL_BATCH, str(plan.global_batch), False),
+        (envnames.STOP_SIGNALS, ",".join(STOP_SIGNALS), False),
+        (envnames.HPARAMS, os.path.join(plan.run_dir, HPARAMS_FILE), False),
     ]
     if plan.ds_config is not None:
-        values.append(("GLAUNCH_DS_CONFIG", os.path.join(plan.run_dir, DS_CONFIG_FILE), False))
+        values.append((envnames.DS_CONFIG, os.path.join(plan.run_dir, DS_CONFIG_FILE), False))
     return values + list(job_shell.extra_env)
 
 

@@ -11,7 +11,7 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 # run.json of a run with thousands of requeues stays far below this; anything bigger is
 # not a record glaunch wrote, and reading it whole could exhaust memory.
@@ -22,7 +22,7 @@ class NotARegularFile(OSError):
     """A path that should hold a regular file holds something else (FIFO, device, directory)."""
 
 
-def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
+def open_regular(path: str | os.PathLike[str], flags: int = os.O_RDONLY, mode: int = 0o644) -> int:
     """A descriptor of the regular file at `path`. Opening never blocks (a FIFO would wait
     for a writer forever) and anything but a regular file is refused."""
     fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, mode)
@@ -36,7 +36,7 @@ def open_regular(path: str | os.PathLike, flags: int = os.O_RDONLY, mode: int = 
     return fd
 
 
-def read_text(path: str | os.PathLike, limit: int = MAX_RECORD_BYTES) -> str:
+def read_text(path: str | os.PathLike[str], limit: int = MAX_RECORD_BYTES) -> str:
     """The UTF-8 text of a regular file of at most `limit` bytes. OSError when it cannot be
     read or is not a regular file; ValueError when it is larger or not UTF-8."""
     fd = open_regular(path)
@@ -66,23 +66,32 @@ def json_safe(value: object) -> object:
     return value
 
 
-def load_json_object(path: str | os.PathLike) -> dict:
+def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     """The JSON object in `path`; OSError when it cannot be read, ValueError (with what is
     wrong) when it is not a JSON object."""
     try:
-        data = json.loads(read_text(path))
+        text = read_text(path)
+    except UnicodeDecodeError:
+        raise ValueError("not UTF-8 text") from None
+    return parse_json_object(text)
+
+
+def parse_json_object(text: str) -> dict[str, Any]:
+    """The JSON object `text` holds; ValueError (with what is wrong) when it holds none."""
+    try:
+        data = json.loads(text)
     except RecursionError:
         raise ValueError("not JSON: nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"not JSON ({exc.msg} at line {exc.lineno} column {exc.colno})") from None
-    except UnicodeDecodeError:
-        raise ValueError("not UTF-8 text") from None
+    except ValueError as exc:      # a number too long to convert
+        raise ValueError(f"not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"a JSON {json_type(data)}, not an object")
     return data
 
 
-def read_json(path: str | os.PathLike) -> dict | None:
+def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:
     """A JSON object from `path`, or None when it is missing, unreadable or not an object."""
     try:
         return load_json_object(path)
@@ -90,7 +99,7 @@ def read_json(path: str | os.PathLike) -> dict | None:
         return None
 
 
-def fsync_dir(path: str | os.PathLike) -> None:
+def fsync_dir(path: str | os.PathLike[str]) -> None:
     """Make a rename or a new entry in `path` durable; some filesystems refuse, harmlessly."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
@@ -104,7 +113,7 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write `text` so a reader sees the old content or the new, never a part: a temp file
     beside it (named per host and process, for shared filesystems), fsync, rename, fsync
     of the directory. The temp file is always a new one: whatever had its name (a file left
@@ -128,7 +137,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     fsync_dir(path.parent)
 
 
-def directory_problem(path: str | os.PathLike) -> str | None:
+def directory_problem(path: str | os.PathLike[str]) -> str | None:
     """Why a directory could not be used (created if missing, then written) at `path`, or
     None. Looks only: creates nothing."""
     path = Path(os.path.abspath(path))
@@ -154,7 +163,7 @@ def directory_problem(path: str | os.PathLike) -> str | None:
 
 
 @contextlib.contextmanager
-def exclusive_lock(path: str | os.PathLike, what: str) -> Iterator[None]:
+def exclusive_lock(path: str | os.PathLike[str], what: str) -> Iterator[None]:
     """Hold an flock on `path` (created as a regular file) for the block: the job and the
     CLI read-modify-write the same records. `what` names the record in the error."""
     from launcher.errors import RunError

@@ -1,4 +1,4 @@
-"""What each task runs, from the task spec the submit side pickles with it: the entry
+"""What each task runs, from the job's task spec (task.json, :mod:`.taskspec`): the entry
 point's words and torchrun's arguments. job.sbatch prints the same words from the same
 spec, so what the script says is what runs. Pure.
 
@@ -11,7 +11,9 @@ description, written at submit time) every option is shown.
 
 from __future__ import annotations
 
-from typing import Any, Collection, Mapping
+from typing import Any, Collection
+
+from launcher.rundir.taskspec import TaskSpec
 
 # SIGTERM (preemption) must not make the agent tear its workers down before they save:
 # glaunch's task forwards it, like the time-limit warning. torchrun gained this option in
@@ -23,13 +25,13 @@ SIGNALS_TO_HANDLE = "SIGINT,SIGHUP,SIGQUIT"
 OPTIONAL = frozenset({"--signals-to-handle"})
 
 
-def entry_words(spec: Mapping[str, Any]) -> list[str]:
+def entry_words(spec: TaskSpec) -> list[str]:
     """The program and its arguments, as a user would type them after `python`."""
-    head = ["-m", spec["module"]] if spec["module"] else [spec["script"]]
-    return head + list(spec["args"])
+    head = ["-m", spec.module] if spec.module is not None else [str(spec.script)]
+    return head + list(spec.args)
 
 
-def torchrun_args(spec: Mapping[str, Any], *, node_rank: str, master_addr: str, master_port: str,
+def torchrun_args(spec: TaskSpec, *, node_rank: str, master_addr: str, master_port: str,
                   job_id: str, accepted: Collection[str] | None = None) -> list[str]:
     """torchrun's arguments for one node: c10d rendezvous at the first host.
 
@@ -39,8 +41,8 @@ def torchrun_args(spec: Mapping[str, Any], *, node_rank: str, master_addr: str, 
     None keeps every option as written (the submit-time description).
     """
     options = [
-        ("--nnodes", str(spec["nodes"])),
-        ("--nproc-per-node", str(spec["ranks_per_node"])),
+        ("--nnodes", str(spec.nodes)),
+        ("--nproc-per-node", str(spec.ranks_per_node)),
         ("--node-rank", node_rank),
         ("--rdzv-backend", "c10d"),
         ("--rdzv-endpoint", f"{master_addr}:{master_port}"),

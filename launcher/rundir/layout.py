@@ -3,6 +3,7 @@
 One run directory per run (DESIGN.md "The run bundle")::
 
     job.sbatch  env.sh  ds_config.json  resolved.yaml      written at submit
+    task.json                                               what every task of the job needs (launcher.rundir.taskspec)
     hparams.json                                            the experiment's hparams (GLAUNCH_HPARAMS)
     code/  code.patch                                       the code snapshot (a sweep's elements: the sweep's)
     run.json                                                the run record (RunRecord)
@@ -54,6 +55,7 @@ ENV_FILE = "env.sh"
 DS_CONFIG_FILE = "ds_config.json"
 RESOLVED_FILE = "resolved.yaml"
 HPARAMS_FILE = "hparams.json"
+TASK_FILE = "task.json"           # the job's task spec (launcher.rundir.taskspec), read on the nodes
 CODE_DIR = "code"                 # the code snapshot every start runs from (launcher.runner.snapshot)
 CODE_PATCH = "code.patch"         # a dirty work tree's changes against its commit
 SWEEP_FILE = "sweep.json"         # a sweep's directory: its record (launcher.runner.sweeps)
@@ -114,7 +116,7 @@ def heartbeat_bytes(record: Mapping[str, Any], size: int = 0) -> bytes:
     return text.ljust(size, b" ")
 
 
-def read_heartbeat(path: str | os.PathLike, attempts: int = 3) -> dict[str, Any] | None:
+def read_heartbeat(path: str | os.PathLike[str], attempts: int = 3) -> dict[str, Any] | None:
     """A heartbeat file's record; None when it is missing, damaged, or still torn after
     `attempts` reads (each a few milliseconds apart)."""
     for attempt in range(attempts):
@@ -142,7 +144,7 @@ class RunDir:
 
     path: Path
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike[str]) -> None:
         object.__setattr__(self, "path", Path(path))
 
     @property
@@ -162,8 +164,8 @@ class RunDir:
         return self.path / JOB_SCRIPT
 
     @property
-    def env_file(self) -> Path:
-        return self.path / ENV_FILE
+    def task_file(self) -> Path:
+        return self.path / TASK_FILE
 
     @property
     def ds_config(self) -> Path:

@@ -14,9 +14,10 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from launcher.errors import ConfigError, RunError
+from launcher.rundir.envnames import STATE_DIR
 from launcher.rundir.files import (
     exclusive_lock,
     atomic_write_text,
@@ -49,8 +50,8 @@ def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
     """$GLAUNCH_STATE_DIR, else $XDG_STATE_HOME/glaunch (when absolute, as the XDG spec
     asks), else ~/.local/state/glaunch from $HOME or, without it, the user's passwd entry.
     Never a shared default such as /tmp, where another user could create it first."""
-    if environ.get("GLAUNCH_STATE_DIR"):
-        return Path(environ["GLAUNCH_STATE_DIR"])
+    if environ.get(STATE_DIR):
+        return Path(environ[STATE_DIR])
     xdg = environ.get("XDG_STATE_HOME", "")
     if os.path.isabs(xdg):
         return Path(xdg) / "glaunch"
@@ -59,8 +60,8 @@ def state_dir(environ: Mapping[str, str] = os.environ) -> Path:
         home = _passwd_home()
     if not home:
         raise ConfigError("glaunch's state directory: HOME is not an absolute path and this user's passwd entry "
-                          "gives no home directory; set GLAUNCH_STATE_DIR (or HOME) to a directory of yours",
-                          file="environment", key="GLAUNCH_STATE_DIR")
+                          f"gives no home directory; set {STATE_DIR} (or HOME) to a directory of yours",
+                          file="environment", key=STATE_DIR)
     return Path(home) / ".local" / "state" / "glaunch"
 
 
@@ -77,12 +78,12 @@ def _passwd_home() -> str | None:
 def state_dir_error(problem: str, environ: Mapping[str, str] = os.environ) -> ConfigError:
     """The state directory is unusable: blamed on the variable that chose it."""
     directory = state_dir(environ)
-    for key in ("GLAUNCH_STATE_DIR", "XDG_STATE_HOME", "HOME"):
+    for key in (STATE_DIR, "XDG_STATE_HOME", "HOME"):
         value = environ.get(key, "")
-        if value and (key == "GLAUNCH_STATE_DIR" or os.path.isabs(value)):
+        if value and (key == STATE_DIR or os.path.isabs(value)):
             return ConfigError(f"glaunch's state directory {directory}: {problem}", file="environment", key=key)
-    return ConfigError(f"glaunch's state directory {directory}: {problem} (set GLAUNCH_STATE_DIR)",
-                       file="environment", key="GLAUNCH_STATE_DIR")
+    return ConfigError(f"glaunch's state directory {directory}: {problem} (set {STATE_DIR})",
+                       file="environment", key=STATE_DIR)
 
 
 def check_state_dir(environ: Mapping[str, str] = os.environ) -> None:
@@ -156,7 +157,7 @@ def unregister(run_id: str, run_dir: str) -> None:
             f.write(b"".join(kept))
 
 
-def _entry_of(line: bytes) -> dict | None:
+def _entry_of(line: bytes) -> dict[str, Any] | None:
     try:
         entry = json.loads(line)
     except (ValueError, RecursionError):
@@ -252,7 +253,7 @@ def _has_record(run_dir: Path) -> bool:
 # --- run.json ------------------------------------------------------------------------------
 
 
-def read(run_dir: str | os.PathLike) -> RunRecord:
+def read(run_dir: str | os.PathLike[str]) -> RunRecord:
     """run.json; RunError naming the file and what is wrong when it cannot be read back."""
     path = RunDir(run_dir).run_file
     try:
@@ -263,7 +264,7 @@ def read(run_dir: str | os.PathLike) -> RunRecord:
         raise RunError(f"damaged run record: {exc}", file=str(path)) from None
 
 
-def write(run_dir: str | os.PathLike, record: RunRecord) -> None:
+def write(run_dir: str | os.PathLike[str], record: RunRecord) -> None:
     path = RunDir(run_dir).run_file
     try:
         atomic_write_text(path, json.dumps(record.to_dict(), indent=2) + "\n")
@@ -272,7 +273,7 @@ def write(run_dir: str | os.PathLike, record: RunRecord) -> None:
 
 
 @contextlib.contextmanager
-def updating(run_dir: str | os.PathLike) -> Iterator[RunRecord]:
+def updating(run_dir: str | os.PathLike[str]) -> Iterator[RunRecord]:
     """Read-modify-write run.json under a lock (the job and the CLI both update it)."""
     with exclusive_lock(RunDir(run_dir).lock_file, "run record"):
         record = read(run_dir)
@@ -280,7 +281,7 @@ def updating(run_dir: str | os.PathLike) -> Iterator[RunRecord]:
         write(run_dir, record)
 
 
-def new_start(job_id: str, restart: int, **values) -> StartRecord:
+def new_start(job_id: str, restart: int, **values: Any) -> StartRecord:
     start = StartRecord(job_id=str(job_id), restart=restart, submitted=now(), state=State.PENDING.value)
     start.update(**values)
     return start

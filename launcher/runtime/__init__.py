@@ -94,7 +94,6 @@ the commit protocol.
 from __future__ import annotations
 
 from launcher.runtime.checkpoint.background import PendingCheckpoint, wait_checkpoints
-from launcher.runtime.checkpoint.commit import stage_checkpoint
 from launcher.runtime.checkpoint.layout import (
     Checkpoint,
     CheckpointError,
@@ -103,18 +102,18 @@ from launcher.runtime.checkpoint.layout import (
     step_dir_name,
 )
 from launcher.runtime.checkpoint.resume import latest_complete, resume_checkpoint
+from launcher.runtime.checkpoint.save import stage_checkpoint
 from launcher.runtime.checkpoint.staging import Staging
 from launcher.runtime.checkpoint.verify import verify_checkpoint
 from launcher.runtime.device import Placement, placement
 from launcher.runtime.heartbeats import heartbeat, note_checkpoint
+from launcher.runtime.processgroup import init_distributed, shutdown_distributed
 from launcher.runtime.rankcontext import (
     RankContext,
     RuntimeConfigError,
     barrier,
     context,
     export_rendezvous_env,
-    init_distributed,
-    shutdown_distributed,
 )
 from launcher.runtime.result import param_sha256, write_result, write_stop
 from launcher.runtime.state import load_torch_state, rng_state, save_torch_state, set_rng_state, unwrap

@@ -34,7 +34,7 @@ import json
 import os
 
 from launcher.runtime import heartbeats
-from launcher.runtime.checkpoint.commit import stage_checkpoint
+from launcher.runtime.checkpoint.save import stage_checkpoint
 from launcher.runtime.checkpoint.layout import Checkpoint, CheckpointError, step_dir_name
 from launcher.runtime.checkpoint.verify import verify_checkpoint
 from launcher.runtime.rankcontext import (
@@ -44,10 +44,10 @@ from launcher.runtime.rankcontext import (
     export_rendezvous_env,
     log,
     log_joined,
-    shutdown_distributed,
 )
 from launcher.runtime.device import Placement
 from launcher.runtime.device import placement as device_placement
+from launcher.runtime.processgroup import shutdown_distributed
 from launcher.runtime.state import restore_rng, save_rng
 
 TAG = "deepspeed"

@@ -21,6 +21,7 @@ import os
 import sys
 from dataclasses import dataclass
 
+from launcher.rundir import envnames
 from launcher.runtime.rankcontext import RankContext, RuntimeConfigError, context
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -102,12 +103,12 @@ def placement(ctx: RankContext | None = None, *, cuda: bool | None = None,
     ctx = ctx or context()
     requested = ctx.precision
     if requested not in PRECISIONS:
-        raise RuntimeConfigError(f"GLAUNCH_PRECISION={requested!r}: expected one of {', '.join(PRECISIONS)}")
+        raise RuntimeConfigError(f"{envnames.PRECISION}={requested!r}: expected one of {', '.join(PRECISIONS)}")
     import torch
 
     if cuda is None:
         cuda = torch.cuda.is_available()
-    backend = backend or os.environ.get("GLAUNCH_DIST_BACKEND") or ("nccl" if cuda else "gloo")
+    backend = backend or os.environ.get(envnames.DIST_BACKEND) or ("nccl" if cuda else "gloo")
     if not cuda:
         return Placement("cpu", backend, "fp32", requested)
     index = gpu_index(ctx.local_rank, torch.cuda.device_count())

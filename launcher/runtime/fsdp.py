@@ -24,6 +24,7 @@ as a MixedPrecisionPolicy (:func:`mixed_precision`). CPU offload is the script's
 
 from __future__ import annotations
 
+from launcher.runtime.device import placement
 from launcher.runtime.rankcontext import RankContext, context
 
 
@@ -43,8 +44,6 @@ def mixed_precision(ctx: RankContext | None = None):
     None in fp32 and on the CPU, which trains in fp32 (:func:`launcher.runtime.device.placement`)."""
     import torch
     from torch.distributed.fsdp import MixedPrecisionPolicy
-
-    from launcher.runtime.device import placement
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(placement(ctx or context()).precision)
     if dtype is None:

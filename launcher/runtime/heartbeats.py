@@ -9,16 +9,14 @@ it also replaces ``<run dir>/heartbeats/rank-RRRRR.json``::
     {"rank": 3, "node": "gpu012", "job_id": "4711", "restart": 1, "step": 120, "total": 400,
      "time": 1733230000.12, "first_step": 101, "first_time": ..., "step_s": 0.41,
      "checkpoint_step": 100, "state": "running", "written": ..., "interval_s": 5.0,
-     "pid": 5120, "host": "gpu012.cluster", "job_step": "0", "world_size": 16,
-     "watch": {"stall_s": 600, "first_step_s": 1800, "exclude_bad_nodes": true}, ...}
+     "pid": 5120, "host": "gpu012.cluster", "job_step": "0", "world_size": 16, ...}
 
 ``state``: ``starting`` (written by the task before the entry point runs, so the watchdog
 knows every rank before its first step), ``running``, ``saving`` (a checkpoint save that
 holds up the loop, :func:`saving`; ``saving_since`` when it began, ``save_ended`` when the
 last one ended), ``stopping`` (the save of an agreed stop), ``stopped``, ``finished``.
-``watch`` is what the rank's task was given for the watchdog and the start's end
-(watchdog.stall_s, watchdog.first_step_s, requeue.exclude_bad_nodes): the batch host's
-watchdog (:mod:`launcher.runtime.watchdog`) reads only these files.
+The batch host's watchdog (:mod:`launcher.runtime.watchdog`) reads these files, and its
+bounds from the job's task.json.
 
 ``time`` is when the rank reached ``step`` (not when the file was written), so a rank
 that hangs leaves a file that ages while its peers' files move on: no collective is
@@ -30,21 +28,25 @@ and never fsynced: a reader needs a whole record, not a durable one, and a renam
 fsync per beat from every rank would load a shared filesystem's metadata server for
 nothing (bench/heartbeat.py measures the cost).
 
-The intervals between beats are the step times of the start's telemetry
-(:mod:`launcher.runtime.telemetry`). A step whose number is a checkpoint step
-(``GLAUNCH_CHECKPOINT_EVERY``) also saved a checkpoint: its interval is kept apart, and
-what it took beyond a usual step is a save time. A beat without a step number is the
-step after the last one (the first, the step after the one this start resumed from:
-resume.json).
+The intervals between beats are the step times of the start's telemetry, which each rank
+writes at the end of its start (:func:`write_telemetry`; what it holds and how the start
+folds it into run.json: :mod:`launcher.runtime.telemetry`). A step whose number is a
+checkpoint step (``GLAUNCH_CHECKPOINT_EVERY``) also saved a checkpoint: its interval is
+kept apart, and what it took beyond a usual step is a save time. A beat without a step
+number is the step after the last one (the first, the step after the one this start
+resumed from: resume.json).
 
 Only under a launcher (``GLAUNCH_RUN_DIR`` set) are files written; a script run by hand
-times its steps and writes nothing.
+times its steps and writes nothing. There the first beat also arms the rest of the
+rank's start (:func:`began`): its telemetry at exit, the node's GPU sampler, its stack
+dump.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import math
+import json
 import os
 import random
 import socket
@@ -53,9 +55,11 @@ from array import array
 from pathlib import Path
 from typing import Any, Iterator
 
-from launcher.rundir.files import open_regular, read_json
+from launcher.rundir import envnames
+from launcher.rundir.files import atomic_write_text, open_regular, read_json
 from launcher.rundir.layout import RunDir, heartbeat_bytes
-from launcher.runtime.rankcontext import RuntimeConfigError, context, log, node_name
+from launcher.runtime import stacks, stopflag, telemetry
+from launcher.runtime.rankcontext import RankContext, RuntimeConfigError, context, log, node_name
 
 DEFAULT_INTERVAL_S = 5.0
 RANK0_INTERVAL_S = 1.0
@@ -69,14 +73,14 @@ class Beats:
 
     def __init__(self, *, run_dir: Path | None, interval_s: float, checkpoint_every: int, rank: int = 0,
                  local_rank: int = 0, node: str = "", job_id: str | None = None, restart: int = 0,
-                 world_size: int | None = None, watch: dict[str, Any] | None = None) -> None:
+                 world_size: int | None = None) -> None:
         self.run_dir = run_dir
         self.path = RunDir(run_dir).heartbeat(rank) if run_dir is not None and interval_s > 0 else None
         self.interval_s = interval_s
         self.checkpoint_every = checkpoint_every
         self.rank, self.local_rank, self.node = rank, local_rank, node
         self.job_id, self.restart, self.pid = job_id, restart, os.getpid()
-        self.world_size, self.watch = world_size, watch
+        self.world_size = world_size
         self.host = socket.gethostname()
         self.job_step = os.environ.get("SLURM_STEP_ID")
         self.saving_since: float | None = None
@@ -155,7 +159,7 @@ class Beats:
                 "step_s": None if self.step_s is None else round(self.step_s, 6),
                 "checkpoint_step": self.checkpoint_step, "state": self.state, "written": time.time(),
                 "interval_s": self.interval_s, "host": self.host, "job_step": self.job_step,
-                "world_size": self.world_size, "watch": self.watch, "saving_since": self.saving_since,
+                "world_size": self.world_size, "saving_since": self.saving_since,
                 "save_ended": self.save_ended}
 
     def write(self, now: float | None = None) -> None:
@@ -185,7 +189,7 @@ class Beats:
         if not self.samples:
             return None
         ordered = sorted(self.samples)
-        return {"median": round(quantile(ordered, 0.5), 6), "p90": round(quantile(ordered, 0.9), 6),
+        return {"median": round(telemetry.quantile(ordered, 0.5), 6), "p90": round(telemetry.quantile(ordered, 0.9), 6),
                 "count": self.seen}
 
     def save_times(self) -> list[float]:
@@ -199,21 +203,11 @@ class Beats:
         return [round(max(0.0, interval - steps * float(times["median"])), 6) for interval, steps in self.save_spans]
 
 
-def quantile(ordered: list[float], q: float) -> float:
-    """The q-quantile of sorted values, interpolated between the nearest ranks."""
-    if len(ordered) == 1:
-        return ordered[0]
-    position = q * (len(ordered) - 1)
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 _beats: Beats | None = None
 
 
 def interval_from_env() -> float:
-    raw = os.environ.get("GLAUNCH_HEARTBEAT_S", "").strip()
+    raw = os.environ.get(envnames.HEARTBEAT_S, "").strip()
     if not raw:
         return DEFAULT_INTERVAL_S
     try:
@@ -221,34 +215,9 @@ def interval_from_env() -> float:
     except ValueError:
         value = -1.0
     if not 0 <= value < float("inf"):
-        log(f"GLAUNCH_HEARTBEAT_S={raw!r} is not a number of seconds >= 0; using {DEFAULT_INTERVAL_S:g}")
+        log(f"{envnames.HEARTBEAT_S}={raw!r} is not a number of seconds >= 0; using {DEFAULT_INTERVAL_S:g}")
         return DEFAULT_INTERVAL_S
     return value
-
-
-# What the task tells its ranks (and torchrun's workers) for the watchdog and the start's end.
-WATCH_ENV = {"stall_s": "GLAUNCH_WATCHDOG_STALL_S", "first_step_s": "GLAUNCH_WATCHDOG_FIRST_STEP_S",
-             "exclude_bad_nodes": "GLAUNCH_EXCLUDE_BAD_NODES"}
-
-
-def watch_environment(spec: dict[str, Any]) -> dict[str, str]:
-    """The task spec's watchdog settings as the variables :func:`watch_from_env` reads."""
-    return {WATCH_ENV["stall_s"]: str(spec.get("watchdog_stall_s", 0)),
-            WATCH_ENV["first_step_s"]: str(spec.get("watchdog_first_step_s", 0)),
-            WATCH_ENV["exclude_bad_nodes"]: "1" if spec.get("exclude_bad_nodes", True) else "0"}
-
-
-def watch_from_env() -> dict[str, Any] | None:
-    """The heartbeat's `watch`; None when the task set none (a script run by hand)."""
-    try:
-        stall = float(os.environ[WATCH_ENV["stall_s"]])
-        first = float(os.environ[WATCH_ENV["first_step_s"]])
-    except (KeyError, ValueError):
-        return None
-    if not (0 <= stall < float("inf") and 0 <= first < float("inf")):
-        return None
-    return {"stall_s": stall, "first_step_s": first,
-            "exclude_bad_nodes": os.environ.get(WATCH_ENV["exclude_bad_nodes"], "1") != "0"}
 
 
 def current() -> Beats:
@@ -265,27 +234,80 @@ def _begin() -> Beats:
     except RuntimeConfigError as exc:
         log(f"heartbeats off: {exc}")
         return Beats(run_dir=None, interval_s=0, checkpoint_every=0)
-    under_launcher = bool(os.environ.get("GLAUNCH_RUN_DIR"))
+    under_launcher = bool(os.environ.get(envnames.RUN_DIR))
     interval = interval_from_env()
     if ctx.rank == 0 and interval > 0:
         interval = min(interval, RANK0_INTERVAL_S)
     beats = Beats(run_dir=ctx.run_dir if under_launcher else None, interval_s=interval,
                   checkpoint_every=ctx.checkpoint_every, rank=ctx.rank, local_rank=ctx.local_rank,
-                  node=node_name(), job_id=ctx.job_id, restart=ctx.restart, world_size=ctx.world_size,
-                  watch=watch_from_env())
+                  node=node_name(), job_id=ctx.job_id, restart=ctx.restart, world_size=ctx.world_size)
     if under_launcher:
-        from launcher.runtime import stacks, telemetry
-
-        telemetry.began(beats, ctx)
-        if not stacks.armed():      # a torchrun worker: its task (the agent) armed only itself
-            stacks.arm_stack_dump(ctx.run_dir, ctx.rank)
+        began(ctx)
     return beats
 
 
+def began(ctx: RankContext) -> None:
+    """The first beat of a rank under a launcher: its telemetry is written at exit if
+    nothing else writes it, its local rank 0 samples the node's GPUs, and its stack can
+    be asked for."""
+    atexit.register(_at_exit)
+    if ctx.local_rank == 0:
+        telemetry.start_gpu_sampler(ctx)
+    if not stacks.armed():      # a torchrun worker: its task (the agent) armed only itself
+        stacks.arm_stack_dump(ctx.run_dir, ctx.rank)
+
+
 def reset(beats: Beats | None = None) -> None:
-    """Forget this process's beats (tests, benchmarks), or use `beats` from now on."""
-    global _beats
+    """Forget this process's beats and the telemetry it wrote (tests, benchmarks), or use
+    `beats` from now on."""
+    global _beats, _written
     _beats = beats
+    _written = None
+
+
+# --- the rank's telemetry of its start ------------------------------------------------------
+
+_written: str | None = None        # why this rank's telemetry was last written ("stop", "finish", "exit")
+
+
+def write_telemetry(reason: str, *, stop_requested: float | None = None) -> dict[str, Any] | None:
+    """This rank's telemetry of this start (`reason`: stop, finish, exit): what its beats
+    measured, its peak memory, and when a stop was asked for, agreed and saved. None when
+    not under a launcher. Never raises for a file it cannot write."""
+    global _written
+    beats = current()
+    if beats.run_dir is None:
+        return None
+    now = time.time()
+    saves = beats.save_times()
+    if reason == "stop" and beats.stop_decided is not None:
+        saves.append(round(now - beats.stop_decided, 6))     # the stop's own save, timed exactly
+    record = {
+        "rank": beats.rank, "local_rank": beats.local_rank, "node": beats.node, "job_id": beats.job_id,
+        "restart": beats.restart, "reason": reason, "time": now, "memory": telemetry.peak_memory(),
+        "step_time_s": beats.step_times(), "save_s": saves,
+        "first_step": beats.first_step, "first_time": beats.first_time,
+        "last_step": beats.step, "last_time": beats.time, "total": beats.total,
+        "stop": {"requested": stop_requested, "decided": beats.stop_decided,
+                 "saved": now if reason == "stop" else None},
+    }
+    path = RunDir(beats.run_dir).telemetry(beats.job_id or "none", beats.restart, beats.rank)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(record) + "\n")
+    except OSError as exc:
+        log(f"telemetry not written to {path}: {exc.strerror or exc}")
+    _written = reason
+    return record
+
+
+def _at_exit() -> None:
+    try:
+        if _written is None:
+            write_telemetry("exit", stop_requested=stopflag.requested_at())
+    except Exception as exc:  # at exit: say it, never fail the process for it
+        log(f"telemetry at exit failed: {type(exc).__name__}: {exc}")
+    telemetry.stop_gpu_sampler()
 
 
 # --- the runtime's API ----------------------------------------------------------------------

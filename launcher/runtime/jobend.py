@@ -13,9 +13,10 @@ kills the batch script.
 
 A start that crashed or hung (the watchdog's hang.json) and points at one node (the node
 of the first failing task, crash.json; the node of the silent ranks) is requeued without
-that node (``requeue.exclude_bad_nodes``) while the partition keeps enough usable nodes
-for the job (sinfo): the output is then ``requeue NODE,NODE`` (every node the job is
-kept off, for ``scontrol update ExcNodeList=``), and run.json lists them.
+that node (``requeue.exclude_bad_nodes``, from the job's task.json) while the partition
+keeps enough usable nodes for the job (sinfo): the output is then ``requeue NODE,NODE``
+(every node the job is kept off, for ``scontrol update ExcNodeList=``), and run.json
+lists them.
 
 While the step runs, the same program watches it (``--watch``: the hang watchdog,
 launcher.runtime.watchdog): job.sbatch starts it before the step and stops it after.
@@ -44,7 +45,8 @@ from typing import Any, Iterable, Mapping
 from launcher.rundir import registry
 from launcher.rundir.files import read_json
 from launcher.rundir.records import FAILURES, State, is_job_id, is_node_name
-from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.rundir.layout import RunDir
+from launcher.rundir.taskspec import TaskSpecError, read_task_spec
 from launcher.runtime import watchdog
 from launcher.runtime.rankcontext import context
 from launcher.runtime.telemetry import iso, start_summary
@@ -183,14 +185,13 @@ def partition_nodes(partition: str | None) -> tuple[list[str] | None, str]:
     return usable_nodes(proc.stdout), ""
 
 
-def exclude_bad_nodes_setting(run_dir: Path, job_id: str, restart: int) -> bool:
-    """requeue.exclude_bad_nodes, as the ranks' tasks were given it (their heartbeats)."""
-    records = watchdog.own_records((read_heartbeat(p) for _, p in RunDir(run_dir).heartbeats()), job_id, restart)
-    for record in records.values():
-        watch = record.get("watch")
-        if isinstance(watch, Mapping) and isinstance(watch.get("exclude_bad_nodes"), bool):
-            return watch["exclude_bad_nodes"]
-    return True
+def exclude_bad_nodes_setting(run_dir: Path) -> tuple[bool, str]:
+    """(requeue.exclude_bad_nodes as the job was submitted with it, why not when it cannot
+    be read): a task.json that cannot be read excludes no node."""
+    try:
+        return read_task_spec(run_dir).exclude_bad_nodes, ""
+    except TaskSpecError as exc:
+        return False, str(exc)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     run_dir = Path(args.run_dir)
-    ctx = context()   # env.sh, sourced by job.sbatch, exported GLAUNCH_JOB_ID and GLAUNCH_RESTART
+    ctx = context()   # env.sh, sourced by job.sbatch, exported the job's id and its restart count
     restart = ctx.restart
     stop = stopped_in(run_dir, restart)
     hang = watchdog.hang_in(run_dir, restart)
@@ -223,10 +224,13 @@ def main(argv: list[str] | None = None) -> int:
         kept_off = list(record.excluded_nodes)
         note = None
         if outcome.requeue and bad is not None:
-            if exclude_bad_nodes_setting(run_dir, str(ctx.job_id or job_id), restart):
+            wanted, unread = exclude_bad_nodes_setting(run_dir)
+            if wanted:
                 usable, why = partition_nodes(record.partition)
                 exclude, note = exclusion(bad, kept_off, needed=record.nodes or 1, usable=usable,
                                           partition=record.partition, why_unknown=why)
+            elif unread:
+                note = f"{bad} not excluded: {unread}"
             else:
                 note = f"{bad} not excluded: requeue.exclude_bad_nodes is false"
         if job_id is not None:

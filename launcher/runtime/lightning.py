@@ -41,7 +41,7 @@ import types
 from pathlib import Path
 
 from launcher.runtime import heartbeats
-from launcher.runtime.checkpoint.commit import stage_checkpoint
+from launcher.runtime.checkpoint.save import stage_checkpoint
 from launcher.runtime.checkpoint.layout import Checkpoint
 from launcher.runtime.checkpoint.resume import resume_checkpoint
 from launcher.runtime.checkpoint.checksums import ChecksumWriter
@@ -49,6 +49,7 @@ from launcher.runtime.rankcontext import RankContext, all_reduce_max, context, l
 from launcher.runtime.deepspeed import _Recorder
 from launcher.runtime.deepspeed import placement as deepspeed_placement
 from launcher.runtime.device import placement
+from launcher.runtime.result import param_sha256
 from launcher.runtime.state import restore_rng, save_rng
 from launcher.runtime.stop import install_stop_handler, should_stop, stop_signal
 
@@ -226,8 +227,6 @@ def whole_param_sha256(trainer, module) -> str:
     whole on every rank (gathered under FSDP; ZeRO-3's param_sha256 gathers itself), so the
     hash compares across strategies and world sizes."""
     from lightning.pytorch.strategies import FSDPStrategy
-
-    from launcher.runtime.result import param_sha256
 
     wrapped = trainer.strategy.model if isinstance(trainer.strategy, FSDPStrategy) else None
     if wrapped is None:

@@ -8,8 +8,8 @@ variables), sends the warning signal LEAD seconds before the time limit, then SI
 at the limit and SIGKILL after a grace period, and signals whole process groups so a
 task's children go with it. When one task fails the others are stopped
 (`srun --kill-on-bad-exit`). %j in the patterns is the job id, %t the task's rank.
-Beside the tasks it runs the hang watchdog (launcher.runtime.watchdog) on their heartbeats:
-a hang gets every task's stack and ends the step.
+Beside the tasks it runs the hang watchdog (launcher.runtime.watchdog) on their heartbeats,
+with the bounds of the run's task.json: a hang gets every task's stack and ends the step.
 
 Exit status: 0 when every task exited 0; otherwise the first failing task's status,
 or 124 when the time limit ended the step. A one-line JSON summary goes to
@@ -27,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+from launcher.rundir import envnames
 from launcher.rundir.files import atomic_write_text
 from launcher.rundir.layout import STEP_SUMMARY
 from launcher.runtime import watchdog
@@ -59,7 +60,7 @@ class Step:
     def __init__(self, options: argparse.Namespace, command: list[str]) -> None:
         self.options = options
         self.command = command
-        self.job_id = os.environ.get("GLAUNCH_JOB_ID", str(os.getpid()))
+        self.job_id = os.environ.get(envnames.JOB_ID, str(os.getpid()))
         name, _, lead = options.signal.partition("@")
         self.warning = signal.Signals["SIG" + name.upper().removeprefix("SIG")]
         self.lead = float(lead or 0)
@@ -68,10 +69,10 @@ class Step:
         self.timed_out = False
         self.stopping_since: float | None = None
         self.first_bad: int | None = None
-        run_dir = os.environ.get("GLAUNCH_RUN_DIR")
-        restart = os.environ.get("GLAUNCH_RESTART", "0")
-        self.watch = (watchdog.Watch(run_dir, self.job_id, int(restart), world_size=options.ntasks)
-                      if run_dir and restart.isdigit() else None)
+        # env.sh names the run directory, the local scheduler the start.
+        run_dir = os.environ.get(envnames.RUN_DIR)
+        restart = os.environ.get(envnames.RESTART, "0")
+        self.watch = watchdog.Watch(run_dir, self.job_id, int(restart)) if run_dir and restart.isdigit() else None
         self.hung = False
         self.next_watch = 0.0
 

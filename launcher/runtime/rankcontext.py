@@ -1,19 +1,22 @@
-"""Rank environment: who am I, where do my files go, and torch.distributed set-up.
+"""Rank environment: who am I, where do my files go, and the few collectives the
+runtime itself makes once torch.distributed is up (joining and leaving the process group
+is :mod:`launcher.runtime.processgroup`).
 
 Everything is read from the environment the launcher exported (see the package
 docstring); with none of it set the script is a single stand-alone process.
-No torch import at module level.
+No torch import at module level. It imports nothing else of the runtime.
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from launcher.rundir.layout import STANDALONE_RUN_DIR
+from launcher.rundir import envnames
+from launcher.rundir.layout import STANDALONE_RUN_DIR, RunDir
 
 DEFAULT_STOP_SIGNALS = ("USR2", "TERM")
 DEFAULT_KEEP = 2
@@ -100,10 +103,10 @@ def context() -> RankContext:
     node_rank = _env_int("GROUP_RANK", _env_int("NODE_RANK", rank // local_world))
     if rank >= world:
         raise RuntimeConfigError(f"RANK={rank} is not below WORLD_SIZE={world}")
-    run_dir = Path(env.get("GLAUNCH_RUN_DIR") or Path.cwd() / STANDALONE_RUN_DIR)
-    ckpt_dir = Path(env.get("GLAUNCH_CHECKPOINT_DIR") or run_dir / "checkpoints")
+    run_dir = Path(env.get(envnames.RUN_DIR) or Path.cwd() / STANDALONE_RUN_DIR)
+    ckpt_dir = Path(env.get(envnames.CHECKPOINT_DIR) or RunDir(run_dir).checkpoint_dir)
     port = env.get("MASTER_PORT")
-    ds = env.get("GLAUNCH_DS_CONFIG")
+    ds = env.get(envnames.DS_CONFIG)
     return RankContext(
         rank=rank,
         local_rank=local_rank,
@@ -113,24 +116,22 @@ def context() -> RankContext:
         master_addr=env.get("MASTER_ADDR"),
         master_port=int(port) if port and port.isdigit() else None,
         run_dir=run_dir,
-        run_id=env.get("GLAUNCH_RUN_ID"),
-        job_id=env.get("GLAUNCH_JOB_ID") or env.get("SLURM_JOB_ID"),
+        run_id=env.get(envnames.RUN_ID),
+        job_id=env.get(envnames.JOB_ID) or env.get("SLURM_JOB_ID"),
         checkpoint_dir=ckpt_dir,
-        checkpoint_every=_env_int("GLAUNCH_CHECKPOINT_EVERY", 0),
-        checkpoint_keep=_env_int("GLAUNCH_CHECKPOINT_KEEP", DEFAULT_KEEP, minimum=1),
-        strategy=(env.get("GLAUNCH_STRATEGY") or "ddp").lower(),
-        precision=(env.get("GLAUNCH_PRECISION") or "fp32").lower(),
+        checkpoint_every=_env_int(envnames.CHECKPOINT_EVERY, 0),
+        checkpoint_keep=_env_int(envnames.CHECKPOINT_KEEP, DEFAULT_KEEP, minimum=1),
+        strategy=(env.get(envnames.STRATEGY) or "ddp").lower(),
+        precision=(env.get(envnames.PRECISION) or "fp32").lower(),
         ds_config=Path(ds) if ds else None,
-        restart=_env_int("GLAUNCH_RESTART", 0),
-        launcher=env.get("GLAUNCH_LAUNCHER") or None,
-        stop_signals=_signal_names(env.get("GLAUNCH_STOP_SIGNALS")),
+        restart=_env_int(envnames.RESTART, 0),
+        launcher=env.get(envnames.LAUNCHER) or None,
+        stop_signals=_signal_names(env.get(envnames.STOP_SIGNALS)),
         standalone=standalone,
     )
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -157,42 +158,6 @@ def export_rendezvous_env(ctx: RankContext | None = None) -> RankContext:
     return context()
 
 
-def default_backend(ctx: RankContext | None = None) -> str:
-    """'nccl' when CUDA is available, else 'gloo'; GLAUNCH_DIST_BACKEND overrides (see :mod:`.device`)."""
-    from launcher.runtime.device import placement
-
-    return placement(ctx).backend
-
-
-def init_distributed(ctx: RankContext | None = None, backend: str | None = None,
-                     timeout_s: float | None = None) -> RankContext:
-    """Initialise torch.distributed (env:// rendezvous) unless already done; returns the context.
-
-    Also works stand-alone (world of one on a free local port), so the same script
-    runs by hand. Device and backend come from :func:`launcher.runtime.device.placement`:
-    with CUDA the current device is set to this rank's GPU first and the backend is NCCL.
-    """
-    import datetime
-
-    import torch.distributed as dist
-
-    from launcher.runtime.device import placement
-
-    ctx = export_rendezvous_env(ctx)
-    if dist.is_initialized():
-        return ctx
-    where = placement(ctx, backend=backend)
-    # Only when given: torch before 2.2 takes no None for the default.
-    kwargs: dict[str, Any] = {}
-    if timeout_s is not None:
-        kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
-    where.activate()
-    dist.init_process_group(backend=where.backend, init_method="env://", rank=ctx.rank,
-                            world_size=ctx.world_size, **kwargs)
-    log_joined(ctx, where.backend, where.device)
-    return ctx
-
-
 def log_joined(ctx: RankContext, backend: str, device: str | None = None) -> None:
     """Where this rank sits, as it joins the process group (the logs show the placement)."""
     on = f" on {device}" if device else ""
@@ -203,25 +168,6 @@ def log_joined(ctx: RankContext, backend: str, device: str | None = None) -> Non
 def node_name() -> str:
     """Slurm's name of this node (several may share a host), else the host name."""
     return os.environ.get("SLURMD_NODENAME") or os.uname().nodename      # gethostname(), without socket
-
-
-def shutdown_distributed() -> None:
-    """Barrier, then destroy the default process group (if any). Call on every rank before exiting.
-
-    The barrier matters: a rank that tears down gloo while a peer is still busy can die
-    with "terminate called without an active exception" (seen with DeepSpeed ZeRO-3 on CPU).
-    """
-    if "torch" not in sys.modules:
-        return
-    import torch.distributed as dist
-
-    from launcher.runtime.checkpoint.background import wait_checkpoints  # here: background imports this module
-
-    if dist.is_available() and dist.is_initialized():
-        wait_checkpoints()
-        if dist.get_world_size() > 1:
-            dist.barrier()
-        dist.destroy_process_group()
 
 
 def is_distributed() -> bool:

@@ -1,5 +1,5 @@
 """result.json (a finished run) and stop.json (a graceful stop), written atomically by rank 0.
-Both also end the start's heartbeats and telemetry on every rank (:mod:`.telemetry`)."""
+Both also end the start's heartbeats and telemetry on every rank (:mod:`.heartbeats`)."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ import time
 
 from launcher.rundir.files import atomic_write_text
 from launcher.rundir.layout import RunDir
-from launcher.runtime import heartbeats, telemetry
+from launcher.runtime import heartbeats, stopflag
 from launcher.runtime.checkpoint.background import wait_checkpoints
 from launcher.runtime.rankcontext import RankContext, context
 from launcher.runtime.state import unwrap
-from launcher.runtime.stop import stop_requested_at, stop_signal
+from launcher.runtime.stop import stop_signal
 
 
 def _is_zero3_param(p) -> bool:
@@ -71,7 +71,7 @@ def write_result(final_step: int, *, model=None, final_loss: float | None = None
     if extra:
         result.update(extra)
     heartbeats.flush("finished", int(final_step))
-    telemetry.write_rank("finish")
+    heartbeats.write_telemetry("finish")
     if ctx.is_main:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(RunDir(ctx.run_dir).result_file, json.dumps(result, indent=1, sort_keys=True) + "\n")
@@ -98,10 +98,10 @@ def write_stop(step: int, checkpoint=None, *, ctx: RankContext | None = None) ->
         "checkpoint": None if checkpoint is None else str(getattr(checkpoint, "path", checkpoint)),
         "restart": ctx.restart,
         "time": time.time(),
-        "requested": stop_requested_at(),
+        "requested": stopflag.requested_at(),
         "decided": beats.stop_decided,
     }
-    telemetry.write_rank("stop", stop_requested=stop_requested_at())
+    heartbeats.write_telemetry("stop", stop_requested=stopflag.requested_at())
     if ctx.is_main:
         ctx.run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(RunDir(ctx.run_dir).stop_file, json.dumps(record, indent=1, sort_keys=True) + "\n")

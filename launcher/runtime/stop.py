@@ -1,10 +1,10 @@
 """Graceful stop requests: a signal sets a flag, ranks agree at a step boundary.
 
 The handler does nothing but record the signal and when it came (no I/O, no
-collectives: it may run in the middle of an all_reduce). :func:`should_stop` is a
-collective that every rank calls at the same step boundary; it returns True on every
-rank, at the same step, as soon as any rank was signalled. It is also the loop's
-heartbeat (:mod:`.heartbeat`): before the collective, so a rank that never reaches it
+collectives: it may run in the middle of an all_reduce; :mod:`.stopflag` keeps what it
+records). :func:`should_stop` is a collective that every rank calls at the same step
+boundary; it returns True on every rank, at the same step, as soon as any rank was
+signalled. It is also the loop's heartbeat (:mod:`.heartbeats`): before the collective, so a rank that never reaches it
 is the one whose heartbeat stops.
 """
 
@@ -12,26 +12,13 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 from typing import Any
 
-from launcher.runtime import heartbeats
+from launcher.runtime import heartbeats, stopflag
 from launcher.runtime.rankcontext import all_reduce_max, context, log
 
-_flag = False            # set by the handler (or request_stop) on this rank
-_signum: int | None = None      # first signal received on this rank
-_requested_at: float | None = None   # when this rank was first asked to stop
 _agreed_signum: int | None = None   # largest signal number any rank reported at the last should_stop
 _previous: dict[int, Any] = {}
-
-
-def _handler(signum, frame) -> None:
-    global _flag, _signum, _requested_at
-    _flag = True
-    if _signum is None:
-        _signum = signum
-    if _requested_at is None:
-        _requested_at = time.time()
 
 
 def _resolve(name: str) -> signal.Signals:
@@ -58,8 +45,8 @@ def install_stop_handler(signals: list[str] | tuple[str, ...] | None = None) -> 
         log("stop handler not installed: not in the main thread")
         return ()
     for sig in sigs:
-        old = signal.signal(sig, _handler)
-        if old is not _handler:
+        old = signal.signal(sig, stopflag.handler)
+        if old is not stopflag.handler:
             _previous.setdefault(int(sig), old)
     return tuple(s.name for s in sigs)
 
@@ -73,21 +60,19 @@ def uninstall_stop_handler() -> None:
 
 def request_stop(signum: int | None = None) -> None:
     """Ask for a stop from code (same effect as receiving a stop signal on this rank)."""
-    _handler(signum if signum is not None else 0, None)
+    stopflag.handler(signum if signum is not None else 0, None)
 
 
 def reset_stop() -> None:
     """Forget any stop request (after a stop was handled, or between tests)."""
-    global _flag, _signum, _agreed_signum, _requested_at
-    _flag = False
-    _signum = None
+    global _agreed_signum
+    stopflag.clear()
     _agreed_signum = None
-    _requested_at = None
 
 
 def stop_requested() -> bool:
     """This rank's own flag, no communication. Use :func:`should_stop` to decide."""
-    return _flag
+    return stopflag.raised()
 
 
 def should_stop(step: int | None = None, total: int | None = None) -> bool:
@@ -99,30 +84,16 @@ def should_stop(step: int | None = None, total: int | None = None) -> bool:
     """
     global _agreed_signum
     heartbeats.heartbeat(step, total)
-    flag, signum = all_reduce_max([1 if _flag else 0, _signum or 0])
+    flag, signum = all_reduce_max([1 if stopflag.raised() else 0, stopflag.first_signal() or 0])
     if flag:
         _agreed_signum = signum or _agreed_signum
         heartbeats.note_stop_decided()
     return bool(flag)
 
 
-def stop_requested_at() -> float | None:
-    """When this rank was first asked to stop (epoch seconds), or None."""
-    return _requested_at
-
-
-def _name(signum: int | None) -> str | None:
-    if not signum:
-        return None
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return str(signum)
-
-
 def received_signal() -> str | None:
     """Name of the first stop signal this rank received (``'SIGUSR2'``), or None."""
-    return _name(_signum)
+    return stopflag.signal_name(stopflag.first_signal())
 
 
 def stop_signal() -> str | None:
@@ -132,4 +103,4 @@ def stop_signal() -> str | None:
     can record why the run stopped even when only another rank was signalled. Falls back
     to this rank's own signal; None for a stop requested from code.
     """
-    return _name(_agreed_signum) or _name(_signum)
+    return stopflag.signal_name(_agreed_signum) or stopflag.signal_name(stopflag.first_signal())

@@ -1,7 +1,9 @@
 """The function every Slurm task runs (pickled by submitit at submit time).
 
-It turns the task's place in the allocation into the standard torch.distributed
-environment and runs the experiment's entry point:
+The pickle holds the run directory only; the task reads the job's task spec from its
+task.json (launcher.rundir.taskspec) on the node. It turns the task's place in the
+allocation into the standard torch.distributed environment and runs the experiment's
+entry point:
 
 - launcher `srun`: one task per rank; the entry point runs in this process, so the
   signals Slurm sends reach the training code directly.
@@ -24,13 +26,14 @@ import os
 import runpy
 import signal
 import sys
-from typing import Any
+from typing import Any, Mapping
 
+from launcher.rundir import envnames, launch
 from launcher.rundir.files import atomic_write_text, read_json
 from launcher.rundir.layout import RunDir
+from launcher.rundir.taskspec import TaskSpec, read_task_spec
 from launcher.runtime import heartbeats, stacks
-from launcher.rundir import launch
-from launcher.runtime.rankcontext import node_name
+from launcher.runtime.rankcontext import context, node_name
 from launcher.runtime.stop import install_stop_handler
 
 # The signal Slurm sends `requeue.signal_lead_s` before the time limit (see render.py).
@@ -38,56 +41,57 @@ WARNING_SIGNAL = signal.SIGUSR2
 
 
 class TrainingTask:
-    def __init__(self, spec: dict[str, Any]) -> None:
-        self.spec = dict(spec)
+    """What submitit pickles and every task runs: small, and nothing in it but the run
+    directory, whose task.json says the rest."""
+
+    def __init__(self, run_dir: str | os.PathLike[str]) -> None:
+        self.run_dir = str(run_dir)
 
     def __repr__(self) -> str:
-        return f"TrainingTask({' '.join(launch.entry_words(self.spec))})"
+        return f"TrainingTask({self.run_dir!r})"
 
     def __call__(self) -> int:
         import submitit
 
         job = submitit.JobEnvironment()
-        os.environ["GLAUNCH_JOB_ID"] = str(job.job_id)
-        os.environ.setdefault("GLAUNCH_RUN_DIR", self.spec["run_dir"])
-        os.environ.setdefault("GLAUNCH_RUN_ID", self.spec["run_id"])
-        os.environ.update(heartbeats.watch_environment(self.spec))
-        for name, value in flight_recorder_environment(self.spec["run_dir"], os.environ).items():
-            os.environ.setdefault(name, value)
+        os.environ[envnames.JOB_ID] = str(job.job_id)
         try:
-            if self.spec["launcher"] == "torchrun":
-                return self._run_torchrun(job)
-            return self._run_rank(job)
+            spec = read_task_spec(self.run_dir)
+            os.environ.setdefault(envnames.RUN_DIR, spec.run_dir)
+            os.environ.setdefault(envnames.RUN_ID, spec.run_id)
+            for name, value in flight_recorder_environment(spec.run_dir, os.environ).items():
+                os.environ.setdefault(name, value)
+            if spec.launcher == "torchrun":
+                return self._run_torchrun(spec, job)
+            return self._run_rank(spec, job)
         except BaseException as exc:
-            note_crash(self.spec["run_dir"], job, exc)
+            note_crash(self.run_dir, job, exc)
             raise
 
     # --- srun: this process is one rank ---------------------------------------------
 
-    def _run_rank(self, job: Any) -> int:
-        spec = self.spec
-        if job.num_tasks != spec["world_size"]:
+    def _run_rank(self, spec: TaskSpec, job: Any) -> int:
+        if job.num_tasks != spec.world_size:
             raise RuntimeError(f"glaunch: the allocation has {job.num_tasks} tasks, the plan expects "
-                               f"{spec['world_size']} ranks")
+                               f"{spec.world_size} ranks")
         os.environ.update(rank_environment(job.global_rank, job.local_rank, job.node,
-                                           spec["world_size"], spec["ranks_per_node"]))
+                                           spec.world_size, spec.ranks_per_node))
         # A warning that comes before the script installs its own handler must still
         # count (not reach submitit's handler, which requeues on its own terms).
         install_stop_handler()
-        stacks.arm_stack_dump(spec["run_dir"], job.global_rank)
+        stacks.arm_stack_dump(spec.run_dir, job.global_rank)
         heartbeats.starting()
-        _log(f"rank {job.global_rank}/{spec['world_size']} on {node_name()}: "
+        _log(f"rank {job.global_rank}/{spec.world_size} on {node_name()}: "
              f"python {' '.join(launch.entry_words(spec))}")
         return run_entry(spec)
 
     # --- torchrun: this process is the node's agent -----------------------------------
 
-    def _run_torchrun(self, job: Any) -> int:
+    def _run_torchrun(self, spec: TaskSpec, job: Any) -> int:
         import torch
         from torch.distributed.run import get_args_parser
         from torch.distributed.run import main as torchrun_main
 
-        spec = self.spec
         # The options this node's torch knows, not the submitting machine's (see launch.py).
         accepted = launch.parser_options(get_args_parser())
         args = launch.torchrun_args(
@@ -126,7 +130,7 @@ def rank_environment(rank: int, local_rank: int, node: int, world_size: int, ran
 FLIGHT_RECORDER_ENTRIES = 2000
 
 
-def flight_recorder_environment(run_dir: str, environ: Any) -> dict[str, str]:
+def flight_recorder_environment(run_dir: str, environ: Mapping[str, str]) -> dict[str, str]:
     """NCCL's flight recorder variables for a node with GPUs (none elsewhere)."""
     gpus = environ.get("SLURM_GPUS_ON_NODE") or environ.get("SLURM_JOB_GPUS") or ""
     visible = environ.get("CUDA_VISIBLE_DEVICES", "")
@@ -137,35 +141,36 @@ def flight_recorder_environment(run_dir: str, environ: Any) -> dict[str, str]:
             "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(RunDir(run_dir).log_dir, "nccl_trace_rank_")}
 
 
-def snapshot_environment(spec: dict[str, Any], environ: Any) -> dict[str, str]:
+def snapshot_environment(spec: TaskSpec, environ: Mapping[str, str]) -> dict[str, str]:
     """What torchrun's workers need to import from the code snapshot: its copy of the
     working directory on PYTHONPATH; for a module, also PYTHONSAFEPATH (Python 3.11+),
     without which `python -m` puts the working directory itself first."""
-    code_path = spec.get("code_path")
+    code_path = spec.code_path
     if not code_path:
         return {}
     rest = environ.get("PYTHONPATH")
     out = {"PYTHONPATH": code_path + (os.pathsep + rest if rest else "")}
-    if spec["module"]:
+    if spec.module is not None:
         out["PYTHONSAFEPATH"] = "1"
     return out
 
 
-def run_entry(spec: dict[str, Any]) -> int:
+def run_entry(spec: TaskSpec) -> int:
     """Run the script or module as `__main__` in this process, with its own argv."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     # With a code snapshot its copy of the working directory is searched first, so no
     # module edited in the work tree after submit is imported.
-    code_path = spec.get("code_path")
+    code_path = spec.code_path
     try:
-        if spec["module"]:
-            sys.argv = [spec["module"], *spec["args"]]
+        if spec.module is not None:
+            sys.argv = [spec.module, *spec.args]
             sys.path[:0] = [code_path] if code_path else [os.getcwd()]
-            runpy.run_module(spec["module"], run_name="__main__", alter_sys=True)
+            runpy.run_module(spec.module, run_name="__main__", alter_sys=True)
         else:
-            sys.argv = [spec["script"], *spec["args"]]
-            sys.path[:0] = [os.path.dirname(spec["script"])] + ([code_path] if code_path else [])
-            runpy.run_path(spec["script"], run_name="__main__")
+            script = str(spec.script)
+            sys.argv = [script, *spec.args]
+            sys.path[:0] = [os.path.dirname(script)] + ([code_path] if code_path else [])
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:
         code = _exit_code(exc)
         if code:
@@ -177,8 +182,6 @@ def run_entry(spec: dict[str, Any]) -> int:
 
 def note_crash(run_dir: str, job: Any, exc: BaseException) -> None:
     """<run_dir>/crash.json: the first failure this start saw, for `glaunch status`."""
-    from launcher.runtime.rankcontext import context
-
     restart = context().restart
     path = RunDir(run_dir).crash_file
     if (read_json(path) or {}).get("restart") == restart:

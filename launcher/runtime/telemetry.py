@@ -2,14 +2,14 @@
 
 - Each rank writes ``telemetry/JOB_RESTART_RANK.json`` at the end of its start (a stop:
   :func:`launcher.runtime.write_stop`; the end of training: ``write_result``; otherwise at
-  exit, best effort): peak memory (CUDA's peak allocated and reserved when this process
-  uses CUDA, else the process's peak resident set), the step times and checkpoint save
-  times its heartbeats measured (:mod:`.heartbeat`), and when a stop was asked for, agreed
-  and saved.
+  exit, best effort; :func:`launcher.runtime.heartbeats.write_telemetry`): peak memory
+  (:func:`peak_memory`: CUDA's peak allocated and reserved when this process uses CUDA,
+  else the process's peak resident set), the step times and checkpoint save times its
+  heartbeats measured, and when a stop was asked for, agreed and saved.
 - The local rank 0 of each node samples ``nvidia-smi`` every ``GLAUNCH_GPU_SAMPLE_S``
-  seconds (default 5; 0: never) into ``logs/JOB_gpu_NODE.csv``, from a small process of its
-  own (a thread in the training process would be forked along with data-loader workers).
-  Without nvidia-smi nothing is started and nothing written.
+  seconds (default 5; 0: never) into ``logs/JOB_gpu_NODE.csv`` from its first heartbeat on,
+  from a small process of its own (a thread in the training process would be forked along
+  with data-loader workers). Without nvidia-smi nothing is started and nothing written.
 - :func:`start_summary` folds every rank's files into the fields of the start's entry in
   run.json (layout.TELEMETRY_FIELDS): jobend does it on Slurm, the local scheduler's loop
   on this machine.
@@ -20,9 +20,8 @@ Standard library only: it runs on every rank and on the batch host.
 from __future__ import annotations
 
 import argparse
-import atexit
 import datetime as dt
-import json
+import math
 import os
 import shutil
 import subprocess
@@ -31,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.rundir.files import atomic_write_text, read_json
+from launcher.rundir import envnames
+from launcher.rundir.files import read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
-from launcher.runtime import heartbeats
 from launcher.runtime.rankcontext import RankContext, log, node_name
 
 GB = 1e9                   # the planner's gigabyte
@@ -42,7 +41,6 @@ GPU_QUERY = "index,uuid,utilization.gpu,utilization.memory,memory.used,memory.to
 GPU_HEADER = "time,index,uuid,utilization_gpu_pct,utilization_memory_pct,memory_used_mib,memory_total_mib"
 GPU_FAILURES = 5           # consecutive failed nvidia-smi calls before the sampler gives up
 
-_written: str | None = None        # why this rank's telemetry was last written ("stop", "finish", "exit")
 _sampler: subprocess.Popen | None = None
 
 
@@ -51,6 +49,16 @@ def iso(epoch: float | None) -> str | None:
     if epoch is None:
         return None
     return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).astimezone().isoformat(timespec="milliseconds")
+
+
+def quantile(ordered: list[float], q: float) -> float:
+    """The q-quantile of sorted values, interpolated between the nearest ranks."""
+    if len(ordered) == 1:
+        return ordered[0]
+    position = q * (len(ordered) - 1)
+    low = math.floor(position)
+    high = min(low + 1, len(ordered) - 1)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 # --- memory ---------------------------------------------------------------------------------
@@ -99,75 +107,17 @@ def peak_memory() -> dict[str, Any]:
     return out
 
 
-# --- each rank, at the end of its start -----------------------------------------------------
-
-
-def began(beats: heartbeats.Beats, ctx: RankContext) -> None:
-    """The first beat of a rank under a launcher: write the telemetry at exit if nothing
-    else does, and sample the node's GPUs from its local rank 0."""
-    atexit.register(_at_exit)
-    if ctx.local_rank == 0:
-        start_gpu_sampler(ctx)
-
-
-def write_rank(reason: str, *, stop_requested: float | None = None) -> dict[str, Any] | None:
-    """This rank's telemetry of this start (`reason`: stop, finish, exit); None when not
-    under a launcher. Never raises for a file it cannot write."""
-    global _written
-    beats = heartbeats.current()
-    if beats.run_dir is None:
-        return None
-    now = time.time()
-    saves = beats.save_times()
-    if reason == "stop" and beats.stop_decided is not None:
-        saves.append(round(now - beats.stop_decided, 6))     # the stop's own save, timed exactly
-    record = {
-        "rank": beats.rank, "local_rank": beats.local_rank, "node": beats.node, "job_id": beats.job_id,
-        "restart": beats.restart, "reason": reason, "time": now, "memory": peak_memory(),
-        "step_time_s": beats.step_times(), "save_s": saves,
-        "first_step": beats.first_step, "first_time": beats.first_time,
-        "last_step": beats.step, "last_time": beats.time, "total": beats.total,
-        "stop": {"requested": stop_requested, "decided": beats.stop_decided,
-                 "saved": now if reason == "stop" else None},
-    }
-    path = RunDir(beats.run_dir).telemetry(beats.job_id or "none", beats.restart, beats.rank)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(path, json.dumps(record) + "\n")
-    except OSError as exc:
-        log(f"telemetry not written to {path}: {exc.strerror or exc}")
-    _written = reason
-    return record
-
-
-def _at_exit() -> None:
-    try:
-        if _written is None:
-            from launcher.runtime.stop import stop_requested_at
-
-            write_rank("exit", stop_requested=stop_requested_at())
-    except Exception as exc:  # at exit: say it, never fail the process for it
-        log(f"telemetry at exit failed: {type(exc).__name__}: {exc}")
-    stop_gpu_sampler()
-
-
-def reset() -> None:
-    """Forget what this process wrote (tests)."""
-    global _written
-    _written = None
-
-
 # --- GPU samples ------------------------------------------------------------------------------
 
 
 def gpu_sample_interval() -> float:
-    raw = os.environ.get("GLAUNCH_GPU_SAMPLE_S", "").strip()
+    raw = os.environ.get(envnames.GPU_SAMPLE_S, "").strip()
     try:
         value = float(raw) if raw else DEFAULT_GPU_SAMPLE_S
     except ValueError:
         value = -1.0
     if not 0 <= value < float("inf"):
-        log(f"GLAUNCH_GPU_SAMPLE_S={raw!r} is not a number of seconds >= 0; using {DEFAULT_GPU_SAMPLE_S:g}")
+        log(f"{envnames.GPU_SAMPLE_S}={raw!r} is not a number of seconds >= 0; using {DEFAULT_GPU_SAMPLE_S:g}")
         return DEFAULT_GPU_SAMPLE_S
     return value
 
@@ -243,7 +193,7 @@ def _numbers(values: list[Any]) -> list[float]:
 
 
 def _median(values: list[float]) -> float | None:
-    return heartbeats.quantile(sorted(values), 0.5) if values else None
+    return quantile(sorted(values), 0.5) if values else None
 
 
 def _own(records: list[dict | None], job_id: str, restart: int) -> list[dict]:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from launcher.rundir.files import read_json
+from launcher.rundir import envnames
 from launcher.rundir.layout import RunDir
 from launcher.runtime.rankcontext import RankContext, context, log
 
@@ -53,7 +54,7 @@ def tracker_env(ctx: RankContext | None = None) -> dict[str, str]:
     run_id = ctx.run_id or ctx.run_dir.name
     wanted = {"WANDB_RUN_ID": wandb_id(run_id), "WANDB_RESUME": "allow",
               "WANDB_DIR": str(RunDir(ctx.run_dir).wandb_dir), "WANDB_NAME": run_id,
-              "GLAUNCH_TENSORBOARD_DIR": str(RunDir(ctx.run_dir).tensorboard_dir)}
+              envnames.TENSORBOARD_DIR: str(RunDir(ctx.run_dir).tensorboard_dir)}
     for key, value in wanted.items():
         if not os.environ.get(key):
             os.environ[key] = value
@@ -76,7 +77,7 @@ def _installed(name: str) -> bool:
 
 
 def tensorboard_dir(ctx: RankContext | None = None) -> Path:
-    return Path(tracker_env(ctx)["GLAUNCH_TENSORBOARD_DIR"])
+    return Path(tracker_env(ctx)[envnames.TENSORBOARD_DIR])
 
 
 def _say_once(what: str, message: str) -> None:

@@ -4,8 +4,9 @@ It runs on the batch host (Slurm: ``python -m launcher.runtime.jobend RUN_DIR --
 started by job.sbatch before the job step and stopped after it; the local scheduler:
 inside localrun, the stand-in for srun). It asks nothing of the ranks: no collective, no
 work in the training loop. Each rank's heartbeat (launcher.runtime.heartbeats) says when
-it last finished a step, its pid, node and job step, and the limits its task was given
-(``watchdog.stall_s``, ``watchdog.first_step_s``).
+it last finished a step, its pid, node and job step; the job's task.json
+(launcher.rundir.taskspec) gives the bounds (``watchdog.stall_s``,
+``watchdog.first_step_s``) and the number of ranks.
 
 A start hangs when no rank has finished a step for ``stall_s`` (a record's ``time`` plus
 its ``interval_s``: a rank writes at most that often, so it may have stepped that much
@@ -45,8 +46,11 @@ from typing import Any, Callable, Iterable, Mapping, TextIO
 from launcher.rundir.files import atomic_write_text, read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.rundir.records import is_node_name
+from launcher.rundir.taskspec import TaskSpec, TaskSpecError, read_task_spec
 from launcher.runtime.heartbeats import SAVING_STATES
+from launcher.runtime.rankcontext import context
 from launcher.runtime.stacks import Ranks, log, run_command, write_stacks
+from launcher.runtime.telemetry import iso
 
 SAVE_BOUND_FACTOR = 4
 SAVE_BOUND_MIN_S = 1800.0
@@ -69,16 +73,10 @@ class Limits:
     def save_s(self) -> float:
         return max(SAVE_BOUND_FACTOR * self.stall_s, SAVE_BOUND_MIN_S) if self.stall_s > 0 else 0.0
 
-
-def limits_of(records: Iterable[Mapping[str, Any]]) -> Limits | None:
-    """The limits the ranks' tasks were given (each rank's heartbeat carries them)."""
-    for record in records:
-        watch = record.get("watch")
-        if isinstance(watch, Mapping):
-            stall, first = _seconds(watch.get("stall_s")), _seconds(watch.get("first_step_s"))
-            if stall is not None and first is not None:
-                return Limits(stall, first)
-    return None
+    @classmethod
+    def of(cls, spec: TaskSpec) -> Limits:
+        """The bounds the job was submitted with."""
+        return cls(float(spec.watchdog_stall_s), float(spec.watchdog_first_step_s))
 
 
 def _seconds(value: Any) -> float | None:
@@ -217,30 +215,43 @@ def blamed_node(silent: tuple[Silent, ...], records: Mapping[int, Mapping[str, A
 
 
 class Watch:
-    """One start's watch: `check` reads the heartbeats, `act` handles a hang."""
+    """One start's watch: `check` reads the heartbeats, `act` handles a hang. The bounds
+    and the number of ranks are the job's task.json's unless given."""
 
-    def __init__(self, run_dir: str | os.PathLike, job_id: str, restart: int, *, world_size: int | None = None,
-                 started: float | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, run_dir: str | os.PathLike[str], job_id: str, restart: int, *, limits: Limits | None = None,
+                 world_size: int | None = None, started: float | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
         self.run_dir = Path(run_dir)
-        self.job_id, self.restart, self.world_size = str(job_id), restart, world_size
+        self.job_id, self.restart = str(job_id), restart
+        self.limits, self.world_size = limits, world_size
         self.clock = clock
         self.started = clock() if started is None else started
-        self.limits: Limits | None = None
         self.records: dict[int, dict] = {}
         self.hang: Hang | None = None
+        if self.limits is None:
+            self._read_spec()
+
+    def _read_spec(self) -> None:
+        try:
+            spec = read_task_spec(self.run_dir)
+        except TaskSpecError as exc:
+            log(f"off: {exc}")
+            self.limits = Limits(0, 0)
+            return
+        self.limits = Limits.of(spec)
+        self.world_size = self.world_size or spec.world_size
 
     def check(self) -> Hang | None:
+        if self.limits is None or self.limits.off:
+            return None
         rd = RunDir(self.run_dir)
         self.records = own_records((read_heartbeat(path) for _, path in rd.heartbeats()), self.job_id, self.restart)
-        self.limits = limits_of(self.records.values()) or self.limits
-        if self.limits is None:
-            return None          # no rank has said what to watch for yet
-        world = self.world_size or _world_size(self.records)
-        return find_hang(self.records, now=self.clock(), started=self.started, limits=self.limits, world_size=world)
+        return find_hang(self.records, now=self.clock(), started=self.started, limits=self.limits,
+                         world_size=self.world_size)
 
     @property
     def off(self) -> bool:
-        return self.limits is not None and self.limits.off
+        return self.limits is None or self.limits.off
 
     def poll_s(self) -> float:
         bounds = [b for b in (self.limits.stall_s, self.limits.first_step_s) if b > 0] if self.limits else []
@@ -260,18 +271,11 @@ class Watch:
         return self.hang
 
     def _record(self, hang: Hang) -> None:
-        from launcher.runtime.telemetry import iso
-
         record = {"job_id": self.job_id, "restart": self.restart, "detected_at": iso(self.clock()), **hang.to_dict()}
         try:
             atomic_write_text(RunDir(self.run_dir).hang_file, json.dumps(record) + "\n")
         except OSError as exc:
             log(f"hang.json not written: {exc.strerror or exc}")
-
-
-def _world_size(records: Mapping[int, Mapping[str, Any]]) -> int | None:
-    sizes = [r.get("world_size") for r in records.values()]
-    return max((s for s in sizes if isinstance(s, int) and not isinstance(s, bool)), default=None)
 
 
 def hang_in(run_dir: str | os.PathLike, restart: int) -> dict | None:
@@ -316,8 +320,6 @@ class SlurmSteps:
 
 
 def watch_slurm(run_dir: str, *, stop: Callable[[], bool]) -> int:
-    from launcher.runtime.rankcontext import context
-
     ctx = context()
     slurm_job = os.environ.get("SLURM_JOB_ID", "")
     if not slurm_job.isdigit() or not ctx.job_id:

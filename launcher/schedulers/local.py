@@ -14,7 +14,6 @@ import fcntl
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -24,13 +23,13 @@ from launcher.errors import ConfigError, RunError
 from launcher import shell
 from launcher.rendering.render import JobShell, submitit_command, task_log_patterns
 from launcher.resolution.jobplan import JobPlan
+from launcher.rundir import envnames
 from launcher.rundir.files import open_regular, read_json
 from launcher.rundir.records import IN_FLIGHT, RunRecord, State
 from launcher.rundir.layout import RunDir
-from launcher.schedulers.base import Echo, Launched, Scheduler
+from launcher.schedulers.base import Echo, Launched, RunConsole, Scheduler, console_of
 
 if TYPE_CHECKING:
-    from launcher.views.console import Console
     from launcher.runtime import jobend
 
 # The registry, the runtime and the task spec are imported where a run starts or is
@@ -60,7 +59,7 @@ class LocalScheduler(Scheduler):
             launch=shell.join(words) + " " + submitit_command(plan),
             launch_template="local.launch.sh.j2", launch_context={},
             rendezvous_template="local.rendezvous.sh.j2", rendezvous_context={},
-            submitit_executor="local", node_rank="0", job_id="$GLAUNCH_JOB_ID")
+            submitit_executor="local", node_rank="0", job_id=f"${envnames.JOB_ID}")
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
         from launcher.rundir import registry
@@ -182,17 +181,20 @@ def next_job_id() -> str:
 
 
 def dump_task(plan: JobPlan, job_id: str) -> None:
+    """The run's task.json and the start's pickled task, which reads it."""
     from submitit.core.utils import DelayedSubmission, JobPaths
 
     from launcher.rendering.taskspec import task_spec
+    from launcher.rundir.taskspec import write_task_spec
     from launcher.runtime.task import TrainingTask
 
+    write_task_spec(plan.run_dir, task_spec(plan))
     paths = JobPaths(plan.log_dir, job_id=job_id)
-    DelayedSubmission(TrainingTask(task_spec(plan))).dump(paths.submitted_pickle)
+    DelayedSubmission(TrainingTask(plan.run_dir)).dump(paths.submitted_pickle)
 
 
 def start(plan: JobPlan, job_id: str, restart: int, job_lock: int) -> subprocess.Popen:
-    env = dict(os.environ, GLAUNCH_JOB_ID=job_id, GLAUNCH_RESTART=str(restart))
+    env = {**os.environ, envnames.JOB_ID: job_id, envnames.RESTART: str(restart)}
     env.pop("MASTER_PORT", None)
     run_dir = RunDir(plan.run_dir)
     with open(run_dir.batch_log(job_id), "ab") as batch_log:
@@ -202,14 +204,11 @@ def start(plan: JobPlan, job_id: str, restart: int, job_lock: int) -> subprocess
 
 
 def run(plan: JobPlan, *, echo: Echo | None = None) -> int:
-    """Run the job to its end, requeueing on time limit or stop request like Slurm would.
-    `echo` gets the console (rank 0's log, status and event lines); a Console is used as
-    it is. Returns 0 (completed), 1 (failed, cancelled, out of requeues) or
-    INTERRUPTED_STATUS (Ctrl-C)."""
+    """Run the job to its end, requeueing on time limit or stop request like Slurm would,
+    reported to the console `echo` makes (none without it). Returns 0 (completed), 1
+    (failed, cancelled, out of requeues) or INTERRUPTED_STATUS (Ctrl-C)."""
     run_dir = RunDir(plan.run_dir)
-    from launcher.views.console import Console  # only a run that starts needs the console
-
-    console = echo if isinstance(echo, Console) else Console(run_dir.path, echo or _stdout, live=False)
+    console = console_of(echo, run_dir.path)
     job_lock = hold_job_lock(run_dir)
     interrupts = Interrupts()
     try:
@@ -217,11 +216,6 @@ def run(plan: JobPlan, *, echo: Echo | None = None) -> int:
     finally:
         interrupts.restore()
         os.close(job_lock)
-
-
-def _stdout(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
 
 
 class Interrupts:
@@ -268,7 +262,7 @@ def kill_job(pid: int) -> None:
                 pass
 
 
-def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: Console, interrupts: Interrupts) -> int:
+def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, interrupts: Interrupts) -> int:
     from launcher.rundir import registry
     from launcher.runtime import jobend, watchdog
     from launcher.runtime.rankcontext import node_name

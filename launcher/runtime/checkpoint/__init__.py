@@ -49,12 +49,15 @@ Checksums: CRC32C (the ``crc32c`` package, hardware-accelerated, ~10 GB/s per co
 when it is installed, else SHA-256 (~1.5 GB/s); the manifest names the algorithm per
 shard, so either verifies wherever it is available.
 
-Where each part lives (all of it importable from here)::
+Where each part lives (this package re-exports nothing; ``launcher.runtime`` has the API)::
 
-    checkpoint_layout   the names above, Checkpoint, CheckpointError, listing step dirs
-    checksums           CRC32C / SHA-256, ChecksumWriter (checksummed as written)
-    checkpoint_staging  a rank's share (step 2): Staging, the done and failed markers
-    checkpoint_commit   stage_checkpoint, rank 0's commit and pruning (steps 1-5), agree
-    checkpoint_verify   a checkpoint dir against its manifest
-    checkpoint_resume   latest_complete, resume_checkpoint
+    layout      the names above, Checkpoint, CheckpointError, listing step dirs
+    checksums   CRC32C / SHA-256, ChecksumWriter (checksummed as written)
+    staging     a rank's share (step 2): Staging, the done and failed markers
+    commit      rank 0's commit and pruning (step 4), the ranks' agreement (steps 3, 5)
+    background  a save in flight in a thread, wait_checkpoints
+    save        open_staging, stage_checkpoint: one collective save (steps 1-5)
+    verify      a checkpoint dir against its manifest
+    resume      latest_complete, resume_checkpoint
+    dcp         torch.distributed.checkpoint's writer and planner (imports torch)
 """

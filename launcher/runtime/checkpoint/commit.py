@@ -1,12 +1,11 @@
-"""Committing a checkpoint: the collective :func:`stage_checkpoint`, rank 0's commit
-(markers in, manifest written, staging dir renamed, ``latest`` replaced, old ones
-pruned) and the agreement of all ranks on its outcome. The protocol, step by step, is
-in :mod:`launcher.runtime.checkpoint`.
+"""Committing a checkpoint: rank 0's commit (markers in, manifest written, staging dir
+renamed, ``latest`` replaced, old ones pruned) and the agreement of all ranks on its
+outcome. The collective save around them is :mod:`launcher.runtime.checkpoint.save`; the
+protocol, step by step, is in :mod:`launcher.runtime.checkpoint`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -16,7 +15,6 @@ from pathlib import Path
 
 from launcher.rundir.files import atomic_write_text, fsync_dir
 from launcher.runtime.checkpoint import checksums
-from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint.layout import (
     FORMAT,
     LATEST,
@@ -30,16 +28,9 @@ from launcher.runtime.checkpoint.layout import (
     staging_dir_name,
     step_dir_name,
 )
-from launcher.runtime.checkpoint.staging import Staging, fsync_file, read_markers, write_marker
+from launcher.runtime.checkpoint.staging import fsync_file, read_markers
 from launcher.runtime.checkpoint.verify import read_manifest, verify_checkpoint
-from launcher.runtime.rankcontext import (
-    RankContext,
-    all_reduce_max,
-    broadcast_object,
-    context,
-    is_distributed,
-    log,
-)
+from launcher.runtime.rankcontext import RankContext, all_reduce_max, broadcast_object, is_distributed, log
 
 
 def commit(ctx: RankContext, d: Path, staging: Path, step: int, *, framework: str, keep: int,
@@ -118,7 +109,7 @@ def _point_latest(d: Path, name: str) -> None:
     pointer = d / LATEST
     try:
         if pointer.is_dir() and not pointer.is_symlink():
-            _to_trash(pointer)
+            to_trash(pointer)
         atomic_write_text(pointer, name)
     except OSError as e:
         log(f"warning: {name} is committed, but {pointer} could not be updated ({e}); "
@@ -135,29 +126,30 @@ def _prune(d: Path, step: int, keep: int, *, in_background: bool = False) -> Non
     for s, path in reversed(list_checkpoints(d)):
         if s > step:
             log(f"removing {path.name}: newer than the checkpoint just committed (abandoned)")
-            doomed.append(_to_trash(path))
+            doomed.append(to_trash(path))
             continue
         manifest, _ = verify_checkpoint(path, verify="size")
         if manifest is not None and kept < keep:
             kept += 1
             continue
-        doomed.append(_to_trash(path))
+        doomed.append(to_trash(path))
     for e in os.scandir(d):
         if STAGING_RE.match(e.name):
-            doomed.append(_to_trash(d / e.name))
+            doomed.append(to_trash(d / e.name))
         elif e.name.startswith(TRASH_PREFIX):
             doomed.append(d / e.name)
     fsync_dir(d)
     doomed = list(dict.fromkeys(doomed))
     if in_background:
         global _pruning
-        _pruning = threading.Thread(target=_delete_all, args=(doomed,), name="glaunch-prune", daemon=True)
+        _pruning = threading.Thread(target=delete_all, args=(doomed,), name="glaunch-prune", daemon=True)
         _pruning.start()
     else:
-        _delete_all(doomed)
+        delete_all(doomed)
 
 
-def _to_trash(path: Path) -> Path:
+def to_trash(path: Path) -> Path:
+    """``path`` renamed to a ``.trash-*`` name beside it (``path`` itself when it cannot be)."""
     trash = path.with_name(f"{TRASH_PREFIX}{path.name.lstrip('.')}-{time.time_ns()}")
     try:
         os.rename(path, trash)
@@ -170,7 +162,12 @@ def _to_trash(path: Path) -> Path:
 _pruning: threading.Thread | None = None
 
 
-def _delete_all(paths: list[Path]) -> None:
+def pruning() -> bool:
+    """Whether a background prune is still deleting (its ``.trash-*`` dirs are not leftovers)."""
+    return _pruning is not None and _pruning.is_alive()
+
+
+def delete_all(paths: list[Path]) -> None:
     for p in paths:
         shutil.rmtree(p, ignore_errors=True)
 
@@ -179,45 +176,12 @@ def _files_under(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*") if p.is_file() or p.is_symlink())
 
 
-def open_staging(step: int, ctx: RankContext, d: Path) -> Staging:
-    """Collective: rank 0 makes an empty ``.staging-step-N`` in ``d``; every rank gets its :class:`Staging`.
-
-    Rank 0 first removes the staging dirs of earlier attempts (killed, or failed) and what
-    an interrupted prune left: only one save is ever in flight, so they are dead, and on a
-    full disk they would keep every later save from fitting.
-    """
-    from launcher.runtime.checkpoint.background import in_flight  # here: background imports this module
-
-    staging = d / staging_dir_name(step)
-    if ctx.world_size > 1 and not is_distributed():
-        raise CheckpointError("checkpoints need torch.distributed initialised when WORLD_SIZE > 1")
-    err: str | None = None
-    if ctx.is_main:
-        pending = in_flight()
-        busy = None if pending is None else staging_dir_name(pending.step)
-        try:
-            d.mkdir(parents=True, exist_ok=True)
-            for e in os.scandir(d):
-                if STAGING_RE.match(e.name) and e.name != busy:
-                    _delete_all([_to_trash(d / e.name)])
-                elif e.name.startswith(TRASH_PREFIX) and not (_pruning and _pruning.is_alive()):
-                    _delete_all([d / e.name])           # an interrupted prune's
-            staging.mkdir()
-            fsync_dir(d)
-        except OSError as e:
-            err = f"{type(e).__name__}: {e}"
-    if first_failed_rank(ctx, err is not None) is not None:
-        why = broadcast_object(err) if is_distributed() else err
-        raise CheckpointError(f"cannot create {staging}: {why}")
-    return Staging(path=staging, step=step, rank=ctx.rank, world_size=ctx.world_size)
-
-
 def discard_staging(ctx: RankContext, d: Path, step: int) -> None:
     """Rank 0, once no rank writes into it any more: remove a failed save's staging dir."""
     if ctx.is_main:
         staging = d / staging_dir_name(step)
         if staging.exists():
-            _delete_all([_to_trash(staging)])
+            delete_all([to_trash(staging)])
 
 
 def first_failed_rank(ctx: RankContext, failed: bool) -> int | None:
@@ -243,57 +207,3 @@ def agree(ctx: RankContext, step: int, final: Path, error: str | None) -> Checkp
     if manifest is None:
         raise CheckpointError(f"step {step}: the committed {final} is not readable here ({why})")
     return Checkpoint(step=step, path=final, manifest=manifest)
-
-
-@contextlib.contextmanager
-def stage_checkpoint(step: int, *, framework: str = "torch", ctx: RankContext | None = None,
-                     checkpoint_dir: str | os.PathLike | None = None, keep: int | None = None,
-                     extra: dict | None = None, verify: str = "size", marker_timeout_s: float = 120.0,
-                     on_markers=None):
-    """Collective context manager: write this rank's shards into ``st.path``, commit on exit.
-
-    Every rank must enter it for the same ``step``. Write through ``st.open(name)`` (the
-    checksum is taken while writing) or claim files with ``st.add(path)`` / ``st.file(name)``
-    (read back once by the writing rank); files nobody claims are checksummed by rank 0
-    at commit. ``extra`` (a JSON-able dict, rank 0's value wins) goes into the manifest.
-    After the block ``st.committed`` is the new :class:`Checkpoint` on every rank. ``keep``
-    defaults to GLAUNCH_CHECKPOINT_KEEP; ``verify="hash"`` makes rank 0 re-read every shard
-    at commit (default ``"size"``: markers' checksums and stat sizes). ``on_markers``: see
-    :func:`commit`.
-    """
-    from launcher.runtime.checkpoint.background import wait_checkpoints  # here: background imports this module
-
-    ctx = ctx or context()
-    wait_checkpoints(ctx)   # at most one save in flight: its staging dir is not this one's to clean
-    # The loop stalls for the whole save: the hang watchdog gives it the save's bound
-    # (inside an adapter's own mark, this changes nothing).
-    with heartbeats.saving(step):
-        d = Path(checkpoint_dir) if checkpoint_dir is not None else ctx.checkpoint_dir
-        keep = ctx.checkpoint_keep if keep is None else keep
-        st = open_staging(step, ctx, d)
-        err: BaseException | None = None
-        try:
-            yield st
-            write_marker(st)
-        except Exception as e:   # every rank must learn about it
-            err = e
-        if all_reduce_max([1 if err else 0])[0]:
-            discard_staging(ctx, d, step)
-            if err is not None:
-                raise CheckpointError(f"step {step}: rank {ctx.rank} failed writing its shards: {err}") from err
-            raise CheckpointError(f"step {step}: another rank failed writing its shards; nothing committed")
-        outcome: tuple[str, str] | None = None
-        if ctx.is_main:
-            try:
-                final = commit(ctx, d, st.path, step, framework=framework, keep=keep, extra=extra, verify=verify,
-                               marker_timeout_s=marker_timeout_s, on_markers=on_markers)
-                outcome = ("ok", str(final))
-            except Exception as e:
-                outcome = ("error", f"{type(e).__name__}: {e}")
-        outcome = broadcast_object(outcome) if ctx.world_size > 1 else outcome
-        if outcome is None or outcome[0] != "ok":
-            discard_staging(ctx, d, step)
-            raise CheckpointError(f"step {step}: commit failed: {outcome[1] if outcome else 'no answer'}")
-        final = Path(outcome[1])
-        manifest = json.loads((final / MANIFEST).read_text(encoding="utf-8"))
-        st.committed = Checkpoint(step=step, path=final, manifest=manifest)

@@ -1,0 +1,217 @@
+"""The task spec: what every task of a job needs to know from submit time, as one frozen,
+typed record, kept in the run directory as task.json (layout.TASK_FILE).
+
+The submit side builds it from the job plan (launcher.rendering.taskspec) and writes it
+before the job can start; on the nodes the task (launcher.runtime.task), the end of each
+start (launcher.runtime.jobend), the hang watchdog (launcher.runtime.watchdog) and the
+local stand-in for srun read it. Nothing of it travels through the environment or the
+heartbeats.
+
+task.json may have been edited, damaged or replaced since: :meth:`TaskSpec.from_json`
+checks every field and raises :class:`TaskSpecError` (naming the file and the key) for
+anything glaunch would not have written. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable, Mapping
+
+from launcher.errors import RunError
+from launcher.rundir.files import atomic_write_text, json_type, load_json_object, parse_json_object
+from launcher.rundir.layout import RunDir
+
+FORMAT = 1                      # task.json's layout; a reader refuses any other
+LAUNCHERS = ("srun", "torchrun")
+MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+SHOWN = 60                      # characters of a bad value an error quotes
+MAX_COUNT = 2**31 - 1           # nodes, ranks, requeues: more is not a number glaunch wrote
+
+# What is wrong with a field's value, or None.
+Check = Callable[[object], "str | None"]
+
+
+class TaskSpecError(RunError):
+    """task.json is missing, unreadable, or holds what glaunch would not have written."""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """What every task of one job needs (see the module docstring). Checked when made."""
+
+    launcher: str                       # srun: one task per rank | torchrun: one task (agent) per node
+    script: str | None                  # the entry point: an absolute script path, or
+    module: str | None                  # a module run with -m (exactly one of them)
+    args: tuple[str, ...]
+    nodes: int
+    ranks_per_node: int
+    world_size: int                     # nodes * ranks_per_node
+    run_dir: str
+    run_id: str
+    requeue_max: int
+    crash_retries: int
+    exclude_bad_nodes: bool             # requeue without the node a crash or a hang points at
+    watchdog_stall_s: float             # 0: no stall bound
+    watchdog_first_step_s: float        # 0: no first-step bound
+    code_path: str | None = None        # the code snapshot's counterpart of the working directory
+
+    def __post_init__(self) -> None:
+        for field in fields(self):
+            problem = _problem(field.name, getattr(self, field.name))
+            if problem:
+                raise TaskSpecError(problem, key=field.name)
+        if (self.script is None) == (self.module is None):
+            raise TaskSpecError("give exactly one of script and module", key="script")
+        if self.world_size != self.nodes * self.ranks_per_node:
+            raise TaskSpecError(f"{self.world_size} is not nodes x ranks_per_node "
+                                f"({self.nodes} x {self.ranks_per_node})", key="world_size")
+
+    def to_json(self) -> str:
+        """task.json's text."""
+        data: dict[str, Any] = {"format": FORMAT, **asdict(self)}
+        data["args"] = list(self.args)
+        return json.dumps(data, indent=1, allow_nan=False) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str, *, file: str | None = None) -> TaskSpec:
+        """The spec task.json's `text` holds; TaskSpecError (naming `file`) when it is not one."""
+        try:
+            data = parse_json_object(text)
+        except ValueError as exc:
+            raise TaskSpecError(str(exc), file=file) from None
+        return cls.from_dict(data, file=file)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], *, file: str | None = None) -> TaskSpec:
+        if data.get("format") != FORMAT:
+            raise TaskSpecError(f"format {data.get('format')!r}: this glaunch reads format {FORMAT} "
+                                "(written by another glaunch version?)", file=file, key="format")
+        names = [field.name for field in fields(cls)]
+        unknown = sorted(set(data) - set(names) - {"format"})
+        if unknown:
+            raise TaskSpecError(f"not a field of the task spec: {', '.join(_shown(k) for k in unknown[:3])}"
+                                + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""), file=file)
+        missing = [name for name in names if name not in data]
+        if missing:
+            raise TaskSpecError("missing", file=file, key=missing[0])
+        values = {name: data[name] for name in names}
+        if isinstance(values["args"], list):
+            values["args"] = tuple(values["args"])
+        try:
+            return cls(**values)
+        except TaskSpecError as exc:
+            raise TaskSpecError(exc.message, file=file, key=exc.key) from None
+
+
+def _shown(value: object) -> str:
+    """`value` as an error quotes it: repr, cut short."""
+    text = repr(value)
+    return text if len(text) <= SHOWN else text[:SHOWN] + "..."
+
+
+def _problem(name: str, value: object) -> str | None:
+    """What is wrong with `value` for field `name`, or None."""
+    return _CHECKS[name](value)
+
+
+def _text(value: object, *, empty: bool = False) -> str | None:
+    if not isinstance(value, str):
+        return f"a {json_type(value)}, not text"
+    if not value and not empty:
+        return "empty"
+    if "\x00" in value:
+        return "holds a NUL character"
+    return None
+
+
+def _name(value: object) -> str | None:
+    problem = _text(value)
+    if problem is None and _CONTROL.search(str(value)):
+        return "holds a control character"
+    return problem
+
+
+def _absolute(value: object) -> str | None:
+    problem = _text(value)
+    if problem is None and not os.path.isabs(str(value)):
+        return f"{_shown(value)} is not an absolute path"
+    return problem
+
+
+def _optional(check: Check) -> Check:
+    return lambda value: None if value is None else check(value)
+
+
+def _launcher(value: object) -> str | None:
+    if isinstance(value, str) and value in LAUNCHERS:
+        return None
+    return f"{_shown(value)}: expected one of {', '.join(LAUNCHERS)}"
+
+
+def _module(value: object) -> str | None:
+    problem = _text(value)
+    if problem is None and not MODULE_NAME.fullmatch(str(value)):
+        return f"{_shown(value)} is not a Python module name"
+    return problem
+
+
+def _args(value: object) -> str | None:
+    if not isinstance(value, tuple):
+        return f"a {json_type(value)}, not a list of words"
+    for index, word in enumerate(value):
+        problem = _text(word, empty=True)
+        if problem:
+            return f"word {index}: {problem}"
+    return None
+
+
+def _count(minimum: int) -> Check:
+    def check(value: object) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"{_shown(value)} is not a whole number"
+        if value > MAX_COUNT:
+            return f"{_shown(value)} is more than {MAX_COUNT}"
+        return None if value >= minimum else f"{value} is less than {minimum}"
+    return check
+
+
+def _flag(value: object) -> str | None:
+    return None if isinstance(value, bool) else f"{_shown(value)} is not true or false"
+
+
+def _seconds(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return f"{_shown(value)} is not a number of seconds"
+    return None if math.isfinite(value) and value >= 0 else f"{_shown(value)} is not a number of seconds >= 0"
+
+
+_CHECKS: dict[str, Check] = {
+    "launcher": _launcher, "script": _optional(_absolute), "module": _optional(_module), "args": _args,
+    "nodes": _count(1), "ranks_per_node": _count(1), "world_size": _count(1), "run_dir": _absolute,
+    "run_id": _name, "requeue_max": _count(0), "crash_retries": _count(0), "exclude_bad_nodes": _flag,
+    "watchdog_stall_s": _seconds, "watchdog_first_step_s": _seconds, "code_path": _optional(_absolute),
+}
+
+
+def read_task_spec(run_dir: str | os.PathLike[str]) -> TaskSpec:
+    """The run's task.json; TaskSpecError when it is missing, unreadable or not a spec."""
+    path = RunDir(run_dir).task_file
+    try:
+        data = load_json_object(path)
+    except FileNotFoundError:
+        raise TaskSpecError("missing: the job's task spec was never written here", file=str(path)) from None
+    except OSError as exc:
+        raise TaskSpecError(f"cannot be read: {exc.strerror or exc}", file=str(path)) from None
+    except ValueError as exc:
+        raise TaskSpecError(str(exc), file=str(path)) from None
+    return TaskSpec.from_dict(data, file=str(path))
+
+
+def write_task_spec(run_dir: str | os.PathLike[str], spec: TaskSpec) -> None:
+    """task.json into the run directory, replacing any earlier one whole."""
+    atomic_write_text(RunDir(run_dir).task_file, spec.to_json())
