@@ -4,6 +4,7 @@ patch of a dirty tree that gives back what ran, and provenance; real git and rea
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -231,9 +232,14 @@ def test_bound_refused_before_anything_is_written(work_tree, tmp_path):
 
 def test_the_task_imports_from_the_snapshot_first(tmp_path):
     """run_entry puts the snapshot's copy of the working directory before the live one."""
+    from launcher.rundir.taskspec import TaskSpec
     from launcher.runtime.task import run_entry, snapshot_environment
 
     live, copy = tmp_path / "live", tmp_path / "copy"
+    spec = TaskSpec(launcher="srun", script=str(copy / "scripts" / "train.py"), module=None, args=(),
+                    nodes=1, ranks_per_node=1, world_size=1, run_dir=str(tmp_path / "run"), run_id="r1",
+                    requeue_max=0, crash_retries=0, exclude_bad_nodes=False, watchdog_stall_s=0.0,
+                    watchdog_first_step_s=0.0, code_path=str(copy))
     for folder, value in ((live, "live"), (copy, "snapshot")):
         (folder / "pkg").mkdir(parents=True)
         (folder / "pkg" / "__init__.py").write_text("")
@@ -245,14 +251,13 @@ def test_the_task_imports_from_the_snapshot_first(tmp_path):
     cwd = os.getcwd()
     os.chdir(live)
     try:
-        run_entry({"module": None, "script": str(copy / "scripts" / "train.py"), "args": [],
-                   "code_path": str(copy)})
+        run_entry(spec)
     finally:
         os.chdir(cwd)
         for name in ("pkg", "pkg.where"):
             __import__("sys").modules.pop(name, None)
     assert out.read_text() == "snapshot"
-    env = snapshot_environment({"module": "pkg.train", "code_path": str(copy)}, {"PYTHONPATH": "/x"})
+    env = snapshot_environment(dataclasses.replace(spec, script=None, module="pkg.train"), {"PYTHONPATH": "/x"})
     assert env == {"PYTHONPATH": f"{copy}:/x", "PYTHONSAFEPATH": "1"}
 
 

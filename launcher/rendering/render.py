@@ -23,10 +23,18 @@ from launcher import __version__
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import STOP_SIGNALS, JobPlan
 from launcher.rundir import envnames
-from launcher.rundir.layout import DS_CONFIG_FILE, ENV_FILE, HPARAMS_FILE, JOB_SCRIPT, RESOLVED_FILE, RunDir
+from launcher.rundir.layout import (
+    DS_CONFIG_FILE,
+    ENV_FILE,
+    HPARAMS_FILE,
+    JOB_SCRIPT,
+    RESOLVED_FILE,
+    TASK_FILE,
+    RunDir,
+)
 from launcher.rundir.launch import entry_words, torchrun_args
 from launcher import shell
-from launcher.rendering.taskspec import task_spec
+from launcher.rendering.taskspec import task_file_text, task_spec
 
 NETWORK_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_", "UCX_", "GLOO_", "CUDA_DEVICE_MAX_CONNECTIONS")
 TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
@@ -70,6 +78,7 @@ def render(plan: JobPlan, job_shell: JobShell) -> dict[str, str]:
         ENV_FILE: render_env(plan, job_shell),
         RESOLVED_FILE: render_resolved(plan),
         HPARAMS_FILE: render_hparams(plan),
+        TASK_FILE: task_file_text(plan),
     }
     if plan.ds_config is not None:
         files[DS_CONFIG_FILE] = render_ds_config(plan)

@@ -39,6 +39,7 @@ from launcher.resolution.jobplan import CodeRoot, SubmitContext
 from launcher.resolution.resolve import resolve
 from launcher.rundir import registry
 from launcher.rundir.layout import (
+    TASK_FILE,
     CRASH_FILE,
     DS_CONFIG_FILE,
     ENV_FILE,
@@ -62,7 +63,7 @@ from launcher.schedulers.base import Echo
 
 # Moved to resumes/N/: the previous submission's files, and the files a start leaves for
 # the next one (a new start would take an old result.json for its own end).
-MOVED_ASIDE = (JOB_SCRIPT, ENV_FILE, DS_CONFIG_FILE, RESOLVED_FILE, HPARAMS_FILE,
+MOVED_ASIDE = (JOB_SCRIPT, ENV_FILE, DS_CONFIG_FILE, RESOLVED_FILE, HPARAMS_FILE, TASK_FILE,
                RESULT_FILE, STOP_FILE, RESUME_FILE, CRASH_FILE, HEARTBEAT_DIR)
 # run.json keys about the previous job that the new one's scheduler writes afresh.
 _PREVIOUS_JOB_KEYS = ("scheduler_history", "accounting", "request", "warnings", "pending_reason", "blocked",

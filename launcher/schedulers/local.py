@@ -181,14 +181,11 @@ def next_job_id() -> str:
 
 
 def dump_task(plan: JobPlan, job_id: str) -> None:
-    """The run's task.json and the start's pickled task, which reads it."""
+    """The start's pickled task: it reads the run's task.json (written with the bundle)."""
     from submitit.core.utils import DelayedSubmission, JobPaths
 
-    from launcher.rendering.taskspec import task_spec
-    from launcher.rundir.taskspec import write_task_spec
     from launcher.runtime.task import TrainingTask
 
-    write_task_spec(plan.run_dir, task_spec(plan))
     paths = JobPaths(plan.log_dir, job_id=job_id)
     DelayedSubmission(TrainingTask(plan.run_dir)).dump(paths.submitted_pickle)
 

@@ -18,10 +18,7 @@ from typing import Mapping
 
 from launcher.errors import SchedulerError
 from launcher.rendering.render import python_command
-from launcher.rendering.taskspec import task_spec
 from launcher.resolution.jobplan import JobPlan
-from launcher.rundir.layout import RunDir
-from launcher.rundir.taskspec import write_task_spec
 from launcher.schedulers.slurm import array as slurm_array, client as slurm_client, state as slurm_state
 from launcher.schedulers.slurm.client import run_command
 from launcher.schedulers.slurm.queries import find_submitted
@@ -101,22 +98,12 @@ def task_template(log_dir: str | os.PathLike) -> Path:
 
 
 def dump_task(plan: JobPlan, path: Path) -> None:
-    """The run's task.json and, at `path`, the pickled task that reads it."""
+    """At `path`, the pickled task: it reads the run's task.json (written with the bundle)."""
     from submitit.core.utils import DelayedSubmission
 
     from launcher.runtime.task import TrainingTask
 
-    write_task(plan)
     DelayedSubmission(TrainingTask(plan.run_dir)).dump(path)
-
-
-def write_task(plan: JobPlan) -> None:
-    """The run's task.json, before anything that could start a task is queued."""
-    try:
-        write_task_spec(plan.run_dir, task_spec(plan))
-    except OSError as exc:
-        raise SchedulerError(f"nothing submitted: cannot write {RunDir(plan.run_dir).task_file}: "
-                             f"{exc.strerror or exc}") from None
 
 
 def link_task(log_dir: str | os.PathLike, job_id: str) -> None:
@@ -182,7 +169,6 @@ def submit(plan: JobPlan, job_text: str, env: Mapping[str, str] | None = None) -
     from launcher.runtime.task import TrainingTask
 
     executor = _executor_class()(plan, job_text, env if env is not None else slurm_client.clean_env(os.environ)[0])
-    write_task(plan)
     try:
         job = executor.submit(TrainingTask(plan.run_dir))
     except (FailedSubmissionError, FailedJobError, subprocess.CalledProcessError, OSError) as exc:
