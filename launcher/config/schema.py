@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from launcher.rundir import envnames
+
 
 
 class _Required:
@@ -37,7 +39,7 @@ SHELL_VALUES = {"shell_values": True}
 # Environment variables an experiment or a site may not set: Slurm's and glaunch's own
 # (the job script reads them, in arithmetic too), and those that change how the job's
 # bash itself runs.
-RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "GLAUNCH_")
+RESERVED_ENV_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", envnames.PREFIX)
 RESERVED_ENV_NAMES = frozenset({"IFS", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS4", "PROMPT_COMMAND",
                                 "BASH_XTRACEFD", "CDPATH", "GLOBIGNORE"})
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

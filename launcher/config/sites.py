@@ -17,6 +17,7 @@ from launcher.config.schema import NAME_PATTERN
 from launcher.config.sitechecks import check_site
 from launcher.config.typed import NULLS, typed_config
 from launcher.config.yamlfile import Scalar, YamlDoc, read_yaml
+from launcher.rundir import envnames
 
 MAX_EXTENDS_DEPTH = 32
 
@@ -30,7 +31,7 @@ INSTALLED_SITES = Path(__file__).resolve().parents[1] / "site_configs"
 def site_search_path(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
     """Where profile names are looked up, first match wins (DESIGN.md)."""
     dirs = [cwd / "site_configs"]
-    dirs += [Path(d) for d in environ.get("GLAUNCH_SITE_PATH", "").split(":") if d]
+    dirs += [Path(d) for d in environ.get(envnames.SITE_PATH, "").split(":") if d]
     home = environ.get("HOME")
     if home:
         dirs.append(Path(home) / ".config" / "glaunch" / "sites")

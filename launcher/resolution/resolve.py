@@ -26,6 +26,7 @@ from launcher.resolution import deepspeed_config, paths
 from launcher.resolution.jobplan import CodeRoot, CodeSnapshot, Container, JobPlan, SubmitContext
 from launcher.resolution.strategy import StrategySettings, resolve_strategy
 from launcher.rundir.layout import CODE_DIR
+from launcher.rundir import envnames
 
 # Counts beyond what the job's consumers hold: PyTorch ranks are C ints; Slurm keeps CPUs
 # per task in 16 bits and memory in MB in 64, their top values meaning "unset"/"unlimited".
@@ -320,7 +321,7 @@ def _environment(exp: schema.Experiment, site: schema.Site) -> dict[str, str]:
     """The site's env, then the experiment's over it."""
     env = dict(site.env)
     env.update(exp.env)
-    reserved = sorted(k for k in env if k.startswith("GLAUNCH_"))
+    reserved = sorted(k for k in env if k.startswith(envnames.PREFIX))
     if reserved:
         key = reserved[0]
         raise ConfigKeyError(f"env.{key}", "GLAUNCH_* variables are set by glaunch itself", site=key not in exp.env)

@@ -42,6 +42,7 @@ from launcher.schedulers.slurm.submit import (
     submit_array,
     task_template,
 )
+from launcher.rundir import envnames
 
 
 class SlurmScheduler(Scheduler):
@@ -70,12 +71,12 @@ class SlurmScheduler(Scheduler):
         directives = tuple(sbatch_directives(plan))
         if plan.sweep_id is not None:
             job_ref = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
-            job_env: tuple[str, str, Any] = ("GLAUNCH_JOB_ID", job_ref, "raw")
+            job_env: tuple[str, str, Any] = (envnames.JOB_ID, job_ref, "raw")
             directives += (f"# an element of sweep {plan.sweep_id}: run by the sweep's array script "
                            "(the directives above are its array's)",)
         else:
             job_ref = "$SLURM_JOB_ID"
-            job_env = ("GLAUNCH_JOB_ID", "$SLURM_JOB_ID", True)
+            job_env = (envnames.JOB_ID, "$SLURM_JOB_ID", True)
         return JobShell(
             directives=directives, launch=srun_line(plan),
             launch_template="slurm.launch.sh.j2", launch_context={"jobend": jobend, "requeue_job": f'"{job_ref}"'},
@@ -83,7 +84,7 @@ class SlurmScheduler(Scheduler):
             rendezvous_context={"derive_master_port": plan.derive_master_port, "port_base": PORT_BASE,
                                 "port_span": PORT_SPAN},
             submitit_executor="slurm", node_rank="$SLURM_NODEID", job_id="$SLURM_JOB_ID",
-            extra_env=(job_env, ("GLAUNCH_RESTART", "${SLURM_RESTART_COUNT:-0}", "raw")))
+            extra_env=(job_env, (envnames.RESTART, "${SLURM_RESTART_COUNT:-0}", "raw")))
 
     # --- submission --------------------------------------------------------------------
 
