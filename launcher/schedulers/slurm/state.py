@@ -1,6 +1,6 @@
 """Slurm's answers, read: sacct and squeue output parsed, a run's state and starts merged
 from them, and sbatch's refusals said in the profile's terms. Pure: text in, values out,
-so each decision is tested on recorded output (tests/test_slurm_state.py)."""
+so each decision is tested on recorded output (tests/schedulers/test_slurm_state.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,232 @@
+"""Time limits, preemption and crashes on the real local Slurm cluster: the run checkpoints,
+requeues itself, resumes from the newest complete checkpoint and ends with bitwise the
+parameters of a run that was never interrupted; restarts are bounded. (Two preemptions of
+one run: tests/live/test_status_slurm.py, which also checks what `status` says of them.)
+
+Slurm holds a requeued job about 120 s before it may start again; the tests release that
+hold (scontrol update StartTime=now) so they take minutes, not quarters of an hour."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+from conftest import requires_slurm
+from slurmkit import (REPO, SITE, final_sacct_state, finish, glaunch, job_id_of, preempt, rank0_steps, read_json,
+                      release_requeue_hold, sacct_rows, squeue_state, start_submit, submit, the_run_dir,
+                      wait_until)
+
+pytestmark = [requires_slurm, pytest.mark.slurm, pytest.mark.slow]
+
+_baselines: dict[tuple, str] = {}
+
+
+def baseline_hash(example: str, steps: int, tmp_path_factory, env) -> str:
+    """param_sha256 of an uninterrupted 2-node run (computed once per example and length)."""
+    key = (example, steps)
+    if key not in _baselines:
+        runs = tmp_path_factory.mktemp("baseline")
+        proc, info = submit(example, runs, env, "resources.nodes=2", f"entrypoint.args=[--steps,{steps}]")
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        _baselines[key] = read_json(runs / info["run_id"] / "result.json")["param_sha256"]
+    return _baselines[key]
+
+
+def assert_resumed_without_loss(record: dict, reason: str, min_requeues: int) -> None:
+    starts = record["starts"]
+    assert len(starts) >= min_requeues + 1, starts
+    for before, after in zip(starts, starts[1:]):
+        assert before["state"] == "REQUEUED" and before["reason"] == reason, before
+        # The step it stopped at is the step the next start resumed from: nothing lost.
+        assert before["stopped_at"] is not None and after["resumed_from"] == before["stopped_at"], (before, after)
+    assert starts[-1]["state"] == "COMPLETED", starts[-1]
+    assert [s["restart"] for s in starts] == list(range(len(starts)))
+    assert record["state"] == "COMPLETED"
+
+
+def stalled_start(record: dict) -> dict | None:
+    """A start that ended without getting past the step its predecessor stopped at."""
+    starts = record.get("starts", [])
+    for before, after in zip(starts, starts[1:]):
+        if after.get("stopped_at") is not None and after["stopped_at"] <= (before.get("stopped_at") or 0):
+            return after
+    return None
+
+
+def finish_while_progressing(proc, job_id: str, run_dir, timeout: float) -> tuple[int, str, str]:
+    """Wait for the run to end for as long as every start gets further than the one
+    before it; how many starts that takes depends on the machine, not on this test."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None:
+        stalled = stalled_start(read_json(run_dir / "run.json"))
+        if stalled is not None or time.monotonic() > deadline:
+            proc.kill()
+            subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
+            stdout, stderr = proc.communicate()
+            why = f"start {stalled} made no progress" if stalled else f"the run did not end within {timeout}s"
+            raise AssertionError(f"{why}\n{stdout[-2000:]}\n{stderr[-2000:]}")
+        release_requeue_hold(job_id)
+        time.sleep(2)
+    stdout, stderr = proc.communicate()
+    return proc.returncode, stdout, stderr
+
+
+def test_time_limit_requeues_and_resumes_bitwise(tmp_path, tmp_path_factory, isolated_env):
+    # 60 s of steps against a 1-minute limit warned 10 s ahead. slurmctld checks time limits
+    # every 30 s and sends the warning at the first check that is within lead + 30 s of the
+    # limit: 20 to 50 s into each start, so no start can finish the run and two or three
+    # do. The test is bounded by progress (every start must get further), not by a count of
+    # starts that the machine's speed decides.
+    steps = 240
+    expected = baseline_hash("examples/torch_ddp.yaml", steps, tmp_path_factory, isolated_env)
+    proc = start_submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env, "resources.nodes=2",
+                        "resources.time=1", "requeue.signal_lead_s=10", "requeue.max=100",
+                        "checkpoint.every_steps=1000", f"entrypoint.args=[--steps,{steps},--seconds-per-step,0.25]")
+    run_dir = the_run_dir(tmp_path / "runs")
+    job_id = job_id_of(run_dir)
+    code, stdout, stderr = finish_while_progressing(proc, job_id, run_dir, timeout=1500)
+    assert code == 0, stdout[-2000:] + stderr[-2000:]
+
+    record = read_json(run_dir / "run.json")
+    assert_resumed_without_loss(record, "timeout", min_requeues=1)
+    assert read_json(run_dir / "result.json")["param_sha256"] == expected
+    # --wait returns once the job recorded its end; accounting has it a little later.
+    assert final_sacct_state(job_id) == "COMPLETED"
+    rows = sacct_rows(job_id)
+    assert [r["state"] for r in rows[:-1]] == ["REQUEUED"] * (len(rows) - 1) and rows[-1]["state"] == "COMPLETED"
+    assert len(rows) == len(record["starts"])
+    # Logs are appended across starts: rank 0's log tells every start's story.
+    log = (run_dir / "logs" / f"{job_id}_0_log.out").read_text()
+    assert log.count("resumed from") == len(record["starts"]) - 1
+    status = json.loads(glaunch("status", record["run_id"], "--json", env=isolated_env).stdout)
+    assert status["state"] == "COMPLETED" and status["restarts"] == len(record["starts"]) - 1
+
+
+def run_with_preemptions(example: str, steps: int, times: int, tmp_path, env, *, every: int,
+                         seconds_per_step: float, min_progress: int = 5, timeout: float = 900) -> tuple[dict, str]:
+    """Submit, and each time the run has made progress in its current start, preempt it."""
+    proc = start_submit(example, tmp_path / "runs", env, "resources.nodes=2", "resources.time=15",
+                        f"checkpoint.every_steps={every}", "requeue.max=5",
+                        f"entrypoint.args=[--steps,{steps},--seconds-per-step,{seconds_per_step},--log-every,1]")
+    run_dir = the_run_dir(tmp_path / "runs")
+    job_id = job_id_of(run_dir)
+    for n in range(times):
+        seen = len(rank0_steps(run_dir, job_id))
+
+        def making_progress():
+            release_requeue_hold(job_id)
+            return squeue_state(job_id) == "RUNNING" and len(rank0_steps(run_dir, job_id)) >= seen + min_progress
+
+        wait_until(making_progress, 600, f"progress before preemption {n + 1}", interval=0.5)
+        preempt()
+        wait_until(lambda: any(s["restart"] == n and s["state"] == "REQUEUED"
+                               for s in read_json(run_dir / "run.json")["starts"]),
+                   300, f"preemption {n + 1} to requeue the job")
+    code, stdout, stderr = finish(proc, job_id, timeout=timeout)
+    assert code == 0, stdout[-2000:] + stderr[-2000:]
+    return read_json(run_dir / "run.json"), job_id
+
+
+# Lightning's FSDP strategy stops and resumes bitwise in tests/runtime/test_lightning_strategies.py (local site).
+@pytest.mark.parametrize("example,steps", [("examples/deepspeed_zero2.yaml", 40), ("examples/lightning_ddp.yaml", 60),
+                                           ("examples/fsdp.yaml", 40)])
+def test_framework_preempted_once_resumes_bitwise(example, steps, tmp_path, tmp_path_factory, isolated_env):
+    expected = baseline_hash(example, steps, tmp_path_factory, isolated_env)
+    record, _ = run_with_preemptions(example, steps, 1, tmp_path, isolated_env, every=1000, seconds_per_step=0.3,
+                                     min_progress=5)
+    assert_resumed_without_loss(record, "preemption", min_requeues=1)
+    run_dir = tmp_path / "runs" / record["run_id"]
+    assert read_json(run_dir / "result.json")["param_sha256"] == expected
+    if "fsdp" in example:
+        assert "export GLAUNCH_STRATEGY=fsdp\n" in (run_dir / "env.sh").read_text()
+    if example == "examples/fsdp.yaml":
+        # The checkpoint the preemption left is sharded: a torch.distributed.checkpoint file from every rank.
+        stopped = record["starts"][0]["stopped_at"]
+        manifest = read_json(run_dir / "checkpoints" / f"step-{stopped:08d}" / "manifest.json")
+        assert manifest["layout"]["state"] == "dcp"
+        writers = {s["rank"] for s in manifest["shards"] if s["path"].endswith(".distcp")}
+        assert writers == set(range(read_json(run_dir / "result.json")["world_size"]))
+
+
+# --- crashes ------------------------------------------------------------------------------------
+
+def _site_with(tmp_path, body: str):
+    path = tmp_path / "site.yaml"
+    path.write_text(f"name: retrying\nextends: {SITE}\n{body}")
+    return path
+
+
+KILLER = textwrap.dedent("""\
+    # torch_ddp, except that on the first start rank 1 is SIGKILLed right after it wrote its
+    # shard of the checkpoint at step KILL_STEP: the checkpoint is left half-written.
+    import os, runpy, signal, sys
+    import torch
+    from launcher import runtime as rt
+
+    KILL_STEP = int(os.environ["KILL_STEP"])
+    _save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        _save(obj, f, *args, **kwargs)
+        ctx = rt.context()
+        if ctx.restart == 0 and ctx.rank == 1 and isinstance(obj, dict) and obj.get("step") == KILL_STEP:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    torch.save = save
+    sys.argv[0] = {script!r}
+    runpy.run_path({script!r}, run_name="__main__")
+""")
+
+
+def test_rank_killed_mid_checkpoint_resumes_from_the_previous_one(tmp_path, tmp_path_factory, isolated_env):
+    steps, every, kill_step = 60, 10, 40
+    expected = baseline_hash("examples/torch_ddp.yaml", steps, tmp_path_factory, isolated_env)
+    (tmp_path / "killer.py").write_text(KILLER.format(script=str(REPO / "examples" / "torch_ddp.py")))
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(f"name: killed\nentrypoint: {{script: killer.py, args: ['--steps', '{steps}']}}\n"
+                   f"resources: {{nodes: 2, time: '10'}}\ncheckpoint: {{every_steps: {every}, keep: 5}}\n")
+    env = dict(isolated_env, KILL_STEP=str(kill_step))
+    proc = start_submit(str(exp), tmp_path / "runs", env, site=str(_site_with(tmp_path, "crash_retries: 1\n")))
+    run_dir = the_run_dir(tmp_path / "runs")
+    code, stdout, stderr = finish(proc, job_id_of(run_dir), timeout=600)
+    assert code == 0, stdout[-2000:] + stderr[-2000:]
+    record = read_json(run_dir / "run.json")
+    first, second = record["starts"]
+    assert first["state"] == "REQUEUED" and first["reason"] == "crash", first
+    # The half-written step-40 was never loaded: the next start resumed from step 30.
+    assert second["resumed_from"] == kill_step - every and second["state"] == "COMPLETED", second
+    err = "".join(p.read_text() for p in (run_dir / "logs").glob("*_0_log.*"))
+    assert f"resumed from {run_dir / 'checkpoints' / 'step-00000030'}" in err
+    assert read_json(run_dir / "result.json")["param_sha256"] == expected
+
+
+CRASH = "import sys\nprint('about to fail', flush=True)\nsys.exit(3)\n"
+
+
+@pytest.mark.parametrize("retries,requeue_max,starts,detail", [
+    # srun's status is that of whichever task it reports (1, or 143 for one it terminated).
+    (2, 5, 3, r"exit status \d+; crash_retries \(2\) used up; task \d on node\d: RuntimeError: glaunch: the "
+              r"entry point exited with status 3"),
+    (5, 1, 2, r"exit status \d+; requeue.max \(1\) reached; task \d on node\d"),
+])
+def test_crash_fails_after_bounded_retries(retries, requeue_max, starts, detail, tmp_path, isolated_env):
+    (tmp_path / "boom.py").write_text(CRASH)
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(f"name: boom\nentrypoint: {{script: boom.py}}\nresources: {{nodes: 2, time: '5'}}\n"
+                   f"requeue: {{max: {requeue_max}}}\n")
+    proc = start_submit(str(exp), tmp_path / "runs", isolated_env,
+                        site=str(_site_with(tmp_path, f"crash_retries: {retries}\n")))
+    run_dir = the_run_dir(tmp_path / "runs")
+    code, stdout, _ = finish(proc, job_id_of(run_dir), timeout=600)
+    assert code == 1
+    record = read_json(run_dir / "run.json")
+    assert [s["reason"] for s in record["starts"]] == ["crash"] * starts
+    assert [s["state"] for s in record["starts"]] == ["REQUEUED"] * (starts - 1) + ["FAILED"]
+    assert record["state"] == "FAILED"
+    status = glaunch("status", record["run_id"], env=isolated_env).stdout
+    assert re.search(f"reason: crash; {detail}", status) and f"{starts - 1} restart(s)" in status, status

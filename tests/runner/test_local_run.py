@@ -1,0 +1,50 @@
+"""The main job on the local default site, end to end: real processes, gloo, checkpoints."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def glaunch(*args, env, cwd=REPO, timeout=300):
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_local_torch_ddp_trains_two_ranks_and_checkpoints(tmp_path, isolated_env):
+    runs = tmp_path / "runs"
+    proc = glaunch("submit", "examples/torch_ddp.yaml", "--runs-dir", str(runs), "entrypoint.args=[--steps,20]",
+                   env=isolated_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "step 20/20" in proc.stdout          # rank 0's progress is streamed
+    (run_dir,) = runs.iterdir()
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["world_size"] == 2
+    assert result["final_step"] == 20
+    assert len(result["param_sha256"]) == 64
+    checkpoints = sorted(p.name for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("step-"))
+    assert checkpoints and checkpoints[-1].endswith("20")
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "COMPLETED"
+    assert record["starts"][0]["state"] == "COMPLETED"
+    for rank in (0, 1):
+        assert list((run_dir / "logs").glob(f"*_{rank}_log.out")), f"no log for rank {rank}"
+    # the run is found by id
+    status = glaunch("status", record["run_id"], "--json", env=isolated_env)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["state"] == "COMPLETED"
+
+
+def test_local_failure_exits_non_zero(tmp_path, isolated_env):
+    script = tmp_path / "boom.py"
+    script.write_text("import sys\nprint('about to fail', flush=True)\nsys.exit(3)\n")
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("name: boom\nentrypoint: {script: boom.py}\nresources: {time: '5'}\nrequeue: {signal_lead_s: 10}\n")
+    proc = glaunch("submit", str(exp), "--runs-dir", str(tmp_path / "runs"), env=isolated_env, cwd=tmp_path)
+    assert proc.returncode != 0
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "FAILED"
+    assert record["starts"][-1]["reason"] == "crash"

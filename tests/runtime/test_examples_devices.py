@@ -1,0 +1,347 @@
+"""Where each example trains: GPUs (cuda:LOCAL_RANK, NCCL, the configured precision) where there
+are GPUs, the CPU over gloo elsewhere; and torchrun's options chosen from the node's own torch.
+
+This machine has no GPU: "CUDA available, N devices" is a fake (torch.cuda.is_available and
+device_count patched, DeepSpeed given its CUDA accelerator object), named so below. The CPU
+side runs for real here and end to end in test_local_run.py and test_local_requeue.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import os
+import signal
+import types
+from pathlib import Path
+
+import pytest
+
+from launcher import api
+from launcher.rundir import launch
+from launcher.rundir.taskspec import TaskSpec
+from launcher.runtime import stop
+from launcher.runtime.rankcontext import RuntimeConfigError
+from launcher.runtime.device import gpu_index, placement
+
+torch = pytest.importorskip("torch")
+
+REPO = Path(__file__).resolve().parents[2]
+RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+             "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR")
+GPU_SITES = ("cscs-clariden", "isambard-ai", "juwels-booster", "juwels-booster-apptainer", "leonardo-booster")
+EXAMPLES = ("torch_ddp", "lightning_ddp", "deepspeed_zero2", "deepspeed_zero3", "fsdp", "lightning_fsdp")
+
+
+@pytest.fixture(autouse=True)
+def _clean(monkeypatch):
+    for k in [*RANK_VARS, "PL_GLOBAL_SEED", *(k for k in os.environ if k.startswith(("GLAUNCH_", "SLURM_", "TORCHELASTIC")))]:
+        monkeypatch.setenv(k, "")          # registered, so whatever the code under test sets is undone
+        monkeypatch.delenv(k)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP,
+                                                 signal.SIGQUIT)}
+    yield
+    stop.uninstall_stop_handler()
+    stop.reset_stop()
+    for s, h in handlers.items():
+        signal.signal(s, h)
+
+
+def rank(monkeypatch, *, local_rank=0, local_world=4, nodes=1, precision="fp32"):
+    world = local_world * nodes
+    for k, v in dict(RANK=local_rank, LOCAL_RANK=local_rank, WORLD_SIZE=world, LOCAL_WORLD_SIZE=local_world,
+                     GROUP_RANK=0, GLAUNCH_PRECISION=precision).items():
+        monkeypatch.setenv(k, str(v))
+
+
+def fake_cuda(monkeypatch, devices: int) -> None:
+    """Fake of what cannot run here: torch reporting `devices` CUDA GPUs."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: devices)
+
+
+def fake_deepspeed_cuda(monkeypatch) -> None:
+    """Fake of what cannot run here: DeepSpeed having picked its CUDA accelerator (a GPU node)."""
+    from deepspeed.accelerator import real_accelerator
+    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+
+    monkeypatch.setattr(real_accelerator, "ds_accelerator", CUDA_Accelerator())
+
+
+def load_example(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", REPO / "examples" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# --- the shared decision (launcher.runtime.device) -------------------------------------------
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_cpu_is_gloo_in_fp32_whatever_the_precision(monkeypatch, precision):
+    rank(monkeypatch, local_rank=1, local_world=2, precision=precision)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    where = placement()
+    assert (where.device, where.backend, where.precision, where.requested) == ("cpu", "gloo", "fp32", precision)
+    assert where.index is None and where.ddp_options() == {}
+    assert where.autocast_dtype() is None
+    assert not where.grad_scaler().is_enabled()
+    with where.autocast():                      # a no-op context: CPU numerics stay as they are
+        assert not torch.is_autocast_enabled("cpu")
+
+
+@pytest.mark.parametrize("precision,dtype,scaled", [("bf16", "bfloat16", False), ("fp16", "float16", True),
+                                                     ("fp32", None, False)])
+def test_cuda_is_nccl_on_the_local_rank_in_the_configured_precision(monkeypatch, precision, dtype, scaled):
+    rank(monkeypatch, local_rank=2, local_world=4, precision=precision)
+    fake_cuda(monkeypatch, 4)
+    where = placement()
+    assert (where.device, where.index, where.backend, where.precision) == ("cuda:2", 2, "nccl", precision)
+    assert where.ddp_options() == {"device_ids": [2], "output_device": 2}
+    assert where.autocast_dtype() == (getattr(torch, dtype) if dtype else None)
+    assert where.grad_scaler().is_enabled() is scaled
+
+
+def test_gpu_index_per_task_binding_and_too_many_ranks(monkeypatch):
+    assert gpu_index(3, 4) == 3
+    assert gpu_index(3, 1) == 0            # the task sees only its own GPU (per-task binding)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    with pytest.raises(RuntimeConfigError, match=r"LOCAL_RANK=3.*sees 2 GPUs \(CUDA_VISIBLE_DEVICES=0,1\)"):
+        gpu_index(3, 2)
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    with pytest.raises(RuntimeConfigError, match=r"DS_ACCELERATOR=cuda.*sees no GPU"):
+        gpu_index(0, 0)
+
+
+def test_backend_override_and_bad_precision(monkeypatch):
+    rank(monkeypatch, precision="bf16")
+    fake_cuda(monkeypatch, 4)
+    monkeypatch.setenv("GLAUNCH_DIST_BACKEND", "gloo")
+    assert placement().backend == "gloo" and placement().device == "cuda:0"
+    monkeypatch.setenv("GLAUNCH_PRECISION", "half")
+    with pytest.raises(RuntimeConfigError, match="GLAUNCH_PRECISION='half'"):
+        placement()
+
+
+# --- torch_ddp and fsdp: the examples' own start-up --------------------------------------
+
+
+class Joined(Exception):
+    pass
+
+
+@pytest.mark.parametrize("example", ["torch_ddp", "fsdp"])
+@pytest.mark.parametrize("cuda", [True, False])
+def test_torch_examples_join_nccl_on_their_gpu_or_gloo_on_cpu(monkeypatch, tmp_path, cuda, example):
+    """Runs the example's main up to init_process_group and records what it asked for."""
+    rank(monkeypatch, local_rank=1, local_world=2, precision="bf16")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29999")
+    monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path))
+    seen = {}
+    if cuda:
+        fake_cuda(monkeypatch, 2)
+        # Fake of what cannot run here: selecting a CUDA device.
+        monkeypatch.setattr(torch.cuda, "set_device", lambda index: seen.setdefault("device", index))
+    else:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def init_process_group(backend, **kwargs):   # stop before any collective
+        seen["backend"] = backend
+        raise Joined
+
+    monkeypatch.setattr(torch.distributed, "init_process_group", init_process_group)
+    with pytest.raises(Joined):
+        load_example(example).main(["--steps", "1"])
+    assert seen == ({"device": 1, "backend": "nccl"} if cuda else {"backend": "gloo"})
+
+
+# --- lightning_ddp: the Trainer the example builds ---------------------------------------------
+
+
+class Built(Exception):
+    pass
+
+
+@pytest.mark.parametrize("cuda,precision,expect", [
+    (True, "bf16", ("gpu", "nccl", "bf16-mixed")),
+    (True, "fp16", ("gpu", "nccl", "16-mixed")),
+    (False, "bf16", ("cpu", "gloo", "bf16-mixed")),      # Lightning's bf16 works on CPU
+    (False, "fp16", ("cpu", "gloo", "32-true")),
+])
+def test_lightning_example_trainer_from_the_runtime(monkeypatch, tmp_path, cuda, precision, expect):
+    pytest.importorskip("lightning")
+    import lightning as L
+
+    rank(monkeypatch, local_rank=1, local_world=4, nodes=2, precision=precision)
+    monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path))
+    if cuda:
+        fake_cuda(monkeypatch, 4)
+    else:
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    built = {}
+
+    def trainer(**kwargs):    # a Trainer on GPUs cannot be built here: record what it would get
+        built.update(kwargs)
+        raise Built
+
+    monkeypatch.setattr(L, "Trainer", trainer)
+    example = load_example("lightning_ddp")
+    with pytest.raises(Built):
+        example.main(["--steps", "1"])
+    assert (built["accelerator"], built["strategy"].process_group_backend, built["precision"]) == expect
+    assert (built["devices"], built["num_nodes"]) == (4, 2)
+
+
+# --- DeepSpeed: accelerator, backend, precision and optimizer ----------------------------------
+
+
+def test_deepspeed_on_a_gpu_node_uses_cuda_nccl_and_keeps_fp16(monkeypatch, tmp_path):
+    pytest.importorskip("deepspeed")
+    from launcher.runtime import deepspeed as gds
+
+    rank(monkeypatch, local_rank=3, local_world=4, precision="fp16")
+    fake_cuda(monkeypatch, 4)
+    fake_deepspeed_cuda(monkeypatch)
+    where = gds.placement()
+    assert (where.device, where.backend) == ("cuda:3", "nccl")
+    config = {"train_micro_batch_size_per_gpu": 8, "fp16": {"enabled": True}}
+    cfg = tmp_path / "ds_config.json"
+    cfg.write_text(json.dumps(config))
+    monkeypatch.setenv("GLAUNCH_DS_CONFIG", str(cfg))
+    assert gds.ds_config({})["fp16"] == {"enabled": True}
+
+
+def test_deepspeed_on_cpu_turns_fp16_off_and_keeps_bf16(monkeypatch, tmp_path, capfd):
+    pytest.importorskip("deepspeed")
+    from launcher.runtime import deepspeed as gds
+
+    rank(monkeypatch, local_rank=0, local_world=2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    where = gds.placement()
+    assert (where.device, where.backend) == ("cpu", "gloo")
+    assert os.environ["DS_ACCELERATOR"] == "cpu"
+    default = {"fp16": {"enabled": True, "loss_scale": 0}}
+    assert gds.ds_config(default)["fp16"] == {"enabled": False, "loss_scale": 0}
+    assert default["fp16"]["enabled"] is True                  # the caller's dict is left alone
+    assert "fp16 needs CUDA" in capfd.readouterr().err
+    assert gds.ds_config({"bf16": {"enabled": True}})["bf16"] == {"enabled": True}
+
+
+def test_deepspeed_cpu_accelerator_on_a_gpu_node_stays_coherent(monkeypatch, capfd):
+    """DS_ACCELERATOR=cpu in the environment of a node with GPUs (a CPU site profile used on a GPU
+    machine): DeepSpeed is on the CPU, so the process group must be gloo, and the log says why."""
+    pytest.importorskip("deepspeed")
+    from launcher.runtime import deepspeed as gds
+
+    rank(monkeypatch, local_rank=0, local_world=1)
+    monkeypatch.setenv("DS_ACCELERATOR", "cpu")
+    fake_cuda(monkeypatch, 1)
+    where = gds.placement()
+    assert (where.device, where.backend) == ("cpu", "gloo")
+    assert "DS_ACCELERATOR=cpu: DeepSpeed trains on the CPU" in capfd.readouterr().err
+
+
+@pytest.mark.parametrize("offload", [None, "cpu"])
+def test_deepspeed_optimizer_choice(monkeypatch, offload):
+    pytest.importorskip("deepspeed")
+    from torch.utils import cpp_extension
+
+    example = load_example("deepspeed_zero2")
+    config = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": offload} if offload else None}}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert example.optimizer_block(config)["params"]["torch_adam"] is True      # CPU: as always
+    fake_cuda(monkeypatch, 1)
+    fake_deepspeed_cuda(monkeypatch)
+    # Facts of a GPU machine, faked: ninja, nvcc (CUDA_HOME), a C++ compiler.
+    monkeypatch.setattr(cpp_extension, "is_ninja_available", lambda: True)
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", "/usr/local/cuda")
+    monkeypatch.setattr("shutil.which", lambda name: f"/usr/bin/{name}")
+    assert "torch_adam" not in example.optimizer_block(config)["params"]       # DeepSpeed's own Adam
+    assert example.optimizer_block(config, choice="torch")["params"]["torch_adam"] is True
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", None)
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    assert example.optimizer_block(config)["params"].get("torch_adam") is True  # nothing to build it with
+
+
+# --- nothing CPU-only reaches a GPU site -------------------------------------------------------
+
+
+@pytest.mark.parametrize("site", GPU_SITES)
+def test_gpu_sites_export_nothing_cpu_only(site, tmp_path, isolated_env):
+    for example in EXAMPLES:
+        run = api.submit(REPO / "examples" / f"{example}.yaml", site=site, dry_run=True,
+                         runs_dir=str(tmp_path / example), check=False)
+        env_sh = (Path(run.run_dir) / "env.sh").read_text()
+        for word in ("DS_ACCELERATOR", "GLAUNCH_DIST_BACKEND", "CUDA_VISIBLE_DEVICES=\"\"",
+                     "CUDA_VISIBLE_DEVICES=''"):
+            assert word not in env_sh, f"{site} / {example}: {word} in env.sh"
+
+
+# --- torchrun's options, from the node's parser ------------------------------------------------
+
+SPEC = TaskSpec(launcher="torchrun", script="/home/alice/train.py", module=None, args=(), nodes=2, ranks_per_node=4,
+                world_size=8, run_dir="/home/alice/runs/r", run_id="r", requeue_max=0, crash_retries=0,
+                exclude_bad_nodes=True, watchdog_stall_s=0.0, watchdog_first_step_s=0.0)
+
+
+def old_style(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Fake of an older torch's torchrun parser, made from the installed one: underscore spellings
+    only (torch 1.x) and no --signals-to-handle (before torch 2.9 the agent handled SIGTERM, SIGINT,
+    SIGHUP and SIGQUIT itself, which is what the default below keeps)."""
+    for action in list(parser._actions):
+        if "--signals-to-handle" in action.option_strings:
+            parser._remove_action(action)
+            for name in action.option_strings:
+                parser._option_string_actions.pop(name, None)
+            continue
+        underscored = [name for name in action.option_strings if "_" in name]
+        if underscored:
+            for name in set(action.option_strings) - set(underscored):
+                parser._option_string_actions.pop(name)
+            action.option_strings = underscored
+    parser.set_defaults(signals_to_handle="SIGTERM,SIGINT,SIGHUP,SIGQUIT")
+    return parser
+
+
+def test_torchrun_options_fit_the_parser():
+    from torch.distributed.run import get_args_parser
+
+    kw = dict(node_rank="1", master_addr="n1", master_port="29500", job_id="77")
+    full = launch.torchrun_args(SPEC, **kw)                  # submit-time description: everything
+    assert full[-1] == "--signals-to-handle=SIGINT,SIGHUP,SIGQUIT"
+    # the torch this project installs (2.13) knows every option, as written
+    assert launch.torchrun_args(SPEC, **kw, accepted=launch.parser_options(get_args_parser())) == full
+    old = launch.torchrun_args(SPEC, **kw, accepted=launch.parser_options(old_style(get_args_parser())))
+    assert old == ["--nnodes=2", "--nproc_per_node=4", "--node_rank=1", "--rdzv_backend=c10d",
+                   "--rdzv_endpoint=n1:29500", "--rdzv_id=77", "--max_restarts=0"]
+    with pytest.raises(RuntimeError, match="no --rdzv-id option"):
+        launch.torchrun_args(SPEC, **kw, accepted={"--nnodes", "--nproc-per-node", "--node-rank",
+                                                   "--rdzv-backend", "--rdzv-endpoint"})
+
+
+def test_task_runs_torchrun_with_the_options_the_node_knows(monkeypatch, tmp_path, capfd):
+    """The node's task asks the torch it imports: with an older torchrun (faked, see old_style)
+    the real agent here parses the words chosen from it and starts the worker."""
+    import torch.distributed.run as run
+
+    from launcher.runtime.rankcontext import free_port
+    from launcher.runtime.task import TrainingTask
+
+    script = tmp_path / "worker.py"
+    script.write_text("import os\nprint('worker', os.environ['RANK'], os.environ['WORLD_SIZE'], flush=True)\n")
+    spec = dataclasses.replace(SPEC, nodes=1, ranks_per_node=1, world_size=1, script=str(script),
+                               run_dir=str(tmp_path), run_id="r1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    installed = run.get_args_parser
+    monkeypatch.setattr(run, "get_args_parser", lambda: old_style(installed()))
+    assert TrainingTask(tmp_path)._run_torchrun(spec, types.SimpleNamespace(node=0, job_id="5")) == 0
+    out, err = capfd.readouterr()
+    assert "torchrun has no --signals-to-handle" in err
+    assert "torchrun --nnodes=1 --nproc_per_node=1 --node_rank=0 --rdzv_backend=c10d" in err
+    assert "--signals-to-handle=" not in err
+    assert "worker 0 1" in out + err

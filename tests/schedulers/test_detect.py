@@ -1,0 +1,266 @@
+"""`glaunch sites detect` without a cluster: the profile built from `scontrol show
+partition/node -o` of three differently shaped clusters (tests/recorded/), and the
+rendered profile loading as a valid site.
+
+- glaunch: the local Slurm 22.05 cluster, recorded live (2 nodes, Gres=gpu:sim:2, a
+  preemptible partition below a higher tier);
+- hpc-a100: Slurm 23.02, select/cons_tres, typed GRES, a CPU-only partition, nodes in
+  several partitions, different limits, a REQUEUE scavenger tier;
+- mixedgpu: Slurm 22.05, select/cons_res (--gres only), V100 and A100 nodes in one
+  partition, UNLIMITED limits, DefMemPerCPU, the default partition not first.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from launcher.config import schema
+from launcher.config.sites import load_site
+from launcher.errors import ConfigError
+from launcher.schedulers.cluster.detect import detect_profile, render_profile
+from launcher.schedulers.cluster.scontrol_text import gpu_kinds, parse_records
+
+RECORDED = Path(__file__).parent.parent / "recorded"
+SHIPPED = Path(__file__).resolve().parents[2] / "site_configs"
+
+
+def build_profile(name: str, partitions_text: str, nodes_text: str, *, select_type: str = "",
+                  account: str | None = None, user: str | None = None) -> dict:
+    """detect_profile's profile mapping, with only SelectType of scontrol's settings."""
+    return detect_profile(name, partitions_text, nodes_text, settings={"SelectType": select_type},
+                          account=account, user=user).profile
+
+
+def gpus_of(gres: str) -> tuple[int, str | None]:
+    """Total GPUs and their type (None when untyped or mixed), as gpu_kinds counts them."""
+    kinds = gpu_kinds(gres)
+    types = set(kinds)
+    return sum(kinds.values()), (types.pop() if len(types) == 1 else None)
+
+
+def recorded(name: str) -> str:
+    """The command's output, verbatim, without the file's first line (the command)."""
+    return (RECORDED / name).read_text(encoding="utf-8").partition("\n")[2]
+
+
+def cluster(name: str, account: str | None = None) -> dict:
+    """build_profile on a cluster's recordings, with SelectType read as query_cluster reads it."""
+    settings = dict(re.findall(r"^(\w+)\s*=\s*(.*?)\s*$", recorded(f"scontrol-config-{name}.txt"), re.M))
+    assert settings["ClusterName"] == name
+    return build_profile(name, recorded(f"scontrol-partition-{name}.txt"), recorded(f"scontrol-node-{name}.txt"),
+                         select_type=settings["SelectType"], account=account)
+
+
+def part(gpus, cpus, mem, max_nodes, max_time=None, gpu_type=None, preemptible=False):
+    entry = {"gpus_per_node": gpus}
+    if gpu_type:
+        entry["gpu_type"] = gpu_type
+    entry.update(gpu_mem_gb=None, cpus_per_node=cpus, mem_gb=mem, max_nodes=max_nodes)
+    if max_time:
+        entry["max_time"] = max_time
+    if preemptible:
+        entry["preemptible"] = True
+    return entry
+
+
+A100_NODE = dict(cpus=128, mem=502, gpu_type="a100")     # RealMemory=515000 MB -> 502 GB
+
+PROFILES: dict[str, dict[str, Any]] = {
+    "glaunch": {
+        "name": "glaunch", "extends": "base-slurm", "scheduler": "slurm", "account": "glaunch",
+        "gpu_directive": "gpus-per-node", "default_partition": "debug",
+        "partitions": {
+            # PreemptMode=REQUEUE under urgent's PriorityTier=10
+            "debug": part(2, 4, 7, 2, "02:00:00", "sim", preemptible=True),
+            "urgent": part(2, 4, 7, 2, "00:30:00", "sim"),
+        },
+    },
+    "hpc-a100": {
+        "name": "hpc-a100", "extends": "base-slurm", "scheduler": "slurm", "account": None,
+        "gpu_directive": "gpus-per-node", "default_partition": "gpu",
+        "partitions": {
+            "cpu": part(0, 96, 186, 3, "3-00:00:00"),         # MaxNodes=UNLIMITED: TotalNodes; the smallest node
+            "gpu": part(4, max_nodes=4, max_time="2-00:00:00", **A100_NODE),
+            "gpu-long": part(4, max_nodes=2, max_time="7-00:00:00", **A100_NODE),
+            "gpu-scavenge": part(4, max_nodes=4, max_time="1-00:00:00", preemptible=True, **A100_NODE),
+            "debug": part(4, max_nodes=1, max_time="00:30:00", **A100_NODE),   # PriorityTier=20, PreemptMode=OFF
+        },
+    },
+    "mixedgpu": {
+        "name": "mixedgpu", "extends": "base-slurm", "scheduler": "slurm", "account": None,
+        "gpu_directive": "gres", "default_partition": "batch",
+        "partitions": {
+            "short": part(4, 40, 186, 4, "04:00:00"),        # v100:4 and a100:8 nodes: no one type
+            "batch": part(4, 40, 186, 4),                    # MaxTime=UNLIMITED
+            "a100": part(8, 128, 1006, 2, "2-00:00:00", "a100"),
+        },
+    },
+}
+ACCOUNTS = {"glaunch": "glaunch"}
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_build_profile(name):
+    profile = cluster(name, ACCOUNTS.get(name))
+    assert profile == PROFILES[name]
+    assert list(profile["partitions"]) == list(PROFILES[name]["partitions"])   # scontrol's order
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_rendered_profile_loads_as_a_valid_site(tmp_path, name):
+    profile = cluster(name, ACCOUNTS.get(name))
+    text = render_profile(profile, name)
+    assert text.startswith(f"# {name} -- detected from Slurm cluster '{name}' by `glaunch sites detect`")
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(text, encoding="utf-8")
+    site = load_site(str(path), tmp_path, {"HOME": str(tmp_path / "home")})
+    assert [p.name for p in site.chain] == ["base-slurm.yaml", f"{name}.yaml"]
+    config = site.config
+    for key in ("name", "scheduler", "account", "gpu_directive", "default_partition"):
+        assert getattr(config, key) == profile[key], key
+    assert list(config.partitions) == list(profile["partitions"])
+    for pname, expected in profile["partitions"].items():
+        loaded = config.partitions[pname]
+        full = {**vars(schema.Partition(gpus_per_node=0)), **expected}   # what the profile leaves out: defaults
+        assert vars(loaded) == full, pname
+        if "max_time" in expected:
+            assert isinstance(loaded.max_time, str)   # "02:00:00" is no YAML 1.1 sexagesimal number
+
+
+def test_rendered_profile_text():
+    text = render_profile(PROFILES["glaunch"], "glaunch")
+    head, _, body = text.partition("name: glaunch\n")
+    assert re.fullmatch(r"# glaunch -- detected from Slurm cluster 'glaunch' by `glaunch sites detect` on "
+                        r"\d{4}-\d\d-\d\d\.\n# Fill in what Slurm does not know: gpu_mem_gb \(for `glaunch plan`\), "
+                        r"modules, env\n# \(NCCL/network\), setup \(the Python environment on the nodes\), container, "
+                        r"runs_root\.\n", head)
+    assert body == (
+        "extends: base-slurm\nscheduler: slurm\naccount: glaunch\ngpu_directive: gpus-per-node\n"
+        "default_partition: debug\npartitions:\n"
+        "  debug:\n    gpus_per_node: 2\n    gpu_type: sim\n    gpu_mem_gb: null\n    cpus_per_node: 4\n"
+        "    mem_gb: 7\n    max_nodes: 2\n    max_time: \"02:00:00\"\n    preemptible: true\n"
+        "  urgent:\n    gpus_per_node: 2\n    gpu_type: sim\n    gpu_mem_gb: null\n    cpus_per_node: 4\n"
+        "    mem_gb: 7\n    max_nodes: 2\n    max_time: \"00:30:00\"\n")
+
+
+def test_detected_local_profile_agrees_with_the_shipped_one():
+    """The hand-written local-slurm profile describes the same cluster: detect must find what Slurm knows of it."""
+    shipped = yaml.safe_load((SHIPPED / "local-slurm.yaml").read_text(encoding="utf-8"))
+    detected = cluster("glaunch", account="glaunch")
+    for key in ("scheduler", "account", "gpu_directive", "default_partition"):
+        assert detected[key] == shipped[key], key
+    assert set(detected["partitions"]) == set(shipped["partitions"])
+    for pname, entry in detected["partitions"].items():
+        hand = shipped["partitions"][pname]
+        for key, value in entry.items():
+            if key != "gpu_mem_gb":     # Slurm knows no GPU memory
+                assert hand.get(key) == value, f"{pname}.{key}"
+        assert hand.get("preemptible", False) == entry.get("preemptible", False), pname
+
+
+# --- the pieces -----------------------------------------------------------------------------
+
+
+def test_parse_records_reads_every_line_of_the_local_cluster():
+    parts = parse_records(recorded("scontrol-partition-glaunch.txt"))
+    assert [(p["PartitionName"], p["Default"], p["MaxTime"], p["PriorityTier"], p["PreemptMode"]) for p in parts] \
+        == [("debug", "YES", "02:00:00", "1", "REQUEUE"), ("urgent", "NO", "00:30:00", "10", "OFF")]
+    assert parts[0]["TRES"] == "cpu=8,mem=16000M,node=2,billing=8,gres/gpu=4"   # '=' inside a value
+    nodes = parse_records(recorded("scontrol-node-glaunch.txt"))
+    assert [(n["NodeName"], n["Gres"], n["CPUTot"], n["RealMemory"], n["Partitions"]) for n in nodes] \
+        == [("node1", "gpu:sim:2", "4", "8000", "debug,urgent"), ("node2", "gpu:sim:2", "4", "8000", "debug,urgent")]
+    assert nodes[0]["OS"] == "Linux" and nodes[0]["BootTime"] == "2026-12-03T12:55:32"   # OS=... has spaces
+
+
+def test_parse_records_keeps_the_keys_after_a_reason_with_spaces():
+    nodes = {n["NodeName"]: n for n in parse_records(recorded("scontrol-node-hpc-a100.txt"))}
+    assert list(nodes) == ["cn001", "cn002", "cn003", "gn001", "gn002", "gn003", "gn004"]
+    assert nodes["gn003"]["State"] == "IDLE+DRAIN" and nodes["gn003"]["Reason"] == "nvlink"
+    assert nodes["gn003"]["Partitions"] == "gpu,gpu-scavenge"
+    assert nodes["cn001"]["Gres"] == "(null)" and nodes["cn001"]["AllocTRES"] == ""
+
+
+def test_parse_records_skips_lines_without_fields():
+    assert parse_records("\n# comment\nNo such partition\nPartitionName=x Default=NO\n") \
+        == [{"PartitionName": "x", "Default": "NO"}]
+
+
+@pytest.mark.parametrize("gres, found", [
+    ("gpu:sim:2", (2, "sim")),
+    ("gpu:a100:4(S:0-1)", (4, "a100")),
+    ("gpu:8(S:0-7)", (8, None)),
+    ("gpu:4", (4, None)),
+    ("gpu:a100:4(S:0-1),gpu:h100:2", (6, None)),            # two types: no one type
+    ("gpu:a100:2(S:0),gpu:a100:2(S:1)", (4, "a100")),
+    ("gpu:a100_3g.40gb:7(S:0-1)", (7, "a100_3g.40gb")),     # MIG slices
+    ("gpu:tesla:2(S:0),mps:200", (2, "tesla")),
+    ("lscratch:3570,gpu:A100:4(S:0-1)", (4, "A100")),
+    ("mps:200", (0, None)),
+    ("(null)", (0, None)),
+    ("", (0, None)),
+])
+def test_gpus_of(gres, found):
+    assert gpus_of(gres) == found
+
+
+def test_gpu_directive_follows_the_select_plugin():
+    parts, nodes = recorded("scontrol-partition-glaunch.txt"), recorded("scontrol-node-glaunch.txt")
+    assert build_profile("c", parts, nodes, select_type="select/cons_tres")["gpu_directive"] == "gpus-per-node"
+    assert build_profile("c", parts, nodes, select_type="select/cons_res")["gpu_directive"] == "gres"
+    assert build_profile("c", parts, nodes, select_type="select/linear")["gpu_directive"] == "gres"
+    cpu_only = "".join(line for line in recorded("scontrol-node-hpc-a100.txt").splitlines(True)
+                       if "Partitions=cpu " in line)
+    profile = build_profile("c", recorded("scontrol-partition-hpc-a100.txt"), cpu_only, select_type="select/cons_res")
+    assert profile["gpu_directive"] == "gpus-per-node"      # no GPUs: nothing to ask --gres for
+
+
+def test_without_a_default_partition_the_first_is_the_default():
+    text = recorded("scontrol-partition-mixedgpu.txt").replace("Default=YES", "Default=NO")
+    profile = build_profile("c", text, recorded("scontrol-node-mixedgpu.txt"))
+    assert profile["default_partition"] == "short"
+    assert build_profile("c", "", "")["default_partition"] is None
+
+
+def test_preemptible_needs_a_higher_tier_to_preempt_it():
+    text = recorded("scontrol-partition-glaunch.txt").replace("PriorityTier=10", "PriorityTier=1")
+    profile = build_profile("c", text, recorded("scontrol-node-glaunch.txt"), select_type="select/cons_tres")
+    assert [p.get("preemptible", False) for p in profile["partitions"].values()] == [False, False]
+
+
+def test_cpus_per_node_leaves_out_specialized_cores():
+    nodes = recorded("scontrol-node-hpc-a100.txt").replace(
+        "CPUAlloc=0 CPUEfctv=128 CPUTot=128", "CPUAlloc=0 CPUEfctv=120 CPUTot=128").replace(
+        "Boards=1", "Boards=1 CoreSpecCount=4 CPUSpecList=60-63,124-127")
+    profile = build_profile("c", recorded("scontrol-partition-hpc-a100.txt"), nodes, select_type="select/cons_tres")
+    assert profile["partitions"]["gpu-long"]["cpus_per_node"] == 120    # gn002's 128 less 8 specialized
+
+
+# Two shapes that detect should turn into valid profiles, and does not yet.
+TINY_PARTITIONS = ("PartitionName=main Default=YES MaxNodes=UNLIMITED MaxTime=UNLIMITED Nodes=n1 PriorityTier=1 "
+                   "PreemptMode=OFF TotalCPUs=4 TotalNodes=1\n")
+
+
+def test_a_node_without_configured_memory_gives_a_valid_profile(tmp_path):
+    nodes = "NodeName=n1 CPUTot=4 RealMemory=1 Gres=(null) Partitions=main State=IDLE\n"
+    check_loads(tmp_path, build_profile("tiny", TINY_PARTITIONS, nodes))
+
+
+def test_a_partition_without_nodes_gives_a_valid_profile(tmp_path):
+    parts = TINY_PARTITIONS + ("PartitionName=spare Default=NO MaxNodes=UNLIMITED MaxTime=UNLIMITED Nodes=(null) "
+                               "PriorityTier=1 PreemptMode=OFF TotalCPUs=0 TotalNodes=0\n")
+    nodes = "NodeName=n1 CPUTot=4 RealMemory=8000 Gres=(null) Partitions=main State=IDLE\n"
+    check_loads(tmp_path, build_profile("tiny", parts, nodes))
+
+
+def check_loads(tmp_path, profile):
+    path = tmp_path / "tiny.yaml"
+    path.write_text(render_profile(profile, "tiny"), encoding="utf-8")
+    try:
+        load_site(str(path), tmp_path, {"HOME": str(tmp_path / "home")})
+    except ConfigError as exc:
+        pytest.fail(f"the detected profile does not load: {exc}")

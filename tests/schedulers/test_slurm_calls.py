@@ -1,0 +1,510 @@
+"""Every Slurm call bounded, retried only when the controller failed, never queueing a run
+twice; the submitting shell's SLURM_*/SBATCH_* variables kept from the job; pending
+reasons that never clear said in the profile's terms.
+
+The policy is tested with a fake clock on recorded error texts (tests/recorded_cluster/
+errors/). What cannot be made to fail for real on a shared cluster (sbatch timing out after
+queueing the job, squeue losing the controller) is played by fake `sbatch`/`squeue`
+scripts first on PATH: the tests that use them are named fake_*.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from launcher import api
+from launcher.errors import SchedulerError
+from launcher.rundir.records import RunRecord
+from launcher.schedulers.slurm import client as slurm_client, records as slurm_records, submit as slurm_submit
+from launcher.schedulers.slurm.client import (
+    Client,
+    RetryPolicy,
+    Unreachable,
+    clean_env,
+    describe_controller,
+    is_transient,
+    parse_controller,
+)
+from launcher.schedulers.slurm.state import parse_squeue, parse_squeue_reason, pending_verdict
+
+REPO = Path(__file__).resolve().parents[2]
+ERRORS = Path(__file__).parent.parent / "recorded_cluster" / "errors"
+
+
+def error_text(name: str) -> str:
+    return (ERRORS / f"{name}.txt").read_text(encoding="utf-8").partition("\n")[2]
+
+
+@pytest.fixture(autouse=True)
+def fresh_client():
+    """The process's client remembers a controller it found down: each test starts afresh."""
+    slurm_client.CLIENT.forget_down()
+    yield
+    slurm_client.CLIENT.forget_down()
+
+
+# --- which errors are worth another try -----------------------------------------------------------
+
+TRANSIENT = ["squeue-unreachable", "sbatch-unreachable", "scancel-unreachable", "scontrol-unreachable",
+             "sbatch-socket-timeout", "squeue-socket-timeout", "squeue-zero-bytes", "scontrol-zero-bytes",
+             "sbatch-busy", "sacctmgr-dbd-down"]
+PERMANENT = ["squeue-invalid-job", "sbatch-invalid-account", "sbatch-invalid-partition"]
+
+
+def test_every_recorded_error_is_classified():
+    assert sorted(TRANSIENT + PERMANENT) == sorted(p.stem for p in ERRORS.glob("*.txt"))
+
+
+@pytest.mark.parametrize("name", TRANSIENT)
+def test_a_controller_failure_is_transient(name):
+    assert is_transient(error_text(name))
+
+
+@pytest.mark.parametrize("name", PERMANENT)
+def test_a_refusal_is_not_transient(name):
+    assert not is_transient(error_text(name))
+
+
+# --- the retry policy, on a fake clock --------------------------------------------------------------
+
+
+class FakeSlurm:
+    """Stands in for subprocess.run and the clock: each call takes `seconds` of fake time
+    and answers with (exit status, stderr, stdout); past its timeout it raises as run does."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.now = 0.0
+        self.calls: list[tuple[float, list[str], float]] = []
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+    def run(self, cmd, *, timeout, **_):
+        self.calls.append((self.now, cmd, timeout))
+        seconds, rc, stderr, stdout = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if seconds > timeout:
+            self.now += timeout
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        self.now += seconds
+        return subprocess.CompletedProcess(cmd, rc, stdout, stderr)
+
+
+@pytest.fixture
+def slurm_conf(tmp_path) -> Path:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=gpufarm\nSlurmctldHost=ctl01(10.1.0.10)\nSlurmctldHost=ctl02\n"
+                    "SlurmctldPort=6817\n")
+    return conf
+
+
+def client(fake: FakeSlurm, conf: Path) -> Client:
+    return Client(runner=fake.run, clock=fake.clock, sleep=fake.sleep, environ={"SLURM_CONF": str(conf)})
+
+
+def test_a_transient_error_is_retried_after_a_backoff(slurm_conf):
+    fake = FakeSlurm((1.0, 1, error_text("squeue-socket-timeout"), ""), (0.1, 0, "", "RUNNING|None\n"))
+    proc = client(fake, slurm_conf).call("squeue", "-h", "-j", "7")
+    assert proc.returncode == 0 and proc.stdout == "RUNNING|None\n"
+    assert len(fake.calls) == 2 and fake.sleeps == [1.0]
+
+
+def test_a_refusal_is_answered_at_once(slurm_conf):
+    fake = FakeSlurm((0.1, 1, error_text("squeue-invalid-job"), ""))
+    proc = client(fake, slurm_conf).call("squeue", "-h", "-j", "7")
+    assert proc.returncode == 1 and len(fake.calls) == 1 and fake.sleeps == []
+
+
+def test_controller_down_ends_within_the_bound_and_names_the_controller(slurm_conf):
+    # A client that cannot connect retries on its own for about MessageTimeout (19 s here).
+    fake = FakeSlurm((19.0, 1, error_text("squeue-unreachable"), ""))
+    with pytest.raises(Unreachable) as err:
+        client(fake, slurm_conf).call("squeue", "-h", "-j", "7")
+    assert fake.now <= 40.0 and len(fake.calls) == 2
+    assert err.value.exit_code == 3
+    assert str(err.value) == (
+        f"cannot reach the Slurm controller, slurmctld on ctl01 (10.1.0.10) or ctl02 port 6817 (SlurmctldHost in "
+        f"{slurm_conf}): squeue said: slurm_load_jobs error: Unable to contact slurm controller (connect failure) "
+        "(2 attempt(s) in 39 s)")
+
+
+def test_a_hanging_client_is_cut_at_each_attempt_timeout(slurm_conf):
+    fake = FakeSlurm((1000.0, 0, "", ""))
+    with pytest.raises(Unreachable, match="scontrol did not answer within 14 s"):
+        client(fake, slurm_conf).call("scontrol", "-a", "-o")
+    assert [timeout for _, _, timeout in fake.calls] == [25.0, 14.0]
+    assert fake.now == 40.0
+
+
+def test_once_found_down_the_controller_is_not_asked_again_for_a_while(slurm_conf):
+    fake = FakeSlurm((19.0, 1, error_text("scontrol-unreachable"), ""))
+    c = client(fake, slurm_conf)
+    with pytest.raises(Unreachable):
+        c.call("scontrol", "-a", "-o")
+    calls = len(fake.calls)
+    start = fake.now
+    with pytest.raises(Unreachable, match="cannot reach the Slurm controller"):
+        c.call("squeue", "-h")
+    assert len(fake.calls) == calls and fake.now == start       # at once, nothing run
+    fake.now += 61
+    fake.answers = [(0.1, 0, "", "PENDING|Priority\n")]
+    assert c.call("squeue", "-h").returncode == 0
+
+
+def test_accounting_failures_do_not_mark_the_controller_down(slurm_conf):
+    fake = FakeSlurm((0.5, 1, error_text("sacctmgr-dbd-down"), ""))
+    c = client(fake, slurm_conf)
+    with pytest.raises(Unreachable, match=r"sacctmgr could not reach Slurm's accounting \(slurmdbd\)"):
+        c.call("sacctmgr", "-n", "show", "qos", policy=slurm_client.ACCOUNTING_POLICY, controller=False)
+    fake.answers = [(0.1, 0, "", "RUNNING|None\n")]
+    assert c.call("squeue", "-h").returncode == 0
+
+
+def test_a_deadline_shortens_the_budget(slurm_conf):
+    fake = FakeSlurm((1000.0, 0, "", ""))
+    with pytest.raises(Unreachable):
+        client(fake, slurm_conf).call("squeue", "-h", deadline=12.0)
+    assert [timeout for _, _, timeout in fake.calls] == [12.0]
+
+
+@pytest.mark.parametrize("done, elapsed, delay", [
+    (1, 0.0, 1.0), (1, 19.0, 1.0), (2, 20.0, 3.0), (2, 29.0, None),   # 40 - 29 - 3 < 10: no time left for it
+    (3, 1.0, None),                                                      # three attempts at most
+    (1, 31.0, None),
+])
+def test_retry_policy_next_delay(done, elapsed, delay):
+    assert RetryPolicy().next_delay(done, elapsed) == delay
+
+
+# --- submission: looked up before any retry -----------------------------------------------------------
+
+
+def test_sbatch_timed_out_but_queued_is_found_not_resubmitted(slurm_conf):
+    fake = FakeSlurm((1000.0, 0, "", ""))
+    looked: list[float] = []
+    out = client(fake, slurm_conf).submit(["sbatch", "job.sh"], lookup=lambda d: looked.append(d) or "4242")
+    assert out == "Submitted batch job 4242"
+    assert len(fake.calls) == 1 and looked == [40.0]
+
+
+def test_sbatch_failing_transiently_is_retried_once_the_job_is_known_absent(slurm_conf):
+    fake = FakeSlurm((1.0, 1, error_text("sbatch-socket-timeout"), ""), (0.2, 0, "", "Submitted batch job 77\n"))
+    looked = []
+    out = client(fake, slurm_conf).submit(["sbatch", "job.sh"], lookup=lambda d: looked.append(d))
+    assert out == "Submitted batch job 77\n"
+    assert len(fake.calls) == 2 and len(looked) == 1 and fake.sleeps == [1.0]
+
+
+def test_sbatch_refusing_the_job_is_not_retried(slurm_conf):
+    fake = FakeSlurm((0.2, 1, error_text("sbatch-invalid-account"), ""))
+    with pytest.raises(SchedulerError, match="sbatch refused the job: allocation failure: Invalid account"):
+        client(fake, slurm_conf).submit(["sbatch", "job.sh"], lookup=lambda d: pytest.fail("looked up"))
+    assert len(fake.calls) == 1
+
+
+def test_sbatch_with_the_controller_down_gives_up_within_the_bound(slurm_conf):
+    fake = FakeSlurm((19.0, 1, error_text("sbatch-unreachable"), ""))
+    looked = []
+    with pytest.raises(Unreachable, match="cannot reach the Slurm controller, slurmctld on ctl01"):
+        client(fake, slurm_conf).submit(["sbatch", "job.sh"], lookup=lambda d: looked.append(d))
+    assert fake.now <= 40.0 and len(fake.calls) == 2 and len(looked) == 2
+
+
+def test_a_lookup_that_cannot_tell_stops_the_submission(slurm_conf):
+    fake = FakeSlurm((1000.0, 0, "", ""))
+
+    def lookup(deadline):
+        raise SchedulerError("cannot tell")
+
+    with pytest.raises(SchedulerError, match="cannot tell"):
+        client(fake, slurm_conf).submit(["sbatch", "job.sh"], lookup=lookup)
+    assert len(fake.calls) == 1
+
+
+# --- the controller, named from the client's slurm.conf --------------------------------------------------
+
+
+@pytest.mark.parametrize("text, hosts, port", [
+    ("SlurmctldHost=vm(127.0.0.1)\nSlurmctldPort=16817\n", ["vm (127.0.0.1)"], "16817"),
+    ("# SlurmctldHost=old\nslurmctldhost=ctl01 # primary\nSlurmctldHost=ctl02\n", ["ctl01", "ctl02"], "6817"),
+    ("ControlMachine=head\nControlAddr=10.0.0.1\nBackupController=head2\nSlurmctldPort=6817-6818\n",
+     ["head (10.0.0.1)", "head2"], "6817-6818"),
+    ("ClusterName=x\n", [], "6817"),
+])
+def test_parse_controller(text, hosts, port):
+    assert parse_controller(text) == (hosts, port)
+
+
+def test_a_configless_client_says_so(tmp_path):
+    text = describe_controller({"SLURM_CONF": str(tmp_path / "absent.conf")})
+    assert text == f"the Slurm controller (no readable {tmp_path / 'absent.conf'}: a configless client finds it " \
+                   "through DNS)"
+
+
+# --- the environment Slurm's commands get -------------------------------------------------------------
+
+
+def test_clean_env_keeps_the_allocation_and_input_variables_from_slurm():
+    environ = {"PATH": "/usr/bin", "HOME": "/home/a", "SLURM_CONF": "/etc/slurm-b/slurm.conf",
+               "SLURM_JOB_ID": "1", "SLURM_NTASKS": "1", "SLURM_NNODES": "1", "SLURM_CPUS_PER_TASK": "3",
+               "SLURM_TIME_FORMAT": "relative", "SBATCH_TIMELIMIT": "1", "SBATCH_PARTITION": "other",
+               "SALLOC_ACCOUNT": "x", "SRUN_CPUS_PER_TASK": "3", "SQUEUE_STATES": "RUNNING",
+               "SQUEUE_FORMAT": "%i", "SACCT_FORMAT": "jobid", "MY_SLURM_NOTE": "kept"}
+    env, ignored = clean_env(environ)
+    assert env == {"PATH": "/usr/bin", "HOME": "/home/a", "SLURM_CONF": "/etc/slurm-b/slurm.conf",
+                   "SLURM_TIME_FORMAT": "standard", "MY_SLURM_NOTE": "kept"}
+    assert ignored == ["SALLOC_ACCOUNT", "SBATCH_PARTITION", "SBATCH_TIMELIMIT", "SRUN_CPUS_PER_TASK"]
+    warning = slurm_client.ignored_inputs_warning(ignored)
+    assert warning.startswith("ignoring SALLOC_ACCOUNT, SBATCH_PARTITION, SBATCH_TIMELIMIT, SRUN_CPUS_PER_TASK "
+                              "from the environment")
+    assert slurm_client.ignored_inputs_warning([]) is None
+
+
+# --- pending reasons ------------------------------------------------------------------------------------
+
+REQUEST = {"partition": "gpu", "nodes": 4, "gpus_per_node": 4, "time": "2-00:00:00", "account": "proj1",
+           "qos": "normal", "constraint": None, "max_time": None, "max_nodes": None}
+
+NEVER = {
+    "PartitionTimeLimit": "resources.time 2-00:00:00 is over the time limit of partition gpu on the cluster (the "
+                          "profile's partitions.gpu.max_time: (not set)) (Reason=PartitionTimeLimit)",
+    "PartitionNodeLimit": "resources.nodes 4 is outside the node limits of partition gpu",
+    "QOSMaxWallDurationPerJobLimit": "resources.time 2-00:00:00 is over a per-job maximum of QOS normal on the "
+                                     "cluster (Reason=QOSMaxWallDurationPerJobLimit)",
+    "QOSMaxNodePerJobLimit": "resources.nodes 4 is over a per-job maximum of QOS normal",
+    "QOSMaxGRESPerJob": "resources.gpus_per_node 4 x resources.nodes 4 is over a per-job maximum of QOS normal",
+    "QOSMaxGRESPerNode": "resources.gpus_per_node 4 is over a per-node maximum of QOS normal",
+    "QOSMaxCpuPerJobLimit": "resources.cpus_per_task is over a per-job maximum of QOS normal",
+    "QOSMinGRES": "is under a per-job minimum of QOS normal",
+    "AssocMaxWallDurationPerJobLimit": "resources.time 2-00:00:00 is over a per-job maximum of the association "
+                                       "of account proj1",
+    "AssocMaxNodePerJobLimit": "resources.nodes 4 is over a per-job maximum of the association of account proj1",
+    "AssocMaxNodesPerJobLimit": "resources.nodes 4 is over a per-job maximum of the association of account proj1",
+    "InvalidAccount": "account proj1 is not valid for this user on the cluster",
+    "InvalidQOS": "QOS normal is not valid for this user and account on the cluster",
+    "AccountNotAllowed": "account proj1 may not use partition gpu",
+    "BadConstraints": "no node of partition gpu has the features asked (partitions.gpu.constraint: (not set))",
+    "DependencyNeverSatisfied": "the run it waits for ended in a way its dependency excludes",
+    "PartitionConfig": "the request (resources.nodes 4, resources.time 2-00:00:00) is outside what partition gpu "
+                       "allows on the cluster",
+    "PartitionDown": "partition gpu is DOWN on the cluster",
+    "PartitionInactive": "partition gpu is INACTIVE",
+    "JobHeldAdmin": "an administrator holds it",
+    "ReqNodeNotAvail, UnavailableNodes:g[001-004]": "node(s) g[001-004] it needs are down, drained or reserved",
+}
+CLEARS = ["Priority", "Resources", "BeginTime", "Dependency", "JobHeldUser", "None", "Reservation",
+          "QOSMaxGRESPerUser", "QOSMaxNodePerUserLimit", "QOSMaxJobsPerUserLimit", "AssocGrpGRES",
+          "AssocGrpNodeLimit", "QOSGrpCpuLimit", "AssocMaxJobsLimit", "JobArrayTaskLimit", "Licenses",
+          "ReqNodeNotAvail, Reserved for maintenance", "", None]
+
+
+@pytest.mark.parametrize("reason", sorted(NEVER))
+def test_a_reason_that_never_clears_is_said_in_profile_terms(reason):
+    verdict = pending_verdict(reason, REQUEST)
+    assert verdict is not None and NEVER[reason] in verdict, verdict
+
+
+@pytest.mark.parametrize("reason", CLEARS)
+def test_a_reason_that_clears_by_itself_has_no_verdict(reason):
+    assert pending_verdict(reason, REQUEST) is None
+
+
+@pytest.mark.parametrize("text, state, reason", [
+    ("PENDING|PartitionTimeLimit\n", "PENDING", "PartitionTimeLimit"),
+    ("PENDING|ReqNodeNotAvail, UnavailableNodes:node[1-2]\n", "PENDING", "ReqNodeNotAvail, UnavailableNodes:node[1-2]"),
+    ("RUNNING|None\n", "RUNNING", None),
+    ("PENDING\n", "PENDING", None),
+    ("", None, None),
+])
+def test_parse_squeue_state_and_reason(text, state, reason):
+    assert parse_squeue(text) == state and parse_squeue_reason(text) == reason
+
+
+@pytest.mark.parametrize("name, reason, never", [
+    ("squeue-begin-time.txt", "BeginTime", False),
+    ("squeue-never-satisfied.txt", "DependencyNeverSatisfied", True),
+    ("squeue-partition-config.txt", "PartitionConfig", True),        # at submission, EnforcePartLimits=NO
+    ("squeue-partition-time-limit.txt", "PartitionTimeLimit", True),  # once the scheduler looked
+])
+def test_recorded_squeue_reasons(name, reason, never):
+    text = (ERRORS.parent / name).read_text(encoding="utf-8").partition("\n")[2]
+    assert parse_squeue(text) == "PENDING" and parse_squeue_reason(text) == reason
+    assert (pending_verdict(reason, REQUEST) is not None) == never
+
+
+def test_refresh_marks_a_job_that_never_starts_and_clears_it_once_it_runs():
+    record = RunRecord(run_id="r1", job_id="9", state="PENDING", extra={"request": REQUEST})
+    slurm_records.record_pending_reason(record, "PENDING", "PartitionTimeLimit")
+    assert record.extra["blocked"] is True and record.reason == "never starts"
+    assert record.detail.startswith("job 9 never starts: resources.time 2-00:00:00 is over the time limit of "
+                                    "partition gpu")
+    assert record.detail.endswith("It stays queued until cancelled (glaunch cancel r1)")
+    assert record.to_dict()["blocked"] is True and record.to_dict()["pending_reason"] == "PartitionTimeLimit"
+    slurm_records.record_pending_reason(record, "RUNNING", None)
+    assert "blocked" not in record.extra and record.reason is None and record.detail is None
+    slurm_records.record_pending_reason(record, "PENDING", "Priority")
+    assert "blocked" not in record.extra and record.extra["pending_reason"] == "Priority"
+
+
+# --- effects, with fakes of what cannot fail for real on a shared cluster ------------------------------------
+
+FAKE_SBATCH = """\
+#!/bin/bash
+# A fake sbatch: {behaviour}
+echo "$*" >> "$FAKE_DIR/sbatch.calls"
+env > "$FAKE_DIR/sbatch.env"
+n=$(wc -l < "$FAKE_DIR/sbatch.calls")
+script="${{@: -1}}"
+comment=$(printf '%s\\n' "$@" | sed -n 's/^--comment=//p')
+{body}
+"""
+FAKE_SQUEUE = """\
+#!/bin/bash
+# A fake squeue: {behaviour}
+echo "$*" >> "$FAKE_DIR/squeue.calls"
+{body}
+"""
+
+
+def _fakes(tmp_path, monkeypatch, *, sbatch: tuple[str, str], squeue: tuple[str, str]) -> Path:
+    fakes = tmp_path / "fakes"
+    fakes.mkdir(exist_ok=True)
+    for name, template, (behaviour, body) in (("sbatch", FAKE_SBATCH, sbatch), ("squeue", FAKE_SQUEUE, squeue)):
+        (fakes / name).write_text(template.format(behaviour=behaviour, body=textwrap.dedent(body)))
+        (fakes / name).chmod(0o755)
+    if not (fakes / "srun").exists():
+        (fakes / "srun").write_text("#!/bin/bash\nexit 0\n")
+        (fakes / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fakes}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_DIR", str(fakes))
+    return fakes
+
+
+def _calls(fakes: Path, name: str) -> list[str]:
+    path = fakes / f"{name}.calls"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+# Short enough for the fakes that hang (they sleep 30 s), long enough that a fake answering
+# at once is never cut off on a loaded machine (a bash start-up can take a second there).
+QUICK = RetryPolicy(attempts=3, attempt_timeout_s=8.0, budget_s=25.0, backoff_s=(0.2,), min_attempt_s=4.0)
+
+
+def _prepared(tmp_path):
+    return api.prepare(str(REPO / "examples" / "torch_ddp.yaml"), site="local-slurm",
+                       runs_dir=str(tmp_path / "runs"))
+
+
+def _record(run) -> dict:
+    return json.loads((Path(run.run_dir) / "run.json").read_text())
+
+
+def test_fake_sbatch_timing_out_after_queueing_is_found_not_resubmitted(tmp_path, monkeypatch, isolated_env):
+    monkeypatch.setattr(slurm_client, "DEFAULT_POLICY", QUICK)
+    fakes = _fakes(tmp_path, monkeypatch,
+                   sbatch=("queues the job, then hangs past glaunch's timeout",
+                           'echo "4242|$comment|$script" >> "$FAKE_DIR/queue"\nexec sleep 30'),
+                   squeue=("lists the queue it was given",
+                           'case "$*" in *--states=all*) cat "$FAKE_DIR/queue" 2>/dev/null;; '
+                           '*) echo "PENDING|Priority";; esac'))
+    run = api.launch(_prepared(tmp_path), check=False)
+    assert run.job_id == "4242" and run.state == "PENDING"
+    assert len(_calls(fakes, "sbatch")) == 1                 # never a second sbatch
+    assert f"--comment=glaunch:{run.run_id}" in _calls(fakes, "sbatch")[0]
+    record = _record(run)
+    assert record["job_id"] == "4242" and record["state"] == "PENDING"
+    assert record["request"]["partition"] == "debug" and record["request"]["time"] == "00:20:00"
+
+
+def test_fake_sbatch_failing_transiently_is_retried_once_squeue_shows_no_job(tmp_path, monkeypatch, isolated_env):
+    monkeypatch.setattr(slurm_client, "DEFAULT_POLICY", QUICK)
+    fakes = _fakes(tmp_path, monkeypatch,
+                   sbatch=("times out on the first call, accepts the second",
+                           f"""if [ "$n" -eq 1 ]; then echo '{error_text("sbatch-socket-timeout").strip()}' >&2; exit 1; fi
+                           echo "Submitted batch job 4243\"""".replace("                           ", "")),
+                   squeue=("has no job", "true"))
+    run = api.launch(_prepared(tmp_path), check=False)
+    assert run.job_id == "4243"
+    assert len(_calls(fakes, "sbatch")) == 2
+    lookups = [c for c in _calls(fakes, "squeue") if "--states=all" in c]
+    assert len(lookups) == 1 and "-o %i|%k|%o" in lookups[0]
+
+
+def test_fake_sbatch_gets_no_allocation_or_input_variables(tmp_path, monkeypatch, isolated_env, caplog):
+    fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 5"'),
+                   squeue=("has no job", "true"))
+    for key, value in {"SLURM_JOB_ID": "1", "SLURM_NTASKS": "1", "SLURM_NNODES": "1", "SBATCH_TIMELIMIT": "1",
+                       "SRUN_CPUS_PER_TASK": "3", "SLURM_CONF": "/etc/slurm/slurm.conf"}.items():
+        monkeypatch.setenv(key, value)
+    with caplog.at_level(logging.WARNING):
+        run = api.launch(_prepared(tmp_path), check=False)
+    assert run.job_id == "5"
+    env = dict(line.split("=", 1) for line in (fakes / "sbatch.env").read_text().splitlines() if "=" in line)
+    assert not {"SLURM_JOB_ID", "SLURM_NTASKS", "SLURM_NNODES", "SBATCH_TIMELIMIT", "SRUN_CPUS_PER_TASK"} & set(env)
+    assert env["SLURM_CONF"] == "/etc/slurm/slurm.conf" and env["PATH"] == os.environ["PATH"]
+    warned = [r.getMessage() for r in caplog.records if "ignoring" in r.getMessage()]
+    assert warned == ["glaunch: warning: ignoring SBATCH_TIMELIMIT, SRUN_CPUS_PER_TASK from the environment: "
+                      "Slurm input variables would override the site profile and the experiment (set those "
+                      "values there instead)"]
+    assert _record(run)["warnings"] == [warned[0].removeprefix("glaunch: warning: ")]
+
+
+def test_fake_sbatch_hanging_with_squeue_unreachable_records_an_uncertain_submission(tmp_path, monkeypatch,
+                                                                                      isolated_env):
+    monkeypatch.setattr(slurm_client, "DEFAULT_POLICY", QUICK)
+    fakes = _fakes(tmp_path, monkeypatch,
+                   sbatch=("hangs (the controller got the job, or not)", "exec sleep 30"),
+                   squeue=("cannot reach the controller until $FAKE_DIR/back exists",
+                           f"""if [ ! -e "$FAKE_DIR/back" ]; then echo '{error_text("squeue-unreachable").strip()}' >&2; exit 1; fi
+                           case "$*" in *--states=all*) echo "4244|glaunch:$(cat "$FAKE_DIR/run_id")|x";;
+                           *) echo "RUNNING|None";; esac""".replace("                           ", "")))
+    prepared = _prepared(tmp_path)
+    (fakes / "run_id").write_text(prepared.plan.run_id)
+    with pytest.raises(slurm_submit.SubmissionUncertain) as err:
+        api.launch(prepared, check=False)
+    assert err.value.exit_code == 3 and "`glaunch status` looks for the job again" in err.value.message
+    assert len(_calls(fakes, "sbatch")) == 1
+    run_dir = Path(prepared.plan.run_dir)
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "UNKNOWN" and record["reason"] == "submission uncertain" and record["job_id"] is None
+    # The controller answers again: status finds the job the first sbatch queued.
+    (fakes / "back").touch()
+    slurm_client.CLIENT.forget_down()
+    summary = api.status(str(run_dir))
+    assert summary["job_id"] == "4244" and summary["state"] == "RUNNING"
+    assert len(_calls(fakes, "sbatch")) == 1
+
+
+def test_fake_squeue_unreachable_status_exits_3_naming_the_controller(tmp_path, monkeypatch, isolated_env):
+    fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 6"'),
+                   squeue=("cannot reach the controller",
+                           f"echo '{error_text('squeue-unreachable').strip()}' >&2; exit 1"))
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("SlurmctldHost=ctl01(10.1.0.10)\nSlurmctldPort=6817\n")
+    run = api.launch(_prepared(tmp_path), check=False)
+    env = dict(os.environ, SLURM_CONF=str(conf))
+    # Bounded by the retry policy's attempts (three squeue calls, counted below), not by the clock.
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(run.run_dir)], env=env, cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 3
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("glaunch: error: cannot reach the Slurm controller, slurmctld on ctl01 (10.1.0.10) "
+                                  f"port 6817 (SlurmctldHost in {conf}): squeue said: slurm_load_jobs error: "
+                                  "Unable to contact slurm controller (connect failure)"), proc.stderr
+    record = _record(run)
+    assert record["state"] == "PENDING"           # the last state Slurm gave; what is new is said beside it
+    assert record["unreachable"]["message"] in proc.stderr
+    assert len([c for c in _calls(fakes, "squeue") if "-j 6" in c]) == 3
