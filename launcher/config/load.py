@@ -17,12 +17,9 @@ from launcher.config import schema
 from launcher.config.merge import merge_layer
 from launcher.config.provenance import OVERRIDES, ConfigKeyError, Origin, Provenance, locating
 from launcher.config.schema import MAX_RUN_NAME, NAME_PATTERN, NAME_RULE, env_name_problem
-from launcher.config.sites import LoadedSite, find_site, load_site, site_from_layers, site_search_path
 from launcher.config.typed import typed_config
 from launcher.config.yamlfile import override_value, read_yaml
 
-__all__ = ["LoadedExperiment", "LoadedSite", "Origin", "Provenance", "experiment_from_data", "find_site",
-           "load_experiment", "load_site", "parse_overrides", "site_from_layers", "site_search_path"]
 
 _OVERRIDE_KEY = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_-]+)*"
 

@@ -1,2 +1,3 @@
-"""Rendering: shell quoting (`shell`, the one place that builds shell text), the task spec,
-and the run bundle's files from templates/. Pure."""
+"""Rendering: the run bundle's files from templates/ (job.sbatch, env.sh, ds_config.json,
+resolved.yaml, hparams.json) and the task spec from the plan (task.json). Pure; every value
+that reaches a shell is quoted by launcher.shell."""

@@ -11,7 +11,11 @@ import math
 import os
 import stat
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, TypeVar
+
+from launcher.errors import RunError
+
+T = TypeVar("T")
 
 # run.json of a run with thousands of requeues stays far below this; anything bigger is
 # not a record glaunch wrote, and reading it whole could exhaust memory.
@@ -74,6 +78,17 @@ def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     except UnicodeDecodeError:
         raise ValueError("not UTF-8 text") from None
     return parse_json_object(text)
+
+
+def read_record(path: str | os.PathLike[str], from_dict: Callable[[dict[str, Any]], T], what: str) -> T:
+    """The record `from_dict` makes of the JSON object in `path`; RunError naming the file
+    and what is wrong when it cannot be read back."""
+    try:
+        return from_dict(load_json_object(path))
+    except OSError as exc:
+        raise RunError(f"cannot read the {what}: {exc.strerror or exc}", file=str(path)) from None
+    except ValueError as exc:
+        raise RunError(f"damaged {what}: {exc}", file=str(path)) from None
 
 
 def parse_json_object(text: str) -> dict[str, Any]:
@@ -166,8 +181,6 @@ def directory_problem(path: str | os.PathLike[str]) -> str | None:
 def exclusive_lock(path: str | os.PathLike[str], what: str) -> Iterator[None]:
     """Hold an flock on `path` (created as a regular file) for the block: the job and the
     CLI read-modify-write the same records. `what` names the record in the error."""
-    from launcher.errors import RunError
-
     try:
         fd = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
     except OSError as exc:

@@ -19,10 +19,10 @@ from typing import Any, Iterator, Mapping
 from launcher.errors import ConfigError, RunError
 from launcher.rundir.envnames import STATE_DIR
 from launcher.rundir.files import (
+    read_record,
     exclusive_lock,
     atomic_write_text,
     directory_problem,
-    load_json_object,
     open_regular,
 )
 from launcher.rundir.layout import RunDir
@@ -255,13 +255,7 @@ def _has_record(run_dir: Path) -> bool:
 
 def read(run_dir: str | os.PathLike[str]) -> RunRecord:
     """run.json; RunError naming the file and what is wrong when it cannot be read back."""
-    path = RunDir(run_dir).run_file
-    try:
-        return RunRecord.from_dict(load_json_object(path))
-    except OSError as exc:
-        raise RunError(f"cannot read the run record: {exc.strerror or exc}", file=str(path)) from None
-    except ValueError as exc:
-        raise RunError(f"damaged run record: {exc}", file=str(path)) from None
+    return read_record(RunDir(run_dir).run_file, RunRecord.from_dict, "run record")
 
 
 def write(run_dir: str | os.PathLike[str], record: RunRecord) -> None:

@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from launcher.errors import ConfigError, GlaunchError, RunError
 from launcher.rundir import registry
-from launcher.rundir.files import atomic_write_text, exclusive_lock, load_json_object
+from launcher.rundir.files import atomic_write_text, exclusive_lock, load_json_object, read_record
 from launcher.rundir.layout import SWEEP_FILE
 from launcher.rundir.records import IN_FLIGHT, RunRecord, State
 from launcher.runner.status import progress
@@ -129,13 +129,7 @@ class SweepRecord:
 
 
 def read(sweep_dir: str | os.PathLike) -> SweepRecord:
-    path = Path(sweep_dir) / SWEEP_FILE
-    try:
-        return SweepRecord.from_dict(load_json_object(path))
-    except OSError as exc:
-        raise RunError(f"cannot read the sweep record: {exc.strerror or exc}", file=str(path)) from None
-    except ValueError as exc:
-        raise RunError(f"damaged sweep record: {exc}", file=str(path)) from None
+    return read_record(Path(sweep_dir) / SWEEP_FILE, SweepRecord.from_dict, "sweep record")
 
 
 def write(sweep_dir: str | os.PathLike, record: SweepRecord) -> None:

@@ -59,7 +59,7 @@ from launcher.rundir import envnames
 from launcher.rundir.files import atomic_write_text, open_regular, read_json
 from launcher.rundir.layout import RunDir, heartbeat_bytes
 from launcher.runtime import stacks, stopflag, telemetry
-from launcher.runtime.rankcontext import RankContext, RuntimeConfigError, context, log, node_name
+from launcher.runtime.rankcontext import RankContext, RuntimeConfigError, context, log, node_name, seconds_from_env
 
 DEFAULT_INTERVAL_S = 5.0
 RANK0_INTERVAL_S = 1.0
@@ -207,17 +207,7 @@ _beats: Beats | None = None
 
 
 def interval_from_env() -> float:
-    raw = os.environ.get(envnames.HEARTBEAT_S, "").strip()
-    if not raw:
-        return DEFAULT_INTERVAL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        log(f"{envnames.HEARTBEAT_S}={raw!r} is not a number of seconds >= 0; using {DEFAULT_INTERVAL_S:g}")
-        return DEFAULT_INTERVAL_S
-    return value
+    return seconds_from_env(envnames.HEARTBEAT_S, DEFAULT_INTERVAL_S)
 
 
 def current() -> Beats:

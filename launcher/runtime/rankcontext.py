@@ -165,6 +165,22 @@ def log_joined(ctx: RankContext, backend: str, device: str | None = None) -> Non
         f"node {ctx.node_rank} ({node_name()}){on}")
 
 
+def seconds_from_env(name: str, default: float) -> float:
+    """A number of seconds >= 0 from the environment variable `name`: `default` when it is
+    unset or empty, and (said in the log) when it is not such a number."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        log(f"{name}={raw!r} is not a number of seconds >= 0; using {default:g}")
+        return default
+    return value
+
+
 def node_name() -> str:
     """Slurm's name of this node (several may share a host), else the host name."""
     return os.environ.get("SLURMD_NODENAME") or os.uname().nodename      # gethostname(), without socket

@@ -33,7 +33,7 @@ from typing import Any
 from launcher.rundir import envnames
 from launcher.rundir.files import read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
-from launcher.runtime.rankcontext import RankContext, log, node_name
+from launcher.runtime.rankcontext import RankContext, log, node_name, seconds_from_env
 
 GB = 1e9                   # the planner's gigabyte
 DEFAULT_GPU_SAMPLE_S = 5.0
@@ -111,15 +111,7 @@ def peak_memory() -> dict[str, Any]:
 
 
 def gpu_sample_interval() -> float:
-    raw = os.environ.get(envnames.GPU_SAMPLE_S, "").strip()
-    try:
-        value = float(raw) if raw else DEFAULT_GPU_SAMPLE_S
-    except ValueError:
-        value = -1.0
-    if not 0 <= value < float("inf"):
-        log(f"{envnames.GPU_SAMPLE_S}={raw!r} is not a number of seconds >= 0; using {DEFAULT_GPU_SAMPLE_S:g}")
-        return DEFAULT_GPU_SAMPLE_S
-    return value
+    return seconds_from_env(envnames.GPU_SAMPLE_S, DEFAULT_GPU_SAMPLE_S)
 
 
 def start_gpu_sampler(ctx: RankContext) -> subprocess.Popen | None:

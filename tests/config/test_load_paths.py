@@ -15,6 +15,7 @@ import pytest
 
 from launcher import schedulers
 from launcher.config import load, sites
+from launcher.config.provenance import Origin
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import SubmitContext
 from launcher.resolution.resolve import resolve
@@ -31,7 +32,7 @@ EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.yaml"))
 
 @pytest.mark.parametrize("site", SHIPPED)
 def test_shipped_site_loads(site):
-    loaded = load.load_site(site, Path("/nonexistent"), ENVIRON)
+    loaded = sites.load_site(site, Path("/nonexistent"), ENVIRON)
     assert loaded.config.name == site
     assert loaded.path.parent == sites.SHIPPED_SITES
 
@@ -39,7 +40,7 @@ def test_shipped_site_loads(site):
 def _render(example: str, site: str, overrides: list[str]) -> dict[str, str]:
     exp = load.load_experiment(REPO / "examples" / example, overrides)
     exp = dataclasses.replace(exp, path=Path("/home/alice/exp") / example)
-    loaded = load.load_site(site, Path("/nonexistent"), ENVIRON)
+    loaded = sites.load_site(site, Path("/nonexistent"), ENVIRON)
     ctx = SubmitContext(cwd="/home/alice/exp", python="/usr/bin/python3", environ=ENVIRON,
                         run_id="x-20260101-000000-abcd")
     plan = resolve(exp, loaded, ctx)
@@ -192,7 +193,7 @@ def test_conversion(text, overrides, field, expected, tmp_path, monkeypatch):
     path = tmp_path / "exp.yaml"
     if text.startswith("# site"):
         path.write_text(_site_text(text.split("\n", 1)[1]))
-        loader = lambda: load.load_site(str(path), tmp_path, ENVIRON).config.partitions["gpu"]  # noqa: E731
+        loader = lambda: sites.load_site(str(path), tmp_path, ENVIRON).config.partitions["gpu"]  # noqa: E731
     else:
         path.write_text(text if text.startswith("# whole") else EXP + text)
         loader = lambda: load.load_experiment(path, overrides).config  # noqa: E731
@@ -238,13 +239,13 @@ def test_extends_chain_with_provenance(tmp_path):
     (tmp_path / "mid.yaml").write_text("name: mid\nextends: base.yaml\nenv: {B: y}\ndefault_partition: gpu\n"
                                        "partitions:\n  gpu: {max_nodes: 8}\n  cpu: {gpus_per_node: 0}\n")
     (tmp_path / "top.yaml").write_text("name: top\nextends: [mid.yaml]\nenv: {C: '3'}\nmodules: [m2]\n")
-    loaded = load.load_site("top.yaml", tmp_path, ENVIRON)
+    loaded = sites.load_site("top.yaml", tmp_path, ENVIRON)
     cfg = loaded.config
     assert cfg.name == "top" and cfg.env == {"A": "1", "B": "y", "C": "3"}
     assert cfg.modules == ["m2"] and cfg.partitions["gpu"].max_nodes == 8 and cfg.partitions["gpu"].gpus_per_node == 4
-    assert loaded.provenance.of("partitions.gpu.max_nodes", exact=True) == load.Origin(str(tmp_path / "mid.yaml"), 6)
-    assert loaded.provenance.of("env.A", exact=True) == load.Origin(str(tmp_path / "base.yaml"), 3)
-    assert loaded.provenance.of("modules[0]", exact=True) == load.Origin(str(tmp_path / "top.yaml"), 4)
+    assert loaded.provenance.of("partitions.gpu.max_nodes", exact=True) == Origin(str(tmp_path / "mid.yaml"), 6)
+    assert loaded.provenance.of("env.A", exact=True) == Origin(str(tmp_path / "base.yaml"), 3)
+    assert loaded.provenance.of("modules[0]", exact=True) == Origin(str(tmp_path / "top.yaml"), 4)
     assert "modules[1]" not in loaded.provenance.origins   # base's list was replaced whole
 
 
@@ -252,7 +253,7 @@ def test_yaml_merge_keys(tmp_path):
     path = tmp_path / "site.yaml"
     path.write_text("name: merged\nscheduler: slurm\npartitions:\n  a: &common {gpus_per_node: 4, max_time: '1:00:00'}\n"
                     "  b: {<<: *common, gpus_per_node: 8}\n")
-    parts = load.load_site(str(path), tmp_path, ENVIRON).config.partitions
+    parts = sites.load_site(str(path), tmp_path, ENVIRON).config.partitions
     assert (parts["b"].gpus_per_node, parts["b"].max_time) == (8, "1:00:00")
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.config import load
+from launcher.config import load, sites
 from launcher.config.yamlfile import MAX_FILE_BYTES
 from launcher.errors import ConfigError
 
@@ -48,7 +48,7 @@ def refused(path, *fragments, overrides=()):
 
 def refused_site(name, cwd, *fragments):
     with bounded(), pytest.raises(ConfigError) as info:
-        load.load_site(name, cwd, ENVIRON)
+        sites.load_site(name, cwd, ENVIRON)
     message = str(info.value)
     for fragment in fragments:
         assert fragment in message, message
@@ -217,7 +217,7 @@ def test_moderate_extends_chain_loads(tmp_path):
     for i in range(10):
         (tmp_path / "site_configs" / f"s{i}.yaml").write_text(f"name: s{i}\nextends: s{i + 1}\nenv: {{V{i}: x}}\n")
     (tmp_path / "site_configs" / "s10.yaml").write_text(SITE.replace("mysite", "s10"))
-    loaded = load.load_site("s0", tmp_path, ENVIRON)
+    loaded = sites.load_site("s0", tmp_path, ENVIRON)
     assert loaded.config.name == "s0" and len(loaded.chain) == 11 and len(loaded.config.env) == 10
 
 
