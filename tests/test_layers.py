@@ -172,3 +172,13 @@ def test_a_planted_cycle_is_found(planted):
 def test_the_runtime_may_not_reach_the_configuration(tmp_path):
     graph = {"launcher.runtime.task": {"launcher.config.load"}, "launcher.config.load": set()}
     assert violations(graph) == ["launcher.runtime.task (runtime) -> launcher.config.load (config)"]
+
+
+def test_every_package_is_shipped():
+    """pyproject lists the wheel's packages by name: a new subpackage must be there too."""
+    import tomllib
+
+    listed = set(tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")
+             for p in [p.parent]}
+    assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"
