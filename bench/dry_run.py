@@ -9,9 +9,10 @@ PYTHONPYCACHEPREFIX; --no-bytecode-cache honours PYTHONDONTWRITEBYTECODE from th
 environment instead, so glaunch's own modules may be compiled on every run).
 `--against TREE` also times another checkout of glaunch (e.g. a `git worktree` of an
 older commit) in the same run, both as `python -m launcher.cli` from their own tree.
-Compiled templates are cached in a private XDG_CACHE_HOME, filled by the warm-up run as
-a user's first submit fills theirs. Beside each wall-clock median, the median CPU time
-(user + system, glaunch and the git it runs), which a busy machine disturbs less.
+A warm-up run fills the page and bytecode caches as a user's first submit does (and, for an
+older tree that kept one, its template cache, in a private XDG_CACHE_HOME). Beside each
+wall-clock median, the median CPU time (user + system, glaunch and the git it runs), which a
+busy machine disturbs less.
 
 Budget: on a quiet machine, the median of each dry run (local and Slurm site) under 8x the
 median of `python -c pass`; the ratio is printed beside it, and a miss exits 1. --tiny (CI:
@@ -101,7 +102,7 @@ def main() -> int:
             for name, tree in (("this tree", REPO), (str(args.against), args.against.resolve())):
                 runs_dir = os.path.join(tmp, f"runs-{len(commands)}")
                 commands[name] = (module + ["--runs-dir", runs_dir], env, tree)
-        for cmd, e, cwd in commands.values():       # warm the page, bytecode and template caches
+        for cmd, e, cwd in commands.values():       # warm the page and bytecode caches
             timed(cmd, e, cwd)
         samples: dict[str, list[tuple[float, float]]] = {name: [] for name in commands}
         for _ in range(args.runs):      # interleaved: a machine busy for a while slows every command alike
