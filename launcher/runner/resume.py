@@ -58,7 +58,6 @@ from launcher.runner.inputs import items
 from launcher.runner.lookup import find_sweep, refreshed, run_dir_of
 from launcher.runner.results import Run, RunRef
 from launcher.runner.submission import job_ids
-from launcher.runtime.checkpoint.resume import latest_complete
 from launcher.schedulers.base import Echo
 
 # Moved to resumes/N/: the previous submission's files, and the files a start leaves for
@@ -134,6 +133,9 @@ def refuse_unless_ended(record: RunRecord) -> None:
 
 def _warnings(plan, record: RunRecord) -> tuple[str, ...]:
     """What the user should know before it starts: no checkpoint to continue from."""
+    # The in-job runtime's own reader of the checkpoint directory; loaded only here, so
+    # that submitting never loads the runtime.
+    from launcher.runtime.checkpoint.resume import latest_complete
 
     if latest_complete(plan.checkpoint_dir, verify="size", quiet=True) is None:
         return (f"run {record.run_id}: no complete checkpoint in {plan.checkpoint_dir}: the resumed run starts "

@@ -28,12 +28,6 @@ from launcher.rundir.files import open_regular, read_json
 from launcher.rundir.records import IN_FLIGHT, RunRecord, State
 from launcher.rundir.layout import RunDir
 from launcher.schedulers.base import Echo, Launched, RunConsole, Scheduler, console_of
-from launcher.rundir import registry
-from launcher.runtime.task import TrainingTask
-from launcher.runtime.task import child_pids
-from launcher.runtime import jobend, watchdog
-from launcher.runtime.rankcontext import node_name
-from launcher.runtime.telemetry import iso, start_summary
 
 if TYPE_CHECKING:
     from launcher.runtime import jobend
@@ -68,6 +62,8 @@ class LocalScheduler(Scheduler):
             submitit_executor="local", node_rank="0", job_id=f"${envnames.JOB_ID}")
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
+        from launcher.rundir import registry
+
         status = run(plan, echo=echo)
         record = registry.read(run_dir)
         return Launched(record.job_id, record.state, status)
@@ -85,6 +81,8 @@ class LocalScheduler(Scheduler):
         except OSError as exc:
             raise RunError(f"run {record.run_id}: cannot signal job {record.job_id} (process group {pid}): "
                            f"{exc.strerror or exc}") from None
+        from launcher.rundir import registry
+        from launcher.runtime.telemetry import iso
 
         with registry.updating(run_dir) as rec:
             # The loop running the job, while it lives, records the start's end when the
@@ -168,6 +166,8 @@ def hold_job_lock(run_dir: RunDir) -> int:
 
 
 def next_job_id() -> str:
+    from launcher.rundir import registry
+
     fd = registry.state_file("local_job_counter")
     with os.fdopen(fd, "r+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -183,6 +183,8 @@ def next_job_id() -> str:
 def dump_task(plan: JobPlan, job_id: str) -> None:
     """The start's pickled task: it reads the run's task.json (written with the bundle)."""
     from submitit.core.utils import DelayedSubmission, JobPaths
+
+    from launcher.runtime.task import TrainingTask
 
     paths = JobPaths(plan.log_dir, job_id=job_id)
     DelayedSubmission(TrainingTask(plan.run_dir)).dump(paths.submitted_pickle)
@@ -235,6 +237,7 @@ class Interrupts:
 def kill_job(pid: int) -> None:
     """SIGKILL the job's process group and the group of every process under it (localrun
     starts each task in a session of its own)."""
+    from launcher.runtime.task import child_pids
 
     groups, todo, seen = {pid}, [pid], set()
     while todo:
@@ -257,6 +260,11 @@ def kill_job(pid: int) -> None:
 
 
 def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, interrupts: Interrupts) -> int:
+    from launcher.rundir import registry
+    from launcher.runtime import jobend, watchdog
+    from launcher.runtime.rankcontext import node_name
+    from launcher.runtime.telemetry import iso, start_summary
+
     restart = 0
     while True:
         if interrupts.count:          # between two starts: start nothing more
@@ -319,6 +327,8 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, int
 def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart: int,
              stop: dict | None, *, interrupted: bool = False) -> jobend.Outcome:
     """localrun's step summary in the terms of the Slurm path's decision."""
+    from launcher.rundir import registry
+    from launcher.runtime import jobend, watchdog
 
     warned, timed_out = bool(summary.get("warned")), bool(summary.get("timed_out"))
     hung = watchdog.hang_in(run_dir.path, restart) is not None

@@ -24,8 +24,6 @@ from launcher.rundir.records import RunRecord, State
 from launcher.schedulers.base import Echo, Launched, RunConsole, console_of
 from launcher.schedulers.slurm.scheduler import SlurmScheduler, inside_allocation
 from launcher.schedulers.slurm.submit import dump_task, submitted_pickle
-from launcher.runtime.task import WARNING_SIGNAL, child_pids
-from launcher.runtime.telemetry import iso
 
 
 @dataclass(frozen=True)
@@ -81,6 +79,8 @@ class AllocationScheduler(SlurmScheduler):
                                    launch_context=dict(batch.launch_context, requeue_job=None))
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
+        from launcher.runtime.telemetry import iso
+
         job_id = self.allocation.job_id
         paths = RunDir(run_dir)
         dump_task(plan, submitted_pickle(plan.log_dir, job_id))
@@ -141,6 +141,7 @@ def _interrupt(bash_pid: int, count: int, console: RunConsole) -> None:
     (the warning signal to srun, which passes it on to every task: they save a checkpoint
     and exit, and the script records the start; srun would end the step at once on
     SIGTERM); the second kills everything the script started."""
+    from launcher.runtime.task import WARNING_SIGNAL, child_pids
 
     if count == 1:
         console.event("interrupted: the ranks stop and save a checkpoint (Ctrl-C again kills them)")

@@ -22,7 +22,6 @@ from launcher.resolution.jobplan import JobPlan
 from launcher.schedulers.slurm import array as slurm_array, client as slurm_client, state as slurm_state
 from launcher.schedulers.slurm.client import run_command
 from launcher.schedulers.slurm.queries import find_submitted
-from launcher.runtime.task import TrainingTask
 
 
 class SubmissionUncertain(SchedulerError):
@@ -102,6 +101,8 @@ def dump_task(plan: JobPlan, path: Path) -> None:
     """At `path`, the pickled task: it reads the run's task.json (written with the bundle)."""
     from submitit.core.utils import DelayedSubmission
 
+    from launcher.runtime.task import TrainingTask
+
     DelayedSubmission(TrainingTask(plan.run_dir)).dump(path)
 
 
@@ -164,6 +165,8 @@ def preflight(plan: JobPlan, job_file: Path, env: Mapping[str, str] | None = Non
 
 def submit(plan: JobPlan, job_text: str, env: Mapping[str, str] | None = None) -> str:
     from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    from launcher.runtime.task import TrainingTask
 
     executor = _executor_class()(plan, job_text, env if env is not None else slurm_client.clean_env(os.environ)[0])
     try:
