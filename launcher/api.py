@@ -39,6 +39,7 @@ from launcher.config.sites import load_site, site_search_path
 from launcher.errors import ConfigError
 from launcher.resolution.strategy import plan_for
 from launcher.runner import manage, submission
+from launcher.runner.inputs import rank_of, run_ref
 from launcher.runner.results import Run, RunRef, Sweep
 from launcher.runner.resume import PreparedResume, launch_resume, prepare_resume
 from launcher.runner.submission import Prepared
@@ -141,7 +142,7 @@ def _stdout(text: str) -> None:
 
 def status(run: RunRef) -> dict[str, Any]:
     """What `glaunch status RUN --json` prints (a sweep: its elements, arrays and counts)."""
-    return manage.status(run)
+    return manage.status(run_ref(run))
 
 
 def wait(run: RunRef, *, on_line: Text | None = None, on_state: Text | None = None, echo: Text | None = None,
@@ -151,7 +152,7 @@ def wait(run: RunRef, *, on_line: Text | None = None, on_state: Text | None = No
     of state (a sweep: each element's); `echo`: the run's console. SchedulerError when it
     can never start."""
     said = (lambda change: on_state(state_line(change))) if on_state is not None else None
-    return manage.wait(run, on_line=on_line, on_state=said, poll_s=poll_s,
+    return manage.wait(run_ref(run), on_line=on_line, on_state=said, poll_s=poll_s,
                        console=_console(echo, live) if echo is not None else None)
 
 
@@ -159,18 +160,18 @@ def logs(run: RunRef, *, rank: int | None = None, follow: bool = False, echo: Te
          poll_s: float = 1.0) -> None:
     """Per-rank logs of the run, each line with its rank ([0], [1!] for stderr), across
     requeues; with `follow`, until it ends. A sweep's: every element's."""
-    manage.logs(run, rank=rank, follow=follow, echo=echo, poll_s=poll_s)
+    manage.logs(run_ref(run), rank=rank_of(rank), follow=follow, echo=echo, poll_s=poll_s)
 
 
 def cancel(run: RunRef) -> str:
     """Cancel the run's job (a sweep: every element's); a sentence saying what was done."""
-    return manage.cancel(run)
+    return manage.cancel(run_ref(run))
 
 
 def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
     """The newest runs and sweeps, one row each (`glaunch list --json`); with `sweep`, its
     elements' rows."""
-    return manage.list_runs(limit, sweep)
+    return manage.list_runs(limit, None if sweep is None else run_ref(sweep, "sweep"))
 
 
 # --- planning and sites ----------------------------------------------------------------------

@@ -58,6 +58,7 @@ from launcher.runner.inputs import items
 from launcher.runner.lookup import find_sweep, refreshed, run_dir_of
 from launcher.runner.results import Run, RunRef
 from launcher.runner.submission import job_ids
+from launcher.runner.inputs import run_ref
 from launcher.schedulers.base import Echo
 
 # Moved to resumes/N/: the previous submission's files, and the files a start leaves for
@@ -98,7 +99,7 @@ def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool 
     """Read the run, refuse it unless it ended, resolve its recorded configuration with
     `overrides` and render it. Nothing written; the scheduler is asked for the run's
     state unless `dry_run`."""
-
+    run = run_ref(run)
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
         raise ConfigError(f"{sweep_dir.name} is a sweep: resume its elements one by one (glaunch resume "

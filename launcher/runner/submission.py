@@ -26,7 +26,7 @@ from launcher.rundir.registry import new_run_id
 from launcher.runner import bundle, dependencies
 from launcher.runner.bundle import PathSource
 from launcher.runner.gitview import locate
-from launcher.runner.inputs import items
+from launcher.runner.inputs import folder_of, items
 from launcher.runner.results import Run
 from launcher.schedulers.base import Echo
 from launcher.schedulers.slurm.allocation import Allocation, AllocationScheduler
@@ -66,7 +66,7 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
     """Load, resolve and render: every check that needs no scheduler; nothing written.
     `after` (RUN[:ok|any]): runs or sweeps to wait for; their state is asked of the
     scheduler unless `dry_run`."""
-
+    runs_dir = folder_of(runs_dir)
     exp, loaded_site = load(experiment, site, overrides)
     upstreams, dependency = upstreams_of(after, loaded_site.config.scheduler, dry_run=dry_run)
     ctx = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=dict(os.environ),

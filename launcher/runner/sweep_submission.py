@@ -20,7 +20,7 @@ from launcher.resolution.resolve import resolve
 from launcher.resolution.sweep import expand, parse_axes
 from launcher.rundir import registry
 from launcher.runner import bundle, dependencies, provenance, snapshot, sweeps
-from launcher.runner.inputs import items
+from launcher.runner.inputs import folder_of, items
 from launcher.runner.results import Run, Sweep
 from launcher.runner.submission import (
     Prepared,
@@ -62,8 +62,7 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
     slowest), each resolved and checked as its own run would be, its values applied after
     `overrides`: one element that cannot run refuses the whole sweep, naming it. Nothing
     written."""
-
-
+    runs_dir = folder_of(runs_dir)
     if max_parallel is not None:
         # bool is an int to Python, but max_parallel=True is no count of jobs.
         if isinstance(max_parallel, bool) or not isinstance(max_parallel, int):

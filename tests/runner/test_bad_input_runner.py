@@ -75,6 +75,22 @@ CALLS = [
       for value in ["2", True, 1.5]],
     RefusedCall("max-parallel-below-one", lambda: dry_run(site="mysite", sweep=["hparams.lr=1,2"], max_parallel=0),
                 "--max-parallel"),
+    # --- runs, ranks and folders: a value of another type is named, never a TypeError or a folder ---
+    *[RefusedCall(f"{name}-run-{type(value).__name__}", lambda call=call, value=value: call(value), "run",
+                  [type(value).__name__])
+      for value in [None, 5, "", b"run"]
+      for name, call in [("status", api.status), ("cancel", api.cancel), ("wait", api.wait),
+                         ("logs", api.logs), ("resume", api.resume)]],
+    RefusedCall("list-sweep-int", lambda: api.list_runs(sweep=5), "sweep", ["int"]),
+    *[RefusedCall(f"logs-rank-{value!r}", lambda value=value: api.logs("no-such-run", rank=value), "rank",
+                  [repr(value)])
+      for value in [-1, True, 1.5, "0"]],
+    *[RefusedCall(f"runs-dir-{type(value).__name__}", lambda value=value: api.submit("exp.yaml", site="mysite",
+                                                                                   dry_run=True, runs_dir=value),
+                  "runs_dir", [type(value).__name__])
+      for value in [5, b"runs", 1.5]],
+    RefusedCall("sweep-runs-dir-int", lambda: api.submit("exp.yaml", site="mysite", dry_run=True, runs_dir=5,
+                                                         sweep=["hparams.lr=1,2"]), "runs_dir", ["int"]),
 ]
 
 
