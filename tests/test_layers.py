@@ -13,7 +13,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "launcher"
 
 # Bottom to top. A module belongs to the first layer one of whose prefixes names it.
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
-    ("floor", ("launcher", "launcher.errors", "launcher.shell", "launcher.rundir")),
+    ("floor", ("launcher", "launcher.errors", "launcher.shell", "launcher.rundir", "launcher.processes")),
     ("runtime", ("launcher.runtime",)),
     ("config", ("launcher.config",)),
     ("resolution", ("launcher.resolution",)),

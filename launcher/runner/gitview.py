@@ -11,7 +11,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from launcher.processes import Started, fs_text
 from launcher.resolution.jobplan import CodeRoot
 
 GIT_TIMEOUT_S = 30.0
@@ -20,45 +22,44 @@ GIT_TIMEOUT_S = 30.0
 class GitCall:
     """A git command in `cwd`, started now and read with `result()`: two calls overlap.
     `env`: more variables; `stdin`: its input. Used as a context manager, a call whose
-    result is never read is killed on the way out."""
+    result is never read is killed on the way out, with every process it started."""
 
     def __init__(self, cwd: str | os.PathLike, *args: str, binary: bool = False, stdin: bytes | None = None,
                  env: dict[str, str] | None = None) -> None:
-        self._input = stdin
+        self._binary = binary
+        self._args = ["git", "-C", str(cwd), *args]
         self._deadline = time.monotonic() + GIT_TIMEOUT_S
         try:
-            self._proc: subprocess.Popen | None = subprocess.Popen(
-                ["git", "-C", str(cwd), *args], text=not binary, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            # No output limit: a patch or a file list cut short would be wrong, not short.
+            self._started: Started | None = Started(
+                self._args, input=stdin, max_output=None,
                 env=dict(os.environ, GIT_OPTIONAL_LOCKS="0", LC_ALL="C", **(env or {})))
         except OSError:
-            self._proc = None
+            self._started = None
 
-    def result(self) -> subprocess.CompletedProcess | None:
-        """What git answered; None where git is missing, hangs, or `cwd` is no folder."""
-        proc, self._proc = self._proc, None
-        if proc is None:
+    def result(self) -> subprocess.CompletedProcess[Any] | None:
+        """What git answered (bytes when `binary`, else text whose undecodable bytes are
+        kept as surrogates: git prints paths); None where git is missing, hangs, or `cwd`
+        is no folder."""
+        started, self._started = self._started, None
+        done = started.finish(self._deadline) if started is not None else None
+        if done is None:
             return None
-        try:
-            out, err = proc.communicate(self._input, timeout=max(0.0, self._deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            return None
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        if self._binary:
+            return subprocess.CompletedProcess(self._args, done.returncode, done.stdout, done.stderr)
+        return subprocess.CompletedProcess(self._args, done.returncode, fs_text(done.stdout), done.err)
 
     def __enter__(self) -> GitCall:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self._proc is not None:
-            self._proc.kill()
-            self._proc.communicate()
-            self._proc = None
+        if self._started is not None:
+            self._started.kill()
+            self._started = None
 
 
 def git(cwd: str | os.PathLike, *args: str, binary: bool = False, stdin: bytes | None = None,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess | None:
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[Any] | None:
     """git in `cwd` (`env`: more variables); None where git is missing, hangs, or `cwd` is
     no folder."""
     return GitCall(cwd, *args, binary=binary, stdin=stdin, env=env).result()
@@ -120,7 +121,7 @@ def git_state(root: str, copied: set[str] | None = None, *, status: GitCall | No
     commit = branch = None
     changed = False
     untracked = []
-    fields = iter(proc.stdout.decode("utf-8", "surrogateescape").split("\0"))
+    fields = iter(fs_text(proc.stdout).split("\0"))
     for entry in fields:
         kind = entry[:2]
         if entry.startswith("# branch.oid "):

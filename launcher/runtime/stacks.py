@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Protocol
 
+from launcher.processes import run_bounded
 from launcher.rundir.files import atomic_write_text
 from launcher.rundir.layout import RunDir
 
@@ -126,17 +127,21 @@ def _size(path: Path) -> int:
 
 
 def run_command(words: list[str]) -> str | None:
-    """A command's stdout; None (and a line on stderr) when it fails or takes too long."""
+    """A command's stdout (bytes that are not UTF-8 as U+FFFD: a stack names files and
+    strings of any encoding); None (and a line on stderr) when it fails or takes longer
+    than COMMAND_TIMEOUT_S, which ends it with every process it started."""
     try:
-        proc = subprocess.run(words, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL)
+        proc = run_bounded(words, timeout_s=COMMAND_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as exc:
         log(f"{words[0]}: {exc}")
         return None
-    if proc.returncode != 0:
-        log(f"{' '.join(words[:2])}: exit status {proc.returncode}: {proc.stderr.strip()[:300]}")
+    if proc is None:
+        log(f"{words[0]}: no answer within {COMMAND_TIMEOUT_S} s")
         return None
-    return proc.stdout
+    if proc.returncode != 0:
+        log(f"{' '.join(words[:2])}: exit status {proc.returncode}: {proc.err.strip()[:300]}")
+        return None
+    return proc.out
 
 
 def log(message: str) -> None:

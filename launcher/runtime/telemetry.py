@@ -24,12 +24,14 @@ import datetime as dt
 import math
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from launcher.processes import run_bounded
 from launcher.rundir import envnames
 from launcher.rundir.files import read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
@@ -115,7 +117,8 @@ def gpu_sample_interval() -> float:
 
 
 def start_gpu_sampler(ctx: RankContext) -> subprocess.Popen | None:
-    """The node's GPU sampler, when there is nvidia-smi and sampling is on; else None."""
+    """The node's GPU sampler, when there is nvidia-smi and sampling is on; else None. It
+    runs in a session of its own, so that stop_gpu_sampler ends it with its group."""
     global _sampler
     every = gpu_sample_interval()
     smi = shutil.which("nvidia-smi")
@@ -128,7 +131,8 @@ def start_gpu_sampler(ctx: RankContext) -> subprocess.Popen | None:
         _sampler = subprocess.Popen(
             [sys.executable, "-m", "launcher.runtime.telemetry", "--out", str(out), "--every", str(every),
              "--parent", str(os.getpid()), "--nvidia-smi", smi],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+            start_new_session=True)
     except OSError as exc:
         log(f"GPU sampler not started: {exc.strerror or exc}")
         return None
@@ -136,14 +140,28 @@ def start_gpu_sampler(ctx: RankContext) -> subprocess.Popen | None:
 
 
 def stop_gpu_sampler() -> None:
+    """SIGTERM to the sampler's group (it then ends the nvidia-smi it waits on, which runs
+    in a group of its own), SIGKILL to the group after 5 s."""
     global _sampler
     if _sampler is not None and _sampler.poll() is None:
-        _sampler.terminate()
+        _signal_group(_sampler.pid, signal.SIGTERM)
         try:
             _sampler.wait(timeout=5)
         except subprocess.TimeoutExpired:
-            _sampler.kill()
+            _signal_group(_sampler.pid, signal.SIGKILL)
     _sampler = None
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # SystemExit unwinds through run_bounded, which kills the nvidia-smi in flight.
+    raise SystemExit(0)
 
 
 def sample_gpus(out: Path, every: float, parent: int, smi: str) -> int:
@@ -156,16 +174,16 @@ def sample_gpus(out: Path, every: float, parent: int, smi: str) -> int:
     while os.getppid() == parent:
         began_at = time.time()
         try:
-            proc = subprocess.run([smi, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
-                                  capture_output=True, text=True, timeout=max(every, 5.0))
-            ok = proc.returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        if ok:
+            # A hung GPU can hang nvidia-smi: the bound ends it, with whatever it started.
+            proc = run_bounded([smi, f"--query-gpu={GPU_QUERY}", "--format=csv,noheader,nounits"],
+                               timeout_s=max(every, 5.0))
+        except (OSError, subprocess.SubprocessError):
+            proc = None
+        if proc is not None and proc.returncode == 0:
             failures = 0
             stamp = f"{began_at:.3f}"
             rows = [f"{stamp},{','.join(x.strip() for x in line.split(','))}"
-                    for line in proc.stdout.splitlines() if line.strip()]
+                    for line in proc.out.splitlines() if line.strip()]
             with open(out, "a", encoding="utf-8") as f:
                 f.write("".join(row + "\n" for row in rows))
         else:
@@ -268,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parent", type=int, required=True)
     parser.add_argument("--nvidia-smi", default="nvidia-smi")
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     return sample_gpus(Path(args.out), max(args.every, 0.5), args.parent, args.nvidia_smi)
 
 

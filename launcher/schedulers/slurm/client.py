@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from launcher.errors import SchedulerError
+from launcher.processes import run_bounded
 
 # What Slurm's clients print when the controller (or the link to it) failed, not the
 # request: worth another try. Slurm 22.05 wording, matched loosely.
@@ -189,7 +190,20 @@ class Outcome:
         return self.proc is None or (self.proc.returncode != 0 and is_transient(self.output))
 
 
+# runner(cmd, timeout=, input=, env=): subprocess.run's contract, text in and out,
+# TimeoutExpired past the timeout; stdin is /dev/null when input is None.
 Runner = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def run_client(cmd: Sequence[str], *, timeout: float, input: str | None = None,
+               env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The Runner that runs Slurm's clients: a timeout kills the client's whole process
+    group, and bytes that are not UTF-8 (a node's Reason, a user's comment) are read as
+    U+FFFD, never as an error."""
+    done = run_bounded(cmd, timeout_s=timeout, input=input.encode() if input is not None else None, env=env)
+    if done is None:
+        raise subprocess.TimeoutExpired(list(cmd), timeout)
+    return subprocess.CompletedProcess(list(cmd), done.returncode, done.out, done.err)
 
 
 @dataclass
@@ -197,7 +211,7 @@ class Client:
     """Runs Slurm's commands under a RetryPolicy. `runner`, `clock` and `sleep` are
     replaced by fakes in the tests of the policy."""
 
-    runner: Runner = subprocess.run
+    runner: Runner = run_client
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     environ: Mapping[str, str] | None = None
@@ -212,11 +226,9 @@ class Client:
     def attempt(self, cmd: Sequence[str], timeout: float, *, input: str | None = None,
                 env: Mapping[str, str] | None = None) -> Outcome:
         start = self.clock()
-        # Without input, stdin is closed: no client may wait on a terminal.
-        feed = {"input": input} if input is not None else {"stdin": subprocess.DEVNULL}
         try:
-            proc = self.runner(list(cmd), capture_output=True, text=True, timeout=timeout,
-                               env=dict(env) if env is not None else self.env(), **feed)
+            proc = self.runner(list(cmd), timeout=timeout, input=input,
+                               env=dict(env) if env is not None else self.env())
         except subprocess.TimeoutExpired:
             return Outcome(None, self.clock() - start)
         except OSError as exc:
