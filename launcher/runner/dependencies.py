@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 from launcher.errors import ConfigError, GlaunchError, RunError
 from launcher.rundir import registry
+from launcher.rundir.lifecycle import move
 from launcher.rundir.records import TERMINAL, RunRecord, State
 from launcher.runner import lookup, sweeps
 from launcher.runner.inputs import items
@@ -209,9 +210,7 @@ def wait_before_start(upstreams: Sequence[Upstream], run_dir: Path, echo: Echo |
     if why is None:
         return None
     with registry.updating(run_dir) as record:
-        record.state = State.CANCELLED.value
-        record.reason = "never starts"
-        record.detail = why
+        move(record, State.CANCELLED.value, reason="never starts", detail=why)
     if say is not None:
         say(f"run {record.run_id} never starts: {why}")
     return record.state

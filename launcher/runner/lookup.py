@@ -34,12 +34,48 @@ def run_dir_of(run: RunRef) -> Path:
 
 
 def refreshed(run_dir: Path) -> RunRecord:
-    """run.json with the scheduler's current view folded in."""
+    """run.json with the scheduler's current view folded in (a copy of a run directory is
+    read as it is: the job it names is another directory's)."""
 
     record = registry.read(run_dir)
-    if record.scheduler in schedulers.NAMES and not record.dry_run:
+    if record.scheduler in schedulers.NAMES and not record.dry_run and copied_from(run_dir, record) is None:
         record = schedulers.get(record.scheduler).refresh(run_dir, record)
     return record
+
+
+def copied_from(run_dir: Path, record: RunRecord) -> str | None:
+    """The directory the run was submitted in, when `run_dir` is not it (a copy, or the run
+    moved): its job, checkpoints and files all name that one. None when it is itself, or
+    when the record does not say (written by hand)."""
+    recorded = record.run_dir
+    if not recorded:
+        return None
+    try:
+        if os.path.samefile(recorded, run_dir):
+            return None
+    except (OSError, ValueError):
+        pass
+    return recorded
+
+
+def refuse_copy(run_dir: Path, record: RunRecord, command: str) -> None:
+    """ConfigError when `run_dir` is not the directory its run was submitted in: a command
+    that changes the run acts on the run's own directory only."""
+    original = copied_from(run_dir, record)
+    if original is None:
+        return
+    try:
+        there = registry.read(original).run_id if os.path.isdir(original) else None
+    except GlaunchError:
+        there = None
+    if there == record.run_id:
+        why = f"it is a copy of run {record.run_id}, whose run directory is {original}"
+        fix = f"glaunch {command} {original}"
+    else:
+        why = f"run {record.run_id} was submitted in {original}, and was moved or copied here"
+        fix = f"move it back to {original}"
+    raise ConfigError(f"{run_dir}: {why}; its job, checkpoints and files name that directory ({fix})",
+                      file=str(Path(run_dir) / "run.json"), key="run_dir")
 
 
 def sweep_records(sweep_dir: Path, *, refresh: bool = True) -> dict[str, RunRecord | GlaunchError]:

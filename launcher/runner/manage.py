@@ -16,7 +16,7 @@ from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord, State, is_terminal
 from launcher.runner import sweeps
 from launcher.runner.logs import Lines, LogFollower, RankLogs
-from launcher.runner.lookup import find_sweep, refreshed, run_dir_of, sweep_records
+from launcher.runner.lookup import find_sweep, refreshed, refuse_copy, run_dir_of, sweep_records
 from launcher.runner.recent import recent
 from launcher.runner.results import RunRef, StateChange
 from launcher.runner.status import summarize
@@ -192,7 +192,8 @@ def cancel(run: RunRef) -> str:
         done = schedulers.get(sweep.scheduler).cancel_many(live, arrays)
         return f"sweep {sweep.sweep_id}: " + "; ".join(done)
     run_dir = run_dir_of(run)
-    record = registry.read(run_dir)
+    refuse_copy(run_dir, registry.read(run_dir), "cancel")
+    record = refreshed(run_dir)       # a record whose job has gone is brought to its end first
     if not record.job_id or record.scheduler not in schedulers.NAMES or is_terminal(record.state):
         return f"run {record.run_id}: nothing to cancel ({record.state})"
     return schedulers.get(record.scheduler).cancel(run_dir, record)

@@ -52,10 +52,11 @@ from launcher.rundir.layout import (
     STOP_FILE,
     RunDir,
 )
+from launcher.rundir.lifecycle import resubmit
 from launcher.rundir.records import IN_FLIGHT, RunRecord, State
 from launcher.runner import bundle
 from launcher.runner.inputs import items
-from launcher.runner.lookup import find_sweep, refreshed, run_dir_of
+from launcher.runner.lookup import find_sweep, refreshed, refuse_copy, run_dir_of
 from launcher.runner.results import Run, RunRef
 from launcher.runner.submission import job_ids
 from launcher.runner.inputs import run_ref
@@ -105,6 +106,7 @@ def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool 
         raise ConfigError(f"{sweep_dir.name} is a sweep: resume its elements one by one (glaunch resume "
                           "ELEMENT_RUN_DIR)", file=WHERE, key="RUN")
     run_dir = run_dir_of(run)
+    refuse_copy(run_dir, registry.read(run_dir), "resume")
     record = registry.read(run_dir) if dry_run else refreshed(run_dir)
     refuse_unless_ended(record)
     recorded = RecordedConfig.read(run_dir)
@@ -247,25 +249,42 @@ def launch_resume(prepared: PreparedResume, *, dry_run: bool = False, check: boo
         return Run(prepared.record.run_id, run_dir, plan.site_name, True, files, str(prepared.record.state),
                    warnings=prepared.warnings)
     scheduler.require()
-    record = _switch_bundle(prepared)
+    record, switch = _switch_bundle(prepared)
     try:
         launched = scheduler.launch(plan, run_dir, check=check, echo=echo)
     except SchedulerError:
         raise                   # refused: run.json says so
-    except OSError as exc:
+    except (OSError, RunError) as exc:
+        # Nothing started: the run goes back to how it ended, not left SUBMITTING.
+        if _revert_switch(prepared, switch):
+            raise RunError(f"run {record.run_id}: the resume did not start ({exc}); the run is as it was") from None
         raise RunError(f"run {record.run_id}: {exc}") from None
     return Run(record.run_id, run_dir, plan.site_name, False, files, launched.state, launched.job_id,
                launched.exit_code, job_ids(run_dir, launched.exit_code), prepared.warnings)
 
 
-def _switch_bundle(prepared: PreparedResume) -> RunRecord:
-    """Under the run's lock: the run still ended, the previous files moved to resumes/N/,
-    the new ones written, run.json's resume entry appended. On failure everything moves
-    back and run.json is unchanged."""
+@dataclass(frozen=True)
+class _Switch:
+    """What `_switch_bundle` changed, so that a resume that never started can be undone."""
+
+    before: dict[str, Any]             # run.json as it was
+    aside: Path
+    moved: tuple[str, ...]
+    written: tuple[str, ...]
+
+
+def _switch_bundle(prepared: PreparedResume) -> tuple[RunRecord, _Switch]:
+    """Under the run's lock: the run still ended and its job gone, the previous files moved
+    to resumes/N/, the new ones written, run.json's resume entry appended. On failure
+    everything moves back and run.json is unchanged."""
 
     run_dir = prepared.run_dir
     with registry.updating(run_dir) as record:
         refuse_unless_ended(record)
+        still = prepared.scheduler.job_still_there(run_dir, record)
+        if still:
+            raise ConfigError(f"run {record.run_id}: {still}; resume it once that has ended", file=WHERE, key="RUN")
+        before = record.to_dict()
         previous = record.extra.get("resumes")
         number = (len(previous) if isinstance(previous, list) else 0) + 1
         aside = RunDir(run_dir).previous_files(number)
@@ -285,7 +304,21 @@ def _switch_bundle(prepared: PreparedResume) -> RunRecord:
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise RunError(f"run {record.run_id}: cannot prepare its run directory for the resume: {why}") from None
         _record_resume(record, prepared, number, aside)
-    return record
+    return record, _Switch(before, aside, tuple(moved), tuple(written))
+
+
+def _revert_switch(prepared: PreparedResume, switch: _Switch) -> bool:
+    """Undo `_switch_bundle` when its job never started (run.json still SUBMITTING with no
+    start of its own); False, and nothing touched, otherwise."""
+    with registry.updating(prepared.run_dir) as record:
+        first = switch.before.get("starts")
+        if record.state != State.SUBMITTING or len(record.starts) != (len(first) if isinstance(first, list) else 0):
+            return False
+        _undo(prepared.run_dir, switch.aside, list(switch.moved), list(switch.written))
+        restored = RunRecord.from_dict(switch.before)
+        for name in vars(record):
+            setattr(record, name, getattr(restored, name))
+    return True
 
 
 def _undo(run_dir: Path, aside: Path, moved: list[str], written: list[str]) -> None:
@@ -325,7 +358,7 @@ def _record_resume(record: RunRecord, prepared: PreparedResume, number: int, asi
              "first_start": len(record.starts)}
     resumes = record.extra.get("resumes")
     record.extra["resumes"] = [*(resumes if isinstance(resumes, list) else []), entry]
-    record.state = State.SUBMITTING.value
-    record.job_id = record.reason = record.detail = None
+    resubmit(record)
+    record.job_id = None
     record.nodes, record.world_size, record.partition = plan.nodes, plan.world_size, plan.partition
     record.requeue_max, record.crash_retries = plan.requeue_max, plan.crash_retries

@@ -43,7 +43,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from launcher.rundir import registry
+from launcher.processes import run_bounded
 from launcher.rundir.files import read_json
+from launcher.rundir.lifecycle import IllegalMove, move
 from launcher.rundir.records import FAILURES, State, is_job_id, is_node_name
 from launcher.rundir.layout import RunDir
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
@@ -177,12 +179,14 @@ def partition_nodes(partition: str | None) -> tuple[list[str] | None, str]:
     """The partition's usable nodes from sinfo, or (None, why not)."""
     words = ["sinfo", "--noheader", "--Node", "--format=%N %T"] + ([f"--partition={partition}"] if partition else [])
     try:
-        proc = subprocess.run(words, capture_output=True, text=True, timeout=SINFO_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        proc = run_bounded(words, timeout_s=SINFO_TIMEOUT_S)
     except (OSError, subprocess.SubprocessError) as exc:
         return None, f"sinfo: {exc}"
+    if proc is None:
+        return None, f"sinfo: no answer within {SINFO_TIMEOUT_S} s"
     if proc.returncode != 0:
-        return None, f"sinfo: exit status {proc.returncode}: {proc.stderr.strip()[:200]}"
-    return usable_nodes(proc.stdout), ""
+        return None, f"sinfo: exit status {proc.returncode}: {proc.err.strip()[:200]}"
+    return usable_nodes(proc.out), ""
 
 
 def exclude_bad_nodes_setting(run_dir: Path) -> tuple[bool, str]:
@@ -244,9 +248,13 @@ def main(argv: list[str] | None = None) -> int:
             record.job_id = job_id
         if exclude is not None:
             record.excluded_nodes = exclude
-        record.state = outcome.state
-        record.reason = outcome.reason
-        record.detail = outcome.detail
+        try:
+            move(record, outcome.state, reason=outcome.reason, detail=outcome.detail, why="the job's end")
+        except IllegalMove as exc:
+            # The run ended meanwhile (cancelled while this start ended): that end stands and
+            # nothing requeues; the start keeps its own end.
+            outcome = dataclasses.replace(outcome, requeue=False, exit_code=outcome.exit_code or 1)
+            note = f"{note}; {exc.problem}" if note else exc.problem
     print(f"glaunch: start {restart} of job {job_id} ended: {outcome.state}"
           + "".join(f" ({x})" for x in (outcome.reason, outcome.detail, note) if x)
           + ("; requeueing" if outcome.requeue else ""), file=sys.stderr, flush=True)

@@ -135,6 +135,11 @@ class Scheduler(ABC):
         """The run's record with the scheduler's view folded in (written back if changed)."""
         return record
 
+    def job_still_there(self, run_dir: Path, record: RunRecord) -> str | None:
+        """Why the run's job may still be running though its record says it ended (a
+        scheduler that can tell beyond the record), else None."""
+        return None
+
     def refresh_many(self, runs: Sequence[tuple[Path, RunRecord]]) -> list[RunRecord]:
         """`refresh` of several runs (a sweep's elements), in order; a scheduler may ask
         about all of them at once."""

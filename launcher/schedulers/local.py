@@ -25,6 +25,7 @@ from launcher.rendering.render import JobShell, submitit_command, task_log_patte
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import envnames
 from launcher.rundir.files import open_regular, read_json
+from launcher.rundir.lifecycle import move
 from launcher.rundir.records import IN_FLIGHT, RunRecord, State
 from launcher.rundir.layout import RunDir
 from launcher.schedulers.base import Echo, Launched, RunConsole, Scheduler, console_of
@@ -74,6 +75,10 @@ class LocalScheduler(Scheduler):
         pid, why_not = _job_process(run_dir, record)
         if pid is None:
             return f"run {record.run_id}: nothing to cancel ({why_not})"
+        asked = record.extra.get(CANCEL_KEY)
+        if isinstance(asked, dict) and asked.get("job_id") == record.job_id:
+            kill_job(pid)       # a second cancel: the ranks are not waited for again
+            return f"run {record.run_id}: killed job {record.job_id} (a cancel was already asked)"
         try:
             os.killpg(pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -82,17 +87,71 @@ class LocalScheduler(Scheduler):
             raise RunError(f"run {record.run_id}: cannot signal job {record.job_id} (process group {pid}): "
                            f"{exc.strerror or exc}") from None
         from launcher.rundir import registry
-        from launcher.runtime.telemetry import iso
 
         with registry.updating(run_dir) as rec:
-            # The loop running the job, while it lives, records the start's end when the
-            # job exits; without it nobody would, so the start ends here.
-            last = rec.starts[-1] if rec.starts else None
-            if last is not None and last.job_id == record.job_id and not last.ended:
-                last.update(state=State.CANCELLED.value, reason="cancelled", ended=iso(time.time()))
-            if rec.state in IN_FLIGHT:
-                rec.state, rec.reason, rec.detail = State.CANCELLED.value, "cancelled", None
-        return f"run {record.run_id}: cancelled job {record.job_id}"
+            # The ranks stop and save first: the run ends CANCELLED when the job has gone,
+            # recorded by the loop running it or, without one, by the next command reading
+            # the record (`refresh`). Until then it is in flight, and cancel applies again.
+            rec.extra[CANCEL_KEY] = {"at": registry.now(), "job_id": record.job_id}
+        return f"run {record.run_id}: cancelled job {record.job_id} (its ranks stop and save first)"
+
+    def job_still_there(self, run_dir: Path, record: RunRecord) -> str | None:
+        if job_lock_held(RunDir(run_dir)):
+            job = f"job {record.job_id}" if record.job_id else "job"
+            return f"its {job} is still ending (its ranks may be saving a checkpoint)"
+        return None
+
+    def refresh(self, run_dir: Path, record: RunRecord) -> RunRecord:
+        """A record in flight whose job has gone (nobody holds its job lock: `glaunch
+        submit` and the job were killed, or the job ended with nobody left to record it)
+        is brought to its end: COMPLETED when the run left its result, CANCELLED when a
+        cancel was asked, else FAILED (lost)."""
+        if record.state not in IN_FLIGHT or job_lock_held(RunDir(run_dir)):
+            return record
+        from launcher.rundir import registry
+
+        with registry.updating(run_dir) as rec:
+            if rec.state in IN_FLIGHT and not job_lock_held(RunDir(run_dir)) and not _submitting_now(run_dir, rec):
+                settle_lost(RunDir(run_dir), rec)
+        return rec
+
+
+# A local submission goes from SUBMITTING to its job (holding the job lock) in well under a
+# second; a record SUBMITTING this long, with the lock free, was left by a killed submit.
+SUBMIT_GRACE_S = 30.0
+# run.json: a cancel asked while the job ran (when, and of which job).
+CANCEL_KEY = "cancel_requested"
+
+
+def _submitting_now(run_dir: Path, record: RunRecord) -> bool:
+    if record.state != State.SUBMITTING:
+        return False
+    try:
+        written = RunDir(run_dir).run_file.stat().st_mtime
+    except OSError:
+        return False
+    return time.time() - written < SUBMIT_GRACE_S
+
+
+def settle_lost(run_dir: RunDir, record: RunRecord) -> None:
+    """The end of a run whose job is gone without recording it: its last start and the run."""
+    from launcher.runtime.telemetry import iso
+
+    cancelled = CANCEL_KEY in record.extra
+    if run_dir.result_file.exists():
+        state, reason, detail = State.COMPLETED.value, None, None
+    elif cancelled:
+        state, reason, detail = State.CANCELLED.value, "cancelled", None
+    else:
+        job = f"job {record.job_id}" if record.job_id else "its job"
+        state, reason = State.FAILED.value, "lost"
+        detail = (f"{job} is gone and nothing recorded its end (the glaunch process running it was killed); "
+                  "its last checkpoint is kept: glaunch resume continues from it")
+    last = record.starts[-1] if record.starts else None
+    if last is not None and last.job_id == record.job_id and not last.ended:
+        last.update(state=state, reason=reason, ended=iso(time.time()), detail=detail)
+    move(record, state, reason=reason, detail=detail, why="the job has gone")
+    record.extra.pop(CANCEL_KEY, None)
 
 
 def _job_process(run_dir: Path, record: RunRecord) -> tuple[int | None, str]:
@@ -269,15 +328,15 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, int
     while True:
         if interrupts.count:          # between two starts: start nothing more
             with registry.updating(run_dir.path) as record:
-                record.state, record.reason = State.CANCELLED.value, "cancelled"
-                record.detail = f"interrupted (Ctrl-C) before start {restart}"
+                move(record, State.CANCELLED.value, reason="cancelled",
+                     detail=f"interrupted (Ctrl-C) before start {restart}")
             console.finish(record)
             return INTERRUPTED_STATUS
         job_id = next_job_id()
         dump_task(plan, job_id)
         with registry.updating(run_dir.path) as record:
+            move(record, State.RUNNING.value, reason=None, detail=None)
             record.job_id = job_id
-            record.state = State.RUNNING.value
             record.starts.append(registry.new_start(job_id, restart, started=iso(time.time()),
                                                     state=State.RUNNING.value, nodes=node_name()))
         proc = start(plan, job_id, restart, job_lock)
@@ -303,7 +362,7 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, int
         status = proc.returncode
         stop = jobend.stopped_in(run_dir.path, restart)
         outcome = _outcome(plan, status, read_json(run_dir.step_summary(job_id)) or {}, run_dir, restart, stop,
-                           interrupted=interrupted)
+                           interrupted=interrupted, cancelled=CANCEL_KEY in registry.read(run_dir.path).extra)
         measured = start_summary(run_dir.path, job_id, restart)
         hang = watchdog.hang_in(run_dir.path, restart)
         with registry.updating(run_dir.path) as record:
@@ -314,7 +373,8 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, int
                                 stopped_at=(stop or {}).get("step"), hang=jobend.hang_entry(hang),
                                 bad_node=jobend.blamed_node(outcome.reason, jobend.crash_in(run_dir.path, restart),
                                                             hang), **measured)
-            record.state, record.reason, record.detail = outcome.state, outcome.reason, outcome.detail
+            move(record, outcome.state, reason=outcome.reason, detail=outcome.detail)
+            record.extra.pop(CANCEL_KEY, None)
         if not outcome.requeue:
             console.finish(record)
             if interrupted:
@@ -325,7 +385,7 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, int
 
 
 def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart: int,
-             stop: dict | None, *, interrupted: bool = False) -> jobend.Outcome:
+             stop: dict | None, *, interrupted: bool = False, cancelled: bool = False) -> jobend.Outcome:
     """localrun's step summary in the terms of the Slurm path's decision."""
     from launcher.rundir import registry
     from launcher.runtime import jobend, watchdog
@@ -340,7 +400,8 @@ def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart
         stopped=warned or stop is not None, preempted=False,
         timed_out=timed_out, restart=restart, requeue_max=plan.requeue_max, crashes=crashes,
         crash_retries=plan.crash_retries, hung=hung,
-        cancelled=interrupted or (signalled and not (warned or timed_out or hung))), run_dir.path, restart)
+        cancelled=interrupted or cancelled or (signalled and not (warned or timed_out or hung))), run_dir.path,
+        restart)
     if interrupted and outcome.state == State.CANCELLED:
         if stop is not None and stop.get("checkpoint"):
             said = f"stopped at step {stop.get('step')} with a checkpoint"

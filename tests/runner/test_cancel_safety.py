@@ -59,10 +59,14 @@ def test_finished_run_with_a_reused_pid_signals_nothing(tmp_path, isolated_env, 
 def test_stale_running_record_without_a_live_job_signals_nothing(tmp_path, isolated_env, bystander):
     """glaunch died, the record still says RUNNING, and its pid now belongs to another
     process (even one with the recorded start time): nobody holds the job lock."""
-    write_run(tmp_path, state="RUNNING", start={"pid": bystander.pid,
-                                                "pid_start": process_start_time(bystander.pid)})
-    assert "nothing to cancel (job 1000 is no longer running)" in api.cancel("r")
+    run_dir = write_run(tmp_path, state="RUNNING", start={"pid": bystander.pid,
+                                                          "pid_start": process_start_time(bystander.pid)})
+    # Reading the record brings it to its end first: nothing holds its job lock.
+    assert "nothing to cancel (FAILED)" in api.cancel("r")
     assert still_alive(bystander)
+    record = registry.read(run_dir)
+    assert (record.state, record.reason, record.starts[-1].state) == ("FAILED", "lost", "FAILED")
+    assert "glaunch resume continues from it" in record.detail
 
 
 def test_live_run_whose_pid_was_reused_signals_nothing(tmp_path, isolated_env, bystander):
@@ -134,6 +138,9 @@ def fake_scancel(tmp_path, isolated_env, monkeypatch):
     script = bin_dir / "scancel"
     script.write_text(f'#!/bin/bash\nprintf "%s\\n" "$*" >> {calls}\n')
     script.chmod(0o755)
+    for quiet in ("squeue", "sacct"):       # `cancel` reads the job's state first: none known
+        (bin_dir / quiet).write_text("#!/bin/bash\nexit 0\n")
+        (bin_dir / quiet).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return calls
 
@@ -155,7 +162,9 @@ def test_slurm_job_of_slurms_shape_is_cancelled_only_while_in_flight(tmp_path, f
     assert "cancelled job 4242" in api.cancel("r")
     assert fake_scancel.read_text() == "4242\n"
     path = RunDir(run_dir).run_file
-    path.write_text(path.read_text().replace('"PENDING"', '"COMPLETED"'))
+    record = json.loads(path.read_text())
+    record["state"] = "COMPLETED"
+    path.write_text(json.dumps(record))
     assert "nothing to cancel (COMPLETED)" in api.cancel("r")
     assert fake_scancel.read_text() == "4242\n"
 
@@ -234,7 +243,10 @@ def test_cancel_reaches_a_job_whose_glaunch_process_was_killed(tmp_path, isolate
         assert group_alive(pid)
         assert "cancelled job" in api.cancel(str(run_dir))
         assert wait_for(lambda: not group_alive(pid))
-        assert registry.read(run_dir).state == "CANCELLED"
+        # Nobody was left to record the end: the next command reading the record does.
+        assert registry.read(run_dir).state == "RUNNING"
+        assert api.status(str(run_dir))["state"] == "CANCELLED"
+        assert registry.read(run_dir).starts[-1].state == "CANCELLED"
     finally:
         if group_alive(pid):
             os.killpg(pid, signal.SIGKILL)

@@ -18,6 +18,8 @@ import yaml
 from launcher import api
 from launcher.errors import ConfigError
 from launcher.rundir import registry
+from launcher.rundir.layout import RunDir
+from launcher.schedulers.local import hold_job_lock
 
 REPO = Path(__file__).resolve().parents[2]
 DDP = str(REPO / "examples" / "torch_ddp.yaml")
@@ -47,8 +49,12 @@ def ended_run(tmp_path: Path, state: str = "CANCELLED", *overrides: str) -> Path
 @pytest.mark.parametrize("state", ["PENDING", "RUNNING", "REQUEUED", "SUBMITTING"])
 def test_a_run_still_queued_or_running_is_refused_and_nothing_written(tmp_path, isolated_env, state):
     run_dir = ended_run(tmp_path, state)
-    before = snapshot(run_dir)
-    proc = glaunch("resume", str(run_dir), "entrypoint.args=[--steps,80]", env=isolated_env)
+    lock = hold_job_lock(RunDir(run_dir))       # its local job is alive (a record whose job has gone ends)
+    try:
+        before = snapshot(run_dir)
+        proc = glaunch("resume", str(run_dir), "entrypoint.args=[--steps,80]", env=isolated_env)
+    finally:
+        os.close(lock)
     assert proc.returncode == 2, proc.stderr
     assert f"is {state} (job 4711): only a run that ended can be resumed" in proc.stderr
     assert "glaunch cancel" in proc.stderr and "Traceback" not in proc.stderr

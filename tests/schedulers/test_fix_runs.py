@@ -54,6 +54,8 @@ def test_cancel_of_a_job_whose_glaunch_died_ends_its_start(orphaned_job, isolate
     assert group_alive(pid)
     assert "cancelled job" in api.cancel(str(run_dir))
     assert wait_for(lambda: not group_alive(pid), timeout=120)
+    assert registry.read(run_dir).state == "RUNNING"      # nobody was left to record the end ...
+    api.status(str(run_dir))                              # ... so the next command reading it does
     record = registry.read(run_dir)
     assert (record.state, record.reason) == ("CANCELLED", "cancelled")
     start = record.starts[-1]
@@ -87,6 +89,8 @@ def test_cancel_leaves_an_ended_start_as_its_loop_recorded_it(tmp_path, isolated
         if sleeper.poll() is None:
             sleeper.kill()
             sleeper.wait()
+    assert registry.read(run_dir).state == "RUNNING"      # until the job has gone: the reader ends it
+    local.LocalScheduler().refresh(run_dir, registry.read(run_dir))
     after = registry.read(run_dir)
     assert (after.state, after.reason, after.detail) == ("CANCELLED", "cancelled", None)
     assert [(s.state, s.ended) for s in after.starts] == [(s["state"], s["ended"]) for s in record["starts"]]

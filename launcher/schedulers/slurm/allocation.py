@@ -19,6 +19,7 @@ from launcher.errors import ConfigError
 from launcher.rendering.render import JobShell
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import registry
+from launcher.rundir.lifecycle import move
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord, State
 from launcher.schedulers.base import Echo, Launched, RunConsole, console_of
@@ -85,8 +86,8 @@ class AllocationScheduler(SlurmScheduler):
         paths = RunDir(run_dir)
         dump_task(plan, submitted_pickle(plan.log_dir, job_id))
         with registry.updating(run_dir) as record:
+            move(record, State.RUNNING.value)
             record.job_id = job_id
-            record.state = State.RUNNING.value
             record.requeue_max = record.crash_retries = 0      # nothing requeues an allocation
             record.extra["allocation"] = {"job_id": job_id, "nodes": self.allocation.nodelist}
             record.starts.append(registry.new_start(job_id, 0, started=iso(time.time()), state=State.RUNNING.value))
@@ -114,14 +115,14 @@ class AllocationScheduler(SlurmScheduler):
             stopped = start.stopped_at if start is not None else None
             at = f"stopped at step {stopped} with a checkpoint" if stopped is not None else "no checkpoint saved"
             if interrupts or record.state == State.RUNNING.value:
-                record.state, record.reason = State.CANCELLED.value, "cancelled"
+                move(record, State.CANCELLED.value, reason="cancelled")
                 if start is not None:
                     start.state, start.reason = State.CANCELLED.value, "cancelled"
                 record.detail = ("interrupted (Ctrl-C)" if interrupts else
                                  f"the job script exited {proc.returncode} without recording the start") + f": {at}"
             elif record.state in (State.TIMEOUT.value, State.PREEMPTED.value):
-                record.detail = (f"{at}; inside an allocation nothing requeues: a later glaunch run with the same "
-                                 "checkpoint.dir continues from it")
+                record.detail = (f"{at}; inside an allocation nothing requeues: glaunch resume "
+                                 f"{record.run_id} continues from it")
         console.finish(record)
         return Launched(job_id, record.state, 0 if record.state == State.COMPLETED.value else 1)
 

@@ -13,6 +13,7 @@ from typing import Any
 from launcher.errors import SchedulerError
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import registry
+from launcher.rundir.lifecycle import move
 from launcher.rundir.records import LIVE, RunRecord, State, is_terminal
 from launcher.schedulers.slurm.array import task_rows
 from launcher.schedulers.slurm.client import Unreachable
@@ -58,7 +59,7 @@ def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[
         if history:
             rec.extra["scheduler_history"] = history
             merge_history(rec, history)
-        rec.state = current_state(rec.state, live, history)
+        move(rec, current_state(rec.state, live, history), why="what Slurm says now")
         record_unlisted(rec, live, history)
         record_pending_reason(rec, live, reason)
     return rec
@@ -82,8 +83,7 @@ def record_unlisted(rec: RunRecord, live: str | None, history: list[dict[str, st
     if rec.state == State.UNKNOWN or rec.state in LIVE:
         lost = unlisted_verdict(str(rec.job_id), history, unlisted_s)
     if lost:
-        rec.state = State.UNKNOWN.value
-        rec.reason, rec.detail = UNKNOWN_TO_SLURM, lost
+        move(rec, State.UNKNOWN.value, reason=UNKNOWN_TO_SLURM, detail=lost)
     elif rec.reason == UNKNOWN_TO_SLURM:
         rec.reason = rec.detail = None
     if is_terminal(rec.state):
@@ -92,9 +92,8 @@ def record_unlisted(rec: RunRecord, live: str | None, history: list[dict[str, st
 
 def record_refused(run_dir: Path, exc: SchedulerError, warnings: list[str]) -> None:
     with registry.updating(run_dir) as record:
-        record.state = State.REFUSED.value
-        record.reason = "unreachable" if isinstance(exc, Unreachable) else "refused"
-        record.detail = exc.message
+        move(record, State.REFUSED.value, reason="unreachable" if isinstance(exc, Unreachable) else "refused",
+             detail=exc.message)
         if isinstance(exc, Unreachable):
             record.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
         if warnings:
@@ -103,8 +102,8 @@ def record_refused(run_dir: Path, exc: SchedulerError, warnings: list[str]) -> N
 
 def record_queued(run_dir: Path, plan: JobPlan, job_id: str, warnings: list[str], version: str | None) -> None:
     with registry.updating(run_dir) as record:
+        move(record, State.PENDING.value)
         record.job_id = job_id
-        record.state = State.PENDING.value
         record.starts.append(registry.new_start(job_id, 0))
         record.extra["request"] = request_values(plan)
         if warnings:

@@ -23,6 +23,7 @@ from launcher.errors import SchedulerError
 from launcher.rendering.render import JobShell
 from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
 from launcher.rundir import registry
+from launcher.rundir.lifecycle import move
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord, State, is_terminal
 from launcher.schedulers.base import Echo, Launched, LaunchedBatch, Scheduler, SweepBatch, SweepPlan
@@ -116,9 +117,7 @@ class SlurmScheduler(Scheduler):
             job_id = submit(plan, job_text, env)
         except SubmissionUncertain as exc:
             with registry.updating(run_dir) as record:
-                record.state = State.UNKNOWN.value
-                record.reason = "submission uncertain"
-                record.detail = exc.message
+                move(record, State.UNKNOWN.value, reason="submission uncertain", detail=exc.message)
                 record.extra["submission"] = {"script": exc.script, "marker": exc.marker}
                 record.extra["request"] = request_values(plan)
             raise
@@ -178,9 +177,7 @@ class SlurmScheduler(Scheduler):
             except SubmissionUncertain as exc:
                 for task, plan in enumerate(members):
                     with registry.updating(plan.run_dir) as record:
-                        record.state = State.UNKNOWN.value
-                        record.reason = "submission uncertain"
-                        record.detail = exc.message
+                        move(record, State.UNKNOWN.value, reason="submission uncertain", detail=exc.message)
                         record.extra["submission"] = {"script": exc.script, "marker": exc.marker, "task": task}
                         record.extra["request"] = request_values(plan)
                 results.append(LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members),
@@ -293,13 +290,12 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
     with registry.updating(run_dir) as rec:
         rec.extra.pop("submission", None)
         if job_id:
+            move(rec, State.PENDING.value, reason=None, detail=None)
             rec.job_id = job_id
-            rec.state = State.PENDING.value
-            rec.reason = rec.detail = None
             rec.starts.append(registry.new_start(job_id, 0))
         else:
-            rec.state, rec.reason = State.REFUSED.value, "refused"
-            rec.detail = "sbatch did not queue the job (Slurm has no job carrying this run's id)"
+            move(rec, State.REFUSED.value, reason="refused",
+                 detail="sbatch did not queue the job (Slurm has no job carrying this run's id)")
     return rec if not job_id else SlurmScheduler().refresh(run_dir, rec)
 
 
