@@ -13,7 +13,7 @@ from typing import Mapping
 
 from launcher.errors import ConfigError, GlaunchError
 from launcher.resolution.jobplan import JobPlan
-from launcher.rundir import registry
+from launcher.rundir import claims, registry
 from launcher.rundir.files import directory_problem
 from launcher.rundir.layout import CODE_DIR, CODE_PATCH, JOB_SCRIPT
 from launcher.rundir.records import RunRecord, State
@@ -43,8 +43,12 @@ class Bundle:
     path: Path
     owns_path: bool = False
     created: list[Path] = field(default_factory=list)   # directories made outside it, outermost first
+    claimed: tuple[str, str] | None = None               # (checkpoint directory, run id) claimed for it
 
     def remove(self) -> None:
+        if self.claimed is not None:
+            claims.release(*self.claimed)
+            self.claimed = None
         if self.owns_path:
             shutil.rmtree(self.path, ignore_errors=True)
             self.owns_path = False
@@ -91,7 +95,7 @@ def check_inputs(plan: JobPlan, *, runs_root: PathSource | None = None,
     if problem:
         raise runs_src.error(f"runs directory {os.path.dirname(plan.run_dir)}: {problem}")
     if checkpoint_outside(plan):
-        problem = directory_problem(plan.checkpoint_dir)
+        problem = directory_problem(plan.checkpoint_dir) or _claim_problem(plan)
         if problem:
             raise ckpt_src.error(f"checkpoint directory {plan.checkpoint_dir}: {problem}")
     if plan.code is not None and owns_snapshot(plan):
@@ -127,13 +131,26 @@ def write_bundle(plan: JobPlan, files: Mapping[str, str], *, dry_run: bool,
         if checkpoint_outside(plan) and not dry_run:
             try:
                 _make_dirs(Path(plan.checkpoint_dir), bundle.created)
+                claims.claim(plan.checkpoint_dir, plan.run_id, plan.run_dir)
             except OSError as exc:
                 raise ckpt_src.error(f"cannot create the checkpoint directory {plan.checkpoint_dir}: "
                                      f"{_why(exc)}") from None
+            except GlaunchError as exc:     # another run claimed it since check_inputs looked
+                raise ckpt_src.error(f"checkpoint directory {plan.checkpoint_dir}: {exc}") from None
+            bundle.claimed = (plan.checkpoint_dir, plan.run_id)
     except BaseException:
         bundle.remove()
         raise
     return bundle
+
+
+def _claim_problem(plan: JobPlan) -> str | None:
+    """Why the run cannot own its checkpoint directory (another run's, or holding files no
+    run claims), or None."""
+    try:
+        return claims.claim_problem(plan.checkpoint_dir, plan.run_id)
+    except GlaunchError as exc:
+        return str(exc)
 
 
 def _make_run_dir(bundle: Bundle, plan: JobPlan, runs_src: PathSource) -> None:

@@ -37,7 +37,7 @@ from launcher.config.yamlfile import Scalar, read_yaml
 from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
 from launcher.resolution.jobplan import CodeRoot, SubmitContext
 from launcher.resolution.resolve import resolve
-from launcher.rundir import registry
+from launcher.rundir import claims, registry
 from launcher.rundir.layout import (
     TASK_FILE,
     CRASH_FILE,
@@ -220,6 +220,9 @@ class RecordedConfig:
         if checkpoint_dir is not None and os.path.normpath(plan.checkpoint_dir) != os.path.normpath(checkpoint_dir):
             raise where.error("checkpoint.dir", f"the run's checkpoints are in {checkpoint_dir}; a resumed run keeps "
                               f"its checkpoint directory (this would be {plan.checkpoint_dir})")
+        problem = _claim_problem(plan)
+        if problem:
+            raise where.error("checkpoint.dir", f"checkpoint directory {plan.checkpoint_dir}: {problem}")
         run_dir = self.text("derived.run_dir")
         if run_dir is not None and os.path.normpath(plan.run_dir) != os.path.normpath(run_dir):
             raise ConfigError(f"the run directory would move to {plan.run_dir}", file=str(self.path),
@@ -230,6 +233,21 @@ class RecordedConfig:
         script = plan.entry_script
         if script and plan.container is None and not os.path.isfile(script):
             raise where.error("entrypoint.script", f"script {script!r} not found")
+
+
+def _claim_problem(plan) -> str | None:
+    """Why the run may not load its checkpoint directory any more (another run took it
+    over), or None. A directory with no claim is the run's (submitted before claims)."""
+    if not bundle.checkpoint_outside(plan):
+        return None
+    try:
+        owner = claims.owner_of(plan.checkpoint_dir)
+    except GlaunchError as exc:
+        return str(exc)
+    if owner is None or owner.run_id == plan.run_id:
+        return None
+    return (f"run {owner.run_id} took it over (run directory {owner.run_dir}) and writes its checkpoints there "
+            f"now; continue that run (glaunch resume {owner.run_id}) or submit this experiment again")
 
 
 def _below(path: str, root: str) -> str | None:

@@ -4,6 +4,7 @@ run directories and one submission per allocation shape (`launch_sweep`)."""
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import os
@@ -84,27 +85,57 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
     with _naming(first):
         sweep_dir = Path(resolve(exp0, loaded_site, base).run_dir)
     roots: dict = {}
-    prepared = []
-    for element in elements:
+    exps = [exp0 if element is first else _loaded(element, experiment, overrides) for element in elements]
+    ctxs = [dataclasses.replace(base, run_id=sweeps.element_run_id(sweep_id, element.index),
+                                runs_dir=str(sweep_dir).replace("$", "$$"), code_dir=str(sweep_dir / "code"),
+                                sweep_id=sweep_id) for element in elements]
+    plans = []
+    for element, exp, ctx in zip(elements, exps, ctxs):
         with _naming(element):
-            exp = exp0 if element is first else load_experiment(experiment, [*overrides, *element.overrides])
-            ctx = dataclasses.replace(base, run_id=sweeps.element_run_id(sweep_id, element.index),
-                                      runs_dir=str(sweep_dir).replace("$", "$$"),
-                                      code_dir=str(sweep_dir / "code"), sweep_id=sweep_id)
-            plan = resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots))
+            plans.append(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots)))
+    shared = _shared_checkpoint_dirs(plans)
+    prepared = []
+    for element, exp, ctx, plan in zip(elements, exps, ctxs, plans):
+        notes: tuple[str, ...] = ()
+        with _naming(element):
+            if plan.checkpoint_dir in shared:
+                notes = (f"checkpoint.dir {plan.checkpoint_dir} would be shared by the sweep's elements: each "
+                         "checkpoints in a directory of its own below it, named by its run id",)
+                exp = _checkpoints_below(exp, ctx.run_id)
+                plan = resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots))
             scheduler = schedulers.get(plan.scheduler)
             scheduler.check(plan)
             files = scheduler.render(plan)
         warning = checkpoint_warning(exp, plan)
         runs_from, checkpoint_from = path_sources(exp, loaded_site, runs_dir)
         prepared.append(Prepared(plan, files, scheduler, runs_from, checkpoint_from,
-                                 warnings=(warning,) if warning else (), after=tuple(upstreams)))
+                                 warnings=notes + ((warning,) if warning else ()), after=tuple(upstreams)))
     sources = {p.plan.code.source for p in prepared if p.plan.code is not None}
     if len(sources) > 1:
         raise ConfigError(f"the elements run code from different work trees ({', '.join(sorted(sources))}); "
                           "a sweep snapshots one", file="command line", key="--sweep")
     return PreparedSweep(sweep_id, sweep_dir, tuple(elements), tuple(prepared), tuple(axes), max_parallel,
                          str(exp0.path), tuple(upstreams))
+
+
+def _loaded(element, experiment: str | os.PathLike, overrides: Sequence[str]):
+    with _naming(element):
+        return load_experiment(experiment, [*overrides, *element.overrides])
+
+
+def _shared_checkpoint_dirs(plans: Sequence[Any]) -> set[str]:
+    """Checkpoint directories outside the run directories that more than one element would
+    use: each element owns its checkpoints."""
+    counts = collections.Counter(p.checkpoint_dir for p in plans if bundle.checkpoint_outside(p))
+    return {directory for directory, count in counts.items() if count > 1}
+
+
+def _checkpoints_below(exp, run_id: str):
+    """`exp` with its checkpoint.dir one level deeper, in a directory named by `run_id`
+    (a run id holds no `$` or `/`: the text stays a path of the same shape)."""
+    config = exp.config
+    checkpoint = dataclasses.replace(config.checkpoint, dir=os.path.join(config.checkpoint.dir, run_id))
+    return dataclasses.replace(exp, config=dataclasses.replace(config, checkpoint=checkpoint))
 
 
 @contextlib.contextmanager

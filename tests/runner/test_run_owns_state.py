@@ -1,0 +1,213 @@
+"""Every run owns its state: a checkpoint directory outside the run directory belongs to
+the run that claimed it (sweep elements get one each), a copied run directory is refused by
+the commands that change a run, and a resume that cannot start leaves the run as it was."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from launcher import api
+from launcher.errors import ConfigError, RunError
+from launcher.rundir import claims, registry
+from launcher.rundir.layout import RunDir
+from launcher.runner.sweep_submission import prepare_sweep
+from launcher.schedulers.local import LocalScheduler, hold_job_lock
+
+REPO = Path(__file__).resolve().parents[2]
+DDP = str(REPO / "examples" / "torch_ddp.yaml")
+
+
+def glaunch(*args: str, env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def files_of(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+# --- the claim ------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_directory_another_run_owns_is_refused(tmp_path, isolated_env):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    claims.claim(ckpt, "first-run", str(tmp_path / "runs" / "first-run"))
+    for dry in ([], ["--dry-run"]):
+        proc = glaunch("submit", DDP, *dry, "--runs-dir", str(tmp_path / "runs"), f"checkpoint.dir={ckpt}",
+                       env=isolated_env)
+        assert proc.returncode == 2, proc.stderr
+        assert "checkpoint.dir" in proc.stderr and "holds the checkpoints of run first-run" in proc.stderr
+        assert "glaunch resume first-run" in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+    assert claims.owner_of(ckpt).run_id == "first-run"
+
+
+def test_a_checkpoint_directory_holding_files_no_run_claims_is_refused(tmp_path, isolated_env):
+    ckpt = tmp_path / "ckpt"
+    (ckpt / "step-00000040").mkdir(parents=True)
+    proc = glaunch("submit", DDP, "--dry-run", "--runs-dir", str(tmp_path / "runs"), f"checkpoint.dir={ckpt}",
+                   env=isolated_env)
+    assert proc.returncode == 2
+    assert "holds files that no run claims (step-00000040)" in proc.stderr
+
+
+def test_of_two_runs_claiming_at_once_one_gets_the_directory(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    won, lost = [], []
+    barrier = threading.Barrier(8)
+
+    def one(number: int) -> None:
+        barrier.wait()
+        try:
+            claims.claim(ckpt, f"run-{number}", f"/runs/run-{number}")
+            won.append(number)
+        except claims.ClaimTaken:
+            lost.append(number)
+
+    threads = [threading.Thread(target=one, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(won) == 1 and len(lost) == 7
+    assert claims.owner_of(ckpt).run_id == f"run-{won[0]}"
+
+
+def test_a_claim_is_released_when_the_submission_fails(tmp_path, isolated_env, monkeypatch):
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError("the scheduler broke")
+
+    monkeypatch.setattr(LocalScheduler, "launch", refuse)
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(RuntimeError):
+        api.submit(DDP, runs_dir=str(tmp_path / "runs"), overrides=[f"checkpoint.dir={ckpt}"])
+    assert claims.owner_of(ckpt) is None if ckpt.exists() else True
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("[]", "a JSON list, not an object"), ('{"run_id": "../x", "run_dir": "/r", "claimed": "t"}', "run_id: not a run id"),
+    ('{"run_id": "a", "run_dir": 5, "claimed": "t"}', "run_dir: not a path"),
+])
+def test_a_damaged_claim_is_named(tmp_path, isolated_env, text, problem):
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / claims.OWNER_FILE).write_text(text)
+    proc = glaunch("submit", DDP, "--dry-run", "--runs-dir", str(tmp_path / "runs"), f"checkpoint.dir={ckpt}",
+                   env=isolated_env)
+    assert proc.returncode == 2 and problem in proc.stderr and claims.OWNER_FILE in proc.stderr
+
+
+# --- sweeps ---------------------------------------------------------------------------------
+
+
+def test_sweep_elements_never_share_a_fixed_checkpoint_directory(tmp_path, isolated_env):
+    """Each element trains from step 0 in a directory of its own below checkpoint.dir."""
+    ckpt = tmp_path / "ckpt"
+    sweep = api.submit(DDP, runs_dir=str(tmp_path / "runs"), sweep=["checkpoint.every_steps=5,10"],
+                       overrides=[f"checkpoint.dir={ckpt}", "entrypoint.args=[--steps,10]"])
+    said = prepare_sweep(DDP, ["checkpoint.every_steps=5,10"], runs_dir=str(tmp_path / "other"),
+                         overrides=[f"checkpoint.dir={tmp_path / 'ckpt2'}"], dry_run=True).warnings
+    assert any("would be shared by the sweep's elements" in w for w in said)
+    dirs = set()
+    for run in sweep.runs:
+        record = registry.read(run.run_dir)
+        assert record.state == "COMPLETED", record
+        assert record.starts[0].resumed_from is None          # it did not load the other's steps
+        own = ckpt / run.run_id
+        assert claims.owner_of(own).run_id == run.run_id
+        assert json.loads(RunDir(run.run_dir).result_file.read_text())["resumed_from"] is None
+        dirs.add(own)
+    assert len(dirs) == 2
+
+
+# --- copies ---------------------------------------------------------------------------------
+
+
+def ended_run(tmp_path: Path) -> Path:
+    run = api.submit(DDP, dry_run=True, runs_dir=str(tmp_path / "runs"))
+    with registry.updating(run.run_dir) as record:
+        record.dry_run = False
+        record.state = "CANCELLED"
+        record.job_id = "4711"
+        record.starts.append(registry.new_start("4711", 0, state="CANCELLED"))
+    return run.run_dir
+
+
+def test_a_copied_run_directory_is_refused_by_resume_and_cancel(tmp_path, isolated_env):
+    original = ended_run(tmp_path)
+    copy = tmp_path / "runs" / "copy"
+    shutil.copytree(original, copy)
+    before = (files_of(original), files_of(copy))
+    for command in ("resume", "cancel"):
+        proc = glaunch(command, str(copy), env=isolated_env)
+        assert proc.returncode == 2, proc.stderr
+        assert f"it is a copy of run {registry.read(original).run_id}" in proc.stderr
+        assert f"glaunch {command} {original}" in proc.stderr
+    assert (files_of(original), files_of(copy)) == before
+
+
+def test_a_moved_run_directory_says_where_it_was_submitted(tmp_path, isolated_env):
+    original = ended_run(tmp_path)
+    moved = tmp_path / "elsewhere"
+    shutil.move(original, moved)
+    with pytest.raises(ConfigError, match=f"was submitted in {original}, and was moved or copied here"):
+        api.resume(str(moved))
+
+
+# --- a resume that cannot start --------------------------------------------------------------
+
+
+def test_resume_of_a_run_whose_job_is_still_ending_is_refused(tmp_path, isolated_env):
+    run_dir = ended_run(tmp_path)
+    lock = hold_job_lock(RunDir(run_dir))       # cancelled, and its ranks still saving
+    try:
+        before = files_of(run_dir)
+        with pytest.raises(ConfigError, match="still ending"):
+            api.resume(str(run_dir))
+        assert files_of(run_dir) == before
+    finally:
+        os.close(lock)
+
+
+def test_a_resume_that_never_starts_leaves_the_run_as_it_was(tmp_path, isolated_env, monkeypatch):
+    run_dir = ended_run(tmp_path)
+    before = files_of(run_dir)
+
+    def cannot_start(*_args, **_kwargs):
+        raise RunError("another process is running this run's job")
+
+    monkeypatch.setattr(LocalScheduler, "launch", cannot_start)
+    with pytest.raises(RunError, match="the resume did not start .* the run is as it was"):
+        api.resume(str(run_dir))
+    after = files_of(run_dir)
+    assert json.loads(after.pop("run.json")) == json.loads(before.pop("run.json"))
+    assert after == before
+    assert registry.read(run_dir).state == "CANCELLED"
+
+
+def test_resume_of_a_run_whose_checkpoints_another_run_took_over_is_refused(tmp_path, isolated_env):
+    ckpt = tmp_path / "ckpt"
+    run = api.submit(DDP, dry_run=True, runs_dir=str(tmp_path / "runs"), overrides=[f"checkpoint.dir={ckpt}"])
+    with registry.updating(run.run_dir) as record:
+        record.dry_run, record.state, record.job_id = False, "TIMEOUT", "4711"
+    ckpt.mkdir()
+    claims.claim(ckpt, run.run_id, str(run.run_dir))
+    claims.claim(ckpt, "successor", "/runs/successor", take_over=run.run_id)
+    before = files_of(run.run_dir)
+    with pytest.raises(ConfigError, match="run successor took it over"):
+        api.resume(str(run.run_dir))
+    assert files_of(run.run_dir) == before
+    owner = claims.owner_of(ckpt)
+    assert (owner.run_id, [p.run_id for p in owner.previous]) == ("successor", [run.run_id])
+    claims.release(ckpt, "successor")             # a take-over that never ran gives it back
+    assert claims.owner_of(ckpt).run_id == run.run_id
