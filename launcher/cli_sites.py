@@ -9,7 +9,8 @@ import click
 
 from launcher import api
 from launcher.errors import ConfigError
-from launcher.views.sites_text import format_site, format_sites, invalid, validated
+from launcher.views.sites_text import format_check, format_site, format_sites, invalid, validated
+from launcher.views.text import printable
 
 
 @click.group()
@@ -56,7 +57,7 @@ def sites_check(site, as_json):
     """SITE against the live cluster (scontrol, sacctmgr): every difference in profile terms;
     exit 3 where a job would be refused, never start, or run on other hardware."""
     report = api.check_site(site)
-    click.echo(json.dumps(report.to_json(), indent=2) if as_json else report.format())
+    click.echo(json.dumps(report.to_json(), indent=2) if as_json else format_check(report))
     if report.fatal:
         sys.exit(3)
 
@@ -69,6 +70,6 @@ def sites_detect(name, output):
     """Write a profile skeleton from the Slurm cluster this machine submits to."""
     _, text, path = api.detect_site(name, write_to=False if output == "-" else output or True)
     if path is None:
-        click.echo(text, nl=False)
+        click.echo(printable(text, lines=True), nl=False)
         return
-    click.echo(f"wrote {path}; check it with: glaunch sites validate {path}")
+    click.echo(printable(f"wrote {path}; check it with: glaunch sites validate {path}"))

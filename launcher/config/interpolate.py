@@ -74,7 +74,7 @@ def scan(text: str, shell_values: bool) -> str | Interpolation:
                 i += 2
                 continue
             if text.startswith("${", i):
-                end = _closing_brace(text, i + 2)
+                end = closing_brace(text, i + 2)
                 if end is None:
                     raise ValueError(f"unclosed '${{' in {text!r}")
                 if shell_values and re.fullmatch(_IDENT, text[i + 2:end - 1]):
@@ -108,7 +108,7 @@ def omegaconf_literal(text: str, before_interpolation: bool = False) -> str:
     return out
 
 
-def _closing_brace(text: str, start: int) -> int | None:
+def closing_brace(text: str, start: int) -> int | None:
     """Index just past the `}` closing a `${` whose body starts at `start`."""
     depth, i, n = 1, start, len(text)
     while i < n:

@@ -33,6 +33,27 @@ NAME_RULE = "letters, digits, '.', '_' and '-', not starting with '.' or '-'"
 # A run id is the name plus a stamp (and, in a sweep, more); it names a directory, whose
 # name a file system bounds at 255 bytes.
 MAX_RUN_NAME = 128
+# A site name is looked up and written as NAME.yaml, under the same bound.
+MAX_SITE_NAME = 128
+
+
+def name_problem(name: str, what: str, longest: int | None = None) -> str | None:
+    """Why `name` cannot name a site, partition or run (`what`, e.g. "a site name"), or None."""
+    if not NAME_PATTERN.fullmatch(name):
+        return f"{name!r}: {what} is {NAME_RULE}"
+    if longest is not None and len(name) > longest:
+        return f"{name[:20]}... is {len(name)} characters long; {what} has at most {longest}"
+    return None
+
+
+def partition_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a partition's (a profile's key and the job's --partition), or None."""
+    return name_problem(name, "a partition name")
+
+
+def site_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a site profile's name (nor so its file's), or None."""
+    return name_problem(name, "a site name", MAX_SITE_NAME)
 
 SHELL_VALUES = {"shell_values": True}
 

@@ -17,7 +17,7 @@ from launcher import shell
 from launcher.config import slurmtime
 from launcher.config import schema
 from launcher.config.provenance import ConfigKeyError
-from launcher.config.schema import NAME_PATTERN, NAME_RULE, env_name_problem
+from launcher.config.schema import env_name_problem, partition_name_problem, site_name_problem
 
 # sbatch options glaunch writes itself, or that contradict what it writes: the key that
 # sets it instead. sbatch takes any unambiguous abbreviation of a long option, so an
@@ -54,8 +54,9 @@ _MODULE_NAME = r"[A-Za-z0-9_.+@%=~/][A-Za-z0-9_.+@%=~/:-]*"
 
 def check_site(site: schema.Site) -> None:
     """The profile's own checks; the first that fails raises, naming its key."""
-    if not NAME_PATTERN.fullmatch(site.name):
-        raise _error("name", f"{site.name!r}: a site name is {NAME_RULE}")
+    problem = site_name_problem(site.name)
+    if problem:
+        raise _error("name", problem)
     for key in site.env:
         problem = env_name_problem(key)
         if problem:
@@ -83,6 +84,11 @@ def _error(key: str, message: str) -> ConfigKeyError:
 def _check_partitions(site: schema.Site) -> None:
     for pname, part in site.partitions.items():
         _check_partition(pname, part)
+    if site.default_partition is not None and not site.partitions:
+        # Nothing lists it, yet it becomes the job's --partition.
+        problem = partition_name_problem(site.default_partition)
+        if problem:
+            raise _error("default_partition", problem)
     if site.default_partition is not None and site.partitions and site.default_partition not in site.partitions:
         raise _error("default_partition",
                      f"{site.default_partition!r} is not among partitions: {', '.join(site.partitions)}")
@@ -127,8 +133,9 @@ def python_words(command: str) -> tuple[str, ...]:
 
 def _check_partition(pname: str, part: schema.Partition) -> None:
     key = f"partitions.{pname}"
-    if not NAME_PATTERN.fullmatch(pname):
-        raise _error(key, f"{pname!r}: a partition name is {NAME_RULE}")
+    problem = partition_name_problem(pname)
+    if problem:
+        raise _error(key, problem)
     if part.gpus_per_node < 0:
         raise _error(f"{key}.gpus_per_node", "must be 0 or more")
     for field_name in ("cpus_per_node", "max_nodes"):

@@ -7,19 +7,21 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from launcher.errors import ConfigError
 from launcher.config import schema
 from launcher.config.merge import merge_layer
 from launcher.config.provenance import OVERRIDES, Origin, Provenance, locating
-from launcher.config.schema import NAME_PATTERN
+from launcher.config.schema import NAME_PATTERN, site_name_problem
 from launcher.config.sitechecks import check_site
 from launcher.config.typed import NULLS, typed_config
 from launcher.config.yamlfile import Scalar, YamlDoc, read_yaml
 from launcher.rundir import envnames
 
 MAX_EXTENDS_DEPTH = 32
+# Where a folder named by an environment variable was given, for an error about it.
+_ENVIRONMENT = Origin("environment")
 
 
 # The profiles shipped with glaunch: the checkout's site_configs/, which an install puts
@@ -29,18 +31,49 @@ INSTALLED_SITES = Path(__file__).resolve().parents[1] / "site_configs"
 
 
 def site_search_path(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
-    """Where profile names are looked up, first match wins (DESIGN.md)."""
-    dirs = [cwd / "site_configs"]
-    dirs += [Path(d) for d in environ.get(envnames.SITE_PATH, "").split(":") if d]
+    """Where profile names are looked up, first match wins (DESIGN.md). A folder that
+    cannot be looked into (a name too long, a symlink loop, no permission) is a
+    ConfigError naming the variable that gave it; one that does not exist is skipped."""
+    return [d.path for d in _search_dirs(cwd, environ)]
+
+
+class _SearchDir(NamedTuple):
+    """A folder of the search path, and what put it there: the key an error about it names,
+    and where that was given (None: no file, as for the shipped profiles)."""
+
+    path: Path
+    key: str
+    where: Origin | None = None
+
+
+def _search_dirs(cwd: Path, environ: Mapping[str, str]) -> list[_SearchDir]:
+    dirs = [_SearchDir(cwd / "site_configs", "site_configs")]
+    dirs += [_SearchDir(Path(d), envnames.SITE_PATH, _ENVIRONMENT)
+             for d in environ.get(envnames.SITE_PATH, "").split(":") if d]
     home = environ.get("HOME")
     if home:
-        dirs.append(Path(home) / ".config" / "glaunch" / "sites")
-    dirs.append(_shipped_sites_dir())
-    unique: list[Path] = []
+        dirs.append(_SearchDir(Path(home) / ".config" / "glaunch" / "sites", "HOME", _ENVIRONMENT))
+    dirs.append(_SearchDir(_shipped_sites_dir(), "the shipped profiles"))
+    unique: list[_SearchDir] = []
     for directory in dirs:
-        if not any(_same_dir(directory, seen) for seen in unique):
+        _is_file(directory.path, directory.key, directory.where, what="site profile folder")
+        if not any(_same_dir(directory.path, seen.path) for seen in unique):
             unique.append(directory)
     return unique
+
+
+def _is_file(path: Path, key: str, where: Origin | None = None, *, what: str = "site profile") -> bool:
+    """Whether something is at `path`; failing to look (ENAMETOOLONG, EACCES, ELOOP) is a
+    ConfigError naming `key` (and `where` it was written), never a traceback."""
+    try:
+        os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return False
+    except (OSError, ValueError) as exc:
+        shown = str(path) if len(str(path)) <= 100 else f"{str(path)[:100]}..."
+        raise ConfigError(f"{what} {shown!r}: {getattr(exc, 'strerror', None) or exc}",
+                          file=where.file if where else None, key=key, line=where.line if where else None) from None
+    return True
 
 
 def _same_dir(a: Path, b: Path) -> bool:
@@ -77,7 +110,7 @@ def find_site(name: str | os.PathLike[str], cwd: Path, environ: Mapping[str, str
     if is_path or _looks_like_path(name):
         path = Path(os.path.expanduser(name))
         path = path if path.is_absolute() else ((near or cwd) / path)
-        if path.exists():          # read_yaml refuses what is not a regular file
+        if _is_file(path, key, referrer or Origin(OVERRIDES)):     # read_yaml refuses what is not a regular file
             return path
         where = referrer or Origin(str(path))
         raise ConfigError(f"site profile file {name!r} not found", file=where.file,
@@ -85,14 +118,18 @@ def find_site(name: str | os.PathLike[str], cwd: Path, environ: Mapping[str, str
     if not NAME_PATTERN.fullmatch(name):
         where = referrer or Origin(OVERRIDES)
         raise ConfigError(f"{name!r} is not a site name or a path", file=where.file, key=key, line=where.line)
-    dirs = ([near] if near else []) + site_search_path(cwd, environ)
+    problem = site_name_problem(name)
+    if problem:
+        where = referrer or Origin(OVERRIDES)
+        raise ConfigError(problem, file=where.file, key=key, line=where.line)
+    dirs = ([_SearchDir(near, key, referrer)] if near else []) + _search_dirs(cwd, environ)
     for directory in dirs:
         for suffix in (".yaml", ".yml"):
-            candidate = directory / f"{name}{suffix}"
-            if candidate.exists():
+            candidate = directory.path / f"{name}{suffix}"
+            if _is_file(candidate, directory.key, directory.where):
                 return candidate
     where = referrer or Origin(OVERRIDES)
-    searched = ", ".join(str(d) for d in dirs)
+    searched = ", ".join(str(d.path) for d in dirs)
     raise ConfigError(f"unknown site {name!r} (searched: {searched}); `glaunch sites list` shows those found",
                       file=where.file, key=key, line=where.line)
 

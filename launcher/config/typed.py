@@ -99,6 +99,16 @@ def describe(raw: Any) -> str:
     return repr(raw)
 
 
+def _flow_hint(raw: Any, opening: str) -> str:
+    """What to do about text that opens a flow list or mapping but is none (an override
+    such as `args=[--lr,${x]`)."""
+    if not (isinstance(raw, Scalar) and raw.plain and raw.text.startswith(opening)):
+        return ""
+    example = "[--tag, 'a,b', '#1']" if opening == "[" else "{a: 'b, c', d: '#1'}"
+    return (f", which is not a YAML flow {'list' if opening == '[' else 'mapping'} (an unclosed bracket, brace or "
+            f"quote, or an unclosed '${{'?); quote an item that holds , [ ] {{ }} or #: {example}")
+
+
 class _Converter:
     def __init__(self) -> None:
         self.pending: list[Pending] = []      # in the order found; see `deferred`
@@ -141,11 +151,11 @@ class _Converter:
             return self.object(kind.cls, raw, key, path)
         if kind.name == "dict":
             if not isinstance(raw, dict):
-                raise ConfigKeyError(key, f"must be a mapping of keys, got {describe(raw)}")
+                raise ConfigKeyError(key, f"must be a mapping of keys, got {describe(raw)}{_flow_hint(raw, '{')}")
             return self.mapping(kind.item or ANY, raw, key, path)
         if kind.name == "list":
             if not isinstance(raw, list):
-                raise ConfigKeyError(key, f"must be a list, got {describe(raw)}")
+                raise ConfigKeyError(key, f"must be a list, got {describe(raw)}{_flow_hint(raw, '[')}")
             return self.sequence(kind.item or ANY, raw, key, path)
         if kind.name == "any" and isinstance(raw, dict):
             return self.mapping(ANY, raw, key, path)

@@ -22,6 +22,7 @@ from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, Mappin
                          SequenceEndEvent, SequenceStartEvent, StreamEndEvent)
 
 from launcher.errors import ConfigError
+from launcher.config.interpolate import closing_brace
 from launcher.config.provenance import OVERRIDES, Origin, parent_key
 
 MAX_FILE_BYTES = 1 << 20          # 1 MiB
@@ -328,9 +329,11 @@ def override_value(text: str) -> Any:
         try:
             value, _ = parse(text, OVERRIDES)
         except ConfigError as exc:
-            if exc.message.startswith(("invalid YAML", "is not valid Unicode")):
+            if not exc.message.startswith(("invalid YAML", "is not valid Unicode")):
+                raise
+            value = _flow_with_interpolations(text)
+            if value is None:
                 return Scalar(text)       # the converter refuses what no value can hold
-            raise
         if isinstance(value, (list, dict)):
             return value
         return Scalar(text)
@@ -344,3 +347,47 @@ def override_value(text: str) -> Any:
         if isinstance(value, Scalar):
             return value
     return Scalar(text)
+
+
+# Each `${...}` stands as one private-use character while a flow list or mapping is parsed:
+# no one types them, and each stands for its own span wherever an alias repeats it.
+_HOLES = re.compile("[\U000F0000-\U000FFFFD]")
+
+
+def _flow_with_interpolations(text: str) -> Any:
+    """`[--lr, ${hparams.lr}]` as YAML reads `[--lr, '${hparams.lr}']`: an interpolation's
+    braces are YAML flow indicators, so unquoted in a flow list or mapping it is no YAML.
+    Each `${...}` is parsed as a stand-in character, then put back in the scalar that
+    holds it (which stays plain: `${a}` and `x${a}` are values as written). None when
+    there is none, or the text is still no YAML."""
+    spans: list[str] = []
+    pieces: list[str] = []
+    i = 0
+    while (start := text.find("${", i)) != -1:
+        end = closing_brace(text, start + 2)
+        if end is None:
+            return None
+        pieces += [text[i:start], chr(0xF0000 + len(spans))]
+        spans.append(text[start:end])
+        i = end
+    if not spans or len(spans) > 0xFFFE or _HOLES.search(text):
+        return None
+    pieces.append(text[i:])
+    try:
+        value, _ = parse("".join(pieces), OVERRIDES)
+    except ConfigError:
+        return None
+
+    def put_back(part: str) -> str:
+        return _HOLES.sub(lambda m: spans[ord(m.group()) - 0xF0000], part)
+
+    def fill(node: Any) -> Any:
+        if isinstance(node, Scalar):
+            return Scalar(put_back(node.text), node.plain)
+        if isinstance(node, list):
+            return [fill(item) for item in node]
+        if isinstance(node, dict):
+            return {put_back(k): fill(v) for k, v in node.items()}
+        return node
+
+    return fill(value)

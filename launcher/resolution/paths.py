@@ -60,6 +60,34 @@ def check_text(text: str, key: str) -> None:
                     "#SBATCH lines and the terminal cannot hold control or invisible characters")
 
 
+# The kernel's pseudo-file systems: what is written there is a setting of the kernel, a
+# device's input, or lost, never a file. /dev/shm is tmpfs, a file system like any other.
+PSEUDO_FS_ROOTS = ("/proc", "/sys", "/dev")
+_REAL_FS_UNDER_PSEUDO = ("/dev/shm",)
+
+
+def check_writable_place(path: str, key: str) -> None:
+    """Refuse a directory glaunch (or the job) writes into on a pseudo-file system, as
+    written or once its symlinks are followed (only those that exist here are)."""
+    try:
+        real = os.path.realpath(path)
+    except (OSError, ValueError):
+        real = path
+    for candidate in dict.fromkeys((os.path.normpath(path), real)):
+        root = pseudo_fs_root(candidate)
+        if root is not None:
+            via = "" if candidate == os.path.normpath(path) else f" (it resolves to {candidate})"
+            raise error(key, f"{path!r}{via} is on the kernel's pseudo-file system {root}, which holds no "
+                        "files: give a directory on a real file system")
+
+
+def pseudo_fs_root(path: str) -> str | None:
+    """The pseudo-file system an absolute, normalised `path` is in, or None."""
+    if any(inside(path, ok) is not None for ok in _REAL_FS_UNDER_PSEUDO):
+        return None
+    return next((root for root in PSEUDO_FS_ROOTS if inside(path, root) is not None), None)
+
+
 def error(key: str, message: str) -> ConfigError:
     """An error about the path `key` names: a config key's (located where resolution
     ends), a command-line option's (`--...`), or the working directory's (no file)."""

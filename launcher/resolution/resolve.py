@@ -20,6 +20,7 @@ from launcher import shell
 from launcher.config import schema, slurmtime
 from launcher.config.load import LoadedExperiment
 from launcher.config.provenance import ConfigKeyError, locating
+from launcher.config.schema import partition_name_problem
 from launcher.config.sitechecks import python_words
 from launcher.config.sites import LoadedSite
 from launcher.resolution import deepspeed_config, paths
@@ -128,6 +129,11 @@ def _allocation(exp: schema.Experiment, site: schema.Site) -> _Allocation:
 
 
 def _partition(exp: schema.Experiment, site: schema.Site) -> tuple[str | None, schema.Partition | None]:
+    if exp.resources.partition:
+        # Named where no site lists it, it still becomes the job's --partition.
+        problem = partition_name_problem(exp.resources.partition)
+        if problem:
+            raise ConfigKeyError("resources.partition", problem)
     name = exp.resources.partition or site.default_partition
     if name is None:
         if len(site.partitions) == 1:
@@ -294,10 +300,12 @@ def _directories(exp: schema.Experiment, site: schema.Site, ctx: SubmitContext) 
     if bad:
         raise paths.error(runs_key, f"{runs_root!r} holds {' and '.join(map(repr, bad))}: the run directory is "
                           "part of Slurm's log file patterns (%j, %t), where they would change the names")
+    paths.check_writable_place(runs_root, runs_key)
     run_dir = os.path.join(runs_root, ctx.run_id)
     if exp.checkpoint.dir:
         checkpoint_key = "checkpoint.dir"
         checkpoint_dir = paths.expand(exp.checkpoint.dir, checkpoint_key, ctx.environ, ctx.cwd)
+        paths.check_writable_place(checkpoint_dir, checkpoint_key)
     else:
         checkpoint_key, checkpoint_dir = runs_key, os.path.join(run_dir, "checkpoints")
     return _Directories(runs_root, runs_key, run_dir, checkpoint_dir, checkpoint_key)
@@ -464,6 +472,8 @@ def _check_experiment_text(exp: schema.Experiment) -> None:
         _check_text(str(value), f"env.{key}")
     if exp.strategy.nvme_path is not None:
         _check_text(exp.strategy.nvme_path, "strategy.nvme_path")
+        if os.path.isabs(exp.strategy.nvme_path):       # DeepSpeed swaps tensors to files there
+            paths.check_writable_place(exp.strategy.nvme_path, "strategy.nvme_path")
 
 
 # Linux starts no program with one argument or environment string over MAX_ARG_STRLEN

@@ -26,6 +26,12 @@ def format_site(shown: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_check(report: Any) -> str:
+    """What `glaunch sites check` prints (a CheckReport): a line each, every character the
+    cluster named escaped, line breaks too."""
+    return "\n".join(printable(line) for line in report.lines())
+
+
 def validated(item: Any, path: Any) -> str:
     return f"ok    {printable(item)} ({printable(path)})"
 

@@ -197,6 +197,13 @@ CASES = [
     Refused("override-mapping-into-time", {"exp.yaml": EXP}, ["resources.time={h: 1}"], ["command line", "resources.time"]),
     Refused("override-list-into-nodes", {"exp.yaml": EXP}, ["resources.nodes=[2]"], ["command line", "resources.nodes"]),
     Refused("override-scalar-into-env", {"exp.yaml": EXP}, ["env=A"], ["command line", "env", "mapping"]),
+    # An interpolation in an unquoted flow list parses (see test_unquoted_list_with_an_interpolation); a list
+    # that is no YAML flow list is said to be one, with how to quote its items.
+    Refused("override-list-unclosed-interpolation", {"exp.yaml": QUIET_EXP},
+            ["entrypoint.args=[--lr,${hparams.lr]"],
+            ["command line: entrypoint.args", "not a YAML flow list", "quote"]),
+    Refused("override-list-unclosed-bracket", {"exp.yaml": QUIET_EXP}, ["entrypoint.args=[--lr,${hparams.lr}"],
+            ["command line: entrypoint.args", "not a YAML flow list", "quote"]),
     # `checkpoint.dir=$CKPT` with CKPT unset must not quietly mean the default.
     *[Refused(f"empty-choice-{override.split('=')[0]}{'-blank' if override.endswith(' ') else ''}",
               {"exp.yaml": QUIET_EXP}, [override], [f"command line: {override.split('=')[0]}", "leave it out"])
@@ -210,6 +217,15 @@ CASES = [
     Refused("site-option-no-name", {"exp.yaml": QUIET_EXP}, ["--site", "a b"],
             ["--site: 'a b' is not a site name or a path"]),
     Refused("site-file-missing", {"exp.yaml": EXP}, ["--site", "./missing.yaml"], ["missing.yaml", "not found"]),
+    # A name or path no file system takes (ENAMETOOLONG) is refused, never stat()ed into a traceback.
+    Refused("site-name-too-long", {"exp.yaml": QUIET_EXP}, ["--site", "s" * 300],
+            ["command line: --site", "300 characters"]),
+    Refused("site-path-component-too-long", {"exp.yaml": QUIET_EXP}, ["--site", "./" + "s" * 300 + "/x.yaml"],
+            ["--site", "File name too long"]),
+    Refused("site-default-partition-newline", {"exp.yaml": QUIET_EXP,
+                                               "site_configs/mysite.yaml": "name: mysite\nscheduler: slurm\n"
+                                                                           "default_partition: \"a\\nb\"\n"},
+            ["resources.gpus_per_node=1"], ["mysite.yaml:3: default_partition", "partition name"]),
     # --- the site profile's schema and its extends chain ---
     Refused("site-unknown-key", {"site_configs/mysite.yaml": site("colour: red\n")}, [], ["mysite.yaml", "colour"]),
     Refused("site-partition-unknown-key", {"site_configs/mysite.yaml": SITE.replace("max_nodes: 8", "max_node: 8")}, [],
@@ -491,3 +507,50 @@ def test_module_names_modules_use_are_accepted(tmp_path, monkeypatch, capsys, is
 def test_setup_lines_keep_tabs_and_newlines(tmp_path, monkeypatch, capsys, isolated_env):
     line = "if true; then\n\techo ok\nfi"
     assert line in accepted(tmp_path, monkeypatch, capsys, site_extra=f"setup: [{json.dumps(line)}]\n")["env.sh"]
+
+
+# --- directories from the environment: an error names the variable, never a traceback ------
+
+LONG_DIR = "/" + "d" * 300            # one component over NAME_MAX (ENAMETOOLONG)
+
+ENV_CASES = [
+    (Refused("site-path-too-long", {"exp.yaml": QUIET_EXP}, [], ["GLAUNCH_SITE_PATH", "File name too long"],
+             site="nosuch"), {"GLAUNCH_SITE_PATH": LONG_DIR}),
+    (Refused("site-path-too-long-after-a-good-one", {"exp.yaml": QUIET_EXP}, [],
+             ["GLAUNCH_SITE_PATH", "File name too long"], site="nosuch"), {"GLAUNCH_SITE_PATH": "/tmp:" + LONG_DIR}),
+    (Refused("home-too-long", {"exp.yaml": QUIET_EXP}, [], ["HOME", "File name too long"], site="nosuch"),
+     {"HOME": LONG_DIR}),
+    (Refused("sites-list-site-path-too-long", {}, ["sites", "list"], ["GLAUNCH_SITE_PATH", "File name too long"],
+             command=None), {"GLAUNCH_SITE_PATH": LONG_DIR}),
+]
+
+
+@pytest.mark.parametrize("case, environ", ENV_CASES, ids=[case.id for case, _ in ENV_CASES])
+def test_refused_for_the_environment(case, environ, tmp_path, monkeypatch, capsys, isolated_env):
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    refuse(case, tmp_path, monkeypatch, capsys)
+
+
+def test_a_site_path_directory_that_does_not_exist_is_skipped(mysite_workdir, monkeypatch):
+    monkeypatch.setenv("GLAUNCH_SITE_PATH", str(mysite_workdir / "nosuch") + ":" + str(mysite_workdir / "train.py"))
+    assert dry_run(site="mysite").site == "mysite"
+
+
+# --- overrides holding interpolations -------------------------------------------------------
+
+def test_unquoted_list_with_an_interpolation(tmp_path, monkeypatch, capsys, isolated_env):
+    """`${...}` holds '{' and '}', YAML flow indicators: unquoted in a flow list it is still one item."""
+    job = accepted(tmp_path, monkeypatch, capsys, "hparams.lr=0.5",
+                   "entrypoint.args=[--steps,20,--lr,${hparams.lr},--tag=${name}-x, ${oc.env:HOME,${hparams.lr}}]")
+    assert "--steps 20 --lr 0.5 --tag=good-x " in job["job.sbatch"]
+    assert str(tmp_path / "home") in job["job.sbatch"]
+
+
+def test_quoted_and_unquoted_interpolations_give_the_same_list():
+    from launcher.config.yamlfile import Scalar, override_value
+
+    assert override_value("[--lr, ${hparams.lr}]") == [Scalar("--lr"), Scalar("${hparams.lr}")]
+    assert override_value("[--lr, '${hparams.lr}']") == [Scalar("--lr"), Scalar("${hparams.lr}", plain=False)]
+    assert override_value("{a: ${x}, b: [${y.z}]}") == {"a": Scalar("${x}"), "b": [Scalar("${y.z}")]}
+    assert override_value("[a, ${b]") == Scalar("[a, ${b]")          # no list: the type check says why

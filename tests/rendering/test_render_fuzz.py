@@ -4,6 +4,7 @@ is written raw, and a value a context cannot carry is refused naming its key."""
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -39,6 +40,8 @@ def _bash_words(words: str, cwd) -> list[str]:
 @SETTINGS
 @given(value=TEXT)
 def test_quote_and_expandable_read_back(value, tmp_path):
+    # bash sets $_ (the last argument of the previous command) itself: no environment says what it holds.
+    assume(not re.search(r"\$(?:_(?![A-Za-z0-9_])|\{_\})", value))
     quoted, expanded = shell.quote(value), shell.expandable(value)
     assert not _hidden(quoted, "") and not _hidden(expanded, "")
     assert _bash_words(f"{quoted} {expanded}", tmp_path) == [value, _expand(value, BASH_ENV)]

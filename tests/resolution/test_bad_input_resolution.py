@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from badinput import (EXP, ONE_PARTITION_SITE, QUIET_EXP, SITE, Refused, RefusedCall, refuse, refuse_call, run_cli,
-                      table, write_files)
+from badinput import (EXP, ONE_PARTITION_SITE, QUIET_EXP, SITE, Link, Refused, RefusedCall, refuse, refuse_call,
+                      run_cli, table, write_files)
 from launcher import api
 from launcher.config import slurmtime
 from launcher.resolution.strategy import inspect_factory
@@ -29,6 +29,8 @@ PYXIS = "container: {runtime: pyxis, image: 'nvcr.io#nvidia/pytorch:24.09-py3', 
 # No partition limits: what bounds a count is what consumes it.
 UNBOUNDED_SITE = "name: mysite\nscheduler: slurm\npartitions:\n  gpu: {gpus_per_node: 8}\n"
 ONE_PARTITION = {"site_configs/mysite.yaml": ONE_PARTITION_SITE}
+# A Slurm site that lists no partitions: whatever resources.partition names is asked for.
+UNLISTED_SITE = "name: mysite\nscheduler: slurm\n"
 
 
 def deepspeed_block(block: str) -> dict[str, str]:
@@ -62,6 +64,14 @@ CASES = [
             ["exp.yaml", "resources.mem_gb", "256"]),
     Refused("too-many-cpus", {"exp.yaml": EXP.replace("nodes: 2,", "nodes: 2, cpus_per_task: 16,")}, [],
             ["exp.yaml", "resources.cpus_per_task", "32"]),
+    # A partition no site lists still becomes an #SBATCH line: its name is checked as a profile's are.
+    *[Refused(f"partition-name-{name}", {"exp.yaml": QUIET_EXP, "site_configs/mysite.yaml": UNLISTED_SITE},
+              [f"resources.partition={partition}", "resources.gpus_per_node=1"],
+              ["command line: resources.partition", "partition name"])
+      for name, partition in [("newline", "a\nb"), ("escape", "a\x1bb"), ("space", "a b"), ("dash", "-x"),
+                              ("quote", 'a"b')]],
+    Refused("partition-name-newline-listed", {"exp.yaml": QUIET_EXP}, ["resources.partition=a\nb"],
+            ["command line: resources.partition", "partition name"]),
     Refused("unknown-partition", {"exp.yaml": EXP.replace("nodes: 2,", "nodes: 2, partition: nosuch,")}, [],
             ["exp.yaml", "resources.partition", "nosuch"]),
     *[Refused(f"mem-below-one-mib-{mem}", ONE_PARTITION, [f"resources.mem_gb={mem}"], ["resources.mem_gb", "1 MiB"])
@@ -102,6 +112,24 @@ CASES = [
     Refused("tilde-user", ONE_PARTITION, ["checkpoint.dir=~bob/ck"], ["checkpoint.dir", "~bob", "full path"]),
     Refused("tilde-without-home", ONE_PARTITION, ["checkpoint.dir=~/ck"], ["checkpoint.dir", "HOME"], unset=["HOME"]),
     Refused("empty-runs-dir", {"exp.yaml": QUIET_EXP}, ["--runs-dir", ""], ["--runs-dir", "empty"]),
+    # Directories glaunch writes into, on a pseudo-file system (the path resolved first): nothing is stored there.
+    *[Refused(f"pseudo-fs-{name}", {"exp.yaml": QUIET_EXP, "to-proc": Link("/proc"), "to-dev": Link("/dev")}, args,
+              [f"{where}: ", "pseudo-file system"])
+      for name, args, where in [
+          ("checkpoint-dir-proc", ["checkpoint.dir=/proc/ckpt"], "command line: checkpoint.dir"),
+          ("checkpoint-dir-sys", ["checkpoint.dir=/sys/ckpt"], "command line: checkpoint.dir"),
+          ("checkpoint-dir-dev", ["checkpoint.dir=/dev/ckpt"], "command line: checkpoint.dir"),
+          ("checkpoint-dir-proc-itself", ["checkpoint.dir=/proc"], "command line: checkpoint.dir"),
+          ("checkpoint-dir-dotdot", ["checkpoint.dir=/tmp/../proc/self/ckpt"], "command line: checkpoint.dir"),
+          ("checkpoint-dir-symlink", ["checkpoint.dir=to-proc/ckpt"], "command line: checkpoint.dir"),
+          ("checkpoint-dir-symlink-dev", ["checkpoint.dir=to-dev/x"], "command line: checkpoint.dir"),
+          ("runs-dir-proc", ["--runs-dir", "/proc/runs"], "command line: --runs-dir"),
+          ("runs-dir-symlink", ["--runs-dir", "to-proc/runs"], "command line: --runs-dir"),
+          ("nvme-path-dev", ["strategy.name=deepspeed", "strategy.zero_stage=3", "strategy.offload_optimizer=nvme",
+                             "strategy.nvme_path=/dev/nvme0n1"], "command line: strategy.nvme_path")]],
+    Refused("pseudo-fs-runs-root", {"exp.yaml": QUIET_EXP, "site_configs/mysite.yaml": SITE + "runs_root: /sys/runs\n"},
+            ["submit", "exp.yaml", "--site", "mysite", "--dry-run"], ["mysite.yaml:7: runs_root", "pseudo-file system"],
+            command=None),
     # --- strategies and the DeepSpeed block, checked once merged ---
     Refused("bad-zero-stage", {"exp.yaml": exp("strategy: {name: deepspeed, zero_stage: 5}\n")}, [],
             ["exp.yaml", "strategy.zero_stage"]),

@@ -365,3 +365,27 @@ def test_the_report_as_json():
     assert data["ok"] is False and data["site"] == "gpufarm" and data["cluster"] == "gpufarm"
     assert data["fatal"][0] == dataclasses.asdict(compare(site, GPUFARM).fatal[0])
     assert data["fatal"][0]["key"] == "partitions.gpu.gpu_type" and data["fatal"][0]["partition"] == "gpu"
+
+
+def test_what_the_cluster_names_is_printed_escaped():
+    """A partition's name, a node's features and the cluster's name come from slurm.conf: an
+    escape sequence or a line break there reaches neither the terminal nor another line."""
+    from launcher.views.sites_text import format_check
+
+    osc, csi = "\x1b]0;owned\x07", "\x9b2J"
+    text = (recorded("gpufarm.scontrol.txt").replace("PartitionName=interactive", f"PartitionName=inter{osc}active")
+            .replace("AvailableFeatures=h100,ib", f"AvailableFeatures=h100,i{csi}b")
+            .replace("ClusterName             = gpufarm", f"ClusterName             = gpu{osc}farm"))
+    farm = parse_cluster(text, user="alice")
+    assert farm.name == f"gpu{osc}farm" and f"inter{osc}active" in farm.partitions
+    site = profile("gpufarm")
+    site["partitions"]["gpu"]["constraint"] = "a100"          # names the features the nodes have
+    report = compare(site, farm)
+    shown = format_check(report)
+    assert not [c for c in shown if not c.isprintable() and c != "\n"], shown
+    assert shown.count("\n") == len(report.fatal) + len(report.warnings) + len(report.notes)
+    assert "inter\\x1b]0;owned\\x07active" in shown and "gpu\\x1b]0;owned\\x07farm" in shown
+    assert "i\\x9b2Jb" in shown
+    refusal = str(report.error("gpufarm.yaml"))
+    assert not [c for c in refusal if not c.isprintable() and c != "\n"], refusal
+    assert refusal.count("\n") == len(report.fatal) + 1

@@ -19,9 +19,11 @@ from typing import Any
 import pytest
 import yaml
 
+from launcher import api
 from launcher.config import schema
 from launcher.config.sites import load_site
 from launcher.errors import ConfigError
+from launcher.schedulers.cluster import detect
 from launcher.schedulers.cluster.detect import detect_profile, render_profile
 from launcher.schedulers.cluster.scontrol_text import gpu_kinds, parse_records
 
@@ -264,3 +266,126 @@ def check_loads(tmp_path, profile):
         load_site(str(path), tmp_path, {"HOME": str(tmp_path / "home")})
     except ConfigError as exc:
         pytest.fail(f"the detected profile does not load: {exc}")
+
+
+# --- what the cluster names: checked before it becomes a file name, escaped before it is shown --
+
+ESC_TITLE = "\x1b]0;owned\x07"              # OSC: sets the terminal's title
+CSI = "\x9b2J"                              # C1 CSI: clears the screen
+
+
+def scontrol_answer(cluster_name: str, partitions: str = TINY_PARTITIONS,
+                    nodes: str = "NodeName=n1 CPUTot=4 RealMemory=8000 Gres=gpu:a100:2 Partitions=main State=IDLE\n"
+                    ) -> str:
+    """scontrol's answer to SCONTROL_COMMANDS on a cluster of the given name."""
+    return partitions + nodes + f"Configuration data as of 2026-01-01T00:00:00\nClusterName             = {cluster_name}\n" \
+        "SelectType              = select/cons_tres\n"
+
+
+@pytest.fixture
+def fake_cluster(monkeypatch, tmp_path, isolated_env):
+    """query_cluster reads `answer["text"]` instead of asking scontrol; no sacctmgr, user alice."""
+    answer = {"text": scontrol_answer("tiny")}
+    monkeypatch.setattr(detect, "read_scontrol", lambda command: answer["text"])
+    monkeypatch.setattr(detect.shutil, "which", lambda name: None)
+    monkeypatch.setattr(detect, "current_user", lambda: "alice")
+    monkeypatch.setattr(detect, "user_groups", lambda user: None)
+    monkeypatch.chdir(tmp_path)
+    return answer
+
+
+def files_in(root: Path) -> set[Path]:
+    return {p for p in root.rglob("*") if "home" not in p.relative_to(root).parts}
+
+
+@pytest.mark.parametrize("cluster_name", ["../../escaped", "/tmp/glaunch-absolute", "..", ".hidden", "-rf",
+                                          "a" * 300, "tiny" + ESC_TITLE, "a/b"])
+def test_a_cluster_name_that_is_no_profile_name_is_refused_and_nothing_written(fake_cluster, tmp_path, cluster_name):
+    fake_cluster["text"] = scontrol_answer(cluster_name)
+    before = files_in(tmp_path.parent)
+    with pytest.raises(ConfigError) as info:
+        api.detect_site(write_to=True)
+    assert info.value.key == "--name" and info.value.exit_code == 2
+    assert "ClusterName" in info.value.message and "--name" in str(info.value)
+    assert "\x1b" not in str(info.value) and "\x07" not in str(info.value)
+    assert files_in(tmp_path.parent) == before
+    assert not Path("/tmp/glaunch-absolute.yaml").exists()
+
+
+def test_a_good_name_given_replaces_a_bad_cluster_name(fake_cluster, tmp_path):
+    fake_cluster["text"] = scontrol_answer("../../escaped")
+    name, text, path = api.detect_site("tiny", write_to=True)
+    assert name == "tiny" and path == Path("site_configs/tiny.yaml") and (tmp_path / path).read_text() == text
+    assert "'../../escaped'" in text.splitlines()[0]          # the cluster's name, quoted, in the comment
+
+
+@pytest.mark.parametrize("name", ["../x", "a" * 300, "x\x1by"])
+def test_a_bad_name_given_is_refused_as_a_profile_name_is(fake_cluster, name):
+    with pytest.raises(ConfigError) as info:
+        detect.query_cluster(name)
+    assert info.value.key == "--name"
+
+
+HOSTILE_PARTITIONS = (
+    TINY_PARTITIONS
+    + f"PartitionName=gp{ESC_TITLE}u Default=NO MaxNodes=UNLIMITED MaxTime=UNLIMITED Nodes=n1 PriorityTier=1 "
+      "PreemptMode=OFF TotalNodes=1\n"
+    + f"PartitionName=x{CSI} Default=NO MaxNodes=UNLIMITED MaxTime=UNLIMITED Nodes=n1 PriorityTier=1 "
+      f"PreemptMode=OFF TotalNodes=1 AllowQos=normal,q{ESC_TITLE}\n"
+    + f"PartitionName=solo Default=NO MaxNodes=UNLIMITED MaxTime=UNLIMITED Nodes=n1 PriorityTier=1 "
+      f"PreemptMode=OFF TotalNodes=1 AllowQos=q{ESC_TITLE}\n"
+    + "PartitionName=locked Default=NO MaxNodes=UNLIMITED MaxTime=UNLIMITED Nodes=n1 PriorityTier=1 "
+      f"PreemptMode=OFF TotalNodes=1 AllowAccounts=a{CSI}\n")
+HOSTILE_NODES = f"NodeName=n1 CPUTot=4 RealMemory=8000 Gres=gpu:a{ESC_TITLE}:2 Partitions=main,solo State=IDLE\n"
+
+
+def control_characters(text: str) -> list[str]:
+    return [c for c in text if not c.isprintable() and c != "\n"]
+
+
+def test_control_characters_from_the_cluster_reach_neither_the_profile_nor_the_terminal(fake_cluster, tmp_path):
+    fake_cluster["text"] = scontrol_answer("tiny", HOSTILE_PARTITIONS, HOSTILE_NODES)
+    detected = detect_profile("tiny", HOSTILE_PARTITIONS, HOSTILE_NODES, account="acct", user="alice")
+    assert list(detected.profile["partitions"]) == ["main", "solo"]
+    assert "gpu_type" not in detected.profile["partitions"]["main"]      # the GRES type is no name
+    assert "qos" not in detected.profile["partitions"]["solo"]           # nor the one QOS it takes
+    notes = "\n".join(detected.notes)
+    assert not control_characters(notes), notes
+    assert "partition 'gp\\x1b]0;owned\\x07u' left out" in notes           # named, escaped
+    assert "partition 'x\\x9b2J' left out" in notes
+    assert "partitions.solo.qos" in notes and "partitions.main.gpu_type" in notes
+    name, text, _ = api.detect_site(write_to=False)
+    assert not control_characters(text), text
+    path = tmp_path / "tiny.yaml"
+    path.write_text(text, encoding="utf-8")
+    site = load_site(str(path), tmp_path, {"HOME": str(tmp_path / "home")})   # it still loads
+    assert list(site.config.partitions) == ["main", "solo", "locked"]      # no account known: locked is kept
+
+
+def test_sites_detect_prints_no_control_character(fake_cluster, tmp_path, monkeypatch, capsys):
+    from badinput import run_cli
+
+    fake_cluster["text"] = scontrol_answer("tiny", HOSTILE_PARTITIONS, HOSTILE_NODES)
+    code, out, err = run_cli(monkeypatch, capsys, ["glaunch", "sites", "detect", "-o", "-"])
+    assert code == 0, err
+    assert not control_characters(out + err) and "left out" in out
+    fake_cluster["text"] = scontrol_answer("../" + ESC_TITLE)
+    code, out, err = run_cli(monkeypatch, capsys, ["glaunch", "sites", "detect"])
+    assert code == 2 and out == "" and err.count("\n") == 1 and "Traceback" not in err
+    assert not control_characters(err) and "--name" in err
+    assert not (tmp_path / "site_configs").exists()
+
+
+def test_a_check_report_escapes_what_the_cluster_named(monkeypatch):
+    from launcher.schedulers.cluster.check import compare
+    from launcher.schedulers.cluster.facts import parse_cluster
+    from launcher.views.sites_text import format_check
+
+    text = scontrol_answer("tiny" + ESC_TITLE, HOSTILE_PARTITIONS, HOSTILE_NODES)
+    report = compare({"name": "tiny", "partitions": {"main": {"gpus_per_node": 2, "gpu_type": "a100"}}},
+                     parse_cluster(text, user="alice"))
+    shown = format_check(report)
+    assert not control_characters(shown), shown
+    assert len(shown.splitlines()) == 1 + len(report.fatal) + len(report.warnings) + len(report.notes)
+    assert "\\x1b]0;owned\\x07" in shown
+    assert not control_characters(str(report.error("tiny.yaml")).replace("\n", ""))

@@ -17,8 +17,9 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from launcher.config.schema import NAME_PATTERN
-from launcher.errors import SchedulerError
+from launcher import shell
+from launcher.config.schema import NAME_RULE, partition_name_problem, site_name_problem
+from launcher.errors import ConfigError, SchedulerError
 from launcher.config import slurmtime
 from launcher.schedulers.cluster.facts import (
     Node,
@@ -28,7 +29,7 @@ from launcher.schedulers.cluster.facts import (
     takes_gpus_per_node,
     user_groups,
 )
-from launcher.schedulers.cluster.scontrol_text import read_scontrol, split_scontrol
+from launcher.schedulers.cluster.scontrol_text import read_scontrol, said, split_scontrol
 from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Unreachable, run_command
 
 
@@ -38,11 +39,21 @@ class Detected:
     notes: tuple[str, ...]      # the partitions left out of the profile and why; choices to review
 
 
+def _names(names: Iterable[str]) -> str:
+    return ",".join(said(n) for n in sorted(names))
+
+
+def _takes(value: str | None) -> bool:
+    """Whether a value from the cluster may stand in the profile as it is: one whose text a
+    profile's check (and an #SBATCH line) takes."""
+    return value is not None and shell.sbatch_value_problem(value) is None
+
+
 def _left_out(part: Partition, account: str | None, user: str | None,
               groups: frozenset[str] | None) -> str | None:
     """Why a partition has no place in this user's profile, or None."""
-    if not NAME_PATTERN.fullmatch(part.name):
-        return "its name is not one a profile takes (letters, digits, '.', '_' and '-')"
+    if partition_name_problem(part.name):
+        return f"its name is not one a profile takes ({NAME_RULE})"
     if not part.nodes:
         return "it has no nodes"
     if part.state.upper() == "INACTIVE":
@@ -50,11 +61,11 @@ def _left_out(part: Partition, account: str | None, user: str | None,
     if part.root_only and user != "root":
         return "RootOnly=YES: only root submits there"
     if part.allow_groups is not None and groups is not None and user != "root" and not part.allow_groups & groups:
-        return f"user {user} is in none of its groups (AllowGroups={','.join(sorted(part.allow_groups))})"
+        return f"user {said(user)} is in none of its groups (AllowGroups={_names(part.allow_groups)})"
     if account and part.allow_accounts is not None and account not in part.allow_accounts:
-        return f"account {account} may not use it (AllowAccounts={','.join(sorted(part.allow_accounts))})"
+        return f"account {said(account)} may not use it (AllowAccounts={_names(part.allow_accounts)})"
     if account and account in part.deny_accounts:
-        return f"account {account} may not use it (DenyAccounts)"
+        return f"account {said(account)} may not use it (DenyAccounts)"
     if part.hidden:
         return "Hidden=YES: add it by hand if your jobs go there"
     return None
@@ -88,7 +99,7 @@ def _entry(part: Partition, partitions: Mapping[str, Partition],
         entry["gpus_per_node"] = 1
     types = {k[1] for k in kinds}
     gtype = types.pop() if len(types) == 1 else None
-    if gtype:
+    if gtype and _takes(gtype):
         entry["gpu_type"] = gtype
     entry["gpu_mem_gb"] = None
     # MaxCPUsPerNode, MaxMemPerNode and MaxMemPerCPU cap every node alike (Partition.job_cpus, job_mem_mb).
@@ -106,7 +117,7 @@ def _entry(part: Partition, partitions: Mapping[str, Partition],
         entry["max_nodes"] = part.node_limit
     if part.max_time is not None and _is_time(part.max_time):
         entry["max_time"] = part.max_time
-    if part.allow_qos is not None and len(part.allow_qos) == 1:
+    if part.allow_qos is not None and len(part.allow_qos) == 1 and _takes(next(iter(part.allow_qos))):
         # Jobs under any other QOS (the user's default one, say) are refused there.
         entry["qos"] = next(iter(part.allow_qos))
     lower = any(o.priority_tier > part.priority_tier for o in partitions.values() if o.name != part.name)
@@ -131,6 +142,24 @@ def _is_time(text: str) -> bool:
     return True
 
 
+def _entry_notes(part: Partition, entry: Mapping[str, Any], mig: bool) -> list[str]:
+    """What to review about a partition the profile keeps."""
+    notes = []
+    key = f"partitions.{part.name}"
+    if mig:
+        notes.append(f"partition {part.name} has MIG slices: gpus_per_node is 1, as CUDA shows a process "
+                     "one slice (a job's ranks on a node would all share the first)")
+    qos = sorted(part.allow_qos or ())
+    if len(qos) > 1 or (qos and "qos" not in entry):
+        notes.append(f"partition {part.name} takes only QOS {', '.join(said(q) for q in qos)} "
+                     f"(AllowQos): set {key}.qos to the one your jobs use")
+    types = {t for n in part.nodes for t, count in n.gpus.items() if count and t is not None}
+    if "gpu_type" not in entry and len(types) == 1 and not _takes(next(iter(types))):
+        notes.append(f"partition {part.name}'s GPU type {said(next(iter(types)))} is no text a profile takes: "
+                     f"set {key}.gpu_type by hand")
+    return notes
+
+
 def detect_profile(name: str, partitions_text: str, nodes_text: str, *, settings: Mapping[str, str] | None = None,
                    account: str | None = None, user: str | None = None,
                    groups: frozenset[str] | None = None) -> Detected:
@@ -143,15 +172,10 @@ def detect_profile(name: str, partitions_text: str, nodes_text: str, *, settings
     for part in partitions.values():
         why = _left_out(part, account, user, groups)
         if why:
-            notes.append(f"partition {part.name} left out: {why}")
+            notes.append(f"partition {said(part.name)} left out: {why}")
         else:
             profile_parts[part.name], mig = _entry(part, partitions, shapes)
-            if mig:
-                notes.append(f"partition {part.name} has MIG slices: gpus_per_node is 1, as CUDA shows a process "
-                             "one slice (a job's ranks on a node would all share the first)")
-            if len(part.allow_qos or ()) > 1:
-                notes.append(f"partition {part.name} takes only QOS {', '.join(sorted(part.allow_qos or ()))} "
-                             f"(AllowQos): set partitions.{part.name}.qos to the one your jobs use")
+            notes += _entry_notes(part, profile_parts[part.name], mig)
     if partitions and not profile_parts:
         raise SchedulerError(f"no partition of the cluster takes this user's jobs: {'; '.join(notes)}")
     kept = [partitions[p] for p in profile_parts]
@@ -190,8 +214,18 @@ def render_profile(profile: Mapping[str, Any], cluster: str, notes: Iterable[str
 
 def query_cluster(name: str | None) -> tuple[str, str]:
     """(profile name, profile text) for the cluster this machine submits to."""
+    if name is not None:
+        problem = site_name_problem(name)
+        if problem:
+            raise ConfigError(problem, key="--name")
     partitions_text, nodes_text, settings = split_scontrol(read_scontrol("glaunch sites detect"))
     cluster = settings.get("ClusterName", "cluster")
+    if name is None:
+        # The profile's name, and its file's: a cluster's name must not write elsewhere.
+        problem = site_name_problem(cluster)
+        if problem:
+            raise ConfigError(f"Slurm's ClusterName cannot name a profile: {problem}; give the profile a name "
+                              "with --name", key="--name")
     user = current_user()
     account = None
     if shutil.which("sacctmgr"):
@@ -200,7 +234,7 @@ def query_cluster(name: str | None) -> tuple[str, str]:
                                policy=ACCOUNTING_POLICY, controller=False)
         except Unreachable:
             proc = None     # no accounting answer: the skeleton leaves the account to fill in
-        if proc is not None and proc.returncode == 0 and proc.stdout.strip():
+        if proc is not None and proc.returncode == 0 and proc.stdout.strip() and _takes(proc.stdout.split()[0]):
             account = proc.stdout.split()[0]
     detected = detect_profile(name or cluster, partitions_text, nodes_text, settings=settings, account=account,
                               user=user, groups=user_groups(user))

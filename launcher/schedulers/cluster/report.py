@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launcher.errors import SchedulerError
+from launcher.schedulers.cluster.scontrol_text import one_line
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,9 @@ class CheckReport:
                 "fatal": [dataclasses.asdict(d) for d in self.fatal],
                 "warnings": [dataclasses.asdict(d) for d in self.warnings], "notes": list(self.notes)}
 
-    def format(self) -> str:
-        """What `glaunch sites check` prints."""
+    def lines(self) -> list[str]:
+        """What `glaunch sites check` prints, a line each; what the cluster named (a
+        partition, a node, a feature) with its control characters and line breaks escaped."""
         if not self.fatal and not self.warnings:
             head = f"site {self.site} matches Slurm cluster {self.cluster}"
         else:
@@ -47,11 +49,16 @@ class CheckReport:
         lines += [f"  FATAL    {d}" for d in self.fatal]
         lines += [f"  warning  {d}" for d in self.warnings]
         lines += [f"  note     {n}" for n in self.notes]
-        return "\n".join(lines)
+        return [one_line(line) for line in lines]
+
+    def format(self) -> str:
+        return "\n".join(self.lines())
 
     def error(self, site_file: str | None = None) -> SchedulerError:
-        """The refusal `submit` raises: every fatal difference, and what to do."""
-        lines = [f"site {self.site} does not match Slurm cluster {self.cluster}; nothing was submitted:"]
-        lines += [f"  {d}" for d in self.fatal]
+        """The refusal `submit` raises: every fatal difference, and what to do (what the
+        cluster named escaped, as in :meth:`lines`)."""
+        lines = [one_line(f"site {self.site} does not match Slurm cluster {self.cluster}; nothing was submitted:")]
+        lines += [one_line(f"  {d}") for d in self.fatal]
         lines.append(f"fix the profile (`glaunch sites check {self.site}` lists every difference)")
         return SchedulerError("\n".join(lines), file=site_file)
+

@@ -20,6 +20,21 @@ _GRES_GPU = re.compile(r"(?:^|,)gpu(?::(?P<type>[^:,(]+))?:(?P<count>\d+)")
 _FIELD = re.compile(r"(\w+)=(\S*)")
 
 
+def said(name: object) -> str:
+    """A name from the cluster as a profile's comment or a terminal line can hold it: as it
+    is when every character is printable, else quoted with control and invisible ones
+    escaped (an escape sequence in a partition's name must not reach the terminal)."""
+    text = str(name)
+    return text if text.isprintable() else repr(text)
+
+
+def one_line(text: str) -> str:
+    """`text` with every character that is not printable (line breaks included) escaped."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
 def parse_records(text: str) -> list[dict[str, str]]:
     """One dict per line of `scontrol show ... -o` (KEY=VALUE words; values have no spaces,
     except OS=..., Reason=... and Comment=..., which are cut short harmlessly). A key's
