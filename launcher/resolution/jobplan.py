@@ -57,6 +57,7 @@ class CodeSnapshot:
     max_bytes: int
     skip: tuple[str, ...]             # absolute directories never copied (runs root, checkpoints)
     import_path: str | None           # the working directory's counterpart under dest, put first on sys.path
+    module: str | None = None         # the entry module, imported from import_path
 
     def copy_of(self, relative: str) -> str:
         return os.path.normpath(os.path.join(self.dest, relative))

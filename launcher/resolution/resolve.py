@@ -427,7 +427,8 @@ def _code(exp: schema.Experiment, site: schema.Site, ctx: SubmitContext, script:
     return CodeSnapshot(
         source=root.path, git=root.git, dest=dest, script=script, exclude=exclude,
         max_bytes=int(max_mb * 1024 * 1024), skip=tuple(sorted(set(skip))),
-        import_path=os.path.normpath(os.path.join(dest, root.workdir)) if root.workdir is not None else None)
+        import_path=os.path.normpath(os.path.join(dest, root.workdir)) if root.workdir is not None else None,
+        module=exp.entrypoint.module)
 
 
 def _hparams(exp: schema.Experiment) -> dict[str, Any]:

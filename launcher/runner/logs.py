@@ -7,20 +7,8 @@ import os
 from pathlib import Path
 from typing import Callable
 
-from launcher.rundir.files import open_regular
+from launcher.rundir.files import NotARegularFile, open_regular
 from launcher.rundir.layout import RunDir
-
-
-def read_from(path: Path, offset: int) -> bytes:
-    """What `path` holds past `offset`; nothing when it is missing or not a regular file
-    (a FIFO or device put in a run directory never blocks or floods the reader)."""
-    try:
-        fd = open_regular(path)
-    except OSError:
-        return b""
-    with os.fdopen(fd, "rb") as f:
-        f.seek(offset)
-        return f.read()
 
 
 def read_tail(path: Path, limit: int = 64 * 1024) -> bytes:
@@ -62,53 +50,102 @@ class Lines:
 
 
 class LogFollower:
-    """Hand what a growing file gains, from where we last stopped, to `write`. A file
-    that shrank (truncated, replaced) is read again from its beginning."""
+    """Hand what a growing file gains, from where we last stopped, to `write`; the name is
+    followed as tail -F follows one. A file that shrank (truncated in place) or another
+    file at the path (replaced, or gone and back) is read from its beginning: the line
+    the change cut short is ended first, and `notice`, when given, is told why in a few
+    words. Anything but a regular file at the path is never read (a FIFO would block):
+    told once, then waited out."""
 
-    def __init__(self, path: Path, write: Callable[[str], None]) -> None:
-        self.path, self.write, self.offset = path, write, 0
+    def __init__(self, path: Path, write: Callable[[str], None],
+                 notice: Callable[[str], None] | None = None) -> None:
+        self.path, self.write, self.notice = path, write, notice
+        self.offset = 0
+        self.identity: tuple[int, int] | None = None     # (device, inode) of the file read
+        self.lost = False           # the file read is no longer at the path
+        self.unreadable = False     # the path holds something that is not a regular file
+        self.line_open = False      # what was handed on ends inside a line
         self.decoder = _decoder()
 
     def poll(self) -> None:
         try:
-            if self.offset and os.stat(self.path).st_size < self.offset:
-                self.offset = 0
-                self.decoder = _decoder()
-        except OSError:
+            fd = open_regular(self.path)
+        except NotARegularFile:
+            if not self.unreadable:
+                self.unreadable = True
+                self._tell("not a regular file now (a FIFO, a device or a folder): not read until a file is back")
+            self.lost = self.identity is not None
             return
-        data = read_from(self.path, self.offset)
+        except OSError:
+            self.lost = self.identity is not None
+            return
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(fd)
+            identity = (info.st_dev, info.st_ino)
+            if self.identity is not None and (self.lost or identity != self.identity):
+                self._restart("replaced; following the new file from its start")
+            elif info.st_size < self.offset:
+                self._restart("file truncated; following it from its start")
+            self.identity, self.lost, self.unreadable = identity, False, False
+            f.seek(self.offset)
+            data = f.read()
         if data:
             self.offset += len(data)
-            text = self.decoder.decode(data)
-            if text:
-                self.write(text)
+            self._hand_on(self.decoder.decode(data))
+
+    def finish(self) -> None:
+        """Hand on the rest of a character cut short at the end of the file."""
+        self._hand_on(self.decoder.decode(b"", final=True))
+
+    def _restart(self, why: str) -> None:
+        self.finish()
+        if self.line_open:
+            self._hand_on("\n")        # never glued to the new content
+        self.offset = 0
+        self.decoder = _decoder()
+        self._tell(why)
+
+    def _hand_on(self, text: str) -> None:
+        if text:
+            self.write(text)
+            self.line_open = not text.endswith("\n")
+
+    def _tell(self, why: str) -> None:
+        if self.notice is not None:
+            self.notice(why)
 
 
 class RankLogs:
     """Every task log of a run as whole lines, `[rank]` (stdout) or `[rank!]` (stderr)
-    before each; `poll` hands on what is new since the last call."""
+    before each; `poll` hands on what is new since the last call. A log truncated or
+    replaced is shown again from its start after one `[glaunch] LOG: why` line."""
 
     def __init__(self, run_dir: Path, rank: int | None, echo: Callable[[str], None]) -> None:
         self.run_dir, self.rank, self.echo = RunDir(run_dir), rank, echo
-        self.offsets: dict[Path, int] = {}
-        self.decoders: dict[Path, codecs.IncrementalDecoder] = {}
+        self.followers: dict[Path, LogFollower] = {}
         self.lines: dict[Path, Lines] = {}
 
     def poll(self) -> None:
+        listed = set()
         for _, task, stream, path in self.run_dir.task_logs(self.rank):
-            data = read_from(path, self.offsets.get(path, 0))
-            self.offsets[path] = self.offsets.get(path, 0) + len(data)
-            if path not in self.lines:
+            listed.add(path)
+            if path not in self.followers:
                 tag = f"[{task}]" if stream == "out" else f"[{task}!]"
                 self.lines[path] = Lines(self._tagged(tag))
-                self.decoders[path] = _decoder()
-            self.lines[path](self.decoders[path].decode(data))
+                self.followers[path] = LogFollower(path, self.lines[path], self._notice(path))
+            self.followers[path].poll()
+        for path, follower in self.followers.items():
+            if path not in listed:
+                follower.poll()         # gone for now: what comes back is another file
 
     def _tagged(self, tag: str) -> Callable[[str], None]:
         return lambda line: self.echo(f"{tag} {line}")
 
+    def _notice(self, path: Path) -> Callable[[str], None]:
+        return lambda why: self.echo(f"[glaunch] {path.name}: {why}")
+
     def flush(self) -> None:
         """Hand on each log's unfinished last line, with its rank's tag."""
-        for path, lines in self.lines.items():
-            lines(self.decoders[path].decode(b"", final=True))
-            lines.flush()
+        for path, follower in self.followers.items():
+            follower.finish()
+            self.lines[path].flush()

@@ -10,11 +10,15 @@ any other run directory found in the tree. `code.exclude` (globs) leaves more ou
 `code.max_mb` bounds the copy: over it, nothing is written and the error names the
 largest files.
 
+A copy that would leave out what every start runs (the entry script; the files the entry
+module resolves to inside the copy) is refused before anything is written, naming the
+code.exclude pattern or the git ignore rule (file and line) that leaves it out.
+
 A dirty work tree is recorded as `code.patch` next to the copy: `git diff --binary HEAD`
 and every untracked file of the copy as a new file, so commit + patch give back what ran.
 
 Reads the disk and runs git (launcher.runner.gitview, bounded by a timeout); the decisions
-(`matches`, `over_bound`) are pure.
+(`matches`, `over_bound`, `missing`) are pure.
 """
 
 from __future__ import annotations
@@ -223,12 +227,140 @@ def _mb(size: int) -> str:
 
 
 def check(code: CodeSnapshot, experiment_file: str | None) -> Survey:
-    """Survey the copy and check its bound: ConfigError (nothing written) when over."""
+    """Survey the copy and check it: ConfigError (nothing written) when it would leave out
+    a file every start runs, or when it is over its bound."""
     found = survey(code)
+    gone = missing(found, needed(code))
+    if gone:
+        raise left_out(code, gone[0], experiment_file)
     problem = over_bound(found, code.max_bytes)
     if problem:
         raise ConfigError(problem, file=experiment_file, key="code.max_mb")
     return found
+
+
+# --- what every start runs from the copy ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Need:
+    """A file of the tree every start runs: its path relative to the copied folder, and
+    the experiment's key that names it (with its value)."""
+
+    path: str
+    key: str
+    value: str
+
+    def what(self) -> str:
+        if self.key == "entrypoint.script":
+            return "the entry point (entrypoint.script)"
+        return f"part of the entry point (entrypoint.module {self.value})"
+
+
+def needed(code: CodeSnapshot) -> tuple[Need, ...]:
+    """The files of `code.source` the job runs: the entry script, or the files the entry
+    module resolves to when it resolves inside the copy (import_path goes first on
+    sys.path, so a file found there is the one imported). Reads the disk."""
+    out: list[Need] = []
+    if code.script:
+        folder = inside(os.path.dirname(code.script), code.source)
+        if folder is not None:
+            out.append(Need(os.path.normpath(os.path.join(folder, os.path.basename(code.script))),
+                            "entrypoint.script", code.script))
+    if code.module and code.import_path:
+        workdir = os.path.relpath(code.import_path, code.dest)
+        if workdir != ".." and not workdir.startswith("../"):
+            out += [Need(path, "entrypoint.module", code.module)
+                    for path in module_files(code.source, workdir, code.module)]
+    return tuple(out)
+
+
+def module_files(root: str, workdir: str, module: str) -> list[str]:
+    """The files, relative to `root`, that `python -m module` run from `root/workdir` runs:
+    each regular package's __init__.py on the way, then the module's .py file or, for a
+    package, its __init__.py and __main__.py. Nothing when the module is not found there
+    (it is imported from elsewhere). The order of Python's own finder: a package, then a
+    module file, then a folder as a namespace package."""
+    parts = module.split(".")
+    if not all(parts):
+        return []
+    folder = os.path.normpath(os.path.join(root, workdir))
+    found: list[str] = []
+    for i, part in enumerate(parts):
+        path = os.path.join(folder, part)
+        if os.path.isfile(os.path.join(path, "__init__.py")):
+            found.append(os.path.join(path, "__init__.py"))
+        elif os.path.isfile(path + ".py"):
+            if i < len(parts) - 1:
+                return []           # a module holds no submodules: the import fails anyway
+            found.append(path + ".py")
+            break
+        elif not os.path.isdir(path):
+            return []
+        folder = path
+    else:
+        main = os.path.join(folder, "__main__.py")
+        if os.path.isfile(main):
+            found.append(main)
+    return [os.path.relpath(f, root) for f in found]
+
+
+def missing(found: Survey, needs: tuple[Need, ...]) -> list[Need]:
+    """The needs the copy leaves out. A path under a symlink the copy holds (a linked
+    folder is copied as the link) is there. Pure."""
+    names = {name for name, _ in found.files}
+    return [need for need in needs
+            if not any("/".join(need.path.split("/")[:n]) in names for n in range(1, need.path.count("/") + 2))]
+
+
+def left_out(code: CodeSnapshot, need: Need, experiment_file: str | None) -> ConfigError:
+    """Why the copy leaves out `need`, said where the user can change it: the code.exclude
+    pattern, the ignore rule (its file and line), or the entry point itself."""
+    fix = "or set code.snapshot: false"
+    pattern = next((p for p in code.exclude if matches(need.path, (p,))), None)
+    if pattern is not None:
+        return ConfigError(f"{pattern!r} leaves {need.path}, {need.what()}, out of the code snapshot every start "
+                           f"runs from: narrow the pattern, {fix}", file=experiment_file, key="code.exclude")
+    source = os.path.join(code.source, need.path)
+    if not os.path.lexists(source):
+        return ConfigError(f"{need.path}, {need.what()}, is not in {code.source}: the code snapshot cannot copy it",
+                           file=experiment_file, key=need.key)
+    folder = next((f for f in _skipped(code) if _under(need.path, (f,))), None)
+    if folder is not None or any(p in NEVER_COPIED for p in need.path.split("/")):
+        where = folder or next(p for p in need.path.split("/") if p in NEVER_COPIED)
+        return ConfigError(f"{need.path}, {need.what()}, is under {where}, which the code snapshot never copies "
+                           f"(a runs, checkpoint or cache folder): move it, {fix}", file=experiment_file,
+                           key=need.key)
+    rule = ignored_by(source) if code.git else None
+    if rule is not None:
+        file, line, text = rule
+        return ConfigError(f"git ignores {need.path}, {need.what()}, by the rule {text!r}, and the code snapshot "
+                           f"of {code.source} copies only the files git tracks or does not ignore: add it "
+                           f"(git add -f), stop ignoring it, {fix}", file=file, line=line)
+    kind = "listed by git" if code.git else "copied"
+    return ConfigError(f"{need.path}, {need.what()}, is not among the files of {code.source} the code snapshot "
+                       f"copies (those {kind}, regular files and symlinks): {fix}", file=experiment_file,
+                       key=need.key)
+
+
+def ignored_by(path: str) -> tuple[str, int, str] | None:
+    """(the ignore file, line, rule) by which git ignores `path`; None when none does.
+    Asked in the repository that holds the file (a submodule's own rules)."""
+    folder = os.path.dirname(path)
+    top = git(folder, "rev-parse", "--show-toplevel")
+    proc = git(folder, "check-ignore", "--verbose", "--no-index", "-z", "--stdin", binary=True,
+               stdin=os.path.basename(path).encode("utf-8", "surrogateescape") + b"\0")
+    if top is None or top.returncode != 0 or proc is None or proc.returncode != 0:
+        return None
+    fields = proc.stdout.decode("utf-8", "surrogateescape").split("\0")
+    if len(fields) < 3 or not fields[0] or fields[2].startswith("!"):
+        return None         # a rule that takes a file back: not why it is left out
+    try:
+        line = int(fields[1])
+    except ValueError:
+        return None
+    # The ignore file is named relative to the top of its work tree (core.excludesFile as set).
+    return os.path.join(top.stdout.rstrip("\n"), fields[0]), line, fields[2]
 
 
 # --- taking it ------------------------------------------------------------------------------

@@ -35,6 +35,21 @@ CASES = [
             ["--site", "local"], ["entrypoint.script", "not found"], dry_run=False),
     Refused("runs-dir-is-a-file", {"exp.yaml": QUIET_EXP, "afile": "x"}, ["--runs-dir", "afile"],
             ["--runs-dir", "is a file"]),
+    # --- what the code snapshot leaves out that every start runs ---
+    *[Refused(f"snapshot-exclude-{name}", {}, [f"code.exclude=[{value}]", *more],
+              ["exp.yaml: code.exclude: ", shown, "train.py", "entrypoint.script"])
+      for name, value, shown, more in [("script", "train.py", "'train.py'", []), ("every-py", "'*.py'", "'*.py'", []),
+                                       ("script-of-a-sweep", "train.py", "'train.py'",
+                                        ["--sweep", "hparams.lr=1,2"])]],
+    Refused("snapshot-exclude-the-module",
+            {"exp.yaml": EXP.replace("script: train.py", "module: pkg.main"), "pkg/__init__.py": "",
+             "pkg/main.py": "print('hi')\n"},
+            ["code.exclude=[pkg]"], ["exp.yaml: code.exclude: ", "'pkg'", "pkg/__init__.py", "entrypoint.module"]),
+    # Not a dry run: without the refusal the job would start and die on the missing script.
+    Refused("snapshot-exclude-local-run",
+            {"exp.yaml": "name: good\nentrypoint: {script: train.py}\nrequeue: {max: 0}\n"},
+            ["--site", "local", "code.snapshot=true", "code.exclude=['*.py']"],
+            ["exp.yaml: code.exclude: ", "'*.py'", "train.py"], dry_run=False),
     # --- the command line's usage: one line too ---
     *[Refused(f"usage-{name}", {}, args, [fragment], command=None, site=None)
       for name, args, fragment in [
@@ -89,6 +104,9 @@ CALLS = [
                                                                                    dry_run=True, runs_dir=value),
                   "runs_dir", [type(value).__name__])
       for value in [5, b"runs", 1.5]],
+    RefusedCall("snapshot-exclude-through-the-api",
+                lambda: dry_run(site="mysite", overrides=["code.exclude=['*.py']"]), "code.exclude",
+                ["'*.py'", "train.py"]),
     RefusedCall("sweep-runs-dir-int", lambda: api.submit("exp.yaml", site="mysite", dry_run=True, runs_dir=5,
                                                          sweep=["hparams.lr=1,2"]), "runs_dir", ["int"]),
 ]

@@ -172,9 +172,10 @@ def test_clean_tree_has_no_patch(work_tree, tmp_path):
 # --- through resolution and the bundle --------------------------------------------------------
 
 
-def plan_in(work_tree: Path, runs: Path, site: str = "local-slurm", *overrides: str):
+def plan_in(work_tree: Path, runs: Path, site: str = "local-slurm", *overrides: str,
+            entry: str = "script: src/train.py"):
     exp_file = work_tree / "exp.yaml"
-    exp_file.write_text("name: snap\nentrypoint: {script: src/train.py, args: ['--x', '1']}\n"
+    exp_file.write_text(f"name: snap\nentrypoint: {{{entry}, args: ['--x', '1']}}\n"
                         "resources: {nodes: 1, time: '10'}\nrequeue: {signal_lead_s: 30}\n")
     exp = load_experiment(exp_file, list(overrides))
     loaded_site = load_site(site, work_tree, os.environ)
@@ -585,3 +586,152 @@ def test_a_git_that_hangs_is_no_git_within_the_timeout(work_tree, tmp_path, monk
         pass                        # never read: killed on the way out, not waited for
     # Bound by what a waited-for git would take (one call alone NEVER_S), not by this machine's speed.
     assert time.monotonic() - started < NEVER_S / 2
+
+
+# --- what every start runs is in the copy -------------------------------------------------------
+
+
+def refused_before_writing(plan, runs: Path) -> ConfigError:
+    """The ConfigError check_inputs and write_bundle both raise for `plan`; nothing written."""
+    with pytest.raises(ConfigError) as err:
+        bundle.check_inputs(plan)
+    with pytest.raises(ConfigError) as again:
+        bundle.write_bundle(plan, SlurmScheduler().render(plan), dry_run=True)
+    assert str(again.value) == str(err.value) and err.value.exit_code == 2
+    assert not runs.exists()
+    return err.value
+
+
+@pytest.mark.parametrize("pattern", ["train.py", "*.py", "src", "src/", "src/train.py", "src/*", "tr*"])
+def test_an_exclude_that_leaves_out_the_script_is_refused(work_tree, tmp_path, pattern):
+    plan = plan_in(work_tree, tmp_path / "runs", "local-slurm", f"code.exclude=[notes.txt,'{pattern}']")
+    error = refused_before_writing(plan, tmp_path / "runs")
+    assert error.key == "code.exclude" and error.file == plan.experiment_file
+    assert f"'{pattern}'" in error.message and "src/train.py" in error.message
+    assert "entrypoint.script" in error.message and "notes.txt" not in error.message
+
+
+def test_an_exclude_that_spares_the_script_is_taken(work_tree, tmp_path):
+    """Only what glaunch knows the job runs is checked: a module the script imports is
+    the user's to keep."""
+    plan = plan_in(work_tree, tmp_path / "runs", "local-slurm", "code.exclude=[helper.py,'*.txt']")
+    found = bundle.check_inputs(plan)
+    assert found is not None and {n for n, _ in found.files} == {".gitignore", "exp.yaml", "src/train.py"}
+
+
+IGNORED = [
+    # (the ignore file, relative to the work tree; what it holds; the line of the rule)
+    ("src/.gitignore", "# local copies\ntrain.py\n", 2),
+    (".gitignore", "data/\n*.log\nsrc/\n", 3),
+    (".gitignore", "data/\n*.log\n/src/*.py\n", 3),
+    (".git/info/exclude", "train*\n", 1),
+]
+
+
+@pytest.mark.parametrize("ignore_file, text, line", IGNORED, ids=[f"{f}:{n}" for f, _, n in IGNORED])
+def test_an_untracked_script_git_ignores_is_refused_naming_the_rule(work_tree, tmp_path, ignore_file, text, line):
+    git(work_tree, "rm", "-q", "--cached", "src/train.py")
+    (work_tree / ignore_file).write_text(text)
+    plan = plan_in(work_tree, tmp_path / "runs")
+    error = refused_before_writing(plan, tmp_path / "runs")
+    rule = text.splitlines()[line - 1]
+    assert error.file == str(work_tree / ignore_file) and error.line == line
+    assert f"'{rule}'" in error.message and "src/train.py" in error.message
+    assert f"{work_tree / ignore_file}:{line}: " in str(error)
+
+
+def test_a_tracked_script_an_ignore_rule_covers_is_still_copied(work_tree, tmp_path):
+    (work_tree / "src" / ".gitignore").write_text("train.py\n")
+    found = bundle.check_inputs(plan_in(work_tree, tmp_path / "runs"))
+    assert found is not None and "src/train.py" in {n for n, _ in found.files}
+
+
+def test_a_script_in_a_folder_of_a_nested_repository_git_ignores(work_tree, tmp_path):
+    """A repository inside another: the snapshot copies the inner one, whose rule is named."""
+    sub = work_tree / "vendor"
+    (sub / "tools").mkdir(parents=True)
+    (sub / "tools" / "run.py").write_text("pass\n")
+    git(sub, "init", "-q", "-b", "main")
+    (sub / ".gitignore").write_text("tools/\n")
+    plan = plan_in(work_tree, tmp_path / "runs", entry="script: vendor/tools/run.py")
+    assert plan.code is not None and plan.code.source == str(sub)
+    error = refused_before_writing(plan, tmp_path / "runs")
+    assert error.file == str(sub / ".gitignore") and error.line == 1 and "tools/run.py" in error.message
+
+
+def module_tree(work_tree: Path) -> None:
+    (work_tree / "pkg" / "sub").mkdir(parents=True)
+    (work_tree / "pkg" / "__init__.py").write_text("")
+    (work_tree / "pkg" / "main.py").write_text("print('main')\n")
+    (work_tree / "pkg" / "sub" / "__main__.py").write_text("print('sub')\n")   # a namespace package
+    (work_tree / "tool.py").write_text("print('tool')\n")
+
+
+@pytest.mark.parametrize("module, exclude, left_out", [
+    ("pkg.main", "*.py", "pkg/__init__.py"),
+    ("pkg.main", "main.py", "pkg/main.py"),
+    ("pkg.main", "pkg", "pkg/__init__.py"),
+    ("pkg", "__main__.py", None),                     # pkg has no __main__: nothing of it is left out
+    ("pkg.sub", "__main__.py", "pkg/sub/__main__.py"),
+    ("pkg.sub", "__init__.py", "pkg/__init__.py"),
+    ("tool", "t*", "tool.py"),
+    ("json", "*.py", None),                           # not in the tree: imported from elsewhere
+    ("pkg.missing", "*.py", None),                    # not in the tree either
+])
+def test_an_exclude_that_leaves_out_the_module_is_refused(work_tree, tmp_path, module, exclude, left_out):
+    module_tree(work_tree)
+    plan = plan_in(work_tree, tmp_path / "runs", "local-slurm", f"code.exclude=['{exclude}']",
+                   entry=f"module: {module}")
+    assert plan.code is not None and plan.code.module == module
+    if left_out is None:
+        assert bundle.check_inputs(plan) is not None
+        return
+    error = refused_before_writing(plan, tmp_path / "runs")
+    assert error.key == "code.exclude" and error.file == plan.experiment_file
+    assert f"'{exclude}'" in error.message and left_out in error.message
+    assert f"entrypoint.module {module}" in error.message
+
+
+def test_a_module_git_ignores_is_refused_naming_the_rule(work_tree, tmp_path):
+    module_tree(work_tree)
+    (work_tree / ".gitignore").write_text("data/\n*.log\n/pkg/\n")
+    plan = plan_in(work_tree, tmp_path / "runs", entry="module: pkg.main")
+    error = refused_before_writing(plan, tmp_path / "runs")
+    assert (error.file, error.line) == (str(work_tree / ".gitignore"), 3) and "'/pkg/'" in error.message
+    assert "pkg/__init__.py" in error.message
+
+
+def test_a_symlinked_package_is_copied_as_the_link_and_taken(work_tree, tmp_path):
+    module_tree(work_tree)
+    (work_tree / "alias").symlink_to("pkg")
+    plan = plan_in(work_tree, tmp_path / "runs", entry="module: alias.main")
+    found = bundle.check_inputs(plan)
+    assert found is not None and "alias" in {n for n, _ in found.files}
+
+
+def test_a_script_under_a_folder_never_copied_is_refused(tmp_path):
+    """Without git, a script inside __pycache__: never copied, said as the entry point's fault."""
+    root = tmp_path / "plain"
+    (root / "__pycache__").mkdir(parents=True)
+    (root / "__pycache__" / "train.py").write_text("pass\n")
+    code = dataclasses.replace(code_for(root, tmp_path / "dest", git_tree=False),
+                               script=str(root / "__pycache__" / "train.py"))
+    with pytest.raises(ConfigError) as err:
+        snapshot.check(code, "exp.yaml")
+    assert err.value.key == "entrypoint.script" and "__pycache__/train.py" in err.value.message
+    assert not (tmp_path / "dest").exists()
+
+
+@pytest.mark.parametrize("sweep", [(), ("--sweep", "hparams.a=1,2")])
+def test_a_git_ignored_script_from_the_command_line_exits_2_nothing_written(work_tree, tmp_path, isolated_env,
+                                                                              sweep):
+    git(work_tree, "rm", "-q", "--cached", "src/train.py")
+    (work_tree / ".gitignore").write_text("data/\n*.log\ntrain.py\n")
+    plan_in(work_tree, tmp_path / "unused")            # writes exp.yaml
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", str(work_tree / "exp.yaml"), "--site",
+                           "local-slurm", "--dry-run", "--runs-dir", str(tmp_path / "runs"), *sweep],
+                          cwd=work_tree, env=isolated_env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert f"{work_tree / '.gitignore'}:3: " in proc.stderr and "'train.py'" in proc.stderr
+    assert "src/train.py" in proc.stderr and "Traceback" not in proc.stderr and proc.stdout == ""
+    assert not (tmp_path / "runs").exists()
