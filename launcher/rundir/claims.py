@@ -1,8 +1,7 @@
 """Which run a checkpoint directory outside its run directory belongs to: OWNER_FILE in it,
 written once, when the run is submitted. No two runs load or write the same checkpoint
 directory: a run whose `checkpoint.dir` another run owns (or that holds files no run
-claims) is refused before anything is written, unless it takes the directory over by the
-owner's name (`checkpoint.take_over`), and then the claim says so.
+claims) is refused before anything is written.
 
 Imports the standard library only (and `files`, `records`): the in-job runtime reads the
 claim before it loads a checkpoint.
@@ -30,7 +29,7 @@ _SHOWN_ENTRIES = 3
 @dataclass(frozen=True)
 class Owner:
     """The claim: the run that owns the directory, where its run directory is, since when,
-    and the runs that owned it before (each took it over from the one before)."""
+    and the runs that owned it before it was handed on (`claim(..., take_over=)`)."""
 
     run_id: str
     run_dir: str
@@ -94,10 +93,9 @@ def _problem(owner: Owner | None, directory: str | os.PathLike[str], run_id: str
             return None
         return (f"it holds the checkpoints of run {owner.run_id} (run directory {owner.run_dir}); a run loads and "
                 "writes only a checkpoint directory of its own: continue that run with glaunch resume "
-                f"{owner.run_id}, choose another directory, or take it over by name (checkpoint.take_over="
-                f"{owner.run_id})")
+                f"{owner.run_id}, or choose another directory")
     if take_over is not None:
-        return f"checkpoint.take_over names run {take_over}, but no run owns this directory"
+        return f"it was to be taken over from run {take_over}, but no run owns it"
     others = _entries(directory)
     if others:
         shown = ", ".join(others[:_SHOWN_ENTRIES]) + (", ..." if len(others) > _SHOWN_ENTRIES else "")

@@ -246,8 +246,8 @@ def _claim_problem(plan) -> str | None:
         return str(exc)
     if owner is None or owner.run_id == plan.run_id:
         return None
-    return (f"run {owner.run_id} took it over (run directory {owner.run_dir}) and writes its checkpoints there "
-            f"now; continue that run (glaunch resume {owner.run_id}) or submit this experiment again")
+    return (f"it belongs to run {owner.run_id} now (run directory {owner.run_dir}), which writes its checkpoints "
+            f"there; continue that run (glaunch resume {owner.run_id}) or submit this experiment again")
 
 
 def _below(path: str, root: str) -> str | None:

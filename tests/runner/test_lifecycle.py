@@ -62,10 +62,9 @@ def test_an_illegal_move_inside_updating_leaves_the_file_as_it_was(tmp_path):
     run_dir.mkdir()
     registry.write(run_dir, RunRecord(run_id="r", state="COMPLETED"))
     before = RunDir(run_dir).run_file.read_bytes()
-    with pytest.raises(IllegalMove):
-        with registry.updating(run_dir) as record:
-            record.extra["touched"] = True
-            move(record, "RUNNING")
+    with pytest.raises(IllegalMove), registry.updating(run_dir) as record:
+        record.extra["touched"] = True
+        move(record, "RUNNING")
     assert RunDir(run_dir).run_file.read_bytes() == before
 
 
