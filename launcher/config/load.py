@@ -19,6 +19,7 @@ from launcher.config.provenance import OVERRIDES, ConfigKeyError, Origin, Proven
 from launcher.config.schema import MAX_RUN_NAME, NAME_PATTERN, NAME_RULE, env_name_problem
 from launcher.config.typed import typed_config
 from launcher.config.yamlfile import override_value, read_yaml
+from launcher.rundir.records import RUN_ID
 
 
 _OVERRIDE_KEY = r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_-]+)*"
@@ -62,6 +63,18 @@ class LoadedExperiment:
         """The folder of the file the experiment was read from, where model.factory's
         module is looked for first."""
         return os.path.dirname(os.path.abspath(self.provenance.default_file))
+
+
+def _check_take_over(exp: schema.Experiment) -> None:
+    """checkpoint.take_over names a run, and the directory it takes over."""
+    run = exp.checkpoint.take_over
+    if run is None:
+        return
+    if not RUN_ID.fullmatch(run):
+        raise ConfigKeyError("checkpoint.take_over", f"{run[:60]!r} is not a run id (glaunch list shows them)")
+    if not exp.checkpoint.dir:
+        raise ConfigKeyError("checkpoint.take_over", f"takes over run {run}'s checkpoint directory: name it in "
+                             "checkpoint.dir too")
 
 
 def load_experiment(path: str | os.PathLike[str], overrides: list[str] | tuple[str, ...] = ()) -> LoadedExperiment:
@@ -113,6 +126,7 @@ def _check_experiment(exp: schema.Experiment) -> None:
             raise ConfigKeyError(f"env.{key}", problem)
     if exp.site is not None and not exp.site:
         raise ConfigKeyError("site", "must not be empty")
+    _check_take_over(exp)
     # Empty is no choice: often a shell variable that was not set (checkpoint.dir=$CKPT).
     for key, value in (("resources.partition", exp.resources.partition), ("checkpoint.dir", exp.checkpoint.dir),
                        ("strategy.nvme_path", exp.strategy.nvme_path), ("model.factory", exp.model.factory)):

@@ -144,6 +144,9 @@ class Checkpoint:
     dir: Optional[str] = None
     every_steps: int = 500
     keep: int = 3
+    # A run id: this run takes that run's checkpoint.dir over and continues from its newest
+    # checkpoint (the directory is then this run's; the other can no longer resume from it).
+    take_over: Optional[str] = None
 
 
 @dataclass(eq=False)

@@ -87,6 +87,7 @@ class JobPlan:
     run_dir: str
     log_dir: str
     checkpoint_dir: str
+    checkpoint_take_over: str | None   # the run whose checkpoint directory this one takes over
     # allocation
     partition: str | None
     account: str | None

@@ -64,7 +64,7 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
         run_id=ctx.run_id, name=exp.name, site_name=site.name, site_file=str(site_loaded.path),
         scheduler=site.scheduler, experiment_file=str(exp_loaded.path),
         workdir=ctx.cwd, run_dir=dirs.run_dir, log_dir=os.path.join(dirs.run_dir, "logs"),
-        checkpoint_dir=dirs.checkpoint_dir,
+        checkpoint_dir=dirs.checkpoint_dir, checkpoint_take_over=exp.checkpoint.take_over,
         partition=alloc.partition, account=site.account,
         qos=(part.qos if part is not None and part.qos else site.qos),
         constraint=part.constraint if part is not None else None,

@@ -19,7 +19,8 @@ from typing import Any
 
 from launcher.errors import GlaunchError
 from launcher.rundir.files import atomic_write_text, open_regular, read_record
-from launcher.rundir.records import RUN_ID, RecordError
+from launcher.rundir.layout import CHECKPOINT_DIR, RUN_FILE
+from launcher.rundir.records import RUN_ID, RecordError, RunRecord
 
 OWNER_FILE = "glaunch-owner.json"
 # Shown of a directory that holds files no run claims.
@@ -73,11 +74,20 @@ def owner_file(directory: str | os.PathLike[str]) -> Path:
 
 def owner_of(directory: str | os.PathLike[str]) -> Owner | None:
     """The directory's claim; None when it has none. RunError naming the file when the
-    claim is there but damaged (or not a regular file)."""
+    claim is there but damaged (or not a regular file). A run's default checkpoint
+    directory (`<run dir>/checkpoints`) is its run's without a claim."""
     path = owner_file(directory)
     if not os.path.lexists(path):
-        return None
+        return _run_of_default(directory)
     return read_record(path, Owner.from_dict, "checkpoint directory's owner record")
+
+
+def _run_of_default(directory: str | os.PathLike[str]) -> Owner | None:
+    parent = Path(directory).parent
+    if Path(directory).name != CHECKPOINT_DIR or not os.path.lexists(parent / RUN_FILE):
+        return None
+    record = read_record(parent / RUN_FILE, RunRecord.from_dict, "run record")
+    return Owner(record.run_id, str(parent), record.created or "")
 
 
 def claim_problem(directory: str | os.PathLike[str], run_id: str, take_over: str | None = None) -> str | None:
@@ -129,7 +139,8 @@ def claim(directory: str | os.PathLike[str], run_id: str, run_dir: str, take_ove
         return
     now = dt.datetime.now(dt.timezone.utc).astimezone().isoformat(timespec="seconds")
     previous = (*owner.previous, Owner(owner.run_id, owner.run_dir, owner.claimed)) if owner is not None else ()
-    _write(directory, Owner(run_id, run_dir, now, previous), new=owner is None, run_id=run_id)
+    _write(directory, Owner(run_id, run_dir, now, previous), new=not os.path.lexists(owner_file(directory)),
+           run_id=run_id)
 
 
 def _write(directory: str | os.PathLike[str], owner: Owner, *, new: bool, run_id: str) -> None:

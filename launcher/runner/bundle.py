@@ -131,7 +131,7 @@ def write_bundle(plan: JobPlan, files: Mapping[str, str], *, dry_run: bool,
         if checkpoint_outside(plan) and not dry_run:
             try:
                 _make_dirs(Path(plan.checkpoint_dir), bundle.created)
-                claims.claim(plan.checkpoint_dir, plan.run_id, plan.run_dir)
+                claims.claim(plan.checkpoint_dir, plan.run_id, plan.run_dir, plan.checkpoint_take_over)
             except OSError as exc:
                 raise ckpt_src.error(f"cannot create the checkpoint directory {plan.checkpoint_dir}: "
                                      f"{_why(exc)}") from None
@@ -148,7 +148,7 @@ def _claim_problem(plan: JobPlan) -> str | None:
     """Why the run cannot own its checkpoint directory (another run's, or holding files no
     run claims), or None."""
     try:
-        return claims.claim_problem(plan.checkpoint_dir, plan.run_id)
+        return claims.claim_problem(plan.checkpoint_dir, plan.run_id, plan.checkpoint_take_over)
     except GlaunchError as exc:
         return str(exc)
 

@@ -21,12 +21,13 @@ from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
 from launcher.resolution.jobplan import SubmitContext
 from launcher.resolution.resolve import code_anchor, resolve
 from launcher.rundir import registry
-from launcher.rundir.records import State
-from launcher.rundir.registry import new_run_id
+from launcher.rundir.records import IN_FLIGHT, State
+from launcher.rundir.registry import find_run, new_run_id
 from launcher.runner import bundle, dependencies
 from launcher.runner.bundle import PathSource
 from launcher.runner.gitview import locate
 from launcher.runner.inputs import folder_of, items
+from launcher.runner.lookup import refreshed
 from launcher.runner.results import Run
 from launcher.schedulers.base import Echo
 from launcher.schedulers.slurm.allocation import Allocation, AllocationScheduler
@@ -74,10 +75,11 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
     plan = resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, {}))
     scheduler = schedulers.get(plan.scheduler)
     scheduler.check(plan)
-    warning = checkpoint_warning(exp, plan)
+    warnings = [w for w in (take_over_warning(exp, plan, upstreams, dry_run=dry_run), checkpoint_warning(exp, plan))
+                if w]
     runs_from, checkpoint_from = path_sources(exp, loaded_site, runs_dir)
     return Prepared(plan, scheduler.render(plan), scheduler, runs_from, checkpoint_from,
-                    warnings=(warning,) if warning else (), after=tuple(upstreams))
+                    warnings=tuple(warnings), after=tuple(upstreams))
 
 
 def with_code_root(exp, loaded_site, ctx, found: dict):
@@ -101,6 +103,27 @@ def upstreams_of(after: Sequence[str], scheduler: str, *, dry_run: bool) -> tupl
 
     upstreams = dependencies.upstreams_of(after, scheduler, refresh=not dry_run)
     return upstreams, dependencies.dependency_clause(upstreams, scheduler)
+
+
+def take_over_warning(exp, plan, upstreams: Sequence[Any], *, dry_run: bool) -> str | None:
+    """checkpoint.take_over: the run named exists and has ended (or this one waits for it
+    with --after), so two runs never write the directory at once; what the take-over
+    means, said. ConfigError naming the key otherwise."""
+    name = plan.checkpoint_take_over
+    if name is None:
+        return None
+    where = exp.provenance
+    try:
+        run_dir = find_run(name)
+        record = registry.read(run_dir) if dry_run else refreshed(run_dir)
+    except GlaunchError as exc:
+        raise where.error("checkpoint.take_over", exc.message) from None
+    waited = any(u.name == record.run_id for u in upstreams)
+    if record.state in IN_FLIGHT and not waited:
+        raise where.error("checkpoint.take_over", f"run {record.run_id} is {record.state} and writes its checkpoints "
+                          f"there: take them over once it has ended, or wait for it (--after {record.run_id})")
+    return (f"checkpoint.dir {plan.checkpoint_dir}: taken over from run {record.run_id}: this run starts from its "
+            f"newest checkpoint, and {record.run_id} can no longer be resumed from it")
 
 
 def checkpoint_warning(exp, plan) -> str | None:

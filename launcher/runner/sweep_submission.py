@@ -77,6 +77,9 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
     first = elements[0]
     with _naming(first):
         exp0, loaded_site = load(experiment, site, [*overrides, *first.overrides])
+    if exp0.config.checkpoint.take_over is not None:
+        raise exp0.provenance.error("checkpoint.take_over", "one run's checkpoints go to one run: a sweep's "
+                                    "elements cannot take them over (submit the run that continues it alone)")
     upstreams, dependency = upstreams_of(after, loaded_site.config.scheduler, dry_run=dry_run)
     sweep_id = sweeps.new_sweep_id(exp0.config.name)
     base = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=dict(os.environ), run_id=sweep_id,

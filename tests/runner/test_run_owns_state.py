@@ -211,3 +211,71 @@ def test_resume_of_a_run_whose_checkpoints_another_run_took_over_is_refused(tmp_
     assert (owner.run_id, [p.run_id for p in owner.previous]) == ("successor", [run.run_id])
     claims.release(ckpt, "successor")             # a take-over that never ran gives it back
     assert claims.owner_of(ckpt).run_id == run.run_id
+
+
+# --- taking a run's checkpoints over, by its name ---------------------------------------------
+
+
+def test_a_run_takes_over_an_ended_runs_checkpoints_by_name_and_says_so(tmp_path, isolated_env):
+    ckpt = tmp_path / "ckpt"
+    runs = str(tmp_path / "runs")
+    first = api.submit(DDP, runs_dir=runs, overrides=[f"checkpoint.dir={ckpt}", "entrypoint.args=[--steps,10]",
+                                                     "checkpoint.every_steps=5"])
+    assert first.state == "COMPLETED"
+    refused = glaunch("submit", DDP, "--runs-dir", runs, f"checkpoint.dir={ckpt}", env=isolated_env)
+    assert refused.returncode == 2 and f"holds the checkpoints of run {first.run_id}" in refused.stderr
+    proc = glaunch("submit", DDP, "--runs-dir", runs, f"checkpoint.dir={ckpt}", "entrypoint.args=[--steps,20]",
+                   "checkpoint.every_steps=5", f"checkpoint.take_over={first.run_id}", env=isolated_env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"taken over from run {first.run_id}: this run starts from its newest checkpoint" in proc.stderr
+    owner = claims.owner_of(ckpt)
+    assert [p.run_id for p in owner.previous] == [first.run_id]
+    second = registry.read(Path(runs) / owner.run_id)
+    assert second.state == "COMPLETED" and second.starts[0].resumed_from == 10
+    with pytest.raises(ConfigError, match=f"it belongs to run {owner.run_id} now"):
+        api.resume(first.run_id)
+
+
+def test_a_default_checkpoint_directory_is_its_runs_without_a_claim(tmp_path, isolated_env):
+    first = ended_run(tmp_path)
+    proc = glaunch("submit", DDP, "--dry-run", "--runs-dir", str(tmp_path / "runs"),
+                   f"checkpoint.dir={first / 'checkpoints'}", env=isolated_env)
+    assert proc.returncode == 2 and f"holds the checkpoints of run {first.name}" in proc.stderr
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["checkpoint.take_over=no-such-run", "checkpoint.dir=CKPT"], "no run 'no-such-run'"),
+    (["checkpoint.take_over=../x", "checkpoint.dir=CKPT"], "'../x' is not a run id"),
+    (["checkpoint.take_over=RUN"], "name it in checkpoint.dir too"),
+])
+def test_a_take_over_that_names_no_ended_run_is_refused(tmp_path, isolated_env, overrides, message):
+    first = ended_run(tmp_path)
+    ckpt = str(tmp_path / "ckpt")
+    words = [o.replace("CKPT", ckpt).replace("RUN", first.name) for o in overrides]
+    proc = glaunch("submit", DDP, "--dry-run", "--runs-dir", str(tmp_path / "runs"), *words, env=isolated_env)
+    assert proc.returncode == 2, proc.stderr
+    assert "checkpoint.take_over" in proc.stderr and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_run_still_writing_its_checkpoints_cannot_be_taken_over(tmp_path, isolated_env):
+    first = ended_run(tmp_path)
+    with registry.updating(first) as record:
+        record.state = "RUNNING"
+    lock = hold_job_lock(RunDir(first))
+    try:
+        proc = glaunch("submit", DDP, "--runs-dir", str(tmp_path / "runs"), f"checkpoint.dir={first / 'checkpoints'}",
+                       f"checkpoint.take_over={first.name}", env=isolated_env)
+    finally:
+        os.close(lock)
+    assert proc.returncode == 2
+    assert f"run {first.name} is RUNNING and writes its checkpoints there" in proc.stderr
+    assert f"--after {first.name}" in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [first.name]
+
+
+def test_a_sweep_cannot_take_over_one_runs_checkpoints(tmp_path, isolated_env):
+    first = ended_run(tmp_path)
+    proc = glaunch("submit", DDP, "--dry-run", "--runs-dir", str(tmp_path / "runs"), "--sweep",
+                   "checkpoint.keep=1,2", f"checkpoint.dir={first / 'checkpoints'}",
+                   f"checkpoint.take_over={first.name}", env=isolated_env)
+    assert proc.returncode == 2 and "a sweep's elements cannot take them over" in proc.stderr
