@@ -33,12 +33,15 @@ from __future__ import annotations
 import json
 import os
 
+from launcher.rundir import envnames
+from launcher.rundir.files import load_json_object
 from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint.save import stage_checkpoint
 from launcher.runtime.checkpoint.layout import Checkpoint, CheckpointError, step_dir_name
 from launcher.runtime.checkpoint.verify import verify_checkpoint
 from launcher.runtime.rankcontext import (
     RankContext,
+    RuntimeConfigError,
     broadcast_object,
     context,
     export_rendezvous_env,
@@ -113,8 +116,11 @@ def ds_config(default: dict, ctx: RankContext | None = None) -> dict:
     if ctx.ds_config is None:
         config = json.loads(json.dumps(default))
     else:
-        with open(ctx.ds_config, encoding="utf-8") as f:
-            config = json.load(f)
+        try:
+            config = load_json_object(ctx.ds_config)
+        except (OSError, ValueError) as exc:
+            why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
+            raise RuntimeConfigError(f"{envnames.DS_CONFIG}={str(ctx.ds_config)!r}: {why}") from None
     fp16 = config.get("fp16")
     if isinstance(fp16, dict) and fp16.get("enabled") and not on_cuda():
         if ctx.is_main:

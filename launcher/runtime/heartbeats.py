@@ -47,13 +47,15 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import math
 import os
 import random
+import re
 import socket
 import time
 from array import array
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 from launcher.rundir import envnames
 from launcher.rundir.files import atomic_write_text, open_regular, read_json
@@ -63,6 +65,9 @@ from launcher.runtime.rankcontext import RankContext, RuntimeConfigError, contex
 
 DEFAULT_INTERVAL_S = 5.0
 RANK0_INTERVAL_S = 1.0
+# A rank writes at least this often: a longer interval would hide a hang from the watchdog
+# for that long, and a record that claims more is not one a rank wrote.
+MAX_INTERVAL_S = 3600.0
 # Step times kept per start for the median and p90; beyond this a uniform sample of them.
 MAX_SAMPLES = 1 << 16
 EMA_WEIGHT = 0.1          # of the newest step in the step time the console shows
@@ -82,7 +87,9 @@ class Beats:
         self.job_id, self.restart, self.pid = job_id, restart, os.getpid()
         self.world_size = world_size
         self.host = socket.gethostname()
-        self.job_step = os.environ.get("SLURM_STEP_ID")
+        step_id = os.environ.get("SLURM_STEP_ID", "")
+        # Slurm's step number only: the watchdog asks job.sbatch to end that step.
+        self.job_step = step_id if re.fullmatch(r"[0-9]{1,10}", step_id) else None
         self.saving_since: float | None = None
         self.save_ended: float | None = None
         self.step: int | None = None
@@ -145,9 +152,10 @@ class Beats:
         if self.run_dir is None:
             return 0
         resume = read_json(RunDir(self.run_dir).resume_file) or {}
-        step = resume.get("step")
-        if resume.get("restart") == self.restart and isinstance(step, int) and not isinstance(step, bool):
-            return max(step, 0)
+        step, restart = resume.get("step"), resume.get("restart")
+        # A step beyond MAX_STEP would make every heartbeat of this rank one the watchdog refuses.
+        if type(restart) is int and restart == self.restart and type(step) is int and 0 <= step < MAX_STEP:
+            return step
         return 0
 
     # --- the file ------------------------------------------------------------------------
@@ -207,7 +215,11 @@ _beats: Beats | None = None
 
 
 def interval_from_env() -> float:
-    return seconds_from_env(envnames.HEARTBEAT_S, DEFAULT_INTERVAL_S)
+    interval = seconds_from_env(envnames.HEARTBEAT_S, DEFAULT_INTERVAL_S)
+    if interval > MAX_INTERVAL_S:
+        log(f"{envnames.HEARTBEAT_S}={interval:g} is more than {MAX_INTERVAL_S:g} s; using {MAX_INTERVAL_S:g}")
+        return MAX_INTERVAL_S
+    return interval
 
 
 def current() -> Beats:
@@ -382,3 +394,101 @@ def flush(state: str | None = None, step: int | None = None) -> Beats:
         beats.state = state
     beats.write()
     return beats
+
+
+# --- reading a heartbeat back: what another process wrote is checked before use -------------
+
+STATES = frozenset({"starting", "running", "saving", "stopping", "stopped", "finished"})
+MAX_WORLD_SIZE = 2**31 - 1        # the task spec's own bound on ranks
+MAX_STEP = 2**63 - 1
+MAX_PID = 2**31 - 1
+# How far ahead of the reader's clock a rank's clock may run: a time further on would keep
+# that rank looking alive for as long.
+CLOCK_SKEW_S = 600.0
+MAX_TEXT = 255
+MIN_STEP_S, MAX_STEP_S = 1e-6, 1e9
+
+
+def _shown(value: object) -> str:
+    try:
+        text = repr(value)
+    except ValueError:          # an int too long to print
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _whole(low: int, high: int) -> Callable[[object], str | None]:
+    def check(value: object) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "not a whole number"
+        return None if low <= value <= high else f"not within {low}..{high}"
+    return check
+
+
+def _time(now: float | None) -> Callable[[object], str | None]:
+    def check(value: object) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "not a number"
+        if not 0 <= value < math.inf:
+            return "not a finite time"
+        if now is not None and value > now + CLOCK_SKEW_S:
+            return f"{value - now:.0f} s ahead of this host's clock"
+        return None
+    return check
+
+
+def _seconds_within(high: float) -> Callable[[object], str | None]:
+    def check(value: object) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return "not a number"
+        return None if 0 <= value <= high else f"not within 0..{high:g}"
+    return check
+
+
+def _step_time(value: object) -> str | None:
+    # Written rounded to microseconds: 0, or at least MIN_STEP_S.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return "not a number"
+    if value == 0 or MIN_STEP_S <= value <= MAX_STEP_S:
+        return None
+    return f"not 0 or within {MIN_STEP_S:g}..{MAX_STEP_S:g}"
+
+
+def _text(value: object) -> str | None:
+    return None if isinstance(value, str) and len(value) <= MAX_TEXT else f"not a text of at most {MAX_TEXT} characters"
+
+
+def _state(value: object) -> str | None:
+    return None if isinstance(value, str) and value in STATES else f"not one of {', '.join(sorted(STATES))}"
+
+
+def _checks(world_size: int, now: float | None) -> dict[str, tuple[bool, Callable[[object], str | None]]]:
+    """Each field a reader uses: (may be null, its check)."""
+    step, when = _whole(-MAX_STEP, MAX_STEP), _time(now)
+    return {
+        "rank": (False, _whole(0, world_size - 1)), "restart": (False, _whole(0, MAX_STEP)),
+        "state": (False, _state), "job_id": (True, _text), "world_size": (True, _whole(1, world_size)),
+        "local_rank": (True, _whole(0, world_size - 1)), "node": (True, _text), "host": (True, _text),
+        "pid": (True, _whole(1, MAX_PID)), "job_step": (True, _text),
+        "step": (True, step), "total": (True, step), "first_step": (True, step), "checkpoint_step": (True, step),
+        "time": (True, when), "first_time": (True, when), "written": (True, when), "saving_since": (True, when),
+        "save_ended": (True, when), "interval_s": (True, _seconds_within(MAX_INTERVAL_S)),
+        "step_s": (True, _step_time),
+    }
+
+
+def checked_heartbeat(record: Mapping[str, Any], *, world_size: int | None = None,
+                      now: float | None = None) -> dict[str, Any]:
+    """The fields of a heartbeat a reader uses, each checked: its type, its bounds (ranks
+    and world size within the run's `world_size`, times finite and not ahead of `now` by
+    more than CLOCK_SKEW_S), a known state. ValueError naming the first field that is wrong
+    and its value; fields no reader uses are left out."""
+    bound = world_size if world_size is not None and 0 < world_size <= MAX_WORLD_SIZE else MAX_WORLD_SIZE
+    out: dict[str, Any] = {}
+    for name, (nullable, check) in _checks(bound, now).items():
+        value = record.get(name)
+        problem = None if value is None and nullable else "missing" if value is None else check(value)
+        if problem is not None:
+            raise ValueError(f"{name} {_shown(value)}: {problem}" if value is not None else f"{name}: missing")
+        out[name] = value
+    return out

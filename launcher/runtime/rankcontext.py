@@ -10,6 +10,7 @@ No torch import at module level. It imports nothing else of the runtime.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import sys
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from pathlib import Path
 
 from launcher.rundir import envnames
 from launcher.rundir.layout import STANDALONE_RUN_DIR, RunDir
+from launcher.rundir.records import is_job_id, is_node_name
 
 DEFAULT_STOP_SIGNALS = ("USR2", "TERM")
 DEFAULT_KEEP = 2
@@ -26,17 +28,49 @@ class RuntimeConfigError(ValueError):
     """An environment variable the launcher sets has a value the runtime cannot use."""
 
 
-def _env_int(name: str, default: int, *, minimum: int | None = 0) -> int:
-    raw = os.environ.get(name, "").strip()
-    if raw == "":
+# Ranks, counts and steps: more is not a value a launcher set.
+MAX_ENV_INT = 2**31 - 1
+# What a shell or a launcher writes: int() alone would also take 1_000 and other scripts' digits.
+_INTEGER = re.compile(r"[+-]?[0-9]{1,18}")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
+def _env_int(name: str, default: int, *, minimum: int = 0, maximum: int = MAX_ENV_INT) -> int:
+    raw = os.environ.get(name, "")
+    text = raw.strip()
+    if text == "":
         return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise RuntimeConfigError(f"{name}={raw!r}: not an integer") from None
-    if minimum is not None and value < minimum:
+    if not _INTEGER.fullmatch(text):
+        raise RuntimeConfigError(f"{name}={raw!r}: not an integer")
+    value = int(text)
+    if value < minimum:
         raise RuntimeConfigError(f"{name}={raw!r}: must be >= {minimum}")
+    if value > maximum:
+        raise RuntimeConfigError(f"{name}={raw!r}: must be <= {maximum}")
     return value
+
+
+def _env_port() -> int | None:
+    raw = os.environ.get("MASTER_PORT", "")
+    text = raw.strip()
+    if text == "":
+        return None
+    if not _PORT.fullmatch(text) or not 0 < int(text) < 65536:
+        raise RuntimeConfigError(f"MASTER_PORT={raw!r}: not a port number (1..65535)")
+    return int(text)
+
+
+def _env_job_id() -> str | None:
+    """GLAUNCH_JOB_ID, else SLURM_JOB_ID: a job id of Slurm's shape (it names files and
+    reaches scancel)."""
+    for name, what in ((envnames.JOB_ID, "a job id"), ("SLURM_JOB_ID", "a Slurm job id")):
+        raw = os.environ.get(name, "")
+        if raw.strip() == "":
+            continue
+        if not is_job_id(raw.strip()):
+            raise RuntimeConfigError(f"{name}={raw!r}: not {what} (digits, or ARRAYJOB_TASK)")
+        return raw.strip()
+    return None
 
 
 def _signal_names(raw: str | None) -> tuple[str, ...]:
@@ -103,9 +137,12 @@ def context() -> RankContext:
     node_rank = _env_int("GROUP_RANK", _env_int("NODE_RANK", rank // local_world))
     if rank >= world:
         raise RuntimeConfigError(f"RANK={rank} is not below WORLD_SIZE={world}")
+    if local_world > world:
+        raise RuntimeConfigError(f"LOCAL_WORLD_SIZE={local_world} is more than WORLD_SIZE={world}")
+    if local_rank >= local_world:
+        raise RuntimeConfigError(f"LOCAL_RANK={local_rank} is not below LOCAL_WORLD_SIZE={local_world}")
     run_dir = Path(env.get(envnames.RUN_DIR) or Path.cwd() / STANDALONE_RUN_DIR)
     ckpt_dir = Path(env.get(envnames.CHECKPOINT_DIR) or RunDir(run_dir).checkpoint_dir)
-    port = env.get("MASTER_PORT")
     ds = env.get(envnames.DS_CONFIG)
     return RankContext(
         rank=rank,
@@ -114,10 +151,10 @@ def context() -> RankContext:
         local_world_size=local_world,
         node_rank=node_rank,
         master_addr=env.get("MASTER_ADDR"),
-        master_port=int(port) if port and port.isdigit() else None,
+        master_port=_env_port(),
         run_dir=run_dir,
         run_id=env.get(envnames.RUN_ID),
-        job_id=env.get(envnames.JOB_ID) or env.get("SLURM_JOB_ID"),
+        job_id=_env_job_id(),
         checkpoint_dir=ckpt_dir,
         checkpoint_every=_env_int(envnames.CHECKPOINT_EVERY, 0),
         checkpoint_keep=_env_int(envnames.CHECKPOINT_KEEP, DEFAULT_KEEP, minimum=1),
@@ -151,9 +188,9 @@ def export_rendezvous_env(ctx: RankContext | None = None) -> RankContext:
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(ctx.local_world_size))
     os.environ.setdefault("GROUP_RANK", str(ctx.node_rank))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if "MASTER_PORT" not in os.environ:
+    if not os.environ.get("MASTER_PORT", "").strip():
         if ctx.world_size > 1:
-            raise RuntimeConfigError("MASTER_PORT is not set but WORLD_SIZE > 1")
+            raise RuntimeConfigError("MASTER_PORT is not set (or empty) but WORLD_SIZE > 1")
         os.environ["MASTER_PORT"] = str(free_port())
     return context()
 
@@ -182,8 +219,10 @@ def seconds_from_env(name: str, default: float) -> float:
 
 
 def node_name() -> str:
-    """Slurm's name of this node (several may share a host), else the host name."""
-    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename      # gethostname(), without socket
+    """Slurm's name of this node (several may share a host), else the host name. A
+    SLURMD_NODENAME that is no node name is not used: it goes into records and file names."""
+    name = os.environ.get("SLURMD_NODENAME", "")
+    return name if is_node_name(name) else os.uname().nodename      # gethostname(), without socket
 
 
 def is_distributed() -> bool:

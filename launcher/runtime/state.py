@@ -20,9 +20,11 @@ hyper-parameters, scheduler state), which DCP itself unpickles.
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 
+from launcher.rundir.files import open_regular
 from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint import background
 from launcher.runtime.checkpoint.commit import agree, commit, first_failed_rank
@@ -60,8 +62,6 @@ def save_rng(staging, rank: int) -> None:
 def restore_rng(ckpt: Checkpoint, rank: int, world_size: int) -> bool:
     """This rank's RNG states from `ckpt`, when it was written by as many ranks (else
     rank 0 says once that the run is no longer bitwise reproducible)."""
-    import torch
-
     if ckpt.world_size != world_size:
         warn_rng_not_restored(ckpt.world_size, world_size, rank)
         return False
@@ -69,8 +69,21 @@ def restore_rng(ckpt: Checkpoint, rank: int, world_size: int) -> bool:
     if not f.exists():
         log(f"no RNG state for rank {rank} in {ckpt.path.name}: resume is not bitwise reproducible")
         return False
-    set_rng_state(torch.load(f, map_location="cpu", weights_only=True))
+    set_rng_state(load_file(f))
     return True
+
+
+def load_file(path) -> dict:
+    """torch.load of a checkpoint file, opened as a regular file only (a FIFO in its place
+    would block the rank): CheckpointError naming it otherwise."""
+    import torch
+
+    try:
+        fd = open_regular(path)
+    except OSError as exc:
+        raise CheckpointError(f"{path}: {exc.strerror or exc}") from None
+    with os.fdopen(fd, "rb") as f:
+        return torch.load(f, map_location="cpu", weights_only=True)
 
 
 def warn_rng_not_restored(saved_world_size: int, world_size: int, rank: int) -> None:
@@ -328,9 +341,7 @@ def load_torch_state(ckpt: Checkpoint, model, optimizer=None, *, scheduler=None,
     if ckpt.world_size != ctx.world_size:
         warn_rng_not_restored(ckpt.world_size, ctx.world_size, ctx.rank)
     elif rf.exists():
-        import torch
-
-        r = torch.load(rf, map_location="cpu", weights_only=True)
+        r = load_file(rf)
         rank_state = r.get("rank_state") or {}
         if restore_rng:
             set_rng_state(r["rng"])
@@ -342,13 +353,11 @@ def load_torch_state(ckpt: Checkpoint, model, optimizer=None, *, scheduler=None,
 
 def _load_files(ckpt: Checkpoint, model, optimizer, *, scheduler, strict: bool, ctx: RankContext):
     """The ``torch.save`` layouts: ``model-rank-RRRRR.pt`` (per_rank_model) or rank 0's ``model.pt``."""
-    import torch
-
     per_rank = ckpt.path / model_rank_file(ctx.rank)
     path = per_rank if per_rank.exists() else ckpt.path / MODEL_FILE
     if not path.exists():
         raise CheckpointError(f"{ckpt.path} has neither {STATE_DIR}/ nor {MODEL_FILE} nor {per_rank.name}")
-    blob = torch.load(path, map_location="cpu", weights_only=True)
+    blob = load_file(path)
     unwrap(model).load_state_dict(blob["model"], strict=strict)
     if optimizer is not None:
         if "optimizer" not in blob:

@@ -89,8 +89,8 @@ def _say_once(what: str, message: str) -> None:
 def resumed_step(ctx: RankContext) -> int | None:
     """The step this start resumed from (resume.json of this start), or None."""
     resume = read_json(RunDir(ctx.run_dir).resume_file) or {}
-    step = resume.get("step")
-    if resume.get("restart") != ctx.restart or isinstance(step, bool) or not isinstance(step, int):
+    step, restart = resume.get("step"), resume.get("restart")
+    if type(restart) is not int or restart != ctx.restart or type(step) is not int or not 0 <= step < 2**63:
         return None
     return step
 

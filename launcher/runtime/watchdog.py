@@ -36,6 +36,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import sys
 import time
@@ -45,16 +46,17 @@ from typing import Any, Callable, Iterable, Mapping, TextIO
 
 from launcher.rundir.files import atomic_write_text, read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
-from launcher.rundir.records import is_node_name
+from launcher.rundir.records import is_job_id, is_node_name
 from launcher.rundir.taskspec import TaskSpec, TaskSpecError, read_task_spec
-from launcher.runtime.heartbeats import SAVING_STATES
-from launcher.runtime.rankcontext import context
+from launcher.runtime.heartbeats import SAVING_STATES, checked_heartbeat
+from launcher.runtime.rankcontext import RuntimeConfigError, context
 from launcher.runtime.stacks import Ranks, log, run_command, write_stacks
 from launcher.runtime.telemetry import iso
 
 SAVE_BOUND_FACTOR = 4
 SAVE_BOUND_MIN_S = 1800.0
 DONE_STATES = frozenset({"stopped", "finished"})
+STEP_ID = re.compile(r"[0-9]{1,10}")      # a Slurm job step's number (isdigit() would take any script's digits)
 
 
 # --- the decision: pure ---------------------------------------------------------------------
@@ -85,13 +87,24 @@ def _seconds(value: Any) -> float | None:
     return float(value)
 
 
-def own_records(records: Iterable[Mapping[str, Any] | None], job_id: str, restart: int) -> dict[int, dict]:
-    """The heartbeats of this start (a rank's file outlives its start), by rank."""
+def of_start(record: Mapping[str, Any] | None, job_id: str, restart: int) -> bool:
+    """Whether `record` is a heartbeat of this start (a rank's file outlives its start)."""
+    return (record is not None and str(record.get("job_id")) == str(job_id)
+            and type(record.get("restart")) is int and record.get("restart") == restart)
+
+
+def own_records(records: Iterable[Mapping[str, Any] | None], job_id: str, restart: int, *,
+                world_size: int | None = None, now: float | None = None) -> dict[int, dict]:
+    """The heartbeats of this start, by rank, each checked (heartbeats.checked_heartbeat);
+    one that fails its check is left out."""
     out: dict[int, dict] = {}
     for record in records:
-        if (record is not None and str(record.get("job_id")) == str(job_id) and record.get("restart") == restart
-                and isinstance(record.get("rank"), int) and not isinstance(record.get("rank"), bool)):
-            out[record["rank"]] = dict(record)
+        if record is not None and of_start(record, job_id, restart):
+            try:
+                checked = checked_heartbeat(record, world_size=world_size, now=now)
+            except ValueError:
+                continue
+            out[checked["rank"]] = checked
     return out
 
 
@@ -141,7 +154,7 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
     its first-step or save bound, means the start is alive. A rank that stopped or
     finished means the start is ending: not judged.
     """
-    if limits.off or any(r.get("state") in DONE_STATES for r in records.values()):
+    if limits.off or any(_state(r) in DONE_STATES for r in records.values()):
         return None
     ranks = set(records) | set(range(world_size or 0))
     if not ranks:
@@ -151,7 +164,7 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
         record = records.get(rank, {})
         last = _seconds(record.get("time"))
         save_ended = _seconds(record.get("save_ended")) or 0.0
-        if record.get("state") in SAVING_STATES:
+        if _state(record) in SAVING_STATES:
             since, bound, kind = _seconds(record.get("saving_since")) or last or started, limits.save_s, "save"
         elif last is not None:
             since = max(last, save_ended) + (_seconds(record.get("interval_s")) or 0.0)
@@ -165,6 +178,11 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
     bound = {"save": limits.save_s, "stall": limits.stall_s, "first_step": limits.first_step_s}[kind]
     silent = silent_ranks(records, ranks)
     return Hang(kind, bound, silent, blamed_node(silent, records, len(ranks)), len(ranks))
+
+
+def _state(record: Mapping[str, Any]) -> str | None:
+    state = record.get("state")
+    return state if isinstance(state, str) else None
 
 
 def silent_ranks(records: Mapping[int, Mapping[str, Any]], ranks: Iterable[int]) -> tuple[Silent, ...]:
@@ -194,9 +212,8 @@ def _step(record: Mapping[str, Any]) -> int | None:
 def _slack(record: Mapping[str, Any]) -> float:
     """Steps a rank may have made since it last wrote its heartbeat, plus one."""
     interval, step_s = _seconds(record.get("interval_s")) or 0.0, _seconds(record.get("step_s"))
-    if not step_s:
-        return float("inf")
-    return 1 + math.ceil(interval / step_s)
+    steps = interval / step_s if step_s else math.inf
+    return 1 + math.ceil(steps) if math.isfinite(steps) else math.inf
 
 
 def blamed_node(silent: tuple[Silent, ...], records: Mapping[int, Mapping[str, Any]], ranks: int) -> str | None:
@@ -228,6 +245,7 @@ class Watch:
         self.started = clock() if started is None else started
         self.records: dict[int, dict] = {}
         self.hang: Hang | None = None
+        self.said: dict[Path, str] = {}     # each skipped file's problem, said once (not at every poll)
         if self.limits is None:
             self._read_spec()
 
@@ -244,10 +262,29 @@ class Watch:
     def check(self) -> Hang | None:
         if self.limits is None or self.limits.off:
             return None
-        rd = RunDir(self.run_dir)
-        self.records = own_records((read_heartbeat(path) for _, path in rd.heartbeats()), self.job_id, self.restart)
-        return find_hang(self.records, now=self.clock(), started=self.started, limits=self.limits,
+        now = self.clock()
+        self.records = {}
+        for rank, path in RunDir(self.run_dir).heartbeats():
+            record = read_heartbeat(path)
+            if record is None or not of_start(record, self.job_id, self.restart):
+                continue
+            try:
+                checked = checked_heartbeat(record, world_size=self.world_size, now=now)
+                if checked["rank"] != rank:
+                    raise ValueError(f"it names rank {checked['rank']}")
+            except ValueError as exc:
+                self._say_once(path, f"{path} skipped: {exc}")
+                continue
+            self.records[rank] = checked
+        return find_hang(self.records, now=now, started=self.started, limits=self.limits,
                          world_size=self.world_size)
+
+    def _say_once(self, path: Path, message: str) -> None:
+        # By the field at fault: a time ahead of the clock reads differently at each poll.
+        field = message.removeprefix(f"{path} skipped: ").split(" ", 1)[0]
+        if self.said.get(path) != field:
+            self.said[path] = field
+            log(message)
 
     @property
     def off(self) -> bool:
@@ -279,9 +316,50 @@ class Watch:
 
 
 def hang_in(run_dir: str | os.PathLike, restart: int) -> dict | None:
-    """hang.json, if the watchdog wrote it for this start."""
+    """hang.json, if the watchdog wrote it for this start; None also when it is not a
+    record the watchdog writes (it reaches run.json and the requeue's choice of node)."""
     hang = read_json(RunDir(run_dir).hang_file)
-    return hang if hang is not None and hang.get("restart") == restart else None
+    if hang is None or type(hang.get("restart")) is not int or hang.get("restart") != restart:
+        return None
+    problem = hang_problem(hang)
+    if problem is not None:
+        log(f"{RunDir(run_dir).hang_file} ignored: {problem}")
+        return None
+    return hang
+
+
+HANG_KINDS = ("stall", "first_step", "save")
+MAX_DETAIL = 4096
+
+
+def hang_problem(hang: Mapping[str, Any]) -> str | None:
+    """Pure: which field of a hang.json is not as the watchdog writes it, or None. A field
+    left out reads as not known."""
+    checks: dict[str, Callable[[Any], bool]] = {
+        "kind": lambda v: isinstance(v, str) and v in HANG_KINDS,
+        "bound_s": lambda v: _seconds(v) is not None,
+        "node": is_node_name,
+        "detail": lambda v: isinstance(v, str) and len(v) <= MAX_DETAIL,
+        "detected_at": lambda v: isinstance(v, str) and len(v) <= 64,
+        "stacks": lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+        "silent": lambda v: isinstance(v, list) and all(_silent_ok(x) for x in v),
+    }
+    bad = next((name for name, ok in checks.items() if hang.get(name) is not None and not ok(hang[name])), None)
+    return None if bad is None else f"{bad} is {_shown(hang.get(bad))}"
+
+
+def _silent_ok(entry: object) -> bool:
+    if not isinstance(entry, dict):
+        return False
+    rank, step, node = entry.get("rank"), entry.get("step"), entry.get("node")
+    return (type(rank) is int and rank >= 0 and (step is None or type(step) is int)
+            and (node is None or is_node_name(node))
+            and (entry.get("last_step_at") is None or _seconds(entry.get("last_step_at")) is not None))
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 # --- Slurm: the batch host's watchdog ----------------------------------------------------------
@@ -306,8 +384,8 @@ class SlurmSteps:
         self._ask(f"signal {int(signum)}")
 
     def end(self) -> None:
-        steps = {str(r["job_step"]) for r in self.records().values()
-                 if isinstance(r.get("job_step"), str) and r["job_step"].isdigit()}
+        steps = {r["job_step"] for r in self.records().values()
+                 if isinstance(r.get("job_step"), str) and STEP_ID.fullmatch(r["job_step"])}
         for step in sorted(steps or self._steps()):
             self._ask(f"end {step}")
 
@@ -316,14 +394,21 @@ class SlurmSteps:
         nothing where it is absent)."""
         text = run_command(["squeue", "--steps", "--noheader", "--format=%i", f"--jobs={self.job_id}"]) or ""
         own = os.environ.get("SLURM_STEP_ID")
-        return {step for line in text.split() if (step := line.rpartition(".")[2]).isdigit() and step != own}
+        return {step for line in text.split() if STEP_ID.fullmatch(step := line.rpartition(".")[2]) and step != own}
 
 
 def watch_slurm(run_dir: str, *, stop: Callable[[], bool]) -> int:
-    ctx = context()
-    slurm_job = os.environ.get("SLURM_JOB_ID", "")
-    if not slurm_job.isdigit() or not ctx.job_id:
-        log("no Slurm job to watch (SLURM_JOB_ID, GLAUNCH_JOB_ID): watchdog off")
+    try:
+        ctx = context()
+    except RuntimeConfigError as exc:
+        log(f"off: {exc}")
+        return 0
+    slurm_job = os.environ.get("SLURM_JOB_ID")
+    if slurm_job is None or not ctx.job_id:
+        log("no Slurm job to watch (SLURM_JOB_ID or GLAUNCH_JOB_ID is not set): watchdog off")
+        return 0
+    if not is_job_id(slurm_job):
+        log(f"SLURM_JOB_ID={_shown(slurm_job)} is not a Slurm job id: watchdog off")
         return 0
     watch = Watch(run_dir, ctx.job_id, ctx.restart)
     while not stop():

@@ -3,6 +3,7 @@ hangs, which ranks fell silent, which node it points at; and the rank's stack du
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import pytest
 
 from launcher.rundir.layout import RunDir, heartbeat_bytes
 from launcher.rundir.taskspec import TaskSpec, write_task_spec
+from launcher.runtime.heartbeats import checked_heartbeat
 from launcher.runtime.stacks import write_stacks
 from launcher.runtime.watchdog import (
     SAVE_BOUND_MIN_S,
@@ -20,6 +22,7 @@ from launcher.runtime.watchdog import (
     Watch,
     blamed_node,
     find_hang,
+    hang_in,
     own_records,
     silent_ranks,
 )
@@ -204,3 +207,134 @@ def test_the_dump_signal_is_harmless_to_a_process_that_did_not_ask_for_it(signum
     assert proc.stdout.readline().strip() == "up"
     os.kill(proc.pid, signum)
     assert proc.wait(timeout=10) == 0
+
+
+# --- heartbeats the watchdog cannot trust -------------------------------------------------------
+
+HOSTILE = {
+    "a list as its state": {"state": ["running"]},
+    "an unknown state": {"state": "zombie"},
+    "a world size beyond the run's": {"world_size": 10**12},
+    "a rank beyond the run's": {"rank": 5},
+    "a negative rank": {"rank": -1},
+    "a rank that is a boolean": {"rank": True},
+    "a restart that is a boolean": {"restart": False},
+    "an infinite time": {"time": float("inf")},
+    "a time not a number": {"time": float("nan")},
+    "a time far in the future": {"time": T0 + 10**9},
+    "a time as text": {"time": "now"},
+    "a step too large for a float": {"step": 10**400},
+    "a step time that overflows the slack": {"step_s": 1e-320},
+    "an interval beyond any writer's": {"interval_s": 1e300},
+    "a save start as text": {"saving_since": "yesterday", "state": "saving"},
+    "a node that is a list": {"node": ["n1"]},
+    "a pid as text": {"pid": "1234"},
+    "a job step that is a number": {"job_step": 5},
+}
+
+
+@pytest.mark.parametrize("change", HOSTILE.values(), ids=list(HOSTILE))
+def test_a_bad_heartbeat_is_refused_with_its_field_named(change):
+    record = dict(beat(1, 100, T0, pid=4321, host="h", job_step="0", world_size=2), **change)
+    with pytest.raises(ValueError) as caught:
+        checked_heartbeat(record, world_size=2, now=T0 + 100)
+    assert next(iter(change)) in str(caught.value)
+
+
+def test_a_good_heartbeat_passes_with_only_the_fields_it_knows():
+    record = dict(beat(1, 100, T0, pid=4321, host="h", job_step="0", world_size=2), extra={"x": 1})
+    checked = checked_heartbeat(record, world_size=2, now=T0 + 100)
+    assert checked["rank"] == 1 and checked["state"] == "running" and "extra" not in checked
+    assert checked_heartbeat(beat(0, None, None, state="starting"), world_size=1)["step"] is None
+
+
+@pytest.mark.parametrize("change", HOSTILE.values(), ids=list(HOSTILE))
+def test_a_bad_heartbeat_never_hides_the_hang_of_the_others(change):
+    good = {0: beat(0, 100, T0), 1: beat(1, 100, T0)}
+    hostile = dict(beat(1, 100, T0 + 10**4), **change)
+    records = own_records([good[0], hostile, good[1]], "7", 0, world_size=2, now=T0 + 100)
+    assert records[0] == checked_heartbeat(good[0], world_size=2)
+    hang = find_hang(records, now=T0 + 100, started=T0 - 100, limits=LIMITS, world_size=2)
+    assert hang is not None and hang.kind == "stall" and [s.rank for s in hang.silent] == [0, 1]
+
+
+def test_the_watch_skips_and_names_a_bad_heartbeat_and_keeps_watching(tmp_path, capsys):
+    write_task_spec(tmp_path, spec(tmp_path))
+    clock = [T0]
+    watch = Watch(tmp_path, "7", 0, started=T0, clock=lambda: clock[0])
+    rd = RunDir(tmp_path)
+    rd.heartbeat_dir.mkdir()
+    rd.heartbeat(0).write_bytes(heartbeat_bytes(beat(0, 100, T0)))
+    rd.heartbeat(1).write_bytes(heartbeat_bytes(beat(1, 100, T0 + 10**6, state=["saving"], world_size=10**12)))
+    clock[0] = T0 + 10
+    assert watch.check() is None
+    clock[0] = T0 + 400        # rank 1 counts as silent since the start: no usable record
+    hang = watch.check()
+    assert hang is not None and [s.rank for s in hang.silent] == [1]
+    err = capsys.readouterr().err
+    assert f"{rd.heartbeat(1)} skipped" in err and "state" in err
+    assert err.count("skipped") == 1            # said once, not at every poll
+
+
+def test_a_heartbeat_in_another_rank_s_file_is_skipped(tmp_path, capsys):
+    write_task_spec(tmp_path, spec(tmp_path))
+    watch = Watch(tmp_path, "7", 0, started=T0, clock=lambda: T0 + 10)
+    rd = RunDir(tmp_path)
+    rd.heartbeat_dir.mkdir()
+    rd.heartbeat(0).write_bytes(heartbeat_bytes(beat(0, 100, T0)))
+    rd.heartbeat(1).write_bytes(heartbeat_bytes(beat(0, 100, T0 + 5)))
+    watch.check()
+    assert list(watch.records) == [0] and watch.records[0]["time"] == T0
+    assert f"{rd.heartbeat(1)} skipped: it names rank 0" in capsys.readouterr().err
+
+
+def test_the_slurm_watchdog_finds_the_hang_beside_a_hostile_heartbeat(tmp_path, monkeypatch, capsys):
+    import launcher.runtime.watchdog as watchdog
+
+    write_task_spec(tmp_path, spec(tmp_path, watchdog_stall_s=1.0, watchdog_first_step_s=1.0))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GLAUNCH_JOB_ID", "7")
+    monkeypatch.setenv("GLAUNCH_RESTART", "0")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    real = watchdog.write_stacks
+    monkeypatch.setattr(watchdog, "write_stacks", lambda *a, **kw: real(*a, **kw, wait_s=0.5))
+    rd = RunDir(tmp_path)
+    rd.heartbeat_dir.mkdir()
+    stalled = time.time() - 100
+    for rank in (0, 1):
+        rd.heartbeat(rank).write_bytes(heartbeat_bytes(beat(rank, 5, stalled)))
+    hostile = dict(beat(2, 5, time.time() + 10**6), state=["running"], world_size=10**12)
+    rd.heartbeat(2).write_bytes(heartbeat_bytes(hostile))
+    deadline = time.monotonic() + 20
+    assert watchdog.watch_slurm(str(tmp_path), stop=lambda: time.monotonic() > deadline) == 0
+    hang = json.loads(rd.hang_file.read_text())
+    assert hang["kind"] == "stall" and [s["rank"] for s in hang["silent"]] == [0, 1]
+    captured = capsys.readouterr()
+    assert "signal 28" in captured.out and f"{rd.heartbeat(2)} skipped" in captured.err
+
+
+def test_a_job_id_not_of_slurm_s_shape_is_named_not_called_missing(tmp_path, monkeypatch, capsys):
+    from launcher.runtime.watchdog import watch_slurm
+
+    monkeypatch.setenv("GLAUNCH_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_JOB_ID", "abc\x1b[2J")
+    assert watch_slurm(str(tmp_path), stop=lambda: True) == 0
+    err = capsys.readouterr().err
+    assert "SLURM_JOB_ID='abc\\x1b[2J' is not a Slurm job id" in err and "\x1b" not in err
+
+
+def test_hang_json_read_back_is_checked(tmp_path):
+    rd = RunDir(tmp_path)
+    good = {"job_id": "7", "restart": 0, "detected_at": "2024-01-01T00:00:00+00:00", "kind": "stall",
+            "bound_s": 60, "silent": [{"rank": 1, "node": "n2", "step": 5, "last_step_at": T0}], "node": "n2",
+            "stacks": ["logs/stack-7_0_1.txt"], "detail": "no rank finished a step for 60 s"}
+    rd.hang_file.write_text(json.dumps(good))
+    assert hang_in(tmp_path, 0) == good and hang_in(tmp_path, 1) is None
+    for change in ({"node": ["n2"]}, {"silent": "everyone"}, {"kind": "sleepy"}, {"bound_s": "forever"},
+                   {"stacks": [1]}, {"detail": {"x": 1}}, {"restart": True}, {"silent": [{"rank": "one"}]}):
+        rd.hang_file.write_text(json.dumps(dict(good, **change)))
+        assert hang_in(tmp_path, 0 if change != {"restart": True} else 1) is None, change
+    os.unlink(rd.hang_file)
+    os.mkfifo(rd.hang_file)
+    assert hang_in(tmp_path, 0) is None

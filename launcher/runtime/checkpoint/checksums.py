@@ -12,6 +12,7 @@ import hashlib
 import os
 from pathlib import Path
 
+from launcher.rundir.files import open_regular
 from launcher.runtime.checkpoint.layout import CheckpointError
 
 CHECKSUMS = ("crc32c", "sha256")     # manifest keys a shard's checksum may be under
@@ -62,7 +63,7 @@ def checksum_file(path: str | os.PathLike, algorithm: str | None = None, chunk: 
     c = Checksum(algorithm)
     buf = bytearray(chunk)
     view = memoryview(buf)
-    with open(path, "rb", buffering=0) as f:
+    with os.fdopen(open_regular(path), "rb", buffering=0) as f:
         while True:
             n = f.readinto(buf)
             if not n:

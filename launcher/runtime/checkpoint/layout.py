@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from launcher.rundir.files import NotARegularFile, read_text
+
 MANIFEST = "manifest.json"
 LATEST = "latest"
 STEP_PREFIX = "step-"
@@ -74,12 +76,29 @@ def failed_marker_name(rank: int) -> str:
     return f"{FAILED_PREFIX}{rank:05d}.json"
 
 
+# ``latest`` holds one directory name; more is not a file the commit wrote.
+LATEST_LIMIT = 4096
+
+
+def latest_pointer(checkpoint_dir: str | os.PathLike) -> tuple[str | None, str | None]:
+    """``(the dir name in latest, None)`` (not verified), or ``(None, why not)``: why is
+    None when there is no ``latest``; a FIFO, a directory or a damaged file says so."""
+    try:
+        name = read_text(Path(checkpoint_dir) / LATEST, limit=LATEST_LIMIT).strip()
+    except FileNotFoundError:
+        return None, None
+    except NotARegularFile:
+        return None, "is not a regular file"
+    except OSError as exc:
+        return None, f"unreadable ({exc.strerror or exc})"
+    except ValueError as exc:       # larger than the limit, or not UTF-8
+        return None, f"damaged ({exc})"
+    return name or None, None
+
+
 def read_latest(checkpoint_dir: str | os.PathLike) -> str | None:
     """The dir name in ``latest`` (not verified), or None."""
-    try:
-        return (Path(checkpoint_dir) / LATEST).read_text(encoding="utf-8").strip() or None
-    except (OSError, UnicodeDecodeError):
-        return None
+    return latest_pointer(checkpoint_dir)[0]
 
 
 def list_checkpoints(checkpoint_dir: str | os.PathLike) -> list[tuple[int, Path]]:

@@ -15,8 +15,8 @@ from launcher.runtime.checkpoint.layout import (
     LATEST,
     Checkpoint,
     CheckpointError,
+    latest_pointer,
     list_checkpoints,
-    read_latest,
 )
 from launcher.runtime.checkpoint.verify import check_shards, read_manifest, verify_checkpoint
 from launcher.runtime.rankcontext import (
@@ -30,7 +30,10 @@ from launcher.runtime.rankcontext import (
 
 
 def _warn_latest(d: Path, found: Checkpoint | None) -> None:
-    pointer = read_latest(d)
+    pointer, why = latest_pointer(d)
+    if why is not None:
+        log(f"warning: {d / LATEST} {why}; using the newest complete checkpoint, "
+            f"{found.path.name if found else 'none'}")
     if pointer is not None and (found is None or pointer != found.path.name):
         log(f"warning: {d / LATEST} names {pointer!r}, but the newest complete checkpoint is "
             f"{found.path.name if found else 'none'}; using that")

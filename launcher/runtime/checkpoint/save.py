@@ -9,11 +9,10 @@ first waits for the one in flight, and leaves its staging dir alone.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 from pathlib import Path
 
-from launcher.rundir.files import fsync_dir
+from launcher.rundir.files import fsync_dir, load_json_object
 from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint.background import in_flight, wait_checkpoints
 from launcher.runtime.checkpoint.commit import (
@@ -115,5 +114,8 @@ def stage_checkpoint(step: int, *, framework: str = "torch", ctx: RankContext | 
             discard_staging(ctx, d, step)
             raise CheckpointError(f"step {step}: commit failed: {outcome[1] if outcome else 'no answer'}")
         final = Path(outcome[1])
-        manifest = json.loads((final / MANIFEST).read_text(encoding="utf-8"))
+        try:
+            manifest = load_json_object(final / MANIFEST)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(f"step {step}: committed, but {final / MANIFEST} cannot be read back: {e}") from None
         st.committed = Checkpoint(step=step, path=final, manifest=manifest)

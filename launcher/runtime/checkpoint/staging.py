@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from launcher.rundir.files import atomic_write_text, fsync_dir
+from launcher.rundir.files import atomic_write_text, fsync_dir, load_json_object, open_regular
 from launcher.runtime.checkpoint import checksums
 from launcher.runtime.checkpoint.layout import (
     MARKER_RE,
@@ -83,7 +83,7 @@ def _rel(root: Path, p: str | os.PathLike) -> str:
 
 
 def fsync_file(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY)
+    fd = open_regular(path)
     try:
         os.fsync(fd)
     finally:
@@ -169,14 +169,14 @@ def read_markers(staging: Path, step: int, world: int, timeout_s: float,
             r = int(m.group(2))
             if m.group(1) == "failed":
                 try:
-                    why = json.loads((staging / name).read_text(encoding="utf-8")).get("error")
+                    why = load_json_object(staging / name).get("error")
                 except (OSError, ValueError):
                     why = None
                 raise CheckpointError(f"rank {r} failed writing its shards: {why or 'no reason given'}")
             if r >= world or r in markers:
                 continue
             try:
-                marker = json.loads((staging / name).read_text(encoding="utf-8"))
+                marker = load_json_object(staging / name)
             except (OSError, ValueError) as e:
                 raise CheckpointError(f"rank {r}'s done marker is unreadable: {e}") from None
             if marker.get("rank") != r or marker.get("step") != step:

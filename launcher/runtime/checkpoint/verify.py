@@ -8,9 +8,11 @@ to resume from is :mod:`launcher.runtime.checkpoint.resume`.
 from __future__ import annotations
 
 import heapq
-import json
 import os
+import stat
 from pathlib import Path
+
+from launcher.rundir.files import NotARegularFile, load_json_object
 
 from launcher.runtime.checkpoint import checksums
 from launcher.runtime.checkpoint.layout import MANIFEST, STEP_RE
@@ -26,12 +28,16 @@ def read_manifest(path: str | os.PathLike) -> tuple[dict | None, str | None]:
     """A checkpoint dir's manifest.json, checked for shape: ``(manifest, None)`` or ``(None, why)``."""
     path = Path(path)
     try:
-        manifest = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+        manifest = load_json_object(path / MANIFEST)
     except FileNotFoundError:
         return None, "no manifest.json"
-    except (OSError, ValueError) as e:
-        return None, f"unreadable manifest.json ({e})"
-    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+    except NotARegularFile:
+        return None, "manifest.json is not a regular file"
+    except OSError as e:
+        return None, f"unreadable manifest.json ({e.strerror or e})"
+    except ValueError as e:
+        return None, f"damaged manifest.json ({e})"
+    if not isinstance(manifest.get("shards"), list):
         return None, "manifest.json has no shard list"
     m = STEP_RE.match(path.name)
     if m and int(m.group(1)) != manifest.get("step"):
@@ -73,9 +79,12 @@ def check_shards(path: Path, manifest: dict, *, verify: str = "hash",
     for shard in manifest["shards"]:
         rel, size = shard["path"], int(shard["size"])
         try:
-            actual = (path / rel).stat().st_size
+            st = (path / rel).stat()
         except OSError:
             return f"shard {rel} is missing"
+        if not stat.S_ISREG(st.st_mode):
+            return f"shard {rel} is not a regular file"
+        actual = st.st_size
         if actual != size:
             return f"shard {rel} has {actual} bytes, manifest says {size}"
     if verify == "size":
@@ -90,8 +99,11 @@ def check_shards(path: Path, manifest: dict, *, verify: str = "hash",
             log(f"cannot re-check {shard['path']}: its crc32c checksum needs the 'crc32c' package; "
                 "checked its size only")
             continue
-        if checksums.checksum_file(path / shard["path"], algo) != digest:
-            return f"shard {shard['path']} {algo} mismatch"
+        try:
+            if checksums.checksum_file(path / shard["path"], algo) != digest:
+                return f"shard {shard['path']} {algo} mismatch"
+        except OSError as e:      # replaced since its size was checked
+            return f"shard {shard['path']} unreadable ({e.strerror or e})"
     return None
 
 

@@ -1,0 +1,97 @@
+"""The environment the runtime reads on every rank: a value it cannot use is named with the
+variable and the value as set (escaped), never called "not set", never a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launcher.runtime import heartbeats
+from launcher.runtime.rankcontext import RuntimeConfigError, context, export_rendezvous_env, node_name
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.usefixtures("single_rank_env")
+
+BAD = [
+    ("RANK", "abc", "not an integer"),
+    ("RANK", "\u0663", "not an integer"),             # an Arabic-Indic three: int() takes it, the shell does not
+    ("RANK", "1_0", "not an integer"),
+    ("WORLD_SIZE", "0", "must be >= 1"),
+    ("WORLD_SIZE", str(2**40), "must be <= "),
+    ("LOCAL_RANK", "-1", "must be >= 0"),
+    ("GLAUNCH_RESTART", "once", "not an integer"),
+    ("GLAUNCH_CHECKPOINT_EVERY", "1e3", "not an integer"),
+    ("GLAUNCH_JOB_ID", "abc\x1b[2J", "not a job id"),
+    ("SLURM_JOB_ID", "abc", "not a Slurm job id"),
+    ("MASTER_PORT", "http", "not a port number"),
+    ("MASTER_PORT", "70000", "not a port number"),
+]
+
+
+@pytest.mark.parametrize(("name", "value", "why"), BAD, ids=[f"{n}={v!r}" for n, v, _ in BAD])
+def test_an_invalid_value_is_named_with_its_variable_and_value(monkeypatch, name, value, why):
+    monkeypatch.delenv("GLAUNCH_JOB_ID", raising=False)
+    monkeypatch.setenv(name, value)
+    with pytest.raises(RuntimeConfigError) as caught:
+        context()
+    message = str(caught.value)
+    assert f"{name}={value!r}" in message and why in message and "not set" not in message
+    assert "\x1b" not in message
+
+
+def test_a_local_rank_beyond_the_node_s_ranks(monkeypatch):
+    for name, value in {"RANK": "5", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "4"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(RuntimeConfigError, match="LOCAL_RANK=4 is not below LOCAL_WORLD_SIZE=4"):
+        context()
+
+
+def test_valid_values_still_read(monkeypatch):
+    for name, value in {"RANK": " 3 ", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "GLAUNCH_JOB_ID": "123_4",
+                        "SLURM_JOB_ID": "123", "MASTER_PORT": "29500", "GLAUNCH_RESTART": "2"}.items():
+        monkeypatch.setenv(name, value)
+    ctx = context()
+    assert (ctx.rank, ctx.local_rank, ctx.job_id, ctx.master_port, ctx.restart) == (3, 3, "123_4", 29500, 2)
+    monkeypatch.setenv("MASTER_PORT", "")
+    monkeypatch.setenv("GLAUNCH_JOB_ID", "")
+    assert context().master_port is None and context().job_id == "123"
+
+
+def test_a_set_but_invalid_master_port_is_not_called_missing(monkeypatch):
+    monkeypatch.setenv("MASTER_PORT", "abc")
+    with pytest.raises(RuntimeConfigError, match="MASTER_PORT='abc': not a port number"):
+        export_rendezvous_env()
+
+
+def test_a_node_name_from_slurm_that_is_no_node_name_is_not_written(monkeypatch):
+    monkeypatch.setenv("SLURMD_NODENAME", "n1\nfake: line")
+    assert node_name() == os.uname().nodename
+    monkeypatch.setenv("SLURMD_NODENAME", "gpu-012")
+    assert node_name() == "gpu-012"
+
+
+def test_a_job_step_that_is_no_step_is_not_written(monkeypatch, tmp_path):
+    monkeypatch.setenv("SLURM_STEP_ID", "x" * 1000)
+    assert heartbeats.Beats(run_dir=tmp_path, interval_s=1, checkpoint_every=0).job_step is None
+    monkeypatch.setenv("SLURM_STEP_ID", "12")
+    assert heartbeats.Beats(run_dir=tmp_path, interval_s=1, checkpoint_every=0).job_step == "12"
+
+
+def test_a_heartbeat_interval_beyond_the_watchdog_s_bound_is_capped(monkeypatch, capsys):
+    monkeypatch.setenv("GLAUNCH_HEARTBEAT_S", "1e9")
+    assert heartbeats.interval_from_env() == heartbeats.MAX_INTERVAL_S
+    assert "GLAUNCH_HEARTBEAT_S=" in capsys.readouterr().err
+
+
+def test_the_watchdog_with_a_bad_rank_environment_says_so_and_exits_0(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GLAUNCH_", "SLURM_"))}
+    env.update(PYTHONPATH=str(REPO), GLAUNCH_JOB_ID="7", GLAUNCH_RESTART="first", SLURM_JOB_ID="7")
+    proc = subprocess.run([sys.executable, "-m", "launcher.runtime.watchdog", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "GLAUNCH_RESTART='first': not an integer" in proc.stderr and "Traceback" not in proc.stderr
