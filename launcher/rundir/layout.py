@@ -86,7 +86,8 @@ STEP_SUMMARY = "{job_id}_step.json"      # the local stand-in for srun's account
 TASK_LOG = re.compile(r"(?P<job>\d+(?:_\d+)?)_(?P<task>\d+)_log\.(?P<stream>out|err)$")
 GPU_SAMPLES = "{job_id}_gpu_{node}.csv"
 HEARTBEAT_FILE = "rank-{rank:05d}.json"
-HEARTBEAT = re.compile(r"rank-(?P<rank>\d+)\.json$")
+# HEARTBEAT_FILE's names only (ASCII digits, one name per rank).
+HEARTBEAT = re.compile(r"rank-(?P<rank>[0-9]{5}|[1-9][0-9]{5,8})\.json$")
 TELEMETRY_FILE = "{job_id}_{restart}_{rank}.json"
 STACK_FILE = "stack-{job_id}_{restart}_{rank}.txt"
 STACK = re.compile(r"stack-(?P<job>[A-Za-z0-9._-]+)_(?P<restart>\d+)_(?P<rank>\d+)\.txt$")

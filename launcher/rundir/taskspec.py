@@ -67,6 +67,9 @@ class TaskSpec:
                 raise TaskSpecError(problem, key=field.name)
         if (self.script is None) == (self.module is None):
             raise TaskSpecError("give exactly one of script and module", key="script")
+        if self.world_size > MAX_WORLD_SIZE:
+            raise TaskSpecError(f"{self.world_size} ranks: more than any job runs ({MAX_WORLD_SIZE})",
+                                key="world_size")
         if self.world_size != self.nodes * self.ranks_per_node:
             raise TaskSpecError(f"{self.world_size} is not nodes x ranks_per_node "
                                 f"({self.nodes} x {self.ranks_per_node})", key="world_size")
@@ -168,6 +171,11 @@ def _args(value: object) -> str | None:
         if problem:
             return f"word {index}: {problem}"
     return None
+
+
+# Far beyond the largest training jobs (tens of thousands of GPUs); the watchdog and the
+# job's end go over every rank of it.
+MAX_WORLD_SIZE = 1 << 20
 
 
 def _count(minimum: int) -> Check:

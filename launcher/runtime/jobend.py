@@ -50,7 +50,7 @@ from launcher.rundir.records import FAILURES, State, is_job_id, is_node_name
 from launcher.rundir.layout import RunDir
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
 from launcher.runtime import watchdog
-from launcher.runtime.rankcontext import context
+from launcher.runtime.rankcontext import RuntimeConfigError, context
 from launcher.runtime.telemetry import iso, start_summary
 
 SINFO_TIMEOUT_S = 20
@@ -104,22 +104,25 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
 
 def stopped_in(run_dir: Path, restart: int) -> dict | None:
     """stop.json, if the ranks wrote it in this start."""
-    stop = read_json(RunDir(run_dir).stop_file)
-    return stop if stop is not None and stop.get("restart") == restart else None
+    return _of_restart(read_json(RunDir(run_dir).stop_file), restart)
+
+
+def _of_restart(record: dict | None, restart: int) -> dict | None:
+    """A record the ranks left, if it is of this start (`restart: true` is no start's)."""
+    if record is None or type(record.get("restart")) is not int or record["restart"] != restart:
+        return None
+    return record
 
 
 def resumed_in(run_dir: Path, restart: int) -> int | None:
     """The step this start resumed from (resume.json, written by resume_checkpoint)."""
-    resume = read_json(RunDir(run_dir).resume_file)
-    if resume is None or resume.get("restart") != restart:
-        return None
-    return resume.get("step")
+    resume = _of_restart(read_json(RunDir(run_dir).resume_file), restart)
+    return None if resume is None else resume.get("step")
 
 
 def crash_in(run_dir: Path, restart: int) -> dict | None:
     """crash.json, if a task of this start wrote it."""
-    note = read_json(RunDir(run_dir).crash_file)
-    return note if note is not None and note.get("restart") == restart else None
+    return _of_restart(read_json(RunDir(run_dir).crash_file), restart)
 
 
 def with_crash_note(outcome: Outcome, run_dir: Path, restart: int) -> Outcome:
@@ -210,7 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     run_dir = Path(args.run_dir)
-    ctx = context()   # env.sh, sourced by job.sbatch, exported the job's id and its restart count
+    try:
+        ctx = context()   # env.sh, sourced by job.sbatch, exported the job's id and its restart count
+    except RuntimeConfigError as exc:
+        # Without its own start's number the end cannot be decided: nothing is recorded, and
+        # the job ends rather than requeue blind (the next command reading the run says so).
+        print(f"glaunch: the end of this start is not recorded: {exc}", file=sys.stderr, flush=True)
+        print("done", flush=True)
+        return 1
     restart = ctx.restart
     stop = stopped_in(run_dir, restart)
     hang = watchdog.hang_in(run_dir, restart)

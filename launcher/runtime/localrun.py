@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from launcher.rundir import envnames
-from launcher.rundir.files import atomic_write_text
+from launcher.rundir.files import atomic_write_text, open_regular
 from launcher.rundir.layout import STEP_SUMMARY
 from launcher.runtime import watchdog
 from launcher.runtime.rankcontext import free_port
@@ -95,7 +95,9 @@ class Step:
             })
             out_path, err_path = self._path(self.options.output, task), self._path(self.options.error, task)
             Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-            with open(out_path, "ab") as out, open(err_path, "ab") as err:
+            append = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+            with os.fdopen(open_regular(out_path, append), "ab") as out, \
+                    os.fdopen(open_regular(err_path, append), "ab") as err:
                 self.procs.append(subprocess.Popen(self.command, env=env, stdout=out, stderr=err,
                                                    stdin=subprocess.DEVNULL, start_new_session=True))
 

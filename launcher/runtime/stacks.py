@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Protocol
 
 from launcher.processes import run_bounded
-from launcher.rundir.files import atomic_write_text
+from launcher.rundir.files import atomic_write_text, open_regular
 from launcher.rundir.layout import RunDir
 
 # SIGWINCH asks for a stack: nothing in a batch job uses it (no terminal), and a process
@@ -41,7 +41,10 @@ def arm_stack_dump(run_dir: str | os.PathLike, rank: int) -> bool:
     path = RunDir(run_dir).stack_dump(rank)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        dump = open(path, "w", encoding="utf-8")   # noqa: SIM115  (kept open: faulthandler writes to its fd)
+        # Kept open: faulthandler writes to its descriptor. Regular files only: a FIFO
+        # there would hold the rank at its start.
+        dump = os.fdopen(open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW), "w",
+                         encoding="utf-8")
     except OSError:
         return False
     faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
@@ -96,7 +99,7 @@ def write_stacks(run_dir: Path, job_id: str, restart: int, records: Mapping[int,
             sizes = now_sizes
         for rank, offset in pending.items():
             try:
-                with open(rd.stack_dump(rank), "rb") as f:
+                with os.fdopen(open_regular(rd.stack_dump(rank)), "rb") as f:
                     f.seek(offset)
                     text = f.read(4 << 20).decode("utf-8", "replace")
             except OSError:

@@ -29,11 +29,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from launcher.processes import run_bounded
 from launcher.rundir import envnames
-from launcher.rundir.files import read_json
+from launcher.rundir.files import open_regular, read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.runtime.rankcontext import RankContext, log, node_name, seconds_from_env
 
@@ -164,11 +164,18 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(0)
 
 
+def _append(path: Path) -> IO[str]:
+    """`path` opened to append to, created if missing: a regular file only (a FIFO there
+    would hold the sampler)."""
+    return os.fdopen(open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW), "a",
+                     encoding="utf-8")
+
+
 def sample_gpus(out: Path, every: float, parent: int, smi: str) -> int:
     """Append one CSV row per GPU every `every` seconds while `parent` lives."""
     out.parent.mkdir(parents=True, exist_ok=True)
     if not out.exists():
-        with open(out, "a", encoding="utf-8") as f:
+        with _append(out) as f:
             f.write(GPU_HEADER + "\n")
     failures = 0
     while os.getppid() == parent:
@@ -184,7 +191,7 @@ def sample_gpus(out: Path, every: float, parent: int, smi: str) -> int:
             stamp = f"{began_at:.3f}"
             rows = [f"{stamp},{','.join(x.strip() for x in line.split(','))}"
                     for line in proc.out.splitlines() if line.strip()]
-            with open(out, "a", encoding="utf-8") as f:
+            with _append(out) as f:
                 f.write("".join(row + "\n" for row in rows))
         else:
             failures += 1
@@ -197,9 +204,25 @@ def sample_gpus(out: Path, every: float, parent: int, smi: str) -> int:
 # --- collection, after the start -------------------------------------------------------------
 
 
+# Larger is no measurement (a time past the year 5000, a size in exabytes): the ranks'
+# files are read back, and may have been damaged or edited.
+_LARGEST = 1e11
+
+
+def _number(value: Any) -> float | None:
+    """`value` as a measurement: a finite number from 0 to _LARGEST, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if 0 <= value <= _LARGEST else None
+
+
 def _numbers(values: list[Any]) -> list[float]:
-    return [float(v) for v in values
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf")]
+    return [n for v in values if (n := _number(v)) is not None]
+
+
+def _rank_order(entry: dict[str, Any]) -> int:
+    rank = entry.get("rank")
+    return rank if type(rank) is int else -1
 
 
 def _median(values: list[float]) -> float | None:
@@ -209,13 +232,14 @@ def _median(values: list[float]) -> float | None:
 def _own(records: list[dict | None], job_id: str, restart: int) -> list[dict]:
     """The records of this start."""
     return [r for r in records
-            if r is not None and r.get("restart") == restart and str(r.get("job_id")) == str(job_id)]
+            if r is not None and type(r.get("restart")) is int and r.get("restart") == restart
+            and str(r.get("job_id")) == str(job_id)]
 
 
 def _progress(records: list[dict], time_key: str, step_key: str) -> list[tuple[float, int]]:
-    return [(float(t), s) for x in records
-            if isinstance(t := x.get(time_key), (int, float)) and not isinstance(t, bool)
-            and isinstance(s := x.get(step_key), int) and not isinstance(s, bool)]
+    return [(t, s) for x in records
+            if (t := _number(x.get(time_key))) is not None
+            and type(s := x.get(step_key)) is int and 0 <= s < 2**63]
 
 
 def start_summary(run_dir: str | os.PathLike, job_id: str, restart: int) -> dict[str, Any]:
@@ -234,7 +258,7 @@ def start_summary(run_dir: str | os.PathLike, job_id: str, restart: int) -> dict
         out["memory"] = {"kind": "cuda" if "cuda" in kinds else "host_rss",
                          "ranks": sorted(({k: m.get(k) for k in ("rank", "node", "kind", "peak_gb", "reserved_gb",
                                                                  "host_rss_gb") if m.get(k) is not None}
-                                          for m in memory), key=lambda m: m.get("rank", 0))}
+                                          for m in memory), key=_rank_order)}
     times = [t for r in ranks if isinstance(t := r.get("step_time_s"), dict)]
     medians, p90s = _numbers([t.get("median") for t in times]), _numbers([t.get("p90") for t in times])
     if medians and p90s:

@@ -78,6 +78,7 @@ def damaged(**changes):
     (damaged(nodes=True), "nodes", "True is not a whole number"),
     (damaged(nodes=2.0), "nodes", "2.0 is not a whole number"),
     (damaged(world_size=9), "world_size", "9 is not nodes x ranks_per_node (2 x 4)"),
+    (damaged(nodes=1 << 21, ranks_per_node=1, world_size=1 << 21), "world_size", "2097152 ranks: more than"),
     (damaged(run_dir="runs/r1"), "run_dir", "not an absolute path"),
     (damaged(run_id="r\n1"), "run_id", "holds a control character"),
     (damaged(requeue_max=-1), "requeue_max", "-1 is less than 0"),

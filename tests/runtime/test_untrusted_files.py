@@ -182,3 +182,53 @@ def test_a_resume_record_out_of_bounds_counts_steps_from_zero(tmp_path, resume):
     assert beats.step == 1
     assert trackers.resumed_step(context()) is None
     heartbeats.checked_heartbeat(beats.record(), world_size=1)
+
+
+# --- the start's end: what the ranks left, read back ----------------------------------------
+
+
+def test_the_start_summary_skips_what_no_rank_could_have_measured(tmp_path):
+    """A huge integer time (float() would overflow), `restart: true` (equal to 1), mixed
+    rank types: the summary keeps what reads back and never raises."""
+    from launcher.rundir.layout import RunDir
+    from launcher.runtime.telemetry import start_summary
+
+    rd = RunDir(tmp_path)
+    files = [{"job_id": "7", "restart": 1, "rank": 0, "last_time": 10 ** 400, "last_step": 5,
+              "memory": {"peak_gb": 1.5}},
+             {"job_id": "7", "restart": 1, "rank": "one", "memory": {"peak_gb": 2.0}},
+             {"job_id": "7", "restart": True, "rank": 2, "last_time": 100.0, "last_step": 9}]
+    for index, record in enumerate(files):
+        path = rd.telemetry("7", 1, index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(record))
+    summary = within_bound(lambda: start_summary(tmp_path, "7", 1))
+    assert summary["peak_memory_gb"] == 2.0
+    assert [m.get("rank") for m in summary["memory"]["ranks"]] == ["one", 0]
+    assert "last_step" not in summary            # neither the overflowing time nor restart: true counts
+
+
+@pytest.mark.parametrize("name", ["stop", "resume", "crash"])
+def test_a_record_of_restart_true_is_no_starts(tmp_path, name):
+    from launcher.runtime import jobend
+
+    (tmp_path / f"{name}.json").write_text(json.dumps({"restart": True, "step": 3, "rank": 0}))
+    reader = {"stop": jobend.stopped_in, "resume": jobend.resumed_in, "crash": jobend.crash_in}[name]
+    assert reader(tmp_path, 1) is None
+
+
+def test_a_fifo_where_a_rank_dumps_its_stack_never_holds_it(tmp_path):
+    from launcher.rundir.layout import RunDir
+    from launcher.runtime.stacks import arm_stack_dump
+
+    dump = RunDir(tmp_path).stack_dump(0)
+    dump.parent.mkdir(parents=True)
+    os.mkfifo(dump)
+    assert within_bound(lambda: arm_stack_dump(tmp_path, 0), dump) is False
+
+
+def test_only_heartbeat_files_named_as_glaunch_names_them_are_read():
+    from launcher.rundir.layout import HEARTBEAT
+
+    assert HEARTBEAT.match("rank-00003.json") and not HEARTBEAT.match("rank-3.json")
+    assert not HEARTBEAT.match("rank-\uff10\uff10\uff10\uff10\uff13.json")       # fullwidth digits

@@ -39,12 +39,25 @@ class Allocation:
 
     @classmethod
     def of(cls, environ: Mapping[str, str]) -> Allocation | None:
+        """The allocation this shell is in; None outside one (SLURM_JOB_ID unset); ConfigError
+        naming the variable and its value when Slurm's variables are set but not Slurm's."""
         job_id = environ.get("SLURM_JOB_ID", "")
-        if not re.fullmatch(r"[0-9]{1,18}", job_id):
+        if not job_id:
             return None
-        count = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or ""
-        return cls(job_id, int(count) if count.isdigit() else 0, environ.get("SLURM_JOB_NODELIST", ""),
+        if not re.fullmatch(r"[0-9]{1,18}", job_id):
+            raise _bad_variable("SLURM_JOB_ID", job_id, "not a Slurm job id")
+        count_name = "SLURM_JOB_NUM_NODES" if environ.get("SLURM_JOB_NUM_NODES") else "SLURM_NNODES"
+        count = environ.get(count_name) or ""
+        if count and not re.fullmatch(r"[0-9]{1,6}", count):
+            raise _bad_variable(count_name, count, "not a number of nodes")
+        return cls(job_id, int(count) if count else 0, environ.get("SLURM_JOB_NODELIST", ""),
                    _fewest_cpus(environ.get("SLURM_JOB_CPUS_PER_NODE", "")))
+
+
+def _bad_variable(name: str, value: str, problem: str) -> ConfigError:
+    shown = repr(value) if len(value) <= 60 else repr(value[:57]) + "..."
+    return ConfigError(f"{name}={shown} is set but {problem}: this shell's Slurm environment is not an "
+                       "allocation's", file="environment", key=name)
 
 
 class AllocationScheduler(SlurmScheduler):
@@ -52,7 +65,7 @@ class AllocationScheduler(SlurmScheduler):
     already, no sbatch. The run's job.sbatch is the same script as a batch job's (env.sh,
     rendezvous, srun line, end of start), run here by bash with this shell's environment,
     the allocation's SLURM_* included; it is never requeued (the allocation ends when its
-    owner says), and its checkpoints resume in a later run (the same checkpoint.dir)."""
+    owner says), and its checkpoints resume with glaunch resume."""
 
     runs_to_completion = True
 
