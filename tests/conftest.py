@@ -107,10 +107,62 @@ def need_cluster(cluster: str) -> None:
         pytest.skip(NOT_UP[cluster])
 
 
+# A test marked requires_sshd logs in to the login node of scripts/local-sshd as its laptop
+# user (runuser: root only); it skips when that cannot be done here, fails instead under
+# GLAUNCH_REQUIRE_SSHD=1 (scripts/test sets it once the login node is up).
+REQUIRE_SSHD = os.environ.get("GLAUNCH_REQUIRE_SSHD") == "1"
+
+
+@functools.cache
+def local_sshd() -> tuple[dict, str | None]:
+    """(scripts/local-sshd env's GLAUNCH_SSHD_* settings, why its login node cannot be used
+    from this process, or None when it can). Asked once per session (per xdist worker)."""
+    import pwd
+    import shlex
+    import socket
+    import subprocess
+
+    try:
+        out = subprocess.run([str(REPO / "scripts" / "local-sshd"), "env"], capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return {}, f"scripts/local-sshd env failed: {exc}"
+    settings = dict(word.split("=", 1) for line in out.splitlines() for word in shlex.split(line)[1:2])
+    if os.geteuid() != 0:
+        return settings, "the local login node's tests run ssh as its laptop user: they need root"
+    try:
+        pwd.getpwnam(settings["GLAUNCH_SSHD_LAPTOP_USER"])
+        with socket.create_connection(("127.0.0.1", int(settings["GLAUNCH_SSHD_PORT"])), timeout=5) as sock:
+            sock.settimeout(5)
+            if not sock.recv(64).startswith(b"SSH-"):
+                raise OSError("no SSH banner")
+    except (KeyError, OSError) as exc:
+        return settings, f"the local login node is not up (scripts/local-sshd up): {exc}"
+    return settings, None
+
+
+def need_sshd() -> None:
+    reason = local_sshd()[1]
+    if reason:
+        if REQUIRE_SSHD:
+            pytest.fail(f"{reason}, and GLAUNCH_REQUIRE_SSHD=1 requires it", pytrace=False)
+        pytest.skip(reason)
+
+
+@pytest.fixture
+def local_sshd_env():
+    """scripts/local-sshd's settings (GLAUNCH_SSHD_PORT, _ALIAS, _USER, _LAPTOP_USER), once
+    its login node answers."""
+    need_sshd()
+    return local_sshd()[0]
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     for cluster in clusters_needed(item):
         need_cluster(cluster)
+    if item.get_closest_marker("requires_sshd"):
+        need_sshd()
 
 
 @pytest.fixture
