@@ -10,6 +10,7 @@ it uses ``py-spy dump`` instead when py-spy is on PATH (native frames too).
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import os
 import shutil
@@ -50,10 +51,28 @@ def arm_stack_dump(run_dir: str | os.PathLike, rank: int) -> bool:
     faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
     if _armed.get("file") is None:
         os.register_at_fork(after_in_child=lambda: faulthandler.unregister(DUMP_SIGNAL))
+        atexit.register(disarm_stack_dump)
     else:
         _armed["file"].close()
-    _armed["file"] = dump
+    _armed["file"], _armed["path"] = dump, path
     return True
+
+
+def disarm_stack_dump() -> None:
+    """At the rank's end: the dump file closed, and removed when no stack was written to it
+    (a run that never hung leaves no empty stack-dumps/ behind)."""
+    dump, path = _armed.pop("file", None), _armed.pop("path", None)
+    if dump is None:
+        return
+    faulthandler.unregister(DUMP_SIGNAL)
+    try:
+        empty = os.fstat(dump.fileno()).st_size == 0
+        dump.close()
+        if empty and path is not None:
+            path.unlink()
+            path.parent.rmdir()          # only while empty: other ranks' dumps stay
+    except (OSError, ValueError):
+        pass
 
 
 _armed: dict[str, Any] = {}     # the open dump file, for as long as the process lives

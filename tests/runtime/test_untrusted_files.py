@@ -232,3 +232,31 @@ def test_only_heartbeat_files_named_as_glaunch_names_them_are_read():
 
     assert HEARTBEAT.match("rank-00003.json") and not HEARTBEAT.match("rank-3.json")
     assert not HEARTBEAT.match("rank-\uff10\uff10\uff10\uff10\uff13.json")       # fullwidth digits
+
+
+@pytest.mark.parametrize("owner, loads", [("this-run", True), ("another-run", False), (None, True)])
+def test_a_rank_loads_only_from_a_checkpoint_directory_its_run_owns(tmp_path, monkeypatch, owner, loads):
+    from launcher.rundir import claims
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("GLAUNCH_RUN_ID", "this-run")
+    ckpt = Path(os.environ["GLAUNCH_CHECKPOINT_DIR"])
+    ckpt.mkdir(parents=True)
+    if owner is not None:
+        claims.claim(ckpt, owner, f"/runs/{owner}")
+    if loads:
+        assert resume_checkpoint() is None
+    else:
+        with pytest.raises(CheckpointError, match="holds the checkpoints of run another-run"):
+            resume_checkpoint()
+
+
+def test_a_rank_that_never_dumped_its_stack_leaves_no_empty_file(tmp_path):
+    import subprocess
+    import sys
+
+    script = ("import sys; from launcher.runtime.stacks import arm_stack_dump; "
+              "assert arm_stack_dump(sys.argv[1], 0)")
+    subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, timeout=60)
+    assert not (tmp_path / "stack-dumps").exists()

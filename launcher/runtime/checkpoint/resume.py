@@ -9,6 +9,8 @@ import json
 import os
 from pathlib import Path
 
+from launcher.errors import GlaunchError
+from launcher.rundir import claims
 from launcher.rundir.files import atomic_write_text
 from launcher.rundir.layout import RunDir
 from launcher.runtime.checkpoint.layout import (
@@ -102,6 +104,7 @@ def resume_checkpoint(ctx: RankContext | None = None, *, verify: str = "hash") -
     ranks. Without torch.distributed each process checks everything itself.
     """
     ctx = ctx or context()
+    refuse_anothers(ctx)
     if ctx.world_size > 1 and is_distributed():
         found = _latest_complete_spread(ctx, verify)
         if ctx.is_main:
@@ -111,6 +114,21 @@ def resume_checkpoint(ctx: RankContext | None = None, *, verify: str = "hash") -
     if ctx.is_main and not ctx.standalone:
         _note_resume(ctx, found)
     return found
+
+
+def refuse_anothers(ctx: RankContext) -> None:
+    """CheckpointError when the checkpoint directory's claim names another run: a run never
+    loads another's state (a copied run directory, a job started by hand). Stand-alone
+    scripts and directories without a claim are not checked."""
+    if ctx.standalone or not ctx.run_id:
+        return
+    try:
+        owner = claims.owner_of(ctx.checkpoint_dir)
+    except GlaunchError as exc:
+        raise CheckpointError(str(exc)) from None
+    if owner is not None and owner.run_id != ctx.run_id:
+        raise CheckpointError(f"{ctx.checkpoint_dir} holds the checkpoints of run {owner.run_id} "
+                              f"({owner.run_dir}), not of this run ({ctx.run_id}): nothing is loaded from it")
 
 
 def _note_resume(ctx: RankContext, found: Checkpoint | None) -> None:
