@@ -28,10 +28,11 @@ the site and planner calls, and makes the console from launcher.views.
 
 from __future__ import annotations
 
+import importlib.resources
 import os
-import sys
 from dataclasses import asdict
 from pathlib import Path
+from importlib.resources.abc import Traversable
 from typing import Any, Callable, Mapping, Sequence, overload
 
 from launcher.config.schema import NAME_PATTERN
@@ -50,7 +51,7 @@ from launcher.schedulers.cluster.detect import query_cluster
 from launcher.views.console import Console
 from launcher.views.submit_text import state_line
 
-__all__ = ["Run", "Sweep", "cancel", "check_site", "detect_site", "launch", "list_runs", "logs", "plan",
+__all__ = ["Run", "Sweep", "cancel", "check_site", "detect_site", "init", "launch", "list_runs", "logs", "plan",
            "prepare", "prepare_resume", "prepare_sweep", "resume", "run", "sites", "status", "submit", "wait"]
 
 Text = Callable[[str], None]
@@ -126,15 +127,11 @@ def run(experiment: str | os.PathLike, *, site: str | None = None, overrides: Se
                           environ=environ)
 
 
-def _console(echo: Text | None, live: bool) -> Echo:
-    """How a run that starts here is shown: its console, to `echo` (stdout without it)."""
-    write = echo or _stdout
-    return lambda run_dir: Console(run_dir, write, live=live)
-
-
-def _stdout(text: str) -> None:
-    sys.stdout.write(text)
-    sys.stdout.flush()
+def _console(echo: Text | None, live: bool) -> Echo | None:
+    """How a run that starts here is shown: its console, to `echo`; nothing without it."""
+    if echo is None:
+        return None
+    return lambda run_dir: Console(run_dir, echo, live=live)
 
 
 # --- runs after submission -------------------------------------------------------------------
@@ -153,7 +150,7 @@ def wait(run: RunRef, *, on_line: Text | None = None, on_state: Text | None = No
     can never start."""
     said = (lambda change: on_state(state_line(change))) if on_state is not None else None
     return manage.wait(run_ref(run), on_line=on_line, on_state=said, poll_s=poll_s,
-                       console=_console(echo, live) if echo is not None else None)
+                       console=_console(echo, live))
 
 
 def logs(run: RunRef, *, rank: int | None = None, follow: bool = False, echo: Text = print,
@@ -243,15 +240,32 @@ def check_site(site: str):
 def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool = False
                 ) -> tuple[str, str, Path | None]:
     """(profile name, profile text, the file written) for the Slurm cluster this machine
-    submits to. With `write_to` (a file; True: ./site_configs/NAME.yaml) the profile is
-    written there, never over a file that exists (ConfigError naming --output)."""
+    submits to. With `write_to` (a file; True: NAME.yaml where the user's own profiles
+    live, ~/.config/glaunch/sites/, which the site search path reads from any working
+    directory) the profile is written there, never over a file that exists and never into
+    the profiles shipped with glaunch (ConfigError naming --output)."""
+
+    # Read at each call: the shipped folder is the one the site search path reads last.
+    from launcher.config import sites as profiles
 
     if name is not None and not NAME_PATTERN.fullmatch(name):
         raise ConfigError(f"{name!r}: use letters, digits, '.', '_' and '-'", key="--name")
+    folder = profiles.user_sites_dir(os.environ) if write_to is True else None
+    if write_to is True and folder is None:
+        raise ConfigError("HOME is not set, so the folder of your own profiles (~/.config/glaunch/sites) is not "
+                          "known: say where to write the profile with -o FILE", key="--output")
+    if not isinstance(write_to, bool) and _inside(Path(write_to), profiles.SHIPPED_SITES):
+        raise ConfigError(f"{write_to} is inside the profiles shipped with glaunch ({profiles.SHIPPED_SITES}), "
+                          "which an upgrade replaces: write it to ~/.config/glaunch/sites/, ./site_configs/ of "
+                          "your project, or a folder on GLAUNCH_SITE_PATH", key="--output")
     profile_name, text = query_cluster(name)
-    if write_to is False:
+    if folder is not None:
+        # The user's own profiles: the folder the site search path reads after GLAUNCH_SITE_PATH.
+        path = folder / f"{profile_name}.yaml"
+    elif not isinstance(write_to, bool):
+        path = Path(write_to)
+    else:
         return profile_name, text, None
-    path = Path("site_configs") / f"{profile_name}.yaml" if write_to is True else Path(write_to)
     if path.exists():
         raise ConfigError(f"{path} already exists; choose another --output or --name", key="--output")
     try:
@@ -260,3 +274,55 @@ def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool =
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}", key="--output") from None
     return profile_name, text, path
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether `path` (followed through links, `..` taken) would be in `folder` or below."""
+    try:
+        return os.path.realpath(path).startswith(os.path.join(os.path.realpath(folder), ""))
+    except (OSError, ValueError):
+        return False
+
+
+# --- a new experiment --------------------------------------------------------------------------
+
+STARTER_FILES = ("exp.yaml", "train.py")
+
+
+def init(directory: str | os.PathLike = ".") -> list[Path]:
+    """Write a starter experiment into `directory` (made when missing): exp.yaml and the
+    train.py it runs, a small model trained with torch DDP that checkpoints, stops when
+    asked and resumes; `glaunch submit exp.yaml` runs it on this machine as written.
+    Returns the files written. A file of those names that exists already is a ConfigError
+    naming it (exit 2), and then nothing is written."""
+    folder = Path(directory)
+    if os.path.lexists(folder) and not folder.is_dir():
+        raise ConfigError("exists and is not a folder", file=str(folder), key="DIR")
+    targets = [folder / name for name in STARTER_FILES]
+    for path in targets:
+        if os.path.lexists(path):
+            raise ConfigError("already exists; glaunch init writes over no file (give another DIR)", file=str(path))
+    starter = _starter()
+    texts = [starter.joinpath(name).read_text(encoding="utf-8") for name in STARTER_FILES]
+    written: list[Path] = []
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        for path, text in zip(targets, texts):
+            with open(path, "x", encoding="utf-8") as out:   # "x": never over a file made since the check
+                written.append(path)
+                out.write(text)
+    except OSError as exc:
+        for path in written:
+            path.unlink(missing_ok=True)
+        raise ConfigError(exc.strerror or str(exc), file=str(exc.filename or folder)) from None
+    return written
+
+
+def _starter() -> Traversable:
+    """The starter's files: launcher/starter/ where the package is installed (read through
+    importlib.resources, a folder or not), else the checkout's starter/ (a source tree, an
+    editable install)."""
+    shipped = importlib.resources.files("launcher").joinpath("starter")
+    if shipped.is_dir():
+        return shipped
+    return Path(__file__).resolve().parents[1] / "starter"

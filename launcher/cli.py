@@ -17,6 +17,7 @@ from launcher import __version__, api
 from launcher.cli_sites import sites
 from launcher.errors import GlaunchError
 from launcher.views import submit_text
+from launcher.views.init_text import initialized
 from launcher.views.listing import format_list
 from launcher.views.plan_text import format_plan
 from launcher.views.status_text import format_status
@@ -101,7 +102,22 @@ def cli() -> None:
     glaunch submit exp.yaml --site mycluster            submit through submitit
     glaunch submit exp.yaml --site mycluster --dry-run  render the run bundle only
     glaunch plan exp.yaml --site mycluster              which strategy fits the GPUs
+    glaunch init my-experiment                          a starter exp.yaml and train.py
     """
+
+
+# --- init ----------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("directory", metavar="[DIR]", default=".", required=False)
+def init(directory):
+    """Write a starter experiment into DIR (default: the current folder): exp.yaml and the
+    train.py it runs. `glaunch submit exp.yaml` runs it on this machine as written.
+
+    Existing files are never overwritten: exit 2, naming the file.
+    """
+    click.echo(initialized(api.init(directory)))
 
 
 def _emit(as_json: bool, data: dict, text: str) -> None:
@@ -274,7 +290,7 @@ def run_cmd(experiment, overrides, site, runs_dir, as_json):
     """Inside a Slurm allocation (salloc, an interactive job): start EXPERIMENT's ranks on
     its nodes with srun, no sbatch; follow it to its end."""
     _quiet_submitit()
-    run = api.run(experiment, site=site, overrides=overrides, runs_dir=runs_dir, echo=_quiet if as_json else None)
+    run = api.run(experiment, site=site, overrides=overrides, runs_dir=runs_dir, echo=_quiet if as_json else _write)
     if as_json:
         click.echo(json.dumps(dict(run.to_json(), job_ids=list(run.job_ids)), indent=2))
     else:

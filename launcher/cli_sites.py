@@ -65,7 +65,8 @@ def sites_check(site, as_json):
 @sites.command("detect")
 @click.option("--name", help="Profile name (default: Slurm's ClusterName).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
-              help="Where to write it (default: ./site_configs/NAME.yaml; '-' prints it).")
+              help="Where to write it (default: ~/.config/glaunch/sites/NAME.yaml, your own profiles; "
+                   "'-' prints it). Never inside the profiles shipped with glaunch.")
 def sites_detect(name, output):
     """Write a profile skeleton from the Slurm cluster this machine submits to."""
     _, text, path = api.detect_site(name, write_to=False if output == "-" else output or True)

@@ -44,7 +44,7 @@ DESIGN_NAMES = {"submit", "status", "wait", "cancel", "list_runs", "resume", "pl
 
 def test_the_api_exports_the_names_design_lists_and_the_steps_and_results_of_submit():
     assert set(api.__all__) == DESIGN_NAMES | {"prepare", "prepare_sweep", "prepare_resume", "launch", "Run",
-                                               "Sweep"}
+                                               "Sweep", "init"}
     assert all(callable(getattr(api, name)) for name in api.__all__)
 
 

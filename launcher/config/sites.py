@@ -3,6 +3,7 @@ profile's own checks (launcher.config.sitechecks)."""
 
 from __future__ import annotations
 
+import importlib.resources
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -24,10 +25,18 @@ MAX_EXTENDS_DEPTH = 32
 _ENVIRONMENT = Origin("environment")
 
 
-# The profiles shipped with glaunch: the checkout's site_configs/, which an install puts
-# in the package as launcher/site_configs/ (pyproject.toml's package-dir).
-SHIPPED_SITES = Path(__file__).resolve().parents[2] / "site_configs"
-INSTALLED_SITES = Path(__file__).resolve().parents[1] / "site_configs"
+def _shipped_sites_dir() -> Path:
+    """The profiles shipped with glaunch: launcher/site_configs/ where the package is
+    installed (pyproject.toml's package-dir puts the checkout's site_configs/ there), else
+    the checkout's own (a source tree, an editable install). Only a real folder will do:
+    the profiles are read, and named in messages, by path."""
+    installed = importlib.resources.files("launcher").joinpath("site_configs")
+    if isinstance(installed, Path) and installed.is_dir():
+        return Path(os.fspath(installed))
+    return Path(__file__).resolve().parents[2] / "site_configs"
+
+
+SHIPPED_SITES = _shipped_sites_dir()
 
 
 def site_search_path(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
@@ -46,14 +55,20 @@ class _SearchDir(NamedTuple):
     where: Origin | None = None
 
 
+def user_sites_dir(environ: Mapping[str, str]) -> Path | None:
+    """The folder of the user's own profiles (~/.config/glaunch/sites/); None without HOME."""
+    home = environ.get("HOME")
+    return Path(home) / ".config" / "glaunch" / "sites" if home else None
+
+
 def _search_dirs(cwd: Path, environ: Mapping[str, str]) -> list[_SearchDir]:
     dirs = [_SearchDir(cwd / "site_configs", "site_configs")]
     dirs += [_SearchDir(Path(d), envnames.SITE_PATH, _ENVIRONMENT)
              for d in environ.get(envnames.SITE_PATH, "").split(":") if d]
-    home = environ.get("HOME")
-    if home:
-        dirs.append(_SearchDir(Path(home) / ".config" / "glaunch" / "sites", "HOME", _ENVIRONMENT))
-    dirs.append(_SearchDir(_shipped_sites_dir(), "the shipped profiles"))
+    user = user_sites_dir(environ)
+    if user is not None:
+        dirs.append(_SearchDir(user, "HOME", _ENVIRONMENT))
+    dirs.append(_SearchDir(SHIPPED_SITES, "the shipped profiles"))
     unique: list[_SearchDir] = []
     for directory in dirs:
         _is_file(directory.path, directory.key, directory.where, what="site profile folder")
@@ -81,12 +96,6 @@ def _same_dir(a: Path, b: Path) -> bool:
         return a.resolve() == b.resolve()
     except OSError:
         return a == b
-
-
-def _shipped_sites_dir() -> Path:
-    if SHIPPED_SITES.is_dir():  # source checkout or editable install
-        return SHIPPED_SITES
-    return INSTALLED_SITES
 
 
 def _looks_like_path(name: str) -> bool:

@@ -9,6 +9,7 @@ already quoted.
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import os
 from dataclasses import dataclass
@@ -37,7 +38,19 @@ from launcher import shell
 from launcher.rendering.taskspec import task_file_text, task_spec
 
 NETWORK_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_", "UCX_", "GLOO_", "CUDA_DEVICE_MAX_CONNECTIONS")
-TEMPLATES = Path(__file__).resolve().parents[2] / "templates"
+
+
+def _templates_dir() -> Path:
+    """glaunch's templates: launcher/templates/ where the package is installed (pyproject.toml's
+    package-dir puts the checkout's templates/ there), else the checkout's own (a source
+    tree, an editable install)."""
+    installed = importlib.resources.files("launcher").joinpath("templates")
+    if isinstance(installed, Path) and installed.is_dir():
+        return Path(os.fspath(installed))
+    return Path(__file__).resolve().parents[2] / "templates"
+
+
+TEMPLATES = _templates_dir()
 
 
 @dataclass(frozen=True)
@@ -59,8 +72,8 @@ class JobShell:
 @lru_cache(maxsize=1)
 def _environment() -> jinja2.Environment:
     if TEMPLATES.is_dir():
-        loader: jinja2.BaseLoader = jinja2.FileSystemLoader(str(TEMPLATES))
-    else:
+        loader: jinja2.BaseLoader = jinja2.FileSystemLoader(os.fspath(TEMPLATES))
+    else:   # a package with no folder of its own on disk (a zip): jinja2 reads it through its loader
         loader = jinja2.PackageLoader("launcher", "templates")
     return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, autoescape=False,
                               keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)

@@ -4,12 +4,14 @@ view folded in: what status, wait, logs, cancel, resume and --after all start fr
 from __future__ import annotations
 
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from launcher import schedulers
-from launcher.errors import ConfigError, GlaunchError
+from launcher.errors import ConfigError, GlaunchError, SchedulerError
 from launcher.rundir import registry
+from launcher.rundir.lifecycle import ENDS
 from launcher.rundir.records import RunRecord
 from launcher.rundir.registry import find_run
 from launcher.runner import sweeps
@@ -33,14 +35,54 @@ def run_dir_of(run: RunRef) -> Path:
     return find_run(os.fspath(run))
 
 
+class NotRefreshed(SchedulerError):
+    """The scheduler could not say how a run in flight stands now: why, and the state its
+    run.json last recorded (`record`, read again: it says since when it is unreachable)."""
+
+    def __init__(self, cause: SchedulerError, record: RunRecord) -> None:
+        super().__init__(f"{cause.message}; {last_recorded(record)}", file=cause.file, key=cause.key)
+        self.cause, self.record = cause, record
+
+
+def last_recorded(record: RunRecord) -> str:
+    """The run's state as run.json has it, with its job and where its last start stood."""
+    said = [f"job {record.job_id}"] if record.job_id else []
+    start = record.starts[-1] if record.starts else None
+    if start is not None:
+        when = f"ended {start.ended}" if start.ended else f"started {start.started}" if start.started else "not started"
+        said.append(f"start {start.restart} {start.state}, {when}")
+    return f"run {record.run_id} was last recorded {record.state}" + (f" ({'; '.join(said)})" if said else "")
+
+
 def refreshed(run_dir: Path) -> RunRecord:
-    """run.json with the scheduler's current view folded in (a copy of a run directory is
-    read as it is: the job it names is another directory's)."""
+    """run.json with the scheduler's current view folded in. Read as it is: a copy of a run
+    directory (the job it names is another directory's), and an ended run whose record
+    holds all its scheduler could add (its record is authoritative: no scheduler is asked,
+    so it answers at once with the controller down). NotRefreshed (exit 3) for a run whose
+    scheduler cannot be reached, naming the state last recorded."""
 
     record = registry.read(run_dir)
-    if record.scheduler in schedulers.NAMES and not record.dry_run and copied_from(run_dir, record) is None:
-        record = schedulers.get(record.scheduler).refresh(run_dir, record)
-    return record
+    if not _asks_scheduler(run_dir, record):
+        return record
+    try:
+        return schedulers.get(str(record.scheduler)).refresh(run_dir, record)
+    except NotRefreshed:
+        raise
+    except SchedulerError as exc:
+        raise NotRefreshed(exc, _reread(run_dir, record)) from None
+
+
+def _asks_scheduler(run_dir: Path, record: RunRecord) -> bool:
+    if record.scheduler not in schedulers.NAMES or record.dry_run or copied_from(run_dir, record) is not None:
+        return False
+    return not (record.state in ENDS and schedulers.get(str(record.scheduler)).settled(record))
+
+
+def _reread(run_dir: Path, record: RunRecord) -> RunRecord:
+    try:
+        return registry.read(run_dir)
+    except GlaunchError:
+        return record
 
 
 def copied_from(run_dir: Path, record: RunRecord) -> str | None:
@@ -79,9 +121,23 @@ def refuse_copy(run_dir: Path, record: RunRecord, command: str) -> None:
 
 
 def sweep_records(sweep_dir: Path, *, refresh: bool = True) -> dict[str, RunRecord | GlaunchError]:
-    """run id -> each element's record (refreshed together by its scheduler), or the error
-    reading it."""
+    """run id -> each element's record (those the scheduler may still add to refreshed
+    together by it, as `refreshed` says), or the error reading it."""
     record = sweeps.read(sweep_dir)
     if refresh and not record.dry_run and record.scheduler in schedulers.NAMES:
-        return sweeps.element_records(sweep_dir, schedulers.get(record.scheduler).refresh_many)
+        scheduler = schedulers.get(record.scheduler)
+
+        def refresh_asked(runs: list[tuple[Path, RunRecord]]) -> list[RunRecord]:
+            asks = [_asks_scheduler(d, r) for d, r in runs]
+            asked = [run for run, ask in zip(runs, asks) if ask]
+            try:
+                fresh = iter(scheduler.refresh_many(asked) if asked else [])
+            except SchedulerError as exc:
+                states = Counter(str(r.state) for _, r in asked)
+                last = ", ".join(f"{n} {state}" for state, n in sorted(states.items()))
+                raise SchedulerError(f"{exc.message}; sweep {sweep_dir.name}: its elements in flight were last "
+                                     f"recorded {last}") from None
+            return [next(fresh) if ask else r for (_, r), ask in zip(runs, asks)]
+
+        return sweeps.element_records(sweep_dir, refresh_asked)
     return sweeps.element_records(sweep_dir, lambda runs: [r for _, r in runs])

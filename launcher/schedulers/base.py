@@ -3,8 +3,9 @@ which one it is: `local` (this machine) and `slurm` sit behind it.
 
 A scheduler says what differs in the rendered files (`job_shell`), checks a plan against
 what it can run (`check`, pure), makes sure it can be reached (`require`), starts a
-written run directory (`launch`), folds its own view of a run into run.json (`refresh`)
-and cancels a run (`cancel`). A sweep's elements are submitted as it says
+written run directory (`launch`), folds its own view of a run into run.json (`refresh`;
+never again once the run ended and its record holds all it can add: `settled`) and
+cancels a run (`cancel`). A sweep's elements are submitted as it says
 (`plan_sweep`: Slurm makes job arrays of them) and started together (`launch_sweep`).
 
 One that runs a job to its end (`runs_to_completion`) reports it while it runs to a
@@ -134,6 +135,12 @@ class Scheduler(ABC):
     def refresh(self, run_dir: Path, record: RunRecord) -> RunRecord:
         """The run's record with the scheduler's view folded in (written back if changed)."""
         return record
+
+    def settled(self, record: RunRecord) -> bool:
+        """Whether the record of an ended run holds all this scheduler could still add to it:
+        then it is read as it is, without asking the scheduler (which may be unreachable
+        long after the end). By default an end is the scheduler's last word."""
+        return True
 
     def job_still_there(self, run_dir: Path, record: RunRecord) -> str | None:
         """Why the run's job may still be running though its record says it ended (a

@@ -433,7 +433,7 @@ def test_sites_detect_then_check_on_hopper(tmp_path):
     env = fake_slurm(tmp_path, "hopper", "proj1")
     detected = glaunch(env, tmp_path, "sites", "detect")
     assert detected.returncode == 0, detected.stderr
-    path = tmp_path / "site_configs" / "hopper.yaml"
+    path = Path(env["HOME"]) / ".config" / "glaunch" / "sites" / "hopper.yaml"     # the user's own profiles
     text = path.read_text(encoding="utf-8")
     assert "# Review: partition mig takes only QOS debug, interactive (AllowQos)" in text
     assert "account: proj1" in text and "default_partition: gpu" in text

@@ -315,7 +315,8 @@ def test_a_cluster_name_that_is_no_profile_name_is_refused_and_nothing_written(f
 def test_a_good_name_given_replaces_a_bad_cluster_name(fake_cluster, tmp_path):
     fake_cluster["text"] = scontrol_answer("../../escaped")
     name, text, path = api.detect_site("tiny", write_to=True)
-    assert name == "tiny" and path == Path("site_configs/tiny.yaml") and (tmp_path / path).read_text() == text
+    assert name == "tiny" and path == tmp_path / "home" / ".config" / "glaunch" / "sites" / "tiny.yaml"
+    assert path.read_text() == text
     assert "'../../escaped'" in text.splitlines()[0]          # the cluster's name, quoted, in the comment
 
 

@@ -13,7 +13,7 @@ from typing import Any
 from launcher.errors import SchedulerError
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import registry
-from launcher.rundir.lifecycle import move
+from launcher.rundir.lifecycle import ENDS, move
 from launcher.rundir.records import LIVE, RunRecord, State, is_terminal
 from launcher.schedulers.slurm.array import task_rows
 from launcher.schedulers.slurm.client import Unreachable
@@ -23,6 +23,9 @@ from launcher.schedulers.slurm.state import HELD, current_state, merge_history, 
 NEVER_STARTS = "never starts"
 # ... and for a job Slurm no longer knows, that left no record of its end.
 UNKNOWN_TO_SLURM = "unknown to Slurm"
+# run.json: accounting was folded in once the run had ended ({"job_id", "at"}): sacct has
+# nothing to add to that job's starts any more, so no later reader asks it.
+AFTER_END = "accounting_after_end"
 
 # A heterogeneous job's component (12+1) and a step (12.batch, 12.extern, 12+0.0).
 _COMPONENT = re.compile(r"^(?P<job>[^.+]+)\+(?P<n>\d+)$")
@@ -62,7 +65,26 @@ def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[
         move(rec, current_state(rec.state, live, history), why="what Slurm says now")
         record_unlisted(rec, live, history)
         record_pending_reason(rec, live, reason)
+        if history is not None and rec.state in ENDS:
+            rec.extra[AFTER_END] = {"job_id": rec.job_id, "at": registry.now()}
     return rec
+
+
+def has_ended(record: RunRecord) -> bool:
+    """The run ended (not a dry run): its job will not start again by itself."""
+    return record.state in ENDS
+
+
+def settled(record: RunRecord) -> bool:
+    """An ended run's record that sacct can add nothing to: accounting was folded in after
+    the end, or the job recorded the end of each of its starts itself (restarts 0..n, none
+    missing, each with its end: what sacct's rows would fill in is there)."""
+    folded = record.extra.get(AFTER_END)
+    if isinstance(folded, dict) and folded.get("job_id") == record.job_id:
+        return True
+    own = [s for s in record.starts if s.job_id == record.job_id]
+    return ([s.restart for s in own] == list(range(len(own)))
+            and all(s.ended and s.state not in (None, State.PENDING, State.RUNNING) for s in own))
 
 
 def record_unlisted(rec: RunRecord, live: str | None, history: list[dict[str, str]] | None) -> None:

@@ -32,7 +32,15 @@ from launcher.schedulers.cluster.facts import Cluster, read_cluster
 from launcher.schedulers.slurm import array
 from launcher.schedulers.slurm.client import Unreachable, clean_env, ignored_inputs_warning, run_command
 from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job, squeue_jobs
-from launcher.schedulers.slurm.records import fold_job, job_rows, record_queued, record_refused, request_values
+from launcher.schedulers.slurm.records import (
+    fold_job,
+    has_ended,
+    job_rows,
+    record_queued,
+    record_refused,
+    request_values,
+    settled,
+)
 from launcher.schedulers.slurm.script import end_of_start_python, sbatch_directives, srun_line
 from launcher.schedulers.slurm.submit import (
     SubmissionUncertain,
@@ -200,21 +208,31 @@ class SlurmScheduler(Scheduler):
 
     # --- following ---------------------------------------------------------------------
 
+    def settled(self, record: RunRecord) -> bool:
+        return settled(record)
+
     def refresh(self, run_dir: Path, record: RunRecord) -> RunRecord:
         """squeue says what is live now (and why a pending job waits); sacct fills in
-        starts the job could not record (killed at the time limit, node failure). With
-        the controller unreachable: SchedulerError, and run.json says so."""
+        starts the job could not record (killed at the time limit, node failure). An
+        ended run keeps its state whatever squeue says: sacct alone is asked. With the
+        controller unreachable, or squeue unable to tell: SchedulerError, and run.json
+        says so (`unreachable`)."""
         uncertain = isinstance(record.extra.get("submission"), dict)
         if shutil.which("squeue") is None or not (record.job_id or uncertain) or record.extra.get("allocation"):
             return record       # a run inside an allocation: its own record says all (the job is the allocation)
-        try:
-            if not record.job_id:
+        if not record.job_id:
+            try:
                 return _settle_uncertain(run_dir, record)
-            live, reason = squeue_job(record.job_id)
-        except Unreachable as exc:
-            with registry.updating(run_dir) as rec:
-                rec.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
-            raise
+            except Unreachable as exc:
+                _record_unreachable(run_dir, exc)
+                raise
+        live = reason = None
+        if not has_ended(record):
+            try:
+                live, reason = squeue_job(record.job_id)
+            except SchedulerError as exc:
+                _record_unreachable(run_dir, exc)
+                raise
         # An array task's rows: asked of its array, whose row a task still pending when the
         # array was cancelled shares (sacct -j ARRAY_TASK has none for it).
         return fold_job(run_dir, live, reason, sacct_records(array.array_job_id(record.job_id)))
@@ -226,16 +244,19 @@ class SlurmScheduler(Scheduler):
             return [record for _, record in runs]
         queued = [(d, r) for d, r in runs if r.job_id and not r.dry_run and not r.extra.get("allocation")]
         ids = sorted({array.array_job_id(r.job_id) for _, r in queued if r.job_id})
+        # An ended run keeps its state whatever squeue says: only sacct may add to its starts.
+        listed = sorted({array.array_job_id(r.job_id) for _, r in queued if r.job_id and not has_ended(r)})
         live: dict[str, tuple[str | None, str | None]] = {}
         histories: dict[str, list[dict[str, str]]] | None = {}
-        if ids:
+        if listed:
             try:
-                live = squeue_jobs(ids)
-            except Unreachable as exc:
-                for run_dir, _ in queued:
-                    with registry.updating(run_dir) as rec:
-                        rec.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
+                live = squeue_jobs(listed)
+            except SchedulerError as exc:
+                for run_dir, record in queued:
+                    if not has_ended(record):
+                        _record_unreachable(run_dir, exc)
                 raise
+        if ids:
             rows = sacct_records(",".join(ids))
             histories = None if rows is None else {}
             for row in job_rows(rows or []):
@@ -297,6 +318,13 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
             move(rec, State.REFUSED.value, reason="refused",
                  detail="sbatch did not queue the job (Slurm has no job carrying this run's id)")
     return rec if not job_id else SlurmScheduler().refresh(run_dir, rec)
+
+
+def _record_unreachable(run_dir: Path, exc: SchedulerError) -> None:
+    """run.json: when and why Slurm could not say how the run stands (cleared by the next
+    answer); its state stays the last one Slurm gave."""
+    with registry.updating(run_dir) as rec:
+        rec.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
 
 
 def _log_warnings(warnings: list[str]) -> None:

@@ -1,0 +1,136 @@
+"""glaunch as a user installs it: the wheel built from this checkout, installed (not
+editable) into a fresh virtual environment, used from an empty folder with no checkout in
+sight. The shipped profiles, the templates, the starter (`glaunch init`) and the in-job
+runtime must all come from the installed package.
+
+One test, so that the wheel is built and installed once whichever worker runs it: about
+15 s on 16 cores, 25 to 35 s on 2 (the build, the environment, the starter trained to its end)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
+# Folders of the checkout that the wheel carries inside the package (pyproject's package-dir).
+DATA_DIRS = PROJECT["tool"]["setuptools"]["package-dir"]
+
+pytestmark = pytest.mark.slow
+
+
+def run(*args, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run([str(a) for a in args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    assert proc.returncode == 0, f"{proc.args}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def source_tree(dest: Path) -> Path:
+    """What a build of this checkout reads, copied aside: the build writes its own build/ and
+    egg-info beside the sources, and a build/ left in the checkout would feed files
+    removed since into the next wheel."""
+    names = {"pyproject.toml", PROJECT["project"]["readme"], *PROJECT["project"]["license-files"], "launcher",
+             *DATA_DIRS.values()}
+    for name in names:
+        if (REPO / name).is_dir():
+            shutil.copytree(REPO / name, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
+    return dest
+
+
+def clean_env(tmp_path: Path, venv: Path) -> dict[str, str]:
+    """No checkout on the path, HOME and the run index in tmp, no Slurm or glaunch settings
+    from the shell that runs the tests."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSAFEPATH", "VIRTUAL_ENV")
+           and not k.startswith(("GLAUNCH_", "SLURM_", "SBATCH_", "SRUN_", "SALLOC_"))}
+    env.update(HOME=str(tmp_path / "home"), GLAUNCH_STATE_DIR=str(tmp_path / "state"),
+               PATH=f"{venv / 'bin'}{os.pathsep}{os.environ['PATH']}", PYTHONDONTWRITEBYTECODE="1")
+    (tmp_path / "home").mkdir(exist_ok=True)
+    return env
+
+
+def check_wheel(wheel: Path) -> None:
+    """Every profile, template and starter file inside the package; the license and the
+    metadata in dist-info."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for package, folder in DATA_DIRS.items():
+        shipped = sorted(p.name for p in (REPO / folder).iterdir() if p.is_file())
+        assert shipped, folder
+        inside = package.replace(".", "/")
+        missing = [name for name in shipped if f"{inside}/{name}" not in names]
+        assert not missing, f"the wheel lacks {folder}/{missing}"
+    info = next(n for n in names if n.endswith(".dist-info/METADATA")).rsplit("/", 1)[0]
+    assert f"{info}/licenses/LICENSE" in names
+    metadata = zipfile.ZipFile(wheel).read(f"{info}/METADATA").decode()
+    for field in ("License-Expression: MIT", "Requires-Python: >=3.10", "License-File: LICENSE",
+                  "Classifier: ", "Description-Content-Type: text/markdown"):
+        assert field in metadata, field
+
+
+def test_the_installed_wheel_works_from_any_folder(tmp_path):
+    # The wheel: built by this Python's setuptools (no index needed), without dependencies.
+    wheels = tmp_path / "wheels"
+    ok(run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels,
+           source_tree(tmp_path / "src"), cwd=tmp_path, env=dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")))
+    (wheel,) = wheels.glob("glaunch-*.whl")
+    check_wheel(wheel)
+
+    # A fresh environment that sees this machine's torch, jinja2, submitit...; glaunch itself
+    # only from the wheel: its site-packages comes before the system's, where an editable
+    # install of this checkout may be.
+    venv = tmp_path / "venv"
+    ok(run(sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv, cwd=tmp_path,
+           env=dict(os.environ)))
+    python = venv / "bin" / "python"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    env = clean_env(tmp_path, venv)
+    ok(run(python, "-m", "pip", "install", "--no-deps", "--no-index", "-q", wheel, cwd=empty,
+           env=dict(env, PIP_DISABLE_PIP_VERSION_CHECK="1")))
+    where = json.loads(ok(run(python, "-c", "import json, launcher, site; print(json.dumps("
+                                                "[launcher.__file__, site.getsitepackages()]))",
+                              cwd=empty, env=env)).stdout)
+    package, site_packages = Path(where[0]), Path(where[1][0])
+    assert package == site_packages / "launcher" / "__init__.py" and venv in package.parents, where
+    glaunch = venv / "bin" / "glaunch"
+
+    # The shipped profiles, each from the installed package.
+    listed = ok(run(glaunch, "sites", "list", "--json", cwd=empty, env=env))
+    found = json.loads(listed.stdout)["sites"]
+    assert set(found) == {p.stem for p in (REPO / "site_configs").glob("*.yaml")}, found
+    assert all(Path(path).parent == package.parent / "site_configs" for path in found.values()), found
+
+    # A copy of the starter, rendered for a shipped Slurm profile: no Slurm asked.
+    copy = tmp_path / "copy"
+    shutil.copytree(REPO / "starter", copy)
+    dry = ok(run(glaunch, "submit", "exp.yaml", "--site", "local-slurm", "--dry-run", "--json",
+                 "--runs-dir", tmp_path / "dry", cwd=copy, env=env))
+    run_dir = Path(json.loads(dry.stdout)["run_dir"])
+    assert "#SBATCH" in (run_dir / "job.sbatch").read_text() and str(python) in (run_dir / "job.sbatch").read_text()
+
+    # glaunch init, then the starter as written, on this machine (the local site).
+    ok(run(glaunch, "init", cwd=empty, env=env))
+    assert sorted(p.name for p in empty.iterdir()) == ["exp.yaml", "train.py"]
+    again = run(glaunch, "init", cwd=empty, env=env)
+    assert again.returncode == 2 and "exp.yaml" in again.stderr and "Traceback" not in again.stderr, again.stderr
+    done = run(glaunch, "submit", "exp.yaml", "--runs-dir", tmp_path / "runs", "--json", cwd=empty, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    info = json.loads(done.stdout)
+    assert info["state"] == "COMPLETED", info
+    result = json.loads((Path(info["run_dir"]) / "result.json").read_text())
+    assert result["final_step"] == 100 and result["world_size"] == 2, result
+    assert sorted(p.name for p in empty.iterdir()) == ["exp.yaml", "train.py"]   # nothing written beside them
