@@ -28,10 +28,11 @@ from launcher.resolution.jobplan import CodeRoot, CodeSnapshot, Container, JobPl
 from launcher.resolution.strategy import StrategySettings, resolve_strategy
 from launcher.rundir.layout import CODE_DIR
 from launcher.rundir import envnames
+from launcher.rundir.taskspec import MAX_WORLD_SIZE
 
-# Counts beyond what the job's consumers hold: PyTorch ranks are C ints; Slurm keeps CPUs
-# per task in 16 bits and memory in MB in 64, their top values meaning "unset"/"unlimited".
-MAX_WORLD_SIZE = 2 ** 31 - 1
+# Counts beyond what the job's consumers hold: the job's task spec takes up to
+# MAX_WORLD_SIZE ranks (far past any training job; the watchdog goes over each); Slurm keeps
+# CPUs per task in 16 bits and memory in MB in 64, their top values meaning "unset"/"unlimited".
 MAX_CPUS_PER_TASK = 2 ** 16 - 3
 MAX_MEM_MB = 2 ** 62
 MAX_BATCH = 2 ** 63 - 1
@@ -120,7 +121,7 @@ def _allocation(exp: schema.Experiment, site: schema.Site) -> _Allocation:
     world_size = nodes * ranks_per_node
     if world_size > MAX_WORLD_SIZE:
         raise ConfigKeyError("resources.nodes", f"{nodes} nodes x {ranks_per_node} ranks = {world_size} ranks, "
-                             f"more than PyTorch can number ({MAX_WORLD_SIZE})")
+                             f"more than glaunch runs in one job ({MAX_WORLD_SIZE})")
     return _Allocation(
         partition=name, part=part, nodes=nodes, gpus_per_node=gpus, ranks_per_node=ranks_per_node,
         tasks_per_node=tasks_per_node, world_size=world_size,

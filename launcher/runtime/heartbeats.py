@@ -57,7 +57,7 @@ from array import array
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from launcher.rundir import envnames
+from launcher.rundir import envnames, taskspec
 from launcher.rundir.files import atomic_write_text, open_regular, read_json
 from launcher.rundir.layout import RunDir, heartbeat_bytes
 from launcher.runtime import stacks, stopflag, telemetry
@@ -399,7 +399,7 @@ def flush(state: str | None = None, step: int | None = None) -> Beats:
 # --- reading a heartbeat back: what another process wrote is checked before use -------------
 
 STATES = frozenset({"starting", "running", "saving", "stopping", "stopped", "finished"})
-MAX_WORLD_SIZE = 2**31 - 1        # the task spec's own bound on ranks
+MAX_WORLD_SIZE = taskspec.MAX_WORLD_SIZE   # the task spec's own bound on ranks
 MAX_STEP = 2**63 - 1
 MAX_PID = 2**31 - 1
 # How far ahead of the reader's clock a rank's clock may run: a time further on would keep
