@@ -36,7 +36,7 @@ from importlib.resources.abc import Traversable
 from typing import Any, Callable, Mapping, Sequence, overload
 
 from launcher.config.schema import NAME_PATTERN
-from launcher.config.sites import load_site, site_search_path
+from launcher.config.sites import found_profiles, load_site, search_folders
 from launcher.errors import ConfigError
 from launcher.resolution.strategy import plan_for
 from launcher.runner import manage, submission
@@ -183,12 +183,18 @@ def plan(experiment: str | os.PathLike, *, site: str | None = None, overrides: S
 
 def sites(site: str | os.PathLike | None = None) -> dict[str, Any]:
     """The profiles on the search path: {"sites": name -> the file that name finds,
-    "shadowed": [(name, file) of those it hides]}. With `site` (a name or a file): that
-    profile loaded and checked, resolved through its extends chain: {"site", "file",
-    "chain", "values": every key's value and where it came from}; ConfigError for a bad
-    one."""
+    "shadowed": [(name, file) of those it hides], "search_path": [{folder, source,
+    exists}] in search order, "profiles": [{name, path, folder, source, shadows: [{path,
+    folder, source}]}]} (source: site_configs, GLAUNCH_SITE_PATH, user or shipped). With
+    `site` (a name or a file): that profile loaded and checked, resolved through its
+    extends chain: {"site", "file", "chain", "values": every key's value and where it came
+    from}; ConfigError for a bad one."""
     if site is None:
-        return _profiles()
+        cwd = Path.cwd()
+        found = found_profiles(cwd, os.environ)
+        return {"sites": {p["name"]: p["path"] for p in found},
+                "shadowed": [(p["name"], s["path"]) for p in found for s in p["shadows"]],
+                "search_path": search_folders(cwd, os.environ), "profiles": found}
 
     loaded = load_site(site, Path.cwd(), os.environ, key="SITE")
     rows = []
@@ -197,20 +203,6 @@ def sites(site: str | os.PathLike | None = None) -> dict[str, Any]:
         rows.append({"key": key, "value": value, "from": origin.file + (f":{origin.line}" if origin.line else "")})
     return {"site": loaded.config.name, "file": str(loaded.path), "chain": [str(p) for p in loaded.chain],
             "values": rows}
-
-
-def _profiles() -> dict[str, Any]:
-    seen: dict[str, str] = {}
-    shadowed = []
-    for directory in site_search_path(Path.cwd(), os.environ):
-        if not directory.is_dir():
-            continue
-        for path in sorted(directory.glob("*.y*ml")):
-            if path.stem in seen:
-                shadowed.append((path.stem, str(path)))
-            else:
-                seen[path.stem] = str(path)
-    return {"sites": seen, "shadowed": shadowed}
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -21,9 +21,11 @@ def sites() -> None:
 @sites.command("list")
 @click.option("--json", "as_json", is_flag=True)
 def sites_list(as_json):
-    """The profiles found on the search path (first match of a name wins)."""
+    """The profiles found on the search path (first match of a name wins): where each comes
+    from and which files of the same name it shadows."""
     found = api.sites()
-    click.echo(json.dumps({"sites": found["sites"]}, indent=2) if as_json else format_sites(found))
+    data = {key: found[key] for key in ("sites", "search_path", "profiles")}
+    click.echo(json.dumps(data, indent=2) if as_json else format_sites(found))
 
 
 @sites.command("show")

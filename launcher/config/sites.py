@@ -3,6 +3,7 @@ profile's own checks (launcher.config.sitechecks)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -17,7 +18,7 @@ from launcher.config.provenance import OVERRIDES, Origin, Provenance, locating
 from launcher.config.schema import NAME_PATTERN, site_name_problem
 from launcher.config.sitechecks import check_site
 from launcher.config.typed import NULLS, typed_config
-from launcher.config.yamlfile import Scalar, YamlDoc, read_yaml
+from launcher.config.yamlfile import Scalar, YamlDoc, _read_text, parse
 from launcher.rundir import envnames
 
 MAX_EXTENDS_DEPTH = 32
@@ -46,13 +47,22 @@ def site_search_path(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
     return [d.path for d in _search_dirs(cwd, environ)]
 
 
+# What put a folder on the search path, as `glaunch sites list` names it.
+SOURCE_SITE_CONFIGS = "site_configs"
+SOURCE_SITE_PATH = envnames.SITE_PATH
+SOURCE_USER = "user"
+SOURCE_SHIPPED = "shipped"
+
+
 class _SearchDir(NamedTuple):
     """A folder of the search path, and what put it there: the key an error about it names,
-    and where that was given (None: no file, as for the shipped profiles)."""
+    where that was given (None: no file, as for the shipped profiles), and its source (one
+    of SOURCE_*; '' for a profile's own folder off the search path)."""
 
     path: Path
     key: str
     where: Origin | None = None
+    source: str = ""
 
 
 def user_sites_dir(environ: Mapping[str, str]) -> Path | None:
@@ -62,13 +72,13 @@ def user_sites_dir(environ: Mapping[str, str]) -> Path | None:
 
 
 def _search_dirs(cwd: Path, environ: Mapping[str, str]) -> list[_SearchDir]:
-    dirs = [_SearchDir(cwd / "site_configs", "site_configs")]
-    dirs += [_SearchDir(Path(d), envnames.SITE_PATH, _ENVIRONMENT)
+    dirs = [_SearchDir(cwd / "site_configs", "site_configs", None, SOURCE_SITE_CONFIGS)]
+    dirs += [_SearchDir(Path(d), envnames.SITE_PATH, _ENVIRONMENT, SOURCE_SITE_PATH)
              for d in environ.get(envnames.SITE_PATH, "").split(":") if d]
     user = user_sites_dir(environ)
     if user is not None:
-        dirs.append(_SearchDir(user, "HOME", _ENVIRONMENT))
-    dirs.append(_SearchDir(SHIPPED_SITES, "the shipped profiles"))
+        dirs.append(_SearchDir(user, "HOME", _ENVIRONMENT, SOURCE_USER))
+    dirs.append(_SearchDir(SHIPPED_SITES, "the shipped profiles", None, SOURCE_SHIPPED))
     unique: list[_SearchDir] = []
     for directory in dirs:
         _is_file(directory.path, directory.key, directory.where, what="site profile folder")
@@ -98,15 +108,45 @@ def _same_dir(a: Path, b: Path) -> bool:
         return a == b
 
 
+def search_folders(cwd: Path, environ: Mapping[str, str]) -> list[dict[str, Any]]:
+    """The search path, first match wins: each folder, its source (SOURCE_*) and whether it
+    exists."""
+    return [{"folder": str(d.path), "source": d.source, "exists": d.path.is_dir()}
+            for d in _search_dirs(cwd, environ)]
+
+
+def found_profiles(cwd: Path, environ: Mapping[str, str]) -> list[dict[str, Any]]:
+    """Every profile name on the search path, by name: the file the name finds, its folder
+    and that folder's source, and the files of the same name it shadows (further down the
+    search path, or a `.yml` beside a `.yaml`), nearest first."""
+    found: dict[str, dict[str, Any]] = {}
+    for directory in _search_dirs(cwd, environ):
+        try:
+            files = [p for p in directory.path.iterdir()
+                     if p.suffix in (".yaml", ".yml") and not p.name.startswith(".")]
+        except OSError:         # missing, not a folder, unreadable: nothing found there
+            continue
+        # In one folder, NAME.yaml is looked up before NAME.yml.
+        for path in sorted(files, key=lambda p: (p.stem, p.suffix != ".yaml")):
+            entry = {"path": str(path), "folder": str(directory.path), "source": directory.source}
+            if path.stem in found:
+                found[path.stem]["shadows"].append(entry)
+            else:
+                found[path.stem] = {"name": path.stem, **entry, "shadows": []}
+    return [found[name] for name in sorted(found)]
+
+
 def _looks_like_path(name: str) -> bool:
     return "/" in name or name.endswith((".yaml", ".yml"))
 
 
-def find_site(name: str | os.PathLike[str], cwd: Path, environ: Mapping[str, str], *, near: Path | None = None,
-              referrer: Origin | None = None, key: str | None = None) -> Path:
-    """A profile name or a path -> the file. `near` is searched first (for `extends`).
-    `referrer`: where the name was written; `key`: the key (or option) that gave it, which
-    an error names (`extends` in a profile, `site` in an experiment, `--site` when neither)."""
+def find_site(name: str | os.PathLike[str], cwd: Path, environ: Mapping[str, str], *,
+              extending: Path | None = None, referrer: Origin | None = None, key: str | None = None) -> Path:
+    """A profile name or a path -> the file. `extending`: the profile whose `extends` gave
+    it (a relative path is taken from its folder; a name is looked up as
+    :func:`_extends_dirs` says). `referrer`: where the name was written; `key`: the key (or
+    option) that gave it, which an error names (`extends` in a profile, `site` in an
+    experiment, `--site` when neither)."""
     key = key or ("extends" if referrer else "--site")
     given = name
     is_path = isinstance(name, os.PathLike)     # a path object is a path, whatever its name looks like
@@ -118,8 +158,8 @@ def find_site(name: str | os.PathLike[str], cwd: Path, environ: Mapping[str, str
                           file=where.file, key=key, line=where.line)
     if is_path or _looks_like_path(name):
         path = Path(os.path.expanduser(name))
-        path = path if path.is_absolute() else ((near or cwd) / path)
-        if _is_file(path, key, referrer or Origin(OVERRIDES)):     # read_yaml refuses what is not a regular file
+        path = path if path.is_absolute() else ((extending.parent if extending else cwd) / path)
+        if _is_file(path, key, referrer or Origin(OVERRIDES)):     # reading refuses what is not a regular file
             return path
         where = referrer or Origin(str(path))
         raise ConfigError(f"site profile file {name!r} not found", file=where.file,
@@ -131,7 +171,8 @@ def find_site(name: str | os.PathLike[str], cwd: Path, environ: Mapping[str, str
     if problem:
         where = referrer or Origin(OVERRIDES)
         raise ConfigError(problem, file=where.file, key=key, line=where.line)
-    dirs = ([_SearchDir(near, key, referrer)] if near else []) + _search_dirs(cwd, environ)
+    search = _search_dirs(cwd, environ)
+    dirs = _extends_dirs(name, extending, search, key, referrer) if extending else search
     for directory in dirs:
         for suffix in (".yaml", ".yml"):
             candidate = directory.path / f"{name}{suffix}"
@@ -139,8 +180,34 @@ def find_site(name: str | os.PathLike[str], cwd: Path, environ: Mapping[str, str
                 return candidate
     where = referrer or Origin(OVERRIDES)
     searched = ", ".join(str(d.path) for d in dirs)
+    if extending is not None and extending.stem == name:
+        after = f"after {extending.parent}" if len(dirs) < len(search) else "elsewhere"
+        raise ConfigError(f"extends {name!r}, this profile's own name, means the next profile of that name on the "
+                          f"search path, and there is none {after} (searched: {searched or 'nothing'}); a profile "
+                          "cannot extend itself: that is a cycle", file=where.file, key=key, line=where.line)
     raise ConfigError(f"unknown site {name!r} (searched: {searched}); `glaunch sites list` shows those found",
                       file=where.file, key=key, line=where.line)
+
+
+def _extends_dirs(name: str, extending: Path, search: list[_SearchDir], key: str,
+                  referrer: Origin | None) -> list[_SearchDir]:
+    """Where a name in the `extends` of the profile `extending` is looked up. From a folder
+    of the search path: the whole search path, as for `--site`, so a name means the file
+    `glaunch sites list` shows for it wherever it is written; its own name means the
+    profile it shadows, so only the folders after its own. Off the search path (a profile
+    given by its path): its own folder first, then the search path."""
+    own = extending.stem == name
+    index = next((i for i, d in enumerate(search) if _same_dir(d.path, extending.parent)), None)
+    if index is None:
+        return ([] if own else [_SearchDir(extending.parent, key, referrer)]) + search
+    return search[index + 1:] if own else search
+
+
+class ProfileFile(NamedTuple):
+    """One file a profile was read from, and the SHA-256 of its bytes as they were read."""
+
+    path: str
+    sha256: str
 
 
 @dataclass(frozen=True)
@@ -149,6 +216,7 @@ class LoadedSite:
     path: Path
     chain: tuple[Path, ...]           # base first, the named file last
     provenance: Provenance            # where each key was set, along the chain
+    files: tuple[ProfileFile, ...] = ()   # each file of the chain as read, base first
 
 
 def load_site(name_or_path: str | os.PathLike[str], cwd: Path, environ: Mapping[str, str], *,
@@ -156,18 +224,22 @@ def load_site(name_or_path: str | os.PathLike[str], cwd: Path, environ: Mapping[
     """The profile `name_or_path` names (see find_site for `referrer` and `key`), its
     extends chain merged, typed and checked."""
     path = find_site(name_or_path, cwd, environ, referrer=referrer, key=key)
-    layers: list[YamlDoc] = []
+    layers: list[tuple[YamlDoc, str]] = []
     _collect_layers(path, cwd, environ, stack=[], layers=layers)
-    return site_from_layers((({k: v for k, v in doc.data.items() if k != "extends"}, doc.origin) for doc in layers),
-                            file=str(path), path=path, chain=tuple(Path(d.path) for d in layers))
+    loaded = site_from_layers((({k: v for k, v in doc.data.items() if k != "extends"}, doc.origin)
+                               for doc, _ in layers),
+                              file=str(path), path=path, chain=tuple(Path(d.path) for d, _ in layers),
+                              files=tuple(ProfileFile(d.path, digest) for d, digest in layers))
+    return loaded
+
 
 
 def site_from_layers(layers: Iterable[tuple[Mapping[str, Any], Callable[[str], Origin]]], *, file: str,
-                     path: Path, chain: tuple[Path, ...]) -> LoadedSite:
+                     path: Path, chain: tuple[Path, ...], files: tuple[ProfileFile, ...] = ()) -> LoadedSite:
     """A profile from YAML data already read, merged over each other (base first), typed
     and checked as :func:`load_site` does. A layer: its data (no ``extends``: the chain is
     already followed) and where each of its keys was written. `file`: the file an error
-    without a key of its own names; `path` and `chain`: as in :class:`LoadedSite`."""
+    without a key of its own names; `path`, `chain` and `files`: as in :class:`LoadedSite`."""
     provenance = Provenance(default_file=file)
     merged: dict[str, Any] = {}
     for data, origin_of in layers:
@@ -175,11 +247,11 @@ def site_from_layers(layers: Iterable[tuple[Mapping[str, Any], Callable[[str], O
     site: schema.Site = typed_config(schema.Site, merged, provenance, schema.SITE_CHOICES)
     with locating(provenance):
         check_site(site)
-    return LoadedSite(site, path, chain, provenance)
+    return LoadedSite(site, path, chain, provenance, files)
 
 
 def _collect_layers(path: Path, cwd: Path, environ: Mapping[str, str], stack: list[Path],
-                    layers: list[YamlDoc]) -> None:
+                    layers: list[tuple[YamlDoc, str]]) -> None:
     resolved = path.resolve()
     if resolved in stack:
         cycle = " -> ".join(str(p) for p in stack[stack.index(resolved):] + [resolved])
@@ -187,14 +259,27 @@ def _collect_layers(path: Path, cwd: Path, environ: Mapping[str, str], stack: li
     if len(stack) >= MAX_EXTENDS_DEPTH:
         raise ConfigError(f"extends chain is deeper than {MAX_EXTENDS_DEPTH} profiles", file=str(path),
                           key="extends")
-    doc = read_yaml(path)
+    doc, digest = _read_profile(path)
     for parent in _parents(doc):
-        parent_path = find_site(parent, cwd, environ, near=path.parent,
-                                referrer=doc.origin("extends"))
-        if any(Path(layer.path).resolve() == parent_path.resolve() for layer in layers):
+        parent_path = find_site(parent, cwd, environ, extending=path, referrer=doc.origin("extends"))
+        if any(Path(layer.path).resolve() == parent_path.resolve() for layer, _ in layers):
             continue  # a diamond: the shared base is applied once, first
         _collect_layers(parent_path, cwd, environ, stack + [resolved], layers)
-    layers.append(doc)
+    layers.append((doc, digest))
+
+
+def _read_profile(path: Path) -> tuple[YamlDoc, str]:
+    """The file parsed (as read_yaml does) and the SHA-256 of the very bytes parsed: one
+    read, so the hash can never describe another version of the file."""
+    name = str(path)
+    text = _read_text(name)
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()   # strict UTF-8 round-trips byte for byte
+    data, lines = parse(text, name, lines=True)
+    if data is None or data == Scalar(""):
+        raise ConfigError("the file is empty", file=name)
+    if not isinstance(data, dict):
+        raise ConfigError("the top level must be a mapping of keys", file=name)
+    return YamlDoc(name, data, lines), digest
 
 
 def _parents(doc: YamlDoc) -> list[str]:

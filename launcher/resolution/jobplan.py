@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from launcher.config import slurmtime
+from launcher.config.sites import ProfileFile
 
 # Ports below the Linux ephemeral range (32768-60999), so a rendezvous port is never
 # taken by some outgoing connection on the node.
@@ -88,6 +89,8 @@ class JobPlan:
     log_dir: str
     checkpoint_dir: str
     checkpoint_take_over: str | None   # the run whose checkpoint directory this one takes over
+    # The site profile's files as read (base first, each with its SHA-256): run.json's provenance.
+    profile_files: tuple[ProfileFile, ...]
     # allocation
     partition: str | None
     account: str | None

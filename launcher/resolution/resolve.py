@@ -66,6 +66,7 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
         scheduler=site.scheduler, experiment_file=str(exp_loaded.path),
         workdir=ctx.cwd, run_dir=dirs.run_dir, log_dir=os.path.join(dirs.run_dir, "logs"),
         checkpoint_dir=dirs.checkpoint_dir, checkpoint_take_over=exp.checkpoint.take_over,
+        profile_files=site_loaded.files,
         partition=alloc.partition, account=site.account,
         qos=(part.qos if part is not None and part.qos else site.qos),
         constraint=part.constraint if part is not None else None,

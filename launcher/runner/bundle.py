@@ -181,6 +181,9 @@ def _write_contents(bundle: Bundle, plan: JobPlan, files: Mapping[str, str], *, 
         write_file(bundle.path / name, text, executable=name in EXECUTABLE)
     if origin is None:
         origin = _provenance(plan, survey, bundle.path)
+    if "profiles" not in origin:
+        # Per run, not in the provenance a sweep's elements share: each element names its own profile.
+        origin = {**origin, "profiles": _profiles(plan)}
     record = initial_record(plan, dry_run=dry_run, origin=origin)
     record.extra.update(extra or {})
     registry.write(bundle.path, record)
@@ -197,6 +200,12 @@ def _provenance(plan: JobPlan, survey: snapshot.Survey | None, run_dir: Path) ->
         script = plan.submitted_script
         survey = snapshot.tree_state(os.path.dirname(script) if script else plan.workdir)
     return provenance.collect(survey, taken)
+
+
+def _profiles(plan: JobPlan) -> list[dict] | None:
+    """The site profile's files as they were read when the run was resolved; None for a
+    profile not read from files (a run resolved again from its recorded config)."""
+    return provenance.profile_files(plan.profile_files) if plan.profile_files else None
 
 
 def write_file(path: Path, text: str, *, executable: bool = False) -> None:

@@ -1,7 +1,8 @@
 """Where a run came from, for run.json's `provenance`: the code (git commit, branch, dirty
-flag and the hash of its diff, kept as code.patch; the snapshot), the Python and package
-versions, glaunch's version, the user and host that submitted it, and the scheduler's
-version. Package versions are read from their metadata: nothing is imported."""
+flag and the hash of its diff, kept as code.patch; the snapshot), the site profile's files
+(each one's hash as read, and its git commit and state), the Python and package versions,
+glaunch's version, the user and host that submitted it, and the scheduler's version.
+Package versions are read from their metadata: nothing is imported."""
 
 from __future__ import annotations
 
@@ -10,11 +11,15 @@ import os
 import platform
 import re
 import sys
+from contextlib import ExitStack
 from typing import TYPE_CHECKING, Any, Iterable
 
 from launcher import __version__
+from launcher.processes import fs_text
+from launcher.runner.gitview import GitCall, inside
 
 if TYPE_CHECKING:
+    from launcher.config.sites import ProfileFile
     from launcher.runner.snapshot import Survey, Taken
 
 # The packages whose version decides what a training run computes.
@@ -108,3 +113,61 @@ def collect(found: Survey | None = None, taken: Taken | None = None, *,
     else:
         out["code"] = None
     return out
+
+
+# Ignored files too: a profile git ignores is one no commit holds.
+PROFILE_STATUS = ("status", "--porcelain=v2", "--branch", "-z", "--untracked-files=all", "--ignored=matching")
+
+
+def profile_files(files: Iterable[ProfileFile]) -> list[dict[str, Any]]:
+    """run.json's `provenance.profiles`: each file of the site profile (base first) with
+    the SHA-256 of its bytes as read and, where it sits in a git work tree, {root, commit,
+    tracked, modified} (modified: it differs from the commit, or the commit lacks it).
+    Two bounded git calls per folder, all started at once; git missing or hanging, or a
+    folder outside any work tree, reads as `git: null`."""
+    files = list(files)
+    with ExitStack() as started:
+        calls = {}
+        for folder in sorted({os.path.dirname(f.path) for f in files}):
+            names = [os.path.basename(f.path) for f in files if os.path.dirname(f.path) == folder]
+            calls[folder] = (started.enter_context(GitCall(folder, "rev-parse", "--show-toplevel")),
+                             started.enter_context(GitCall(folder, *PROFILE_STATUS, "--", *names, binary=True)))
+        states = {folder: _folder_state(*pair) for folder, pair in calls.items()}
+    return [{"path": f.path, "sha256": f.sha256, "git": _file_state(f.path, states[os.path.dirname(f.path)])}
+            for f in files]
+
+
+def _folder_state(top: GitCall, status: GitCall) -> tuple[str, str | None, dict[str, str]] | None:
+    """(work tree root, commit, {path from the root: status kind}) of the files asked
+    about; None outside a work tree or without an answer from git."""
+    root, proc = top.result(), status.result()
+    if root is None or root.returncode != 0 or proc is None or proc.returncode != 0:
+        return None
+    commit = None
+    kinds: dict[str, str] = {}
+    fields = iter(fs_text(proc.stdout).split("\0"))
+    for entry in fields:
+        if entry.startswith("# branch.oid "):
+            commit = entry[len("# branch.oid "):] if entry != "# branch.oid (initial)" else None
+        elif entry[:2] in ("1 ", "2 ", "u "):
+            # The path is the last space-separated field: 8 of them before it in a `1` line, 9 in a `2`, 10 in a `u`.
+            kinds[entry.split(" ", {"1": 8, "2": 9, "u": 10}[entry[0]])[-1]] = "modified"
+            if entry[0] == "2":
+                next(fields, None)          # a rename's original path
+        elif entry[:2] in ("? ", "! "):
+            kinds[entry[2:]] = "untracked"
+    return root.stdout.rstrip("\n"), commit, kinds
+
+
+def _file_state(path: str, state: tuple[str, str | None, dict[str, str]] | None) -> dict[str, Any] | None:
+    if state is None:
+        return None
+    root, commit, kinds = state
+    # The folder, not the file, is followed through links: a linked profile is the link's entry.
+    folder = inside(os.path.dirname(path), root)
+    if folder is None:
+        return None
+    relative = os.path.normpath(os.path.join(folder, os.path.basename(path)))
+    kind = kinds.get(relative)
+    return {"root": root, "commit": commit, "tracked": kind != "untracked" and commit is not None,
+            "modified": kind is not None or commit is None}

@@ -8,12 +8,27 @@ from typing import Any, Mapping
 from launcher.views.text import printable
 
 
+# What put a folder on the search path (launcher.config.sites.SOURCE_*), as users spell it.
+SOURCES = {"site_configs": "./site_configs/", "GLAUNCH_SITE_PATH": "$GLAUNCH_SITE_PATH",
+           "user": "~/.config/glaunch/sites", "shipped": "shipped with glaunch"}
+
+
 def format_sites(found: Mapping[str, Any]) -> str:
-    """The profiles found (launcher.api.sites()): each name and its file, then those a
-    profile earlier on the search path shadows."""
-    lines = [f"{name:28s} {path}" for name, path in sorted(found["sites"].items())]
-    lines += [f"{name:28s} {path} (shadowed)" for name, path in found["shadowed"]]
-    return "\n".join(lines) or "no site profiles found"
+    """The profiles found (launcher.api.sites()): the search path, then each name with the
+    file it finds and where that comes from, and under it the files it shadows."""
+    p = printable
+    folders = found.get("search_path") or []
+    width = max((len(SOURCES.get(f["source"], f["source"])) for f in folders), default=0)
+    lines = ["search path (the first file of a name wins):"]
+    lines += [f"  {i}. {SOURCES.get(f['source'], f['source']):{width}s}  {p(f['folder'])}"
+              + ("" if f["exists"] else " (not there)") for i, f in enumerate(folders, 1)]
+    lines.append("")
+    for profile in found["profiles"]:
+        lines.append(f"{p(profile['name']):28s} {p(profile['path'])}  ({SOURCES.get(profile['source'], '?')})")
+        lines += [f"  {'shadows':26s} {p(s['path'])}  ({SOURCES.get(s['source'], '?')})" for s in profile["shadows"]]
+    if not found["profiles"]:
+        lines.append("no site profiles found")
+    return "\n".join(lines)
 
 
 def format_site(shown: Mapping[str, Any]) -> str:

@@ -112,6 +112,7 @@ def _origin_lines(summary: Mapping[str, Any]) -> list[str]:
         lines.append(line)
     if code:
         lines.append(f"  snapshot: {p(code.get('snapshot'))} ({code.get('files')} files from {p(code.get('source'))})")
+    lines += _profile_lines(origin.get("profiles"))
     sweep = as_mapping(summary.get("sweep"))
     if sweep:
         values = " ".join(f"{p(k)}={p(v)}" for k, v in as_mapping(sweep.get("params")).items())
@@ -120,6 +121,22 @@ def _origin_lines(summary: Mapping[str, Any]) -> list[str]:
         if isinstance(item, dict):
             jobs = ",".join(map(str, item.get("job_ids") or [])) or "-"
             lines.append(f"  after {p(item.get('ref'))}:{p(item.get('kind'))} (jobs {p(jobs)})")
+    return lines
+
+
+def _profile_lines(profiles: Any) -> list[str]:
+    """Each file of the site profile (base first): its hash as read and its git state."""
+    lines = []
+    for item in profiles if isinstance(profiles, list) else []:
+        item = as_mapping(item)
+        git = as_mapping(item.get("git"))
+        line = f"  profile: {printable(item.get('path'))} (sha256 {printable(str(item.get('sha256'))[:12])}"
+        commit = printable(str(git.get("commit"))[:12])
+        if git.get("tracked"):
+            line += f", commit {commit}" + (", modified" if git.get("modified") else "")
+        elif git:
+            line += f", not in commit {commit}" if git.get("commit") else ", in a git tree with no commit"
+        lines.append(line + ")")
     return lines
 
 
