@@ -103,6 +103,19 @@ def test_a_dry_run_with_a_login_contacts_nothing(tmp_path, isolated_env):
     assert not (Path(isolated_env["GLAUNCH_STATE_DIR"]) / "ssh").exists()
 
 
+def test_a_sweep_that_would_go_over_ssh_is_refused_before_anything_is_written(tmp_path, isolated_env):
+    write_site(tmp_path, "login: {host: 127.0.0.1, port: 1}")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "exp.yaml").write_text("name: e\nentrypoint: {script: train.py}\nrequeue: {max: 0}\n")
+    env = dict(isolated_env, PATH=str(tmp_path / "no-bin"), PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "exp.yaml", "--site", "./far.yaml",
+                           "--sweep", "hparams.lr=1,2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "--sweep" in done.stderr and "127.0.0.1" in done.stderr, done.stderr
+    assert not (Path(isolated_env["GLAUNCH_STATE_DIR"]) / "ssh").exists()
+    assert not (tmp_path / "runs").exists()
+
+
 # --- live: a laptop without Slurm, the cluster behind the login node -----------------------
 
 
