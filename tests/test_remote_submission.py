@@ -197,6 +197,7 @@ def follow_both(laptop, runs: Path, ddp: str, hostile: str) -> None:
     assert followed.returncode == 0 and "done: step 40" in followed.stdout, followed.stderr
     status = wait_for(laptop, ddp, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
     assert status["state"] == "COMPLETED", status
+    assert status["cluster"] == {"host": "glaunch-login", "run_dir": str(runs / ddp)}
     logs = glaunch(laptop, "logs", ddp)
     assert logs.returncode == 0 and "Job completed successfully" in logs.stdout, logs.stderr
     assert {line[:3] for line in logs.stdout.splitlines()} >= {"[0]", "[1]", "[2]", "[3]"}
