@@ -237,3 +237,17 @@ def test_a_missing_parent_of_the_runs_on_the_cluster_is_exit_3_and_leaves_nothin
     assert not (tmp_path / "missing").exists()
     assert not list((Path(laptop["GLAUNCH_STATE_DIR"]) / "remote-runs").glob("*"))
     assert "torch-ddp" not in glaunch(laptop, "list").stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.requires_sshd
+@pytest.mark.parametrize("check", [[], ["--no-check"]])
+def test_a_job_slurm_refuses_leaves_no_run_on_either_side(laptop, tmp_path, check):
+    profile = tmp_path / "badacct.yaml"
+    profile.write_text("name: badacct\nextends: local-slurm-remote\naccount: nosuch\n")
+    runs = tmp_path / "runs"
+    done = glaunch(laptop, "submit", "examples/torch_ddp.yaml", "--site", str(profile), "--runs-dir", str(runs),
+                   *check)
+    assert done.returncode == 3 and ("nosuch" in done.stderr or "Invalid account" in done.stderr), done.stderr
+    assert list(runs.iterdir()) == []
+    assert not list((Path(laptop["GLAUNCH_STATE_DIR"]) / "remote-runs").glob("*"))
