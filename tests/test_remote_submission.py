@@ -116,6 +116,20 @@ def test_a_sweep_that_would_go_over_ssh_is_refused_before_anything_is_written(tm
     assert not (tmp_path / "runs").exists()
 
 
+def test_slurm_commands_on_the_login_node_run_without_its_slurm_inputs(tmp_path):
+    from launcher.schedulers.ssh.remote import SLURM_ENV
+
+    env = {"PATH": "/usr/bin:/bin", "SBATCH_ACCOUNT": "x", "SLURM_JOB_ID": "5", "SQUEUE_FORMAT": "%i",
+           "SLURM_CONF": "/etc/slurm.conf", "KEEP": "a $(b)"}
+    done = subprocess.run(["sh", "-c", SLURM_ENV, "glaunch-slurm", str(tmp_path), "sh", "-c", "pwd; env"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    lines = done.stdout.splitlines()
+    assert lines[0] == str(tmp_path)
+    seen = {line.split("=", 1)[0] for line in lines[1:] if "=" in line}
+    assert {"SLURM_CONF", "SLURM_TIME_FORMAT", "KEEP"} <= seen
+    assert not seen & {"SBATCH_ACCOUNT", "SLURM_JOB_ID", "SQUEUE_FORMAT"}
+
+
 # --- live: a laptop without Slurm, the cluster behind the login node -----------------------
 
 

@@ -12,10 +12,21 @@ from typing import Mapping, Sequence
 
 from launcher.errors import SchedulerError
 from launcher.schedulers.slurm.client import Client
-from launcher.schedulers.ssh.connection import Connection, said
+from launcher.schedulers.ssh.connection import Connection, NoAnswer, said
 
-# $1 the directory to run in, then the command.
-IN_DIR = 'cd -- "$1" || exit 126; shift; exec "$@"'
+# $1 the directory to run in ("": the login directory), then the command: run as on the
+# cluster itself (launcher.schedulers.slurm.client.clean_env), without the login shell's
+# SLURM_* (but SLURM_CONF) and the input variables of Slurm's commands, which would reshape
+# the request or the query.
+SLURM_ENV = "; ".join((
+    'if [ -n "$1" ]; then cd -- "$1" || exit 126; fi',
+    "shift",
+    "for v in $(env | sed -n -E 's/^((SLURM|SBATCH|SALLOC|SRUN|SQUEUE|SACCT|SINFO|SCANCEL|SCONTROL|SACCTMGR)"
+    "_[A-Za-z0-9_]*)=.*/\\1/p'); do [ \"$v\" = SLURM_CONF ] || unset \"$v\"; done",
+    "SLURM_TIME_FORMAT=standard",
+    "export SLURM_TIME_FORMAT",
+    'exec "$@"',
+))
 # $1 the file; exit 3 when it is missing.
 READ = '[ -e "$1" ] || exit 3; exec cat -- "$1"'
 MISSING = 3
@@ -27,15 +38,17 @@ HOME_AND_USER = 'printf "%s\\0%s\\0" "$HOME" "$(id -un)"'
 
 
 def slurm_client(conn: Connection, *, cwd: str | None = None) -> Client:
-    """A Slurm Client whose commands run on `conn`'s login node (in `cwd` when given), in
-    Slurm's standard time format; the local environment stays here."""
+    """A Slurm Client whose commands run on `conn`'s login node (in `cwd` when given) in the
+    environment SLURM_ENV leaves; the local environment stays here. A command that does not
+    end within its bound is a timeout to the Client: a lost sbatch answer is looked up."""
 
     def runner(cmd: Sequence[str], *, timeout: float, input: str | None = None,
                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-        words = ["env", "SLURM_TIME_FORMAT=standard", *cmd]
-        if cwd is not None:
-            words = ["sh", "-c", IN_DIR, "glaunch-in", cwd, *words]
-        done = conn.run(words, input=input.encode() if input is not None else None, timeout_s=timeout)
+        words = ["sh", "-c", SLURM_ENV, "glaunch-slurm", cwd or "", *cmd]
+        try:
+            done = conn.run(words, input=input.encode() if input is not None else None, timeout_s=timeout)
+        except NoAnswer:
+            raise subprocess.TimeoutExpired(list(cmd), timeout) from None
         return subprocess.CompletedProcess(list(cmd), done.returncode, done.out, done.err)
 
     return Client(runner=runner, environ={})
