@@ -225,6 +225,8 @@ def follow_both(laptop, runs: Path, ddp: str, hostile: str) -> None:
     assert not os.path.exists("/tmp/glaunch-pwned")
     cancel = glaunch(laptop, "cancel", hostile)
     assert cancel.returncode == 0 and "cancelled job" in cancel.stdout, cancel.stderr
+    resume = glaunch(laptop, "resume", ddp)
+    assert resume.returncode == 2 and "login node" in resume.stderr and str(runs / ddp) in resume.stderr
     assert wait_for(laptop, hostile, {"CANCELLED"}, 60)["state"] == "CANCELLED"
 
 
