@@ -234,6 +234,17 @@ class PlanSettings:
 
 
 @dataclass(eq=False)
+class LoginSettings:
+    """A site's `login:` the login node reached over SSH from a machine without Slurm."""
+
+    host: str = MISSING
+    user: Optional[str] = None
+    port: Optional[int] = None
+    identity_file: Optional[str] = None
+    jump: Optional[str] = None
+
+
+@dataclass(eq=False)
 class Site:
     """A site profile."""
 
@@ -253,6 +264,7 @@ class Site:
     python: Optional[str] = None
     crash_retries: int = 0
     plan: PlanSettings = field(default_factory=PlanSettings)
+    login: Optional[LoginSettings] = None
 
 
 # Enumerated string fields: dotted key -> allowed values.

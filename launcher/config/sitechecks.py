@@ -16,6 +16,7 @@ from typing import Any
 from launcher import shell
 from launcher.config import slurmtime
 from launcher.config import schema
+from launcher.config.login import login_of
 from launcher.config.provenance import ConfigKeyError
 from launcher.config.schema import env_name_problem, partition_name_problem, site_name_problem
 
@@ -74,6 +75,16 @@ def check_site(site: schema.Site) -> None:
     if site.python is not None:
         python_words(site.python)
     _check_counts(site)
+    _check_login(site)
+
+
+def _check_login(site: schema.Site) -> None:
+    """`login:` as ssh would take it: the first problem, naming its key (`login.port`)."""
+    login = login_of(site.login)
+    problems = login.problems() if login is not None else []
+    if problems:
+        key, text = problems[0]
+        raise _error(key, text)
 
 
 def _error(key: str, message: str) -> ConfigKeyError:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from launcher.config import slurmtime
+from launcher.config.login import Login
 from launcher.config.sites import ProfileFile
 
 # Ports below the Linux ephemeral range (32768-60999), so a rendezvous port is never
@@ -143,6 +144,7 @@ class JobPlan:
     hparams: Mapping[str, Any] = field(default_factory=dict)
     sweep_id: str | None = None       # an element of this sweep: on Slurm, one task of an array job
     dependency: str | None = None     # Slurm's --dependency: the runs it waits for (--after)
+    login: Login | None = None        # the site's `login:`: its cluster reached over SSH from elsewhere
 
     @property
     def submitted_script(self) -> str | None:

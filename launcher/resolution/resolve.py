@@ -19,6 +19,7 @@ from typing import Any
 from launcher import shell
 from launcher.config import schema, slurmtime
 from launcher.config.load import LoadedExperiment
+from launcher.config.login import login_of
 from launcher.config.provenance import ConfigKeyError, locating
 from launcher.config.schema import partition_name_problem
 from launcher.config.sitechecks import python_words
@@ -88,7 +89,7 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
         exclude_bad_nodes=exp.requeue.exclude_bad_nodes,
         watchdog_stall_s=exp.watchdog.stall_s, watchdog_first_step_s=exp.watchdog.first_step_s,
         experiment=_as_dict(exp), site=_as_dict(site), code=code, hparams=hparams,
-        sweep_id=ctx.sweep_id, dependency=ctx.dependency,
+        sweep_id=ctx.sweep_id, dependency=ctx.dependency, login=login_of(site.login),
     )
 
 

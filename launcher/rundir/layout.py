@@ -83,6 +83,8 @@ TASK_LOG_PATTERN = "%j_%t_log.{stream}"
 BATCH_LOG_PATTERN = "%j_batch.log"
 STEP_SUMMARY = "{job_id}_step.json"      # the local stand-in for srun's account of a step
 # A sweep's element on Slurm is a task of an array job: its job id is ARRAYJOB_TASK.
+# In the local record of a run that lives on a cluster reached over SSH: where it lives.
+REMOTE_FILE = "remote.json"
 TASK_LOG = re.compile(r"(?P<job>\d+(?:_\d+)?)_(?P<task>\d+)_log\.(?P<stream>out|err)$")
 GPU_SAMPLES = "{job_id}_gpu_{node}.csv"
 HEARTBEAT_FILE = "rank-{rank:05d}.json"

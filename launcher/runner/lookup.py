@@ -13,6 +13,7 @@ from launcher.errors import ConfigError, GlaunchError, SchedulerError
 from launcher.rundir import registry
 from launcher.rundir.lifecycle import ENDS
 from launcher.rundir.records import RunRecord
+from launcher.rundir.layout import REMOTE_FILE
 from launcher.rundir.registry import find_run
 from launcher.runner import sweeps
 from launcher.runner.results import Run, RunRef, Sweep
@@ -61,6 +62,8 @@ def refreshed(run_dir: Path) -> RunRecord:
     so it answers at once with the controller down). NotRefreshed (exit 3) for a run whose
     scheduler cannot be reached, naming the state last recorded."""
 
+    if is_remote(run_dir):
+        return _remote(run_dir)
     record = registry.read(run_dir)
     if not _asks_scheduler(run_dir, record):
         return record
@@ -70,6 +73,21 @@ def refreshed(run_dir: Path) -> RunRecord:
         raise
     except SchedulerError as exc:
         raise NotRefreshed(exc, _reread(run_dir, record)) from None
+
+
+def is_remote(run_dir: Path) -> bool:
+    """Whether `run_dir` is the local record of a run that lives on a cluster reached over SSH."""
+    return (Path(run_dir) / REMOTE_FILE).is_file()
+
+
+def _remote(run_dir: Path) -> RunRecord:
+    """A run submitted over SSH: its record read from the cluster, Slurm asked there."""
+    from launcher.runner import remote
+
+    try:
+        return remote.refreshed(run_dir)
+    except SchedulerError as exc:
+        raise NotRefreshed(exc, registry.read(run_dir)) from None
 
 
 def _asks_scheduler(run_dir: Path, record: RunRecord) -> bool:

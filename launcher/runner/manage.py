@@ -16,7 +16,7 @@ from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord, State, is_terminal
 from launcher.runner import sweeps
 from launcher.runner.logs import Lines, LogFollower, RankLogs
-from launcher.runner.lookup import find_sweep, refreshed, refuse_copy, run_dir_of, sweep_records
+from launcher.runner.lookup import find_sweep, is_remote, refreshed, refuse_copy, run_dir_of, sweep_records
 from launcher.runner.recent import recent
 from launcher.runner.results import RunRef, StateChange
 from launcher.runner.status import summarize
@@ -163,6 +163,10 @@ def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,
                 follow = False
             time.sleep(poll_s)
     run_dir = run_dir_of(run)
+    if is_remote(run_dir):
+        from launcher.runner import remote
+
+        return remote.logs(run_dir, rank=rank, follow=follow, echo=echo, poll_s=poll_s)
     reader = RankLogs(run_dir, rank, echo)
     while True:
         reader.poll()
@@ -192,6 +196,10 @@ def cancel(run: RunRef) -> str:
         done = schedulers.get(sweep.scheduler).cancel_many(live, arrays)
         return f"sweep {sweep.sweep_id}: " + "; ".join(done)
     run_dir = run_dir_of(run)
+    if is_remote(run_dir):
+        from launcher.runner import remote
+
+        return remote.cancel(run_dir)
     refuse_copy(run_dir, registry.read(run_dir), "cancel")
     record = refreshed(run_dir)       # a record whose job has gone is brought to its end first
     if not record.job_id or record.scheduler not in schedulers.NAMES or is_terminal(record.state):

@@ -56,7 +56,7 @@ from launcher.rundir.lifecycle import resubmit
 from launcher.rundir.records import IN_FLIGHT, RunRecord, State
 from launcher.runner import bundle
 from launcher.runner.inputs import items
-from launcher.runner.lookup import find_sweep, refreshed, refuse_copy, run_dir_of
+from launcher.runner.lookup import find_sweep, is_remote, refreshed, refuse_copy, run_dir_of
 from launcher.runner.results import Run, RunRef
 from launcher.runner.submission import job_ids
 from launcher.runner.inputs import run_ref
@@ -106,6 +106,11 @@ def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool 
         raise ConfigError(f"{sweep_dir.name} is a sweep: resume its elements one by one (glaunch resume "
                           "ELEMENT_RUN_DIR)", file=WHERE, key="RUN")
     run_dir = run_dir_of(run)
+    if is_remote(run_dir):
+        record = registry.read(run_dir)
+        raise ConfigError(f"run {record.run_id} lives on its cluster ({record.run_dir}), and a run is not resumed "
+                          f"over SSH yet: run glaunch resume {record.run_dir} on the login node", file=WHERE,
+                          key="RUN")
     refuse_copy(run_dir, registry.read(run_dir), "resume")
     record = registry.read(run_dir) if dry_run else refreshed(run_dir)
     refuse_unless_ended(record)

@@ -22,7 +22,7 @@ from launcher.config.yamlfile import read_yaml
 from launcher.errors import GlaunchError
 from launcher.resolution.strategy import plan_for
 from launcher.rundir.files import load_json_object, open_regular, read_text
-from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.rundir.layout import REMOTE_FILE, RunDir, read_heartbeat
 from launcher.rundir.records import IN_FLIGHT, RunRecord
 from launcher.runner import goodput
 from launcher.runner.goodput import as_mapping, number, step_of
@@ -59,7 +59,24 @@ def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dic
     }
     if result_problem:
         summary["result_error"] = result_problem
+    cluster = cluster_of(run_dir, record)
+    if cluster is not None:
+        summary["cluster"] = cluster
     return summary
+
+
+def cluster_of(run_dir: Path, record: RunRecord) -> dict[str, Any] | None:
+    """Where a run submitted over SSH lives: the login host and its directory there; None
+    for a run whose directory is `run_dir`."""
+    path = Path(run_dir) / REMOTE_FILE
+    if not path.is_file():
+        return None
+    try:
+        login = load_json_object(path).get("login")
+        host = login.get("host") if isinstance(login, dict) else None
+    except (OSError, ValueError):
+        host = None
+    return {"host": host if isinstance(host, str) else None, "run_dir": record.run_dir}
 
 
 # Keys every start of `status --json` has (null until known): what the ranks measured, and

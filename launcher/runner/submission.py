@@ -15,6 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from launcher import schedulers
 from launcher.config.load import load_experiment
+from launcher.config.login import login_of
 from launcher.config.provenance import Origin
 from launcher.config.sites import load_site
 from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
@@ -44,6 +45,7 @@ class Prepared:
     checkpoint_from: Any = None        # ... and checkpoint.dir
     warnings: tuple[str, ...] = ()     # what the user should know before it runs (one line each)
     after: tuple[Any, ...] = ()        # launcher.runner.dependencies.Upstream: the runs it waits for (--after)
+    remote: Any = None                 # launcher.schedulers.ssh.connection.Connection: submitted over SSH
 
 
 def load(experiment: str | os.PathLike, site: str | None = None, overrides: Sequence[str] = (),
@@ -69,17 +71,53 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
     scheduler unless `dry_run`."""
     runs_dir = folder_of(runs_dir)
     exp, loaded_site = load(experiment, site, overrides)
+    conn = None if dry_run else remote_connection(loaded_site, runs_dir, after)
+    try:
+        return _prepare(exp, loaded_site, runs_dir, run_id, after, dry_run, conn)
+    except BaseException:
+        if conn is not None:
+            conn.close()
+        raise
+
+
+def remote_connection(loaded_site, runs_dir: str | None, after: Sequence[str]):
+    """The connection to the site's login node when this submission goes over SSH, else None."""
+    login = login_of(loaded_site.config.login)
+    if login is None:
+        return None
+    from launcher.runner import remote
+
+    if not remote.goes_remote(login, loaded_site.config.scheduler):
+        return None
+    if after:
+        raise ConfigError("a submission over SSH does not wait for other runs yet: submit it on the login node "
+                          "(GLAUNCH_DIRECT=1)", file="command line", key="--after")
+    remote.check_runs_root(loaded_site.config.runs_root, runs_dir, str(loaded_site.path))
+    return remote.connect(login)
+
+
+def _prepare(exp, loaded_site, runs_dir: str | None, run_id: str | None, after: Sequence[str], dry_run: bool,
+             conn) -> Prepared:
     upstreams, dependency = upstreams_of(after, loaded_site.config.scheduler, dry_run=dry_run)
-    ctx = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=dict(os.environ),
+    environ = dict(os.environ)
+    if conn is not None:
+        from launcher.runner import remote
+
+        environ = remote.cluster_environ(conn, environ)
+    ctx = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=environ,
                         run_id=run_id or new_run_id(exp.config.name), runs_dir=runs_dir, dependency=dependency)
     plan = resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, {}))
+    if conn is not None:
+        from launcher.runner import remote
+
+        plan = remote.on_cluster(plan)
     scheduler = schedulers.get(plan.scheduler)
     scheduler.check(plan)
     warnings = [w for w in (take_over_warning(exp, plan, upstreams, dry_run=dry_run), checkpoint_warning(exp, plan))
                 if w]
     runs_from, checkpoint_from = path_sources(exp, loaded_site, runs_dir)
     return Prepared(plan, scheduler.render(plan), scheduler, runs_from, checkpoint_from,
-                    warnings=tuple(warnings), after=tuple(upstreams))
+                    warnings=tuple(warnings), after=tuple(upstreams), remote=conn)
 
 
 def with_code_root(exp, loaded_site, ctx, found: dict):
@@ -161,6 +199,14 @@ def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
     without it)."""
 
     plan, scheduler = prepared.plan, prepared.scheduler
+    if prepared.remote is not None:
+        from launcher.runner import remote
+
+        if dry_run:
+            prepared.remote.close()
+            raise ConfigError("a run prepared for submission over SSH is sent, not rendered here: prepare it "
+                              "with dry_run=True", file="command line", key="--dry-run")
+        return remote.launch(prepared, check=check)
     paths = dict(runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
     survey = bundle.check_inputs(plan, **paths)
     registry.check_state_dir()

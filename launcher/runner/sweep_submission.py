@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from launcher import schedulers
+from launcher.config.login import login_of
 from launcher.config.load import load_experiment
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import SubmitContext
@@ -80,6 +81,8 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
     if exp0.config.checkpoint.take_over is not None:
         raise exp0.provenance.error("checkpoint.take_over", "one run's checkpoints go to one run: a sweep's "
                                     "elements cannot take them over (submit the run that continues it alone)")
+    if not dry_run:
+        refuse_remote(loaded_site)
     upstreams, dependency = upstreams_of(after, loaded_site.config.scheduler, dry_run=dry_run)
     sweep_id = sweeps.new_sweep_id(exp0.config.name)
     base = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=dict(os.environ), run_id=sweep_id,
@@ -234,3 +237,15 @@ def _sweep_result(prepared: PreparedSweep, dry_run: bool, files: Mapping[str, st
     state = sweeps.sweep_state([r.state for r in runs])
     return Sweep(prepared.sweep_id, prepared.sweep_dir, record.site, dry_run, tuple(runs),
                  tuple(a.__dict__ for a in record.arrays), dict(files or {}), state)
+
+
+def refuse_remote(loaded_site) -> None:
+    """A sweep is submitted where Slurm answers: ConfigError for one that would go over SSH."""
+    login = login_of(loaded_site.config.login)
+    if login is None:
+        return
+    from launcher.runner import remote
+
+    if remote.goes_remote(login, loaded_site.config.scheduler):
+        raise ConfigError(f"sbatch is not on PATH here, and a sweep is not submitted over SSH yet: submit it on "
+                          f"{login.host}", file="command line", key="--sweep")

@@ -205,6 +205,9 @@ def format_status(summary: Mapping[str, Any]) -> str:
     lines = [f"run {p(summary['run_id'])}: {p(summary['state'])} (site {p(summary['site'])}, "
              f"job {p(summary['job_id'])}, {summary['restarts']} restart(s)"
              + (f", {resumed} resume(s)" if resumed else "") + ")", f"  {p(summary['run_dir'])}"]
+    cluster = summary.get("cluster")
+    if isinstance(cluster, Mapping):
+        lines.append(f"  on {p(cluster.get('host'))}: {p(cluster.get('run_dir'))}")
     if summary.get("accounting") is False:
         lines.append("  (no Slurm accounting here: states come from squeue only)")
     lines += _origin_lines(summary)

@@ -9,13 +9,14 @@ The decisions are pure and tested with a fake clock on recorded error texts
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterator, Mapping, Sequence
 
 from launcher.errors import SchedulerError
 from launcher.processes import run_bounded
@@ -326,6 +327,18 @@ def _error_lines(text: str) -> str:
 
 # The process's client: glaunch's commands share what it learnt about the controller.
 CLIENT = Client()
+
+
+@contextlib.contextmanager
+def using(client: Client) -> Iterator[Client]:
+    """Within the block, every Slurm command of this process runs under `client` (one whose
+    runner reaches another machine's Slurm: launcher.schedulers.ssh.slurm)."""
+    global CLIENT
+    previous, CLIENT = CLIENT, client
+    try:
+        yield client
+    finally:
+        CLIENT = previous
 
 
 def run_command(*cmd: str, policy: RetryPolicy | None = None, input: str | None = None,

@@ -20,10 +20,11 @@ from launcher.schedulers.slurm.state import (
 )
 
 
-def find_submitted(script: str, marker: str, *, deadline: float | None = None) -> str | None:
-    """The id of the job submitted from `script` or carrying comment `marker`, if Slurm
-    has it (pending, running or recently ended); None when it has no such job."""
-    proc = run_command("squeue", "-h", "--states=all", "-u", getpass.getuser(), "-o", "%i|%k|%o",
+def find_submitted(script: str, marker: str, *, deadline: float | None = None, user: str | None = None) -> str | None:
+    """The id of the job `user` (default: this process's) submitted from `script` or
+    carrying comment `marker`, if Slurm has it (pending, running or recently ended); None
+    when it has no such job."""
+    proc = run_command("squeue", "-h", "--states=all", "-u", user or getpass.getuser(), "-o", "%i|%k|%o",
                        deadline=deadline)
     if proc.returncode != 0:
         raise SchedulerError(f"squeue failed: {(proc.stderr or proc.stdout).strip()}")

@@ -74,6 +74,10 @@ def failure_message(where: str, stderr: bytes) -> str:
     return f"ssh to {where} failed (ssh: {said(stderr) or 'no message, exit 255'})"
 
 
+class NoAnswer(SchedulerError):
+    """The remote command did not end within its bound: whether it did its work is unknown."""
+
+
 @dataclass(frozen=True)
 class Destination:
     """Where ssh actually goes once ~/.ssh/config has been applied (`ssh -G`)."""
@@ -158,8 +162,8 @@ class Connection:
         """Run `words` on the login node (each word quoted: nothing in them expands) with
         `input` on its stdin, within `timeout_s` (default: the connection's). The remote
         command's own exit status is the caller's to judge; SchedulerError when ssh could
-        not run it: host unreachable, host key unknown or changed, login refused, no
-        answer within the bound."""
+        not run it: host unreachable, host key unknown or changed, login refused; NoAnswer
+        (a SchedulerError) when it did not end within the bound."""
         bound = self.timeout_s if timeout_s is None else timeout_s
         argv = self.words(timeout_s=bound) + [shell.join(words)]
         self.round_trips += 1
@@ -168,7 +172,7 @@ class Connection:
         except OSError as exc:
             raise SchedulerError(f"cannot run ssh to reach {self.where()}: {exc.strerror or exc}") from None
         if done is None:
-            raise SchedulerError(f"{self.where()} did not answer within {bound:g} s over ssh")
+            raise NoAnswer(f"{self.where()} did not answer within {bound:g} s over ssh")
         if done.returncode == SSH_FAILED:
             raise SchedulerError(failure_message(self.where(), done.stderr))
         return done

@@ -31,7 +31,8 @@ UNPACK_FAILED = 20
 RENAME_FAILED = 21
 INCOMPLETE = 22
 
-# $1 destination, $2 the temporary sibling, $3 the parent, $4 1 to create the parent,
+# $1 destination, $2 the temporary sibling, $3 the parent, $4 1 to create the parent and
+# its own missing parents, 2 to create the parent alone (its own parent must exist),
 # $5 the name of the archive's last member.
 # The EXIT trap, set once the sibling is ours, removes it on any way out but success; a
 # signal exits through it too (dash, unlike bash, skips EXIT traps on signals otherwise).
@@ -41,6 +42,7 @@ RECEIVE = "; ".join(f"""\
 set -u
 dest=$1 tmp=$2 parent=$3
 if [ "$4" = 1 ]; then mkdir -p -- "$parent" || exit {NO_PARENT}; fi
+if [ "$4" = 2 ] && [ ! -d "$parent" ]; then mkdir -- "$parent" || exit {NO_PARENT}; fi
 [ -d "$parent" ] || exit {NO_PARENT}
 if [ -e "$dest" ] || [ -L "$dest" ]; then exit {EXISTS}; fi
 mkdir -- "$tmp" || exit {NO_TEMPORARY}
@@ -97,11 +99,12 @@ def check_remote_dir(remote_dir: str) -> str:
 
 
 def send_tree(conn: Connection, local_dir: str | os.PathLike[str], remote_dir: str, *, parents: bool = False,
-              timeout_s: float | None = None) -> None:
+              make_parent: bool = False, timeout_s: float | None = None) -> None:
     """Send the tree under `local_dir` to `remote_dir` on the login node in one call. The
     directory appears there complete, or not at all. SchedulerError (exit 3), naming the
-    host, when `remote_dir` already exists, its parent is missing (`parents`: create it),
-    or anything fails; RunError when `local_dir` cannot be read."""
+    host, when `remote_dir` already exists, its parent is missing (`parents`: create it and
+    what it lacks above; `make_parent`: create it where its own parent exists), or anything
+    fails; RunError when `local_dir` cannot be read."""
     dest = check_remote_dir(remote_dir)
     last = f".glaunch-complete-{secrets.token_hex(8)}"
     try:
@@ -109,7 +112,8 @@ def send_tree(conn: Connection, local_dir: str | os.PathLike[str], remote_dir: s
     except OSError as exc:
         raise RunError(f"cannot read {os.fspath(local_dir)!r} to send it: {exc.strerror or exc}") from None
     parent, tmp = temporary_sibling(dest)
-    words = ["sh", "-c", RECEIVE, "glaunch-receive", dest, tmp, parent, "1" if parents else "0", last]
+    mode = "1" if parents else "2" if make_parent else "0"
+    words = ["sh", "-c", RECEIVE, "glaunch-receive", dest, tmp, parent, mode, last]
     done = conn.run(words, input=data, timeout_s=timeout_s)
     if done.returncode == 0:
         return

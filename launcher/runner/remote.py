@@ -1,0 +1,335 @@
+"""Remote submission: a Slurm site whose profile has `login:`, used from a machine where
+Slurm's commands do not answer (no `sbatch` on PATH; GLAUNCH_DIRECT=1 keeps the direct
+road). The run is rendered here as on the cluster, with the cluster's paths, written to a
+local staging folder, sent in one transfer to its directory under runs_root on the
+cluster, and queued there with the same job.sbatch bytes; all over one SSH connection per
+command. The run's record here is a folder of glaunch's state directory holding
+remote.json (the login and the run's directory on the cluster) and the last run.json read
+from there: status, cancel and logs ask the cluster through it.
+
+Queueing: sbatch --hold, then run.json with the job's id and the submitit task are put in
+place, then `scontrol release`: the job never starts before its record is whole. Any
+failure before the release cancels the job and removes what was sent: nothing is left on
+either side.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import os
+import posixpath
+import shutil
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from launcher.config.login import Login
+from launcher.errors import ConfigError, RunError, SchedulerError
+from launcher.rundir import registry
+from launcher.rundir.files import atomic_write_text
+from launcher.rundir.layout import REMOTE_FILE, TASK_LOG, RunDir
+from launcher.rundir.lifecycle import ENDS
+from launcher.rundir.records import RunRecord, State, is_terminal
+from launcher.runner import bundle
+from launcher.runner.logs import RankLogs
+from launcher.runner.results import Run
+from launcher.schedulers.slurm.client import using
+from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job
+from launcher.schedulers.slurm.records import fold_job, has_ended, record_queued, settled
+from launcher.schedulers.slurm.submit import dump_task, preflight, submission_marker, submitted_pickle, task_template
+from launcher.schedulers.ssh import remote as on_login
+from launcher.schedulers.ssh.connection import Connection
+from launcher.schedulers.ssh.transfer import send_tree
+
+DIRECT = "GLAUNCH_DIRECT"
+RECORDS = "remote-runs"
+
+
+def goes_remote(login: Login | None, scheduler: str, environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether a submission to this site goes over SSH: the site has `login:`, is a Slurm
+    site, Slurm's sbatch is not on PATH here, and GLAUNCH_DIRECT is not 1."""
+    if login is None or scheduler != "slurm" or environ.get(DIRECT) == "1":
+        return False
+    return shutil.which("sbatch", path=environ.get("PATH", os.defpath)) is None
+
+
+def connect(login: Login) -> Connection:
+    """The one connection of this command to `login`."""
+    return Connection(login, state_dir=registry.state_dir() / "ssh")
+
+
+def cluster_environ(conn: Connection, environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` with HOME, USER and LOGNAME of the cluster account: what ~, $HOME and $USER
+    in runs_root and checkpoint.dir stand for, as the cluster's shell would expand them."""
+    home, user = on_login.home_and_user(conn)
+    return {**environ, "HOME": home, "USER": user, "LOGNAME": user}
+
+
+def check_runs_root(site_runs_root: str | None, runs_dir: str | None, site_file: str) -> None:
+    """A remote run's directory is a cluster path: runs_root (or --runs-dir) must give it,
+    absolute or from ~ or a variable."""
+    value = runs_dir or site_runs_root
+    key, file = ("--runs-dir", "command line") if runs_dir else ("runs_root", site_file)
+    if not value:
+        raise ConfigError("submitting over SSH needs runs_root: the directory on the cluster that holds the runs",
+                          file=site_file, key="runs_root")
+    if not value.startswith(("/", "~", "$")):
+        raise ConfigError(f"{value!r} is relative: on the cluster, give it absolute (or from ~ or $HOME)",
+                          file=file, key=key)
+
+
+def on_cluster(plan: Any) -> Any:
+    """The plan as the cluster runs it: from its code snapshot (the only copy of the code
+    there), in the snapshot's counterpart of the working directory (else the run
+    directory). ConfigError for a run without a snapshot."""
+    if plan.code is None:
+        raise ConfigError("a run submitted over SSH runs from its code snapshot on the cluster: leave "
+                          "code.snapshot on", file=plan.experiment_file, key="code.snapshot")
+    return dataclasses.replace(plan, workdir=plan.code.import_path or plan.run_dir)
+
+
+# --- the record here --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where a run submitted over SSH lives: the login, and its directory on the cluster."""
+
+    login: Login
+    run_dir: str
+
+    def to_json(self) -> str:
+        return json.dumps({"login": dataclasses.asdict(self.login), "run_dir": self.run_dir}, indent=2) + "\n"
+
+
+def records_dir() -> Path:
+    return registry.state_dir() / RECORDS
+
+
+def where_of(run_dir: Path) -> Where:
+    """remote.json, checked as the profile's `login:` is: RunError naming the file."""
+    path = Path(run_dir) / REMOTE_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        login = Login(**data["login"])
+        run = data["run_dir"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise RunError(f"cannot read where the run lives: {exc}", file=str(path)) from None
+    if login.problems() or not isinstance(run, str) or not run.startswith("/"):
+        raise RunError("names no usable login or cluster directory", file=str(path))
+    return Where(login, run)
+
+
+# --- submitting -------------------------------------------------------------------------
+
+
+def relocated(plan: Any, local_run_dir: Path) -> Any:
+    """The plan with its run directory (logs, checkpoints, code snapshot) at `local_run_dir`:
+    where the bundle rendered for the cluster is written before it is sent."""
+    here = str(local_run_dir)
+
+    def moved(path: str) -> str:
+        return here + path[len(plan.run_dir):] if path == plan.run_dir or path.startswith(plan.run_dir + "/") else path
+
+    code = plan.code and dataclasses.replace(plan.code, dest=moved(plan.code.dest))
+    return dataclasses.replace(plan, run_dir=here, log_dir=moved(plan.log_dir),
+                               checkpoint_dir=moved(plan.checkpoint_dir), code=code)
+
+
+def launch(prepared: Any, *, check: bool) -> Run:
+    """Write, send and queue the prepared run over its connection (closed at the end)."""
+    plan, conn = prepared.plan, prepared.remote
+    try:
+        if bundle.checkpoint_outside(plan):
+            raise prepared.checkpoint_from.error("a run submitted over SSH keeps its checkpoints in its run "
+                                                 "directory on the cluster: leave checkpoint.dir out")
+        records_dir().mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=records_dir()))
+        try:
+            job_id = _stage_send_queue(prepared, conn, staging / plan.run_id, check)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    finally:
+        conn.close()
+    return Run(plan.run_id, records_dir() / plan.run_id, plan.site_name, False, tuple(prepared.files),
+               State.PENDING.value, job_id=job_id, warnings=prepared.warnings)
+
+
+def _stage_send_queue(prepared: Any, conn: Connection, local: Path, check: bool) -> str:
+    plan = prepared.plan
+    local_plan = relocated(plan, local)
+    paths = dict(runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
+    survey = bundle.check_inputs(local_plan, **paths)
+    written = bundle.write_bundle(local_plan, prepared.files, dry_run=False, survey=survey, **paths)
+    with registry.updating(written.path) as record:
+        record.run_dir = plan.run_dir
+        record.extra = moved_paths(record.extra, str(written.path), plan.run_dir)
+    dump_task(plan, task_template(local_plan.log_dir))
+    user = on_login.home_and_user(conn)[1]
+    send_tree(conn, written.path, plan.run_dir, make_parent=True)
+    client = on_login.slurm_client(conn, cwd=plan.run_dir)
+    job_id = None
+    try:
+        with using(client):
+            if check:
+                preflight(plan, Path(plan.run_dir) / "job.sbatch", {})
+            job_id = _sbatch_held(client, plan, user)
+            _complete(conn, plan, written.path, job_id)
+            record_here(local, plan, job_id, Where(conn.login, plan.run_dir))
+            _release(client, job_id)
+    except BaseException:
+        _undo(conn, client, plan, job_id)
+        raise
+    return job_id
+
+
+def moved_paths(value: Any, old: str, new: str) -> Any:
+    """`value` (run.json's parts) with each path under `old` named under `new` instead."""
+    if isinstance(value, str):
+        return new + value[len(old):] if value == old or value.startswith(old + "/") else value
+    if isinstance(value, dict):
+        return {key: moved_paths(item, old, new) for key, item in value.items()}
+    if isinstance(value, list):
+        return [moved_paths(item, old, new) for item in value]
+    return value
+
+
+def _sbatch_held(client: Any, plan: Any, user: str) -> str:
+    """sbatch the job held; its id. A lost answer is looked up by the run's marker."""
+    script = posixpath.join(plan.run_dir, "job.sbatch")
+    with_comment = "comment" not in dict(plan.extra_sbatch)
+    marker = submission_marker(plan.run_id) if with_comment else ""
+    cmd = ["sbatch", "--hold", *([f"--comment={marker}"] if marker else []), script]
+
+    def lookup(deadline: float) -> str | None:
+        return find_submitted(script, marker, deadline=deadline, user=user)
+
+    output = client.submit(cmd, lookup=lookup)
+    words = output.split()
+    if len(words) < 4 or not words[-1].isdigit():
+        raise SchedulerError(f"sbatch answered without a job id: {output.strip()[:200]}")
+    return words[-1]
+
+
+def _complete(conn: Connection, plan: Any, staged: Path, job_id: str) -> None:
+    """On the cluster: run.json saying the job is queued, and submitit's task for it."""
+    record_queued(staged, plan, job_id, [], None)
+    on_login.write_bytes(conn, posixpath.join(plan.run_dir, "run.json"), RunDir(staged).run_file.read_bytes())
+    template = str(task_template(plan.log_dir))
+    on_login.run_checked(conn, ["mv", "-f", "--", template, str(submitted_pickle(plan.log_dir, job_id))],
+                         "putting the job's task in place")
+
+
+def record_here(staged: Path, plan: Any, job_id: str, where: Where) -> None:
+    """The local record: remote.json and run.json, registered under the run's id."""
+    home = records_dir() / plan.run_id
+    home.mkdir()
+    try:
+        atomic_write_text(home / REMOTE_FILE, where.to_json())
+        shutil.copyfile(RunDir(staged).run_file, RunDir(home).run_file)
+        registry.register(plan.run_id, str(home))
+    except BaseException:
+        shutil.rmtree(home, ignore_errors=True)
+        raise
+
+
+def _release(client: Any, job_id: str) -> None:
+    proc = client.call("scontrol", "release", job_id)
+    if proc.returncode != 0:
+        raise SchedulerError(f"scontrol release {job_id} failed: {(proc.stderr or proc.stdout).strip()}")
+
+
+def _undo(conn: Connection, client: Any, plan: Any, job_id: str | None) -> None:
+    """After a failure: cancel the held job, remove the run's directory on the cluster and
+    its record here. Best effort: the first failure is the one reported."""
+    home = records_dir() / plan.run_id
+    if home.is_dir() and (home / REMOTE_FILE).is_file():
+        registry.unregister(plan.run_id, str(home))
+        shutil.rmtree(home, ignore_errors=True)
+    try:
+        if job_id is not None:
+            client.call("scancel", job_id)
+        on_login.remove_tree(conn, plan.run_dir)
+    except SchedulerError:
+        pass
+
+
+# --- following --------------------------------------------------------------------------
+
+
+def refreshed(run_dir: Path) -> RunRecord:
+    """The run's record read from the cluster, with Slurm's view folded in."""
+    where = where_of(run_dir)
+    with connect(where.login) as conn:
+        return refreshed_over(conn, run_dir, where)
+
+
+def refreshed_over(conn: Connection, run_dir: Path, where: Where) -> RunRecord:
+    data = on_login.read_bytes(conn, posixpath.join(where.run_dir, "run.json"))
+    if data is None:
+        raise SchedulerError(f"{where.run_dir!r} on {conn.where()} holds no run.json: the run's directory "
+                             "there was moved or removed")
+    atomic_write_text(RunDir(run_dir).run_file, data.decode("utf-8", errors="replace"))
+    record = registry.read(run_dir)
+    if not record.job_id or (record.state in ENDS and settled(record)):
+        return record
+    with using(on_login.slurm_client(conn)):
+        live = reason = None
+        if not has_ended(record):
+            live, reason = squeue_job(record.job_id)
+        return fold_job(run_dir, live, reason, sacct_records(record.job_id))
+
+
+def cancel(run_dir: Path) -> str:
+    where = where_of(run_dir)
+    with connect(where.login) as conn:
+        record = refreshed_over(conn, run_dir, where)
+        if not record.job_id or is_terminal(record.state):
+            return f"run {record.run_id}: nothing to cancel ({record.state})"
+        proc = on_login.slurm_client(conn).call("scancel", record.job_id)
+        if proc.returncode != 0:
+            raise SchedulerError(f"scancel {record.job_id} on {conn.where()} failed: {proc.stderr.strip()}")
+    return f"run {record.run_id}: cancelled job {record.job_id} on {where.login.host}"
+
+
+def logs(run_dir: Path, *, rank: int | None, follow: bool, echo: Callable[[str], None], poll_s: float) -> None:
+    """The run's task logs, copied from the cluster as they grow, shown as for a run here."""
+    where = where_of(run_dir)
+    reader = RankLogs(run_dir, rank, echo)
+    with connect(where.login) as conn:
+        while True:
+            mirror_logs(on_login.pack(conn, where.run_dir, "logs"), RunDir(run_dir).log_dir)
+            reader.poll()
+            if not follow:
+                reader.flush()
+                return
+            state = refreshed_over(conn, run_dir, where).state
+            if is_terminal(state) or state == State.UNKNOWN:
+                follow = False
+            time.sleep(poll_s)
+
+
+def mirror_logs(stream: bytes, log_dir: Path) -> None:
+    """The task logs of a tar stream of logs/ into `log_dir`: what grew is appended, so a
+    reader following them sees them grow; anything but a task log is left out."""
+    if not stream:
+        return
+    log_dir.mkdir(exist_ok=True)
+    with tarfile.open(fileobj=io.BytesIO(stream), mode="r:") as tar:
+        for member in tar:
+            name = posixpath.basename(member.name)
+            if not member.isreg() or posixpath.dirname(member.name).strip("./") != "logs" or not TASK_LOG.match(name):
+                continue
+            data = tar.extractfile(member)
+            _grow(log_dir / name, data.read() if data is not None else b"")
+
+
+def _grow(path: Path, data: bytes) -> None:
+    have = path.stat().st_size if path.is_file() else 0
+    with open(path, "ab" if have <= len(data) else "wb") as f:
+        f.write(data[have:] if have <= len(data) else data)

@@ -1,0 +1,101 @@
+"""What glaunch does on a login node over one Connection: Slurm's commands through the
+same Client (timeouts, retries, lookups) as on the cluster itself, and the few file
+operations a run kept there needs. Every word goes through launcher.shell (Connection.run
+quotes it); the scripts here are fixed text that takes its values as positional arguments.
+"""
+
+from __future__ import annotations
+
+import posixpath
+import subprocess
+from typing import Mapping, Sequence
+
+from launcher.errors import SchedulerError
+from launcher.schedulers.slurm.client import Client
+from launcher.schedulers.ssh.connection import Connection, NoAnswer, said
+
+# $1 the directory to run in ("": the login directory), then the command: run as on the
+# cluster itself (launcher.schedulers.slurm.client.clean_env), without the login shell's
+# SLURM_* (but SLURM_CONF) and the input variables of Slurm's commands, which would reshape
+# the request or the query.
+SLURM_ENV = "; ".join((
+    'if [ -n "$1" ]; then cd -- "$1" || exit 126; fi',
+    "shift",
+    "for v in $(env | sed -n -E 's/^((SLURM|SBATCH|SALLOC|SRUN|SQUEUE|SACCT|SINFO|SCANCEL|SCONTROL|SACCTMGR)"
+    "_[A-Za-z0-9_]*)=.*/\\1/p'); do [ \"$v\" = SLURM_CONF ] || unset \"$v\"; done",
+    "SLURM_TIME_FORMAT=standard",
+    "export SLURM_TIME_FORMAT",
+    'exec "$@"',
+))
+# $1 the file; exit 3 when it is missing.
+READ = '[ -e "$1" ] || exit 3; exec cat -- "$1"'
+MISSING = 3
+# $1 the file, $2 a fresh name beside it: stdin replaces the file whole.
+WRITE = 'cat > "$2" && mv -f -- "$2" "$1" || { rm -f -- "$2"; exit 1; }'
+# $1 the folder, $2 its member: a tar stream of it on stdout (nothing when it is missing).
+PACK = '[ -d "$1/$2" ] || exit 0; exec tar -c -f - -C "$1" -- "$2"'
+HOME_AND_USER = 'printf "%s\\0%s\\0" "$HOME" "$(id -un)"'
+
+
+def slurm_client(conn: Connection, *, cwd: str | None = None) -> Client:
+    """A Slurm Client whose commands run on `conn`'s login node (in `cwd` when given) in the
+    environment SLURM_ENV leaves; the local environment stays here. A command that does not
+    end within its bound is a timeout to the Client: a lost sbatch answer is looked up."""
+
+    def runner(cmd: Sequence[str], *, timeout: float, input: str | None = None,
+               env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        words = ["sh", "-c", SLURM_ENV, "glaunch-slurm", cwd or "", *cmd]
+        try:
+            done = conn.run(words, input=input.encode() if input is not None else None, timeout_s=timeout)
+        except NoAnswer:
+            raise subprocess.TimeoutExpired(list(cmd), timeout) from None
+        return subprocess.CompletedProcess(list(cmd), done.returncode, done.out, done.err)
+
+    return Client(runner=runner, environ={})
+
+
+def home_and_user(conn: Connection) -> tuple[str, str]:
+    """The remote account's home directory and user name."""
+    done = conn.run(["sh", "-c", HOME_AND_USER])
+    fields = done.stdout.split(b"\0")
+    if done.returncode != 0 or len(fields) < 3 or not fields[0] or not fields[1]:
+        raise SchedulerError(f"{conn.where()} did not say its home directory and user ({said(done.stderr)})")
+    return fields[0].decode(errors="surrogateescape"), fields[1].decode(errors="surrogateescape")
+
+
+def read_bytes(conn: Connection, path: str) -> bytes | None:
+    """The remote file's bytes, or None when it does not exist."""
+    done = conn.run(["sh", "-c", READ, "glaunch-read", path])
+    if done.returncode == MISSING:
+        return None
+    if done.returncode != 0:
+        raise SchedulerError(f"cannot read {path!r} on {conn.where()} ({said(done.stderr)})")
+    return done.stdout
+
+
+def write_bytes(conn: Connection, path: str, data: bytes) -> None:
+    """Replace the remote file whole with `data`."""
+    fresh = posixpath.join(posixpath.dirname(path), f".{posixpath.basename(path)}.glaunch-new")
+    done = conn.run(["sh", "-c", WRITE, "glaunch-write", path, fresh], input=data)
+    if done.returncode != 0:
+        raise SchedulerError(f"cannot write {path!r} on {conn.where()} ({said(done.stderr)})")
+
+
+def run_checked(conn: Connection, words: Sequence[str], what: str) -> None:
+    done = conn.run(words)
+    if done.returncode != 0:
+        raise SchedulerError(f"{what} on {conn.where()} failed ({said(done.stderr) or f'exit {done.returncode}'})")
+
+
+def remove_tree(conn: Connection, path: str) -> None:
+    """Remove a directory this command sent, after a failure."""
+    run_checked(conn, ["rm", "-rf", "--", path], f"removing {path!r}")
+
+
+def pack(conn: Connection, folder: str, member: str) -> bytes:
+    """`folder/member` as a tar stream (empty when it does not exist)."""
+    done = conn.run(["sh", "-c", PACK, "glaunch-pack", folder, member])
+    if done.returncode != 0:
+        raise SchedulerError(f"cannot read {posixpath.join(folder, member)!r} on {conn.where()} "
+                             f"({said(done.stderr)})")
+    return done.stdout

@@ -1,0 +1,269 @@
+"""Remote submission: the profile's `login:` key, the decisions of the remote road, and
+(live, over the login node of scripts/local-sshd to the local Slurm cluster) submit,
+status, logs and cancel from a "laptop" without Slurm's commands."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.config.login import Login
+from launcher.errors import ConfigError
+from launcher.runner import remote
+
+REPO = Path(__file__).resolve().parents[1]
+SITE = """\
+name: far
+scheduler: slurm
+default_partition: p
+partitions: {p: {gpus_per_node: 1}}
+runs_root: /scratch/runs
+"""
+
+
+def write_site(tmp_path: Path, login: str) -> Path:
+    path = tmp_path / "far.yaml"
+    path.write_text(SITE + login + "\n")
+    return path
+
+
+def test_the_remote_road_is_taken_only_without_sbatch_and_without_GLAUNCH_DIRECT(tmp_path):
+    login = Login("login1")
+    (tmp_path / "sbatch").write_text("#!/bin/sh\n")
+    (tmp_path / "sbatch").chmod(0o755)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert remote.goes_remote(login, "slurm", {"PATH": str(empty)})
+    assert not remote.goes_remote(login, "slurm", {"PATH": str(tmp_path)})
+    assert not remote.goes_remote(login, "slurm", {"PATH": str(empty), "GLAUNCH_DIRECT": "1"})
+    assert not remote.goes_remote(None, "slurm", {"PATH": str(empty)})
+    assert not remote.goes_remote(login, "local", {"PATH": str(empty)})
+
+
+@pytest.mark.parametrize(("root", "runs_dir", "key"), [
+    (None, None, "runs_root"), ("runs", None, "runs_root"), ("/scratch", "rel/dir", "--runs-dir")])
+def test_a_remote_run_needs_a_cluster_path_for_its_runs(root, runs_dir, key):
+    with pytest.raises(ConfigError) as caught:
+        remote.check_runs_root(root, runs_dir, "far.yaml")
+    assert caught.value.key == key
+
+
+@pytest.mark.parametrize("root", ["/scratch/runs", "~/runs", "$HOME/runs", "/scratch/$USER"])
+def test_cluster_paths_for_the_runs_are_taken(root):
+    remote.check_runs_root(root, None, "far.yaml")
+
+
+def test_the_bundle_is_staged_under_another_folder_and_its_record_names_the_cluster():
+    record = {"provenance": {"snapshot": "/tmp/st/r1/code", "patch": "/tmp/st/r1/code.patch",
+                             "source": "/tmp/st/r10", "files": ["/tmp/st/r1/a"]}, "n": 3}
+    moved = remote.moved_paths(record, "/tmp/st/r1", "/scratch/runs/r1")
+    assert moved == {"provenance": {"snapshot": "/scratch/runs/r1/code", "patch": "/scratch/runs/r1/code.patch",
+                                    "source": "/tmp/st/r10", "files": ["/scratch/runs/r1/a"]}, "n": 3}
+
+
+def logs_tar(files: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def test_logs_copied_from_the_cluster_grow_in_place_and_nothing_else_is_taken(tmp_path):
+    log_dir = tmp_path / "logs"
+    remote.mirror_logs(logs_tar({"logs/7_0_log.out": b"one\n", "logs/7_submitted.pkl": b"x",
+                                 "logs/../../evil_0_log.out": b"x", "other/8_0_log.out": b"x"}), log_dir)
+    assert sorted(p.name for p in log_dir.iterdir()) == ["7_0_log.out"]
+    inode = (log_dir / "7_0_log.out").stat().st_ino
+    remote.mirror_logs(logs_tar({"logs/7_0_log.out": b"one\ntwo\n"}), log_dir)
+    assert (log_dir / "7_0_log.out").read_bytes() == b"one\ntwo\n"
+    assert (log_dir / "7_0_log.out").stat().st_ino == inode
+    assert not (tmp_path.parent / "evil_0_log.out").exists()
+
+
+def test_a_dry_run_with_a_login_contacts_nothing(tmp_path, isolated_env):
+    write_site(tmp_path, "login: {host: 127.0.0.1, port: 1}")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "exp.yaml").write_text("name: e\nentrypoint: {script: train.py}\nrequeue: {max: 0}\n")
+    env = dict(isolated_env, PATH=str(tmp_path / "no-bin"), PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "exp.yaml", "--site", "./far.yaml",
+                           "--dry-run", "--runs-dir", str(tmp_path / "runs")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert not (Path(isolated_env["GLAUNCH_STATE_DIR"]) / "ssh").exists()
+
+
+def test_a_sweep_that_would_go_over_ssh_is_refused_before_anything_is_written(tmp_path, isolated_env):
+    write_site(tmp_path, "login: {host: 127.0.0.1, port: 1}")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "exp.yaml").write_text("name: e\nentrypoint: {script: train.py}\nrequeue: {max: 0}\n")
+    env = dict(isolated_env, PATH=str(tmp_path / "no-bin"), PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "exp.yaml", "--site", "./far.yaml",
+                           "--sweep", "hparams.lr=1,2"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2 and "--sweep" in done.stderr and "127.0.0.1" in done.stderr, done.stderr
+    assert not (Path(isolated_env["GLAUNCH_STATE_DIR"]) / "ssh").exists()
+    assert not (tmp_path / "runs").exists()
+
+
+def test_slurm_commands_on_the_login_node_run_without_its_slurm_inputs(tmp_path):
+    from launcher.schedulers.ssh.remote import SLURM_ENV
+
+    env = {"PATH": "/usr/bin:/bin", "SBATCH_ACCOUNT": "x", "SLURM_JOB_ID": "5", "SQUEUE_FORMAT": "%i",
+           "SLURM_CONF": "/etc/slurm.conf", "KEEP": "a $(b)"}
+    done = subprocess.run(["sh", "-c", SLURM_ENV, "glaunch-slurm", str(tmp_path), "sh", "-c", "pwd; env"],
+                          env=env, capture_output=True, text=True, timeout=30)
+    lines = done.stdout.splitlines()
+    assert lines[0] == str(tmp_path)
+    seen = {line.split("=", 1)[0] for line in lines[1:] if "=" in line}
+    assert {"SLURM_CONF", "SLURM_TIME_FORMAT", "KEEP"} <= seen
+    assert not seen & {"SBATCH_ACCOUNT", "SLURM_JOB_ID", "SQUEUE_FORMAT"}
+
+
+# --- live: a laptop without Slurm, the cluster behind the login node -----------------------
+
+
+@pytest.fixture
+def laptop(tmp_path, isolated_env, local_sshd_env):
+    """The environment of glaunch on a laptop: PATH without Slurm's commands (its ssh runs
+    with the laptop user's ssh config, key and known hosts), no SLURM_CONF."""
+    home = Path("/home") / local_sshd_env["GLAUNCH_SSHD_LAPTOP_USER"] / ".ssh"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {home}/config -i {home}/id_ed25519 "
+                                 f"-o UserKnownHostsFile={home}/known_hosts \"$@\"\n")
+    (bin_dir / "ssh").chmod(0o755)
+    for tool in ("git", "tar"):
+        (bin_dir / tool).symlink_to(f"/usr/bin/{tool}")
+    env = {k: v for k, v in isolated_env.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    env.update(PATH=str(bin_dir), PYTHONPATH=str(REPO))
+    return env
+
+
+def glaunch(env, *args, cwd=REPO, timeout=90):
+    return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def submitted(done) -> str:
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)["run_id"]
+
+
+def wait_for(env, run_id, states, timeout_s=90.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done = glaunch(env, "status", run_id, "--json")
+        assert done.returncode == 0, done.stderr
+        status = json.loads(done.stdout)
+        if status["state"] in states or time.monotonic() > deadline:
+            return status
+        time.sleep(2)
+
+
+HOSTILE_ARGS = ["a b", "it's", '"dq"', "$(touch /tmp/glaunch-pwned)", "`id`", "$HOME", ";|&", "*"]
+# env values expand $VAR on the nodes by design ($$ is a literal $); command substitution never.
+HOSTILE_VALUE = "x 'y' \"z\" $(touch /tmp/glaunch-pwned) `id` $$HOME"
+SEEN_VALUE = "x 'y' \"z\" $(touch /tmp/glaunch-pwned) `id` $HOME"
+HOSTILE_SCRIPT = """\
+import json, os, sys, time
+print("HOSTILE " + json.dumps({"args": sys.argv[1:], "env": os.environ.get("HOSTILE_VALUE")}), flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slurm
+@pytest.mark.requires_sshd
+def test_a_laptop_submits_follows_and_cancels_runs_over_ssh(laptop, tmp_path):
+    runs = tmp_path / "cluster runs"
+    runs.mkdir()
+    site = ["--site", "local-slurm-remote", "--runs-dir", str(runs)]
+    ddp = submitted(glaunch(laptop, "submit", "examples/torch_ddp.yaml", *site, "resources.nodes=2", "--json"))
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hostile.py").write_text(HOSTILE_SCRIPT)
+    (work / "hostile.yaml").write_text(json.dumps({
+        "name": "hostile", "entrypoint": {"script": "hostile.py", "args": HOSTILE_ARGS},
+        "resources": {"nodes": 1, "time": "00:05:00"}, "requeue": {"max": 0},
+        "env": {"HOSTILE_VALUE": HOSTILE_VALUE}}))
+    hostile = submitted(glaunch(laptop, "submit", "hostile.yaml", *site, "--json", cwd=work))
+    try:
+        follow_both(laptop, runs, ddp, hostile)
+    finally:
+        glaunch(laptop, "cancel", hostile)
+
+
+def follow_both(laptop, runs: Path, ddp: str, hostile: str) -> None:
+    assert not (Path(laptop["GLAUNCH_STATE_DIR"]) / "remote-runs" / ddp / "job.sbatch").exists()
+    assert (runs / ddp / "job.sbatch").is_file()
+
+    followed = glaunch(laptop, "logs", ddp, "-f", "--rank", "0", timeout=120)
+    assert followed.returncode == 0 and "done: step 40" in followed.stdout, followed.stderr
+    status = wait_for(laptop, ddp, {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"})
+    assert status["state"] == "COMPLETED", status
+    assert status["cluster"] == {"host": "glaunch-login", "run_dir": str(runs / ddp)}
+    logs = glaunch(laptop, "logs", ddp)
+    assert logs.returncode == 0 and "Job completed successfully" in logs.stdout, logs.stderr
+    assert {line[:3] for line in logs.stdout.splitlines()} >= {"[0]", "[1]", "[2]", "[3]"}
+
+    deadline = time.monotonic() + 60
+    while "HOSTILE " not in (said := glaunch(laptop, "logs", hostile, "--rank", "0").stdout):
+        assert time.monotonic() < deadline, said
+        time.sleep(2)
+    line = next(x for x in said.splitlines() if "HOSTILE " in x)
+    assert json.loads(line.split("HOSTILE ", 1)[1]) == {"args": HOSTILE_ARGS, "env": SEEN_VALUE}
+    assert not os.path.exists("/tmp/glaunch-pwned")
+    cancel = glaunch(laptop, "cancel", hostile)
+    assert cancel.returncode == 0 and "cancelled job" in cancel.stdout, cancel.stderr
+    resume = glaunch(laptop, "resume", ddp)
+    assert resume.returncode == 2 and "login node" in resume.stderr and str(runs / ddp) in resume.stderr
+    assert wait_for(laptop, hostile, {"CANCELLED"}, 60)["state"] == "CANCELLED"
+
+
+@pytest.mark.requires_sshd
+@pytest.mark.parametrize(("login", "said"), [
+    ("login: {host: 127.0.0.1, port: 1}", "cannot reach root@127.0.0.1:1"),
+    ("login: {host: glaunch-login, user: glaunch-nobody}", "refused the login"),
+])
+def test_an_unreachable_host_or_a_refused_login_is_exit_3_naming_it_and_writes_nothing(laptop, tmp_path, login,
+                                                                                     said):
+    profile = tmp_path / "far.yaml"
+    profile.write_text(f"name: far\nextends: local-slurm\n{login}\nruns_root: {tmp_path / 'runs'}\n")
+    done = glaunch(laptop, "submit", "examples/torch_ddp.yaml", "--site", str(profile))
+    assert done.returncode == 3 and said in done.stderr, done.stderr
+    assert not (tmp_path / "runs").exists()
+    assert not list((Path(laptop["GLAUNCH_STATE_DIR"]) / "remote-runs").glob("*"))
+
+
+@pytest.mark.requires_sshd
+def test_a_missing_parent_of_the_runs_on_the_cluster_is_exit_3_and_leaves_nothing(laptop, tmp_path):
+    done = glaunch(laptop, "submit", "examples/torch_ddp.yaml", "--site", "local-slurm-remote", "--runs-dir",
+                   str(tmp_path / "missing" / "runs"))
+    assert done.returncode == 3 and "glaunch-login" in done.stderr and "missing" in done.stderr, done.stderr
+    assert not (tmp_path / "missing").exists()
+    assert not list((Path(laptop["GLAUNCH_STATE_DIR"]) / "remote-runs").glob("*"))
+    assert "torch-ddp" not in glaunch(laptop, "list").stdout
+
+
+@pytest.mark.slurm
+@pytest.mark.requires_sshd
+@pytest.mark.parametrize("check", [[], ["--no-check"]])
+def test_a_job_slurm_refuses_leaves_no_run_on_either_side(laptop, tmp_path, check):
+    profile = tmp_path / "badacct.yaml"
+    profile.write_text("name: badacct\nextends: local-slurm-remote\naccount: nosuch\n")
+    runs = tmp_path / "runs"
+    done = glaunch(laptop, "submit", "examples/torch_ddp.yaml", "--site", str(profile), "--runs-dir", str(runs),
+                   *check)
+    assert done.returncode == 3 and ("nosuch" in done.stderr or "Invalid account" in done.stderr), done.stderr
+    assert list(runs.iterdir()) == []
+    assert not list((Path(laptop["GLAUNCH_STATE_DIR"]) / "remote-runs").glob("*"))
