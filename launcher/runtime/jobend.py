@@ -258,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
             record.job_id = job_id
         if exclude is not None:
             record.excluded_nodes = exclude
+        # The job's own end is known now: a controller once unreachable from a login node is
+        # not what the run stands at (an ended run's record is read without asking Slurm).
+        record.extra.pop("unreachable", None)
         try:
             move(record, outcome.state, reason=outcome.reason, detail=outcome.detail, why="the job's end")
         except IllegalMove as exc:

@@ -89,7 +89,7 @@ def test_run_inside_salloc_then_interrupted_and_resumed_bitwise(tmp_path, isolat
     assert "never submitted with sbatch" in (run_dir / "job.sbatch").read_text()
     assert "scontrol requeue" not in (run_dir / "job.sbatch").read_text()
 
-    # Interrupted with Ctrl-C: the ranks stop with a checkpoint, in a checkpoint.dir a later run shares.
+    # Interrupted with Ctrl-C: the ranks stop with a checkpoint, in a checkpoint.dir a later run takes over.
     ckpt = tmp_path / "ckpt"
     pid_file = tmp_path / "glaunch.pid"
     slow = [*common, f"checkpoint.dir={ckpt}", "checkpoint.every_steps=1000",
@@ -108,9 +108,14 @@ def test_run_inside_salloc_then_interrupted_and_resumed_bitwise(tmp_path, isolat
     at = first["starts"][0]["stopped_at"]
     assert at is not None and 20 <= at < steps and first["detail"].startswith("interrupted (Ctrl-C): stopped at step")
 
-    # A later run in another allocation resumes from that checkpoint, bitwise.
+    # The same checkpoint.dir is that run's: a later run in another allocation is refused ...
+    refused = subprocess.run([*SALLOC, sys.executable, "-m", "launcher.cli", "run", *common, f"checkpoint.dir={ckpt}"],
+                             cwd=REPO, env=without_allocation(isolated_env), capture_output=True, text=True,
+                             timeout=600)
+    assert refused.returncode == 2 and f"holds the checkpoints of run {first['run_id']}" in refused.stderr
+    # ... unless it takes them over by name: it resumes from that checkpoint, bitwise.
     resumed = finished(in_salloc(tmp_path, isolated_env, *common, f"checkpoint.dir={ckpt}",
-                                 f"entrypoint.args=[--steps,{steps}]"))
+                                 f"checkpoint.take_over={first['run_id']}", f"entrypoint.args=[--steps,{steps}]"))
     assert resumed["state"] == "COMPLETED"
     last = read_json(Path(resumed["run_dir"]) / "run.json")
     assert last["starts"][0]["resumed_from"] == at
