@@ -123,7 +123,9 @@ def assert_bounded(stderr: str) -> None:
 
 def test_controller_unreachable_submit_and_status_end_within_a_minute(tmp_path, isolated_env):
     runs = tmp_path / "runs"
-    proc, info = submit("examples/torch_ddp.yaml", runs / "first", isolated_env, STEPS, wait=False, timeout=120)
+    # Long enough to be running still when the status that cannot reach Slurm gives up (40 s).
+    proc, info = submit("examples/torch_ddp.yaml", runs / "first", isolated_env,
+                        "entrypoint.args=[--steps,90,--seconds-per-step,1]", wait=False, timeout=120)
     assert proc.returncode == 0, proc.stderr
     first = info["run_id"]
     conf, port = unreachable_conf(tmp_path)

@@ -324,7 +324,8 @@ def _record_unreachable(run_dir: Path, exc: SchedulerError) -> None:
     """run.json: when and why Slurm could not say how the run stands (cleared by the next
     answer); its state stays the last one Slurm gave."""
     with registry.updating(run_dir) as rec:
-        rec.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
+        if not has_ended(rec):      # the job recorded its end while Slurm was asked: that stands
+            rec.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
 
 
 def _log_warnings(warnings: list[str]) -> None:
