@@ -116,7 +116,9 @@ def _problem(owner: Owner | None, directory: str | os.PathLike[str], run_id: str
 
 def _entries(directory: str | os.PathLike[str]) -> list[str]:
     try:
-        return sorted(os.listdir(directory))
+        # A claim appearing (or being written) as this looks is another run's, not a file no
+        # run claims: the exclusive link then says whose.
+        return sorted(n for n in os.listdir(directory) if n != OWNER_FILE and not n.startswith(f".{OWNER_FILE}."))
     except (FileNotFoundError, NotADirectoryError):
         return []
     except OSError as exc:
@@ -131,7 +133,10 @@ def claim(directory: str | os.PathLike[str], run_id: str, run_dir: str, take_ove
     """Make run `run_id` the owner of `directory` (an existing directory). The first claim
     is created exclusively: of two runs submitted at once, one gets it and the other a
     ClaimTaken. A take-over replaces the owner's claim, keeping who owned it before."""
-    owner = owner_of(directory)       # read once: every decision below is about this claim
+    # Read once: every decision below is about this claim. Without a claim file then, the
+    # claim is created exclusively, whatever another run did since.
+    claimed = os.path.lexists(owner_file(directory))
+    owner = owner_of(directory)
     problem = _problem(owner, directory, run_id, take_over)
     if problem is not None:
         raise ClaimTaken(None, problem)
@@ -139,8 +144,7 @@ def claim(directory: str | os.PathLike[str], run_id: str, run_dir: str, take_ove
         return
     now = dt.datetime.now(dt.timezone.utc).astimezone().isoformat(timespec="seconds")
     previous = (*owner.previous, Owner(owner.run_id, owner.run_dir, owner.claimed)) if owner is not None else ()
-    _write(directory, Owner(run_id, run_dir, now, previous), new=not os.path.lexists(owner_file(directory)),
-           run_id=run_id)
+    _write(directory, Owner(run_id, run_dir, now, previous), new=not claimed, run_id=run_id)
 
 
 def _write(directory: str | os.PathLike[str], owner: Owner, *, new: bool, run_id: str) -> None:

@@ -60,10 +60,11 @@ def test_a_checkpoint_directory_holding_files_no_run_claims_is_refused(tmp_path,
     assert "holds files that no run claims (step-00000040)" in proc.stderr
 
 
-def test_of_two_runs_claiming_at_once_one_gets_the_directory(tmp_path):
+@pytest.mark.parametrize("attempt", range(10))
+def test_of_two_runs_claiming_at_once_one_gets_the_directory(tmp_path, attempt):
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    won, lost = [], []
+    won, lost, failed = [], [], []
     barrier = threading.Barrier(8)
 
     def one(number: int) -> None:
@@ -71,16 +72,19 @@ def test_of_two_runs_claiming_at_once_one_gets_the_directory(tmp_path):
         try:
             claims.claim(ckpt, f"run-{number}", f"/runs/run-{number}")
             won.append(number)
-        except claims.ClaimTaken:
-            lost.append(number)
+        except claims.ClaimTaken as exc:
+            lost.append(str(exc))
+        except Exception as exc:          # any other end is the defect shown
+            failed.append(repr(exc))
 
     threads = [threading.Thread(target=one, args=(n,)) for n in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(won) == 1 and len(lost) == 7
+    assert (len(won), len(lost), failed) == (1, 7, [])
     assert claims.owner_of(ckpt).run_id == f"run-{won[0]}"
+    assert all(f"holds the checkpoints of run run-{won[0]}" in message for message in lost), lost
 
 
 def test_a_claim_is_released_when_the_submission_fails(tmp_path, isolated_env, monkeypatch):
