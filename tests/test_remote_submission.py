@@ -15,24 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from test_login_key import write_site
 from launcher.config.login import Login
 from launcher.errors import ConfigError
 from launcher.runner import remote
 
 REPO = Path(__file__).resolve().parents[1]
-SITE = """\
-name: far
-scheduler: slurm
-default_partition: p
-partitions: {p: {gpus_per_node: 1}}
-runs_root: /scratch/runs
-"""
-
-
-def write_site(tmp_path: Path, login: str) -> Path:
-    path = tmp_path / "far.yaml"
-    path.write_text(SITE + login + "\n")
-    return path
 
 
 def test_the_remote_road_is_taken_only_without_sbatch_and_without_GLAUNCH_DIRECT(tmp_path):

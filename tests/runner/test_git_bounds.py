@@ -13,26 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from proctools import gone
 from launcher import api
 from launcher.runner import gitview, snapshot
 
 REPO = Path(__file__).resolve().parents[2]
 NEVER_S = 30                # how long the stand-in git's child lives: a call that waits for it fails
 LATIN1_NAME = os.fsdecode(b"caf\xe9")       # a name whose bytes are not UTF-8
-
-
-def gone(pid: int, within_s: float = 5.0) -> bool:
-    """Whether process `pid` has ended (a zombie nobody reaped has ended too)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                if f.read().rpartition(b")")[2].split()[0] == b"Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture

@@ -21,6 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from proctools import gone
 from launcher import api, processes
 from launcher.runtime import jobend, stacks, telemetry
 from launcher.schedulers.slurm.client import Client, RetryPolicy, Unreachable
@@ -29,20 +30,6 @@ REPO = Path(__file__).resolve().parents[2]
 RECORDED = REPO / "tests" / "recorded_cluster"
 NEVER_S = 30                # how long a hanging stand-in takes: a test that waits for it fails
 LATIN1 = "caf\xe9 d\xe9fectueux".encode("latin-1")     # not UTF-8
-
-
-def gone(pid: int, within_s: float = 5.0) -> bool:
-    """Whether process `pid` has ended (a zombie nobody reaped has ended too)."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                if f.read().rpartition(b")")[2].split()[0] == b"Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def pid_in(path: Path, within_s: float = 5.0) -> int:
