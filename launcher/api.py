@@ -35,19 +35,18 @@ from pathlib import Path
 from importlib.resources.abc import Traversable
 from typing import Any, Callable, Mapping, Sequence, overload
 
-from launcher.config.schema import NAME_PATTERN
 from launcher.config.sites import found_profiles, load_site, search_folders
 from launcher.errors import ConfigError
 from launcher.resolution.strategy import plan_for
+from launcher.config.login import login_from_text
 from launcher.runner import manage, submission
+from launcher.runner import sites as site_tools
 from launcher.runner.inputs import rank_of, run_ref
 from launcher.runner.results import Run, RunRef, Sweep
 from launcher.runner.resume import PreparedResume, launch_resume, prepare_resume
 from launcher.runner.submission import Prepared
 from launcher.runner.sweep_submission import PreparedSweep, launch_sweep, prepare_sweep
 from launcher.schedulers.base import Echo
-from launcher.schedulers.cluster.check import check_site as check_against_cluster
-from launcher.schedulers.cluster.detect import query_cluster
 from launcher.views.console import Console
 from launcher.views.submit_text import state_line
 
@@ -217,63 +216,23 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def check_site(site: str):
-    """The profile against the live cluster: a CheckReport (launcher.schedulers.cluster.check)
-    with the fatal differences and the warnings, each in profile terms."""
-    loaded = load_site(site, Path.cwd(), os.environ, key="SITE")
-    if loaded.config.scheduler != "slurm":
-        # A local profile describes this machine: a Slurm cluster's partitions say nothing about it.
-        origin = loaded.provenance.of("scheduler")
-        raise ConfigError(f"site {loaded.config.name!r} runs jobs on this machine (scheduler: "
-                          f"{loaded.config.scheduler}): there is no Slurm cluster to check it against",
-                          file=origin.file if origin.line else str(loaded.path), line=origin.line, key="scheduler")
-    return check_against_cluster(loaded.config)
+    """The profile against the live cluster (over SSH where its `login:` is the road): a
+    CheckReport (launcher.schedulers.cluster.check) with the fatal differences and the
+    warnings, each in profile terms."""
+    return site_tools.check_site(site)
 
 
-def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool = False
-                ) -> tuple[str, str, Path | None]:
+def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool = False,
+                login: str | None = None) -> tuple[str, str, Path | None]:
     """(profile name, profile text, the file written) for the Slurm cluster this machine
-    submits to. With `write_to` (a file; True: NAME.yaml where the user's own profiles
-    live, ~/.config/glaunch/sites/, which the site search path reads from any working
-    directory) the profile is written there, never over a file that exists and never into
-    the profiles shipped with glaunch (ConfigError naming --output)."""
-
-    # Read at each call: the shipped folder is the one the site search path reads last.
-    from launcher.config import sites as profiles
-
-    if name is not None and not NAME_PATTERN.fullmatch(name):
-        raise ConfigError(f"{name!r}: use letters, digits, '.', '_' and '-'", key="--name")
-    folder = profiles.user_sites_dir(os.environ) if write_to is True else None
-    if write_to is True and folder is None:
-        raise ConfigError("HOME is not set, so the folder of your own profiles (~/.config/glaunch/sites) is not "
-                          "known: say where to write the profile with -o FILE", key="--output")
-    if not isinstance(write_to, bool) and _inside(Path(write_to), profiles.SHIPPED_SITES):
-        raise ConfigError(f"{write_to} is inside the profiles shipped with glaunch ({profiles.SHIPPED_SITES}), "
-                          "which an upgrade replaces: write it to ~/.config/glaunch/sites/, ./site_configs/ of "
-                          "your project, or a folder on GLAUNCH_SITE_PATH", key="--output")
-    profile_name, text = query_cluster(name)
-    if folder is not None:
-        # The user's own profiles: the folder the site search path reads after GLAUNCH_SITE_PATH.
-        path = folder / f"{profile_name}.yaml"
-    elif not isinstance(write_to, bool):
-        path = Path(write_to)
-    else:
-        return profile_name, text, None
-    if path.exists():
-        raise ConfigError(f"{path} already exists; choose another --output or --name", key="--output")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot write {path}: {exc.strerror or exc}", key="--output") from None
-    return profile_name, text, path
-
-
-def _inside(path: Path, folder: Path) -> bool:
-    """Whether `path` (followed through links, `..` taken) would be in `folder` or below."""
-    try:
-        return os.path.realpath(path).startswith(os.path.join(os.path.realpath(folder), ""))
-    except (OSError, ValueError):
-        return False
+    submits to, or the one reached over SSH through `login` (`[user@]host[:port]`, an
+    ~/.ssh/config alias too; the profile then names it). With `write_to` (a file; True:
+    NAME.yaml where the user's own profiles live, ~/.config/glaunch/sites/, which the site
+    search path reads from any working directory) the profile is written there, never over
+    a file that exists and never into the profiles shipped with glaunch (ConfigError naming
+    --output)."""
+    reached = login_from_text(login, key="--login") if login is not None else None
+    return site_tools.detect_site(name, write_to=write_to, login=reached)
 
 
 # --- a new experiment --------------------------------------------------------------------------

@@ -69,9 +69,13 @@ def sites_check(site, as_json):
 @click.option("-o", "--output", type=click.Path(dir_okay=False),
               help="Where to write it (default: ~/.config/glaunch/sites/NAME.yaml, your own profiles; "
                    "'-' prints it). Never inside the profiles shipped with glaunch.")
-def sites_detect(name, output):
-    """Write a profile skeleton from the Slurm cluster this machine submits to."""
-    _, text, path = api.detect_site(name, write_to=False if output == "-" else output or True)
+@click.option("--login", metavar="[USER@]HOST[:PORT]",
+              help="Ask the cluster of this login node over SSH (an ~/.ssh/config alias too); the profile "
+                   "then submits through it.")
+def sites_detect(name, output, login):
+    """Write a profile skeleton from the Slurm cluster this machine submits to (or the one
+    --login reaches)."""
+    _, text, path = api.detect_site(name, write_to=False if output == "-" else output or True, login=login)
     if path is None:
         click.echo(printable(text, lines=True), nl=False)
         return

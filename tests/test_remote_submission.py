@@ -91,7 +91,7 @@ def test_a_dry_run_with_a_login_contacts_nothing(tmp_path, isolated_env):
     assert not (Path(isolated_env["GLAUNCH_STATE_DIR"]) / "ssh").exists()
 
 
-def test_a_sweep_that_would_go_over_ssh_is_refused_before_anything_is_written(tmp_path, isolated_env):
+def test_a_sweep_whose_login_cannot_be_reached_is_exit_3_and_writes_nothing(tmp_path, isolated_env):
     write_site(tmp_path, "login: {host: 127.0.0.1, port: 1}")
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "exp.yaml").write_text("name: e\nentrypoint: {script: train.py}\nrequeue: {max: 0}\n")
@@ -99,9 +99,9 @@ def test_a_sweep_that_would_go_over_ssh_is_refused_before_anything_is_written(tm
     done = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "exp.yaml", "--site", "./far.yaml",
                            "--sweep", "hparams.lr=1,2"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=60)
-    assert done.returncode == 2 and "--sweep" in done.stderr and "127.0.0.1" in done.stderr, done.stderr
-    assert not (Path(isolated_env["GLAUNCH_STATE_DIR"]) / "ssh").exists()
+    assert done.returncode == 3 and "127.0.0.1:1" in done.stderr, done.stderr
     assert not (tmp_path / "runs").exists()
+    assert not list((Path(isolated_env["GLAUNCH_STATE_DIR"]) / "remote-runs").glob("*"))
 
 
 def test_slurm_commands_on_the_login_node_run_without_its_slurm_inputs(tmp_path):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from launcher.errors import ConfigError
 from launcher.shell import is_hidden
 
 # Longest host name in DNS; a ~/.ssh/config alias is no longer in practice.
@@ -123,3 +124,20 @@ def login_of(settings: object) -> Login | None:
     if settings is None:
         return None
     return Login(**{key: getattr(settings, key) for key in ("host", "user", "port", "identity_file", "jump")})
+
+
+def login_from_text(text: str, *, key: str) -> Login:
+    """The Login of `[user@]host[:port]` as typed on the command line; ConfigError naming
+    `key` for one that ssh could not take as meant."""
+    user, at, rest = text.rpartition("@")
+    host, colon, port_text = rest.partition(":")
+    port: int | None = None
+    if colon:
+        if not port_text.isdigit():
+            raise ConfigError(f"{text!r}: the port after ':' must be a number ([user@]host[:port])", key=key)
+        port = int(port_text)
+    login = Login(host=host, user=user if at else None, port=port)
+    problems = login.problems()
+    if problems:
+        raise ConfigError(f"{text!r}: " + "; ".join(p for _, p in problems), key=key)
+    return login

@@ -141,6 +141,10 @@ def refuse_copy(run_dir: Path, record: RunRecord, command: str) -> None:
 def sweep_records(sweep_dir: Path, *, refresh: bool = True) -> dict[str, RunRecord | GlaunchError]:
     """run id -> each element's record (those the scheduler may still add to refreshed
     together by it, as `refreshed` says), or the error reading it."""
+    if refresh and is_remote(sweep_dir):
+        from launcher.runner import remote
+
+        return remote.sweep_element_records(sweep_dir)
     record = sweeps.read(sweep_dir)
     if refresh and not record.dry_run and record.scheduler in schedulers.NAMES:
         scheduler = schedulers.get(record.scheduler)

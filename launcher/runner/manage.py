@@ -151,6 +151,10 @@ def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,
         elements = sweeps.read(sweep_dir).elements
         readers = [RankLogs(Path(e.run_dir), rank, prefixed(echo, f"[{e.index}]")) for e in elements]
         while True:
+            if is_remote(sweep_dir):
+                from launcher.runner import remote
+
+                remote.mirror_sweep_logs(sweep_dir)
             for reader in readers:
                 reader.poll()
             if not follow:
@@ -185,6 +189,10 @@ def cancel(run: RunRef) -> str:
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
+        if is_remote(sweep_dir):
+            from launcher.runner import remote
+
+            return remote.cancel_sweep(sweep_dir)
         sweep = sweeps.read(sweep_dir)
         records = sweep_records(sweep_dir, refresh=False)
         live = [(Path(e.run_dir), r) for e in sweep.elements

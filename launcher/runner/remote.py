@@ -26,16 +26,16 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from launcher.config.login import Login
-from launcher.errors import ConfigError, RunError, SchedulerError
+from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
 from launcher.rundir import registry
 from launcher.rundir.files import atomic_write_text
 from launcher.rundir.layout import REMOTE_FILE, TASK_LOG, RunDir
 from launcher.rundir.lifecycle import ENDS
 from launcher.rundir.records import RunRecord, State, is_terminal
-from launcher.runner import bundle
+from launcher.runner import bundle, sweeps
 from launcher.runner.logs import RankLogs
 from launcher.runner.results import Run
 from launcher.schedulers.slurm.client import using
@@ -58,9 +58,46 @@ def goes_remote(login: Login | None, scheduler: str, environ: Mapping[str, str] 
     return shutil.which("sbatch", path=environ.get("PATH", os.defpath)) is None
 
 
+class SharedConnection(Connection):
+    """A connection that every part of one command asking for the same login shares (the
+    run submitted, the runs it waits for): it closes when its last user closes it."""
+
+    def __init__(self, login: Login) -> None:
+        super().__init__(login, state_dir=registry.state_dir() / "ssh")
+        self.users = 0
+
+    def close(self) -> None:
+        self.users -= 1
+        if self.users <= 0:
+            _OPEN.pop(self.login, None)
+            super().close()
+
+
+_OPEN: dict[Login, SharedConnection] = {}
+
+
 def connect(login: Login) -> Connection:
-    """The one connection of this command to `login`."""
-    return Connection(login, state_dir=registry.state_dir() / "ssh")
+    """The one connection of this command to `login` (a `with` block, or close() when done)."""
+    conn = _OPEN.get(login)
+    if conn is None:
+        conn = _OPEN[login] = SharedConnection(login)
+    conn.users += 1
+    return conn
+
+
+def check_upstreams(upstreams: Sequence[Any], login: Login) -> None:
+    """A job queued over SSH waits, through Slurm, only for runs queued on that cluster the
+    same way: ConfigError naming --after for one still to end that was not."""
+    for up in upstreams:
+        if up.ended:
+            continue
+        for run_dir in up.run_dirs:
+            where = where_of(run_dir) if (Path(run_dir) / REMOTE_FILE).is_file() else None
+            if where is None or where.login.host != login.host:
+                place = f"on {where.login.host}" if where is not None else "where Slurm answers here"
+                raise ConfigError(f"{up.after}: {up.name} runs {place}; a job queued through {login.host} can "
+                                  f"only wait for runs queued through {login.host}", file="command line",
+                                  key="--after")
 
 
 def cluster_environ(conn: Connection, environ: Mapping[str, str]) -> dict[str, str]:
@@ -131,13 +168,17 @@ def where_of(run_dir: Path) -> Where:
 def relocated(plan: Any, local_run_dir: Path) -> Any:
     """The plan with its run directory (logs, checkpoints, code snapshot) at `local_run_dir`:
     where the bundle rendered for the cluster is written before it is sent."""
-    here = str(local_run_dir)
+    return relocated_under(plan, plan.run_dir, str(local_run_dir))
+
+
+def relocated_under(plan: Any, old: str, new: str) -> Any:
+    """The plan with each of its directories under `old` (the cluster's) under `new`."""
 
     def moved(path: str) -> str:
-        return here + path[len(plan.run_dir):] if path == plan.run_dir or path.startswith(plan.run_dir + "/") else path
+        return new + path[len(old):] if path == old or path.startswith(old + "/") else path
 
     code = plan.code and dataclasses.replace(plan.code, dest=moved(plan.code.dest))
-    return dataclasses.replace(plan, run_dir=here, log_dir=moved(plan.log_dir),
+    return dataclasses.replace(plan, run_dir=moved(plan.run_dir), log_dir=moved(plan.log_dir),
                                checkpoint_dir=moved(plan.checkpoint_dir), code=code)
 
 
@@ -176,10 +217,11 @@ def _stage_send_queue(prepared: Any, conn: Connection, local: Path, check: bool)
     job_id = None
     try:
         with using(client):
+            warnings = prepared.scheduler.check_cluster(plan) if check else []
             if check:
                 preflight(plan, Path(plan.run_dir) / "job.sbatch", {})
             job_id = _sbatch_held(client, plan, user)
-            _complete(conn, plan, written.path, job_id)
+            _complete(conn, plan, written.path, job_id, warnings, prepared.scheduler.version())
             record_here(local, plan, job_id, Where(conn.login, plan.run_dir))
             _release(client, job_id)
     except BaseException:
@@ -200,14 +242,20 @@ def moved_paths(value: Any, old: str, new: str) -> Any:
 
 
 def _sbatch_held(client: Any, plan: Any, user: str) -> str:
-    """sbatch the job held; its id. A lost answer is looked up by the run's marker."""
-    script = posixpath.join(plan.run_dir, "job.sbatch")
-    with_comment = "comment" not in dict(plan.extra_sbatch)
-    marker = submission_marker(plan.run_id) if with_comment else ""
+    """sbatch the run's job held; its id."""
+    marker = submission_marker(plan.run_id) if "comment" not in dict(plan.extra_sbatch) else ""
+    return sbatch_held(client, posixpath.join(plan.run_dir, "job.sbatch"), marker, user)
+
+
+def sbatch_held(client: Any, script: str, marker: str, user: str, *, found_as: Callable[[str], str] = str) -> str:
+    """sbatch `script` (a cluster path) held, with `marker` as its --comment when given; its
+    job id. A lost answer is looked up by the marker or the script (`found_as`: the id to
+    take from the row found: an array's own)."""
     cmd = ["sbatch", "--hold", *([f"--comment={marker}"] if marker else []), script]
 
     def lookup(deadline: float) -> str | None:
-        return find_submitted(script, marker, deadline=deadline, user=user)
+        found = find_submitted(script, marker, deadline=deadline, user=user)
+        return found_as(found) if found else None
 
     output = client.submit(cmd, lookup=lookup)
     words = output.split()
@@ -216,9 +264,10 @@ def _sbatch_held(client: Any, plan: Any, user: str) -> str:
     return words[-1]
 
 
-def _complete(conn: Connection, plan: Any, staged: Path, job_id: str) -> None:
+def _complete(conn: Connection, plan: Any, staged: Path, job_id: str, warnings: list[str],
+              version: str | None) -> None:
     """On the cluster: run.json saying the job is queued, and submitit's task for it."""
-    record_queued(staged, plan, job_id, [], None)
+    record_queued(staged, plan, job_id, warnings, version)
     on_login.write_bytes(conn, posixpath.join(plan.run_dir, "run.json"), RunDir(staged).run_file.read_bytes())
     template = str(task_template(plan.log_dir))
     on_login.run_checked(conn, ["mv", "-f", "--", template, str(submitted_pickle(plan.log_dir, job_id))],
@@ -333,3 +382,68 @@ def _grow(path: Path, data: bytes) -> None:
     have = path.stat().st_size if path.is_file() else 0
     with open(path, "ab" if have <= len(data) else "wb") as f:
         f.write(data[have:] if have <= len(data) else data)
+
+
+# --- following a sweep --------------------------------------------------------------------------
+
+
+def sweep_element_records(sweep_dir: Path) -> dict[str, RunRecord | GlaunchError]:
+    """Every element's record read from the cluster in one call, Slurm's view of those in
+    flight folded in with one squeue and one sacct there."""
+    where = where_of(sweep_dir)
+    sweep = sweeps.read(sweep_dir)
+    with connect(where.login) as conn:
+        names = {e.run_id: posixpath.join(posixpath.relpath(where_of(Path(e.run_dir)).run_dir,
+                                                            where.run_dir), "run.json")
+                 for e in sweep.elements}
+        _mirror_records(on_login.pack_files(conn, where.run_dir, list(names.values())), names, sweep)
+        with using(on_login.slurm_client(conn)):
+            return sweeps.element_records(sweep_dir, _refresh_many)
+
+
+def _mirror_records(stream: bytes, names: dict[str, str], sweep: Any) -> None:
+    """The run.json files of a tar stream into the elements' folders here."""
+    wanted = {name: Path(e.run_dir) for e in sweep.elements if (name := names.get(e.run_id))}
+    if not stream:
+        return
+    with tarfile.open(fileobj=io.BytesIO(stream), mode="r:") as tar:
+        for member in tar:
+            target = wanted.get(posixpath.normpath(member.name))
+            data = tar.extractfile(member) if member.isreg() and target is not None else None
+            if data is not None and target is not None:
+                atomic_write_text(RunDir(target).run_file, data.read().decode("utf-8", errors="replace"))
+
+
+def _refresh_many(runs: list[tuple[Path, RunRecord]]) -> list[RunRecord]:
+    """Slurm's view folded into the records that it may still add to (as `refreshed_over`)."""
+    from launcher import schedulers
+
+    def asks(record: RunRecord) -> bool:
+        return bool(record.job_id) and not (record.state in ENDS and settled(record))
+
+    asked = [(d, r) for d, r in runs if asks(r)]
+    fresh = iter(schedulers.get("slurm").refresh_many(asked) if asked else [])
+    return [next(fresh) if asks(r) else r for _, r in runs]
+
+
+def cancel_sweep(sweep_dir: Path) -> str:
+    """scancel the sweep's arrays on the cluster."""
+    where = where_of(sweep_dir)
+    sweep = sweeps.read(sweep_dir)
+    arrays = [a.job_id for a in sweep.arrays if a.job_id]
+    if not arrays:
+        return f"sweep {sweep.sweep_id}: nothing to cancel"
+    with connect(where.login) as conn:
+        proc = on_login.slurm_client(conn).call("scancel", *arrays)
+        if proc.returncode != 0:
+            raise SchedulerError(f"scancel {' '.join(arrays)} on {conn.where()} failed: {proc.stderr.strip()}")
+    return f"sweep {sweep.sweep_id}: cancelled array job(s) {', '.join(arrays)} on {where.login.host}"
+
+
+def mirror_sweep_logs(sweep_dir: Path) -> None:
+    """Every element's task logs copied from the cluster (one call per element)."""
+    where = where_of(sweep_dir)
+    with connect(where.login) as conn:
+        for element in sweeps.read(sweep_dir).elements:
+            there = where_of(Path(element.run_dir)).run_dir
+            mirror_logs(on_login.pack(conn, there, "logs"), RunDir(element.run_dir).log_dir)

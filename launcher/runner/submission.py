@@ -71,7 +71,7 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
     scheduler unless `dry_run`."""
     runs_dir = folder_of(runs_dir)
     exp, loaded_site = load(experiment, site, overrides)
-    conn = None if dry_run else remote_connection(loaded_site, runs_dir, after)
+    conn = None if dry_run else remote_connection(loaded_site, runs_dir)
     try:
         return _prepare(exp, loaded_site, runs_dir, run_id, after, dry_run, conn)
     except BaseException:
@@ -80,7 +80,7 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
         raise
 
 
-def remote_connection(loaded_site, runs_dir: str | None, after: Sequence[str]):
+def remote_connection(loaded_site, runs_dir: str | None):
     """The connection to the site's login node when this submission goes over SSH, else None."""
     login = login_of(loaded_site.config.login)
     if login is None:
@@ -89,9 +89,6 @@ def remote_connection(loaded_site, runs_dir: str | None, after: Sequence[str]):
 
     if not remote.goes_remote(login, loaded_site.config.scheduler):
         return None
-    if after:
-        raise ConfigError("a submission over SSH does not wait for other runs yet: submit it on the login node "
-                          "(GLAUNCH_DIRECT=1)", file="command line", key="--after")
     remote.check_runs_root(loaded_site.config.runs_root, runs_dir, str(loaded_site.path))
     return remote.connect(login)
 
@@ -103,14 +100,11 @@ def _prepare(exp, loaded_site, runs_dir: str | None, run_id: str | None, after: 
     if conn is not None:
         from launcher.runner import remote
 
+        remote.check_upstreams(upstreams, conn.login)
         environ = remote.cluster_environ(conn, environ)
     ctx = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=environ,
                         run_id=run_id or new_run_id(exp.config.name), runs_dir=runs_dir, dependency=dependency)
-    plan = resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, {}))
-    if conn is not None:
-        from launcher.runner import remote
-
-        plan = remote.on_cluster(plan)
+    plan = for_road(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, {})), conn)
     scheduler = schedulers.get(plan.scheduler)
     scheduler.check(plan)
     warnings = [w for w in (take_over_warning(exp, plan, upstreams, dry_run=dry_run), checkpoint_warning(exp, plan))
@@ -118,6 +112,15 @@ def _prepare(exp, loaded_site, runs_dir: str | None, run_id: str | None, after: 
     runs_from, checkpoint_from = path_sources(exp, loaded_site, runs_dir)
     return Prepared(plan, scheduler.render(plan), scheduler, runs_from, checkpoint_from,
                     warnings=tuple(warnings), after=tuple(upstreams), remote=conn)
+
+
+def for_road(plan, conn):
+    """The plan as its cluster runs it: over SSH (`conn`), from the code snapshot there."""
+    if conn is None:
+        return plan
+    from launcher.runner import remote
+
+    return remote.on_cluster(plan)
 
 
 def with_code_root(exp, loaded_site, ctx, found: dict):

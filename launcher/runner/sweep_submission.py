@@ -14,21 +14,22 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from launcher import schedulers
-from launcher.config.login import login_of
 from launcher.config.load import load_experiment
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import SubmitContext
 from launcher.resolution.resolve import resolve
 from launcher.resolution.sweep import expand, parse_axes
 from launcher.rundir import registry
-from launcher.runner import bundle, dependencies, provenance, snapshot, sweeps
+from launcher.runner import bundle, dependencies, sweep_bundle, sweeps
 from launcher.runner.inputs import folder_of, items
 from launcher.runner.results import Run, Sweep
 from launcher.runner.submission import (
     Prepared,
     checkpoint_warning,
+    for_road,
     load,
     path_sources,
+    remote_connection,
     upstreams_of,
     with_code_root,
 )
@@ -47,6 +48,7 @@ class PreparedSweep:
     max_parallel: int | None
     experiment_file: str
     after: tuple[Any, ...] = ()
+    remote: Any = None               # launcher.schedulers.ssh.connection.Connection: submitted over SSH
 
     @property
     def scheduler(self):
@@ -81,11 +83,28 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
     if exp0.config.checkpoint.take_over is not None:
         raise exp0.provenance.error("checkpoint.take_over", "one run's checkpoints go to one run: a sweep's "
                                     "elements cannot take them over (submit the run that continues it alone)")
-    if not dry_run:
-        refuse_remote(loaded_site)
+    conn = None if dry_run else remote_connection(loaded_site, runs_dir)
+    try:
+        return _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, runs_dir, max_parallel,
+                                 after, dry_run, conn)
+    except BaseException:
+        if conn is not None:
+            conn.close()
+        raise
+
+
+def _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, runs_dir, max_parallel, after,
+                      dry_run, conn) -> PreparedSweep:
+    first = elements[0]
     upstreams, dependency = upstreams_of(after, loaded_site.config.scheduler, dry_run=dry_run)
+    environ = dict(os.environ)
+    if conn is not None:
+        from launcher.runner import remote
+
+        remote.check_upstreams(upstreams, conn.login)
+        environ = remote.cluster_environ(conn, environ)
     sweep_id = sweeps.new_sweep_id(exp0.config.name)
-    base = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=dict(os.environ), run_id=sweep_id,
+    base = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=environ, run_id=sweep_id,
                          runs_dir=runs_dir, dependency=dependency)
     # The sweep's directory is where a run with the sweep's id would go.
     with _naming(first):
@@ -98,7 +117,7 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
     plans = []
     for element, exp, ctx in zip(elements, exps, ctxs):
         with _naming(element):
-            plans.append(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots)))
+            plans.append(for_road(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots)), conn))
     shared = _shared_checkpoint_dirs(plans)
     prepared = []
     for element, exp, ctx, plan in zip(elements, exps, ctxs, plans):
@@ -108,7 +127,7 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
                 notes = (f"checkpoint.dir {plan.checkpoint_dir} would be shared by the sweep's elements: each "
                          "checkpoints in a directory of its own below it, named by its run id",)
                 exp = _checkpoints_below(exp, ctx.run_id)
-                plan = resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots))
+                plan = for_road(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots)), conn)
             scheduler = schedulers.get(plan.scheduler)
             scheduler.check(plan)
             files = scheduler.render(plan)
@@ -121,7 +140,7 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
         raise ConfigError(f"the elements run code from different work trees ({', '.join(sorted(sources))}); "
                           "a sweep snapshots one", file="command line", key="--sweep")
     return PreparedSweep(sweep_id, sweep_dir, tuple(elements), tuple(prepared), tuple(axes), max_parallel,
-                         str(exp0.path), tuple(upstreams))
+                         str(exp0.path), tuple(upstreams), remote=conn)
 
 
 def _loaded(element, experiment: str | os.PathLike, overrides: Sequence[str]):
@@ -158,57 +177,24 @@ def launch_sweep(prepared: PreparedSweep, *, dry_run: bool = False, check: bool 
                  echo: Echo | None = None) -> Sweep:
     """Write the sweep directory (its code snapshot once, every element's run directory,
     sweep.json, the array scripts) and, unless `dry_run`, submit it: on Slurm one array job
-    per allocation shape; on the local site the elements run one after another
-    (`max_parallel` at a time)."""
+    per allocation shape (over SSH: launcher.runner.remote_sweep); on the local site the
+    elements run one after another (`max_parallel` at a time)."""
 
+    if prepared.remote is not None:
+        from launcher.runner import remote_sweep
+
+        if dry_run:
+            prepared.remote.close()
+        else:
+            return remote_sweep.launch(prepared, check=check)
     plans = [p.plan for p in prepared.prepared]
     scheduler = prepared.scheduler
-    for item in prepared.prepared:
-        bundle.check_inputs(item.plan, runs_root=item.runs_root_from, checkpoint=item.checkpoint_from)
-    code = plans[0].code
-    survey = snapshot.check(code, prepared.experiment_file) if code is not None else None
-    registry.check_state_dir()
+    survey = sweep_bundle.checked_inputs(prepared)
     if not dry_run:
         scheduler.require()
     sweep_plan = scheduler.plan_sweep(plans, sweep_id=prepared.sweep_id, sweep_dir=str(prepared.sweep_dir),
                                       max_parallel=prepared.max_parallel, dry_run=dry_run)
-    first = plans[0]
-    record = sweeps.SweepRecord(
-        sweep_id=prepared.sweep_id, name=first.name, site=first.site_name, scheduler=first.scheduler,
-        sweep_dir=str(prepared.sweep_dir), experiment_file=prepared.experiment_file, created=registry.now(),
-        dry_run=dry_run, axes=[{"key": a.key, "values": list(a.values)} for a in prepared.axes],
-        max_parallel=prepared.max_parallel,
-        elements=[sweeps.SweepElement(e.index, p.run_id, p.run_dir, dict(e.params))
-                  for e, p in zip(prepared.elements, plans)],
-        arrays=[sweeps.SweepArray(list(b.elements), b.script) for b in sweep_plan.batches if b.script],
-        after=[str(u.after) for u in prepared.after])
-    after = [dependencies.record_of(u) for u in prepared.after]
-    written = sweeps.create_dir(prepared.sweep_dir, prepared.experiment_file)
-    try:
-        taken = (snapshot.take(code, survey, prepared.sweep_dir / "code.patch", prepared.experiment_file)
-                 if code and survey else None)
-        origin = provenance.collect(survey, taken)
-        for name, text in sweep_plan.files.items():
-            bundle.write_file(prepared.sweep_dir / name, text, executable=True)
-        sweeps.write(prepared.sweep_dir, record)
-        registry.register(prepared.sweep_id, str(prepared.sweep_dir))
-        written.registered.append((prepared.sweep_id, str(prepared.sweep_dir)))
-        for element, item in zip(prepared.elements, prepared.prepared):
-            extra: dict[str, Any] = {"sweep": {"id": prepared.sweep_id, "index": element.index,
-                                               "params": dict(element.params)}}
-            if after:
-                extra["after"] = after
-            written.bundles.append(bundle.write_bundle(
-                item.plan, item.files, dry_run=dry_run, runs_root=item.runs_root_from,
-                checkpoint=item.checkpoint_from, origin=origin, extra=extra))
-            registry.register(item.plan.run_id, item.plan.run_dir)
-            written.registered.append((item.plan.run_id, item.plan.run_dir))
-    except BaseException as exc:
-        written.remove()
-        if isinstance(exc, OSError):
-            raise prepared.prepared[0].runs_root_from.error(
-                f"cannot write the sweep directory {prepared.sweep_dir}: {exc.strerror or exc}") from None
-        raise
+    sweep_bundle.write_sweep(prepared, sweep_plan, survey, dry_run=dry_run)
     if not dry_run:
         if prepared.after and scheduler.runs_to_completion and _never_start(prepared, echo):
             return _sweep_result(prepared, dry_run)
@@ -237,15 +223,3 @@ def _sweep_result(prepared: PreparedSweep, dry_run: bool, files: Mapping[str, st
     state = sweeps.sweep_state([r.state for r in runs])
     return Sweep(prepared.sweep_id, prepared.sweep_dir, record.site, dry_run, tuple(runs),
                  tuple(a.__dict__ for a in record.arrays), dict(files or {}), state)
-
-
-def refuse_remote(loaded_site) -> None:
-    """A sweep is submitted where Slurm answers: ConfigError for one that would go over SSH."""
-    login = login_of(loaded_site.config.login)
-    if login is None:
-        return
-    from launcher.runner import remote
-
-    if remote.goes_remote(login, loaded_site.config.scheduler):
-        raise ConfigError(f"sbatch is not on PATH here, and a sweep is not submitted over SSH yet: submit it on "
-                          f"{login.host}", file="command line", key="--sweep")

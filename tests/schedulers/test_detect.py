@@ -287,7 +287,7 @@ def fake_cluster(monkeypatch, tmp_path, isolated_env):
     """query_cluster reads `answer["text"]` instead of asking scontrol; no sacctmgr, user alice."""
     answer = {"text": scontrol_answer("tiny")}
     monkeypatch.setattr(detect, "read_scontrol", lambda command: answer["text"])
-    monkeypatch.setattr(detect.shutil, "which", lambda name: None)
+    monkeypatch.setattr(detect, "has_command", lambda name: False)
     monkeypatch.setattr(detect, "current_user", lambda: "alice")
     monkeypatch.setattr(detect, "user_groups", lambda user: None)
     monkeypatch.chdir(tmp_path)

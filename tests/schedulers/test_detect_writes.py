@@ -22,7 +22,7 @@ def cluster(monkeypatch, tmp_path, isolated_env):
     """query_cluster reads a one-partition cluster named `tiny` instead of asking scontrol;
     the working directory is a checkout whose ./site_configs/ is the shipped profiles."""
     monkeypatch.setattr(detect, "read_scontrol", lambda command: scontrol_answer("tiny"))
-    monkeypatch.setattr(detect.shutil, "which", lambda name: None)
+    monkeypatch.setattr(detect, "has_command", lambda name: False)
     monkeypatch.setattr(detect, "current_user", lambda: "alice")
     monkeypatch.setattr(detect, "user_groups", lambda user: None)
     checkout = tmp_path / "checkout"

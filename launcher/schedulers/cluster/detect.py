@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import shutil
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
@@ -30,7 +29,7 @@ from launcher.schedulers.cluster.facts import (
     user_groups,
 )
 from launcher.schedulers.cluster.scontrol_text import read_scontrol, said, split_scontrol
-from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Unreachable, run_command
+from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Unreachable, has_command, run_command
 
 
 @dataclass(frozen=True)
@@ -205,15 +204,17 @@ _Dumper.add_representer(str, lambda d, v: d.represent_scalar(
 
 def render_profile(profile: Mapping[str, Any], cluster: str, notes: Iterable[str] = ()) -> str:
     stamp = dt.date.today().isoformat()
+    fill = "container." if "runs_root" in profile else "container, runs_root."
     head = (f"# {profile['name']} -- detected from Slurm cluster {cluster!r} by `glaunch sites detect` on {stamp}.\n"
             "# Fill in what Slurm does not know: gpu_mem_gb (for `glaunch plan`), modules, env\n"
-            "# (NCCL/network), setup (the Python environment on the nodes), container, runs_root.\n")
+            f"# (NCCL/network), setup (the Python environment on the nodes), {fill}\n")
     head += "".join(f"# Review: {note}\n" for note in notes)
     return head + yaml.dump(dict(profile), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
-def query_cluster(name: str | None) -> tuple[str, str]:
-    """(profile name, profile text) for the cluster this machine submits to."""
+def query_cluster(name: str | None, *, login: Any = None) -> tuple[str, str]:
+    """(profile name, profile text) for the cluster Slurm's commands reach (this machine's,
+    or over SSH the one of `login`, a launcher.config.login.Login the profile then names)."""
     if name is not None:
         problem = site_name_problem(name)
         if problem:
@@ -228,7 +229,7 @@ def query_cluster(name: str | None) -> tuple[str, str]:
                               "with --name", key="--name")
     user = current_user()
     account = None
-    if shutil.which("sacctmgr"):
+    if has_command("sacctmgr"):
         try:
             proc = run_command("sacctmgr", "-n", "-P", "show", "user", user, "format=defaultaccount",
                                policy=ACCOUNTING_POLICY, controller=False)
@@ -238,4 +239,20 @@ def query_cluster(name: str | None) -> tuple[str, str]:
             account = proc.stdout.split()[0]
     detected = detect_profile(name or cluster, partitions_text, nodes_text, settings=settings, account=account,
                               user=user, groups=user_groups(user))
-    return detected.profile["name"], render_profile(detected.profile, cluster, detected.notes)
+    profile = dict(detected.profile)
+    if login is not None:
+        head = {key: profile.pop(key) for key in ("name", "extends", "scheduler")}
+        profile = {**head, **reached_over(login), **profile}
+    return profile["name"], render_profile(profile, cluster, detected.notes)
+
+
+# Where a profile detected over SSH keeps its runs on the cluster: the account's home is the
+# one folder every cluster has; a platform team moves it to scratch.
+REMOTE_RUNS_ROOT = "~/glaunch-runs"
+
+
+def reached_over(login: Any) -> dict[str, Any]:
+    """The keys of a profile detected over SSH: its login (the fields given) and runs_root."""
+    fields = {key: getattr(login, key) for key in ("host", "user", "port", "identity_file", "jump")}
+    return {"login": {key: value for key, value in fields.items() if value is not None},
+            "runs_root": REMOTE_RUNS_ROOT}

@@ -13,7 +13,6 @@ import grp
 import math
 import os
 import pwd
-import shutil
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping
@@ -25,7 +24,8 @@ from launcher.schedulers.cluster.scontrol_text import (
     read_scontrol,
     split_scontrol,
 )
-from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Unreachable, run_command
+from launcher.schedulers.slurm import client as slurm_client
+from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Unreachable, has_command, run_command
 
 ASSOC_FORMAT = ("Account", "Partition", "QOS", "DefaultQOS", "MaxWall", "MaxTRES")
 QOS_FORMAT = ("Name", "MaxWall", "MaxTRES", "MaxTRESPerNode")
@@ -304,7 +304,7 @@ def read_cluster(command: str = "glaunch sites check") -> Cluster:
     user = current_user()
     assoc_text = qos_text = None
     note = None
-    if shutil.which("sacctmgr") is None:
+    if not has_command("sacctmgr"):
         note = "account and QOS not checked: sacctmgr is not on PATH"
     else:
         try:
@@ -325,8 +325,12 @@ def read_cluster(command: str = "glaunch sites check") -> Cluster:
 
 
 def current_user() -> str:
-    """The login name Slurm knows this user by; the uid as text where there is none (no
-    passwd entry and no USER/LOGNAME: a container run as an arbitrary uid)."""
+    """The login name Slurm knows this user by (on the login node where Slurm's commands
+    run over SSH); the uid as text where there is none (no passwd entry and no
+    USER/LOGNAME: a container run as an arbitrary uid)."""
+    account = slurm_client.CLIENT.account
+    if account is not None:
+        return account.user
     try:
         return getpass.getuser()
     except (KeyError, OSError):
@@ -336,6 +340,9 @@ def current_user() -> str:
 def user_groups(user: str) -> frozenset[str] | None:
     """The names of `user`'s Unix groups, as slurmctld resolves them for AllowGroups (None:
     not known here)."""
+    account = slurm_client.CLIENT.account
+    if account is not None:
+        return account.groups if user == account.user else None
     try:
         gids = os.getgrouplist(user, pwd.getpwnam(user).pw_gid)
     except (KeyError, OSError):

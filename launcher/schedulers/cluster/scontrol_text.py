@@ -6,10 +6,9 @@ that asks for all of them. Pure, but for :func:`read_scontrol`.
 from __future__ import annotations
 
 import re
-import shutil
 
 from launcher.errors import SchedulerError
-from launcher.schedulers.slurm.client import run_command
+from launcher.schedulers.slurm.client import has_command, run_command
 
 # One scontrol process reads partitions, nodes and the configuration (its commands on
 # stdin); -a includes hidden partitions, which a profile may well name.
@@ -78,7 +77,7 @@ def parse_config(text: str) -> dict[str, str]:
 
 def read_scontrol(command: str) -> str:
     """scontrol's answer to SCONTROL_COMMANDS: one call for partitions, nodes and settings."""
-    if shutil.which("scontrol") is None:
+    if not has_command("scontrol"):
         raise SchedulerError(f"scontrol is not on PATH: run `{command}` on a Slurm login node")
     proc = run_command("scontrol", "-a", "-o", input=SCONTROL_COMMANDS)
     if "PartitionName=" not in proc.stdout or "ClusterName" not in proc.stdout:

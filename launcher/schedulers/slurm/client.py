@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import subprocess
 import time
 from dataclasses import dataclass
@@ -207,10 +208,21 @@ def run_client(cmd: Sequence[str], *, timeout: float, input: str | None = None,
     return subprocess.CompletedProcess(list(cmd), done.returncode, done.out, done.err)
 
 
+@dataclass(frozen=True)
+class Account:
+    """Who Slurm's commands run as where they run on another machine (a login node over
+    SSH): the user, the home directory and the Unix groups (None: not known) there."""
+
+    user: str
+    home: str
+    groups: frozenset[str] | None = None
+
+
 @dataclass
 class Client:
     """Runs Slurm's commands under a RetryPolicy. `runner`, `clock` and `sleep` are
-    replaced by fakes in the tests of the policy."""
+    replaced by fakes in the tests of the policy. `account`: set where `runner` reaches
+    another machine, whose Slurm commands are taken to be there (PATH here says nothing)."""
 
     runner: Runner = run_client
     clock: Callable[[], float] = time.monotonic
@@ -219,6 +231,7 @@ class Client:
     # After the controller was found unreachable, calls fail at once for a while: one
     # glaunch command then ends within one bound, not one per call it makes.
     remember_down_s: float = 60.0
+    account: Account | None = None
     _down: tuple[float, str] | None = None
 
     def env(self) -> dict[str, str]:
@@ -339,6 +352,12 @@ def using(client: Client) -> Iterator[Client]:
         yield client
     finally:
         CLIENT = previous
+
+
+def has_command(name: str) -> bool:
+    """Whether Slurm's command `name` can be run under the shared client: on PATH here, or
+    the client runs its commands on another machine (a missing one fails there, saying so)."""
+    return CLIENT.account is not None or shutil.which(name) is not None
 
 
 def run_command(*cmd: str, policy: RetryPolicy | None = None, input: str | None = None,

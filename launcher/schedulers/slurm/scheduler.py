@@ -30,7 +30,7 @@ from launcher.schedulers.base import Echo, Launched, LaunchedBatch, Scheduler, S
 from launcher.schedulers.cluster.check import Request, check_site
 from launcher.schedulers.cluster.facts import Cluster, read_cluster
 from launcher.schedulers.slurm import array
-from launcher.schedulers.slurm.client import Unreachable, clean_env, ignored_inputs_warning, run_command
+from launcher.schedulers.slurm.client import Unreachable, clean_env, has_command, ignored_inputs_warning, run_command
 from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job, squeue_jobs
 from launcher.schedulers.slurm.records import (
     fold_job,
@@ -98,7 +98,7 @@ class SlurmScheduler(Scheduler):
     # --- submission --------------------------------------------------------------------
 
     def require(self) -> None:
-        if shutil.which("sbatch") is None or shutil.which("srun") is None:
+        if not has_command("sbatch") or not has_command("srun"):
             raise SchedulerError("Slurm's sbatch/srun are not on PATH: is this a Slurm login node? "
                                  "(--dry-run renders the bundle without Slurm)")
 
@@ -240,7 +240,7 @@ class SlurmScheduler(Scheduler):
     def refresh_many(self, runs: Sequence[tuple[Path, RunRecord]]) -> list[RunRecord]:
         """One squeue and one sacct call for all of them (a sweep's elements: by their
         array jobs), instead of two per run."""
-        if shutil.which("squeue") is None:
+        if not has_command("squeue"):
             return [record for _, record in runs]
         queued = [(d, r) for d, r in runs if r.job_id and not r.dry_run and not r.extra.get("allocation")]
         ids = sorted({array.array_job_id(r.job_id) for _, r in queued if r.job_id})

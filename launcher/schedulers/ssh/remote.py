@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import posixpath
 import subprocess
+import weakref
 from typing import Mapping, Sequence
 
 from launcher.errors import SchedulerError
-from launcher.schedulers.slurm.client import Client
+from launcher.schedulers.slurm.client import Account, Client
 from launcher.schedulers.ssh.connection import Connection, NoAnswer, said
 
 # $1 the directory to run in ("": the login directory), then the command: run as on the
@@ -34,13 +35,20 @@ MISSING = 3
 WRITE = 'cat > "$2" && mv -f -- "$2" "$1" || { rm -f -- "$2"; exit 1; }'
 # $1 the folder, $2 its member: a tar stream of it on stdout (nothing when it is missing).
 PACK = '[ -d "$1/$2" ] || exit 0; exec tar -c -f - -C "$1" -- "$2"'
-HOME_AND_USER = 'printf "%s\\0%s\\0" "$HOME" "$(id -un)"'
+# $1 the folder, then its files: a tar stream of those that exist on stdout.
+PACK_FILES = ('cd -- "$1" || exit 3; shift; for f; do [ -f "$f" ] && printf "%s\\0" "$f"; done | '
+              'exec tar -c -f - --null --no-recursion -T -')
+# $1 the folder: the tar stream on stdin unpacked over what it holds.
+UNPACK = 'exec tar -x -f - -C "$1" --no-same-owner'
+# The account: home, user and group names, each ended by a NUL.
+ACCOUNT = 'printf "%s\\0%s\\0%s\\0" "$HOME" "$(id -un)" "$(id -Gn)"'
 
 
 def slurm_client(conn: Connection, *, cwd: str | None = None) -> Client:
     """A Slurm Client whose commands run on `conn`'s login node (in `cwd` when given) in the
-    environment SLURM_ENV leaves; the local environment stays here. A command that does not
-    end within its bound is a timeout to the Client: a lost sbatch answer is looked up."""
+    environment SLURM_ENV leaves, as the account there; the local environment stays here.
+    A command that does not end within its bound is a timeout to the Client: a lost sbatch
+    answer is looked up."""
 
     def runner(cmd: Sequence[str], *, timeout: float, input: str | None = None,
                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -51,16 +59,27 @@ def slurm_client(conn: Connection, *, cwd: str | None = None) -> Client:
             raise subprocess.TimeoutExpired(list(cmd), timeout) from None
         return subprocess.CompletedProcess(list(cmd), done.returncode, done.out, done.err)
 
-    return Client(runner=runner, environ={})
+    return Client(runner=runner, environ={}, account=account(conn))
+
+
+_ACCOUNTS: weakref.WeakKeyDictionary[Connection, Account] = weakref.WeakKeyDictionary()
+
+
+def account(conn: Connection) -> Account:
+    """The remote account (user, home, groups): asked once per connection."""
+    if conn not in _ACCOUNTS:
+        done = conn.run(["sh", "-c", ACCOUNT])
+        fields = [f.decode(errors="surrogateescape") for f in done.stdout.split(b"\0")]
+        if done.returncode != 0 or len(fields) < 4 or not fields[0] or not fields[1]:
+            raise SchedulerError(f"{conn.where()} did not say its home directory and user ({said(done.stderr)})")
+        _ACCOUNTS[conn] = Account(user=fields[1], home=fields[0], groups=frozenset(fields[2].split()) or None)
+    return _ACCOUNTS[conn]
 
 
 def home_and_user(conn: Connection) -> tuple[str, str]:
     """The remote account's home directory and user name."""
-    done = conn.run(["sh", "-c", HOME_AND_USER])
-    fields = done.stdout.split(b"\0")
-    if done.returncode != 0 or len(fields) < 3 or not fields[0] or not fields[1]:
-        raise SchedulerError(f"{conn.where()} did not say its home directory and user ({said(done.stderr)})")
-    return fields[0].decode(errors="surrogateescape"), fields[1].decode(errors="surrogateescape")
+    found = account(conn)
+    return found.home, found.user
 
 
 def read_bytes(conn: Connection, path: str) -> bytes | None:
@@ -90,6 +109,21 @@ def run_checked(conn: Connection, words: Sequence[str], what: str) -> None:
 def remove_tree(conn: Connection, path: str) -> None:
     """Remove a directory this command sent, after a failure."""
     run_checked(conn, ["rm", "-rf", "--", path], f"removing {path!r}")
+
+
+def pack_files(conn: Connection, folder: str, names: Sequence[str]) -> bytes:
+    """The files `names` (relative to `folder`) that exist, as a tar stream."""
+    done = conn.run(["sh", "-c", PACK_FILES, "glaunch-pack", folder, *names])
+    if done.returncode != 0:
+        raise SchedulerError(f"cannot read the records in {folder!r} on {conn.where()} ({said(done.stderr)})")
+    return done.stdout
+
+
+def unpack_over(conn: Connection, folder: str, archive: bytes) -> None:
+    """Unpack a tar stream into `folder`, replacing the files it holds."""
+    done = conn.run(["sh", "-c", UNPACK, "glaunch-unpack", folder], input=archive)
+    if done.returncode != 0:
+        raise SchedulerError(f"cannot write into {folder!r} on {conn.where()} ({said(done.stderr)})")
 
 
 def pack(conn: Connection, folder: str, member: str) -> bytes:
