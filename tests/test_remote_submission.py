@@ -128,13 +128,16 @@ def laptop(tmp_path, isolated_env, local_sshd_env):
     home = Path("/home") / local_sshd_env["GLAUNCH_SSHD_LAPTOP_USER"] / ".ssh"
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "ssh").write_text(f"#!/bin/sh\nexec /usr/bin/ssh -F {home}/config -i {home}/id_ed25519 "
+    # The link to the login node drops while CUT exists: ssh fails as on a dropped connection.
+    cut = tmp_path / "cut"
+    (bin_dir / "ssh").write_text(f"#!/bin/sh\nif [ -e {cut} ]; then echo 'Connection closed by 127.0.0.1 port 2222' >&2; "
+                                 f"exit 255; fi\nexec /usr/bin/ssh -F {home}/config -i {home}/id_ed25519 "
                                  f"-o UserKnownHostsFile={home}/known_hosts \"$@\"\n")
     (bin_dir / "ssh").chmod(0o755)
     for tool in ("git", "tar"):
         (bin_dir / tool).symlink_to(f"/usr/bin/{tool}")
     env = {k: v for k, v in isolated_env.items() if not k.startswith(("SLURM_", "SBATCH_"))}
-    env.update(PATH=str(bin_dir), PYTHONPATH=str(REPO))
+    env.update(PATH=str(bin_dir), PYTHONPATH=str(REPO), GLAUNCH_TEST_CUT=str(cut))
     return env
 
 
@@ -216,6 +219,73 @@ def follow_both(laptop, runs: Path, ddp: str, hostile: str) -> None:
     resume = glaunch(laptop, "resume", ddp)
     assert resume.returncode == 2 and "login node" in resume.stderr and str(runs / ddp) in resume.stderr
     assert wait_for(laptop, hostile, {"CANCELLED"}, 60)["state"] == "CANCELLED"
+
+
+def run_dir_appears(runs: Path, name: str, timeout_s: float = 60.0) -> Path:
+    """The run directory of experiment `name` on the cluster, once its job is queued."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for run_dir in runs.glob(f"{name}-*"):
+            record = run_dir / "run.json"
+            if record.is_file() and json.loads(record.read_text()).get("job_id"):
+                return run_dir
+        time.sleep(1)
+    raise AssertionError(f"no queued run of {name} in {runs}")
+
+
+@pytest.mark.slurm
+@pytest.mark.requires_sshd
+def test_a_laptop_checks_the_cluster_sweeps_after_a_run_and_survives_a_dropped_link(laptop, tmp_path):
+    """Over SSH: sites check and detect; the DeepSpeed example with --wait; a sweep that
+    waits (--after) for it through Slurm, with --wait; a link dropped during --wait is exit 3
+    naming the login and the last recorded state, and the run goes on."""
+    check = glaunch(laptop, "sites", "check", "local-slurm-remote")
+    assert check.returncode == 0 and "matches" in check.stdout, check.stdout + check.stderr
+    detect = glaunch(laptop, "sites", "detect", "--login", "glaunch-login", "--name", "far", "-o", "-")
+    assert detect.returncode == 0 and "login:\n  host: glaunch-login\n" in detect.stdout, detect.stderr
+
+    runs = tmp_path / "cluster runs"
+    runs.mkdir()
+    site = ["--site", "local-slurm-remote", "--runs-dir", str(runs)]
+    zero2 = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", "examples/deepspeed_zero2.yaml", *site,
+                              "--wait"], cwd=REPO, env=laptop, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True)
+    try:
+        upstream = run_dir_appears(runs, "deepspeed-zero2")
+        job = json.loads((upstream / "run.json").read_text())["job_id"]
+        swept = glaunch(laptop, "submit", "examples/torch_ddp.yaml", *site, "--sweep", "hparams.lr=0.1,0.2",
+                        "--after", upstream.name, "--wait", timeout=400)
+        out, err = zero2.communicate(timeout=120)
+    finally:
+        zero2.kill()
+    assert zero2.returncode == 0, out + err
+    assert swept.returncode == 0, swept.stdout + swept.stderr
+    sweep_dir = next(runs.glob("torch-ddp-sweep-*"))
+    assert f"#SBATCH --dependency=afterok:{job}\n" in (sweep_dir / "array-0.sbatch").read_text()
+    logs = glaunch(laptop, "logs", sweep_dir.name, "--rank", "0")
+    assert [line[:3] for line in logs.stdout.splitlines() if "done: step 40" in line] == ["[0]", "[1]"], logs.stdout
+
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "hostile.py").write_text(HOSTILE_SCRIPT)
+    (tmp_path / "work" / "sleeper.yaml").write_text(json.dumps({
+        "name": "sleeper", "entrypoint": {"script": "hostile.py"}, "resources": {"nodes": 1, "time": "00:05:00"},
+        "requeue": {"max": 0}}))
+    waiting = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", "sleeper.yaml", *site, "--wait"],
+                               cwd=tmp_path / "work", env=laptop, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+    sleeper = None
+    try:
+        sleeper = run_dir_appears(runs, "sleeper").name
+        Path(laptop["GLAUNCH_TEST_CUT"]).touch()
+        out, err = waiting.communicate(timeout=60)
+        assert waiting.returncode == 3, out + err
+        assert "cannot reach glaunch-login" in err and f"run {sleeper} was last recorded" in err, err
+    finally:
+        waiting.kill()
+        Path(laptop["GLAUNCH_TEST_CUT"]).unlink(missing_ok=True)
+        if sleeper is not None:
+            glaunch(laptop, "cancel", sleeper)
+    assert wait_for(laptop, sleeper, {"CANCELLED"}, 60)["state"] == "CANCELLED"
 
 
 @pytest.mark.requires_sshd

@@ -4,9 +4,10 @@ here returns or reports data; launcher.views makes the text."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from launcher import schedulers
 from launcher.errors import ConfigError, GlaunchError, SchedulerError
@@ -40,6 +41,19 @@ def status(run: RunRef) -> dict[str, Any]:
     return json_safe(summarize(run_dir, refreshed(run_dir)))      # type: ignore[return-value]
 
 
+@contextlib.contextmanager
+def connection_held(run_dir: Path) -> Iterator[None]:
+    """For a run (or sweep) that lives on a cluster reached over SSH: its connection kept
+    open across the polls of the block (one connection per command), else nothing."""
+    if not is_remote(run_dir):
+        yield
+        return
+    from launcher.runner import remote
+
+    with remote.connect(remote.where_of(run_dir).login):
+        yield
+
+
 def wait(run: RunRef, *, on_line: Text | None = None, on_state: OnState | None = None,
          poll_s: float = FOLLOW_POLL_S, console: Echo | None = None) -> str:
     """Follow the run to its end across requeues: rank 0's log to `on_line` as it grows, one
@@ -50,11 +64,13 @@ def wait(run: RunRef, *, on_line: Text | None = None, on_state: OnState | None =
     Returns the final state."""
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
-        return _wait_sweep(sweep_dir, on_state=on_state, poll_s=poll_s)
+        with connection_held(sweep_dir):
+            return _wait_sweep(sweep_dir, on_state=on_state, poll_s=poll_s)
     run_dir = run_dir_of(run)
     shown = console(run_dir) if console is not None else None
     try:
-        return _follow(run_dir, on_line, on_state, poll_s, shown)
+        with connection_held(run_dir):
+            return _follow(run_dir, on_line, on_state, poll_s, shown)
     except KeyboardInterrupt:
         if shown is not None:
             shown.clear()
@@ -148,24 +164,8 @@ def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
-        elements = sweeps.read(sweep_dir).elements
-        readers = [RankLogs(Path(e.run_dir), rank, prefixed(echo, f"[{e.index}]")) for e in elements]
-        while True:
-            if is_remote(sweep_dir):
-                from launcher.runner import remote
-
-                remote.mirror_sweep_logs(sweep_dir)
-            for reader in readers:
-                reader.poll()
-            if not follow:
-                for reader in readers:
-                    reader.flush()
-                return
-            states = [r.state if not isinstance(r, GlaunchError) else State.UNKNOWN.value
-                      for r in sweep_records(sweep_dir).values()]
-            if all(is_terminal(s) or s == State.UNKNOWN for s in states):
-                follow = False
-            time.sleep(poll_s)
+        with connection_held(sweep_dir):
+            return _sweep_logs(sweep_dir, rank=rank, follow=follow, echo=echo, poll_s=poll_s)
     run_dir = run_dir_of(run)
     if is_remote(run_dir):
         from launcher.runner import remote
@@ -179,6 +179,28 @@ def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,
             return
         state = refreshed(run_dir).state
         if is_terminal(state) or state == State.UNKNOWN:
+            follow = False
+        time.sleep(poll_s)
+
+
+def _sweep_logs(sweep_dir: Path, *, rank: int | None, follow: bool, echo: Text, poll_s: float) -> None:
+    """Every element's logs, `[ELEMENT]` before the rank; with `follow`, until all ended."""
+    elements = sweeps.read(sweep_dir).elements
+    readers = [RankLogs(Path(e.run_dir), rank, prefixed(echo, f"[{e.index}]")) for e in elements]
+    while True:
+        if is_remote(sweep_dir):
+            from launcher.runner import remote
+
+            remote.mirror_sweep_logs(sweep_dir)
+        for reader in readers:
+            reader.poll()
+        if not follow:
+            for reader in readers:
+                reader.flush()
+            return
+        states = [r.state if not isinstance(r, GlaunchError) else State.UNKNOWN.value
+                  for r in sweep_records(sweep_dir).values()]
+        if all(is_terminal(s) or s == State.UNKNOWN for s in states):
             follow = False
         time.sleep(poll_s)
 
