@@ -27,8 +27,8 @@ def test_default_rate_reproduces_the_published_times_between_interruptions():
 
 def test_llama3_rate_gives_back_its_interruptions():
     # Dubey et al. 2024: 419 unexpected interruptions in 54 days on 16,384 GPUs (2,048 nodes of 8).
-    assert gp.RATE_LLAMA3 == pytest.approx(1.58e-4, rel=0.01)
-    assert gp.RATE_LLAMA3 * 2048 * 54 * 24 == pytest.approx(419)
+    assert pytest.approx(1.58e-4, rel=0.01) == gp.RATE_LLAMA3
+    assert pytest.approx(419) == gp.RATE_LLAMA3 * 2048 * 54 * 24
     assert gp.job_mtbf_s(gp.RATE_LLAMA3, 2048) / H == pytest.approx(3.09, abs=0.01)
     assert gp.RATE_LLAMA3 < gp.DEFAULT_FAILURES_PER_NODE_HOUR      # the default is the cautious one
 
