@@ -4,13 +4,14 @@ the published figures, and `glaunch plan`'s projection (text and JSON)."""
 
 import json
 import math
-import sys
 
 import pytest
 
-from launcher import cli
+from launcher import api
+from launcher.errors import ConfigError
 from launcher.resolution import goodput_projection as gp
 from launcher.resolution.goodput_projection import Costs
+from launcher.views.plan_text import format_plan
 
 H = 3600.0
 COSTS = Costs(save_s=30.0, startup_s=180.0, load_s=60.0, queue_wait_s=600.0, step_s=1.0, every_steps=500)
@@ -125,66 +126,33 @@ def test_projection_json():
 
 
 # --- glaunch plan -------------------------------------------------------------------------
-
-SITE = """\
-name: eight
-scheduler: slurm
-default_partition: gpu
-partitions:
-  gpu: {gpus_per_node: 8, gpu_mem_gb: 80, max_nodes: 16}
-"""
-EXP = """\
-name: big
-entrypoint: {script: train.py}
-resources: {nodes: 2, time: "04:00:00"}
-model: {params: 1.0e9}
-checkpoint: {every_steps: 300}
-"""
+# conftest's mysite_workdir: 2 nodes x 4 GPUs, one hour; checkpoint.every_steps at its default (500).
+PARAMS = ["model.params=1e9"]
 
 
-@pytest.fixture
-def workdir(tmp_path, monkeypatch, isolated_env):
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "train.py").write_text("print('hi')\n")
-    (tmp_path / "exp.yaml").write_text(EXP)
-    (tmp_path / "site.yaml").write_text(SITE)
-    return tmp_path
 
-
-def glaunch(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["glaunch", *args])
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as exc:
-        code = exc.code or 0
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_plan_projects_at_its_size_and_the_named_one(workdir, monkeypatch, capsys):
-    code, out, err = glaunch(monkeypatch, capsys, "plan", "exp.yaml", "--site", "site.yaml", "--at-gpus", "16384")
-    assert code == 0, err
-    text = out.split("goodput projected", 1)[1]
+def test_plan_projects_at_its_size_and_the_named_one(mysite_workdir):
+    result = api.plan("exp.yaml", site="mysite", overrides=PARAMS, at_gpus=16384)
+    text = format_plan(result).split("goodput projected", 1)[1]
     for fragment in ["0.000977 failures per node-hour", "Kokolis", "save stall 30.0 s (default)",
-                     "checkpoint every 300 steps = 5m00s", "at 16 GPUs (2 node(s) x 8)",
-                     "at 16384 GPUs (2048 node(s) x 8): job MTBF 30m00s", "requeue", "in-allocation restart",
-                     "spare nodes (", "ETTR now", "at Young-Daly", "4h00m allocation"]:
+                     "checkpoint every 500 steps = 8m20s", "at 8 GPUs (2 node(s) x 4)",
+                     "at 16384 GPUs (4096 node(s) x 4): job MTBF 15m00s", "requeue", "in-allocation restart",
+                     "spare nodes (", "ETTR now", "at Young-Daly", "1h00m allocation"]:
         assert fragment in text, fragment
 
 
-def test_plan_json_carries_the_projection(workdir, monkeypatch, capsys):
-    (workdir / "site.yaml").write_text(SITE + "goodput: {failures_per_node_hour: 1.6e-4}\n")
-    code, out, err = glaunch(monkeypatch, capsys, "plan", "exp.yaml", "--site", "site.yaml", "--json",
-                             "--at-gpus", "1000")
-    assert code == 0, err
-    projection = json.loads(out)["goodput"]["projection"]
+def test_plan_json_carries_the_projection(mysite_workdir):
+    site = mysite_workdir / "site_configs" / "mysite.yaml"
+    site.write_text(site.read_text() + "goodput: {failures_per_node_hour: 1.6e-4}\n")
+    projection = json.loads(json.dumps(api.plan("exp.yaml", site="mysite", overrides=PARAMS, at_gpus=1000).to_json()))
+    projection = projection["goodput"]["projection"]
     assert projection["failures_per_node_hour"] == 1.6e-4
     assert projection["rate_source"] == "site goodput.failures_per_node_hour"
-    assert projection["allocation_s"] == 4 * H and projection["costs"]["every_steps"] == 300
-    assert [(s["nodes"], s["gpus"]) for s in projection["sizes"]] == [(2, 16), (125, 1000)]
+    assert projection["allocation_s"] == H and projection["costs"]["every_steps"] == 500
+    assert [(s["nodes"], s["gpus"]) for s in projection["sizes"]] == [(2, 8), (250, 1000)]
+    assert api.plan("exp.yaml", site="mysite", overrides=PARAMS).to_json()["goodput"]["projection"]["sizes"][0]["gpus"] == 8
 
 
-def test_plan_refuses_no_gpus(workdir, monkeypatch, capsys):
-    code, _, err = glaunch(monkeypatch, capsys, "plan", "exp.yaml", "--site", "site.yaml", "--at-gpus", "0")
-    assert code == 2 and "--at-gpus" in err
+def test_plan_refuses_no_gpus(mysite_workdir):
+    with pytest.raises(ConfigError, match="--at-gpus"):
+        api.plan("exp.yaml", site="mysite", overrides=PARAMS, at_gpus=0)
