@@ -27,6 +27,13 @@ Figures:
   set-up and first collectives), so the resume load is also timed alone, outside the job, on the
   run's last checkpoint.
 - the final param_sha256 in result.json must equal the uninterrupted run's.
+- projected ETTR (launcher.resolution.goodput_projection) for the same schedule, from
+  glaunch's own figures (`status --json` goodput): the uninterrupted ETTR x (1 - (lost + R)
+  / M), R the requeue road's cost (queue wait + start-up + resume load) plus stop and
+  teardown, M the wall time per interruption; want within 5 points of the measured ETTR
+  (not enforced with --tiny). Then a table of projected ETTR at 1,024 and 16,384 GPUs
+  (8 per node, the published failure rate, 4 h allocations) per recovery road, from the
+  costs measured here. `--projection-only` prints that table from default costs, no cluster.
 
 Log lines are timed by their arrival in rank 0's log files (polled every 50 ms); Slurm's
 times are whole seconds. Before each submission the bench waits for an empty queue and
@@ -60,6 +67,10 @@ from pathlib import Path
 from benchkit import BenchError, epoch, glaunch_command, run_cmd, sacct_rows, wait_queue_empty
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from launcher.resolution import goodput_projection as gp  # noqa: E402
+from launcher.runner.goodput import number, projection_costs  # noqa: E402
 EXPERIMENT = REPO / "examples" / "torch_ddp.yaml"
 NODES = 2
 # The urgent job takes every node of local-slurm, so it preempts the run wherever it runs.
@@ -369,7 +380,7 @@ def report(args: argparse.Namespace, base: dict, pre: dict) -> int:
     print(f"ETTR preempted / uninterrupted: {ettr_p / ettr_b:.3f}   "
           "(wall = first sacct Start -> last sacct End; productive = final step x per-step time)")
 
-    problems = []
+    problems = report_projection(args, pre, ettr_b, ettr_p, wall(pre), n)
     print("\nper interruption (s; lost = stopped_at - next resumed_from from run.json, [log] = from step lines)")
     print(f"{'#':>2s} {'stop@':>6s} {'resume@':>7s} {'lost':>9s} {'stop':>6s} {'end':>6s} {'queue':>6s} "
           f"{'(urgent':>7s} {'hold)':>6s} {'start':>6s} {'(resume)':>8s} {'no-step gap':>11s}")
@@ -457,6 +468,74 @@ def report(args: argparse.Namespace, base: dict, pre: dict) -> int:
     return 1 if problems else 0
 
 
+# --- the projection against what was measured ---------------------------------------------
+
+PROJECTION_WANT_POINTS = 5.0
+SCALE_SIZES = ((1024 // 8, 8), (16_384 // 8, 8))
+SCALE_ALLOCATION_S = 4 * 3600.0
+
+
+def projected_ettr(good: dict, ettr_base: float, wall: float, interruptions: int) -> tuple[float, str] | None:
+    """The model's ETTR for the run's own failure schedule, from glaunch's own figures
+    (`status --json` goodput): ETTR_base x (1 - (lost + R) / M), where R is what one
+    interruption cost on the requeue road (queue wait + start-up + resume load) plus the
+    stop and teardown a warned stop adds, lost the work lost per interruption (0 when the
+    warning left time to save: the model's interval/2 is for failures without warning),
+    and M the wall time per interruption. The uninterrupted run's ETTR carries what is no
+    failure's (first start-up, save stalls)."""
+    costs = projection_costs(good)
+    rows = [r for r in good.get("starts") or [] if r.get("reason")]
+    stops = [(number(r.get("stop_s")) or 0.0) + (number(r.get("teardown_s")) or 0.0) for r in rows]
+    parts = [costs["queue_wait_s"], costs["startup_s"], costs["load_s"]]
+    if not interruptions or not wall or any(p is None for p in parts):
+        return None
+    restart = sum(p or 0.0 for p in parts) + (statistics.median(stops) if stops else 0.0)
+    lost = (number(good.get("lost_s")) or 0.0) / interruptions
+    mtbf = wall / interruptions
+    why = (f"R {restart:.1f} s (queue {parts[0]:.1f} + start-up {parts[1]:.1f} + load {parts[2]:.2f} + stop/teardown "
+           f"{restart - sum(p or 0.0 for p in parts):.1f}), lost {lost:.1f} s, M {mtbf:.1f} s")
+    return ettr_base * max(0.0, 1 - (lost + restart) / mtbf), why
+
+
+def scale_table(measured: dict | None, every_steps: int) -> None:
+    """Projected ETTR at 1,024 and 16,384 GPUs (8 per node) for each road, at the published
+    failure rate, from the costs measured here (defaults where none)."""
+    costs = gp.costs_with_defaults(measured or {}, every_steps)
+    projection = gp.project(None, costs, SCALE_SIZES, SCALE_ALLOCATION_S)
+    said = ", ".join(f"{k} {getattr(costs, k):g}" + (" (default)" if k in costs.defaults else "")
+                     for k in gp.DEFAULT_COSTS)
+    print(f"\nprojected ETTR at scale: {projection.failures_per_node_hour:.3g} failures per node-hour "
+          f"({projection.rate_source}); costs (s): {said}; checkpoint every {every_steps} steps; "
+          f"{SCALE_ALLOCATION_S / 3600:g} h allocations")
+    print(f"{'GPUs':>6s} {'MTBF':>8s} {'Young-Daly':>10s}  {'road':14s} {'restart':>8s} {'ETTR now':>8s} "
+          f"{'at Y-D':>7s}")
+    for size in projection.sizes:
+        for road in size.roads:
+            name = road.name + (f" ({road.spare_nodes})" if road.name == "spares" else "")
+            now = f"{road.ettr_configured:8.3f}" if road.ettr_configured is not None else f"{'-':>8s}"
+            print(f"{size.gpus:6d} {size.mtbf_s / 3600:6.2f} h {size.optimal_interval_s:8.0f} s  {name:14s} "
+                  f"{road.restart_s:6.0f} s {now} {road.ettr_optimal:7.3f}")
+
+
+def report_projection(args: argparse.Namespace, pre: dict, ettr_b: float, ettr_p: float, wall: float,
+                      n: int) -> list[str]:
+    good = pre["status"].get("goodput") or {}
+    found = projected_ettr(good, ettr_b, wall, n)
+    problems = []
+    if found is None:
+        print("\nprojected ETTR: not enough measured (queue wait, start-up or resume load missing)")
+    else:
+        predicted, why = found
+        off = 100 * abs(predicted - ettr_p)
+        print(f"\nprojected ETTR for this schedule: {predicted:.3f} against {ettr_p:.3f} measured: {off:.1f} points "
+              f"apart (want within {PROJECTION_WANT_POINTS:g}{'; not enforced with --tiny' if args.tiny else ''})"
+              f"\n  ETTR_uninterrupted x (1 - (lost + R)/M): {why}")
+        if off > PROJECTION_WANT_POINTS and not args.tiny:
+            problems.append(f"the projection is {off:.1f} points from the measured ETTR")
+    scale_table(projection_costs(good), args.checkpoint_every)
+    return problems
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--site", default="local-slurm")
@@ -480,7 +559,12 @@ def main() -> int:
                         help="count --every from each start's first step line, not from RUNNING")
     parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
     parser.add_argument("--tiny", action="store_true", help="one short preemption: checks the bench works")
+    parser.add_argument("--projection-only", action="store_true",
+                        help="print the projected ETTR at 1,024 and 16,384 GPUs from default costs; no cluster")
     args = parser.parse_args()
+    if args.projection_only:
+        scale_table(None, args.checkpoint_every)
+        return 0
     if args.tiny:
         args.nodes, args.preemptions, args.every, args.from_first_step = 1, 1, 1.0, True
         args.steps, args.seconds_per_step, args.checkpoint_every, args.urgent_sleep = 80, 0.1, 10, 1

@@ -173,11 +173,13 @@ def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
 # --- planning and sites ----------------------------------------------------------------------
 
 
-def plan(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = ()):
-    """The planner's result (launcher.resolution.planner.PlanResult) for the experiment on the site."""
+def plan(experiment: str | os.PathLike, *, site: str | None = None, overrides: Sequence[str] = (),
+         at_gpus: int | None = None):
+    """The planner's result (launcher.resolution.planner.PlanResult) for the experiment on the
+    site, with goodput projected at its size and, given `at_gpus`, at that many GPUs."""
 
     exp, loaded_site = submission.load(experiment, site, overrides)
-    return plan_for(exp, loaded_site)
+    return plan_for(exp, loaded_site, at_gpus)
 
 
 def sites(site: str | os.PathLike | None = None) -> dict[str, Any]:

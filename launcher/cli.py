@@ -313,10 +313,11 @@ def _quiet_submitit() -> None:
 @click.argument("experiment")
 @click.argument("overrides", nargs=-1)
 @click.option("--site", "-s", help="Site profile name or YAML path.")
+@click.option("--at-gpus", type=click.IntRange(min=1), help="Also project goodput at this many GPUs.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def plan(experiment, overrides, site, as_json):
-    """Per-GPU memory of each strategy on the site, and the recommendation."""
-    result = api.plan(experiment, site=site, overrides=overrides)
+def plan(experiment, overrides, site, at_gpus, as_json):
+    """Per-GPU memory of each strategy on the site, the recommendation, and goodput projected."""
+    result = api.plan(experiment, site=site, overrides=overrides, at_gpus=at_gpus)
     _emit(as_json, result.to_json(), format_plan(result))
 
 

@@ -234,6 +234,13 @@ class PlanSettings:
 
 
 @dataclass(eq=False)
+class GoodputSettings:
+    """A site's `goodput:` what the projection of goodput to a size assumes of the cluster."""
+
+    failures_per_node_hour: Optional[float] = None    # unset: the published figure the projection cites
+
+
+@dataclass(eq=False)
 class LoginSettings:
     """A site's `login:` the login node reached over SSH from a machine without Slurm."""
 
@@ -264,6 +271,7 @@ class Site:
     python: Optional[str] = None
     crash_retries: int = 0
     plan: PlanSettings = field(default_factory=PlanSettings)
+    goodput: GoodputSettings = field(default_factory=GoodputSettings)
     login: Optional[LoginSettings] = None
 
 

@@ -126,6 +126,9 @@ def _check_counts(site: schema.Site) -> None:
         raise _error("plan.headroom", "must be a fraction in [0, 1)")
     if site.plan.overhead_gb < 0:
         raise _error("plan.overhead_gb", "must be 0 or more")
+    rate = site.goodput.failures_per_node_hour
+    if rate is not None and not rate > 0:
+        raise _error("goodput.failures_per_node_hour", f"must be a rate above 0 (failures per node-hour), got {rate:g}")
 
 
 def python_words(command: str) -> tuple[str, ...]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from launcher.resolution.goodput_projection import Projection
 from launcher.resolution.memory import (
     COMM_VOLUME,
     GB,
@@ -117,6 +118,7 @@ class PlanResult:
     largest_layer_params: int
     largest_layer_source: str
     notes: tuple[str, ...] = field(default=())
+    goodput: Projection | None = None     # ETTR projected at this size (and a named one)
 
     @property
     def world_size(self) -> int:
@@ -128,7 +130,8 @@ class PlanResult:
     def to_json(self) -> dict[str, Any]:
         return {"world_size": self.world_size, "gpu_mem_gb": float(self.input.gpu_mem_gb),
                 "strategies": [r.to_json() for r in self.rows], "recommended": self.recommended,
-                "reason": self.reason, "min_nodes": self.min_nodes}
+                "reason": self.reason, "min_nodes": self.min_nodes,
+                "goodput": {"projection": self.goodput.to_json()} if self.goodput is not None else None}
 
 
 def make_plan(inp: PlanInput) -> PlanResult:

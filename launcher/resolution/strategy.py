@@ -13,15 +13,15 @@ import math
 import os
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from launcher.config import schema
+from launcher.config import schema, slurmtime
 from launcher.config.load import LoadedExperiment
 from launcher.config.provenance import ConfigKeyError, locating
 from launcher.config.sites import LoadedSite
 from launcher.errors import ConfigError
-from launcher.resolution import memory, planner
+from launcher.resolution import goodput_projection, memory, planner
 
 
 @dataclass(frozen=True, eq=False)
@@ -143,16 +143,38 @@ def _partition_name(exp: schema.Experiment, site: schema.Site) -> str | None:
     return exp.resources.partition or site.default_partition or next(iter(site.partitions), None)
 
 
-def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite) -> planner.PlanResult:
-    """`glaunch plan`: the planner's table for the experiment on the site."""
+def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite,
+             at_gpus: int | None = None) -> planner.PlanResult:
+    """`glaunch plan`: the planner's table for the experiment on the site, and goodput
+    projected at its size and at `at_gpus` GPUs (whole nodes of the same size)."""
     exp, site = exp_loaded.config, site_loaded.config
+    if at_gpus is not None and at_gpus < 1:
+        raise ConfigError(f"--at-gpus must be 1 or more, got {at_gpus}")
     with locating(exp_loaded.provenance, site_loaded.provenance):
         name = _partition_name(exp, site)
         part = site.partitions.get(name) if name else None
         if part is None:
             raise ConfigKeyError("resources.partition", f"site {site.name!r} has no partition {name!r} to plan for")
         gpus = _planned_gpus(exp, site, part, name)
-        return planner.make_plan(plan_input(exp, site, part, name, exp.resources.nodes, gpus, exp_loaded.folder))
+        result = planner.make_plan(plan_input(exp, site, part, name, exp.resources.nodes, gpus, exp_loaded.folder))
+        return replace(result, goodput=planned_goodput(exp, site, gpus, at_gpus))
+
+
+def planned_goodput(exp: schema.Experiment, site: schema.Site, gpus_per_node: int,
+                    at_gpus: int | None) -> goodput_projection.Projection:
+    """The projection before any run: default costs, the site's failure rate (else the
+    published one), the experiment's checkpoint interval and time limit."""
+    try:
+        allocation = slurmtime.parse(exp.resources.time)
+    except ValueError as exc:
+        raise ConfigKeyError("resources.time", str(exc)) from None
+    sizes = [(exp.resources.nodes, gpus_per_node)]
+    if at_gpus is not None:
+        sizes.append((goodput_projection.nodes_for_gpus(at_gpus, gpus_per_node), gpus_per_node))
+    rate = site.goodput.failures_per_node_hour
+    return goodput_projection.project(
+        rate, goodput_projection.costs_with_defaults({}, exp.checkpoint.every_steps or None), sizes,
+        allocation, None if rate is None else "site goodput.failures_per_node_hour")
 
 
 def _planned_gpus(exp: schema.Experiment, site: schema.Site, part: schema.Partition, name: str | None) -> int:

@@ -330,6 +330,26 @@ def suggest(starts: Sequence[StartRecord], goodput: Mapping[str, Any],
     return out
 
 
+def projection_costs(goodput: Mapping[str, Any]) -> dict[str, float | None]:
+    """What the goodput projection (launcher.resolution.goodput_projection) needs, from
+    what the run measured, each None when it was not: the median save stall, start-up
+    (less the resume load), resume load and step time of its starts, and the median queue
+    wait of the starts after the first (requeues and resumes)."""
+    rows = [r for r in goodput.get("starts") or () if isinstance(r, Mapping)]
+
+    def median(values: Sequence[float | None]) -> float | None:
+        known = sorted(v for v in values if v is not None)
+        return round(known[len(known) // 2], 3) if known else None
+
+    startups = [None if (s := number(r.get("startup_s"))) is None
+                else max(0.0, s - (number(r.get("resume_load_s")) or 0.0)) for r in rows]
+    return {"save_s": number(as_mapping(goodput.get("save_s")).get("median")),
+            "startup_s": median(startups),
+            "load_s": median([number(r.get("resume_load_s")) for r in rows]),
+            "queue_wait_s": median([number(r.get("queue_wait_s")) for r in rows[1:]]),
+            "step_s": median([number(r.get("step_time_s")) for r in rows])}
+
+
 def checkpoint_warnings(record: RunRecord) -> list[str]:
     """Starts that stopped without saving, and requeued starts that began from step 0:
     a run that may be requeued but never saves loses everything at each requeue."""

@@ -13,13 +13,14 @@ from typing import Any, Mapping
 
 import yaml
 
-from launcher.config import schema
+from launcher.config import schema, slurmtime
 from launcher.config.load import LoadedExperiment
 from launcher.config.provenance import Provenance
 from launcher.config.sites import LoadedSite
 from launcher.config.typed import typed_config
 from launcher.config.yamlfile import read_yaml
 from launcher.errors import GlaunchError
+from launcher.resolution import goodput_projection
 from launcher.resolution.strategy import plan_for
 from launcher.rundir.files import load_json_object, open_regular, read_text
 from launcher.rundir.layout import REMOTE_FILE, RunDir, read_heartbeat
@@ -41,6 +42,7 @@ def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dic
                 "requeue.signal_lead_s": _dig(experiment, "requeue", "signal_lead_s")}
     live = progress(run_dir, record, now) if record.state in IN_FLIGHT else None
     report = goodput.summarize(_with_progress(record, live), now, settings)
+    report["goodput"]["projection"] = projection(resolved, report["goodput"])
     summary = {
         "run_id": record.run_id, "run_dir": str(run_dir), "site": record.site, "created": record.created,
         "state": record.state, "job_id": record.job_id,
@@ -63,6 +65,24 @@ def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dic
     if cluster is not None:
         summary["cluster"] = cluster
     return summary
+
+
+def projection(resolved: Mapping[str, Any], measured: Mapping[str, Any]) -> dict[str, Any] | None:
+    """Goodput projected at the run's size from the costs it measured (defaults for the
+    rest) and the site's failure rate; None without the run's size in resolved.yaml."""
+    derived, experiment = as_mapping(resolved.get("derived")), as_mapping(resolved.get("experiment"))
+    nodes, gpus = step_of(derived.get("nodes")), step_of(derived.get("gpus_per_node"))
+    if not nodes or gpus is None:
+        return None
+    try:
+        allocation = slurmtime.parse(derived.get("time") or "")
+    except ValueError:
+        allocation = None
+    rate = number(_dig(resolved, "site", "goodput", "failures_per_node_hour")) or None
+    every = step_of(_dig(experiment, "checkpoint", "every_steps")) or None
+    costs = goodput_projection.costs_with_defaults(goodput.projection_costs(measured), every)
+    return goodput_projection.project(rate, costs, [(nodes, gpus)], allocation or goodput_projection.HOUR,
+                                      None if rate is None else "site goodput.failures_per_node_hour").to_json()
 
 
 def cluster_of(run_dir: Path, record: RunRecord) -> dict[str, Any] | None:

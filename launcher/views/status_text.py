@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from launcher.runner.goodput import as_mapping, number, step_of
+from launcher.views.goodput_text import projection_lines
 from launcher.views.sweep_text import format_sweep
 from launcher.views.text import duration, printable
 
@@ -225,6 +226,9 @@ def format_status(summary: Mapping[str, Any]) -> str:
                      f"utilisation mean {gpu['utilization_mean_pct']:g}%, memory max "
                      f"{gpu['memory_used_max_mib']:g}/{gpu['memory_total_mib']:g} MiB")
     lines += _goodput_lines(summary)
+    good = as_mapping(summary.get("goodput"))
+    if good.get("starts"):         # once it has started: from what the run measured so far
+        lines += ["  " + line for line in projection_lines(good.get("projection"))]
     lines += _suggestion_lines(summary.get("suggest"))
     for warning in summary.get("warnings") or []:
         lines.append(f"  warning: {p(warning)}")

@@ -364,7 +364,7 @@ def test_plan_json_shape(workdir, monkeypatch, capsys):
                              "model.params=7.5e9")
     assert code == 0, err
     data = json.loads(out)
-    assert set(data) == {"world_size", "gpu_mem_gb", "strategies", "recommended", "reason", "min_nodes"}
+    assert set(data) == {"world_size", "gpu_mem_gb", "strategies", "recommended", "reason", "min_nodes", "goodput"}
     assert data["world_size"] == 8 and data["gpu_mem_gb"] == 80.0
     assert [s["name"] for s in data["strategies"]] == list(memory.STRATEGIES)
     assert "fsdp" in memory.STRATEGIES

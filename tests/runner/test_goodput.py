@@ -225,3 +225,50 @@ def test_a_resumed_run_waiting_for_its_job_counts_from_the_resume():
 def test_damaged_resume_entries_leave_nothing_out(entry):
     good = goodput.summarize(resumed_after_idle(**entry), now=10_000)["goodput"]
     assert good["wall_s"] == 1090 and good["idle_s"] in (None, 0)
+
+
+# --- goodput projected from what the run measured -------------------------------------------
+
+RESOLVED = {"derived": {"nodes": 2, "gpus_per_node": 4, "time": "04:00:00"},
+            "experiment": {"checkpoint": {"every_steps": 100}},
+            "site": {"goodput": {"failures_per_node_hour": 0.002}}}
+
+
+def test_projection_costs_are_what_the_run_measured():
+    good = goodput.summarize(preempted_twice(), now=10_000)["goodput"]
+    costs = goodput.projection_costs(good)
+    # start-up less resume load: 20 s, then 21 - 0.5 s twice (resume load: first step - resume - one step)
+    assert costs == {"save_s": 2.0, "startup_s": 20.5, "load_s": 0.5, "queue_wait_s": 30.0, "step_s": 0.5}
+    assert goodput.projection_costs({}) == dict.fromkeys(costs)
+
+
+def test_status_carries_the_projection_from_measured_costs():
+    from launcher.runner.status import projection
+
+    good = goodput.summarize(preempted_twice(), now=10_000)["goodput"]
+    data = projection(RESOLVED, good)
+    assert data["failures_per_node_hour"] == 0.002 and data["rate_source"] == "site goodput.failures_per_node_hour"
+    assert data["costs"]["defaults"] == [] and data["costs"]["interval_s"] == 50.0
+    assert data["allocation_s"] == 4 * 3600
+    (size,) = data["sizes"]
+    assert (size["nodes"], size["gpus"]) == (2, 8) and size["mtbf_s"] == 900_000
+    requeue = next(r for r in size["roads"] if r["road"] == "requeue")
+    assert requeue["restart_s"] == 51.0          # 30 s queue + 20.5 s start-up + 0.5 s load
+    # No site rate and nothing measured: the published rate and the default costs, said so.
+    data = projection({"derived": RESOLVED["derived"]}, {})
+    assert "Kokolis" in data["rate_source"] and "save_s" in data["costs"]["defaults"]
+    assert projection({}, good) is None
+
+
+def test_status_text_shows_the_projection():
+    from launcher.runner.status import projection
+
+    report = goodput.summarize(preempted_twice(), now=10_000)
+    report["goodput"]["projection"] = projection(RESOLVED, report["goodput"])
+    text = format_status({"run_id": "r", "state": "COMPLETED", "site": "s", "job_id": "100", "restarts": 2,
+                          "run_dir": "/r", "starts": [s.to_dict() for s in preempted_twice().starts], **report})
+    block = text.split("goodput projected", 1)[1]
+    for fragment in ["0.002 failures per node-hour", "save stall 2.0 s, start-up 20.5 s", "queue wait after "
+                     "requeue 30.0 s", "at 8 GPUs (2 node(s) x 4): job MTBF 250h00m", "requeue", "spare nodes"]:
+        assert fragment in block, fragment
+    assert "(default)" not in block

@@ -1,0 +1,60 @@
+"""The text of a goodput projection (launcher.resolution.goodput_projection), as `glaunch
+plan` and `glaunch status` show it, from its JSON form."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from launcher.runner.goodput import number
+from launcher.views.text import duration, printable
+
+ROAD_NAMES = {"requeue": "requeue", "in_allocation": "in-allocation restart", "spares": "spare nodes"}
+COST_NAMES = (("save_s", "save stall"), ("startup_s", "start-up"), ("load_s", "resume load"),
+              ("queue_wait_s", "queue wait after requeue"), ("step_s", "step"))
+
+
+def _ettr(value: Any) -> str:
+    value = number(value)
+    return f"{value:.3f}" if value is not None else "-"
+
+
+def _costs_line(costs: Mapping[str, Any]) -> str:
+    defaults = set(costs.get("defaults") or ())
+    parts = [f"{label} {duration(costs.get(key))}" + (" (default)" if key in defaults else "")
+             for key, label in COST_NAMES]
+    line = "  costs: " + ", ".join(parts)
+    if costs.get("every_steps"):
+        line += f"; checkpoint every {costs['every_steps']} steps = {duration(costs.get('interval_s'))}"
+    return line
+
+
+def _size_lines(size: Mapping[str, Any]) -> list[str]:
+    lines = [f"  at {size.get('gpus')} GPUs ({size.get('nodes')} node(s) x {size.get('gpus_per_node')}): job MTBF "
+             f"{duration(size.get('mtbf_s'))}; Young-Daly checkpoint interval "
+             f"{duration(size.get('optimal_interval_s'))}"
+             f" (checkpoint.every_steps={size.get('optimal_every_steps')})",
+             f"    {'road':30s} {'restart':>9s} {'ETTR now':>9s} {'at Young-Daly':>14s}"]
+    for road in size.get("roads") or ():
+        name = ROAD_NAMES.get(road.get("road"), printable(road.get("road")))
+        if road.get("road") == "spares":
+            name += f" ({road.get('spare_nodes')}, {100 * (number(road.get('requeue_share')) or 0):.0f}% requeue)"
+        lines.append(f"    {name:30s} {duration(road.get('restart_s')):>9s} {_ettr(road.get('ettr_configured')):>9s} "
+                     f"{_ettr(road.get('ettr_optimal')):>14s}")
+    return lines
+
+
+def projection_lines(projection: Any) -> list[str]:
+    """The projection's lines; none when there is none."""
+    if not isinstance(projection, Mapping):
+        return []
+    rate = number(projection.get("failures_per_node_hour"))
+    lines = [f"goodput projected (ETTR, first order): {rate:.3g} failures per node-hour" if rate is not None
+             else "goodput projected (ETTR, first order): failure rate ?",
+             f"  rate: {printable(projection.get('rate_source'))}",
+             _costs_line(projection.get("costs") or {})]
+    for size in projection.get("sizes") or ():
+        if isinstance(size, Mapping):
+            lines += _size_lines(size)
+    lines.append("  ETTR = 1 - (save/interval + (interval/2 + restart)/MTBF); spare nodes: the best number for a "
+                 f"{duration(projection.get('allocation_s'))} allocation, their idle share counted")
+    return lines
