@@ -130,6 +130,15 @@ def on_cluster(plan: Any) -> Any:
     return dataclasses.replace(plan, workdir=plan.code.import_path or plan.run_dir)
 
 
+def python_warning(loaded_site: Any, plan: Any) -> str | None:
+    """Over SSH the nodes run this machine's interpreter path unless the profile names one
+    (`python:`) or a container: said, as the cluster may have no such file."""
+    if loaded_site.config.python or plan.container is not None:
+        return None
+    return (f"the nodes run {plan.python[0]} (this machine's interpreter, which must exist on the cluster): "
+            f"set python: in {loaded_site.path} to the cluster's")
+
+
 # --- the record here --------------------------------------------------------------------
 
 

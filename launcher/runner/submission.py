@@ -107,11 +107,17 @@ def _prepare(exp, loaded_site, runs_dir: str | None, run_id: str | None, after: 
     plan = for_road(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, {})), conn)
     scheduler = schedulers.get(plan.scheduler)
     scheduler.check(plan)
-    warnings = [w for w in (take_over_warning(exp, plan, upstreams, dry_run=dry_run), checkpoint_warning(exp, plan))
-                if w]
+    warnings = [w for w in (take_over_warning(exp, plan, upstreams, dry_run=dry_run), checkpoint_warning(exp, plan),
+                            conn is not None and remote_python_warning(loaded_site, plan)) if w]
     runs_from, checkpoint_from = path_sources(exp, loaded_site, runs_dir)
     return Prepared(plan, scheduler.render(plan), scheduler, runs_from, checkpoint_from,
                     warnings=tuple(warnings), after=tuple(upstreams), remote=conn)
+
+
+def remote_python_warning(loaded_site, plan) -> str | None:
+    from launcher.runner import remote
+
+    return remote.python_warning(loaded_site, plan)
 
 
 def for_road(plan, conn):
