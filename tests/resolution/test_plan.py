@@ -360,6 +360,23 @@ def test_auto_nothing_fits_at_any_node_count(workdir, monkeypatch, capsys):
     assert "strategy.name" in err and "no node count up to 16 fits" in err
 
 
+def test_auto_records_the_recomputation_it_assumes(workdir, monkeypatch, capsys):
+    # 7B on one node of 8 x 80 GB with the attention scores stored: 104 GB of activations
+    # per GPU fit nothing; with selective recomputation (18.25 GB) zero1 does,
+    # 4Ψ + 16Ψ/8 + 18.25 + 2 = 60.7 GB of 72.
+    runs = workdir / "runs"
+    code, out, err = glaunch(monkeypatch, capsys, "submit", "exp.yaml", "--site", "site.yaml", "--dry-run",
+                             "--runs-dir", str(runs), "--json", "model.params=6.74e9", "model.layers=32",
+                             "model.hidden_size=4096", "model.heads=32", "model.seq_len=4096",
+                             "model.flash_attention=false")
+    assert code == 0, err
+    choice = yaml.safe_load((runs / json.loads(out)["run_id"] / "resolved.yaml").read_text())["derived"][
+        "strategy_choice"]
+    assert choice["chosen"] == "zero1" and choice["activation_checkpointing"] == "selective"
+    assert "set model.activation_checkpointing: selective" in choice["reason"]
+    assert choice["per_gpu_gb"] <= choice["usable_gb"]
+
+
 # --- glaunch plan --------------------------------------------------------------------------
 
 
