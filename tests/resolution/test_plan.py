@@ -37,15 +37,6 @@ model: {params: 1.0e9}
 """
 
 
-@pytest.fixture(scope="module")
-def ds_estimators():
-    """DeepSpeed's own estimator functions (CPU accelerator: no GPU here)."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-    return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs
-
-
 def glaunch(monkeypatch, capsys, *args):
     """Run the CLI in-process; (exit code, stdout, stderr)."""
     monkeypatch.setattr(sys, "argv", ["glaunch", *args])

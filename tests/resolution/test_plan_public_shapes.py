@@ -17,7 +17,6 @@ Published figures compared:
   tensor parallelism; section 5, selective recomputation s·b·h·34 per layer, full
   recomputation 2·s·b·h per layer, plus the working set of the layer being recomputed."""
 
-import os
 from dataclasses import dataclass
 
 import pytest
@@ -73,15 +72,6 @@ strategy: {name: auto}
 precision: bf16
 batch: {micro_size: 1}
 """
-
-
-@pytest.fixture(scope="module")
-def ds_estimators():
-    """DeepSpeed's own estimator functions (CPU accelerator: no GPU here)."""
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
-    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
-    return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs
 
 
 def korthikanti_bytes(shape: Shape, recompute: str) -> float:
