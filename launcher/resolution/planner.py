@@ -154,7 +154,13 @@ class PlanResult:
         return self.recommended
 
     def row(self, name: str) -> StrategyRow:
-        return next(r for r in self.recomputed_rows or self.rows if r.name == name)
+        """The strategy's row with the experiment's own recomputation."""
+        return next(r for r in self.rows if r.name == name)
+
+    @property
+    def recommended_row(self) -> StrategyRow | None:
+        """The recommendation's row, with the recomputation it assumes."""
+        return next((r for r in self.recomputed_rows or self.rows if r.name == self.recommended), None)
 
     def to_json(self) -> dict[str, Any]:
         inp = self.input

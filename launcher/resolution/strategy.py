@@ -135,7 +135,7 @@ def choose_strategy(exp: schema.Experiment, site: schema.Site, part: schema.Part
                 if result.min_nodes else "")
         raise ConfigKeyError("strategy.name", f"auto: no strategy fits on {nodes} node(s){more}\n"
                              + planner.format_plan_table(result))
-    row = result.row(result.recommended)
+    row = result.recommended_row or result.row(result.recommended)
     choice = {"chosen": result.recommended, "reason": result.reason, "per_gpu_gb": round(row.total_gb, 2),
               "usable_gb": round(result.input.usable_gb, 2), "activation_checkpointing": result.recomputation}
     return planner.strategy_settings(result.recommended), choice
