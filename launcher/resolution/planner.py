@@ -212,7 +212,9 @@ def _choose(inp: PlanInput, rows: tuple[StrategyRow, ...]) -> tuple[str, tuple[S
 def _notes(inp: PlanInput) -> tuple[str, ...]:
     notes = []
     if inp.missing_shape:
-        notes.append("activations not counted (0 GB): model." + ", model.".join(inp.missing_shape) + " not given")
+        notes.append("activations not counted (0 GB): model." + ", model.".join(inp.missing_shape) + " not given"
+                     f" (activation_checkpointing: {inp.activation_checkpointing}, flash_attention: "
+                     f"{str(inp.flash_attention).lower()}; no other recomputation tried)")
     else:
         notes.append(f"activations: {activation_formula(inp)}, Korthikanti et al. 2022")
     if inp.host_mem_gb is None:

@@ -212,6 +212,7 @@ def test_activations_zero_without_shape_and_said_so():
     assert all(r.activations_gb == 0 for r in result.rows)
     table = planner.format_plan_table(result)
     assert "activations not counted" in table and "model.hidden_size" in table and "model.seq_len" in table
+    assert "activation_checkpointing: none, flash_attention: true; no other recomputation tried" in table
 
 
 def test_fits_uses_overhead_and_headroom():
