@@ -205,3 +205,12 @@ def mysite_workdir(tmp_path, monkeypatch, isolated_env):
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "exp.yaml").write_text(GOOD_EXPERIMENT)
     return tmp_path
+
+
+@pytest.fixture(scope="module")
+def ds_estimators():
+    """DeepSpeed's own estimator functions (CPU accelerator: no GPU here)."""
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+    return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs

@@ -135,6 +135,8 @@ class Model:
     heads: Optional[int] = None
     seq_len: Optional[int] = None
     largest_layer_params: Optional[int] = None
+    activation_checkpointing: str = "none"    # the recomputation the planner counts
+    flash_attention: bool = True               # attention scores never materialised (planner)
 
 
 @dataclass(eq=False)
@@ -283,6 +285,7 @@ EXPERIMENT_CHOICES = {
     "strategy.offload_params": ("none", "cpu", "nvme"),
     "precision": ("fp32", "fp16", "bf16"),
     "model.optimizer": ("adam", "adamw", "sgd"),
+    "model.activation_checkpointing": ("none", "selective", "full"),
 }
 SITE_CHOICES = {
     "scheduler": ("slurm", "local"),

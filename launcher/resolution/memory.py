@@ -32,25 +32,38 @@ Model states, DeepSpeed's estimators (`deepspeed_gb`, and `estimate_gb`: what de
 -----------------------------------------------------------------------------------------
 The arithmetic of `estimate_zero2_model_states_mem_needs`
 (deepspeed/runtime/zero/stage_1_and_2.py) and `estimate_zero3_model_states_mem_needs`
-(deepspeed/runtime/zero/stage3.py), GPU side, with their fixed byte counts: 2 bytes of
-16-bit weights, 18 sharded bytes (16-bit and fp32 gradients, fp32 weights, Adam's two
-states) and 4 bytes for the largest layer's 16-bit weights and gradients. They assume
-mixed-precision Adam and are reproduced as DeepSpeed computes them whatever the
-experiment's precision and optimizer; the paper column follows those.
+(deepspeed/runtime/zero/stage3.py), GPU side. Their fixed byte counts assume
+mixed-precision Adam: 2 bytes of 16-bit weights, 18 sharded bytes (16-bit gradients 2,
+fp32 gradients 4, fp32 weights 4, Adam's two states 8) and 4 bytes for the largest
+layer's 16-bit weights and gradients. The planner counts the same roles with the
+experiment's precision and optimizer, so that the estimate that decides fit is in the
+precision of the table beside it:
 
-    zero2          2Ψ + 18Ψ/N                      estimate_zero2(cpu_offload=False)
-    zero2_offload  2Ψ                              estimate_zero2(cpu_offload=True)
-    zero3          4L + 18Ψ/N                      estimate_zero3(cpu_offload=False)
-    zero3_offload  4L                              estimate_zero3(cpu_offload=True,
+    W   weights as the model computes with them: P
+    S   sharded bytes: G + F + O + 4, with F = 4 the fp32 gradient partition under mixed
+        precision (0 in fp32: the gradients already are), O the optimizer's states (8
+        Adam/AdamW, 4 SGD) and 4 its fp32 copy of the weight partition (the master
+        weights; DeepSpeed's optimizer clones the partition to fp32 in fp32 training
+        too: single_partition_of_fp32_groups, fp32_partitioned_groups_flat)
+    Y   the largest layer's weights and gradients: P + G
+
+Mixed-precision Adam gives W = 2, S = 18, Y = 4: DeepSpeed's own figures, which the
+tests compare with its functions. fp32 Adam gives W = 4, S = 16, Y = 8.
+
+    zero2          WΨ + SΨ/N                       estimate_zero2(cpu_offload=False)
+    zero2_offload  WΨ                              estimate_zero2(cpu_offload=True)
+    zero3          YL + SΨ/N                       estimate_zero3(cpu_offload=False)
+    zero3_offload  YL                              estimate_zero3(cpu_offload=True,
                                                                   cpu_offload_params=True)
 DeepSpeed has no estimator for ddp and zero1; they follow from the same byte counts:
 
-    ddp            20Ψ                             the ZeRO-2 formula with nothing sharded
-                                                   (N = 1); torch DDP with AMP holds the same:
-                                                   fp32 weights and gradients, DDP's bucket
+    ddp            (W + S)Ψ                        the ZeRO-2 formula with nothing sharded
+                                                   (N = 1), 20Ψ for mixed-precision Adam;
+                                                   torch DDP holds as much: weights and
+                                                   gradients (fp32 under AMP), DDP's bucket
                                                    copy of the gradients, Adam's 8 bytes
-    zero1          4Ψ + 16Ψ/N                      16-bit gradients stay whole, the rest of
-                                                   the 18 sharded bytes is partitioned
+    zero1          (W + G)Ψ + (S - G)Ψ/N           the gradients in the compute precision
+                                                   stay whole, the rest of S is partitioned
 
 PyTorch FSDP2 (`fully_shard`, full sharding: the `fsdp` row's `estimate_gb`)
 ---------------------------------------------------------------------------
@@ -90,19 +103,39 @@ check (`host_fits`, null when not checked) both pass.
 Activations (`activations_gb`)
 ------------------------------
 Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
-Models", section 4.1: one transformer layer without recomputation, tensor or sequence
-parallelism stores s·b·h·(34 + 5·a·s/h) bytes with 16-bit activations (s sequence
-length, b micro batch, h hidden size, a heads). Of those, sbh twice and as²b once are
-1-byte dropout masks; with fp32 activations the rest doubles: s·b·h·(66 + 9·a·s/h).
-Times model.layers; embeddings and the output logits are not counted. Without all of
-layers, hidden_size, heads and seq_len the activations count as 0, and the plan says so.
+Models", without tensor or sequence parallelism (s sequence length, b micro batch, h
+hidden size, a heads, l layers):
+
+    none        l·s·b·h·(34 + 5·a·s/h)     section 4.1, equation (1): one layer stores
+                                           sbh·34 for its inputs, projections, MLP and
+                                           norms, and 5·a·s²·b for the attention scores,
+                                           their softmax and its dropout mask
+    selective   l·s·b·h·34                 section 5: the attention scores are recomputed
+                                           in the backward pass instead of stored
+    full        2·s·b·h·l + one layer      section 5: only each layer's 16-bit input is
+                                           stored; the layer being recomputed holds its
+                                           whole working set, sbh·(34 + 5as/h)
+
+FlashAttention (Dao et al. 2022, `model.flash_attention`, the default) computes attention
+in tiles and never materialises the a·s² scores: the 5·a·s/h term goes whatever the
+recomputation, and the heads are then not needed. Of the 34 and 5as/h, sbh twice and
+as²b once are 1-byte dropout masks; with fp32 activations the rest doubles: 66 + 9·a·s/h,
+and a full-recomputation layer input is 4·s·b·h. Embeddings and the output logits are
+not counted. Without layers, hidden_size and seq_len (and heads, where the scores count)
+the activations count as 0, and the plan says so.
 
 Fitting
 -------
 total = estimate_gb + activations_gb + overhead_gb (estimate_gb: DeepSpeed's arithmetic
 above, FSDP2's for fsdp; site plan.overhead_gb: CUDA context, NCCL buffers,
 fragmentation); a strategy fits when total <= gpu_mem_gb·(1 - headroom). The
-recommendation is the first that fits in the order of STRATEGIES (see there).
+recommendation is the first that fits in the order of STRATEGIES (see there). When none
+fits with the experiment's model.activation_checkpointing, the recommendation tries the
+settings after it in RECOMPUTATION (selective, then full) before declaring that nothing
+fits, and names the setting it assumes: full recomputation runs each forward pass again
+(about a third more compute, Korthikanti et al., section 5), selective little. Offload is
+recommended only where no strategy without it fits with any of those settings: moving
+the optimizer step to the host costs more than recomputing.
 
 Communication per step relative to DDP (ZeRO paper, section 7): DDP's all-reduce moves
 2Ψ, as do ZeRO-1 and ZeRO-2 (reduce-scatter and all-gather); ZeRO-3 moves 3Ψ, 1.5x,
@@ -129,6 +162,8 @@ GB = 1e9
 STRATEGIES = ("ddp", "zero1", "zero2", "fsdp", "zero3", "zero2_offload", "zero3_offload")
 PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS = ("adam", "adamw", "sgd")
+# model.activation_checkpointing, least recomputation first: `auto` tries them in this order
+RECOMPUTATION = ("none", "selective", "full")
 NODE_SEARCH_CAP = 4096          # for min_nodes when the partition gives no max_nodes
 GPT_ASPECT = 128                # hidden size / layers of GPT-3 175B, LLaMA 7B and 13B
 
@@ -174,6 +209,8 @@ class PlanInput:
     max_nodes: int | None = None
     host_mem_gb: float | None = None     # per node; None: host memory is not checked
     largest_layer_source: str | None = None   # where largest_layer_params came from, for the table
+    activation_checkpointing: str = "none"    # one of RECOMPUTATION
+    flash_attention: bool = True
 
     def __post_init__(self) -> None:
         for name in ("params", "nodes", "gpus_per_node", "micro_batch"):
@@ -187,6 +224,11 @@ class PlanInput:
                 raise PlanInputError(name, f"must be a finite number more than 0, got {value!r}")
         if self.precision not in PRECISIONS:
             raise PlanInputError("precision", f"{self.precision!r} is not one of {', '.join(PRECISIONS)}")
+        if self.activation_checkpointing not in RECOMPUTATION:
+            raise PlanInputError("activation_checkpointing", f"{self.activation_checkpointing!r} is not one of "
+                                 f"{', '.join(RECOMPUTATION)}")
+        if not isinstance(self.flash_attention, bool):
+            raise PlanInputError("flash_attention", f"must be true or false, not {self.flash_attention!r}")
         if self.optimizer not in OPTIMIZERS:
             raise PlanInputError("optimizer", f"{self.optimizer!r} is not one of {', '.join(OPTIMIZERS)}")
         if not 0 <= self.headroom < 1:
@@ -206,8 +248,21 @@ class PlanInput:
         return self.gpu_mem_gb * (1 - self.headroom)
 
     @property
+    def counts_scores(self) -> bool:
+        """Whether the a·s² attention scores are stored: neither FlashAttention nor
+        selective recomputation (full recomputation stores them for the layer it recomputes)."""
+        return not self.flash_attention and self.activation_checkpointing != "selective"
+
+    @property
+    def missing_shape(self) -> tuple[str, ...]:
+        """The shape fields the activations need and do not have."""
+        needed = ("layers", "hidden_size", "heads", "seq_len") if self.counts_scores else \
+            ("layers", "hidden_size", "seq_len")
+        return tuple(name for name in needed if getattr(self, name) is None)
+
+    @property
     def shape_given(self) -> bool:
-        return None not in (self.layers, self.hidden_size, self.heads, self.seq_len)
+        return not self.missing_shape
 
 
 def _positive_int(inp: PlanInput, name: str) -> None:
@@ -222,17 +277,34 @@ def _positive_int(inp: PlanInput, name: str) -> None:
 
 @dataclass(frozen=True)
 class ByteCounts:
-    """Bytes per parameter of the ZeRO paper's accounting; see the module docstring."""
+    """Bytes per parameter of the ZeRO paper's accounting (p, g, k) and DeepSpeed's (w, s, y);
+    see the module docstring."""
 
     p: int    # weights
     g: int    # gradients
     k: int    # fp32 master weights (mixed precision) + optimizer states
+    s: int    # DeepSpeed's sharded bytes: gradients, fp32 gradients, fp32 weights, optimizer states
+
+    @property
+    def w(self) -> int:
+        """DeepSpeed's whole weights: those the model computes with."""
+        return self.p
+
+    @property
+    def y(self) -> int:
+        """DeepSpeed's bytes of the largest layer gathered whole: its weights and gradients."""
+        return self.p + self.g
+
+
+FP32 = 4                        # bytes of an fp32 value
 
 
 def byte_counts(precision: str, optimizer: str) -> ByteCounts:
     mixed = precision != "fp32"
-    word = 2 if mixed else 4
-    return ByteCounts(p=word, g=word, k=(4 if optimizer == "sgd" else 8) + (4 if mixed else 0))
+    word = 2 if mixed else FP32
+    states = 4 if optimizer == "sgd" else 8
+    fp32_grads = FP32 if mixed else 0
+    return ByteCounts(p=word, g=word, k=states + (FP32 if mixed else 0), s=word + fp32_grads + states + FP32)
 
 
 def zero_paper_bytes(name: str, psi: float, n: int, b: ByteCounts) -> float:
@@ -248,21 +320,20 @@ def zero_paper_bytes(name: str, psi: float, n: int, b: ByteCounts) -> float:
     }[name]
 
 
-# DeepSpeed's estimators: 16-bit weights, sharded bytes, largest layer's weights + grads;
-# the 16-bit gradients' part of the sharded bytes stays whole under ZeRO-1.
-DS_PARAM, DS_SHARD, DS_LAYER, DS_GRAD16 = 2, 18, 4, 2
-DS_HOST_OPTIMIZER = 16          # fp32 grads + fp32 weights + Adam states, on the host
+# DeepSpeed's host bytes of an offloaded optimizer: fp32 grads + fp32 weights + Adam states
+DS_HOST_OPTIMIZER = 16
+DS_PARAM = 2                    # the 16-bit parameters ZeRO-3 offload also keeps on the host
 
 
-def deepspeed_bytes(name: str, psi: float, n: int, largest: float) -> float:
-    """Per-GPU model-state bytes, DeepSpeed's estimator arithmetic."""
+def deepspeed_bytes(name: str, psi: float, n: int, largest: float, b: ByteCounts) -> float:
+    """Per-GPU model-state bytes, DeepSpeed's estimator arithmetic in the experiment's precision."""
     return {
-        "ddp": (DS_PARAM + DS_SHARD) * psi,
-        "zero1": (DS_PARAM + DS_GRAD16) * psi + (DS_SHARD - DS_GRAD16) * psi / n,
-        "zero2": DS_PARAM * psi + DS_SHARD * psi / n,
-        "zero3": DS_LAYER * largest + DS_SHARD * psi / n,
-        "zero2_offload": DS_PARAM * psi,
-        "zero3_offload": DS_LAYER * largest,
+        "ddp": (b.w + b.s) * psi,
+        "zero1": (b.w + b.g) * psi + (b.s - b.g) * psi / n,
+        "zero2": b.w * psi + b.s * psi / n,
+        "zero3": b.y * largest + b.s * psi / n,
+        "zero2_offload": b.w * psi,
+        "zero3_offload": b.y * largest,
     }[name]
 
 
@@ -275,7 +346,7 @@ def fsdp_bytes(psi: float, n: int, largest: float, b: ByteCounts) -> float:
 def estimate_bytes(name: str, psi: float, n: int, largest: float, b: ByteCounts) -> float:
     """Per-GPU model-state bytes that decide what fits: FSDP2's for fsdp, DeepSpeed's
     estimator arithmetic for the others."""
-    return fsdp_bytes(psi, n, largest, b) if name == "fsdp" else deepspeed_bytes(name, psi, n, largest)
+    return fsdp_bytes(psi, n, largest, b) if name == "fsdp" else deepspeed_bytes(name, psi, n, largest, b)
 
 
 def host_bytes(name: str, psi: float, nodes: int) -> float | None:
@@ -297,14 +368,35 @@ def pcie_bytes(name: str, psi: float, n: int, b: ByteCounts) -> float:
 
 
 def activation_bytes(inp: PlanInput) -> float:
-    """Korthikanti et al. 2022, per layer s·b·h·(34 + 5as/h) bytes (16-bit), times layers."""
-    if not inp.shape_given:
-        return 0.0
-    s, b, h, a, layers = inp.seq_len, inp.micro_batch, inp.hidden_size, inp.heads, inp.layers
-    if s is None or h is None or a is None or layers is None:     # shape_given says they are all set
+    """Korthikanti et al. 2022 with the recomputation and attention of `inp`; see the module
+    docstring."""
+    s, b, h, layers = inp.seq_len, inp.micro_batch, inp.hidden_size, inp.layers
+    if inp.missing_shape or s is None or h is None or layers is None:
         return 0.0
     linear, quadratic = (66, 9) if inp.precision == "fp32" else (34, 5)
-    return layers * s * b * h * (linear + quadratic * a * s / h)
+    per_token = float(linear)
+    if inp.counts_scores and inp.heads is not None:      # missing_shape says heads is set then
+        per_token += quadratic * inp.heads * s / h
+    layer = s * b * h * per_token
+    if inp.activation_checkpointing == "full":
+        word = FP32 if inp.precision == "fp32" else 2
+        return layers * word * s * b * h + layer
+    return layers * layer
+
+
+def activation_formula(inp: PlanInput) -> str:
+    """How `activation_bytes` counts, in words, for the plan's text."""
+    linear, quadratic = (66, 9) if inp.precision == "fp32" else (34, 5)
+    layer = f"s·b·h·({linear} + {quadratic}·a·s/h)" if inp.counts_scores else f"s·b·h·{linear}"
+    why = {"none": "no recomputation", "selective": "selective recomputation: attention scores recomputed",
+           "full": "full recomputation"}[inp.activation_checkpointing]
+    flash = "FlashAttention: scores never stored" if inp.flash_attention else "no FlashAttention"
+    if inp.activation_checkpointing == "full":
+        word = FP32 if inp.precision == "fp32" else 2
+        counted = f"{inp.layers} layer inputs x {word}·s·b·h + one layer's {layer}"
+    else:
+        counted = f"{inp.layers} layers x {layer}"
+    return f"{counted} bytes ({why}; {flash}), micro batch {inp.micro_batch}"
 
 
 def largest_layer(inp: PlanInput) -> tuple[int, str]:

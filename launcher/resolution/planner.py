@@ -4,7 +4,7 @@ the table `glaunch plan` prints. Pure."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from launcher.resolution.goodput_projection import Projection
@@ -13,10 +13,12 @@ from launcher.resolution.memory import (
     GB,
     NODE_SEARCH_CAP,
     OFFLOAD,
+    RECOMPUTATION,
     SETTINGS,
     STRATEGIES,
     PlanInput,
     activation_bytes,
+    activation_formula,
     byte_counts,
     estimate_bytes,
     host_bytes,
@@ -91,17 +93,33 @@ def _first_fitting(rows: Sequence[StrategyRow]) -> StrategyRow | None:
     return next((r for r in rows if r.fits), None)
 
 
+def recomputation_to_try(inp: PlanInput) -> tuple[str, ...]:
+    """The experiment's activation checkpointing, then the settings after it in
+    RECOMPUTATION; only its own when the activations are not counted (the shape is not
+    given): recomputation then changes nothing the plan can see."""
+    configured = inp.activation_checkpointing
+    if not inp.shape_given:
+        return (configured,)
+    return RECOMPUTATION[RECOMPUTATION.index(configured):]
+
+
+def _fits_somehow(inp: PlanInput, nodes: int) -> bool:
+    return any(_first_fitting(evaluate(replace(inp, activation_checkpointing=setting), nodes))
+               for setting in recomputation_to_try(inp))
+
+
 def find_min_nodes(inp: PlanInput) -> int | None:
-    """The fewest nodes above the requested ones at which some strategy fits, up to the
-    partition's max_nodes (else NODE_SEARCH_CAP); None when none does. Per-GPU and per-node
-    host memory only shrink with more nodes, so a bisection finds it in a few steps
-    whatever max_nodes says."""
+    """The fewest nodes above the requested ones at which some strategy fits, with the
+    experiment's recomputation or more (see recomputation_to_try), up to the partition's
+    max_nodes (else NODE_SEARCH_CAP); None when none does. Per-GPU and per-node host memory
+    only shrink with more nodes, so a bisection finds it in a few steps whatever max_nodes
+    says."""
     low, high = inp.nodes, inp.max_nodes or NODE_SEARCH_CAP
-    if high <= low or not _first_fitting(evaluate(inp, high)):
+    if high <= low or not _fits_somehow(inp, high):
         return None
     while high - low > 1:           # low does not fit, high does
         mid = (low + high) // 2
-        if _first_fitting(evaluate(inp, mid)):
+        if _fits_somehow(inp, mid):
             high = mid
         else:
             low = mid
@@ -118,43 +136,108 @@ class PlanResult:
     largest_layer_params: int
     largest_layer_source: str
     notes: tuple[str, ...] = field(default=())
+    # The recomputation the recommendation assumes and, where it is not the experiment's,
+    # every strategy's row with it.
+    recomputation: str = "none"
+    recomputed_rows: tuple[StrategyRow, ...] = field(default=())
     goodput: Projection | None = None     # ETTR projected at this size (and a named one)
 
     @property
     def world_size(self) -> int:
         return self.input.world_size
 
+    @property
+    def recommendation(self) -> str:
+        """The strategy, and the recomputation it needs where that is not the experiment's."""
+        if self.recommended is None:
+            return "none"
+        if self.recomputation != self.input.activation_checkpointing:
+            return f"{self.recommended} with activation_checkpointing: {self.recomputation}"
+        return self.recommended
+
     def row(self, name: str) -> StrategyRow:
+        """The strategy's row with the experiment's own recomputation."""
         return next(r for r in self.rows if r.name == name)
 
+    @property
+    def recommended_row(self) -> StrategyRow | None:
+        """The recommendation's row, with the recomputation it assumes."""
+        return next((r for r in self.recomputed_rows or self.rows if r.name == self.recommended), None)
+
     def to_json(self) -> dict[str, Any]:
-        return {"world_size": self.world_size, "gpu_mem_gb": float(self.input.gpu_mem_gb),
+        inp = self.input
+        return {"world_size": self.world_size, "gpu_mem_gb": float(inp.gpu_mem_gb),
                 "strategies": [r.to_json() for r in self.rows], "recommended": self.recommended,
-                "reason": self.reason, "min_nodes": self.min_nodes,
+                "recommended_activation_checkpointing": self.recomputation if self.recommended else None,
+                "recomputed_strategies": [r.to_json() for r in self.recomputed_rows] or None,
+                "activations": {"activation_checkpointing": inp.activation_checkpointing,
+                                "flash_attention": inp.flash_attention, "counted": inp.shape_given,
+                                "missing": [f"model.{k}" for k in inp.missing_shape]},
+                "reason": self.reason, "min_nodes": self.min_nodes, "notes": list(self.notes),
                 "goodput": {"projection": self.goodput.to_json()} if self.goodput is not None else None}
 
 
 def make_plan(inp: PlanInput) -> PlanResult:
     rows = tuple(evaluate(inp))
     largest, source = largest_layer(inp)
-    chosen = _first_fitting(rows)
+    assumed, assumed_rows, chosen = _choose(inp, rows)
     min_nodes = None if chosen else find_min_nodes(inp)
-    reason = _reason(inp, rows, chosen, min_nodes)
-    notes = []
-    if not inp.shape_given:
-        missing = [k for k in ("layers", "hidden_size", "heads", "seq_len") if getattr(inp, k) is None]
-        notes.append("activations not counted (0 GB): model." + ", model.".join(missing) + " not given")
+    if assumed == inp.activation_checkpointing:
+        reason = _reason(inp, rows, chosen, min_nodes)
     else:
-        notes.append(f"activations: {inp.layers} layers x s·b·h·(34 + 5·a·s/h) bytes, Korthikanti et al. 2022"
-                     + (" (fp32: 66 + 9·a·s/h)" if inp.precision == "fp32" else "")
-                     + f", micro batch {inp.micro_batch}, no recomputation")
-    if inp.precision == "fp32" or inp.optimizer == "sgd":
-        notes.append(f"the estimate column keeps DeepSpeed's mixed-precision Adam byte counts (fsdp's counts "
-                     f"{inp.precision} {inp.optimizer}); the ZeRO paper column counts {inp.precision} {inp.optimizer}")
+        reason = _recomputed_reason(inp, rows, assumed, assumed_rows, chosen, min_nodes)
+    return PlanResult(inp, rows, chosen.name if chosen else None, reason, min_nodes, largest, source,
+                      _notes(inp), assumed if chosen else inp.activation_checkpointing,
+                      assumed_rows if chosen and assumed != inp.activation_checkpointing else ())
+
+
+def _choose(inp: PlanInput, rows: tuple[StrategyRow, ...]) -> tuple[str, tuple[StrategyRow, ...], StrategyRow | None]:
+    """(the recomputation assumed, every strategy's row with it, the recommendation): the first
+    strategy without offload that fits, in the order of STRATEGIES, with the experiment's
+    recomputation, else with more (recomputation_to_try); offload only where none without it
+    fits with any, since its PCIe traffic and host-side optimizer step cost more than
+    recomputing a forward pass."""
+    tried = []
+    for setting in recomputation_to_try(inp):
+        with_setting = rows if setting == inp.activation_checkpointing else \
+            tuple(evaluate(replace(inp, activation_checkpointing=setting)))
+        tried.append((setting, with_setting))
+        chosen = next((r for r in with_setting if r.fits and r.name not in OFFLOAD), None)
+        if chosen is not None:
+            return setting, with_setting, chosen
+    for setting, with_setting in tried:
+        chosen = _first_fitting(with_setting)
+        if chosen is not None:
+            return setting, with_setting, chosen
+    return tried[-1][0], tried[-1][1], None
+
+
+def _notes(inp: PlanInput) -> tuple[str, ...]:
+    notes = []
+    if inp.missing_shape:
+        notes.append("activations not counted (0 GB): model." + ", model.".join(inp.missing_shape) + " not given"
+                     f" (activation_checkpointing: {inp.activation_checkpointing}, flash_attention: "
+                     f"{str(inp.flash_attention).lower()}; no other recomputation tried)")
+    else:
+        notes.append(f"activations: {activation_formula(inp)}, Korthikanti et al. 2022")
     if inp.host_mem_gb is None:
         notes.append("host memory not checked for offload: no resources.mem_gb or partition mem_gb")
-    return PlanResult(inp, rows, chosen.name if chosen else None, reason, min_nodes, largest, source,
-                      tuple(notes))
+    return tuple(notes)
+
+
+def _recomputed_reason(inp: PlanInput, rows: Sequence[StrategyRow], assumed: str,
+                       assumed_rows: Sequence[StrategyRow], chosen: StrategyRow | None, min_nodes: int | None) -> str:
+    """The reason where nothing fits with the experiment's recomputation: what the most that
+    was tried gives."""
+    least = min((r for r in rows if r.name not in OFFLOAD), key=lambda r: r.total_gb)
+    what = "only offload fits" if _first_fitting(rows) else "nothing fits"
+    text = (f"{what} with activation_checkpointing: {inp.activation_checkpointing} (the least without offload, "
+            f"{least.name}, needs {least.total_gb:.1f} GB); with activation_checkpointing: {assumed}, ")
+    text += _reason(replace(inp, activation_checkpointing=assumed), assumed_rows, chosen, min_nodes)
+    if chosen is not None:
+        text += (f"; set model.activation_checkpointing: {assumed} and checkpoint the activations in the "
+                 "training script")
+    return text
 
 
 def _reason(inp: PlanInput, rows: Sequence[StrategyRow], chosen: StrategyRow | None,
@@ -187,7 +270,7 @@ def _reason(inp: PlanInput, rows: Sequence[StrategyRow], chosen: StrategyRow | N
         text += f"; it fits from {min_nodes} node(s)"
     else:
         text += f"; no node count up to {inp.max_nodes or NODE_SEARCH_CAP} fits (the largest layer, " \
-                "activations and overhead do not shrink with more nodes)"
+            "activations and overhead do not shrink with more nodes)"
     return text
 
 
@@ -215,10 +298,24 @@ def format_plan_table(result: PlanResult) -> str:
         f"largest layer: {result.largest_layer_params:,} params ({result.largest_layer_source})",
         *result.notes,
         "",
-        "per GPU, GB    ZeRO paper   estimate  activations    total  fits  comm   offload (PCIe/step, host/node)",
+        *_table_lines(result.rows, inp),
     ]
-    lines = []
-    for r in result.rows:
+    if result.recomputed_rows:
+        assumed = replace(inp, activation_checkpointing=result.recomputation)
+        head += ["", f"with activation_checkpointing: {result.recomputation}, activations: "
+                 f"{activation_formula(assumed)}", "", *_table_lines(result.recomputed_rows, inp)]
+    tail = ["estimate: DeepSpeed's estimators' byte counts in the experiment's precision and optimizer "
+            "(ddp, zero*); fsdp: FSDP2's sharded states + the largest layer gathered whole",
+            "comm: per-step volume relative to DDP's 2Ψ all-reduce (ZeRO paper); offload adds the PCIe traffic shown",
+            "", f"recommended: {result.recommendation}", f"reason: {result.reason}"]
+    if result.min_nodes is not None:
+        tail.append(f"minimum nodes: {result.min_nodes} (resources.nodes)")
+    return "\n".join(head + tail)
+
+
+def _table_lines(rows: Sequence[StrategyRow], inp: PlanInput) -> list[str]:
+    lines = ["per GPU, GB    ZeRO paper   estimate  activations    total  fits  comm   offload (PCIe/step, host/node)"]
+    for r in rows:
         offload = ""
         if r.name in OFFLOAD:
             offload = f"{r.pcie_gb:.1f} GB, {r.host_gb:.0f} GB"
@@ -226,10 +323,4 @@ def format_plan_table(result: PlanResult) -> str:
                 offload += f" of {(inp.host_mem_gb or 0.0) * (1 - inp.headroom):.0f}" + ("" if r.host_fits else " NO")
         lines.append(f"{r.name:14s} {r.model_states_gb:10.2f} {r.estimate_gb:10.2f} {r.activations_gb:12.2f} "
                      f"{r.total_gb:8.2f}  {'yes' if r.fits else 'no':4s}  {r.comm_volume:.1f}x  {offload}".rstrip())
-    tail = ["estimate: DeepSpeed's estimators (ddp, zero*); fsdp: FSDP2's sharded states + the largest layer "
-            "gathered whole",
-            "comm: per-step volume relative to DDP's 2Ψ all-reduce (ZeRO paper); offload adds the PCIe traffic shown",
-            "", f"recommended: {result.recommended or 'none'}", f"reason: {result.reason}"]
-    if result.min_nodes is not None:
-        tail.append(f"minimum nodes: {result.min_nodes} (resources.nodes)")
-    return "\n".join(head + lines + tail)
+    return lines

@@ -79,6 +79,7 @@ _EXPERIMENT_KEYS = {
     "params": "model.params", "layers": "model.layers", "hidden_size": "model.hidden_size",
     "heads": "model.heads", "seq_len": "model.seq_len", "largest_layer_params": "model.largest_layer_params",
     "optimizer": "model.optimizer", "precision": "precision", "micro_batch": "batch.micro_size",
+    "activation_checkpointing": "model.activation_checkpointing", "flash_attention": "model.flash_attention",
     "nodes": "resources.nodes", "gpus_per_node": "resources.gpus_per_node", "host_mem_gb": "resources.mem_gb",
 }
 
@@ -115,7 +116,8 @@ def plan_input(exp: schema.Experiment, site: schema.Site, part: schema.Partition
             precision=exp.precision, optimizer=m.optimizer, micro_batch=exp.batch.micro_size, layers=m.layers,
             hidden_size=m.hidden_size, heads=m.heads, seq_len=m.seq_len, largest_layer_params=largest,
             overhead_gb=site.plan.overhead_gb, headroom=site.plan.headroom, max_nodes=part.max_nodes,
-            host_mem_gb=host_mem, largest_layer_source=largest_source)
+            host_mem_gb=host_mem, largest_layer_source=largest_source,
+            activation_checkpointing=m.activation_checkpointing, flash_attention=m.flash_attention)
     except memory.PlanInputError as exc:
         key = _EXPERIMENT_KEYS.get(exc.field)
         if key is not None:
@@ -133,9 +135,9 @@ def choose_strategy(exp: schema.Experiment, site: schema.Site, part: schema.Part
                 if result.min_nodes else "")
         raise ConfigKeyError("strategy.name", f"auto: no strategy fits on {nodes} node(s){more}\n"
                              + planner.format_plan_table(result))
-    row = result.row(result.recommended)
+    row = result.recommended_row or result.row(result.recommended)
     choice = {"chosen": result.recommended, "reason": result.reason, "per_gpu_gb": round(row.total_gb, 2),
-              "usable_gb": round(result.input.usable_gb, 2)}
+              "usable_gb": round(result.input.usable_gb, 2), "activation_checkpointing": result.recomputation}
     return planner.strategy_settings(result.recommended), choice
 
 

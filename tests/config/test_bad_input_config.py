@@ -150,6 +150,22 @@ CASES = [
             ["model.params"], command="plan"),
     Refused("plan-params-inf", {"exp.yaml": EXP + "model: {params: .inf}\n", **one_partition_site("")}, ["--json"],
             ["model.params"], command="plan"),
+    # --- the model's activation checkpointing and attention, for the planner ---
+    Refused("bad-activation-checkpointing", {"exp.yaml": exp("model: {activation_checkpointing: partial}\n")}, [],
+            ["exp.yaml", "model.activation_checkpointing", "none, selective, full"]),
+    Refused("activation-checkpointing-bool", {"exp.yaml": exp("model: {activation_checkpointing: true}\n")}, [],
+            ["exp.yaml", "model.activation_checkpointing"]),
+    Refused("override-activation-checkpointing", {"exp.yaml": EXP}, ["model.activation_checkpointing=always"],
+            ["command line", "model.activation_checkpointing", "none, selective, full"]),
+    Refused("bad-flash-attention", {"exp.yaml": exp("model: {flash_attention: maybe}\n")}, [],
+            ["exp.yaml", "model.flash_attention", "true or false"]),
+    Refused("flash-attention-number", {"exp.yaml": exp("model: {flash_attention: 2}\n")}, [],
+            ["exp.yaml", "model.flash_attention"]),
+    Refused("plan-bad-activation-checkpointing", {"exp.yaml": EXP + "model: {params: 7e9, activation_checkpointing: "
+                                                                    "Full}\n", **one_partition_site("")},
+            ["--json"], ["exp.yaml", "model.activation_checkpointing"], command="plan"),
+    Refused("plan-override-flash-attention", {"exp.yaml": EXP + "model: {params: 7e9}\n", **one_partition_site("")},
+            ["model.flash_attention=yes please"], ["command line", "model.flash_attention"], command="plan"),
     Refused("plan-params-minus-inf", {"exp.yaml": EXP + "model: {params: -.inf}\n", **one_partition_site("")},
             ["--json"], ["model.params"], command="plan"),
     # --- environment variables the job's own machinery sets ---
