@@ -328,7 +328,7 @@ def current_user() -> str:
     """The login name Slurm knows this user by (on the login node where Slurm's commands
     run over SSH); the uid as text where there is none (no passwd entry and no
     USER/LOGNAME: a container run as an arbitrary uid)."""
-    account = slurm_client.CLIENT.account
+    account = slurm_client.CLIENT.remote_account()
     if account is not None:
         return account.user
     try:
@@ -340,7 +340,7 @@ def current_user() -> str:
 def user_groups(user: str) -> frozenset[str] | None:
     """The names of `user`'s Unix groups, as slurmctld resolves them for AllowGroups (None:
     not known here)."""
-    account = slurm_client.CLIENT.account
+    account = slurm_client.CLIENT.remote_account()
     if account is not None:
         return account.groups if user == account.user else None
     try:

@@ -221,8 +221,9 @@ class Account:
 @dataclass
 class Client:
     """Runs Slurm's commands under a RetryPolicy. `runner`, `clock` and `sleep` are
-    replaced by fakes in the tests of the policy. `account`: set where `runner` reaches
-    another machine, whose Slurm commands are taken to be there (PATH here says nothing)."""
+    replaced by fakes in the tests of the policy. `account_of`: set where `runner` reaches
+    another machine, whose Slurm commands are taken to be there (PATH here says nothing);
+    it says who they run as there, asked only when a command needs it."""
 
     runner: Runner = run_client
     clock: Callable[[], float] = time.monotonic
@@ -231,8 +232,12 @@ class Client:
     # After the controller was found unreachable, calls fail at once for a while: one
     # glaunch command then ends within one bound, not one per call it makes.
     remember_down_s: float = 60.0
-    account: Account | None = None
+    account_of: Callable[[], Account] | None = None
     _down: tuple[float, str] | None = None
+
+    def remote_account(self) -> Account | None:
+        """Who the commands run as on the other machine (None: they run here)."""
+        return self.account_of() if self.account_of is not None else None
 
     def env(self) -> dict[str, str]:
         return clean_env(os.environ if self.environ is None else self.environ)[0]
@@ -357,7 +362,7 @@ def using(client: Client) -> Iterator[Client]:
 def has_command(name: str) -> bool:
     """Whether Slurm's command `name` can be run under the shared client: on PATH here, or
     the client runs its commands on another machine (a missing one fails there, saying so)."""
-    return CLIENT.account is not None or shutil.which(name) is not None
+    return CLIENT.account_of is not None or shutil.which(name) is not None
 
 
 def run_command(*cmd: str, policy: RetryPolicy | None = None, input: str | None = None,
