@@ -104,6 +104,35 @@ def test_a_sweep_whose_login_cannot_be_reached_is_exit_3_and_writes_nothing(tmp_
     assert not list((Path(isolated_env["GLAUNCH_STATE_DIR"]) / "remote-runs").glob("*"))
 
 
+def run_tree(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): p.read_text() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("fail_at", [None, "unpack"])
+def test_a_resume_sets_the_previous_files_aside_and_puts_them_back_whole(tmp_path, fail_at):
+    from launcher.schedulers.ssh.remote import PUT_BACK, SET_ASIDE
+
+    run = tmp_path / "run"
+    (run / "resumes").mkdir(parents=True)
+    for name, text in {"job.sbatch": "old job", "result.json": "{}", "run.json": "old record", "keep": "k"}.items():
+        (run / name).write_text(text)
+    before = run_tree(run)
+    new = logs_tar({"job.sbatch": b"new job", "ds_config.json": b"new"}) if fail_at is None else b"not a tar"
+    names = ["ds_config.json", "job.sbatch", "result.json"]
+    done = subprocess.run(["sh", "-c", SET_ASIDE, "x", str(run), "resumes/1", *names], input=new,
+                          capture_output=True, timeout=30)
+    if fail_at is None:
+        assert done.returncode == 0, done.stderr
+        assert run_tree(run) == {"keep": "k", "run.json": "old record", "job.sbatch": "new job", "ds_config.json": "new",
+                                 "resumes/1/job.sbatch": "old job", "resumes/1/result.json": "{}"}
+    else:
+        assert done.returncode != 0
+    whole = "1" if fail_at is None else "0"
+    subprocess.run(["sh", "-c", PUT_BACK, "x", str(run), "resumes/1", whole, *names], check=True, timeout=30)
+    assert run_tree(run) == before
+    assert list((run / "resumes").iterdir()) == []
+
+
 def test_slurm_commands_on_the_login_node_run_without_its_slurm_inputs(tmp_path):
     from launcher.schedulers.ssh.remote import SLURM_ENV
 
@@ -216,9 +245,16 @@ def follow_both(laptop, runs: Path, ddp: str, hostile: str) -> None:
     assert not os.path.exists("/tmp/glaunch-pwned")
     cancel = glaunch(laptop, "cancel", hostile)
     assert cancel.returncode == 0 and "cancelled job" in cancel.stdout, cancel.stderr
-    resume = glaunch(laptop, "resume", ddp)
-    assert resume.returncode == 2 and "login node" in resume.stderr and str(runs / ddp) in resume.stderr
     assert wait_for(laptop, hostile, {"CANCELLED"}, 60)["state"] == "CANCELLED"
+
+    # Resumed from the laptop: the previous files set aside on the cluster, the run goes on
+    # from its last checkpoint to the same parameters.
+    resume = glaunch(laptop, "resume", ddp, "--wait")
+    assert resume.returncode == 0, resume.stdout + resume.stderr
+    assert {p.name for p in (runs / ddp / "resumes" / "1").iterdir()} >= {"job.sbatch", "result.json"}
+    done = [line.split("param_sha256 ")[1] for line in glaunch(laptop, "logs", ddp, "--rank", "0").stdout.splitlines()
+            if "param_sha256 " in line]
+    assert len(done) == 2 and done[0] == done[1], done
 
 
 def run_dir_appears(runs: Path, name: str, timeout_s: float = 60.0) -> Path:

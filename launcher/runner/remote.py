@@ -317,6 +317,97 @@ def _undo(conn: Connection, client: Any, plan: Any, job_id: str | None) -> None:
         pass
 
 
+# --- resuming -------------------------------------------------------------------------
+
+
+def copy_here(conn: Connection, where: Where, name: str, run_dir: Path) -> None:
+    """The run's file `name` on the cluster copied into its record here."""
+    data = on_login.read_bytes(conn, posixpath.join(where.run_dir, name))
+    if data is None:
+        raise SchedulerError(f"{where.run_dir!r} on {conn.where()} holds no {name}: the run's directory there was "
+                             "moved or changed")
+    atomic_write_text(Path(run_dir) / name, data.decode("utf-8", errors="replace"))
+
+
+class ClusterFiles:
+    """isdir and isfile of paths on the cluster (one call each)."""
+
+    def __init__(self, conn: Connection) -> None:
+        self.conn = conn
+
+    def isdir(self, path: str) -> bool:
+        return self.conn.run(["test", "-d", path]).returncode == 0
+
+    def isfile(self, path: str) -> bool:
+        return self.conn.run(["test", "-f", path]).returncode == 0
+
+
+def job_queued(conn: Connection, job_id: str) -> bool:
+    """Whether Slurm still lists the job (pending, running or ending)."""
+    with using(on_login.slurm_client(conn)):
+        live, _ = squeue_job(job_id)
+    return live is not None
+
+
+def queue_resume(prepared: Any, conn: Connection, aside: str, moved: Sequence[str], before: str, *,
+                 check: bool) -> str:
+    """The resumed run's files in place on the cluster (the files `moved` set aside in
+    `aside` in the same call), its job queued held, run.json and the task put in place,
+    released; the job's id. run.json here is the one to send (SUBMITTING). On failure
+    before the release the job is cancelled and the previous files and run.json
+    (`before`) are put back."""
+    plan, here = prepared.plan, Path(prepared.run_dir)
+    with tempfile.TemporaryDirectory(dir=records_dir()) as staging:
+        template = task_template(Path(staging) / "logs")
+        template.parent.mkdir()
+        dump_task(plan, template)
+        members = {**{name: (text.encode(), name in bundle.EXECUTABLE) for name, text in prepared.files.items()},
+                   "run.json": (RunDir(here).run_file.read_bytes(), False),
+                   posixpath.relpath(str(task_template(plan.log_dir)), plan.run_dir): (template.read_bytes(), False)}
+    names = sorted({*moved, *prepared.files})
+    whole = False
+    client = on_login.slurm_client(conn, cwd=plan.run_dir)
+    job_id = None
+    try:
+        on_login.set_aside(conn, plan.run_dir, aside, names, _tar(members))
+        whole = True
+        with using(client):
+            warnings = prepared.scheduler.check_cluster(plan) if check else []
+            if check:
+                preflight(plan, Path(plan.run_dir) / "job.sbatch", {})
+            job_id = _sbatch_held(client, plan, on_login.account(conn).user)
+            _complete(conn, plan, here, job_id, warnings, prepared.scheduler.version())
+            _release(client, job_id)
+    except BaseException:
+        _revert_resume(conn, client, plan, job_id, aside, names, whole, before)
+        raise
+    return job_id
+
+
+def _revert_resume(conn: Connection, client: Any, plan: Any, job_id: str | None, aside: str, names: Sequence[str],
+                   whole: bool, before: str) -> None:
+    """`queue_resume` undone on the cluster, best effort: the job cancelled, the previous
+    files and run.json back."""
+    try:
+        if job_id is not None:
+            client.call("scancel", job_id)
+        on_login.put_back(conn, plan.run_dir, aside, names, whole=whole)
+        on_login.write_bytes(conn, posixpath.join(plan.run_dir, "run.json"), before.encode())
+    except SchedulerError:
+        pass
+
+
+def _tar(members: Mapping[str, tuple[bytes, bool]]) -> bytes:
+    """A tar stream of `members` (name -> bytes, executable), owners left out."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, (data, executable) in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode, info.mtime = len(data), 0o755 if executable else 0o644, int(time.time())
+            tar.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
 # --- following --------------------------------------------------------------------------
 
 

@@ -23,6 +23,7 @@ checkpoint directory as after any requeue; one saved at another world size is re
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
 from launcher.resolution.jobplan import CodeRoot, SubmitContext
 from launcher.resolution.resolve import resolve
 from launcher.rundir import claims, registry
+from launcher.rundir.files import atomic_write_text
 from launcher.rundir.layout import (
     TASK_FILE,
     CRASH_FILE,
@@ -83,6 +85,7 @@ class PreparedResume:
     files: Mapping[str, str]
     scheduler: Any                     # launcher.schedulers.base.Scheduler
     warnings: tuple[str, ...] = ()
+    remote: Any = None                 # launcher.schedulers.ssh.connection.Connection: a run on a cluster over SSH
 
 
 def resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool = False, check: bool = True,
@@ -107,10 +110,7 @@ def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool 
                           "ELEMENT_RUN_DIR)", file=WHERE, key="RUN")
     run_dir = run_dir_of(run)
     if is_remote(run_dir):
-        record = registry.read(run_dir)
-        raise ConfigError(f"run {record.run_id} lives on its cluster ({record.run_dir}), and a run is not resumed "
-                          f"over SSH yet: run glaunch resume {record.run_dir} on the login node", file=WHERE,
-                          key="RUN")
+        return _prepare_remote(run_dir, items(overrides, "overrides"), dry_run)
     refuse_copy(run_dir, registry.read(run_dir), "resume")
     record = registry.read(run_dir) if dry_run else refreshed(run_dir)
     refuse_unless_ended(record)
@@ -218,8 +218,9 @@ class RecordedConfig:
         raise exp.provenance.error("site", f"the run ran on site {site.config.name!r}; a resumed run keeps its site "
                                    f"(to run on {wanted!r}, submit the experiment again)")
 
-    def check_kept(self, plan, exp) -> None:
-        """The run keeps its run directory, its checkpoint directory and its code snapshot."""
+    def check_kept(self, plan, exp, files: Any = os.path) -> None:
+        """The run keeps its run directory, its checkpoint directory and its code snapshot
+        (`files`: where they are looked for, with isdir and isfile; this machine's by default)."""
         where = exp.provenance
         checkpoint_dir = self.text("derived.checkpoint_dir")
         if checkpoint_dir is not None and os.path.normpath(plan.checkpoint_dir) != os.path.normpath(checkpoint_dir):
@@ -232,11 +233,11 @@ class RecordedConfig:
         if run_dir is not None and os.path.normpath(plan.run_dir) != os.path.normpath(run_dir):
             raise ConfigError(f"the run directory would move to {plan.run_dir}", file=str(self.path),
                               key="derived.run_dir")
-        if plan.code is not None and not os.path.isdir(plan.code.dest):
+        if plan.code is not None and not files.isdir(plan.code.dest):
             raise where.error("code.snapshot", f"the run has no code snapshot in {plan.code.dest} to run from "
                               "(it was submitted without one)")
         script = plan.entry_script
-        if script and plan.container is None and not os.path.isfile(script):
+        if script and plan.container is None and not files.isfile(script):
             raise where.error("entrypoint.script", f"script {script!r} not found")
 
 
@@ -269,8 +270,12 @@ def launch_resume(prepared: PreparedResume, *, dry_run: bool = False, check: boo
     plan, scheduler, run_dir = prepared.plan, prepared.scheduler, prepared.run_dir
     files = tuple(prepared.files)
     if dry_run:
+        if prepared.remote is not None:
+            prepared.remote.close()
         return Run(prepared.record.run_id, run_dir, plan.site_name, True, files, str(prepared.record.state),
                    warnings=prepared.warnings)
+    if prepared.remote is not None:
+        return _launch_remote(prepared, check=check)
     scheduler.require()
     record, switch = _switch_bundle(prepared)
     try:
@@ -385,3 +390,78 @@ def _record_resume(record: RunRecord, prepared: PreparedResume, number: int, asi
     record.job_id = None
     record.nodes, record.world_size, record.partition = plan.nodes, plan.world_size, plan.partition
     record.requeue_max, record.crash_retries = plan.requeue_max, plan.crash_retries
+
+
+# --- a run that lives on a cluster reached over SSH ----------------------------------------
+
+
+def _prepare_remote(run_dir: Path, overrides: tuple[str, ...], dry_run: bool) -> PreparedResume:
+    """`prepare_resume` of a run submitted over SSH: its record and resolved.yaml read from
+    the cluster (the local copies refreshed), resolved with the cluster account's HOME and
+    USER, its directories checked there. The connection stays open for the launch."""
+    from launcher.runner import remote
+
+    where = remote.where_of(run_dir)
+    conn = remote.connect(where.login)
+    try:
+        record = registry.read(run_dir) if dry_run else remote.refreshed_over(conn, run_dir, where)
+        refuse_unless_ended(record)
+        remote.copy_here(conn, where, RESOLVED_FILE, run_dir)
+        recorded = RecordedConfig.read(run_dir)
+        exp, site = recorded.load(overrides)
+        recorded.check_site_kept(exp, site)
+        ctx = dataclasses.replace(recorded.context(exp, site), environ=remote.cluster_environ(conn, os.environ))
+        plan = remote.on_cluster(resolve(exp, site, ctx))
+        recorded.check_kept(plan, exp, files=remote.ClusterFiles(conn))
+        scheduler = schedulers.get(plan.scheduler)
+        scheduler.check(plan)
+        return PreparedResume(run_dir, record, overrides, plan, scheduler.render(plan), scheduler, remote=conn)
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _launch_remote(prepared: PreparedResume, *, check: bool) -> Run:
+    """On the cluster, in one call: the previous files to resumes/N/, the new ones and
+    run.json (SUBMITTING, with its resume entry) in place; then the job queued held, its
+    record and task put in place, and released. A failure before the release puts the
+    previous files and run.json back on both sides."""
+    from launcher.runner import remote
+
+    conn, plan, here = prepared.remote, prepared.plan, prepared.run_dir
+    try:
+        before, record = _resumed_record(prepared, conn)
+    except BaseException:
+        conn.close()
+        raise
+    aside = os.path.relpath(RunDir(plan.run_dir).previous_files(len(record.extra["resumes"])), plan.run_dir)
+    try:
+        job_id = remote.queue_resume(prepared, conn, aside, MOVED_ASIDE, before, check=check)
+    except BaseException:
+        atomic_write_text(RunDir(here).run_file, before)
+        conn.close()
+        raise
+    conn.close()
+    atomic_write_text(here / RESOLVED_FILE, prepared.files[RESOLVED_FILE])
+    return Run(record.run_id, here, plan.site_name, False, tuple(prepared.files), State.PENDING.value, job_id,
+               warnings=prepared.warnings)
+
+
+def _resumed_record(prepared: PreparedResume, conn: Any) -> tuple[str, RunRecord]:
+    """run.json here read again from the cluster (its text, as the cluster has it), checked
+    to have ended with its job gone from the queue, and given its resume entry (SUBMITTING)."""
+    from launcher.runner import remote
+
+    where = remote.where_of(prepared.run_dir)
+    remote.refreshed_over(conn, prepared.run_dir, where)
+    before = RunDir(prepared.run_dir).run_file.read_text(encoding="utf-8")
+    there = dataclasses.replace(prepared, run_dir=Path(prepared.plan.run_dir))
+    with registry.updating(prepared.run_dir) as record:
+        refuse_unless_ended(record)
+        if record.job_id and remote.job_queued(conn, record.job_id):
+            raise ConfigError(f"run {record.run_id}: its job {record.job_id} is still in the queue (its ranks may "
+                              "be saving a checkpoint); resume it once that has ended", file=WHERE, key="RUN")
+        previous = record.extra.get("resumes")
+        number = (len(previous) if isinstance(previous, list) else 0) + 1
+        _record_resume(record, there, number, RunDir(prepared.plan.run_dir).previous_files(number))
+    return before, record

@@ -40,6 +40,22 @@ PACK_FILES = ('cd -- "$1" || exit 3; shift; for f; do [ -f "$f" ] && printf "%s\
               'exec tar -c -f - --null --no-recursion -T -')
 # $1 the folder: the tar stream on stdin unpacked over what it holds.
 UNPACK = 'exec tar -x -f - -C "$1" --no-same-owner'
+# $1 a run directory, $2 a new folder in it, then names: those that exist move into the
+# folder, then the tar stream on stdin is unpacked into the run directory. While it
+# unpacks, the folder holds MARK: every name that existed is in the folder by then.
+ASIDE_MARK = ".glaunch-unpacking"
+SET_ASIDE = ('cd -- "$1" || exit 3; aside=$2; shift 2; mkdir -p -- "$aside" || exit 4; '
+             'for f; do if [ -e "$f" ] || [ -L "$f" ]; then mv -- "$f" "$aside/" || exit 5; fi; done; '
+             f': > "$aside/{ASIDE_MARK}" || exit 6; tar -x -f - --no-same-owner || exit 7; '
+             f'rm -f -- "$aside/{ASIDE_MARK}"')
+# SET_ASIDE undone ($3: 1 when it completed): each name the folder holds comes back over
+# what is there; once every name had been set aside (MARK, or $3), a name the folder does
+# not hold was new, and goes.
+PUT_BACK = ('cd -- "$1" || exit 3; aside=$2; whole=$3; shift 3; [ -d "$aside" ] || exit 0; '
+            f'if [ -e "$aside/{ASIDE_MARK}" ]; then whole=1; fi; '
+            'for f; do if [ -e "$aside/$f" ] || [ -L "$aside/$f" ]; then rm -rf -- "$f"; mv -- "$aside/$f" "$f"; '
+            'elif [ "$whole" = 1 ]; then rm -rf -- "$f"; fi; done; '
+            f'rm -f -- "$aside/{ASIDE_MARK}"; rmdir -- "$aside" 2>/dev/null; exit 0')
 # The account: home, user and group names, each ended by a NUL.
 ACCOUNT = 'printf "%s\\0%s\\0%s\\0" "$HOME" "$(id -un)" "$(id -Gn)"'
 
@@ -124,6 +140,23 @@ def unpack_over(conn: Connection, folder: str, archive: bytes) -> None:
     done = conn.run(["sh", "-c", UNPACK, "glaunch-unpack", folder], input=archive)
     if done.returncode != 0:
         raise SchedulerError(f"cannot write into {folder!r} on {conn.where()} ({said(done.stderr)})")
+
+
+def set_aside(conn: Connection, run_dir: str, aside: str, names: Sequence[str], archive: bytes) -> None:
+    """In `run_dir`: the files `names` moved into the new folder `aside` (relative), then
+    `archive` unpacked there; one call."""
+    done = conn.run(["sh", "-c", SET_ASIDE, "glaunch-aside", run_dir, aside, *names], input=archive)
+    if done.returncode != 0:
+        raise SchedulerError(f"cannot set the previous files of {run_dir!r} aside on {conn.where()} "
+                             f"({said(done.stderr) or f'exit {done.returncode}'})")
+
+
+def put_back(conn: Connection, run_dir: str, aside: str, names: Sequence[str], *, whole: bool) -> None:
+    """`set_aside` undone (`whole`: it completed): the files `names` back from `aside`."""
+    done = conn.run(["sh", "-c", PUT_BACK, "glaunch-put-back", run_dir, aside, "1" if whole else "0", *names])
+    if done.returncode != 0:
+        raise SchedulerError(f"cannot put the previous files of {run_dir!r} back on {conn.where()} "
+                             f"({said(done.stderr) or f'exit {done.returncode}'})")
 
 
 def pack(conn: Connection, folder: str, member: str) -> bytes:
