@@ -271,34 +271,52 @@ def run_dir_appears(runs: Path, name: str, timeout_s: float = 60.0) -> Path:
 
 @pytest.mark.slurm
 @pytest.mark.requires_sshd
-def test_a_laptop_checks_the_cluster_sweeps_after_a_run_and_survives_a_dropped_link(laptop, tmp_path):
-    """Over SSH: sites check and detect; the DeepSpeed example with --wait; a sweep that
-    waits (--after) for it through Slurm, with --wait; a link dropped during --wait is exit 3
-    naming the login and the last recorded state, and the run goes on."""
+def test_a_laptop_checks_the_cluster_sweeps_after_a_run_and_survives_a_dropped_link(laptop, tmp_path, isolated_env,
+                                                                                   tmp_path_factory):
+    """Over SSH: sites check and detect; the DeepSpeed example with --wait, preempted once
+    and resumed bitwise; a sweep that waits (--after) for it through Slurm; a link dropped
+    during --wait is exit 3 naming the login and the last recorded state, and the run goes on."""
+    from slurmkit import preempt, rank0_steps, release_requeue_hold, wait_until
+    from test_slurm_requeue import baseline_hash
+
     check = glaunch(laptop, "sites", "check", "local-slurm-remote")
     assert check.returncode == 0 and "matches" in check.stdout, check.stdout + check.stderr
     detect = glaunch(laptop, "sites", "detect", "--login", "glaunch-login", "--name", "far", "-o", "-")
     assert detect.returncode == 0 and "login:\n  host: glaunch-login\n" in detect.stdout, detect.stderr
 
+    zero2 = "examples/deepspeed_zero2.yaml"
+    expected = baseline_hash(zero2, 40, tmp_path_factory, isolated_env)
     runs = tmp_path / "cluster runs"
     runs.mkdir()
     site = ["--site", "local-slurm-remote", "--runs-dir", str(runs)]
-    zero2 = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", "examples/deepspeed_zero2.yaml", *site,
-                              "--wait"], cwd=REPO, env=laptop, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
+    waiting = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", zero2, *site, "--wait",
+                                "resources.nodes=2", "checkpoint.every_steps=1000", "requeue.max=5",
+                                "entrypoint.args=[--steps,40,--seconds-per-step,0.3,--log-every,1]"],
+                               cwd=REPO, env=laptop, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         upstream = run_dir_appears(runs, "deepspeed-zero2")
         job = json.loads((upstream / "run.json").read_text())["job_id"]
         swept = glaunch(laptop, "submit", "examples/torch_ddp.yaml", *site, "--sweep", "hparams.lr=0.1,0.2",
-                        "--after", upstream.name, "--wait", timeout=400)
-        out, err = zero2.communicate(timeout=120)
+                        "--after", upstream.name, "--json")
+        assert swept.returncode == 0, swept.stderr
+        wait_until(lambda: len(rank0_steps(upstream, job)) >= 5, 300, "progress before the preemption", interval=0.5)
+        preempt()
+        deadline = time.monotonic() + 300
+        while waiting.poll() is None and time.monotonic() < deadline:
+            release_requeue_hold(job)
+            time.sleep(1)
+        out, err = waiting.communicate(timeout=30)
     finally:
-        zero2.kill()
-    assert zero2.returncode == 0, out + err
-    assert swept.returncode == 0, swept.stdout + swept.stderr
-    sweep_dir = next(runs.glob("torch-ddp-sweep-*"))
-    assert f"#SBATCH --dependency=afterok:{job}\n" in (sweep_dir / "array-0.sbatch").read_text()
-    logs = glaunch(laptop, "logs", sweep_dir.name, "--rank", "0")
+        waiting.kill()
+    assert waiting.returncode == 0, out + err
+    starts = json.loads((upstream / "run.json").read_text())["starts"]
+    assert (starts[0]["state"], starts[0]["reason"]) == ("REQUEUED", "preemption"), starts
+    assert json.loads((upstream / "result.json").read_text())["param_sha256"] == expected
+
+    sweep = json.loads(swept.stdout)["sweep_id"]
+    assert f"#SBATCH --dependency=afterok:{job}\n" in (runs / sweep / "array-0.sbatch").read_text()
+    assert wait_for(laptop, sweep, {"COMPLETED", "FAILED", "CANCELLED", "ENDED"}, 300)["state"] == "COMPLETED"
+    logs = glaunch(laptop, "logs", sweep, "--rank", "0")
     assert [line[:3] for line in logs.stdout.splitlines() if "done: step 40" in line] == ["[0]", "[1]"], logs.stdout
 
     (tmp_path / "work").mkdir()
@@ -312,6 +330,8 @@ def test_a_laptop_checks_the_cluster_sweeps_after_a_run_and_survives_a_dropped_l
     sleeper = None
     try:
         sleeper = run_dir_appears(runs, "sleeper").name
+        # Queued and followed: the submission is over, --wait is polling.
+        assert wait_for(laptop, sleeper, {"RUNNING"}, 180)["state"] == "RUNNING"
         Path(laptop["GLAUNCH_TEST_CUT"]).touch()
         out, err = waiting.communicate(timeout=60)
         assert waiting.returncode == 3, out + err
