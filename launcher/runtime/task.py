@@ -21,6 +21,7 @@ out leaves each rank's last collectives in ``logs/nccl_trace_rank_RANK``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import runpy
@@ -128,17 +129,47 @@ def rank_environment(rank: int, local_rank: int, node: int, world_size: int, ran
 # NCCL's flight recorder (PyTorch 2.3+): the last collectives of each rank, written when a
 # collective times out. A rank's ring of entries costs a few MB of host memory.
 FLIGHT_RECORDER_ENTRIES = 2000
+# The torch that named the recorder's variables TORCH_FR_* (the TORCH_NCCL_* names still
+# read, with a deprecation warning on every rank).
+FLIGHT_RECORDER_RENAMED = (2, 9)
 
 
-def flight_recorder_environment(run_dir: str, environ: Mapping[str, str]) -> dict[str, str]:
-    """NCCL's flight recorder variables for a node with GPUs (none elsewhere)."""
+def flight_recorder_environment(run_dir: str, environ: Mapping[str, str],
+                                torch_version: str | None = None) -> dict[str, str]:
+    """NCCL's flight recorder variables for a node with GPUs (none elsewhere), in the
+    spelling of the torch this node imports (`torch_version`; default: its installed one)."""
     gpus = environ.get("SLURM_GPUS_ON_NODE") or environ.get("SLURM_JOB_GPUS") or ""
     visible = environ.get("CUDA_VISIBLE_DEVICES", "")
     if not (gpus.strip() not in ("", "0") or visible.strip() not in ("", "-1", "NoDevFiles")):
         return {}
-    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES),
-            "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": os.path.join(RunDir(run_dir).log_dir, "nccl_trace_rank_")}
+    dump_to = os.path.join(RunDir(run_dir).log_dir, "nccl_trace_rank_")
+    if version_tuple(torch_version if torch_version is not None else installed_version("torch")) \
+            >= FLIGHT_RECORDER_RENAMED:
+        return {"TORCH_FR_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES), "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+                "TORCH_FR_DUMP_TEMP_FILE": dump_to}
+    return {"TORCH_NCCL_TRACE_BUFFER_SIZE": str(FLIGHT_RECORDER_ENTRIES), "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": dump_to}
+
+
+def installed_version(distribution: str) -> str | None:
+    """The version of an installed distribution (its metadata; nothing imported), or None."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def version_tuple(version: str | None) -> tuple[int, ...]:
+    """(major, minor) of `2.13.0+cpu` and the like; () for none or an unreadable one."""
+    parts = []
+    for piece in (version or "").split("+")[0].split(".")[:2]:
+        digits = "".join(itertools.takewhile(str.isdigit, piece))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
 
 
 def snapshot_environment(spec: TaskSpec, environ: Mapping[str, str]) -> dict[str, str]:

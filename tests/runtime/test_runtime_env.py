@@ -95,3 +95,18 @@ def test_the_watchdog_with_a_bad_rank_environment_says_so_and_exits_0(tmp_path):
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "GLAUNCH_RESTART='first': not an integer" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("version", "names"), [
+    ("2.13.0+cpu", {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"}),
+    ("2.9.1", {"TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_FR_DUMP_TEMP_FILE"}),
+    ("2.1.2", {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}),
+    ("2.8.0a0+git1234", {"TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+                         "TORCH_NCCL_DEBUG_INFO_TEMP_FILE"}),
+])
+def test_the_flight_recorder_is_named_as_the_node_torch_names_it(tmp_path, version, names):
+    from launcher.runtime.task import flight_recorder_environment
+
+    found = flight_recorder_environment(str(tmp_path), {"SLURM_GPUS_ON_NODE": "4"}, torch_version=version)
+    assert set(found) == names
+    assert flight_recorder_environment(str(tmp_path), {}, torch_version=version) == {}
