@@ -91,6 +91,7 @@ HEARTBEAT_FILE = "rank-{rank:05d}.json"
 # HEARTBEAT_FILE's names only (ASCII digits, one name per rank).
 HEARTBEAT = re.compile(r"rank-(?P<rank>[0-9]{5}|[1-9][0-9]{5,8})\.json$")
 TELEMETRY_FILE = "{job_id}_{restart}_{rank}.json"
+VERSIONS_FILE = "versions_{job_id}_{restart}_{node}.json"
 STACK_FILE = "stack-{job_id}_{restart}_{rank}.txt"
 STACK = re.compile(r"stack-(?P<job>[A-Za-z0-9._-]+)_(?P<restart>\d+)_(?P<rank>\d+)\.txt$")
 STACK_DUMP_DIR = "stack-dumps"
@@ -270,6 +271,20 @@ class RunDir:
     def telemetry_files(self, job_id: str, restart: int) -> list[Path]:
         """Every rank's telemetry of one start."""
         prefix = f"{name_part(job_id)}_{restart}_"
+        try:
+            names = os.listdir(self.telemetry_dir)
+        except OSError:
+            return []
+        return sorted(self.telemetry_dir / n for n in names
+                      if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit())
+
+    def versions(self, job_id: str, restart: int, node: int) -> Path:
+        """What node `node` (its index in the start) imported (launcher.runtime.versions)."""
+        return self.telemetry_dir / VERSIONS_FILE.format(job_id=name_part(job_id), restart=restart, node=node)
+
+    def versions_files(self, job_id: str, restart: int) -> list[Path]:
+        """Every node's versions of one start."""
+        prefix = f"versions_{name_part(job_id)}_{restart}_"
         try:
             names = os.listdir(self.telemetry_dir)
         except OSError:

@@ -219,6 +219,7 @@ TELEMETRY_FIELDS: dict[str, Any] = {
     "first_step_at": _text, "last_step_at": _text,          # ISO 8601, milliseconds
     "resume_at": _text, "resume_load_s": _amount,
     "stop_requested_at": _text, "stop_saved_at": _text, "stop_checkpoint": _text,
+    "versions": _object,              # node -> {"python", "torch", "cuda", "nccl", ...}: what its ranks imported
 }
 _RUN_FIELDS = {
     "run_id": _run_id, "name": _text, "site": _text, "scheduler": _text, "run_dir": _text,

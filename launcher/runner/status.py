@@ -27,6 +27,7 @@ from launcher.rundir.layout import REMOTE_FILE, RunDir, read_heartbeat
 from launcher.rundir.records import IN_FLIGHT, RunRecord
 from launcher.runner import goodput
 from launcher.runner.goodput import as_mapping, number, step_of
+from launcher.runner.node_versions import version_warnings
 
 # The most of a GPU samples file status reads (its end: the newest samples).
 GPU_SAMPLES_READ = 1 << 20
@@ -59,6 +60,7 @@ def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dic
         "excluded_nodes": list(record.excluded_nodes),
         **report,
     }
+    summary["warnings"] = [*(report.get("warnings") or []), *version_warnings(record)]
     if result_problem:
         summary["result_error"] = result_problem
     cluster = cluster_of(run_dir, record)

@@ -60,7 +60,7 @@ from typing import Any, Callable, Iterator, Mapping
 from launcher.rundir import envnames, taskspec
 from launcher.rundir.files import atomic_write_text, open_regular, read_json
 from launcher.rundir.layout import RunDir, heartbeat_bytes
-from launcher.runtime import stacks, stopflag, telemetry
+from launcher.runtime import stacks, stopflag, telemetry, versions
 from launcher.runtime.rankcontext import RankContext, RuntimeConfigError, context, log, node_name, seconds_from_env
 
 DEFAULT_INTERVAL_S = 5.0
@@ -78,8 +78,9 @@ class Beats:
 
     def __init__(self, *, run_dir: Path | None, interval_s: float, checkpoint_every: int, rank: int = 0,
                  local_rank: int = 0, node: str = "", job_id: str | None = None, restart: int = 0,
-                 world_size: int | None = None) -> None:
+                 world_size: int | None = None, node_index: int = 0) -> None:
         self.run_dir = run_dir
+        self.node_index = node_index
         self.path = RunDir(run_dir).heartbeat(rank) if run_dir is not None and interval_s > 0 else None
         self.interval_s = interval_s
         self.checkpoint_every = checkpoint_every
@@ -124,6 +125,9 @@ class Beats:
         if previous is not None and step == previous:
             return                            # called twice in one step: it was reached earlier
         self.step = step
+        if previous is None and self.local_rank == 0 and self.run_dir is not None:
+            # At the first step the script has imported what it trains with.
+            versions.record(self.run_dir, self.job_id or "none", self.restart, self.node_index, self.node)
         if previous is None or step < previous or self.time is None:
             self.first_step, self.first_time = step, now     # the first step, or the loop went back
         else:
@@ -242,7 +246,8 @@ def _begin() -> Beats:
         interval = min(interval, RANK0_INTERVAL_S)
     beats = Beats(run_dir=ctx.run_dir if under_launcher else None, interval_s=interval,
                   checkpoint_every=ctx.checkpoint_every, rank=ctx.rank, local_rank=ctx.local_rank,
-                  node=node_name(), job_id=ctx.job_id, restart=ctx.restart, world_size=ctx.world_size)
+                  node=node_name(), job_id=ctx.job_id, restart=ctx.restart, world_size=ctx.world_size,
+                  node_index=ctx.node_rank)
     if under_launcher:
         began(ctx)
     return beats

@@ -35,6 +35,7 @@ from launcher.processes import run_bounded
 from launcher.rundir import envnames
 from launcher.rundir.files import open_regular, read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.rundir.records import is_node_name
 from launcher.runtime.rankcontext import RankContext, log, node_name, seconds_from_env
 
 GB = 1e9                   # the planner's gigabyte
@@ -280,6 +281,10 @@ def start_summary(run_dir: str | os.PathLike, job_id: str, restart: int) -> dict
         out["last_step"] = max(step for _, step in lasts)
         out["last_step_at"] = iso(max(when for when, _ in lasts))
 
+    imported = node_versions(rd, job_id, restart)
+    if imported:
+        out["versions"] = imported
+
     stops = [stop for r in ranks if isinstance(stop := r.get("stop"), dict)]
     requested = _numbers([stop.get("requested") for stop in stops])
     saved = _numbers([stop.get("saved") for stop in stops])
@@ -300,6 +305,27 @@ def start_summary(run_dir: str | os.PathLike, job_id: str, restart: int) -> dict
         except OSError:
             pass
     return out
+
+
+# What a node may say it imported: the names launcher.runtime.versions writes, bounded.
+VERSION_NAMES = frozenset({"python", "torch", "cuda", "nccl", "deepspeed", "lightning", "pytorch-lightning"})
+MAX_VERSION = 64
+
+
+def node_versions(rd: RunDir, job_id: str, restart: int) -> dict[str, dict[str, str]]:
+    """node name -> what its ranks imported, from the start's versions files (checked:
+    known names, short texts; anything else is left out)."""
+    found: dict[str, dict[str, str]] = {}
+    for path in rd.versions_files(job_id, restart):
+        data = read_json(path)
+        node = data.get("node") if isinstance(data, dict) else None
+        versions = data.get("versions") if isinstance(data, dict) else None
+        if not isinstance(node, str) or not is_node_name(node) or not isinstance(versions, dict):
+            continue
+        found[node] = {name: value for name, value in versions.items()
+                       if name in VERSION_NAMES and isinstance(value, str) and 0 < len(value) <= MAX_VERSION
+                       and value.isprintable()}
+    return found
 
 
 def main(argv: list[str] | None = None) -> int:

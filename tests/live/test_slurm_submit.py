@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -71,19 +72,46 @@ def test_example_on_two_nodes(case, tmp_path, isolated_env):
     assert record["starts"][0]["state"] == "COMPLETED" and record["starts"][0]["nodes"] == "node[1-2]"
 
 
-def test_same_parameters_locally_and_on_slurm(tmp_path, isolated_env):
-    """Same seed, same world size (2): the launch path changes nothing of the training."""
+def other_torch(folder: Path) -> tuple[Path, str]:
+    """A second torch on the nodes' path, the installed one under another version: its
+    files linked, its version.py rewritten. (The folder, the version it says.)"""
+    import torch
+
+    real, version = Path(torch.__file__).parent, "2.99.0+other"
+    (folder / "torch").mkdir(parents=True)
+    for entry in real.iterdir():
+        if entry.name != "version.py":
+            (folder / "torch" / entry.name).symlink_to(entry)
+    text = re.sub(r"(?m)^__version__ = .*$", f"__version__ = {version!r}", (real / "version.py").read_text())
+    (folder / "torch" / "version.py").write_text(text)
+    return folder, version
+
+
+def test_same_parameters_locally_and_on_slurm_and_the_nodes_torch_is_named(tmp_path, isolated_env):
+    """Same seed, same world size (2): the launch path changes nothing of the training. The
+    nodes import another torch than the submitting one (a second one first on their path):
+    the start records it per node and `status` names the difference."""
+    import torch
+
     args = "entrypoint.args=[--steps,30]"
     local = glaunch("submit", "examples/torch_ddp.yaml", "--runs-dir", str(tmp_path / "local"), args,
                     env=isolated_env)
     assert local.returncode == 0, local.stderr[-2000:]
-    proc, info = submit("examples/torch_ddp.yaml", tmp_path / "slurm", isolated_env, "resources.nodes=1", args)
+    path, version = other_torch(tmp_path / "other-torch")
+    proc, info = submit("examples/torch_ddp.yaml", tmp_path / "slurm", isolated_env, "resources.nodes=1", args,
+                        f"env.PYTHONPATH={path}")
     assert proc.returncode == 0, proc.stderr[-2000:]
     (local_dir,) = (tmp_path / "local").iterdir()
     local_result = read_json(local_dir / "result.json")
     slurm_result = read_json(tmp_path / "slurm" / info["run_id"] / "result.json")
     assert local_result["world_size"] == slurm_result["world_size"] == 2
     assert local_result["param_sha256"] == slurm_result["param_sha256"]
+
+    start = read_json(tmp_path / "slurm" / info["run_id"] / "run.json")["starts"][-1]
+    assert start["versions"]["node1"]["torch"] == version, start
+    status = glaunch("status", info["run_id"], env=isolated_env)
+    assert f"warning: the ranks import torch {version} on node1, not the {torch.__version__} the run was " \
+           "submitted with" in status.stdout, status.stdout
 
 
 # --- preflight: sbatch --test-only refuses, glaunch says why in the profile's terms ------------
