@@ -67,16 +67,38 @@ def logs_tar(files: dict[str, bytes]) -> bytes:
     return buffer.getvalue()
 
 
-def test_logs_copied_from_the_cluster_grow_in_place_and_nothing_else_is_taken(tmp_path):
-    log_dir = tmp_path / "logs"
-    remote.mirror_logs(logs_tar({"logs/7_0_log.out": b"one\n", "logs/7_submitted.pkl": b"x",
-                                 "logs/../../evil_0_log.out": b"x", "other/8_0_log.out": b"x"}), log_dir)
-    assert sorted(p.name for p in log_dir.iterdir()) == ["7_0_log.out"]
-    inode = (log_dir / "7_0_log.out").stat().st_ino
-    remote.mirror_logs(logs_tar({"logs/7_0_log.out": b"one\ntwo\n"}), log_dir)
-    assert (log_dir / "7_0_log.out").read_bytes() == b"one\ntwo\n"
-    assert (log_dir / "7_0_log.out").stat().st_ino == inode
-    assert not (tmp_path.parent / "evil_0_log.out").exists()
+class LocalConn:
+    """A Connection whose remote commands run here (the login node's shell is this one)."""
+
+    def run(self, words, *, input=None, timeout_s=None):
+        return subprocess.run(list(words), input=input, capture_output=True, timeout=30)
+
+    def where(self) -> str:
+        return "here"
+
+
+def test_logs_copied_from_the_cluster_grow_in_place_and_only_what_grew_travels(tmp_path):
+    there, here = tmp_path / "cluster logs", tmp_path / "logs"
+    there.mkdir()
+    (there / "7_0_log.out").write_bytes(b"one\n")
+    (there / "7_1_log.err").write_bytes(b"\x00\xff bytes\n")
+    (there / "7_submitted.pkl").write_bytes(b"x")
+    (there / "evil name_0_log.out").write_bytes(b"x")
+    remote.mirror_logs(LocalConn(), str(there), here)
+    assert sorted(p.name for p in here.iterdir()) == ["7_0_log.out", "7_1_log.err"]
+    inode = (here / "7_0_log.out").stat().st_ino
+    with open(there / "7_0_log.out", "ab") as f:
+        f.write(b"two\n")
+    from launcher.schedulers.ssh.remote import log_tails
+
+    assert log_tails(LocalConn(), str(there), {"7_0_log.out": 4, "7_1_log.err": 9}) == [
+        ("7_0_log.out", 4, b"two\n"), ("evil name_0_log.out", 0, b"x"), ("7_1_log.err", 9, b"")]
+    remote.mirror_logs(LocalConn(), str(there), here)
+    assert (here / "7_0_log.out").read_bytes() == b"one\ntwo\n"
+    assert (here / "7_0_log.out").stat().st_ino == inode
+    (there / "7_0_log.out").write_bytes(b"new\n")          # cut shorter there: taken whole
+    remote.mirror_logs(LocalConn(), str(there), here)
+    assert (here / "7_0_log.out").read_bytes() == b"new\n"
 
 
 def test_a_dry_run_with_a_login_contacts_nothing(tmp_path, isolated_env):

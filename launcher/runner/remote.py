@@ -452,7 +452,7 @@ def logs(run_dir: Path, *, rank: int | None, follow: bool, echo: Callable[[str],
     reader = RankLogs(run_dir, rank, echo)
     with connect(where.login) as conn:
         while True:
-            mirror_logs(on_login.pack(conn, where.run_dir, "logs"), RunDir(run_dir).log_dir)
+            mirror_logs(conn, posixpath.join(where.run_dir, "logs"), RunDir(run_dir).log_dir)
             reader.poll()
             if not follow:
                 reader.flush()
@@ -463,25 +463,21 @@ def logs(run_dir: Path, *, rank: int | None, follow: bool, echo: Callable[[str],
             time.sleep(poll_s)
 
 
-def mirror_logs(stream: bytes, log_dir: Path) -> None:
-    """The task logs of a tar stream of logs/ into `log_dir`: what grew is appended, so a
-    reader following them sees them grow; anything but a task log is left out."""
-    if not stream:
-        return
+def mirror_logs(conn: Connection, folder: str, log_dir: Path) -> None:
+    """The task logs of `folder` on the cluster into `log_dir`, in one call: only what each
+    one gained since the last copy travels (all of it when it was cut shorter there), and
+    is appended here, so a reader following them sees them grow."""
     log_dir.mkdir(exist_ok=True)
-    with tarfile.open(fileobj=io.BytesIO(stream), mode="r:") as tar:
-        for member in tar:
-            name = posixpath.basename(member.name)
-            if not member.isreg() or posixpath.dirname(member.name).strip("./") != "logs" or not TASK_LOG.match(name):
-                continue
-            data = tar.extractfile(member)
-            _grow(log_dir / name, data.read() if data is not None else b"")
-
-
-def _grow(path: Path, data: bytes) -> None:
-    have = path.stat().st_size if path.is_file() else 0
-    with open(path, "ab" if have <= len(data) else "wb") as f:
-        f.write(data[have:] if have <= len(data) else data)
+    have = {p.name: p.stat().st_size for p in log_dir.iterdir() if TASK_LOG.match(p.name) and p.is_file()}
+    for name, offset, data in on_login.log_tails(conn, folder, have):
+        if not TASK_LOG.match(name):
+            continue
+        if offset == have.get(name, 0):
+            with open(log_dir / name, "ab") as f:
+                f.write(data)
+        elif offset == 0:
+            with open(log_dir / name, "wb") as f:
+                f.write(data)
 
 
 # --- following a sweep --------------------------------------------------------------------------
@@ -546,4 +542,4 @@ def mirror_sweep_logs(sweep_dir: Path) -> None:
     with connect(where.login) as conn:
         for element in sweeps.read(sweep_dir).elements:
             there = where_of(Path(element.run_dir)).run_dir
-            mirror_logs(on_login.pack(conn, there, "logs"), RunDir(element.run_dir).log_dir)
+            mirror_logs(conn, posixpath.join(there, "logs"), RunDir(element.run_dir).log_dir)

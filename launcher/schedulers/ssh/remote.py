@@ -33,11 +33,19 @@ READ = '[ -e "$1" ] || exit 3; exec cat -- "$1"'
 MISSING = 3
 # $1 the file, $2 a fresh name beside it: stdin replaces the file whole.
 WRITE = 'cat > "$2" && mv -f -- "$2" "$1" || { rm -f -- "$2"; exit 1; }'
-# $1 the folder, $2 its member: a tar stream of it on stdout (nothing when it is missing).
-PACK = '[ -d "$1/$2" ] || exit 0; exec tar -c -f - -C "$1" -- "$2"'
 # $1 the folder, then its files: a tar stream of those that exist on stdout.
 PACK_FILES = ('cd -- "$1" || exit 3; shift; for f; do [ -f "$f" ] && printf "%s\\0" "$f"; done | '
               'exec tar -c -f - --null --no-recursion -T -')
+# $1 a folder, then NAME=OFFSET words: for each task log there (*_log.out, *_log.err), its
+# name, the offset sent from (0 when the file is now shorter than the one given), the
+# length, each ended by a NUL, then that many bytes: what it holds past the offset.
+LOG_TAILS = ('cd -- "$1" 2>/dev/null || exit 0; shift; t=$(mktemp) || exit 4; trap \'rm -f -- "$t"\' EXIT; '
+             'for f in *_log.out *_log.err; do [ -f "$f" ] || continue; off=0; '
+             'for a; do case "$a" in "$f="*) off=${a#*=} ;; esac; done; '
+             'case "$off" in ""|*[!0-9]*) off=0 ;; esac; '
+             'size=$(wc -c < "$f") || continue; size=$((size)); if [ "$size" -lt "$off" ]; then off=0; fi; '
+             'tail -c +$((off + 1)) -- "$f" > "$t" || continue; n=$(wc -c < "$t"); n=$((n)); '
+             'printf "%s\\0%s\\0%s\\0" "$f" "$off" "$n"; cat -- "$t"; done')
 # $1 the folder: the tar stream on stdin unpacked over what it holds.
 UNPACK = 'exec tar -x -f - -C "$1" --no-same-owner'
 # $1 a run directory, $2 a new folder in it, then names: those that exist move into the
@@ -159,10 +167,33 @@ def put_back(conn: Connection, run_dir: str, aside: str, names: Sequence[str], *
                              f"({said(done.stderr) or f'exit {done.returncode}'})")
 
 
-def pack(conn: Connection, folder: str, member: str) -> bytes:
-    """`folder/member` as a tar stream (empty when it does not exist)."""
-    done = conn.run(["sh", "-c", PACK, "glaunch-pack", folder, member])
+def log_tails(conn: Connection, folder: str, offsets: Mapping[str, int]) -> list[tuple[str, int, bytes]]:
+    """(name, offset, bytes past it) of each task log in `folder`, from the offsets given
+    (0 for a log not given, or one now shorter than its offset); one call."""
+    words = [f"{name}={offset}" for name, offset in sorted(offsets.items())]
+    done = conn.run(["sh", "-c", LOG_TAILS, "glaunch-tails", folder, *words])
     if done.returncode != 0:
-        raise SchedulerError(f"cannot read {posixpath.join(folder, member)!r} on {conn.where()} "
-                             f"({said(done.stderr)})")
-    return done.stdout
+        raise SchedulerError(f"cannot read the logs in {folder!r} on {conn.where()} ({said(done.stderr)})")
+    return parse_tails(done.stdout)
+
+
+def parse_tails(stream: bytes) -> list[tuple[str, int, bytes]]:
+    """LOG_TAILS's answer: its records up to the first one that is not whole."""
+    out: list[tuple[str, int, bytes]] = []
+    at = 0
+    while at < len(stream):
+        fields = []
+        for _ in range(3):
+            end = stream.find(b"\0", at)
+            if end < 0:
+                return out
+            fields.append(stream[at:end])
+            at = end + 1
+        if not (fields[1].isdigit() and fields[2].isdigit()):
+            return out
+        length = int(fields[2])
+        if at + length > len(stream):
+            return out
+        out.append((fields[0].decode(errors="surrogateescape"), int(fields[1]), stream[at:at + length]))
+        at += length
+    return out
