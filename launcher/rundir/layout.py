@@ -270,7 +270,10 @@ class RunDir:
 
     def telemetry_files(self, job_id: str, restart: int) -> list[Path]:
         """Every rank's telemetry of one start."""
-        prefix = f"{name_part(job_id)}_{restart}_"
+        return self._numbered_telemetry(f"{name_part(job_id)}_{restart}_")
+
+    def _numbered_telemetry(self, prefix: str) -> list[Path]:
+        """The files of telemetry/ named PREFIX + a number + .json."""
         try:
             names = os.listdir(self.telemetry_dir)
         except OSError:
@@ -284,13 +287,7 @@ class RunDir:
 
     def versions_files(self, job_id: str, restart: int) -> list[Path]:
         """Every node's versions of one start."""
-        prefix = f"versions_{name_part(job_id)}_{restart}_"
-        try:
-            names = os.listdir(self.telemetry_dir)
-        except OSError:
-            return []
-        return sorted(self.telemetry_dir / n for n in names
-                      if n.startswith(prefix) and n.endswith(".json") and n[len(prefix):-5].isdigit())
+        return self._numbered_telemetry(f"versions_{name_part(job_id)}_{restart}_")
 
     @property
     def resumes_dir(self) -> Path:
