@@ -9,6 +9,9 @@ import statistics
 
 import pytest
 
+from launcher.rundir.records import RunRecord
+from launcher.rundir.taskspec import write_task_spec
+from launcher.runtime import jobend
 from launcher.runtime.heartbeats import BUSY_WINDOW, Beats
 from launcher.runtime.watchdog import (
     AUTO_STALL_FACTOR,
@@ -23,6 +26,7 @@ from launcher.runtime.watchdog import (
     busy_ratios,
     find_hang,
 )
+from test_watchdog import spec
 
 T0 = 1_700_000_000.0
 AUTO = Limits(stall_s=600, first_step_s=1800, auto=True, floor_s=1.0)
@@ -188,3 +192,32 @@ def test_a_rank_measures_its_busy_time_from_its_return_from_the_collective(monke
     pace = beats.pace()
     assert (pace["busy_count"], pace["steps_timed"]) == (2, 2)
     assert pace["busy_s"] == pytest.approx(0.65) and pace["step_p99_s"] == pytest.approx(1.0, abs=0.01)
+
+
+# --- slow_node: exclude, at the start's end ------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting,excluded", [("exclude", ["x", "b"]), ("report", None)])
+def test_a_slow_node_is_left_out_of_later_starts_only_with_exclude(tmp_path, monkeypatch, setting, excluded):
+    monkeypatch.setattr(jobend, "partition_nodes", lambda partition: (["a", "b", "c", "d"], ""))
+    write_task_spec(tmp_path, spec(tmp_path, watchdog_slow_node=setting))
+    record = RunRecord(run_id="r", nodes=2, partition="gpu")
+    record.record_start("7", 0, watchdog={"slow": [{"rank": 3, "node": "b"}, {"rank": 2, "node": "b"}]})
+    assert jobend.exclude_slow_nodes(tmp_path, record, "7", 0, ["x"]) == excluded
+    exclusion = record.start("7", 0).get("watchdog").get("exclusion")
+    assert exclusion == ("slow: b excluded from later starts" if excluded else None)
+
+
+def test_a_slow_node_stays_when_the_partition_could_not_spare_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(jobend, "partition_nodes", lambda partition: (["a", "b"], ""))
+    write_task_spec(tmp_path, spec(tmp_path, watchdog_slow_node="exclude"))
+    record = RunRecord(run_id="r", nodes=2, partition="gpu")
+    record.record_start("7", 0, watchdog={"slow": [{"rank": 1, "node": "b"}]})
+    assert jobend.exclude_slow_nodes(tmp_path, record, "7", 0, []) is None
+    assert "b not excluded: partition gpu would keep 1 usable node(s)" in record.start("7", 0).get("watchdog")["exclusion"]
+
+
+def test_slow_nodes_read_from_a_start_s_entry_take_only_node_names():
+    entry = {"watchdog": {"slow": [{"node": "a"}, {"node": "a"}, {"node": "-rf"}, "b", {"node": None}]}}
+    assert jobend.slow_nodes(entry) == ["a"]
+    assert jobend.slow_nodes({"watchdog": "x"}) == jobend.slow_nodes(None) == []
