@@ -88,6 +88,7 @@ SLOW_RATIO = 1.3
 SLOW_WINDOWS = 3
 WINDOW_S = 60.0
 WINDOW_MIN_STEPS = 3
+MIN_POLL_S = 0.1
 RECORD_CHANGE = 0.25      # a bound recorded again once it moved by more than this share
 DONE_STATES = frozenset({"stopped", "finished"})
 STEP_ID = re.compile(r"[0-9]{1,10}")      # a Slurm job step's number (isdigit() would take any script's digits)
@@ -464,7 +465,7 @@ class Watch:
     def poll_s(self) -> float:
         limits = self.bounds or self.limits
         bounds = [b for b in (limits.stall_s, limits.first_step_s) if b > 0] if limits else []
-        return min([5.0] + [max(b / 10, 0.5) for b in bounds])
+        return min([5.0] + [max(b / 10, MIN_POLL_S) for b in bounds])
 
     def act(self, hang: Hang, ranks: Ranks) -> Hang:
         """Record the hang, write the stacks, end the step."""
