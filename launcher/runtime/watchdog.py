@@ -19,9 +19,9 @@ has ended (``save_ended``), the step or first-step bound counts from there, not 
 step before it.
 
 ``watchdog.stall_s: auto`` (the default) derives the bounds from the run's own times, which
-each rank's heartbeat carries (launcher.runtime.heartbeats): until every rank that reports
-has timed AUTO_WARMUP_STEPS steps, the task spec's initial bound (STALL_AUTO_INITIAL_S);
-from then on AUTO_STALL_FACTOR times the largest ``step_p99_s`` of the ranks (the 99th
+each rank's heartbeat carries (launcher.runtime.heartbeats): until a rank has timed
+AUTO_WARMUP_STEPS steps, the task spec's initial bound (STALL_AUTO_INITIAL_S); from then
+on AUTO_STALL_FACTOR times the largest ``step_p99_s`` of the ranks that have (the 99th
 percentile of their recent step times), and at least ``watchdog.auto_floor_s``. The
 watchdog polls at least every tenth of the bound, so a hang is found within 3 x p99 of a
 step plus the heartbeat interval (the steps a rank made since it last wrote), or the floor
@@ -143,12 +143,13 @@ def bounds_in_force(records: Mapping[int, Mapping[str, Any]], limits: Limits) ->
     saves = [s for r in records.values() if (s := _seconds(r.get("save_s"))) is not None]
     last_save = max(saves, default=None)
     save = limits.save_s if last_save is None else max(limits.floor_s, SAVE_BOUND_FACTOR * last_save)
-    p99s = [_seconds(r.get("step_p99_s")) for r in records.values()]
-    warm = [isinstance(r.get("steps_timed"), int) and r["steps_timed"] >= AUTO_WARMUP_STEPS and p is not None
-            for r, p in zip(records.values(), p99s)]
-    if not records or not all(warm):
+    # In step with each other, the ranks' times are alike: the warm ones speak for all (a
+    # rank that writes every few seconds may not show its warm-up until after a hang).
+    warm = [p99 for r in records.values() if isinstance(r.get("steps_timed"), int)
+            and r["steps_timed"] >= AUTO_WARMUP_STEPS and (p99 := _seconds(r.get("step_p99_s"))) is not None]
+    if not warm:
         return Bounds(limits.stall_s, save, limits.first_step_s, "initial", None, last_save)
-    p99 = max(p for p in p99s if p is not None)
+    p99 = max(warm)
     return Bounds(max(limits.floor_s, AUTO_STALL_FACTOR * p99), save, limits.first_step_s, "steps", p99, last_save)
 
 

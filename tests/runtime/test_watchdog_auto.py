@@ -44,10 +44,17 @@ def test_a_fixed_bound_stays_fixed():
 
 
 def test_before_warm_up_the_initial_bound_holds():
-    records = {0: beat(0, 10, T0, p99=0.1, timed=AUTO_WARMUP_STEPS), 1: beat(1, 10, T0, p99=0.1, timed=3)}
+    records = {0: beat(0, 10, T0, p99=0.1, timed=AUTO_WARMUP_STEPS - 1), 1: beat(1, 10, T0, p99=0.1, timed=3)}
     bounds = bounds_in_force(records, AUTO)
     assert (bounds.basis, bounds.stall_s, bounds.save_s) == ("initial", 600, max(4 * 600, SAVE_BOUND_MIN_S))
     assert bounds_in_force({}, AUTO).basis == "initial"
+
+
+def test_one_warm_rank_speaks_for_the_others_whose_files_lag():
+    """Rank 1 writes every 5 s: its record may still show its first steps when it hangs."""
+    records = {0: beat(0, 27, T0, p99=0.3, timed=AUTO_WARMUP_STEPS), 1: beat(1, 1, T0 - 5, timed=0)}
+    bounds = bounds_in_force(records, AUTO)
+    assert (bounds.basis, bounds.step_p99_s) == ("steps", 0.3)
 
 
 def test_after_warm_up_the_bound_is_a_multiple_of_the_slowest_p99_and_at_least_the_floor():
