@@ -29,7 +29,7 @@ import torch_ddp
 from launcher import runtime as rt
 
 should_stop = rt.should_stop
-HANG_STEP = int(os.environ.get("HANG_STEP", "0"))
+HANG_STEP = int(os.environ.get("HANG_STEP", "14"))
 
 
 def hang_here():
