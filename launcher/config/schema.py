@@ -162,10 +162,15 @@ class Requeue:
 
 @dataclass(eq=False)
 class Watchdog:
-    """`watchdog:` how long the ranks may go without finishing a step before it is a hang."""
+    """`watchdog:` how long the ranks may go without finishing a step before it is a hang,
+    and what becomes of a node whose ranks compute slower than their peers."""
 
-    stall_s: int = 600                 # no rank finished a step for this long: a hang (0: off)
+    # No rank finished a step for this long: a hang. "auto": from the run's own step and save
+    # times (launcher.runtime.watchdog); a number of seconds; 0: off. Any: YAML types it.
+    stall_s: Any = "auto"
+    auto_floor_s: float = 60.0         # the least bound "auto" derives
     first_step_s: int = 1800           # the same bound for the first step of a start (loading, compiling)
+    slow_node: str = "report"          # report | exclude (from the next start on)
 
 
 @dataclass(eq=False)
@@ -286,6 +291,7 @@ EXPERIMENT_CHOICES = {
     "precision": ("fp32", "fp16", "bf16"),
     "model.optimizer": ("adam", "adamw", "sgd"),
     "model.activation_checkpointing": ("none", "selective", "full"),
+    "watchdog.slow_node": ("report", "exclude"),
 }
 SITE_CHOICES = {
     "scheduler": ("slurm", "local"),

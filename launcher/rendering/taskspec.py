@@ -23,7 +23,10 @@ def task_spec(plan: JobPlan) -> TaskSpec:
         crash_retries=plan.crash_retries,
         exclude_bad_nodes=plan.exclude_bad_nodes,
         watchdog_stall_s=float(plan.watchdog_stall_s),
+        watchdog_stall_auto=plan.watchdog_stall_auto,
+        watchdog_auto_floor_s=float(plan.watchdog_auto_floor_s),
         watchdog_first_step_s=float(plan.watchdog_first_step_s),
+        watchdog_slow_node=plan.watchdog_slow_node,
         # The code snapshot's counterpart of the working directory: imported from before it.
         code_path=plan.code.import_path if plan.code is not None else None,
     )

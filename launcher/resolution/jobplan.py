@@ -134,8 +134,11 @@ class JobPlan:
     signal_lead_s: int
     crash_retries: int
     exclude_bad_nodes: bool           # requeue without the node a crash or hang points at
-    watchdog_stall_s: int             # 0: no watchdog
+    watchdog_stall_s: float           # 0: no stall bound; with watchdog_stall_auto, the bound until warm-up
+    watchdog_stall_auto: bool         # stall_s: auto, the bound from the run's step and save times
+    watchdog_auto_floor_s: float
     watchdog_first_step_s: int
+    watchdog_slow_node: str           # report | exclude
     # the merged configs, for resolved.yaml
     experiment: Mapping[str, Any] = field(repr=False)
     site: Mapping[str, Any] = field(repr=False)

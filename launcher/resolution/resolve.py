@@ -29,7 +29,7 @@ from launcher.resolution.jobplan import CodeRoot, CodeSnapshot, Container, JobPl
 from launcher.resolution.strategy import StrategySettings, resolve_strategy
 from launcher.rundir.layout import CODE_DIR
 from launcher.rundir import envnames
-from launcher.rundir.taskspec import MAX_WORLD_SIZE
+from launcher.rundir.taskspec import MAX_WORLD_SIZE, STALL_AUTO_INITIAL_S
 
 # Counts beyond what the job's consumers hold: the job's task spec takes up to
 # MAX_WORLD_SIZE ranks (far past any training job; the watchdog goes over each); Slurm keeps
@@ -50,7 +50,7 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
     _check_experiment_text(exp)
     alloc = _allocation(exp, site)
     _check_requeue(exp, alloc.time_seconds)
-    _check_watchdog_and_checkpoints(exp)
+    stall_auto = _check_watchdog_and_checkpoints(exp)
     strategy, choice = resolve_strategy(exp, site, alloc.part, alloc.nodes, alloc.ranks_per_node, exp_loaded.folder)
     global_batch, micro, accumulation = _batch(exp, alloc.world_size)
     ds_config = _deepspeed_config(exp, strategy, alloc.world_size, global_batch, micro, accumulation)
@@ -87,7 +87,9 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
         checkpoint_every=exp.checkpoint.every_steps, checkpoint_keep=exp.checkpoint.keep,
         requeue_max=exp.requeue.max, signal_lead_s=exp.requeue.signal_lead_s, crash_retries=site.crash_retries,
         exclude_bad_nodes=exp.requeue.exclude_bad_nodes,
-        watchdog_stall_s=exp.watchdog.stall_s, watchdog_first_step_s=exp.watchdog.first_step_s,
+        watchdog_stall_s=STALL_AUTO_INITIAL_S if stall_auto else float(exp.watchdog.stall_s),
+        watchdog_stall_auto=stall_auto, watchdog_auto_floor_s=float(exp.watchdog.auto_floor_s),
+        watchdog_first_step_s=exp.watchdog.first_step_s, watchdog_slow_node=exp.watchdog.slow_node,
         experiment=_as_dict(exp), site=_as_dict(site), code=code, hparams=hparams,
         sweep_id=ctx.sweep_id, dependency=ctx.dependency, login=login_of(site.login),
     )
@@ -245,14 +247,22 @@ def _check_requeue(exp: schema.Experiment, time_seconds: int) -> None:
         raise ConfigKeyError("requeue.max", "must be 0 or more")
 
 
-def _check_watchdog_and_checkpoints(exp: schema.Experiment) -> None:
-    for key in ("stall_s", "first_step_s"):
-        if getattr(exp.watchdog, key) < 0:
-            raise ConfigKeyError(f"watchdog.{key}", "must be 0 (off) or more seconds")
+def _check_watchdog_and_checkpoints(exp: schema.Experiment) -> bool:
+    """Whether watchdog.stall_s is auto (else a number of seconds, checked here)."""
+    stall = exp.watchdog.stall_s
+    auto = stall == "auto"
+    if not auto and (isinstance(stall, bool) or not isinstance(stall, (int, float)) or not 0 <= stall < math.inf):
+        shown = repr(stall) if len(repr(stall)) <= 40 else repr(stall)[:37] + "..."
+        raise ConfigKeyError("watchdog.stall_s", f"{shown} is not auto, 0 (off) or a number of seconds")
+    if exp.watchdog.first_step_s < 0:
+        raise ConfigKeyError("watchdog.first_step_s", "must be 0 (off) or more seconds")
+    if exp.watchdog.auto_floor_s < 0:
+        raise ConfigKeyError("watchdog.auto_floor_s", "must be 0 or more seconds")
     if exp.checkpoint.every_steps < 1:
         raise ConfigKeyError("checkpoint.every_steps", "must be 1 or more")
     if exp.checkpoint.keep < 1:
         raise ConfigKeyError("checkpoint.keep", "must be 1 or more")
+    return auto
 
 
 def _batch(exp: schema.Experiment, world_size: int) -> tuple[int, int, int]:

@@ -25,7 +25,10 @@ from launcher.errors import RunError
 from launcher.rundir.files import atomic_write_text, json_type, load_json_object, parse_json_object
 from launcher.rundir.layout import RunDir
 
-FORMAT = 1                      # task.json's layout; a reader refuses any other
+FORMAT = 2                      # task.json's layout; a reader refuses any other
+# watchdog.stall_s: auto: the bound before the run's step times are known (warm-up).
+STALL_AUTO_INITIAL_S = 600.0
+SLOW_NODE_ACTIONS = ("report", "exclude")
 LAUNCHERS = ("srun", "torchrun")
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -56,8 +59,11 @@ class TaskSpec:
     requeue_max: int
     crash_retries: int
     exclude_bad_nodes: bool             # requeue without the node a crash or a hang points at
-    watchdog_stall_s: float             # 0: no stall bound
+    watchdog_stall_s: float             # 0: no stall bound; with watchdog_stall_auto, the bound until warm-up
     watchdog_first_step_s: float        # 0: no first-step bound
+    watchdog_stall_auto: bool = False   # the stall bound from the run's own step and save times
+    watchdog_auto_floor_s: float = 60.0  # the least bound auto derives
+    watchdog_slow_node: str = "report"  # report | exclude: a node whose ranks compute slower than their peers
     code_path: str | None = None        # the code snapshot's counterpart of the working directory
 
     def __post_init__(self) -> None:
@@ -173,6 +179,14 @@ def _args(value: object) -> str | None:
     return None
 
 
+def _one_of(values: tuple[str, ...]) -> Check:
+    def check(value: object) -> str | None:
+        if isinstance(value, str) and value in values:
+            return None
+        return f"{_shown(value)} is not one of {', '.join(values)}"
+    return check
+
+
 # Far beyond the largest training jobs (tens of thousands of GPUs); the watchdog and the
 # job's end go over every rank of it.
 MAX_WORLD_SIZE = 1 << 20
@@ -202,7 +216,9 @@ _CHECKS: dict[str, Check] = {
     "launcher": _launcher, "script": _optional(_absolute), "module": _optional(_module), "args": _args,
     "nodes": _count(1), "ranks_per_node": _count(1), "world_size": _count(1), "run_dir": _absolute,
     "run_id": _name, "requeue_max": _count(0), "crash_retries": _count(0), "exclude_bad_nodes": _flag,
-    "watchdog_stall_s": _seconds, "watchdog_first_step_s": _seconds, "code_path": _optional(_absolute),
+    "watchdog_stall_s": _seconds, "watchdog_stall_auto": _flag, "watchdog_auto_floor_s": _seconds,
+    "watchdog_first_step_s": _seconds, "watchdog_slow_node": _one_of(SLOW_NODE_ACTIONS),
+    "code_path": _optional(_absolute),
 }
 
 

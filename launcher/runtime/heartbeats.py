@@ -9,7 +9,8 @@ it also replaces ``<run dir>/heartbeats/rank-RRRRR.json``::
     {"rank": 3, "node": "gpu012", "job_id": "4711", "restart": 1, "step": 120, "total": 400,
      "time": 1733230000.12, "first_step": 101, "first_time": ..., "step_s": 0.41,
      "checkpoint_step": 100, "state": "running", "written": ..., "interval_s": 5.0,
-     "pid": 5120, "host": "gpu012.cluster", "job_step": "0", "world_size": 16, ...}
+     "pid": 5120, "host": "gpu012.cluster", "job_step": "0", "world_size": 16,
+     "step_p99_s": 0.52, "steps_timed": 19, "save_s": 31.5, "busy_s": 0.38, "busy_count": 19, ...}
 
 ``state``: ``starting`` (written by the task before the entry point runs, so the watchdog
 knows every rank before its first step), ``running``, ``saving`` (a checkpoint save that
@@ -27,6 +28,18 @@ place, with its checksum (layout.heartbeat_bytes; read it with layout.read_heart
 and never fsynced: a reader needs a whole record, not a durable one, and a rename or an
 fsync per beat from every rank would load a shared filesystem's metadata server for
 nothing (bench/heartbeat.py measures the cost).
+
+What ``watchdog.stall_s: auto`` and the slow-node report read (launcher.runtime.watchdog):
+``step_p99_s``, the 99th percentile of the last RECENT_STEPS step times (``steps_timed``:
+how many steps this start has timed); ``save_s``, how long this rank's last checkpoint
+save held up its loop; ``busy_s``, the median of this rank's last BUSY_WINDOW busy times.
+A rank's busy time is the part of its step it spent on its own work: from its return
+from the last :func:`launcher.runtime.should_stop` (whose all_reduce every rank leaves
+together) to its next beat. In synchronous data parallel every rank's step takes as long
+as the slowest rank's, but the others wait for it in that collective: a slow rank is busy
+longer than its peers, a rank that waits is busy less. Without should_stop the busy time
+is the whole interval between beats (no rank stands out). ``busy_count``: the busy times
+taken so far.
 
 The intervals between beats are the step times of the start's telemetry, which each rank
 writes at the end of its start (:func:`write_telemetry`; what it holds and how the start
@@ -54,6 +67,7 @@ import re
 import socket
 import time
 from array import array
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
@@ -71,6 +85,8 @@ MAX_INTERVAL_S = 3600.0
 # Step times kept per start for the median and p90; beyond this a uniform sample of them.
 MAX_SAMPLES = 1 << 16
 EMA_WEIGHT = 0.1          # of the newest step in the step time the console shows
+RECENT_STEPS = 200        # the step times step_p99_s is taken over
+BUSY_WINDOW = 20          # the busy times busy_s is the median of
 
 
 class Beats:
@@ -105,6 +121,11 @@ class Beats:
         self.save_spans: list[tuple[float, int]] = []   # (interval, steps in it) of checkpoint steps
         self.saves: list[float] = []          # save times the checkpoint code reported
         self.checkpoint_step: int | None = None
+        self.recent: deque[float] = deque(maxlen=RECENT_STEPS)
+        self.last_save_s: float | None = None
+        self.synced_at: float | None = None   # when this rank left the last should_stop's collective
+        self.busy: deque[float] = deque(maxlen=BUSY_WINDOW)
+        self.busy_count = 0
         self.stop_decided: float | None = None
         self.state = "running"
         self._random = random.Random(rank)
@@ -130,19 +151,21 @@ class Beats:
             versions.record(self.run_dir, self.job_id or "none", self.restart, self.node_index, self.node)
         if previous is None or step < previous or self.time is None:
             self.first_step, self.first_time = step, now     # the first step, or the loop went back
-        else:
-            self._timed(now - self.time, previous, step)
+        elif self._timed(now - self.time, previous, step):
+            self._busy(now - max(self.time, self.synced_at or 0.0))
         self.time = now
         # The first step always: the watchdog stops waiting for it.
         if self.path is not None and (now - self.last_write >= self.interval_s or previous is None):
             self.write(now)
 
-    def _timed(self, interval: float, previous: int, step: int) -> None:
+    def _timed(self, interval: float, previous: int, step: int) -> bool:
+        """Keep the interval as a step time; False for a checkpoint step's (a save's)."""
         every, steps = self.checkpoint_every, step - previous
         if every > 0 and (step // every) > (previous // every):
             self.save_spans.append((interval, steps))
-            return
+            return False
         per_step = interval / steps
+        self.recent.append(per_step)
         self.step_s = per_step if self.step_s is None else (1 - EMA_WEIGHT) * self.step_s + EMA_WEIGHT * per_step
         self.seen += 1
         if len(self.samples) < MAX_SAMPLES:
@@ -151,6 +174,11 @@ class Beats:
             slot = self._random.randrange(self.seen)
             if slot < MAX_SAMPLES:
                 self.samples[slot] = per_step
+        return True
+
+    def _busy(self, seconds: float) -> None:
+        self.busy.append(max(0.0, seconds))
+        self.busy_count += 1
 
     def _resumed_step(self) -> int:
         if self.run_dir is None:
@@ -172,7 +200,16 @@ class Beats:
                 "checkpoint_step": self.checkpoint_step, "state": self.state, "written": time.time(),
                 "interval_s": self.interval_s, "host": self.host, "job_step": self.job_step,
                 "world_size": self.world_size, "saving_since": self.saving_since,
-                "save_ended": self.save_ended}
+                "save_ended": self.save_ended, **self.pace()}
+
+    def pace(self) -> dict[str, Any]:
+        """What the watchdog's auto bound and slow-node report read (see the module's
+        docstring)."""
+        recent, busy = sorted(self.recent), sorted(self.busy)
+        return {"step_p99_s": round(telemetry.quantile(recent, 0.99), 6) if recent else None,
+                "steps_timed": self.seen,
+                "save_s": None if self.last_save_s is None else round(self.last_save_s, 6),
+                "busy_s": round(telemetry.quantile(busy, 0.5), 6) if busy else None, "busy_count": self.busy_count}
 
     def write(self, now: float | None = None) -> None:
         """Write this rank's heartbeat over the previous one; a failure is said once and
@@ -334,6 +371,12 @@ def note_checkpoint(step: int, seconds: float | None = None) -> None:
     beats.checkpoint_step = int(step)
     if seconds is not None and seconds >= 0:
         beats.saves.append(float(seconds))
+        beats.last_save_s = float(seconds)
+
+
+def note_synced() -> None:
+    """This rank left should_stop's collective: its busy time counts from here."""
+    current().synced_at = time.time()
 
 
 def note_stop_decided() -> None:
@@ -382,7 +425,9 @@ def saving(step: int | None = None) -> Iterator[None]:
         saved = True
     finally:
         if not outer:
-            beats.state, beats.saving_since, beats.save_ended = previous, None, time.time()
+            ended = time.time()
+            beats.last_save_s = ended - (beats.saving_since or ended)
+            beats.state, beats.saving_since, beats.save_ended = previous, None, ended
         if saved and step is not None:
             beats.checkpoint_step = int(step)
         if not outer or (saved and step is not None):
@@ -478,7 +523,9 @@ def _checks(world_size: int, now: float | None) -> dict[str, tuple[bool, Callabl
         "step": (True, step), "total": (True, step), "first_step": (True, step), "checkpoint_step": (True, step),
         "time": (True, when), "first_time": (True, when), "written": (True, when), "saving_since": (True, when),
         "save_ended": (True, when), "interval_s": (True, _seconds_within(MAX_INTERVAL_S)),
-        "step_s": (True, _step_time),
+        "step_s": (True, _step_time), "step_p99_s": (True, _step_time), "busy_s": (True, _step_time),
+        "steps_timed": (True, _whole(0, MAX_STEP)), "busy_count": (True, _whole(0, MAX_STEP)),
+        "save_s": (True, _seconds_within(MAX_STEP_S)),
     }
 
 

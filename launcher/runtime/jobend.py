@@ -16,7 +16,9 @@ of the first failing task, crash.json; the node of the silent ranks) is requeued
 that node (``requeue.exclude_bad_nodes``, from the job's task.json) while the partition
 keeps enough usable nodes for the job (sinfo): the output is then ``requeue NODE,NODE``
 (every node the job is kept off, for ``scontrol update ExcNodeList=``), and run.json
-lists them.
+lists them. With ``watchdog.slow_node: exclude`` a start that requeues also leaves out the
+nodes the watchdog named slow (its run.json entry's ``watchdog.slow``), under the same
+check of the partition; what became of each is that entry's ``exclusion``.
 
 While the step runs, the same program watches it (``--watch``: the hang watchdog,
 launcher.runtime.watchdog): job.sbatch starts it before the step and stops it after.
@@ -46,7 +48,7 @@ from launcher.rundir import registry
 from launcher.processes import run_bounded
 from launcher.rundir.files import read_json
 from launcher.rundir.lifecycle import IllegalMove, move
-from launcher.rundir.records import FAILURES, State, is_job_id, is_node_name
+from launcher.rundir.records import FAILURES, RunRecord, State, is_job_id, is_node_name
 from launcher.rundir.layout import RunDir
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
 from launcher.runtime import watchdog
@@ -192,6 +194,43 @@ def partition_nodes(partition: str | None) -> tuple[list[str] | None, str]:
     return usable_nodes(proc.out), ""
 
 
+def slow_nodes(entry: Mapping[str, Any] | None) -> list[str]:
+    """Pure: the nodes the watchdog named slow in a start's run.json entry, once each."""
+    watch = (entry or {}).get("watchdog")
+    slow = watch.get("slow") if isinstance(watch, Mapping) else None
+    nodes: list[str] = []
+    for item in slow if isinstance(slow, list) else []:
+        node = item.get("node") if isinstance(item, Mapping) else None
+        if isinstance(node, str) and is_node_name(node) and node not in nodes:
+            nodes.append(node)
+    return nodes
+
+
+def exclude_slow_nodes(run_dir: Path, record: RunRecord, job_id: str, restart: int,
+                       excluded: list[str]) -> list[str] | None:
+    """With watchdog.slow_node: exclude, the nodes this start's watchdog named slow added
+    to `excluded` (None: no change); what became of each goes into the start's entry."""
+    start = record.start(job_id, restart)
+    nodes = slow_nodes(start.to_dict()) if start is not None else []
+    if start is None or not nodes:
+        return None
+    try:
+        wanted = read_task_spec(run_dir).watchdog_slow_node == "exclude"
+    except TaskSpecError:
+        wanted = False
+    if not wanted:
+        return None
+    usable, why = partition_nodes(record.partition)
+    changed, notes = None, []
+    for node in nodes:
+        more, note = exclusion(node, changed or excluded, needed=record.nodes or 1, usable=usable,
+                               partition=record.partition, why_unknown=why)
+        changed = more or changed
+        notes.append(f"slow: {note}")
+    start.set("watchdog", {**start.get("watchdog"), "exclusion": "; ".join(notes)})
+    return changed
+
+
 def exclude_bad_nodes_setting(run_dir: Path) -> tuple[bool, str]:
     """(requeue.exclude_bad_nodes as the job was submitted with it, why not when it cannot
     be read): a task.json that cannot be read excludes no node."""
@@ -247,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
                 note = f"{bad} not excluded: {unread}"
             else:
                 note = f"{bad} not excluded: requeue.exclude_bad_nodes is false"
+        if outcome.requeue and job_id is not None:
+            exclude = exclude_slow_nodes(run_dir, record, job_id, restart, exclude or kept_off) or exclude
         if job_id is not None:
             measured = start_summary(run_dir, ctx.job_id or job_id, restart)
             record.record_start(job_id, restart, started=args.started, ended=iso(time.time()), state=outcome.state,

@@ -85,6 +85,7 @@ def should_stop(step: int | None = None, total: int | None = None) -> bool:
     global _agreed_signum
     heartbeats.heartbeat(step, total)
     flag, signum = all_reduce_max([1 if stopflag.raised() else 0, stopflag.first_signal() or 0])
+    heartbeats.note_synced()
     if flag:
         _agreed_signum = signum or _agreed_signum
         heartbeats.note_stop_decided()

@@ -18,6 +18,31 @@ the save's planning) must still end the start before its time limit does. Once a
 has ended (``save_ended``), the step or first-step bound counts from there, not from the
 step before it.
 
+``watchdog.stall_s: auto`` (the default) derives the bounds from the run's own times, which
+each rank's heartbeat carries (launcher.runtime.heartbeats): until a rank has timed
+AUTO_WARMUP_STEPS steps, the task spec's initial bound (STALL_AUTO_INITIAL_S); from then
+on AUTO_STALL_FACTOR times the largest ``step_p99_s`` of the ranks that have (the 99th
+percentile of their recent step times), and at least ``watchdog.auto_floor_s``. The
+watchdog polls at least every tenth of the bound, so a hang is found within 3 x p99 of a
+step plus the heartbeat interval (the steps a rank made since it last wrote), or the floor
+plus that interval where the floor is larger. A save's bound: SAVE_BOUND_FACTOR times the
+longest last save of any rank (``save_s``), at least the floor; before any save was
+measured, the fixed bound's save bound. :func:`bounds_in_force` is the decision, pure.
+
+Slow nodes (:class:`SlowRanks`): every rank's heartbeat carries its busy time (``busy_s``,
+the median of its recent ones: the part of its step before it waits for its peers in
+should_stop's collective). Each window (every rank has BUSY_WINDOW more busy times, or
+WINDOW_S passed and every rank has WINDOW_MIN_STEPS more) compares each rank's busy time
+with the median of its peers'; a rank above SLOW_RATIO in SLOW_WINDOWS windows running is
+slow, named with its node. Nothing is added to the training loop: no collective, no I/O.
+
+The bounds in force and the slow ranks go into the start's entry of run.json
+(``watchdog``: {"stall_s", "bound_s", "save_bound_s", "basis", "step_p99_s", "save_s",
+"slow": [{"rank", "node", "ratio", "busy_s", "peers_busy_s", "named_at"}]}) when they
+change (a bound by more than RECORD_CHANGE), so `glaunch status` shows them while the
+start runs. With ``watchdog.slow_node: exclude`` the start's end adds a slow node to the
+run's excluded nodes (launcher.runtime.jobend), as for a node a crash points at.
+
 Then the watchdog writes hang.json (the start, the silent ranks and their nodes, the node
 the hang points at), every rank's Python stack into ``logs/stack-JOB_RESTART_RANK.txt``,
 and ends the step; the start's end (jobend, or the local loop) records reason ``hang`` and
@@ -44,17 +69,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, TextIO
 
-from launcher.rundir.files import atomic_write_text, read_json
+from launcher.rundir import registry
+from launcher.rundir.files import RunError, atomic_write_text, read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
-from launcher.rundir.records import is_job_id, is_node_name
+from launcher.rundir.records import RecordError, State, is_job_id, is_node_name
 from launcher.rundir.taskspec import TaskSpec, TaskSpecError, read_task_spec
-from launcher.runtime.heartbeats import SAVING_STATES, checked_heartbeat
+from launcher.runtime.heartbeats import BUSY_WINDOW, SAVING_STATES, checked_heartbeat
 from launcher.runtime.rankcontext import RuntimeConfigError, context
 from launcher.runtime.stacks import Ranks, log, run_command, write_stacks
-from launcher.runtime.telemetry import iso
+from launcher.runtime.telemetry import iso, quantile
 
 SAVE_BOUND_FACTOR = 4
 SAVE_BOUND_MIN_S = 1800.0
+AUTO_WARMUP_STEPS = 20
+# With the poll at a tenth of the bound: found within 2.75 x p99 after the heartbeat interval.
+AUTO_STALL_FACTOR = 2.5
+SLOW_RATIO = 1.3
+SLOW_WINDOWS = 3
+WINDOW_S = 60.0
+WINDOW_MIN_STEPS = 3
+MIN_POLL_S = 0.1
+RECORD_CHANGE = 0.25      # a bound recorded again once it moved by more than this share
 DONE_STATES = frozenset({"stopped", "finished"})
 STEP_ID = re.compile(r"[0-9]{1,10}")      # a Slurm job step's number (isdigit() would take any script's digits)
 
@@ -64,8 +99,10 @@ STEP_ID = re.compile(r"[0-9]{1,10}")      # a Slurm job step's number (isdigit()
 
 @dataclass(frozen=True)
 class Limits:
-    stall_s: float
+    stall_s: float              # with auto: the bound until the ranks have warmed up
     first_step_s: float
+    auto: bool = False
+    floor_s: float = 60.0       # auto's least bound
 
     @property
     def off(self) -> bool:
@@ -78,7 +115,42 @@ class Limits:
     @classmethod
     def of(cls, spec: TaskSpec) -> Limits:
         """The bounds the job was submitted with."""
-        return cls(float(spec.watchdog_stall_s), float(spec.watchdog_first_step_s))
+        return cls(float(spec.watchdog_stall_s), float(spec.watchdog_first_step_s), spec.watchdog_stall_auto,
+                   float(spec.watchdog_auto_floor_s))
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The bounds in force: fixed, auto's initial one, or auto's from the step times."""
+
+    stall_s: float
+    save_s: float
+    first_step_s: float
+    basis: str                          # fixed | initial | steps
+    step_p99_s: float | None = None     # the largest of the ranks' p99 step times
+    last_save_s: float | None = None    # the longest of the ranks' last saves
+
+    def to_dict(self, auto: bool) -> dict[str, Any]:
+        return {"stall_s": "auto" if auto else self.stall_s, "bound_s": round(self.stall_s, 3),
+                "save_bound_s": round(self.save_s, 3), "basis": self.basis, "step_p99_s": self.step_p99_s,
+                "save_s": self.last_save_s}
+
+
+def bounds_in_force(records: Mapping[int, Mapping[str, Any]], limits: Limits) -> Bounds:
+    """Pure: the bounds these heartbeats of one start call for (the module's docstring)."""
+    if not limits.auto or limits.stall_s <= 0:
+        return Bounds(limits.stall_s, limits.save_s, limits.first_step_s, "fixed")
+    saves = [s for r in records.values() if (s := _seconds(r.get("save_s"))) is not None]
+    last_save = max(saves, default=None)
+    save = limits.save_s if last_save is None else max(limits.floor_s, SAVE_BOUND_FACTOR * last_save)
+    # In step with each other, the ranks' times are alike: the warm ones speak for all (a
+    # rank that writes every few seconds may not show its warm-up until after a hang).
+    warm = [p99 for r in records.values() if isinstance(r.get("steps_timed"), int)
+            and r["steps_timed"] >= AUTO_WARMUP_STEPS and (p99 := _seconds(r.get("step_p99_s"))) is not None]
+    if not warm:
+        return Bounds(limits.stall_s, save, limits.first_step_s, "initial", None, last_save)
+    p99 = max(warm)
+    return Bounds(max(limits.floor_s, AUTO_STALL_FACTOR * p99), save, limits.first_step_s, "steps", p99, last_save)
 
 
 def _seconds(value: Any) -> float | None:
@@ -145,17 +217,19 @@ class Hang:
 
 
 def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: float, limits: Limits,
-              world_size: int | None = None) -> Hang | None:
+              world_size: int | None = None, bounds: Bounds | None = None) -> Hang | None:
     """Pure: the hang these heartbeats of one start show at `now`, or None.
 
     `records`: each rank's last heartbeat of this start; `started`: when the start began;
     `world_size`: its ranks (a rank without a record has not reached its first step).
     Hung only when every rank is past its bound: a rank still stepping, or still within
     its first-step or save bound, means the start is alive. A rank that stopped or
-    finished means the start is ending: not judged.
+    finished means the start is ending: not judged. `bounds`: those in force (default:
+    :func:`bounds_in_force` of these records).
     """
     if limits.off or any(_state(r) in DONE_STATES for r in records.values()):
         return None
+    bounds = bounds_in_force(records, limits) if bounds is None else bounds
     ranks = set(records) | set(range(world_size or 0))
     if not ranks:
         return None
@@ -165,17 +239,17 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
         last = _seconds(record.get("time"))
         save_ended = _seconds(record.get("save_ended")) or 0.0
         if _state(record) in SAVING_STATES:
-            since, bound, kind = _seconds(record.get("saving_since")) or last or started, limits.save_s, "save"
+            since, bound, kind = _seconds(record.get("saving_since")) or last or started, bounds.save_s, "save"
         elif last is not None:
             since = max(last, save_ended) + (_seconds(record.get("interval_s")) or 0.0)
-            bound, kind = limits.stall_s, "stall"
+            bound, kind = bounds.stall_s, "stall"
         else:
-            since, bound, kind = max(started, save_ended), limits.first_step_s, "first_step"
+            since, bound, kind = max(started, save_ended), bounds.first_step_s, "first_step"
         if bound <= 0 or now - since < bound:
             return None
         kinds.add(kind)
     kind = next(k for k in ("save", "stall", "first_step") if k in kinds)
-    bound = {"save": limits.save_s, "stall": limits.stall_s, "first_step": limits.first_step_s}[kind]
+    bound = {"save": bounds.save_s, "stall": bounds.stall_s, "first_step": bounds.first_step_s}[kind]
     silent = silent_ranks(records, ranks)
     return Hang(kind, bound, silent, blamed_node(silent, records, len(ranks)), len(ranks))
 
@@ -228,6 +302,76 @@ def blamed_node(silent: tuple[Silent, ...], records: Mapping[int, Mapping[str, A
     return node
 
 
+# --- slow ranks ---------------------------------------------------------------------------------
+
+
+def busy_ratios(busy: Mapping[int, float]) -> dict[int, float]:
+    """Pure: each rank's busy time over the median of its peers' (no ratio where the peers
+    were not busy at all)."""
+    out = {}
+    for rank, mine in busy.items():
+        peers = sorted(v for r, v in busy.items() if r != rank)
+        peer = quantile(peers, 0.5) if peers else 0.0
+        if peer > 0:
+            out[rank] = mine / peer
+    return out
+
+
+@dataclass(frozen=True)
+class SlowRank:
+    rank: int
+    node: str | None
+    ratio: float             # its busy time over its peers' median, in the window that named it
+    busy_s: float
+    peers_busy_s: float
+    named_at: float          # epoch seconds
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "ratio": round(self.ratio, 3), "busy_s": self.busy_s,
+                "peers_busy_s": round(self.peers_busy_s, 6), "named_at": iso(self.named_at)}
+
+
+class SlowRanks:
+    """The ranks of one start whose busy time stays above their peers' (the module's
+    docstring): fed every poll's heartbeats, it judges once per window."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}       # each rank's busy_count when the last window closed
+        self.window_began: float | None = None
+        self.streak: dict[int, int] = {}       # windows running a rank was above SLOW_RATIO
+        self.named: dict[int, SlowRank] = {}
+
+    def observe(self, records: Mapping[int, Mapping[str, Any]], now: float) -> bool:
+        """Whether a rank was named slow now."""
+        busy: dict[int, tuple[float, int]] = {}
+        for rank, record in records.items():
+            value, count = _seconds(record.get("busy_s")), record.get("busy_count")
+            if value is not None and type(count) is int:
+                busy[rank] = (value, count)
+        if len(busy) < 2 or len(busy) < len(records):
+            return False
+        if self.window_began is None:
+            self.window_began = now
+        grown = min(count - self.counts.get(rank, 0) for rank, (_, count) in busy.items())
+        if grown < BUSY_WINDOW and not (grown >= WINDOW_MIN_STEPS and now - self.window_began >= WINDOW_S):
+            return False
+        self.counts = {rank: count for rank, (_, count) in busy.items()}
+        self.window_began = now
+        times = {rank: value for rank, (value, _) in busy.items()}
+        named = False
+        for rank, ratio in busy_ratios(times).items():
+            self.streak[rank] = self.streak.get(rank, 0) + 1 if ratio > SLOW_RATIO else 0
+            if self.streak[rank] >= SLOW_WINDOWS and rank not in self.named:
+                node = records[rank].get("node")
+                self.named[rank] = SlowRank(rank, node if is_node_name(node) else None, ratio, times[rank],
+                                            times[rank] / ratio, now)
+                named = True
+        return named
+
+    def to_list(self) -> list[dict[str, Any]]:
+        return [self.named[rank].to_dict() for rank in sorted(self.named)]
+
+
 # --- the watch ---------------------------------------------------------------------------------
 
 
@@ -244,6 +388,9 @@ class Watch:
         self.clock = clock
         self.started = clock() if started is None else started
         self.records: dict[int, dict] = {}
+        self.bounds: Bounds | None = None
+        self.slow = SlowRanks()
+        self.noted: dict[str, Any] | None = None     # what run.json says of this watch
         self.hang: Hang | None = None
         self.said: dict[Path, str] = {}     # each skipped file's problem, said once (not at every poll)
         if self.limits is None:
@@ -276,8 +423,34 @@ class Watch:
                 self._say_once(path, f"{path} skipped: {exc}")
                 continue
             self.records[rank] = checked
+        self.bounds = bounds_in_force(self.records, self.limits)
+        self.slow.observe(self.records, now)
+        self._note()
         return find_hang(self.records, now=now, started=self.started, limits=self.limits,
-                         world_size=self.world_size)
+                         world_size=self.world_size, bounds=self.bounds)
+
+    def _note(self) -> None:
+        """The bounds in force and the slow ranks into this start's entry of run.json, when
+        they changed (a bound by more than RECORD_CHANGE)."""
+        if self.bounds is None or self.limits is None:
+            return
+        entry = {**self.bounds.to_dict(self.limits.auto), "slow": self.slow.to_list()}
+        if not _changed(self.noted, entry):
+            return
+        try:
+            with registry.updating(self.run_dir) as record:
+                start = record.start(self.job_id, self.restart)
+                if start is None:       # a requeued start: its entry is made by its end, or here
+                    start = record.record_start(self.job_id, self.restart, state=State.RUNNING.value)
+                start.set("watchdog", entry)
+        except (OSError, RunError, RecordError) as exc:
+            log(f"run.json not updated: {exc}")
+        known = {s["rank"] for s in (self.noted or {}).get("slow") or []}
+        for slow in entry["slow"]:
+            if slow["rank"] not in known:
+                log(f"rank {slow['rank']}" + (f" on {slow['node']}" if slow["node"] else "")
+                    + f" is slow: busy {slow['busy_s']:g} s a step, its peers {slow['peers_busy_s']:g} s")
+        self.noted = entry
 
     def _say_once(self, path: Path, message: str) -> None:
         # By the field at fault: a time ahead of the clock reads differently at each poll.
@@ -291,8 +464,9 @@ class Watch:
         return self.limits is None or self.limits.off
 
     def poll_s(self) -> float:
-        bounds = [b for b in (self.limits.stall_s, self.limits.first_step_s) if b > 0] if self.limits else []
-        return min([5.0] + [max(b / 10, 0.5) for b in bounds])
+        limits = self.bounds or self.limits
+        bounds = [b for b in (limits.stall_s, limits.first_step_s) if b > 0] if limits else []
+        return min([5.0] + [max(b / 10, MIN_POLL_S) for b in bounds])
 
     def act(self, hang: Hang, ranks: Ranks) -> Hang:
         """Record the hang, write the stacks, end the step."""
@@ -313,6 +487,13 @@ class Watch:
             atomic_write_text(RunDir(self.run_dir).hang_file, json.dumps(record) + "\n")
         except OSError as exc:
             log(f"hang.json not written: {exc.strerror or exc}")
+
+
+def _changed(noted: Mapping[str, Any] | None, entry: Mapping[str, Any]) -> bool:
+    if noted is None or any(noted.get(k) != entry.get(k) for k in ("basis", "slow", "stall_s")):
+        return True
+    return any(abs(float(entry[k]) - float(noted[k])) > RECORD_CHANGE * float(noted[k])
+               for k in ("bound_s", "save_bound_s"))
 
 
 def hang_in(run_dir: str | os.PathLike, restart: int) -> dict | None:

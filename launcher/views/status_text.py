@@ -161,6 +161,30 @@ def _failure_lines(start: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _watchdog_lines(start: Mapping[str, Any]) -> list[str]:
+    """The hang bound the watchdog held the start to (auto: from what), and the ranks it
+    named slow with their nodes."""
+    p, lines = printable, list[str]()
+    watch = as_mapping(start.get("watchdog"))
+    if not watch:
+        return lines
+    bound = number(watch.get("bound_s"))
+    basis = {"fixed": "fixed", "initial": "auto, before warm-up",
+             "steps": f"auto, p99 step {duration(watch.get('step_p99_s'))}"}.get(str(watch.get("basis")), "?")
+    if bound is not None and bound > 0:
+        save = number(watch.get("save_bound_s"))
+        lines.append(f"    watchdog: hang after {duration(bound)} without a step ({basis})"
+                     + (f", {duration(save)} for a save" if save else ""))
+    for slow in [s for s in watch.get("slow") or [] if isinstance(s, dict)][:8]:
+        ratio = number(slow.get("ratio"))
+        lines.append(f"    slow: rank {p(slow.get('rank'))}" + (f" on {p(slow['node'])}" if slow.get("node") else "")
+                     + (f", busy {ratio:.2f}x its peers' time a step" if ratio else "")
+                     + (f" (named at {p(slow['named_at'])})" if slow.get("named_at") else ""))
+    if watch.get("exclusion"):
+        lines.append(f"    {p(watch['exclusion'])}")
+    return lines
+
+
 def _resume_line(resume: Mapping[str, Any]) -> str:
     """A resume: when, how the run had ended, the overrides, the new shape, and from which
     start on its job runs."""
@@ -255,6 +279,7 @@ def _start_lines(summary: Mapping[str, Any]) -> list[str]:
                      + (f" stopped_at={start['stopped_at']}" if start.get("stopped_at") is not None else "")
                      + p(_measured(start)))
         lines += _failure_lines(start)
+        lines += _watchdog_lines(start)
     for index in sorted(heads):        # resumes whose job has no start yet
         lines += heads[index]
     return lines

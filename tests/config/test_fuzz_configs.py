@@ -109,7 +109,7 @@ def _typed(hint: Any, key: str) -> Any:
 
 _CLASS_OF = {"": "Experiment", "entrypoint": "Entrypoint", "resources": "Resources", "strategy": "Strategy",
              "batch": "Batch", "model": "Model", "checkpoint": "Checkpoint", "requeue": "Requeue",
-             "container": "Container", "plan": "PlanSettings"}
+             "watchdog": "Watchdog", "container": "Container", "plan": "PlanSettings"}
 for _dotted, _allowed in {**schema.EXPERIMENT_CHOICES, **schema.SITE_CHOICES}.items():
     _section, _, _field = _dotted.rpartition(".")
     _owner = "Site" if _dotted in schema.SITE_CHOICES and not _section else _CLASS_OF[_section]

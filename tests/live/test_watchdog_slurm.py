@@ -50,6 +50,9 @@ def test_a_hung_rank_on_slurm_is_found_dumped_and_the_run_resumes_bitwise(tmp_pa
 
     hang = first["hang"]
     assert hang["kind"] == "stall" and {s["rank"] for s in hang["silent"]} >= {1}
+    # The watchdog beside the job step recorded the bound it held the start to.
+    assert (first["watchdog"]["bound_s"], first["watchdog"]["basis"]) == (STALL_S, "fixed"), first
+    assert last["watchdog"]["stall_s"] == STALL_S and last["watchdog"]["slow"] == [], last
     assert all(s["node"] and s["node"].startswith("dnode") for s in hang["silent"])
     latency = (datetime.fromisoformat(hang["detected_at"]).timestamp()
                - max(s["last_step_at"] for s in hang["silent"]))

@@ -1,8 +1,10 @@
 """The hang watchdog on the local scheduler, end to end: one rank of the torch DDP example
 sleeps inside its loop on the first start; the watchdog finds the stall from the
-heartbeats, writes every rank's stack, ends the step; the start is recorded as a hang,
-retried within crash_retries, resumes from its checkpoint and ends bitwise like an
-uninterrupted run."""
+heartbeats (under a fixed stall_s, and under auto after warm-up), writes every rank's
+stack, ends the step; the start is recorded as a hang, retried within crash_retries,
+resumes from its checkpoint and ends bitwise like an uninterrupted run. And a rank made
+half as slow again is named slow, with its node, in run.json and status; equal ranks
+are not."""
 
 from __future__ import annotations
 
@@ -13,9 +15,11 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 STALL_S = 12
-HANG_STEP = 14
+AUTO_FLOOR_S = 0.1
 
 # The example, with one rank made to hang at HANG_STEP on restart 0 when HANG_RANK is set.
 HANGING_SCRIPT = f'''
@@ -25,16 +29,21 @@ import torch_ddp
 from launcher import runtime as rt
 
 should_stop = rt.should_stop
+HANG_STEP = int(os.environ.get("HANG_STEP", "14"))
 
 
 def hang_here():
+    with open(os.path.join(os.environ["GLAUNCH_RUN_DIR"], "hang_began"), "w") as f:
+        f.write(repr(time.time()))
     time.sleep(10**6)
 
 
 def stalling_should_stop(step=None, total=None):
     if (os.environ.get("HANG_RANK") == os.environ.get("RANK") and os.environ.get("GLAUNCH_RESTART") == "0"
-            and step == {HANG_STEP}):
+            and step == HANG_STEP):
         hang_here()
+    if os.environ.get("SLOW_RANK") == os.environ.get("RANK"):
+        time.sleep(float(os.environ["SLOW_EXTRA_S"]))      # more of its own work than its peers
     return should_stop(step=step, total=total)
 
 
@@ -46,7 +55,7 @@ EXPERIMENT = """
 name: hang
 entrypoint:
   script: hang_ddp.py
-  args: ["--steps", "30", "--seconds-per-step", "0.2"]
+  args: ["--steps", "${hparams.steps}", "--seconds-per-step", "0.2"]
 launcher: srun
 resources: {nodes: 1, time: "00:10:00"}
 strategy: {name: ddp}
@@ -54,6 +63,7 @@ precision: fp32
 batch: {micro_size: 8}
 checkpoint: {every_steps: 10, keep: 2}
 requeue: {max: 3, signal_lead_s: 30}
+hparams: {steps: 30}
 """
 
 SITE = """
@@ -72,15 +82,34 @@ def submit(tmp_path: Path, runs: str, env, *overrides) -> tuple[Path, subprocess
     return run_dir, proc, time.time() - began
 
 
-def test_a_hung_rank_is_found_dumped_and_the_run_resumes_bitwise(tmp_path, isolated_env):
+def write_files(tmp_path: Path) -> None:
     (tmp_path / "hang_ddp.py").write_text(HANGING_SCRIPT)
     (tmp_path / "hang.yaml").write_text(EXPERIMENT)
     (tmp_path / "site.yaml").write_text(SITE)
-    base_dir, base, _ = submit(tmp_path, "base", isolated_env)
+
+
+def status_of(run_dir: Path, env, *options: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(run_dir), *options], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+# (stall overrides, total steps, the step rank 1 hangs at, the checkpoint the retry resumes
+# from). Auto: past warm-up (watchdog.AUTO_WARMUP_STEPS timed steps), a floor below the
+# steps' own bound.
+@pytest.mark.parametrize("stall,steps,hang_step,resumed", [
+    ([f"watchdog.stall_s={STALL_S}"], 30, 14, 10),
+    (["watchdog.stall_s=auto", f"watchdog.auto_floor_s={AUTO_FLOOR_S}", "resources.time=00:03:00"], 40, 27, 20),
+], ids=["fixed", "auto"])
+def test_a_hung_rank_is_found_dumped_and_the_run_resumes_bitwise(tmp_path, isolated_env, stall, steps, hang_step,
+                                                                 resumed):
+    write_files(tmp_path)
+    shape = [f"hparams.steps={steps}", f"env.HANG_STEP={hang_step}"]
+    base_dir, base, _ = submit(tmp_path, "base", isolated_env, *shape)
     assert base.returncode == 0, base.stdout[-3000:] + base.stderr[-3000:]
 
-    hung_dir, proc, seconds = submit(tmp_path, "hung", isolated_env, f"watchdog.stall_s={STALL_S}",
-                                     "env.HANG_RANK=1")
+    hung_dir, proc, seconds = submit(tmp_path, "hung", isolated_env, *stall, *shape, "env.HANG_RANK=1")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads((hung_dir / "run.json").read_text())
     first, last = record["starts"][0], record["starts"][-1]
@@ -89,14 +118,28 @@ def test_a_hung_rank_is_found_dumped_and_the_run_resumes_bitwise(tmp_path, isola
     assert record["state"] == "COMPLETED" and len(record["starts"]) == 2
 
     hang = first["hang"]
-    assert hang["kind"] == "stall" and hang["bound_s"] == STALL_S
+    assert hang["kind"] == "stall"
     assert {s["rank"] for s in hang["silent"]} >= {1}
     assert all(s["node"] for s in hang["silent"])
-    # Never before the bound, counted from the last step any rank reached; how long after
-    # depends on the machine's load, so the upper bound is only the step's time limit.
+    # Never before the bound, counted from the last step any rank reached.
     last_step_at = max(s["last_step_at"] for s in hang["silent"])
     latency = datetime.fromisoformat(hang["detected_at"]).timestamp() - last_step_at
-    assert STALL_S - 1e-3 <= latency < 600, latency          # detected_at is cut to the millisecond
+    assert hang["bound_s"] - 1e-3 <= latency, latency          # detected_at is cut to the millisecond
+    watch = first["watchdog"]
+    if "auto" in stall[0]:
+        # The bound came from the run's own steps: AUTO_STALL_FACTOR x p99, above the floor;
+        # found within 3 x p99 + the heartbeat interval (the hung rank's: 5 s) of the moment
+        # rank 1 stopped, with room for the 0.1 s poll of localrun's loop.
+        p99 = hang["bound_s"] / 2.5
+        assert watch["stall_s"] == "auto" and watch["basis"] == "steps" and hang["bound_s"] > AUTO_FLOOR_S
+        since_hang = datetime.fromisoformat(hang["detected_at"]).timestamp() - float((hung_dir / "hang_began").read_text())
+        assert since_hang <= 3 * p99 + 5.0 + 0.2, (since_hang, p99)
+        print(f"auto: hang found {since_hang:.2f} s after rank 1 stopped; p99 step {p99:.3f} s, bound "
+              f"{hang['bound_s']:.3f} s, heartbeat interval 5 s (rank 0: 1 s)")
+    else:
+        # How long after depends on the machine's load: the upper bound is the step's time limit.
+        assert hang["bound_s"] == STALL_S and latency < 600, latency
+        assert (watch["stall_s"], watch["bound_s"], watch["basis"]) == (STALL_S, STALL_S, "fixed")
 
     stacks = {Path(p).name: (hung_dir / p).read_text() for p in hang["stacks"]}
     job = first["job_id"]
@@ -107,12 +150,46 @@ def test_a_hung_rank_is_found_dumped_and_the_run_resumes_bitwise(tmp_path, isola
 
     base_result = json.loads((base_dir / "result.json").read_text())
     hung_result = json.loads((hung_dir / "result.json").read_text())
-    assert hung_result["final_step"] == base_result["final_step"] == 30
-    assert hung_result["resumed_from"] == 10
+    assert hung_result["final_step"] == base_result["final_step"] == steps
+    assert hung_result["resumed_from"] == resumed
     assert hung_result["param_sha256"] == base_result["param_sha256"]
 
-    status = subprocess.run([sys.executable, "-m", "launcher.cli", "status", str(hung_dir), "--json"], cwd=REPO,
-                            env=isolated_env, capture_output=True, text=True, timeout=60)
-    shown = json.loads(status.stdout)
+    shown = json.loads(status_of(hung_dir, isolated_env, "--json"))
     assert shown["starts"][0]["hang"]["stacks"] == hang["stacks"]
-    print(f"detection latency {latency:.1f} s (stall_s {STALL_S}); hung run {seconds:.0f} s")
+    assert shown["starts"][0]["watchdog"]["bound_s"] == watch["bound_s"]
+    assert "    watchdog: hang after " in status_of(hung_dir, isolated_env)
+    print(f"detection latency {latency:.1f} s (bound {hang['bound_s']:g} s); hung run {seconds:.0f} s")
+
+
+SLOW_STEPS = 120
+SLOW_EXTRA_S = 0.1          # half the example's 0.2 s of work a step
+
+
+def test_a_rank_half_as_slow_again_is_named_with_its_node_and_equal_ranks_are_not(tmp_path, isolated_env):
+    """Two ranks, one doing half as much work again each step: the other waits for it in
+    should_stop's collective, and the watchdog names it from the busy times alone. The same
+    run without the extra work names no rank. Heartbeats every second and a floor of a
+    second (the watchdog polls at a tenth of its bound): windows close sooner."""
+    write_files(tmp_path)
+    env = dict(isolated_env, GLAUNCH_HEARTBEAT_S="1")
+    shape = [f"hparams.steps={SLOW_STEPS}", "checkpoint.every_steps=1000", "watchdog.slow_node=exclude",
+             "watchdog.auto_floor_s=1"]
+    equal_dir, equal, _ = submit(tmp_path, "equal", env, *shape)
+    assert equal.returncode == 0, equal.stdout[-3000:] + equal.stderr[-3000:]
+    (equal_start,) = json.loads((equal_dir / "run.json").read_text())["starts"]
+    assert equal_start["watchdog"]["slow"] == [], equal_start["watchdog"]
+    assert "slow:" not in status_of(equal_dir, env)
+
+    slow_dir, slow, _ = submit(tmp_path, "slow", env, *shape, "env.SLOW_RANK=1", f"env.SLOW_EXTRA_S={SLOW_EXTRA_S}")
+    assert slow.returncode == 0, slow.stdout[-3000:] + slow.stderr[-3000:]
+    (start,) = json.loads((slow_dir / "run.json").read_text())["starts"]
+    assert len(start["watchdog"]["slow"]) == 1, start
+    (named,) = start["watchdog"]["slow"]
+    assert named["rank"] == 1 and named["node"] == start["nodes"], named
+    assert 1.3 < named["ratio"] < 2.0, named
+    after = datetime.fromisoformat(named["named_at"]).timestamp() - datetime.fromisoformat(start["first_step_at"]).timestamp()
+    assert after < 60, after
+    text = status_of(slow_dir, env)
+    assert f"    slow: rank 1 on {start['nodes']}, busy {named['ratio']:.2f}x its peers' time a step" in text, text
+    assert json.loads(status_of(slow_dir, env, "--json"))["starts"][0]["watchdog"]["slow"] == [named]
+    print(f"slow rank named {after:.1f} s after the first step (ratio {named['ratio']:.2f})")

@@ -1,0 +1,230 @@
+"""watchdog.stall_s: auto and the slow-node report, decided from recorded heartbeat
+contents without a job: the bound the step and save times call for, when a hang is found
+under it, and which rank the busy times single out as slow (and none among equal ranks)."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from launcher.rundir.records import RunRecord
+from launcher.rundir.taskspec import write_task_spec
+from launcher.runtime import jobend
+from launcher.runtime.heartbeats import BUSY_WINDOW, Beats
+from launcher.runtime.watchdog import (
+    AUTO_STALL_FACTOR,
+    AUTO_WARMUP_STEPS,
+    SAVE_BOUND_MIN_S,
+    SLOW_WINDOWS,
+    WINDOW_S,
+    Limits,
+    SlowRanks,
+    Watch,
+    bounds_in_force,
+    busy_ratios,
+    find_hang,
+)
+from test_watchdog import spec
+
+T0 = 1_700_000_000.0
+AUTO = Limits(stall_s=600, first_step_s=1800, auto=True, floor_s=1.0)
+
+
+def beat(rank, step, at, *, p99=None, timed=0, save_s=None, node="n1", interval_s=1.0, **more):
+    return {"rank": rank, "node": node, "step": step, "time": at, "state": "running", "interval_s": interval_s,
+            "step_s": p99, "step_p99_s": p99, "steps_timed": timed, "save_s": save_s, "job_id": "7", "restart": 0,
+            **more}
+
+
+def test_a_fixed_bound_stays_fixed():
+    bounds = bounds_in_force({0: beat(0, 100, T0, p99=0.1, timed=500)}, Limits(stall_s=60, first_step_s=300))
+    assert (bounds.basis, bounds.stall_s, bounds.save_s) == ("fixed", 60, SAVE_BOUND_MIN_S)
+
+
+def test_before_warm_up_the_initial_bound_holds():
+    records = {0: beat(0, 10, T0, p99=0.1, timed=AUTO_WARMUP_STEPS - 1), 1: beat(1, 10, T0, p99=0.1, timed=3)}
+    bounds = bounds_in_force(records, AUTO)
+    assert (bounds.basis, bounds.stall_s, bounds.save_s) == ("initial", 600, max(4 * 600, SAVE_BOUND_MIN_S))
+    assert bounds_in_force({}, AUTO).basis == "initial"
+
+
+def test_one_warm_rank_speaks_for_the_others_whose_files_lag():
+    """Rank 1 writes every 5 s: its record may still show its first steps when it hangs."""
+    records = {0: beat(0, 27, T0, p99=0.3, timed=AUTO_WARMUP_STEPS), 1: beat(1, 1, T0 - 5, timed=0)}
+    bounds = bounds_in_force(records, AUTO)
+    assert (bounds.basis, bounds.step_p99_s) == ("steps", 0.3)
+
+
+def test_after_warm_up_the_bound_is_a_multiple_of_the_slowest_p99_and_at_least_the_floor():
+    records = {0: beat(0, 50, T0, p99=2.0, timed=40), 1: beat(1, 50, T0, p99=4.0, timed=40)}
+    bounds = bounds_in_force(records, AUTO)
+    assert (bounds.basis, bounds.step_p99_s, bounds.stall_s) == ("steps", 4.0, AUTO_STALL_FACTOR * 4.0)
+    fast = {0: beat(0, 50, T0, p99=0.01, timed=40)}
+    assert bounds_in_force(fast, Limits(600, 1800, auto=True, floor_s=60)).stall_s == 60
+
+
+def test_a_save_s_bound_comes_from_the_longest_last_save():
+    records = {0: beat(0, 50, T0, p99=1.0, timed=40, save_s=30.0), 1: beat(1, 50, T0, p99=1.0, timed=40, save_s=45.0)}
+    bounds = bounds_in_force(records, AUTO)
+    assert (bounds.save_s, bounds.last_save_s) == (4 * 45.0, 45.0)
+    quick = {0: beat(0, 50, T0, p99=1.0, timed=40, save_s=0.1)}
+    assert bounds_in_force(quick, Limits(600, 1800, auto=True, floor_s=60)).save_s == 60
+
+
+def test_a_save_in_progress_is_judged_by_the_save_bound_not_the_step_bound():
+    saving = beat(0, 50, T0, p99=1.0, timed=40, save_s=10.0, state="saving", saving_since=T0)
+    records = {0: saving, 1: dict(saving, rank=1)}
+    assert find_hang(records, now=T0 + 39, started=T0 - 100, limits=AUTO) is None      # 2.5 s step bound long past
+    hang = find_hang(records, now=T0 + 40, started=T0 - 100, limits=AUTO)
+    assert hang is not None and (hang.kind, hang.bound_s) == ("save", 40.0)
+
+
+@pytest.mark.parametrize("p99,interval", [(0.4, 1.0), (2.0, 5.0), (30.0, 5.0)])
+def test_a_hang_is_found_within_three_p99_and_the_heartbeat_interval(p99, interval):
+    """The ranks stop at T0: the last step any rank wrote was at most the interval earlier.
+    Polled at the Watch's own pace, the hang is found within 3 x p99 + the interval."""
+    limits = Limits(600, 1800, auto=True, floor_s=0.5)
+    records = {r: beat(r, 100, T0 - interval, p99=p99, timed=100, interval_s=interval) for r in range(4)}
+    watch = Watch("/nonexistent", "7", 0, limits=limits, world_size=4, started=T0 - 1000)
+    watch.bounds = bounds_in_force(records, limits)
+    now, found = T0, None
+    while found is None and now < T0 + 10 * (p99 + interval):
+        found = find_hang(records, now=now, started=T0 - 1000, limits=limits)
+        now += watch.poll_s() if found is None else 0
+    assert found is not None and found.kind == "stall"
+    assert found.bound_s == max(limits.floor_s, AUTO_STALL_FACTOR * p99)
+    assert now - T0 <= 3 * p99 + interval, (now - T0, p99, interval)
+    # Never before the bound: a rank that stepped unwritten within its interval is alive.
+    assert find_hang(records, now=T0 + found.bound_s - 0.01, started=T0 - 1000, limits=limits) is None
+
+
+# --- slow ranks ---------------------------------------------------------------------------------
+
+
+def busy_records(busy_by_rank: dict[int, float], counts: dict[int, int], nodes: dict[int, str]) -> dict[int, dict]:
+    return {r: {"rank": r, "node": nodes[r], "busy_s": round(busy_by_rank[r], 6), "busy_count": counts[r]}
+            for r in busy_by_rank}
+
+
+def simulate(slowdown: dict[int, float], *, ranks=4, step_s=0.2, noise=0.05, write_s=5.0, seconds=600.0, seed=1):
+    """Every rank's busy times (step_s x its slowdown, with Gaussian noise), as its
+    heartbeat shows them: the median of its last BUSY_WINDOW at each write (every
+    write_s); the watchdog polls every second. Returns {rank: seconds after the start
+    it was named} and the watch."""
+    rng = random.Random(seed)
+    nodes = {r: f"gpu{r // 2:03d}" for r in range(ranks)}
+    # The slowest rank sets the pace: a step takes its busy time, the others wait.
+    pace = step_s * max([1.0] + list(slowdown.values()))
+    samples: dict[int, list[float]] = {r: [] for r in range(ranks)}
+    shown: dict[int, tuple[float, int]] = {}
+    slow, named, t, last_write = SlowRanks(), {}, 0.0, -write_s
+    while t < seconds:
+        t += 1.0
+        steps = int(t / pace) - len(samples[0])
+        for r in range(ranks):
+            samples[r] += [step_s * slowdown.get(r, 1.0) * max(0.1, rng.gauss(1.0, noise)) for _ in range(steps)]
+        if t - last_write >= write_s and samples[0]:
+            last_write = t
+            shown = {r: (statistics.median(samples[r][-BUSY_WINDOW:]), len(samples[r])) for r in range(ranks)}
+        if shown:
+            slow.observe(busy_records({r: v for r, (v, _) in shown.items()}, {r: c for r, (_, c) in shown.items()},
+                                      nodes), T0 + t)
+        for rank, found in slow.named.items():
+            named.setdefault(rank, found.named_at - T0)
+    return named, slow
+
+
+def test_a_rank_half_as_slow_again_is_named_with_its_node_within_the_stated_window():
+    named, slow = simulate({3: 1.5})
+    assert set(named) == {3}
+    # A window closes once every rank has BUSY_WINDOW more busy times (here 4 s of steps at
+    # the slow rank's pace, seen at the next 5 s write), or WINDOW_S passed.
+    window = max(BUSY_WINDOW * 0.2 * 1.5, 5.0)
+    assert named[3] <= (SLOW_WINDOWS + 1) * min(window + 5.0, WINDOW_S), named
+    entry = slow.to_list()[0]
+    assert entry["node"] == "gpu001" and 1.3 < entry["ratio"] < 1.8 and entry["named_at"]
+
+
+def test_slow_steps_of_ten_seconds_are_named_within_a_few_minutes():
+    """A window of long steps closes after WINDOW_S with a few new steps of every rank."""
+    named, _ = simulate({1: 1.5}, step_s=10.0, write_s=5.0, seconds=1800.0)
+    assert set(named) == {1}
+    assert named[1] <= 300, named
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_equal_ranks_with_noise_are_never_named(seed):
+    named, _ = simulate({}, noise=0.15, seed=seed, seconds=1800.0)
+    assert named == {}
+
+
+def test_a_brief_slowdown_is_not_persistent():
+    """One window above the ratio, then back: SLOW_WINDOWS running are needed."""
+    slow = SlowRanks()
+    nodes = {0: "a", 1: "b", 2: "c"}
+    for window, factor in enumerate([1.0, 2.0, 1.0, 2.0, 1.0, 1.0]):
+        count = (window + 1) * BUSY_WINDOW
+        slow.observe(busy_records({0: 0.1, 1: 0.1, 2: 0.1 * factor}, dict.fromkeys(nodes, count), nodes), T0 + window)
+    assert slow.named == {}
+
+
+def test_a_window_needs_every_rank_s_new_busy_times_or_the_time_limit():
+    slow = SlowRanks()
+    nodes = {0: "a", 1: "b"}
+    for i in range(10):        # rank 1 reports no new busy times: nothing is judged
+        slow.observe(busy_records({0: 0.1, 1: 0.5}, {0: (i + 1) * BUSY_WINDOW, 1: 5}, nodes), T0 + i)
+    assert slow.streak == {}
+    for i in range(SLOW_WINDOWS):     # a few new ones each, a window every WINDOW_S
+        slow.observe(busy_records({0: 0.1, 1: 0.5}, {0: 1000 + i * 5, 1: 10 + i * 5}, nodes), T0 + 100 + i * WINDOW_S)
+    assert list(slow.named) == [1]
+
+
+def test_busy_ratios_against_the_median_of_the_peers():
+    assert busy_ratios({0: 1.0, 1: 1.0, 2: 1.5}) == {0: pytest.approx(0.8), 1: pytest.approx(0.8), 2: 1.5}
+    assert busy_ratios({0: 1.0}) == {}
+    assert busy_ratios({0: 1.0, 1: 0.0}) == {1: 0.0}
+
+
+def test_a_rank_measures_its_busy_time_from_its_return_from_the_collective(monkeypatch):
+    clock = iter([100.0, 100.5, 101.0, 101.2, 102.0, 102.3]).__next__
+    monkeypatch.setattr("launcher.runtime.heartbeats.time.time", clock)
+    beats = Beats(run_dir=None, interval_s=0, checkpoint_every=0)
+    beats.beat(1)                      # 100.0
+    beats.synced_at = clock()          # 100.5: left should_stop's collective
+    beats.beat(2)                      # 101.0: busy 0.5
+    beats.synced_at = clock()          # 101.2
+    beats.beat(3)                      # 102.0: busy 0.8
+    pace = beats.pace()
+    assert (pace["busy_count"], pace["steps_timed"]) == (2, 2)
+    assert pace["busy_s"] == pytest.approx(0.65) and pace["step_p99_s"] == pytest.approx(1.0, abs=0.01)
+
+
+# --- slow_node: exclude, at the start's end ------------------------------------------------------
+
+
+@pytest.mark.parametrize("setting,excluded", [("exclude", ["x", "b"]), ("report", None)])
+def test_a_slow_node_is_left_out_of_later_starts_only_with_exclude(tmp_path, monkeypatch, setting, excluded):
+    monkeypatch.setattr(jobend, "partition_nodes", lambda partition: (["a", "b", "c", "d"], ""))
+    write_task_spec(tmp_path, spec(tmp_path, watchdog_slow_node=setting))
+    record = RunRecord(run_id="r", nodes=2, partition="gpu")
+    record.record_start("7", 0, watchdog={"slow": [{"rank": 3, "node": "b"}, {"rank": 2, "node": "b"}]})
+    assert jobend.exclude_slow_nodes(tmp_path, record, "7", 0, ["x"]) == excluded
+    exclusion = record.start("7", 0).get("watchdog").get("exclusion")
+    assert exclusion == ("slow: b excluded from later starts" if excluded else None)
+
+
+def test_a_slow_node_stays_when_the_partition_could_not_spare_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(jobend, "partition_nodes", lambda partition: (["a", "b"], ""))
+    write_task_spec(tmp_path, spec(tmp_path, watchdog_slow_node="exclude"))
+    record = RunRecord(run_id="r", nodes=2, partition="gpu")
+    record.record_start("7", 0, watchdog={"slow": [{"rank": 1, "node": "b"}]})
+    assert jobend.exclude_slow_nodes(tmp_path, record, "7", 0, []) is None
+    assert "b not excluded: partition gpu would keep 1 usable node(s)" in record.start("7", 0).get("watchdog")["exclusion"]
+
+
+def test_slow_nodes_read_from_a_start_s_entry_take_only_node_names():
+    entry = {"watchdog": {"slow": [{"node": "a"}, {"node": "a"}, {"node": "-rf"}, "b", {"node": None}]}}
+    assert jobend.slow_nodes(entry) == ["a"]
+    assert jobend.slow_nodes({"watchdog": "x"}) == jobend.slow_nodes(None) == []
