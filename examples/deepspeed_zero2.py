@@ -5,7 +5,7 @@ launcher's ds_config.json, batch sizes fitted to the allocation) or DEFAULT_CONF
 Micro-batch ``m`` of step ``s`` on rank ``r`` is derived from (seed, s, r, m), so resume
 needs no data-loader state. With CUDA each rank trains on ``cuda:LOCAL_RANK`` over NCCL in
 the precision of the config (ds_config.json's bf16/fp16 sections, from the experiment's
-``precision``); without, DS_ACCELERATOR=cpu and gloo (bf16 works there, fp16 is turned off).
+``precision``); without, DS_ACCELERATOR=cpu and gloo in fp32 (the runtime turns those sections off).
 
 Optimizer: the launcher's ds_config.json has no "optimizer" section, so the script adds
 one (:func:`optimizer_block`): DeepSpeed "AdamW". On CPU with ``torch_adam: true``

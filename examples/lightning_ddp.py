@@ -125,7 +125,7 @@ def train(argv: list[str] | None, strategy, description: str = __doc__) -> int:
         accelerator=trainer_accelerator(ctx),
         **options,
         **trainer_topology(ctx),
-        precision=trainer_precision(ctx, options["strategy"]),
+        precision=trainer_precision(ctx),
         plugins=[cluster_environment(ctx)],
         callbacks=[cb],
         max_steps=args.steps,

@@ -1,0 +1,53 @@
+# shellcheck shell=bash
+# shellcheck disable=SC2016  # quoted values are literal on purpose, '$' included
+# Environment of glaunch run deepspeed-zero2-20260101-000000-abcd (site local-slurm), sourced by job.sbatch
+# before the launch; every task inherits it.
+
+# site and experiment environment
+export OMP_NUM_THREADS="1"
+export PYTHONUNBUFFERED="1"
+export DS_ACCELERATOR="cpu"
+
+# NCCL and network
+export NCCL_DEBUG="WARN"
+export TORCH_NCCL_ASYNC_ERROR_HANDLING="1"
+export GLOO_SOCKET_IFNAME="lo"
+
+# glaunch
+export GLAUNCH_RUN_ID=deepspeed-zero2-20260101-000000-abcd
+export GLAUNCH_RUN_DIR=/home/alice/exp/runs/deepspeed-zero2-20260101-000000-abcd
+export GLAUNCH_CHECKPOINT_DIR=/home/alice/exp/runs/deepspeed-zero2-20260101-000000-abcd/checkpoints
+export GLAUNCH_CHECKPOINT_EVERY=10
+export GLAUNCH_CHECKPOINT_KEEP=3
+export GLAUNCH_STRATEGY=deepspeed
+export GLAUNCH_PRECISION=bf16
+export GLAUNCH_LAUNCHER=srun
+export GLAUNCH_NODES=2
+export GLAUNCH_RANKS_PER_NODE=2
+export GLAUNCH_MICRO_BATCH=8
+export GLAUNCH_GLOBAL_BATCH=32
+export GLAUNCH_STOP_SIGNALS=USR2,TERM
+export GLAUNCH_HPARAMS=/home/alice/exp/runs/deepspeed-zero2-20260101-000000-abcd/hparams.json
+export GLAUNCH_DS_CONFIG=/home/alice/exp/runs/deepspeed-zero2-20260101-000000-abcd/ds_config.json
+export GLAUNCH_JOB_ID="$SLURM_JOB_ID"
+export GLAUNCH_RESTART="${SLURM_RESTART_COUNT:-0}"
+
+# rendezvous
+# SLURM_JOB_ID names the job here and in every task, and is a number below, where bash
+# would evaluate any other text as an expression: stop unless it is a plain job id.
+if [[ ! ${SLURM_JOB_ID:-} =~ ^[0-9]{1,18}$ ]]; then
+    printf 'glaunch: SLURM_JOB_ID is not a Slurm job id: %q\n' "${SLURM_JOB_ID:-}" >&2
+    return 1
+fi
+# The first host of the allocation, by the address slurmctld reaches it at.
+glaunch_first_host() {
+    local host addr
+    host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+    addr=$(scontrol show node "$host" 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | head -n 1)
+    printf '%s\n' "${addr:-$host}"
+}
+MASTER_ADDR=$(glaunch_first_host)
+export MASTER_ADDR
+# Derived from the job id, below the ephemeral range 32768-60999. Only its digits reach
+# the arithmetic, even if this file runs without the check above; 10#: not octal.
+export MASTER_PORT=$(( 10000 + 10#${SLURM_JOB_ID//[!0-9]/} % 20000 ))
