@@ -108,6 +108,7 @@ def train(argv: list[str] | None, strategy, description: str = __doc__) -> int:
     p.add_argument("--seconds-per-step", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--log-every", type=int, default=10)
+    rt.apply_hparams(p)                      # the experiment's hparams (hparams.lr -> --lr)
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)
