@@ -11,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 from launcher import schedulers
 from launcher.config.load import load_experiment
@@ -19,9 +19,8 @@ from launcher.errors import ConfigError
 from launcher.resolution.jobplan import SubmitContext
 from launcher.resolution.resolve import resolve
 from launcher.resolution.sweep import Element, expand, parse_axes
-from launcher.rundir.layout import RESOLVED_FILE
 from launcher.rundir import registry
-from launcher.runner import bundle, dependencies, sweep_bundle, sweeps
+from launcher.runner import bundle, dependencies, sweep_bundle, sweeps, unseen
 from launcher.runner.inputs import folder_of, items
 from launcher.runner.results import Run, Sweep
 from launcher.runner.submission import (
@@ -51,6 +50,7 @@ class PreparedSweep:
     after: tuple[Any, ...] = ()
     remote: Any = None               # launcher.schedulers.ssh.connection.Connection: submitted over SSH
     unseen: tuple[str, ...] = ()     # swept keys that change no file the job reads
+    unseen_overrides: tuple[str, ...] = ()   # and KEY=VALUE overrides' keys
 
     @property
     def scheduler(self):
@@ -58,8 +58,8 @@ class PreparedSweep:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        return self.prepared[0].warnings + tuple(f"sweeping {key} changes nothing the job sees (not in its args, "
-                                                 "env or hparams)" for key in self.unseen)
+        return (self.prepared[0].warnings + tuple(unseen.warning(key) for key in self.unseen)
+                + tuple(unseen.warning(key, "overriding") for key in self.unseen_overrides))
 
 
 def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: str | None = None,
@@ -142,39 +142,21 @@ def _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, 
     if len(sources) > 1:
         raise ConfigError(f"the elements run code from different work trees ({', '.join(sorted(sources))}); "
                           "a sweep snapshots one", file="command line", key="--sweep")
-    unseen = unseen_axes(axes, first, lambda element: _job_files(experiment, element, overrides, loaded_site,
-                                                                 ctxs[0], roots, conn))
+    swept = unseen.unseen_axes(axes, first, lambda element: _bundle_files(experiment, element, overrides,
+                                                                          loaded_site, ctxs[0], roots, conn))
+    overridden = unseen.unseen_overrides(overrides, lambda subset: _bundle_files(experiment, first, subset,
+                                                                                 loaded_site, ctxs[0], roots, conn))
     return PreparedSweep(sweep_id, sweep_dir, tuple(elements), tuple(prepared), tuple(axes), max_parallel,
-                         str(exp0.path), tuple(upstreams), remote=conn, unseen=unseen)
+                         str(exp0.path), tuple(upstreams), remote=conn, unseen=swept, unseen_overrides=overridden)
 
 
-def unseen_axes(axes: Sequence[Any], first: Any, files_of: Callable[[Element], Mapping[str, str]]) -> tuple[str, ...]:
-    """The swept keys none of whose values change a file the job reads: `first` with only
-    that key's value changed renders (`files_of`, under one run id) the same job script,
-    environment, task spec, hparams and DeepSpeed config. Such a sweep runs the same job
-    several times (a key only `glaunch plan` reads, a typo under a free-form mapping)."""
-    base = files_of(first)
-    unseen = []
-    for axis in axes:
-        others = [_with_value(first, axis.key, value) for value in axis.values if (axis.key, value) not in first.params]
-        if others and all(files_of(element) == base for element in others):
-            unseen.append(axis.key)
-    return tuple(unseen)
-
-
-def _with_value(element: Element, key: str, value: str) -> Element:
-    return Element(element.index, tuple((k, value if k == key else v) for k, v in element.params))
-
-
-def _job_files(experiment, element: Element, overrides: Sequence[str], loaded_site, ctx: SubmitContext,
-               roots: dict, conn) -> dict[str, str]:
-    """The files of the run bundle that the job reads, for `element` resolved under `ctx`
-    (resolved.yaml, a record of the whole experiment, is not one of them)."""
+def _bundle_files(experiment, element: Element, overrides: Sequence[str], loaded_site, ctx: SubmitContext,
+               roots: dict, conn) -> Mapping[str, str]:
+    """The run bundle of `element` resolved under `ctx`."""
     exp = _loaded(element, experiment, overrides)
     with _naming(element):
         plan = for_road(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots)), conn)
-        files = schedulers.get(plan.scheduler).render(plan)
-    return {name: text for name, text in files.items() if name != RESOLVED_FILE}
+        return schedulers.get(plan.scheduler).render(plan)
 
 
 def _loaded(element, experiment: str | os.PathLike, overrides: Sequence[str]):
