@@ -5,7 +5,7 @@ launcher's ds_config.json, batch sizes fitted to the allocation) or DEFAULT_CONF
 Micro-batch ``m`` of step ``s`` on rank ``r`` is derived from (seed, s, r, m), so resume
 needs no data-loader state. With CUDA each rank trains on ``cuda:LOCAL_RANK`` over NCCL in
 the precision of the config (ds_config.json's bf16/fp16 sections, from the experiment's
-``precision``); without, DS_ACCELERATOR=cpu and gloo (bf16 works there, fp16 is turned off).
+``precision``); without, DS_ACCELERATOR=cpu and gloo in fp32 (the runtime turns those sections off).
 
 Optimizer: the launcher's ds_config.json has no "optimizer" section, so the script adds
 one (:func:`optimizer_block`): DeepSpeed "AdamW". On CPU with ``torch_adam: true``
@@ -84,11 +84,13 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=50)
     p.add_argument("--seconds-per-step", type=float, default=0.0)
+    p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--optimizer", choices=("auto", "torch", "deepspeed"), default="auto",
                    help="AdamW implementation: DeepSpeed's where it can be built (auto), torch's, or DeepSpeed's")
     p.add_argument("--hidden", type=int, default=HIDDEN, help="width of the hidden layers")
     p.add_argument("--layers", type=int, default=0, help="hidden x hidden layers besides the first and last")
+    rt.apply_hparams(p)                      # the experiment's hparams (hparams.lr -> --lr)
     args = p.parse_args(argv)
 
     # DeepSpeed's gloo path calls collectives torch 2.13 marks deprecated, once per step
@@ -103,7 +105,7 @@ def main(argv: list[str] | None = None, default_config: dict = DEFAULT_CONFIG) -
     ctx = gds.init_distributed()              # NCCL on cuda:LOCAL_RANK, gloo on CPU
     rt.install_stop_handler()
     config = gds.ds_config(default_config, ctx)
-    config.setdefault("optimizer", optimizer_block(config, choice=args.optimizer))
+    config.setdefault("optimizer", optimizer_block(config, args.lr, args.optimizer))
     zero3 = config.get("zero_optimization", {}).get("stage", 0) == 3
 
     torch.manual_seed(SEED)

@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds-per-step", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--log-every", type=int, default=10)
+    rt.apply_hparams(p)                      # the experiment's hparams (hparams.lr -> --lr)
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)                 # same float reductions whatever the launch path

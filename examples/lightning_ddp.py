@@ -108,6 +108,7 @@ def train(argv: list[str] | None, strategy, description: str = __doc__) -> int:
     p.add_argument("--seconds-per-step", type=float, default=0.0)
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--log-every", type=int, default=10)
+    rt.apply_hparams(p)                      # the experiment's hparams (hparams.lr -> --lr)
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)
@@ -125,7 +126,7 @@ def train(argv: list[str] | None, strategy, description: str = __doc__) -> int:
         accelerator=trainer_accelerator(ctx),
         **options,
         **trainer_topology(ctx),
-        precision=trainer_precision(ctx, options["strategy"]),
+        precision=trainer_precision(ctx),
         plugins=[cluster_environment(ctx)],
         callbacks=[cb],
         max_steps=args.steps,

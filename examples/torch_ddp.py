@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--hidden", type=int, default=HIDDEN, help="width of the hidden layers")
     p.add_argument("--layers", type=int, default=0, help="hidden x hidden layers besides the first and last")
+    rt.apply_hparams(p)                      # the experiment's hparams (hparams.lr -> --lr)
     args = p.parse_args(argv)
 
     torch.set_num_threads(1)                 # same float reductions whatever the launch path

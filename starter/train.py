@@ -29,6 +29,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description="glaunch starter: a small model on synthetic data")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--lr", type=float, default=1e-2)
+    rt.apply_hparams(parser)                 # the experiment's hparams: hparams.lr -> --lr
     args = parser.parse_args()
 
     ctx = rt.init_distributed()              # NCCL on cuda:LOCAL_RANK, gloo on the CPU

@@ -24,7 +24,7 @@ from launcher.resolution.resolve import code_anchor, resolve
 from launcher.rundir import registry
 from launcher.rundir.records import IN_FLIGHT, State
 from launcher.rundir.registry import find_run, new_run_id
-from launcher.runner import bundle, dependencies
+from launcher.runner import bundle, dependencies, unseen
 from launcher.runner.bundle import PathSource
 from launcher.runner.gitview import locate
 from launcher.runner.inputs import folder_of, items
@@ -73,11 +73,35 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
     exp, loaded_site = load(experiment, site, overrides)
     conn = None if dry_run else remote_connection(loaded_site, runs_dir)
     try:
-        return _prepare(exp, loaded_site, runs_dir, run_id, after, dry_run, conn)
+        prepared = _prepare(exp, loaded_site, runs_dir, run_id, after, dry_run, conn)
+        return _warn_unseen(prepared, experiment, site, overrides, runs_dir)
     except BaseException:
         if conn is not None:
             conn.close()
         raise
+
+
+def _warn_unseen(prepared: Prepared, experiment, site: str | None, overrides: Sequence[str],
+                 runs_dir: str | None) -> Prepared:
+    """`prepared`, with a warning for each override that changes nothing the job sees."""
+    roots: dict = {}
+    keys = unseen.unseen_overrides(list(items(overrides, "overrides")), lambda subset: _bundle_files(
+        experiment, site, subset, runs_dir, prepared.plan, roots))
+    if not keys:
+        return prepared
+    warnings = prepared.warnings + tuple(unseen.warning(key, "overriding") for key in keys)
+    return dataclasses.replace(prepared, warnings=warnings)
+
+
+def _bundle_files(experiment, site: str | None, overrides: Sequence[str], runs_dir: str | None, plan,
+                  roots: dict) -> Mapping[str, str]:
+    """The run bundle of the experiment with `overrides`, under `plan`'s run id, as this
+    machine renders it (only compared with another rendering of the same kind)."""
+    exp, loaded_site = load(experiment, site, overrides)
+    ctx = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=dict(os.environ), run_id=plan.run_id,
+                        runs_dir=runs_dir)
+    plan = resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots))
+    return schedulers.get(plan.scheduler).render(plan)
 
 
 def remote_connection(loaded_site, runs_dir: str | None):

@@ -18,9 +18,9 @@ from launcher.config.load import load_experiment
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import SubmitContext
 from launcher.resolution.resolve import resolve
-from launcher.resolution.sweep import expand, parse_axes
+from launcher.resolution.sweep import Element, expand, parse_axes
 from launcher.rundir import registry
-from launcher.runner import bundle, dependencies, sweep_bundle, sweeps
+from launcher.runner import bundle, dependencies, sweep_bundle, sweeps, unseen
 from launcher.runner.inputs import folder_of, items
 from launcher.runner.results import Run, Sweep
 from launcher.runner.submission import (
@@ -49,6 +49,8 @@ class PreparedSweep:
     experiment_file: str
     after: tuple[Any, ...] = ()
     remote: Any = None               # launcher.schedulers.ssh.connection.Connection: submitted over SSH
+    unseen: tuple[str, ...] = ()     # swept keys that change no file the job reads
+    unseen_overrides: tuple[str, ...] = ()   # and KEY=VALUE overrides' keys
 
     @property
     def scheduler(self):
@@ -56,7 +58,8 @@ class PreparedSweep:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        return self.prepared[0].warnings
+        return (self.prepared[0].warnings + tuple(unseen.warning(key) for key in self.unseen)
+                + tuple(unseen.warning(key, "overriding") for key in self.unseen_overrides))
 
 
 def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: str | None = None,
@@ -139,8 +142,21 @@ def _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, 
     if len(sources) > 1:
         raise ConfigError(f"the elements run code from different work trees ({', '.join(sorted(sources))}); "
                           "a sweep snapshots one", file="command line", key="--sweep")
+    swept = unseen.unseen_axes(axes, first, lambda element: _bundle_files(experiment, element, overrides,
+                                                                          loaded_site, ctxs[0], roots, conn))
+    overridden = unseen.unseen_overrides(overrides, lambda subset: _bundle_files(experiment, first, subset,
+                                                                                 loaded_site, ctxs[0], roots, conn))
     return PreparedSweep(sweep_id, sweep_dir, tuple(elements), tuple(prepared), tuple(axes), max_parallel,
-                         str(exp0.path), tuple(upstreams), remote=conn)
+                         str(exp0.path), tuple(upstreams), remote=conn, unseen=swept, unseen_overrides=overridden)
+
+
+def _bundle_files(experiment, element: Element, overrides: Sequence[str], loaded_site, ctx: SubmitContext,
+               roots: dict, conn) -> Mapping[str, str]:
+    """The run bundle of `element` resolved under `ctx`."""
+    exp = _loaded(element, experiment, overrides)
+    with _naming(element):
+        plan = for_road(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots)), conn)
+        return schedulers.get(plan.scheduler).render(plan)
 
 
 def _loaded(element, experiment: str | os.PathLike, overrides: Sequence[str]):

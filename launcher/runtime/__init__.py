@@ -13,6 +13,7 @@ Environment (set by the launcher on every rank; all optional)
 ``GLAUNCH_CHECKPOINT_EVERY`` checkpoint every N steps (default 0: only when stopping)
 ``GLAUNCH_CHECKPOINT_KEEP``  complete checkpoints kept (default 2)
 ``GLAUNCH_STRATEGY`` ``GLAUNCH_PRECISION`` ``GLAUNCH_DS_CONFIG``  what the launcher resolved
+``GLAUNCH_HPARAMS``          the run's hparams.json: the experiment's ``hparams:``
 ``GLAUNCH_RESTART``          0 on the first start, +1 per requeue
 ``GLAUNCH_RUN_ID`` ``GLAUNCH_JOB_ID`` ``GLAUNCH_LAUNCHER`` (srun | torchrun)
 ``GLAUNCH_STOP_SIGNALS``     signals that request a graceful stop (default ``USR2,TERM``)
@@ -70,6 +71,9 @@ API
 ``param_sha256(model)``     SHA-256 of all parameters (name order, float32 bytes; gathers ZeRO-3)
 ``write_result(...)``       rank 0 writes ``<run_dir>/result.json`` atomically
 ``write_stop(step, ck)``    rank 0 writes ``<run_dir>/stop.json`` (step, signal, checkpoint)
+``read_hparams()``          the experiment's ``hparams:`` ({} in a run by hand)
+``apply_hparams(parser)``   make them the defaults of the argparse options of the same name
+                            (``hparams.lr`` -> ``--lr``), so a sweep over them reaches the script
 
 Adapters (import them only where the framework is installed)
 -----------------------------------------------------------
@@ -107,6 +111,7 @@ from launcher.runtime.checkpoint.staging import Staging
 from launcher.runtime.checkpoint.verify import verify_checkpoint
 from launcher.runtime.device import Placement, placement
 from launcher.runtime.heartbeats import heartbeat, note_checkpoint
+from launcher.runtime.hparams import apply_hparams, read_hparams
 from launcher.runtime.processgroup import init_distributed, shutdown_distributed
 from launcher.runtime.rankcontext import (
     RankContext,
@@ -137,6 +142,7 @@ __all__ = [
     "RankContext",
     "RuntimeConfigError",
     "Staging",
+    "apply_hparams",
     "barrier",
     "context",
     "export_rendezvous_env",
@@ -149,6 +155,7 @@ __all__ = [
     "note_checkpoint",
     "param_sha256",
     "placement",
+    "read_hparams",
     "read_latest",
     "received_signal",
     "request_stop",

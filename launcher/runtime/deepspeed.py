@@ -30,6 +30,7 @@ before the next save finds the verified copy and converts nothing.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -102,15 +103,18 @@ def init_distributed(ctx: RankContext | None = None, backend: str | None = None)
     where = placement(ctx, backend)
     where.activate()
     ds.init_distributed(dist_backend=where.backend, auto_mpi_discovery=False)
-    log_joined(ctx, where.backend, where.device)
+    log_joined(ctx, where.backend, where.device, where.describe_precision())
     return ctx
 
 
 def ds_config(default: dict, ctx: RankContext | None = None) -> dict:
     """The DeepSpeed config: GLAUNCH_DS_CONFIG (the launcher's ds_config.json) if set, else ``default``.
 
-    DeepSpeed has fp16 on CUDA only ("Type fp16 is not supported on your device"): off
-    CUDA an fp16 section is turned off and the run is fp32, as Lightning does on CPU.
+    An enabled ``bf16`` or ``fp16`` section that this device cannot train in (see
+    :func:`launcher.runtime.device.placement`: the CPU trains in fp32, and DeepSpeed has no
+    fp16 there, "Type fp16 is not supported on your device"; a GPU without bf16 arithmetic
+    trains in fp32) is turned off, and the log says so: the same ds_config.json trains in
+    bf16 on a GPU node and in fp32 on the CPU.
     """
     ctx = ctx or context()
     if ctx.ds_config is None:
@@ -121,11 +125,15 @@ def ds_config(default: dict, ctx: RankContext | None = None) -> dict:
         except (OSError, ValueError) as exc:
             why = (exc.strerror if isinstance(exc, OSError) else None) or str(exc)
             raise RuntimeConfigError(f"{envnames.DS_CONFIG}={str(ctx.ds_config)!r}: {why}") from None
-    fp16 = config.get("fp16")
-    if isinstance(fp16, dict) and fp16.get("enabled") and not on_cuda():
-        if ctx.is_main:
-            log("fp16 needs CUDA in DeepSpeed; training in fp32 on the CPU")
-        config["fp16"] = dict(fp16, enabled=False)
+    for name in ("fp16", "bf16"):
+        section = config.get(name)
+        if not (isinstance(section, dict) and section.get("enabled")):
+            continue
+        where = placement(dataclasses.replace(ctx, precision=name))
+        if where.precision != name:
+            if ctx.is_main:
+                log(f"the DeepSpeed config enables {name}; training in {where.describe_precision()}")
+            config[name] = dict(section, enabled=False)
     return config
 
 

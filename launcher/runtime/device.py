@@ -3,13 +3,20 @@
 One decision for the plain torch loop and the Lightning and DeepSpeed adapters alike:
 
 - CUDA visible: this rank's GPU is ``cuda:LOCAL_RANK`` (``cuda:0`` when the process sees
-  exactly one GPU, as with per-task GPU binding), the backend is NCCL, and a plain torch
-  loop runs in the configured precision (GLAUNCH_PRECISION): bf16 autocast, fp16 autocast
-  with a GradScaler, or fp32.
-- Otherwise: the CPU over gloo, in fp32. A plain torch loop ignores bf16/fp16 on the CPU
-  (CPU autocast would change its numerics, and its results are compared bitwise across
-  launch paths and resumes); the framework adapters keep the CPU precision their
-  frameworks support (Lightning's bf16-mixed, DeepSpeed's bf16).
+  exactly one GPU, as with per-task GPU binding), the backend is NCCL, and the run trains
+  in the configured precision (GLAUNCH_PRECISION): bf16 autocast, fp16 autocast with a
+  GradScaler, or fp32. bf16 needs a GPU that computes in it (NVIDIA compute capability 8.0
+  and later, AMD's): on an older one the run trains in fp32 (emulated bf16 is slower than
+  fp32 there).
+- Otherwise: the CPU over gloo, in fp32, whatever was configured: the same experiment
+  (``precision: bf16``) trains in bf16 on a GPU node and in fp32 on a laptop, unedited. CPU
+  autocast would change the numerics, which are compared bitwise across launch paths and
+  resumes; DeepSpeed has no fp16 on the CPU at all.
+
+One decision for every framework: a plain loop autocasts in :attr:`Placement.precision`,
+the Lightning adapter turns it into the Trainer's ``precision``, the DeepSpeed adapter turns
+the ds_config.json sections it cannot use off, and FSDP2's policy follows it. Each rank says
+in its log what it trains in, and why when that is not what was configured.
 
 GLAUNCH_DIST_BACKEND overrides the backend. Importing this module does not import torch.
 """
@@ -33,8 +40,9 @@ class Placement:
 
     device: str         # "cuda:N" or "cpu"
     backend: str        # torch.distributed backend: "nccl", "gloo", or GLAUNCH_DIST_BACKEND
-    precision: str      # what a plain torch loop computes in: fp32 | bf16 | fp16
+    precision: str      # what this rank trains in: fp32 | bf16 | fp16
     requested: str      # GLAUNCH_PRECISION as configured
+    why: str = ""       # why `precision` is not `requested`, e.g. "the CPU trains in fp32"
 
     @property
     def cuda(self) -> bool:
@@ -86,11 +94,11 @@ class Placement:
             return {"device_ids": [self.index], "output_device": self.index}
         return {}
 
-    def describe(self) -> str:
-        words = f"{self.device}, {self.backend}, {self.precision}"
-        if self.precision != self.requested:
-            words += f" ({self.requested} requested; the CPU runs fp32)"
-        return words
+    def describe_precision(self) -> str:
+        """``bf16``, or ``fp32 (bf16 configured; the CPU trains in fp32)``."""
+        if self.precision == self.requested:
+            return self.precision
+        return f"{self.precision} ({self.requested} configured; {self.why})"
 
 
 def placement(ctx: RankContext | None = None, *, cuda: bool | None = None,
@@ -110,9 +118,22 @@ def placement(ctx: RankContext | None = None, *, cuda: bool | None = None,
         cuda = torch.cuda.is_available()
     backend = backend or os.environ.get(envnames.DIST_BACKEND) or ("nccl" if cuda else "gloo")
     if not cuda:
-        return Placement("cpu", backend, "fp32", requested)
+        return Placement("cpu", backend, "fp32", requested, "the CPU trains in fp32")
     index = gpu_index(ctx.local_rank, torch.cuda.device_count())
+    if requested == "bf16" and not bf16_capable(index):
+        name = torch.cuda.get_device_name(index)
+        return Placement(f"cuda:{index}", backend, "fp32", requested, f"{name} has no bf16 arithmetic")
     return Placement(f"cuda:{index}", backend, requested, requested)
+
+
+def bf16_capable(index: int) -> bool:
+    """Whether GPU `index` computes in bf16 natively: NVIDIA from compute capability 8.0
+    (A100, H100, L40; not V100 or T4, where torch would emulate it), AMD Instinct (ROCm)."""
+    import torch
+
+    if getattr(torch.version, "hip", None):
+        return True
+    return tuple(torch.cuda.get_device_capability(index)) >= (8, 0)
 
 
 def gpu_index(local_rank: int, visible: int) -> int:

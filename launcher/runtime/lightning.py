@@ -142,22 +142,17 @@ def trainer_topology(ctx: RankContext | None = None) -> dict:
 _PRECISION = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 
 
-def trainer_precision(ctx: RankContext | None = None, strategy=None) -> str:
-    """GLAUNCH_PRECISION as a Trainer ``precision`` (fp32 -> 32-true, bf16 -> bf16-mixed,
-    fp16 -> 16-mixed, with Lightning's GradScaler; Lightning has fp16 AMP on CUDA only, so on
-    CPU fp16 falls back to 32-true, while bf16-mixed runs on CPU too, except under the
-    Trainer's ``strategy`` FSDP, whose mixed precision autocasts on CUDA only)."""
-    from lightning.pytorch.strategies import FSDPStrategy
-
+def trainer_precision(ctx: RankContext | None = None) -> str:
+    """The precision this rank trains in (:func:`launcher.runtime.device.placement`) as a
+    Trainer ``precision``: bf16 -> bf16-mixed, fp16 -> 16-mixed (with Lightning's
+    GradScaler), fp32 -> 32-true. The CPU trains in 32-true whatever was configured, so
+    ``precision: bf16`` gives bf16-mixed on GPU nodes and 32-true on a laptop; rank 0's log
+    says which."""
     ctx = ctx or context()
-    flag = _PRECISION.get(ctx.precision, "32-true")
-    if flag == "16-mixed" and not placement(ctx).cuda:
-        log("fp16 mixed precision needs CUDA; using 32-true on CPU")
-        return "32-true"
-    if flag == "bf16-mixed" and isinstance(strategy, FSDPStrategy) and not placement(ctx).cuda:
-        log("Lightning's FSDP mixes precision with CUDA autocast only; using 32-true on CPU")
-        return "32-true"
-    return flag
+    where = placement(ctx)
+    if ctx.is_main:
+        log(f"Trainer precision {_PRECISION[where.precision]}: {where.describe_precision()}")
+    return _PRECISION[where.precision]
 
 
 def _fsdp_base():

@@ -37,7 +37,7 @@ def init_distributed(ctx: RankContext | None = None, backend: str | None = None,
     where.activate()
     dist.init_process_group(backend=where.backend, init_method="env://", rank=ctx.rank,
                             world_size=ctx.world_size, **kwargs)
-    log_joined(ctx, where.backend, where.device)
+    log_joined(ctx, where.backend, where.device, where.describe_precision())
     return ctx
 
 

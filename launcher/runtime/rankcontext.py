@@ -195,11 +195,13 @@ def export_rendezvous_env(ctx: RankContext | None = None) -> RankContext:
     return context()
 
 
-def log_joined(ctx: RankContext, backend: str, device: str | None = None) -> None:
-    """Where this rank sits, as it joins the process group (the logs show the placement)."""
+def log_joined(ctx: RankContext, backend: str, device: str | None = None, precision: str | None = None) -> None:
+    """Where this rank sits, as it joins the process group (the logs show the placement and
+    the precision it trains in)."""
     on = f" on {device}" if device else ""
+    dtype = f", training in {precision}" if precision else ""
     log(f"joined {backend}: rank {ctx.rank}/{ctx.world_size}, local rank {ctx.local_rank}, "
-        f"node {ctx.node_rank} ({node_name()}){on}")
+        f"node {ctx.node_rank} ({node_name()}){on}{dtype}")
 
 
 def seconds_from_env(name: str, default: float) -> float:

@@ -1,6 +1,7 @@
 """Golden files: rendered job.sbatch, env.sh and task.json for every shipped profile x
 launch mode (examples/torch_ddp.yaml), and for other strategies' examples on one profile
-(EXAMPLES: examples/fsdp.yaml, whose run bundle has no ds_config.json); the scripts also
+(EXAMPLES: examples/fsdp.yaml, whose run bundle has no ds_config.json, and the ds_config.json
+of examples/deepspeed_zero2.yaml, which turns bf16 on); the scripts also
 clean under `bash -n` and plain `shellcheck` (no flags: each file names its shell).
 `pytest --update-golden` rewrites them."""
 
@@ -20,7 +21,7 @@ from launcher.config.sites import SHIPPED_SITES
 from launcher.rendering.taskspec import task_file_text
 from launcher.resolution.jobplan import JobPlan, SubmitContext
 from launcher.resolution.resolve import resolve
-from launcher.rundir.layout import TASK_FILE
+from launcher.rundir.layout import DS_CONFIG_FILE, TASK_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent.parent / "golden"
@@ -29,7 +30,10 @@ ENVIRON = {"HOME": "/home/alice", "USER": "alice", "SCRATCH": "/scratch/alice", 
 SITES = sorted(p.stem for p in SHIPPED_SITES.glob("*.yaml"))
 CASES = [(site, launcher) for site in SITES for launcher in ("srun", "torchrun")]
 # (example, site, launcher): other strategies' examples, golden as SITE.LAUNCHER.EXAMPLE.FILE.
-EXAMPLES = [("fsdp", "local-slurm", "srun")]
+EXAMPLES = [("fsdp", "local-slurm", "srun"), ("deepspeed_zero2", "local-slurm", "srun")]
+GOLDEN_FILES = ("job.sbatch", "env.sh", TASK_FILE, DS_CONFIG_FILE)
+# An example's golden files where only some differ from torch_ddp's in kind.
+EXAMPLE_FILES = {"deepspeed_zero2": (DS_CONFIG_FILE,)}
 
 
 def plan_case(site: str, launcher: str, example: str = "torch_ddp") -> JobPlan:
@@ -71,7 +75,7 @@ def test_golden(site, launcher, update_golden, tmp_path):
 @pytest.mark.parametrize("example,site,launcher", EXAMPLES)
 def test_golden_example(example, site, launcher, update_golden):
     files = render_case(site, launcher, example)
-    compare_golden(files, f"{site}.{launcher}.{example}", update_golden)
+    compare_golden(files, f"{site}.{launcher}.{example}", update_golden, EXAMPLE_FILES.get(example, GOLDEN_FILES))
 
 
 def test_fsdp_bundle_names_its_strategy_and_has_no_deepspeed_config():
@@ -80,9 +84,9 @@ def test_fsdp_bundle_names_its_strategy_and_has_no_deepspeed_config():
     assert re.search(r"^export GLAUNCH_STRATEGY='?fsdp'?$", files["env.sh"], re.M), files["env.sh"]
 
 
-def compare_golden(files: dict[str, str], prefix: str, update_golden: bool) -> None:
+def compare_golden(files: dict[str, str], prefix: str, update_golden: bool, names=GOLDEN_FILES) -> None:
     failures = []
-    for name in ("job.sbatch", "env.sh", TASK_FILE):
+    for name in names:
         if name not in files:
             continue
         golden = GOLDEN / f"{prefix}.{name}"

@@ -48,3 +48,25 @@ def test_local_failure_exits_non_zero(tmp_path, isolated_env):
     record = json.loads((run_dir / "run.json").read_text())
     assert record["state"] == "FAILED"
     assert record["starts"][-1]["reason"] == "crash"
+
+
+def test_a_sweep_over_hparams_lr_trains_differently_and_says_in_what_precision(tmp_path, isolated_env):
+    """The examples read their hparams (hparams.lr is --lr) and say precision: bf16, which the
+    CPU trains in fp32, in the log."""
+    runs = tmp_path / "runs"
+    proc = glaunch("submit", "examples/torch_ddp.yaml", "--runs-dir", str(runs), "entrypoint.args=[--steps,10]",
+                   "--sweep", "hparams.lr=0.003,0.01", env=isolated_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "changes nothing the job sees" not in proc.stderr
+    (sweep_dir,) = runs.iterdir()
+    hashes = {}
+    for run_dir in sorted(p for p in sweep_dir.iterdir() if (p / "hparams.json").is_file()):
+        lr = json.loads((run_dir / "hparams.json").read_text())["lr"]
+        result = json.loads((run_dir / "result.json").read_text())
+        hashes[lr] = result["param_sha256"]
+        assert result["placement"]["precision"] == "fp32" and result["placement"]["compute_dtype"] == "float32"
+        (log,) = (run_dir / "logs").glob("*_0_log.err")
+        text = log.read_text()
+        assert f"hparams as option defaults: lr={lr}" in text
+        assert "on cpu, training in fp32 (bf16 configured; the CPU trains in fp32)" in text
+    assert set(hashes) == {0.003, 0.01} and hashes[0.003] != hashes[0.01]

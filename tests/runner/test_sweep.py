@@ -184,6 +184,21 @@ def test_an_element_requeues_alone_and_keeps_its_array_id(tmp_path, isolated_env
     assert prepared.prepared[1].plan.checkpoint_dir == f"{run_dir}/checkpoints"
 
 
+def test_a_swept_key_the_job_never_sees_is_a_warning(tmp_path, isolated_env):
+    """model.params only sizes `glaunch plan`: every element would run the same job."""
+    warning = "sweeping {} changes nothing the job sees (not in its args, env or hparams)"
+    prepared = sweep_of(tmp_path, "model.params=1e6,2e6", "hparams.lr=0.003,0.01", "requeue.max=1,2",
+                        "precision=fp32,bf16")
+    assert prepared.unseen == ("model.params",)
+    assert warning.format("model.params") in prepared.warnings
+    assert not any("hparams.lr" in w or "precision" in w for w in prepared.warnings)
+    assert sweep_of(tmp_path, "model.params=1e6").unseen == ()       # one value: an override, nothing compared
+    proc = glaunch("submit", "examples/torch_ddp.yaml", "--site", "local-slurm", "--dry-run", "--runs-dir",
+                   str(tmp_path / "cli"), "--sweep", "model.activation_checkpointing=none,full", env=isolated_env)
+    assert proc.returncode == 0, proc.stderr
+    assert f"glaunch: warning: {warning.format('model.activation_checkpointing')}" in proc.stderr
+
+
 def test_one_bad_element_refuses_the_sweep_naming_it(tmp_path, isolated_env):
     proc = glaunch("submit", "examples/torch_ddp.yaml", "--site", "local-slurm", "--dry-run", "--runs-dir",
                    str(tmp_path / "runs"), "--sweep", "resources.nodes=1,2,3", "--sweep", "resources.time=10,20",

@@ -13,6 +13,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import signal
 import types
 from pathlib import Path
@@ -32,7 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
              "MASTER_ADDR", "MASTER_PORT", "DS_ACCELERATOR")
 GPU_SITES = ("cscs-clariden", "isambard-ai", "juwels-booster", "juwels-booster-apptainer", "leonardo-booster")
-EXAMPLES = ("torch_ddp", "lightning_ddp", "deepspeed_zero2", "deepspeed_zero3", "fsdp", "lightning_fsdp")
+EXAMPLES = ("torch_ddp", "lightning_ddp", "deepspeed_zero2", "deepspeed_zero3", "fsdp", "lightning_fsdp",
+            "lightning_deepspeed")
 
 
 @pytest.fixture(autouse=True)
@@ -56,10 +58,13 @@ def rank(monkeypatch, *, local_rank=0, local_world=4, nodes=1, precision="fp32")
         monkeypatch.setenv(k, str(v))
 
 
-def fake_cuda(monkeypatch, devices: int) -> None:
-    """Fake of what cannot run here: torch reporting `devices` CUDA GPUs."""
+def fake_cuda(monkeypatch, devices: int, capability=(9, 0), name="NVIDIA H100 80GB HBM3") -> None:
+    """Fake of what cannot run here: torch reporting `devices` CUDA GPUs of that compute capability."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: devices)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda index=None: name)
+    monkeypatch.setattr(torch.version, "hip", None)
 
 
 def fake_deepspeed_cuda(monkeypatch) -> None:
@@ -86,6 +91,8 @@ def test_cpu_is_gloo_in_fp32_whatever_the_precision(monkeypatch, precision):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     where = placement()
     assert (where.device, where.backend, where.precision, where.requested) == ("cpu", "gloo", "fp32", precision)
+    assert where.describe_precision() == ("fp32" if precision == "fp32" else
+                                          f"fp32 ({precision} configured; the CPU trains in fp32)")
     assert where.index is None and where.ddp_options() == {}
     assert where.autocast_dtype() is None
     assert not where.grad_scaler().is_enabled()
@@ -103,6 +110,20 @@ def test_cuda_is_nccl_on_the_local_rank_in_the_configured_precision(monkeypatch,
     assert where.ddp_options() == {"device_ids": [2], "output_device": 2}
     assert where.autocast_dtype() == (getattr(torch, dtype) if dtype else None)
     assert where.grad_scaler().is_enabled() is scaled
+
+
+@pytest.mark.parametrize("capability,hip,expect", [((7, 0), None, "fp32"), ((7, 5), None, "fp32"),
+                                                   ((8, 0), None, "bf16"), ((9, 0), None, "bf16"),
+                                                   ((9, 0), "6.2", "bf16")])
+def test_bf16_on_a_gpu_that_computes_in_it_else_fp32(monkeypatch, capability, hip, expect):
+    rank(monkeypatch, precision="bf16")
+    fake_cuda(monkeypatch, 4, capability, name="Tesla V100-SXM2-32GB")
+    monkeypatch.setattr(torch.version, "hip", hip)
+    where = placement()
+    assert (where.device, where.precision, where.requested) == ("cuda:0", expect, "bf16")
+    if expect == "fp32":
+        assert where.describe_precision() == "fp32 (bf16 configured; Tesla V100-SXM2-32GB has no bf16 arithmetic)"
+        assert where.autocast_dtype() is None
 
 
 def test_gpu_index_per_task_binding_and_too_many_ranks(monkeypatch):
@@ -169,7 +190,8 @@ class Built(Exception):
 @pytest.mark.parametrize("cuda,precision,expect", [
     (True, "bf16", ("gpu", "nccl", "bf16-mixed")),
     (True, "fp16", ("gpu", "nccl", "16-mixed")),
-    (False, "bf16", ("cpu", "gloo", "bf16-mixed")),      # Lightning's bf16 works on CPU
+    (True, "fp32", ("gpu", "nccl", "32-true")),
+    (False, "bf16", ("cpu", "gloo", "32-true")),         # the CPU trains in fp32, as every example there
     (False, "fp16", ("cpu", "gloo", "32-true")),
 ])
 def test_lightning_example_trainer_from_the_runtime(monkeypatch, tmp_path, cuda, precision, expect):
@@ -215,7 +237,20 @@ def test_deepspeed_on_a_gpu_node_uses_cuda_nccl_and_keeps_fp16(monkeypatch, tmp_
     assert gds.ds_config({})["fp16"] == {"enabled": True}
 
 
-def test_deepspeed_on_cpu_turns_fp16_off_and_keeps_bf16(monkeypatch, tmp_path, capfd):
+def test_deepspeed_on_a_gpu_node_keeps_bf16_where_the_gpu_has_it(monkeypatch, tmp_path, capfd):
+    pytest.importorskip("deepspeed")
+    from launcher.runtime import deepspeed as gds
+
+    rank(monkeypatch, local_rank=0, local_world=4, precision="bf16")
+    fake_cuda(monkeypatch, 4)
+    fake_deepspeed_cuda(monkeypatch)
+    assert gds.ds_config({"bf16": {"enabled": True}})["bf16"] == {"enabled": True}
+    fake_cuda(monkeypatch, 4, (7, 0), name="Tesla V100-SXM2-32GB")
+    assert gds.ds_config({"bf16": {"enabled": True}})["bf16"] == {"enabled": False}
+    assert "enables bf16; training in fp32 (bf16 configured; Tesla V100-SXM2-32GB has no bf16" in capfd.readouterr().err
+
+
+def test_deepspeed_on_cpu_turns_fp16_and_bf16_off(monkeypatch, tmp_path, capfd):
     pytest.importorskip("deepspeed")
     from launcher.runtime import deepspeed as gds
 
@@ -227,8 +262,9 @@ def test_deepspeed_on_cpu_turns_fp16_off_and_keeps_bf16(monkeypatch, tmp_path, c
     default = {"fp16": {"enabled": True, "loss_scale": 0}}
     assert gds.ds_config(default)["fp16"] == {"enabled": False, "loss_scale": 0}
     assert default["fp16"]["enabled"] is True                  # the caller's dict is left alone
-    assert "fp16 needs CUDA" in capfd.readouterr().err
-    assert gds.ds_config({"bf16": {"enabled": True}})["bf16"] == {"enabled": True}
+    assert "enables fp16; training in fp32 (fp16 configured; the CPU trains in fp32)" in capfd.readouterr().err
+    assert gds.ds_config({"bf16": {"enabled": True}})["bf16"] == {"enabled": False}
+    assert "enables bf16; training in fp32 (bf16 configured; the CPU trains in fp32)" in capfd.readouterr().err
 
 
 def test_deepspeed_cpu_accelerator_on_a_gpu_node_stays_coherent(monkeypatch, capfd):
@@ -270,8 +306,23 @@ def test_deepspeed_optimizer_choice(monkeypatch, offload):
 # --- nothing CPU-only reaches a GPU site -------------------------------------------------------
 
 
+def test_gpu_sites_are_every_shipped_cluster_profile():
+    from launcher.config.sites import SHIPPED_SITES
+
+    shipped = {p.stem for p in SHIPPED_SITES.glob("*.yaml")}
+    assert set(GPU_SITES) == {s for s in shipped if not s.startswith(("local", "base-"))}
+    assert {p.stem for p in (REPO / "examples").glob("*.yaml")} == set(EXAMPLES)
+
+
 @pytest.mark.parametrize("site", GPU_SITES)
-def test_gpu_sites_export_nothing_cpu_only(site, tmp_path, isolated_env):
+def test_gpu_sites_train_the_examples_in_bf16_and_export_nothing_cpu_only(site, tmp_path, isolated_env, monkeypatch):
+    """Every example, dry-run on every GPU profile: GLAUNCH_PRECISION=bf16 in env.sh, ds_config.json's
+    bf16 section on, and on such a GPU (faked: an H100) bf16 autocast, DeepSpeed's bf16 and
+    Lightning's bf16-mixed."""
+    pytest.importorskip("lightning")
+    from launcher.runtime.lightning import trainer_precision
+
+    fake_cuda(monkeypatch, 4)
     for example in EXAMPLES:
         run = api.submit(REPO / "examples" / f"{example}.yaml", site=site, dry_run=True,
                          runs_dir=str(tmp_path / example), check=False)
@@ -279,6 +330,17 @@ def test_gpu_sites_export_nothing_cpu_only(site, tmp_path, isolated_env):
         for word in ("DS_ACCELERATOR", "GLAUNCH_DIST_BACKEND", "CUDA_VISIBLE_DEVICES=\"\"",
                      "CUDA_VISIBLE_DEVICES=''"):
             assert word not in env_sh, f"{site} / {example}: {word} in env.sh"
+        assert re.search(r"^export GLAUNCH_PRECISION='?bf16'?$", env_sh, re.M), f"{site} / {example}"
+        ds_config = Path(run.run_dir) / "ds_config.json"
+        if "deepspeed" in example:
+            config = json.loads(ds_config.read_text())
+            assert config["bf16"] == {"enabled": True} and "fp16" not in config, f"{site} / {example}"
+        else:
+            assert not ds_config.exists()
+        rank(monkeypatch, precision="bf16")
+        assert placement().autocast_dtype() is torch.bfloat16
+        if example.startswith("lightning"):
+            assert trainer_precision() == "bf16-mixed"
 
 
 # --- torchrun's options, from the node's parser ------------------------------------------------

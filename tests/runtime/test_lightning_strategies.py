@@ -188,7 +188,8 @@ def test_lightning_deepspeed_strategy_from_glaunchs_ds_config(tmp_path, rank_env
     assert "gradient_accumulation_steps" not in strategy.config      # Lightning refuses it there
     assert strategy.config["zero_optimization"]["stage"] == 2
     assert (strategy.config["train_batch_size"], strategy.config["train_micro_batch_size_per_gpu"]) == (32, 8)
-    assert strategy.config["bf16"] == {"enabled": True}
+    assert rendered["bf16"] == {"enabled": True}
+    assert strategy.config["bf16"] == {"enabled": False}              # the CPU trains in fp32
     assert strategy.config["zero_allow_untested_optimizer"] is True   # the LightningModule's AdamW
     assert strategy.process_group_backend == "gloo"                   # this machine has no GPU
     assert rendered["gradient_accumulation_steps"] == 2 and "zero_allow_untested_optimizer" not in rendered
@@ -227,14 +228,12 @@ def test_lightning_fsdp_strategy_and_precision_on_cpu(rank_env, capfd):
         GlaunchFSDPStrategy,
         trainer_fsdp_strategy,
         trainer_precision,
-        trainer_strategy,
     )
 
     strategy = trainer_fsdp_strategy()
     assert type(strategy) is GlaunchFSDPStrategy
     assert (strategy.process_group_backend, strategy._state_dict_type) == ("gloo", "sharded")
     rank_env.setenv("GLAUNCH_PRECISION", "bf16")
-    # Lightning's FSDP autocasts on CUDA only: its bf16-mixed would feed bf16 weights fp32 inputs here.
-    assert trainer_precision(strategy=strategy) == "32-true"
-    assert "CUDA autocast only" in capfd.readouterr().err
-    assert trainer_precision(strategy=trainer_strategy()) == "bf16-mixed"   # DDP mixes on the CPU too
+    # The CPU trains in fp32 whatever the strategy (Lightning's FSDP autocasts on CUDA only anyway).
+    assert trainer_precision() == "32-true"
+    assert "Trainer precision 32-true: fp32 (bf16 configured; the CPU trains in fp32)" in capfd.readouterr().err
