@@ -154,8 +154,9 @@ def wait(run: RunRef, *, on_line: Text | None = None, on_state: Text | None = No
 
 def logs(run: RunRef, *, rank: int | None = None, follow: bool = False, echo: Text = print,
          poll_s: float = 1.0) -> None:
-    """Per-rank logs of the run, each line with its rank ([0], [1!] for stderr), across
-    requeues; with `follow`, until it ends. A sweep's: every element's."""
+    """The task logs of the run, each line tagged with its task's ranks (``[r0]``, ``[r1!]``
+    for stderr; under torchrun a node's, ``[node1 r2-3]``), across requeues; `rank`: global
+    rank N's task only; with `follow`, until it ends. A sweep's: every element's."""
     manage.logs(run_ref(run), rank=rank_of(rank), follow=follow, echo=echo, poll_s=poll_s)
 
 

@@ -339,9 +339,11 @@ def status_cmd(run, as_json):
 @cli.command()
 @click.argument("run")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing as the logs grow.")
-@click.option("--rank", type=click.IntRange(min=0), default=None, help="Only this rank.")
+@click.option("--rank", type=click.IntRange(min=0), default=None,
+              help="Only the log of global rank N (under torchrun: its node's).")
 def logs(run, follow, rank):
-    """Per-rank logs of RUN, merged with a rank prefix, across requeues (a sweep: every element's)."""
+    """Per-task logs of RUN, each line tagged with its ranks ([r0]; under torchrun [node1 r2-3]),
+    across requeues (a sweep: every element's)."""
     api.logs(run, rank=rank, follow=follow, echo=click.echo)
 
 

@@ -69,14 +69,20 @@ def glaunch(*args, env, cwd=REPO, timeout=600, cluster: str | None = None) -> su
 
 
 def submit(example: str, runs: Path, env, *overrides, wait: bool = True, site: str | None = None,
-           timeout: int = 600, cluster: str | None = None) -> tuple[subprocess.CompletedProcess, dict]:
+           timeout: int = 600, cluster: str | None = None,
+           console: bool = False) -> tuple[subprocess.CompletedProcess, dict]:
     """`glaunch submit --json` on the cluster (site: the cluster's profile); returns the
-    process and its JSON (or {})."""
+    process and its JSON (or {}). With `console`, no --json: stdout is what a user sees
+    (with --wait, the run's console) and the dict holds run_id, job_id and state from the
+    run.json of the one run under `runs`."""
     site = site or SITES[cluster or MAIN]
-    args = ["submit", example, "--site", site, "--runs-dir", str(runs), "--json", *overrides]
+    args = ["submit", example, "--site", site, "--runs-dir", str(runs), *([] if console else ["--json"]), *overrides]
     if wait:
         args.insert(1, "--wait")
     proc = glaunch(*args, env=env, timeout=timeout, cluster=cluster)
+    if console:
+        records = [read_json(p) for p in runs.glob("*/run.json")]
+        return proc, ({k: records[0].get(k) for k in ("run_id", "job_id", "state")} if len(records) == 1 else {})
     try:
         info = json.loads(proc.stdout)
     except ValueError:

@@ -86,7 +86,7 @@ def test_logs_keep_the_rank_tag_on_an_unfinished_last_line(tmp_path, isolated_en
     rd.task_log("1000", 1, "err").write_text("boom")
     lines: list[str] = []
     api.logs(str(run_dir), echo=lines.append)
-    assert sorted(lines) == ["[0] a", "[0] b", "[1!] boom"]
+    assert sorted(lines) == ["[r0] a", "[r0] b", "[r1!] boom"]
 
 
 # --- a RUN that names nothing is bad input ------------------------------------------------

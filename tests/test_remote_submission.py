@@ -256,7 +256,7 @@ def follow_both(laptop, runs: Path, ddp: str, hostile: str) -> None:
     assert status["cluster"] == {"host": "glaunch-login", "run_dir": str(runs / ddp)}
     logs = glaunch(laptop, "logs", ddp)
     assert logs.returncode == 0 and "Job completed successfully" in logs.stdout, logs.stderr
-    assert {line[:3] for line in logs.stdout.splitlines()} >= {"[0]", "[1]", "[2]", "[3]"}
+    assert {line.split(" ")[0] for line in logs.stdout.splitlines()} >= {"[r0]", "[r1]", "[r2]", "[r3]"}
 
     deadline = time.monotonic() + 60
     while "HOSTILE " not in (said := glaunch(laptop, "logs", hostile, "--rank", "0").stdout):
@@ -339,7 +339,8 @@ def test_a_laptop_checks_the_cluster_sweeps_after_a_run_and_survives_a_dropped_l
     assert f"#SBATCH --dependency=afterok:{job}\n" in (runs / sweep / "array-0.sbatch").read_text()
     assert wait_for(laptop, sweep, {"COMPLETED", "FAILED", "CANCELLED", "ENDED"}, 300)["state"] == "COMPLETED"
     logs = glaunch(laptop, "logs", sweep, "--rank", "0")
-    assert [line[:3] for line in logs.stdout.splitlines() if "done: step 40" in line] == ["[0]", "[1]"], logs.stdout
+    assert [line.split(" ")[0] for line in logs.stdout.splitlines()
+            if "done: step 40" in line] == ["[0][r0]", "[1][r0]"], logs.stdout
 
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "hostile.py").write_text(HOSTILE_SCRIPT)

@@ -33,7 +33,17 @@ def entry_words(spec: TaskSpec) -> list[str]:
 
 def torchrun_args(spec: TaskSpec, *, node_rank: str, master_addr: str, master_port: str,
                   job_id: str, accepted: Collection[str] | None = None) -> list[str]:
-    """torchrun's arguments for one node: c10d rendezvous at the first host.
+    """torchrun's arguments for one node: static rendezvous at the first host, node rank
+    ``node_rank`` (the task's Slurm node id).
+
+    Static, not c10d: c10d numbers the nodes by sorting their host names and agent pids
+    and ignores --node-rank, so global rank 0 may land on any node (``node10`` sorts
+    before ``node2``; two agents on one host in pid order). Static keeps torchrun's node
+    rank equal to Slurm's node id: node ``n`` runs ranks ``n*nproc`` to
+    ``(n+1)*nproc - 1``, the placement srun gives, and task ``n``'s log is node ``n``'s
+    (rundir.taskspec.Placement). The allocation is fixed and nothing restarts inside
+    torchrun (--max-restarts=0), so c10d's elasticity buys nothing here. Node 0 hosts the
+    rendezvous store at ``master_addr``, the first host of the allocation.
 
     ``accepted``: the option strings the node's torchrun knows (:func:`parser_options`).
     Given, each option takes the spelling it knows (``--nproc-per-node``, or the
@@ -44,7 +54,7 @@ def torchrun_args(spec: TaskSpec, *, node_rank: str, master_addr: str, master_po
         ("--nnodes", str(spec.nodes)),
         ("--nproc-per-node", str(spec.ranks_per_node)),
         ("--node-rank", node_rank),
-        ("--rdzv-backend", "c10d"),
+        ("--rdzv-backend", "static"),
         ("--rdzv-endpoint", f"{master_addr}:{master_port}"),
         ("--rdzv-id", job_id),
         ("--max-restarts", "0"),

@@ -239,3 +239,48 @@ def read_task_spec(run_dir: str | os.PathLike[str]) -> TaskSpec:
 def write_task_spec(run_dir: str | os.PathLike[str], spec: TaskSpec) -> None:
     """task.json into the run directory, replacing any earlier one whole."""
     atomic_write_text(RunDir(run_dir).task_file, spec.to_json())
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which global ranks each task of a job runs, as its task logs are named (layout's
+    ``JOB_TASK_log``): under srun a task is one rank; under torchrun a task is one node's
+    agent, and its node rank is the task's Slurm node id (launch.py pins it), so node
+    ``t`` runs ranks ``t*ranks_per_node`` to ``(t+1)*ranks_per_node - 1``, the block
+    placement srun gives."""
+
+    launcher: str = "srun"
+    ranks_per_node: int = 1
+
+    @classmethod
+    def of(cls, spec: TaskSpec) -> Placement:
+        return cls(spec.launcher, spec.ranks_per_node)
+
+    @property
+    def per_node(self) -> bool:
+        return self.launcher == "torchrun"
+
+    def ranks(self, task: int) -> range:
+        """The global ranks of task `task`."""
+        if not self.per_node:
+            return range(task, task + 1)
+        return range(task * self.ranks_per_node, (task + 1) * self.ranks_per_node)
+
+    def task(self, rank: int) -> int:
+        """The task that runs global rank `rank`."""
+        return rank // self.ranks_per_node if self.per_node else rank
+
+    def label(self, task: int) -> str:
+        """The task in a few characters: ``r3`` (srun), ``node1 r2-3`` (torchrun)."""
+        ranks = self.ranks(task)
+        shown = f"r{ranks[0]}" if len(ranks) == 1 else f"r{ranks[0]}-{ranks[-1]}"
+        return f"node{task} {shown}" if self.per_node else shown
+
+
+def read_placement(run_dir: str | os.PathLike[str]) -> Placement:
+    """The placement of the run's task.json; one rank per task when it cannot be read (a
+    run directory's logs are still shown, by task)."""
+    try:
+        return Placement.of(read_task_spec(run_dir))
+    except TaskSpecError:
+        return Placement()

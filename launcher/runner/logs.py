@@ -9,6 +9,7 @@ from typing import Callable
 
 from launcher.rundir.files import NotARegularFile, open_regular
 from launcher.rundir.layout import RunDir
+from launcher.rundir.taskspec import Placement, read_placement
 
 
 def read_tail(path: Path, limit: int = 64 * 1024) -> bytes:
@@ -115,22 +116,31 @@ class LogFollower:
             self.notice(why)
 
 
+def task_tag(placement: Placement, task: int, stream: str) -> str:
+    """What goes before each line of a task's log: its ranks (``[r2]``; ``[node1 r2-3]``
+    for a torchrun node), ``!`` for stderr."""
+    return f"[{placement.label(task)}{'!' if stream == 'err' else ''}]"
+
+
 class RankLogs:
-    """Every task log of a run as whole lines, `[rank]` (stdout) or `[rank!]` (stderr)
-    before each; `poll` hands on what is new since the last call. A log truncated or
+    """Every task log of a run as whole lines, each tagged with the task's ranks
+    (:func:`task_tag`); `rank`, when given, keeps the log of the task that runs that
+    global rank. `poll` hands on what is new since the last call. A log truncated or
     replaced is shown again from its start after one `[glaunch] LOG: why` line."""
 
     def __init__(self, run_dir: Path, rank: int | None, echo: Callable[[str], None]) -> None:
-        self.run_dir, self.rank, self.echo = RunDir(run_dir), rank, echo
+        self.run_dir, self.echo = RunDir(run_dir), echo
+        self.placement = read_placement(run_dir)
+        self.task = None if rank is None else self.placement.task(rank)
         self.followers: dict[Path, LogFollower] = {}
         self.lines: dict[Path, Lines] = {}
 
     def poll(self) -> None:
         listed = set()
-        for _, task, stream, path in self.run_dir.task_logs(self.rank):
+        for _, task, stream, path in self.run_dir.task_logs(self.task):
             listed.add(path)
             if path not in self.followers:
-                tag = f"[{task}]" if stream == "out" else f"[{task}!]"
+                tag = task_tag(self.placement, task, stream)
                 self.lines[path] = Lines(self._tagged(tag))
                 self.followers[path] = LogFollower(path, self.lines[path], self._notice(path))
             self.followers[path].poll()

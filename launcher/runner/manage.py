@@ -15,6 +15,7 @@ from launcher.rundir import registry
 from launcher.rundir.files import json_safe
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord, State, is_terminal
+from launcher.rundir.taskspec import read_placement
 from launcher.runner import sweeps
 from launcher.runner.logs import Lines, LogFollower, RankLogs
 from launcher.runner.lookup import find_sweep, is_remote, refreshed, refuse_copy, run_dir_of, sweep_records
@@ -78,17 +79,19 @@ def wait(run: RunRef, *, on_line: Text | None = None, on_state: OnState | None =
 
 
 class _Rank0Log:
-    """Rank 0's log of each job of a run as it grows, as whole lines to `on_line`."""
+    """Rank 0's log of each job of a run as it grows (the log of the task that runs it:
+    under torchrun its node's), as whole lines to `on_line`."""
 
     def __init__(self, run_dir: Path, on_line: Text) -> None:
         self.run_dir, self.on_line = RunDir(run_dir), on_line
+        self.task = read_placement(run_dir).task(0)
         self.followers: dict[str, LogFollower] = {}
         self.lines: dict[str, Lines] = {}
 
     def poll(self, job_id: str | None) -> None:
         if job_id and job_id not in self.followers:
             self.lines[job_id] = Lines(self.on_line)
-            self.followers[job_id] = LogFollower(self.run_dir.task_log(job_id, 0), self.lines[job_id])
+            self.followers[job_id] = LogFollower(self.run_dir.task_log(job_id, self.task), self.lines[job_id])
         for follower in self.followers.values():
             follower.poll()
 

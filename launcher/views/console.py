@@ -1,13 +1,14 @@
 """The console of a run followed to its end (`glaunch submit` on the local site, `glaunch
-submit --wait` on Slurm): rank 0's log as it grows, one status line (state, step/total,
-rate, ETA, last checkpoint), one event line per requeue::
+submit --wait` on Slurm): rank 0's log as it grows (under torchrun, its node's: the
+agent's and its workers' output), one status line (state, step/total, rate, ETA, last
+checkpoint), one event line per requeue::
 
     [glaunch] start 0: time limit at step 120 -> requeued -> resumed from 120
 
-and at the end the outcome; on a failure its reason, the first failing rank and the end
-of that rank's error log. Of a resumed run (`glaunch resume`) it follows the current job
-only, the one the last resume started: its first event says so (``resumed (resume 1)
-from step 120``).
+and at the end the outcome; on a failure its reason, the first failing rank (under
+torchrun, node) and the end of its error log. Of a resumed run (`glaunch resume`) it
+follows the current job only, the one the last resume started: its first event says so
+(``resumed (resume 1) from step 120``).
 
 On a terminal the status line stays below the log and is redrawn in place (carriage
 return, erase line), fitted to the terminal's width so it never wraps: whole parts are
@@ -34,6 +35,7 @@ from launcher.rundir.files import read_json, read_text
 from launcher.runner.goodput import epoch, number, step_of
 from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.rundir.records import RunRecord, StartRecord, State, is_terminal
+from launcher.rundir.taskspec import Placement, read_placement
 from launcher.runner.logs import LogFollower, read_tail
 from launcher.views.text import duration, printable
 from launcher.runner.status import resolved_values
@@ -70,6 +72,7 @@ class Console:
         self.said: set[int] = set()     # restarts whose requeue event was printed
         self.said_resume = False
         self.began = clock()
+        self.placement = read_placement(self.run_dir.path)
         derived = resolved_values(self.run_dir.path).get("derived")
         directory = derived.get("checkpoint_dir") if isinstance(derived, dict) else None
         self.checkpoint_dir = Path(directory) if isinstance(directory, str) else self.run_dir.checkpoint_dir
@@ -87,11 +90,13 @@ class Console:
             self._print("".join(line + "\n" for line in shown))
 
     def observe(self, record: RunRecord) -> None:
-        """A fresh run.json: follow each start's rank 0 log, print requeue events."""
+        """A fresh run.json: follow each start's log of the task that runs global rank 0
+        (under torchrun its node's), print requeue events."""
         self.record = record
+        task = self.placement.task(0)
         for start in job_starts(record)[1]:
             if start.job_id not in self.followers:
-                self.followers[start.job_id] = LogFollower(self.run_dir.task_log(start.job_id, 0), self.log)
+                self.followers[start.job_id] = LogFollower(self.run_dir.task_log(start.job_id, task), self.log)
         self._events(final=False)
 
     def pump(self) -> None:
@@ -311,8 +316,9 @@ def requeue_event(run_dir: RunDir, starts: list[StartRecord], start: StartRecord
 
 
 def first_failure(run_dir: RunDir, record: RunRecord) -> tuple[int | None, str | None, str | None]:
-    """(rank, node, error) of the first rank that failed in the last start: crash.json,
-    else the local step summary's first non-zero exit."""
+    """(task, node, error) of the first task that failed in the last start (a rank under
+    srun, a node's agent under torchrun): crash.json, else the local step summary's first
+    non-zero exit."""
     if not record.starts:
         return None, None, None
     last = record.starts[-1]
@@ -329,6 +335,13 @@ def first_failure(run_dir: RunDir, record: RunRecord) -> tuple[int | None, str |
             if isinstance(code, int) and code != 0:
                 return rank, None, f"exit status {code}"
     return None, None, None
+
+
+def failing_task(placement: Placement, task: int) -> str:
+    """``first failing rank: 3`` (srun), ``first failing node: node1 r2-3`` (torchrun)."""
+    if placement.per_node:
+        return f"first failing node: {placement.label(task)}"
+    return f"first failing rank: {task}"
 
 
 def outcome_lines(run_dir: RunDir, record: RunRecord, now: float) -> list[str]:
@@ -356,10 +369,11 @@ def outcome_lines(run_dir: RunDir, record: RunRecord, now: float) -> list[str]:
             lines.append(f"[glaunch] goodput: ETTR {good['ettr']:.2f}, {good['lost_steps']} step(s) lost; "
                          f"glaunch status {p(record.run_id)} for more")
     if state in (State.FAILED.value, State.OUT_OF_MEMORY.value, State.NODE_FAIL.value):
-        rank, node, error = first_failure(run_dir, record)
-        if rank is not None and last is not None:
-            log = run_dir.task_log(last.job_id, rank, "err")
-            lines.append(f"[glaunch] first failing rank: {rank}" + (f" on {p(node)}" if node else "")
+        task, node, error = first_failure(run_dir, record)
+        if task is not None and last is not None:
+            log = run_dir.task_log(last.job_id, task, "err")
+            failing = failing_task(read_placement(run_dir.path), task)
+            lines.append(f"[glaunch] {failing}" + (f" on {p(node)}" if node else "")
                          + (f": {p(error)}" if error else "") + f"; its log: {p(log)}")
             tail = [line for line in read_tail(log).decode(errors="replace").splitlines()
                     if line.strip() and not SUBMITIT_LINE.match(line)][-FAILED_LOG_LINES:]

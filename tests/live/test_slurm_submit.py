@@ -31,7 +31,10 @@ NODE_OF_RANK = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
 @pytest.mark.parametrize("case", sorted(TWO_NODES))
 def test_example_on_two_nodes(case, tmp_path, isolated_env):
     example, overrides, steps = TWO_NODES[case]
-    proc, info = submit(example, tmp_path / "runs", isolated_env, "resources.nodes=2", *overrides)
+    torchrun = "torchrun" in case
+    # torchrun: without --json, stdout is the --wait console a user sees.
+    proc, info = submit(example, tmp_path / "runs", isolated_env, "resources.nodes=2", *overrides,
+                        console=torchrun)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     job_id, run_dir = info["job_id"], tmp_path / "runs" / info["run_id"]
     assert info["state"] == "COMPLETED"
@@ -49,19 +52,19 @@ def test_example_on_two_nodes(case, tmp_path, isolated_env):
 
     # Every rank saw world size 4, on the node Slurm put it on.
     logs = {p.name: p.read_text() for p in (run_dir / "logs").glob(f"{job_id}_*_log.err")}
-    if "torchrun" in case:
-        # One task (a torchrun agent) per node; c10d's rendezvous numbers the nodes in
-        # the order they join, so a node's ranks are either 0-1 or 2-3.
+    if torchrun:
+        # One task (a torchrun agent) per node, whose node rank is its Slurm node id:
+        # ranks 0-1 on node1 (task 0), 2-3 on node2 (task 1), as srun places them.
         assert len(logs) == 2
-        seen = set()
         for task, node in ((0, "node1"), (1, "node2")):
             log = logs[f"{job_id}_{task}_log.err"]
             assert f"glaunch: node {task} on {node}: torchrun --nnodes=2 --nproc-per-node=2" in log
             joined = re.findall(r"joined gloo: rank (\d)/4, local rank (\d), node (\d) \((node\d)\)", log)
-            assert len(joined) == 2 and {j[3] for j in joined} == {node}, joined
-            assert len({j[2] for j in joined}) == 1 and {j[1] for j in joined} == {"0", "1"}, joined
-            seen |= {int(j[0]) for j in joined}
-        assert seen == {0, 1, 2, 3}
+            assert sorted(joined) == [(str(2 * task + local), str(local), str(task), node) for local in (0, 1)], joined
+        # The --wait console follows global rank 0's output: its training lines.
+        assert f"step 10/{steps} loss" in proc.stdout and f"done: step {steps} param_sha256" in proc.stdout, \
+            proc.stdout[-3000:]
+        _check_torchrun_logs(run_dir, isolated_env)
     else:
         assert len(logs) == 4                      # one task per rank
         for rank, node in NODE_OF_RANK.items():
@@ -70,6 +73,20 @@ def test_example_on_two_nodes(case, tmp_path, isolated_env):
     record = read_json(run_dir / "run.json")
     assert record["job_id"] == job_id and record["state"] == "COMPLETED"
     assert record["starts"][0]["state"] == "COMPLETED" and record["starts"][0]["nodes"] == "node[1-2]"
+
+
+def _check_torchrun_logs(run_dir, env):
+    """`glaunch logs` tags a torchrun task's lines with its node and global ranks;
+    `--rank N` is global rank N: the log of the node that runs it."""
+    shown = glaunch("logs", str(run_dir), env=env)
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    lines = shown.stdout.splitlines()
+    assert any(line.startswith("[node0 r0-1] done: step ") for line in lines), lines[-20:]
+    assert any(re.match(r"\[node1 r2-3!\] glaunch\[rank 2\]: joined gloo: rank 2/4", line) for line in lines)
+    assert {line.split("]")[0] + "]" for line in lines} <= {"[node0 r0-1]", "[node0 r0-1!]", "[node1 r2-3]",
+                                                             "[node1 r2-3!]"}
+    rank3 = glaunch("logs", str(run_dir), "--rank", "3", env=env).stdout.splitlines()
+    assert rank3 and all(line.startswith("[node1 r2-3") for line in rank3), rank3[:5]
 
 
 def other_torch(folder: Path) -> tuple[Path, str]:
@@ -176,16 +193,16 @@ def test_status_logs_list_cancel_on_a_real_job(tmp_path, isolated_env):
     def running_with_progress():
         status = json.loads(glaunch("status", run_id, "--json", env=isolated_env).stdout)
         logs = glaunch("logs", run_id, env=isolated_env).stdout
-        return status["state"] == "RUNNING" and "[0] step " in logs and status
+        return status["state"] == "RUNNING" and "[r0] step " in logs and status
 
     status = wait_until(running_with_progress, 600, "the job to run and log steps")
     assert status["job_id"] == job_id and status["accounting"] is True and status["site"] == SITE
 
     logs = glaunch("logs", run_id, env=isolated_env).stdout
     for rank in range(4):
-        assert f"[{rank}!] glaunch: rank {rank}/4 on " in logs, rank
+        assert f"[r{rank}!] glaunch: rank {rank}/4 on " in logs, rank
     only_two = glaunch("logs", run_id, "--rank", "2", env=isolated_env).stdout
-    assert only_two and all(line.startswith("[2") for line in only_two.splitlines())
+    assert only_two and all(line.startswith("[r2") for line in only_two.splitlines())
 
     listed = json.loads(glaunch("list", "--json", env=isolated_env).stdout)["runs"]
     row = next(r for r in listed if r["run_id"] == run_id)
@@ -201,7 +218,7 @@ def test_status_logs_list_cancel_on_a_real_job(tmp_path, isolated_env):
     wait_until(lambda: not processes_mentioning(str(run_dir)), 120, "the job's processes to end")
     # -f on a finished run prints what there is and returns.
     followed = glaunch("logs", run_id, "-f", env=isolated_env, timeout=60)
-    assert followed.returncode == 0 and "[0] step " in followed.stdout
+    assert followed.returncode == 0 and "[r0] step " in followed.stdout
 
 
 def test_status_without_accounting_says_so(tmp_path, isolated_env):

@@ -123,7 +123,7 @@ def test_two_by_two_sweep_one_array_one_element_preempted_resumes_bitwise(tmp_pa
     text = glaunch("status", info["sweep_id"], env=isolated_env).stdout
     assert "4 element(s): 4 COMPLETED" in text and "hparams.lr" in text and "hparams.steps" in text
     logs = glaunch("logs", info["sweep_id"], "--rank", "0", env=isolated_env).stdout
-    assert all(f"[{i}][0] done: step" in logs for i in range(4))
+    assert all(f"[{i}][r0] done: step" in logs for i in range(4))
 
 
 def test_a_sweep_is_cancelled_as_a_whole(tmp_path, isolated_env):

@@ -123,7 +123,7 @@ def test_logs_list_and_cancel_of_an_ended_run_ask_nothing(down):
     log.write_text("step 1\n")
     lines: list[str] = []
     api.logs(str(run_dir), follow=True, echo=lines.append, poll_s=0.0)
-    assert lines == ["[0] step 1"]
+    assert lines == ["[r0] step 1"]
     assert [(r["run_id"], r["state"]) for r in api.list_runs()] == [(run_dir.name, "FAILED")]
     assert api.cancel(str(run_dir)) == f"run {run_dir.name}: nothing to cancel (FAILED)"
     assert calls(down) == {}

@@ -162,13 +162,13 @@ def test_an_unfinished_last_line_is_shown_once_whole(tmp_path):
     reader, log, lines = rank_logs(tmp_path)
     log.write_bytes(b"step 1\nstep 2 lo")
     reader.poll()
-    assert lines == ["[0] step 1"]
+    assert lines == ["[r0] step 1"]
     with open(log, "ab") as f:
         f.write(b"ss 0.5\nstep 3")
     reader.poll()
-    assert lines == ["[0] step 1", "[0] step 2 loss 0.5"]
+    assert lines == ["[r0] step 1", "[r0] step 2 loss 0.5"]
     reader.flush()
-    assert lines == ["[0] step 1", "[0] step 2 loss 0.5", "[0] step 3"]
+    assert lines == ["[r0] step 1", "[r0] step 2 loss 0.5", "[r0] step 3"]
 
 
 def test_rank_logs_say_a_truncation_in_one_line_and_go_on(tmp_path):
@@ -177,9 +177,9 @@ def test_rank_logs_say_a_truncation_in_one_line_and_go_on(tmp_path):
     reader.poll()
     truncate_with_o_trunc(log, b"new 1\n")
     reader.poll()
-    assert lines[:2] == ["[0] old 1", "[0] old 2"] and lines[2] == "[0] unfinished"
+    assert lines[:2] == ["[r0] old 1", "[r0] old 2"] and lines[2] == "[r0] unfinished"
     assert lines[3].startswith("[glaunch] ") and "1000_0_log.out" in lines[3] and "truncated" in lines[3]
-    assert lines[4:] == ["[0] new 1"]
+    assert lines[4:] == ["[r0] new 1"]
 
 
 def test_logs_follow_shows_what_is_written_after_a_truncation(tmp_path, isolated_env, monkeypatch):
@@ -224,7 +224,7 @@ def test_logs_follow_shows_what_is_written_after_a_truncation(tmp_path, isolated
     api.logs(str(run_dir), follow=True, echo=lines.append, poll_s=0)
     shown = [line for line in lines if not line.startswith("[glaunch] ")]
     notices = [line for line in lines if line.startswith("[glaunch] ")]
-    assert shown == ["[0] one", "[0] two", "[0] 3", "[0] partial end", "[0] again"]
+    assert shown == ["[r0] one", "[r0] two", "[r0] 3", "[r0] partial end", "[r0] again"]
     assert len(notices) == 3 and all("1000_0_log.out" in n for n in notices)
     assert "truncated" in notices[0] and "not a regular file" in notices[1] and "replaced" in notices[2]
     assert lines.index(notices[0]) == 2 and lines.index(notices[2]) == len(lines) - 2

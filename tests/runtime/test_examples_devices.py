@@ -378,7 +378,7 @@ def test_torchrun_options_fit_the_parser():
     # the torch this project installs (2.13) knows every option, as written
     assert launch.torchrun_args(SPEC, **kw, accepted=launch.parser_options(get_args_parser())) == full
     old = launch.torchrun_args(SPEC, **kw, accepted=launch.parser_options(old_style(get_args_parser())))
-    assert old == ["--nnodes=2", "--nproc_per_node=4", "--node_rank=1", "--rdzv_backend=c10d",
+    assert old == ["--nnodes=2", "--nproc_per_node=4", "--node_rank=1", "--rdzv_backend=static",
                    "--rdzv_endpoint=n1:29500", "--rdzv_id=77", "--max_restarts=0"]
     with pytest.raises(RuntimeError, match="no --rdzv-id option"):
         launch.torchrun_args(SPEC, **kw, accepted={"--nnodes", "--nproc-per-node", "--node-rank",
@@ -404,6 +404,6 @@ def test_task_runs_torchrun_with_the_options_the_node_knows(monkeypatch, tmp_pat
     assert TrainingTask(tmp_path)._run_torchrun(spec, types.SimpleNamespace(node=0, job_id="5")) == 0
     out, err = capfd.readouterr()
     assert "torchrun has no --signals-to-handle" in err
-    assert "torchrun --nnodes=1 --nproc_per_node=1 --node_rank=0 --rdzv_backend=c10d" in err
+    assert "torchrun --nnodes=1 --nproc_per_node=1 --node_rank=0 --rdzv_backend=static" in err
     assert "--signals-to-handle=" not in err
     assert "worker 0 1" in out + err

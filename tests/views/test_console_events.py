@@ -197,3 +197,30 @@ def test_submitit_s_error_line_is_not_shown(tmp_path):
     console.finish(registry.read(run_dir.path))
     text = "".join(shown)
     assert "    ValueError: x\n" in text and "triggered an exception" not in text
+
+
+def test_a_torchrun_run_shows_global_rank_0_and_names_the_failing_node(tmp_path):
+    """Under torchrun a task log is a node's (its agent and workers): the console follows
+    the node that runs global rank 0, and a failing task is named by node and ranks."""
+    from test_task_placement import recorded_run
+
+    run_dir = RunDir(recorded_run(tmp_path))
+    registry.write(run_dir.path, RunRecord.from_dict({
+        "run_id": "r", "state": "RUNNING", "requeue_max": 3, "job_id": "3047",
+        "starts": [{"job_id": "3047", "restart": 0, "state": "RUNNING", "started": "2025-03-01T10:00:00+00:00"}]}))
+    shown: list[str] = []
+    console = Console(run_dir.path, shown.append, live=False, clock=lambda: 1e12)
+    console.observe(registry.read(run_dir.path))
+    console.pump()
+    assert "step 10/40 loss 0.6333\n" in "".join(shown)
+    with registry.updating(run_dir.path) as record:
+        record.record_start("3047", 0, state="FAILED", reason="crash", detail="exit status 1")
+        record.state, record.reason = "FAILED", "crash"
+    (run_dir.path / "crash.json").write_text(json.dumps({"restart": 0, "task": 1, "node": "node2",
+                                                         "error": "RuntimeError: boom"}))
+    console.finish(registry.read(run_dir.path))
+    text = "".join(shown)
+    followed = text.split("[glaunch] run r FAILED")[0]
+    assert "done: step 40 param_sha256 " in followed and "joined gloo" not in followed   # rank 0's stdout only
+    assert "[glaunch] first failing node: node1 r2-3 on node2: RuntimeError: boom; its log: " in text
+    assert f"its log: {run_dir.task_log('3047', 1, 'err')}\n" in text
