@@ -163,6 +163,7 @@ def test_mixed_precision_follows_the_configured_precision_on_gpus(monkeypatch, r
     monkeypatch.setenv("GLAUNCH_PRECISION", precision)
     # Fake of what cannot run here: torch reporting a CUDA GPU.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))     # an H100
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     policy = gfsdp.mixed_precision()
     if dtype is None:
@@ -188,6 +189,7 @@ def test_shard_passes_the_policy_unless_given(monkeypatch, rank_env):
 
     monkeypatch.setenv("GLAUNCH_PRECISION", "bf16")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)     # fake: a GPU
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))     # an H100
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     calls = []
     # Fake of what needs a process group on a GPU: fully_shard, recording its arguments.
