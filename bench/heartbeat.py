@@ -65,7 +65,8 @@ def main() -> int:
 
     # should_stop beats through the heartbeats module it imported; "off" swaps that for no-ops.
     real = stop.heartbeats
-    off = types.SimpleNamespace(heartbeat=lambda step=None, total=None: None, note_stop_decided=lambda: None)
+    off = types.SimpleNamespace(heartbeat=lambda step=None, total=None: None, note_stop_decided=lambda: None,
+                                note_synced=lambda: None)
     writes: list[float] = []
     write = heartbeats.Beats.write
 
