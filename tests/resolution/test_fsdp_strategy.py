@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from test_examples_devices import fake_cuda
+
 from launcher import api
 from launcher.errors import ConfigError
 
@@ -162,9 +164,7 @@ def test_mixed_precision_follows_the_configured_precision_on_gpus(monkeypatch, r
 
     monkeypatch.setenv("GLAUNCH_PRECISION", precision)
     # Fake of what cannot run here: torch reporting a CUDA GPU.
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))     # an H100
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    fake_cuda(monkeypatch, 1)
     policy = gfsdp.mixed_precision()
     if dtype is None:
         assert policy is None
@@ -188,9 +188,7 @@ def test_shard_passes_the_policy_unless_given(monkeypatch, rank_env):
     from launcher.runtime import fsdp as gfsdp
 
     monkeypatch.setenv("GLAUNCH_PRECISION", "bf16")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)     # fake: a GPU
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (9, 0))     # an H100
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    fake_cuda(monkeypatch, 1)     # fake: an H100
     calls = []
     # Fake of what needs a process group on a GPU: fully_shard, recording its arguments.
     monkeypatch.setattr(fsdp_module, "fully_shard", lambda module, **kw: calls.append((module, kw)))
