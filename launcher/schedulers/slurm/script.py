@@ -71,7 +71,9 @@ def _container_words(plan: JobPlan) -> list[str]:
 def srun_line(plan: JobPlan) -> str:
     out, err = task_log_patterns(plan)
     words = ["srun", "--unbuffered", f"--output={out}", f"--error={err}", "--open-mode=append",
-             "--kill-on-bad-exit=1", f"--nodes={plan.nodes}", f"--ntasks-per-node={plan.tasks_per_node}"]
+             "--kill-on-bad-exit=1", f"--nodes={plan.nodes}", f"--ntasks-per-node={plan.tasks_per_node}",
+             # The job's own count (SLURM_NTASKS) includes its spare nodes' tasks.
+             f"--ntasks={plan.nodes * plan.tasks_per_node}"]
     if plan.cpus_per_task:
         # Slurm 22.05 stopped passing the batch's --cpus-per-task on to srun.
         words.append(f"--cpus-per-task={plan.cpus_per_task}")
