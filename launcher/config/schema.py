@@ -97,6 +97,7 @@ class Resources:
     """`resources:` the allocation (defaults: the site's partition)."""
 
     nodes: int = 1
+    spare_nodes: int = 0               # held besides `nodes`: a bad node's replacement without requeue
     gpus_per_node: Optional[int] = None
     partition: Optional[str] = None
     time: str = "01:00:00"

@@ -97,7 +97,8 @@ class JobPlan:
     account: str | None
     qos: str | None
     constraint: str | None
-    nodes: int
+    nodes: int                        # the nodes training runs on
+    spare_nodes: int                  # held besides them: what replaces a bad node in the allocation
     gpus_per_node: int
     gpu_directive: str
     tasks_per_node: int
@@ -153,6 +154,11 @@ class JobPlan:
     def submitted_script(self) -> str | None:
         """The script as the experiment names it (before any snapshot)."""
         return self.code.script if self.code is not None else self.entry_script
+
+    @property
+    def allocated_nodes(self) -> int:
+        """The nodes the job asks the scheduler for: its own and the spares."""
+        return self.nodes + self.spare_nodes
 
     @property
     def time(self) -> str:

@@ -71,7 +71,8 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
         partition=alloc.partition, account=site.account,
         qos=(part.qos if part is not None and part.qos else site.qos),
         constraint=part.constraint if part is not None else None,
-        nodes=alloc.nodes, gpus_per_node=alloc.gpus_per_node, gpu_directive=site.gpu_directive,
+        nodes=alloc.nodes, spare_nodes=alloc.spare_nodes, gpus_per_node=alloc.gpus_per_node,
+        gpu_directive=site.gpu_directive,
         tasks_per_node=alloc.tasks_per_node, cpus_per_task=alloc.cpus_per_task, mem_gb=alloc.mem_gb,
         time_seconds=alloc.time_seconds, preemptible=bool(part is not None and part.preemptible),
         extra_sbatch=tuple(sorted(site.sbatch.items())),
@@ -105,6 +106,7 @@ class _Allocation:
     partition: str | None
     part: schema.Partition | None
     nodes: int
+    spare_nodes: int
     gpus_per_node: int
     ranks_per_node: int
     tasks_per_node: int
@@ -119,6 +121,7 @@ def _allocation(exp: schema.Experiment, site: schema.Site) -> _Allocation:
     name, part = _partition(exp, site)
     gpus = _gpus_per_node(res, part, name, site)
     nodes = _nodes(res, part, name, site)
+    spare = _spare_nodes(res, nodes, part, name, site)
     time_seconds = _time_limit(res, part, name, site)
     ranks_per_node = max(gpus, 1)
     tasks_per_node = ranks_per_node if exp.launcher == "srun" else 1
@@ -127,7 +130,7 @@ def _allocation(exp: schema.Experiment, site: schema.Site) -> _Allocation:
         raise ConfigKeyError("resources.nodes", f"{nodes} nodes x {ranks_per_node} ranks = {world_size} ranks, "
                              f"more than glaunch runs in one job ({MAX_WORLD_SIZE})")
     return _Allocation(
-        partition=name, part=part, nodes=nodes, gpus_per_node=gpus, ranks_per_node=ranks_per_node,
+        partition=name, part=part, nodes=nodes, spare_nodes=spare, gpus_per_node=gpus, ranks_per_node=ranks_per_node,
         tasks_per_node=tasks_per_node, world_size=world_size,
         cpus_per_task=_cpus_per_task(res, part, name, ranks_per_node, tasks_per_node),
         mem_gb=_mem_gb(res, part, name), time_seconds=time_seconds)
@@ -179,6 +182,20 @@ def _nodes(res: schema.Resources, part: schema.Partition | None, partition: str 
         raise ConfigKeyError("resources.nodes", f"{nodes} nodes requested, partition {partition!r} of site "
                              f"{site.name!r} allows at most {part.max_nodes} (partitions.{partition}.max_nodes)")
     return nodes
+
+
+def _spare_nodes(res: schema.Resources, nodes: int, part: schema.Partition | None, partition: str | None,
+                 site: schema.Site) -> int:
+    """Nodes the job holds besides `nodes`, idle until one replaces a node a crash or a
+    hang pointed at (a restart inside the allocation instead of a requeue)."""
+    if res.spare_nodes < 0:
+        raise ConfigKeyError("resources.spare_nodes", f"must be 0 or more, got {res.spare_nodes}")
+    total = nodes + res.spare_nodes
+    if part is not None and part.max_nodes is not None and total > part.max_nodes:
+        raise ConfigKeyError("resources.spare_nodes", f"{nodes} + {res.spare_nodes} spare nodes requested, partition "
+                             f"{partition!r} of site {site.name!r} allows at most {part.max_nodes} "
+                             f"(partitions.{partition}.max_nodes)")
+    return res.spare_nodes
 
 
 def _time_limit(res: schema.Resources, part: schema.Partition | None, partition: str | None,

@@ -29,6 +29,8 @@ MOVES: Mapping[State, frozenset[State]] = {
     State.PENDING: _QUEUED_OR_RUNNING | ENDS,
     State.RUNNING: _QUEUED_OR_RUNNING | ENDS,
     State.REQUEUED: _QUEUED_OR_RUNNING | ENDS,
+    # A start's end, never a run's (the run is RUNNING its next step): read as running.
+    State.RESTARTED: _QUEUED_OR_RUNNING | ENDS,
     # A job the scheduler lost track of: whatever it says next; or a resume.
     State.UNKNOWN: _QUEUED_OR_RUNNING | ENDS | {State.SUBMITTING},
     **{end: ENDS | {State.SUBMITTING} for end in ENDS},

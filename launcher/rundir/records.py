@@ -27,6 +27,7 @@ class State(str, enum.Enum):
     PENDING = "PENDING"
     RUNNING = "RUNNING"
     REQUEUED = "REQUEUED"
+    RESTARTED = "RESTARTED"        # a start's end only: a new job step followed in the same allocation
     COMPLETED = "COMPLETED"
     FAILED = "FAILED"
     CANCELLED = "CANCELLED"
@@ -68,6 +69,8 @@ RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,255}")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # Ends of a start that point at something wrong with it, and count against crash_retries.
 FAILURES = frozenset({"crash", "hang"})
+# Ends of a start after which its job starts again: requeued, or restarted in its allocation.
+GOES_ON = frozenset({State.REQUEUED.value, State.RESTARTED.value})
 
 
 class RecordError(ValueError):
@@ -178,15 +181,15 @@ _START_FIELDS = {
     "job_id": job_id_of, "restart": _required_count, "submitted": _text, "started": _text, "ended": _text,
     "state": _state, "reason": _text, "detail": _text, "exit_code": _integer, "resumed_from": _integer,
     "stopped_at": _integer, "hang": _object, "bad_node": _node, "exclusion": _text,
-    "excluded_nodes": _nodes,
+    "excluded_nodes": _nodes, "spare_nodes": _count, "left_out": _node,
 }
 # Values a start takes from files the ranks or the watchdog write (stop.json, resume.json,
 # crash.json, hang.json) or from the job's exit: whatever those hold, a record keeps only
 # what it can read back.
 _OBSERVED = frozenset({"exit_code", "resumed_from", "stopped_at", "hang", "bad_node", "exclusion",
-                       "excluded_nodes"})
-# Kept out of run.json while empty: most starts neither hang nor exclude a node.
-_SPARSE = frozenset({"hang", "bad_node", "exclusion", "excluded_nodes"})
+                       "excluded_nodes", "spare_nodes", "left_out"})
+# Kept out of run.json while empty: most starts neither hang, exclude a node nor hold spares.
+_SPARSE = frozenset({"hang", "bad_node", "exclusion", "excluded_nodes", "spare_nodes", "left_out"})
 
 
 def _amount(value: Any) -> Any:
@@ -253,7 +256,8 @@ def _known(cls: type, data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str
 
 @dataclass
 class StartRecord:
-    """One start of a job: the first submission, then one per requeue."""
+    """One start of a job: the first submission, then one per requeue and one per job step
+    started again in the same allocation (state RESTARTED: the same job id, a new step)."""
 
     job_id: str
     restart: int
@@ -272,6 +276,8 @@ class StartRecord:
     bad_node: str | None = None      # the node this start's crash or hang points at
     exclusion: str | None = None     # what became of bad_node: excluded from later starts, or why not
     excluded_nodes: list[str] = field(default_factory=list)   # the nodes this start was kept off
+    spare_nodes: int | None = None   # nodes of the allocation this start's step left idle
+    left_out: str | None = None      # RESTARTED: bad_node, left out of the allocation's next step
     # nodes, pid, scheduler_state, ...; and what the ranks measured (TELEMETRY_FIELDS)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -377,6 +383,29 @@ class RunRecord:
             self.starts.append(entry)
         entry.update(**values)
         return entry
+
+    def requeues_before(self, job_id: str, restart: int) -> int:
+        """Starts of job `job_id` before `restart` that ended in a requeue (requeue.max counts
+        these; a job step started again in the same allocation is no requeue)."""
+        return sum(1 for s in self.starts if s.job_id == str(job_id) and s.restart < restart
+                   and s.state == State.REQUEUED.value)
+
+    def next_restart(self, job_id: str, requeues: int) -> int:
+        """The number of the start a batch script of job `job_id` begins, Slurm having requeued
+        the job `requeues` times: past every start of the job already ended (steps restarted in
+        the allocation took numbers of their own)."""
+        return max([requeues] + [s.restart + 1 for s in self.starts if s.job_id == str(job_id) and s.ended])
+
+    def allocation_start(self, job_id: str, index: int) -> int:
+        """The number of the first start in allocation `index` of job `job_id` (sacct's row
+        `index`): each start the job recorded RESTARTED kept its allocation for the next."""
+        first = index
+        for restarted in sorted(s.restart for s in self.starts
+                                if s.job_id == str(job_id) and s.state == State.RESTARTED.value):
+            if restarted >= first:
+                break
+            first += 1
+        return first
 
     def crash_count(self, *, job_id: str | None = None, before: int | None = None) -> int:
         """Starts that ended in a crash or a hang (of job `job_id` and before restart `before`,

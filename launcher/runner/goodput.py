@@ -24,6 +24,8 @@ resume` took it up again (from its job's last end to the resume); ``lost_steps``
 ``restart_overhead_s`` = queue wait and start-up of every start after the first (a
 resumed job's first start queues from its resume), plus stop and teardown of every
 interrupted start;
+``spare_node_hours``: the node-hours the allocation's spare nodes (resources.spare_nodes)
+stood idle, a cost of restarting inside the allocation (recorded at each start's end);
 ``interruptions`` and ``mean_time_between_interruptions_s`` (a start's begin -> its stop
 request, or its end); the same for those that came without warning (crash, hang, node
 failure: ``unwarned_interruptions``, ``mean_time_between_unwarned_s``).
@@ -46,7 +48,7 @@ import datetime as dt
 import math
 from typing import Any, Mapping, Sequence
 
-from launcher.rundir.records import RunRecord, StartRecord, State, is_terminal
+from launcher.rundir.records import GOES_ON, RunRecord, StartRecord, State, is_terminal
 
 # Reasons a start ended without finishing, after which the run may go on.
 INTERRUPTED = frozenset({"timeout", "preemption", "crash", "hang", "node failure", "node_fail"})
@@ -179,6 +181,8 @@ def _start_row(start: StartRecord, queued_from: float | None, following: StartRe
     done = None if last is None else max(0, last - base)
     kept = None if done is None or kept_to is None else max(0, min(last or 0, kept_to) - base)
     lost = None if done is None or kept is None else done - kept
+    wall = _span(started, ended if ended is not None else (now if not is_terminal(start.state) else None))
+    spares = start.spare_nodes or 0        # checked when read: a count or None
     return {
         "restart": start.restart, "job_id": start.job_id, "state": start.state, "reason": start.reason,
         "queue_wait_s": _span(queued_from, started),
@@ -189,7 +193,8 @@ def _start_row(start: StartRecord, queued_from: float | None, following: StartRe
         "steps_done": done, "steps_kept": kept, "lost_steps": lost,
         "step_time_s": seconds,
         "productive_s": None if kept is None or seconds is None else round(kept * seconds, 3),
-        "wall_s": _span(started, ended if ended is not None else (now if not is_terminal(start.state) else None)),
+        "wall_s": wall,
+        "spare_node_hours": round(spares * wall / 3600, 4) if spares and wall is not None else None,
     }
 
 
@@ -203,7 +208,7 @@ def _kept_to(start: StartRecord, following: StartRecord | None, last: int | None
             return 0                     # it began from step 0
     if start.state == State.COMPLETED.value:
         return last
-    if following is None and not is_terminal(start.state) and start.state != State.REQUEUED.value:
+    if following is None and not is_terminal(start.state) and start.state not in GOES_ON:
         return last                      # still going: all of it so far
     if step_of(start.stopped_at) is not None and ("stop_checkpoint" not in start.extra
                                                   or start.get("stop_checkpoint")):
@@ -248,6 +253,7 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
                 measured = True
     interrupted = [s for s in starts if s.reason in INTERRUPTED and s.ended]
     unwarned = [s for s in interrupted if s.reason not in STOPPED]
+    spare = [r["spare_node_hours"] for r in rows if r["spare_node_hours"] is not None]
     goodput = {
         "ettr": round(sum(productive) / wall, 4) if productive and wall else None,
         "productive_s": round(sum(productive), 3) if productive else None,
@@ -261,6 +267,7 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
         "unwarned_interruptions": len(unwarned),
         "mean_time_between_unwarned_s": _mean_run(unwarned),
         "save_s": _save_times(starts),
+        "spare_node_hours": round(sum(spare), 4) if spare else None,
         "starts": rows,
     }
     return {"goodput": goodput, "suggest": suggest(starts, goodput, settings or {}),
@@ -361,7 +368,7 @@ def checkpoint_warnings(record: RunRecord) -> list[str]:
                       for s in record.starts)
     from_zero = []
     for previous, start in zip(record.starts, record.starts[1:]):
-        if (checkpoints or previous.state != State.REQUEUED.value or step_of(start.resumed_from) is not None
+        if (checkpoints or previous.state not in GOES_ON or step_of(start.resumed_from) is not None
                 or not step_of(previous.get("last_step"))):          # it lost no step: nothing was there to save
             continue
         first = step_of(start.get("first_step"))

@@ -20,6 +20,16 @@ lists them. With ``watchdog.slow_node: exclude`` a start that requeues also leav
 nodes the watchdog named slow (its run.json entry's ``watchdog.slow``), under the same
 check of the partition; what became of each is that entry's ``exclusion``.
 
+A crash or a hang within ``crash_retries`` in a batch job (the script passes
+``--allocation``, the job's nodes, and ``--step-nodes``, the failed step's) starts again in
+the same allocation without a requeue: the output is ``restart NODE,NODE``, the nodes of
+the new job step (:func:`restart_in_allocation`): the failed step's healthy nodes, and a
+spare (``resources.spare_nodes``) in place of the node it points at. The start is
+recorded RESTARTED, with the node it left out. Only when the allocation cannot spare that
+node does the job requeue without it, as above. A step restarted in the allocation takes
+the next start number (GLAUNCH_RESTART), so the batch script of a later requeue asks for
+its own (``--start-number``): Slurm's requeue count no longer is one.
+
 While the step runs, the same program watches it (``--watch``: the hang watchdog,
 launcher.runtime.watchdog): job.sbatch starts it before the step and stops it after.
 
@@ -42,7 +52,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from launcher.rundir import registry
 from launcher.processes import run_bounded
@@ -170,6 +180,55 @@ def exclusion(bad: str | None, excluded: Iterable[str], *, needed: int, usable: 
     return excluded + [bad], f"{bad} excluded from later starts"
 
 
+@dataclass(frozen=True)
+class NextStep:
+    """A crash or a hang restarted inside the allocation: the new job step's nodes."""
+
+    nodes: tuple[str, ...]       # in the allocation's order: the first is rank 0's
+    left_out: str | None         # the node the failure pointed at, left out of the new step
+    note: str                    # for run.json's `exclusion` and the batch log
+
+
+def restart_in_allocation(outcome: Outcome, *, bad: str | None, avoid_bad: bool, allocation: Sequence[str],
+                          in_use: Sequence[str], left_out_before: Iterable[str], needed: int) -> NextStep | None:
+    """Pure: where a crash or a hang within crash_retries starts again without a requeue.
+
+    `allocation`: the job's nodes, in Slurm's order (empty: not a batch job, no restart in
+    it); `in_use`: the nodes of the step that failed; `left_out_before`: nodes earlier
+    restarts in this allocation left out; `bad`: the node this failure points at, left out
+    of the new step (`avoid_bad`: requeue.exclude_bad_nodes) while the allocation keeps
+    `needed` others. The step's healthy nodes stay, spares fill in. None: the allocation
+    cannot spare the bad node, and the job requeues without it as before."""
+    if not outcome.requeue or outcome.reason not in FAILURES or not allocation:
+        return None
+    left_out = bad if avoid_bad and bad is not None else None
+    off = set(left_out_before) | {left_out}
+    keep = [n for n in in_use if n in allocation and n not in off]
+    spares = [n for n in allocation if n not in in_use and n not in off]
+    chosen = set((keep + spares)[:needed])
+    if len(chosen) < needed:
+        return None
+    nodes = tuple(n for n in allocation if n in chosen)
+    if left_out is None:
+        return NextStep(nodes, None, "restarted in its allocation on the same nodes")
+    added = [n for n in nodes if n not in in_use]
+    return NextStep(nodes, left_out, f"{left_out} left out of the next step in the allocation"
+                    + (f"; {','.join(added)} took its place" if added else ""))
+
+
+def left_out_in_allocation(record: RunRecord, job_id: str, restart: int) -> list[str]:
+    """The nodes the restarts since this allocation began left out (the job's starts just
+    before `restart` that ended RESTARTED)."""
+    nodes = []
+    for start in sorted((s for s in record.starts if s.job_id == job_id and s.restart < restart),
+                        key=lambda s: -s.restart):
+        if start.state != State.RESTARTED.value:
+            break
+        if start.left_out:
+            nodes.append(start.left_out)
+    return nodes
+
+
 def usable_nodes(sinfo_lines: str) -> list[str]:
     """Pure: the nodes of `sinfo --Node --format='%N %T'` output whose state can take a job."""
     out: list[str] = []
@@ -240,17 +299,31 @@ def exclude_bad_nodes_setting(run_dir: Path) -> tuple[bool, str]:
         return False, str(exc)
 
 
+def node_list(text: str) -> list[str]:
+    """Comma-separated node names as the batch script passes them; anything else is dropped."""
+    return [n for n in text.split(",") if is_node_name(n)]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m launcher.runtime.jobend")
+    parser.add_argument("run_dir")
+    parser.add_argument("--status", type=int, help="the job step's exit status")
+    parser.add_argument("--preempted", default="0", help="non-zero: Slurm preempted the job")
+    parser.add_argument("--started", default=None, help="when this start began (ISO 8601)")
+    parser.add_argument("--allocation", default="", help="the job's nodes (comma-separated): a crash or a "
+                        "hang may start a new step among them; none: the job requeues")
+    parser.add_argument("--step-nodes", default="", help="the nodes of the step that ended (comma-separated)")
+    parser.add_argument("--start-number", action="store_true", help="print the number of the start the "
+                        "batch script begins (GLAUNCH_RESTART), and record nothing")
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--watch" in argv:
         return watchdog.main([a for a in argv if a != "--watch"])
-    parser = argparse.ArgumentParser(prog="python -m launcher.runtime.jobend")
-    parser.add_argument("run_dir")
-    parser.add_argument("--status", type=int, required=True, help="the job step's exit status")
-    parser.add_argument("--preempted", default="0", help="non-zero: Slurm preempted the job")
-    parser.add_argument("--started", default=None, help="when this start began (ISO 8601)")
+    parser = _parser()
     args = parser.parse_args(argv)
-
     run_dir = Path(args.run_dir)
     try:
         ctx = context()   # env.sh, sourced by job.sbatch, exported the job's id and its restart count
@@ -260,42 +333,85 @@ def main(argv: list[str] | None = None) -> int:
         print(f"glaunch: the end of this start is not recorded: {exc}", file=sys.stderr, flush=True)
         print("done", flush=True)
         return 1
-    restart = ctx.restart
+    if args.start_number:
+        return print_start_number(run_dir, ctx.job_id, ctx.restart)
+    if args.status is None:
+        parser.error("--status is required")
+    return end_of_start(run_dir, args, ctx.job_id, ctx.restart)
+
+
+def print_start_number(run_dir: Path, job_id: str | None, requeues: int) -> int:
+    """GLAUNCH_RESTART for the batch script that begins: Slurm's requeue count (env.sh's
+    GLAUNCH_RESTART) past the numbers steps restarted in an earlier allocation took."""
+    number = requeues
+    if is_job_id(job_id):
+        try:
+            number = registry.read(run_dir).next_restart(str(job_id), requeues)
+        except (OSError, ValueError) as exc:
+            print(f"glaunch: run.json not read, this start is number {requeues}: {exc}", file=sys.stderr, flush=True)
+    print(number, flush=True)
+    return 0
+
+
+def _restart_or_exclude(record: RunRecord, run_dir: Path, outcome: Outcome, bad: str | None, job_id: str | None,
+                        restart: int, args: argparse.Namespace) -> tuple[NextStep | None, list[str] | None, str | None]:
+    """(the next step in this allocation, or None; every node to keep the job off from now
+    on, or None for no change; what became of `bad`, for run.json)."""
+    wanted, unread = exclude_bad_nodes_setting(run_dir) if bad is not None else (False, "")
+    if outcome.requeue and job_id is not None:
+        step = restart_in_allocation(outcome, bad=bad, avoid_bad=wanted, allocation=node_list(args.allocation),
+                                     in_use=node_list(args.step_nodes),
+                                     left_out_before=left_out_in_allocation(record, job_id, restart),
+                                     needed=record.nodes or 1)
+        if step is not None:
+            return step, None, step.note
+    if not outcome.requeue or bad is None:
+        return None, None, None
+    if unread:
+        return None, None, f"{bad} not excluded: {unread}"
+    if not wanted:
+        return None, None, f"{bad} not excluded: requeue.exclude_bad_nodes is false"
+    usable, why = partition_nodes(record.partition)
+    exclude, note = exclusion(bad, record.excluded_nodes, needed=record.nodes or 1, usable=usable,
+                              partition=record.partition, why_unknown=why)
+    return None, exclude, note
+
+
+def end_of_start(run_dir: Path, args: argparse.Namespace, ctx_job_id: str | None, restart: int) -> int:
+    """Record the start that ended, decide what follows, print it: ``done``, ``requeue
+    [NODES]`` or ``restart NODES`` (a new step on those nodes, in this allocation)."""
     stop = stopped_in(run_dir, restart)
     hang = watchdog.hang_in(run_dir, restart)
-    exclude = None
+    step_nodes = node_list(args.step_nodes)
     with registry.updating(run_dir) as record:
         # Only an id of Slurm's shape goes into run.json (it may reach scancel later).
-        job_id = ctx.job_id if is_job_id(ctx.job_id) else record.job_id
+        job_id = ctx_job_id if is_job_id(ctx_job_id) else record.job_id
         outcome = decide(
             step_status=args.status, finished=RunDir(run_dir).result_file.exists(), stopped=stop is not None,
-            preempted=args.preempted not in ("", "0"), timed_out=False, restart=restart,
+            preempted=args.preempted not in ("", "0"), timed_out=False,
+            restart=restart if job_id is None else record.requeues_before(job_id, restart),
             requeue_max=record.requeue_max, crashes=record.crash_count(job_id=job_id),
             crash_retries=record.crash_retries, hung=hang is not None)
         outcome = with_crash_note(outcome, run_dir, restart)
         bad = blamed_node(outcome.reason, crash_in(run_dir, restart), hang)
         kept_off = list(record.excluded_nodes)
-        note = None
-        if outcome.requeue and bad is not None:
-            wanted, unread = exclude_bad_nodes_setting(run_dir)
-            if wanted:
-                usable, why = partition_nodes(record.partition)
-                exclude, note = exclusion(bad, kept_off, needed=record.nodes or 1, usable=usable,
-                                          partition=record.partition, why_unknown=why)
-            elif unread:
-                note = f"{bad} not excluded: {unread}"
-            else:
-                note = f"{bad} not excluded: requeue.exclude_bad_nodes is false"
-        if outcome.requeue and job_id is not None:
+        step, exclude, note = _restart_or_exclude(record, run_dir, outcome, bad, job_id, restart, args)
+        if step is not None:
+            outcome = dataclasses.replace(outcome, state=State.RESTARTED.value, requeue=False)
+        elif outcome.requeue and job_id is not None:
             exclude = exclude_slow_nodes(run_dir, record, job_id, restart, exclude or kept_off) or exclude
         if job_id is not None:
-            measured = start_summary(run_dir, ctx.job_id or job_id, restart)
+            measured = start_summary(run_dir, ctx_job_id or job_id, restart)
+            allocation = node_list(args.allocation)
             record.record_start(job_id, restart, started=args.started, ended=iso(time.time()), state=outcome.state,
                                 reason=outcome.reason, detail=outcome.detail, exit_code=args.status,
-                                nodes=os.environ.get("SLURM_JOB_NODELIST"), resumed_from=resumed_in(run_dir, restart),
+                                nodes=",".join(step_nodes) if step_nodes else os.environ.get("SLURM_JOB_NODELIST"),
+                                resumed_from=resumed_in(run_dir, restart),
                                 stopped_at=None if stop is None else stop.get("step"), hang=hang_entry(hang),
                                 bad_node=bad if outcome.reason in FAILURES else None, exclusion=note,
-                                excluded_nodes=kept_off, **measured)
+                                excluded_nodes=kept_off, left_out=None if step is None else step.left_out,
+                                spare_nodes=len(allocation) - len(step_nodes) if allocation and step_nodes else None,
+                                **measured)
             record.job_id = job_id
         if exclude is not None:
             record.excluded_nodes = exclude
@@ -303,16 +419,22 @@ def main(argv: list[str] | None = None) -> int:
         # not what the run stands at (an ended run's record is read without asking Slurm).
         record.extra.pop("unreachable", None)
         try:
-            move(record, outcome.state, reason=outcome.reason, detail=outcome.detail, why="the job's end")
+            move(record, State.RUNNING.value if step is not None else outcome.state, reason=outcome.reason,
+                 detail=outcome.detail, why="the job's end")
         except IllegalMove as exc:
             # The run ended meanwhile (cancelled while this start ended): that end stands and
-            # nothing requeues; the start keeps its own end.
+            # nothing requeues or restarts; the start keeps its own end.
             outcome = dataclasses.replace(outcome, requeue=False, exit_code=outcome.exit_code or 1)
+            step = None
             note = f"{note}; {exc.problem}" if note else exc.problem
+    then = "; requeueing" if outcome.requeue else f"; a new step on {','.join(step.nodes)}" if step else ""
     print(f"glaunch: start {restart} of job {job_id} ended: {outcome.state}"
-          + "".join(f" ({x})" for x in (outcome.reason, outcome.detail, note) if x)
-          + ("; requeueing" if outcome.requeue else ""), file=sys.stderr, flush=True)
-    print(("requeue" + (f" {','.join(exclude)}" if exclude else "")) if outcome.requeue else "done", flush=True)
+          + "".join(f" ({x})" for x in (outcome.reason, outcome.detail, note) if x) + then,
+          file=sys.stderr, flush=True)
+    if step is not None:
+        print(f"restart {','.join(step.nodes)}", flush=True)
+    else:
+        print(("requeue" + (f" {','.join(exclude)}" if exclude else "")) if outcome.requeue else "done", flush=True)
     return outcome.exit_code
 
 

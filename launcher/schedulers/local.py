@@ -49,6 +49,9 @@ class LocalScheduler(Scheduler):
         if plan.nodes != 1:
             raise ConfigError(f"site {plan.site_name!r} runs on this machine: one node only",
                               file=plan.experiment_file, key="resources.nodes")
+        if plan.spare_nodes:
+            raise ConfigError(f"site {plan.site_name!r} runs on this machine: no spare nodes",
+                              file=plan.experiment_file, key="resources.spare_nodes")
 
     def job_shell(self, plan: JobPlan) -> JobShell:
         out, err = task_log_patterns(plan)

@@ -34,7 +34,7 @@ from launcher.runner import goodput
 from launcher.rundir.files import read_json, read_text
 from launcher.runner.goodput import epoch, number, step_of
 from launcher.rundir.layout import RunDir, read_heartbeat
-from launcher.rundir.records import RunRecord, StartRecord, State, is_terminal
+from launcher.rundir.records import GOES_ON, RunRecord, StartRecord, State, is_terminal
 from launcher.rundir.taskspec import Placement, read_placement
 from launcher.runner.logs import LogFollower, read_tail
 from launcher.views.text import duration, printable
@@ -166,7 +166,7 @@ class Console:
             self.said_resume = True
             self._print(f"[glaunch] {line}\n")
         for start in starts:
-            if start.restart in self.said or start.state != State.REQUEUED.value:
+            if start.restart in self.said or start.state not in GOES_ON:
                 continue
             line = requeue_event(self.run_dir, starts, start, final=final)
             if line is not None:
@@ -222,7 +222,7 @@ def status_parts(run_dir: RunDir, record: RunRecord, now: float, checkpoint_dir:
     parts = [("state", f"[glaunch] {printable(state)}")]
     resume, starts = job_starts(record)
     last = starts[-1] if starts else None
-    restart = 0 if last is None else last.restart + (1 if last.state == State.REQUEUED.value else 0)
+    restart = 0 if last is None else last.restart + (1 if last.state in GOES_ON else 0)
     if resume is not None:
         parts.append(("resume", f"resume {resume['number']}"))
     if restart:
@@ -276,7 +276,7 @@ def _resumed(run_dir: RunDir, starts: list[StartRecord], restart: int) -> tuple[
     it recorded the start, else resume.json or the start's first heartbeat while it runs."""
     later = next((s for s in starts if s.restart == restart), None)
     if later is not None and (later.resumed_from is not None or is_terminal(later.state)
-                              or later.state == State.REQUEUED.value):
+                              or later.state in GOES_ON):
         return True, later.resumed_from
     resume = read_json(run_dir.resume_file)
     if resume is not None and resume.get("restart") == restart:
@@ -309,9 +309,12 @@ def requeue_event(run_dir: RunDir, starts: list[StartRecord], start: StartRecord
     known, step = _resumed(run_dir, starts, start.restart + 1)
     if not known and not final:
         return None
+    then = "requeued" if start.state == State.REQUEUED.value else "restarted in its allocation"
+    if start.left_out:
+        then += f" without {printable(start.left_out)}"
     if not known:
-        return f"{head} -> requeued"
-    return f"{head} -> requeued -> " + (f"resumed from {step}" if step is not None
+        return f"{head} -> {then}"
+    return f"{head} -> {then} -> " + (f"resumed from {step}" if step is not None
                                          else "began again from step 0 (no checkpoint)")
 
 

@@ -71,6 +71,8 @@ def _goodput_lines(report: Mapping[str, Any]) -> list[str]:
     head += f" over {interruptions} interruption(s)"
     if number(good.get("mean_time_between_interruptions_s")):
         head += f", one every {duration(good['mean_time_between_interruptions_s'])}"
+    if number(good.get("spare_node_hours")):
+        head += f"; spare nodes idle {good['spare_node_hours']:.2f} node-hour(s)"
     lines = [head]
     names = (("queue_wait_s", "queue"), ("startup_s", "start-up"), ("resume_load_s", "resume load"),
              ("stop_s", "stop"), ("teardown_s", "teardown"))

@@ -39,15 +39,23 @@ if [[ ! ${SLURM_JOB_ID:-} =~ ^[0-9]{1,18}$ ]]; then
     printf 'glaunch: SLURM_JOB_ID is not a Slurm job id: %q\n' "${SLURM_JOB_ID:-}" >&2
     return 1
 fi
-# The first host of the allocation, by the address slurmctld reaches it at.
+# The first host of the allocation (or of the node list given), by the address slurmctld
+# reaches it at.
 glaunch_first_host() {
     local host addr
-    host=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+    host=$(scontrol show hostnames "${1:-$SLURM_JOB_NODELIST}" | head -n 1)
     addr=$(scontrol show node "$host" 2>/dev/null | sed -n 's/.*NodeAddr=\([^ ]*\).*/\1/p' | head -n 1)
     printf '%s\n' "${addr:-$host}"
 }
 MASTER_ADDR=$(glaunch_first_host)
 export MASTER_ADDR
-# Derived from the job id, below the ephemeral range 32768-60999. Only its digits reach
-# the arithmetic, even if this file runs without the check above; 10#: not octal.
-export MASTER_PORT=$(( 10000 + 10#${SLURM_JOB_ID//[!0-9]/} % 20000 ))
+# Derived from the job id and the start's number (a step started again in the allocation
+# rendezvous on a port of its own), below the ephemeral range 32768-60999. Only their
+# digits reach the arithmetic, even if this file runs without the check above; 10#: not octal.
+glaunch_master_port() {
+    local job=${SLURM_JOB_ID//[!0-9]/} start=${GLAUNCH_RESTART//[!0-9]/}
+    job=${job:0:18} start=${start:0:9}
+    printf '%s\n' "$(( 10000 + (10#$job + 10#${start:-0}) % 20000 ))"
+}
+export MASTER_PORT
+MASTER_PORT=$(glaunch_master_port)

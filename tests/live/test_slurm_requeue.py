@@ -13,6 +13,7 @@ import re
 import subprocess
 import textwrap
 import time
+from datetime import datetime
 
 import pytest
 
@@ -26,12 +27,13 @@ pytestmark = [requires_slurm, pytest.mark.slurm, pytest.mark.slow]
 _baselines: dict[tuple, str] = {}
 
 
-def baseline_hash(example: str, steps: int, tmp_path_factory, env) -> str:
-    """param_sha256 of an uninterrupted 2-node run (computed once per example and length)."""
-    key = (example, steps)
+def baseline_hash(example: str, steps: int, tmp_path_factory, env, nodes: int = 2) -> str:
+    """param_sha256 of an uninterrupted run on `nodes` nodes (computed once per example,
+    length and size)."""
+    key = (example, steps, nodes)
     if key not in _baselines:
         runs = tmp_path_factory.mktemp("baseline")
-        proc, info = submit(example, runs, env, "resources.nodes=2", f"entrypoint.args=[--steps,{steps}]")
+        proc, info = submit(example, runs, env, f"resources.nodes={nodes}", f"entrypoint.args=[--steps,{steps}]")
         assert proc.returncode == 0, proc.stderr[-3000:]
         _baselines[key] = read_json(runs / info["run_id"] / "result.json")["param_sha256"]
     return _baselines[key]
@@ -230,3 +232,64 @@ def test_crash_fails_after_bounded_retries(retries, requeue_max, starts, detail,
     assert record["state"] == "FAILED"
     status = glaunch("status", record["run_id"], env=isolated_env).stdout
     assert re.search(f"reason: crash; {detail}", status) and f"{starts - 1} restart(s)" in status, status
+
+
+# torch_ddp, except that rank 0 raises on its first start at step CRASH_STEP.
+CRASHER = textwrap.dedent("""\
+    import os, runpy, sys
+    from launcher import runtime as rt
+
+    CRASH_STEP = int(os.environ["CRASH_STEP"])
+    should_stop = rt.should_stop
+
+    def crashing_should_stop(step=None, total=None):
+        if rt.context().restart == 0 and os.environ.get("RANK") == "0" and step == CRASH_STEP:
+            raise RuntimeError("injected failure on this node")
+        return should_stop(step=step, total=total)
+
+    rt.should_stop = crashing_should_stop
+    sys.argv[0] = {script!r}
+    runpy.run_path({script!r}, run_name="__main__")
+""")
+
+
+def crash_to_resumed_step_s(before: dict, after: dict) -> float:
+    """From the failed start's last step to the next start's first: what the crash cost in
+    time, besides the steps it lost."""
+    return (datetime.fromisoformat(after["first_step_at"]).timestamp()
+            - datetime.fromisoformat(before["last_step_at"]).timestamp())
+
+
+def test_crash_restarts_inside_the_allocation_on_the_spare(tmp_path, tmp_path_factory, isolated_env):
+    """1 node + 1 spare (all of `main`): rank 0 crashes on its first start; the job is not
+    requeued: a new job step of the same job runs on the other node, resumes from the newest
+    checkpoint and ends with the parameters of a run never interrupted."""
+    steps, every, crash_step = 40, 10, 15
+    expected = baseline_hash("examples/torch_ddp.yaml", steps, tmp_path_factory, isolated_env, nodes=1)
+    (tmp_path / "crasher.py").write_text(CRASHER.format(script=str(REPO / "examples" / "torch_ddp.py")))
+    exp = tmp_path / "exp.yaml"
+    exp.write_text(f"name: spare\nentrypoint: {{script: crasher.py, args: ['--steps', '{steps}']}}\n"
+                   f"resources: {{nodes: 1, spare_nodes: 1, time: '10'}}\n"
+                   f"checkpoint: {{every_steps: {every}, keep: 2}}\n")
+    env = dict(isolated_env, CRASH_STEP=str(crash_step))
+    proc = start_submit(str(exp), tmp_path / "runs", env, site=str(_site_with(tmp_path, "crash_retries: 1\n")))
+    run_dir = the_run_dir(tmp_path / "runs")
+    job_id = job_id_of(run_dir)
+    code, stdout, stderr = finish(proc, job_id, timeout=600)
+    assert code == 0, stdout[-2000:] + stderr[-2000:]
+    record = read_json(run_dir / "run.json")
+    first, second = record["starts"]
+    assert (first["state"], first["reason"], first["job_id"]) == ("RESTARTED", "crash", job_id), first
+    bad = first["bad_node"]
+    assert first["nodes"] == first["left_out"] == bad and first["spare_nodes"] == 1, first
+    (spare,) = {"node1", "node2"} - {bad}
+    assert (second["state"], second["job_id"], second["restart"], second["nodes"]) == (
+        "COMPLETED", job_id, 1, spare), second
+    assert second["resumed_from"] == every and record["state"] == "COMPLETED"
+    # Never requeued: one allocation in Slurm's accounting.
+    assert len([r for r in sacct_rows(job_id) if r["job_id"] == job_id]) == 1
+    assert read_json(run_dir / "result.json")["param_sha256"] == expected
+    status = glaunch("status", record["run_id"], env=isolated_env).stdout
+    assert f"{bad} left out of the next step in the allocation; {spare} took its place" in status, status
+    print(f"crashed on {bad}, resumed on {spare} in the same allocation: crash -> first resumed step "
+          f"{crash_to_resumed_step_s(first, second):.1f} s")

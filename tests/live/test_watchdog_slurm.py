@@ -1,7 +1,8 @@
 """The hang watchdog on the local Slurm cluster (`defaults`): one rank of a 1-node job
 sleeps inside its loop on the first start; the watchdog beside the job step (job.sbatch)
 finds the stall, gets every rank's stack through Slurm (scancel --signal), ends the step;
-jobend records the hang and requeues; the run resumes and ends bitwise like an
+jobend records the hang and, the hang pointing at no one node, starts a new job step on
+the same node in the same allocation (no requeue); the run resumes and ends bitwise like an
 uninterrupted run."""
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ def test_a_hung_rank_on_slurm_is_found_dumped_and_the_run_resumes_bitwise(tmp_pa
     assert code == 0, stdout[-2000:] + stderr[-3000:] + _batch_log(run_dir)
     record = read_json(run_dir / "run.json")
     first, last = record["starts"][0], record["starts"][-1]
-    assert (first["state"], first["reason"]) == ("REQUEUED", "hang"), (first, _batch_log(run_dir))
+    assert (first["state"], first["reason"]) == ("RESTARTED", "hang"), (first, _batch_log(run_dir))
+    assert last["job_id"] == job_id and last["restart"] == 1 and last["nodes"] == first["nodes"], last
     assert (last["state"], last["reason"]) == ("COMPLETED", None), last
 
     hang = first["hang"]

@@ -200,8 +200,8 @@ def _path(text: str) -> str:
 
 def _srun_words(files, cwd):
     # The job step's line (a container's watchdog also runs under srun, in the background).
-    line = next(x for x in files["job.sbatch"].splitlines()
-                if x.startswith("srun ") and x.endswith(" || glaunch_status=$?"))
+    line = next(x.strip() for x in files["job.sbatch"].splitlines()
+                if x.strip().startswith("srun ") and x.endswith(" || glaunch_status=$?"))
     return _words(line[:-len(" || glaunch_status=$?")], cwd)
 
 

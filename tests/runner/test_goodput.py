@@ -272,3 +272,28 @@ def test_status_text_shows_the_projection():
                      "requeue 30.0 s", "at 8 GPUs (2 node(s) x 4): job MTBF 250h00m", "requeue", "spare nodes"]:
         assert fragment in block, fragment
     assert "(default)" not in block
+
+
+def test_a_crash_restarted_in_its_allocation_on_a_spare():
+    """A 1-node run with one spare: start 0 crashes at step 55 (saved at 50), start 1 is a new
+    step in the same allocation, 3 s later, on the spare; the spare's idle hours are a cost."""
+    starts = [
+        start(0, "100", 10, 70, "RESTARTED", "crash", submitted=T0, spare_nodes=1, bad_node="n1", left_out="n1",
+              first_step=1, first_step_at=at(20), last_step=55, last_step_at=at(47.5),
+              step_time_s={"median": 0.5, "p90": 0.6}),
+        start(1, "100", 73, 130, "COMPLETED", None, spare_nodes=1, resumed_from=50, resume_at=at(80),
+              first_step=51, first_step_at=at(81), last_step=100, last_step_at=at(105.5),
+              step_time_s={"median": 0.5, "p90": 0.6}),
+    ]
+    record = RunRecord.from_dict({"run_id": "r", "state": "COMPLETED", "requeue_max": 3, "crash_retries": 1,
+                                  "starts": starts})
+    good = goodput.summarize(record, now=10_000)["goodput"]
+    rows = good["starts"]
+    assert [r["steps_kept"] for r in rows] == [50, 50] and good["lost_steps"] == 5
+    assert rows[1]["queue_wait_s"] == 3                     # the crash -> the new step: no queue
+    assert [r["spare_node_hours"] for r in rows] == [round(60 / 3600, 4), round(57 / 3600, 4)]
+    assert good["spare_node_hours"] == round(60 / 3600, 4) + round(57 / 3600, 4)
+    assert good["unwarned_interruptions"] == 1
+    text = format_status({"run_id": "r", "state": "COMPLETED", "site": "s", "job_id": "100", "restarts": 1,
+                          "run_dir": "/r", "starts": [s.to_dict() for s in record.starts], "goodput": good})
+    assert "spare nodes idle 0.03 node-hour(s)" in text and "RESTARTED" in text, text

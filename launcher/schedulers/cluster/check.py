@@ -56,7 +56,8 @@ class Request:
     def of_plan(cls, plan: Any) -> Request:
         cpus = plan.cpus_per_task * plan.tasks_per_node if plan.cpus_per_task else None
         mem = math.ceil(plan.mem_gb * 1024) if plan.mem_gb is not None else None
-        return cls(plan.partition, plan.nodes, plan.time_seconds, plan.gpus_per_node, cpus, mem, plan.constraint)
+        return cls(plan.partition, plan.allocated_nodes, plan.time_seconds, plan.gpus_per_node, cpus, mem,
+                   plan.constraint)
 
     def cpus_on(self, part: Partition) -> int | None:
         """The CPUs a node of this job gets in `part`: its own ask, raised where MaxMemPerCPU

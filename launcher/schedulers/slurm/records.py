@@ -139,7 +139,7 @@ def request_values(plan: JobPlan) -> dict[str, Any]:
     """What the job asked, and the profile's limits for it: the words a pending reason is
     said in (run.json `request`)."""
     part = (plan.site.get("partitions") or {}).get(plan.partition or "") or {}
-    return {"partition": plan.partition, "nodes": plan.nodes, "gpus_per_node": plan.gpus_per_node,
+    return {"partition": plan.partition, "nodes": plan.allocated_nodes, "gpus_per_node": plan.gpus_per_node,
             "time": plan.time, "account": plan.account, "qos": plan.qos, "constraint": plan.constraint,
             "max_time": part.get("max_time"), "max_nodes": part.get("max_nodes")}
 

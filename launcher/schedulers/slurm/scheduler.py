@@ -88,7 +88,9 @@ class SlurmScheduler(Scheduler):
             job_env = (envnames.JOB_ID, "$SLURM_JOB_ID", True)
         return JobShell(
             directives=directives, launch=srun_line(plan),
-            launch_template="slurm.launch.sh.j2", launch_context={"jobend": jobend, "requeue_job": f'"{job_ref}"'},
+            launch_template="slurm.launch.sh.j2",
+            launch_context={"jobend": jobend, "requeue_job": f'"{job_ref}"', "nodes": plan.nodes,
+                            "derive_master_port": plan.derive_master_port},
             rendezvous_template="slurm.rendezvous.sh.j2",
             rendezvous_context={"derive_master_port": plan.derive_master_port, "port_base": PORT_BASE,
                                 "port_span": PORT_SPAN},

@@ -11,6 +11,8 @@ from launcher.rendering.render import submitit_command, task_log_patterns
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir.layout import RunDir
 
+STEP_NODES = '--nodelist="$glaunch_nodes"'
+
 
 def sbatch_directives(plan: JobPlan) -> list[str]:
     opts: list[tuple[str, Any]] = [("job-name", plan.name)]
@@ -22,7 +24,7 @@ def sbatch_directives(plan: JobPlan) -> list[str]:
         opts.append(("qos", plan.qos))
     if plan.constraint:
         opts.append(("constraint", plan.constraint))
-    opts += [("nodes", plan.nodes), ("ntasks-per-node", plan.tasks_per_node)]
+    opts += [("nodes", plan.allocated_nodes), ("ntasks-per-node", plan.tasks_per_node)]
     if plan.gpus_per_node:
         if plan.gpu_directive == "gres":
             opts.append(("gres", f"gpu:{plan.gpus_per_node}"))
@@ -69,11 +71,14 @@ def _container_words(plan: JobPlan) -> list[str]:
 def srun_line(plan: JobPlan) -> str:
     out, err = task_log_patterns(plan)
     words = ["srun", "--unbuffered", f"--output={out}", f"--error={err}", "--open-mode=append",
-             "--kill-on-bad-exit=1", f"--nodes={plan.nodes}", f"--ntasks-per-node={plan.tasks_per_node}"]
+             "--kill-on-bad-exit=1", f"--nodes={plan.nodes}", f"--ntasks-per-node={plan.tasks_per_node}",
+             # The job's own count (SLURM_NTASKS) includes its spare nodes' tasks.
+             f"--ntasks={plan.nodes * plan.tasks_per_node}"]
     if plan.cpus_per_task:
         # Slurm 22.05 stopped passing the batch's --cpus-per-task on to srun.
         words.append(f"--cpus-per-task={plan.cpus_per_task}")
-    return shell.join(words + _container_words(plan)) + " " + submitit_command(plan)
+    # The step's nodes: the batch script's choice among the allocation's (slurm.launch.sh.j2).
+    return " ".join([shell.join(words + _container_words(plan)), STEP_NODES, submitit_command(plan)])
 
 
 def end_of_start_python(plan: JobPlan) -> list[str]:

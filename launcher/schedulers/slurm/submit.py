@@ -49,7 +49,7 @@ def _executor_class():
             # The job carries the run id: a submission that may have gone through is found again.
             self._marker = submission_marker(plan.run_id)
             self._comment = "comment" not in dict(plan.extra_sbatch)
-            self.update_parameters(nodes=plan.nodes, ntasks_per_node=plan.tasks_per_node,
+            self.update_parameters(nodes=plan.allocated_nodes, ntasks_per_node=plan.tasks_per_node,
                                    time=max(plan.time_seconds // 60, 1))
 
         def _make_submission_file_text(self, command: str, uid: str) -> str:
@@ -157,7 +157,7 @@ def preflight(plan: JobPlan, job_file: Path, env: Mapping[str, str] | None = Non
         return
     raw = (proc.stderr or proc.stdout).strip()
     values = dict(partition=plan.partition, gpus=plan.gpus_per_node, directive=plan.gpu_directive,
-                  time=plan.time, account=plan.account, qos=plan.qos, nodes=plan.nodes,
+                  time=plan.time, account=plan.account, qos=plan.qos, nodes=plan.allocated_nodes,
                   tasks=plan.tasks_per_node, cpus=plan.cpus_per_task or "default",
                   mem=f"{plan.mem_gb} GB" if plan.mem_gb is not None else "default")
     raise SchedulerError(slurm_state.preflight_message(raw, values))
