@@ -134,6 +134,7 @@ class JobPlan:
     signal_lead_s: int
     crash_retries: int
     exclude_bad_nodes: bool           # requeue without the node a crash or hang points at
+    requeue_mode: str                 # after the time limit: resubmit | requeue (a sweep's element: requeue)
     watchdog_stall_s: int             # 0: no watchdog
     watchdog_first_step_s: int
     # the merged configs, for resolved.yaml

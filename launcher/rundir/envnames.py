@@ -29,6 +29,8 @@ DS_CONFIG = "GLAUNCH_DS_CONFIG"
 # Per start, from the scheduler: the job's id and how many starts came before this one.
 JOB_ID = "GLAUNCH_JOB_ID"
 RESTART = "GLAUNCH_RESTART"
+# A resubmitted job's first restart number (its predecessor's + 1): SLURM_RESTART_COUNT counts on from it.
+RESTART_BASE = "GLAUNCH_RESTART_BASE"
 
 # Read by the runtime on every rank, from a site's or an experiment's environment, or
 # (TENSORBOARD_DIR, where unset) set by it for the script.

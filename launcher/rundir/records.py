@@ -68,6 +68,9 @@ RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,255}")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # Ends of a start that point at something wrong with it, and count against crash_retries.
 FAILURES = frozenset({"crash", "hang"})
+# run.json `extra` key: the job `glaunch cancel` was asked to cancel (a job resubmitting the
+# run at its time limit then cancels its successor rather than hand the run on).
+CANCEL_REQUESTED = "cancel_requested"
 
 
 class RecordError(ValueError):
@@ -376,6 +379,11 @@ class RunRecord:
             self.starts.append(entry)
         entry.update(**values)
         return entry
+
+    def first_restart(self, job_id: str | None) -> int:
+        """The restart number of job `job_id`'s first start: 0, or one more than its
+        predecessor's for a job resubmitted after the time limit (its starts go on counting)."""
+        return min((s.restart for s in self.starts if s.job_id == str(job_id)), default=0)
 
     def crash_count(self, *, job_id: str | None = None, before: int | None = None) -> int:
         """Starts that ended in a crash or a hang (of job `job_id` and before restart `before`,

@@ -59,6 +59,7 @@ class TaskSpec:
     watchdog_stall_s: float             # 0: no stall bound
     watchdog_first_step_s: float        # 0: no first-step bound
     code_path: str | None = None        # the code snapshot's counterpart of the working directory
+    requeue_mode: str = "requeue"       # after the time limit: resubmit (a new job) | requeue
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -150,10 +151,12 @@ def _optional(check: Check) -> Check:
     return lambda value: None if value is None else check(value)
 
 
-def _launcher(value: object) -> str | None:
-    if isinstance(value, str) and value in LAUNCHERS:
-        return None
-    return f"{_shown(value)}: expected one of {', '.join(LAUNCHERS)}"
+def _one_of(*choices: str) -> Check:
+    def check(value: object) -> str | None:
+        if isinstance(value, str) and value in choices:
+            return None
+        return f"{_shown(value)}: expected one of {', '.join(choices)}"
+    return check
 
 
 def _module(value: object) -> str | None:
@@ -199,10 +202,11 @@ def _seconds(value: object) -> str | None:
 
 
 _CHECKS: dict[str, Check] = {
-    "launcher": _launcher, "script": _optional(_absolute), "module": _optional(_module), "args": _args,
+    "launcher": _one_of(*LAUNCHERS), "script": _optional(_absolute), "module": _optional(_module), "args": _args,
     "nodes": _count(1), "ranks_per_node": _count(1), "world_size": _count(1), "run_dir": _absolute,
     "run_id": _name, "requeue_max": _count(0), "crash_retries": _count(0), "exclude_bad_nodes": _flag,
     "watchdog_stall_s": _seconds, "watchdog_first_step_s": _seconds, "code_path": _optional(_absolute),
+    "requeue_mode": _one_of("resubmit", "requeue"),
 }
 
 

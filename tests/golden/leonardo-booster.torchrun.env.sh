@@ -31,7 +31,7 @@ export GLAUNCH_GLOBAL_BATCH=64
 export GLAUNCH_STOP_SIGNALS=USR2,TERM
 export GLAUNCH_HPARAMS=/work/alice/alice/glaunch/torch-ddp-20260101-000000-abcd/hparams.json
 export GLAUNCH_JOB_ID="$SLURM_JOB_ID"
-export GLAUNCH_RESTART="${SLURM_RESTART_COUNT:-0}"
+export GLAUNCH_RESTART="$(( ${GLAUNCH_RESTART_BASE:-0} + ${SLURM_RESTART_COUNT:-0} ))"
 
 # rendezvous
 # SLURM_JOB_ID names the job here and in every task, and is a number below, where bash

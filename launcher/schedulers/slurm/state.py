@@ -202,7 +202,8 @@ def merge_history(record: RunRecord, history: list[dict[str, str]]) -> None:
     """sacct lists one row per start (with -D): fill in what the starts' own records lack.
     The job's record of a start (launcher.runtime.jobend) wins over sacct's."""
     # A resumed run holds the starts of earlier jobs too: a start is its job's id and restart.
-    for restart, row in enumerate(history):
+    first = record.first_restart(history[0]["job_id"]) if history else 0
+    for restart, row in enumerate(history, start=first):
         entry = record.start(row["job_id"], restart)
         if entry is None:
             entry = StartRecord(job_id=row["job_id"], restart=restart)
