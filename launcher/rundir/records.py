@@ -71,6 +71,8 @@ FAILURES = frozenset({"crash", "hang"})
 # run.json `extra` key: the job `glaunch cancel` was asked to cancel (a job resubmitting the
 # run at its time limit then cancels its successor rather than hand the run on).
 CANCEL_REQUESTED = "cancel_requested"
+# A start's key: the job a resubmitted job's first start follows (its predecessor's id).
+RESUBMITTED_AFTER = "resubmitted_after"
 
 
 class RecordError(ValueError):
@@ -381,9 +383,10 @@ class RunRecord:
         return entry
 
     def first_restart(self, job_id: str | None) -> int:
-        """The restart number of job `job_id`'s first start: 0, or one more than its
-        predecessor's for a job resubmitted after the time limit (its starts go on counting)."""
-        return min((s.restart for s in self.starts if s.job_id == str(job_id)), default=0)
+        """The restart number of job `job_id`'s first start: 0, or for a job resubmitted after
+        the time limit (its start marked RESUBMITTED_AFTER) one more than its predecessor's:
+        its starts go on counting."""
+        return next((s.restart for s in self.starts if s.job_id == str(job_id) and s.get(RESUBMITTED_AFTER)), 0)
 
     def crash_count(self, *, job_id: str | None = None, before: int | None = None) -> int:
         """Starts that ended in a crash or a hang (of job `job_id` and before restart `before`,

@@ -57,7 +57,15 @@ from launcher.rundir import registry
 from launcher.processes import run_bounded
 from launcher.rundir.files import read_json
 from launcher.rundir.lifecycle import IllegalMove, move
-from launcher.rundir.records import CANCEL_REQUESTED, FAILURES, State, is_job_id, is_node_name, is_terminal
+from launcher.rundir.records import (
+    CANCEL_REQUESTED,
+    FAILURES,
+    RESUBMITTED_AFTER,
+    State,
+    is_job_id,
+    is_node_name,
+    is_terminal,
+)
 from launcher.rundir.layout import RunDir
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
 from launcher.runtime import watchdog
@@ -239,7 +247,7 @@ def record_successor(run_dir: Path, job_id: str, predecessor: str | None, restar
                 os.link(source, target)
         record.job_id = job_id
         if record.start(job_id, restart + 1) is None:
-            record.starts.append(registry.new_start(job_id, restart + 1))
+            record.starts.append(registry.new_start(job_id, restart + 1, **{RESUBMITTED_AFTER: predecessor}))
     return True
 
 
