@@ -109,6 +109,10 @@ CASES = [
             ["exp.yaml", "strategy.name", "ddp, fsdp, deepspeed, auto"]),
     Refused("bad-exclude-bad-nodes", {"exp.yaml": exp("requeue: {exclude_bad_nodes: maybe}\n")}, [],
             ["exp.yaml", "requeue.exclude_bad_nodes"]),
+    Refused("bad-requeue-mode", {"exp.yaml": exp("requeue: {mode: restart}\n")}, [],
+            ["exp.yaml", "requeue.mode", "resubmit, requeue"]),
+    Refused("override-bad-requeue-mode", {"exp.yaml": EXP}, ["requeue.mode=never"],
+            ["command line", "requeue.mode", "resubmit, requeue"]),
     Refused("bad-precision", {"exp.yaml": exp("precision: fp8\n")}, [], ["exp.yaml", "precision"]),
     # --- typed values: the field's type decides, nothing ambiguous passes ---
     Refused("wrong-type-nodes", {"exp.yaml": EXP.replace("nodes: 2", "nodes: two")}, [], ["exp.yaml", "resources.nodes"]),
