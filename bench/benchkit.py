@@ -33,8 +33,8 @@ def epoch(stamp: str | None) -> float | None:
     return dt.datetime.fromisoformat(stamp).timestamp()
 
 
-def squeue_has(job_id: str) -> bool:
-    return bool(run_cmd(["squeue", "-h", "-j", job_id, "-o", "%i"]).stdout.strip())
+def squeue_has(job_id: str, env: dict[str, str] | None = None) -> bool:
+    return bool(run_cmd(["squeue", "-h", "-j", job_id, "-o", "%i"], env=env).stdout.strip())
 
 
 def cluster_quiet() -> bool:

@@ -159,6 +159,10 @@ class Requeue:
     max: int = 3
     signal_lead_s: int = 120
     exclude_bad_nodes: bool = True     # a crash or hang that points at a node: the next start avoids it
+    # How a start that reached the time limit is followed: resubmit (a new job, chained after
+    # this one) or requeue (the same job again, which Slurm holds about 120 s). Preemption
+    # and crashes always requeue.
+    mode: str = "resubmit"
 
 
 @dataclass(eq=False)
@@ -286,6 +290,7 @@ class Site:
 # Enumerated string fields: dotted key -> allowed values.
 EXPERIMENT_CHOICES = {
     "launcher": ("srun", "torchrun"),
+    "requeue.mode": ("resubmit", "requeue"),
     "strategy.name": ("ddp", "fsdp", "deepspeed", "auto"),
     "strategy.offload_optimizer": ("none", "cpu", "nvme"),
     "strategy.offload_params": ("none", "cpu", "nvme"),

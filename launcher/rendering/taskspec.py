@@ -22,6 +22,7 @@ def task_spec(plan: JobPlan) -> TaskSpec:
         requeue_max=plan.requeue_max,
         crash_retries=plan.crash_retries,
         exclude_bad_nodes=plan.exclude_bad_nodes,
+        requeue_mode=plan.requeue_mode,
         watchdog_stall_s=float(plan.watchdog_stall_s),
         watchdog_stall_auto=plan.watchdog_stall_auto,
         watchdog_auto_floor_s=float(plan.watchdog_auto_floor_s),

@@ -135,6 +135,7 @@ class JobPlan:
     signal_lead_s: int
     crash_retries: int
     exclude_bad_nodes: bool           # requeue without the node a crash or hang points at
+    requeue_mode: str                 # after the time limit: resubmit | requeue (a sweep's element: requeue)
     watchdog_stall_s: float           # 0: no stall bound; with watchdog_stall_auto, the bound until warm-up
     watchdog_stall_auto: bool         # stall_s: auto, the bound from the run's step and save times
     watchdog_auto_floor_s: float

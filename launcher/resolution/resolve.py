@@ -88,6 +88,8 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
         checkpoint_every=exp.checkpoint.every_steps, checkpoint_keep=exp.checkpoint.keep,
         requeue_max=exp.requeue.max, signal_lead_s=exp.requeue.signal_lead_s, crash_retries=site.crash_retries,
         exclude_bad_nodes=exp.requeue.exclude_bad_nodes,
+        # A sweep's element is a task of a job array: a new job would be outside the array.
+        requeue_mode="requeue" if ctx.sweep_id is not None else exp.requeue.mode,
         watchdog_stall_s=STALL_AUTO_INITIAL_S if stall_auto else float(exp.watchdog.stall_s),
         watchdog_stall_auto=stall_auto, watchdog_auto_floor_s=float(exp.watchdog.auto_floor_s),
         watchdog_first_step_s=exp.watchdog.first_step_s, watchdog_slow_node=exp.watchdog.slow_node,

@@ -71,6 +71,11 @@ NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 FAILURES = frozenset({"crash", "hang"})
 # Ends of a start after which its job starts again: requeued, or restarted in its allocation.
 GOES_ON = frozenset({State.REQUEUED.value, State.RESTARTED.value})
+# run.json `extra` key: the job `glaunch cancel` was asked to cancel (a job resubmitting the
+# run at its time limit then cancels its successor rather than hand the run on).
+CANCEL_REQUESTED = "cancel_requested"
+# A start's key: the job a resubmitted job's first start follows (its predecessor's id).
+RESUBMITTED_AFTER = "resubmitted_after"
 
 
 class RecordError(ValueError):
@@ -385,21 +390,35 @@ class RunRecord:
         return entry
 
     def requeues_before(self, job_id: str, restart: int) -> int:
-        """Starts of job `job_id` before `restart` that ended in a requeue (requeue.max counts
-        these; a job step started again in the same allocation is no requeue)."""
-        return sum(1 for s in self.starts if s.job_id == str(job_id) and s.restart < restart
+        """Starts of job `job_id`, and of the jobs it was resubmitted after, before `restart`
+        that ended in a requeue or a resubmission (requeue.max counts these; a job step
+        started again in the same allocation is no requeue)."""
+        jobs = self.resubmission_chain(str(job_id))
+        return sum(1 for s in self.starts if s.job_id in jobs and s.restart < restart
                    and s.state == State.REQUEUED.value)
+
+    def resubmission_chain(self, job_id: str) -> set[str]:
+        """Job `job_id` and every job before it that handed the run on by resubmission."""
+        chain: set[str] = set()
+        job: str | None = str(job_id)
+        while job is not None and job not in chain:
+            chain.add(job)
+            before = next((s.get(RESUBMITTED_AFTER) for s in self.starts
+                           if s.job_id == job and s.get(RESUBMITTED_AFTER)), None)
+            job = str(before) if before is not None else None
+        return chain
 
     def next_restart(self, job_id: str, requeues: int) -> int:
         """The number of the start a batch script of job `job_id` begins, Slurm having requeued
         the job `requeues` times: past every start of the job already ended (steps restarted in
         the allocation took numbers of their own)."""
-        return max([requeues] + [s.restart + 1 for s in self.starts if s.job_id == str(job_id) and s.ended])
+        return max([self.first_restart(job_id) + requeues]
+                   + [s.restart + 1 for s in self.starts if s.job_id == str(job_id) and s.ended])
 
     def allocation_start(self, job_id: str, index: int) -> int:
         """The number of the first start in allocation `index` of job `job_id` (sacct's row
         `index`): each start the job recorded RESTARTED kept its allocation for the next."""
-        first = index
+        first = self.first_restart(job_id) + index
         for restarted in sorted(s.restart for s in self.starts
                                 if s.job_id == str(job_id) and s.state == State.RESTARTED.value):
             if restarted >= first:
@@ -407,8 +426,16 @@ class RunRecord:
             first += 1
         return first
 
+    def first_restart(self, job_id: str | None) -> int:
+        """The restart number of job `job_id`'s first start: 0, or for a job resubmitted after
+        the time limit (its start marked RESUBMITTED_AFTER) one more than its predecessor's:
+        its starts go on counting."""
+        return next((s.restart for s in self.starts if s.job_id == str(job_id) and s.get(RESUBMITTED_AFTER)), 0)
+
     def crash_count(self, *, job_id: str | None = None, before: int | None = None) -> int:
-        """Starts that ended in a crash or a hang (of job `job_id` and before restart `before`,
-        when given: a resumed run's new job gets the whole crash_retries budget again)."""
-        return sum(1 for s in self.starts if s.reason in FAILURES and (job_id is None or s.job_id == str(job_id))
+        """Starts that ended in a crash or a hang (of job `job_id` and the jobs it was
+        resubmitted after, and before restart `before`, when given: a resumed run's new job
+        gets the whole crash_retries budget again)."""
+        jobs = None if job_id is None else self.resubmission_chain(str(job_id))
+        return sum(1 for s in self.starts if s.reason in FAILURES and (jobs is None or s.job_id in jobs)
                    and (before is None or s.restart < before))

@@ -65,6 +65,7 @@ class TaskSpec:
     watchdog_auto_floor_s: float = 60.0  # the least bound auto derives
     watchdog_slow_node: str = "report"  # report | exclude: a node whose ranks compute slower than their peers
     code_path: str | None = None        # the code snapshot's counterpart of the working directory
+    requeue_mode: str = "requeue"       # after the time limit: resubmit (a new job) | requeue
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -156,10 +157,12 @@ def _optional(check: Check) -> Check:
     return lambda value: None if value is None else check(value)
 
 
-def _launcher(value: object) -> str | None:
-    if isinstance(value, str) and value in LAUNCHERS:
-        return None
-    return f"{_shown(value)}: expected one of {', '.join(LAUNCHERS)}"
+def _one_of(*choices: str) -> Check:
+    def check(value: object) -> str | None:
+        if isinstance(value, str) and value in choices:
+            return None
+        return f"{_shown(value)}: expected one of {', '.join(choices)}"
+    return check
 
 
 def _module(value: object) -> str | None:
@@ -177,14 +180,6 @@ def _args(value: object) -> str | None:
         if problem:
             return f"word {index}: {problem}"
     return None
-
-
-def _one_of(values: tuple[str, ...]) -> Check:
-    def check(value: object) -> str | None:
-        if isinstance(value, str) and value in values:
-            return None
-        return f"{_shown(value)} is not one of {', '.join(values)}"
-    return check
 
 
 # Far beyond the largest training jobs (tens of thousands of GPUs); the watchdog and the
@@ -213,12 +208,13 @@ def _seconds(value: object) -> str | None:
 
 
 _CHECKS: dict[str, Check] = {
-    "launcher": _launcher, "script": _optional(_absolute), "module": _optional(_module), "args": _args,
+    "launcher": _one_of(*LAUNCHERS), "script": _optional(_absolute), "module": _optional(_module), "args": _args,
     "nodes": _count(1), "ranks_per_node": _count(1), "world_size": _count(1), "run_dir": _absolute,
     "run_id": _name, "requeue_max": _count(0), "crash_retries": _count(0), "exclude_bad_nodes": _flag,
     "watchdog_stall_s": _seconds, "watchdog_stall_auto": _flag, "watchdog_auto_floor_s": _seconds,
-    "watchdog_first_step_s": _seconds, "watchdog_slow_node": _one_of(SLOW_NODE_ACTIONS),
+    "watchdog_first_step_s": _seconds, "watchdog_slow_node": _one_of(*SLOW_NODE_ACTIONS),
     "code_path": _optional(_absolute),
+    "requeue_mode": _one_of("resubmit", "requeue"),
 }
 
 

@@ -30,6 +30,17 @@ node does the job requeue without it, as above. A step restarted in the allocati
 the next start number (GLAUNCH_RESTART), so the batch script of a later requeue asks for
 its own (``--start-number``): Slurm's requeue count no longer is one.
 
+A start that reached the time limit is followed by a new job instead
+(``requeue.mode: resubmit``, the default; :func:`next_start`): the output is ``resubmit``
+(or ``resubmit NODES``, the nodes the job is kept off), job.sbatch submits its own script
+again chained after this job (``--dependency=afterany``), and records the new job with
+``python -m launcher.runtime.jobend RUN_DIR --successor JOB_ID``: run.json's job id is
+then the new job's, so status and cancel follow it. A requeued job cannot start again
+until Slurm's hold on it ends (about 120 s: the launch credential's lifetime); a new job
+starts as soon as this one has ended and a node is free. Preemption and crashes requeue
+(Slurm requeues a preempted job itself; a crash's bad node is kept off with
+ExcNodeList), and so does a sweep's element (a task of a job array).
+
 While the step runs, the same program watches it (``--watch``: the hang watchdog,
 launcher.runtime.watchdog): job.sbatch starts it before the step and stops it after.
 
@@ -58,7 +69,16 @@ from launcher.rundir import registry
 from launcher.processes import run_bounded
 from launcher.rundir.files import read_json
 from launcher.rundir.lifecycle import IllegalMove, move
-from launcher.rundir.records import FAILURES, RunRecord, State, is_job_id, is_node_name
+from launcher.rundir.records import (
+    CANCEL_REQUESTED,
+    FAILURES,
+    RESUBMITTED_AFTER,
+    RunRecord,
+    State,
+    is_job_id,
+    is_node_name,
+    is_terminal,
+)
 from launcher.rundir.layout import RunDir
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
 from launcher.runtime import watchdog
@@ -112,6 +132,15 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
         detail += (f"; crash_retries ({crash_retries}) used up" if crashes >= crash_retries
                    else f"; requeue.max ({requeue_max}) reached")
     return Outcome(State.FAILED.value, reason, False, step_status if 0 < step_status < 256 else 1, detail)
+
+
+def next_start(outcome: Outcome, mode: str) -> str | None:
+    """Pure: how the run goes on after this start: "requeue" (the same job, back to the
+    queue), "resubmit" (a new job chained after this one: only after the time limit, with
+    requeue.mode resubmit) or None (it does not)."""
+    if not outcome.requeue:
+        return None
+    return "resubmit" if mode == "resubmit" and outcome.reason == "timeout" else "requeue"
 
 
 def stopped_in(run_dir: Path, restart: int) -> dict | None:
@@ -290,6 +319,37 @@ def exclude_slow_nodes(run_dir: Path, record: RunRecord, job_id: str, restart: i
     return changed
 
 
+def requeue_mode_setting(run_dir: Path) -> str:
+    """requeue.mode as the job was submitted with it; "requeue" when task.json cannot be read."""
+    try:
+        return read_task_spec(run_dir).requeue_mode
+    except TaskSpecError:
+        return "requeue"
+
+
+def record_successor(run_dir: Path, job_id: str, predecessor: str | None, restart: int) -> bool:
+    """The new job that carries the run on after this start (resubmitted, pending until
+    this job ends): run.json's job id and its next start, and submitit's pickled task under
+    the new id. False, recording nothing, when the run has ended or `glaunch cancel` was
+    asked for this job meanwhile: the new job is then to be cancelled."""
+    if not is_job_id(job_id) or "_" in job_id:
+        raise ValueError(f"{job_id!r} is not a job id")
+    logs = RunDir(run_dir).log_dir
+    with registry.updating(run_dir) as record:
+        if is_terminal(record.state) or (predecessor is not None
+                                         and record.extra.get(CANCEL_REQUESTED) == predecessor):
+            return False
+        if predecessor is not None:
+            # submitit's loader in each task reads LOG_DIR/JOB_submitted.pkl (JobPaths).
+            source, target = logs / f"{predecessor}_submitted.pkl", logs / f"{job_id}_submitted.pkl"
+            if source.exists() and not target.exists():
+                os.link(source, target)
+        record.job_id = job_id
+        if record.start(job_id, restart + 1) is None:
+            record.starts.append(registry.new_start(job_id, restart + 1, **{RESUBMITTED_AFTER: predecessor}))
+    return True
+
+
 def exclude_bad_nodes_setting(run_dir: Path) -> tuple[bool, str]:
     """(requeue.exclude_bad_nodes as the job was submitted with it, why not when it cannot
     be read): a task.json that cannot be read excludes no node."""
@@ -322,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if "--watch" in argv:
         return watchdog.main([a for a in argv if a != "--watch"])
+    if "--successor" in argv:
+        return successor_main(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
@@ -434,8 +496,35 @@ def end_of_start(run_dir: Path, args: argparse.Namespace, ctx_job_id: str | None
     if step is not None:
         print(f"restart {','.join(step.nodes)}", flush=True)
     else:
-        print(("requeue" + (f" {','.join(exclude)}" if exclude else "")) if outcome.requeue else "done", flush=True)
+        print(next_start_line(outcome, run_dir, exclude, kept_off), flush=True)
     return outcome.exit_code
+
+
+def next_start_line(outcome: Outcome, run_dir: Path, exclude: list[str] | None, kept_off: list[str]) -> str:
+    """What job.sbatch reads: "done", "requeue [NODES]" (NODES: the new exclusion, for
+    ExcNodeList) or "resubmit [NODES]" (every node the job is kept off, for --exclude)."""
+    road = next_start(outcome, requeue_mode_setting(run_dir) if outcome.requeue else "requeue")
+    kept = exclude if road == "requeue" else kept_off
+    return f"{road}{' ' + ','.join(kept) if kept else ''}" if road else "done"
+
+
+def successor_main(argv: list[str]) -> int:
+    """`RUN_DIR --successor JOB_ID`: record the resubmitted job (record_successor); exit 1
+    when it is to be cancelled."""
+    parser = argparse.ArgumentParser(prog="python -m launcher.runtime.jobend")
+    parser.add_argument("run_dir")
+    parser.add_argument("--successor", required=True, help="the job id sbatch gave the next start")
+    args = parser.parse_args(argv)
+    try:
+        ctx = context()
+        carried = record_successor(Path(args.run_dir), args.successor, ctx.job_id, ctx.restart)
+    except (RuntimeConfigError, ValueError, OSError) as exc:
+        print(f"glaunch: job {args.successor} is not recorded as the run's next start: {exc}", file=sys.stderr,
+              flush=True)
+        return 1
+    print(f"glaunch: the next start is job {args.successor}" if carried
+          else f"glaunch: the run has ended meanwhile; job {args.successor} is cancelled", file=sys.stderr, flush=True)
+    return 0 if carried else 1
 
 
 def hang_entry(hang: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -68,7 +68,9 @@ def finish_while_progressing(proc, job_id: str, run_dir, timeout: float) -> tupl
         stalled = stalled_start(read_json(run_dir / "run.json"))
         if stalled is not None or time.monotonic() > deadline:
             proc.kill()
-            subprocess.run(["scancel", job_id], capture_output=True, timeout=60)
+            # The run's current job: a start after a time limit may be a new job.
+            subprocess.run(["scancel", job_id, str(read_json(run_dir / "run.json").get("job_id"))],
+                           capture_output=True, timeout=60)
             stdout, stderr = proc.communicate()
             why = f"start {stalled} made no progress" if stalled else f"the run did not end within {timeout}s"
             raise AssertionError(f"{why}\n{stdout[-2000:]}\n{stderr[-2000:]}")
@@ -78,12 +80,14 @@ def finish_while_progressing(proc, job_id: str, run_dir, timeout: float) -> tupl
     return proc.returncode, stdout, stderr
 
 
-def test_time_limit_requeues_and_resumes_bitwise(tmp_path, tmp_path_factory, isolated_env):
+def test_time_limit_resubmits_and_resumes_bitwise(tmp_path, tmp_path_factory, isolated_env):
     # 60 s of steps against a 1-minute limit warned 10 s ahead. slurmctld checks time limits
     # every 30 s and sends the warning at the first check that is within lead + 30 s of the
     # limit: 20 to 50 s into each start, so no start can finish the run and two or three
     # do. The test is bounded by progress (every start must get further), not by a count of
-    # starts that the machine's speed decides.
+    # starts that the machine's speed decides. requeue.mode is the default, resubmit: each
+    # start after a time limit is a new job, chained after the one before it (the requeue
+    # road is the preemption tests' below).
     steps = 240
     expected = baseline_hash("examples/torch_ddp.yaml", steps, tmp_path_factory, isolated_env)
     proc = start_submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env, "resources.nodes=2",
@@ -97,14 +101,15 @@ def test_time_limit_requeues_and_resumes_bitwise(tmp_path, tmp_path_factory, iso
     record = read_json(run_dir / "run.json")
     assert_resumed_without_loss(record, "timeout", min_requeues=1)
     assert read_json(run_dir / "result.json")["param_sha256"] == expected
+    # One job per start, each ended COMPLETED with one start of its own; run.json's job is the last.
+    jobs = [s["job_id"] for s in record["starts"]]
+    assert jobs[0] == job_id and len(set(jobs)) == len(jobs) and record["job_id"] == jobs[-1], jobs
     # --wait returns once the job recorded its end; accounting has it a little later.
-    assert final_sacct_state(job_id) == "COMPLETED"
-    rows = sacct_rows(job_id)
-    assert [r["state"] for r in rows[:-1]] == ["REQUEUED"] * (len(rows) - 1) and rows[-1]["state"] == "COMPLETED"
-    assert len(rows) == len(record["starts"])
-    # Logs are appended across starts: rank 0's log tells every start's story.
-    log = (run_dir / "logs" / f"{job_id}_0_log.out").read_text()
-    assert log.count("resumed from") == len(record["starts"]) - 1
+    assert final_sacct_state(jobs[-1]) == "COMPLETED"
+    assert [[r["state"] for r in sacct_rows(job)] for job in jobs] == [["COMPLETED"]] * len(jobs)
+    # Each job's rank 0 log tells its start's story.
+    logs = [(run_dir / "logs" / f"{job}_0_log.out").read_text() for job in jobs]
+    assert ["resumed from" in log for log in logs] == [False] + [True] * (len(jobs) - 1)
     status = json.loads(glaunch("status", record["run_id"], "--json", env=isolated_env).stdout)
     assert status["state"] == "COMPLETED" and status["restarts"] == len(record["starts"]) - 1
 

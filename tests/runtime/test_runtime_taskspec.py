@@ -64,7 +64,7 @@ def damaged(**changes):
     ("[1, 2]", None, "a JSON list, not an object"),
     ('{"format": 1,', None, "not JSON"),
     (damaged(format=1), "format", "format 1: this glaunch reads format 2"),
-    (damaged(watchdog_slow_node="drain"), "watchdog_slow_node", "'drain' is not one of report, exclude"),
+    (damaged(watchdog_slow_node="drain"), "watchdog_slow_node", "'drain': expected one of report, exclude"),
     (damaged(watchdog_stall_auto="yes"), "watchdog_stall_auto", "is not true or false"),
     (damaged(format=KeyError), "format", "format None"),
     (damaged(nodes=KeyError), "nodes", "missing"),

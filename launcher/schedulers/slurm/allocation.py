@@ -90,7 +90,8 @@ class AllocationScheduler(SlurmScheduler):
         directives = (f"# run by `glaunch run` inside allocation {self.allocation.job_id} with bash; "
                       "never submitted with sbatch",)
         return dataclasses.replace(batch, directives=directives,
-                                   launch_context=dict(batch.launch_context, requeue_job=None))
+                                   launch_context=dict(batch.launch_context, requeue_job=None,
+                                                                  resubmit_script=None))
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
         from launcher.runtime.telemetry import iso

@@ -77,13 +77,14 @@ def has_ended(record: RunRecord) -> bool:
 
 def settled(record: RunRecord) -> bool:
     """An ended run's record that sacct can add nothing to: accounting was folded in after
-    the end, or the job recorded the end of each of its starts itself (restarts 0..n, none
+    the end, or the job recorded the end of each of its starts itself (restarts first..n, none
     missing, each with its end: what sacct's rows would fill in is there)."""
     folded = record.extra.get(AFTER_END)
     if isinstance(folded, dict) and folded.get("job_id") == record.job_id:
         return True
     own = [s for s in record.starts if s.job_id == record.job_id]
-    return ([s.restart for s in own] == list(range(len(own)))
+    first = record.first_restart(record.job_id)
+    return ([s.restart for s in own] == list(range(first, first + len(own)))
             and all(s.ended and s.state not in (None, State.PENDING, State.RUNNING) for s in own))
 
 

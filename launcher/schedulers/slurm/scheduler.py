@@ -25,7 +25,7 @@ from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
 from launcher.rundir import registry
 from launcher.rundir.lifecycle import move
 from launcher.rundir.layout import RunDir
-from launcher.rundir.records import RunRecord, State, is_terminal
+from launcher.rundir.records import CANCEL_REQUESTED, RunRecord, State, is_terminal
 from launcher.schedulers.base import Echo, Launched, LaunchedBatch, Scheduler, SweepBatch, SweepPlan
 from launcher.schedulers.cluster.check import Request, check_site
 from launcher.schedulers.cluster.facts import Cluster, read_cluster
@@ -90,7 +90,9 @@ class SlurmScheduler(Scheduler):
             directives=directives, launch=srun_line(plan),
             launch_template="slurm.launch.sh.j2",
             launch_context={"jobend": jobend, "requeue_job": f'"{job_ref}"', "nodes": plan.nodes,
-                            "derive_master_port": plan.derive_master_port},
+                            "derive_master_port": plan.derive_master_port,
+                            "resubmit_script": shell.quote(str(RunDir(plan.run_dir).job_script))
+                            if plan.requeue_mode == "resubmit" else None},
             rendezvous_template="slurm.rendezvous.sh.j2",
             rendezvous_context={"derive_master_port": plan.derive_master_port, "port_base": PORT_BASE,
                                 "port_span": PORT_SPAN},
@@ -291,10 +293,16 @@ class SlurmScheduler(Scheduler):
             return f"run {record.run_id}: nothing to cancel ({record.state})"
         if record.extra.get("allocation"):
             return inside_allocation(record)
-        proc = run_command("scancel", record.job_id)
+        with registry.updating(run_dir) as rec:
+            # Read with the mark set: a job ending at its time limit that resubmits the run
+            # either recorded its successor already (cancelled here) or finds the mark and
+            # cancels the successor itself (launcher.runtime.jobend.record_successor).
+            job_id = rec.job_id or record.job_id
+            rec.extra[CANCEL_REQUESTED] = job_id
+        proc = run_command("scancel", job_id)
         if proc.returncode != 0:
-            raise SchedulerError(f"scancel {record.job_id} failed: {proc.stderr.strip()}")
-        return f"run {record.run_id}: cancelled job {record.job_id}"
+            raise SchedulerError(f"scancel {job_id} failed: {proc.stderr.strip()}")
+        return f"run {record.run_id}: cancelled job {job_id}"
 
 
 def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
