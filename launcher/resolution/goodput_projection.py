@@ -15,7 +15,8 @@ M = 1 / (λ x nodes) hours on average (its MTBF). Per unit of wall time it waste
 - τ/2: on average half an interval of work is lost at each failure;
 - R: what one failure costs before training goes on, by recovery road:
   - ``requeue``: queue wait + start-up + resume load (a new job);
-  - ``in_allocation``: start-up + resume load (the ranks restart where they are);
+  - ``in_allocation``: a new job step in the same allocation: as the run measured it
+    (``restart_s``), else start-up + resume load;
   - ``spares``: K spare nodes held idle in the allocation take a failed node's place
     while they last (in-allocation cost), then the job requeues. Failures within one
     allocation of length T are Poisson with mean T/M; the share that finds no spare left
@@ -82,6 +83,15 @@ class Costs:
     step_s: float
     every_steps: int | None = None
     defaults: tuple[str, ...] = ()
+    # A restart inside the allocation as the run measured it (the failed step's end to the
+    # new step's first step: its teardown, the job's decision, the new step's start-up and
+    # load); None: not measured, start-up + resume load stand for it.
+    restart_s: float | None = None
+
+    @property
+    def in_allocation_s(self) -> float:
+        """What a restart inside the allocation costs."""
+        return self.restart_s if self.restart_s is not None else self.startup_s + self.load_s
 
     @property
     def interval_s(self) -> float | None:
@@ -91,15 +101,19 @@ class Costs:
     def to_json(self) -> dict[str, Any]:
         return {"save_s": self.save_s, "startup_s": self.startup_s, "load_s": self.load_s,
                 "queue_wait_s": self.queue_wait_s, "step_s": self.step_s, "every_steps": self.every_steps,
-                "interval_s": _r(self.interval_s), "defaults": list(self.defaults)}
+                "interval_s": _r(self.interval_s), "in_allocation_s": _r(self.in_allocation_s),
+                "in_allocation_measured": self.restart_s is not None, "defaults": list(self.defaults)}
 
 
 def costs_with_defaults(measured: dict[str, float | None], every_steps: int | None) -> Costs:
-    """Costs from what was measured (None or absent: not measured), the rest DEFAULT_COSTS."""
+    """Costs from what was measured (None or absent: not measured), the rest DEFAULT_COSTS;
+    a measured in-allocation restart (``restart_s``) where there was one."""
     values = {key: measured.get(key) for key in DEFAULT_COSTS}
     defaults = tuple(key for key, value in values.items() if value is None)
     filled = {key: DEFAULT_COSTS[key] if value is None else float(value) for key, value in values.items()}
-    return Costs(every_steps=every_steps, defaults=defaults, **filled)
+    restart = measured.get("restart_s")
+    return Costs(every_steps=every_steps, defaults=defaults, restart_s=None if restart is None else float(restart),
+                 **filled)
 
 
 # --- the model ------------------------------------------------------------------------------
@@ -206,8 +220,8 @@ def spares_road(costs: Costs, nodes: int, spares: int, mtbf_s: float, optimal_s:
                 allocation_s: float) -> Road:
     """In-allocation restarts while `spares` last, requeues after; the spares' idle share paid."""
     share = requeue_share(spares, allocation_s / mtbf_s)
-    in_allocation = costs.startup_s + costs.load_s
-    restart = share * (in_allocation + costs.queue_wait_s) + (1 - share) * in_allocation
+    requeue = costs.startup_s + costs.load_s + costs.queue_wait_s
+    restart = share * requeue + (1 - share) * costs.in_allocation_s
     return _road("spares", costs, restart, mtbf_s, optimal_s, nodes / (nodes + spares), spares, share)
 
 
@@ -225,9 +239,8 @@ def project_size(failures_per_node_hour: float, costs: Costs, nodes: int, gpus_p
     """Every road at one size; `spares` None: the number of spares that is best."""
     mtbf = job_mtbf_s(failures_per_node_hour, nodes)
     optimal = young_daly_interval_s(costs.save_s, mtbf)
-    in_allocation = costs.startup_s + costs.load_s
-    roads = (_road("requeue", costs, in_allocation + costs.queue_wait_s, mtbf, optimal),
-             _road("in_allocation", costs, in_allocation, mtbf, optimal),
+    roads = (_road("requeue", costs, costs.startup_s + costs.load_s + costs.queue_wait_s, mtbf, optimal),
+             _road("in_allocation", costs, costs.in_allocation_s, mtbf, optimal),
              best_spares(costs, nodes, mtbf, optimal, allocation_s) if spares is None
              else spares_road(costs, nodes, spares, mtbf, optimal, allocation_s))
     return SizeProjection(nodes, gpus_per_node, mtbf, optimal, roads, costs.step_s)

@@ -26,6 +26,8 @@ resumed job's first start queues from its resume), plus stop and teardown of eve
 interrupted start;
 ``spare_node_hours``: the node-hours the allocation's spare nodes (resources.spare_nodes)
 stood idle, a cost of restarting inside the allocation (recorded at each start's end);
+``restarts_in_allocation``: starts that went on in a new job step of the same allocation
+instead of through the queue, ``spare_swaps`` of them with a spare in place of a node;
 ``interruptions`` and ``mean_time_between_interruptions_s`` (a start's begin -> its stop
 request, or its end); the same for those that came without warning (crash, hang, node
 failure: ``unwarned_interruptions``, ``mean_time_between_unwarned_s``).
@@ -45,6 +47,7 @@ Suggestions (``suggest``):
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 import math
 from typing import Any, Mapping, Sequence
 
@@ -268,6 +271,8 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
         "mean_time_between_unwarned_s": _mean_run(unwarned),
         "save_s": _save_times(starts),
         "spare_node_hours": round(sum(spare), 4) if spare else None,
+        "restarts_in_allocation": sum(1 for s in starts if s.state == State.RESTARTED.value),
+        "spare_swaps": sum(1 for s in starts if s.state == State.RESTARTED.value and s.left_out),
         "starts": rows,
     }
     return {"goodput": goodput, "suggest": suggest(starts, goodput, settings or {}),
@@ -341,8 +346,13 @@ def projection_costs(goodput: Mapping[str, Any]) -> dict[str, float | None]:
     """What the goodput projection (launcher.resolution.goodput_projection) needs, from
     what the run measured, each None when it was not: the median save stall, start-up
     (less the resume load), resume load and step time of its starts, and the median queue
-    wait of the starts after the first (requeues and resumes)."""
+    wait of the starts after the first that went through the queue (requeues, resubmissions
+    and resumes); ``restart_s``, the median restart inside the allocation (a RESTARTED
+    start's end to the next step's first step)."""
     rows = [r for r in goodput.get("starts") or () if isinstance(r, Mapping)]
+    after = list(itertools.pairwise(rows))
+    queued = [row for previous, row in after if previous.get("state") != State.RESTARTED.value]
+    restarted = [row for previous, row in after if previous.get("state") == State.RESTARTED.value]
 
     def median(values: Sequence[float | None]) -> float | None:
         known = sorted(v for v in values if v is not None)
@@ -353,8 +363,15 @@ def projection_costs(goodput: Mapping[str, Any]) -> dict[str, float | None]:
     return {"save_s": number(as_mapping(goodput.get("save_s")).get("median")),
             "startup_s": median(startups),
             "load_s": median([number(r.get("resume_load_s")) for r in rows]),
-            "queue_wait_s": median([number(r.get("queue_wait_s")) for r in rows[1:]]),
-            "step_s": median([number(r.get("step_time_s")) for r in rows])}
+            "queue_wait_s": median([number(r.get("queue_wait_s")) for r in queued]),
+            "step_s": median([number(r.get("step_time_s")) for r in rows]),
+            "restart_s": median([_sum(r.get("queue_wait_s"), r.get("startup_s")) for r in restarted])}
+
+
+def _sum(*values: Any) -> float | None:
+    """The sum of numbers that are all known; None otherwise."""
+    known = [number(v) for v in values]
+    return None if any(v is None for v in known) else sum(v for v in known if v is not None)
 
 
 def checkpoint_warnings(record: RunRecord) -> list[str]:

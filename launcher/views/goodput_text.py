@@ -22,6 +22,8 @@ def _costs_line(costs: Mapping[str, Any]) -> str:
     defaults = set(costs.get("defaults") or ())
     parts = [f"{label} {duration(costs.get(key))}" + (" (default)" if key in defaults else "")
              for key, label in COST_NAMES]
+    if costs.get("in_allocation_measured"):
+        parts.append(f"restart in the allocation {duration(costs.get('in_allocation_s'))}")
     line = "  costs: " + ", ".join(parts)
     if costs.get("every_steps"):
         line += f"; checkpoint every {costs['every_steps']} steps = {duration(costs.get('interval_s'))}"

@@ -71,6 +71,9 @@ def _goodput_lines(report: Mapping[str, Any]) -> list[str]:
     head += f" over {interruptions} interruption(s)"
     if number(good.get("mean_time_between_interruptions_s")):
         head += f", one every {duration(good['mean_time_between_interruptions_s'])}"
+    if number(good.get("restarts_in_allocation")):
+        head += (f"; {good['restarts_in_allocation']} restart(s) in the allocation, not through the queue"
+                 f" ({good.get('spare_swaps') or 0} on a spare node)")
     if number(good.get("spare_node_hours")):
         head += f"; spare nodes idle {good['spare_node_hours']:.2f} node-hour(s)"
     lines = [head]

@@ -238,7 +238,8 @@ def test_projection_costs_are_what_the_run_measured():
     good = goodput.summarize(preempted_twice(), now=10_000)["goodput"]
     costs = goodput.projection_costs(good)
     # start-up less resume load: 20 s, then 21 - 0.5 s twice (resume load: first step - resume - one step)
-    assert costs == {"save_s": 2.0, "startup_s": 20.5, "load_s": 0.5, "queue_wait_s": 30.0, "step_s": 0.5}
+    assert costs == {"save_s": 2.0, "startup_s": 20.5, "load_s": 0.5, "queue_wait_s": 30.0, "step_s": 0.5,
+                     "restart_s": None}
     assert goodput.projection_costs({}) == dict.fromkeys(costs)
 
 
@@ -297,3 +298,16 @@ def test_a_crash_restarted_in_its_allocation_on_a_spare():
     text = format_status({"run_id": "r", "state": "COMPLETED", "site": "s", "job_id": "100", "restarts": 1,
                           "run_dir": "/r", "starts": [s.to_dict() for s in record.starts], "goodput": good})
     assert "spare nodes idle 0.03 node-hour(s)" in text and "RESTARTED" in text, text
+    assert good["restarts_in_allocation"] == 1 and good["spare_swaps"] == 1
+    assert "1 restart(s) in the allocation, not through the queue (1 on a spare node)" in text
+    # The projection's in-allocation road costs what this restart did (3 s to the new step,
+    # 8 s to its first step), not start-up + load; no start went through the queue.
+    costs = goodput.projection_costs(good)
+    assert costs["restart_s"] == 11 and costs["queue_wait_s"] is None
+    from launcher.resolution.goodput_projection import costs_with_defaults, project
+    projected = project(None, costs_with_defaults(costs, 100), [(128, 8)], 4 * 3600).to_json()
+    roads = {r["road"]: r["restart_s"] for r in projected["sizes"][0]["roads"]}
+    assert roads["in_allocation"] == 11 and roads["requeue"] > 11
+    assert projected["costs"]["in_allocation_measured"] is True
+    from launcher.views.goodput_text import projection_lines
+    assert any("restart in the allocation 11" in line for line in projection_lines(projected))
