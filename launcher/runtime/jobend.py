@@ -295,7 +295,7 @@ def slow_nodes(entry: Mapping[str, Any] | None) -> list[str]:
 
 
 def exclude_slow_nodes(run_dir: Path, record: RunRecord, job_id: str, restart: int,
-                       excluded: list[str]) -> list[str] | None:
+                       excluded: list[str], needed: int) -> list[str] | None:
     """With watchdog.slow_node: exclude, the nodes this start's watchdog named slow added
     to `excluded` (None: no change); what became of each goes into the start's entry."""
     start = record.start(job_id, restart)
@@ -311,7 +311,7 @@ def exclude_slow_nodes(run_dir: Path, record: RunRecord, job_id: str, restart: i
     usable, why = partition_nodes(record.partition)
     changed, notes = None, []
     for node in nodes:
-        more, note = exclusion(node, changed or excluded, needed=record.nodes or 1, usable=usable,
+        more, note = exclusion(node, changed or excluded, needed=needed, usable=usable,
                                partition=record.partition, why_unknown=why)
         changed = more or changed
         notes.append(f"slow: {note}")
@@ -415,6 +415,12 @@ def print_start_number(run_dir: Path, job_id: str | None, requeues: int) -> int:
     return 0
 
 
+def nodes_requested(record: RunRecord, args: argparse.Namespace) -> int:
+    """The nodes the job asks Slurm for: its training nodes and its spares (the allocation's
+    size); excluding nodes past what leaves this many would keep the requeued job pending."""
+    return max(record.nodes or 1, len(node_list(args.allocation)))
+
+
 def _restart_or_exclude(record: RunRecord, run_dir: Path, outcome: Outcome, bad: str | None, job_id: str | None,
                         restart: int, args: argparse.Namespace) -> tuple[NextStep | None, list[str] | None, str | None]:
     """(the next step in this allocation, or None; every node to keep the job off from now
@@ -434,7 +440,7 @@ def _restart_or_exclude(record: RunRecord, run_dir: Path, outcome: Outcome, bad:
     if not wanted:
         return None, None, f"{bad} not excluded: requeue.exclude_bad_nodes is false"
     usable, why = partition_nodes(record.partition)
-    exclude, note = exclusion(bad, record.excluded_nodes, needed=record.nodes or 1, usable=usable,
+    exclude, note = exclusion(bad, record.excluded_nodes, needed=nodes_requested(record, args), usable=usable,
                               partition=record.partition, why_unknown=why)
     return None, exclude, note
 
@@ -461,7 +467,8 @@ def end_of_start(run_dir: Path, args: argparse.Namespace, ctx_job_id: str | None
         if step is not None:
             outcome = dataclasses.replace(outcome, state=State.RESTARTED.value, requeue=False)
         elif outcome.requeue and job_id is not None:
-            exclude = exclude_slow_nodes(run_dir, record, job_id, restart, exclude or kept_off) or exclude
+            exclude = exclude_slow_nodes(run_dir, record, job_id, restart, exclude or kept_off,
+                                         nodes_requested(record, args)) or exclude
         if job_id is not None:
             measured = start_summary(run_dir, ctx_job_id or job_id, restart)
             allocation = node_list(args.allocation)

@@ -120,3 +120,20 @@ def test_jobend_without_the_allocation_requeues_as_before(job, monkeypatch, caps
     (job / "crash.json").write_text(json.dumps({"restart": 0, "task": 0, "node": "n1", "error": "x"}))
     assert jobend.main([str(job), "--status", "1"]) == 0
     assert capsys.readouterr().out.strip() == "requeue"
+
+
+@pytest.mark.parametrize("partition, line, exclusion", [
+    (["n1", "n2", "n3"], "requeue n2", "n2 excluded from later starts"),
+    (["n1", "n2"], "requeue", "n2 not excluded: partition (default) would keep 1 usable node(s), the job needs 2"),
+])
+def test_a_requeue_excludes_no_node_that_the_job_with_its_spares_needs(partition, line, exclusion, job,
+                                                                      monkeypatch, capsys):
+    """A job of 1 node + 1 spare whose restarts in the allocation are used up: the requeue
+    may exclude the failing node only while 2 usable nodes remain for the job's request
+    (nodes + spares); fewer would keep the requeued job pending for ever."""
+    monkeypatch.setattr(jobend, "partition_nodes", lambda names: (partition, ""))
+    assert _end(job, monkeypatch, capsys, 0, "n1", "n1") == (0, "restart n2")
+    assert _end(job, monkeypatch, capsys, 1, "n2", "n2") == (0, line)
+    record = registry.read(job)
+    assert record.start("7", 1).exclusion == exclusion
+    assert record.excluded_nodes == (["n2"] if line != "requeue" else [])

@@ -210,7 +210,7 @@ def test_a_slow_node_is_left_out_of_later_starts_only_with_exclude(tmp_path, mon
     write_task_spec(tmp_path, spec(tmp_path, watchdog_slow_node=setting))
     record = RunRecord(run_id="r", nodes=2, partition="gpu")
     record.record_start("7", 0, watchdog={"slow": [{"rank": 3, "node": "b"}, {"rank": 2, "node": "b"}]})
-    assert jobend.exclude_slow_nodes(tmp_path, record, "7", 0, ["x"]) == excluded
+    assert jobend.exclude_slow_nodes(tmp_path, record, "7", 0, ["x"], 1) == excluded
     exclusion = record.start("7", 0).get("watchdog").get("exclusion")
     assert exclusion == ("slow: b excluded from later starts" if excluded else None)
 
@@ -220,7 +220,7 @@ def test_a_slow_node_stays_when_the_partition_could_not_spare_it(tmp_path, monke
     write_task_spec(tmp_path, spec(tmp_path, watchdog_slow_node="exclude"))
     record = RunRecord(run_id="r", nodes=2, partition="gpu")
     record.record_start("7", 0, watchdog={"slow": [{"rank": 1, "node": "b"}]})
-    assert jobend.exclude_slow_nodes(tmp_path, record, "7", 0, []) is None
+    assert jobend.exclude_slow_nodes(tmp_path, record, "7", 0, [], 2) is None
     assert "b not excluded: partition gpu would keep 1 usable node(s)" in record.start("7", 0).get("watchdog")["exclusion"]
 
 
