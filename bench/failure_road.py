@@ -1,0 +1,198 @@
+"""Failure -> first resumed step, by each road a crash can take, in one run on a local
+Slurm cluster: a new job step on the same nodes, a spare in place of the failed node, and
+a requeue through Slurm's queue.
+
+    python bench/failure_road.py [--cluster main|defaults] [--runs 2] [--keep] [--tiny]
+
+Each sample is one run of examples/torch_ddp.py (1 training node + 1 spare, 2 ranks, a
+step every 0.25 s, a checkpoint every 10 steps, crash_retries 3, a fixed stall bound of
+5 s) that fails once in each of its first three starts:
+
+1. at step 15 rank 1 hangs: every rank of the job is on one node, so the hang points at
+   no single node; the watchdog ends the step and the job starts a new step in its
+   allocation on the same node;
+2. at step 25 rank 0 raises: the failure points at its node, which the next step leaves
+   out; the spare takes its place (a spare swap);
+3. at step 35 rank 0 raises again: the allocation has no node left to spare, so the job
+   requeues (Slurm holds a requeued job until its launch credential expires, about
+   120 s, then it queues again); the fourth start trains to the end.
+
+A failure's time is when it became known: the watchdog's ``detected_at`` for the hang,
+the moment rank 0 raised for a crash (the wrapper writes it just before). The resumed
+step's time is the next start's ``first_step_at`` in run.json (written at its first
+step, after the checkpoint is loaded). Figures: the median per road over --runs samples,
+and each road as a ratio of the requeue's in the same samples. --tiny: one sample (about
+4 minutes, most of it the requeue's hold); the figures are printed, no target is
+enforced: the hold is Slurm's, and a shared machine adds its own waits. Every job the
+bench submitted is cancelled on exit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import textwrap
+import time
+from datetime import datetime
+from pathlib import Path
+
+from benchkit import BenchError, run_cmd, squeue_has
+
+REPO = Path(__file__).resolve().parent.parent
+SITES = {"main": "local-slurm", "defaults": "local-slurm-defaults"}
+ROADS = ("same nodes", "spare swap", "requeue")
+EXPECTED = (("RESTARTED", False), ("RESTARTED", True), ("REQUEUED", False))
+FAULT_STEPS = (15, 25, 35)
+STEPS, EVERY, SECONDS_PER_STEP, STALL_S = 45, 10, 0.25, 5
+LIMIT_S = 900
+GLAUNCH = [sys.executable, "-m", "launcher.cli"]
+
+# torch_ddp, except that in its first start rank 1 hangs, and in the next two rank 0 raises.
+WRAPPER = textwrap.dedent("""\
+    import json, os, runpy, sys, time
+    from launcher import runtime as rt
+
+    FAULTS = {fault_steps!r}
+    should_stop = rt.should_stop
+
+    def failing_should_stop(step=None, total=None):
+        restart = rt.context().restart
+        if restart < len(FAULTS) and step == FAULTS[restart]:
+            if restart == 0 and os.environ.get("RANK") == "1":
+                time.sleep(3600)
+            if restart > 0 and os.environ.get("RANK") == "0":
+                with open({faults!r}, "a") as f:
+                    f.write(json.dumps({{"restart": restart, "at": time.time()}}) + "\\n")
+                raise RuntimeError("injected failure on this node")
+        return should_stop(step=step, total=total)
+
+    rt.should_stop = failing_should_stop
+    sys.argv[0] = {script!r}
+    runpy.run_path({script!r}, run_name="__main__")
+""")
+
+
+def cluster_env(cluster: str, state: Path) -> dict[str, str]:
+    # This checkout's glaunch, whatever else is installed: the job runs the same code.
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, SLURM_CONF=f"/etc/glaunch-slurm/{cluster}/slurm.conf", GLAUNCH_STATE_DIR=str(state),
+                PYTHONPATH=path)
+
+
+def read_record(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def prepare(cluster: str, folder: Path) -> tuple[Path, Path, Path]:
+    """The wrapper, the experiment and the site (crash_retries 3) in `folder`."""
+    folder.mkdir(parents=True)
+    faults = folder / "faults.jsonl"
+    script = str(REPO / "examples" / "torch_ddp.py")
+    (folder / "failing.py").write_text(WRAPPER.format(fault_steps=FAULT_STEPS, faults=str(faults), script=script))
+    args = ["--steps", str(STEPS), "--seconds-per-step", str(SECONDS_PER_STEP), "--log-every", "1"]
+    experiment = folder / "failures.yaml"
+    experiment.write_text(f"name: failures\nentrypoint: {{script: failing.py, args: {json.dumps(args)}}}\n"
+                          f"resources: {{nodes: 1, spare_nodes: 1, time: '15'}}\n"
+                          f"checkpoint: {{every_steps: {EVERY}, keep: 2}}\nrequeue: {{max: 3}}\n"
+                          f"watchdog: {{stall_s: {STALL_S}}}\n")
+    site = folder / "site.yaml"
+    site.write_text(f"extends: {SITES[cluster]}\ncrash_retries: 3\n")
+    return experiment, site, faults
+
+
+def seconds_between(earlier: float, stamp: str | None) -> float | None:
+    return None if not stamp else datetime.fromisoformat(stamp).timestamp() - earlier
+
+
+def sample(cluster: str, folder: Path, jobs: list[str]) -> dict[str, float]:
+    """One run through the three roads: failure -> first resumed step (s) per road."""
+    experiment, site, faults = prepare(cluster, folder)
+    env = cluster_env(cluster, folder / "state")
+    proc = run_cmd([*GLAUNCH, "submit", str(experiment), "--site", str(site), "--json",
+                    "--runs-dir", str(folder / "runs")], env=env, cwd=folder)
+    if proc.returncode != 0:
+        raise BenchError(f"{cluster}: glaunch submit failed ({proc.returncode}): {proc.stderr.strip()}")
+    info = json.loads(proc.stdout)
+    run_dir = Path(info["run_dir"])
+    jobs.append(str(info["job_id"]))
+    deadline = time.time() + LIMIT_S
+    while (record := read_record(run_dir)).get("state") not in ("COMPLETED", "FAILED", "CANCELLED"):
+        if time.time() > deadline:
+            raise BenchError(f"{cluster}: the run did not end within {LIMIT_S} s ({run_dir})")
+        jobs.extend(s["job_id"] for s in record.get("starts", []) if s.get("job_id") not in jobs)
+        time.sleep(1)
+    return road_seconds(record, faults, run_dir)
+
+
+def road_seconds(record: dict, faults: Path, run_dir: Path) -> dict[str, float]:
+    """Check that each start ended as its road says, and time each failure to the next
+    start's first step."""
+    starts = record.get("starts", [])
+    ends = [(s.get("state"), bool(s.get("left_out"))) for s in starts[:len(EXPECTED)]]
+    if record.get("state") != "COMPLETED" or ends != list(EXPECTED) or len(starts) != len(EXPECTED) + 1:
+        raise BenchError(f"the run took other roads than expected: {record.get('state')}, starts "
+                         f"{[(s.get('state'), s.get('reason'), s.get('left_out')) for s in starts]} ({run_dir})")
+    failed = {int(f["restart"]): float(f["at"]) for f in map(json.loads, faults.read_text().splitlines())}
+    detected = (starts[0].get("hang") or {}).get("detected_at")
+    if not detected:
+        raise BenchError(f"start 0 recorded no hang detection ({run_dir})")
+    failed[int(starts[0]["restart"])] = datetime.fromisoformat(detected).timestamp()
+    seconds = {}
+    for road, start, following in zip(ROADS, starts, starts[1:]):
+        value = seconds_between(failed[int(start["restart"])], following.get("first_step_at"))
+        if value is None:
+            raise BenchError(f"{road}: start {following.get('restart')} has no first step ({run_dir})")
+        seconds[road] = value
+    return seconds
+
+
+def report(samples: list[dict[str, float]]) -> None:
+    med = {road: statistics.median(s[road] for s in samples) for road in ROADS}
+    print(f"\nFailure -> first resumed step, one run through each road (median of {len(samples)}, s)")
+    print(f"{'road':12s} {'seconds':>8s} {'/ requeue':>10s}")
+    for road in ROADS:
+        print(f"{road:12s} {med[road]:8.1f} {med[road] / med['requeue']:10.3f}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cluster", default="main", choices=sorted(SITES))
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--keep", action="store_true", help="keep the scratch directory")
+    parser.add_argument("--tiny", action="store_true", help="one sample")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="glaunch-failure-road-"))
+    jobs: list[str] = []
+    samples = []
+    failed = None
+    try:
+        for index in range(1 if args.tiny else args.runs):
+            result = sample(args.cluster, tmp / f"sample{index}", jobs)
+            print("  ".join(f"{road} {result[road]:.1f} s" for road in ROADS), flush=True)
+            samples.append(result)
+    except BenchError as exc:
+        failed = str(exc)
+    finally:
+        env = cluster_env(args.cluster, tmp)
+        live = [j for j in dict.fromkeys(jobs) if squeue_has(j, env)]
+        if live:
+            run_cmd(["scancel", *live], env=env)
+        if not args.keep and failed is None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if failed is not None:
+        print(f"{failed}\n(scratch kept: {tmp})", file=sys.stderr)
+        return 1
+    report(samples)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
