@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -132,8 +133,7 @@ def test_a_uenv_runs_the_interpreter_inside_it(tmp_path):
 
 
 def test_modules_without_a_module_system_are_not_checked(tmp_path, monkeypatch):
-    monkeypatch.setenv("PATH", os.path.dirname(subprocess.check_output(["bash", "-c", "command -v bash"],
-                                                                       text=True).strip()))
+    monkeypatch.setenv("PATH", os.path.dirname(shutil.which("bash")))
     site = site_of(tmp_path, "modules: [PyTorch/2.1.2]\n")
     if any(Path(f).exists() for f in ("/etc/profile.d/lmod.sh", "/etc/profile.d/modules.sh",
                                       "/usr/share/lmod/lmod/init/bash", "/usr/share/Modules/init/bash")):
