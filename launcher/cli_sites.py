@@ -57,7 +57,8 @@ def sites_validate(profiles):
 @click.option("--json", "as_json", is_flag=True)
 def sites_check(site, as_json):
     """SITE against the live cluster (scontrol, sacctmgr): every difference in profile terms;
-    exit 3 where a job would be refused, never start, or run on other hardware."""
+    exit 3 where a job would be refused, never start, or run on other hardware. Also which
+    torch the profile's environment gives the nodes, as the login node finds it."""
     report = api.check_site(site)
     click.echo(json.dumps(report.to_json(), indent=2) if as_json else format_check(report))
     if report.fatal:

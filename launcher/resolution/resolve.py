@@ -60,7 +60,7 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
     hparams = _hparams(exp)
     env = _environment(exp, site)
     container = _container(site, ctx.cwd, dirs)
-    python = _python(site, container, ctx.python)
+    python = node_python(site, container, ctx.python)
     part = alloc.part
     return JobPlan(
         run_id=ctx.run_id, name=exp.name, site_name=site.name, site_file=str(site_loaded.path),
@@ -387,9 +387,10 @@ def _container(site: schema.Site, cwd: str, dirs: _Directories) -> Container | N
     return Container(site.container.runtime, site.container.image, tuple(mounts))
 
 
-def _python(site: schema.Site, container: Container | None, submitting: str) -> tuple[str, ...]:
+def node_python(site: schema.Site, container: Container | None, submitting: str) -> tuple[str, ...]:
     """The interpreter command on the nodes: the site's `python:`, a container's python3,
-    else the submitting interpreter; inside apptainer, run through `apptainer exec`."""
+    else the submitting interpreter; inside apptainer, run through `apptainer exec`
+    (`sites check` runs the same command to ask which torch it imports)."""
     if site.python:
         python = python_words(site.python)
     elif container is not None:

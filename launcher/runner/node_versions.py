@@ -65,6 +65,22 @@ def version_warnings(record: RunRecord) -> list[str]:
     return out
 
 
+def environment_warnings(planned: Mapping[str, str | None], found: Mapping[str, str]) -> list[str]:
+    """A sentence for each difference between what a profile's environment gives (the
+    login node's answer to `sites check`) and the submitting environment; a torch the
+    environment cannot import (`found` without one) is a difference too."""
+    out = []
+    for name in ("python", "torch"):
+        wanted, got = planned.get(name), found.get(name)
+        if wanted is None or got == wanted:
+            continue
+        gives = f"gives {name} {got}" if got is not None else f"gives no {name}"
+        out.append(f"the profile's environment {gives}, not the {wanted} this machine submits with: the nodes' "
+                   "environment (the profile's python:, modules, venv or container) decides which one a rank "
+                   "imports")
+    return out
+
+
 def _by_value(nodes: Mapping[str, Mapping[str, Any]], name: str) -> dict[str, list[str]]:
     seen: dict[str, list[str]] = {}
     for node, versions in sorted(nodes.items()):

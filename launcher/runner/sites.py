@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -16,16 +18,22 @@ from launcher.config.schema import NAME_PATTERN
 from launcher.config.sites import load_site, user_sites_dir
 from launcher.errors import ConfigError
 from launcher.runner import remote
+from launcher.runner.node_versions import environment_warnings
+from launcher.runner.provenance import package_versions
+from launcher.schedulers.cluster import torchprobe
 from launcher.schedulers.cluster.check import CheckReport
 from launcher.schedulers.cluster.check import check_site as check_against_cluster
 from launcher.schedulers.cluster.detect import query_cluster
+from launcher.schedulers.cluster.report import Difference
 from launcher.schedulers.slurm.client import using
 from launcher.schedulers.ssh import remote as on_login
 
 
 def check_site(site: str) -> CheckReport:
     """The profile against the live cluster: its fatal differences and warnings, each in
-    profile terms. ConfigError for a profile of a site that is no Slurm cluster."""
+    profile terms, and which torch the profile's environment gives where Slurm's commands
+    run (a difference from this machine's is a warning; one it cannot find out, a line
+    saying why). ConfigError for a profile of a site that is no Slurm cluster."""
     loaded = load_site(site, Path.cwd(), os.environ, key="SITE")
     if loaded.config.scheduler != "slurm":
         # A local profile describes this machine: a Slurm cluster's partitions say nothing about it.
@@ -33,8 +41,14 @@ def check_site(site: str) -> CheckReport:
         raise ConfigError(f"site {loaded.config.name!r} runs jobs on this machine (scheduler: "
                           f"{loaded.config.scheduler}): there is no Slurm cluster to check it against",
                           file=origin.file if origin.line else str(loaded.path), line=origin.line, key="scheduler")
-    with slurm_answering(login_of(loaded.config.login)):
-        return check_against_cluster(loaded.config)
+    with slurm_answering(login_of(loaded.config.login)) as where:
+        report = check_against_cluster(loaded.config)
+        report.torch = torchprobe.probe(loaded.config, sys.executable, where=where)
+    if report.torch.checked:
+        planned = {"python": platform.python_version(), **package_versions(("torch",))}
+        report.warnings += [Difference(report.torch.key, text, fatal=False)
+                            for text in environment_warnings(planned, report.torch.versions)]
+    return report
 
 
 def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool = False,
@@ -74,14 +88,15 @@ def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool =
 
 
 @contextlib.contextmanager
-def slurm_answering(login: Login | None, *, always: bool = False) -> Iterator[None]:
+def slurm_answering(login: Login | None, *, always: bool = False) -> Iterator[str | None]:
     """Within the block, Slurm's commands run on `login` over one SSH connection when the
-    remote road is taken (`always`: whenever there is a login), else here."""
+    remote road is taken (`always`: whenever there is a login), else here. Yields the
+    login as a message names it, or None for this machine."""
     if login is None or not (always or remote.goes_remote(login, "slurm")):
-        yield
+        yield None
         return
     with remote.connect(login) as conn, using(on_login.slurm_client(conn)):
-        yield
+        yield login.shown
 
 
 def _inside(path: Path, folder: Path) -> bool:

@@ -10,7 +10,7 @@ import pytest
 
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord
-from launcher.runner.node_versions import version_warnings
+from launcher.runner.node_versions import environment_warnings, version_warnings
 from launcher.runtime.telemetry import node_versions
 
 PLANNED = {"python": "3.11.7", "packages": {"torch": "2.13.0+cpu", "deepspeed": "0.19.8"}}
@@ -60,3 +60,22 @@ def test_versions_files_are_checked_before_they_reach_run_json(tmp_path):
         rd.versions("7", 0, node).write_text(json.dumps(data))
     (rd.telemetry_dir / "versions_7_0_x.json").write_text(json.dumps(files[0]))
     assert node_versions(rd, "7", 0) == {"node1": {"torch": "2.13.0", "python": "3.11.7"}}
+
+
+@pytest.mark.parametrize(("found", "said"), [
+    ({"python": "3.11.7", "torch": "2.13.0+cpu", "executable": "/x"}, []),
+    ({"python": "3.11.7", "torch": "2.8.0+cu128"},
+     ["the profile's environment gives torch 2.8.0+cu128, not the 2.13.0+cpu this machine submits with"]),
+    ({"python": "3.12.1", "error": "ModuleNotFoundError: No module named 'torch'"},
+     ["the profile's environment gives python 3.12.1, not the 3.11.7 this machine submits with",
+      "the profile's environment gives no torch, not the 2.13.0+cpu this machine submits with"]),
+])
+def test_sites_check_names_each_difference_of_the_profiles_environment(found, said):
+    """What `sites check` found on the login node against the submitting environment."""
+    warnings = environment_warnings({"python": "3.11.7", "torch": "2.13.0+cpu"}, found)
+    assert [w.partition(":")[0] for w in warnings] == said
+    assert all("decides which one a rank imports" in w for w in warnings)
+
+
+def test_sites_check_has_nothing_to_compare_with_where_the_submitting_side_has_no_torch():
+    assert environment_warnings({"python": "3.11.7"}, {"python": "3.11.7", "torch": "2.8.0"}) == []

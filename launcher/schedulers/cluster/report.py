@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launcher.errors import SchedulerError
 from launcher.schedulers.cluster.scontrol_text import one_line
+
+if TYPE_CHECKING:
+    from launcher.schedulers.cluster.torchprobe import TorchProbe
 
 
 @dataclass(frozen=True)
@@ -31,11 +34,15 @@ class CheckReport:
     fatal: list[Difference] = field(default_factory=list)
     warnings: list[Difference] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    torch: TorchProbe | None = None      # which torch the profile's environment gives (sites check)
 
     def to_json(self) -> dict[str, Any]:
-        return {"site": self.site, "cluster": self.cluster, "ok": not self.fatal,
-                "fatal": [dataclasses.asdict(d) for d in self.fatal],
-                "warnings": [dataclasses.asdict(d) for d in self.warnings], "notes": list(self.notes)}
+        found = {"site": self.site, "cluster": self.cluster, "ok": not self.fatal,
+                 "fatal": [dataclasses.asdict(d) for d in self.fatal],
+                 "warnings": [dataclasses.asdict(d) for d in self.warnings], "notes": list(self.notes)}
+        if self.torch is not None:
+            found["torch"] = self.torch.to_json()
+        return found
 
     def lines(self) -> list[str]:
         """What `glaunch sites check` prints, a line each; what the cluster named (a
@@ -49,6 +56,8 @@ class CheckReport:
         lines += [f"  FATAL    {d}" for d in self.fatal]
         lines += [f"  warning  {d}" for d in self.warnings]
         lines += [f"  note     {n}" for n in self.notes]
+        if self.torch is not None:
+            lines.append(f"  {self.torch.line()}")
         return [one_line(line) for line in lines]
 
     def format(self) -> str:
