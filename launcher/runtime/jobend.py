@@ -415,6 +415,14 @@ def print_start_number(run_dir: Path, job_id: str | None, requeues: int) -> int:
     return 0
 
 
+def step_node_list(step_nodes: Sequence[str], allocation: Sequence[str]) -> str | None:
+    """A start's nodes for run.json: Slurm's own form of the job's list (as sacct gives it)
+    when the step ran on the whole allocation, else the step's nodes one by one."""
+    if not step_nodes or set(step_nodes) == set(allocation):
+        return os.environ.get("SLURM_JOB_NODELIST") or ",".join(step_nodes) or None
+    return ",".join(step_nodes)
+
+
 def nodes_requested(record: RunRecord, args: argparse.Namespace) -> int:
     """The nodes the job asks Slurm for: its training nodes and its spares (the allocation's
     size); excluding nodes past what leaves this many would keep the requeued job pending."""
@@ -474,7 +482,7 @@ def end_of_start(run_dir: Path, args: argparse.Namespace, ctx_job_id: str | None
             allocation = node_list(args.allocation)
             record.record_start(job_id, restart, started=args.started, ended=iso(time.time()), state=outcome.state,
                                 reason=outcome.reason, detail=outcome.detail, exit_code=args.status,
-                                nodes=",".join(step_nodes) if step_nodes else os.environ.get("SLURM_JOB_NODELIST"),
+                                nodes=step_node_list(step_nodes, allocation),
                                 resumed_from=resumed_in(run_dir, restart),
                                 stopped_at=None if stop is None else stop.get("step"), hang=hang_entry(hang),
                                 bad_node=bad if outcome.reason in FAILURES else None, exclusion=note,

@@ -137,3 +137,11 @@ def test_a_requeue_excludes_no_node_that_the_job_with_its_spares_needs(partition
     record = registry.read(job)
     assert record.start("7", 1).exclusion == exclusion
     assert record.excluded_nodes == (["n2"] if line != "requeue" else [])
+
+
+def test_a_start_on_its_whole_allocation_keeps_slurms_form_of_the_node_list(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
+    assert jobend.step_node_list(["node1", "node2"], ["node2", "node1"]) == "node[1-2]"
+    assert jobend.step_node_list(["node2"], ["node1", "node2"]) == "node2"          # a step beside a spare
+    assert jobend.step_node_list(["node1"], []) == "node1"                          # inside salloc: the step's own
+    assert jobend.step_node_list([], []) == "node[1-2]"
