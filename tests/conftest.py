@@ -86,6 +86,23 @@ def clusters_needed(item) -> list[str]:
     return needed
 
 
+# Each cluster's tests run one by one (each job takes both of its nodes, and preemption
+# tests would preempt another test's job), but the two clusters' tests may run side by
+# side: under `pytest -n 2 --dist loadgroup` each group keeps to one worker. A test that
+# needs `defaults` goes with its tests (its jobs run there), and so do the script tests,
+# which restart `defaults`.
+def cluster_group(item) -> str:
+    if DEFAULTS in clusters_needed(item) or item.module.__name__.endswith("test_local_slurm_script"):
+        return "slurm-defaults"
+    return "slurm-main"
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group(cluster_group(item)))
+
+
 @functools.cache
 def cluster_answers(cluster: str) -> bool:
     """Whether the cluster answers, asked once per session (per xdist worker). Under

@@ -18,7 +18,7 @@ from datetime import datetime
 import pytest
 
 from conftest import requires_slurm
-from slurmkit import (REPO, SITE, final_sacct_state, finish, glaunch, job_id_of, preempt, rank0_steps, read_json,
+from slurmkit import (DEFAULTS, REPO, SITE, final_sacct_state, finish, glaunch, job_id_of, preempt, rank0_steps, read_json,
                       release_requeue_hold, sacct_rows, squeue_state, start_submit, submit, the_run_dir,
                       wait_until)
 
@@ -27,13 +27,15 @@ pytestmark = [requires_slurm, pytest.mark.slurm, pytest.mark.slow]
 _baselines: dict[tuple, str] = {}
 
 
-def baseline_hash(example: str, steps: int, tmp_path_factory, env, nodes: int = 2) -> str:
+def baseline_hash(example: str, steps: int, tmp_path_factory, env, nodes: int = 2,
+                  cluster: str | None = None) -> str:
     """param_sha256 of an uninterrupted run on `nodes` nodes (computed once per example,
-    length and size)."""
-    key = (example, steps, nodes)
+    length, size and cluster)."""
+    key = (example, steps, nodes, cluster)
     if key not in _baselines:
         runs = tmp_path_factory.mktemp("baseline")
-        proc, info = submit(example, runs, env, f"resources.nodes={nodes}", f"entrypoint.args=[--steps,{steps}]")
+        proc, info = submit(example, runs, env, f"resources.nodes={nodes}", f"entrypoint.args=[--steps,{steps}]",
+                            cluster=cluster)
         assert proc.returncode == 0, proc.stderr[-3000:]
         _baselines[key] = read_json(runs / info["run_id"] / "result.json")["param_sha256"]
     return _baselines[key]
@@ -80,19 +82,22 @@ def finish_while_progressing(proc, job_id: str, run_dir, timeout: float) -> tupl
     return proc.returncode, stdout, stderr
 
 
-def test_time_limit_resubmits_and_resumes_bitwise(tmp_path, tmp_path_factory, isolated_env):
+def test_time_limit_resubmits_and_resumes_bitwise(tmp_path, tmp_path_factory, slurm_defaults_env):
     # 60 s of steps against a 1-minute limit warned 10 s ahead. slurmctld checks time limits
     # every 30 s and sends the warning at the first check that is within lead + 30 s of the
     # limit: 20 to 50 s into each start, so no start can finish the run and two or three
     # do. The test is bounded by progress (every start must get further), not by a count of
     # starts that the machine's speed decides. requeue.mode is the default, resubmit: each
     # start after a time limit is a new job, chained after the one before it (the requeue
-    # road is the preemption tests' below).
+    # road is the preemption tests' below). On `defaults`: a time limit needs no preemption,
+    # and this cluster's tests run beside `main`'s.
     steps = 240
-    expected = baseline_hash("examples/torch_ddp.yaml", steps, tmp_path_factory, isolated_env)
-    proc = start_submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env, "resources.nodes=2",
+    env = slurm_defaults_env
+    expected = baseline_hash("examples/torch_ddp.yaml", steps, tmp_path_factory, env, cluster=DEFAULTS)
+    proc = start_submit("examples/torch_ddp.yaml", tmp_path / "runs", env, "resources.nodes=2",
                         "resources.time=1", "requeue.signal_lead_s=10", "requeue.max=100",
-                        "checkpoint.every_steps=1000", f"entrypoint.args=[--steps,{steps},--seconds-per-step,0.25]")
+                        "checkpoint.every_steps=1000", f"entrypoint.args=[--steps,{steps},--seconds-per-step,0.25]",
+                        cluster=DEFAULTS)
     run_dir = the_run_dir(tmp_path / "runs")
     job_id = job_id_of(run_dir)
     code, stdout, stderr = finish_while_progressing(proc, job_id, run_dir, timeout=1500)
@@ -105,12 +110,12 @@ def test_time_limit_resubmits_and_resumes_bitwise(tmp_path, tmp_path_factory, is
     jobs = [s["job_id"] for s in record["starts"]]
     assert jobs[0] == job_id and len(set(jobs)) == len(jobs) and record["job_id"] == jobs[-1], jobs
     # --wait returns once the job recorded its end; accounting has it a little later.
-    assert final_sacct_state(jobs[-1]) == "COMPLETED"
-    assert [[r["state"] for r in sacct_rows(job)] for job in jobs] == [["COMPLETED"]] * len(jobs)
+    assert final_sacct_state(jobs[-1], cluster=DEFAULTS) == "COMPLETED"
+    assert [[r["state"] for r in sacct_rows(job, DEFAULTS)] for job in jobs] == [["COMPLETED"]] * len(jobs)
     # Each job's rank 0 log tells its start's story.
     logs = [(run_dir / "logs" / f"{job}_0_log.out").read_text() for job in jobs]
     assert ["resumed from" in log for log in logs] == [False] + [True] * (len(jobs) - 1)
-    status = json.loads(glaunch("status", record["run_id"], "--json", env=isolated_env).stdout)
+    status = json.loads(glaunch("status", record["run_id"], "--json", env=env, cluster=DEFAULTS).stdout)
     assert status["state"] == "COMPLETED" and status["restarts"] == len(record["starts"]) - 1
 
 
