@@ -22,7 +22,8 @@ pytestmark = [requires_slurm, requires_slurm_defaults, pytest.mark.slurm, pytest
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="scripts/local-slurm starts and stops daemons as root")
 
 DAEMONS = {MAIN: ["munged", "mariadb", "slurmdbd", "slurmctld", "slurmd node1", "slurmd node2"],
-           DEFAULTS: ["munged", "mariadb", "slurmdbd", "slurmctld", "slurmd dnode1", "slurmd dnode2"]}
+           DEFAULTS: ["munged", "mariadb", "slurmdbd", "slurmctld", "slurmd dnode1", "slurmd dnode2",
+                     "slurmd dnode3"]}
 
 
 def script(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -53,7 +54,7 @@ def squeue_row(job_id: str, cluster: str) -> str:
 
 def test_each_cluster_answers_on_its_own_configuration():
     expected = {MAIN: ("glaunch", {"debug", "urgent"}, {"node1", "node2"}),
-                DEFAULTS: ("glaunch_defaults", {"gpu", "short"}, {"dnode1", "dnode2"})}
+                DEFAULTS: ("glaunch_defaults", {"gpu", "short"}, {"dnode1", "dnode2", "dnode3"})}
     ports = set()
     for cluster, (name, partitions, nodes) in expected.items():
         rows = [line.split() for line in out("sinfo", "-h", "-N", "-o", "%N %R %t", cluster=cluster).splitlines()]
