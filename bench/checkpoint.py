@@ -150,8 +150,7 @@ def worker(gb: float, repeats: int) -> None:
         out["commit"].append(total)
 
     def resume() -> None:
-        c = rt.resume_checkpoint(ctx)
-        rt.load_torch_state(c, model, opt, ctx=ctx)
+        rt.resume_torch_state(model, opt, ctx=ctx)
 
     def resume_baseline() -> None:
         blob = torch.load(base_file, map_location="cpu", weights_only=True)
