@@ -41,9 +41,9 @@ def main() -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     start, resumed_from = 0, None
-    ck = rt.resume_checkpoint(ctx)           # the newest complete checkpoint, the same on every rank
-    if ck is not None:
-        start = resumed_from = rt.load_torch_state(ck, model, opt, ctx=ctx)["step"]
+    got = rt.resume_torch_state(model, opt, ctx=ctx)   # the newest complete checkpoint, the same on every rank
+    if got is not None:
+        start = resumed_from = got["step"]
 
     loss = None
     for step in range(start + 1, args.steps + 1):

@@ -27,9 +27,9 @@ The training loop, in full::
     ctx = rt.init_distributed()            # gloo on CPU, nccl with CUDA
     rt.install_stop_handler()              # USR2/TERM only set a flag
     start, resumed = 0, None
-    ck = rt.resume_checkpoint(ctx)         # newest *verified* checkpoint, same on all ranks
-    if ck:
-        start = resumed = rt.load_torch_state(ck, model, opt)["step"]
+    got = rt.resume_torch_state(model, opt)   # newest *verified* checkpoint, same on all ranks
+    if got:
+        start = resumed = got["step"]
     for step in range(start + 1, steps + 1):
         train_one_step(step)               # data derived from (seed, step, rank)
         if ctx.checkpoint_due(step):       # returns once this rank's share is in host memory
@@ -60,6 +60,9 @@ API
 ``latest_complete(dir)``    newest checkpoint whose manifest verifies (never trusts ``latest`` alone)
 ``resume_checkpoint()``     the same on every rank; sizes and checksums re-checked, split over the ranks
 ``verify_checkpoint(path)`` ``(manifest, None)`` or ``(None, reason)``
+``resume_torch_state``      resume_checkpoint + load_torch_state, the model and optimizer files read
+                            once (checksummed as they load; a damaged checkpoint is refused whole
+                            and the next older complete one loaded)
 ``save_torch_state`` / ``load_torch_state``  model + optimizer (+ scheduler) with
                             torch.distributed.checkpoint, every rank writing its share (DDP
                             replicas spread, FSDP2 shards by owner), checksummed as written;
@@ -121,7 +124,14 @@ from launcher.runtime.rankcontext import (
     export_rendezvous_env,
 )
 from launcher.runtime.result import param_sha256, write_result, write_stop
-from launcher.runtime.state import load_torch_state, rng_state, save_torch_state, set_rng_state, unwrap
+from launcher.runtime.state import (
+    load_torch_state,
+    resume_torch_state,
+    rng_state,
+    save_torch_state,
+    set_rng_state,
+    unwrap,
+)
 from launcher.runtime.stop import (
     install_stop_handler,
     received_signal,
@@ -161,6 +171,7 @@ __all__ = [
     "request_stop",
     "reset_stop",
     "resume_checkpoint",
+    "resume_torch_state",
     "rng_state",
     "save_torch_state",
     "set_rng_state",

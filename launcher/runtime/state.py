@@ -29,7 +29,8 @@ from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint import background
 from launcher.runtime.checkpoint.commit import agree, commit, first_failed_rank
 from launcher.runtime.checkpoint.save import open_staging, stage_checkpoint
-from launcher.runtime.checkpoint.layout import Checkpoint, CheckpointError, step_dir_name
+from launcher.runtime.checkpoint.layout import Checkpoint, CheckpointDamaged, CheckpointError, step_dir_name
+from launcher.runtime.checkpoint.resume import resume_checkpoint
 from launcher.runtime.checkpoint.staging import write_failure_marker, write_marker
 from launcher.runtime.rankcontext import RankContext, context, log
 
@@ -309,7 +310,9 @@ def load_torch_state(ckpt: Checkpoint, model, optimizer=None, *, scheduler=None,
     """Load what :func:`save_torch_state` wrote; returns ``{"step", "extra", "rank_state", "rng_restored"}``.
 
     Collective for DCP checkpoints (every rank loads its share; another world size, or
-    DDP <-> FSDP2, is resharded). RNG states and ``rank_state`` are restored only when
+    DDP <-> FSDP2, is resharded). The checksums ``ckpt.pending`` leaves to the load are
+    taken while it reads: :class:`CheckpointDamaged` on every rank, with the model and
+    optimizer untouched, when a file does not match. RNG states and ``rank_state`` are restored only when
     the checkpoint was written by as many ranks; otherwise a warning says that the run
     continues but is no longer bitwise reproducible.
     """
@@ -328,7 +331,10 @@ def load_torch_state(ckpt: Checkpoint, model, optimizer=None, *, scheduler=None,
                 raise CheckpointError(f"{ckpt.path} holds no optimizer state")
             optimizer = None   # saved before the optimizer's first step: it stays as constructed
         state = _app_state(model, optimizer, scheduler if "scheduler" in saved else None)
-        dcp.load(state, state_dir, ctx, allow_partial=not strict)
+        prefix = f"{STATE_DIR}/"
+        reader = dcp.VerifyingReader(state_dir, {s["path"][len(prefix):]: s for s in ckpt.pending
+                                                 if s["path"].startswith(prefix)}, ctx) if ckpt.pending else None
+        dcp.load(state, state_dir, ctx, allow_partial=not strict, reader=reader)
         set_state_dict(model, optimizer if optimizer is not None else [],
                        model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}),
                        options=StateDictOptions(strict=strict))
@@ -349,6 +355,34 @@ def load_torch_state(ckpt: Checkpoint, model, optimizer=None, *, scheduler=None,
     else:
         log(f"no {rf.name} in {ckpt.path.name}: RNG states not restored, resume is not bitwise reproducible")
     return {"step": step, "extra": extra, "rank_state": rank_state, "rng_restored": restored}
+
+
+def resume_torch_state(model, optimizer=None, *, scheduler=None, strict: bool = True,
+                       restore_rng: bool = True, ctx: RankContext | None = None) -> dict | None:
+    """:func:`resume_checkpoint` + :func:`load_torch_state` of the newest complete checkpoint,
+    reading its model and optimizer files once: their checksums are taken while they load
+    (``verify="load"``), not in a pass of their own before. A checkpoint whose files do
+    not match is refused before anything of it reaches the model, and the next older
+    complete one is loaded instead. Collective, on every rank.
+
+    None when there is no complete checkpoint, else :func:`load_torch_state`'s dict with
+    ``"checkpoint"``, the :class:`Checkpoint` loaded.
+    """
+    ctx = ctx or context()
+    refused: list[str] = []
+    while True:
+        ckpt = resume_checkpoint(ctx, verify="load", refused=refused)
+        if ckpt is None:
+            return None
+        try:
+            loaded = load_torch_state(ckpt, model, optimizer, scheduler=scheduler, strict=strict,
+                                      restore_rng=restore_rng, ctx=ctx)
+        except CheckpointDamaged as e:
+            if ctx.is_main:
+                log(f"checkpoint {e}; ignoring it")
+            refused.append(ckpt.path.name)
+            continue
+        return {**loaded, "checkpoint": ckpt}
 
 
 def _load_files(ckpt: Checkpoint, model, optimizer, *, scheduler, strict: bool, ctx: RankContext):

@@ -36,6 +36,7 @@ WORKER = textwrap.dedent('''
     from launcher.runtime.checkpoint.verify import verify_checkpoint
     from launcher.runtime import fsdp as gfsdp
     from launcher.runtime.checkpoint import dcp
+    from launcher.runtime.checkpoint.layout import CheckpointDamaged
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.tensor import DTensor
 
@@ -133,6 +134,32 @@ WORKER = textwrap.dedent('''
         for s in (1, 2, 3):
             train(wrapped, opt, 1)
             rt.save_torch_state(s, model, opt, ctx=ctx)
+    elif mode == "resume":             # resume_torch_state; a load of the newest with its checksums pending first
+        model, wrapped, opt = build()
+        before = state_hash(model, opt)
+        seen = []
+        real = checksums.checksum_file
+        def counting(path, *a, **k):
+            seen.append(os.path.relpath(path, ctx.checkpoint_dir))
+            return real(path, *a, **k)
+        checksums.checksum_file = counting
+        newest = rt.resume_checkpoint(ctx, verify="load")
+        out["pending"] = sorted(s["path"] for s in newest.pending)
+        try:
+            rt.load_torch_state(newest, model, opt, ctx=ctx)
+            out["refused"] = None
+        except CheckpointDamaged as e:
+            out["refused"] = str(e)
+        out["untouched"] = state_hash(model, opt) == before
+        del seen[:]
+        got = rt.resume_torch_state(model, opt, ctx=ctx)
+        checksums.checksum_file = real
+        out["hashed"] = seen
+        out["step"], out["checkpoint"] = got["step"], got["checkpoint"].path.name
+        out["hash"] = state_hash(model, opt)
+        reference, _, opt2 = build()     # the same checkpoint, checked in full before a plain load
+        rt.load_torch_state(rt.resume_checkpoint(ctx), reference, opt2, ctx=ctx)
+        out["reference"] = state_hash(reference, opt2)
     elif mode == "blind":              # rank 1 looks for checkpoints in a dir the others do not use
         if ctx.rank == 1:
             os.environ["GLAUNCH_CHECKPOINT_DIR"] = os.path.join(os.environ["OUT_DIR"], "elsewhere")
@@ -275,6 +302,43 @@ def test_resume_verification_is_spread_and_skips_damaged_checkpoints(tmp_path):
         assert o["raised"] and "rank 1 cannot see" in o["raised"] and "shared" in o["raised"], o
 
 
+def test_resume_torch_state_reads_data_files_once_and_refuses_a_damaged_checkpoint_whole(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _run(tmp_path, "series", "ddp", 2, ckpt, "series", GLAUNCH_CHECKPOINT_KEEP=3)
+    # step 3: a flipped byte in rank 1's data file (same size: only its checksum finds it);
+    # step 2: a truncated data file (its size finds it)
+    f3 = ckpt / "step-00000003" / "state" / "__1_0.distcp"
+    data = bytearray(f3.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    f3.write_bytes(bytes(data))
+    with open(ckpt / "step-00000002" / "state" / "__0_0.distcp", "r+b") as f:
+        f.truncate(100)
+    outs, log = _run(tmp_path, "resume", "ddp", 2, ckpt, "resume")
+    for o in outs:
+        assert o["pending"] == ["state/__0_0.distcp", "state/__1_0.distcp"]
+        # the load of step 3 found the flipped byte on rank 1: refused on every rank, nothing loaded
+        assert o["refused"] and "__1_0.distcp" in o["refused"] and "mismatch" in o["refused"], o
+        assert o["untouched"] is True
+        # resume_torch_state skipped steps 3 and 2 and loaded step 1, as the full check before a load does
+        assert (o["step"], o["checkpoint"]) == (1, "step-00000001")
+        assert o["hash"] == o["reference"]
+    assert "step-00000003" in log and "step-00000002" in log
+    # the data files were checksummed by the load, not re-read for it; the other files were
+    hashed = [x for o in outs for x in o["hashed"]]
+    assert not [x for x in hashed if x.endswith(".distcp")], hashed
+    assert "step-00000001/state/.metadata" in hashed and "step-00000001/rank-00001.pt" in hashed
+
+
+def test_resume_torch_state_at_another_world_size(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    saved, _ = _run(tmp_path, "save", "ddp", 2, ckpt, "save2")
+    loaded, _ = _run(tmp_path, "resume", "ddp", 1, ckpt, "resume1")
+    o = loaded[0]
+    assert o["refused"] is None and o["step"] == 3
+    assert o["hash"] == o["reference"] == saved[0]["hash"]
+    assert not [x for x in o["hashed"] if x.endswith(".distcp")], o["hashed"]
+
+
 def test_ddp_checkpoint_loads_at_another_world_size(tmp_path):
     ckpt = tmp_path / "ckpt"
     saved, _ = _run(tmp_path, "save", "ddp", 2, ckpt, "save2")
@@ -371,3 +435,48 @@ def test_rank_killed_mid_background_save_resumes_from_previous_checkpoint_bitwis
     assert res["param_sha256"] == ref["param_sha256"]
     assert res["final_loss"] == ref["final_loss"]
     assert not list(ckpt.glob(".staging-*"))
+
+
+# ------------------------------------------------------------------ checksums taken while loading
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_verifying_reader_refuses_before_anything_is_loaded_and_checks_files_nobody_reads(tmp_path, monkeypatch):
+    from torch.distributed.checkpoint import FileSystemWriter
+    from torch.distributed.checkpoint import save as dcp_save
+
+    from launcher.runtime.checkpoint import dcp
+    from launcher.runtime.checkpoint.layout import CheckpointDamaged
+    from launcher.runtime.rankcontext import context
+
+    for var in RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    ctx = context()
+    d = tmp_path / "state"
+    saved = {"a": torch.arange(300_000, dtype=torch.float32), "b": torch.ones(3, 5)}
+    dcp_save(saved, storage_writer=FileSystemWriter(d), no_dist=True)
+    algo = checksum_algorithm()
+    (d / "spare.distcp").write_bytes(b"read by nobody")     # in the manifest, not in DCP's metadata
+
+    def entry(name: str) -> dict:
+        return {"path": f"state/{name}", "size": (d / name).stat().st_size, algo: checksum_file(d / name, algo)}
+
+    expected = {n: entry(n) for n in ("__0_0.distcp", "spare.distcp")}
+
+    def load() -> dict:
+        target = {"a": torch.zeros(300_000), "b": torch.zeros(3, 5)}
+        dcp.load(target, d, ctx, reader=dcp.VerifyingReader(d, expected, ctx))
+        return target
+
+    got = load()
+    assert all(torch.equal(got[k], saved[k]) for k in saved)
+    (d / "spare.distcp").write_bytes(b"READ by nobody")
+    with pytest.raises(CheckpointDamaged, match=r"spare\.distcp .* mismatch"):
+        load()
+    (d / "spare.distcp").write_bytes(b"read by nobody")
+    data = bytearray((d / "__0_0.distcp").read_bytes())
+    data[len(data) // 2] ^= 0x01                           # inside tensor a's bytes
+    (d / "__0_0.distcp").write_bytes(bytes(data))
+    target = {"a": torch.zeros(300_000), "b": torch.zeros(3, 5)}
+    with pytest.raises(CheckpointDamaged, match=r"__0_0\.distcp .* mismatch"):
+        dcp.load(target, d, ctx, reader=dcp.VerifyingReader(d, expected, ctx))
+    assert not target["a"].any() and not target["b"].any()  # refused before anything reached it

@@ -42,7 +42,11 @@ A rank killed at any point before step 4's rename leaves only a staging dir: the
 previous ``step-*`` stays the newest complete one. :func:`latest_complete` never
 trusts ``latest`` alone: it returns the newest ``step-*`` whose manifest verifies
 (all shards present, sizes and checksums match), warning on stderr when ``latest``
-disagrees; :func:`resume_checkpoint` spreads that re-check over the ranks.
+disagrees; :func:`resume_checkpoint` spreads that re-check over the ranks. With
+``verify="load"`` (``launcher.runtime.resume_torch_state``) the checksums of the DCP data
+files are taken by the load, which reads them anyway, instead of in a pass of their own:
+a file that does not match refuses the checkpoint whole, before anything of it reaches
+the model, and the next older complete one is loaded.
 ``checkpoint_dir`` must be visible to all ranks (a shared filesystem).
 
 Checksums: CRC32C (the ``crc32c`` package, hardware-accelerated, ~10 GB/s per core)
@@ -59,5 +63,5 @@ Where each part lives (this package re-exports nothing; ``launcher.runtime`` has
     save        open_staging, stage_checkpoint: one collective save (steps 1-5)
     verify      a checkpoint dir against its manifest
     resume      latest_complete, resume_checkpoint
-    dcp         torch.distributed.checkpoint's writer and planner (imports torch)
+    dcp         torch.distributed.checkpoint's writer and planner, the verifying reader (imports torch)
 """

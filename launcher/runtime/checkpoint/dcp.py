@@ -18,30 +18,43 @@ collective there:
 
 The directory is a plain DCP checkpoint: ``dcp.load`` (or DCP's format utilities)
 read it, resharding to any world size.
+
+Loading on resume (:class:`VerifyingReader`) reads each data file once: the bytes
+``torch.load`` decodes are checksummed as they arrive, what it skips or reads out of
+order (zip headers, a few hundred bytes a tensor) is read again in order, and no tensor
+reaches the state dict before every file read, on every rank, matched its manifest
+checksum. Files no rank needed are re-checksummed, spread over the ranks.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import io
+import os
 import pickle
 import threading
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, cast
 
 import torch
 import torch.distributed as dist
+from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.filesystem import FileSystem
-from torch.distributed.checkpoint.planner import SavePlan, WriteItemType
+from torch.distributed.checkpoint.planner import LoadItemType, SavePlan, WriteItemType
 
-from launcher.rundir.files import fsync_dir
-from launcher.runtime.checkpoint.layout import CheckpointError
+from launcher.rundir.files import fsync_dir, open_regular
+from launcher.runtime.checkpoint import checksums
+from launcher.runtime.checkpoint.layout import CheckpointDamaged, CheckpointError
 from launcher.runtime.checkpoint.checksums import ChecksumWriter
-from launcher.runtime.rankcontext import RankContext, is_distributed
+from launcher.runtime.checkpoint.verify import verify_share
+from launcher.runtime.rankcontext import RankContext, all_reduce_max, is_distributed, log
 
 METADATA_FILE = ".metadata"
 
@@ -235,14 +248,195 @@ def write_metadata(writer: ChecksummingWriter, metadata, all_results: list[list]
         raise CheckpointError(f"DCP wrote no {path}") from None
 
 
-def load(state_dict: dict, path: str | Path, ctx: RankContext, *, allow_partial: bool = False) -> None:
-    """``dcp.load`` into ``state_dict`` in place (collective when distributed), resharding as needed."""
+def load(state_dict: dict, path: str | Path, ctx: RankContext, *, allow_partial: bool = False,
+         reader: FileSystemReader | None = None) -> None:
+    """``dcp.load`` into ``state_dict`` in place (collective when distributed), resharding as needed.
+
+    :class:`CheckpointDamaged` on every rank when a :class:`VerifyingReader` refused the files.
+    """
     no_dist = not (ctx.world_size > 1 and is_distributed())
     with warnings.catch_warnings():
         if no_dist:   # DCP warns that it assumes a single process: that is what was asked for
             warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
-        dcp_load(state_dict, storage_reader=FileSystemReader(path),
-                 planner=DefaultLoadPlanner(allow_partial_load=allow_partial), no_dist=no_dist)
+        try:
+            dcp_load(state_dict, storage_reader=reader or FileSystemReader(path),
+                     planner=DefaultLoadPlanner(allow_partial_load=allow_partial), no_dist=no_dist)
+        except CheckpointException as e:   # DCP's wrapper of every rank's error (a BaseException)
+            if isinstance(reader, VerifyingReader) and reader.refused is not None:
+                raise CheckpointDamaged(f"{Path(path).parent}: {reader.refused}") from e
+            raise
+
+
+class _OnceReadFile:
+    """A data file read once, in order, for its checksum: the large reads ``torch.load``
+    makes into its tensors' memory are checksummed there; every byte before them that was
+    not (headers, gaps between items, the rest of the file) is read again for it."""
+
+    LARGE = 1 << 16   # smaller reads are re-read when the checksum reaches them
+
+    def __init__(self, fd: int, algorithm: str | None) -> None:
+        self.fd = fd
+        self.checksum = checksums.Checksum(algorithm) if algorithm else None
+        self.done = 0   # bytes [0, done) are in the checksum
+        self._buf = memoryview(bytearray(1 << 20))
+
+    def readinto_at(self, pos: int, b) -> int:
+        view = memoryview(b).cast("B")
+        n = os.preadv(self.fd, [view], pos)
+        if self.checksum is not None and n >= self.LARGE and pos + n > self.done:
+            self.catch_up(pos)
+            self.checksum.update(view[self.done - pos:n])
+            self.done = pos + n
+        return n
+
+    def catch_up(self, pos: int) -> None:
+        """Checksum [done, pos), read from the file."""
+        while self.checksum is not None and self.done < pos:
+            n = os.preadv(self.fd, [self._buf[:min(len(self._buf), pos - self.done)]], self.done)
+            if n <= 0:
+                raise CheckpointError(f"file ended at byte {self.done}, before {pos}")
+            self.checksum.update(self._buf[:n])
+            self.done += n
+
+
+class _ItemView(io.RawIOBase):
+    """One item's byte range of a :class:`_OnceReadFile`, as the seekable file ``torch.load`` wants."""
+
+    def __init__(self, file: _OnceReadFile, offset: int, length: int) -> None:
+        super().__init__()
+        self.file, self.offset, self.length, self.pos = file, offset, length, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self.pos, os.SEEK_END: self.length}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readall(self) -> bytes:
+        buf = bytearray(max(0, self.length - self.pos))
+        return bytes(buf[:self.readinto(buf)])
+
+    def readinto(self, b) -> int:
+        view = memoryview(b).cast("B")[:max(0, self.length - self.pos)]
+        got = 0
+        while got < len(view):
+            n = self.file.readinto_at(self.offset + self.pos + got, view[got:])
+            if n <= 0:
+                break
+            got += n
+        self.pos += got
+        return got
+
+
+class VerifyingReader(FileSystemReader):
+    """DCP's FileSystemReader that checks each data file it reads against its manifest
+    checksum while reading it once (see the module docstring).
+
+    ``expected`` maps a data file's name inside the DCP dir to its manifest entry (``path``
+    relative to the checkpoint, ``size``, checksum); other files are read unchecked (their
+    checksums were checked before, or cannot be here). A file is read whole even where the
+    rank needs part of it (resharding). The decoded tensors are held, as ``torch.load`` of
+    the whole state holds them, until the ranks agree (two small all_reduces, inside the
+    read step every rank takes) that every expected file matched; otherwise ``refused``
+    says why, :func:`load` raises :class:`CheckpointDamaged` on every rank, and the state
+    dict is untouched.
+    """
+
+    def __init__(self, path: str | Path, expected: dict[str, dict], ctx: RankContext) -> None:
+        super().__init__(path)
+        self.expected = expected
+        self.ctx = ctx
+        self.refused: str | None = None
+
+    def read_data(self, plan, planner):
+        staged: list = []
+        read: set[str] = set()
+        why = None
+        try:
+            per_file: dict[str, list] = {}
+            for item in plan.items:
+                per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
+            for rel, items in per_file.items():
+                why = self._read_file(rel, items, staged)
+                if why is not None:
+                    break
+                read.add(rel)
+        except Exception as e:   # every rank must learn about it before anything is committed
+            why = f"{type(e).__name__}: {e}"
+        names = sorted(self.expected)
+        distributed = self.ctx.world_size > 1 and is_distributed()
+        seen = all_reduce_max([int(n in read) for n in names]) if distributed else [int(n in read) for n in names]
+        if why is None:
+            why = self._check_unread([n for n, s in zip(names, seen) if not s], distributed)
+        bad = all_reduce_max([int(why is not None)])[0] if distributed else int(why is not None)
+        if bad:
+            if why is not None:
+                log(f"checkpoint {Path(self.path).parent}: {why}")
+            self.refused = why or "a data file failed on another rank"
+            raise CheckpointError(self.refused)
+        for item, value in staged:
+            if item.type == LoadItemType.BYTE_IO:
+                planner.load_bytes(item, value)
+                continue
+            target = planner.resolve_tensor(item).detach()
+            if target.size() != value.size():
+                raise CheckpointError(f"item {item.storage_index}: size {tuple(value.size())} in the checkpoint, "
+                                      f"{tuple(target.size())} in the state dict")
+            target.copy_(value)
+            planner.commit_tensor(item, target)
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(None)
+        return fut
+
+    def _read_file(self, rel: str, items: list, staged: list) -> str | None:
+        """Decode ``items`` of one file into ``staged``; why the file does not match its entry, or None."""
+        entry = self.expected.get(rel)   # None: checked before the load, or not checkable here
+        fd = open_regular(Path(self.path) / rel)
+        try:
+            size, (algo, digest) = os.fstat(fd).st_size, (None, "")
+            if entry is not None:
+                if size != int(entry["size"]):
+                    return f"shard {entry['path']} has {size} bytes, manifest says {entry['size']}"
+                algo, digest = checksums.shard_checksum(entry) or ("", "")
+            f = _OnceReadFile(fd, algo)
+            for item in sorted(items, key=lambda i: self.storage_data[i.storage_index].offset):
+                info = self.storage_data[item.storage_index]
+                if info.transform_descriptors:
+                    raise CheckpointError(f"{rel}: stream transforms {info.transform_descriptors} are not supported")
+                view = _ItemView(f, info.offset, info.length)
+                if item.type == LoadItemType.BYTE_IO:
+                    staged.append((item, io.BytesIO(view.read())))
+                else:
+                    tensor = torch.load(cast(IO[bytes], view), map_location="cpu", weights_only=True)
+                    staged.append((item, narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)))
+                f.catch_up(info.offset + info.length)
+            f.catch_up(size)
+            if entry is not None and f.checksum is not None and f.checksum.hexdigest() != digest:
+                return f"shard {entry['path']} {f.checksum.algorithm} mismatch"
+        finally:
+            os.close(fd)
+        return None
+
+    def _check_unread(self, names: list[str], distributed: bool) -> str | None:
+        """Re-checksum this rank's share of the expected files no rank read."""
+        entries = [dict(self.expected[n], name=n) for n in names]
+        mine = verify_share(entries, self.ctx.rank, self.ctx.world_size) if distributed else entries
+        for entry in mine:
+            algo, digest = checksums.shard_checksum(entry) or ("", "")
+            try:
+                if checksums.checksum_file(Path(self.path) / entry["name"], algo) != digest:
+                    return f"shard {entry['path']} {algo} mismatch"
+            except OSError as e:
+                return f"shard {entry['path']} unreadable ({e.strerror or e})"
+        return None
 
 
 def saved_keys(path: str | Path) -> set[str]:

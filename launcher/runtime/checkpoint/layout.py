@@ -33,6 +33,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint could not be written or committed (raised on every rank)."""
 
 
+class CheckpointDamaged(CheckpointError):
+    """A load found a file of the checkpoint not matching its manifest: nothing of it was loaded."""
+
+
 @dataclass(frozen=True)
 class Checkpoint:
     """A complete, verified checkpoint directory."""
@@ -40,6 +44,8 @@ class Checkpoint:
     step: int
     path: Path
     manifest: dict = field(repr=False, compare=False)
+    # Shards whose checksums are still to be taken, by the load that reads them (verify="load").
+    pending: tuple[dict, ...] = field(default=(), repr=False, compare=False)
 
     @property
     def framework(self) -> str | None:

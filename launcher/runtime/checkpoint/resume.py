@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 from launcher.errors import GlaunchError
@@ -20,7 +21,7 @@ from launcher.runtime.checkpoint.layout import (
     latest_pointer,
     list_checkpoints,
 )
-from launcher.runtime.checkpoint.verify import check_shards, read_manifest, verify_checkpoint
+from launcher.runtime.checkpoint.verify import check_shards, load_checked, read_manifest, verify_checkpoint
 from launcher.runtime.rankcontext import (
     RankContext,
     all_reduce_max,
@@ -41,19 +42,27 @@ def _warn_latest(d: Path, found: Checkpoint | None) -> None:
             f"{found.path.name if found else 'none'}; using that")
 
 
+def _found(step: int, path: Path, manifest: dict, verify: str) -> Checkpoint:
+    pending = tuple(load_checked(manifest)) if verify == "load" else ()
+    return Checkpoint(step=step, path=path, manifest=manifest, pending=pending)
+
+
 def latest_complete(checkpoint_dir: str | os.PathLike, *, verify: str = "hash",
-                    quiet: bool = False) -> Checkpoint | None:
+                    quiet: bool = False, refused: Collection[str] = ()) -> Checkpoint | None:
     """The newest ``step-*`` checkpoint whose manifest verifies, or None (one process checks all).
 
     Does not trust ``latest``: a damaged or missing target is skipped with a warning on
-    stderr and the newest complete one is returned instead. Never returns a staging dir.
+    stderr and the newest complete one is returned instead. Never returns a staging dir,
+    nor one named in ``refused`` (dirs a load found damaged).
     """
     d = Path(checkpoint_dir)
     found: Checkpoint | None = None
     for step, path in reversed(list_checkpoints(d)):
+        if path.name in refused:
+            continue
         manifest, why = verify_checkpoint(path, verify=verify)
         if manifest is not None:
-            found = Checkpoint(step=step, path=path, manifest=manifest)
+            found = _found(step, path, manifest, verify)
             break
         if not quiet:
             log(f"checkpoint {path} is not complete ({why}); ignoring it")
@@ -62,7 +71,7 @@ def latest_complete(checkpoint_dir: str | os.PathLike, *, verify: str = "hash",
     return found
 
 
-def _latest_complete_spread(ctx: RankContext, verify: str) -> Checkpoint | None:
+def _latest_complete_spread(ctx: RankContext, verify: str, refused: Collection[str]) -> Checkpoint | None:
     """:func:`latest_complete` with the checksums split over the ranks (collective).
 
     Rank 0 lists the candidates and reads each manifest; every rank checks all sizes
@@ -70,7 +79,8 @@ def _latest_complete_spread(ctx: RankContext, verify: str) -> Checkpoint | None:
     the ranks' verdicts decides, so all ranks take the same checkpoint.
     """
     d = ctx.checkpoint_dir
-    names = broadcast_object([p.name for _, p in reversed(list_checkpoints(d))] if ctx.is_main else None)
+    names = broadcast_object([p.name for _, p in reversed(list_checkpoints(d)) if p.name not in refused]
+                             if ctx.is_main else None)
     for name in names:
         path = d / name
         manifest, why = read_manifest(path) if ctx.is_main else (None, None)
@@ -89,28 +99,32 @@ def _latest_complete_spread(ctx: RankContext, verify: str) -> Checkpoint | None:
             raise CheckpointError(f"rank {blind - 1} cannot see {path}, which rank 0 can: the checkpoint dir "
                                   "must be on a filesystem shared by all ranks")
         if manifest is not None and not bad:
-            return Checkpoint(step=int(manifest["step"]), path=path, manifest=manifest)
+            return _found(int(manifest["step"]), path, manifest, verify)
         if ctx.is_main:
             log(f"checkpoint {path} is not complete ({why or mine or 'a shard failed on another rank'}); "
                 "ignoring it")
     return None
 
 
-def resume_checkpoint(ctx: RankContext | None = None, *, verify: str = "hash") -> Checkpoint | None:
+def resume_checkpoint(ctx: RankContext | None = None, *, verify: str = "hash",
+                      refused: Collection[str] = ()) -> Checkpoint | None:
     """The newest complete checkpoint of the run's checkpoint dir, the same on all ranks.
 
     Call on every rank, after torch.distributed is initialised when world_size > 1: the
     full re-check (sizes, and checksums with ``verify="hash"``) is then spread over the
     ranks. Without torch.distributed each process checks everything itself.
+    ``verify="load"`` leaves the checksums of the DCP data files to the load
+    (``Checkpoint.pending``; :func:`launcher.runtime.resume_torch_state`), which falls back
+    to the next older checkpoint, passing its dir in ``refused``, when one does not match.
     """
     ctx = ctx or context()
     refuse_anothers(ctx)
     if ctx.world_size > 1 and is_distributed():
-        found = _latest_complete_spread(ctx, verify)
+        found = _latest_complete_spread(ctx, verify, refused)
         if ctx.is_main:
             _warn_latest(ctx.checkpoint_dir, found)
     else:
-        found = latest_complete(ctx.checkpoint_dir, verify=verify, quiet=not ctx.is_main)
+        found = latest_complete(ctx.checkpoint_dir, verify=verify, quiet=not ctx.is_main, refused=refused)
     if ctx.is_main and not ctx.standalone:
         _note_resume(ctx, found)
     return found

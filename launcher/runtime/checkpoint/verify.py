@@ -1,6 +1,10 @@
 """Is a checkpoint dir complete? Its manifest against the files: every shard present with
 its size and, unless only sizes are asked for, its checksum.
 
+``verify="load"`` leaves the checksums of a DCP checkpoint's data files (:func:`load_checked`)
+to the load, which takes them while it reads those files anyway
+(:class:`launcher.runtime.checkpoint.dcp.VerifyingReader`): the files are read once, not twice.
+
 The re-check can be split over the ranks (:func:`verify_share`); choosing the checkpoint
 to resume from is :mod:`launcher.runtime.checkpoint.resume`.
 """
@@ -17,6 +21,8 @@ from launcher.rundir.files import NotARegularFile, load_json_object
 from launcher.runtime.checkpoint import checksums
 from launcher.runtime.checkpoint.layout import MANIFEST, STEP_RE
 from launcher.runtime.rankcontext import log
+
+VERIFY = ("hash", "load", "size")
 
 
 def _safe_rel(rel: str) -> bool:
@@ -67,15 +73,32 @@ def verify_share(shards: list[dict], rank: int, world: int) -> list[dict]:
     return mine
 
 
+def load_checked(manifest: dict) -> list[dict]:
+    """The shards whose checksums ``verify="load"`` leaves to the load: the data files
+    (``*.distcp``) of a DCP checkpoint's state dir, where they can be checked here."""
+    layout = manifest.get("layout") or {}
+    d = layout.get("dir")
+    if layout.get("state") != "dcp" or not isinstance(d, str):
+        return []
+    found = []
+    for shard in manifest["shards"]:
+        parent, _, name = shard["path"].rpartition("/")
+        checksum = checksums.shard_checksum(shard)
+        if parent == d and name.endswith(".distcp") and checksum and checksums.can_checksum(checksum[0]):
+            found.append(shard)
+    return found
+
+
 def check_shards(path: Path, manifest: dict, *, verify: str = "hash",
                  share: tuple[int, int] | None = None) -> str | None:
     """Why ``path`` does not match ``manifest`` (None when it does).
 
     Every shard's presence and size is checked; with ``verify="hash"`` the checksums of
-    all shards, or only of this rank's share when ``share=(rank, world)``, are re-computed.
+    all shards, or only of this rank's share when ``share=(rank, world)``, are re-computed;
+    ``verify="load"`` leaves out those of :func:`load_checked`.
     """
-    if verify not in ("hash", "size"):
-        raise ValueError(f"verify must be 'hash' or 'size', not {verify!r}")
+    if verify not in VERIFY:
+        raise ValueError(f"verify must be one of {', '.join(VERIFY)}, not {verify!r}")
     for shard in manifest["shards"]:
         rel, size = shard["path"], int(shard["size"])
         try:
@@ -89,7 +112,11 @@ def check_shards(path: Path, manifest: dict, *, verify: str = "hash",
             return f"shard {rel} has {actual} bytes, manifest says {size}"
     if verify == "size":
         return None
-    todo = manifest["shards"] if share is None else verify_share(manifest["shards"], *share)
+    todo = manifest["shards"]
+    if verify == "load":
+        later = {shard["path"] for shard in load_checked(manifest)}
+        todo = [shard for shard in todo if shard["path"] not in later]
+    todo = todo if share is None else verify_share(todo, *share)
     for shard in todo:
         found = checksums.shard_checksum(shard)
         if found is None:
@@ -110,10 +137,11 @@ def check_shards(path: Path, manifest: dict, *, verify: str = "hash",
 def verify_checkpoint(path: str | os.PathLike, *, verify: str = "hash") -> tuple[dict | None, str | None]:
     """Check a checkpoint dir against its manifest: ``(manifest, None)`` if complete, else ``(None, why)``.
 
-    ``verify="hash"`` re-checksums every shard (default); ``"size"`` only checks presence and sizes.
+    ``verify="hash"`` re-checksums every shard (default); ``"size"`` only checks presence and sizes;
+    ``"load"`` all but the checksums the load takes (:func:`load_checked`).
     """
-    if verify not in ("hash", "size"):
-        raise ValueError(f"verify must be 'hash' or 'size', not {verify!r}")
+    if verify not in VERIFY:
+        raise ValueError(f"verify must be one of {', '.join(VERIFY)}, not {verify!r}")
     path = Path(path)
     manifest, why = read_manifest(path)
     if manifest is None:
