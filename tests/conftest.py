@@ -97,6 +97,7 @@ def cluster_group(item) -> str:
     return "slurm-main"
 
 
+@pytest.hookimpl(tryfirst=True)          # before xdist's loadgroup reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("slurm"):

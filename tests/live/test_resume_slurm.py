@@ -1,4 +1,4 @@
-"""glaunch resume on the local Slurm cluster, on other resources: runs of 2 nodes x 2 ranks
+"""glaunch resume on the local Slurm cluster (`defaults`), on other resources: runs of 2 nodes x 2 ranks
 (DDP cancelled in the middle; FSDP2 and DeepSpeed ZeRO-2 completed) continue on 1 node x
 2 ranks, in their run directories, to a larger step count from their newest complete
 checkpoint (DCP reshards DDP and FSDP2 state; ZeRO-2's goes through DeepSpeed's universal
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import requires_slurm
-from slurmkit import REPO, finish, glaunch, job_id_of, read_json, start_submit, submit, the_run_dir, wait_until
+from slurmkit import DEFAULTS, REPO, finish, glaunch, job_id_of, read_json, start_submit, submit, the_run_dir, wait_until
 
 pytestmark = [requires_slurm, pytest.mark.slurm, pytest.mark.slow]
 
@@ -64,23 +64,23 @@ def check_resumed(run_dir: Path, steps: int, expect_from: int | None = None) -> 
     assert "--nodes=1" in (run_dir / "job.sbatch").read_text()
 
 
-def test_ddp_cancelled_on_two_nodes_resumes_on_one(tmp_path, isolated_env):
+def test_ddp_cancelled_on_two_nodes_resumes_on_one(tmp_path, slurm_defaults_env):
     runs = tmp_path / "runs"
-    proc = start_submit(str(REPO / "examples" / "torch_ddp.yaml"), runs, isolated_env, "resources.nodes=2",
-                        "entrypoint.args=[--steps,200,--seconds-per-step,0.3,--log-every,1,--lr,0.05]")
+    proc = start_submit(str(REPO / "examples" / "torch_ddp.yaml"), runs, slurm_defaults_env, "resources.nodes=2",
+                        "entrypoint.args=[--steps,200,--seconds-per-step,0.3,--log-every,1,--lr,0.05]", cluster=DEFAULTS)
     run_dir = the_run_dir(runs)
     job_id = job_id_of(run_dir)
     try:
         wait_until(lambda: (run_dir / "checkpoints" / "step-00000020").is_dir(), 600, "a checkpoint at step 20")
-        refused, _ = resume(run_dir.name, isolated_env, "resources.nodes=1")
+        refused, _ = resume(run_dir.name, slurm_defaults_env, "resources.nodes=1")
         assert refused.returncode == 2 and "only a run that ended can be resumed" in refused.stderr, refused.stderr
-        cancelled = glaunch("cancel", run_dir.name, env=isolated_env)
+        cancelled = glaunch("cancel", run_dir.name, env=slurm_defaults_env)
         assert cancelled.returncode == 0, cancelled.stderr
     finally:
-        rc, _, _ = finish(proc, job_id, 300)
+        rc, _, _ = finish(proc, job_id, 300, cluster=DEFAULTS)
     assert rc != 0
     newest = max(int(p.name.split("-")[1]) for p in (run_dir / "checkpoints").glob("step-*"))
-    done, info = resume(run_dir.name, isolated_env, "resources.nodes=1",
+    done, info = resume(run_dir.name, slurm_defaults_env, "resources.nodes=1",
                         "entrypoint.args=[--steps,60,--log-every,1,--lr,0.05]")
     assert done.returncode == 0, done.stderr[-3000:]
     assert info["state"] == "COMPLETED" and info["run_dir"] == str(run_dir)
@@ -89,15 +89,15 @@ def test_ddp_cancelled_on_two_nodes_resumes_on_one(tmp_path, isolated_env):
 
 
 @pytest.mark.parametrize("example", ["fsdp.yaml", "deepspeed_zero2.yaml"])
-def test_completed_on_two_nodes_trained_longer_on_one(tmp_path, isolated_env, example):
+def test_completed_on_two_nodes_trained_longer_on_one(tmp_path, slurm_defaults_env, example):
     runs = tmp_path / "runs"
     lr = [] if example.startswith("deepspeed") else ["--lr", "0.05"]      # DeepSpeed's example has its own
-    proc, info = submit(str(REPO / "examples" / example), runs, isolated_env, "resources.nodes=2",
-                        f"entrypoint.args=[--steps,20,--log-every,1,{','.join(lr)}]".replace(",]", "]"))
+    proc, info = submit(str(REPO / "examples" / example), runs, slurm_defaults_env, "resources.nodes=2",
+                        f"entrypoint.args=[--steps,20,--log-every,1,{','.join(lr)}]".replace(",]", "]"), cluster=DEFAULTS)
     assert proc.returncode == 0, proc.stderr[-3000:]
     run_dir = runs / info["run_id"]
     assert read_json(run_dir / "result.json")["world_size"] == 4
-    done, resumed = resume(info["run_id"], isolated_env, "resources.nodes=1",
+    done, resumed = resume(info["run_id"], slurm_defaults_env, "resources.nodes=1",
                            f"entrypoint.args=[--steps,40,--log-every,1,{','.join(lr)}]".replace(",]", "]"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert resumed["state"] == "COMPLETED"

@@ -167,9 +167,9 @@ def test_framework_preempted_once_resumes_bitwise(example, steps, tmp_path, tmp_
 
 # --- crashes ------------------------------------------------------------------------------------
 
-def _site_with(tmp_path, body: str):
+def _site_with(tmp_path, body: str, base: str = SITE):
     path = tmp_path / "site.yaml"
-    path.write_text(f"name: retrying\nextends: {SITE}\n{body}")
+    path.write_text(f"name: retrying\nextends: {base}\n{body}")
     return path
 
 
@@ -195,17 +195,20 @@ KILLER = textwrap.dedent("""\
 """)
 
 
-def test_rank_killed_mid_checkpoint_resumes_from_the_previous_one(tmp_path, tmp_path_factory, isolated_env):
+def test_rank_killed_mid_checkpoint_resumes_from_the_previous_one(tmp_path, tmp_path_factory, slurm_defaults_env):
+    # On `defaults` (no preemption needed), beside `main`'s tests.
     steps, every, kill_step = 60, 10, 40
-    expected = baseline_hash("examples/torch_ddp.yaml", steps, tmp_path_factory, isolated_env)
+    expected = baseline_hash("examples/torch_ddp.yaml", steps, tmp_path_factory, slurm_defaults_env,
+                             cluster=DEFAULTS)
     (tmp_path / "killer.py").write_text(KILLER.format(script=str(REPO / "examples" / "torch_ddp.py")))
     exp = tmp_path / "exp.yaml"
     exp.write_text(f"name: killed\nentrypoint: {{script: killer.py, args: ['--steps', '{steps}']}}\n"
                    f"resources: {{nodes: 2, time: '10'}}\ncheckpoint: {{every_steps: {every}, keep: 5}}\n")
-    env = dict(isolated_env, KILL_STEP=str(kill_step))
-    proc = start_submit(str(exp), tmp_path / "runs", env, site=str(_site_with(tmp_path, "crash_retries: 1\n")))
+    env = dict(slurm_defaults_env, KILL_STEP=str(kill_step))
+    proc = start_submit(str(exp), tmp_path / "runs", env, cluster=DEFAULTS,
+                        site=str(_site_with(tmp_path, "crash_retries: 1\n", "local-slurm-defaults")))
     run_dir = the_run_dir(tmp_path / "runs")
-    code, stdout, stderr = finish(proc, job_id_of(run_dir), timeout=600)
+    code, stdout, stderr = finish(proc, job_id_of(run_dir), timeout=600, cluster=DEFAULTS)
     assert code == 0, stdout[-2000:] + stderr[-2000:]
     record = read_json(run_dir / "run.json")
     first, second = record["starts"]
@@ -222,25 +225,27 @@ CRASH = "import sys\nprint('about to fail', flush=True)\nsys.exit(3)\n"
 
 @pytest.mark.parametrize("retries,requeue_max,starts,detail", [
     # srun's status is that of whichever task it reports (1, or 143 for one it terminated).
-    (2, 5, 3, r"exit status \d+; crash_retries \(2\) used up; task \d on node\d: RuntimeError: glaunch: the "
+    (2, 5, 3, r"exit status \d+; crash_retries \(2\) used up; task \d on dnode\d: RuntimeError: glaunch: the "
               r"entry point exited with status 3"),
-    (5, 1, 2, r"exit status \d+; requeue.max \(1\) reached; task \d on node\d"),
+    (5, 1, 2, r"exit status \d+; requeue.max \(1\) reached; task \d on dnode\d"),
 ])
-def test_crash_fails_after_bounded_retries(retries, requeue_max, starts, detail, tmp_path, isolated_env):
+def test_crash_fails_after_bounded_retries(retries, requeue_max, starts, detail, tmp_path, slurm_defaults_env):
+    # On `defaults`, beside `main`'s tests: 2 nodes of its 3, so no step can restart in the
+    # allocation without the crashed node, and each crash requeues.
     (tmp_path / "boom.py").write_text(CRASH)
     exp = tmp_path / "exp.yaml"
     exp.write_text(f"name: boom\nentrypoint: {{script: boom.py}}\nresources: {{nodes: 2, time: '5'}}\n"
                    f"requeue: {{max: {requeue_max}}}\n")
-    proc = start_submit(str(exp), tmp_path / "runs", isolated_env,
-                        site=str(_site_with(tmp_path, f"crash_retries: {retries}\n")))
+    proc = start_submit(str(exp), tmp_path / "runs", slurm_defaults_env, cluster=DEFAULTS,
+                        site=str(_site_with(tmp_path, f"crash_retries: {retries}\n", "local-slurm-defaults")))
     run_dir = the_run_dir(tmp_path / "runs")
-    code, stdout, _ = finish(proc, job_id_of(run_dir), timeout=600)
+    code, stdout, _ = finish(proc, job_id_of(run_dir), timeout=600, cluster=DEFAULTS)
     assert code == 1
     record = read_json(run_dir / "run.json")
     assert [s["reason"] for s in record["starts"]] == ["crash"] * starts
     assert [s["state"] for s in record["starts"]] == ["REQUEUED"] * (starts - 1) + ["FAILED"]
     assert record["state"] == "FAILED"
-    status = glaunch("status", record["run_id"], env=isolated_env).stdout
+    status = glaunch("status", record["run_id"], env=slurm_defaults_env, cluster=DEFAULTS).stdout
     assert re.search(f"reason: crash; {detail}", status) and f"{starts - 1} restart(s)" in status, status
 
 
