@@ -1,15 +1,20 @@
-"""What the Slurm benchmarks share: Slurm's commands with a timeout, an empty queue to
-start from, sacct's rows as dicts, Slurm's timestamps as epoch seconds."""
+"""What the Slurm benchmarks share: Slurm's commands with a timeout, a local cluster's
+environment and a run's record, an empty queue to start from, sacct's rows as dicts,
+Slurm's timestamps as epoch seconds."""
 
 from __future__ import annotations
 
 import datetime as dt
+import json
+import os
 import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 COMMAND_TIMEOUT_S = 60
+REPO = Path(__file__).resolve().parent.parent
 
 
 class BenchError(RuntimeError):
@@ -19,6 +24,23 @@ class BenchError(RuntimeError):
 def run_cmd(args: list[str], **kw) -> subprocess.CompletedProcess:
     kw.setdefault("timeout", COMMAND_TIMEOUT_S)
     return subprocess.run(args, capture_output=True, text=True, **kw)
+
+
+def cluster_env(cluster: str, state: Path) -> dict[str, str]:
+    """The environment of a glaunch command on local cluster `cluster` (main, defaults),
+    with its own state dir. This checkout's glaunch, whatever else is installed: the job
+    runs the same code."""
+    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+    return dict(os.environ, SLURM_CONF=f"/etc/glaunch-slurm/{cluster}/slurm.conf", GLAUNCH_STATE_DIR=str(state),
+                PYTHONPATH=path)
+
+
+def read_record(run_dir: Path) -> dict:
+    """A run's run.json; {} while it cannot be read (being written, or not there yet)."""
+    try:
+        return json.loads((run_dir / "run.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def glaunch_command() -> list[str]:

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import sys
@@ -41,7 +40,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from benchkit import BenchError, run_cmd, squeue_has
+from benchkit import BenchError, cluster_env, read_record, run_cmd, squeue_has
 
 REPO = Path(__file__).resolve().parent.parent
 SITES = {"main": "local-slurm", "defaults": "local-slurm-defaults"}
@@ -75,20 +74,6 @@ WRAPPER = textwrap.dedent("""\
     sys.argv[0] = {script!r}
     runpy.run_path({script!r}, run_name="__main__")
 """)
-
-
-def cluster_env(cluster: str, state: Path) -> dict[str, str]:
-    # This checkout's glaunch, whatever else is installed: the job runs the same code.
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, SLURM_CONF=f"/etc/glaunch-slurm/{cluster}/slurm.conf", GLAUNCH_STATE_DIR=str(state),
-                PYTHONPATH=path)
-
-
-def read_record(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def prepare(cluster: str, folder: Path) -> tuple[Path, Path, Path]:

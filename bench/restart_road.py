@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shutil
 import statistics
@@ -41,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchkit import BenchError, run_cmd, squeue_has
+from benchkit import BenchError, cluster_env, read_record, run_cmd, squeue_has
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENT = REPO / "examples" / "torch_ddp.yaml"
@@ -51,20 +50,6 @@ STEP = re.compile(r"^step \d+/\d+")
 POLL_S = 0.05
 LIMIT_S = 600
 GLAUNCH = [sys.executable, "-m", "launcher.cli"]
-
-
-def cluster_env(cluster: str, state: Path) -> dict[str, str]:
-    # This checkout's glaunch, whatever else is installed: the job runs the same code.
-    path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
-    return dict(os.environ, SLURM_CONF=f"/etc/glaunch-slurm/{cluster}/slurm.conf", GLAUNCH_STATE_DIR=str(state),
-                PYTHONPATH=path)
-
-
-def read_record(run_dir: Path) -> dict:
-    try:
-        return json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
-        return {}
 
 
 def step_lines_after(run_dir: Path, offsets: dict[Path, int]) -> bool:
