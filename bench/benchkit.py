@@ -43,6 +43,15 @@ def read_record(run_dir: Path) -> dict:
         return {}
 
 
+def submit_json(args: list[str], env: dict[str, str], cwd: Path, what: str) -> tuple[Path, str]:
+    """`glaunch submit ... --json` (args after `submit`): the run's directory and job id."""
+    proc = run_cmd([sys.executable, "-m", "launcher.cli", "submit", *args, "--json"], env=env, cwd=cwd)
+    if proc.returncode != 0:
+        raise BenchError(f"{what}: glaunch submit failed ({proc.returncode}): {proc.stderr.strip()}")
+    info = json.loads(proc.stdout)
+    return Path(info["run_dir"]), str(info["job_id"])
+
+
 def glaunch_command() -> list[str]:
     script = shutil.which("glaunch")
     return [script] if script else [sys.executable, "-m", "launcher.cli"]

@@ -40,7 +40,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from benchkit import BenchError, cluster_env, read_record, run_cmd, squeue_has
+from benchkit import BenchError, cluster_env, read_record, run_cmd, squeue_has, submit_json
 
 REPO = Path(__file__).resolve().parent.parent
 SITES = {"main": "local-slurm", "defaults": "local-slurm-defaults"}
@@ -49,7 +49,6 @@ EXPECTED = (("RESTARTED", False), ("RESTARTED", True), ("REQUEUED", False))
 FAULT_STEPS = (15, 25, 35)
 STEPS, EVERY, SECONDS_PER_STEP, STALL_S = 45, 10, 0.25, 5
 LIMIT_S = 900
-GLAUNCH = [sys.executable, "-m", "launcher.cli"]
 
 # torch_ddp, except that in its first start rank 1 hangs, and in the next two rank 0 raises.
 WRAPPER = textwrap.dedent("""\
@@ -101,13 +100,9 @@ def sample(cluster: str, folder: Path, jobs: list[str]) -> dict[str, float]:
     """One run through the three roads: failure -> first resumed step (s) per road."""
     experiment, site, faults = prepare(cluster, folder)
     env = cluster_env(cluster, folder / "state")
-    proc = run_cmd([*GLAUNCH, "submit", str(experiment), "--site", str(site), "--json",
-                    "--runs-dir", str(folder / "runs")], env=env, cwd=folder)
-    if proc.returncode != 0:
-        raise BenchError(f"{cluster}: glaunch submit failed ({proc.returncode}): {proc.stderr.strip()}")
-    info = json.loads(proc.stdout)
-    run_dir = Path(info["run_dir"])
-    jobs.append(str(info["job_id"]))
+    run_dir, job_id = submit_json([str(experiment), "--site", str(site), "--runs-dir", str(folder / "runs")],
+                                  env, folder, cluster)
+    jobs.append(job_id)
     deadline = time.time() + LIMIT_S
     while (record := read_record(run_dir)).get("state") not in ("COMPLETED", "FAILED", "CANCELLED"):
         if time.time() > deadline:

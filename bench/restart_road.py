@@ -40,7 +40,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchkit import BenchError, cluster_env, read_record, run_cmd, squeue_has
+from benchkit import BenchError, cluster_env, read_record, run_cmd, squeue_has, submit_json
 
 REPO = Path(__file__).resolve().parent.parent
 EXPERIMENT = REPO / "examples" / "torch_ddp.yaml"
@@ -68,15 +68,11 @@ def sample(cluster: str, road: str, tmp: Path, jobs: list[str]) -> dict:
     """One run on `cluster` restarted at its time limit by `road`: end -> first step (s)."""
     env = cluster_env(cluster, tmp / "state")
     args = ["--steps", "400", "--seconds-per-step", "0.25", "--log-every", "1"]
-    proc = run_cmd([*GLAUNCH, "submit", str(EXPERIMENT), "--site", SITES[cluster], "--json",
-                    "--runs-dir", str(tmp / "runs"), "resources.nodes=1", "resources.time=1",
-                    "requeue.signal_lead_s=10", "requeue.max=1", f"requeue.mode={road}",
-                    "checkpoint.every_steps=1000", f"entrypoint.args={json.dumps(args)}"], env=env, cwd=REPO)
-    if proc.returncode != 0:
-        raise BenchError(f"{cluster}: glaunch submit failed ({proc.returncode}): {proc.stderr.strip()}")
-    info = json.loads(proc.stdout)
-    run_dir = Path(info["run_dir"])
-    jobs.append(str(info["job_id"]))
+    run_dir, job_id = submit_json([str(EXPERIMENT), "--site", SITES[cluster], "--runs-dir", str(tmp / "runs"),
+                                   "resources.nodes=1", "resources.time=1", "requeue.signal_lead_s=10",
+                                   "requeue.max=1", f"requeue.mode={road}", "checkpoint.every_steps=1000",
+                                   f"entrypoint.args={json.dumps(args)}"], env, REPO, cluster)
+    jobs.append(job_id)
     deadline = time.time() + LIMIT_S
     offsets: dict[Path, int] = {}
     ended = None

@@ -275,17 +275,22 @@ def test_background_failure_on_one_rank_raises_on_every_rank_then_saves_again(tm
     assert not list(ckpt.glob(".staging-*"))
 
 
-def test_resume_verification_is_spread_and_skips_damaged_checkpoints(tmp_path):
-    ckpt = tmp_path / "ckpt"
-    _run(tmp_path, "series", "ddp", 2, ckpt, "series", GLAUNCH_CHECKPOINT_KEEP=3)
-    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-00000001", "step-00000002", "step-00000003"]
-    # step 3: a flipped byte (same size: only a checksum finds it); step 2: a truncated shard
+def damage_steps_2_and_3(ckpt):
+    """Step 3: a flipped byte in rank 1's data file (same size: only its checksum finds it);
+    step 2: a truncated data file (its size finds it)."""
     f3 = ckpt / "step-00000003" / "state" / "__1_0.distcp"
     data = bytearray(f3.read_bytes())
     data[len(data) // 2] ^= 0xFF
     f3.write_bytes(bytes(data))
     with open(ckpt / "step-00000002" / "state" / "__0_0.distcp", "r+b") as f:
         f.truncate(100)
+
+
+def test_resume_verification_is_spread_and_skips_damaged_checkpoints(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _run(tmp_path, "series", "ddp", 2, ckpt, "series", GLAUNCH_CHECKPOINT_KEEP=3)
+    assert sorted(p.name for p in ckpt.glob("step-*")) == ["step-00000001", "step-00000002", "step-00000003"]
+    damage_steps_2_and_3(ckpt)
     outs, log = _run(tmp_path, "verify", "ddp", 2, ckpt, "verify")
     assert [o["found"] for o in outs] == [1, 1]
     assert "step-00000003" in log and "mismatch" in log and "step-00000002" in log
@@ -305,14 +310,7 @@ def test_resume_verification_is_spread_and_skips_damaged_checkpoints(tmp_path):
 def test_resume_torch_state_reads_data_files_once_and_refuses_a_damaged_checkpoint_whole(tmp_path):
     ckpt = tmp_path / "ckpt"
     _run(tmp_path, "series", "ddp", 2, ckpt, "series", GLAUNCH_CHECKPOINT_KEEP=3)
-    # step 3: a flipped byte in rank 1's data file (same size: only its checksum finds it);
-    # step 2: a truncated data file (its size finds it)
-    f3 = ckpt / "step-00000003" / "state" / "__1_0.distcp"
-    data = bytearray(f3.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    f3.write_bytes(bytes(data))
-    with open(ckpt / "step-00000002" / "state" / "__0_0.distcp", "r+b") as f:
-        f.truncate(100)
+    damage_steps_2_and_3(ckpt)
     outs, log = _run(tmp_path, "resume", "ddp", 2, ckpt, "resume")
     for o in outs:
         assert o["pending"] == ["state/__0_0.distcp", "state/__1_0.distcp"]
