@@ -519,7 +519,8 @@ def next_start_line(outcome: Outcome, run_dir: Path, exclude: list[str] | None, 
     """What job.sbatch reads: "done", "requeue [NODES]" (NODES: the new exclusion, for
     ExcNodeList) or "resubmit [NODES]" (every node the job is kept off, for --exclude)."""
     road = next_start(outcome, requeue_mode_setting(run_dir) if outcome.requeue else "requeue")
-    kept = exclude if road == "requeue" else kept_off
+    # `exclude`, when set, is every node the job is kept off now (a slow node may have joined).
+    kept = exclude if road == "requeue" or exclude is not None else kept_off
     return f"{road}{' ' + ','.join(kept) if kept else ''}" if road else "done"
 
 

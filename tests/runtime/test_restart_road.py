@@ -115,3 +115,14 @@ def test_a_resubmitted_job_numbers_its_starts_after_its_predecessor_and_shares_i
     assert record.requeues_before("42", 4) == 2      # 41's time limit and 42's preemption
     assert record.crash_count(job_id="42") == 2      # 41's crash and 42's hang
     assert record.resubmission_chain("42") == {"41", "42"} and record.resubmission_chain("41") == {"41"}
+
+
+def test_a_resubmitted_job_is_kept_off_every_node_excluded_so_far(tmp_path, monkeypatch):
+    """A time-limit start whose watchdog named a slow node (slow_node: exclude): the new job
+    is submitted with --exclude of the nodes kept off before and the slow one."""
+    from launcher.runtime import jobend
+    monkeypatch.setattr(jobend, "requeue_mode_setting", lambda run_dir: "resubmit")
+    ending = Outcome("REQUEUED", "timeout", True, 0)
+    assert jobend.next_start_line(ending, tmp_path, ["n1", "n3"], ["n1"]) == "resubmit n1,n3"
+    assert jobend.next_start_line(ending, tmp_path, None, ["n1"]) == "resubmit n1"
+    assert jobend.next_start_line(ending, tmp_path, None, []) == "resubmit"
