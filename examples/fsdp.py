@@ -73,11 +73,11 @@ def main(argv: list[str] | None = None) -> int:
     loss_fn = nn.MSELoss()
 
     start, resumed_from = 0, None
-    ck = rt.resume_checkpoint(ctx)
-    if ck is not None:
-        start = resumed_from = rt.load_torch_state(ck, model, opt, ctx=ctx)["step"]
+    state = rt.resume_torch_state(model, opt, ctx=ctx)   # read once, checksummed as it loads
+    if state is not None:
+        start = resumed_from = state["step"]
         if ctx.is_main:
-            print(f"resumed from {ck.path} (step {start})", flush=True)
+            print(f"resumed from {state['checkpoint'].path} (step {start})", flush=True)
 
     loss = out = torch.tensor(float("nan"))
     for step in range(start + 1, args.steps + 1):

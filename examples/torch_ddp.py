@@ -83,14 +83,15 @@ def main(argv: list[str] | None = None) -> int:
     loss_fn = nn.MSELoss()
 
     start, resumed_from = 0, None
-    ck = rt.resume_checkpoint(ctx)
-    if ck is not None:
-        state = rt.load_torch_state(ck, model, opt, ctx=ctx)
+    # The newest complete checkpoint, its files checksummed as they load (read once); one
+    # that does not match is refused and the next older one loaded.
+    state = rt.resume_torch_state(model, opt, ctx=ctx)
+    if state is not None:
         start = resumed_from = state["step"]
         if "grad_scaler" in state["extra"]:
             scaler.load_state_dict(state["extra"]["grad_scaler"])
         if ctx.is_main:
-            print(f"resumed from {ck.path} (step {start})", flush=True)
+            print(f"resumed from {state['checkpoint'].path} (step {start})", flush=True)
 
     def save(step: int):
         extra = {"grad_scaler": scaler.state_dict()} if scaler.is_enabled() else None
