@@ -69,6 +69,9 @@ RUN_ID = re.compile(r"[A-Za-z0-9._-]{1,255}")
 NODE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # Ends of a start that point at something wrong with it, and count against crash_retries.
 FAILURES = frozenset({"crash", "hang"})
+# The reason of a start the watchdog stopped to swap a slow node for a spare (watchdog.slow_node:
+# exclude): a graceful stop, not a failure (crash_retries does not count it).
+SLOW_NODE = "slow node"
 # Ends of a start after which its job starts again: requeued, or restarted in its allocation.
 GOES_ON = frozenset({State.REQUEUED.value, State.RESTARTED.value})
 # run.json `extra` key: the job `glaunch cancel` was asked to cancel (a job resubmitting the
@@ -162,6 +165,11 @@ def _object(value: Any) -> Any:
 
 def is_node_name(value: Any) -> bool:
     return isinstance(value, str) and NODE_NAME.fullmatch(value) is not None
+
+
+def node_list(text: str) -> list[str]:
+    """Comma-separated node names as a batch script passes them; anything else is dropped."""
+    return [n for n in text.split(",") if is_node_name(n)]
 
 
 def _node(value: Any) -> Any:
@@ -425,6 +433,18 @@ class RunRecord:
                 break
             first += 1
         return first
+
+    def left_out_in_allocation(self, job_id: str, restart: int) -> list[str]:
+        """The nodes the restarts since this allocation began left out (job `job_id`'s
+        starts just before `restart` that ended RESTARTED)."""
+        nodes = []
+        for start in sorted((s for s in self.starts if s.job_id == str(job_id) and s.restart < restart),
+                            key=lambda s: -s.restart):
+            if start.state != State.RESTARTED.value:
+                break
+            if start.left_out:
+                nodes.append(start.left_out)
+        return nodes
 
     def first_restart(self, job_id: str | None) -> int:
         """The restart number of job `job_id`'s first start: 0, or for a job resubmitted after

@@ -51,11 +51,11 @@ import itertools
 import math
 from typing import Any, Mapping, Sequence
 
-from launcher.rundir.records import GOES_ON, RunRecord, StartRecord, State, is_terminal
+from launcher.rundir.records import GOES_ON, SLOW_NODE, RunRecord, StartRecord, State, is_terminal
 
 # Reasons a start ended without finishing, after which the run may go on.
-INTERRUPTED = frozenset({"timeout", "preemption", "crash", "hang", "node failure", "node_fail"})
-STOPPED = frozenset({"timeout", "preemption"})      # a graceful stop: the ranks had time to save
+INTERRUPTED = frozenset({"timeout", "preemption", SLOW_NODE, "crash", "hang", "node failure", "node_fail"})
+STOPPED = frozenset({"timeout", "preemption", SLOW_NODE})      # a graceful stop: the ranks had time to save
 SAVE_MARGIN = 2.0
 LEAD_MARGIN_S = 10.0
 LEAD_ROUND_S = 5

@@ -28,7 +28,10 @@ spare (``resources.spare_nodes``) in place of the node it points at. The start i
 recorded RESTARTED, with the node it left out. Only when the allocation cannot spare that
 node does the job requeue without it, as above. A step restarted in the allocation takes
 the next start number (GLAUNCH_RESTART), so the batch script of a later requeue asks for
-its own (``--start-number``): Slurm's requeue count no longer is one.
+its own (``--start-number``): Slurm's requeue count no longer is one. A start whose
+watchdog stopped it to leave a slow node for a spare (``watchdog.slow_node: exclude``; the
+start's ``watchdog.swap`` in run.json) goes on the same way, reason ``slow node``: a
+graceful stop, which crash_retries does not count.
 
 A start that reached the time limit is followed by a new job instead
 (``requeue.mode: resubmit``, the default; :func:`next_start`): the output is ``resubmit``
@@ -73,11 +76,13 @@ from launcher.rundir.records import (
     CANCEL_REQUESTED,
     FAILURES,
     RESUBMITTED_AFTER,
+    SLOW_NODE,
     RunRecord,
     State,
     is_job_id,
     is_node_name,
     is_terminal,
+    node_list,
 )
 from launcher.rundir.layout import RunDir
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
@@ -89,12 +94,15 @@ SINFO_TIMEOUT_S = 20
 # sinfo's node states (%T, lower case) that can take a job; a trailing * (not responding),
 # ~ (powered off) and the like make any state unusable.
 USABLE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
+# The reasons a start may go on in a new step of its allocation: a failure within
+# crash_retries, or the watchdog's stop to swap a slow node for a spare.
+IN_ALLOCATION = FAILURES | {SLOW_NODE}
 
 
 @dataclass(frozen=True)
 class Outcome:
     state: str              # COMPLETED | REQUEUED | TIMEOUT | PREEMPTED | FAILED | CANCELLED
-    reason: str | None      # timeout | preemption | crash | hang | cancelled (None: finished)
+    reason: str | None      # timeout | preemption | slow node | crash | hang | cancelled (None: finished)
     requeue: bool
     exit_code: int
     detail: str | None = None
@@ -102,21 +110,22 @@ class Outcome:
 
 def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, timed_out: bool,
            restart: int, requeue_max: int, crashes: int, crash_retries: int,
-           cancelled: bool = False, hung: bool = False) -> Outcome:
+           cancelled: bool = False, hung: bool = False, swapping: bool = False) -> Outcome:
     """Pure: the outcome of a start from what is known when its step ended.
 
     finished: result.json exists (the run is done, whatever ended the step);
     stopped: the ranks stopped gracefully in this start (stop.json of this restart);
     preempted: the scheduler preempted the job; timed_out: the time limit ended the step;
     crashes: earlier starts that ended in a crash or a hang; hung: the watchdog ended the
-    step (hang.json of this restart): a hang is retried like a crash.
+    step (hang.json of this restart): a hang is retried like a crash; swapping: the watchdog
+    asked the ranks to stop, to leave a slow node for a spare (a stop then has that reason).
     """
     if finished:
         return Outcome(State.COMPLETED.value, None, False, 0)
     if cancelled:
         return Outcome(State.CANCELLED.value, "cancelled", False, 1)
     if stopped or preempted or timed_out:
-        reason = "preemption" if preempted else "timeout"
+        reason = "preemption" if preempted else SLOW_NODE if swapping and stopped else "timeout"
         if restart < requeue_max:
             return Outcome(State.REQUEUED.value, reason, True, 0)
         return Outcome((State.PREEMPTED if preempted else State.TIMEOUT).value, reason, False, 1,
@@ -184,9 +193,12 @@ def with_crash_note(outcome: Outcome, run_dir: Path, restart: int) -> Outcome:
 # --- bad nodes: pure ------------------------------------------------------------------------
 
 
-def blamed_node(reason: str | None, crash: Mapping[str, Any] | None, hang: Mapping[str, Any] | None) -> str | None:
-    """The node a failed start points at: a hang's silent node; a crash's first failing task's."""
-    node = (hang or {}).get("node") if reason == "hang" else (crash or {}).get("node") if reason == "crash" else None
+def blamed_node(reason: str | None, crash: Mapping[str, Any] | None, hang: Mapping[str, Any] | None,
+                 swap: Mapping[str, Any] | None = None) -> str | None:
+    """The node a start that went wrong points at: a hang's silent node; a crash's first
+    failing task's; the slow node the watchdog stopped the start to leave out."""
+    source = {"hang": hang, "crash": crash, SLOW_NODE: swap}.get(reason or "")
+    node = (source or {}).get("node")
     return node if is_node_name(node) else None
 
 
@@ -220,7 +232,8 @@ class NextStep:
 
 def restart_in_allocation(outcome: Outcome, *, bad: str | None, avoid_bad: bool, allocation: Sequence[str],
                           in_use: Sequence[str], left_out_before: Iterable[str], needed: int) -> NextStep | None:
-    """Pure: where a crash or a hang within crash_retries starts again without a requeue.
+    """Pure: where a crash or a hang within crash_retries, or a stop to leave a slow node
+    (reason SLOW_NODE), starts again without a requeue.
 
     `allocation`: the job's nodes, in Slurm's order (empty: not a batch job, no restart in
     it); `in_use`: the nodes of the step that failed; `left_out_before`: nodes earlier
@@ -228,7 +241,7 @@ def restart_in_allocation(outcome: Outcome, *, bad: str | None, avoid_bad: bool,
     of the new step (`avoid_bad`: requeue.exclude_bad_nodes) while the allocation keeps
     `needed` others. The step's healthy nodes stay, spares fill in. None: the allocation
     cannot spare the bad node, and the job requeues without it as before."""
-    if not outcome.requeue or outcome.reason not in FAILURES or not allocation:
+    if not outcome.requeue or outcome.reason not in IN_ALLOCATION or not allocation:
         return None
     left_out = bad if avoid_bad and bad is not None else None
     off = set(left_out_before) | {left_out}
@@ -241,21 +254,9 @@ def restart_in_allocation(outcome: Outcome, *, bad: str | None, avoid_bad: bool,
     if left_out is None:
         return NextStep(nodes, None, "restarted in its allocation on the same nodes")
     added = [n for n in nodes if n not in in_use]
-    return NextStep(nodes, left_out, f"{left_out} left out of the next step in the allocation"
+    slow = " (slow)" if outcome.reason == SLOW_NODE else ""
+    return NextStep(nodes, left_out, f"{left_out}{slow} left out of the next step in the allocation"
                     + (f"; {','.join(added)} took its place" if added else ""))
-
-
-def left_out_in_allocation(record: RunRecord, job_id: str, restart: int) -> list[str]:
-    """The nodes the restarts since this allocation began left out (the job's starts just
-    before `restart` that ended RESTARTED)."""
-    nodes = []
-    for start in sorted((s for s in record.starts if s.job_id == job_id and s.restart < restart),
-                        key=lambda s: -s.restart):
-        if start.state != State.RESTARTED.value:
-            break
-        if start.left_out:
-            nodes.append(start.left_out)
-    return nodes
 
 
 def usable_nodes(sinfo_lines: str) -> list[str]:
@@ -359,20 +360,16 @@ def exclude_bad_nodes_setting(run_dir: Path) -> tuple[bool, str]:
         return False, str(exc)
 
 
-def node_list(text: str) -> list[str]:
-    """Comma-separated node names as the batch script passes them; anything else is dropped."""
-    return [n for n in text.split(",") if is_node_name(n)]
-
-
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m launcher.runtime.jobend")
     parser.add_argument("run_dir")
     parser.add_argument("--status", type=int, help="the job step's exit status")
     parser.add_argument("--preempted", default="0", help="non-zero: Slurm preempted the job")
     parser.add_argument("--started", default=None, help="when this start began (ISO 8601)")
-    parser.add_argument("--allocation", default="", help="the job's nodes (comma-separated): a crash or a "
-                        "hang may start a new step among them; none: the job requeues")
-    parser.add_argument("--step-nodes", default="", help="the nodes of the step that ended (comma-separated)")
+    parser.add_argument("--allocation", type=node_list, default=[], help="the job's nodes (comma-separated): "
+                        "a crash or a hang may start a new step among them; none: the job requeues")
+    parser.add_argument("--step-nodes", type=node_list, default=[],
+                        help="the nodes of the step that ended (comma-separated)")
     parser.add_argument("--start-number", action="store_true", help="print the number of the start the "
                         "batch script begins (GLAUNCH_RESTART), and record nothing")
     return parser
@@ -426,23 +423,25 @@ def step_node_list(step_nodes: Sequence[str], allocation: Sequence[str]) -> str 
 def nodes_requested(record: RunRecord, args: argparse.Namespace) -> int:
     """The nodes the job asks Slurm for: its training nodes and its spares (the allocation's
     size); excluding nodes past what leaves this many would keep the requeued job pending."""
-    return max(record.nodes or 1, len(node_list(args.allocation)))
+    return max(record.nodes or 1, len(args.allocation))
 
 
 def _restart_or_exclude(record: RunRecord, run_dir: Path, outcome: Outcome, bad: str | None, job_id: str | None,
                         restart: int, args: argparse.Namespace) -> tuple[NextStep | None, list[str] | None, str | None]:
     """(the next step in this allocation, or None; every node to keep the job off from now
     on, or None for no change; what became of `bad`, for run.json)."""
-    wanted, unread = exclude_bad_nodes_setting(run_dir) if bad is not None else (False, "")
+    # A slow node is left out under watchdog.slow_node (its watchdog asked for the swap).
+    wanted, unread = ((True, "") if outcome.reason == SLOW_NODE else
+                      exclude_bad_nodes_setting(run_dir) if bad is not None else (False, ""))
     if outcome.requeue and job_id is not None:
-        step = restart_in_allocation(outcome, bad=bad, avoid_bad=wanted, allocation=node_list(args.allocation),
-                                     in_use=node_list(args.step_nodes),
-                                     left_out_before=left_out_in_allocation(record, job_id, restart),
+        step = restart_in_allocation(outcome, bad=bad, avoid_bad=wanted, allocation=args.allocation,
+                                     in_use=args.step_nodes,
+                                     left_out_before=record.left_out_in_allocation(job_id, restart),
                                      needed=record.nodes or 1)
         if step is not None:
             return step, None, step.note
-    if not outcome.requeue or bad is None:
-        return None, None, None
+    if not outcome.requeue or bad is None or outcome.reason == SLOW_NODE:
+        return None, None, None      # a slow node with no spare left: exclude_slow_nodes decides
     if unread:
         return None, None, f"{bad} not excluded: {unread}"
     if not wanted:
@@ -458,18 +457,18 @@ def end_of_start(run_dir: Path, args: argparse.Namespace, ctx_job_id: str | None
     [NODES]`` or ``restart NODES`` (a new step on those nodes, in this allocation)."""
     stop = stopped_in(run_dir, restart)
     hang = watchdog.hang_in(run_dir, restart)
-    step_nodes = node_list(args.step_nodes)
     with registry.updating(run_dir) as record:
         # Only an id of Slurm's shape goes into run.json (it may reach scancel later).
         job_id = ctx_job_id if is_job_id(ctx_job_id) else record.job_id
+        swap = watchdog.swap_asked(record.start(job_id, restart)) if job_id is not None else None
         outcome = decide(
             step_status=args.status, finished=RunDir(run_dir).result_file.exists(), stopped=stop is not None,
             preempted=args.preempted not in ("", "0"), timed_out=False,
             restart=restart if job_id is None else record.requeues_before(job_id, restart),
             requeue_max=record.requeue_max, crashes=record.crash_count(job_id=job_id),
-            crash_retries=record.crash_retries, hung=hang is not None)
+            crash_retries=record.crash_retries, hung=hang is not None, swapping=swap is not None)
         outcome = with_crash_note(outcome, run_dir, restart)
-        bad = blamed_node(outcome.reason, crash_in(run_dir, restart), hang)
+        bad = blamed_node(outcome.reason, crash_in(run_dir, restart), hang, swap)
         kept_off = list(record.excluded_nodes)
         step, exclude, note = _restart_or_exclude(record, run_dir, outcome, bad, job_id, restart, args)
         if step is not None:
@@ -479,15 +478,15 @@ def end_of_start(run_dir: Path, args: argparse.Namespace, ctx_job_id: str | None
                                          nodes_requested(record, args)) or exclude
         if job_id is not None:
             measured = start_summary(run_dir, ctx_job_id or job_id, restart)
-            allocation = node_list(args.allocation)
             record.record_start(job_id, restart, started=args.started, ended=iso(time.time()), state=outcome.state,
                                 reason=outcome.reason, detail=outcome.detail, exit_code=args.status,
-                                nodes=step_node_list(step_nodes, allocation),
+                                nodes=step_node_list(args.step_nodes, args.allocation),
                                 resumed_from=resumed_in(run_dir, restart),
                                 stopped_at=None if stop is None else stop.get("step"), hang=hang_entry(hang),
-                                bad_node=bad if outcome.reason in FAILURES else None, exclusion=note,
+                                bad_node=bad if outcome.reason in IN_ALLOCATION else None, exclusion=note,
                                 excluded_nodes=kept_off, left_out=None if step is None else step.left_out,
-                                spare_nodes=len(allocation) - len(step_nodes) if allocation and step_nodes else None,
+                                spare_nodes=(len(args.allocation) - len(args.step_nodes)
+                                             if args.allocation and args.step_nodes else None),
                                 **measured)
             record.job_id = job_id
         if exclude is not None:

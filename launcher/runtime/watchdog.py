@@ -41,7 +41,13 @@ The bounds in force and the slow ranks go into the start's entry of run.json
 "slow": [{"rank", "node", "ratio", "busy_s", "peers_busy_s", "named_at"}]}) when they
 change (a bound by more than RECORD_CHANGE), so `glaunch status` shows them while the
 start runs. With ``watchdog.slow_node: exclude`` the start's end adds a slow node to the
-run's excluded nodes (launcher.runtime.jobend), as for a node a crash points at.
+run's excluded nodes (launcher.runtime.jobend), as for a node a crash points at; and where
+the allocation holds a spare (``resources.spare_nodes``: a node in no step, left out by no
+earlier restart; :func:`swap_for`), the watchdog does not wait for an end: it records
+``swap`` ({"node", "rank", "spare", "asked_at"}) in the start's ``watchdog`` entry and
+sends the ranks the stop signal of the time limit's warning (STOP_SIGNAL). They save and
+stop, and jobend starts the next step in the allocation on the spare instead of the slow
+node (reason ``slow node``: a graceful stop, which crash_retries does not count).
 
 Then the watchdog writes hang.json (the start, the silent ranks and their nodes, the node
 the hang points at), every rank's Python stack into ``logs/stack-JOB_RESTART_RANK.txt``,
@@ -67,12 +73,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, TextIO
+from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 
 from launcher.rundir import registry
 from launcher.rundir.files import RunError, atomic_write_text, read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
-from launcher.rundir.records import RecordError, State, is_job_id, is_node_name
+from launcher.rundir.records import RecordError, StartRecord, State, is_job_id, is_node_name, node_list
 from launcher.rundir.taskspec import TaskSpec, TaskSpecError, read_task_spec
 from launcher.runtime.heartbeats import BUSY_WINDOW, SAVING_STATES, checked_heartbeat
 from launcher.runtime.rankcontext import RuntimeConfigError, context
@@ -91,6 +97,9 @@ WINDOW_MIN_STEPS = 3
 MIN_POLL_S = 0.1
 RECORD_CHANGE = 0.25      # a bound recorded again once it moved by more than this share
 DONE_STATES = frozenset({"stopped", "finished"})
+# The signal that asks the ranks to save and stop: the time limit's warning, which every
+# rank handles (launcher.runtime.task.WARNING_SIGNAL; forwarded by torchrun's agent).
+STOP_SIGNAL = signal.SIGUSR2
 STEP_ID = re.compile(r"[0-9]{1,10}")      # a Slurm job step's number (isdigit() would take any script's digits)
 
 
@@ -103,6 +112,7 @@ class Limits:
     first_step_s: float
     auto: bool = False
     floor_s: float = 60.0       # auto's least bound
+    slow_node: str = "report"   # watchdog.slow_node: report | exclude
 
     @property
     def off(self) -> bool:
@@ -116,7 +126,7 @@ class Limits:
     def of(cls, spec: TaskSpec) -> Limits:
         """The bounds the job was submitted with."""
         return cls(float(spec.watchdog_stall_s), float(spec.watchdog_first_step_s), spec.watchdog_stall_auto,
-                   float(spec.watchdog_auto_floor_s))
+                   float(spec.watchdog_auto_floor_s), spec.watchdog_slow_node)
 
 
 @dataclass(frozen=True)
@@ -372,6 +382,18 @@ class SlowRanks:
         return [self.named[rank].to_dict() for rank in sorted(self.named)]
 
 
+def swap_for(slow: Iterable[SlowRank], *, allocation: Sequence[str], in_use: Sequence[str],
+             left_out_before: Iterable[str]) -> tuple[SlowRank, str] | None:
+    """Pure: (the slow rank whose node to leave out now, the spare that takes its place),
+    the first one named on a node of this step, when the allocation holds a node that is in
+    no step and that no earlier restart left out; else None. The spare is the one jobend's
+    restart_in_allocation takes: the first in the allocation's order."""
+    off = set(left_out_before) | set(in_use)
+    spares = [n for n in allocation if n not in off]
+    named = [s for s in sorted(slow, key=lambda s: (s.named_at, s.rank)) if s.node in in_use]
+    return (named[0], spares[0]) if spares and named else None
+
+
 # --- the watch ---------------------------------------------------------------------------------
 
 
@@ -392,6 +414,7 @@ class Watch:
         self.slow = SlowRanks()
         self.noted: dict[str, Any] | None = None     # what run.json says of this watch
         self.hang: Hang | None = None
+        self.swap: dict[str, Any] | None = None     # the slow node this watch stopped the start to leave out
         self.said: dict[Path, str] = {}     # each skipped file's problem, said once (not at every poll)
         if self.limits is None:
             self._read_spec()
@@ -434,7 +457,8 @@ class Watch:
         they changed (a bound by more than RECORD_CHANGE)."""
         if self.bounds is None or self.limits is None:
             return
-        entry = {**self.bounds.to_dict(self.limits.auto), "slow": self.slow.to_list()}
+        entry = {**self.bounds.to_dict(self.limits.auto), "slow": self.slow.to_list(),
+                 **({"swap": self.swap} if self.swap else {})}
         if not _changed(self.noted, entry):
             return
         try:
@@ -468,6 +492,27 @@ class Watch:
         bounds = [b for b in (limits.stall_s, limits.first_step_s) if b > 0] if limits else []
         return min([5.0] + [max(b / 10, MIN_POLL_S) for b in bounds])
 
+    def swap_due(self, allocation: Sequence[str], in_use: Sequence[str]) -> tuple[SlowRank, str] | None:
+        """With watchdog.slow_node: exclude, once a start: a slow rank's node to leave for
+        a spare of the allocation now (swap_for), or None."""
+        if self.swap is not None or self.limits is None or self.limits.slow_node != "exclude" or not self.slow.named:
+            return None
+        try:
+            left_out = registry.read(self.run_dir).left_out_in_allocation(self.job_id, self.restart)
+        except (OSError, RunError, RecordError, ValueError) as exc:
+            log(f"no swap for a slow node: run.json not read: {exc}")
+            return None
+        return swap_for(self.slow.named.values(), allocation=allocation, in_use=in_use, left_out_before=left_out)
+
+    def ask_swap(self, slow: SlowRank, spare: str, ranks: Ranks) -> None:
+        """Record the swap in run.json (the start's end reads it there), then ask every rank
+        to save and stop."""
+        self.swap = {"node": slow.node, "rank": slow.rank, "spare": spare, "asked_at": iso(self.clock())}
+        log(f"rank {slow.rank} on {slow.node} is slow and {spare} is a spare: the ranks save and stop, and the "
+            f"next step runs on {spare} instead")
+        self._note()
+        ranks.signal(STOP_SIGNAL)
+
     def act(self, hang: Hang, ranks: Ranks) -> Hang:
         """Record the hang, write the stacks, end the step."""
         log(f"start {self.restart} of job {self.job_id} hangs: {hang.describe()}; writing every rank's stack "
@@ -490,7 +535,7 @@ class Watch:
 
 
 def _changed(noted: Mapping[str, Any] | None, entry: Mapping[str, Any]) -> bool:
-    if noted is None or any(noted.get(k) != entry.get(k) for k in ("basis", "slow", "stall_s")):
+    if noted is None or any(noted.get(k) != entry.get(k) for k in ("basis", "slow", "stall_s", "swap")):
         return True
     return any(abs(float(entry[k]) - float(noted[k])) > RECORD_CHANGE * float(noted[k])
                for k in ("bound_s", "save_bound_s"))
@@ -511,6 +556,14 @@ def hang_in(run_dir: str | os.PathLike, restart: int) -> dict | None:
 
 HANG_KINDS = ("stall", "first_step", "save")
 MAX_DETAIL = 4096
+
+
+def swap_asked(start: StartRecord | None) -> dict[str, Any] | None:
+    """The swap this start's watchdog asked for (its run.json entry's ``watchdog.swap``), if
+    it names a node."""
+    watch = start.get("watchdog") if start is not None else None
+    swap = watch.get("swap") if isinstance(watch, Mapping) else None
+    return dict(swap) if isinstance(swap, Mapping) and is_node_name(swap.get("node")) else None
 
 
 def hang_problem(hang: Mapping[str, Any]) -> str | None:
@@ -578,7 +631,11 @@ class SlurmSteps:
         return {step for line in text.split() if STEP_ID.fullmatch(step := line.rpartition(".")[2]) and step != own}
 
 
-def watch_slurm(run_dir: str, *, stop: Callable[[], bool]) -> int:
+def watch_slurm(run_dir: str, *, stop: Callable[[], bool], allocation: Sequence[str] = (),
+                in_use: Sequence[str] = ()) -> int:
+    """Watch this start's step until `stop()`: end it when it hangs; with slow_node: exclude,
+    stop it to swap a slow node of `in_use` (the step's nodes) for a spare of `allocation`
+    (the job's nodes; empty: no restart in the allocation, so no swap)."""
     try:
         ctx = context()
     except RuntimeConfigError as exc:
@@ -599,6 +656,10 @@ def watch_slurm(run_dir: str, *, stop: Callable[[], bool]) -> int:
         if hang is not None:
             watch.act(hang, SlurmSteps(slurm_job, lambda: watch.records))
             return 0
+        swap = watch.swap_due(allocation, in_use)
+        if swap is not None:
+            # Watching goes on: a stop that hangs is a hang, bounded as a save.
+            watch.ask_swap(*swap, SlurmSteps(slurm_job, lambda: watch.records))
         _sleep(watch.poll_s(), stop)
     return 0
 
@@ -612,10 +673,12 @@ def _sleep(seconds: float, stop: Callable[[], bool]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m launcher.runtime.watchdog")
     parser.add_argument("run_dir")
+    parser.add_argument("--allocation", type=node_list, default=[], help="the job's nodes (comma-separated)")
+    parser.add_argument("--step-nodes", type=node_list, default=[], help="the nodes of the step watched")
     args = parser.parse_args(argv)
     stopped = []
     signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
-    return watch_slurm(args.run_dir, stop=lambda: bool(stopped))
+    return watch_slurm(args.run_dir, stop=lambda: bool(stopped), allocation=args.allocation, in_use=args.step_nodes)
 
 
 if __name__ == "__main__":

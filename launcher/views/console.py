@@ -50,7 +50,8 @@ SUBMITIT_LINE = re.compile(r"^submitit (DEBUG|INFO) \(|^submitit WARNING \(.*\) 
 LATEST_STEP = re.compile(r"step-0*(\d+)$")
 CLEAR_LINE = "\r\x1b[K"
 
-REASONS = {"timeout": "time limit", "preemption": "preempted", "crash": "crashed", "hang": "hung",
+REASONS = {"timeout": "time limit", "preemption": "preempted", "slow node": "stopped for a slow node",
+           "crash": "crashed", "hang": "hung",
            "node failure": "node failure", "cancelled": "cancelled"}
 
 

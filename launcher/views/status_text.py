@@ -185,6 +185,10 @@ def _watchdog_lines(start: Mapping[str, Any]) -> list[str]:
         lines.append(f"    slow: rank {p(slow.get('rank'))}" + (f" on {p(slow['node'])}" if slow.get("node") else "")
                      + (f", busy {ratio:.2f}x its peers' time a step" if ratio else "")
                      + (f" (named at {p(slow['named_at'])})" if slow.get("named_at") else ""))
+    swap = as_mapping(watch.get("swap"))
+    if swap.get("node"):
+        lines.append(f"    slow node {p(swap['node'])} to leave for the spare {p(swap.get('spare'))}: the ranks were "
+                     f"asked to save and stop" + (f" at {p(swap['asked_at'])}" if swap.get("asked_at") else ""))
     if watch.get("exclusion"):
         lines.append(f"    {p(watch['exclusion'])}")
     return lines

@@ -12,7 +12,7 @@ import pytest
 from launcher.rundir import registry
 from launcher.rundir.records import RunRecord, StartRecord
 from launcher.runtime import jobend
-from launcher.runtime.jobend import NextStep, Outcome, left_out_in_allocation, restart_in_allocation
+from launcher.runtime.jobend import NextStep, Outcome, restart_in_allocation
 
 CRASH = Outcome("REQUEUED", "crash", True, 0, "exit status 1; retry 1 of 2")
 HANG = Outcome("REQUEUED", "hang", True, 0, "the watchdog ended the step; retry 1 of 2")
@@ -70,8 +70,8 @@ def test_start_numbers_go_on_past_the_steps_restarted_in_an_allocation():
     assert record.requeues_before("7", 2) == 1 and record.requeues_before("7", 1) == 0
     # sacct's rows are allocations: the second began with start 2.
     assert [record.allocation_start("7", i) for i in range(3)] == [0, 2, 3]
-    assert left_out_in_allocation(record, "7", 1) == ["n1"]
-    assert left_out_in_allocation(record, "7", 2) == []
+    assert record.left_out_in_allocation("7", 1) == ["n1"]
+    assert record.left_out_in_allocation("7", 2) == []
 
 
 @pytest.fixture

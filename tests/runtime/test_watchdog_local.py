@@ -42,8 +42,11 @@ def stalling_should_stop(step=None, total=None):
     if (os.environ.get("HANG_RANK") == os.environ.get("RANK") and os.environ.get("GLAUNCH_RESTART") == "0"
             and step == HANG_STEP):
         hang_here()
-    if os.environ.get("SLOW_RANK") == os.environ.get("RANK"):
-        time.sleep(float(os.environ["SLOW_EXTRA_S"]))      # more of its own work than its peers
+    # More of its own work than its peers: in the starts SLOW_STARTS names, else in every one.
+    starts = os.environ.get("SLOW_STARTS")
+    if os.environ.get("SLOW_RANK") == os.environ.get("RANK") and (
+            starts is None or os.environ.get("GLAUNCH_RESTART") in starts.split(",")):
+        time.sleep(float(os.environ["SLOW_EXTRA_S"]))
     return should_stop(step=step, total=total)
 
 
