@@ -218,7 +218,7 @@ def _save_dcp(step, model, optimizer, *, scheduler, extra, rank_state, ctx, fram
 
     d = ctx.checkpoint_dir
     st = open_staging(step, ctx, d)
-    writer = dcp.ChecksummingWriter(st.path / STATE_DIR)
+    writer = dcp.ChecksummingWriter(st.path / STATE_DIR, thread_count=dcp.io_threads(ctx))
     planner = dcp.StagingPlanner()
     state: dict = {}
     state_error: BaseException | None = None

@@ -313,7 +313,8 @@ def test_resume_torch_state_reads_data_files_once_and_refuses_a_damaged_checkpoi
     damage_steps_2_and_3(ckpt)
     outs, log = _run(tmp_path, "resume", "ddp", 2, ckpt, "resume")
     for o in outs:
-        assert o["pending"] == ["state/__0_0.distcp", "state/__1_0.distcp"]
+        # every data file of step 3 (each rank writes its share as one file per I/O thread)
+        assert o["pending"] == sorted(f"state/{f.name}" for f in (ckpt / "step-00000003" / "state").glob("*.distcp"))
         # the load of step 3 found the flipped byte on rank 1: refused on every rank, nothing loaded
         assert o["refused"] and "__1_0.distcp" in o["refused"] and "mismatch" in o["refused"], o
         assert o["untouched"] is True
@@ -478,3 +479,42 @@ def test_verifying_reader_refuses_before_anything_is_loaded_and_checks_files_nob
     with pytest.raises(CheckpointDamaged, match=r"__0_0\.distcp .* mismatch"):
         dcp.load(target, d, ctx, reader=dcp.VerifyingReader(d, expected, ctx))
     assert not target["a"].any() and not target["b"].any()  # refused before anything reached it
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_a_share_written_as_several_files_is_read_in_parallel_and_each_file_checked(tmp_path, monkeypatch):
+    """A rank's share in three files, written and read in three threads: loaded bitwise; a
+    flipped byte in the second file refuses the whole checkpoint, the state untouched."""
+    from torch.distributed.checkpoint import save as dcp_save
+
+    from launcher.runtime.checkpoint import dcp
+    from launcher.runtime.checkpoint.layout import CheckpointDamaged
+    from launcher.runtime.rankcontext import context
+
+    for var in RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(dcp, "io_threads", lambda ctx: 3)
+    ctx = context()
+    d = tmp_path / "state"
+    saved = {name: torch.randn(100_000 + i) for i, name in enumerate("abcdef")}
+    writer = dcp.ChecksummingWriter(d, thread_count=3)
+    dcp_save(saved, storage_writer=writer, no_dist=True)
+    files = sorted(f.name for f in d.glob("*.distcp"))
+    assert files == ["__0_0.distcp", "__0_1.distcp", "__0_2.distcp"]
+    algo = checksum_algorithm()
+    expected = {f: {"path": f"state/{f}", "size": (d / f).stat().st_size, algo: checksum_file(d / f, algo)}
+                for f in files}
+
+    def target() -> dict:
+        return {name: torch.zeros_like(t) for name, t in saved.items()}
+
+    got = target()
+    dcp.load(got, d, ctx, reader=dcp.VerifyingReader(d, expected, ctx))
+    assert all(torch.equal(got[k], saved[k]) for k in saved)
+    data = bytearray((d / files[1]).read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (d / files[1]).write_bytes(bytes(data))
+    got = target()
+    with pytest.raises(CheckpointDamaged, match=r"__0_1\.distcp .* mismatch"):
+        dcp.load(got, d, ctx, reader=dcp.VerifyingReader(d, expected, ctx))
+    assert not any(t.any() for t in got.values())

@@ -10,8 +10,9 @@ collective there:
 2. :meth:`StagingPlanner.stage` (optional): this rank's planned tensors copied into
    reusable host buffers, so training may go on while they are written.
 3. :func:`write_share` (any thread): DCP's file writer writes this rank's
-   ``__R_0.distcp`` through :class:`ChecksumFileSystem`, which checksums every byte as
-   it goes to the file; the write results travel to rank 0 in the rank's done marker
+   ``__R_0.distcp`` (``__R_0`` to ``__R_{N-1}``, in N threads: :func:`io_threads`, the
+   rank's share of the node's cores, at most MAX_IO_THREADS) through
+   :class:`ChecksumFileSystem`, which checksums every byte as it goes to the file; the write results travel to rank 0 in the rank's done marker
    (:func:`encode_results`), not through a collective.
 4. :func:`write_metadata` (rank 0, at commit, once all markers are in): DCP's
    ``.metadata`` from every rank's results.
@@ -23,7 +24,8 @@ Loading on resume (:class:`VerifyingReader`) reads each data file once: the byte
 ``torch.load`` decodes are checksummed as they arrive, what it skips or reads out of
 order (zip headers, a few hundred bytes a tensor) is read again in order, and no tensor
 reaches the state dict before every file read, on every rank, matched its manifest
-checksum. Files no rank needed are re-checksummed, spread over the ranks.
+checksum. A rank reads its files in parallel, in as many threads as it writes them.
+Files no rank needed are re-checksummed, spread over the ranks.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import os
 import pickle
 import threading
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, cast
@@ -89,6 +92,20 @@ class ChecksumFileSystem(FileSystem):
         with self._lock:
             if Path(path) in self.written:
                 self.written[Path(new_path)] = self.written.pop(Path(path))
+
+
+# A rank writes its share as this many files, in as many threads, and reads them back in
+# parallel: its share of the node's cores, at most MAX_IO_THREADS.
+MAX_IO_THREADS = 4
+
+
+def io_threads(ctx: RankContext) -> int:
+    """The files (and threads) a rank writes its share of a checkpoint as: the cores it is
+    bound to (Slurm's --cpus-per-task), or its share of the node's when it is bound to all."""
+    node = os.cpu_count() or 1
+    mine = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else node
+    cores = mine // max(1, ctx.local_world_size) if mine >= node else mine
+    return max(1, min(MAX_IO_THREADS, cores))
 
 
 class ChecksummingWriter(FileSystemWriter):
@@ -364,11 +381,15 @@ class VerifyingReader(FileSystemReader):
             per_file: dict[str, list] = {}
             for item in plan.items:
                 per_file.setdefault(self.storage_data[item.storage_index].relative_path, []).append(item)
-            for rel, items in per_file.items():
-                why = self._read_file(rel, items, staged)
-                if why is not None:
-                    break
-                read.add(rel)
+            # The files in parallel, in this rank's share of the node's cores (io_threads),
+            # each read once, in order, for its own checksum.
+            with ThreadPoolExecutor(max_workers=max(1, min(io_threads(self.ctx), len(per_file)))) as pool:
+                done = list(pool.map(lambda file: self._read_file(*file), per_file.items()))
+            for rel, (why_not, decoded) in zip(per_file, done):
+                why = why or why_not
+                if why_not is None:
+                    read.add(rel)
+                    staged.extend(decoded)
         except Exception as e:   # every rank must learn about it before anything is committed
             why = f"{type(e).__name__}: {e}"
         names = sorted(self.expected)
@@ -396,34 +417,45 @@ class VerifyingReader(FileSystemReader):
         fut.set_result(None)
         return fut
 
-    def _read_file(self, rel: str, items: list, staged: list) -> str | None:
-        """Decode ``items`` of one file into ``staged``; why the file does not match its entry, or None."""
+    def _read_file(self, rel: str, items: list) -> tuple[str | None, list]:
+        """(why the file does not match its entry, or None; ``items`` of the file decoded)."""
+        staged: list = []
         entry = self.expected.get(rel)   # None: checked before the load, or not checkable here
         fd = open_regular(Path(self.path) / rel)
         try:
             size, (algo, digest) = os.fstat(fd).st_size, (None, "")
             if entry is not None:
                 if size != int(entry["size"]):
-                    return f"shard {entry['path']} has {size} bytes, manifest says {entry['size']}"
+                    return f"shard {entry['path']} has {size} bytes, manifest says {entry['size']}", staged
                 algo, digest = checksums.shard_checksum(entry) or ("", "")
             f = _OnceReadFile(fd, algo)
-            for item in sorted(items, key=lambda i: self.storage_data[i.storage_index].offset):
-                info = self.storage_data[item.storage_index]
-                if info.transform_descriptors:
-                    raise CheckpointError(f"{rel}: stream transforms {info.transform_descriptors} are not supported")
-                view = _ItemView(f, info.offset, info.length)
-                if item.type == LoadItemType.BYTE_IO:
-                    staged.append((item, io.BytesIO(view.read())))
-                else:
-                    tensor = torch.load(cast(IO[bytes], view), map_location="cpu", weights_only=True)
-                    staged.append((item, narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)))
-                f.catch_up(info.offset + info.length)
+            try:
+                self._decode(f, rel, items, staged)
+            except Exception:
+                # Bytes that do not decode: a damaged file says so by its checksum.
+                if entry is not None and algo and checksums.checksum_file(Path(self.path) / rel, algo) != digest:
+                    return f"shard {entry['path']} {algo} mismatch", staged
+                raise
             f.catch_up(size)
             if entry is not None and f.checksum is not None and f.checksum.hexdigest() != digest:
-                return f"shard {entry['path']} {f.checksum.algorithm} mismatch"
+                return f"shard {entry['path']} {f.checksum.algorithm} mismatch", staged
         finally:
             os.close(fd)
-        return None
+        return None, staged
+
+    def _decode(self, f: _OnceReadFile, rel: str, items: list, staged: list) -> None:
+        """``items`` of one file, in the file's order, decoded into ``staged``."""
+        for item in sorted(items, key=lambda i: self.storage_data[i.storage_index].offset):
+            info = self.storage_data[item.storage_index]
+            if info.transform_descriptors:
+                raise CheckpointError(f"{rel}: stream transforms {info.transform_descriptors} are not supported")
+            view = _ItemView(f, info.offset, info.length)
+            if item.type == LoadItemType.BYTE_IO:
+                staged.append((item, io.BytesIO(view.read())))
+            else:
+                tensor = torch.load(cast(IO[bytes], view), map_location="cpu", weights_only=True)
+                staged.append((item, narrow_tensor_by_index(tensor, item.storage_offsets, item.lengths)))
+            f.catch_up(info.offset + info.length)
 
     def _check_unread(self, names: list[str], distributed: bool) -> str | None:
         """Re-checksum this rank's share of the expected files no rank read."""
