@@ -12,7 +12,8 @@ collective there:
 3. :func:`write_share` (any thread): DCP's file writer writes this rank's
    ``__R_0.distcp`` (``__R_0`` to ``__R_{N-1}``, in N threads: :func:`io_threads`, the
    rank's share of the node's cores, at most MAX_IO_THREADS) through
-   :class:`ChecksumFileSystem`, which checksums every byte as it goes to the file; the write results travel to rank 0 in the rank's done marker
+   :class:`ChecksumFileSystem`, which checksums every byte as it goes to the file; the
+   write results travel to rank 0 in the rank's done marker
    (:func:`encode_results`), not through a collective.
 4. :func:`write_metadata` (rank 0, at commit, once all markers are in): DCP's
    ``.metadata`` from every rank's results.
