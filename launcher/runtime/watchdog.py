@@ -415,6 +415,7 @@ class Watch:
         self.noted: dict[str, Any] | None = None     # what run.json says of this watch
         self.hang: Hang | None = None
         self.swap: dict[str, Any] | None = None     # the slow node this watch stopped the start to leave out
+        self.left_out: list[str] | None = None     # the nodes earlier restarts in this allocation left out
         self.said: dict[Path, str] = {}     # each skipped file's problem, said once (not at every poll)
         if self.limits is None:
             self._read_spec()
@@ -495,14 +496,16 @@ class Watch:
     def swap_due(self, allocation: Sequence[str], in_use: Sequence[str]) -> tuple[SlowRank, str] | None:
         """With watchdog.slow_node: exclude, once a start: a slow rank's node to leave for
         a spare of the allocation now (swap_for), or None."""
-        if self.swap is not None or self.limits is None or self.limits.slow_node != "exclude" or not self.slow.named:
+        if (self.swap is not None or self.limits is None or self.limits.slow_node != "exclude" or not self.slow.named
+                or not allocation):
             return None
-        try:
-            left_out = registry.read(self.run_dir).left_out_in_allocation(self.job_id, self.restart)
-        except (OSError, RunError, RecordError, ValueError) as exc:
-            log(f"no swap for a slow node: run.json not read: {exc}")
-            return None
-        return swap_for(self.slow.named.values(), allocation=allocation, in_use=in_use, left_out_before=left_out)
+        if self.left_out is None:     # what earlier restarts left out does not change while this start runs
+            try:
+                self.left_out = registry.read(self.run_dir).left_out_in_allocation(self.job_id, self.restart)
+            except (OSError, RunError, RecordError, ValueError) as exc:
+                log(f"no swap for a slow node: run.json not read: {exc}")
+                return None
+        return swap_for(self.slow.named.values(), allocation=allocation, in_use=in_use, left_out_before=self.left_out)
 
     def ask_swap(self, slow: SlowRank, spare: str, ranks: Ranks) -> None:
         """Record the swap in run.json (the start's end reads it there), then ask every rank
