@@ -62,6 +62,15 @@ WORKER = textwrap.dedent('''
             wrapped(torch.randn(8, 64, generator=g)).square().mean().backward()
             opt.step()
 
+    def count_checksums():
+        """The files re-checksummed from now on (relative to the checkpoint dir), in a list."""
+        seen = []
+        def counting(path, *a, **k):
+            seen.append(os.path.relpath(path, ctx.checkpoint_dir))
+            return checksum_file(path, *a, **k)
+        checksums.checksum_file = counting
+        return seen
+
     def state_hash(model, opt):
         """SHA-256 of the whole (gathered) model and optimizer state, by name."""
         msd, osd = get_state_dict(model, opt)
@@ -137,12 +146,7 @@ WORKER = textwrap.dedent('''
     elif mode == "resume":             # resume_torch_state; a load of the newest with its checksums pending first
         model, wrapped, opt = build()
         before = state_hash(model, opt)
-        seen = []
-        real = checksums.checksum_file
-        def counting(path, *a, **k):
-            seen.append(os.path.relpath(path, ctx.checkpoint_dir))
-            return real(path, *a, **k)
-        checksums.checksum_file = counting
+        seen = count_checksums()
         newest = rt.resume_checkpoint(ctx, verify="load")
         out["pending"] = sorted(s["path"] for s in newest.pending)
         try:
@@ -153,7 +157,7 @@ WORKER = textwrap.dedent('''
         out["untouched"] = state_hash(model, opt) == before
         del seen[:]
         got = rt.resume_torch_state(model, opt, ctx=ctx)
-        checksums.checksum_file = real
+        checksums.checksum_file = checksum_file
         out["hashed"] = seen
         out["step"], out["checkpoint"] = got["step"], got["checkpoint"].path.name
         out["hash"] = state_hash(model, opt)
@@ -169,12 +173,7 @@ WORKER = textwrap.dedent('''
         except rt.CheckpointError as e:
             out["raised"] = str(e)
     elif mode == "verify":             # resume: which files did this rank re-checksum?
-        seen = []
-        real = checksums.checksum_file
-        def counting(path, *a, **k):
-            seen.append(os.path.relpath(path, ctx.checkpoint_dir))
-            return real(path, *a, **k)
-        checksums.checksum_file = counting
+        seen = count_checksums()
         found = rt.resume_checkpoint(ctx)
         out["found"] = None if found is None else found.step
         out["hashed"] = seen
