@@ -13,7 +13,7 @@ import dataclasses
 import enum
 import re
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 from launcher.rundir.files import json_type
 
@@ -170,6 +170,13 @@ def is_node_name(value: Any) -> bool:
 def node_list(text: str) -> list[str]:
     """Comma-separated node names as a batch script passes them; anything else is dropped."""
     return [n for n in text.split(",") if is_node_name(n)]
+
+
+def free_spares(allocation: Iterable[str], in_use: Iterable[str], left_out: Iterable[str]) -> list[str]:
+    """Pure: the allocation's nodes in no step and left out by no restart, in its order: the
+    spares a restart in the allocation (or the watchdog's swap of a slow node) may take."""
+    off = set(in_use) | set(left_out)
+    return [n for n in allocation if n not in off]
 
 
 def _node(value: Any) -> Any:

@@ -79,6 +79,7 @@ from launcher.rundir.records import (
     SLOW_NODE,
     RunRecord,
     State,
+    free_spares,
     is_job_id,
     is_node_name,
     is_terminal,
@@ -244,9 +245,9 @@ def restart_in_allocation(outcome: Outcome, *, bad: str | None, avoid_bad: bool,
     if not outcome.requeue or outcome.reason not in IN_ALLOCATION or not allocation:
         return None
     left_out = bad if avoid_bad and bad is not None else None
-    off = set(left_out_before) | {left_out}
+    off = set(left_out_before) | ({left_out} if left_out is not None else set())
     keep = [n for n in in_use if n in allocation and n not in off]
-    spares = [n for n in allocation if n not in in_use and n not in off]
+    spares = free_spares(allocation, in_use, off)
     chosen = set((keep + spares)[:needed])
     if len(chosen) < needed:
         return None

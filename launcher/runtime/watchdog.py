@@ -78,7 +78,15 @@ from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
 from launcher.rundir import registry
 from launcher.rundir.files import RunError, atomic_write_text, read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
-from launcher.rundir.records import RecordError, StartRecord, State, is_job_id, is_node_name, node_list
+from launcher.rundir.records import (
+    RecordError,
+    StartRecord,
+    State,
+    free_spares,
+    is_job_id,
+    is_node_name,
+    node_list,
+)
 from launcher.rundir.taskspec import TaskSpec, TaskSpecError, read_task_spec
 from launcher.runtime.heartbeats import BUSY_WINDOW, SAVING_STATES, checked_heartbeat
 from launcher.runtime.rankcontext import RuntimeConfigError, context
@@ -388,8 +396,7 @@ def swap_for(slow: Iterable[SlowRank], *, allocation: Sequence[str], in_use: Seq
     the first one named on a node of this step, when the allocation holds a node that is in
     no step and that no earlier restart left out; else None. The spare is the one jobend's
     restart_in_allocation takes: the first in the allocation's order."""
-    off = set(left_out_before) | set(in_use)
-    spares = [n for n in allocation if n not in off]
+    spares = free_spares(allocation, in_use, left_out_before)
     named = [s for s in sorted(slow, key=lambda s: (s.named_at, s.rank)) if s.node in in_use]
     return (named[0], spares[0]) if spares and named else None
 
