@@ -1,3 +1,4 @@
+import contextlib
 import functools
 import os
 import time
@@ -5,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit import DEFAULTS, MAIN, cluster_env, slurm_up
+from slurmkit import DEFAULTS, MAIN, cluster_env, cluster_turn, slurm_up
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -102,6 +103,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group(cluster_group(item)))
+
+
+@pytest.fixture(autouse=True)
+def one_test_per_cluster(request):
+    """A test that uses a cluster holds it (slurmkit.cluster_turn) from its setup to its end,
+    the clusters in one order so two tests that each need both never wait on each other."""
+    with contextlib.ExitStack() as held:
+        for cluster in sorted(clusters_needed(request.node)):
+            held.enter_context(cluster_turn(cluster, request.node.nodeid))
+        yield
 
 
 @functools.cache

@@ -8,6 +8,8 @@ fixture at `defaults`."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -17,7 +19,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from launcher.schedulers.slurm.client import is_transient
 from launcher.schedulers.slurm.state import SACCT_FORMAT, base_state, parse_sacct, parse_squeue
@@ -60,6 +62,66 @@ def slurm_up(cluster: str = MAIN) -> bool:
     except (OSError, subprocess.TimeoutExpired):
         return False
     return proc.returncode == 0 and any(state in proc.stdout for state in ("idle", "mixed", "allocated"))
+
+
+# One test at a time on a cluster, whoever runs it: xdist's groups keep a session's tests of
+# one cluster on one worker, and this lock holds them apart where groups do not reach (a
+# `-n 2` run without `--dist loadgroup`, two pytest sessions at once, a group marker lost).
+# The lock lives in /tmp because the clusters are the machine's, not a checkout's.
+TURN_WAIT_S = 1800.0
+
+
+def turn_lock_path(cluster: str) -> Path:
+    """GLAUNCH_TEST_TURN_DIR moves the locks (the tests of the locks themselves use their own)."""
+    return Path(os.environ.get("GLAUNCH_TEST_TURN_DIR", "/tmp")) / f"glaunch-tests-cluster-{cluster}.lock"
+
+
+@contextlib.contextmanager
+def cluster_turn(cluster: str, holder: str, wait_s: float = TURN_WAIT_S) -> Iterator[float]:
+    """Hold the cluster for one test: wait for the test before it to let go (up to wait_s),
+    then for its jobs to leave the queue, so a test starts on free nodes. Yields how long it
+    waited for the lock (0.0 where nobody held it)."""
+    path = turn_lock_path(cluster)
+    with open(path, "a+") as lock:
+        waited = take_turn(lock, cluster, wait_s)
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"{os.getpid()} {holder}\n")
+        lock.flush()
+        try:
+            wait_queue_drained(cluster, limit_s=120.0)
+            yield waited
+        finally:
+            lock.seek(0)
+            lock.truncate()
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def take_turn(lock, cluster: str, wait_s: float) -> float:
+    started = time.monotonic()
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return time.monotonic() - started
+        except BlockingIOError:
+            if time.monotonic() - started > wait_s:
+                lock.seek(0)
+                raise TimeoutError(f"cluster {cluster} held for over {wait_s:.0f} s by {lock.read().strip()!r}") from None
+            time.sleep(0.5)
+
+
+def wait_queue_drained(cluster: str, limit_s: float) -> None:
+    """Wait until the cluster's queue holds no job (the test before may have left one ending)."""
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        try:
+            queued = subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=20,
+                                    env=with_cluster(None, cluster)).stdout.split()
+        except (OSError, subprocess.TimeoutExpired):
+            return
+        if not queued:
+            return
+        time.sleep(1.0)
 
 
 def glaunch(*args, env, cwd=REPO, timeout=600, cluster: str | None = None) -> subprocess.CompletedProcess:
