@@ -13,7 +13,7 @@ import sys
 
 import click
 
-from launcher import __version__, api
+from launcher import __version__, api, shell
 from launcher.cli_sites import sites
 from launcher.errors import GlaunchError
 from launcher.views import submit_text
@@ -172,11 +172,26 @@ def submit(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check,
     if max_parallel is not None:
         raise click.UsageError("--max-parallel applies to a sweep (give --sweep)")
     prepared = api.prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir, after=after, dry_run=dry_run)
-    _launch_and_follow(prepared, dry_run=dry_run, wait=wait, as_json=as_json, check=check)
+    to_submit = _command_line("submit", experiment, *_option("--site", site), *_option("--runs-dir", runs_dir),
+                              *(word for a in after for word in _option("--after", a)), *overrides)
+    _launch_and_follow(prepared, dry_run=dry_run, wait=wait, as_json=as_json, check=check, to_submit=to_submit)
+
+
+def _option(name: str, value: str | None) -> list[str]:
+    return [] if value is None else [name, value]
+
+
+def _command_line(*words: str) -> str | None:
+    """`glaunch WORDS...` as a shell reads it back: what a dry run tells the user to type
+    (None for a word no shell line can hold)."""
+    try:
+        return printable(shell.join(["glaunch", *words]))
+    except shell.ShellTextError:
+        return None
 
 
 def _launch_and_follow(prepared, *, dry_run: bool, wait: bool, as_json: bool, check: bool,
-                       action: str = "submitted") -> None:
+                       action: str = "submitted", to_submit: str | None = None) -> None:
     """Launch a prepared run (api.prepare or api.prepare_resume), print what happened, and
     with `wait` follow it to its end; exits with its outcome."""
     # The warnings (and a local run's first line) wait until launch's checks passed, so that
@@ -196,7 +211,7 @@ def _launch_and_follow(prepared, *, dry_run: bool, wait: bool, as_json: bool, ch
     info = {"run_id": run.run_id, "run_dir": str(run.run_dir), "site": run.site, "dry_run": run.dry_run,
             "files": sorted(run.files)}
     if dry_run:
-        _emit(as_json, info, submit_text.dry_run(run, prepared.files["job.sbatch"]))
+        _emit(as_json, info, submit_text.dry_run(run, prepared.files["job.sbatch"], to_submit))
         return
     if run.exit_code is not None:     # the scheduler ran it to its end; its console said how it ended
         info.update(state=run.state, job_ids=list(run.job_ids), exit_code=run.exit_code)
@@ -204,11 +219,13 @@ def _launch_and_follow(prepared, *, dry_run: bool, wait: bool, as_json: bool, ch
             click.echo(json.dumps(info, indent=2))
         sys.exit(run.exit_code)
     info.update(job_id=run.job_id, state=run.state)
+    if run.cluster() is not None:
+        info["cluster"] = run.cluster()
     if not wait:
         _emit(as_json, info, submit_text.started(run, action))
         return
     if shown:
-        click.echo(submit_text.started(run, action))
+        click.echo(submit_text.started(run, action, following=True))
     try:
         state = api.wait(run, echo=write if shown else None, live=live)
     except KeyboardInterrupt:
@@ -244,7 +261,8 @@ def resume(run, overrides, dry_run, wait, as_json, check):
     if not dry_run:
         _quiet_submitit()
     prepared = api.prepare_resume(run, overrides=overrides, dry_run=dry_run)
-    _launch_and_follow(prepared, dry_run=dry_run, wait=wait, as_json=as_json, check=check, action="resumed as")
+    _launch_and_follow(prepared, dry_run=dry_run, wait=wait, as_json=as_json, check=check, action="resumed as",
+                       to_submit=_command_line("resume", run, *overrides))
 
 
 def _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json, check, sweep, max_parallel,

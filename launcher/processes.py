@@ -40,6 +40,17 @@ def shown(data: bytes) -> str:
     return data.decode("utf-8", "replace")
 
 
+def without_tool_prefix(tool: str, line: str) -> str:
+    """`line` as `tool` printed it, less the `tool:` (then `error:`) it starts its messages
+    with, however often: a message that quotes a tool names the tool once itself (`cannot
+    reach login1 (ssh: Could not resolve hostname login1 ...)`, not `ssh: ssh: ...`)."""
+    rest = line.strip()
+    prefixes = (f"{os.path.basename(tool).lower()}:", "error:")
+    while any(rest.lower().startswith(p) for p in prefixes):
+        rest = rest.split(":", 1)[1].lstrip()
+    return rest
+
+
 def fs_text(data: bytes) -> str:
     """Bytes a tool printed that name files: undecodable bytes kept as surrogates, so that
     os.fsencode (and every os call) gets the original bytes back."""

@@ -11,7 +11,7 @@ the error its file and line.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -51,6 +51,9 @@ class Provenance:
 
     origins: dict[str, Origin] = field(default_factory=dict)
     default_file: str = "(default)"
+    # What an error located in a file adds, if anything: how to change a profile shipped
+    # with glaunch without editing the installed package.
+    advice: Callable[[str], str | None] | None = None
 
     def of(self, key: str, *, exact: bool = False) -> Origin:
         """Where `key` was set; unless `exact`, a key no file set is blamed on the nearest
@@ -75,7 +78,9 @@ class Provenance:
     def locate(self, error: ConfigKeyError) -> ConfigError:
         """`error` with the file and line of its key."""
         origin = self.of(error.key or "")
-        return ConfigError(error.message, file=origin.file, key=error.key or None, line=origin.line)
+        advice = self.advice(origin.file) if self.advice is not None else None
+        message = f"{error.message}; {advice}" if advice else error.message
+        return ConfigError(message, file=origin.file, key=error.key or None, line=origin.line)
 
     def error(self, key: str, message: str) -> ConfigError:
         """An error about `key`, located."""

@@ -17,7 +17,7 @@ from launcher.config.merge import merge_layer
 from launcher.config.provenance import OVERRIDES, Origin, Provenance, locating
 from launcher.config.schema import NAME_PATTERN, site_name_problem
 from launcher.config.sitechecks import check_site
-from launcher.config.typed import NULLS, typed_config
+from launcher.config.typed import NULLS, did_you_mean, typed_config
 from launcher.config.yamlfile import Scalar, YamlDoc, _read_text, parse
 from launcher.rundir import envnames
 
@@ -38,6 +38,35 @@ def _shipped_sites_dir() -> Path:
 
 
 SHIPPED_SITES = _shipped_sites_dir()
+
+
+def inside_folder(path: str | os.PathLike[str], folder: Path) -> bool:
+    """Whether `path` (followed through links, `..` taken) would be in `folder` or below."""
+    try:
+        return os.path.realpath(path).startswith(os.path.join(os.path.realpath(folder), ""))
+    except (OSError, ValueError):
+        return False
+
+
+def shipped_profile_advice(path: str | os.PathLike[str]) -> str | None:
+    """How to change the profile at `path` when it is one shipped with glaunch (an upgrade
+    replaces it, and it often lies inside site-packages): by a copy of the same name that
+    shadows it. None for any other file."""
+    if not inside_folder(path, SHIPPED_SITES):
+        return None
+    name = Path(path).stem
+    return (f"{name} is a profile shipped with glaunch: copy it to ./site_configs/{name}.yaml or "
+            f"~/.config/glaunch/sites/{name}.yaml and change the copy, which shadows it")
+
+
+def where_to_change(path: str | os.PathLike[str]) -> str:
+    """Where a user changes a value of the profile at `path`, as a warning says it: `in
+    FILE`, or for a shipped profile in a copy that shadows it."""
+    if shipped_profile_advice(path) is None:
+        return f"in {os.fspath(path)}"
+    name = Path(path).stem
+    return (f"in your own copy of {name}, a profile shipped with glaunch (copy it to ./site_configs/{name}.yaml "
+            f"or ~/.config/glaunch/sites/{name}.yaml: the copy shadows it)")
 
 
 def site_search_path(cwd: Path, environ: Mapping[str, str]) -> list[Path]:
@@ -121,19 +150,22 @@ def found_profiles(cwd: Path, environ: Mapping[str, str]) -> list[dict[str, Any]
     search path, or a `.yml` beside a `.yaml`), nearest first."""
     found: dict[str, dict[str, Any]] = {}
     for directory in _search_dirs(cwd, environ):
-        try:
-            files = [p for p in directory.path.iterdir()
-                     if p.suffix in (".yaml", ".yml") and not p.name.startswith(".")]
-        except OSError:         # missing, not a folder, unreadable: nothing found there
-            continue
         # In one folder, NAME.yaml is looked up before NAME.yml.
-        for path in sorted(files, key=lambda p: (p.stem, p.suffix != ".yaml")):
+        for path in sorted(_profile_files(directory.path), key=lambda p: (p.stem, p.suffix != ".yaml")):
             entry = {"path": str(path), "folder": str(directory.path), "source": directory.source}
             if path.stem in found:
                 found[path.stem]["shadows"].append(entry)
             else:
                 found[path.stem] = {"name": path.stem, **entry, "shadows": []}
     return [found[name] for name in sorted(found)]
+
+
+def _profile_files(folder: Path) -> list[Path]:
+    """The profile files in `folder`; none where it is missing, no folder or unreadable."""
+    try:
+        return [p for p in folder.iterdir() if p.suffix in (".yaml", ".yml") and not p.name.startswith(".")]
+    except OSError:
+        return []
 
 
 def _looks_like_path(name: str) -> bool:
@@ -185,7 +217,9 @@ def find_site(name: str | os.PathLike[str], cwd: Path, environ: Mapping[str, str
         raise ConfigError(f"extends {name!r}, this profile's own name, means the next profile of that name on the "
                           f"search path, and there is none {after} (searched: {searched or 'nothing'}); a profile "
                           "cannot extend itself: that is a cycle", file=where.file, key=key, line=where.line)
-    raise ConfigError(f"unknown site {name!r} (searched: {searched}); `glaunch sites list` shows those found",
+    suggestion = did_you_mean(name, {p.stem for d in dirs for p in _profile_files(d.path)})
+    raise ConfigError(f"unknown site {name!r} (searched: {searched}); "
+                      + (f"{suggestion} " if suggestion else "") + "`glaunch sites list` shows those found",
                       file=where.file, key=key, line=where.line)
 
 
@@ -240,7 +274,7 @@ def site_from_layers(layers: Iterable[tuple[Mapping[str, Any], Callable[[str], O
     and checked as :func:`load_site` does. A layer: its data (no ``extends``: the chain is
     already followed) and where each of its keys was written. `file`: the file an error
     without a key of its own names; `path`, `chain` and `files`: as in :class:`LoadedSite`."""
-    provenance = Provenance(default_file=file)
+    provenance = Provenance(default_file=file, advice=shipped_profile_advice)
     merged: dict[str, Any] = {}
     for data, origin_of in layers:
         merged = merge_layer(merged, data, provenance, origin_of)

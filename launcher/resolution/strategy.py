@@ -84,6 +84,17 @@ _EXPERIMENT_KEYS = {
 }
 
 
+# PlanInput field -> the site profile's key it comes from (a partition's under partitions.NAME)
+_SITE_KEYS = {"overhead_gb": "plan.overhead_gb", "headroom": "plan.headroom"}
+_PARTITION_KEYS = {"gpu_mem_gb": "gpu_mem_gb", "max_nodes": "max_nodes", "host_mem_gb": "mem_gb"}
+
+
+def _site_key(field: str, part_name: str | None) -> str:
+    if field in _PARTITION_KEYS:
+        return f"partitions.{part_name}.{_PARTITION_KEYS[field]}"
+    return _SITE_KEYS.get(field, field)
+
+
 def _model_size(model: schema.Model, exp_dir: str) -> tuple[int, int | None, str | None]:
     """(params, largest layer or None, where the largest layer came from); model.factory's
     module is looked for in `exp_dir`, then in the working directory."""
@@ -104,9 +115,12 @@ def _model_size(model: schema.Model, exp_dir: str) -> tuple[int, int | None, str
 
 def plan_input(exp: schema.Experiment, site: schema.Site, part: schema.Partition | None, part_name: str | None,
                nodes: int, gpus_per_node: int, exp_dir: str) -> memory.PlanInput:
-    if part is None or part.gpu_mem_gb is None:
-        raise ConfigKeyError("resources.partition", f"site {site.name!r} gives no gpu_mem_gb for partition "
-                             f"{part_name!r}; the planner needs it (partitions.{part_name}.gpu_mem_gb)")
+    if part is None:
+        raise _no_partition(exp, site, part_name)
+    if part.gpu_mem_gb is None:
+        # The profile's value is missing: the error points at the partition's entry there.
+        raise ConfigKeyError(f"partitions.{part_name}.gpu_mem_gb", f"site {site.name!r} gives no gpu_mem_gb for "
+                             f"partition {part_name!r}; the planner needs it (GPU memory in GB)", site=True)
     m = exp.model
     params, largest, largest_source = _model_size(m, exp_dir)
     host_mem = exp.resources.mem_gb if exp.resources.mem_gb is not None else part.mem_gb
@@ -120,9 +134,9 @@ def plan_input(exp: schema.Experiment, site: schema.Site, part: schema.Partition
             activation_checkpointing=m.activation_checkpointing, flash_attention=m.flash_attention)
     except memory.PlanInputError as exc:
         key = _EXPERIMENT_KEYS.get(exc.field)
-        if key is not None:
+        if key is not None and not (exc.field == "host_mem_gb" and exp.resources.mem_gb is None):
             raise ConfigKeyError(key, exc.message) from None
-        raise ConfigError(exc.message, file=f"site {site.name}", key=exc.field) from None
+        raise ConfigKeyError(_site_key(exc.field, part_name), exc.message, site=True) from None
 
 
 def choose_strategy(exp: schema.Experiment, site: schema.Site, part: schema.Partition | None, nodes: int,
@@ -145,6 +159,15 @@ def _partition_name(exp: schema.Experiment, site: schema.Site) -> str | None:
     return exp.resources.partition or site.default_partition or next(iter(site.partitions), None)
 
 
+def _no_partition(exp: schema.Experiment, site: schema.Site, name: str | None) -> ConfigKeyError:
+    """No partition `name` to plan for, blamed where the name was written: the experiment's
+    resources.partition, else the profile's default_partition, else its (empty) partitions."""
+    message = f"site {site.name!r} has no partition {name!r} to plan for"
+    if exp.resources.partition:
+        return ConfigKeyError("resources.partition", message)
+    return ConfigKeyError("default_partition" if site.default_partition else "partitions", message, site=True)
+
+
 def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite,
              at_gpus: int | None = None) -> planner.PlanResult:
     """`glaunch plan`: the planner's table for the experiment on the site, and goodput
@@ -156,7 +179,7 @@ def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite,
         name = _partition_name(exp, site)
         part = site.partitions.get(name) if name else None
         if part is None:
-            raise ConfigKeyError("resources.partition", f"site {site.name!r} has no partition {name!r} to plan for")
+            raise _no_partition(exp, site, name)
         gpus = _planned_gpus(exp, site, part, name)
         result = planner.make_plan(plan_input(exp, site, part, name, exp.resources.nodes, gpus, exp_loaded.folder))
         return replace(result, goodput=planned_goodput(exp, site, gpus, at_gpus))

@@ -58,6 +58,8 @@ def version_warnings(record: RunRecord) -> list[str]:
         if wanted is None or not seen or set(seen) == {wanted}:
             continue
         other = {value: where for value, where in seen.items() if value != wanted}
+        if name == "python" and all(patch_only(value, wanted) for value in other):
+            continue        # `sites check` names it once, as a note; every status would repeat it
         out.append(f"the ranks import {name} " + "; ".join(
             f"{value} on {', '.join(where)}" for value, where in sorted(other.items()))
             + f", not the {wanted} the run was submitted with: the nodes' environment (the profile's python:, "
@@ -68,17 +70,36 @@ def version_warnings(record: RunRecord) -> list[str]:
 def environment_warnings(planned: Mapping[str, str | None], found: Mapping[str, str]) -> list[str]:
     """A sentence for each difference between what a profile's environment gives (the
     login node's answer to `sites check`) and the submitting environment; a torch the
-    environment cannot import (`found` without one) is a difference too."""
+    environment cannot import (`found` without one) is a difference too. A Python that
+    differs only in its patch version is no warning (environment_notes says it)."""
     out = []
     for name in ("python", "torch"):
         wanted, got = planned.get(name), found.get(name)
-        if wanted is None or got == wanted:
+        if wanted is None or got == wanted or (name == "python" and patch_only(got, wanted)):
             continue
         gives = f"gives {name} {got}" if got is not None else f"gives no {name}"
         out.append(f"the profile's environment {gives}, not the {wanted} this machine submits with: the nodes' "
                    "environment (the profile's python:, modules, venv or container) decides which one a rank "
                    "imports")
     return out
+
+
+def environment_notes(planned: Mapping[str, str | None], found: Mapping[str, str]) -> list[str]:
+    """One quiet line for a Python of the profile's environment that differs from the
+    submitting one only in its patch version: the same language and C API, so nothing to
+    change."""
+    wanted, got = planned.get("python"), found.get("python")
+    if not patch_only(got, wanted):
+        return []
+    return [f"python {got} on the nodes, {wanted} here: only the patch version differs"]
+
+
+def patch_only(a: str | None, b: str | None) -> bool:
+    """Whether versions `a` and `b` differ, and only after their major.minor (3.11.2 and
+    3.11.7)."""
+    if a is None or b is None or a == b:
+        return False
+    return a.split(".")[:2] == b.split(".")[:2] and len(a.split(".")) > 2 and len(b.split(".")) > 2
 
 
 def _by_value(nodes: Mapping[str, Mapping[str, Any]], name: str) -> dict[str, list[str]]:

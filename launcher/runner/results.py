@@ -24,12 +24,23 @@ class Run:
     exit_code: int | None = None      # set when the scheduler ran the job to its end (local)
     job_ids: tuple[str, ...] = ()     # ... and then the job of each of its starts
     warnings: tuple[str, ...] = ()    # what the user should know before it ran (one line each)
+    # Submitted over SSH: the login host and the run's directory there (run_dir is then
+    # this machine's record of the run).
+    cluster_host: str | None = None
+    cluster_dir: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The run as `--json` prints it."""
-        return {"run_id": self.run_id, "run_dir": str(self.run_dir), "site": self.site, "dry_run": self.dry_run,
-                "files": sorted(self.files), "state": self.state, "job_id": self.job_id,
-                "exit_code": self.exit_code}
+        found = {"run_id": self.run_id, "run_dir": str(self.run_dir), "site": self.site, "dry_run": self.dry_run,
+                 "files": sorted(self.files), "state": self.state, "job_id": self.job_id,
+                 "exit_code": self.exit_code}
+        if self.cluster_dir is not None:
+            found["cluster"] = self.cluster()
+        return found
+
+    def cluster(self) -> dict[str, str | None] | None:
+        """Where a run submitted over SSH lives, as `status --json` says it; None for others."""
+        return None if self.cluster_dir is None else {"host": self.cluster_host, "run_dir": self.cluster_dir}
 
 
 @dataclass(frozen=True)

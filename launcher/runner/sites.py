@@ -18,7 +18,7 @@ from launcher.config.schema import NAME_PATTERN
 from launcher.config.sites import load_site, user_sites_dir
 from launcher.errors import ConfigError
 from launcher.runner import remote
-from launcher.runner.node_versions import environment_warnings
+from launcher.runner.node_versions import environment_notes, environment_warnings
 from launcher.runner.provenance import package_versions
 from launcher.schedulers.cluster import torchprobe
 from launcher.schedulers.cluster.check import CheckReport
@@ -46,8 +46,13 @@ def check_site(site: str) -> CheckReport:
         report.torch = torchprobe.probe(loaded.config, sys.executable, where=where)
     if report.torch.checked:
         planned = {"python": platform.python_version(), **package_versions(("torch",))}
-        report.warnings += [Difference(report.torch.key, text, fatal=False)
+        where = profiles.where_to_change(loaded.path)
+        report.warnings += [Difference(report.torch.key, f"{text}; set it {where}", fatal=False)
                             for text in environment_warnings(planned, report.torch.versions)]
+        report.notes += environment_notes(planned, report.torch.versions)
+    advice = profiles.shipped_profile_advice(loaded.path)
+    if advice and (report.fatal or report.warnings):
+        report.notes.append(advice)     # the differences are fixed in a copy, not in the installed package
     return report
 
 
@@ -65,7 +70,7 @@ def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool =
     if write_to is True and folder is None:
         raise ConfigError("HOME is not set, so the folder of your own profiles (~/.config/glaunch/sites) is not "
                           "known: say where to write the profile with -o FILE", key="--output")
-    if not isinstance(write_to, bool) and _inside(Path(write_to), shipped):
+    if not isinstance(write_to, bool) and profiles.inside_folder(Path(write_to), shipped):
         raise ConfigError(f"{write_to} is inside the profiles shipped with glaunch ({shipped}), "
                           "which an upgrade replaces: write it to ~/.config/glaunch/sites/, ./site_configs/ of "
                           "your project, or a folder on GLAUNCH_SITE_PATH", key="--output")
@@ -98,10 +103,3 @@ def slurm_answering(login: Login | None, *, always: bool = False) -> Iterator[st
     with remote.connect(login) as conn, using(on_login.slurm_client(conn)):
         yield login.shown
 
-
-def _inside(path: Path, folder: Path) -> bool:
-    """Whether `path` (followed through links, `..` taken) would be in `folder` or below."""
-    try:
-        return os.path.realpath(path).startswith(os.path.join(os.path.realpath(folder), ""))
-    except (OSError, ValueError):
-        return False

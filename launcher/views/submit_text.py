@@ -13,13 +13,27 @@ def running_here(plan: Any) -> str:
     return f"run {plan.run_id}: running on this machine ({plan.world_size} ranks); {plan.run_dir}"
 
 
-def dry_run(run: Run, job_script: str) -> str:
-    return f"run directory: {run.run_dir}\n--- job.sbatch ---\n{job_script}"
+def dry_run(run: Run, job_script: str, to_submit: str | None = None) -> str:
+    """The bundle rendered; `to_submit`: the command that submits it (the one given, less
+    --dry-run)."""
+    end = f"\nto submit it: {to_submit}" if to_submit else ""
+    return f"run directory: {run.run_dir}\n--- job.sbatch ---\n{job_script}{end}"
 
 
-def started(run: Run, action: str = "submitted") -> str:
-    """`action`: submitted, resumed as."""
-    return f"run {run.run_id}: {action} job {run.job_id}\nrun directory: {run.run_dir}"
+def started(run: Run, action: str = "submitted", *, following: bool = False) -> str:
+    """`action`: submitted, resumed as. Over SSH the run directory named is the cluster's.
+    Unless glaunch goes on `following` the run, the last line is what to type next."""
+    if run.cluster_dir is not None:
+        where = f"run directory on {run.cluster_host}: {run.cluster_dir}\nrecord here: {run.run_dir}"
+    else:
+        where = f"run directory: {run.run_dir}"
+    return f"run {run.run_id}: {action} job {run.job_id}\n{where}" + ("" if following else
+                                                                       f"\n{next_commands(run.run_id)}")
+
+
+def next_commands(run_id: str) -> str:
+    """What to type after a run was submitted."""
+    return f"next: glaunch logs -f {run_id}   |   glaunch status {run_id}"
 
 
 def ended_here(run: Run) -> str:
@@ -52,6 +66,7 @@ def sweep_started(sweep: Sweep) -> str:
         lines.append(f"  {array.get('script')}: {what}, {len(array['elements'])} task(s)"
                      + (f" ({array['error']})" if array.get("error") else ""))
     lines.append(f"sweep directory: {sweep.sweep_dir}")
+    lines.append(f"next: glaunch status {sweep.sweep_id}   |   glaunch logs {sweep.sweep_id}")
     return "\n".join(lines)
 
 

@@ -265,10 +265,10 @@ def test_a_qos_policy_refusal_is_not_taken_for_a_partition_time_limit():
 
 @pytest.mark.parametrize("name, said", [
     ("sbatch-submit-invalid-partition.txt",
-     "sbatch refused the job: sbatch: error: invalid partition specified: nosuch; sbatch: error: Batch job "
+     "sbatch refused the job: invalid partition specified: nosuch; Batch job "
      "submission failed: Invalid partition name specified"),
     ("sbatch-submit-invalid-account.txt",
-     "sbatch refused the job: sbatch: error: Batch job submission failed: Invalid account or account/partition "
+     "sbatch refused the job: Batch job submission failed: Invalid account or account/partition "
      "combination specified"),
 ])
 def test_an_sbatch_refusal_keeps_the_line_naming_its_cause(name, said):

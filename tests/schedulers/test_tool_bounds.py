@@ -221,7 +221,7 @@ def test_sites_check_with_a_latin1_reason_says_what_it_says_without_one(gpufarm)
 def test_sites_check_shows_a_latin1_sacctmgr_error_with_replacement_characters(gpufarm):
     gpufarm(b"maintenance", sacctmgr_error=b"sacctmgr: error: " + LATIN1)
     report = api.check_site(str(RECORDED / "gpufarm.yaml"))
-    assert "account and QOS not checked: sacctmgr said: sacctmgr: error: caf\ufffd d\ufffdfectueux" in report.format()
+    assert "account and QOS not checked: sacctmgr said: caf\ufffd d\ufffdfectueux" in report.format()
 
 
 def test_sites_detect_with_a_latin1_reason_writes_the_profile_it_writes_without_one(gpufarm):

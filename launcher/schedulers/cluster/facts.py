@@ -17,6 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping
 
+from launcher.processes import without_tool_prefix
 from launcher.schedulers.cluster.scontrol_text import (
     expand_hostlist,
     gpu_kinds,
@@ -317,7 +318,8 @@ def read_cluster(command: str = "glaunch sites check") -> Cluster:
                 assoc_text, qos_text = assoc.stdout, qos.stdout
             else:
                 said = (assoc.stderr or qos.stderr or "").strip().splitlines()
-                note = f"account and QOS not checked: sacctmgr said: {said[-1] if said else 'nothing'}"
+                note = ("account and QOS not checked: sacctmgr said: "
+                        + (without_tool_prefix("sacctmgr", said[-1]) if said else "nothing"))
         except Unreachable as exc:
             note = f"account and QOS not checked: {exc.message}"
     return parse_cluster(text, assoc_text=assoc_text, qos_text=qos_text, user=user, accounting_note=note,

@@ -9,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from launcher.config.sites import shipped_profile_advice
 from launcher.errors import SchedulerError
 from launcher.schedulers.cluster.scontrol_text import one_line
 
@@ -68,6 +69,8 @@ class CheckReport:
         cluster named escaped, as in :meth:`lines`)."""
         lines = [one_line(f"site {self.site} does not match Slurm cluster {self.cluster}; nothing was submitted:")]
         lines += [one_line(f"  {d}") for d in self.fatal]
-        lines.append(f"fix the profile (`glaunch sites check {self.site}` lists every difference)")
+        advice = shipped_profile_advice(site_file) if site_file else None
+        lines.append(f"fix the profile (`glaunch sites check {self.site}` lists every difference)"
+                     + (f"; {advice}" if advice else ""))
         return SchedulerError("\n".join(lines), file=site_file)
 

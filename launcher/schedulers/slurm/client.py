@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Mapping, Sequence
 
 from launcher.errors import SchedulerError
-from launcher.processes import run_bounded
+from launcher.processes import run_bounded, without_tool_prefix
 
 # What Slurm's clients print when the controller (or the link to it) failed, not the
 # request: worth another try. Slurm 22.05 wording, matched loosely.
@@ -298,7 +298,8 @@ class Client:
             proc = outcome.proc
             if proc is not None and not outcome.transient:
                 if proc.returncode != 0:
-                    raise SchedulerError(f"sbatch refused the job: {_error_lines(proc.stderr or proc.stdout)}")
+                    said = _error_lines("sbatch", proc.stderr or proc.stdout)
+                    raise SchedulerError(f"sbatch refused the job: {said}")
                 return proc.stdout
             found = lookup(deadline)
             if found:
@@ -311,7 +312,7 @@ class Client:
     def _unreachable(self, cmd: Sequence[str], outcome: Outcome, attempts: int, elapsed: float,
                      controller: bool) -> Unreachable:
         said = (f"{cmd[0]} did not answer within {outcome.elapsed_s:.0f} s" if outcome.timed_out
-                else f"{cmd[0]} said: {_last_line(outcome.output)}")
+                else f"{cmd[0]} said: {without_tool_prefix(cmd[0], _last_line(outcome.output))}")
         if controller:
             what = describe_controller(os.environ if self.environ is None else self.environ)
             message = f"cannot reach {what}: {said} ({attempts} attempt(s) in {elapsed:.0f} s)"
@@ -336,10 +337,12 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "(nothing)"
 
 
-def _error_lines(text: str) -> str:
-    """A refusal's lines, each once: sbatch names the cause (`invalid partition specified:
-    nosuch`, `QOSMaxSubmitJobPerUserLimit`) before its last, generic line."""
-    lines = list(dict.fromkeys(line.strip() for line in (text or "").splitlines() if line.strip()))
+def _error_lines(tool: str, text: str) -> str:
+    """A refusal's lines, each once and without `tool`'s own prefix: sbatch names the cause
+    (`invalid partition specified: nosuch`, `QOSMaxSubmitJobPerUserLimit`) before its last,
+    generic line."""
+    lines = list(dict.fromkeys(without_tool_prefix(tool, line) for line in (text or "").splitlines()
+                               if line.strip()))
     return "; ".join(lines[-4:]) if lines else "(nothing)"
 
 

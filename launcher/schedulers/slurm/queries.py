@@ -9,6 +9,7 @@ import getpass
 import subprocess
 
 from launcher.errors import SchedulerError
+from launcher.processes import without_tool_prefix
 from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Unreachable, run_command
 from launcher.schedulers.slurm.state import (
     SACCT_FORMAT,
@@ -27,7 +28,7 @@ def find_submitted(script: str, marker: str, *, deadline: float | None = None, u
     proc = run_command("squeue", "-h", "--states=all", "-u", user or getpass.getuser(), "-o", "%i|%k|%o",
                        deadline=deadline)
     if proc.returncode != 0:
-        raise SchedulerError(f"squeue failed: {(proc.stderr or proc.stdout).strip()}")
+        raise SchedulerError(f"squeue failed: {without_tool_prefix('squeue', proc.stderr or proc.stdout)}")
     for line in proc.stdout.splitlines():
         fields = line.strip().split("|", 2)
         if len(fields) == 3 and ((marker and fields[1] == marker) or (script and fields[2] == script)):

@@ -20,6 +20,7 @@ from typing import Any, Sequence
 
 from launcher import shell
 from launcher.errors import SchedulerError
+from launcher.processes import without_tool_prefix
 from launcher.rendering.render import JobShell
 from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
 from launcher.rundir import registry
@@ -285,7 +286,7 @@ class SlurmScheduler(Scheduler):
             return ["nothing to cancel"]
         proc = run_command("scancel", *targets)
         if proc.returncode != 0:
-            raise SchedulerError(f"scancel {' '.join(targets)} failed: {proc.stderr.strip()}")
+            raise SchedulerError(f"scancel {' '.join(targets)} failed: {without_tool_prefix('scancel', proc.stderr)}")
         return [f"cancelled job {t}" for t in targets]
 
     def cancel(self, run_dir: Path, record: RunRecord) -> str:
@@ -301,7 +302,7 @@ class SlurmScheduler(Scheduler):
             rec.extra[CANCEL_REQUESTED] = job_id
         proc = run_command("scancel", job_id)
         if proc.returncode != 0:
-            raise SchedulerError(f"scancel {job_id} failed: {proc.stderr.strip()}")
+            raise SchedulerError(f"scancel {job_id} failed: {without_tool_prefix('scancel', proc.stderr)}")
         return f"run {record.run_id}: cancelled job {job_id}"
 
 
