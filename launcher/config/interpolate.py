@@ -14,6 +14,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any, Callable
 
 from launcher.config.provenance import ConfigKeyError
+from launcher.rundir import runvalues
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 HINT = " (a literal shell variable is written $NAME, ${NAME} in env values, or \\${NAME})"
@@ -40,14 +41,16 @@ class Interpolation:
             store(value)
 
 
-def scan(text: str, shell_values: bool) -> str | Interpolation:
+def scan(text: str, shell_values: bool, run_values: bool = False) -> str | Interpolation:
     """`text` as the user meant it: the final string when nothing in it interpolates,
     else an Interpolation. Raises ValueError for an unclosed `${`.
 
     `\\${` is a literal `${` (an even run of backslashes before `${` is half as many
     backslashes and an interpolation, as in OmegaConf). With `shell_values` (env values,
     which the job's shell expands), `$$` and `${NAME}` stay as written for the shell;
-    dotted and resolver forms (`${a.b}`, `${oc.env:X}`) still interpolate."""
+    dotted and resolver forms (`${a.b}`, `${oc.env:X}`) still interpolate. With
+    `run_values` (entrypoint args and env values), `${run:NAME}` stays as written: each
+    start fills it in on the node (launcher.rundir.runvalues); elsewhere it is refused."""
     pieces: list[tuple[bool, str]] = []      # (is an interpolation, text)
     literal: list[str] = []
     i, n = 0, len(text)
@@ -77,7 +80,8 @@ def scan(text: str, shell_values: bool) -> str | Interpolation:
                 end = closing_brace(text, i + 2)
                 if end is None:
                     raise ValueError(f"unclosed '${{' in {text!r}")
-                if shell_values and re.fullmatch(_IDENT, text[i + 2:end - 1]):
+                body = text[i + 2:end - 1]
+                if (shell_values and re.fullmatch(_IDENT, body)) or run_value(body, run_values):
                     literal.append(text[i:end])
                 else:
                     pieces.append((False, "".join(literal)))
@@ -98,6 +102,22 @@ def scan(text: str, shell_values: bool) -> str | Interpolation:
             before_interpolation = index + 1 < len(pieces)
             out.append(omegaconf_literal(piece, before_interpolation))
     return Interpolation("".join(out))
+
+
+RUN_VALUES_WHERE = "entrypoint.args, entrypoint.resume_args and env values"
+
+
+def run_value(body: str, allowed: bool) -> bool:
+    """Whether `${body}` is a run-scoped value to keep as written; ValueError for one that
+    names no such value or stands where none is filled in."""
+    if not body.startswith(runvalues.PREFIX):
+        return False
+    if not allowed:
+        raise ValueError(f"${{{body}}} is filled in on the node at each start: only in {RUN_VALUES_WHERE}")
+    problem = runvalues.name_problem(body[len(runvalues.PREFIX):])
+    if problem:
+        raise ValueError(problem)
+    return True
 
 
 def omegaconf_literal(text: str, before_interpolation: bool = False) -> str:

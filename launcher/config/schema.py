@@ -55,7 +55,10 @@ def site_name_problem(name: str) -> str | None:
     """Why `name` cannot be a site profile's name (nor so its file's), or None."""
     return name_problem(name, "a site name", MAX_SITE_NAME)
 
-SHELL_VALUES = {"shell_values": True}
+# Environment values: `$NAME` and `${NAME}` expand in the job's shell; `${run:...}` is
+# filled in at each start (launcher.rundir.runvalues), as in the entry point's arguments.
+SHELL_VALUES = {"shell_values": True, "run_values": True}
+RUN_VALUES = {"run_values": True}
 
 # Environment variables an experiment or a site may not set: Slurm's and glaunch's own
 # (the job script reads them, in arithmetic too), and those that change how the job's
@@ -84,12 +87,24 @@ def env_name_problem(name: str) -> str | None:
 
 
 @dataclass(eq=False)
+class Progress:
+    """`entrypoint.progress:` how to read the step from rank 0's output, for a script that
+    does not use glaunch's runtime: `pattern`'s first group is the step."""
+
+    pattern: str = MISSING
+    total: Optional[int] = None        # the step the run ends at, for the ETA
+
+
+@dataclass(eq=False)
 class Entrypoint:
-    """`entrypoint:` what every rank runs: exactly one of a script and a module, with its arguments."""
+    """`entrypoint:` what every rank runs: exactly one of a script and a module, with its
+    arguments; `resume_args` follow them on every start after the run's first."""
 
     script: Optional[str] = None
     module: Optional[str] = None
-    args: List[str] = field(default_factory=list)
+    args: List[str] = field(default_factory=list, metadata=RUN_VALUES)
+    resume_args: List[str] = field(default_factory=list, metadata=RUN_VALUES)
+    progress: Optional[Progress] = None
 
 
 @dataclass(eq=False)

@@ -24,7 +24,7 @@ import functools
 import math
 import re
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import cache
 from typing import Any
 
@@ -54,15 +54,16 @@ MAX_DIGITS = 64
 class Kind:
     """What a field holds."""
 
-    __slots__ = ("cls", "item", "name", "optional", "shell_values")
+    __slots__ = ("cls", "item", "name", "optional", "run_values", "shell_values")
 
     def __init__(self, name: str, optional: bool = False, cls: Any = None, item: Kind | None = None,
-                 shell_values: bool = False) -> None:
+                 shell_values: bool = False, run_values: bool = False) -> None:
         self.name = name                  # str | int | float | bool | any | object | dict | list
         self.optional = optional
         self.cls = cls                    # object: the dataclass
         self.item = item                  # dict and list: their values
         self.shell_values = shell_values  # str: an environment value (see interpolate.scan)
+        self.run_values = run_values      # str: may hold ${run:...}, filled in at each start
 
 
 ANY = Kind("any", optional=True)
@@ -166,7 +167,7 @@ class _Converter:
         text = raw.text
         if "${" in text:
             try:
-                scanned = interpolate.scan(text, kind.shell_values)
+                scanned = interpolate.scan(text, kind.shell_values, kind.run_values)
             except ValueError as exc:
                 raise ConfigKeyError(key, str(exc)) from None
             if isinstance(scanned, Interpolation):
@@ -358,7 +359,7 @@ def _fields(cls: type) -> dict[str, tuple[Kind, Any]]:
     hints = typing.get_type_hints(cls)
     specs: dict[str, tuple[Kind, Any]] = {}
     for f in dataclasses.fields(cls):
-        kind = _kind(hints[f.name], bool(f.metadata.get("shell_values")))
+        kind = _kind(hints[f.name], bool(f.metadata.get("shell_values")), bool(f.metadata.get("run_values")))
         if f.default_factory is not dataclasses.MISSING:
             default = _FROM_FIELDS if kind.name == "object" else f.default_factory
         elif f.default is MISSING:
@@ -369,7 +370,7 @@ def _fields(cls: type) -> dict[str, tuple[Kind, Any]]:
     return specs
 
 
-def _kind(hint: Any, shell_values: bool = False) -> Kind:
+def _kind(hint: Any, shell_values: bool = False, run_values: bool = False) -> Kind:
     optional = False
     if typing.get_origin(hint) is typing.Union:
         args = [a for a in typing.get_args(hint) if a is not type(None)]
@@ -380,18 +381,26 @@ def _kind(hint: Any, shell_values: bool = False) -> Kind:
         return Kind("object", optional, cls=hint)
     origin = typing.get_origin(hint)
     if origin is dict:
-        return Kind("dict", optional, item=_kind(typing.get_args(hint)[1], shell_values))
+        return Kind("dict", optional, item=_kind(typing.get_args(hint)[1], shell_values, run_values))
     if origin is list:
-        return Kind("list", optional, item=_kind(typing.get_args(hint)[0], shell_values))
+        return Kind("list", optional, item=_kind(typing.get_args(hint)[0], shell_values, run_values))
     names = {str: "str", int: "int", float: "float", bool: "bool"}
-    return Kind(names[hint], optional, shell_values=shell_values and hint is str)
+    return Kind(names[hint], optional, shell_values=shell_values and hint is str,
+                run_values=run_values and hint is str)
+
+
+def did_you_mean(name: str, known: Iterable[str]) -> str:
+    """`did you mean 'x'?` naming the one or two of `known` closest to `name` (a typo of
+    one of them), else ''."""
+    close = difflib.get_close_matches(name, list(known), n=2, cutoff=0.6)
+    return f"did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
 
 
 def _unknown_key(name: str, specs: Mapping[str, Any]) -> str:
-    close = difflib.get_close_matches(name, list(specs), n=2, cutoff=0.6)
+    suggestion = did_you_mean(name, specs)
     shown = "" if name.isidentifier() else f" {name!r}"      # '' or one with spaces would not show
-    if close:
-        return f"unknown key{shown}; did you mean {' or '.join(repr(c) for c in close)}?"
+    if suggestion:
+        return f"unknown key{shown}; {suggestion}"
     return f"unknown key{shown} (known here: {', '.join(specs)})"
 
 

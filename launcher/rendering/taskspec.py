@@ -5,6 +5,7 @@ describes what runs from the same spec (launcher.rundir.launch). Pure."""
 from __future__ import annotations
 
 from launcher.resolution.jobplan import JobPlan
+from launcher.rundir import runvalues
 from launcher.rundir.taskspec import TaskSpec
 
 
@@ -30,6 +31,10 @@ def task_spec(plan: JobPlan) -> TaskSpec:
         watchdog_slow_node=plan.watchdog_slow_node,
         # The code snapshot's counterpart of the working directory: imported from before it.
         code_path=plan.code.import_path if plan.code is not None else None,
+        resume_args=tuple(plan.entry_resume_args),
+        run_env=tuple(name for name, value in plan.env if runvalues.mentions(value)),
+        progress_pattern=plan.progress_pattern,
+        progress_total=plan.progress_total,
     )
 
 

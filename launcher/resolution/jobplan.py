@@ -114,6 +114,9 @@ class JobPlan:
     entry_script: str | None          # what every start runs (see `code`)
     entry_module: str | None
     entry_args: tuple[str, ...]
+    entry_resume_args: tuple[str, ...]  # after entry_args on every start but the run's first
+    progress_pattern: str | None      # rank 0's output: the first group is the step
+    progress_total: int | None
     python: tuple[str, ...]           # interpreter command words, on the nodes
     container: Container | None
     modules: tuple[str, ...]

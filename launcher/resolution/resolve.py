@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass, is_dataclass
 from typing import Any
 
@@ -80,6 +81,9 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
         entry_script=code.copy_of(code_entry(ctx, script)) if code and script else script,
         entry_module=exp.entrypoint.module,
         entry_args=tuple(str(a) for a in exp.entrypoint.args),
+        entry_resume_args=tuple(str(a) for a in exp.entrypoint.resume_args),
+        progress_pattern=exp.entrypoint.progress.pattern if exp.entrypoint.progress else None,
+        progress_total=exp.entrypoint.progress.total if exp.entrypoint.progress else None,
         python=python, container=container, modules=tuple(site.modules), setup=tuple(site.setup),
         env=tuple(env.items()), derive_master_port="MASTER_PORT" not in env,
         strategy=strategy.name, zero_stage=strategy.zero_stage if strategy.name == "deepspeed" else None,
@@ -502,6 +506,10 @@ def _time(value: str, key: str, *, site: bool = False) -> int:
 def _check_experiment_text(exp: schema.Experiment) -> None:
     for i, arg in enumerate(exp.entrypoint.args):
         _check_text(str(arg), f"entrypoint.args[{i}]")
+    for i, arg in enumerate(exp.entrypoint.resume_args):
+        _check_text(str(arg), f"entrypoint.resume_args[{i}]")
+    if exp.entrypoint.progress is not None:
+        _check_progress(exp.entrypoint.progress)
     for key, value in exp.env.items():
         _check_text(str(value), f"env.{key}")
     if exp.strategy.nvme_path is not None:
@@ -535,6 +543,26 @@ def _check_exec_sizes(env: dict[str, str], exp: schema.Experiment) -> None:
             what = "the environment and arguments reach" if exp.launcher == "torchrun" else "the environment reaches"
             raise ConfigKeyError(key, f"{what} {total} bytes here, more than the {MAX_EXEC_TOTAL} a job may add to "
                                  "what every program it starts receives (ARG_MAX)", site=in_site)
+
+
+# A progress pattern is matched against every line rank 0 prints; one that backtracks
+# without bound would stall whoever reads the log, so its length is bounded too.
+MAX_PROGRESS_PATTERN = 500
+
+
+def _check_progress(progress: schema.Progress) -> None:
+    _check_text(progress.pattern, "entrypoint.progress.pattern")
+    if len(progress.pattern) > MAX_PROGRESS_PATTERN:
+        raise ConfigKeyError("entrypoint.progress.pattern", f"{len(progress.pattern)} characters: at most "
+                             f"{MAX_PROGRESS_PATTERN}")
+    try:
+        groups = re.compile(progress.pattern).groups
+    except re.error as exc:
+        raise ConfigKeyError("entrypoint.progress.pattern", f"not a regular expression: {exc}") from None
+    if groups < 1:
+        raise ConfigKeyError("entrypoint.progress.pattern", "needs a group for the step, e.g. '^iter (\\d+):'")
+    if progress.total is not None and progress.total < 1:
+        raise ConfigKeyError("entrypoint.progress.total", f"{progress.total}: the last step is 1 or more")
 
 
 def _check_text(text: str, key: str) -> None:

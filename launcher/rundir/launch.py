@@ -11,7 +11,7 @@ description, written at submit time) every option is shown.
 
 from __future__ import annotations
 
-from typing import Any, Collection
+from typing import Any, Collection, Sequence
 
 from launcher.rundir.taskspec import TaskSpec
 
@@ -25,10 +25,11 @@ SIGNALS_TO_HANDLE = "SIGINT,SIGHUP,SIGQUIT"
 OPTIONAL = frozenset({"--signals-to-handle"})
 
 
-def entry_words(spec: TaskSpec) -> list[str]:
-    """The program and its arguments, as a user would type them after `python`."""
+def entry_words(spec: TaskSpec, args: Sequence[str] | None = None) -> list[str]:
+    """The program and its arguments, as a user would type them after `python`: `args`
+    for one start (run-scoped values filled in), else the spec's as written."""
     head = ["-m", spec.module] if spec.module is not None else [str(spec.script)]
-    return head + list(spec.args)
+    return head + list(spec.args if args is None else args)
 
 
 def torchrun_args(spec: TaskSpec, *, node_rank: str, master_addr: str, master_port: str,

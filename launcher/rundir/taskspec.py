@@ -18,7 +18,7 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Callable, Mapping
 
 from launcher.errors import RunError
@@ -32,6 +32,7 @@ SLOW_NODE_ACTIONS = ("report", "exclude")
 LAUNCHERS = ("srun", "torchrun")
 MODULE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 SHOWN = 60                      # characters of a bad value an error quotes
 MAX_COUNT = 2**31 - 1           # nodes, ranks, requeues: more is not a number glaunch wrote
 
@@ -66,6 +67,10 @@ class TaskSpec:
     watchdog_slow_node: str = "report"  # report | exclude: a node whose ranks compute slower than their peers
     code_path: str | None = None        # the code snapshot's counterpart of the working directory
     requeue_mode: str = "requeue"       # after the time limit: resubmit (a new job) | requeue
+    resume_args: tuple[str, ...] = ()   # after args on every start but the run's first
+    run_env: tuple[str, ...] = ()       # env variables whose values hold ${run:...} (rundir.runvalues)
+    progress_pattern: str | None = None  # rank 0's output: the first group is the step
+    progress_total: int | None = None
 
     def __post_init__(self) -> None:
         for field in fields(self):
@@ -84,7 +89,8 @@ class TaskSpec:
     def to_json(self) -> str:
         """task.json's text."""
         data: dict[str, Any] = {"format": FORMAT, **asdict(self)}
-        data["args"] = list(self.args)
+        for name in WORD_LISTS:
+            data[name] = list(getattr(self, name))
         return json.dumps(data, indent=1, allow_nan=False) + "\n"
 
     @classmethod
@@ -106,12 +112,14 @@ class TaskSpec:
         if unknown:
             raise TaskSpecError(f"not a field of the task spec: {', '.join(_shown(k) for k in unknown[:3])}"
                                 + (f" and {len(unknown) - 3} more" if len(unknown) > 3 else ""), file=file)
-        missing = [name for name in names if name not in data]
+        # A field added since a spec was written keeps its default there.
+        missing = [f.name for f in fields(cls) if f.name not in data and f.default is MISSING]
         if missing:
             raise TaskSpecError("missing", file=file, key=missing[0])
-        values = {name: data[name] for name in names}
-        if isinstance(values["args"], list):
-            values["args"] = tuple(values["args"])
+        values = {name: data[name] for name in names if name in data}
+        for name in WORD_LISTS:
+            if isinstance(values.get(name), list):
+                values[name] = tuple(values[name])
         try:
             return cls(**values)
         except TaskSpecError as exc:
@@ -182,6 +190,27 @@ def _args(value: object) -> str | None:
     return None
 
 
+WORD_LISTS = ("args", "resume_args", "run_env")
+
+
+def _env_names(value: object) -> str | None:
+    problem = _args(value)
+    if problem is None and isinstance(value, tuple) and not all(ENV_NAME.fullmatch(name) for name in value):
+        return "not a list of environment variable names"
+    return problem
+
+
+def _pattern(value: object) -> str | None:
+    problem = _text(value)
+    if problem is None:
+        try:
+            if re.compile(str(value)).groups < 1:
+                return "a pattern without a group for the step"
+        except re.error as exc:
+            return f"not a regular expression: {exc}"
+    return problem
+
+
 # Far beyond the largest training jobs (tens of thousands of GPUs); the watchdog and the
 # job's end go over every rank of it.
 MAX_WORLD_SIZE = 1 << 20
@@ -215,6 +244,8 @@ _CHECKS: dict[str, Check] = {
     "watchdog_first_step_s": _seconds, "watchdog_slow_node": _one_of(*SLOW_NODE_ACTIONS),
     "code_path": _optional(_absolute),
     "requeue_mode": _one_of("resubmit", "requeue"),
+    "resume_args": _args, "run_env": _env_names, "progress_pattern": _optional(_pattern),
+    "progress_total": _optional(_count(1)),
 }
 
 

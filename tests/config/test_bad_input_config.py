@@ -36,6 +36,11 @@ DS = "strategy: {name: deepspeed, zero_stage: 2}\nbatch: {micro_size: 2}\n"
 PYXIS = "container: {runtime: pyxis, image: 'nvcr.io#nvidia/pytorch:24.09-py3', mounts: [%s]}\n"
 
 
+def entry(entrypoint: str) -> str:
+    """EXP with `entrypoint:` in flow style."""
+    return EXP.replace("entrypoint: {script: train.py}", "entrypoint: " + entrypoint)
+
+
 def one_partition_site(extra: str) -> dict[str, str]:
     return {"site_configs/mysite.yaml": ONE_PARTITION_SITE + extra}
 
@@ -202,6 +207,29 @@ CASES = [
     Refused("env-bash-variable", {"exp.yaml": exp("env: {BASH_ENV: /tmp/x}\n")}, [], ["exp.yaml", "env.BASH_ENV"]),
     Refused("override-env-reserved", {"exp.yaml": EXP}, ["env.SLURM_NODEID=0"], ["command line", "env.SLURM_NODEID"]),
     # --- interpolation ---
+    Refused("run-value-unknown", {"exp.yaml": entry("{script: train.py, args: ['--out=${run:out}']}")},
+            [], ["exp.yaml", "entrypoint.args[0]", "${run:out} is not a run-scoped value",
+                 "dir, id, checkpoint_dir, restart"]),
+    Refused("run-value-unknown-in-env", {"exp.yaml": exp("env: {OUT: '${run:directory}/x'}\n")}, [],
+            ["exp.yaml", "env.OUT", "${run:directory} is not a run-scoped value"]),
+    Refused("run-value-where-none-is-filled-in", {"exp.yaml": QUIET_EXP + "hparams: {out: '${run:dir}'}\n"}, [],
+            ["exp.yaml:5: hparams.out", "filled in on the node at each start",
+             "only in entrypoint.args, entrypoint.resume_args and env values"]),
+    Refused("run-value-in-checkpoint-dir", {"exp.yaml": QUIET_EXP + "checkpoint: {dir: '${run:dir}/ck'}\n"}, [],
+            ["exp.yaml:5: checkpoint.dir", "filled in on the node at each start"]),
+    Refused("resume-args-not-a-list", {"exp.yaml": entry("{script: train.py, resume_args: --resume}")},
+            [], ["exp.yaml", "entrypoint.resume_args", "must be a list"]),
+    Refused("progress-without-pattern", {"exp.yaml": entry("{script: train.py, progress: {total: 5}}")},
+            [], ["exp.yaml", "entrypoint.progress.pattern"]),
+    Refused("progress-pattern-without-group",
+            {"exp.yaml": entry("{script: train.py, progress: {pattern: '^iter \\d+'}}")},
+            [], ["exp.yaml", "entrypoint.progress.pattern", "needs a group for the step"]),
+    Refused("progress-pattern-not-a-regex",
+            {"exp.yaml": entry("{script: train.py, progress: {pattern: '^iter (\\d+'}}")},
+            [], ["exp.yaml", "entrypoint.progress.pattern", "not a regular expression"]),
+    Refused("progress-total-zero",
+            {"exp.yaml": entry("{script: train.py, progress: {pattern: '(\\d+)', total: 0}}")},
+            [], ["exp.yaml", "entrypoint.progress.total"]),
     Refused("bad-interpolation", {"exp.yaml": exp("env: {A: '${nosuch.key}'}\n")}, [], ["exp.yaml", "env.A"]),
     Refused("interpolation-unclosed", {"exp.yaml": exp("env: {A: '${resources.nodes'}\n")}, [], ["exp.yaml", "env.A",
                                                                                                "unclosed"]),

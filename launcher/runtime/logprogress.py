@@ -1,0 +1,126 @@
+"""Progress read from rank 0's output, for a script that does not use glaunch's runtime.
+
+`entrypoint.progress: {pattern: '^iter (\\d+):', total: 5000}`: the batch host follows
+rank 0's log (what the script prints, as it prints it) and, for every line the pattern
+matches, takes its first group as the step rank 0 has reached. It writes that into rank
+0's heartbeat (launcher.runtime.heartbeats' record, the same file and format), as if the
+rank had beaten: so the console's status line, `glaunch status`, its ETA, and the
+watchdog read a script's own log lines exactly as they read the runtime's beats. The
+record says where it came from (``source: "log"``) and announces the rank
+(``announced_at``): a line that matched is evidence that the script reports its steps.
+
+Where the script does use the runtime, its own beats win: a heartbeat that the rank
+announced itself is never written over.
+
+What the script prints is untrusted: the follower reads a bounded amount per poll, cuts
+lines at MAX_LINE characters before matching, and takes a step only from digits.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from launcher.rundir.files import open_regular
+from launcher.rundir.layout import heartbeat_bytes, read_heartbeat
+
+MAX_LINE = 4096                 # characters of a line the pattern sees
+READ_PER_POLL = 1 << 20         # bytes read from the log per poll: a flood is caught up over polls
+MAX_STEP = 2**63 - 1
+
+
+@dataclass
+class LogProgress:
+    """Follows one log file from where it last read; `poll` returns the newest step seen."""
+
+    path: Path
+    pattern: re.Pattern[str]
+    offset: int = 0
+    partial: bytes = b""
+    step: int | None = None
+    step_time: float | None = None
+    first_step: int | None = None
+    first_time: float | None = None
+
+    @classmethod
+    def following(cls, path: str | os.PathLike[str], pattern: str) -> LogProgress:
+        return cls(Path(path), re.compile(pattern))
+
+    def poll(self, now: float | None = None) -> int | None:
+        """Read what the log gained since the last poll; the newest step any of its lines
+        gives (None while none has)."""
+        now = time.time() if now is None else now
+        chunk = self._read()
+        if not chunk:
+            return self.step
+        lines = (self.partial + chunk).split(b"\n")
+        self.partial = lines.pop()[-MAX_LINE:]
+        for raw in lines:
+            step = step_of(raw.decode("utf-8", errors="replace")[:MAX_LINE], self.pattern)
+            if step is not None:
+                self._take(step, now)
+        return self.step
+
+    def _take(self, step: int, now: float) -> None:
+        if self.first_step is None:
+            self.first_step, self.first_time = step, now
+        if self.step is None or step != self.step:
+            self.step, self.step_time = step, now
+
+    def _read(self) -> bytes:
+        try:
+            fd = open_regular(self.path)
+        except OSError:
+            return b""
+        with os.fdopen(fd, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size < self.offset:            # the log was replaced: read the new one from its start
+                self.offset, self.partial = 0, b""
+            f.seek(self.offset)
+            data = f.read(READ_PER_POLL)
+        self.offset += len(data)
+        return data
+
+
+def step_of(line: str, pattern: re.Pattern[str]) -> int | None:
+    """The step a line gives: the pattern's first group, when it is a whole number."""
+    match = pattern.search(line)
+    if match is None or pattern.groups < 1:
+        return None
+    text = (match.group(1) or "").strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 19:
+        return None
+    step = int(text)
+    return step if step <= MAX_STEP else None
+
+
+def beat_from_log(heartbeat: Path, progress: LogProgress, total: int | None, now: float | None = None) -> bool:
+    """Write rank 0's heartbeat from the log's progress, over the task's `starting` record
+    (keeping who the rank is: its pid, node, job and start). Nothing when no step was
+    seen yet or the rank announced itself through the runtime. Whether it wrote."""
+    if progress.step is None:
+        return False
+    record = read_heartbeat(heartbeat) or {}
+    if record.get("announced_at") is not None and record.get("source") != "log":
+        return False
+    now = time.time() if now is None else now
+    record.update(log_record(progress, total, now))
+    try:
+        fd = open_regular(heartbeat, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    with os.fdopen(fd, "r+b") as f:
+        data = heartbeat_bytes(record, os.fstat(f.fileno()).st_size)
+        os.pwrite(f.fileno(), data, 0)
+    return True
+
+
+def log_record(progress: LogProgress, total: int | None, now: float) -> dict[str, Any]:
+    return {"rank": 0, "state": "running", "source": "log", "step": progress.step, "total": total,
+            "time": progress.step_time, "first_step": progress.first_step, "first_time": progress.first_time,
+            "announced_at": progress.first_time, "written": now}
