@@ -14,7 +14,7 @@ from typing import Any
 
 from launcher.errors import ConfigError
 from launcher.config import schema
-from launcher.config.merge import merge_layer
+from launcher.config.merge import merge_layer, merge_layers
 from launcher.config.provenance import OVERRIDES, ConfigKeyError, Origin, Provenance, locating
 from launcher.config.schema import MAX_RUN_NAME, NAME_PATTERN, NAME_RULE, env_name_problem
 from launcher.config.typed import typed_config
@@ -101,8 +101,8 @@ def experiment_from_data(data: Mapping[str, Any], origin_of: Callable[[str], Ori
     provenance = Provenance(default_file=file)
     merged = merge_layer({}, data, provenance, origin_of)
     command_line = Origin(OVERRIDES)
-    for key, value in parse_overrides(overrides):
-        merged = merge_layer(merged, _nested(key, value), provenance, lambda _key: command_line)
+    merged = merge_layers(merged, [_nested(key, value) for key, value in parse_overrides(overrides)], provenance,
+                          lambda _key: command_line)
     exp: schema.Experiment = typed_config(schema.Experiment, merged, provenance, schema.EXPERIMENT_CHOICES)
     with locating(provenance):
         _check_experiment(exp)

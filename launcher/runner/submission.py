@@ -86,7 +86,7 @@ def _warn_unseen(prepared: Prepared, experiment, site: str | None, overrides: Se
     """`prepared`, with a warning for each override that changes nothing the job sees."""
     roots: dict = {}
     keys = unseen.unseen_overrides(list(items(overrides, "overrides")), lambda subset: _bundle_files(
-        experiment, site, subset, runs_dir, prepared.plan, roots))
+        experiment, site, subset, runs_dir, prepared.plan, roots), prepared.plan.site.get("env") or {})
     if not keys:
         return prepared
     warnings = prepared.warnings + tuple(unseen.warning(key, "overriding") for key in keys)
@@ -198,15 +198,19 @@ def take_over_warning(exp, plan, upstreams: Sequence[Any], *, dry_run: bool) -> 
 
 
 def checkpoint_warning(exp, plan) -> str | None:
-    """A run that may be requeued, from an experiment that sets nothing about checkpoints:
-    whether its script saves cannot be told before it runs, so say what a requeue does
-    to a script that never saves (`glaunch status` says it again if that happens)."""
-    if plan.requeue_max <= 0 or any(key == "checkpoint" or key.startswith("checkpoint.")
-                                    for key in exp.provenance.origins):
+    """A run that may be requeued, from an experiment that says nothing of how it resumes
+    (no checkpoint settings, no `entrypoint.resume_args`): whether its script saves cannot
+    be told before it runs, so say so, what a requeue does to a script that never saves,
+    and how to tell glaunch otherwise (`glaunch status` says it again if that happens)."""
+    if plan.requeue_max <= 0 or plan.entry_resume_args or any(
+            key == "checkpoint" or key.startswith("checkpoint.") for key in exp.provenance.origins):
         return None
     entry = plan.submitted_script or plan.entry_module
-    return (f"{exp.path}: no checkpoint settings and requeue.max={plan.requeue_max}: unless {entry} saves and "
-            "resumes checkpoints (rt.save_torch_state, rt.resume_checkpoint), each requeue restarts it from step 0")
+    return (f"{exp.path}: no checkpoint settings and requeue.max={plan.requeue_max}: glaunch cannot tell before it "
+            f"runs whether {entry} saves and resumes. If it uses glaunch's runtime (rt.save_torch_state, "
+            "rt.resume_torch_state), or resumes by itself and entrypoint.resume_args says how (e.g. "
+            "[\"--init_from=resume\"]), a requeue goes on from its checkpoint; otherwise each requeue restarts it "
+            "from step 0")
 
 
 def path_sources(exp, loaded_site, runs_dir: str | None):

@@ -145,7 +145,8 @@ def _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, 
     swept = unseen.unseen_axes(axes, first, lambda element: _bundle_files(experiment, element, overrides,
                                                                           loaded_site, ctxs[0], roots, conn))
     overridden = unseen.unseen_overrides(overrides, lambda subset: _bundle_files(experiment, first, subset,
-                                                                                 loaded_site, ctxs[0], roots, conn))
+                                                                                 loaded_site, ctxs[0], roots, conn),
+                                         loaded_site.config.env)
     return PreparedSweep(sweep_id, sweep_dir, tuple(elements), tuple(prepared), tuple(axes), max_parallel,
                          str(exp0.path), tuple(upstreams), remote=conn, unseen=swept, unseen_overrides=overridden)
 
