@@ -52,7 +52,8 @@ API
                             run_dir, checkpoint_dir, checkpoint_every, restart, job_id, is_main, ...)
 ``init_distributed()``      init torch.distributed from it (also stand-alone); returns the context
 ``shutdown_distributed()``  barrier + destroy_process_group: every rank, before returning
-``install_stop_handler()``  handle GLAUNCH_STOP_SIGNALS (replaces earlier handlers, e.g. submitit's)
+``install_stop_handler()``  handle GLAUNCH_STOP_SIGNALS (replaces earlier handlers, e.g. submitit's);
+                            also tells the watchdog this rank reports its steps (its first-step bound arms)
 ``should_stop()``           collective all_reduce(MAX) of the stop flags: same answer on all ranks
 ``stop_signal()`` / ``received_signal()``  which signal asked for the stop (agreed / this rank's)
 ``request_stop()`` / ``reset_stop()``      set / clear the flag from code

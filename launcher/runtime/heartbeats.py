@@ -10,7 +10,8 @@ it also replaces ``<run dir>/heartbeats/rank-RRRRR.json``::
      "time": 1733230000.12, "first_step": 101, "first_time": ..., "step_s": 0.41,
      "checkpoint_step": 100, "state": "running", "written": ..., "interval_s": 5.0,
      "pid": 5120, "host": "gpu012.cluster", "job_step": "0", "world_size": 16,
-     "step_p99_s": 0.52, "steps_timed": 19, "save_s": 31.5, "busy_s": 0.38, "busy_count": 19, ...}
+     "step_p99_s": 0.52, "steps_timed": 19, "save_s": 31.5, "busy_s": 0.38, "busy_count": 19,
+     "announced_at": 1733229990.3, ...}
 
 ``state``: ``starting`` (written by the task before the entry point runs, so the watchdog
 knows every rank before its first step), ``running``, ``saving`` (a checkpoint save that
@@ -18,6 +19,14 @@ holds up the loop, :func:`saving`; ``saving_since`` when it began, ``save_ended`
 last one ended), ``stopping`` (the save of an agreed stop), ``stopped``, ``finished``.
 The batch host's watchdog (:mod:`launcher.runtime.watchdog`) reads these files, and its
 bounds from the job's task.json.
+
+``announced_at``: when the script itself said it reports its steps through the runtime
+(:func:`announce`): it installed the stop handler (whose flag only should_stop reads),
+made glaunch's Lightning callback, or reached its first step. Until a rank of the start
+has announced, the watchdog has no evidence to judge by: an unchanged torchrun or
+Lightning script never beats, and the ``starting`` record the task writes for every rank
+says nothing of the script. ``init_distributed`` alone does not announce: a script may take
+its process group from the runtime and never report a step.
 
 ``time`` is when the rank reached ``step`` (not when the file was written), so a rank
 that hangs leaves a file that ages while its peers' files move on: no collective is
@@ -127,6 +136,7 @@ class Beats:
         self.busy: deque[float] = deque(maxlen=BUSY_WINDOW)
         self.busy_count = 0
         self.stop_decided: float | None = None
+        self.announced_at: float | None = None   # when the script said it reports its steps (announce)
         self.state = "running"
         self._random = random.Random(rank)
         self._fd: int | None = None
@@ -149,6 +159,8 @@ class Beats:
         if previous is None and self.local_rank == 0 and self.run_dir is not None:
             # At the first step the script has imported what it trains with.
             versions.record(self.run_dir, self.job_id or "none", self.restart, self.node_index, self.node)
+        if self.announced_at is None:         # a step is an announcement too
+            self.announced_at = now
         if previous is None or step < previous or self.time is None:
             self.first_step, self.first_time = step, now     # the first step, or the loop went back
         elif self._timed(now - self.time, previous, step):
@@ -200,7 +212,7 @@ class Beats:
                 "checkpoint_step": self.checkpoint_step, "state": self.state, "written": time.time(),
                 "interval_s": self.interval_s, "host": self.host, "job_step": self.job_step,
                 "world_size": self.world_size, "saving_since": self.saving_since,
-                "save_ended": self.save_ended, **self.pace()}
+                "save_ended": self.save_ended, "announced_at": self.announced_at, **self.pace()}
 
     def pace(self) -> dict[str, Any]:
         """What the watchdog's auto bound and slow-node report read (see the module's
@@ -389,6 +401,16 @@ def note_stop_decided() -> None:
         beats.write()
 
 
+def announce() -> None:
+    """This rank's script reports its steps through the runtime: from now on the watchdog
+    may hold the start to its first-step bound. The heartbeat is written at once, so a
+    script that hangs before its first step is still seen."""
+    beats = current()
+    if beats.announced_at is None:
+        beats.announced_at = time.time()
+        beats.write()
+
+
 def starting() -> Beats:
     """The task, before the entry point runs: this rank's record (pid, node, job step) for
     the watchdog, before its first step."""
@@ -522,7 +544,7 @@ def _checks(world_size: int, now: float | None) -> dict[str, tuple[bool, Callabl
         "pid": (True, _whole(1, MAX_PID)), "job_step": (True, _text),
         "step": (True, step), "total": (True, step), "first_step": (True, step), "checkpoint_step": (True, step),
         "time": (True, when), "first_time": (True, when), "written": (True, when), "saving_since": (True, when),
-        "save_ended": (True, when), "interval_s": (True, _seconds_within(MAX_INTERVAL_S)),
+        "save_ended": (True, when), "announced_at": (True, when), "interval_s": (True, _seconds_within(MAX_INTERVAL_S)),
         "step_s": (True, _step_time), "step_p99_s": (True, _step_time), "busy_s": (True, _step_time),
         "steps_timed": (True, _whole(0, MAX_STEP)), "busy_count": (True, _whole(0, MAX_STEP)),
         "save_s": (True, _seconds_within(MAX_STEP_S)),

@@ -272,6 +272,8 @@ class GlaunchCallback(_callback_base()):  # type: ignore[misc]
         self.last_saved: Checkpoint | None = None
         self._resolved = False
         self._checked_step = -1
+        # The callback reports every optimizer step (should_stop): the watchdog may watch this rank.
+        heartbeats.announce()
 
     # -- resume
     def resume_path(self) -> str | None:

@@ -38,7 +38,17 @@ def install_stop_handler(signals: list[str] | tuple[str, ...] | None = None) -> 
     SIGTERM handler): ours wins, the old ones are kept only for :func:`uninstall_stop_handler`.
     Must run in the main thread; elsewhere it logs a warning and installs nothing.
     Returns the names of the signals now handled (e.g. ``("SIGUSR2", "SIGTERM")``).
+
+    The script's call also tells the watchdog that this rank reports its steps (the flag is
+    read only by :func:`should_stop`, the loop's heartbeat): :func:`heartbeats.announce`.
     """
+    heartbeats.announce()
+    return take_stop_signals(signals)
+
+
+def take_stop_signals(signals: list[str] | tuple[str, ...] | None = None) -> tuple[str, ...]:
+    """:func:`install_stop_handler` without the announcement: the task's own call, before
+    the script runs, says nothing of the script."""
     names = tuple(signals) if signals is not None else context().stop_signals
     sigs = [_resolve(n) for n in names]
     if threading.current_thread() is not threading.main_thread():

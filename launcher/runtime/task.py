@@ -29,13 +29,15 @@ import signal
 import sys
 from typing import Any, Mapping
 
-from launcher.rundir import envnames, launch
-from launcher.rundir.files import atomic_write_text, read_json
+from launcher.errors import RunError
+from launcher.rundir import envnames, launch, runvalues
+from launcher.rundir.files import atomic_write_text, read_json, read_record
 from launcher.rundir.layout import RunDir
+from launcher.rundir.records import RunRecord
 from launcher.rundir.taskspec import TaskSpec, read_task_spec
 from launcher.runtime import heartbeats, stacks
 from launcher.runtime.rankcontext import context, node_name
-from launcher.runtime.stop import install_stop_handler
+from launcher.runtime.stop import take_stop_signals
 
 # The signal Slurm sends `requeue.signal_lead_s` before the time limit (see render.py).
 WARNING_SIGNAL = signal.SIGUSR2
@@ -60,6 +62,8 @@ class TrainingTask:
             spec = read_task_spec(self.run_dir)
             os.environ.setdefault(envnames.RUN_DIR, spec.run_dir)
             os.environ.setdefault(envnames.RUN_ID, spec.run_id)
+            # ${run:...} in env values, for this start (under torchrun its workers inherit them).
+            runvalues.fill_environment(os.environ, spec.run_env)
             for name, value in flight_recorder_environment(spec.run_dir, os.environ).items():
                 os.environ.setdefault(name, value)
             if spec.launcher == "torchrun":
@@ -79,11 +83,11 @@ class TrainingTask:
                                            spec.world_size, spec.ranks_per_node))
         # A warning that comes before the script installs its own handler must still
         # count (not reach submitit's handler, which requeues on its own terms).
-        install_stop_handler()
+        take_stop_signals()
         stacks.arm_stack_dump(spec.run_dir, job.global_rank)
         heartbeats.starting()
         _log(f"rank {job.global_rank}/{spec.world_size} on {node_name()}: "
-             f"python {' '.join(launch.entry_words(spec))}")
+             f"python {' '.join(launch.entry_words(spec, start_args(spec)))}")
         return run_entry(spec)
 
     # --- torchrun: this process is the node's agent -----------------------------------
@@ -101,7 +105,7 @@ class TrainingTask:
         if launch.spelling("--signals-to-handle", accepted) is None:
             _log(f"torch {torch.__version__}: torchrun has no --signals-to-handle; on SIGTERM (preemption) "
                  "its agent stops the workers itself, and the start ends as a failure")
-        entry = launch.entry_words(spec)
+        entry = launch.entry_words(spec, start_args(spec))
         os.environ.update(snapshot_environment(spec, os.environ))
         _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + entry)}")
         for signum in (WARNING_SIGNAL, signal.SIGTERM, stacks.DUMP_SIGNAL):
@@ -186,20 +190,43 @@ def snapshot_environment(spec: TaskSpec, environ: Mapping[str, str]) -> dict[str
     return out
 
 
+def start_args(spec: TaskSpec) -> list[str]:
+    """The entry point's arguments for this start: its run-scoped values filled in, and
+    `resume_args` after the run's first start (launcher.rundir.runvalues)."""
+    values = runvalues.start_values(os.environ)
+    return runvalues.start_args(spec.args, spec.resume_args, values,
+                                follows_earlier_start(spec.run_dir, os.environ))
+
+
+def follows_earlier_start(run_dir: str, environ: Mapping[str, str]) -> bool:
+    """Whether an earlier start of the run came before this one: a restart, requeue or
+    resubmission (a start number above 0), or a `glaunch resume`, whose first start is
+    number 0 of a new job, after the starts run.json already holds."""
+    if environ.get(envnames.RESTART, "0") != "0":
+        return True
+    try:
+        record = read_record(RunDir(run_dir).run_file, RunRecord.from_dict, "run record")
+    except RunError:
+        return False
+    this_job = environ.get(envnames.JOB_ID)
+    return any(start.job_id != this_job or start.restart != 0 for start in record.starts)
+
+
 def run_entry(spec: TaskSpec) -> int:
     """Run the script or module as `__main__` in this process, with its own argv."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
+    args = start_args(spec)
     # With a code snapshot its copy of the working directory is searched first, so no
     # module edited in the work tree after submit is imported.
     code_path = spec.code_path
     try:
         if spec.module is not None:
-            sys.argv = [spec.module, *spec.args]
+            sys.argv = [spec.module, *args]
             sys.path[:0] = [code_path] if code_path else [os.getcwd()]
             runpy.run_module(spec.module, run_name="__main__", alter_sys=True)
         else:
             script = str(spec.script)
-            sys.argv = [script, *spec.args]
+            sys.argv = [script, *args]
             sys.path[:0] = [os.path.dirname(script)] + ([code_path] if code_path else [])
             runpy.run_path(script, run_name="__main__")
     except SystemExit as exc:

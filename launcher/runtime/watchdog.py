@@ -8,9 +8,19 @@ it last finished a step, its pid, node and job step; the job's task.json
 (launcher.rundir.taskspec) gives the bounds (``watchdog.stall_s``,
 ``watchdog.first_step_s``) and the number of ranks.
 
-A start hangs when no rank has finished a step for ``stall_s`` (a record's ``time`` plus
+The watchdog acts only on evidence it has. A start is watched once a rank of it has
+announced that its script reports its steps through the runtime (the heartbeat's
+``announced_at``: launcher.runtime.heartbeats.announce) or has reported one; until then
+nothing ends it: an unchanged torchrun or Lightning script never beats, and the
+``starting`` record the task writes for every rank says nothing of the script.
+``watchdog.stall_s: 0`` turns every bound off, the first step's included. :func:`armed_at`
+is the decision, pure; :func:`watch_entry` what run.json (and so `glaunch status`) says
+of it: ``off``, ``not watched`` and why, or the bound in force.
+
+A watched start hangs when no rank has finished a step for ``stall_s`` (a record's ``time`` plus
 its ``interval_s``: a rank writes at most that often, so it may have stepped that much
-later), or no rank has reached its first step ``first_step_s`` after the start began. A
+later), or no rank has reached its first step ``first_step_s`` after the first rank
+announced itself (not before the start began). A
 checkpoint save in progress (heartbeat state ``saving``, or ``stopping``: the save a stop
 makes) is not a stall: it has its own bound, SAVE_BOUND_FACTOR times ``stall_s`` and at
 least SAVE_BOUND_MIN_S, because a save that never ends (a hung filesystem, a collective in
@@ -37,8 +47,10 @@ with the median of its peers'; a rank above SLOW_RATIO in SLOW_WINDOWS windows r
 slow, named with its node. Nothing is added to the training loop: no collective, no I/O.
 
 The bounds in force and the slow ranks go into the start's entry of run.json
-(``watchdog``: {"stall_s", "bound_s", "save_bound_s", "basis", "step_p99_s", "save_s",
-"slow": [{"rank", "node", "ratio", "busy_s", "peers_busy_s", "named_at"}]}) when they
+(``watchdog``: {"state": "watching", "in_force": "first_step" | "stall", "first_step_s",
+"watched_since", "stall_s", "bound_s", "save_bound_s", "basis", "step_p99_s", "save_s",
+"slow": [{"rank", "node", "ratio", "busy_s", "peers_busy_s", "named_at"}]}; unwatched:
+{"state": "off" | "not watched", "why", "slow": []}, no bound) when they
 change (a bound by more than RECORD_CHANGE), so `glaunch status` shows them while the
 start runs. With ``watchdog.slow_node: exclude`` the start's end adds a slow node to the
 run's excluded nodes (launcher.runtime.jobend), as for a node a crash points at; and where
@@ -124,7 +136,8 @@ class Limits:
 
     @property
     def off(self) -> bool:
-        return self.stall_s <= 0 and self.first_step_s <= 0
+        """watchdog.stall_s: 0 turns every bound off (auto's initial bound is never 0)."""
+        return self.stall_s <= 0
 
     @property
     def save_s(self) -> float:
@@ -169,6 +182,33 @@ def bounds_in_force(records: Mapping[int, Mapping[str, Any]], limits: Limits) ->
         return Bounds(limits.stall_s, save, limits.first_step_s, "initial", None, last_save)
     p99 = max(warm)
     return Bounds(max(limits.floor_s, AUTO_STALL_FACTOR * p99), save, limits.first_step_s, "steps", p99, last_save)
+
+
+def armed_at(records: Mapping[int, Mapping[str, Any]]) -> float | None:
+    """Pure: when the watch of this start began, from these heartbeats of it: the first
+    rank's announcement (``announced_at``) or step, whichever came first; None while no
+    rank has given either, and nothing may end the start."""
+    times = [t for r in records.values() for key in ("announced_at", "first_time", "time")
+             if (t := _seconds(r.get(key))) is not None]
+    return min(times, default=None)
+
+
+NOT_WATCHED = "no rank uses glaunch's runtime"
+STALL_OFF = "watchdog.stall_s is 0"
+
+
+def watch_entry(records: Mapping[int, Mapping[str, Any]], limits: Limits, bounds: Bounds) -> dict[str, Any]:
+    """Pure: what the start's run.json entry says of the watch (what `glaunch status`
+    shows): off, not watched and why, or the bound in force (the first step's until a
+    rank has stepped) and those that follow; never a bound that is not enforced."""
+    if limits.off:
+        return {"state": "off", "why": STALL_OFF}
+    since = armed_at(records)
+    if since is None:
+        return {"state": "not watched", "why": NOT_WATCHED}
+    stepped = any(_step(r) is not None for r in records.values())
+    return {"state": "watching", "in_force": "stall" if stepped else "first_step",
+            "first_step_s": bounds.first_step_s, "watched_since": iso(since), **bounds.to_dict(limits.auto)}
 
 
 def _seconds(value: Any) -> float | None:
@@ -220,7 +260,7 @@ class Hang:
 
     def describe(self) -> str:
         what = {"stall": f"no rank finished a step for {self.bound_s:g} s",
-                "first_step": f"no first step {self.bound_s:g} s after the start began",
+                "first_step": f"no first step {self.bound_s:g} s after the runtime began",
                 "save": f"a checkpoint save still running after {self.bound_s:g} s"}[self.kind]
         if len(self.silent) == self.ranks:
             steps = sorted({s.step for s in self.silent}, key=lambda s: -1 if s is None else s)
@@ -240,6 +280,7 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
 
     `records`: each rank's last heartbeat of this start; `started`: when the start began;
     `world_size`: its ranks (a rank without a record has not reached its first step).
+    Not judged before a rank announced itself or stepped (:func:`armed_at`): no evidence.
     Hung only when every rank is past its bound: a rank still stepping, or still within
     its first-step or save bound, means the start is alive. A rank that stopped or
     finished means the start is ending: not judged. `bounds`: those in force (default:
@@ -247,10 +288,11 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
     """
     if limits.off or any(_state(r) in DONE_STATES for r in records.values()):
         return None
+    armed = armed_at(records)
+    if armed is None:
+        return None
     bounds = bounds_in_force(records, limits) if bounds is None else bounds
     ranks = set(records) | set(range(world_size or 0))
-    if not ranks:
-        return None
     kinds = set()
     for rank in ranks:
         record = records.get(rank, {})
@@ -262,7 +304,7 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
             since = max(last, save_ended) + (_seconds(record.get("interval_s")) or 0.0)
             bound, kind = bounds.stall_s, "stall"
         else:
-            since, bound, kind = max(started, save_ended), bounds.first_step_s, "first_step"
+            since, bound, kind = max(started, armed, save_ended), bounds.first_step_s, "first_step"
         if bound <= 0 or now - since < bound:
             return None
         kinds.add(kind)
@@ -424,6 +466,7 @@ class Watch:
         self.swap: dict[str, Any] | None = None     # the slow node this watch stopped the start to leave out
         self.left_out: list[str] | None = None     # the nodes earlier restarts in this allocation left out
         self.said: dict[Path, str] = {}     # each skipped file's problem, said once (not at every poll)
+        self.unread = False                 # task.json could not be read: off, and nothing to record
         if self.limits is None:
             self._read_spec()
 
@@ -432,13 +475,17 @@ class Watch:
             spec = read_task_spec(self.run_dir)
         except TaskSpecError as exc:
             log(f"off: {exc}")
-            self.limits = Limits(0, 0)
+            self.limits, self.unread = Limits(0, 0), True
             return
         self.limits = Limits.of(spec)
         self.world_size = self.world_size or spec.world_size
 
     def check(self) -> Hang | None:
-        if self.limits is None or self.limits.off:
+        if self.limits is None:
+            return None
+        if self.limits.off:
+            if not self.unread:
+                self._note({})
             return None
         now = self.clock()
         self.records = {}
@@ -456,16 +503,18 @@ class Watch:
             self.records[rank] = checked
         self.bounds = bounds_in_force(self.records, self.limits)
         self.slow.observe(self.records, now)
-        self._note()
+        self._note(self.records)
         return find_hang(self.records, now=now, started=self.started, limits=self.limits,
                          world_size=self.world_size, bounds=self.bounds)
 
-    def _note(self) -> None:
-        """The bounds in force and the slow ranks into this start's entry of run.json, when
-        they changed (a bound by more than RECORD_CHANGE)."""
-        if self.bounds is None or self.limits is None:
+    def _note(self, records: Mapping[int, Mapping[str, Any]]) -> None:
+        """What the watch is (watch_entry: off, not watched, the bounds in force) and the
+        slow ranks into this start's entry of run.json, when they changed (a bound by more
+        than RECORD_CHANGE)."""
+        if self.limits is None:
             return
-        entry = {**self.bounds.to_dict(self.limits.auto), "slow": self.slow.to_list(),
+        bounds = self.bounds or bounds_in_force(records, self.limits)
+        entry = {**watch_entry(records, self.limits, bounds), "slow": self.slow.to_list(),
                  **({"swap": self.swap} if self.swap else {})}
         if not _changed(self.noted, entry):
             return
@@ -520,7 +569,7 @@ class Watch:
         self.swap = {"node": slow.node, "rank": slow.rank, "spare": spare, "asked_at": iso(self.clock())}
         log(f"rank {slow.rank} on {slow.node} is slow and {spare} is a spare: the ranks save and stop, and the "
             f"next step runs on {spare} instead")
-        self._note()
+        self._note(self.records)
         ranks.signal(STOP_SIGNAL)
 
     def act(self, hang: Hang, ranks: Ranks) -> Hang:
@@ -545,9 +594,10 @@ class Watch:
 
 
 def _changed(noted: Mapping[str, Any] | None, entry: Mapping[str, Any]) -> bool:
-    if noted is None or any(noted.get(k) != entry.get(k) for k in ("basis", "slow", "stall_s", "swap")):
+    if noted is None or any(noted.get(k) != entry.get(k)
+                            for k in ("state", "in_force", "first_step_s", "basis", "slow", "stall_s", "swap")):
         return True
-    return any(abs(float(entry[k]) - float(noted[k])) > RECORD_CHANGE * float(noted[k])
+    return any(k in entry and abs(float(entry[k]) - float(noted[k])) > RECORD_CHANGE * float(noted[k])
                for k in ("bound_s", "save_bound_s"))
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from launcher.rundir.layout import HEARTBEAT_BYTES, heartbeat_bytes, read_heartbeat
 from launcher.runtime import heartbeats, stop
+from launcher.runtime.heartbeats import checked_heartbeat
 
 
 class CountingBeats(heartbeats.Beats):
@@ -214,3 +215,46 @@ def test_what_the_watchdog_reads_starting_saving_stopping(tmp_path, monkeypatch)
     assert data["state"] == "running" and data["saving_since"] is None and data["checkpoint_step"] == 1
     heartbeats.note_stop_decided()
     assert read_heartbeat(path)["state"] == "stopping"
+
+
+def test_a_rank_announces_itself_when_its_script_uses_the_runtime_not_before(tmp_path, monkeypatch):
+    """The task's own record and its own stop handler say nothing of the script; the
+    script's install_stop_handler, glaunch's Lightning callback or a first step do, and the
+    heartbeat says so at once (the watchdog's evidence: launcher.runtime.watchdog.armed_at)."""
+    monkeypatch.setattr(heartbeats, "began", lambda ctx: None)    # no GPU sampler, no atexit here
+    monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("GLAUNCH_JOB_ID", "77")
+    path = tmp_path / "heartbeats" / "rank-00000.json"
+    heartbeats.starting()
+    stop.take_stop_signals()                      # the task's call, before the script runs
+    assert read_heartbeat(path)["announced_at"] is None
+    before = time.time()
+    stop.install_stop_handler()                   # the script's
+    announced = read_heartbeat(path)["announced_at"]
+    assert before <= announced <= time.time() and read_heartbeat(path)["step"] is None
+    stop.install_stop_handler()
+    heartbeats.heartbeat(1)
+    assert read_heartbeat(path)["announced_at"] == announced      # the first announcement stays
+    stop.uninstall_stop_handler()
+
+
+def test_a_first_step_is_an_announcement_and_a_bad_one_is_refused(tmp_path):
+    b = beats(tmp_path)
+    b.beat(1)
+    data = read_heartbeat(tmp_path / "heartbeats" / "rank-00003.json")
+    assert data["announced_at"] == data["time"] == data["first_time"]
+    assert checked_heartbeat(data, world_size=4, now=data["time"])["announced_at"] == data["time"]
+    for bad in ("soon", float("inf"), -1, True, data["time"] + 10**6):
+        with pytest.raises(ValueError, match="announced_at"):
+            checked_heartbeat(dict(data, announced_at=bad), world_size=4, now=data["time"])
+
+
+def test_glaunch_s_lightning_callback_announces_the_rank(tmp_path, monkeypatch):
+    pytest.importorskip("lightning")
+    from launcher.runtime.lightning import GlaunchCallback
+
+    monkeypatch.setattr(heartbeats, "began", lambda ctx: None)
+    monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("GLAUNCH_JOB_ID", "77")
+    GlaunchCallback()
+    assert read_heartbeat(tmp_path / "heartbeats" / "rank-00000.json")["announced_at"] is not None

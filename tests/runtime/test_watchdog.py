@@ -12,7 +12,9 @@ import time
 
 import pytest
 
+from launcher.rundir import registry
 from launcher.rundir.layout import RunDir, heartbeat_bytes
+from launcher.rundir.records import RunRecord
 from launcher.rundir.taskspec import TaskSpec, write_task_spec
 from launcher.runtime.heartbeats import checked_heartbeat
 from launcher.runtime.stacks import write_stacks
@@ -20,11 +22,14 @@ from launcher.runtime.watchdog import (
     SAVE_BOUND_MIN_S,
     Limits,
     Watch,
+    armed_at,
     blamed_node,
+    bounds_in_force,
     find_hang,
     hang_in,
     own_records,
     silent_ranks,
+    watch_entry,
 )
 
 T0 = 1_700_000_000.0
@@ -53,11 +58,78 @@ def test_a_stall_counts_from_the_last_step_a_rank_may_have_made_unwritten():
 
 
 def test_first_step_bound_from_the_start_and_ranks_without_a_record():
-    records = {0: beat(0, None, None, state="starting")}
+    records = {0: beat(0, None, None, announced_at=T0 - 5)}
     assert find_hang(records, now=T0 + 299, started=T0, limits=LIMITS, world_size=2) is None
     hang = find_hang(records, now=T0 + 300, started=T0, limits=LIMITS, world_size=2)
     assert hang.kind == "first_step" and [s.rank for s in hang.silent] == [0, 1]
+    assert "no first step 300 s after the runtime began" in hang.describe()
     assert find_hang(records, now=T0 + 10**6, started=T0, limits=Limits(60, 0), world_size=2) is None
+
+
+A_WEEK = 7 * 86400.0
+STARTING = beat(0, None, None, state="starting")       # what the task writes for every rank
+
+
+# (heartbeats of the start, seconds after it began, limits, the hang's kind or None). The
+# watchdog judges only once a rank announced that it reports its steps (or stepped).
+@pytest.mark.parametrize("records,after,limits,kind", [
+    ({}, A_WEEK, LIMITS, None),                                           # no heartbeat at all
+    ({0: STARTING, 1: dict(STARTING, rank=1)}, A_WEEK, LIMITS, None),    # the task's, not the script's
+    ({0: beat(0, None, None, announced_at=T0)}, 299, LIMITS, None),
+    ({0: beat(0, None, None, announced_at=T0)}, 300, LIMITS, "first_step"),
+    # Counted from the first announcement, not the start: a script may load data for long.
+    ({0: beat(0, None, None, announced_at=T0 + 3000)}, 3299, LIMITS, None),
+    ({0: beat(0, None, None, announced_at=T0 + 3000)}, 3300, LIMITS, "first_step"),
+    ({0: beat(0, None, None, announced_at=T0 + 100), 1: beat(1, None, None, announced_at=T0 + 200)}, 400,
+     LIMITS, "first_step"),
+    # A step without announced_at (a heartbeat written before the field existed): evidence.
+    ({0: beat(0, 5, T0 + 10), 1: beat(1, 5, T0 + 10)}, 74, LIMITS, None),
+    ({0: beat(0, 5, T0 + 10), 1: beat(1, 5, T0 + 10)}, 75, LIMITS, "stall"),
+    # stall_s: 0 turns the first-step bound off too.
+    ({0: beat(0, None, None, announced_at=T0)}, A_WEEK, Limits(0, 300), None),
+    ({0: beat(0, 5, T0 + 10)}, A_WEEK, Limits(0, 300), None),
+    # first_step_s: 0: no bound before the first step, the stall bound after it.
+    ({0: beat(0, None, None, announced_at=T0)}, A_WEEK, Limits(60, 0), None),
+], ids=["none", "starting-only", "announced-within", "announced-past", "late-announcement-within",
+        "late-announcement-past", "first-announcement-counts", "stepped-old-record-within", "stepped-old-record", "stall-0-announced",
+        "stall-0-stepped", "first-step-0"])
+def test_the_watchdog_acts_only_on_evidence(records, after, limits, kind):
+    hang = find_hang(records, now=T0 + after, started=T0, limits=limits, world_size=2)
+    assert (hang.kind if hang else None) == kind
+
+
+@pytest.mark.parametrize("records,expected", [
+    ({}, None),
+    ({0: STARTING}, None),
+    ({0: beat(0, None, None, announced_at=T0 + 7), 1: beat(1, None, None, announced_at=T0 + 3)}, T0 + 3),
+    ({0: beat(0, 4, T0 + 9, first_time=T0 + 2)}, T0 + 2),
+    ({0: beat(0, None, None, announced_at=float("nan"))}, None),
+    ({0: beat(0, None, None, announced_at="soon")}, None),
+])
+def test_the_watch_is_armed_by_the_first_announcement_or_step(records, expected):
+    assert armed_at(records) == expected
+
+
+AUTO = Limits(stall_s=600, first_step_s=1800, auto=True, floor_s=60)
+
+
+# (heartbeats, limits, what run.json says of the watch): never a bound that is not enforced.
+@pytest.mark.parametrize("records,limits,expected", [
+    ({0: STARTING}, Limits(0, 1800), {"state": "off", "why": "watchdog.stall_s is 0"}),
+    ({0: STARTING}, AUTO, {"state": "not watched", "why": "no rank uses glaunch's runtime"}),
+    ({}, LIMITS, {"state": "not watched", "why": "no rank uses glaunch's runtime"}),
+    ({0: beat(0, None, None, announced_at=T0)}, AUTO,
+     {"state": "watching", "in_force": "first_step", "first_step_s": 1800, "bound_s": 600, "basis": "initial"}),
+    ({0: beat(0, None, None, announced_at=T0), 1: beat(1, 3, T0 + 5)}, LIMITS,
+     {"state": "watching", "in_force": "stall", "first_step_s": 300, "bound_s": 60, "basis": "fixed"}),
+], ids=["off", "not-watched", "no-heartbeats", "first-step", "stepping"])
+def test_what_run_json_says_of_the_watch(records, limits, expected):
+    entry = watch_entry(records, limits, bounds_in_force(records, limits))
+    assert {k: entry.get(k) for k in expected} == expected
+    if expected["state"] != "watching":
+        assert set(entry) == {"state", "why"}             # no bound: none is in force
+    else:
+        assert entry["watched_since"].startswith("2023-11-14T22:13:20")
 
 
 def test_a_save_has_its_own_bound():
@@ -76,7 +148,7 @@ def test_after_a_save_the_bounds_count_from_its_end():
     hang = find_hang(records, now=T0 + 565, started=T0 - 100, limits=LIMITS)
     assert hang is not None and hang.kind == "stall"
     # A save before the first step (a universal copy made at resume): the first-step bound too.
-    records = {0: beat(0, None, None, save_ended=T0 + 400)}
+    records = {0: beat(0, None, None, save_ended=T0 + 400, announced_at=T0)}
     assert find_hang(records, now=T0 + 699, started=T0, limits=LIMITS, world_size=1) is None
     assert find_hang(records, now=T0 + 700, started=T0, limits=LIMITS, world_size=1).kind == "first_step"
 
@@ -141,11 +213,25 @@ def test_the_watch_takes_its_bounds_and_ranks_from_task_json(tmp_path):
     path = RunDir(tmp_path).heartbeat(0)
     path.parent.mkdir()
     path.write_bytes(heartbeat_bytes(beat(0, None, None, state="starting")))
-    clock[0] = T0 + 299
-    assert watch.check() is None
-    clock[0] = T0 + 300           # rank 1 never wrote: the first-step bound holds for it too
+    clock[0] = T0 + 10**6         # the task's record alone: no evidence, no judgement
+    assert watch.check() is None and watch.noted["state"] == "not watched"
+    path.write_bytes(heartbeat_bytes(beat(0, None, None, announced_at=T0 + 10**6)))
+    clock[0] = T0 + 10**6 + 299
+    assert watch.check() is None and watch.noted["in_force"] == "first_step"
+    clock[0] = T0 + 10**6 + 300   # rank 1 never wrote: the first-step bound holds for it too
     hang = watch.check()
     assert hang.kind == "first_step" and [s.rank for s in hang.silent] == [0, 1]
+
+
+def test_stall_s_0_is_recorded_as_off_and_ends_nothing(tmp_path):
+    write_task_spec(tmp_path, spec(tmp_path, watchdog_stall_s=0.0, watchdog_first_step_s=300.0))
+    record = RunRecord(run_id="r")
+    record.record_start("7", 0, state="RUNNING")
+    registry.write(tmp_path, record)
+    watch = Watch(tmp_path, "7", 0, started=T0, clock=lambda: T0 + 10**6)
+    assert watch.off and watch.check() is None
+    assert registry.read(tmp_path).start("7", 0).get("watchdog") == {"state": "off", "why": "watchdog.stall_s is 0",
+                                                                     "slow": []}
 
 
 def test_no_bounds_or_no_task_json_means_no_watch(tmp_path, capsys):

@@ -196,3 +196,80 @@ def test_a_rank_half_as_slow_again_is_named_with_its_node_and_equal_ranks_are_no
     assert f"    slow: rank 1 on {start['nodes']}, busy {named['ratio']:.2f}x its peers' time a step" in text, text
     assert json.loads(status_of(slow_dir, env, "--json"))["starts"][0]["watchdog"]["slow"] == [named]
     print(f"slow rank named {after:.1f} s after the first step (ratio {named['ratio']:.2f})")
+
+
+# A script that knows nothing of glaunch: prints now and then, never a heartbeat.
+PLAIN_SCRIPT = '''
+import sys, time
+for second in range(int(sys.argv[1])):
+    print(f"still here after {second} s", flush=True)
+    time.sleep(1)
+'''
+
+# A script that uses glaunch's runtime and hangs before its first step on the first start
+# only; the retry steps and ends.
+STUCK_SCRIPT = '''
+import os, time
+from launcher import runtime as rt
+
+rt.install_stop_handler()
+if os.environ["GLAUNCH_RESTART"] == "0":
+    time.sleep(10**6)
+for step in range(1, 4):
+    rt.should_stop(step=step, total=3)
+'''
+
+UNWATCHED_S = 20
+FIRST_STEP_S = 5
+
+
+def submit_script(tmp_path: Path, name: str, script: str, args: list[str], env, *overrides):
+    (tmp_path / f"{name}.py").write_text(script)
+    (tmp_path / f"{name}.yaml").write_text(
+        f"name: {name}\nentrypoint: {{script: {name}.py, args: {json.dumps(args)}}}\nlauncher: srun\n"
+        'resources: {nodes: 1, time: "00:05:00"}\n'
+        f"watchdog: {{first_step_s: {FIRST_STEP_S}}}\n")
+    (tmp_path / "site.yaml").write_text(SITE)
+    runs = tmp_path / f"runs-{name}"
+    began = time.time()
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", str(tmp_path / f"{name}.yaml"),
+                           "--site", str(tmp_path / "site.yaml"), "--runs-dir", str(runs), *overrides],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    (run_dir,) = runs.iterdir()
+    return run_dir, proc, time.time() - began
+
+
+@pytest.mark.parametrize("stall", ["auto", "0"])
+def test_a_script_without_the_runtime_outlives_the_first_step_bound_and_completes(tmp_path, isolated_env, stall):
+    run_dir, proc, seconds = submit_script(tmp_path, "plain", PLAIN_SCRIPT, [str(UNWATCHED_S)], isolated_env,
+                                           f"watchdog.stall_s={stall}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((run_dir / "run.json").read_text())
+    (start,) = record["starts"]
+    assert record["state"] == "COMPLETED" and start["state"] == "COMPLETED", start
+    assert "hang" not in start and not (run_dir / "hang.json").exists()
+    assert seconds > UNWATCHED_S > 3 * FIRST_STEP_S
+    text, shown = status_of(run_dir, isolated_env), json.loads(status_of(run_dir, isolated_env, "--json"))
+    watch = shown["starts"][0]["watchdog"]
+    if stall == "0":
+        assert watch["state"] == "off" and "bound_s" not in watch, watch
+        assert "    watchdog: off: watchdog.stall_s is 0" in text, text
+    else:
+        assert watch["state"] == "not watched" and "bound_s" not in watch, watch
+        assert "    watchdog: not watched: no rank uses glaunch's runtime" in text, text
+    assert "hang after" not in text
+    print(f"stall_s {stall}: a {UNWATCHED_S} s script without the runtime, first_step_s {FIRST_STEP_S}: "
+          f"COMPLETED in {seconds:.1f} s")
+
+
+def test_a_runtime_script_that_hangs_before_its_first_step_is_still_caught(tmp_path, isolated_env):
+    run_dir, proc, seconds = submit_script(tmp_path, "stuck", STUCK_SCRIPT, [], isolated_env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((run_dir / "run.json").read_text())
+    first, last = record["starts"][0], record["starts"][-1]
+    assert (first["state"], first["reason"]) == ("REQUEUED", "hang"), first
+    assert first["hang"]["kind"] == "first_step" and first["hang"]["bound_s"] == FIRST_STEP_S, first["hang"]
+    assert {s["rank"] for s in first["hang"]["silent"]} == {0, 1}
+    assert (last["state"], record["state"]) == ("COMPLETED", "COMPLETED"), last
+    print(f"a runtime script stuck before its first step: hang found (first_step_s {FIRST_STEP_S}); run "
+          f"COMPLETED on the retry in {seconds:.1f} s")
