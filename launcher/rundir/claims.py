@@ -75,10 +75,12 @@ def owner_file(directory: str | os.PathLike[str]) -> Path:
 def owner_of(directory: str | os.PathLike[str]) -> Owner | None:
     """The directory's claim; None when it has none. RunError naming the file when the
     claim is there but damaged (or not a regular file). A run's default checkpoint
-    directory (`<run dir>/checkpoints`) is its run's without a claim."""
-    path = owner_file(directory)
+    directory (`<run dir>/checkpoints`) is its run's without a claim. Decided on the real
+    path: a link to another run's directory, or `..` after one, is that run's."""
+    real = os.path.realpath(directory)
+    path = owner_file(real)
     if not os.path.lexists(path):
-        return _run_of_default(directory)
+        return _run_of_default(real)
     return read_record(path, Owner.from_dict, "checkpoint directory's owner record")
 
 

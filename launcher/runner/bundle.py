@@ -135,7 +135,7 @@ def write_bundle(plan: JobPlan, files: Mapping[str, str], *, dry_run: bool,
             except OSError as exc:
                 raise ckpt_src.error(f"cannot create the checkpoint directory {plan.checkpoint_dir}: "
                                      f"{_why(exc)}") from None
-            except GlaunchError as exc:     # another run claimed it since check_inputs looked
+            except (GlaunchError, claims.ClaimTaken) as exc:     # another run claimed it since check_inputs looked
                 raise ckpt_src.error(f"checkpoint directory {plan.checkpoint_dir}: {exc}") from None
             bundle.claimed = (plan.checkpoint_dir, plan.run_id)
     except BaseException:

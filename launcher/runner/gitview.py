@@ -1,7 +1,32 @@
 """git's view of a work tree, for the code snapshot and run.json's provenance: where the
 tree is (`locate`), its commit, branch, changes and untracked files (`git_state`, one
 `git status`), and the patch that takes the commit to the tree (`patch`). Every git call
-is bounded by a timeout; git missing or hanging reads as "no git"."""
+is bounded by a timeout; git missing or hanging reads as "no git".
+
+A work tree is data, never a program. A repository's own config can name commands for git
+to run: the fsmonitor hook (asked by every command that reads the index), hooks (the index
+written), an external diff, textconv, clean/smudge/process filters (a file's bytes read
+for a diff or a status), a pager, and ssh, askpass, a credential helper or a proxy (a
+partial clone fetching a missing object). Every call goes through `GitCall`, which runs
+git with all of them switched off:
+
+- settings on git's command line (`-c`), which wins over every config file and what they
+  include: no fsmonitor, hooks from /dev/null, no external diff, no pager, no credential
+  helper or askpass;
+- `--no-ext-diff --no-textconv` on every command that prints a diff;
+- filters are named, not switched off as a whole: each filter the repository's own config
+  defines (its `.git/config`, its worktree config, what they include) is emptied through
+  GIT_CONFIG_COUNT (any name, even one holding '=') on the commands that read a file's
+  bytes. The filters of the user's own config (~/.gitconfig, the system's: git-lfs) are
+  kept, as git would use them;
+- GIT_ALLOW_PROTOCOL empty: no transport at all, so no ssh, proxy or helper starts;
+- no pager, no prompt, no optional lock (no index written, so no post-index-change hook).
+
+The user's global and system config stay read (GIT_CONFIG_GLOBAL and GIT_CONFIG_NOSYSTEM
+are left alone): they are the user's and the administrator's, not the repository's, and
+hold what a shared tree needs (safe.directory for a tree another user owns, git-lfs's
+filter). The commands they name are switched off all the same, but for their filters.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +43,67 @@ from launcher.resolution.jobplan import CodeRoot
 
 GIT_TIMEOUT_S = 30.0
 
+# git's options before the command: config that names a command to run, switched off.
+NEUTRAL = ("--no-pager", "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "diff.external=",
+           "-c", "core.pager=cat", "-c", "credential.helper=", "-c", "core.askpass=",
+           "-c", "core.untrackedCache=false", "-c", "submodule.recurse=false")
+# Commands that print a diff: never through an external program or a textconv filter.
+PRINTS_DIFF = frozenset({"diff", "diff-index", "diff-files", "diff-tree", "show", "log", "format-patch"})
+# Commands that would run git in each submodule, where the submodule's own config (its
+# filters) holds: submodules are looked at one by one instead (`git_state` of each).
+ENTERS_SUBMODULES = frozenset({"status", "diff", "diff-index", "diff-files"})
+# Commands that read a work tree file's bytes, through its filter: those of the repository
+# are emptied first. The rest (rev-parse, ls-files, check-ignore) never read one.
+READS_FILES = frozenset({"status", "diff", "diff-index", "diff-files", "add", "hash-object"})
+# Variables of the calling environment git would obey over its config.
+UNSET = ("GIT_EXTERNAL_DIFF", "GIT_DIFF_OPTS", "GIT_CONFIG_COUNT")
+
+
+def safe_env(env: dict[str, str] | None = None, filters: tuple[str, ...] = ()) -> dict[str, str]:
+    """The environment every git call runs in: this one, less what makes git run a command
+    of the caller's choosing, with no transport, pager or prompt; `filters`: the names of
+    the filters to empty; `env`: more variables."""
+    out = {k: v for k, v in os.environ.items() if k not in UNSET and not k.startswith(("GIT_CONFIG_KEY_",
+                                                                                         "GIT_CONFIG_VALUE_"))}
+    out.update(GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", GIT_PAGER="cat", PAGER="cat", GIT_ALLOW_PROTOCOL="",
+               GIT_ASKPASS="", SSH_ASKPASS="", LC_ALL="C")
+    pairs = [(f"filter.{name}.{var}", "false" if var == "required" else "")
+             for name in filters for var in ("clean", "smudge", "process", "required")]
+    if pairs:
+        out["GIT_CONFIG_COUNT"] = str(len(pairs))
+        for i, (key, value) in enumerate(pairs):
+            out[f"GIT_CONFIG_KEY_{i}"], out[f"GIT_CONFIG_VALUE_{i}"] = key, value
+    out.update(env or {})
+    return out
+
+
+def repository_filters(cwd: str | os.PathLike, deadline: float) -> tuple[str, ...] | None:
+    """The names of the filters the repository at `cwd` defines in its own config (and what
+    that includes); () outside a repository; None when git does not answer by `deadline`
+    (a time.monotonic() value) or cannot read the config: then nothing that reads a file
+    runs. Reading config runs nothing. A git without --show-scope (older than 2.26): every
+    filter named anywhere."""
+    for scoped in (True, False):
+        words = ["git", "-C", str(cwd), *NEUTRAL, "config", "-z", *(["--show-scope"] if scoped else []),
+                 "--name-only", "--get-regexp", r"^filter\."]
+        try:
+            done = Started(words, max_output=None, env=safe_env()).finish(deadline)
+        except OSError:
+            return None
+        if done is None:
+            return None
+        if done.returncode == 129 and scoped:
+            continue                    # an option this git does not know
+        if done.returncode == 1 or (done.returncode == 128 and b"not a git repository" in done.stderr):
+            return ()                   # no filter; no repository (the command itself will say)
+        if done.returncode != 0:
+            return None
+        fields = [f for f in fs_text(done.stdout).split("\0") if f]
+        keys = [key for scope, key in zip(fields[::2], fields[1::2]) if scope in ("local", "worktree")] \
+            if scoped else fields
+        return tuple(sorted({key[len("filter."):key.rindex(".")] for key in keys if key.count(".") >= 2}))
+    return None
+
 
 class GitCall:
     """A git command in `cwd`, started now and read with `result()`: two calls overlap.
@@ -25,17 +111,25 @@ class GitCall:
     result is never read is killed on the way out, with every process it started."""
 
     def __init__(self, cwd: str | os.PathLike, *args: str, binary: bool = False, stdin: bytes | None = None,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, filters: tuple[str, ...] | None = None) -> None:
         self._binary = binary
-        self._args = ["git", "-C", str(cwd), *args]
+        command, *rest = args or ("",)
+        if command in PRINTS_DIFF:
+            rest = ["--no-ext-diff", "--no-textconv", *rest]
+        if command in ENTERS_SUBMODULES:
+            rest = ["--ignore-submodules=dirty", *rest]
+        self._args = ["git", "-C", str(cwd), *NEUTRAL, *([command, *rest] if args else [])]
         self._deadline = time.monotonic() + GIT_TIMEOUT_S
+        self._started: Started | None = None
+        if filters is None and command in READS_FILES:
+            filters = repository_filters(cwd, self._deadline)
+            if filters is None:
+                return
         try:
             # No output limit: a patch or a file list cut short would be wrong, not short.
-            self._started: Started | None = Started(
-                self._args, input=stdin, max_output=None,
-                env=dict(os.environ, GIT_OPTIONAL_LOCKS="0", LC_ALL="C", **(env or {})))
+            self._started = Started(self._args, input=stdin, max_output=None, env=safe_env(env, filters or ()))
         except OSError:
-            self._started = None
+            pass
 
     def result(self) -> subprocess.CompletedProcess[Any] | None:
         """What git answered (bytes when `binary`, else text whose undecodable bytes are
@@ -59,15 +153,21 @@ class GitCall:
 
 
 def git(cwd: str | os.PathLike, *args: str, binary: bool = False, stdin: bytes | None = None,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess[Any] | None:
-    """git in `cwd` (`env`: more variables); None where git is missing, hangs, or `cwd` is
-    no folder."""
-    return GitCall(cwd, *args, binary=binary, stdin=stdin, env=env).result()
+        env: dict[str, str] | None = None, filters: tuple[str, ...] | None = None
+        ) -> subprocess.CompletedProcess[Any] | None:
+    """git in `cwd` (`env`: more variables; `filters`: those of repository_filters, when
+    already asked); None where git is missing, hangs, or `cwd` is no folder."""
+    return GitCall(cwd, *args, binary=binary, stdin=stdin, env=env, filters=filters).result()
 
 
 def git_text(cwd: str | os.PathLike, *args: str) -> str | None:
-    proc = git(cwd, *args)
-    if proc is None or proc.returncode != 0:
+    return line_of(git(cwd, *args))
+
+
+def line_of(proc: subprocess.CompletedProcess[Any] | None) -> str | None:
+    """git's one-line text answer (a path, a name); None where it has none, or prints a
+    NUL, which no path or name holds."""
+    if proc is None or proc.returncode != 0 or "\0" in proc.stdout:
         return None
     return proc.stdout.rstrip("\n")
 
@@ -141,14 +241,18 @@ def git_state(root: str, copied: set[str] | None = None, *, status: GitCall | No
 
 def patch(root: str, untracked: tuple[str, ...]) -> bytes:
     """The work tree's changes against HEAD: tracked files (`git diff --binary HEAD`) and
-    each untracked file of the copy as a new file."""
-    with GitCall(root, "diff", "--binary", "HEAD", binary=True) as tracked:
-        new = _new_files(root, untracked) if untracked else b""
+    each untracked file of the copy as a new file. Plumbing (`diff-index`, `diff-files`):
+    the patch is the same whatever the repository's config says of colours or prefixes."""
+    filters = repository_filters(root, time.monotonic() + GIT_TIMEOUT_S)
+    if filters is None:
+        return b""
+    with GitCall(root, "diff-index", "-p", "--binary", "HEAD", binary=True, filters=filters) as tracked:
+        new = _new_files(root, untracked, filters) if untracked else b""
         head = tracked.result()
     return (head.stdout if head is not None and head.returncode == 0 else b"") + new
 
 
-def _new_files(root: str, names: tuple[str, ...]) -> bytes:
+def _new_files(root: str, names: tuple[str, ...], filters: tuple[str, ...]) -> bytes:
     """`names` as new files, in git's order: in three git calls however many there are,
     through a throw-away index that holds only them (intent to add); where git cannot
     (older than 2.25), one `git diff --no-index` each, which gives the same bytes."""
@@ -156,15 +260,16 @@ def _new_files(root: str, names: tuple[str, ...]) -> bytes:
         env = {"GIT_INDEX_FILE": os.path.join(scratch, "index"), "GIT_LITERAL_PATHSPECS": "1"}
         listed = "\0".join(names).encode("utf-8", "surrogateescape")
         added = git(root, "add", "--intent-to-add", "--pathspec-from-file=-", "--pathspec-file-nul",
-                    binary=True, stdin=listed, env=env)
+                    binary=True, stdin=listed, env=env, filters=filters)
         if added is not None and added.returncode == 0:
-            proc = git(root, "diff", "--binary", binary=True, env=env)
+            proc = git(root, "diff-files", "-p", "--binary", binary=True, env=env, filters=filters)
             if proc is not None and proc.returncode == 0:
                 return proc.stdout
     parts = []
     for name in sorted(names):
         # --no-index exits 1 when the files differ, which they always do here.
-        proc = git(root, "diff", "--binary", "--no-index", "--", "/dev/null", name, binary=True)
+        proc = git(root, "diff", "--binary", "--no-color", "--src-prefix=a/", "--dst-prefix=b/", "--no-index", "--",
+                   "/dev/null", name, binary=True, filters=filters)
         if proc is not None and proc.returncode in (0, 1):
             parts.append(proc.stdout)
     return b"".join(parts)

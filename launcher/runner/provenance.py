@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Iterable
 
 from launcher import __version__
 from launcher.processes import fs_text
-from launcher.runner.gitview import GitCall, inside
+from launcher.runner.gitview import GitCall, inside, line_of
 
 if TYPE_CHECKING:
     from launcher.config.sites import ProfileFile
@@ -140,8 +140,8 @@ def profile_files(files: Iterable[ProfileFile]) -> list[dict[str, Any]]:
 def _folder_state(top: GitCall, status: GitCall) -> tuple[str, str | None, dict[str, str]] | None:
     """(work tree root, commit, {path from the root: status kind}) of the files asked
     about; None outside a work tree or without an answer from git."""
-    root, proc = top.result(), status.result()
-    if root is None or root.returncode != 0 or proc is None or proc.returncode != 0:
+    root, proc = line_of(top.result()), status.result()
+    if root is None or proc is None or proc.returncode != 0:
         return None
     commit = None
     kinds: dict[str, str] = {}
@@ -156,7 +156,7 @@ def _folder_state(top: GitCall, status: GitCall) -> tuple[str, str | None, dict[
                 next(fields, None)          # a rename's original path
         elif entry[:2] in ("? ", "! "):
             kinds[entry[2:]] = "untracked"
-    return root.stdout.rstrip("\n"), commit, kinds
+    return root, commit, kinds
 
 
 def _file_state(path: str, state: tuple[str, str | None, dict[str, str]] | None) -> dict[str, Any] | None:

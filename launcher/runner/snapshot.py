@@ -23,6 +23,7 @@ Reads the disk and runs git (launcher.runner.gitview, bounded by a timeout); the
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fnmatch
 import hashlib
@@ -34,7 +35,7 @@ from pathlib import Path
 
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import CodeSnapshot
-from launcher.runner.gitview import STATUS, GitCall, GitState, git, git_state, inside, locate, patch
+from launcher.runner.gitview import STATUS, GitCall, GitState, git, git_state, git_text, inside, locate, patch
 
 # How many of the largest files an error over code.max_mb names.
 LARGEST_SHOWN = 5
@@ -108,9 +109,10 @@ def _run_folders(root: Path, names: list[str]) -> tuple[str, ...]:
                                                  for markers in _RUN_MARKERS))
 
 
-def _git_files(root: str, sizes: dict[str, int], prefix: str = "") -> list[str]:
-    """Tracked and untracked-not-ignored files under `root`, submodules' included; the
-    size of each one found on disk goes into `sizes` (one lstat per file)."""
+def _git_files(root: str, sizes: dict[str, int], prefix: str = "", submodules: list[str] | None = None) -> list[str]:
+    """Tracked and untracked-not-ignored files under `root`, submodules' included (each
+    one's folder goes into `submodules`); the size of each one found on disk goes into
+    `sizes` (one lstat per file)."""
     proc = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", binary=True)
     if proc is None or proc.returncode != 0:
         raise ConfigError(f"git cannot list the files of {root}: "
@@ -127,7 +129,9 @@ def _git_files(root: str, sizes: dict[str, int], prefix: str = "") -> list[str]:
             out.append(prefix + name)       # deleted in the work tree: left out by the survey
             continue
         if stat.S_ISDIR(info.st_mode):      # a submodule
-            out += _git_files(path, sizes, f"{prefix}{name}/")
+            if submodules is not None:
+                submodules.append(path)
+            out += _git_files(path, sizes, f"{prefix}{name}/", submodules)
         elif _is_code(info.st_mode):
             out.append(prefix + name)
             sizes[prefix + name] = info.st_size
@@ -166,9 +170,40 @@ def survey(code: CodeSnapshot) -> Survey:
     # git status runs while the files are listed and looked at.
     with GitCall(code.source, *STATUS, binary=True) as status:
         sizes: dict[str, int] = {}
-        files, excluded = _chosen(code, _git_files(code.source, sizes), sizes)
+        submodules: list[str] = []
+        files, excluded = _chosen(code, _git_files(code.source, sizes, submodules=submodules), sizes)
         git = git_state(code.source, {n for n, _ in files}, status=status)
+    if not git.changed and any(_submodule_changed(path) for path in submodules):
+        git = dataclasses.replace(git, changed=True)
     return Survey(code.source, files, git, excluded)
+
+
+def _submodule_changed(path: str, *, nested: bool = False) -> bool:
+    """Whether a submodule's work tree differs from its own commit (`nested`: or that of a
+    submodule inside it): asked of each alone, since git status never enters a submodule,
+    where the submodule's own filters would run. One not checked out has nothing in the
+    tree."""
+    if not os.path.lexists(os.path.join(path, ".git")):
+        return False
+    state = git_state(path)
+    if state.changed or state.untracked:
+        return True
+    return nested and any(_submodule_changed(sub, nested=True) for sub in _gitlinks(path))
+
+
+def _gitlinks(root: str) -> list[str]:
+    """The folders of the submodules of the work tree at `root` (none without .gitmodules)."""
+    if not os.path.lexists(os.path.join(root, ".gitmodules")):
+        return []
+    proc = git(root, "ls-files", "-z", "--stage", binary=True)
+    if proc is None or proc.returncode != 0:
+        return []
+    out = []
+    for entry in proc.stdout.decode("utf-8", "surrogateescape").split("\0"):
+        meta, _, name = entry.partition("\t")
+        if meta.startswith("160000 "):
+            out.append(os.path.join(root, name))
+    return out
 
 
 def _chosen(code: CodeSnapshot, names: list[str], sizes: dict[str, int]) -> tuple[tuple[tuple[str, int], ...], int]:
@@ -205,7 +240,10 @@ def tree_state(anchor: str) -> Survey | None:
         root = locate(anchor, anchor)
         if not root.git:
             return None
-        return Survey(root.path, (), git_state(root.path, status=status))
+        state = git_state(root.path, status=status)
+    if not state.changed and any(_submodule_changed(sub, nested=True) for sub in _gitlinks(root.path)):
+        state = dataclasses.replace(state, changed=True)
+    return Survey(root.path, (), state)
 
 
 def over_bound(found: Survey, max_bytes: int) -> str | None:
@@ -347,10 +385,10 @@ def ignored_by(path: str) -> tuple[str, int, str] | None:
     """(the ignore file, line, rule) by which git ignores `path`; None when none does.
     Asked in the repository that holds the file (a submodule's own rules)."""
     folder = os.path.dirname(path)
-    top = git(folder, "rev-parse", "--show-toplevel")
+    top = git_text(folder, "rev-parse", "--show-toplevel")
     proc = git(folder, "check-ignore", "--verbose", "--no-index", "-z", "--stdin", binary=True,
                stdin=os.path.basename(path).encode("utf-8", "surrogateescape") + b"\0")
-    if top is None or top.returncode != 0 or proc is None or proc.returncode != 0:
+    if top is None or proc is None or proc.returncode != 0:
         return None
     fields = proc.stdout.decode("utf-8", "surrogateescape").split("\0")
     if len(fields) < 3 or not fields[0] or fields[2].startswith("!"):
@@ -360,7 +398,7 @@ def ignored_by(path: str) -> tuple[str, int, str] | None:
     except ValueError:
         return None
     # The ignore file is named relative to the top of its work tree (core.excludesFile as set).
-    return os.path.join(top.stdout.rstrip("\n"), fields[0]), line, fields[2]
+    return os.path.join(top, fields[0]), line, fields[2]
 
 
 # --- taking it ------------------------------------------------------------------------------

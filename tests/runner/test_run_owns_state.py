@@ -247,6 +247,90 @@ def test_a_default_checkpoint_directory_is_its_runs_without_a_claim(tmp_path, is
     assert proc.returncode == 2 and f"holds the checkpoints of run {first.name}" in proc.stderr
 
 
+def _other_runs_default_reached(how: str, first: Path, tmp_path: Path) -> Path:
+    """A path that names `first`'s default checkpoint directory without spelling it."""
+    if how == "link":
+        (tmp_path / "link").symlink_to(first / "checkpoints")
+        return tmp_path / "link"
+    if how == "link with ..":
+        (tmp_path / "hop").symlink_to(os.path.relpath(first / "logs" / ".." / "checkpoints", tmp_path))
+        return tmp_path / "hop"
+    if how == ".. after a link":
+        (tmp_path / "logs-link").symlink_to(first / "logs")
+        return tmp_path / "logs-link" / ".." / "checkpoints"
+    (tmp_path / "run-link").symlink_to(first)            # a symlinked parent
+    return tmp_path / "run-link" / "checkpoints"
+
+
+@pytest.mark.parametrize("how", ["link", "link with ..", ".. after a link", "symlinked parent"])
+def test_another_runs_default_checkpoint_directory_reached_through_a_link_is_its(tmp_path, isolated_env, how):
+    first = ended_run(tmp_path)
+    path = _other_runs_default_reached(how, first, tmp_path)
+    assert claims.owner_of(path).run_id == first.name
+    assert "holds the checkpoints of run " + first.name in claims.claim_problem(path, "second-run")
+    with pytest.raises(claims.ClaimTaken):
+        claims.claim(path, "second-run", str(tmp_path / "runs" / "second-run"))
+    assert not (first / "checkpoints" / claims.OWNER_FILE).exists()
+
+
+def test_a_checkpoint_dir_linked_to_another_runs_default_one_is_refused_at_submit(tmp_path, isolated_env):
+    first = ended_run(tmp_path)
+    (tmp_path / "link").symlink_to(first / "checkpoints")
+    before = files_of(tmp_path / "runs")
+    for dry in (["--dry-run"], []):
+        proc = glaunch("submit", DDP, *dry, "--runs-dir", str(tmp_path / "runs"), f"checkpoint.dir={tmp_path / 'link'}",
+                       env=isolated_env)
+        assert proc.returncode == 2, proc.stderr
+        assert f"holds the checkpoints of run {first.name}" in proc.stderr and "checkpoint.dir" in proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert files_of(tmp_path / "runs") == before
+
+
+# Started three times at once: each submits through the CLI, its claim held back until all
+# three are about to claim, so the race is the one at the exclusive claim itself.
+_RACER = """
+import os, sys, time
+from launcher import cli
+from launcher.rundir import claims
+
+gate, real = sys.argv[1], claims.claim
+
+
+def together(*args, **kwargs):
+    open(os.path.join(gate, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(gate)) < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return real(*args, **kwargs)
+
+
+claims.claim = together
+sys.argv = ["glaunch", *sys.argv[2:]]
+cli.run()
+"""
+
+
+def test_of_three_submits_racing_for_one_checkpoint_directory_two_get_one_line(tmp_path, isolated_env):
+    (tmp_path / "quick.py").write_text("print('trained')\n")
+    (tmp_path / "exp.yaml").write_text("name: quick\nentrypoint: {script: quick.py}\n"
+                                       "resources: {nodes: 1, time: '00:05:00'}\n")
+    (tmp_path / "racer.py").write_text(_RACER)
+    (tmp_path / "gate").mkdir()
+    ckpt = tmp_path / "ckpt"
+    words = [sys.executable, str(tmp_path / "racer.py"), str(tmp_path / "gate"), "submit", str(tmp_path / "exp.yaml"),
+             "--site", "local", "--runs-dir", str(tmp_path / "runs"), f"checkpoint.dir={ckpt}"]
+    procs = [subprocess.Popen(words, cwd=REPO, env=isolated_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(3)]
+    ends = [(p.wait(timeout=300), *p.communicate()) for p in procs]
+    assert sorted(code for code, _, _ in ends) == [0, 2, 2], ends
+    owner = claims.owner_of(ckpt).run_id
+    for code, _, err in ends:
+        if code == 2:
+            assert err.count("\n") == 1 and "Traceback" not in err, err
+            assert err.startswith("glaunch: error: ") and f"holds the checkpoints of run {owner}" in err, err
+    assert sorted(p.name for p in (tmp_path / "runs").iterdir()) == [owner]
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["checkpoint.take_over=no-such-run", "checkpoint.dir=CKPT"], "no run 'no-such-run'"),
     (["checkpoint.take_over=../x", "checkpoint.dir=CKPT"], "'../x' is not a run id"),
