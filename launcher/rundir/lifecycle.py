@@ -5,7 +5,7 @@ refused leaves the record as it was).
     SUBMITTING ──> PENDING ⇄ RUNNING ⇄ REQUEUED ──> an end (COMPLETED, FAILED, CANCELLED, ...)
         │             └───────── UNKNOWN ─────────┘         │
         └──> REFUSED, an end                                 └──> SUBMITTING (glaunch resume)
-    RENDERED (a dry run): nowhere
+    RENDERED (a dry run) ──> RUNNING, only by `adopt`: its job.sbatch submitted by hand
 
 An end may be corrected by the scheduler's accounting (FAILED -> NODE_FAIL) but never comes
 back to life by itself: only `glaunch resume` takes an ended run back to SUBMITTING. Every
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from launcher.rundir.records import TERMINAL, RecordError, RunRecord, State
+from launcher.rundir.records import TERMINAL, RecordError, RunRecord, StartRecord, State
 
 ENDS = frozenset(TERMINAL - {State.RENDERED})
 _QUEUED_OR_RUNNING = frozenset({State.PENDING, State.RUNNING, State.REQUEUED, State.UNKNOWN})
@@ -83,3 +83,16 @@ def resubmit(record: RunRecord) -> None:
         raise IllegalMove(record.run_id, str(record.state), State.SUBMITTING.value,
                           "only a run that ended can be resumed")
     record.state, record.reason, record.detail = State.SUBMITTING.value, None, None
+
+
+def adopt(record: RunRecord, job_id: str, started: str) -> None:
+    """A dry run's record (RENDERED) taken on by the job its job.sbatch became when submitted
+    by hand: RUNNING, with `job_id` as its first start, as `glaunch submit` would have
+    recorded it. IllegalMove for any other record: a bundle is adopted once, by one job."""
+    if str(record.state) != State.RENDERED.value:
+        raise IllegalMove(record.run_id, str(record.state), State.RUNNING.value,
+                          "only a dry run's bundle is taken on by the job it was submitted as")
+    record.state, record.reason, record.detail = State.RUNNING.value, None, None
+    record.dry_run = False
+    record.job_id = job_id
+    record.starts.append(StartRecord(job_id=job_id, restart=0, started=started, state=State.RUNNING.value))

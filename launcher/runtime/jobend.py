@@ -28,7 +28,7 @@ spare (``resources.spare_nodes``) in place of the node it points at. The start i
 recorded RESTARTED, with the node it left out. Only when the allocation cannot spare that
 node does the job requeue without it, as above. A step restarted in the allocation takes
 the next start number (GLAUNCH_RESTART), so the batch script of a later requeue asks for
-its own (``--start-number``): Slurm's requeue count no longer is one. A start whose
+its own (``--begin``, :mod:`launcher.runtime.jobstart`): Slurm's requeue count no longer is one. A start whose
 watchdog stopped it to leave a slow node for a spare (``watchdog.slow_node: exclude``; the
 start's ``watchdog.swap`` in run.json) goes on the same way, reason ``slow node``: a
 graceful stop, which crash_retries does not count.
@@ -44,8 +44,15 @@ starts as soon as this one has ended and a node is free. Preemption and crashes 
 (Slurm requeues a preempted job itself; a crash's bad node is kept off with
 ExcNodeList), and so does a sweep's element (a task of a job array).
 
-While the step runs, the same program watches it (``--watch``: the hang watchdog,
-launcher.runtime.watchdog): job.sbatch starts it before the step and stops it after.
+Before anything of a start runs, job.sbatch asks the same program whether it is a start of
+the run at all (``--begin``: launcher.runtime.jobstart): a start that begins after its run
+has ended exits at once, changing nothing. While the step runs, the same program watches it
+(``--watch``: the hang watchdog, launcher.runtime.watchdog): job.sbatch starts it before the
+step and stops it after.
+
+A task a signal ended (srun's status 128 + N) crashed, unless a cancel was asked for the
+job (glaunch's mark in run.json): the reason names the signal, and the rank where srun's
+line in the batch log names the task (:func:`killed_in_step`).
 
 Why glaunch requeues itself even on preemption: a job whose tasks exit 0 within the
 preemption grace time ends COMPLETED and is never requeued by Slurm, so a graceful
@@ -60,6 +67,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -70,7 +79,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from launcher.rundir import registry
 from launcher.processes import run_bounded
-from launcher.rundir.files import read_json
+from launcher.rundir.files import open_regular, read_json
 from launcher.rundir.lifecycle import IllegalMove, move
 from launcher.rundir.records import (
     CANCEL_REQUESTED,
@@ -87,7 +96,7 @@ from launcher.rundir.records import (
 )
 from launcher.rundir.layout import RunDir
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
-from launcher.runtime import watchdog
+from launcher.runtime import jobstart, watchdog
 from launcher.runtime.rankcontext import RuntimeConfigError, context
 from launcher.runtime.telemetry import iso, start_summary
 
@@ -111,7 +120,8 @@ class Outcome:
 
 def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, timed_out: bool,
            restart: int, requeue_max: int, crashes: int, crash_retries: int,
-           cancelled: bool = False, hung: bool = False, swapping: bool = False) -> Outcome:
+           cancelled: bool = False, hung: bool = False, swapping: bool = False,
+           killed: Killed | None = None) -> Outcome:
     """Pure: the outcome of a start from what is known when its step ended.
 
     finished: result.json exists (the run is done, whatever ended the step);
@@ -119,7 +129,10 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
     preempted: the scheduler preempted the job; timed_out: the time limit ended the step;
     crashes: earlier starts that ended in a crash or a hang; hung: the watchdog ended the
     step (hang.json of this restart): a hang is retried like a crash; swapping: the watchdog
-    asked the ranks to stop, to leave a slow node for a spare (a stop then has that reason).
+    asked the ranks to stop, to leave a slow node for a spare (a stop then has that reason);
+    cancelled: a cancel was asked for this job (glaunch's own mark, or Ctrl-C): only that
+    makes a start CANCELLED; killed: the signal that ended the first failing task, which
+    no cancel asked for: a crash like any other (the kernel's OOM killer sends SIGKILL).
     """
     if finished:
         return Outcome(State.COMPLETED.value, None, False, 0)
@@ -135,13 +148,95 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
         # The step ended cleanly but the script wrote no result: nothing to resume for.
         return Outcome(State.COMPLETED.value, None, False, 0, "the entry point wrote no result.json")
     reason = "hang" if hung else "crash"
-    detail = "the watchdog ended the step" if hung else f"exit status {step_status}"
+    detail = ("the watchdog ended the step" if hung else str(killed) if killed is not None
+              else f"exit status {step_status}")
     if crashes < crash_retries and restart < requeue_max:
         return Outcome(State.REQUEUED.value, reason, True, 0, f"{detail}; retry {crashes + 1} of {crash_retries}")
     if crash_retries:
         detail += (f"; crash_retries ({crash_retries}) used up" if crashes >= crash_retries
                    else f"; requeue.max ({requeue_max}) reached")
     return Outcome(State.FAILED.value, reason, False, step_status if 0 < step_status < 256 else 1, detail)
+
+
+@dataclass(frozen=True)
+class Killed:
+    """A task of the step ended by a signal (`rank`: which, None when not known)."""
+
+    signum: int
+    rank: int | None = None
+
+    def __str__(self) -> str:
+        try:
+            name = signal.Signals(self.signum).name
+        except ValueError:
+            name = f"signal {self.signum}"
+        who = f"rank {self.rank}" if self.rank is not None else "a rank"
+        # What the kernel's OOM killer sends; glaunch itself never sends a rank SIGKILL
+        # unless the watchdog ends a hung step (a hang, not a crash).
+        return f"{who} killed by {name}" + (" (out of memory?)" if self.signum == signal.SIGKILL else "")
+
+
+# A step's status past this is 128 + the signal that killed a task (srun, localrun, bash).
+SIGNALLED_STATUS = 128
+
+
+def killed_by(step_status: int, rank: int | None = None) -> Killed | None:
+    """Pure: the signal a step's status says ended a task (128 + N as srun and localrun
+    report it; -N where Python saw the process itself killed), or None."""
+    signum = -step_status if step_status < 0 else step_status - SIGNALLED_STATUS
+    if step_status == 0 or not 0 < signum < signal.NSIG:
+        return None
+    return Killed(signum, rank)
+
+
+# srun's line for a task that ended other than by exiting ("srun: error: node1: task 1:
+# Killed"; "tasks 0-3: ..." for several): its first in a start names the task a signal
+# ended first (the others srun ends itself, after it, under --kill-on-bad-exit).
+SRUN_TASK_LINE = re.compile(r"srun: error: ([A-Za-z0-9][A-Za-z0-9._-]{0,99}): tasks? ([0-9]{1,9})[0-9,-]*: (.{1,200})")
+SRUN_EXITED = "Exited with exit code"
+# The part of the batch log read for it: its end, where this start's lines are.
+BATCH_LOG_TAIL_BYTES = 65536
+
+
+def first_signalled_task(batch_log: str) -> int | None:
+    """Pure: the task srun says a signal ended first, in this start's part of the batch log
+    (after the last line a start's end or restart wrote, "glaunch: start ..."), or None."""
+    part = batch_log.rsplit("glaunch: start ", 1)[-1]
+    for line in part.splitlines():
+        match = SRUN_TASK_LINE.fullmatch(line.strip())
+        if match and not match.group(3).startswith(SRUN_EXITED):
+            return int(match.group(2))
+    return None
+
+
+def batch_log_tail(path: Path) -> str:
+    """The end of the job's batch log, as text ("" when it cannot be read)."""
+    try:
+        fd = open_regular(path)
+    except OSError:
+        return ""
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - BATCH_LOG_TAIL_BYTES), os.SEEK_SET)
+        return os.read(fd, BATCH_LOG_TAIL_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    finally:
+        os.close(fd)
+
+
+def killed_in_step(run_dir: Path, job_id: str | None, step_status: int) -> Killed | None:
+    """The signal that ended a task of a Slurm job step (its status), and the rank, where
+    srun named the task (one task per rank under launcher srun; torchrun's are nodes)."""
+    killed = killed_by(step_status)
+    if killed is None or job_id is None:
+        return killed
+    try:
+        per_rank = read_task_spec(run_dir).launcher == "srun"
+    except TaskSpecError:
+        per_rank = False
+    task = first_signalled_task(batch_log_tail(RunDir(run_dir).batch_log(job_id))) if per_rank else None
+    return dataclasses.replace(killed, rank=task)
 
 
 def next_start(outcome: Outcome, mode: str) -> str | None:
@@ -371,8 +466,9 @@ def _parser() -> argparse.ArgumentParser:
                         "a crash or a hang may start a new step among them; none: the job requeues")
     parser.add_argument("--step-nodes", type=node_list, default=[],
                         help="the nodes of the step that ended (comma-separated)")
-    parser.add_argument("--start-number", action="store_true", help="print the number of the start the "
-                        "batch script begins (GLAUNCH_RESTART), and record nothing")
+    parser.add_argument("--begin", action="store_true", help="whether the start the batch script begins is one "
+                        "of the run's, and its number (launcher.runtime.jobstart): print `start N` or `end`, and "
+                        "record nothing unless the job takes on a dry run's bundle; exit 1 refuses the start")
     return parser
 
 
@@ -388,29 +484,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ctx = context()   # env.sh, sourced by job.sbatch, exported the job's id and its restart count
     except RuntimeConfigError as exc:
+        if args.begin:
+            # Its end could not be recorded either: it does not train.
+            print(f"glaunch: this start does not begin: {exc}", file=sys.stderr, flush=True)
+            return 1
         # Without its own start's number the end cannot be decided: nothing is recorded, and
         # the job ends rather than requeue blind (the next command reading the run says so).
         print(f"glaunch: the end of this start is not recorded: {exc}", file=sys.stderr, flush=True)
         print("done", flush=True)
         return 1
-    if args.start_number:
-        return print_start_number(run_dir, ctx.job_id, ctx.restart)
+    if args.begin:
+        return jobstart.begin_start(run_dir, ctx.job_id, ctx.restart)
     if args.status is None:
         parser.error("--status is required")
     return end_of_start(run_dir, args, ctx.job_id, ctx.restart)
-
-
-def print_start_number(run_dir: Path, job_id: str | None, requeues: int) -> int:
-    """GLAUNCH_RESTART for the batch script that begins: Slurm's requeue count (env.sh's
-    GLAUNCH_RESTART) past the numbers steps restarted in an earlier allocation took."""
-    number = requeues
-    if is_job_id(job_id):
-        try:
-            number = registry.read(run_dir).next_restart(str(job_id), requeues)
-        except (OSError, ValueError) as exc:
-            print(f"glaunch: run.json not read, this start is number {requeues}: {exc}", file=sys.stderr, flush=True)
-    print(number, flush=True)
-    return 0
 
 
 def step_node_list(step_nodes: Sequence[str], allocation: Sequence[str]) -> str | None:
@@ -467,7 +554,10 @@ def end_of_start(run_dir: Path, args: argparse.Namespace, ctx_job_id: str | None
             preempted=args.preempted not in ("", "0"), timed_out=False,
             restart=restart if job_id is None else record.requeues_before(job_id, restart),
             requeue_max=record.requeue_max, crashes=record.crash_count(job_id=job_id),
-            crash_retries=record.crash_retries, hung=hang is not None, swapping=swap is not None)
+            crash_retries=record.crash_retries, hung=hang is not None, swapping=swap is not None,
+            # A cancel is glaunch's own mark on the job, never read from how a task ended.
+            cancelled=job_id is not None and record.extra.get(CANCEL_REQUESTED) == job_id,
+            killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None)
         outcome = with_crash_note(outcome, run_dir, restart)
         bad = blamed_node(outcome.reason, crash_in(run_dir, restart), hang, swap)
         kept_off = list(record.excluded_nodes)

@@ -69,6 +69,7 @@ class Step:
         self.timed_out = False
         self.stopping_since: float | None = None
         self.first_bad: int | None = None
+        self.first_bad_task: int | None = None
         # env.sh names the run directory, the local scheduler the start.
         run_dir = os.environ.get(envnames.RUN_DIR)
         restart = os.environ.get(envnames.RESTART, "0")
@@ -156,9 +157,10 @@ class Step:
             if not self.timed_out and elapsed >= self.options.time_limit:
                 self.timed_out = True
                 self.stop()
-            bad = next((p.returncode for p in self.procs if p.poll() not in (None, 0)), None)
+            bad = next((task for task, p in enumerate(self.procs) if p.poll() not in (None, 0)), None)
             if self.stopping_since is None and bad is not None:
-                self.first_bad = bad   # the task that failed first, not one stopped because of it
+                # The task that failed first, not one stopped because of it.
+                self.first_bad, self.first_bad_task = self.procs[bad].returncode, bad
                 self.stop()  # --kill-on-bad-exit
             if self.stopping_since is not None and time.monotonic() - self.stopping_since > self.options.kill_wait:
                 self.signal_all(signal.SIGKILL)
@@ -184,7 +186,8 @@ class Step:
 
     def _summary(self, codes: list[int], status: int, seconds: float) -> None:
         summary = {"job_id": self.job_id, "exit_codes": codes, "status": status, "timed_out": self.timed_out,
-                   "warned": self.warned, "hung": self.hung, "seconds": round(seconds, 3)}
+                   "warned": self.warned, "hung": self.hung, "first_failed_task": self.first_bad_task,
+                   "seconds": round(seconds, 3)}
         path = Path(self._path(self.options.output, 0)).parent / STEP_SUMMARY.format(job_id=self.job_id)
         atomic_write_text(path, json.dumps(summary) + "\n")
 

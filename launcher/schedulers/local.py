@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
 from launcher.errors import ConfigError, RunError
 from launcher import shell
@@ -26,7 +26,7 @@ from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import envnames
 from launcher.rundir.files import open_regular, read_json
 from launcher.rundir.lifecycle import move
-from launcher.rundir.records import IN_FLIGHT, RunRecord, State
+from launcher.rundir.records import FAILURES, IN_FLIGHT, RunRecord, State
 from launcher.rundir.layout import RunDir
 from launcher.schedulers.base import Echo, Launched, RunConsole, Scheduler, console_of
 
@@ -328,6 +328,8 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, int
     from launcher.runtime.telemetry import iso, start_summary
 
     restart = 0
+    # Crashes count from this submission's first start (each start is a job of its own here).
+    first_start = len(registry.read(run_dir.path).starts)
     while True:
         if interrupts.count:          # between two starts: start nothing more
             with registry.updating(run_dir.path) as record:
@@ -365,6 +367,7 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, int
         status = proc.returncode
         stop = jobend.stopped_in(run_dir.path, restart)
         outcome = _outcome(plan, status, read_json(run_dir.step_summary(job_id)) or {}, run_dir, restart, stop,
+                           first_start=first_start,
                            interrupted=interrupted, cancelled=CANCEL_KEY in registry.read(run_dir.path).extra)
         measured = start_summary(run_dir.path, job_id, restart)
         hang = watchdog.hang_in(run_dir.path, restart)
@@ -388,23 +391,25 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, int
 
 
 def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart: int,
-             stop: dict | None, *, interrupted: bool = False, cancelled: bool = False) -> jobend.Outcome:
+             stop: dict | None, *, first_start: int = 0, interrupted: bool = False,
+             cancelled: bool = False) -> jobend.Outcome:
     """localrun's step summary in the terms of the Slurm path's decision."""
     from launcher.rundir import registry
     from launcher.runtime import jobend, watchdog
 
     warned, timed_out = bool(summary.get("warned")), bool(summary.get("timed_out"))
     hung = watchdog.hang_in(run_dir.path, restart) is not None
-    signalled = status < 0 or status > 128
     record = registry.read(run_dir.path)
-    crashes = record.crash_count(job_id=record.job_id, before=restart)
+    crashes = sum(1 for s in record.starts[first_start:] if s.reason in FAILURES)
+    # A cancel is Ctrl-C or `glaunch cancel`'s mark; a task a signal ended without either
+    # (the OOM killer's SIGKILL) crashed.
     outcome = jobend.with_crash_note(jobend.decide(
         step_status=status, finished=run_dir.result_file.exists(),
         stopped=warned or stop is not None, preempted=False,
         timed_out=timed_out, restart=restart, requeue_max=plan.requeue_max, crashes=crashes,
-        crash_retries=plan.crash_retries, hung=hung,
-        cancelled=interrupted or cancelled or (signalled and not (warned or timed_out or hung))), run_dir.path,
-        restart)
+        crash_retries=plan.crash_retries, hung=hung, cancelled=interrupted or cancelled,
+        killed=None if jobend.crash_in(run_dir.path, restart) else first_killed_task(summary, status)),
+        run_dir.path, restart)
     if interrupted and outcome.state == State.CANCELLED:
         if stop is not None and stop.get("checkpoint"):
             said = f"stopped at step {stop.get('step')} with a checkpoint"
@@ -414,3 +419,15 @@ def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart
             said = "the ranks did not stop by themselves" if status else "no stop recorded"
         outcome = dataclasses.replace(outcome, detail=f"interrupted (Ctrl-C): {said}")
     return outcome
+
+
+def first_killed_task(summary: Mapping[str, Any], status: int) -> jobend.Killed | None:
+    """Pure: the task a signal ended first, from localrun's step summary (`exit_codes`, one
+    per task, -N for signal N; `first_failed_task`), else from the step's `status` alone."""
+    from launcher.runtime import jobend
+
+    codes, first = summary.get("exit_codes"), summary.get("first_failed_task")
+    if (isinstance(codes, list) and type(first) is int and 0 <= first < len(codes)
+            and type(codes[first]) is int and codes[first] < 0):
+        return jobend.killed_by(codes[first], first)
+    return jobend.killed_by(status)

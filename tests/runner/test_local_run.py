@@ -70,3 +70,29 @@ def test_a_sweep_over_hparams_lr_trains_differently_and_says_in_what_precision(t
         assert f"hparams as option defaults: lr={lr}" in text
         assert "on cpu, training in fp32 (bf16 configured; the CPU trains in fp32)" in text
     assert set(hashes) == {0.003, 0.01} and hashes[0.003] != hashes[0.01]
+
+
+def test_a_rank_killed_by_sigkill_is_a_crash_not_a_cancel(tmp_path, isolated_env):
+    """What the kernel's OOM killer does to a rank: nobody asked glaunch to cancel, so the
+    start crashed, crash_retries counts it, and the reason names the rank and the signal."""
+    script = tmp_path / "oom.py"
+    script.write_text("import os, signal, sys, time\n"
+                      "signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))\n"
+                      "if os.environ['RANK'] == '1':\n"
+                      "    os.kill(os.getpid(), signal.SIGKILL)\n"
+                      "time.sleep(60)\n")
+    exp = tmp_path / "exp.yaml"
+    exp.write_text("name: oom\nentrypoint: {script: oom.py}\nresources: {time: '5'}\n"
+                   "requeue: {signal_lead_s: 10, max: 3}\n")
+    (tmp_path / "site_configs").mkdir()
+    (tmp_path / "site_configs" / "retrying.yaml").write_text("name: retrying\nextends: local\ncrash_retries: 1\n")
+    proc = glaunch("submit", str(exp), "--site", "retrying", "--runs-dir", str(tmp_path / "runs"), env=isolated_env,
+                   cwd=tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "FAILED" and record["reason"] == "crash"
+    # Retried once (crash_retries), then failed: each start says which rank and which signal.
+    assert [(s["state"], s["reason"]) for s in record["starts"]] == [("REQUEUED", "crash"), ("FAILED", "crash")]
+    for start in record["starts"]:
+        assert start["detail"].startswith("rank 1 killed by SIGKILL (out of memory?)"), start["detail"]

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from launcher.rundir.layout import RunDir
-from launcher.runtime.jobend import Outcome, decide, resumed_in, stopped_in, with_crash_note
+from launcher.runtime.jobend import (Killed, Outcome, decide, first_signalled_task, killed_by, killed_in_step,
+                                     resumed_in, stopped_in, with_crash_note)
 
 # What is known when a start's step ended; each row of the table changes some of it.
 BASE: dict[str, Any] = dict(step_status=0, finished=False, stopped=False, preempted=False, timed_out=False, restart=0,
@@ -79,6 +80,21 @@ TABLE = [
      Outcome("FAILED", "crash", False, 1, "exit status 256")),
     ("crash with a negative status", {"step_status": -9},
      Outcome("FAILED", "crash", False, 1, "exit status -9")),
+    # --- a task killed by a signal nobody asked for (the OOM killer's SIGKILL): a crash, retried
+    ("rank killed by SIGKILL", {"step_status": 137, "killed": Killed(9, 1)},
+     Outcome("FAILED", "crash", False, 137, "rank 1 killed by SIGKILL (out of memory?)")),
+    ("rank killed by SIGKILL, retries left", {"step_status": 137, "killed": Killed(9, 1), "crash_retries": 1},
+     Outcome("REQUEUED", "crash", True, 0, "rank 1 killed by SIGKILL (out of memory?); retry 1 of 1")),
+    ("a rank killed by SIGSEGV, which one not known", {"step_status": 139, "killed": Killed(11)},
+     Outcome("FAILED", "crash", False, 139, "a rank killed by SIGSEGV")),
+    ("killed, but a cancel was asked", {"step_status": 137, "killed": Killed(9, 1), "cancelled": True},
+     Outcome("CANCELLED", "cancelled", False, 1)),
+    ("killed by SIGTERM after a cancel", {"step_status": 143, "killed": Killed(15, 0), "cancelled": True},
+     Outcome("CANCELLED", "cancelled", False, 1)),
+    ("killed while the watchdog ended a hang", {"hung": True, "step_status": 137, "killed": Killed(9, 0)},
+     Outcome("FAILED", "hang", False, 137, "the watchdog ended the step")),
+    ("killed while preempted", {"preempted": True, "step_status": 137, "killed": Killed(9, 0)},
+     Outcome("REQUEUED", "preemption", True, 0)),
     # --- a hang (the watchdog ended the step): retried like a crash, counted with crashes
     ("hang, retries left", {"hung": True, "step_status": 137, "crash_retries": 2},
      Outcome("REQUEUED", "hang", True, 0, "the watchdog ended the step; retry 1 of 2")),
@@ -107,6 +123,59 @@ def test_requeue_stops_exactly_at_requeue_max(ending, restart, requeue):
     assert outcome.requeue is requeue
     assert outcome.exit_code == (0 if requeue else 1)
     assert (outcome.state == "REQUEUED") is requeue
+
+
+@pytest.mark.parametrize("status, rank, expected", [
+    (137, 1, Killed(9, 1)),          # srun and localrun: 128 + the signal
+    (137, None, Killed(9)),
+    (143, 0, Killed(15, 0)),
+    (-9, None, Killed(9)),           # the process itself, as Python's returncode says it
+    (0, None, None), (1, None, None), (128, None, None), (255, None, None), (-300, None, None),
+])
+def test_the_signal_a_step_status_names(status, rank, expected):
+    assert killed_by(status, rank) == expected
+
+
+def test_the_kill_is_said_with_the_rank_and_the_signal():
+    assert str(Killed(9, 3)) == "rank 3 killed by SIGKILL (out of memory?)"
+    assert str(Killed(6)) == "a rank killed by SIGABRT"
+    assert str(Killed(40, 0)) == "rank 0 killed by signal 40"
+
+
+# Batch logs of the local Slurm cluster (Slurm 24.11): rank 1 of 2 killed itself with SIGKILL.
+KILLED_LOG = """srun: error: node1: task 1: Killed
+srun: launch/slurm: _step_signal: Terminating StepId=77.0
+srun: error: node1: task 0: Killed
+srun: Force Terminated StepId=77.0
+"""
+EARLIER = "srun: error: node2: task 3: Killed\nglaunch: start 0 of job 77 ended: REQUEUED (crash)\n"
+
+
+@pytest.mark.parametrize("log, task", [
+    (KILLED_LOG, 1),
+    (EARLIER + KILLED_LOG, 1),                                         # a requeued job's log: this start's part
+    (EARLIER, None),                                                   # the earlier start's, not this one's
+    ("srun: error: node1: task 0: Exited with exit code 3\n" + KILLED_LOG, 1),
+    ("srun: error: node2: tasks 2-3: Segmentation fault\n", 2),
+    ("srun: error: node1: task 1: Exited with exit code 1\n", None),
+    ("srun: error: node1: task x: Killed\n", None),
+    ("", None),
+], ids=["killed", "after an earlier start", "earlier start only", "after an exit", "range", "exited", "junk", "empty"])
+def test_the_task_srun_says_a_signal_ended_first(log, task):
+    assert first_signalled_task(log) == task
+
+
+def test_a_slurm_start_names_the_rank_from_srun(tmp_path, monkeypatch):
+    from launcher.runtime import jobend
+
+    monkeypatch.setattr(jobend, "read_task_spec", lambda run_dir: type("Spec", (), {"launcher": "srun"})())
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "77_batch.log").write_text("x" * 100_000 + "\n" + KILLED_LOG)
+    assert killed_in_step(tmp_path, "77", 137) == Killed(9, 1)
+    assert killed_in_step(tmp_path, "78", 137) == Killed(9)                  # no batch log
+    assert killed_in_step(tmp_path, "77", 1) is None
+    monkeypatch.setattr(jobend, "read_task_spec", lambda run_dir: type("Spec", (), {"launcher": "torchrun"})())
+    assert killed_in_step(tmp_path, "77", 137) == Killed(9)                  # srun's tasks are nodes there
 
 
 # --- the files a start leaves -------------------------------------------------------------

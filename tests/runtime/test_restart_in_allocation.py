@@ -111,8 +111,8 @@ def test_jobend_restarts_on_the_spare_then_requeues_with_none_left(job, monkeypa
 
     # The requeued job's batch script begins start 2, though Slurm requeued it once.
     monkeypatch.setenv("GLAUNCH_RESTART", "1")
-    assert jobend.main([str(job), "--start-number"]) == 0
-    assert capsys.readouterr().out.strip() == "2"
+    assert jobend.main([str(job), "--begin"]) == 0
+    assert capsys.readouterr().out.strip() == "start 2"
 
 
 def test_jobend_without_the_allocation_requeues_as_before(job, monkeypatch, capsys):

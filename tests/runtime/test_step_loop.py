@@ -26,7 +26,7 @@ STUBS = {
     # The end of each start answers the next line of $LOG/answers, and says what it was told.
     "jobend": 'case " $* " in\n'
               '  *" --watch "*) exit 0 ;;\n'
-              '  *" --start-number "*) echo "${START_NUMBER:-0}" ;;\n'
+              '  *" --begin "*) echo "${BEGIN:-start ${START_NUMBER:-0}}"; exit "${BEGIN_STATUS:-0}" ;;\n'
               '  *) printf "%s\\n" "$*" >> "$LOG/ends"\n'
               '     sed -n "$(wc -l < "$LOG/ends")p" "$LOG/answers" ;;\n'
               'esac\n',
@@ -90,3 +90,22 @@ def test_an_answer_that_is_no_node_list_ends_the_loop(tmp_path):
     proc = run_loop(tmp_path, ["restart $(touch PWNED)", "done"], [1, 0])
     assert len(lines(tmp_path / "steps")) == 1 and not list(tmp_path.rglob("PWNED*"))
     assert proc.returncode == 0, proc.stderr
+
+
+def test_a_start_of_a_run_that_has_ended_runs_nothing_and_exits_0(tmp_path):
+    proc = run_loop(tmp_path, ["done"], [0], BEGIN="end")
+    assert proc.returncode == 0, proc.stderr
+    assert lines(tmp_path / "steps") == [] and lines(tmp_path / "ends") == []
+    assert lines(tmp_path / "scontrol") == []      # nothing requeues the job
+
+
+def test_a_start_that_is_not_the_runs_runs_nothing_and_fails(tmp_path):
+    proc = run_loop(tmp_path, ["done"], [0], BEGIN_STATUS="1")
+    assert proc.returncode == 1
+    assert lines(tmp_path / "steps") == [] and lines(tmp_path / "ends") == [] and lines(tmp_path / "scontrol") == []
+
+
+def test_the_start_number_comes_from_the_beginning(tmp_path):
+    proc = run_loop(tmp_path, ["done"], [0], BEGIN="start 3")
+    assert proc.returncode == 0, proc.stderr
+    assert lines(tmp_path / "steps") == ["n1,n2 3 n1 10003"]

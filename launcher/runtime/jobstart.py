@@ -1,0 +1,175 @@
+"""The beginning of one start of a job: whether it is a start of the run at all.
+
+job.sbatch asks before anything else of the start runs (no watchdog, no job step)::
+
+    python -m launcher.runtime.jobend RUN_DIR --begin
+
+and reads one line: ``start N`` (go on, as start number N: Slurm's requeue count past the
+numbers earlier steps of the job took) or ``end`` (exit 0 at once). Exit status 1, with one
+line on stderr, refuses the start. What decides (:func:`beginning`, pure) is run.json's
+state, whether the run's result is written, and which job this is to the run (:class:`Origin`):
+
+- A start that begins after its run has ended does nothing and changes nothing: no start is
+  recorded, run.json and result.json stay as they are, and the job exits 0, so that Slurm
+  leaves it ended (it requeues a batch job only on `scontrol requeue` or a failure the
+  cluster's RequeueExit names). Slurm 24.11 starts a job it requeued after a preemption once
+  more after the job completed (slurmctld: ``_job_complete: requeue JobId=N per user/system
+  request``); a job that handed the run on (resubmitted at its time limit, or replaced by
+  `glaunch resume`) may be started again the same way, and does nothing either.
+- A bundle written by `glaunch submit --dry-run` and submitted by hand (``sbatch
+  RUN_DIR/job.sbatch``) is taken on by its job (:func:`launcher.rundir.lifecycle.adopt`):
+  run.json records the job as the run's first start, as `glaunch submit` would have, and the
+  tasks get submitit's pickled task. This happens under the run's lock: of two jobs of one
+  bundle, the second finds the run another job's and is refused.
+- A job the run does not know, while the run is another job's, is refused: it would train
+  beside that job in the same run directory.
+
+Imports no torch; submitit only to take on a bundle.
+"""
+
+from __future__ import annotations
+
+import enum
+import pickle
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from launcher.errors import RunError
+from launcher.rundir import registry
+from launcher.rundir.files import exclusive_lock
+from launcher.rundir.layout import RunDir
+from launcher.rundir.lifecycle import ENDS, adopt
+from launcher.rundir.records import RunRecord, State, is_job_id
+
+
+class Origin(str, enum.Enum):
+    """Which job this start is of, to the run."""
+
+    RUN_JOB = "the run's job"           # the job run.json names now
+    EARLIER_JOB = "an earlier job"      # a job of one of the run's starts, which the run has left
+    OTHER_JOB = "another job"           # a job none of the run's starts was
+    NO_JOB = "no job id"                # GLAUNCH_JOB_ID is not a Slurm job id
+
+
+class Action(str, enum.Enum):
+    START = "start"         # go on: a start of the run
+    END = "end"             # exit 0 at once, nothing changed: the run has ended or gone on
+    ADOPT = "adopt"         # a dry run's bundle submitted by hand: this job becomes the run's
+    REFUSE = "refuse"       # exit 1 at once, nothing changed: the run is another job's
+
+
+@dataclass(frozen=True)
+class Beginning:
+    action: Action
+    why: str | None = None      # one line for the batch log
+
+
+def origin_of(record: RunRecord, job_id: str | None) -> Origin:
+    """Pure: which job `job_id` is to the run `record`."""
+    if not is_job_id(job_id):
+        return Origin.NO_JOB
+    if record.job_id == job_id:
+        return Origin.RUN_JOB
+    if any(start.job_id == job_id for start in record.starts):
+        return Origin.EARLIER_JOB
+    return Origin.OTHER_JOB
+
+
+def beginning(*, run_id: str, state: str, finished: bool, origin: Origin, job_id: str | None,
+              run_job: str | None) -> Beginning:
+    """Pure: what a start of job `job_id` does as it begins, from run.json's `state` and job
+    (`run_job`), whether the run's result.json is written (`finished`) and `origin`."""
+    this = f"job {job_id}" if job_id else "this job"
+    if finished or state in ENDS:
+        ended = state if state in ENDS else "its result is written"
+        if origin in (Origin.RUN_JOB, Origin.EARLIER_JOB):
+            return Beginning(Action.END, f"run {run_id} has ended ({ended}): this start of {this} does "
+                             "nothing (Slurm started the job again after the run's end)")
+        return Beginning(Action.END, f"run {run_id} has ended ({ended}): {this} does nothing; "
+                         f"`glaunch resume {run_id}` continues the run")
+    if state == State.RENDERED.value:
+        if origin is Origin.NO_JOB:
+            return Beginning(Action.REFUSE, f"run {run_id} was rendered by --dry-run and this start has no Slurm "
+                             "job id to record: submit the bundle with `sbatch RUN_DIR/job.sbatch`, or submit "
+                             "the experiment with `glaunch submit EXPERIMENT`")
+        return Beginning(Action.ADOPT, f"{this} takes on run {run_id}, rendered by --dry-run and submitted "
+                         "by hand: it is the run's first start")
+    if origin is Origin.RUN_JOB:
+        return Beginning(Action.START)
+    if origin is Origin.EARLIER_JOB:
+        now = f"job {run_job}" if run_job else "a new submission"
+        return Beginning(Action.END, f"run {run_id} has gone on in {now} ({state}): this start of {this} "
+                         "does nothing (Slurm started the job again after it handed the run on)")
+    if run_job is None:
+        # Between sbatch's answer and its record (a submission, a resume), or a job the
+        # scheduler lost: this job may well be the one being recorded.
+        return Beginning(Action.START)
+    return Beginning(Action.REFUSE, f"run {run_id} is job {run_job}'s ({state}): {this} is not one of its "
+                     f"starts and does not start it (`glaunch status {run_id}` follows the run)")
+
+
+def beginning_of(run_dir: Path, record: RunRecord, job_id: str | None) -> Beginning:
+    return beginning(run_id=record.run_id, state=str(record.state), finished=RunDir(run_dir).result_file.exists(),
+                     origin=origin_of(record, job_id), job_id=job_id, run_job=record.job_id)
+
+
+def take_on(run_dir: Path, job_id: str) -> Beginning:
+    """Under the run's lock, decided again: the dry run's record taken on by job `job_id`,
+    with the pickle submitit's loader reads in each task (LOG_DIR/JOB_submitted.pkl). A run
+    another job took on meanwhile is left as it is (and the decision says so)."""
+    with exclusive_lock(RunDir(run_dir).lock_file, "run record"):
+        record = registry.read(run_dir)
+        decided = beginning_of(run_dir, record, job_id)
+        if decided.action is Action.ADOPT:
+            write_task_pickle(run_dir, job_id)
+            adopt(record, job_id, registry.now())
+            registry.write(run_dir, record)
+    return decided
+
+
+def write_task_pickle(run_dir: Path, job_id: str) -> None:
+    """What `glaunch submit` leaves for the tasks through submitit: the pickled task that
+    reads the run's task.json."""
+    from submitit.core.utils import DelayedSubmission, JobPaths
+
+    from launcher.runtime.task import TrainingTask
+
+    path = JobPaths(RunDir(run_dir).log_dir, job_id=job_id).submitted_pickle
+    if not path.exists():
+        DelayedSubmission(TrainingTask(str(run_dir))).dump(path)
+
+
+def begin_start(run_dir: Path, job_id: str | None, requeues: int) -> int:
+    """`RUN_DIR --begin`: print ``start N`` or ``end`` (see the module docstring); 1 refuses."""
+    try:
+        record = registry.read(run_dir)
+    except (RunError, OSError, ValueError) as exc:
+        # Nothing to decide on: the start goes on, and its end says what it cannot record.
+        _say(f"run.json not read, this start is number {requeues}: {exc}")
+        print(f"start {requeues}", flush=True)
+        return 0
+    decided = beginning_of(run_dir, record, job_id)
+    if decided.action is Action.ADOPT and job_id is not None:
+        try:
+            decided = take_on(run_dir, job_id)
+            record = registry.read(run_dir)
+        except (RunError, OSError, ValueError, ImportError, pickle.PickleError) as exc:
+            # Never train a run whose record cannot say so.
+            _say(f"run {record.run_id}: job {job_id} cannot take on the bundle ({exc}); submit the experiment "
+                 "with `glaunch submit EXPERIMENT`")
+            return 1
+    if decided.why:
+        _say(decided.why)
+    if decided.action is Action.REFUSE:
+        return 1
+    if decided.action is Action.END:
+        print("end", flush=True)
+        return 0
+    number = record.next_restart(job_id, requeues) if job_id is not None and is_job_id(job_id) else requeues
+    print(f"start {number}", flush=True)
+    return 0
+
+
+def _say(line: str) -> None:
+    print(f"glaunch: {line}", file=sys.stderr, flush=True)
