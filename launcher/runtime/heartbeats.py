@@ -548,7 +548,13 @@ def _checks(world_size: int, now: float | None) -> dict[str, tuple[bool, Callabl
         "step_s": (True, _step_time), "step_p99_s": (True, _step_time), "busy_s": (True, _step_time),
         "steps_timed": (True, _whole(0, MAX_STEP)), "busy_count": (True, _whole(0, MAX_STEP)),
         "save_s": (True, _seconds_within(MAX_STEP_S)),
+        "source": (True, _source),
     }
+
+
+def _source(value: object) -> str | None:
+    """Where a beat came from when not from the rank itself: "log" (launcher.runtime.logprogress)."""
+    return None if value == "log" else "not a source of beats glaunch writes"
 
 
 def checked_heartbeat(record: Mapping[str, Any], *, world_size: int | None = None,

@@ -22,9 +22,10 @@ from __future__ import annotations
 import os
 import re
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from launcher.rundir.files import open_regular
 from launcher.rundir.layout import heartbeat_bytes, read_heartbeat
@@ -32,6 +33,7 @@ from launcher.rundir.layout import heartbeat_bytes, read_heartbeat
 MAX_LINE = 4096                 # characters of a line the pattern sees
 READ_PER_POLL = 1 << 20         # bytes read from the log per poll: a flood is caught up over polls
 MAX_STEP = 2**63 - 1
+RECENT_STEPS = 200             # as the runtime's heartbeats
 
 
 @dataclass
@@ -46,6 +48,10 @@ class LogProgress:
     step_time: float | None = None
     first_step: int | None = None
     first_time: float | None = None
+    # Seconds a step, between two polls that saw the step advance: what the watchdog's
+    # `stall_s: auto` fits its bound to, as it does the runtime's own step times.
+    step_times: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
+    steps_timed: int = 0
 
     @classmethod
     def following(cls, path: str | os.PathLike[str], pattern: str) -> LogProgress:
@@ -70,7 +76,16 @@ class LogProgress:
         if self.first_step is None:
             self.first_step, self.first_time = step, now
         if self.step is None or step != self.step:
+            if self.step is not None and self.step_time is not None and step > self.step and now > self.step_time:
+                self.step_times.append((now - self.step_time) / (step - self.step))
+                self.steps_timed += step - self.step
             self.step, self.step_time = step, now
+
+    def step_p99_s(self) -> float | None:
+        if not self.step_times:
+            return None
+        ordered = sorted(self.step_times)
+        return round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 6)
 
     def _read(self) -> bytes:
         try:
@@ -99,16 +114,21 @@ def step_of(line: str, pattern: re.Pattern[str]) -> int | None:
     return step if step <= MAX_STEP else None
 
 
-def beat_from_log(heartbeat: Path, progress: LogProgress, total: int | None, now: float | None = None) -> bool:
+def beat_from_log(heartbeat: Path, progress: LogProgress, total: int | None, now: float | None = None,
+                  start: Mapping[str, Any] | None = None) -> bool:
     """Write rank 0's heartbeat from the log's progress, over the task's `starting` record
-    (keeping who the rank is: its pid, node, job and start). Nothing when no step was
-    seen yet or the rank announced itself through the runtime. Whether it wrote."""
+    (keeping who the rank is: its pid and node), as a beat of `start` (its job_id, restart
+    and world_size). Nothing when no step was seen yet or the rank announced itself
+    through the runtime. Whether it wrote."""
     if progress.step is None:
         return False
     record = read_heartbeat(heartbeat) or {}
     if record.get("announced_at") is not None and record.get("source") != "log":
         return False
     now = time.time() if now is None else now
+    if start is not None and any(record.get(k) != v for k, v in start.items() if k in ("job_id", "restart")):
+        record = {}                   # an earlier start's record: nothing of it is this start's
+    record.update(start or {})
     record.update(log_record(progress, total, now))
     try:
         fd = open_regular(heartbeat, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
@@ -123,4 +143,5 @@ def beat_from_log(heartbeat: Path, progress: LogProgress, total: int | None, now
 def log_record(progress: LogProgress, total: int | None, now: float) -> dict[str, Any]:
     return {"rank": 0, "state": "running", "source": "log", "step": progress.step, "total": total,
             "time": progress.step_time, "first_step": progress.first_step, "first_time": progress.first_time,
-            "announced_at": progress.first_time, "written": now}
+            "announced_at": progress.first_time, "written": now, "step_p99_s": progress.step_p99_s(),
+            "steps_timed": progress.steps_timed}

@@ -101,6 +101,7 @@ from launcher.rundir.records import (
 )
 from launcher.rundir.taskspec import TaskSpec, TaskSpecError, read_task_spec
 from launcher.runtime.heartbeats import BUSY_WINDOW, SAVING_STATES, checked_heartbeat
+from launcher.runtime.logprogress import LogProgress, beat_from_log
 from launcher.runtime.rankcontext import RuntimeConfigError, context
 from launcher.runtime.stacks import Ranks, log, run_command, write_stacks
 from launcher.runtime.telemetry import iso, quantile
@@ -292,7 +293,7 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
     if armed is None:
         return None
     bounds = bounds_in_force(records, limits) if bounds is None else bounds
-    ranks = set(records) | set(range(world_size or 0))
+    ranks = watched_ranks(records, world_size)
     kinds = set()
     for rank in ranks:
         record = records.get(rank, {})
@@ -312,6 +313,17 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
     bound = {"save": bounds.save_s, "stall": bounds.stall_s, "first_step": bounds.first_step_s}[kind]
     silent = silent_ranks(records, ranks)
     return Hang(kind, bound, silent, blamed_node(silent, records, len(ranks)), len(ranks))
+
+
+def watched_ranks(records: Mapping[int, Mapping[str, Any]], world_size: int | None) -> set[int]:
+    """The ranks whose silence is evidence: every rank of the start, where the ranks report
+    through the runtime; only those with a report of their own where the steps come from a
+    script's log lines (entrypoint.progress gives rank 0's alone, and the others' silence
+    says nothing)."""
+    ranks = set(records) | set(range(world_size or 0))
+    if not any(r.get("source") == "log" for r in records.values()):
+        return ranks
+    return {rank for rank in ranks if any(records.get(rank, {}).get(k) is not None for k in ("announced_at", "time"))}
 
 
 def _state(record: Mapping[str, Any]) -> str | None:
@@ -467,6 +479,8 @@ class Watch:
         self.left_out: list[str] | None = None     # the nodes earlier restarts in this allocation left out
         self.said: dict[Path, str] = {}     # each skipped file's problem, said once (not at every poll)
         self.unread = False                 # task.json could not be read: off, and nothing to record
+        self.progress: LogProgress | None = None    # entrypoint.progress: rank 0's log, followed
+        self.progress_total: int | None = None
         if self.limits is None:
             self._read_spec()
 
@@ -479,8 +493,14 @@ class Watch:
             return
         self.limits = Limits.of(spec)
         self.world_size = self.world_size or spec.world_size
+        if spec.progress_pattern is not None:
+            # Task 0 is rank 0 under srun, and node 0's agent (its workers' output) under torchrun.
+            log_file = RunDir(self.run_dir).task_log(self.job_id, 0)
+            self.progress = LogProgress.following(log_file, spec.progress_pattern)
+            self.progress_total = spec.progress_total
 
     def check(self) -> Hang | None:
+        self.follow_log()
         if self.limits is None:
             return None
         if self.limits.off:
@@ -506,6 +526,16 @@ class Watch:
         self._note(self.records)
         return find_hang(self.records, now=now, started=self.started, limits=self.limits,
                          world_size=self.world_size, bounds=self.bounds)
+
+    def follow_log(self) -> None:
+        """With entrypoint.progress: rank 0's newest step from its log into its heartbeat
+        (launcher.runtime.logprogress), which the checks below then read as a beat."""
+        if self.progress is None:
+            return
+        now = self.clock()
+        self.progress.poll(now)
+        beat_from_log(RunDir(self.run_dir).heartbeat(0), self.progress, self.progress_total, now=now,
+                      start={"job_id": self.job_id, "restart": self.restart, "world_size": self.world_size})
 
     def _note(self, records: Mapping[int, Mapping[str, Any]]) -> None:
         """What the watch is (watch_entry: off, not watched, the bounds in force) and the

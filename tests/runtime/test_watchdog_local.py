@@ -9,6 +9,7 @@ are not."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -273,3 +274,55 @@ def test_a_runtime_script_that_hangs_before_its_first_step_is_still_caught(tmp_p
     assert (last["state"], record["state"]) == ("COMPLETED", "COMPLETED"), last
     print(f"a runtime script stuck before its first step: hang found (first_step_s {FIRST_STEP_S}); run "
           f"COMPLETED on the retry in {seconds:.1f} s")
+
+
+# A script that knows nothing of glaunch but prints its step; its first start hangs after
+# step HANG_AT (as a stuck data loader would), and each start says what it was given.
+PROGRESS_SCRIPT = '''
+import os, sys, time
+print("args", sys.argv[1:], flush=True)
+for step in range(1, 21):
+    if step == HANG_AT + 1 and "--init_from=resume" not in sys.argv:
+        time.sleep(10**6)
+    print(f"iter {step}: loss {1.0 / step:.3f}", flush=True)
+    time.sleep(0.1)
+'''
+HANG_AT = 8
+PROGRESS_STALL_S = 4
+
+
+def test_a_script_s_own_log_lines_give_its_progress_and_a_hang_is_found_from_them(tmp_path, isolated_env):
+    script = PROGRESS_SCRIPT.replace("HANG_AT", str(HANG_AT))
+    (tmp_path / "progress.py").write_text(script)
+    (tmp_path / "progress.yaml").write_text(
+        "name: progress\n"
+        "entrypoint:\n  script: progress.py\n  args: ['--out_dir=${run:dir}/out', '--start=${run:restart}']\n"
+        "  resume_args: ['--init_from=resume']\n  progress: {pattern: '^iter (\\d+):', total: 20}\n"
+        'launcher: srun\nresources: {nodes: 1, time: "00:05:00"}\n'
+        f"watchdog: {{stall_s: {PROGRESS_STALL_S}}}\nrequeue: {{max: 1}}\n")
+    (tmp_path / "site.yaml").write_text(SITE)
+    runs = tmp_path / "runs"
+    began = time.time()
+    proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", str(tmp_path / "progress.yaml"),
+                           "--site", str(tmp_path / "site.yaml"), "--runs-dir", str(runs)],
+                          cwd=REPO, env=isolated_env, capture_output=True, text=True, timeout=600)
+    seconds = time.time() - began
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run_dir,) = runs.iterdir()
+    record = json.loads((run_dir / "run.json").read_text())
+    first, last = record["starts"][0], record["starts"][-1]
+    assert (first["reason"], first["hang"]["kind"]) == ("hang", "stall"), first
+    assert first["watchdog"]["state"] == "watching", first["watchdog"]
+    assert (last["state"], record["state"]) == ("COMPLETED", "COMPLETED"), last
+    # Each start's own arguments: the run's directory, its start number, and resume_args after the first.
+    logs = sorted((run_dir / "logs").glob("*_0_log.out"))
+    said = [next(line for line in p.read_text().splitlines() if line.startswith("args")) for p in logs]
+    assert said == [f"args ['--out_dir={run_dir}/out', '--start=0']",
+                    f"args ['--out_dir={run_dir}/out', '--start=1', '--init_from=resume']"], said
+    # The console and status read the script's step from its log lines.
+    assert re.search(r"COMPLETED at step 20 after 2 start\(s\)", proc.stdout), proc.stdout[-3000:]
+    text = status_of(run_dir, isolated_env)
+    assert re.search(r"start 0: job \d+ REQUEUED reason=hang +last step 8\b", text), text
+    assert f"silent: rank 0 on {first['hang']['silent'][0]['node']} at step 8" in text, text
+    print(f"a script without the runtime, progress from its log: hang at step {HANG_AT} found "
+          f"(stall_s {PROGRESS_STALL_S}); run COMPLETED on the retry, resume_args given, in {seconds:.1f} s")
