@@ -20,6 +20,18 @@ T = TypeVar("T")
 # run.json of a run with thousands of requeues stays far below this; anything bigger is
 # not a record glaunch wrote, and reading it whole could exhaust memory.
 MAX_RECORD_BYTES = 16 * 1024 * 1024
+# No JSON file glaunch reads nests deeper than a few levels; past this one it was not
+# written by glaunch, and a recursive reader (or printer) of it could exhaust the stack.
+MAX_JSON_DEPTH = 64
+# What a record glaunch writes (run.json, a sweep's, a checkpoint directory's owner) may
+# hold: its writers stay far below each bound (a detail is at most a few KB, a start list
+# one entry per requeue). A record past one was forged or damaged; it is refused when read,
+# so that no command prints megabytes of it.
+MAX_RECORD_TEXT = 16 * 1024
+MAX_RECORD_ITEMS = 100_000
+MAX_RECORD_NUMBER = 2**63          # no count, step, id or time glaunch writes comes near
+# The most of a key path a message about a record shows.
+MAX_KEY_PATH = 120
 
 
 class NotARegularFile(OSError):
@@ -80,11 +92,23 @@ def load_json_object(path: str | os.PathLike[str]) -> dict[str, Any]:
     return parse_json_object(text)
 
 
+def load_bounded_object(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """`load_json_object`, and ValueError (naming where) for a record past the bounds of
+    what glaunch writes: a text longer than MAX_RECORD_TEXT characters or not Unicode (a
+    lone surrogate, which no terminal can print), a list or object of more than
+    MAX_RECORD_ITEMS entries, an integer beyond MAX_RECORD_NUMBER (no float holds one of
+    JSON's unbounded integers)."""
+    data = load_json_object(path)
+    check_bounds(data, max_text=MAX_RECORD_TEXT, max_items=MAX_RECORD_ITEMS, max_number=MAX_RECORD_NUMBER)
+    return data
+
+
 def read_record(path: str | os.PathLike[str], from_dict: Callable[[dict[str, Any]], T], what: str) -> T:
-    """The record `from_dict` makes of the JSON object in `path`; RunError naming the file
-    and what is wrong when it cannot be read back."""
+    """The record `from_dict` makes of the JSON object in `path` (within the bounds of
+    `load_bounded_object`); RunError naming the file and what is wrong when it cannot be
+    read back."""
     try:
-        return from_dict(load_json_object(path))
+        return from_dict(load_bounded_object(path))
     except OSError as exc:
         raise RunError(f"cannot read the {what}: {exc.strerror or exc}", file=str(path)) from None
     except ValueError as exc:
@@ -103,7 +127,67 @@ def parse_json_object(text: str) -> dict[str, Any]:
         raise ValueError(f"not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise ValueError(f"a JSON {json_type(data)}, not an object")
+    check_bounds(data)
     return data
+
+
+def check_bounds(data: Any, *, max_depth: int = MAX_JSON_DEPTH, max_text: int | None = None,
+                 max_items: int | None = None, max_number: int | None = None) -> None:
+    """ValueError naming the first place (a key path) where decoded JSON `data` nests more
+    than `max_depth` deep, or (when given) holds a text of more than `max_text` characters
+    or one that is not Unicode, a list or object of more than `max_items` entries, or an
+    integer beyond +-`max_number`. Iterative: it must take what a recursive reader could not."""
+    scalars = max_text is not None or max_number is not None
+    if not isinstance(data, (dict, list)):
+        if scalars:
+            _check_scalar(data, None, max_text, max_number)
+        return
+    todo: list[tuple[Any, Any, int]] = [(data, None, 1)]
+    while todo:
+        value, where, depth = todo.pop()
+        if depth > max_depth:
+            raise ValueError(f"{_key_path(where)}nested more than {max_depth} deep")
+        if max_items is not None and len(value) > max_items:
+            raise ValueError(f"{_key_path(where)}{len(value)} entries (at most {max_items})")
+        for key, child in value.items() if isinstance(value, dict) else enumerate(value):
+            if isinstance(child, (dict, list)):
+                todo.append((child, (where, key), depth + 1))
+            elif scalars:
+                _check_scalar(child, (where, key), max_text, max_number)
+            if scalars and isinstance(key, str):
+                _check_scalar(key, where, max_text, max_number)
+
+
+def _check_scalar(value: Any, where: Any, max_text: int | None, max_number: int | None) -> None:
+    if isinstance(value, str):
+        _check_text(value, where, max_text)
+    elif isinstance(value, int) and max_number is not None and abs(value) > max_number:
+        raise ValueError(f"{_key_path(where)}a number of {len(str(abs(value)))} digits (larger than {max_number})")
+
+
+def _check_text(text: str, where: Any, max_text: int | None) -> None:
+    if max_text is None:
+        return
+    if len(text) > max_text:
+        raise ValueError(f"{_key_path(where)}a text of {len(text)} characters (at most {max_text})")
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"{_key_path(where)}a text that is not Unicode (a lone surrogate)") from None
+
+
+def _key_path(where: Any) -> str:
+    """`starts[0].versions.node1: ` for the link chain (parent, key) `check_bounds` keeps;
+    nothing for the top."""
+    keys = []
+    while where is not None:
+        where, key = where
+        keys.append(f"[{key}]" if isinstance(key, int) else f".{key}")
+    text = "".join(reversed(keys)).lstrip(".")
+    if len(text) > MAX_KEY_PATH:
+        text = text[:MAX_KEY_PATH] + "..."
+    return f"{text}: " if text else ""
 
 
 def read_json(path: str | os.PathLike[str]) -> dict[str, Any] | None:

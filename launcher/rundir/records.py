@@ -60,6 +60,16 @@ def is_terminal(state: str | None) -> bool:
     return state in TERMINAL
 
 
+_NAMED = frozenset(state.value for state in State)
+
+
+def is_known_state(state: str | None) -> bool:
+    """Whether `state` is one of glaunch's or one Slurm reports of a job still queued or
+    running (run.json may hold either). Another name, of the right shape, was written by
+    hand: nothing can say whether such a run has ended."""
+    return state in _NAMED or state in LIVE
+
+
 # Slurm's job id: a number, or an array element's NUMBER_INDEX.
 JOB_ID = re.compile(r"[0-9]{1,12}(?:_[0-9]{1,12})?")
 # A state's name: glaunch's (State) or one Slurm reports that State does not list.

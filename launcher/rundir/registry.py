@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from launcher.errors import ConfigError, RunError
+from launcher.errors import ConfigError, GlaunchError, RunError
 from launcher.rundir.envnames import STATE_DIR
 from launcher.rundir.files import (
     read_record,
@@ -233,14 +233,35 @@ def find_run(ref: str) -> Path:
             return candidate.resolve()
     except RuntimeError as exc:         # ~user unknown, a symlink loop
         raise ConfigError(f"no run {ref!r}: {exc}", file="command line", key="RUN") from None
+    other_runs: RunError | None = None
     for entry in reversed(indexed_runs()):
         if entry["run_id"] == ref and _has_record(Path(entry["run_dir"])):
-            return Path(entry["run_dir"])
+            other_runs = _another_run(Path(entry["run_dir"]), ref)
+            if other_runs is None:
+                return Path(entry["run_dir"])
     local = Path("runs") / ref
     if _has_record(local):
         return local.resolve()
+    if other_runs is not None:
+        raise other_runs
     raise ConfigError(f"no run {ref!r}: not a run directory and not a known run id (`glaunch list` shows runs)",
                       file="command line", key="RUN")
+
+
+def _another_run(run_dir: Path, run_id: str) -> RunError | None:
+    """The error to raise when run.json in `run_dir`, which the index lists as run `run_id`,
+    is another run's record (the directory reused, the record copied or linked from another
+    run): no command acts on one run for another. None when it is run `run_id`'s, or cannot
+    be read (the command reading it says what is wrong)."""
+    try:
+        recorded = read(run_dir).run_id
+    except GlaunchError:
+        return None
+    if recorded == run_id:
+        return None
+    return RunError(f"damaged run record: the record of run {recorded}, not of run {run_id} as the run index "
+                    "says (a run directory reused, or a record copied or linked from another run)",
+                    file=str(RunDir(run_dir).run_file), key="run_id")
 
 
 def _has_record(run_dir: Path) -> bool:

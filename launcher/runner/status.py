@@ -22,7 +22,7 @@ from launcher.config.yamlfile import read_yaml
 from launcher.errors import GlaunchError
 from launcher.resolution import goodput_projection
 from launcher.resolution.strategy import plan_for
-from launcher.rundir.files import load_json_object, open_regular, read_text
+from launcher.rundir.files import load_bounded_object, load_json_object, open_regular, read_text
 from launcher.rundir.layout import REMOTE_FILE, RunDir, read_heartbeat
 from launcher.rundir.records import IN_FLIGHT, RunRecord
 from launcher.runner import goodput
@@ -334,7 +334,7 @@ def _result(run_dir: Path) -> tuple[dict | None, str | None]:
     """result.json, or what is wrong with it (None when the run has not written one)."""
     path = RunDir(run_dir).result_file
     try:
-        return load_json_object(path), None
+        return load_bounded_object(path), None
     except FileNotFoundError:
         return None, None
     except OSError as exc:

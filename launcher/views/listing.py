@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from launcher.views.text import printable
+from launcher.views.text import clipped, printable
 
 
 def format_list(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "no runs yet"
     lines = [f"{'RUN':44s} {'STATE':11s} {'SITE':18s} {'NODES':5s} AGE"]
-    for r in rows:
+    for r in clipped(rows):
         if r.get("error"):
             lines.append(f"{'bad record' if r.get('run_dir') else 'bad index'}: {printable(r['error'])}")
         else:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from launcher.rundir.records import is_known_state
 from launcher.runner.goodput import as_mapping, number, step_of
 from launcher.views.goodput_text import projection_lines
 from launcher.views.sweep_text import format_sweep
-from launcher.views.text import duration, printable
+from launcher.views.text import clipped, duration, printable
 
 
 def _gb(value: Any) -> str:
@@ -125,7 +126,8 @@ def _origin_lines(summary: Mapping[str, Any]) -> list[str]:
         lines.append(f"  sweep {p(sweep.get('id'))}, element {sweep.get('index')}: {values}")
     for item in summary.get("after") or []:
         if isinstance(item, dict):
-            jobs = ",".join(map(str, item.get("job_ids") or [])) or "-"
+            ids = item.get("job_ids")
+            jobs = ",".join(map(str, ids)) if isinstance(ids, list) and ids else "-"
             lines.append(f"  after {p(item.get('ref'))}:{p(item.get('kind'))} (jobs {p(jobs)})")
     return lines
 
@@ -167,19 +169,19 @@ def _failure_lines(start: Mapping[str, Any]) -> list[str]:
 
 
 def _watchdog_lines(start: Mapping[str, Any]) -> list[str]:
-    """The hang bound the watchdog held the start to (auto: from what), and the ranks it
-    named slow with their nodes."""
+    """The bound the watchdog holds the start to (the first step's until a rank stepped;
+    auto: from what), or that it is off or does not watch and why; and the ranks it named
+    slow with their nodes."""
     p, lines = printable, list[str]()
     watch = as_mapping(start.get("watchdog"))
     if not watch:
         return lines
-    bound = number(watch.get("bound_s"))
-    basis = {"fixed": "fixed", "initial": "auto, before warm-up",
-             "steps": f"auto, p99 step {duration(watch.get('step_p99_s'))}"}.get(str(watch.get("basis")), "?")
-    if bound is not None and bound > 0:
-        save = number(watch.get("save_bound_s"))
-        lines.append(f"    watchdog: hang after {duration(bound)} without a step ({basis})"
-                     + (f", {duration(save)} for a save" if save else ""))
+    state = watch.get("state", "watching")      # an entry without a state: written when every watch had bounds
+    if state in ("off", "not watched"):
+        why = watch.get("why")
+        lines.append(f"    watchdog: {state}" + (f": {p(why)}" if isinstance(why, str) else ""))
+    else:
+        lines += _bound_lines(watch)
     for slow in [s for s in watch.get("slow") or [] if isinstance(s, dict)][:8]:
         ratio = number(slow.get("ratio"))
         lines.append(f"    slow: rank {p(slow.get('rank'))}" + (f" on {p(slow['node'])}" if slow.get("node") else "")
@@ -192,6 +194,25 @@ def _watchdog_lines(start: Mapping[str, Any]) -> list[str]:
     if watch.get("exclusion"):
         lines.append(f"    {p(watch['exclusion'])}")
     return lines
+
+
+def _bound_lines(watch: Mapping[str, Any]) -> list[str]:
+    """The bound in force: before any rank stepped, the first step's; then the step's."""
+    bound = number(watch.get("bound_s"))
+    basis = {"fixed": "fixed", "initial": "auto, before warm-up",
+             "steps": f"auto, p99 step {duration(watch.get('step_p99_s'))}"}.get(str(watch.get("basis")), "?")
+    stall = ""
+    if bound is not None and bound > 0:
+        save = number(watch.get("save_bound_s"))
+        stall = (f"hang after {duration(bound)} without a step ({basis})"
+                 + (f", {duration(save)} for a save" if save else ""))
+    if watch.get("in_force") != "first_step":
+        return [f"    watchdog: {stall}"] if stall else []
+    first = number(watch.get("first_step_s"))
+    since = watch.get("watched_since")
+    head = (f"hang if no rank steps within {duration(first)}" if first else "no bound before the first step")
+    head += f" of the runtime's start ({printable(since)})" if first and isinstance(since, str) else ""
+    return [f"    watchdog: {head}" + (f"; then {stall}" if stall else "")]
 
 
 def _resume_line(resume: Mapping[str, Any]) -> str:
@@ -230,13 +251,19 @@ def _job_lines(summary: Mapping[str, Any]) -> dict[int, list[str]]:
     return heads
 
 
+def _state(state: Any) -> str:
+    """A run's state; one neither glaunch nor Slurm names (run.json edited) is shown as unknown."""
+    return printable(state) if is_known_state(state) else f"UNKNOWN (run.json says {printable(state)})"
+
+
 def format_status(summary: Mapping[str, Any]) -> str:
-    """The text of a run's summary, or of a sweep's."""
+    """The text of a run's summary, or of a sweep's (each text of it clipped to MAX_SHOWN)."""
+    summary = clipped(summary)
     if "sweep_id" in summary:
         return format_sweep(summary)
     p = printable
     resumed = len([r for r in summary.get("resumes") or [] if isinstance(r, dict)])
-    lines = [f"run {p(summary['run_id'])}: {p(summary['state'])} (site {p(summary['site'])}, "
+    lines = [f"run {p(summary['run_id'])}: {_state(summary['state'])} (site {p(summary['site'])}, "
              f"job {p(summary['job_id'])}, {summary['restarts']} restart(s)"
              + (f", {resumed} resume(s)" if resumed else "") + ")", f"  {p(summary['run_dir'])}"]
     cluster = summary.get("cluster")
