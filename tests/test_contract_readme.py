@@ -1,6 +1,7 @@
-"""README.md says what the product does: its experiment and site profile examples load,
-validate and render as written, and every command and option its "Using it" block shows
-exists with that name."""
+"""README.md and the reference pages under docs/ say what the product does: the
+experiment and site profile examples load, validate and render as written, every `glaunch`
+command line their shell blocks show names a command, options of it, and arguments its
+parser takes, and every relative link resolves to a file (and heading) that exists."""
 
 import json
 import re
@@ -11,26 +12,36 @@ from pathlib import Path
 import click
 import pytest
 
+from launcher import api
 from launcher.cli import cli
 
 REPO = Path(__file__).resolve().parent.parent
-README = (REPO / "README.md").read_text()
+DOC_FILES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+DOCS = {path: path.read_text() for path in DOC_FILES}
+# Every page, README first: a heading is looked for wherever it is.
+ALL_TEXT = "\n".join(DOCS.values())
+
+
+def section(heading: str) -> str:
+    """The text under `heading` (a `## ` line of README or a docs page), up to the next `## `."""
+    start = ALL_TEXT.index(f"\n{heading}\n") + 1
+    end = ALL_TEXT.find("\n## ", start + len(heading))
+    return ALL_TEXT[start:end if end >= 0 else len(ALL_TEXT)]
+
+
+def fenced(text: str, language: str) -> list[str]:
+    """Every ```language block of `text`, without its fences."""
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
 
 
 def yaml_block(heading: str) -> str:
-    """The first ```yaml block after `heading`."""
-    start = README.index("```yaml\n", README.index(heading)) + len("```yaml\n")
-    return README[start:README.index("```", start)]
-
-
-def bash_block(heading: str) -> str:
-    start = README.index("```bash\n", README.index(heading)) + len("```bash\n")
-    return README[start:README.index("```", start)]
+    """The first ```yaml block under `heading`."""
+    return fenced(section(heading), "yaml")[0]
 
 
 @pytest.fixture
 def readme_configs(tmp_path):
-    """The README's experiment (its site: mycluster) and site profile, as a user would save them."""
+    """The experiment (its site: mycluster) and site profile of docs/, as a user would save them."""
     (tmp_path / "site_configs").mkdir()
     (tmp_path / "site_configs" / "mycluster.yaml").write_text(yaml_block("## Writing a site profile"))
     (tmp_path / "exp.yaml").write_text(yaml_block("## Experiment config"))
@@ -69,15 +80,22 @@ def test_the_readme_experiment_and_profile_work_as_written(readme_configs, isola
     assert proc.returncode == 0 and "4 element(s) in 2 job array(s)" in proc.stdout, proc.stderr
 
 
-def readme_commands() -> list[str]:
-    """Each command the "Using it" block shows, alternatives (`a | b`) apart, comments off."""
+def shown_commands() -> list[tuple[str, str]]:
+    """(page, command line) for each `glaunch` command a shell block of README or docs/
+    shows: comments off, `a && b` and alternatives (`a | b`) apart, variable assignments
+    before it dropped."""
     out = []
-    for line in bash_block("## Using it").splitlines():
-        line = line.split("  #", 1)[0].strip()
-        if not line.startswith("glaunch "):
-            continue
-        first, *rest = [part.strip() for part in line.split(" | ")]
-        out += [first] + [f"glaunch {part}" for part in rest]
+    for path, text in DOCS.items():
+        for block in fenced(text, "bash"):
+            for line in block.splitlines():
+                for part in line.split("  #", 1)[0].split("&&"):
+                    words = part.split()
+                    while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+                        words.pop(0)
+                    if words[:1] != ["glaunch"]:
+                        continue
+                    first, *rest = [alt.strip() for alt in " ".join(words).split(" | ")]
+                    out += [(path.name, first)] + [(path.name, f"glaunch {alt}") for alt in rest]
     return out
 
 
@@ -90,16 +108,73 @@ def resolve(words: list[str]) -> tuple[click.Command, list[str]]:
     return command, words
 
 
-def test_every_command_and_option_the_readme_shows_exists():
-    commands = readme_commands()
-    assert len(commands) >= 15, commands
-    for line in commands:
-        words = line.split()[1:]
-        command, rest = resolve(words)
-        assert not isinstance(command, click.Group), f"README: {line!r} names no command"
+def as_typed(words: list[str]) -> list[str]:
+    """A usage line's words as a user would type them: `[...]` opened, the first of `a|b`
+    taken, a `...` of repetition left out, a number `N` made one."""
+    out = []
+    for word in words:
+        word = re.sub(r"\[([^]|]*)\|[^]]*\]", r"\1", word).replace("[", "").replace("]", "")
+        word = re.sub(r"\|[^\s,]*", "", word)
+        if word and word != "...":
+            out.append("1" if word == "N" else word)
+    return out
+
+
+def test_every_command_and_option_the_docs_show_exists_and_parses():
+    """Each shown line's command exists and is not a group, each option it shows is one of
+    that command's, and click's parser takes the whole line (arity, option values, choices):
+    `make_context` parses and converts without running the command."""
+    commands = shown_commands()
+    assert len(commands) >= 30, commands
+    assert {"README.md", "commands.md", "remote.md"} <= {page for page, _ in commands}
+    for page, line in commands:
+        command, rest = resolve(line.split()[1:])
+        assert not isinstance(command, click.Group), f"{page}: {line!r} names no command"
         options = {opt for param in command.params for opt in (*param.opts, *param.secondary_opts)}
         shown = set(re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", " ".join(rest)))
-        assert shown <= options, f"README: {line!r} shows {sorted(shown - options)}, not options of the command"
+        assert shown <= options, f"{page}: {line!r} shows {sorted(shown - options)}, not options of the command"
+        try:
+            command.make_context(command.name, as_typed(rest))
+        except click.ClickException as exc:
+            pytest.fail(f"{page}: {line!r} does not parse: {exc.format_message()}")
+
+
+def anchor_of(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation but `-` and `_` dropped, spaces to `-`."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_relative_link_of_the_docs_resolves_and_every_page_is_linked():
+    linked = set()
+    for path, text in DOCS.items():
+        for target in re.findall(r"\]\(([^)\s]+)\)", text):
+            if re.match(r"[a-z]+:", target):
+                continue
+            file, _, anchor = target.partition("#")
+            dest = (path.parent / file).resolve() if file else path
+            assert dest.exists(), f"{path.name}: link {target!r}: no file {dest}"
+            linked.add(dest)
+            if anchor:
+                headings = re.findall(r"^#+ (.+)$", dest.read_text(), re.M)
+                assert anchor in {anchor_of(h) for h in headings}, f"{path.name}: link {target!r}: no such heading"
+    unlinked = {p.name for p in DOC_FILES[1:]} - {p.name for p in linked if p.parent == REPO / "docs"}
+    assert not unlinked, f"README links to no page {sorted(unlinked)}"
+
+
+def test_the_api_page_names_only_what_the_api_exports():
+    shown = set(re.findall(r"\bapi\.([a-z_]+)\(", DOCS[REPO / "docs" / "api.md"]))
+    assert len(shown) >= 12 and shown <= set(api.__all__), sorted(shown - set(api.__all__))
+
+
+def test_the_laptop_profile_of_the_readme_validates(tmp_path, isolated_env):
+    (tmp_path / "site_configs").mkdir()
+    (tmp_path / "site_configs" / "mycluster.yaml").write_text(yaml_block("## 2. From a laptop"))
+    proc = glaunch("sites", "validate", "mycluster", env=dict(isolated_env, PYTHONPATH=str(REPO)), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(glaunch("sites", "show", "mycluster", "--json", env=dict(isolated_env, PYTHONPATH=str(REPO)),
+                               cwd=tmp_path).stdout)
+    values = {row["key"]: row["value"] for row in shown["values"]}
+    assert values["login.host"] == "login1.mycluster.org" and values["runs_root"] == "~/glaunch-runs"
 
 
 def test_bench_dry_run_says_which_checkout_it_times(tmp_path):
@@ -123,10 +198,8 @@ def test_bench_dry_run_says_which_checkout_it_times(tmp_path):
 
 def bundle_table() -> set[str]:
     """The names the first column of "The run bundle"'s table gives (`logs/` for a folder)."""
-    section = README[README.index("## The run bundle"):]
-    section = section[:section.index("\n## ", 3)]
     names = set()
-    for line in section.splitlines():
+    for line in section("## The run bundle").splitlines():
         if line.startswith("| `"):
             names |= set(re.findall(r"`([^`]+)`", line.split("|")[1]))
     return names
@@ -141,4 +214,4 @@ def test_every_file_of_a_rendered_bundle_is_in_the_readme_table(tmp_path, isolat
     written = {p.name + ("/" if p.is_dir() else "") for p in run_dir.iterdir()}
     assert {"job.sbatch", "env.sh", "ds_config.json", "resolved.yaml", "run.json", "logs/", "code/"} <= written
     missing = written - bundle_table()
-    assert not missing, f"README's run bundle table does not name {sorted(missing)}"
+    assert not missing, f"docs/run-bundle.md's table does not name {sorted(missing)}"

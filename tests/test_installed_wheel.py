@@ -3,13 +3,20 @@ editable) into a fresh virtual environment, used from an empty folder with no ch
 sight. The shipped profiles, the templates, the starter (`glaunch init`) and the in-job
 runtime must all come from the installed package.
 
+The README's three paths are tried the same way: on a login node (the starter rendered for
+a shipped Slurm profile), from a laptop (rendered for the shipped profile that submits
+through the local login node, `--dry-run`, which contacts nothing) and with your own
+script (the README's plain torchrun script and its exp.yaml, run as written to COMPLETED
+on the local site, then resumed through `entrypoint.resume_args`).
+
 One test, so that the wheel is built and installed once whichever worker runs it: about
-15 s on 16 cores, 25 to 35 s on 2 (the build, the environment, the starter trained to its end)."""
+30 s on 16 cores, 60 to 90 s on 2 (the build, the environment, three local runs to their end)."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -81,6 +88,58 @@ def check_wheel(wheel: Path) -> None:
         assert field in metadata, field
 
 
+def readme_blocks(heading: str) -> dict[str, str]:
+    """The first fenced block of each language under the README's `heading`."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    start = text.index(f"\n{heading}\n")
+    end = text.find("\n## ", start + 1)
+    blocks: dict[str, str] = {}
+    for language, body in re.findall(r"^```(\w+)\n(.*?)^```", text[start:end], re.S | re.M):
+        blocks.setdefault(language, body)
+    return blocks
+
+
+def laptop_path(glaunch: Path, starter: Path, tmp_path: Path, env: dict[str, str]) -> None:
+    """A profile with `login:` (the local login node's), rendered from a folder without
+    Slurm: the run directory is the cluster's (`~` of runs_root expanded as on the login
+    node, here the test's HOME), and nothing is contacted."""
+    dry = ok(run(glaunch, "submit", "exp.yaml", "--site", "local-slurm-remote", "--dry-run", "--json",
+                 cwd=starter, env=env))
+    run_dir = Path(json.loads(dry.stdout)["run_dir"])
+    assert run_dir.parent == Path(env["HOME"]) / "glaunch-remote-runs", run_dir
+    assert not (Path(env["GLAUNCH_STATE_DIR"]) / "ssh").exists()
+
+
+def own_script_path(glaunch: Path, tmp_path: Path, env: dict[str, str]) -> None:
+    """The README's own-script path as written: a plain torchrun script whose outputs go to
+    `${run:dir}`, its steps read from its log lines, resumed through `resume_args`."""
+    blocks = readme_blocks("## 3. With your own script")
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "train.py").write_text(blocks["python"], encoding="utf-8")
+    (own / "exp.yaml").write_text(blocks["yaml"], encoding="utf-8")
+    runs = tmp_path / "own-runs"
+    done = run(glaunch, "submit", "exp.yaml", "--runs-dir", runs, "--json", cwd=own, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    info = json.loads(done.stdout)
+    assert info["state"] == "COMPLETED", info
+    run_dir = Path(info["run_dir"])
+    assert (run_dir / "out" / "ckpt.pt").is_file()
+    # Its log lines are its progress, so the watchdog watched it (a script without the
+    # runtime and without entrypoint.progress is "not watched").
+    (start,) = json.loads(ok(run(glaunch, "status", info["run_id"], "--json", cwd=own, env=env)).stdout)["starts"]
+    assert start["watchdog"]["state"] == "watching" and start["first_step"] == 1 and start["last_step"] > 1, start
+    assert sorted(p.name for p in own.iterdir()) == ["exp.yaml", "train.py"]   # the outputs went into the run
+
+    # A resume with more steps: resume_args make the script load its checkpoint of step 100.
+    more = run(glaunch, "resume", info["run_id"], "entrypoint.args=[--out_dir=${run:dir}/out,--steps=120]", "--json",
+               cwd=own, env=env)
+    assert more.returncode == 0, more.stdout + more.stderr
+    assert json.loads(more.stdout)["state"] == "COMPLETED", more.stdout
+    steps = re.findall(r"iter (\d+):", ok(run(glaunch, "logs", info["run_id"], cwd=own, env=env)).stdout)
+    assert steps == [str(n) for n in range(1, 121)], steps
+
+
 def test_the_installed_wheel_works_from_any_folder(tmp_path):
     # The wheel: built by this Python's setuptools (no index needed), without dependencies.
     wheels = tmp_path / "wheels"
@@ -122,6 +181,9 @@ def test_the_installed_wheel_works_from_any_folder(tmp_path):
     run_dir = Path(json.loads(dry.stdout)["run_dir"])
     assert "#SBATCH" in (run_dir / "job.sbatch").read_text() and str(python) in (run_dir / "job.sbatch").read_text()
 
+    # From a laptop: the same starter, for the profile that submits through a login node.
+    laptop_path(glaunch, copy, tmp_path, env)
+
     # glaunch init, then the starter as written, on this machine (the local site).
     ok(run(glaunch, "init", cwd=empty, env=env))
     assert sorted(p.name for p in empty.iterdir()) == ["exp.yaml", "train.py"]
@@ -134,3 +196,6 @@ def test_the_installed_wheel_works_from_any_folder(tmp_path):
     result = json.loads((Path(info["run_dir"]) / "result.json").read_text())
     assert result["final_step"] == 100 and result["world_size"] == 2, result
     assert sorted(p.name for p in empty.iterdir()) == ["exp.yaml", "train.py"]   # nothing written beside them
+
+    # With your own script: the README's, as written.
+    own_script_path(glaunch, tmp_path, env)
