@@ -128,7 +128,7 @@ class Step:
         if self.watch is None or self.stopping_since is not None or now < self.next_watch:
             return
         hang = self.watch.check()
-        if self.watch.off:
+        if self.watch.off and not self.watch.follows_log:
             self.watch = None
         elif hang is not None:
             self.hung = True
@@ -165,6 +165,8 @@ class Step:
             if self.stopping_since is not None and time.monotonic() - self.stopping_since > self.options.kill_wait:
                 self.signal_all(signal.SIGKILL)
             time.sleep(0.1)
+        if self.watch is not None:
+            self.watch.follow_log()      # the lines the tasks printed since the last poll
         # Like Slurm's end of step: nothing of the step survives it.
         self.signal_all(signal.SIGKILL)
         for proc in self.procs:

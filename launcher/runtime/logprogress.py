@@ -131,6 +131,9 @@ def beat_from_log(heartbeat: Path, progress: LogProgress, total: int | None, now
     record.update(start or {})
     record.update(log_record(progress, total, now))
     try:
+        # Under torchrun no rank of a script without the runtime writes a heartbeat: the
+        # folder may not be there yet.
+        heartbeat.parent.mkdir(parents=True, exist_ok=True)
         fd = open_regular(heartbeat, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW)
     except OSError:
         return False

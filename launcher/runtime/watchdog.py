@@ -574,6 +574,11 @@ class Watch:
     def off(self) -> bool:
         return self.limits is None or self.limits.off
 
+    @property
+    def follows_log(self) -> bool:
+        """Whether rank 0's log gives the steps (entrypoint.progress): followed, watched or not."""
+        return self.progress is not None
+
     def poll_s(self) -> float:
         limits = self.bounds or self.limits
         bounds = [b for b in (limits.stall_s, limits.first_step_s) if b > 0] if limits else []
@@ -741,7 +746,7 @@ def watch_slurm(run_dir: str, *, stop: Callable[[], bool], allocation: Sequence[
     watch = Watch(run_dir, ctx.job_id, ctx.restart)
     while not stop():
         hang = watch.check()
-        if watch.off:
+        if watch.off and not watch.follows_log:
             return 0
         if hang is not None:
             watch.act(hang, SlurmSteps(slurm_job, lambda: watch.records))
@@ -751,6 +756,7 @@ def watch_slurm(run_dir: str, *, stop: Callable[[], bool], allocation: Sequence[
             # Watching goes on: a stop that hangs is a hang, bounded as a save.
             watch.ask_swap(*swap, SlurmSteps(slurm_job, lambda: watch.records))
         _sleep(watch.poll_s(), stop)
+    watch.follow_log()          # the lines rank 0 printed since the last poll
     return 0
 
 
