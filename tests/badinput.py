@@ -9,6 +9,7 @@ reached a shell."""
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import os
 import signal
@@ -125,6 +126,21 @@ HANG_S = 120      # only a blocked read (a FIFO, a device) comes near it, howeve
 
 def _hung(signum, frame):
     raise TimeoutError(f"the command did not end within {HANG_S} s: it blocks")
+
+
+@contextlib.contextmanager
+def within(seconds: int):
+    """Fails the block that runs longer than `seconds`: work that grows with a value's size."""
+    def late(signum, frame):
+        raise TimeoutError(f"did not end within {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, late)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def run_cli(monkeypatch, capsys, argv: list[str]) -> tuple[int, str, str]:

@@ -51,6 +51,11 @@ OWN_SBATCH_OPTIONS = {
 _INTERPRETER = r"[A-Za-z0-9_./+@~-]*[A-Za-z0-9_]"
 # Names a module command takes: no quoting, spaces or options reach `module load`.
 _MODULE_NAME = r"[A-Za-z0-9_.+@%=~/][A-Za-z0-9_.+@%=~/:-]*"
+# goodput.failures_per_node_hour, failures per node-hour: from a node failing once in about
+# 100,000 years (below it a projection is that of no failure at all, and the job's MTBF
+# leaves the floats) to every node failing every hour (past it no run makes progress to
+# project). Published clusters: about 1e-4 to 1e-3.
+FAILURE_RATE_RANGE = (1e-9, 1.0)
 
 
 def check_site(site: schema.Site) -> None:
@@ -127,8 +132,10 @@ def _check_counts(site: schema.Site) -> None:
     if site.plan.overhead_gb < 0:
         raise _error("plan.overhead_gb", "must be 0 or more")
     rate = site.goodput.failures_per_node_hour
-    if rate is not None and not rate > 0:
-        raise _error("goodput.failures_per_node_hour", f"must be a rate above 0 (failures per node-hour), got {rate:g}")
+    low, high = FAILURE_RATE_RANGE
+    if rate is not None and not low <= rate <= high:
+        raise _error("goodput.failures_per_node_hour", f"must be from {low:g} to {high:g} failures per node-hour (a "
+                     f"rate above 0; published clusters: about 1e-4 to 1e-3), got {rate:.3g}")
 
 
 def python_words(command: str) -> tuple[str, ...]:
@@ -152,7 +159,7 @@ def _check_partition(pname: str, part: schema.Partition) -> None:
         raise _error(key, problem)
     if part.gpus_per_node < 0:
         raise _error(f"{key}.gpus_per_node", "must be 0 or more")
-    for field_name in ("cpus_per_node", "max_nodes"):
+    for field_name in ("cpus_per_node", "max_nodes", "segment"):
         value = getattr(part, field_name)
         if value is not None and value < 1:
             raise _error(f"{key}.{field_name}", "must be 1 or more")

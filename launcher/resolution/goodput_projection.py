@@ -39,13 +39,18 @@ The default failure rate comes from published figures for 8-GPU nodes:
 The default is the first and highest: it is what jobs of a research cluster saw, and a
 projection should not promise more than the record. A site sets its own with
 ``goodput.failures_per_node_hour``.
+
+Measured costs may be anything a record held (0 s saves of an asynchronous checkpoint, steps
+faster than the clock, a damaged value): where the model would divide by 0 or leave the
+finite numbers, a size's ``not_computable`` names the figure and says why, and the figure
+is None; nothing here raises on its inputs' values.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 GPUS_PER_NODE_CITED = 8
 KOKOLIS_1024_GPUS_MTTI_H = 8.0
@@ -69,6 +74,17 @@ DEFAULT_COSTS = {
 }
 ROADS = ("requeue", "in_allocation", "spares")
 HOUR = 3600.0
+
+# The most GPUs a projection is asked for (`glaunch plan --at-gpus`): about five times the
+# largest training clusters built so far (100,000 to 200,000 GPUs). At the default rate a
+# job that size fails every half minute, well past where the first-order model holds, so a
+# larger count says nothing more and only costs time.
+MAX_PROJECTED_GPUS = 1_000_000
+# The most failures per allocation the spares road is computed for: choosing the number of
+# spares sums the Poisson distribution of an allocation's failures one term per spare
+# weighed, so past this the work grows with the job's size while the answer does not
+# change (a job failing every few seconds through its allocation: every road's ETTR is 0).
+MAX_FAILURES_PER_ALLOCATION = 10_000
 
 
 @dataclass(frozen=True)
@@ -96,70 +112,127 @@ class Costs:
     @property
     def interval_s(self) -> float | None:
         """The configured checkpoint interval in seconds (None: none configured)."""
-        return self.every_steps * self.step_s if self.every_steps else None
+        if not self.every_steps:
+            return None
+        try:
+            return self.every_steps * self.step_s
+        except OverflowError:          # a count of steps past what a float holds
+            return math.inf
+
+    @property
+    def requeue_s(self) -> float:
+        """What a requeue costs: a new job's queue wait, start-up and resume load."""
+        return self.startup_s + self.load_s + self.queue_wait_s
 
     def to_json(self) -> dict[str, Any]:
-        return {"save_s": self.save_s, "startup_s": self.startup_s, "load_s": self.load_s,
-                "queue_wait_s": self.queue_wait_s, "step_s": self.step_s, "every_steps": self.every_steps,
+        seconds = {key: _finite_or_none(getattr(self, key)) for key in DEFAULT_COSTS}
+        return {**seconds, "every_steps": self.every_steps,
                 "interval_s": _r(self.interval_s), "in_allocation_s": _r(self.in_allocation_s),
                 "in_allocation_measured": self.restart_s is not None, "defaults": list(self.defaults)}
 
 
-def costs_with_defaults(measured: dict[str, float | None], every_steps: int | None) -> Costs:
-    """Costs from what was measured (None or absent: not measured), the rest DEFAULT_COSTS;
-    a measured in-allocation restart (``restart_s``) where there was one."""
-    values = {key: measured.get(key) for key in DEFAULT_COSTS}
+def costs_with_defaults(measured: Mapping[str, Any], every_steps: int | None) -> Costs:
+    """Costs from what was measured (None, absent or not a finite number of 0 or more: not
+    measured), the rest DEFAULT_COSTS; a measured in-allocation restart (``restart_s``)
+    where there was one."""
+    values = {key: _seconds_or_none(measured.get(key)) for key in DEFAULT_COSTS}
     defaults = tuple(key for key, value in values.items() if value is None)
-    filled = {key: DEFAULT_COSTS[key] if value is None else float(value) for key, value in values.items()}
-    restart = measured.get("restart_s")
-    return Costs(every_steps=every_steps, defaults=defaults, restart_s=None if restart is None else float(restart),
+    filled = {key: DEFAULT_COSTS[key] if value is None else value for key, value in values.items()}
+    return Costs(every_steps=every_steps, defaults=defaults, restart_s=_seconds_or_none(measured.get("restart_s")),
                  **filled)
+
+
+def _seconds_or_none(value: Any) -> float | None:
+    """`value` as seconds when it is a finite number of 0 or more, else None."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        seconds = float(value)
+    except OverflowError:
+        return None
+    return seconds if 0 <= seconds < math.inf else None
+
+
+def _positive(value: float | None) -> bool:
+    """A finite number above 0: what the model may divide by."""
+    return value is not None and 0 < value < math.inf
 
 
 # --- the model ------------------------------------------------------------------------------
 
 
 def job_mtbf_s(failures_per_node_hour: float, nodes: int) -> float:
-    """The job's mean time between failures: every node can end it."""
-    return HOUR / (failures_per_node_hour * nodes)
+    """The job's mean time between failures: every node can end it. Infinite for a rate of
+    0 (and past the floats for a rate too small to divide by); NaN for no rate at all."""
+    try:
+        per_hour = failures_per_node_hour * nodes
+    except OverflowError:            # a node count past what a float holds
+        return 0.0
+    if per_hour > 0:
+        return HOUR / per_hour
+    return math.inf if per_hour == 0 else math.nan
 
 
 def young_daly_interval_s(save_s: float, mtbf_s: float) -> float:
-    """τ* = sqrt(2 δ M)."""
+    """τ* = sqrt(2 δ M) (infinite when the product is past the floats)."""
     return math.sqrt(2 * save_s * mtbf_s)
 
 
-def waste(save_s: float, interval_s: float, restart_s: float, mtbf_s: float) -> float:
-    """The expected share of wall time lost: δ/τ + (τ/2 + R)/M."""
-    return save_s / interval_s + (interval_s / 2 + restart_s) / mtbf_s
+def waste(save_s: float, interval_s: float, restart_s: float, mtbf_s: float) -> float | None:
+    """The expected share of wall time lost: δ/τ + (τ/2 + R)/M. None where τ or M is not a
+    finite time above 0: the model divides by both."""
+    if not (_positive(interval_s) and _positive(mtbf_s)):
+        return None
+    lost = save_s / interval_s + (interval_s / 2 + restart_s) / mtbf_s
+    return None if math.isnan(lost) else lost
 
 
-def ettr(save_s: float, interval_s: float, restart_s: float, mtbf_s: float) -> float:
-    return max(0.0, 1.0 - waste(save_s, interval_s, restart_s, mtbf_s))
+def ettr(save_s: float, interval_s: float, restart_s: float, mtbf_s: float) -> float | None:
+    lost = waste(save_s, interval_s, restart_s, mtbf_s)
+    return None if lost is None else max(0.0, 1.0 - lost)
+
+
+def requeue_shares(most: int, failures_per_allocation: float) -> list[float]:
+    """requeue_share(k, failures_per_allocation) for k = 0 .. most, in one pass over the
+    Poisson terms; shorter where more spares change no share (see _share)."""
+    mean = failures_per_allocation
+    if not mean > 0:
+        return [0.0]
+    if mean == math.inf:
+        return [1.0]
+    shares = [1.0]
+    covered = 0.0             # E[min(F, K)] = sum over j < K of P(F > j)
+    cdf = 0.0
+    log_mean = math.log(mean)
+    # Past the mean by 10 standard deviations P(F > j) is below 1e-20: no term adds to
+    # `covered` any more, and more spares change no share.
+    terms = min(most, math.ceil(mean + 10 * math.sqrt(mean)) + 10)
+    for j in range(terms):
+        cdf += math.exp(j * log_mean - mean - math.lgamma(j + 1))
+        covered += max(0.0, 1.0 - cdf)
+        shares.append(max(0.0, 1.0 - covered / mean))
+    return shares
 
 
 def requeue_share(spares: int, failures_per_allocation: float) -> float:
     """The share of failures that find no spare left: E[max(F - K, 0)] / E[F] for F
     Poisson with mean `failures_per_allocation` (a new allocation brings K again)."""
-    mean = failures_per_allocation
-    if mean <= 0:
-        return 0.0
-    covered = 0.0             # E[min(F, K)] = sum over j < K of P(F > j)
-    cdf = 0.0
-    for j in range(spares):
-        cdf += math.exp(j * math.log(mean) - mean - math.lgamma(j + 1))
-        covered += max(0.0, 1.0 - cdf)
-    return max(0.0, 1.0 - covered / mean)
+    return _share(requeue_shares(spares, failures_per_allocation), spares)
+
+
+def _share(shares: Sequence[float], spares: int) -> float:
+    """requeue_shares' value for `spares` (past the list's end, its last: no change there)."""
+    return shares[min(spares, len(shares) - 1)]
 
 
 @dataclass(frozen=True)
 class Road:
-    """One recovery road at one size."""
+    """One recovery road at one size (a figure None: not computable, its size says why)."""
 
     name: str
-    restart_s: float
+    restart_s: float | None
     ettr_configured: float | None       # at the configured interval (None: none configured)
-    ettr_optimal: float                 # at the Young-Daly interval
+    ettr_optimal: float | None          # at the Young-Daly interval
     spare_nodes: int = 0
     requeue_share: float | None = None  # spares: the share of failures that still requeue
 
@@ -177,10 +250,19 @@ class SizeProjection:
     optimal_interval_s: float
     roads: tuple[Road, ...]
     step_s: float
+    # What could not be computed at this size (NOT_COMPUTABLE's keys) -> why.
+    not_computable: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def optimal_every_steps(self) -> int | None:
+        """The Young-Daly interval in steps (at least one); None when it is not a count."""
+        if "optimal_every_steps" in self.not_computable:
+            return None
+        return max(1, round(self.optimal_interval_s / self.step_s))
 
     def road(self, name: str) -> Road:
         return next(r for r in self.roads if r.name == name)
@@ -188,8 +270,8 @@ class SizeProjection:
     def to_json(self) -> dict[str, Any]:
         return {"gpus": self.gpus, "nodes": self.nodes, "gpus_per_node": self.gpus_per_node,
                 "mtbf_s": _r(self.mtbf_s), "optimal_interval_s": _r(self.optimal_interval_s),
-                "optimal_every_steps": max(1, round(self.optimal_interval_s / self.step_s)),
-                "roads": [r.to_json() for r in self.roads]}
+                "optimal_every_steps": self.optimal_every_steps,
+                "roads": [r.to_json() for r in self.roads], "not_computable": dict(self.not_computable)}
 
 
 @dataclass(frozen=True)
@@ -201,49 +283,104 @@ class Projection:
     sizes: tuple[SizeProjection, ...] = field(default=())
 
     def to_json(self) -> dict[str, Any]:
-        return {"failures_per_node_hour": self.failures_per_node_hour, "rate_source": self.rate_source,
-                "allocation_s": self.allocation_s, "costs": self.costs.to_json(),
+        return {"failures_per_node_hour": _finite_or_none(self.failures_per_node_hour), "rate_source": self.rate_source,
+                "allocation_s": _r(self.allocation_s), "costs": self.costs.to_json(),
                 "model": "ETTR = 1 - (save/interval + (interval/2 + restart)/MTBF); MTBF = 1/(rate x nodes); "
                          "Young-Daly interval sqrt(2 x save x MTBF); spares: x nodes/(nodes + spares)",
                 "sizes": [s.to_json() for s in self.sizes]}
 
 
-def _road(name: str, costs: Costs, restart_s: float, mtbf_s: float, optimal_s: float,
+# The figures of a size that may not be computable, as `not_computable` names them.
+NOT_COMPUTABLE = ("mtbf_s", "optimal_interval_s", "optimal_every_steps", "ettr_configured", "ettr_optimal", "spares")
+
+
+def not_computable(failures_per_node_hour: float, costs: Costs, nodes: int, mtbf_s: float, optimal_s: float,
+                   allocation_s: float) -> dict[str, str]:
+    """The figures of a size the model cannot give (NOT_COMPUTABLE's keys) -> why: each
+    would divide by 0 or leave the finite numbers."""
+    if not _positive(mtbf_s):
+        why = (f"the job's MTBF comes out as {_seconds(mtbf_s)} from {failures_per_node_hour:.3g} failures per "
+               f"node-hour x {nodes} node(s)")
+        return dict.fromkeys(NOT_COMPUTABLE, why)
+    found: dict[str, str] = {}
+    interval = costs.interval_s
+    if interval is not None and not _positive(interval):
+        found["ettr_configured"] = (f"the checkpoint interval measured {_seconds(interval)} ({costs.every_steps} "
+                                    f"steps of {_seconds(costs.step_s)})")
+    if not math.isfinite(optimal_s):
+        why = (f"the Young-Daly interval is not a finite time (sqrt(2 x the save stall {_seconds(costs.save_s)} "
+               f"x the job's MTBF {_seconds(mtbf_s)}))")
+        found.update(dict.fromkeys(("optimal_interval_s", "optimal_every_steps", "ettr_optimal", "spares"), why))
+    elif optimal_s <= 0:
+        why = f"the Young-Daly interval is 0 s (the save stall measured {_seconds(costs.save_s)})"
+        found.update(dict.fromkeys(("ettr_optimal", "spares"), why))
+    if "optimal_every_steps" not in found and not (_positive(costs.step_s)
+                                                   and math.isfinite(optimal_s / costs.step_s)):
+        found["optimal_every_steps"] = (f"the Young-Daly interval {_seconds(optimal_s)} in steps of "
+                                        f"{_seconds(costs.step_s)} is not a count of steps")
+    expected = allocation_s / mtbf_s
+    if "spares" not in found and not expected <= MAX_FAILURES_PER_ALLOCATION:
+        found["spares"] = (f"{expected:.3g} failures expected per allocation of {_seconds(allocation_s)}, past "
+                           f"the {MAX_FAILURES_PER_ALLOCATION:,} the first-order model is computed for")
+    return found
+
+
+def _road(name: str, costs: Costs, restart_s: float, mtbf_s: float, optimal_s: float | None,
           keep: float = 1.0, spares: int = 0, share: float | None = None) -> Road:
     configured = costs.interval_s
-    return Road(name, restart_s,
-                None if configured is None else keep * ettr(costs.save_s, configured, restart_s, mtbf_s),
-                keep * ettr(costs.save_s, optimal_s, restart_s, mtbf_s), spares, share)
+    at_configured = None if configured is None else ettr(costs.save_s, configured, restart_s, mtbf_s)
+    at_optimal = None if optimal_s is None else ettr(costs.save_s, optimal_s, restart_s, mtbf_s)
+    return Road(name, restart_s, None if at_configured is None else keep * at_configured,
+                None if at_optimal is None else keep * at_optimal, spares, share)
+
+
+def _spares_road(costs: Costs, nodes: int, spares: int, share: float, mtbf_s: float, optimal_s: float) -> Road:
+    restart = share * costs.requeue_s + (1 - share) * costs.in_allocation_s
+    return _road("spares", costs, restart, mtbf_s, optimal_s, nodes / (nodes + spares), spares, share)
 
 
 def spares_road(costs: Costs, nodes: int, spares: int, mtbf_s: float, optimal_s: float,
                 allocation_s: float) -> Road:
     """In-allocation restarts while `spares` last, requeues after; the spares' idle share paid."""
     share = requeue_share(spares, allocation_s / mtbf_s)
-    requeue = costs.startup_s + costs.load_s + costs.queue_wait_s
-    restart = share * requeue + (1 - share) * costs.in_allocation_s
-    return _road("spares", costs, restart, mtbf_s, optimal_s, nodes / (nodes + spares), spares, share)
+    return _spares_road(costs, nodes, spares, share, mtbf_s, optimal_s)
 
 
 def best_spares(costs: Costs, nodes: int, mtbf_s: float, optimal_s: float, allocation_s: float) -> Road:
     """The spares road with the number of spares (1 up to `nodes`) that gives the best ETTR:
-    each spare saves requeues until its idle node-hours cost more than they save."""
+    each spare saves requeues until its idle node-hours cost more than they save. Past a
+    few standard deviations above the failures expected per allocation a spare saves
+    nothing more, so that bounds the numbers weighed (and the work, with
+    MAX_FAILURES_PER_ALLOCATION)."""
     expected = allocation_s / mtbf_s
     most = max(1, min(nodes, math.ceil(expected + 4 * math.sqrt(expected)) + 1))
-    roads = [spares_road(costs, nodes, k, mtbf_s, optimal_s, allocation_s) for k in range(1, most + 1)]
-    return max(roads, key=lambda r: (r.ettr_optimal, -r.spare_nodes))
+    shares = requeue_shares(most, expected)
+    roads = [_spares_road(costs, nodes, k, _share(shares, k), mtbf_s, optimal_s) for k in range(1, most + 1)]
+    return max(roads, key=lambda r: (r.ettr_optimal or 0.0, -r.spare_nodes))
+
+
+def _no_spares_road() -> Road:
+    """The spares road where it cannot be computed (its size's not_computable says why)."""
+    return Road("spares", None, None, None)
 
 
 def project_size(failures_per_node_hour: float, costs: Costs, nodes: int, gpus_per_node: int,
                  allocation_s: float, spares: int | None = None) -> SizeProjection:
     """Every road at one size; `spares` None: the number of spares that is best."""
     mtbf = job_mtbf_s(failures_per_node_hour, nodes)
-    optimal = young_daly_interval_s(costs.save_s, mtbf)
-    roads = (_road("requeue", costs, costs.startup_s + costs.load_s + costs.queue_wait_s, mtbf, optimal),
-             _road("in_allocation", costs, costs.in_allocation_s, mtbf, optimal),
-             best_spares(costs, nodes, mtbf, optimal, allocation_s) if spares is None
-             else spares_road(costs, nodes, spares, mtbf, optimal, allocation_s))
-    return SizeProjection(nodes, gpus_per_node, mtbf, optimal, roads, costs.step_s)
+    optimal = young_daly_interval_s(costs.save_s, mtbf) if _positive(mtbf) else math.nan
+    why = not_computable(failures_per_node_hour, costs, nodes, mtbf, optimal, allocation_s)
+    at_optimal = None if "ettr_optimal" in why else optimal
+    if "spares" in why:
+        spare_road = _no_spares_road()
+    elif spares is None:
+        spare_road = best_spares(costs, nodes, mtbf, optimal, allocation_s)
+    else:
+        spare_road = spares_road(costs, nodes, spares, mtbf, optimal, allocation_s)
+    roads = (_road("requeue", costs, costs.requeue_s, mtbf, at_optimal),
+             _road("in_allocation", costs, costs.in_allocation_s, mtbf, at_optimal),
+             spare_road)
+    return SizeProjection(nodes, gpus_per_node, mtbf, optimal, roads, costs.step_s, why)
 
 
 def project(failures_per_node_hour: float | None, costs: Costs, sizes: Sequence[tuple[int, int]],
@@ -256,8 +393,19 @@ def project(failures_per_node_hour: float | None, costs: Costs, sizes: Sequence[
 
 
 def nodes_for_gpus(gpus: int, gpus_per_node: int) -> int:
-    return max(1, math.ceil(gpus / gpus_per_node))
+    """Whole nodes of `gpus_per_node` for `gpus` (integer arithmetic: any count is exact)."""
+    return max(1, -(-gpus // gpus_per_node))
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3g} s"
+
+
+def _finite_or_none(value: float) -> float | None:
+    """`value` for JSON, which holds no NaN or infinity (None for those)."""
+    return value if math.isfinite(value) else None
 
 
 def _r(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
+    """Rounded for JSON; None for no value and for one JSON cannot hold (NaN, infinity)."""
+    return None if value is None or not math.isfinite(value) else round(value, 4)

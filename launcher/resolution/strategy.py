@@ -173,8 +173,10 @@ def plan_for(exp_loaded: LoadedExperiment, site_loaded: LoadedSite,
     """`glaunch plan`: the planner's table for the experiment on the site, and goodput
     projected at its size and at `at_gpus` GPUs (whole nodes of the same size)."""
     exp, site = exp_loaded.config, site_loaded.config
-    if at_gpus is not None and at_gpus < 1:
-        raise ConfigError(f"--at-gpus must be 1 or more, got {at_gpus}")
+    if at_gpus is not None and (type(at_gpus) is not int
+                                or not 1 <= at_gpus <= goodput_projection.MAX_PROJECTED_GPUS):
+        raise ConfigError(f"--at-gpus must be a whole number of GPUs from 1 to "
+                          f"{goodput_projection.MAX_PROJECTED_GPUS:,}, got {str(at_gpus)[:40]}")
     with locating(exp_loaded.provenance, site_loaded.provenance):
         name = _partition_name(exp, site)
         part = site.partitions.get(name) if name else None

@@ -59,6 +59,8 @@ STOPPED = frozenset({"timeout", "preemption", SLOW_NODE})      # a graceful stop
 SAVE_MARGIN = 2.0
 LEAD_MARGIN_S = 10.0
 LEAD_ROUND_S = 5
+MAX_SIGNAL_LEAD_S = 65535              # Slurm's --signal warns at most this long before the limit
+MAX_SUGGESTED_STEPS = 2**63            # the most steps an experiment's integer keys hold
 
 
 # --- reading fields that may hold anything ----------------------------------------------------
@@ -73,7 +75,15 @@ def number(value: Any) -> float | None:
     """A finite number of 0 or more, else None."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
         return None
-    return float(value)
+    try:
+        return float(value)
+    except OverflowError:           # an integer no float holds: JSON's numbers have no bound
+        return None
+
+
+def _finite(value: float) -> float | None:
+    """`value` when it is finite (a sum or product of measured times may pass the floats), else None."""
+    return value if math.isfinite(value) else None
 
 
 def step_of(value: Any) -> int | None:
@@ -88,11 +98,11 @@ def epoch(value: Any) -> float | None:
         return None
     try:
         when = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-    except ValueError:
+        if when.tzinfo is None:
+            when = when.astimezone()        # past the platform's local times for year 1 or 9999
+        return when.timestamp()
+    except (ValueError, OverflowError, OSError):
         return None
-    if when.tzinfo is None:
-        when = when.astimezone()
-    return when.timestamp()
 
 
 def _span(start: float | None, end: float | None) -> float | None:
@@ -195,7 +205,7 @@ def _start_row(start: StartRecord, queued_from: float | None, following: StartRe
         "teardown_s": _span(stop_saved or last_at, ended) if start.reason in INTERRUPTED or stop_saved else None,
         "steps_done": done, "steps_kept": kept, "lost_steps": lost,
         "step_time_s": seconds,
-        "productive_s": None if kept is None or seconds is None else round(kept * seconds, 3),
+        "productive_s": None if kept is None or seconds is None else _finite(round(kept * seconds, 3)),
         "wall_s": wall,
         "spare_node_hours": round(spares * wall / 3600, 4) if spares and wall is not None else None,
     }
@@ -242,8 +252,8 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
             wall = round(max(0.0, wall - idle), 3)
     productive = [r["productive_s"] for r in rows if r["productive_s"] is not None]
     lost = [r["lost_steps"] for r in rows if r["lost_steps"] is not None]
-    lost_s = [r["lost_steps"] * r["step_time_s"] for r in rows
-              if r["lost_steps"] is not None and r["step_time_s"] is not None]
+    lost_s = [x for r in rows if r["lost_steps"] is not None and r["step_time_s"] is not None
+              and (x := _finite(r["lost_steps"] * r["step_time_s"])) is not None]
     overhead = 0.0
     measured = False
     for index, (start, row) in enumerate(zip(starts, rows)):
@@ -258,12 +268,12 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
     unwarned = [s for s in interrupted if s.reason not in STOPPED]
     spare = [r["spare_node_hours"] for r in rows if r["spare_node_hours"] is not None]
     goodput = {
-        "ettr": round(sum(productive) / wall, 4) if productive and wall else None,
-        "productive_s": round(sum(productive), 3) if productive else None,
+        "ettr": _finite(round(sum(productive) / wall, 4)) if productive and wall else None,
+        "productive_s": _finite(round(sum(productive), 3)) if productive else None,
         "wall_s": wall,
         "idle_s": idle,
         "lost_steps": sum(lost) if lost else (0 if rows else None),
-        "lost_s": round(sum(lost_s), 3) if lost_s else None,
+        "lost_s": _finite(round(sum(lost_s), 3)) if lost_s else None,
         "restart_overhead_s": round(overhead, 3) if measured else None,
         "interruptions": len(interrupted),
         "mean_time_between_interruptions_s": _mean_run(interrupted),
@@ -305,7 +315,14 @@ def _save_times(starts: Sequence[StartRecord]) -> dict[str, float] | None:
     if not medians and not longest:
         return None
     ordered = sorted(medians or longest)
-    return {"median": round(ordered[len(ordered) // 2], 3), "max": round(max(longest or medians), 3)}
+    return {"median": _rounded(ordered[len(ordered) // 2]), "max": _rounded(max(longest or medians))}
+
+
+def _rounded(seconds: float) -> float:
+    """Seconds to the millisecond, but to 3 significant digits below one: a step faster
+    than a millisecond or an asynchronous save's stall is not 0 s (the goodput projection
+    divides by them)."""
+    return round(seconds, 3) if seconds == 0 or abs(seconds) >= 1e-3 else float(f"{seconds:.3g}")
 
 
 def suggest(starts: Sequence[StartRecord], goodput: Mapping[str, Any],
@@ -325,16 +342,18 @@ def suggest(starts: Sequence[StartRecord], goodput: Mapping[str, Any],
     if not mtbi:
         mtbi = number(goodput.get("mean_time_between_interruptions_s"))
         what = "interruptions (all warned so far: this bounds the loss if one is not)"
-    if save is not None and mtbi and step:
-        interval = math.sqrt(2 * max(save, 1e-3) * mtbi)
+    interval = math.sqrt(2 * max(save, 1e-3) * mtbi) if save is not None and mtbi and step else math.inf
+    # Only a count a config can hold is a suggestion (a damaged save or step time gives none).
+    if step and interval / step < MAX_SUGGESTED_STEPS:
         out["checkpoint.every_steps"] = {
             "value": max(1, round(interval / step)), "current": settings.get("checkpoint.every_steps"),
             "interval_s": round(interval, 1), "save_s": save, "mtbi_s": mtbi, "step_s": round(step, 4),
             "why": f"Young-Daly: sqrt(2 x {save:.2f} s save x {mtbi:.0f} s between {what}) = "
                    f"{interval:.0f} s = {max(1, round(interval / step))} steps of {step:.3g} s"}
-    if longest is not None:
-        in_hand = max(p90s) if p90s else (step or 0.0)
-        lead = LEAD_ROUND_S * math.ceil((in_hand + SAVE_MARGIN * longest + LEAD_MARGIN_S) / LEAD_ROUND_S)
+    in_hand = max(p90s) if p90s else (step or 0.0)
+    lead_s = math.inf if longest is None else in_hand + SAVE_MARGIN * longest + LEAD_MARGIN_S
+    if lead_s <= MAX_SIGNAL_LEAD_S:
+        lead = LEAD_ROUND_S * math.ceil(lead_s / LEAD_ROUND_S)
         out["requeue.signal_lead_s"] = {
             "value": int(lead), "current": settings.get("requeue.signal_lead_s"), "save_s": longest,
             "why": f"a step in hand ({in_hand:.2f} s) + {SAVE_MARGIN:g} x the longest save ({longest:.2f} s) + "
@@ -356,7 +375,7 @@ def projection_costs(goodput: Mapping[str, Any]) -> dict[str, float | None]:
 
     def median(values: Sequence[float | None]) -> float | None:
         known = sorted(v for v in values if v is not None)
-        return round(known[len(known) // 2], 3) if known else None
+        return _rounded(known[len(known) // 2]) if known else None
 
     startups = [None if (s := number(r.get("startup_s"))) is None
                 else max(0.0, s - (number(r.get("resume_load_s")) or 0.0)) for r in rows]

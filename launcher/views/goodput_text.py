@@ -30,19 +30,35 @@ def _costs_line(costs: Mapping[str, Any]) -> str:
     return line
 
 
+# A size's figures that may not be computable (its `not_computable` keys), as the text names them.
+NOT_COMPUTABLE_NAMES = {"mtbf_s": "job MTBF", "optimal_interval_s": "Young-Daly interval",
+                        "optimal_every_steps": "Young-Daly checkpoint.every_steps", "ettr_configured": "ETTR now",
+                        "ettr_optimal": "ETTR at Young-Daly", "spares": "spare nodes"}
+
+
 def _size_lines(size: Mapping[str, Any]) -> list[str]:
+    every = size.get("optimal_every_steps")
     lines = [f"  at {size.get('gpus')} GPUs ({size.get('nodes')} node(s) x {size.get('gpus_per_node')}): job MTBF "
              f"{duration(size.get('mtbf_s'))}; Young-Daly checkpoint interval "
              f"{duration(size.get('optimal_interval_s'))}"
-             f" (checkpoint.every_steps={size.get('optimal_every_steps')})",
+             f" (checkpoint.every_steps={every if isinstance(every, int) else '?'})",
              f"    {'road':30s} {'restart':>9s} {'ETTR now':>9s} {'at Young-Daly':>14s}"]
-    for road in size.get("roads") or ():
-        name = ROAD_NAMES.get(road.get("road"), printable(road.get("road")))
-        if road.get("road") == "spares":
-            name += f" ({road.get('spare_nodes')}, {100 * (number(road.get('requeue_share')) or 0):.0f}% requeue)"
+    for road in [r for r in size.get("roads") or () if isinstance(r, Mapping)]:
+        name = ROAD_NAMES.get(str(road.get("road")), printable(road.get("road")))
+        share = number(road.get("requeue_share"))
+        if road.get("road") == "spares" and share is not None:
+            name += f" ({road.get('spare_nodes')}, {100 * share:.0f}% requeue)"
         lines.append(f"    {name:30s} {duration(road.get('restart_s')):>9s} {_ettr(road.get('ettr_configured')):>9s} "
                      f"{_ettr(road.get('ettr_optimal')):>14s}")
-    return lines
+    return lines + _not_computable_lines(size.get("not_computable"))
+
+
+def _not_computable_lines(reasons: Any) -> list[str]:
+    """One line per reason: the figures it leaves out, and why."""
+    by_reason: dict[str, list[str]] = {}
+    for key, why in (reasons.items() if isinstance(reasons, Mapping) else ()):
+        by_reason.setdefault(printable(why), []).append(NOT_COMPUTABLE_NAMES.get(key, printable(key)))
+    return [f"    {', '.join(names)}: not computable: {why}" for why, names in by_reason.items()]
 
 
 def projection_lines(projection: Any) -> list[str]:

@@ -4,13 +4,18 @@ the published figures, and `glaunch plan`'s projection (text and JSON)."""
 
 import json
 import math
+import time
+from dataclasses import replace
 
 import pytest
 
+import badinput
+from badinput import SITE, Refused, refuse, within
 from launcher import api
 from launcher.errors import ConfigError
 from launcher.resolution import goodput_projection as gp
 from launcher.resolution.goodput_projection import Costs
+from launcher.views.goodput_text import projection_lines
 from launcher.views.plan_text import format_plan
 
 H = 3600.0
@@ -156,3 +161,131 @@ def test_plan_json_carries_the_projection(mysite_workdir):
 def test_plan_refuses_no_gpus(mysite_workdir):
     with pytest.raises(ConfigError, match="--at-gpus"):
         api.plan("exp.yaml", site="mysite", overrides=PARAMS, at_gpus=0)
+
+
+# --- sizes and costs the model cannot take: said, never a traceback, bounded work -----------
+
+
+# (id, failure rate, costs, nodes, allocation, {figure: fragment of why it is not computable})
+DEGENERATE = [
+    ("checkpoint-interval-zero", 1e-3, replace(COSTS, step_s=0.0), 2, 4 * H,
+     {"ettr_configured": "the checkpoint interval measured 0 s (500 steps of 0 s)",
+      "optimal_every_steps": "in steps of 0 s is not a count of steps"}),
+    ("save-stall-zero", 1e-3, replace(COSTS, save_s=0.0), 2, 4 * H,
+     {"ettr_optimal": "the Young-Daly interval is 0 s (the save stall measured 0 s)",
+      "spares": "the Young-Daly interval is 0 s"}),
+    ("save-stall-infinite", 1e-3, replace(COSTS, save_s=math.inf), 2, 4 * H,
+     {"ettr_optimal": "the Young-Daly interval is not a finite time", "optimal_interval_s": "not a finite time"}),
+    ("step-subnormal", 1e-3, replace(COSTS, step_s=5e-324), 2, 4 * H,
+     {"optimal_every_steps": "in steps of 4.94e-324 s"}),
+    ("every-steps-past-the-floats", 1e-3, replace(COSTS, every_steps=10**400), 2, 4 * H,
+     {"ettr_configured": "the checkpoint interval measured inf s"}),
+    ("rate-subnormal", 1e-320, COSTS, 2, 4 * H,
+     dict.fromkeys(["mtbf_s", "optimal_interval_s", "optimal_every_steps", "ettr_configured", "ettr_optimal",
+                    "spares"], "the job's MTBF comes out as inf s from 1e-320 failures per node-hour x 2")),
+    ("rate-zero", 0.0, COSTS, 2, 4 * H, {"mtbf_s": "the job's MTBF comes out as inf s"}),
+    ("rate-nan", math.nan, COSTS, 2, 4 * H, {"ettr_optimal": "the job's MTBF comes out as nan s"}),
+    ("rate-infinite", math.inf, COSTS, 2, 4 * H, {"ettr_configured": "the job's MTBF comes out as 0 s"}),
+    ("rate-huge", 1e300, COSTS, 2, 4 * H, {"spares": "failures expected per allocation of 1.44e+04 s, past the "
+                                                     "10,000"}),
+    ("nodes-past-the-floats", 1e-3, COSTS, 10**400, 4 * H, {"mtbf_s": "the job's MTBF comes out as 0 s"}),
+    ("million-single-gpu-nodes-a-slurm-lifetime", 1e-3, COSTS, 10**6, 2**31 * 60.0,
+     {"spares": "failures expected per allocation"}),
+]
+
+
+@pytest.mark.parametrize("rate, costs, nodes, allocation, cannot", [c[1:] for c in DEGENERATE],
+                         ids=[c[0] for c in DEGENERATE])
+def test_what_the_model_cannot_compute_is_said(rate, costs, nodes, allocation, cannot):
+    with within(5):
+        data = json.loads(json.dumps(gp.project(rate, costs, [(nodes, 8)], allocation).to_json(), allow_nan=False))
+    (size,) = data["sizes"]
+    for key, fragment in cannot.items():
+        assert fragment in size["not_computable"].get(key, ""), (key, size["not_computable"])
+    roads = {r["road"]: r for r in size["roads"]}
+    if "ettr_optimal" in cannot:
+        assert all(r["ettr_optimal"] is None for r in roads.values())
+    if "ettr_configured" in cannot:
+        assert all(r["ettr_configured"] is None for r in roads.values())
+    if "optimal_every_steps" in cannot:
+        assert size["optimal_every_steps"] is None
+    said = "\n".join(projection_lines(data)).partition("not computable: ")[2]
+    assert all(fragment in said for fragment in cannot.values()), said
+
+
+def test_measured_costs_that_are_not_times_count_as_not_measured():
+    costs = gp.costs_with_defaults({"save_s": math.nan, "startup_s": -1.0, "load_s": "5", "queue_wait_s": math.inf,
+                                    "step_s": 10**400, "restart_s": True}, 100)
+    assert set(costs.defaults) == set(gp.DEFAULT_COSTS) and costs.restart_s is None
+
+
+def test_the_spares_search_does_not_grow_with_the_size():
+    # A million nodes, a failure every few seconds of a day's allocation: the numbers of
+    # spares weighed stop a few standard deviations past the failures expected.
+    for nodes, allocation in [(10**6 // 8, 24 * H), (10**6, 4 * H), (10**6, 24 * H), (2048, 30 * 24 * H)]:
+        with within(3):
+            size = gp.project_size(gp.DEFAULT_FAILURES_PER_NODE_HOUR, COSTS, nodes, 8, allocation)
+        spares = size.road("spares")
+        assert spares.spare_nodes <= nodes and ("spares" in size.not_computable) == (spares.ettr_optimal is None)
+
+
+def test_requeue_shares_in_one_pass_are_those_of_each_count():
+    for mean in (0.3, 2.0, 40.0, 900.0):
+        shares = gp.requeue_shares(60, mean)
+        assert [gp._share(shares, k) for k in (0, 1, 7, 60)] == [
+            pytest.approx(gp.requeue_share(k, mean)) for k in (0, 1, 7, 60)]
+    assert gp.requeue_share(10**12, 3.0) == pytest.approx(0.0, abs=1e-12)   # no loop over the count
+
+
+# --- glaunch plan --at-gpus: bounded --------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["99999999999999999999", "1000000000", "1000001"])
+@pytest.mark.parametrize("as_json", [[], ["--json"]], ids=["text", "json"])
+def test_at_gpus_past_the_bound_is_refused_at_once(mysite_workdir, monkeypatch, capsys, value, as_json):
+    monkeypatch.setattr(badinput, "HANG_S", 20)
+    began = time.monotonic()
+    code, out, err = badinput.run_cli(monkeypatch, capsys, ["glaunch", "plan", "exp.yaml", "--site", "mysite",
+                                                            "--at-gpus", value, *as_json, *PARAMS])
+    assert time.monotonic() - began < 5
+    assert code == 2 and out == "" and "Traceback" not in err, err
+    assert err.startswith("glaunch: error: ") and err.count("\n") == 1, err
+    assert "--at-gpus" in err and "1,000,000" in err, err
+
+
+def test_at_gpus_at_the_bound_is_projected_at_once(mysite_workdir, monkeypatch, capsys):
+    # A million nodes of one GPU for a day: tens of thousands of failures per allocation.
+    monkeypatch.setattr(badinput, "HANG_S", 20)
+    began = time.monotonic()
+    code, out, err = badinput.run_cli(monkeypatch, capsys, [
+        "glaunch", "plan", "exp.yaml", "--site", "mysite", "--at-gpus", "1000000", "--json", *PARAMS,
+        "resources.gpus_per_node=1", "resources.time=1-00:00:00"])
+    assert time.monotonic() - began < 5
+    assert code == 0, err
+    size = json.loads(out)["goodput"]["projection"]["sizes"][1]
+    assert (size["gpus"], size["nodes"]) == (1_000_000, 1_000_000)
+    assert "failures expected per allocation" in size["not_computable"]["spares"]
+
+
+@pytest.mark.parametrize("value", [1_000_001, 10**20, 2.5, "8", True])
+def test_api_plan_refuses_at_gpus_that_are_not_a_count_in_range(mysite_workdir, value):
+    with within(20), pytest.raises(ConfigError, match="--at-gpus") as caught:
+        api.plan("exp.yaml", site="mysite", overrides=PARAMS, at_gpus=value)
+    assert caught.value.exit_code == 2
+
+
+# --- goodput.failures_per_node_hour: a bounded range -----------------------------------------
+# (the site's value -> what its one error line says besides the file, the key and the range)
+RATES = [("1e-320", "got 1e-320"), ("5e-324", "got 4.94e-324"), ("1e-10", "got 1e-10"), ("0", "got 0"),
+         ("-1e-3", "got -0.001"), ("1.5", "got 1.5"), ("1e300", "got 1e+300")]
+
+
+@pytest.mark.parametrize("value, said", RATES, ids=[r[0] for r in RATES])
+@pytest.mark.parametrize("command", ["plan", "submit"])
+def test_a_failure_rate_out_of_range_is_refused(tmp_path, monkeypatch, capsys, isolated_env, command, value, said):
+    case = Refused(f"rate-{value}", {"site_configs/mysite.yaml": SITE + f"goodput: {{failures_per_node_hour: {value}}}\n"},
+                   PARAMS if command == "plan" else [], command=command)
+    err = refuse(case, tmp_path, monkeypatch, capsys)
+    for fragment in ["mysite.yaml", "goodput.failures_per_node_hour", "from 1e-09 to 1 failures per node-hour",
+                     "above 0", said]:
+        assert fragment in err, (fragment, err)

@@ -311,3 +311,96 @@ def test_a_crash_restarted_in_its_allocation_on_a_spare():
     assert projected["costs"]["in_allocation_measured"] is True
     from launcher.views.goodput_text import projection_lines
     assert any("restart in the allocation 11" in line for line in projection_lines(projected))
+
+
+# --- odd times: status never fails on them, and says what the projection cannot compute --------
+
+
+def one_start(**fields) -> dict:
+    """A completed start of 100 steps of 0.3 s with saves of 2 s, `fields` changed (None: left out)."""
+    values = start(0, "100", 10, 60, "COMPLETED", submitted=T0, first_step=1, first_step_at=at(20),
+                   last_step=100, last_step_at=at(50), step_time_s={"median": 0.3, "p90": 0.4},
+                   save_s={"median": 2.0, "max": 3.0, "count": 1})
+    values.update(fields)
+    return {key: value for key, value in values.items() if value is not None}
+
+
+NAN, INF = float("nan"), float("inf")
+# (id, the start's fields, resolved.yaml's values changed, what the projection says it cannot
+# compute: {field: fragment of the reason}, none when everything is computable)
+ODD_TIMES = [
+    ("steps-faster-than-a-millisecond", {"step_time_s": {"median": 0.0004, "p90": 0.0005}}, {}, {}),
+    ("save-stall-zero", {"save_s": {"median": 0.0, "max": 0.0, "count": 3}}, {},
+     {"ettr_optimal": "the Young-Daly interval is 0 s (the save stall measured 0 s)"}),
+    ("save-stall-below-a-millisecond", {"save_s": {"median": 0.0001, "max": 0.0002, "count": 3}}, {}, {}),
+    ("step-time-subnormal", {"step_time_s": {"median": 1e-320}}, {},
+     {"optimal_every_steps": "in steps of 1e-320 s"}),
+    ("step-time-huge", {"step_time_s": {"median": 1.7e308, "p90": 1.7e308}}, {}, {}),
+    ("save-stall-huge", {"save_s": {"median": 1.7e308, "max": 1.7e308, "count": 1}}, {},
+     {"ettr_optimal": "the Young-Daly interval is not a finite time"}),
+    ("save-stall-infinite", {"save_s": {"median": INF, "max": INF}}, {}, {}),
+    ("times-nan", {"step_time_s": {"median": NAN, "p90": NAN}, "save_s": {"median": NAN, "max": NAN},
+                   "resume_load_s": NAN}, {}, {}),
+    ("times-negative", {"step_time_s": {"median": -1}, "save_s": {"median": -2, "max": -3}, "resume_load_s": -1,
+                        "last_step": -5}, {}, {}),
+    ("numbers-as-strings", {"step_time_s": "fast", "save_s": "slow", "last_step": "100", "first_step_at": 5,
+                            "resume_load_s": "1"}, {}, {}),
+    ("times-missing", {"started": None, "ended": None, "first_step_at": None, "last_step_at": None,
+                       "step_time_s": None, "save_s": None, "submitted": None}, {}, {}),
+    ("times-reversed", {"started": at(60), "ended": at(10), "first_step_at": at(5), "last_step_at": at(1)}, {}, {}),
+    ("year-one-local-time", {"started": "0001-01-01T00:00:00", "first_step_at": "0001-01-01T00:00:00"}, {}, {}),
+    ("year-9999", {"ended": "9999-12-31T23:59:59", "last_step_at": "9999-12-31T23:59:59+00:00"}, {}, {}),
+    ("step-count-huge", {"last_step": 2**62, "step_time_s": {"median": 1e300}}, {}, {}),
+    ("steps-from-times-huge", {"step_time_s": None, "first_step": 1, "last_step": 2**62}, {}, {}),
+    ("rate-subnormal", {}, {"site": {"goodput": {"failures_per_node_hour": 1e-320}}},
+     {"mtbf_s": "1e-320 failures per node-hour"}),
+    ("rate-huge", {}, {"site": {"goodput": {"failures_per_node_hour": 1e300}}},
+     {"spares": "failures expected per allocation"}),
+    ("rate-text", {}, {"site": {"goodput": {"failures_per_node_hour": "often"}}}, {}),
+    ("nodes-huge", {}, {"derived": {"nodes": 2**52}}, {"spares": "failures expected per allocation"}),
+    ("nodes-past-a-float", {}, {"derived": {"nodes": 10**400}}, {}),
+    ("every-steps-huge", {}, {"experiment": {"checkpoint": {"every_steps": 10**30}}}, {}),
+    ("allocation-longest", {}, {"derived": {"time": "1491308-02:06:00"}}, {}),
+]
+
+
+def odd_run(tmp_path, fields: dict, resolved: dict):
+    """A run directory of one start with `fields`, its resolved.yaml RESOLVED with `resolved` merged in."""
+    import yaml
+
+    run_dir = tmp_path / "runs" / "odd"
+    run_dir.mkdir(parents=True)
+    record = {"run_id": "odd", "name": "odd", "site": "local", "scheduler": "local", "created": T0,
+              "dry_run": False, "nodes": 2, "world_size": 8, "requeue_max": 3, "crash_retries": 0,
+              "state": "COMPLETED", "job_id": "100", "starts": [one_start(**fields)]}
+    (run_dir / "run.json").write_text(json.dumps(record))
+    values = {key: {**RESOLVED[key], **resolved.get(key, {})} for key in RESOLVED}
+    (run_dir / "resolved.yaml").write_text(yaml.safe_dump(values))
+    return run_dir
+
+
+@pytest.mark.parametrize("fields, resolved, cannot", [c[1:] for c in ODD_TIMES], ids=[c[0] for c in ODD_TIMES])
+def test_status_of_a_record_with_odd_times_never_fails(tmp_path, isolated_env, monkeypatch, capsys, fields,
+                                                       resolved, cannot):
+    from badinput import run_cli, within
+    from launcher import api
+
+    run_dir = odd_run(tmp_path, fields, resolved)
+    with within(20):
+        summary = api.status(str(run_dir))
+    json.dumps(summary["goodput"], allow_nan=False)          # what status computes is plain JSON
+    projection = summary["goodput"]["projection"]
+    reasons = {size_key: why for size in projection["sizes"] for size_key, why in size["not_computable"].items()}
+    assert set(reasons) >= set(cannot), reasons
+    for key, fragment in cannot.items():
+        assert fragment in reasons[key], (key, reasons[key])
+    text = format_status(summary)
+    assert ("not computable" in text) == bool(reasons), text
+    for fragment in cannot.values():
+        assert fragment in text
+    code, out, err = run_cli(monkeypatch, capsys, ["glaunch", "status", str(run_dir)])
+    assert code == 0 and "Traceback" not in err and out == text + "\n", err
+    code, out, err = run_cli(monkeypatch, capsys, ["glaunch", "status", str(run_dir), "--json"])
+    assert code == 0 and "Traceback" not in err, err
+    assert json.loads(out)["goodput"]["projection"]["sizes"][0]["not_computable"] == projection["sizes"][0][
+        "not_computable"]
