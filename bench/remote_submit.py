@@ -71,6 +71,7 @@ import argparse
 import json
 import os
 import pwd
+import re
 import shlex
 import shutil
 import signal
@@ -131,6 +132,9 @@ class SshCall:
             return "ssh -O " + options[options.index("-O") + 1] if "-O" in options else "ssh -G"
         at = self.args.index("--") if "--" in self.args else len(self.args) - 2
         command = self.args[at + 2] if len(self.args) > at + 2 else ""
+        # The command inside the marks that frame its answer (launcher.schedulers.ssh.framing).
+        framed = FRAMED.match(command)
+        command = framed.group(1) if framed else command
         try:
             words = shlex.split(command)
         except ValueError:
@@ -147,6 +151,9 @@ class SshCall:
         if words[:2] == ["sh", "-c"]:
             return "account" if "id -un" in words[2] else "sh -c"
         return words[0] if words else "(login shell)"
+
+
+FRAMED = re.compile(r"command printf '[^']*' \S+ \S+; command printf '[^']*' \S+ \S+ >&2; (.*); s=\$\?; ", re.S)
 
 
 def slurm_label(prog: str, args: list[str]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -111,6 +112,31 @@ def test_a_dry_run_with_a_login_contacts_nothing(tmp_path, isolated_env):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert not (Path(isolated_env["GLAUNCH_STATE_DIR"]) / "ssh").exists()
+
+
+def test_a_tilde_in_python_is_the_home_of_the_account_the_plan_is_resolved_for(tmp_path, isolated_env):
+    write_site(tmp_path, "python: ~/venvs/torch/bin/python -X utf8")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "exp.yaml").write_text("name: e\nentrypoint: {script: train.py}\nrequeue: {max: 0}\n")
+    env = dict(isolated_env, HOME=str(tmp_path / "the home"), PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "exp.yaml", "--site", "./far.yaml",
+                           "--dry-run", "--runs-dir", str(tmp_path / "runs")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    job = next((tmp_path / "runs").glob("e-*/job.sbatch")).read_text()
+    assert f"'{tmp_path}/the home/venvs/torch/bin/python' -X utf8" in job and "~/venvs" not in job, job
+
+
+def test_a_slurm_profile_without_slurm_here_and_without_login_says_to_add_login(tmp_path, isolated_env):
+    write_site(tmp_path, "")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "exp.yaml").write_text("name: e\nentrypoint: {script: train.py}\nrequeue: {max: 0}\n")
+    env = dict(isolated_env, PATH=str(tmp_path / "no-bin"), PYTHONPATH=str(REPO))
+    done = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "exp.yaml", "--site", "./far.yaml",
+                           "--runs-dir", str(tmp_path / "runs")], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert done.returncode == 3 and "sbatch is not on PATH here" in done.stderr, done.stderr
+    assert "login:" in done.stderr, done.stderr
 
 
 def test_a_sweep_whose_login_cannot_be_reached_is_exit_3_and_writes_nothing(tmp_path, isolated_env):
@@ -404,3 +430,191 @@ def test_a_job_slurm_refuses_leaves_no_run_on_either_side(laptop, tmp_path, chec
     assert done.returncode == 3 and ("nosuch" in done.stderr or "Invalid account" in done.stderr), done.stderr
     assert list(runs.iterdir()) == []
     assert not list((Path(laptop["GLAUNCH_STATE_DIR"]) / "remote-runs").glob("*"))
+
+
+# --- live: a cluster account whose login shell prints ----------------------------------------
+
+# Connections from this address meet a login shell that prints; the tests of others, from
+# 127.0.0.1, meet the account's shell as it was.
+NOISY_FROM = "127.0.0.2"
+NOISY_BASHRC = f"""
+# glaunch tests: a login shell that prints, as on many clusters (connections from {NOISY_FROM} only)
+case "$SSH_CONNECTION" in "{NOISY_FROM} "*)
+  echo "Welcome to the cluster. Ran: $BASH_EXECUTION_STRING"
+  echo "notice: your quota is 91% full" >&2
+  trap 'echo "logout notice"; echo "logout warning" >&2' EXIT ;;
+esac
+"""
+NOISE = ("Welcome", "quota", "logout")
+
+
+@pytest.fixture
+def noisy_laptop(laptop, local_sshd_env):
+    """The laptop whose ssh reaches a login shell that prints on stdout and stderr, before
+    and after each command: the cluster account's ~/.bashrc (which Debian's bash reads for a
+    command sent by sshd), restored afterwards."""
+    import pwd
+
+    bashrc = Path(pwd.getpwnam(local_sshd_env["GLAUNCH_SSHD_USER"]).pw_dir) / ".bashrc"
+    ssh = Path(laptop["PATH"]) / "ssh"
+    ssh.write_text(ssh.read_text().replace("exec /usr/bin/ssh ", f"exec /usr/bin/ssh -b {NOISY_FROM} "))
+    with open(bashrc, "a") as f:
+        f.write(NOISY_BASHRC)
+    try:
+        yield laptop
+    finally:
+        bashrc.write_text(bashrc.read_text().replace(NOISY_BASHRC, ""))
+
+
+def quiet(done) -> str:
+    """What a command printed, once it is checked to hold nothing of the login shell's."""
+    said = done.stdout + done.stderr
+    assert not any(noise in said for noise in NOISE), said
+    return said
+
+
+SLEEPER = {"name": "sleeper", "entrypoint": {"script": "hostile.py", "args": HOSTILE_ARGS},
+           "resources": {"nodes": 1, "time": "00:05:00"}, "requeue": {"max": 0}, "env": {"HOSTILE_VALUE": HOSTILE_VALUE}}
+
+
+@pytest.mark.slurm
+@pytest.mark.requires_sshd
+def test_a_login_shell_that_prints_reaches_no_parser_and_a_swapped_record_cancels_nothing(noisy_laptop, tmp_path):
+    """Through a login shell that prints: sites detect and check, submit, status, logs, list,
+    cancel, resume and a sweep's status answer as through a quiet one; a run whose record on
+    the cluster was swapped for another's is refused by cancel, and the other job runs on."""
+    laptop = noisy_laptop
+    detect = glaunch(laptop, "sites", "detect", "--login", "glaunch-login", "--name", "far", "-o", "-")
+    assert detect.returncode == 0 and "login:\n  host: glaunch-login\n" in quiet(detect), detect.stderr
+    check = glaunch(laptop, "sites", "check", "local-slurm-remote")
+    assert check.returncode == 0 and "matches" in quiet(check), check.stdout + check.stderr
+
+    runs = tmp_path / "cluster runs"
+    runs.mkdir()
+    site = ["--site", "local-slurm-remote", "--runs-dir", str(runs)]
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "hostile.py").write_text(HOSTILE_SCRIPT)
+    (work / "sleeper.yaml").write_text(json.dumps(SLEEPER))
+    sleeper = submitted(glaunch(laptop, "submit", "sleeper.yaml", *site, "--json", cwd=work))
+    try:
+        ddp_id = followed_to_its_end(laptop, site, runs)
+        assert wait_for(laptop, sleeper, {"RUNNING"}, 120)["state"] == "RUNNING"
+        listed = json.loads(quiet(glaunch(laptop, "list", "--json")))
+        assert {row["run_id"]: row["state"] for row in listed["runs"]}[sleeper] == "RUNNING", listed
+        deadline = time.monotonic() + 60
+        while "HOSTILE " not in (said := quiet(glaunch(laptop, "logs", sleeper, "--rank", "0"))):
+            assert time.monotonic() < deadline, said
+            time.sleep(2)
+        swapped_cancel_refused(laptop, runs, ddp_id, sleeper)
+        cancel = glaunch(laptop, "cancel", sleeper)
+        assert cancel.returncode == 0 and "cancelled job" in quiet(cancel), cancel.stderr
+        assert wait_for(laptop, sleeper, {"CANCELLED"}, 60)["state"] == "CANCELLED"
+        resume = glaunch(laptop, "resume", sleeper)
+        assert resume.returncode == 0, quiet(resume)
+        assert (runs / sleeper / "resumes" / "1" / "job.sbatch").is_file()
+    finally:
+        glaunch(laptop, "cancel", sleeper)
+    swept = glaunch(laptop, "submit", "sleeper.yaml", *site, "--sweep", "hparams.lr=1,2", "--json", cwd=work)
+    sweep = json.loads(quiet(swept))["sweep_id"]
+    try:
+        table = wait_for(laptop, sweep, {"RUNNING", "PENDING"}, 60)
+        assert len(table["elements"]) == 2, table
+    finally:
+        cancel = glaunch(laptop, "cancel", sweep)
+    assert cancel.returncode == 0, quiet(cancel)
+
+
+def on_a_terminal(env, *args, timeout=300) -> tuple[int, str]:
+    """glaunch run with its stdout on a terminal (the console redraws its status line there):
+    its exit status and all it wrote."""
+    import pty
+
+    control, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.cli", *args], cwd=REPO, env=env, stdout=terminal,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    os.close(terminal)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                chunk = os.read(control, 65536)
+            except OSError:             # the terminal closed: the command ended
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return proc.wait(timeout=30), b"".join(chunks).decode(errors="replace")
+    finally:
+        proc.kill()
+        os.close(control)
+
+
+def followed_to_its_end(laptop, site, runs: Path) -> str:
+    """The DDP example submitted with --wait: its console shows rank 0's lines and a status
+    line with step/total and ETA; status shows its progress while it runs and its result
+    and goodput projection after. Its run id."""
+    import threading
+
+    args = ["submit", "examples/torch_ddp.yaml", *site, "--wait",
+            "entrypoint.args=[--steps,40,--seconds-per-step,0.4,--log-every,1]"]
+    answer: list = []
+    waiting = threading.Thread(target=lambda: answer.append(on_a_terminal(laptop, *args)))
+    waiting.start()
+    try:
+        ddp_id = run_dir_appears(runs, "torch-ddp").name
+        deadline = time.monotonic() + 120
+        while not (status := json.loads(quiet(glaunch(laptop, "status", ddp_id, "--json"))))["progress"]:
+            assert status["state"] in ("PENDING", "RUNNING") and time.monotonic() < deadline, status
+            time.sleep(1)
+        assert 0 < status["progress"]["step"] <= 40 and status["progress"]["total"] == 40, status
+    finally:
+        waiting.join(timeout=300)
+    code, said = answer[0]
+    assert code == 0 and not any(noise in said for noise in NOISE), said
+    assert "done: step 40" in said and re.search(r"step \d+/40 \|[^\r\n]* \| ETA ", said), said
+    status = json.loads(quiet(glaunch(laptop, "status", ddp_id, "--json")))
+    assert status["state"] == "COMPLETED" and status["result"], status
+    assert status["goodput"]["projection"], status["goodput"]
+    return ddp_id
+
+
+def swapped_cancel_refused(laptop, runs: Path, ddp_id: str, sleeper: str) -> None:
+    """The sleeper's run.json on the cluster swapped for the ended ddp run's: cancel of the
+    ddp run refuses naming both, and the sleeper's job runs on."""
+    mine, other = runs / ddp_id / "run.json", runs / sleeper / "run.json"
+    kept = mine.read_bytes()
+    mine.write_bytes(other.read_bytes())
+    try:
+        refused = glaunch(laptop, "cancel", ddp_id)
+    finally:
+        mine.write_bytes(kept)
+    message = quiet(refused).strip()
+    assert refused.returncode in (1, 3) and ddp_id in message and sleeper in message, message
+    assert len(message.splitlines()) == 1, message
+    assert wait_for(laptop, sleeper, {"RUNNING"}, 5)["state"] == "RUNNING"
+
+
+@pytest.mark.slurm
+@pytest.mark.requires_sshd
+def test_a_python_the_cluster_account_cannot_run_fails_sites_check_and_submit_naming_it(noisy_laptop, tmp_path,
+                                                                                       local_sshd_env):
+    """`~` in python: is the cluster account's home; an interpreter not there, or without
+    torch, fails `sites check` and `submit` (exit 3, naming python:), and nothing is left."""
+    import pwd
+
+    home = pwd.getpwnam(local_sshd_env["GLAUNCH_SSHD_USER"]).pw_dir
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    for python, said in ((f"~/no-such-venv-{os.getpid()}/bin/python", f"{home}/no-such-venv-{os.getpid()}/bin/python"),
+                         (f"{sys.executable} -S", "cannot import torch")):
+        profile = tmp_path / "far.yaml"
+        profile.write_text(f"name: far\nextends: local-slurm-remote\npython: {python}\n")
+        check = glaunch(noisy_laptop, "sites", "check", str(profile))
+        assert check.returncode == 3 and "FATAL    python: " in check.stdout and said in check.stdout, \
+            check.stdout + check.stderr
+        done = glaunch(noisy_laptop, "submit", "examples/torch_ddp.yaml", "--site", str(profile), "--runs-dir",
+                       str(runs))
+        assert done.returncode == 3 and f"{profile}: python: " in done.stderr and said in done.stderr, done.stderr
+        assert list(runs.iterdir()) == []
+        assert not list((Path(noisy_laptop["GLAUNCH_STATE_DIR"]) / "remote-runs").glob("*-*"))

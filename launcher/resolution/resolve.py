@@ -61,7 +61,7 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
     hparams = _hparams(exp)
     env = _environment(exp, site)
     container = _container(site, ctx.cwd, dirs)
-    python = node_python(site, container, ctx.python)
+    python = node_python(site, container, ctx.python, home=ctx.environ.get("HOME"))
     part = alloc.part
     return JobPlan(
         run_id=ctx.run_id, name=exp.name, site_name=site.name, site_file=str(site_loaded.path),
@@ -72,6 +72,7 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
         partition=alloc.partition, account=site.account,
         qos=(part.qos if part is not None and part.qos else site.qos),
         constraint=part.constraint if part is not None else None,
+        segment=part.segment if part is not None else None,
         nodes=alloc.nodes, spare_nodes=alloc.spare_nodes, gpus_per_node=alloc.gpus_per_node,
         gpu_directive=site.gpu_directive,
         tasks_per_node=alloc.tasks_per_node, cpus_per_task=alloc.cpus_per_task, mem_gb=alloc.mem_gb,
@@ -128,6 +129,7 @@ def _allocation(exp: schema.Experiment, site: schema.Site) -> _Allocation:
     gpus = _gpus_per_node(res, part, name, site)
     nodes = _nodes(res, part, name, site)
     spare = _spare_nodes(res, nodes, part, name, site)
+    _check_segment(nodes + spare, part, name)
     time_seconds = _time_limit(res, part, name, site)
     ranks_per_node = max(gpus, 1)
     tasks_per_node = ranks_per_node if exp.launcher == "srun" else 1
@@ -202,6 +204,16 @@ def _spare_nodes(res: schema.Resources, nodes: int, part: schema.Partition | Non
                              f"{partition!r} of site {site.name!r} allows at most {part.max_nodes} "
                              f"(partitions.{partition}.max_nodes)")
     return res.spare_nodes
+
+
+def _check_segment(allocated: int, part: schema.Partition | None, partition: str | None) -> None:
+    """Slurm splits a job asking --segment=N into segments of N nodes: its node count (with
+    the spares) must be a multiple of N, or sbatch refuses it."""
+    if part is None or part.segment is None or allocated % part.segment == 0:
+        return
+    raise ConfigKeyError("resources.nodes", f"{allocated} node(s) (resources.nodes with resources.spare_nodes) are "
+                         f"not a multiple of partitions.{partition}.segment {part.segment}: Slurm places a job's "
+                         "nodes in whole segments")
 
 
 def _time_limit(res: schema.Resources, part: schema.Partition | None, partition: str | None,
@@ -391,12 +403,14 @@ def _container(site: schema.Site, cwd: str, dirs: _Directories) -> Container | N
     return Container(site.container.runtime, site.container.image, tuple(mounts))
 
 
-def node_python(site: schema.Site, container: Container | None, submitting: str) -> tuple[str, ...]:
-    """The interpreter command on the nodes: the site's `python:`, a container's python3,
+def node_python(site: schema.Site, container: Container | None, submitting: str, *,
+                home: str | None = None) -> tuple[str, ...]:
+    """The interpreter command on the nodes: the site's `python:` (a leading `~` is `home`,
+    the home of the account the job runs as, as in runs_root), a container's python3,
     else the submitting interpreter; inside apptainer, run through `apptainer exec`
     (`sites check` runs the same command to ask which torch it imports)."""
     if site.python:
-        python = python_words(site.python)
+        python = _from_home(python_words(site.python), home)
     elif container is not None:
         python = ("python3",)
     else:
@@ -408,6 +422,20 @@ def node_python(site: schema.Site, container: Container | None, submitting: str)
         binds = [word for mount in container.mounts for word in ("--bind", mount)]
         python = ("apptainer", "exec", "--nv", *binds, container.image, *python)
     return python
+
+
+def _from_home(words: tuple[str, ...], home: str | None) -> tuple[str, ...]:
+    """`python:`'s words with a leading `~` or `~/` made `home` (a quoted word never expands
+    on the nodes); `~user` is refused, as in paths."""
+    first = words[0]
+    if not first.startswith("~"):
+        return words
+    if first != "~" and not first.startswith("~/"):
+        raise ConfigKeyError("python", f"{first!r}: ~{first[1:].split('/', 1)[0]} (another user's home) is not "
+                             "expanded; write the full path (only ~/... is, as the account's home)", site=True)
+    if not home:
+        raise ConfigKeyError("python", f"{first!r} uses ~ but HOME is not set", site=True)
+    return (home.rstrip("/") + first[1:], *words[1:])
 
 
 # --- the code snapshot and hparams -----------------------------------------------------

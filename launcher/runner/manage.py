@@ -14,7 +14,7 @@ from launcher.errors import ConfigError, GlaunchError, SchedulerError
 from launcher.rundir import registry
 from launcher.rundir.files import json_safe
 from launcher.rundir.layout import RunDir
-from launcher.rundir.records import RunRecord, State, is_terminal
+from launcher.rundir.records import IN_FLIGHT, RunRecord, State, is_terminal
 from launcher.rundir.taskspec import read_placement
 from launcher.runner import sweeps
 from launcher.runner.logs import Lines, LogFollower, RankLogs
@@ -254,6 +254,16 @@ def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
             raise ConfigError(f"no sweep {sweep!r} (`glaunch list` shows runs and sweeps)", file="command line",
                               key="SWEEP")
         return list(status(sweep_dir)["elements"])
+    rows = recent(limit)
+    # Runs kept on a cluster reached over SSH: their job writes run.json there, not here.
+    asked = [Path(row["run_dir"]) for row in rows
+             if row.get("run_dir") and row.get("state") in {s.value for s in IN_FLIGHT}
+             and is_remote(Path(row["run_dir"]))]
+    if not asked:
+        return rows
+    from launcher.runner import remote
+
+    remote.refresh_copies(asked)
     return recent(limit)
 
 

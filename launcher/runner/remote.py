@@ -4,8 +4,9 @@ road). The run is rendered here as on the cluster, with the cluster's paths, wri
 local staging folder, sent in one transfer to its directory under runs_root on the
 cluster, and queued there with the same job.sbatch bytes; all over one SSH connection per
 command. The run's record here is a folder of glaunch's state directory holding
-remote.json (the login and the run's directory on the cluster) and the last run.json read
-from there: status, cancel and logs ask the cluster through it.
+remote.json (the login and the run's directory on the cluster) and copies of what was last
+read from there (run.json, checked to be this run's, and the files status and the console
+read: MIRRORED, rank 0's log): status, cancel and logs ask the cluster through it.
 
 Queueing: sbatch --hold, then run.json with the job's id and the submitit task are put in
 place, then `scontrol release`: the job never starts before its record is whole. Any
@@ -29,12 +30,30 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from launcher.config.login import Login
+from launcher.config.sites import where_to_change
 from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
 from launcher.rundir import registry
-from launcher.rundir.files import atomic_write_text
-from launcher.rundir.layout import REMOTE_FILE, TASK_LOG, RunDir
+from launcher.rundir.files import atomic_write_text, load_bounded_object, parse_json_object
+from launcher.rundir.layout import (
+    CHECKPOINT_DIR,
+    CRASH_FILE,
+    HANG_FILE,
+    HEARTBEAT,
+    HEARTBEAT_DIR,
+    HEARTBEAT_FILE,
+    LOG_DIR,
+    REMOTE_FILE,
+    RESOLVED_FILE,
+    RESULT_FILE,
+    RESUME_FILE,
+    RUN_FILE,
+    TASK_FILE,
+    TASK_LOG,
+    RunDir,
+)
 from launcher.rundir.lifecycle import ENDS
 from launcher.rundir.records import RunRecord, State, is_terminal
+from launcher.rundir.taskspec import read_placement
 from launcher.runner import bundle, sweeps
 from launcher.runner.logs import RankLogs
 from launcher.runner.results import Run
@@ -136,7 +155,7 @@ def python_warning(loaded_site: Any, plan: Any) -> str | None:
     if loaded_site.config.python or plan.container is not None:
         return None
     return (f"the nodes run {plan.python[0]} (this machine's interpreter, which must exist on the cluster): "
-            f"set python: in {loaded_site.path} to the cluster's")
+            f"set python: to the cluster's interpreter {where_to_change(loaded_site.path)}")
 
 
 # --- the record here --------------------------------------------------------------------
@@ -161,11 +180,13 @@ def where_of(run_dir: Path) -> Where:
     """remote.json, checked as the profile's `login:` is: RunError naming the file."""
     path = Path(run_dir) / REMOTE_FILE
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = load_bounded_object(path)
         login = Login(**data["login"])
         run = data["run_dir"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise RunError(f"cannot read where the run lives: {exc}", file=str(path)) from None
+    except OSError as exc:
+        raise RunError(f"cannot read where the run lives: {exc.strerror or exc}", file=str(path)) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunError(f"cannot read where the run lives: {str(exc)[:200]}", file=str(path)) from None
     if login.problems() or not isinstance(run, str) or not run.startswith("/"):
         raise RunError("names no usable login or cluster directory", file=str(path))
     return Where(login, run)
@@ -207,7 +228,8 @@ def launch(prepared: Any, *, check: bool) -> Run:
     finally:
         conn.close()
     return Run(plan.run_id, records_dir() / plan.run_id, plan.site_name, False, tuple(prepared.files),
-               State.PENDING.value, job_id=job_id, warnings=prepared.warnings)
+               State.PENDING.value, job_id=job_id, warnings=prepared.warnings, cluster_host=conn.login.host,
+               cluster_dir=plan.run_dir)
 
 
 def _stage_send_queue(prepared: Any, conn: Connection, local: Path, check: bool) -> str:
@@ -284,12 +306,15 @@ def _complete(conn: Connection, plan: Any, staged: Path, job_id: str, warnings: 
 
 
 def record_here(staged: Path, plan: Any, job_id: str, where: Where) -> None:
-    """The local record: remote.json and run.json, registered under the run's id."""
+    """The local record: remote.json, run.json and task.json (where rank 0's log is, for a
+    console that follows the run from its start), registered under the run's id."""
     home = records_dir() / plan.run_id
     home.mkdir()
     try:
         atomic_write_text(home / REMOTE_FILE, where.to_json())
         shutil.copyfile(RunDir(staged).run_file, RunDir(home).run_file)
+        if RunDir(staged).task_file.is_file():
+            shutil.copyfile(RunDir(staged).task_file, RunDir(home).task_file)
         registry.register(plan.run_id, str(home))
     except BaseException:
         shutil.rmtree(home, ignore_errors=True)
@@ -418,12 +443,8 @@ def refreshed(run_dir: Path) -> RunRecord:
         return refreshed_over(conn, run_dir, where)
 
 
-def refreshed_over(conn: Connection, run_dir: Path, where: Where) -> RunRecord:
-    data = on_login.read_bytes(conn, posixpath.join(where.run_dir, "run.json"))
-    if data is None:
-        raise SchedulerError(f"{where.run_dir!r} on {conn.where()} holds no run.json: the run's directory "
-                             "there was moved or removed")
-    atomic_write_text(RunDir(run_dir).run_file, data.decode("utf-8", errors="replace"))
+def refreshed_over(conn: Connection, run_dir: Path, where: Where, *, all_logs: bool = False) -> RunRecord:
+    mirror_run(conn, run_dir, where, registry.read(run_dir), all_logs=all_logs)
     record = registry.read(run_dir)
     if not record.job_id or (record.state in ENDS and settled(record)):
         return record
@@ -432,6 +453,88 @@ def refreshed_over(conn: Connection, run_dir: Path, where: Where) -> RunRecord:
         if not has_ended(record):
             live, reason = squeue_job(record.job_id)
         return fold_job(run_dir, live, reason, sacct_records(record.job_id))
+
+
+# What status, the console of --wait and list read in a run's directory besides run.json and
+# rank 0's log: copied whole into its record here at each refresh (every rank's heartbeat:
+# status names the ranks fallen silent).
+MIRRORED = (RESULT_FILE, RESUME_FILE, CRASH_FILE, HANG_FILE, RESOLVED_FILE, TASK_FILE, f"{HEARTBEAT_DIR}/rank-*.json",
+            f"{CHECKPOINT_DIR}/latest")
+# The most of one file a refresh copies: records are far smaller; a log that grew by more
+# comes over in the next refreshes.
+MIRROR_LIMIT = 4 << 20
+
+
+def mirror_run(conn: Connection, run_dir: Path, where: Where, asked: RunRecord, *, all_logs: bool = False) -> None:
+    """In one call: run.json of the run on the cluster, checked to be `asked`'s, then the
+    files of MIRRORED and what rank 0's log of each of its jobs gained (`all_logs`: every
+    task log's), into its record here, so that everything that reads a run's directory
+    reads it as on the cluster."""
+    here = RunDir(run_dir)
+    wanted = {RUN_FILE: 0, **{pattern: 0 for pattern in MIRRORED}}
+    task = read_placement(run_dir).task(0)
+    logs = [here.task_log(job_id, task) for job_id
+            in dict.fromkeys([*(s.job_id for s in asked.starts), *([asked.job_id] if asked.job_id else [])])]
+    if all_logs:
+        logs += [p for p in here.log_dir.glob("*_log.*") if TASK_LOG.fullmatch(p.name)] if here.log_dir.is_dir() else []
+        wanted.update({f"{LOG_DIR}/*_log.out": 0, f"{LOG_DIR}/*_log.err": 0})
+    for log in logs:
+        wanted[posixpath.join(LOG_DIR, log.name)] = log.stat().st_size if log.is_file() else 0
+    got = {name: (offset, data) for name, offset, data
+           in on_login.files_since(conn, where.run_dir, wanted, MIRROR_LIMIT)}
+    if RUN_FILE not in got:
+        raise SchedulerError(f"{where.run_dir!r} on {conn.where()} holds no run.json: the run's directory "
+                             "there was moved or removed")
+    atomic_write_text(here.run_file, checked_record(got.pop(RUN_FILE)[1], asked.run_id, where.run_dir, conn.where()))
+    for name, (offset, data) in got.items():
+        if _is_in(name, LOG_DIR, TASK_LOG):
+            _take_tail(here.path / name, offset, data)
+        elif name in wanted or _is_in(name, HEARTBEAT_DIR, HEARTBEAT):
+            _replace(here.path / name, data)
+
+
+def _is_in(name: str, folder: str, pattern: Any) -> bool:
+    """Whether `name` (as the cluster spelt it) is a file of `folder` that `pattern` names."""
+    parent, _, base = name.partition("/")
+    return parent == folder and pattern.fullmatch(base) is not None
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """`path` replaced whole with `data` (a copy: it is fetched again at the next refresh)."""
+    path.parent.mkdir(exist_ok=True)
+    tmp = path.with_name(f".{path.name}.mirror-{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def _take_tail(path: Path, offset: int, data: bytes) -> None:
+    """What a log gained past `offset` on the cluster, appended to its copy here when that
+    ends there; all of it, from 0, when the log was cut shorter there."""
+    have = path.stat().st_size if path.is_file() else 0
+    if offset == have:
+        path.parent.mkdir(exist_ok=True)
+        with open(path, "ab") as f:
+            f.write(data)
+    elif offset == 0:
+        with open(path, "wb") as f:
+            f.write(data)
+
+
+def checked_record(data: bytes, run_id: str, cluster_dir: str, host: str) -> str:
+    """run.json as read from `cluster_dir` on `host`, once it is checked to be the record of
+    run `run_id` kept in that directory: nothing is copied here or acted on otherwise (a
+    directory there replaced or renamed would name another run's job). RunError naming
+    both runs, or what is wrong with the record."""
+    text = data.decode("utf-8", errors="replace")
+    source = f"{host}:{posixpath.join(cluster_dir, 'run.json')}"
+    try:
+        there = RunRecord.from_dict(parse_json_object(text))
+    except ValueError as exc:
+        raise RunError(f"damaged run record on the cluster: {exc}; nothing was done", file=source) from None
+    if there.run_id != run_id or posixpath.normpath(str(there.run_dir)) != posixpath.normpath(cluster_dir):
+        raise RunError(f"holds the record of run {there.run_id} (directory {there.run_dir}), not of run {run_id} "
+                       f"({cluster_dir}): the run's directory there was replaced; nothing was done", file=source)
+    return text
 
 
 def cancel(run_dir: Path) -> str:
@@ -447,19 +550,22 @@ def cancel(run_dir: Path) -> str:
 
 
 def logs(run_dir: Path, *, rank: int | None, follow: bool, echo: Callable[[str], None], poll_s: float) -> None:
-    """The run's task logs, copied from the cluster as they grow, shown as for a run here."""
+    """The run's task logs, copied from the cluster as they grow, shown as for a run here;
+    its record there checked to be this run's first (a directory there replaced would hold
+    another run's logs)."""
     where = where_of(run_dir)
     reader = RankLogs(run_dir, rank, echo)
     with connect(where.login) as conn:
         while True:
-            mirror_logs(conn, posixpath.join(where.run_dir, "logs"), RunDir(run_dir).log_dir)
+            if follow:
+                state = refreshed_over(conn, run_dir, where, all_logs=True).state
+                follow = not (is_terminal(state) or state == State.UNKNOWN)
+            else:
+                mirror_run(conn, run_dir, where, registry.read(run_dir), all_logs=True)
             reader.poll()
             if not follow:
                 reader.flush()
                 return
-            state = refreshed_over(conn, run_dir, where).state
-            if is_terminal(state) or state == State.UNKNOWN:
-                follow = False
             time.sleep(poll_s)
 
 
@@ -470,44 +576,117 @@ def mirror_logs(conn: Connection, folder: str, log_dir: Path) -> None:
     log_dir.mkdir(exist_ok=True)
     have = {p.name: p.stat().st_size for p in log_dir.iterdir() if TASK_LOG.match(p.name) and p.is_file()}
     for name, offset, data in on_login.log_tails(conn, folder, have):
-        if not TASK_LOG.match(name):
-            continue
-        if offset == have.get(name, 0):
-            with open(log_dir / name, "ab") as f:
-                f.write(data)
-        elif offset == 0:
-            with open(log_dir / name, "wb") as f:
-                f.write(data)
+        if TASK_LOG.match(name):
+            _take_tail(log_dir / name, offset, data)
 
 
 # --- following a sweep --------------------------------------------------------------------------
 
 
+# What a sweep's table reads in each element's directory besides run.json: its result and
+# rank 0's step.
+SWEEP_MIRRORED = (RESULT_FILE, posixpath.join(HEARTBEAT_DIR, HEARTBEAT_FILE.format(rank=0)))
+
+
 def sweep_element_records(sweep_dir: Path) -> dict[str, RunRecord | GlaunchError]:
-    """Every element's record read from the cluster in one call, Slurm's view of those in
-    flight folded in with one squeue and one sacct there."""
+    """Every element's record (and SWEEP_MIRRORED) read from the cluster in one call, Slurm's
+    view of those in flight folded in with one squeue and one sacct there."""
     where = where_of(sweep_dir)
     sweep = sweeps.read(sweep_dir)
     with connect(where.login) as conn:
-        names = {e.run_id: posixpath.join(posixpath.relpath(where_of(Path(e.run_dir)).run_dir,
-                                                            where.run_dir), "run.json")
-                 for e in sweep.elements}
-        _mirror_records(on_login.pack_files(conn, where.run_dir, list(names.values())), names, sweep)
+        names = {}
+        for element in sweep.elements:
+            there = posixpath.relpath(where_of(Path(element.run_dir)).run_dir, where.run_dir)
+            for name in (RUN_FILE, *SWEEP_MIRRORED):
+                names[posixpath.join(there, name)] = (element, name)
+        _mirror_records(on_login.pack_files(conn, where.run_dir, list(names)), names, sweep, conn.where())
         with using(on_login.slurm_client(conn)):
             return sweeps.element_records(sweep_dir, _refresh_many)
 
 
-def _mirror_records(stream: bytes, names: dict[str, str], sweep: Any) -> None:
-    """The run.json files of a tar stream into the elements' folders here."""
-    wanted = {name: Path(e.run_dir) for e in sweep.elements if (name := names.get(e.run_id))}
+def _mirror_records(stream: bytes, names: Mapping[str, tuple[Any, str]], sweep: Any, host: str) -> None:
+    """The files of a tar stream into the elements' folders here (`names`: the name in the
+    stream -> the element and its file), each run.json checked to be its element's
+    (`checked_record`) before any file is copied."""
+    members = _members(stream, f"the records of sweep {sweep.sweep_id}", host)
+    found = [(names[name], data) for name, data in members.items() if name in names]
+    for (element, name), data in found:
+        if name == RUN_FILE:
+            there = where_of(Path(element.run_dir)).run_dir
+            atomic_write_text(RunDir(element.run_dir).run_file, checked_record(data, element.run_id, there, host))
+    for (element, name), data in found:
+        if name != RUN_FILE:
+            _replace(Path(element.run_dir) / name, data)
+
+
+def _members(stream: bytes, what: str, host: str) -> dict[str, bytes]:
+    """The regular files of a tar stream read from `host`, by normalised name."""
+    out: dict[str, bytes] = {}
     if not stream:
-        return
-    with tarfile.open(fileobj=io.BytesIO(stream), mode="r:") as tar:
-        for member in tar:
-            target = wanted.get(posixpath.normpath(member.name))
-            data = tar.extractfile(member) if member.isreg() and target is not None else None
-            if data is not None and target is not None:
-                atomic_write_text(RunDir(target).run_file, data.read().decode("utf-8", errors="replace"))
+        return out
+    try:
+        with tarfile.open(fileobj=io.BytesIO(stream), mode="r:") as tar:
+            for member in tar:
+                data = tar.extractfile(member) if member.isreg() else None
+                if data is not None:
+                    out[posixpath.normpath(member.name)] = data.read()
+    except tarfile.TarError as exc:
+        raise SchedulerError(f"{what} came back from {host} damaged: {exc}") from None
+    return out
+
+
+def refresh_copies(run_dirs: Sequence[Path]) -> None:
+    """run.json of each run of `run_dirs` kept on a cluster reached over SSH (of a sweep:
+    each element's) copied here from there, checked to be that run's, Slurm's view folded
+    in: three calls per login (the records, one squeue, one sacct). A login that cannot be
+    reached, or a record there that is not its run's, leaves the copy here as it was: a
+    listing shows what was last recorded."""
+    by_login: dict[Login, list[tuple[Path, Where]]] = {}
+    for run_dir in run_dirs:
+        for local in _records_of(Path(run_dir)):
+            try:
+                where = where_of(local)
+            except RunError:
+                continue
+            by_login.setdefault(where.login, []).append((local, where))
+    for login, runs in by_login.items():
+        try:
+            with connect(login) as conn:
+                names = {posixpath.join(w.run_dir, RUN_FILE).lstrip("/"): (local, w) for local, w in runs}
+                copied = _copy_checked(on_login.pack_files(conn, "/", list(names)), names, conn.where())
+                with using(on_login.slurm_client(conn)):
+                    _refresh_many([(local, registry.read(local)) for local in copied])
+        except GlaunchError:
+            continue
+
+
+def _records_of(run_dir: Path) -> list[Path]:
+    """The local records of a run kept over SSH (a sweep: its elements'); none for another run."""
+    if not (run_dir / REMOTE_FILE).is_file():
+        return []
+    if not (run_dir / sweeps.SWEEP_FILE).is_file():
+        return [run_dir]
+    try:
+        return [Path(e.run_dir) for e in sweeps.read(run_dir).elements]
+    except GlaunchError:
+        return []
+
+
+def _copy_checked(stream: bytes, names: Mapping[str, tuple[Path, Where]], host: str) -> list[Path]:
+    """The records of a tar stream (by their name there) copied over those here that they
+    are checked to be (`checked_record`); the folders here they were copied into."""
+    copied = []
+    for name, data in _members(stream, "the runs' records", host).items():
+        if name not in names:
+            continue
+        local, where = names[name]
+        try:
+            text = checked_record(data, registry.read(local).run_id, where.run_dir, host)
+        except RunError:
+            continue
+        atomic_write_text(RunDir(local).run_file, text)
+        copied.append(local)
+    return copied
 
 
 def _refresh_many(runs: list[tuple[Path, RunRecord]]) -> list[RunRecord]:

@@ -55,8 +55,8 @@ from launcher.rundir.layout import (
     RunDir,
 )
 from launcher.rundir.lifecycle import resubmit
-from launcher.rundir.records import IN_FLIGHT, RunRecord, State
-from launcher.runner import bundle
+from launcher.rundir.records import IN_FLIGHT, LIVE, RunRecord, State, is_known_state
+from launcher.runner import bundle, frameworks
 from launcher.runner.inputs import items
 from launcher.runner.lookup import find_sweep, is_remote, refreshed, refuse_copy, run_dir_of
 from launcher.runner.results import Run, RunRef
@@ -113,12 +113,12 @@ def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool 
         return _prepare_remote(run_dir, items(overrides, "overrides"), dry_run)
     refuse_copy(run_dir, registry.read(run_dir), "resume")
     record = registry.read(run_dir) if dry_run else refreshed(run_dir)
-    refuse_unless_ended(record)
+    refuse_unless_ended(record, run_dir)
     recorded = RecordedConfig.read(run_dir)
     overrides = items(overrides, "overrides")
     exp, site = recorded.load(overrides)
     recorded.check_site_kept(exp, site)
-    plan = resolve(exp, site, recorded.context(exp, site))
+    plan = recorded.conventions(resolve(exp, site, recorded.context(exp, site)))
     recorded.check_kept(plan, exp)
     scheduler = schedulers.get(plan.scheduler)
     scheduler.check(plan)
@@ -126,14 +126,19 @@ def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool 
                           _warnings(plan, record))
 
 
-def refuse_unless_ended(record: RunRecord) -> None:
-    """ConfigError for a run that may still be queued or running, or that never ran."""
+def refuse_unless_ended(record: RunRecord, run_dir: Path) -> None:
+    """ConfigError for a run that may still be queued or running, or that never ran;
+    RunError (a damaged record) for a state that is neither glaunch's nor Slurm's."""
     state = str(record.state)
     if record.dry_run or state == State.RENDERED.value:
         raise ConfigError(f"run {record.run_id} is a dry run: nothing ran to continue (glaunch submit the "
                           "experiment instead)", file=WHERE, key="RUN")
     uncertain = state == State.UNKNOWN.value and any(k in record.extra for k in ("submission", "unreachable"))
-    if state in IN_FLIGHT or uncertain:
+    if not is_known_state(state):
+        raise RunError(f"damaged run record: {state!r} is no state of glaunch's or Slurm's, so whether run "
+                       f"{record.run_id} ended is not known: it is not resumed", file=str(RunDir(run_dir).run_file),
+                       key="state")
+    if state in IN_FLIGHT or state in LIVE or uncertain:
         job = f" (job {record.job_id})" if record.job_id else ""
         raise ConfigError(f"run {record.run_id} is {state}{job}: only a run that ended can be resumed; wait for "
                           f"its end or cancel it (glaunch cancel {record.run_id})", file=WHERE, key="RUN")
@@ -145,10 +150,14 @@ def _warnings(plan, record: RunRecord) -> tuple[str, ...]:
     # that submitting never loads the runtime.
     from launcher.runtime.checkpoint.resume import latest_complete
 
-    if latest_complete(plan.checkpoint_dir, verify="size", quiet=True) is None:
-        return (f"run {record.run_id}: no complete checkpoint in {plan.checkpoint_dir}: the resumed run starts "
-                "again from step 0",)
-    return ()
+    if latest_complete(plan.checkpoint_dir, verify="size", quiet=True) is not None:
+        return ()
+    if plan.entry_resume_args:
+        # The script keeps its own checkpoints, where glaunch does not look: it is told to resume.
+        return ()
+    return (f"run {record.run_id}: no complete checkpoint in {plan.checkpoint_dir}: the resumed run starts "
+            "again from step 0 (a script that keeps its own checkpoints is told to resume by "
+            "entrypoint.resume_args)",)
 
 
 @dataclass(frozen=True)
@@ -192,6 +201,11 @@ class RecordedConfig:
         site = site_from_layers([(doc.data["site"], lambda key: doc.origin(f"site.{key}"))], file=str(self.path),
                                 path=site_file, chain=(site_file,))
         return exp, site
+
+    def conventions(self, plan):
+        """`plan` with the entry script's conventions the submission found (its warning
+        signal, launcher.runner.frameworks), which the script's text need not give again."""
+        return dataclasses.replace(plan, warning_signal=frameworks.recorded_signal(self.text("derived.warning_signal")))
 
     def context(self, exp, site):
         """The submission's context again: its working directory and run directory, the
@@ -308,7 +322,7 @@ def _switch_bundle(prepared: PreparedResume) -> tuple[RunRecord, _Switch]:
 
     run_dir = prepared.run_dir
     with registry.updating(run_dir) as record:
-        refuse_unless_ended(record)
+        refuse_unless_ended(record, run_dir)
         still = prepared.scheduler.job_still_there(run_dir, record)
         if still:
             raise ConfigError(f"run {record.run_id}: {still}; resume it once that has ended", file=WHERE, key="RUN")
@@ -405,13 +419,13 @@ def _prepare_remote(run_dir: Path, overrides: tuple[str, ...], dry_run: bool) ->
     conn = remote.connect(where.login)
     try:
         record = registry.read(run_dir) if dry_run else remote.refreshed_over(conn, run_dir, where)
-        refuse_unless_ended(record)
+        refuse_unless_ended(record, run_dir)
         remote.copy_here(conn, where, RESOLVED_FILE, run_dir)
         recorded = RecordedConfig.read(run_dir)
         exp, site = recorded.load(overrides)
         recorded.check_site_kept(exp, site)
         ctx = dataclasses.replace(recorded.context(exp, site), environ=remote.cluster_environ(conn, os.environ))
-        plan = remote.on_cluster(resolve(exp, site, ctx))
+        plan = remote.on_cluster(recorded.conventions(resolve(exp, site, ctx)))
         recorded.check_kept(plan, exp, files=remote.ClusterFiles(conn))
         scheduler = schedulers.get(plan.scheduler)
         scheduler.check(plan)
@@ -444,7 +458,7 @@ def _launch_remote(prepared: PreparedResume, *, check: bool) -> Run:
     conn.close()
     atomic_write_text(here / RESOLVED_FILE, prepared.files[RESOLVED_FILE])
     return Run(record.run_id, here, plan.site_name, False, tuple(prepared.files), State.PENDING.value, job_id,
-               warnings=prepared.warnings)
+               warnings=prepared.warnings, cluster_host=conn.login.host, cluster_dir=plan.run_dir)
 
 
 def _resumed_record(prepared: PreparedResume, conn: Any) -> tuple[str, RunRecord]:
@@ -457,7 +471,7 @@ def _resumed_record(prepared: PreparedResume, conn: Any) -> tuple[str, RunRecord
     before = RunDir(prepared.run_dir).run_file.read_text(encoding="utf-8")
     there = dataclasses.replace(prepared, run_dir=Path(prepared.plan.run_dir))
     with registry.updating(prepared.run_dir) as record:
-        refuse_unless_ended(record)
+        refuse_unless_ended(record, prepared.run_dir)
         if record.job_id and remote.job_queued(conn, record.job_id):
             raise ConfigError(f"run {record.run_id}: its job {record.job_id} is still in the queue (its ranks may "
                               "be saving a checkpoint); resume it once that has ended", file=WHERE, key="RUN")

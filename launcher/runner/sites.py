@@ -44,6 +44,8 @@ def check_site(site: str) -> CheckReport:
     with slurm_answering(login_of(loaded.config.login)) as where:
         report = check_against_cluster(loaded.config)
         report.torch = torchprobe.probe(loaded.config, sys.executable, where=where)
+    if report.torch.problem:
+        report.fatal.append(Difference(report.torch.key, report.torch.problem, fatal=True))
     if report.torch.checked:
         planned = {"python": platform.python_version(), **package_versions(("torch",))}
         where = profiles.where_to_change(loaded.path)

@@ -10,8 +10,10 @@ The clusters are tests/recorded_cluster/hopper.scontrol.txt with one limit chang
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import sys
 
 import pytest
 
@@ -215,6 +217,8 @@ def test_fake_submit_refuses_before_queuing(tmp_path, monkeypatch):
     assert (f"resources.mem_gb: 307200 MB a node asked, {ON} gives a job at most 256000 MB a node "
             "(MaxMemPerCPU=4000 MB x MaxCPUsPerNode=64): this job needs 77 CPUs a node") in str(err.value)
     plan = plan_on(site, tmp_path, "resources.partition=cpu-shared", "resources.mem_gb=250")
+    # The nodes' interpreter (asked here, standing in for the nodes) is this one, with torch.
+    plan = dataclasses.replace(plan, python=(sys.executable,))
     assert not [w for w in SlurmScheduler().check_cluster(plan) if "MaxMemPerCPU" in w]
 
 

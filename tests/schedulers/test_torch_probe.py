@@ -93,7 +93,7 @@ def test_the_report_prints_the_line_last_and_carries_it_in_json():
     report = CheckReport("s", "c", torch=TorchProbe("python", reason="why"))
     assert report.lines() == ["site s matches Slurm cluster c", "  torch: not checked: why"]
     assert report.to_json()["torch"] == {"checked": False, "where": "here", "key": "python", "versions": {},
-                                         "reason": "why"}
+                                         "reason": "why", "problem": None}
     assert "torch" not in CheckReport("s", "c").to_json()
 
 
@@ -256,3 +256,47 @@ def test_over_a_login_the_probe_runs_through_the_login_nodes_slurm_client(tmp_pa
     slow = site_of(tmp_path, "setup: ['sleep 30']\n")
     with using(on_login.slurm_client(LocalLogin())):
         assert "did not answer within 1 s" in torchprobe.probe(slow, sys.executable, where="login1", timeout_s=1).line()
+
+
+# --- an interpreter the nodes cannot run: sites check and submit fail, naming python: -------------
+
+
+@pytest.mark.parametrize(("python", "said"), [
+    ("{tmp}/nope/python", "{tmp}/nope/python is not an executable file on this host; the nodes run it"),
+    ("{exe} -S", "cannot import torch (ModuleNotFoundError: No module named 'torch')"),
+    ("{tmp}/broken-python", "did not start"),
+])
+def test_sites_check_fails_naming_python_when_the_nodes_interpreter_cannot_run_a_job(
+        tmp_path, monkeypatch, capsys, isolated_env, python, said):
+    executable(tmp_path / "broken-python", "#!/nonexistent/interpreter\n")
+    python, said = (text.format(tmp=tmp_path, exe=sys.executable) for text in (python, said))
+    (tmp_path / "fakesite.yaml").write_text(PROFILE + f"python: {python}\n")
+    monkeypatch.setattr(site_tools, "check_against_cluster", lambda config: CheckReport(config.name, "main"))
+    code, out, err = run_cli(monkeypatch, capsys, ["glaunch", "sites", "check", str(tmp_path / "fakesite.yaml")])
+    assert code == 3, out + err
+    fatal = [line for line in out.splitlines() if line.startswith("  FATAL")]
+    assert len(fatal) == 1 and fatal[0].startswith("  FATAL    python: ") and said in fatal[0], out
+
+
+def test_a_tilde_in_python_is_the_home_of_the_account_the_probe_runs_as(tmp_path, fake_torch_python, monkeypatch):
+    (tmp_path / "home" / "venv").mkdir(parents=True)
+    os.symlink(fake_torch_python, tmp_path / "home" / "venv" / "python")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    probe = torchprobe.probe(site_of(tmp_path, "python: ~/venv/python\n"), sys.executable)
+    assert probe.checked and probe.versions["torch"] == "9.9.0+cu124", probe.reason
+
+
+def test_submit_checks_that_the_nodes_interpreter_starts_and_finds_torch(tmp_path, fake_torch_python, monkeypatch):
+    from launcher.errors import SchedulerError
+    from launcher.schedulers.slurm import scheduler as slurm_scheduler
+
+    monkeypatch.setattr(slurm_scheduler, "check_site", lambda *a, **k: CheckReport("fakesite", "main"))
+    monkeypatch.setattr(slurm_scheduler.SlurmScheduler, "cluster", lambda self: None)
+    plan = type("Plan", (), {"site": {"modules": [], "setup": [], "env": {}}, "site_file": "fakesite.yaml",
+                             "partition": "gpu", "python": (str(fake_torch_python),)})
+    monkeypatch.setattr(slurm_scheduler.Request, "of_plan", staticmethod(lambda plan: None))
+    assert slurm_scheduler.SlurmScheduler().check_cluster(plan) == []
+    plan.python = (sys.executable, "-S")
+    with pytest.raises(SchedulerError) as caught:
+        slurm_scheduler.SlurmScheduler().check_cluster(plan)
+    assert str(caught.value).startswith("fakesite.yaml: python: ") and "cannot import torch" in str(caught.value)

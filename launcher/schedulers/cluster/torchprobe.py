@@ -17,8 +17,10 @@ through the Slurm client (one attempt, bounded).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from types import SimpleNamespace
+from typing import Any, Mapping, Sequence
 
 from launcher import shell
 from launcher.errors import GlaunchError
@@ -31,6 +33,10 @@ TIMEOUT_S = 60.0
 # Lines the probe prints, told apart from whatever the module system or setup prints.
 ANSWER = "GLAUNCH-TORCH-PROBE "
 NOT_HERE = "GLAUNCH-TORCH-NOT-HERE "
+# The interpreter itself (no container, no uenv) is not there, or is about to be started:
+# what follows, when no answer does, is its own failure to start.
+NO_PYTHON = "GLAUNCH-TORCH-NO-PYTHON "
+STARTING = "GLAUNCH-TORCH-STARTING"
 
 # Run by the nodes' interpreter: any Python 3, torch or not; nothing but torch is imported.
 PROBE_CODE = """\
@@ -50,6 +56,21 @@ else:
             found["nccl"] = ".".join(map(str, nccl)) if isinstance(nccl, tuple) else str(nccl)
         except Exception:
             pass
+print("%s%s" % (sys.argv[1], json.dumps(found)))
+"""
+# What `submit` runs: whether the interpreter starts and finds torch, without the seconds
+# that importing it takes.
+FIND_CODE = """\
+import importlib.util, json, platform, sys
+found = {"python": platform.python_version(), "executable": sys.executable}
+try:
+    spec = importlib.util.find_spec("torch")
+except Exception as exc:
+    spec, found["error"] = None, type(exc).__name__ + ": " + str(exc)
+if spec is not None:
+    found["torch"] = "found"
+else:
+    found.setdefault("error", "ModuleNotFoundError: No module named 'torch'")
 print("%s%s" % (sys.argv[1], json.dumps(found)))
 """
 
@@ -86,6 +107,9 @@ class TorchProbe:
     where: str | None = None                # None: this machine; else the login node
     versions: Mapping[str, str] = field(default_factory=dict)
     reason: str | None = None
+    # The nodes' interpreter does not start, or cannot import torch: no job of the profile
+    # can run (`sites check` and `submit` fail, naming `key`).
+    problem: str | None = None
 
     @property
     def checked(self) -> bool:
@@ -106,27 +130,65 @@ class TorchProbe:
 
     def to_json(self) -> dict[str, Any]:
         return {"checked": self.checked, "where": self.where or "here", "key": self.key,
-                "versions": dict(self.versions), "reason": self.reason}
+                "versions": dict(self.versions), "reason": self.reason, "problem": self.problem}
 
 
-def environment_of(site: Any, submitting: str) -> Environment | str:
-    """The probe's environment for a profile (config.schema.Site), or why the nodes' torch
-    cannot be found out from a login node (a sentence)."""
-    key = _deciding_key(site)
+def environment_of(site: Any, submitting: str, home: str | None = None) -> Environment | str:
+    """The probe's environment for a profile (config.schema.Site; `home`: what a leading ~
+    in its `python:` stands for), or why the nodes' torch cannot be found out from a login
+    node (a sentence)."""
     container = site.container
-    image = None
     if container is not None:
-        if container.runtime != "apptainer":
-            return (f"the job runs in the {container.runtime} container {container.image}, which only srun "
-                    "starts, on the nodes")
-        if "://" in container.image:
-            return f"apptainer would first fetch {container.image}, which this check does not do"
-        image = container.image
+        unreachable = _unprobed(container.runtime, container.image)
+        if unreachable:
+            return unreachable
     try:
         command = node_python(site, Container(container.runtime, container.image, tuple(container.mounts))
-                              if container is not None else None, submitting)
+                              if container is not None else None, submitting, home=home)
     except GlaunchError as exc:
         return f"no interpreter to run: {exc}"
+    return _environment(site, _deciding_key(site), command)
+
+
+def plan_environment(plan: Any) -> Environment | str:
+    """The probe's environment for the interpreter a job plan runs (resolution.JobPlan:
+    its `python` words, its profile's environment step), or why it cannot be probed."""
+    site = plan.site
+    container = site.get("container")
+    if container:
+        unreachable = _unprobed(str(container.get("runtime")), str(container.get("image")))
+        if unreachable:
+            return unreachable
+    shaped = _SiteShape(container=SimpleNamespace(**container) if container else None, python=site.get("python"),
+                        sbatch=site.get("sbatch") or {}, modules=site.get("modules") or (),
+                        setup=site.get("setup") or (), env=site.get("env") or {})
+    return _environment(shaped, _deciding_key(shaped), tuple(plan.python))
+
+
+@dataclass(frozen=True)
+class _SiteShape:
+    """The keys of a profile the probe reads, from a plan's copy of the profile."""
+
+    container: Any
+    python: Any
+    sbatch: Mapping[str, Any]
+    modules: Sequence[str]
+    setup: Sequence[str]
+    env: Mapping[str, Any]
+
+
+def _unprobed(runtime: str, image: str) -> str | None:
+    """Why a job in this container cannot be probed from a login node, or None."""
+    if runtime != "apptainer":
+        return f"the job runs in the {runtime} container {image}, which only srun starts, on the nodes"
+    if "://" in image:
+        return f"apptainer would first fetch {image}, which this check does not do"
+    return None
+
+
+def _environment(site: Any, key: str, command: Sequence[str]) -> Environment:
+    """The environment step of profile `site` (modules, setup, env; a uenv around it) and `command`."""
+    image = site.container.image if site.container is not None else None
     missing = None
     uenv = (site.sbatch or {}).get("uenv")
     if uenv:
@@ -150,7 +212,7 @@ def _deciding_key(site: Any) -> str:
     return "modules" if site.modules else "setup" if site.setup else "python"
 
 
-def probe_script(env: Environment) -> str:
+def probe_script(env: Environment, code: str = PROBE_CODE) -> str:
     """The bash script the probe runs: as env.sh (`set -eo pipefail`, as job.sbatch sources
     it), each step that cannot run here giving up with a NOT_HERE line, then the command
     printing ANSWER and the versions. Every value is quoted by launcher.shell; the setup
@@ -168,16 +230,19 @@ def probe_script(env: Environment) -> str:
     program = env.command[0]
     missing = env.missing or (f"the interpreter {program} is not " +
                               ("an executable file" if "/" in program else "on PATH") + " on this host")
-    lines.append(f"command -v {shell.quote(program)} >/dev/null 2>&1 || {_give_up(missing)}")
-    lines.append(f"exec {shell.join(env.command)} -c {shell.quote(PROBE_CODE)} {shell.quote(ANSWER)}")
+    marker = NOT_HERE if env.missing else NO_PYTHON
+    lines.append(f"command -v {shell.quote(program)} >/dev/null 2>&1 || {_give_up(missing, marker)}")
+    if not env.missing:
+        lines.append(f"printf '%s\\n' {STARTING}")
+    lines.append(f"exec {shell.join(env.command)} -c {shell.quote(code)} {shell.quote(ANSWER)}")
     # bash reads the script on stdin (a word with line breaks would reach the login node's
     # shell in bash's $'...', which not every login shell reads): one function, read whole
     # before it runs, with stdin closed, so no step can read the rest of the script.
     return "glaunch_torch_probe() {\n" + "\n".join(lines) + "\n}\nglaunch_torch_probe < /dev/null\n"
 
 
-def _give_up(reason: str) -> str:
-    return f"{{ printf '%s\\n' {shell.quote(NOT_HERE + reason)}; exit 3; }}"
+def _give_up(reason: str, marker: str = NOT_HERE) -> str:
+    return f"{{ printf '%s\\n' {shell.quote(marker + reason)}; exit 3; }}"
 
 
 def read_answer(returncode: int | None, stdout: str, stderr: str, *,
@@ -188,8 +253,9 @@ def read_answer(returncode: int | None, stdout: str, stderr: str, *,
         return {}, (f"the environment step and interpreter did not answer within {timeout_s:.0f} s "
                     "(a slow file system or module system; the nodes may still be fine)")
     for line in reversed(stdout.splitlines()):
-        if line.startswith(NOT_HERE):
-            return {}, line[len(NOT_HERE):].strip()
+        for marker in (NOT_HERE, NO_PYTHON):
+            if line.startswith(marker):
+                return {}, line[len(marker):].strip()
         if line.startswith(ANSWER) and returncode == 0:
             try:
                 found = json.loads(line[len(ANSWER):])
@@ -209,15 +275,53 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else ""
 
 
+def interpreter_problem(env: Environment, stdout: str, versions: Mapping[str, str],
+                        reason: str | None) -> str | None:
+    """What the probe's output says is wrong with the nodes' interpreter itself (it is not
+    there, it does not start, it cannot import torch), or None: a step before it that
+    cannot run on this host, or no answer in time, says nothing of the nodes."""
+    program = env.command[0]
+    if any(line.startswith(NO_PYTHON) for line in stdout.splitlines()):
+        return f"{reason}; the nodes run it"
+    if versions and "torch" not in versions:
+        return f"{versions.get('executable') or program} cannot import torch ({versions.get('error', '?')})"
+    if not versions and reason and STARTING in stdout.splitlines() and "did not answer" not in reason:
+        return f"the interpreter {program} did not start: {reason}"
+    return None
+
+
 def probe(site: Any, submitting: str, *, where: str | None = None, timeout_s: float = TIMEOUT_S) -> TorchProbe:
     """Run the probe for profile `site` under the shared Slurm client (here, or on the login
-    node it reaches: `where` names it), one attempt within `timeout_s`."""
+    node it reaches: `where` names it; a ~ in its `python:` is the home of the account
+    there), one attempt within `timeout_s`."""
     key = _deciding_key(site)
-    env = environment_of(site, submitting)
+    try:
+        home = _home()
+    except GlaunchError as exc:
+        return TorchProbe(key, where, reason=f"the home directory there is not known: {exc}")
+    return _run(environment_of(site, submitting, home), key, where, timeout_s, PROBE_CODE)
+
+
+def probe_plan(plan: Any, *, where: str | None = None, timeout_s: float = TIMEOUT_S) -> TorchProbe:
+    """Whether the interpreter a job plan runs starts and finds torch (without importing
+    it), asked as `probe` asks."""
+    env = plan_environment(plan)
+    if isinstance(env, str):
+        return TorchProbe("python", where, reason=env)
+    return _run(env, env.key, where, timeout_s, FIND_CODE)
+
+
+def _home() -> str | None:
+    """The home of the account the shared Slurm client runs its commands as."""
+    account = slurm_client.CLIENT.remote_account()
+    return account.home if account is not None else os.environ.get("HOME")
+
+
+def _run(env: Environment | str, key: str, where: str | None, timeout_s: float, code: str) -> TorchProbe:
     if isinstance(env, str):
         return TorchProbe(key, where, reason=env)
     try:
-        script = probe_script(env)
+        script = probe_script(env, code)
     except shell.ShellTextError as exc:
         return TorchProbe(key, where, reason=f"the environment step cannot be written as shell text: {exc}")
     try:
@@ -225,7 +329,8 @@ def probe(site: Any, submitting: str, *, where: str | None = None, timeout_s: fl
     except GlaunchError as exc:
         return TorchProbe(key, where, reason=f"could not run bash: {exc}")
     proc = outcome.proc
-    versions, reason = read_answer(proc.returncode if proc is not None else None,
-                                   proc.stdout if proc is not None else "", proc.stderr if proc is not None else "",
-                                   timeout_s=timeout_s)
-    return TorchProbe(key, where, versions, reason)
+    stdout = proc.stdout if proc is not None else ""
+    versions, reason = read_answer(proc.returncode if proc is not None else None, stdout,
+                                   proc.stderr if proc is not None else "", timeout_s=timeout_s)
+    problem = interpreter_problem(env, stdout, versions, reason)
+    return TorchProbe(key if not problem or env.missing else "python", where, versions, reason, problem)

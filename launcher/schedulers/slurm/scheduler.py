@@ -30,6 +30,7 @@ from launcher.rundir.records import CANCEL_REQUESTED, RunRecord, State, is_termi
 from launcher.schedulers.base import Echo, Launched, LaunchedBatch, Scheduler, SweepBatch, SweepPlan
 from launcher.schedulers.cluster.check import Request, check_site
 from launcher.schedulers.cluster.facts import Cluster, read_cluster
+from launcher.schedulers.cluster.torchprobe import probe_plan
 from launcher.schedulers.slurm import array
 from launcher.schedulers.slurm.client import Unreachable, clean_env, has_command, ignored_inputs_warning, run_command
 from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job, squeue_jobs
@@ -104,17 +105,25 @@ class SlurmScheduler(Scheduler):
 
     def require(self) -> None:
         if not has_command("sbatch") or not has_command("srun"):
-            raise SchedulerError("Slurm's sbatch/srun are not on PATH: is this a Slurm login node? "
-                                 "(--dry-run renders the bundle without Slurm)")
+            raise SchedulerError("sbatch is not on PATH here: run glaunch on the cluster's login node, or give the "
+                                 "profile a login: section to submit over SSH from here (--dry-run renders the "
+                                 "bundle without Slurm)")
 
     def check_cluster(self, plan: JobPlan) -> list[str]:
-        """The site profile against the live cluster, for the partition this job uses:
-        SchedulerError naming every difference that would get the job refused, leave it
-        pending forever or run it on other hardware; the harmless ones as warnings."""
+        """The site profile against the live cluster, for the partition this job uses, and
+        the nodes' interpreter: SchedulerError naming every difference that would get the
+        job refused, leave it pending forever or run it on other hardware, or `python:`
+        when the interpreter does not start or finds no torch; the harmless ones as warnings."""
         report = check_site(plan.site, partition=plan.partition, request=Request.of_plan(plan),
                             cluster=self.cluster())
         if report.fatal:
             raise report.error(plan.site_file)
+        # The nodes' interpreter, asked where Slurm's commands run (the login node stands in
+        # for the nodes): one that is not there or finds no torch would fail every start.
+        found = probe_plan(plan)
+        if found.problem:
+            raise SchedulerError(f"{found.problem}; nothing was submitted (`glaunch sites check` asks the same)",
+                                 file=plan.site_file, key=found.key)
         return [str(d) for d in report.warnings] + list(report.notes)
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:

@@ -9,7 +9,10 @@ becomes a SchedulerError (exit 3) that names the host and says, in one line, wha
 
 The remote command is given as words, each quoted with `launcher.shell.quote` and read by
 the remote account's login shell, which must be a POSIX shell (sh, bash, zsh, dash). Words
-with control characters use `$'...'`, which bash, zsh and POSIX.1-2024 shells read.
+with control characters use `$'...'`, which bash, zsh and POSIX.1-2024 shells read. What
+that shell's start-up files print around the command (a banner, a notice) is dropped: the
+command runs framed (launcher.schedulers.ssh.framing), and only what it printed itself,
+and its own exit status, come back.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ from typing import Sequence
 
 from launcher import shell
 from launcher.errors import SchedulerError
-from launcher.processes import Finished, run_bounded, shown
+from launcher.processes import Finished, run_bounded, shown, without_tool_prefix
+from launcher.schedulers.ssh.framing import Frame, new_frame, unframe
 from launcher.schedulers.ssh.login import Login, ssh_words
 
 # What ssh exits with when it, not the remote command, failed.
@@ -57,21 +61,26 @@ def said(stderr: bytes, pattern: re.Pattern[str] | None = None) -> str:
     return line if len(line) <= MAX_SAID else line[:MAX_SAID] + "..."
 
 
+def _ssh_said(stderr: bytes, pattern: re.Pattern[str] | None = None) -> str:
+    """What ssh said (:func:`said`), less the `ssh:` it starts its own messages with."""
+    return without_tool_prefix("ssh", said(stderr, pattern))
+
+
 def failure_message(where: str, stderr: bytes) -> str:
     """Why ssh to `where` failed, from what it printed: host key, login refused, host not
     reached, or (else) its own last words."""
     text = shown(stderr)
     if _HOST_KEY_CHANGED.search(text):
         return (f"the host key of {where} is not the one ~/.ssh/known_hosts holds for it "
-                f"(ssh: {said(stderr, _HOST_KEY)}); check with the cluster's admins before you replace it")
+                f"(ssh: {_ssh_said(stderr, _HOST_KEY)}); check with the cluster's admins before you replace it")
     if _HOST_KEY.search(text):
-        return (f"the host key of {where} is not known (ssh: {said(stderr, _HOST_KEY)}); "
+        return (f"the host key of {where} is not known (ssh: {_ssh_said(stderr, _HOST_KEY)}); "
                 "connect once with ssh, check the fingerprint it shows, and accept it")
     if _REFUSED_LOGIN.search(text):
-        return f"{where} refused the login: permission denied (ssh: {said(stderr, _REFUSED_LOGIN)})"
+        return f"{where} refused the login: permission denied (ssh: {_ssh_said(stderr, _REFUSED_LOGIN)})"
     if _UNREACHABLE.search(text):
-        return f"cannot reach {where} (ssh: {said(stderr, _UNREACHABLE)})"
-    return f"ssh to {where} failed (ssh: {said(stderr) or 'no message, exit 255'})"
+        return f"cannot reach {where} (ssh: {_ssh_said(stderr, _UNREACHABLE)})"
+    return f"ssh to {where} failed (ssh: {_ssh_said(stderr) or 'no message, exit 255'})"
 
 
 class NoAnswer(SchedulerError):
@@ -165,7 +174,8 @@ class Connection:
         not run it: host unreachable, host key unknown or changed, login refused; NoAnswer
         (a SchedulerError) when it did not end within the bound."""
         bound = self.timeout_s if timeout_s is None else timeout_s
-        argv = self.words(timeout_s=bound) + [shell.join(words)]
+        frame = new_frame()
+        argv = self.words(timeout_s=bound) + [frame.wrap(shell.join(words))]
         self.round_trips += 1
         try:
             done = run_bounded(argv, timeout_s=bound, input=input)
@@ -173,9 +183,26 @@ class Connection:
             raise SchedulerError(f"cannot run ssh to reach {self.where()}: {exc.strerror or exc}") from None
         if done is None:
             raise NoAnswer(f"{self.where()} did not answer within {bound:g} s over ssh")
+        return self._answer(done, frame)
+
+    def _answer(self, done: Finished, frame: Frame) -> Finished:
+        """The command's own exit status and output, without what the login shell printed
+        around them (launcher.schedulers.ssh.framing): SchedulerError when ssh failed, or
+        the answer was cut short, or the shell never ran the command."""
+        out, err = unframe(done.stdout, frame), unframe(done.stderr, frame)
+        if out.status is not None:
+            return Finished(out.status, out.payload, err.payload, done.truncated)
         if done.returncode == SSH_FAILED:
-            raise SchedulerError(failure_message(self.where(), done.stderr))
-        return done
+            raise SchedulerError(failure_message(self.where(), err.payload))
+        if out.began and done.truncated:
+            return Finished(done.returncode, out.payload, err.payload, True)
+        if out.began:
+            detail = said(err.payload) or f"exit {done.returncode}"
+            raise SchedulerError(f"the answer of {self.where()} over ssh was cut short ({detail})")
+        detail = said(err.payload) or said(out.payload) or f"exit {done.returncode}"
+        raise SchedulerError(f"the login shell on {self.where()} did not run glaunch's command ({detail}); "
+                             "the account's shell must be a POSIX shell (sh, bash, zsh) whose start-up files "
+                             "let a command run")
 
     def master_running(self) -> bool:
         """Whether this connection's master is up (`ssh -O check`)."""

@@ -46,6 +46,20 @@ LOG_TAILS = ('cd -- "$1" 2>/dev/null || exit 0; shift; t=$(mktemp) || exit 4; tr
              'size=$(wc -c < "$f") || continue; size=$((size)); if [ "$size" -lt "$off" ]; then off=0; fi; '
              'tail -c +$((off + 1)) -- "$f" > "$t" || continue; n=$(wc -c < "$t"); n=$((n)); '
              'printf "%s\\0%s\\0%s\\0" "$f" "$off" "$n"; cat -- "$t"; done')
+# $1 a folder, $2 the most bytes sent of one file, then PATTERN=OFFSET words (PATTERN: a
+# path relative to the folder, `*` allowed; one that no name matches is skipped; a file a
+# `*` pattern matches and another word names is sent for that word only): for each regular
+# file a pattern names, as LOG_TAILS does, its name, the offset sent from, the length, each
+# ended by a NUL, then at most $2 bytes past the offset.
+FILES_SINCE = ('cd -- "$1" 2>/dev/null || exit 0; limit=$2; shift 2; t=$(mktemp) || exit 4; '
+               'trap \'rm -f -- "$t"\' EXIT; '
+               'for a; do want=${a##*=}; case "$want" in ""|*[!0-9]*) want=0 ;; esac; '
+               'for f in ${a%=*}; do [ -f "$f" ] || continue; '
+               'case "${a%=*}" in *"*"*) for b; do case "$b" in "$f="*) continue 2 ;; esac; done ;; esac; '
+               'off=$want; '
+               'size=$(wc -c < "$f") || continue; size=$((size)); if [ "$size" -lt "$off" ]; then off=0; fi; '
+               'tail -c +$((off + 1)) -- "$f" | head -c "$limit" > "$t" || continue; n=$(wc -c < "$t"); n=$((n)); '
+               'printf "%s\\0%s\\0%s\\0" "$f" "$off" "$n"; cat -- "$t"; done; done')
 # $1 the folder: the tar stream on stdin unpacked over what it holds.
 UNPACK = 'exec tar -x -f - -C "$1" --no-same-owner'
 # $1 a run directory, $2 a new folder in it, then names: those that exist move into the
@@ -174,6 +188,18 @@ def log_tails(conn: Connection, folder: str, offsets: Mapping[str, int]) -> list
     done = conn.run(["sh", "-c", LOG_TAILS, "glaunch-tails", folder, *words])
     if done.returncode != 0:
         raise SchedulerError(f"cannot read the logs in {folder!r} on {conn.where()} ({said(done.stderr)})")
+    return parse_tails(done.stdout)
+
+
+def files_since(conn: Connection, folder: str, wanted: Mapping[str, int], limit: int) -> list[tuple[str, int, bytes]]:
+    """(name, offset, at most `limit` bytes past it) of each file in `folder` that a pattern
+    of `wanted` (a path relative to it, `*` allowed in its names) matches, from the
+    pattern's offset (0 where the file is now shorter); one call. Patterns are glob text:
+    their names come from glaunch, never from the cluster."""
+    words = [f"{pattern}={offset}" for pattern, offset in wanted.items()]
+    done = conn.run(["sh", "-c", FILES_SINCE, "glaunch-files", folder, str(limit), *words])
+    if done.returncode != 0:
+        raise SchedulerError(f"cannot read the files of {folder!r} on {conn.where()} ({said(done.stderr)})")
     return parse_tails(done.stdout)
 
 

@@ -1,0 +1,242 @@
+"""A run kept on a cluster reached over SSH: every record read from there is checked to be
+the run asked for before anything acts on it, and a damaged one never replaces the copy
+here. The login node is stood in for by a 'ssh' that runs each command here, in a bash
+whose start-up file prints on both streams, with Slurm's commands stubbed (they log what
+they are asked)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from launcher.errors import RunError
+from launcher.rundir import registry
+from launcher.runner import remote
+from launcher.schedulers.ssh.connection import Connection
+from launcher.schedulers.ssh.login import Login
+
+NOISY_RC = """\
+echo "Welcome. Ran: $BASH_EXECUTION_STRING"
+echo "notice: quota 91% full" >&2
+trap 'echo bye; echo bye >&2' EXIT
+"""
+
+
+@pytest.fixture
+def cluster(tmp_path, isolated_env, monkeypatch):
+    """(the folder that stands for runs_root on the cluster, the file each Slurm command run
+    there is logged to: squeue says every job runs, the others answer nothing)."""
+    rc, asked, fake, stubs = tmp_path / "noisy.rc", tmp_path / "slurm-asked", tmp_path / "fake-ssh", tmp_path / "stubs"
+    rc.write_text(NOISY_RC)
+    stubs.mkdir()
+    for tool in ("scancel", "squeue", "sacct", "sbatch", "scontrol"):
+        (stubs / tool).write_text(f'#!/bin/sh\necho "{tool} $*" >> {asked}\n')
+        (stubs / tool).chmod(0o755)
+    with open(stubs / "squeue", "a") as f:         # every job asked for is running
+        f.write('while [ "$1" != -j ]; do shift; done; for job in $(echo "$2" | tr , " "); do\n'
+                '  case "$*" in *%i*) echo "$job|RUNNING|None" ;; *) echo "RUNNING|None" ;; esac\ndone\n')
+    fake.write_text(f'#!/bin/sh\nfor last; do :; done\nPATH={stubs}:$PATH BASH_ENV={rc} exec bash -c "$last"\n')
+    fake.chmod(0o755)
+
+    def connect(login):
+        return Connection(login, state_dir=tmp_path / "ssh", runner=[str(fake)])
+
+    monkeypatch.setattr(remote, "connect", connect)
+    runs = tmp_path / "cluster"
+    runs.mkdir()
+    return runs, asked
+
+
+def record(run_id: str, run_dir: Path, job_id: str) -> dict:
+    return {"run_id": run_id, "run_dir": str(run_dir), "scheduler": "slurm", "state": "RUNNING", "job_id": job_id}
+
+
+def kept_here(run_id: str, cluster_dir: Path, job_id: str) -> Path:
+    """The record here of a run submitted over SSH to `cluster_dir`."""
+    home = remote.records_dir() / run_id
+    home.mkdir(parents=True)
+    (home / "remote.json").write_text(remote.Where(Login("login1"), str(cluster_dir)).to_json())
+    (home / "run.json").write_text(json.dumps(record(run_id, cluster_dir, job_id)))
+    registry.register(run_id, str(home))
+    return home
+
+
+def on_cluster(run_dir: Path, data: dict | str) -> None:
+    run_dir.mkdir()
+    (run_dir / "run.json").write_text(data if isinstance(data, str) else json.dumps(data))
+
+
+def test_a_record_swapped_on_the_cluster_is_refused_and_the_other_runs_job_is_never_cancelled(cluster):
+    runs, asked = cluster
+    home = kept_here("a-1", runs / "a-1", "101")
+    before = (home / "run.json").read_text()
+    # a-1's directory on the cluster now holds b-2's record (and names b-2's job).
+    on_cluster(runs / "a-1", record("b-2", runs / "b-2", "202"))
+    with pytest.raises(RunError) as caught:
+        remote.cancel(home)
+    said = str(caught.value)
+    assert "a-1" in said and "b-2" in said and "\n" not in said, said
+    assert not asked.exists() or "scancel" not in asked.read_text()
+    assert (home / "run.json").read_text() == before
+
+
+def test_a_record_moved_from_another_directory_is_refused(cluster):
+    runs, asked = cluster
+    home = kept_here("a-1", runs / "a-1", "101")
+    on_cluster(runs / "a-1", record("a-1", runs / "elsewhere", "101"))
+    with pytest.raises(RunError, match="elsewhere"):
+        remote.refreshed(home)
+    assert not asked.exists()
+
+
+def test_a_damaged_record_on_the_cluster_leaves_the_copy_here_as_it_was(cluster):
+    runs, _ = cluster
+    home = kept_here("a-1", runs / "a-1", "101")
+    before = (home / "run.json").read_text()
+    on_cluster(runs / "a-1", "{not json")
+    with pytest.raises(RunError, match="damaged run record"):
+        remote.refreshed(home)
+    assert (home / "run.json").read_text() == before
+
+
+def test_the_record_of_the_run_asked_for_is_read_through_a_noisy_shell(cluster):
+    runs, _ = cluster
+    home = kept_here("a-1", runs / "a-1", "101")
+    ended = {**record("a-1", runs / "a-1", "101"), "state": "COMPLETED",
+             "starts": [{"job_id": "101", "restart": 0, "state": "COMPLETED", "exit_code": 0}]}
+    on_cluster(runs / "a-1", ended)
+    assert remote.refreshed(home).state == "COMPLETED"
+    assert json.loads((home / "run.json").read_text())["state"] == "COMPLETED"
+
+
+def test_a_refresh_brings_what_status_and_the_console_read_in_one_call(cluster):
+    from launcher.rundir.layout import RunDir, heartbeat_bytes
+    from launcher.runner.status import summarize
+    from launcher.views.console import status_line
+
+    runs, asked = cluster
+    home = kept_here("a-1", runs / "a-1", "101")
+    there = runs / "a-1"
+    running = {**record("a-1", there, "101"),
+               "starts": [{"job_id": "101", "restart": 0, "state": "RUNNING"}]}
+    on_cluster(there, running)
+    (there / "heartbeats").mkdir()
+    now = time.time()
+    beat = {"restart": 0, "step": 120, "total": 400, "step_s": 0.5, "time": now, "state": "running"}
+    (there / "heartbeats" / "rank-00000.json").write_bytes(heartbeat_bytes(beat))
+    (there / "heartbeats" / "notes.json").write_text("{}")
+    (there / "logs").mkdir()
+    (there / "logs" / "101_0_log.out").write_text("step 1\nstep 2\n")
+    (there / "logs" / "101_1_log.out").write_text("rank 1\n")
+
+    calls = []
+    real = Connection.run
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Connection, "run", lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
+        fresh = remote.refreshed(home)
+    # One call for the files (then Slurm: squeue, sacct).
+    assert sum("glaunch-files" in words for (words, *_) in calls) == 1 and len(calls) == 3, calls
+    assert summarize(home, fresh)["progress"]["step"] == 120
+    assert "step 120/400" in status_line(RunDir(home), fresh, now, home / "checkpoints")
+    assert (home / "logs" / "101_0_log.out").read_text() == "step 1\nstep 2\n"
+    assert not (home / "logs" / "101_1_log.out").exists() and not (home / "heartbeats" / "notes.json").exists()
+
+    with open(there / "logs" / "101_0_log.out", "a") as f:
+        f.write("step 3\n")
+    (there / "result.json").write_text('{"loss": 0.5}')
+    remote.refreshed(home)
+    assert (home / "logs" / "101_0_log.out").read_text() == "step 1\nstep 2\nstep 3\n"
+    assert summarize(home, registry.read(home))["result"] == {"loss": 0.5}
+
+
+def test_list_shows_a_remote_run_as_its_job_recorded_it_there(cluster):
+    from launcher.runner.manage import list_runs
+
+    runs, _ = cluster
+    kept_here("a-1", runs / "a-1", "101")
+    kept_here("c-3", runs / "c-3", "303")
+    on_cluster(runs / "a-1", {**record("a-1", runs / "a-1", "101"), "state": "RUNNING"})
+    on_cluster(runs / "c-3", record("b-2", runs / "b-2", "202"))        # not c-3's: left as it was
+    for home in ("a-1", "c-3"):
+        with registry.updating(remote.records_dir() / home) as kept:
+            kept.state = "PENDING"
+    states = {row["run_id"]: row["state"] for row in list_runs()}
+    assert states == {"a-1": "RUNNING", "c-3": "PENDING"}
+
+
+def kept_sweep(runs: Path, sweep_id: str, jobs: list[str]) -> Path:
+    """The record here of a sweep submitted over SSH, its elements' directories under its own."""
+    from launcher.runner import sweeps
+
+    home = remote.records_dir() / sweep_id
+    home.mkdir(parents=True)
+    (home / "remote.json").write_text(remote.Where(Login("login1"), str(runs / sweep_id)).to_json())
+    elements = []
+    for index, job in enumerate(jobs):
+        run_id = f"{sweep_id}-{index}"
+        element_home = home / run_id
+        element_home.mkdir()
+        (element_home / "remote.json").write_text(
+            remote.Where(Login("login1"), str(runs / sweep_id / run_id)).to_json())
+        (element_home / "run.json").write_text(json.dumps(record(run_id, runs / sweep_id / run_id, job)))
+        elements.append(sweeps.SweepElement(index, run_id, str(element_home), {"lr": str(index)}))
+    sweeps.write(home, sweeps.SweepRecord(sweep_id, "s", "far", "slurm", str(home), "exp.yaml", "2026-01-01T00:00:00",
+                                          False, [], None, elements))
+    registry.register(sweep_id, str(home))
+    return home
+
+
+def test_a_sweeps_table_has_each_elements_step_and_result_and_refuses_a_swapped_one(cluster):
+    from launcher.rundir.layout import heartbeat_bytes
+    from launcher.runner.manage import status
+
+    runs, asked = cluster
+    kept_sweep(runs, "sw", ["70", "71"])
+    (runs / "sw").mkdir()
+    running = {**record("sw-0", runs / "sw" / "sw-0", "70"), "starts": [{"job_id": "70", "restart": 0}]}
+    on_cluster(runs / "sw" / "sw-0", running)
+    (runs / "sw" / "sw-0" / "heartbeats").mkdir()
+    beat = {"restart": 0, "step": 12, "total": 40, "step_s": 0.5, "time": time.time(), "state": "running"}
+    (runs / "sw" / "sw-0" / "heartbeats" / "rank-00000.json").write_bytes(heartbeat_bytes(beat))
+    on_cluster(runs / "sw" / "sw-1", {**record("sw-1", runs / "sw" / "sw-1", "71"), "state": "COMPLETED"})
+    (runs / "sw" / "sw-1" / "result.json").write_text('{"final_step": 40, "final_loss": 0.25}')
+    table = {row["run_id"]: row for row in status("sw")["elements"]}
+    assert (table["sw-0"]["state"], table["sw-0"]["step"]) == ("RUNNING", 12), table
+    assert table["sw-1"]["result"] == {"final_step": 40, "final_loss": 0.25}, table
+
+    (runs / "sw" / "sw-1" / "run.json").write_text(json.dumps(record("sw-0", runs / "sw" / "sw-0", "70")))
+    with pytest.raises(RunError, match=r"sw-0.*sw-1|sw-1.*sw-0"):
+        status("sw")
+
+
+def test_logs_of_a_run_whose_directory_holds_another_run_are_refused(cluster):
+    runs, _ = cluster
+    home = kept_here("a-1", runs / "a-1", "101")
+    on_cluster(runs / "a-1", record("b-2", runs / "b-2", "202"))
+    (runs / "a-1" / "logs").mkdir()
+    (runs / "a-1" / "logs" / "202_0_log.out").write_text("b's secret\n")
+    shown: list[str] = []
+    with pytest.raises(RunError, match="b-2"):
+        remote.logs(home, rank=None, follow=False, echo=shown.append, poll_s=0)
+    assert shown == [] and not (home / "logs" / "202_0_log.out").exists()
+
+
+def test_logs_copy_every_ranks_log_with_the_checked_record_in_one_call(cluster):
+    runs, _ = cluster
+    home = kept_here("a-1", runs / "a-1", "101")
+    on_cluster(runs / "a-1", {**record("a-1", runs / "a-1", "101"), "starts": [{"job_id": "101", "restart": 0}]})
+    (runs / "a-1" / "logs").mkdir()
+    for rank in (0, 1):
+        (runs / "a-1" / "logs" / f"101_{rank}_log.out").write_text(f"rank {rank} says hi\n")
+    (runs / "a-1" / "logs" / "notes.txt").write_text("not a task log\n")
+    calls, shown = [], []
+    real = Connection.run
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Connection, "run", lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
+        remote.logs(home, rank=None, follow=False, echo=shown.append, poll_s=0)
+    assert len(calls) == 1, calls
+    assert any("rank 0 says hi" in line for line in shown) and any("rank 1 says hi" in line for line in shown)
+    assert sorted(p.name for p in (home / "logs").iterdir()) == ["101_0_log.out", "101_1_log.out"]
