@@ -241,6 +241,7 @@ class Partition:
     constraint: Optional[str] = None
     qos: Optional[str] = None
     preemptible: bool = False
+    segment: Optional[int] = None     # topology/block: a job's nodes in segments of N (sbatch --segment, 24.11+)
 
 
 @dataclass(eq=False)

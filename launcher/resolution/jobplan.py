@@ -153,6 +153,10 @@ class JobPlan:
     sweep_id: str | None = None       # an element of this sweep: on Slurm, one task of an array job
     dependency: str | None = None     # Slurm's --dependency: the runs it waits for (--after)
     login: Login | None = None        # the site's `login:`: its cluster reached over SSH from elsewhere
+    segment: int | None = None        # partitions.P.segment: nodes per segment of a topology block (--segment)
+    # The time limit's warning (Slurm's --signal): USR2, glaunch's stop request; USR1 for a
+    # plain Lightning script, whose own SLURM handling listens for it (launcher.runner.frameworks).
+    warning_signal: str = "USR2"
 
     @property
     def submitted_script(self) -> str | None:

@@ -61,6 +61,7 @@ def only_run(runs: Path) -> Path:
     return run_dir
 
 
+@pytest.mark.release_smoke
 def test_the_shipped_profile_matches_the_live_cluster():
     report = check_site(load_site(SITE, REPO, os.environ).config)
     assert report.fatal == [] and report.warnings == [], report.format()

@@ -28,7 +28,8 @@ TWO_NODES = {
 NODE_OF_RANK = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
 
 
-@pytest.mark.parametrize("case", sorted(TWO_NODES))
+@pytest.mark.parametrize("case", [pytest.param(case, marks=pytest.mark.release_smoke) if case == "torch-srun" else case
+                                  for case in sorted(TWO_NODES)])
 def test_example_on_two_nodes(case, tmp_path, isolated_env):
     example, overrides, steps = TWO_NODES[case]
     torchrun = "torchrun" in case
@@ -242,6 +243,7 @@ def test_status_without_accounting_says_so(tmp_path, isolated_env):
     wait_until(lambda: squeue_state(info["job_id"]) == "", 300, "the job to leave the queue")
 
 
+@pytest.mark.release_smoke
 def test_sites_detect_writes_a_profile_that_validates(tmp_path, isolated_env):
     target = tmp_path / "detected.yaml"
     proc = glaunch("sites", "detect", "--name", "detected", "-o", str(target), env=isolated_env)

@@ -35,6 +35,7 @@ def element_records(sweep_dir, record):
     return [read_json(sweep_dir / e["run_id"] / "run.json") for e in record["elements"]]
 
 
+@pytest.mark.release_smoke
 def test_two_by_two_sweep_one_array_one_element_preempted_resumes_bitwise(tmp_path, isolated_env):
     exp = tmp_path / "grid.yaml"
     exp.write_text(EXPERIMENT)

@@ -89,7 +89,7 @@ def test_the_recordings_parse_to_what_they_say():
 def test_the_shipped_local_profile_matches_the_local_cluster():
     report = compare(profile("local-slurm"), GLAUNCH)
     assert report.fatal == [] and report.warnings == [], report.format()
-    assert report.format() == "site local-slurm matches Slurm cluster glaunch"
+    assert report.format() == "site local-slurm matches Slurm cluster glaunch (Slurm 22.05.8)"
 
 
 def test_the_shipped_defaults_profile_matches_the_second_local_cluster():

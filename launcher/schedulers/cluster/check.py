@@ -91,7 +91,7 @@ def compare(site: Mapping[str, Any], cluster: Cluster, *, partition: str | None 
     only that partition's differences and the site-wide ones are reported, and with
     `request` the job's own asks are checked against limits the profile does not state."""
     site_name = str(site.get("name") or "site")
-    report = CheckReport(site_name, cluster.name)
+    report = CheckReport(site_name, cluster.name, slurm_version=cluster.slurm_version)
     parts: Mapping[str, Mapping[str, Any]] = site.get("partitions") or {}
     diffs: list[Difference] = []
 
@@ -112,10 +112,19 @@ def compare(site: Mapping[str, Any], cluster: Cluster, *, partition: str | None 
                                     f"{', '.join(extra)}, which the profile does not describe", False))
     if cluster.associations is None and cluster.accounting_note:
         report.notes.append(cluster.accounting_note)
+    report.notes += unknown_state_notes(cluster)
 
     for d in diffs:
         (report.fatal if d.fatal else report.warnings).append(d)
     return report
+
+
+def unknown_state_notes(cluster: Cluster) -> list[str]:
+    """A line per node whose state has words glaunch does not know: what it read past."""
+    nodes = {n.name: n for part in cluster.partitions.values() for n in part.nodes}
+    return [f"node {name}: state {node.state} has word(s) glaunch does not know "
+            f"({', '.join(node.unknown_state_words)}): read as taking jobs"
+            for name, node in nodes.items() if node.unknown_state_words]
 
 
 def _site_diffs(site: Mapping[str, Any], cluster: Cluster, scope: Iterable[str], *,

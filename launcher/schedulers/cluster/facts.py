@@ -13,6 +13,7 @@ import grp
 import math
 import os
 import pwd
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping
@@ -35,6 +36,14 @@ QOS_FORMAT = ("Name", "MaxWall", "MaxTRES", "MaxTRESPerNode")
 # sinfo's idle~) is powered up for a job.
 UNUSABLE = frozenset({"DOWN", "DRAIN", "DRAINED", "DRAINING", "FAIL", "FAILING", "NOT_RESPONDING", "FUTURE",
                       "INVAL", "INVALID_REG"})
+# The other words of node states from Slurm 22.05 to 25.11 (24.11 added PLANNED: idle, kept
+# by the backfill scheduler for a job; BLOCKED: idle, fenced off by an exclusive topology
+# job). A word outside both sets is read past (the node counts as taking jobs) and said.
+KNOWN_STATE_WORDS = UNUSABLE | frozenset({
+    "IDLE", "ALLOCATED", "ALLOC", "MIXED", "COMPLETING", "UNKNOWN", "ERROR", "RESERVED", "MAINT", "MAINTENANCE",
+    "CLOUD", "POWERED_DOWN", "POWERING_DOWN", "POWERING_UP", "POWER_DOWN", "POWER_UP", "POWER_DRAIN",
+    "REBOOT", "REBOOT_REQUESTED", "REBOOT_ISSUED", "RESUME", "NO_RESPOND", "PERFCTRS", "DYNAMIC_FUTURE",
+    "DYNAMIC_NORM", "PLANNED", "BLOCKED", "UNDRAIN"})
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,12 @@ class Node:
     def usable(self) -> bool:
         words = self.state.upper().split("+")
         return not any(w.rstrip("*~#$@!%^") in UNUSABLE or w.endswith("*") for w in words)
+
+    @property
+    def unknown_state_words(self) -> tuple[str, ...]:
+        """The words of its state glaunch does not know (a newer Slurm's), which `usable` reads past."""
+        words = (w.rstrip("*~#$@!%^") for w in self.state.upper().split("+"))
+        return tuple(w for w in words if w and w not in KNOWN_STATE_WORDS)
 
     @property
     def job_mem_mb(self) -> int | None:
@@ -144,6 +159,16 @@ class Cluster:
     groups: frozenset[str] | None = None                   # the user's Unix groups (None: unknown)
 
     @property
+    def slurm_version(self) -> str | None:
+        """The release slurmctld runs (`show config`'s SLURM_VERSION, e.g. 24.11.5)."""
+        return self.settings.get("SLURM_VERSION") or None
+
+    @property
+    def slurm_release(self) -> tuple[int, int] | None:
+        """(major, minor) of slurm_version: (24, 11) for 24.11.5; None when unknown."""
+        return slurm_release(self.slurm_version)
+
+    @property
     def enforce_part_limits(self) -> str:
         return (self.settings.get("EnforcePartLimits") or "NO").upper()
 
@@ -162,6 +187,12 @@ class Cluster:
         """Whether sbatch takes --gpus-per-node: select/cons_tres (or Cray's select with
         OTHER_CONS_TRES) does; cons_res and linear take GPUs only as --gres. Unknown: yes."""
         return takes_gpus_per_node(self.settings)
+
+
+def slurm_release(version: str | None) -> tuple[int, int] | None:
+    """`24.11.5` (or `24.11.0-0rc1`) -> (24, 11); None for anything else."""
+    found = re.match(r"(\d+)\.(\d+)(?:\D|$)", version or "")
+    return (int(found[1]), int(found[2])) if found else None
 
 
 def takes_gpus_per_node(settings: Mapping[str, str]) -> bool:

@@ -388,12 +388,35 @@ def _accounting_nodes(p: PartitionPair) -> list[Difference]:
     return out
 
 
+# sbatch --segment: a job's nodes in segments of N within a block (topology/block, 24.11+).
+SEGMENT_RELEASE = (24, 11)
+
+
+def _segment(p: PartitionPair) -> list[Difference]:
+    """The profile's segment asks for a feature of newer Slurm releases: an older sbatch
+    refuses --segment; 24.11 takes it anywhere but places by it only with topology/block."""
+    segment = p.prof.get("segment")
+    if segment is None:
+        return []
+    cluster, release = p.cluster, p.cluster.slurm_release
+    if release is not None and release < SEGMENT_RELEASE:
+        return [p.diff("segment", f"the profile says {segment}: sbatch --segment needs Slurm "
+                       f"{'.'.join(map(str, SEGMENT_RELEASE))} or later, cluster {cluster.name} runs Slurm "
+                       f"{cluster.slurm_version}; jobs are refused", True)]
+    topology = cluster.settings.get("TopologyPlugin")
+    if topology and topology != "topology/block":
+        return [p.diff("segment", f"the profile says {segment}: sbatch --segment places a job's nodes by "
+                       f"topology/block, cluster {cluster.name} has TopologyPlugin={topology}; jobs run without "
+                       "block placement", False)]
+    return []
+
+
 # Whether the partition takes jobs at all: for every partition the profile uses.
 AVAILABILITY_RULES: tuple[Rule, ...] = (_state, _no_nodes, _none_usable)
 # Key by key, for a partition the profile describes and that has nodes to compare with.
 PROFILE_RULES: tuple[Rule, ...] = (
     _gpus_per_node, _gpu_type, _cpus_per_node, _mem_gb, _mem_per_cpu, _max_time, _max_nodes, _constraint,
-    _groups, _account, _qos, _default_qos, _preemptible, _accounting_wall, _accounting_nodes,
+    _groups, _account, _qos, _default_qos, _preemptible, _accounting_wall, _accounting_nodes, _segment,
 )
 
 

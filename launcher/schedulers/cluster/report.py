@@ -36,11 +36,13 @@ class CheckReport:
     warnings: list[Difference] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     torch: TorchProbe | None = None      # which torch the profile's environment gives (sites check)
+    slurm_version: str | None = None     # the cluster's release (scontrol's SLURM_VERSION), where known
 
     def to_json(self) -> dict[str, Any]:
-        found = {"site": self.site, "cluster": self.cluster, "ok": not self.fatal,
-                 "fatal": [dataclasses.asdict(d) for d in self.fatal],
-                 "warnings": [dataclasses.asdict(d) for d in self.warnings], "notes": list(self.notes)}
+        found: dict[str, Any] = {
+            "site": self.site, "cluster": self.cluster, "slurm_version": self.slurm_version, "ok": not self.fatal,
+            "fatal": [dataclasses.asdict(d) for d in self.fatal],
+            "warnings": [dataclasses.asdict(d) for d in self.warnings], "notes": list(self.notes)}
         if self.torch is not None:
             found["torch"] = self.torch.to_json()
         return found
@@ -48,10 +50,11 @@ class CheckReport:
     def lines(self) -> list[str]:
         """What `glaunch sites check` prints, a line each; what the cluster named (a
         partition, a node, a feature) with its control characters and line breaks escaped."""
+        cluster = self.cluster + (f" (Slurm {self.slurm_version})" if self.slurm_version else "")
         if not self.fatal and not self.warnings:
-            head = f"site {self.site} matches Slurm cluster {self.cluster}"
+            head = f"site {self.site} matches Slurm cluster {cluster}"
         else:
-            head = (f"site {self.site} against Slurm cluster {self.cluster}: {len(self.fatal)} fatal "
+            head = (f"site {self.site} against Slurm cluster {cluster}: {len(self.fatal)} fatal "
                     f"difference(s), {len(self.warnings)} warning(s)")
         lines = [head]
         lines += [f"  FATAL    {d}" for d in self.fatal]

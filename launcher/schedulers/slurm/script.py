@@ -24,6 +24,8 @@ def sbatch_directives(plan: JobPlan) -> list[str]:
         opts.append(("qos", plan.qos))
     if plan.constraint:
         opts.append(("constraint", plan.constraint))
+    if plan.segment:
+        opts.append(("segment", plan.segment))
     opts += [("nodes", plan.allocated_nodes), ("ntasks-per-node", plan.tasks_per_node)]
     if plan.gpus_per_node:
         if plan.gpu_directive == "gres":
@@ -39,8 +41,9 @@ def sbatch_directives(plan: JobPlan) -> list[str]:
         ("chdir", plan.workdir),
         ("output", RunDir(plan.run_dir).batch_log_pattern()),
         ("open-mode", "append"),
-        # Warn every task ahead of the limit; the runtime checkpoints on it.
-        ("signal", f"USR2@{plan.signal_lead_s}"),
+        # Warn every task ahead of the limit; the runtime checkpoints on it (a plain
+        # Lightning script: Lightning does, on its own signal).
+        ("signal", f"{plan.warning_signal}@{plan.signal_lead_s}"),
         ("requeue", True),
     ]
     if plan.dependency:
