@@ -156,6 +156,14 @@ def export(name: str, value: object, *, expand: bool = True) -> str:
     return f"export {name}={expandable(value) if expand else quote(value)}"
 
 
+def prepend_path(name: str, directory: object) -> str:
+    """`export NAME=DIRECTORY${NAME:+:$NAME}`: the literal `directory` first on a
+    colon-separated search path (PYTHONPATH), what NAME held before after it."""
+    if not is_env_name(name):
+        raise ShellTextError(f"not an environment variable name: {name!r}")
+    return f'export {name}={quote(directory)}"${{{name}:+:${name}}}"'
+
+
 def is_env_name(name: str) -> bool:
     return bool(_ENV_NAME.fullmatch(name))
 

@@ -190,6 +190,15 @@ def glaunch_env(plan: JobPlan, job_shell: JobShell) -> list[tuple[str, str, Any]
     return values + list(job_shell.extra_env)
 
 
+def carried_lib_path(plan: JobPlan) -> list[str]:
+    """The line putting the run's lib/ (glaunch's job side and submitit, copied there at
+    submit: launcher.runner.carried) first on PYTHONPATH, ahead of anything the profile's
+    setup or env put there. No line for a run directory holding a ':', which PYTHONPATH cannot
+    carry (it has no escape): such a run imports glaunch as the nodes have it installed."""
+    lib = str(RunDir(plan.run_dir).lib_dir)
+    return [] if ":" in lib else [shell.prepend_path("PYTHONPATH", lib)]
+
+
 def render_env(plan: JobPlan, job_shell: JobShell) -> str:
     exports: list[str] = []
     network: list[str] = []
@@ -199,8 +208,9 @@ def render_env(plan: JobPlan, job_shell: JobShell) -> str:
     return _environment().get_template("env.sh.j2").render(
         run_id=plan.run_id, site=plan.site_name, modules=modules, setup=list(plan.setup),
         exports=exports, network_exports=network,
-        glaunch_exports=[f'export {n}="{v}"' if e == "raw" else shell.export(n, v, expand=e)
-                         for n, v, e in glaunch_env(plan, job_shell)],
+        glaunch_exports=carried_lib_path(plan) + [
+            f'export {n}="{v}"' if e == "raw" else shell.export(n, v, expand=e)
+            for n, v, e in glaunch_env(plan, job_shell)],
         rendezvous_template=job_shell.rendezvous_template, **job_shell.rendezvous_context)
 
 
@@ -227,6 +237,7 @@ def resolved_document(plan: JobPlan) -> dict[str, Any]:
         "checkpoint_dir": plan.checkpoint_dir,
         "workdir": plan.workdir,
         "python": list(plan.python),
+        "warning_signal": plan.warning_signal,
     }
     if plan.code is not None:
         derived["code"] = {"source": plan.code.source, "git": plan.code.git, "snapshot": plan.code.dest,

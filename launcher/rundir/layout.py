@@ -6,10 +6,14 @@ One run directory per run (DESIGN.md "The run bundle")::
     task.json                                               what every task of the job needs (launcher.rundir.taskspec)
     hparams.json                                            the experiment's hparams (GLAUNCH_HPARAMS)
     code/  code.patch                                       the code snapshot (a sweep's elements: the sweep's)
+    lib/                                                    the job side of glaunch and submitit, first on the
+                                                            nodes' PYTHONPATH (launcher.runner.carried)
     run.json                                                the run record (RunRecord)
     result.json  stop.json  resume.json  crash.json         written by the ranks / the task
     hang.json                                               written by the watchdog (launcher.runtime.watchdog)
     logs/JOB_TASK_log.out|err  logs/JOB_batch.log  logs/JOB_step.json
+    logs/workers/JOB_RESTART_NODE/                          torchrun's --log-dir for one node's agent: each
+                                                            worker's own output (WORKER_LOG)
     logs/JOB_gpu_NODE.csv                                   GPU utilisation and memory, sampled per node
     logs/stack-JOB_RESTART_RANK.txt                         each rank's Python stack when its start hung
     heartbeats/rank-RANK.json                               each rank's last step and when (overwritten)
@@ -58,6 +62,7 @@ HPARAMS_FILE = "hparams.json"
 TASK_FILE = "task.json"           # the job's task spec (launcher.rundir.taskspec), read on the nodes
 CODE_DIR = "code"                 # the code snapshot every start runs from (launcher.runner.snapshot)
 CODE_PATCH = "code.patch"         # a dirty work tree's changes against its commit
+LIB_DIR = "lib"                   # the packages the job imports, as the submitter has them (launcher.runner.carried)
 SWEEP_FILE = "sweep.json"         # a sweep's directory: its record (launcher.runner.sweeps)
 RESULT_FILE = "result.json"
 STOP_FILE = "stop.json"
@@ -87,6 +92,14 @@ STEP_SUMMARY = "{job_id}_step.json"      # the local stand-in for srun's account
 REMOTE_FILE = "remote.json"
 TASK_LOG = re.compile(r"(?P<job>\d+(?:_\d+)?)_(?P<task>\d+)_log\.(?P<stream>out|err)$")
 GPU_SAMPLES = "{job_id}_gpu_{node}.csv"
+# Under torchrun each node's agent writes every worker's output to files of its own
+# (--log-dir, --redirects): the directory glaunch names per start and node, and inside it
+# torchrun's layout (torch.distributed.elastic's DefaultLogsSpecs, torch 2.2 and later),
+# RDZVID_RANDOM/attempt_N/LOCAL_RANK/stdout.log|stderr.log.
+WORKER_LOG_DIR = "workers"
+WORKER_LOG_DIR_NAME = "{job_id}_{restart}_{node}"
+WORKER_LOG = re.compile(r"(?P<job>\d+(?:_\d+)?)_(?P<restart>\d+)_(?P<node>\d+)/[^/]+/attempt_\d+/"
+                        r"(?P<local>\d+)/std(?P<stream>out|err)\.log$")
 HEARTBEAT_FILE = "rank-{rank:05d}.json"
 # HEARTBEAT_FILE's names only (ASCII digits, one name per rank).
 HEARTBEAT = re.compile(r"rank-(?P<rank>[0-9]{5}|[1-9][0-9]{5,8})\.json$")
@@ -98,6 +111,18 @@ STACK_DUMP_DIR = "stack-dumps"
 STACK_DUMP_FILE = "rank-{rank:05d}.txt"
 HEARTBEAT_BYTES = 1024        # a heartbeat's size in its file (more only for a record that needs it)
 HEARTBEAT_READ_LIMIT = 64 * 1024
+@dataclass(frozen=True)
+class WorkerLog:
+    """One stream of one torchrun worker's output (WORKER_LOG)."""
+
+    job_id: str
+    restart: int
+    node: int
+    local_rank: int
+    stream: str          # out | err
+    path: Path
+
+
 # What goes into a file name from a job id or a node name: a job id of Slurm's shape passes as is.
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
@@ -203,9 +228,39 @@ class RunDir:
     def checkpoint_dir(self) -> Path:
         return self.path / CHECKPOINT_DIR
 
+    @property
+    def lib_dir(self) -> Path:
+        """What env.sh puts first on the nodes' PYTHONPATH: glaunch's job side and submitit."""
+        return self.path / LIB_DIR
+
     def task_log(self, job_id: str, task: int, stream: str = "out") -> Path:
         return self.log_dir / TASK_LOG_PATTERN.replace("%j", str(job_id)).replace("%t", str(task)).format(
             stream=stream)
+
+    def worker_log_dir(self, job_id: str, restart: int, node: int) -> Path:
+        """torchrun's --log-dir for the agent of node `node` in one start."""
+        return self.log_dir / WORKER_LOG_DIR / WORKER_LOG_DIR_NAME.format(
+            job_id=name_part(job_id), restart=restart, node=node)
+
+    def worker_logs(self) -> list[WorkerLog]:
+        """Every worker's own log torchrun wrote, in job, start, node, worker, stream order."""
+        root = self.log_dir / WORKER_LOG_DIR
+        found = []
+        for path in root.glob("*/*/attempt_*/*/std*.log"):
+            m = WORKER_LOG.match(path.relative_to(root).as_posix())
+            if m:
+                found.append(WorkerLog(m["job"], int(m["restart"]), int(m["node"]), int(m["local"]),
+                                       m["stream"], path))
+        return sorted(found, key=lambda w: (tuple(int(x) for x in w.job_id.split("_")), w.restart, w.node,
+                                            w.local_rank, w.stream))
+
+    def worker_log(self, job_id: str, restart: int, node: int, local_rank: int,
+                   stream: str = "out") -> Path | None:
+        """One worker's own log in one start, once its agent has made it; else None."""
+        root = self.worker_log_dir(job_id, restart, node)
+        for path in sorted(root.glob(f"*/attempt_*/{local_rank}/std{stream}.log")):
+            return path
+        return None
 
     def task_log_pattern(self, stream: str) -> str:
         """srun's --output/--error for every task of every start."""

@@ -15,9 +15,9 @@ from launcher.errors import ConfigError, GlaunchError
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import claims, registry
 from launcher.rundir.files import directory_problem
-from launcher.rundir.layout import CODE_DIR, CODE_PATCH, JOB_SCRIPT
+from launcher.rundir.layout import CODE_DIR, CODE_PATCH, JOB_SCRIPT, RunDir
 from launcher.rundir.records import RunRecord, State
-from launcher.runner import provenance, snapshot
+from launcher.runner import carried, provenance, snapshot
 
 EXECUTABLE = {JOB_SCRIPT}
 
@@ -173,12 +173,14 @@ def _make_run_dir(bundle: Bundle, plan: JobPlan, runs_src: PathSource) -> None:
 def _write_contents(bundle: Bundle, plan: JobPlan, files: Mapping[str, str], *, dry_run: bool,
                     survey: snapshot.Survey | None, origin: Mapping | None, extra: Mapping | None) -> None:
     """Inside the new run directory: logs/, checkpoints/ (unless checkpoint.dir is
-    elsewhere), the bundle's files, the code snapshot, run.json."""
+    elsewhere), the bundle's files, lib/ (the job side the nodes import), the code
+    snapshot, run.json."""
     Path(plan.log_dir).mkdir()
     if not checkpoint_outside(plan):
         Path(plan.checkpoint_dir).mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         write_file(bundle.path / name, text, executable=name in EXECUTABLE)
+    carried.write_lib(RunDir(bundle.path).lib_dir)
     if origin is None:
         origin = _provenance(plan, survey, bundle.path)
     if "profiles" not in origin:

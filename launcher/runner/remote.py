@@ -41,6 +41,7 @@ from launcher.rundir.layout import (
     HEARTBEAT,
     HEARTBEAT_DIR,
     HEARTBEAT_FILE,
+    LIB_DIR,
     LOG_DIR,
     REMOTE_FILE,
     RESOLVED_FILE,
@@ -54,7 +55,7 @@ from launcher.rundir.layout import (
 from launcher.rundir.lifecycle import ENDS
 from launcher.rundir.records import RunRecord, State, is_terminal
 from launcher.rundir.taskspec import read_placement
-from launcher.runner import bundle, sweeps
+from launcher.runner import bundle, carried, sweeps
 from launcher.runner.logs import RankLogs
 from launcher.runner.results import Run
 from launcher.schedulers.slurm.client import using
@@ -377,7 +378,7 @@ def job_queued(conn: Connection, job_id: str) -> bool:
 def queue_resume(prepared: Any, conn: Connection, aside: str, moved: Sequence[str], before: str, *,
                  check: bool) -> str:
     """The resumed run's files in place on the cluster (the files `moved` set aside in
-    `aside` in the same call), its job queued held, run.json and the task put in place,
+    `aside` in the same call; lib/ afresh, as installed here), its job queued held, run.json and the task put in place,
     released; the job's id. run.json here is the one to send (SUBMITTING). On failure
     before the release the job is cancelled and the previous files and run.json
     (`before`) are put back."""
@@ -388,8 +389,9 @@ def queue_resume(prepared: Any, conn: Connection, aside: str, moved: Sequence[st
         dump_task(plan, template)
         members = {**{name: (text.encode(), name in bundle.EXECUTABLE) for name, text in prepared.files.items()},
                    "run.json": (RunDir(here).run_file.read_bytes(), False),
-                   posixpath.relpath(str(task_template(plan.log_dir)), plan.run_dir): (template.read_bytes(), False)}
-    names = sorted({*moved, *prepared.files})
+                   posixpath.relpath(str(task_template(plan.log_dir)), plan.run_dir): (template.read_bytes(), False),
+                   **{f"{LIB_DIR}/{name}": (source.read_bytes(), False) for source, name in carried.carried_files()}}
+    names = sorted({*moved, *prepared.files, LIB_DIR})
     whole = False
     client = on_login.slurm_client(conn, cwd=plan.run_dir)
     job_id = None

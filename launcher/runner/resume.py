@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +49,7 @@ from launcher.rundir.layout import (
     HEARTBEAT_DIR,
     HPARAMS_FILE,
     JOB_SCRIPT,
+    LIB_DIR,
     RESOLVED_FILE,
     RESULT_FILE,
     RESUME_FILE,
@@ -56,7 +58,7 @@ from launcher.rundir.layout import (
 )
 from launcher.rundir.lifecycle import resubmit
 from launcher.rundir.records import IN_FLIGHT, LIVE, RunRecord, State, is_known_state
-from launcher.runner import bundle, frameworks
+from launcher.runner import bundle, carried, frameworks
 from launcher.runner.inputs import items
 from launcher.runner.lookup import find_sweep, is_remote, refreshed, refuse_copy, run_dir_of
 from launcher.runner.results import Run, RunRef
@@ -64,9 +66,10 @@ from launcher.runner.submission import job_ids
 from launcher.runner.inputs import run_ref
 from launcher.schedulers.base import Echo
 
-# Moved to resumes/N/: the previous submission's files, and the files a start leaves for
-# the next one (a new start would take an old result.json for its own end).
-MOVED_ASIDE = (JOB_SCRIPT, ENV_FILE, DS_CONFIG_FILE, RESOLVED_FILE, HPARAMS_FILE, TASK_FILE,
+# Moved to resumes/N/: the previous submission's files (its lib/ too: the new job.sbatch
+# runs the job side of the glaunch that renders it), and the files a start leaves for the
+# next one (a new start would take an old result.json for its own end).
+MOVED_ASIDE = (JOB_SCRIPT, ENV_FILE, DS_CONFIG_FILE, RESOLVED_FILE, HPARAMS_FILE, TASK_FILE, LIB_DIR,
                RESULT_FILE, STOP_FILE, RESUME_FILE, CRASH_FILE, HEARTBEAT_DIR)
 # run.json keys about the previous job that the new one's scheduler writes afresh.
 _PREVIOUS_JOB_KEYS = ("scheduler_history", "accounting", "request", "warnings", "pending_reason", "blocked",
@@ -341,6 +344,8 @@ def _switch_bundle(prepared: PreparedResume) -> tuple[RunRecord, _Switch]:
             for name, text in prepared.files.items():
                 bundle.write_file(run_dir / name, text, executable=name in bundle.EXECUTABLE)
                 written.append(name)
+            written.append(LIB_DIR)
+            carried.write_lib(RunDir(run_dir).lib_dir)
         except (OSError, GlaunchError) as exc:
             _undo(run_dir, aside, moved, written)
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
@@ -365,8 +370,12 @@ def _revert_switch(prepared: PreparedResume, switch: _Switch) -> bool:
 
 def _undo(run_dir: Path, aside: Path, moved: list[str], written: list[str]) -> None:
     for name in written:
+        path = run_dir / name
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)      # lib/, written whole or in part
+            continue
         try:
-            os.unlink(run_dir / name)
+            os.unlink(path)
         except OSError:
             pass
     for name in moved:

@@ -25,6 +25,7 @@ export FI_MR_CACHE_MONITOR="userfaultfd"
 export NCCL_NCHANNELS_PER_NET_PEER="4"
 
 # glaunch
+export PYTHONPATH=/scratch/alice/glaunch/torch-ddp-20260101-000000-abcd/lib"${PYTHONPATH:+:$PYTHONPATH}"
 export GLAUNCH_RUN_ID=torch-ddp-20260101-000000-abcd
 export GLAUNCH_RUN_DIR=/scratch/alice/glaunch/torch-ddp-20260101-000000-abcd
 export GLAUNCH_CHECKPOINT_DIR=/scratch/alice/glaunch/torch-ddp-20260101-000000-abcd/checkpoints

@@ -19,6 +19,7 @@ export FI_CXI_DISABLE_HOST_REGISTER="1"
 export FI_MR_CACHE_MONITOR="userfaultfd"
 
 # glaunch
+export PYTHONPATH=/scratchdir/alice/glaunch/torch-ddp-20260101-000000-abcd/lib"${PYTHONPATH:+:$PYTHONPATH}"
 export GLAUNCH_RUN_ID=torch-ddp-20260101-000000-abcd
 export GLAUNCH_RUN_DIR=/scratchdir/alice/glaunch/torch-ddp-20260101-000000-abcd
 export GLAUNCH_CHECKPOINT_DIR=/scratchdir/alice/glaunch/torch-ddp-20260101-000000-abcd/checkpoints

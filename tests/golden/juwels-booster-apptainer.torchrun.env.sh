@@ -15,6 +15,7 @@ export NCCL_SOCKET_IFNAME="ib0"
 export GLOO_SOCKET_IFNAME="ib0"
 
 # glaunch
+export PYTHONPATH=/scratch/alice/alice/glaunch/torch-ddp-20260101-000000-abcd/lib"${PYTHONPATH:+:$PYTHONPATH}"
 export GLAUNCH_RUN_ID=torch-ddp-20260101-000000-abcd
 export GLAUNCH_RUN_DIR=/scratch/alice/alice/glaunch/torch-ddp-20260101-000000-abcd
 export GLAUNCH_CHECKPOINT_DIR=/scratch/alice/alice/glaunch/torch-ddp-20260101-000000-abcd/checkpoints

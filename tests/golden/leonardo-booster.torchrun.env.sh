@@ -16,6 +16,7 @@ export NCCL_DEBUG="WARN"
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="1"
 
 # glaunch
+export PYTHONPATH=/work/alice/alice/glaunch/torch-ddp-20260101-000000-abcd/lib"${PYTHONPATH:+:$PYTHONPATH}"
 export GLAUNCH_RUN_ID=torch-ddp-20260101-000000-abcd
 export GLAUNCH_RUN_DIR=/work/alice/alice/glaunch/torch-ddp-20260101-000000-abcd
 export GLAUNCH_CHECKPOINT_DIR=/work/alice/alice/glaunch/torch-ddp-20260101-000000-abcd/checkpoints

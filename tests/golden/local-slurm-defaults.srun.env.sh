@@ -14,6 +14,7 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING="1"
 export GLOO_SOCKET_IFNAME="lo"
 
 # glaunch
+export PYTHONPATH=/home/alice/exp/runs/torch-ddp-20260101-000000-abcd/lib"${PYTHONPATH:+:$PYTHONPATH}"
 export GLAUNCH_RUN_ID=torch-ddp-20260101-000000-abcd
 export GLAUNCH_RUN_DIR=/home/alice/exp/runs/torch-ddp-20260101-000000-abcd
 export GLAUNCH_CHECKPOINT_DIR=/home/alice/exp/runs/torch-ddp-20260101-000000-abcd/checkpoints

@@ -9,6 +9,7 @@ export PYTHONUNBUFFERED="1"
 export DS_ACCELERATOR="cpu"
 
 # glaunch
+export PYTHONPATH=/home/alice/exp/runs/torch-ddp-20260101-000000-abcd/lib"${PYTHONPATH:+:$PYTHONPATH}"
 export GLAUNCH_RUN_ID=torch-ddp-20260101-000000-abcd
 export GLAUNCH_RUN_DIR=/home/alice/exp/runs/torch-ddp-20260101-000000-abcd
 export GLAUNCH_CHECKPOINT_DIR=/home/alice/exp/runs/torch-ddp-20260101-000000-abcd/checkpoints

@@ -13,6 +13,7 @@ rendered profile loading as a valid site.
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,7 @@ import yaml
 
 from launcher import api
 from launcher.config import schema
+from launcher.config.login import Login
 from launcher.config.sites import load_site
 from launcher.errors import ConfigError
 from launcher.schedulers.cluster import detect
@@ -390,3 +392,52 @@ def test_a_check_report_escapes_what_the_cluster_named(monkeypatch):
     assert len(shown.splitlines()) == 1 + len(report.fatal) + len(report.warnings) + len(report.notes)
     assert "\\x1b]0;owned\\x07" in shown
     assert not control_characters(str(report.error("tiny.yaml")).replace("\n", ""))
+
+
+# --- over SSH: the login shell's python3 ----------------------------------------------------
+
+
+def login_shell_answers(monkeypatch, stdout: str, returncode: int = 0) -> list[tuple[str, ...]]:
+    """run_command answers `stdout` to the login-shell question (and records what was asked)."""
+    asked: list[tuple[str, ...]] = []
+
+    def run_command(*cmd, **kwargs):
+        asked.append(cmd)
+        return subprocess.CompletedProcess(list(cmd), returncode, stdout, "")
+
+    monkeypatch.setattr(detect, "run_command", run_command)
+    return asked
+
+
+def test_detect_over_ssh_writes_the_python3_of_the_login_shell_and_none_of_what_it_prints(fake_cluster,
+                                                                                          monkeypatch, tmp_path):
+    banner = "Welcome to tiny!\nGLAUNCH-PYTHON3 is not a command\nmodule: loaded pytorch/2.5\n"
+    asked = login_shell_answers(monkeypatch, banner + "GLAUNCH-PYTHON3 /opt/envs/torch/bin/python3\n")
+    _, text = detect.query_cluster(None, login=Login("login1", user="alice"))
+    profile = yaml.safe_load(text)
+    assert profile["python"] == "/opt/envs/torch/bin/python3"
+    assert asked == [("bash", "-lc", detect.FIND_PYTHON)]
+    assert "Welcome" not in text and "module:" not in text
+    (tmp_path / "tiny.yaml").write_text(text)
+    site = load_site(str(tmp_path / "tiny.yaml"), tmp_path, {"HOME": str(tmp_path / "home")})
+    assert site.config.python == "/opt/envs/torch/bin/python3"
+
+
+@pytest.mark.parametrize(("stdout", "returncode"), [
+    ("GLAUNCH-PYTHON3 \n", 0),                       # command -v found none
+    ("GLAUNCH-PYTHON3 python3\n", 0),                # not a path
+    ("GLAUNCH-PYTHON3 /usr/bin/py\x1b]0;x\x07\n", 0),
+    ("", 127),                                       # no bash there
+])
+def test_detect_over_ssh_without_a_python3_says_to_set_python(fake_cluster, monkeypatch, stdout, returncode):
+    login_shell_answers(monkeypatch, stdout, returncode)
+    _, text = detect.query_cluster(None, login=Login("login1"))
+    assert "python" not in yaml.safe_load(text)
+    assert "# Review: the login shell has no python3 on its PATH: set python:" in text
+    assert "\x1b" not in text
+
+
+def test_detect_on_the_cluster_itself_asks_no_login_shell(fake_cluster, monkeypatch):
+    asked = login_shell_answers(monkeypatch, "GLAUNCH-PYTHON3 /usr/bin/python3\n")
+    _, text = detect.query_cluster(None)
+    assert asked == [] and "python" not in yaml.safe_load(text)

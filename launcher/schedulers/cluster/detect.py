@@ -240,10 +240,42 @@ def query_cluster(name: str | None, *, login: Any = None) -> tuple[str, str]:
     detected = detect_profile(name or cluster, partitions_text, nodes_text, settings=settings, account=account,
                               user=user, groups=user_groups(user))
     profile = dict(detected.profile)
+    notes = detected.notes
     if login is not None:
         head = {key: profile.pop(key) for key in ("name", "extends", "scheduler")}
-        profile = {**head, **reached_over(login), **profile}
-    return profile["name"], render_profile(profile, cluster, detected.notes)
+        python = login_python()
+        if python is None:
+            notes += ("the login shell has no python3 on its PATH: set python: to the nodes' interpreter (one with "
+                      "torch)",)
+        profile = {**head, **reached_over(login), **({"python": python} if python else {}), **profile}
+    return profile["name"], render_profile(profile, cluster, notes)
+
+
+# The line the login shell's answer is read from: what its profile prints around it is not.
+PYTHON_MARK = "GLAUNCH-PYTHON3 "
+# A login shell (-l), as a user's own session has it: its profile may load a module or
+# activate an environment that puts another python3 first on PATH.
+FIND_PYTHON = f'printf "{PYTHON_MARK}%s\\n" "$(command -v python3)"'
+
+
+def login_python() -> str | None:
+    """The interpreter the login shell where Slurm's commands run calls python3 (the
+    nodes' interpreter on clusters whose nodes share the login node's software), or None
+    when it has none or does not say."""
+    try:
+        proc = run_command("bash", "-lc", FIND_PYTHON, policy=ACCOUNTING_POLICY, controller=False)
+    except Unreachable:
+        return None
+    return read_python(proc.stdout) if proc.returncode == 0 else None
+
+
+def read_python(stdout: str) -> str | None:
+    """The path FIND_PYTHON printed: an absolute path of visible characters, else None."""
+    found = [line[len(PYTHON_MARK):] for line in stdout.splitlines() if line.startswith(PYTHON_MARK)]
+    path = found[-1] if found else ""
+    if not path.startswith("/") or len(path) > 4096 or shell.hidden_characters(path) or path != path.strip():
+        return None
+    return path
 
 
 # Where a profile detected over SSH keeps its runs on the cluster: the account's home is the
