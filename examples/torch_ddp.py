@@ -77,7 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     # find_unused_parameters keeps DDP's gradient buckets as first laid out (no rebuild after
     # step one), so with more than two ranks the gradient sums add up in the same order before
     # and after a resume: the resumed run stays bitwise identical.
-    ddp = DDP(model, find_unused_parameters=True, **where.ddp_options())
+    # Timed: how long this rank waits for its peers in the gradient all-reduces is not its
+    # own work (the watchdog names a rank slow from its own work).
+    ddp = rt.time_peer_waits(DDP(model, find_unused_parameters=True, **where.ddp_options()))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     scaler = where.grad_scaler()             # loss scaling for fp16 only; else a pass-through
     loss_fn = nn.MSELoss()

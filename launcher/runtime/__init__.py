@@ -72,6 +72,9 @@ API
                             host memory; writing and commit go on in a thread; at most one in flight
 ``wait_checkpoints()``      collective: the save in flight committed (its ``Checkpoint``) or raised
                             on every rank; the next save and a stop call it
+``time_peer_waits(model)``  time this rank's waits for its peers in a DDP model's gradient
+                            all-reduces (a communication hook) or FSDP2's collectives, so its busy
+                            time, which names slow nodes, is its own work (``fsdp.shard`` does it)
 ``param_sha256(model)``     SHA-256 of all parameters (name order, float32 bytes; gathers ZeRO-3)
 ``write_result(...)``       rank 0 writes ``<run_dir>/result.json`` atomically
 ``write_stop(step, ck)``    rank 0 writes ``<run_dir>/stop.json`` (step, signal, checkpoint)
@@ -116,6 +119,7 @@ from launcher.runtime.checkpoint.verify import verify_checkpoint
 from launcher.runtime.device import Placement, placement
 from launcher.runtime.heartbeats import heartbeat, note_checkpoint
 from launcher.runtime.hparams import apply_hparams, read_hparams
+from launcher.runtime.peerwaits import time_peer_waits
 from launcher.runtime.processgroup import init_distributed, shutdown_distributed
 from launcher.runtime.rankcontext import (
     RankContext,
@@ -184,6 +188,7 @@ __all__ = [
     "stop_signal",
     "tensorboard_dir",
     "tensorboard_writer",
+    "time_peer_waits",
     "tracker_env",
     "uninstall_stop_handler",
     "unwrap",

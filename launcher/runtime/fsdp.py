@@ -25,6 +25,7 @@ as a MixedPrecisionPolicy (:func:`mixed_precision`). CPU offload is the script's
 from __future__ import annotations
 
 from launcher.runtime.device import placement
+from launcher.runtime.peerwaits import time_peer_waits
 from launcher.runtime.rankcontext import RankContext, context
 
 
@@ -51,12 +52,15 @@ def mixed_precision(ctx: RankContext | None = None):
     return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32)
 
 
-def shard(model, ctx: RankContext | None = None, *, mesh=None, layers=None, **kwargs):
+def shard(model, ctx: RankContext | None = None, *, mesh=None, layers=None, time_waits: bool = True, **kwargs):
     """``fully_shard`` each of ``layers`` (default: every direct child with parameters), then the root.
 
     ``kwargs`` go to ``fully_shard`` (``reshard_after_forward``, ``offload_policy``, ...);
     ``mp_policy`` defaults to :func:`mixed_precision`. Returns the model (FSDP2 shards in
-    place). Call after :func:`launcher.runtime.init_distributed`.
+    place). Call after :func:`launcher.runtime.init_distributed`. With `time_waits` (the
+    default) the all-gathers and reduce-scatters are timed, so that the time this rank
+    waits for its peers in them is not counted as its own work
+    (launcher.runtime.peerwaits: the slow-node report).
     """
     from torch.distributed.fsdp import fully_shard
 
@@ -70,7 +74,7 @@ def shard(model, ctx: RankContext | None = None, *, mesh=None, layers=None, **kw
     for layer in layers:
         fully_shard(layer, mesh=mesh, **kwargs)
     fully_shard(model, mesh=mesh, **kwargs)
-    return model
+    return time_peer_waits(model) if time_waits else model
 
 
 class _FullParameters:

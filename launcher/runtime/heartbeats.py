@@ -31,7 +31,8 @@ its process group from the runtime and never report a step.
 ``time`` is when the rank reached ``step`` (not when the file was written), so a rank
 that hangs leaves a file that ages while its peers' files move on: no collective is
 needed to tell which rank fell silent. A rank writes at most every ``interval_s``, and at
-its first step after that: a record whose ``time`` is well over ``interval_s`` plus a
+its first step after that (besides: at its first step, and at the beat that times its
+EARLY_STEPS-th step, which the watchdog's early bound needs): a record whose ``time`` is well over ``interval_s`` plus a
 step behind its peers' is a rank that stopped stepping. The record is written over the previous one in
 place, with its checksum (layout.heartbeat_bytes; read it with layout.read_heartbeat),
 and never fsynced: a reader needs a whole record, not a durable one, and a rename or an
@@ -44,11 +45,16 @@ how many steps this start has timed); ``save_s``, how long this rank's last chec
 save held up its loop; ``busy_s``, the median of this rank's last BUSY_WINDOW busy times.
 A rank's busy time is the part of its step it spent on its own work: from its return
 from the last :func:`launcher.runtime.should_stop` (whose all_reduce every rank leaves
-together) to its next beat. In synchronous data parallel every rank's step takes as long
-as the slowest rank's, but the others wait for it in that collective: a slow rank is busy
-longer than its peers, a rank that waits is busy less. Without should_stop the busy time
-is the whole interval between beats (no rank stands out). ``busy_count``: the busy times
-taken so far.
+together) to its next beat, less the time it waited for its peers inside the training's
+own collectives in that interval (DDP's gradient all-reduces, FSDP2's all-gathers and
+reduce-scatters: :mod:`launcher.runtime.peerwaits` measures them and reports them here
+through a wait source, :meth:`Beats.add_wait_source`). In synchronous data parallel every
+rank's step takes as long as the slowest rank's; the others wait for it, in the gradient
+collective where the slowness comes before it (data, forward, backward), in should_stop's
+where it comes after (the optimizer, logging): a slow rank is busy longer than its peers,
+a rank that waits is busy less. Without should_stop the busy time is the whole interval
+between beats less the measured waits; with neither, no rank stands out.
+``busy_count``: the busy times taken so far.
 
 The intervals between beats are the step times of the start's telemetry, which each rank
 writes at the end of its start (:func:`write_telemetry`; what it holds and how the start
@@ -96,6 +102,10 @@ MAX_SAMPLES = 1 << 16
 EMA_WEIGHT = 0.1          # of the newest step in the step time the console shows
 RECENT_STEPS = 200        # the step times step_p99_s is taken over
 BUSY_WINDOW = 20          # the busy times busy_s is the median of
+# The timed steps after which the watchdog's early bound holds (watchdog.bounds_in_force):
+# the beat that times the last of them is written at once, so that a rank that hangs soon
+# after has left the times the bound is taken from.
+EARLY_STEPS = 3
 
 
 class Beats:
@@ -135,6 +145,7 @@ class Beats:
         self.synced_at: float | None = None   # when this rank left the last should_stop's collective
         self.busy: deque[float] = deque(maxlen=BUSY_WINDOW)
         self.busy_count = 0
+        self.wait_sources: list[Callable[[], float]] = []   # each: seconds waited for peers since asked last
         self.stop_decided: float | None = None
         self.announced_at: float | None = None   # when the script said it reports its steps (announce)
         self.state = "running"
@@ -161,14 +172,35 @@ class Beats:
             versions.record(self.run_dir, self.job_id or "none", self.restart, self.node_index, self.node)
         if self.announced_at is None:         # a step is an announcement too
             self.announced_at = now
+        waited = self.waited()                # since the last beat, whether this step is timed or not
+        timed_before = self.seen
         if previous is None or step < previous or self.time is None:
             self.first_step, self.first_time = step, now     # the first step, or the loop went back
         elif self._timed(now - self.time, previous, step):
-            self._busy(now - max(self.time, self.synced_at or 0.0))
+            self._busy(busy_time(now - max(self.time, self.synced_at or 0.0), waited))
         self.time = now
-        # The first step always: the watchdog stops waiting for it.
-        if self.path is not None and (now - self.last_write >= self.interval_s or previous is None):
+        # The first step always: the watchdog stops waiting for it; and the step that makes
+        # its early bound.
+        early = timed_before < EARLY_STEPS <= self.seen
+        if self.path is not None and (now - self.last_write >= self.interval_s or previous is None or early):
             self.write(now)
+
+    def add_wait_source(self, source: Callable[[], float]) -> None:
+        """`source()`: the seconds this rank waited for its peers in a collective of the
+        training since it was last called; each beat calls it."""
+        self.wait_sources.append(source)
+
+    def waited(self) -> float:
+        """The seconds every wait source says this rank waited since the last beat (a source
+        that fails is said once and dropped: the loop never sees it)."""
+        total = 0.0
+        for source in list(self.wait_sources):
+            try:
+                total += max(0.0, float(source()))
+            except Exception as exc:  # a measurement, never worth the training loop
+                self.wait_sources.remove(source)
+                log(f"waits for peers no longer measured: {type(exc).__name__}: {exc}")
+        return total
 
     def _timed(self, interval: float, previous: int, step: int) -> bool:
         """Keep the interval as a step time; False for a checkpoint step's (a save's)."""
@@ -262,6 +294,13 @@ class Beats:
         if times is None:
             return []
         return [round(max(0.0, interval - steps * float(times["median"])), 6) for interval, steps in self.save_spans]
+
+
+def busy_time(interval_s: float, waited_s: float) -> float:
+    """Pure: a rank's own work in a step: the interval it counts over (from its return from
+    should_stop's collective, else its last beat, to this beat) less what it waited for its
+    peers inside the training's collectives then; never below 0."""
+    return max(0.0, interval_s - max(0.0, waited_s))
 
 
 _beats: Beats | None = None

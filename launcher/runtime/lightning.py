@@ -49,6 +49,7 @@ from launcher.runtime.rankcontext import RankContext, all_reduce_max, context, l
 from launcher.runtime.deepspeed import _Recorder
 from launcher.runtime.deepspeed import placement as deepspeed_placement
 from launcher.runtime.device import placement
+from launcher.runtime.peerwaits import BucketTail, ddp_hook, waits
 from launcher.runtime.result import param_sha256
 from launcher.runtime.state import restore_rng, save_rng
 from launcher.runtime.stop import install_stop_handler, should_stop, stop_signal
@@ -93,9 +94,14 @@ def trainer_accelerator(ctx: RankContext | None = None) -> str:
 
 def trainer_strategy(ctx: RankContext | None = None, **ddp_options):
     """Lightning's ``DDPStrategy`` on the runtime's process-group backend (NCCL on CUDA, gloo on
-    CPU, GLAUNCH_DIST_BACKEND if set); ``ddp_options`` go to DistributedDataParallel."""
+    CPU, GLAUNCH_DIST_BACKEND if set); ``ddp_options`` go to DistributedDataParallel. Unless
+    they name a communication hook of their own, the gradient all-reduces are timed, so that
+    what this rank waits for its peers in them is not counted as its own work
+    (launcher.runtime.peerwaits: the slow-node report)."""
     from lightning.pytorch.strategies import DDPStrategy
 
+    if "ddp_comm_hook" not in ddp_options:
+        ddp_options.update(ddp_comm_state=BucketTail(None, waits()), ddp_comm_hook=ddp_hook)
     return DDPStrategy(process_group_backend=placement(ctx).backend, **ddp_options)
 
 

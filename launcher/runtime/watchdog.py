@@ -30,18 +30,26 @@ step before it.
 
 ``watchdog.stall_s: auto`` (the default) derives the bounds from the run's own times, which
 each rank's heartbeat carries (launcher.runtime.heartbeats): until a rank has timed
-AUTO_WARMUP_STEPS steps, the task spec's initial bound (STALL_AUTO_INITIAL_S); from then
-on AUTO_STALL_FACTOR times the largest ``step_p99_s`` of the ranks that have (the 99th
-percentile of their recent step times), and at least ``watchdog.auto_floor_s``. The
-watchdog polls at least every tenth of the bound, so a hang is found within 3 x p99 of a
-step plus the heartbeat interval (the steps a rank made since it last wrote), or the floor
-plus that interval where the floor is larger. A save's bound: SAVE_BOUND_FACTOR times the
+AUTO_EARLY_STEPS steps, the task spec's initial bound (STALL_AUTO_INITIAL_S); then, until
+a rank has timed AUTO_WARMUP_STEPS, an early bound: AUTO_EARLY_FACTOR times the slowest of
+the first steps (the largest ``step_p99_s`` of the ranks that timed them: of so few steps,
+their slowest), and at least ``watchdog.auto_floor_s``, so that a hang early in a fast run is
+found in a small multiple of its first steps, or the floor, instead of the initial bound.
+The first step itself (loading, compilation, the first collective) is never timed as a
+step: the first-step bound judges it. From AUTO_WARMUP_STEPS on, AUTO_STALL_FACTOR times
+the largest ``step_p99_s`` of the ranks that have (the 99th percentile of their recent
+step times), and at least the floor. The watchdog polls at least every tenth of the bound,
+so a hang is found within 1.1 x the bound (3 x p99 of a step once warm) plus the heartbeat
+interval (the steps a rank made since it last wrote). A rank writes its heartbeat at the
+beat that times its AUTO_EARLY_STEPS-th step, whatever its interval, so a rank that hangs
+right after has left the times the early bound is taken from. A save's bound: SAVE_BOUND_FACTOR times the
 longest last save of any rank (``save_s``), at least the floor; before any save was
 measured, the fixed bound's save bound. :func:`bounds_in_force` is the decision, pure.
 
 Slow nodes (:class:`SlowRanks`): every rank's heartbeat carries its busy time (``busy_s``,
-the median of its recent ones: the part of its step before it waits for its peers in
-should_stop's collective). Each window (every rank has BUSY_WINDOW more busy times, or
+the median of its recent ones: its step less what it waited for its peers, in
+should_stop's collective and, where the runtime times them, in the training's own
+gradient collectives: launcher.runtime.peerwaits). Each window (every rank has BUSY_WINDOW more busy times, or
 WINDOW_S passed and every rank has WINDOW_MIN_STEPS more) compares each rank's busy time
 with the median of its peers'; a rank above SLOW_RATIO in SLOW_WINDOWS windows running is
 slow, named with its node. Nothing is added to the training loop: no collective, no I/O.
@@ -100,7 +108,7 @@ from launcher.rundir.records import (
     node_list,
 )
 from launcher.rundir.taskspec import TaskSpec, TaskSpecError, read_task_spec
-from launcher.runtime.heartbeats import BUSY_WINDOW, SAVING_STATES, checked_heartbeat
+from launcher.runtime.heartbeats import BUSY_WINDOW, EARLY_STEPS, SAVING_STATES, checked_heartbeat
 from launcher.runtime.logprogress import LogProgress, beat_from_log
 from launcher.runtime.rankcontext import RuntimeConfigError, context
 from launcher.runtime.stacks import Ranks, log, run_command, write_stacks
@@ -109,6 +117,9 @@ from launcher.runtime.telemetry import iso, quantile
 SAVE_BOUND_FACTOR = 4
 SAVE_BOUND_MIN_S = 1800.0
 AUTO_WARMUP_STEPS = 20
+AUTO_EARLY_STEPS = EARLY_STEPS     # timed steps before the early bound: 3
+# Three steps say less of a run than twenty: twice the warm factor over their slowest.
+AUTO_EARLY_FACTOR = 5.0
 # With the poll at a tenth of the bound: found within 2.75 x p99 after the heartbeat interval.
 AUTO_STALL_FACTOR = 2.5
 SLOW_RATIO = 1.3
@@ -158,8 +169,8 @@ class Bounds:
     stall_s: float
     save_s: float
     first_step_s: float
-    basis: str                          # fixed | initial | steps
-    step_p99_s: float | None = None     # the largest of the ranks' p99 step times
+    basis: str                          # fixed | initial | early | steps
+    step_p99_s: float | None = None     # the largest of the ranks' p99 step times (early: their slowest)
     last_save_s: float | None = None    # the longest of the ranks' last saves
 
     def to_dict(self, auto: bool) -> dict[str, Any]:
@@ -175,14 +186,24 @@ def bounds_in_force(records: Mapping[int, Mapping[str, Any]], limits: Limits) ->
     saves = [s for r in records.values() if (s := _seconds(r.get("save_s"))) is not None]
     last_save = max(saves, default=None)
     save = limits.save_s if last_save is None else max(limits.floor_s, SAVE_BOUND_FACTOR * last_save)
-    # In step with each other, the ranks' times are alike: the warm ones speak for all (a
-    # rank that writes every few seconds may not show its warm-up until after a hang).
-    warm = [p99 for r in records.values() if isinstance(r.get("steps_timed"), int)
-            and r["steps_timed"] >= AUTO_WARMUP_STEPS and (p99 := _seconds(r.get("step_p99_s"))) is not None]
-    if not warm:
-        return Bounds(limits.stall_s, save, limits.first_step_s, "initial", None, last_save)
-    p99 = max(warm)
-    return Bounds(max(limits.floor_s, AUTO_STALL_FACTOR * p99), save, limits.first_step_s, "steps", p99, last_save)
+    warm = _slowest_p99(records, AUTO_WARMUP_STEPS)
+    if warm is not None:
+        return Bounds(max(limits.floor_s, AUTO_STALL_FACTOR * warm), save, limits.first_step_s, "steps", warm,
+                      last_save)
+    early = _slowest_p99(records, AUTO_EARLY_STEPS)
+    if early is not None:
+        return Bounds(max(limits.floor_s, AUTO_EARLY_FACTOR * early), save, limits.first_step_s, "early", early,
+                      last_save)
+    return Bounds(limits.stall_s, save, limits.first_step_s, "initial", None, last_save)
+
+
+def _slowest_p99(records: Mapping[int, Mapping[str, Any]], least_steps: int) -> float | None:
+    """The largest p99 step time of the ranks that timed at least `least_steps` steps. In
+    step with each other, the ranks' times are alike: those that timed enough speak for all
+    (a rank that writes every few seconds may not show its steps until after a hang)."""
+    times = [p99 for r in records.values() if isinstance(r.get("steps_timed"), int)
+             and r["steps_timed"] >= least_steps and (p99 := _seconds(r.get("step_p99_s"))) is not None]
+    return max(times, default=None)
 
 
 def armed_at(records: Mapping[int, Mapping[str, Any]]) -> float | None:
@@ -582,6 +603,10 @@ class Watch:
     def poll_s(self) -> float:
         limits = self.bounds or self.limits
         bounds = [b for b in (limits.stall_s, limits.first_step_s) if b > 0] if limits else []
+        if self.limits is not None and self.limits.auto and self.limits.floor_s > 0 and (
+                self.bounds is None or self.bounds.basis in ("initial", "early")):
+            # Until warm-up the early bound may come into force at any beat, as low as the floor.
+            bounds.append(self.limits.floor_s)
         return min([5.0] + [max(b / 10, MIN_POLL_S) for b in bounds])
 
     def swap_due(self, allocation: Sequence[str], in_use: Sequence[str]) -> tuple[SlowRank, str] | None:
@@ -611,17 +636,18 @@ class Watch:
         """Record the hang, write the stacks, end the step."""
         log(f"start {self.restart} of job {self.job_id} hangs: {hang.describe()}; writing every rank's stack "
             "and ending the step")
-        self._record(hang)
+        detected = iso(self.clock())    # not when the stacks, which take a second or more, are written
+        self._record(hang, detected)
         try:
             stacks = write_stacks(self.run_dir, self.job_id, self.restart, self.records, ranks)
         finally:
             ranks.end()
         self.hang = Hang(hang.kind, hang.bound_s, hang.silent, hang.node, hang.ranks, stacks)
-        self._record(self.hang)
+        self._record(self.hang, detected)
         return self.hang
 
-    def _record(self, hang: Hang) -> None:
-        record = {"job_id": self.job_id, "restart": self.restart, "detected_at": iso(self.clock()), **hang.to_dict()}
+    def _record(self, hang: Hang, detected: str | None) -> None:
+        record = {"job_id": self.job_id, "restart": self.restart, "detected_at": detected, **hang.to_dict()}
         try:
             atomic_write_text(RunDir(self.run_dir).hang_file, json.dumps(record) + "\n")
         except OSError as exc:

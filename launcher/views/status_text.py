@@ -200,6 +200,7 @@ def _bound_lines(watch: Mapping[str, Any]) -> list[str]:
     """The bound in force: before any rank stepped, the first step's; then the step's."""
     bound = number(watch.get("bound_s"))
     basis = {"fixed": "fixed", "initial": "auto, before warm-up",
+             "early": f"auto, early: slowest of the first steps {duration(watch.get('step_p99_s'))}",
              "steps": f"auto, p99 step {duration(watch.get('step_p99_s'))}"}.get(str(watch.get("basis")), "?")
     stall = ""
     if bound is not None and bound > 0:

@@ -48,7 +48,8 @@ def test_writes_at_most_once_per_interval(tmp_path):
         b.beat(step, total=60)
         time.sleep(0.02)
     elapsed = time.monotonic() - began
-    assert 2 <= b.writes <= elapsed / 0.2 + 1, (b.writes, elapsed)
+    # Besides: the first step's write, and the one that gives the watchdog its early bound.
+    assert 2 <= b.writes <= elapsed / 0.2 + 2, (b.writes, elapsed)
     data = read_heartbeat(tmp_path / "heartbeats" / "rank-00003.json")
     assert data["rank"] == 3 and data["node"] == "n1" and data["job_id"] == "77" and data["total"] == 60
     assert data["step"] >= 50                      # a write every 0.2 s: at most 10 steps behind

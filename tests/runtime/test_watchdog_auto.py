@@ -4,8 +4,10 @@ under it, and which rank the busy times single out as slow (and none among equal
 
 from __future__ import annotations
 
+import json
 import random
 import statistics
+from datetime import datetime
 
 import pytest
 
@@ -14,6 +16,7 @@ from launcher.rundir.taskspec import write_task_spec
 from launcher.runtime import jobend
 from launcher.runtime.heartbeats import BUSY_WINDOW, Beats
 from launcher.runtime.watchdog import (
+    AUTO_EARLY_STEPS,
     AUTO_STALL_FACTOR,
     AUTO_WARMUP_STEPS,
     SAVE_BOUND_MIN_S,
@@ -43,11 +46,54 @@ def test_a_fixed_bound_stays_fixed():
     assert (bounds.basis, bounds.stall_s, bounds.save_s) == ("fixed", 60, SAVE_BOUND_MIN_S)
 
 
-def test_before_warm_up_the_initial_bound_holds():
-    records = {0: beat(0, 10, T0, p99=0.1, timed=AUTO_WARMUP_STEPS - 1), 1: beat(1, 10, T0, p99=0.1, timed=3)}
+def test_before_the_first_steps_are_timed_the_initial_bound_holds():
+    records = {0: beat(0, 3, T0, p99=0.1, timed=AUTO_EARLY_STEPS - 1), 1: beat(1, 1, T0, timed=0)}
     bounds = bounds_in_force(records, AUTO)
     assert (bounds.basis, bounds.stall_s, bounds.save_s) == ("initial", 600, max(4 * 600, SAVE_BOUND_MIN_S))
     assert bounds_in_force({}, AUTO).basis == "initial"
+
+
+FLOOR_60 = Limits(600, 1800, auto=True, floor_s=60)
+FLOOR_TENTH = Limits(600, 1800, auto=True, floor_s=0.1)
+
+
+# (each rank's (p99, steps timed), limits, the basis, the bound): before warm-up the bound
+# fits the run's first steps (AUTO_EARLY_FACTOR x the slowest of them, at least the floor);
+# a first step of compilation is no timed step and moves nothing.
+@pytest.mark.parametrize("ranks,limits,basis,bound", [
+    ([(None, 0), (None, 0)], AUTO, "initial", 600),                     # no step timed yet
+    ([(0.1, 2), (0.1, 1)], AUTO, "initial", 600),                       # not yet AUTO_EARLY_STEPS
+    ([(0.1, 3), (None, 0)], FLOOR_TENTH, "early", 5 * 0.1),             # a fast run: 0.5 s
+    ([(0.1, 3), (None, 0)], FLOOR_60, "early", 60),                     # ... at least the floor
+    ([(0.1, 5), (0.3, 3)], AUTO, "early", 5 * 0.3),                     # the slowest rank's first steps
+    ([(30.0, 3), (30.0, 3)], FLOOR_60, "early", 150),                   # 30 s steps: 150 s, not 600
+    ([(200.0, 4), (150.0, 4)], FLOOR_60, "early", 1000),                # steps of minutes: beyond the initial bound
+    ([(0.1, 19), (0.1, 3)], FLOOR_TENTH, "early", 5 * 0.1),             # not yet warm
+    ([(0.1, 20), (0.5, 3)], FLOOR_TENTH, "steps", AUTO_STALL_FACTOR * 0.1),   # the warm ranks speak for all
+    ([(0.1, 3), (0.1, 3)], Limits(60, 300), "fixed", 60),               # a fixed bound stays fixed
+], ids=["none-timed", "too-few", "fast", "floor", "slowest-rank", "slow-steps", "minutes", "not-warm", "warm",
+        "fixed"])
+def test_the_bound_before_warm_up_comes_from_the_first_timed_steps(ranks, limits, basis, bound):
+    records = {rank: beat(rank, timed + 1, T0, p99=p99, timed=timed) for rank, (p99, timed) in enumerate(ranks)}
+    bounds = bounds_in_force(records, limits)
+    assert (bounds.basis, bounds.stall_s) == (basis, pytest.approx(bound))
+
+
+def test_an_early_hang_in_a_fast_run_is_found_within_the_early_bound_and_the_first_step_is_not_judged_by_it():
+    """0.1 s steps after a first step of 20 s (compilation): while no rank has stepped the
+    first-step bound holds; once the first steps are timed, a silence is a hang after
+    AUTO_EARLY_FACTOR x their slowest (the floor: 1 s) plus the heartbeat interval."""
+    started = T0 - 25.0
+    compiling = {0: {"rank": 0, "node": "n1", "state": "running", "job_id": "7", "restart": 0,
+                     "announced_at": T0 - 24.0, "interval_s": 1.0}}
+    assert find_hang(compiling, now=T0 - 4.0, started=started, limits=AUTO) is None       # 20 s into its first step
+    records = {r: beat(r, 4, T0, p99=0.1, timed=AUTO_EARLY_STEPS, first_time=T0 - 0.3, announced_at=T0 - 24.0)
+               for r in range(2)}
+    bounds = bounds_in_force(records, AUTO)
+    assert (bounds.basis, bounds.stall_s) == ("early", 1.0)
+    assert find_hang(records, now=T0 + 1.0 + 0.99, started=started, limits=AUTO) is None
+    hang = find_hang(records, now=T0 + 1.0 + 1.0, started=started, limits=AUTO)
+    assert hang is not None and (hang.kind, hang.bound_s) == ("stall", 1.0)
 
 
 def test_one_warm_rank_speaks_for_the_others_whose_files_lag():
@@ -98,6 +144,17 @@ def test_a_hang_is_found_within_three_p99_and_the_heartbeat_interval(p99, interv
     assert now - T0 <= 3 * p99 + interval, (now - T0, p99, interval)
     # Never before the bound: a rank that stepped unwritten within its interval is alive.
     assert find_hang(records, now=T0 + found.bound_s - 0.01, started=T0 - 1000, limits=limits) is None
+
+
+def test_until_warm_up_the_watch_polls_at_the_floor_s_pace():
+    """The early bound comes into force at the beat that times the first steps: polled at
+    the initial bound's pace (5 s), a hang under a bound of 1 s would be found seconds late."""
+    limits = Limits(600, 1800, auto=True, floor_s=1.0)
+    watch = Watch("/nonexistent", "7", 0, limits=limits, world_size=2, started=T0)
+    watch.bounds = bounds_in_force({}, limits)
+    assert watch.poll_s() == pytest.approx(0.1)
+    watch.bounds = bounds_in_force({0: beat(0, 40, T0, p99=4.0, timed=AUTO_WARMUP_STEPS)}, limits)
+    assert watch.poll_s() == pytest.approx(AUTO_STALL_FACTOR * 4.0 / 10)      # warm: the bound's own pace
 
 
 # --- slow ranks ---------------------------------------------------------------------------------
@@ -228,3 +285,23 @@ def test_slow_nodes_read_from_a_start_s_entry_take_only_node_names():
     entry = {"watchdog": {"slow": [{"node": "a"}, {"node": "a"}, {"node": "-rf"}, "b", {"node": None}]}}
     assert jobend.slow_nodes(entry) == ["a"]
     assert jobend.slow_nodes({"watchdog": "x"}) == jobend.slow_nodes(None) == []
+
+
+def test_a_hang_s_detection_time_is_when_it_was_found_not_when_the_stacks_were_written(tmp_path, monkeypatch):
+    """Writing the stacks takes a second or more (faulthandler's output settling): the
+    latency a hang.json shows is the watchdog's own."""
+    now = [T0]
+    watch = Watch(tmp_path, "7", 0, limits=AUTO, world_size=1, started=T0, clock=lambda: now[0])
+
+    def slow_stacks(*args):
+        now[0] += 3.0
+        return ["logs/stack-7_0_0.txt"]
+
+    monkeypatch.setattr("launcher.runtime.watchdog.write_stacks", slow_stacks)
+    ranks = type("Ranks", (), {"signal": lambda self, signum: None, "end": lambda self: None})()
+    hang = find_hang({0: beat(0, 5, T0 - 700)}, now=T0, started=T0 - 800, limits=AUTO)
+    assert hang is not None
+    watch.act(hang, ranks)
+    written = json.loads((tmp_path / "hang.json").read_text())
+    assert written["stacks"] == ["logs/stack-7_0_0.txt"]
+    assert datetime.fromisoformat(written["detected_at"]).timestamp() == pytest.approx(T0, abs=1e-3)

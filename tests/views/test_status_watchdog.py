@@ -27,7 +27,11 @@ STALL = {"stall_s": "auto", "bound_s": 600, "save_bound_s": 1800, "basis": "init
     # Written before the watch had a state: it had bounds.
     ({"stall_s": 60, "bound_s": 60, "save_bound_s": 1800, "basis": "fixed"},
      ["    watchdog: hang after 1m00s without a step (fixed), 30m00s for a save"]),
+    ({"state": "watching", "in_force": "stall", "first_step_s": 1800, "stall_s": "auto", "bound_s": 60,
+      "save_bound_s": 1800, "basis": "early", "step_p99_s": 0.12},
+     ["    watchdog: hang after 1m00s without a step (auto, early: slowest of the first steps 0.1 s), "
+      "30m00s for a save"]),
     ({"state": "not watched", "why": ["not", "text"]}, ["    watchdog: not watched"]),
-], ids=["off", "not-watched", "first-step", "first-step-off", "stepping", "older-entry", "damaged-why"])
+], ids=["off", "not-watched", "first-step", "first-step-off", "stepping", "older-entry", "early", "damaged-why"])
 def test_status_shows_the_bound_in_force_or_why_there_is_none(entry, expected):
     assert _watchdog_lines({"watchdog": entry}) == expected
