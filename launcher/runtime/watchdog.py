@@ -51,8 +51,8 @@ the median of its recent ones: its step less what it waited for its peers, in
 should_stop's collective and, where the runtime times them, in the training's own
 gradient collectives: launcher.runtime.peerwaits). Each window (every rank has BUSY_WINDOW more busy times, or
 WINDOW_S passed and every rank has WINDOW_MIN_STEPS more) compares each rank's busy time
-with the median of its peers'; a rank above SLOW_RATIO in SLOW_WINDOWS windows running is
-slow, named with its node. Nothing is added to the training loop: no collective, no I/O.
+with the median of its peers'; a rank above SLOW_RATIO (and at least SLOW_MIN_BEHIND_S
+behind) in SLOW_WINDOWS windows running is slow, named with its node. Nothing is added to the training loop: no collective, no I/O.
 
 The bounds in force and the slow ranks go into the start's entry of run.json
 (``watchdog``: {"state": "watching", "in_force": "first_step" | "stall", "first_step_s",
@@ -123,6 +123,9 @@ AUTO_EARLY_FACTOR = 5.0
 # With the poll at a tenth of the bound: found within 2.75 x p99 after the heartbeat interval.
 AUTO_STALL_FACTOR = 2.5
 SLOW_RATIO = 1.3
+# Nor is a rank slow by a few milliseconds a step: with busy times that small, the load of
+# the machine alone (another process on a core) moves equal ranks past SLOW_RATIO.
+SLOW_MIN_BEHIND_S = 0.01
 SLOW_WINDOWS = 3
 WINDOW_S = 60.0
 WINDOW_MIN_STEPS = 3
@@ -453,7 +456,9 @@ class SlowRanks:
         times = {rank: value for rank, (value, _) in busy.items()}
         named = False
         for rank, ratio in busy_ratios(times).items():
-            self.streak[rank] = self.streak.get(rank, 0) + 1 if ratio > SLOW_RATIO else 0
+            behind = times[rank] - times[rank] / ratio      # its busy time past its peers' median
+            slow = ratio > SLOW_RATIO and behind >= SLOW_MIN_BEHIND_S
+            self.streak[rank] = self.streak.get(rank, 0) + 1 if slow else 0
             if self.streak[rank] >= SLOW_WINDOWS and rank not in self.named:
                 node = records[rank].get("node")
                 self.named[rank] = SlowRank(rank, node if is_node_name(node) else None, ratio, times[rank],

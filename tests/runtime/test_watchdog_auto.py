@@ -305,3 +305,16 @@ def test_a_hang_s_detection_time_is_when_it_was_found_not_when_the_stacks_were_w
     written = json.loads((tmp_path / "hang.json").read_text())
     assert written["stacks"] == ["logs/stack-7_0_0.txt"]
     assert datetime.fromisoformat(written["detected_at"]).timestamp() == pytest.approx(T0, abs=1e-3)
+
+
+@pytest.mark.parametrize("busy, named", [
+    ({0: 0.0056, 1: 0.0076}, []),        # x1.36, 2 ms behind: a loaded machine, not a slow rank
+    ({0: 0.005, 1: 0.020}, [1]),          # x4, 15 ms behind: slow
+    ({0: 0.100, 1: 0.140}, [1]),          # x1.4, 40 ms behind: slow
+], ids=["milliseconds", "small-but-far-behind", "usual"])
+def test_a_rank_is_slow_only_when_it_is_behind_by_more_than_a_few_milliseconds(busy, named):
+    slow = SlowRanks()
+    nodes = {0: "a", 1: "b"}
+    for window in range(SLOW_WINDOWS):
+        slow.observe(busy_records(busy, dict.fromkeys(nodes, (window + 1) * BUSY_WINDOW), nodes), T0 + window)
+    assert list(slow.named) == named
