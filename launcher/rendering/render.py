@@ -182,7 +182,9 @@ def glaunch_env(plan: JobPlan, job_shell: JobShell) -> list[tuple[str, str, Any]
         (envnames.RANKS_PER_NODE, str(plan.ranks_per_node), False),
         (envnames.MICRO_BATCH, str(plan.micro_batch), False),
         (envnames.GLOBAL_BATCH, str(plan.global_batch), False),
-        (envnames.STOP_SIGNALS, ",".join(STOP_SIGNALS), False),
+        # The time limit's warning is a stop request whatever signal it comes as: a script
+        # read as plain Lightning (warned with USR1) that does use the runtime still saves.
+        (envnames.STOP_SIGNALS, ",".join(dict.fromkeys((plan.warning_signal, *STOP_SIGNALS))), False),
         (envnames.HPARAMS, os.path.join(plan.run_dir, HPARAMS_FILE), False),
     ]
     if plan.ds_config is not None:
