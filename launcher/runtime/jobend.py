@@ -500,8 +500,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--successor" in argv:
-        return successor_main(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
@@ -644,25 +642,6 @@ def next_road(outcome: Outcome, run_dir: Path, exclude: list[str] | None, kept_o
 def next_start_line(outcome: Outcome, run_dir: Path, exclude: list[str] | None, kept_off: list[str]) -> str:
     """next_road as one line: "done", "requeue [NODES]" or "resubmit [NODES]"."""
     return next_road(outcome, run_dir, exclude, kept_off).line()
-
-
-def successor_main(argv: list[str]) -> int:
-    """`RUN_DIR --successor JOB_ID`: record the resubmitted job (record_successor); exit 1
-    when it is to be cancelled."""
-    parser = argparse.ArgumentParser(prog="python -m launcher.runtime.jobend")
-    parser.add_argument("run_dir")
-    parser.add_argument("--successor", required=True, help="the job id sbatch gave the next start")
-    args = parser.parse_args(argv)
-    try:
-        ctx = context()
-        carried = record_successor(Path(args.run_dir), args.successor, ctx.job_id, ctx.restart)
-    except (RuntimeConfigError, ValueError, OSError) as exc:
-        print(f"glaunch: job {args.successor} is not recorded as the run's next start: {exc}", file=sys.stderr,
-              flush=True)
-        return 1
-    print(f"glaunch: the next start is job {args.successor}" if carried
-          else f"glaunch: the run has ended meanwhile; job {args.successor} is cancelled", file=sys.stderr, flush=True)
-    return 0 if carried else 1
 
 
 def hang_entry(hang: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -1,12 +1,10 @@
 """The beginning of one start of a job: whether it is a start of the run at all.
 
-job.sbatch asks before anything else of the start runs (no watchdog, no job step)::
-
-    python -m launcher.runtime.jobend RUN_DIR --begin
-
-and reads one line: ``start N`` (go on, as start number N: Slurm's requeue count past the
-numbers earlier steps of the job took) or ``end`` (exit 0 at once). Exit status 1, with one
-line on stderr, refuses the start. What decides (:func:`beginning`, pure) is run.json's
+The job controller (launcher.runtime.controller) asks before anything else of the start
+runs (no watchdog, no job step): :func:`begin` answers START with the start's number
+(Slurm's requeue count past the numbers earlier steps of the job took), END (exit 0 at
+once) or REFUSE (exit 1; one line on stderr). By hand, ``python -m launcher.runtime.jobend
+RUN_DIR --begin`` prints ``start N`` or ``end``. What decides (:func:`beginning`, pure) is run.json's
 state, whether the run's result is written, and which job this is to the run (:class:`Origin`):
 
 - A start that begins after its run has ended does nothing and changes nothing: no start is

@@ -302,3 +302,59 @@ def test_a_command_line_that_is_not_job_sbatch_s_is_refused(argv, capsys):
     assert controller.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("glaunch: job controller: ") and err.count("\n") == 1
+
+
+# --- Slurm's commands, with stand-ins on PATH ------------------------------------------------------
+
+
+@pytest.fixture
+def stand_ins(tmp_path, monkeypatch):
+    """Write a stand-in for a command: its body runs under bash, with its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+
+    def write(name: str, body: str) -> None:
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    return write
+
+
+def test_the_allocation_s_nodes_are_node_names_or_nothing(stand_ins):
+    stand_ins("scontrol", 'printf "n1\\nn2\\n"\n')
+    assert controller.SlurmEdge().hostnames("n[1-2]") == ["n1", "n2"]
+    stand_ins("scontrol", 'printf "n1\\n$(touch x)\\n-n2\\n"\n')
+    assert controller.SlurmEdge().hostnames("n[1-2]") is None
+    stand_ins("scontrol", "exit 1\n")
+    assert controller.SlurmEdge().hostnames("n[1-2]") is None
+
+
+@pytest.mark.parametrize("shown, preempted", [
+    ("JobId=7 JobState=RUNNING PreemptEligibleTime=2026-12-05T10:00:00 PreemptTime=None", False),
+    ("JobId=7 JobState=RUNNING PreemptTime=2026-12-05T10:00:00 SuspendTime=None", True),
+    ("", False),
+])
+def test_a_preemption_is_read_from_slurm_s_record_of_the_job(stand_ins, shown, preempted):
+    stand_ins("scontrol", f'printf "%s\\n" "{shown}"\n')
+    assert controller.SlurmEdge().preempted("7") is preempted
+
+
+def test_the_next_job_is_submitted_without_this_job_s_slurm_variables(stand_ins, tmp_path, monkeypatch):
+    seen = tmp_path / "seen"
+    stand_ins("sbatch", f'printf "%s\\n" "$*" "${{SLURM_JOB_ID:-unset}}" "${{SLURM_CONF:-unset}}" '
+                        f'"${{SBATCH_TIMELIMIT:-unset}}" > {seen}\necho "5001;cluster"\n')
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/x.conf")
+    monkeypatch.setenv("SBATCH_TIMELIMIT", "5")
+    assert controller.SlurmEdge().submit_next(tmp_path / "job.sbatch", "4242", ["n1", "n3"]) == "5001"
+    assert seen.read_text().splitlines() == [
+        f"--parsable --dependency=afterany:4242 --exclude=n1,n3 {tmp_path / 'job.sbatch'}", "unset",
+        "/etc/slurm/x.conf", "unset"]
+    stand_ins("sbatch", 'echo "Submitted batch job 5001"\n')
+    assert controller.SlurmEdge().submit_next(tmp_path / "job.sbatch", "4242", []) is None
+
+
+def test_a_step_ended_by_a_signal_has_a_shell_s_status(stand_ins):
+    assert controller.SlurmEdge().run_step(["bash", "-c", "kill -KILL $$"], {"PATH": "/usr/bin:/bin"}) == 128 + 9
+    assert controller.SlurmEdge().run_step(["bash", "-c", "exit 3"], {"PATH": "/usr/bin:/bin"}) == 3
+    assert controller.SlurmEdge().run_step(["/no/such/srun"], {}) == 127
