@@ -323,7 +323,7 @@ def stand_ins(tmp_path, monkeypatch):
 def test_the_allocation_s_nodes_are_node_names_or_nothing(stand_ins):
     stand_ins("scontrol", 'printf "n1\\nn2\\n"\n')
     assert controller.SlurmEdge().hostnames("n[1-2]") == ["n1", "n2"]
-    stand_ins("scontrol", 'printf "n1\\n$(touch x)\\n-n2\\n"\n')
+    stand_ins("scontrol", "printf '%s\\n' n1 '$(touch x)' -n2\n")
     assert controller.SlurmEdge().hostnames("n[1-2]") is None
     stand_ins("scontrol", "exit 1\n")
     assert controller.SlurmEdge().hostnames("n[1-2]") is None
