@@ -29,6 +29,7 @@ def _full_names(statement: str) -> set[str]:
     "from launcher import runtime",
     "import launcher.runtime.task",
     "import launcher.runtime.jobend",
+    "import launcher.runtime.controller",
     "import launcher.runtime.localrun",
     "import launcher.rundir.layout",
 ])

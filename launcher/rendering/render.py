@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping
 
 import jinja2
 import yaml
@@ -77,6 +77,11 @@ def _environment() -> jinja2.Environment:
         loader = jinja2.PackageLoader("launcher", "templates")
     return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, autoescape=False,
                               keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+
+
+def lines(items: Iterable[str]) -> str:
+    """Lines of a template's section, one text: the templates hold no loop."""
+    return "\n".join(items)
 
 
 def template(name: str) -> jinja2.Template:
@@ -156,9 +161,10 @@ def task_description(plan: JobPlan, job_shell: JobShell) -> list[str]:
 def render_job_script(plan: JobPlan, job_shell: JobShell) -> str:
     return _environment().get_template("job.sbatch.j2").render(
         run_id=plan.run_id, name=plan.name, site=plan.site_name, scheduler=plan.scheduler,
-        directives=list(job_shell.directives),
+        directives=lines(job_shell.directives),
         env_sh=shell.quote(os.path.join(plan.run_dir, ENV_FILE)),
-        total_tasks=plan.nodes * plan.tasks_per_node, task_description=task_description(plan, job_shell),
+        total_tasks=plan.nodes * plan.tasks_per_node,
+        task_description=lines(f"#   {line}" for line in task_description(plan, job_shell)),
         submitit_executor=job_shell.submitit_executor,
         launch_template=job_shell.launch_template, launch=job_shell.launch, **job_shell.launch_context)
 
@@ -208,11 +214,11 @@ def render_env(plan: JobPlan, job_shell: JobShell) -> str:
         (network if name.startswith(NETWORK_PREFIXES) else exports).append(shell.export(name, value))
     modules = [f"module load {shell.quote(m)}" for m in plan.modules]
     return _environment().get_template("env.sh.j2").render(
-        run_id=plan.run_id, site=plan.site_name, modules=modules, setup=list(plan.setup),
-        exports=exports, network_exports=network,
-        glaunch_exports=carried_lib_path(plan) + [
+        run_id=plan.run_id, site=plan.site_name, modules=lines(modules), setup=lines(plan.setup),
+        exports=lines(exports), network_exports=lines(network),
+        glaunch_exports=lines([*carried_lib_path(plan), *(
             f'export {n}="{v}"' if e == "raw" else shell.export(n, v, expand=e)
-            for n, v, e in glaunch_env(plan, job_shell)],
+            for n, v, e in glaunch_env(plan, job_shell))]),
         rendezvous_template=job_shell.rendezvous_template, **job_shell.rendezvous_context)
 
 

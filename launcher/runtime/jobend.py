@@ -1,15 +1,14 @@
 """The end of one start of a job: what happened, whether to requeue, and run.json.
 
-On Slurm, job.sbatch runs this after its job step ends (every rank has exited)::
-
-    python -m launcher.runtime.jobend RUN_DIR --status S --preempted P --started T
-
-It records the start in run.json, with what its ranks measured (peak memory, step and
-save times, first and last step: :func:`launcher.runtime.telemetry.start_summary`),
-prints ``requeue`` or ``done`` on stdout, and exits with the status the job should
-end with. The batch script itself calls ``scontrol requeue`` (this module may run inside
-a container where Slurm's commands are absent), after run.json is written: the requeue
-kills the batch script.
+On Slurm, the job controller (launcher.runtime.controller) calls :func:`end_of_start`
+after each job step ends (every rank has exited), with what it knows of the step
+(:class:`StepEnd`). It records the start in run.json, with what its ranks measured (peak
+memory, step and save times, first and last step:
+:func:`launcher.runtime.telemetry.start_summary`), and answers how the run goes on
+(:class:`NextRoad`) and the status the job should end with. The controller itself calls
+``scontrol requeue``, after run.json is written: the requeue ends the batch script. The
+same end, by hand: ``python -m launcher.runtime.jobend RUN_DIR --status S`` prints the
+road as one line.
 
 A start that crashed or hung (the watchdog's hang.json) and points at one node (the node
 of the first failing task, crash.json; the node of the silent ranks) is requeued without
@@ -20,35 +19,34 @@ lists them. With ``watchdog.slow_node: exclude`` a start that requeues also leav
 nodes the watchdog named slow (its run.json entry's ``watchdog.slow``), under the same
 check of the partition; what became of each is that entry's ``exclusion``.
 
-A crash or a hang within ``crash_retries`` in a batch job (the script passes
-``--allocation``, the job's nodes, and ``--step-nodes``, the failed step's) starts again in
-the same allocation without a requeue: the output is ``restart NODE,NODE``, the nodes of
-the new job step (:func:`restart_in_allocation`): the failed step's healthy nodes, and a
+A crash or a hang within ``crash_retries`` in a batch job (the controller passes the job's
+nodes, ``allocation``, and the failed step's, ``step_nodes``) starts again in the same
+allocation without a requeue: the road is ``restart NODE,NODE``, the nodes of the new job
+step (:func:`restart_in_allocation`): the failed step's healthy nodes, and a
 spare (``resources.spare_nodes``) in place of the node it points at. The start is
 recorded RESTARTED, with the node it left out. Only when the allocation cannot spare that
 node does the job requeue without it, as above. A step restarted in the allocation takes
 the next start number (GLAUNCH_RESTART), so the batch script of a later requeue asks for
-its own (``--begin``, :mod:`launcher.runtime.jobstart`): Slurm's requeue count no longer is one. A start whose
+its own (:func:`launcher.runtime.jobstart.begin`): Slurm's requeue count no longer is one. A start whose
 watchdog stopped it to leave a slow node for a spare (``watchdog.slow_node: exclude``; the
 start's ``watchdog.swap`` in run.json) goes on the same way, reason ``slow node``: a
 graceful stop, which crash_retries does not count.
 
 A start that reached the time limit is followed by a new job instead
-(``requeue.mode: resubmit``, the default; :func:`next_start`): the output is ``resubmit``
-(or ``resubmit NODES``, the nodes the job is kept off), job.sbatch submits its own script
-again chained after this job (``--dependency=afterany``), and records the new job with
-``python -m launcher.runtime.jobend RUN_DIR --successor JOB_ID``: run.json's job id is
-then the new job's, so status and cancel follow it. A requeued job cannot start again
-until Slurm's hold on it ends (about 120 s: the launch credential's lifetime); a new job
-starts as soon as this one has ended and a node is free. Preemption and crashes requeue
+(``requeue.mode: resubmit``, the default; :func:`next_start`): the road is ``resubmit``
+(or ``resubmit NODES``, the nodes the job is kept off), the controller submits job.sbatch
+again chained after this job (``--dependency=afterany``), and records the new job
+(:func:`record_successor`): run.json's job id is then the new job's, so status and
+cancel follow it. A requeued job cannot start again until Slurm's hold on it ends (about
+120 s: the launch credential's lifetime); a new job starts as soon as this one has ended
+and a node is free. Preemption and crashes requeue
 (Slurm requeues a preempted job itself; a crash's bad node is kept off with
 ExcNodeList), and so does a sweep's element (a task of a job array).
 
-Before anything of a start runs, job.sbatch asks the same program whether it is a start of
-the run at all (``--begin``: launcher.runtime.jobstart): a start that begins after its run
-has ended exits at once, changing nothing. While the step runs, the same program watches it
-(``--watch``: the hang watchdog, launcher.runtime.watchdog): job.sbatch starts it before the
-step and stops it after.
+Before anything of a start runs, the controller asks whether it is a start of the run at
+all (launcher.runtime.jobstart): a start that begins after its run has ended exits at once,
+changing nothing. While the step runs, the controller's thread watches it (the hang
+watchdog, launcher.runtime.watchdog).
 
 A task a signal ended (srun's status 128 + N) crashed, unless a cancel was asked for the
 job (glaunch's mark in run.json): the reason names the signal, and the rank where srun's
@@ -456,6 +454,34 @@ def exclude_bad_nodes_setting(run_dir: Path) -> tuple[bool, str]:
         return False, str(exc)
 
 
+@dataclass(frozen=True)
+class StepEnd:
+    """What is known of a job step that ended, besides the run directory: srun's status,
+    whether Slurm preempted the job, when the start began (ISO 8601), the job's nodes
+    (empty: not a batch job, so no restart in the allocation) and the step's."""
+
+    status: int
+    preempted: bool = False
+    started: str | None = None
+    allocation: tuple[str, ...] = ()
+    step_nodes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NextRoad:
+    """How the run goes on after a start: ``done``; ``restart`` (a new step in this
+    allocation, on `nodes`); ``requeue`` or ``resubmit`` (`nodes`: every node the job is
+    kept off). `exit_code`: the status the job ends with where it ends."""
+
+    road: str
+    nodes: tuple[str, ...] = ()
+    exit_code: int = 0
+
+    def line(self) -> str:
+        """The road as one line: the road, then its nodes, comma-separated."""
+        return self.road + (" " + ",".join(self.nodes) if self.nodes else "")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m launcher.runtime.jobend")
     parser.add_argument("run_dir")
@@ -474,10 +500,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if "--watch" in argv:
-        return watchdog.main([a for a in argv if a != "--watch"])
-    if "--successor" in argv:
-        return successor_main(argv)
     parser = _parser()
     args = parser.parse_args(argv)
     run_dir = Path(args.run_dir)
@@ -497,7 +519,11 @@ def main(argv: list[str] | None = None) -> int:
         return jobstart.begin_start(run_dir, ctx.job_id, ctx.restart)
     if args.status is None:
         parser.error("--status is required")
-    return end_of_start(run_dir, args, ctx.job_id, ctx.restart)
+    end = StepEnd(args.status, args.preempted not in ("", "0"), args.started, tuple(args.allocation),
+                  tuple(args.step_nodes))
+    road = end_of_start(run_dir, end, ctx.job_id, ctx.restart)
+    print(road.line(), flush=True)
+    return road.exit_code
 
 
 def step_node_list(step_nodes: Sequence[str], allocation: Sequence[str]) -> str | None:
@@ -508,14 +534,14 @@ def step_node_list(step_nodes: Sequence[str], allocation: Sequence[str]) -> str 
     return ",".join(step_nodes)
 
 
-def nodes_requested(record: RunRecord, args: argparse.Namespace) -> int:
+def nodes_requested(record: RunRecord, args: StepEnd) -> int:
     """The nodes the job asks Slurm for: its training nodes and its spares (the allocation's
     size); excluding nodes past what leaves this many would keep the requeued job pending."""
     return max(record.nodes or 1, len(args.allocation))
 
 
 def _restart_or_exclude(record: RunRecord, run_dir: Path, outcome: Outcome, bad: str | None, job_id: str | None,
-                        restart: int, args: argparse.Namespace) -> tuple[NextStep | None, list[str] | None, str | None]:
+                        restart: int, args: StepEnd) -> tuple[NextStep | None, list[str] | None, str | None]:
     """(the next step in this allocation, or None; every node to keep the job off from now
     on, or None for no change; what became of `bad`, for run.json)."""
     # A slow node is left out under watchdog.slow_node (its watchdog asked for the swap).
@@ -540,9 +566,10 @@ def _restart_or_exclude(record: RunRecord, run_dir: Path, outcome: Outcome, bad:
     return None, exclude, note
 
 
-def end_of_start(run_dir: Path, args: argparse.Namespace, ctx_job_id: str | None, restart: int) -> int:
-    """Record the start that ended, decide what follows, print it: ``done``, ``requeue
-    [NODES]`` or ``restart NODES`` (a new step on those nodes, in this allocation)."""
+def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: int) -> NextRoad:
+    """Record the start that ended and decide what follows: done, requeue or resubmit
+    (with the nodes the job is kept off), or restart (a new step on those nodes, in this
+    allocation)."""
     stop = stopped_in(run_dir, restart)
     hang = watchdog.hang_in(run_dir, restart)
     with registry.updating(run_dir) as record:
@@ -551,7 +578,7 @@ def end_of_start(run_dir: Path, args: argparse.Namespace, ctx_job_id: str | None
         swap = watchdog.swap_asked(record.start(job_id, restart)) if job_id is not None else None
         outcome = decide(
             step_status=args.status, finished=RunDir(run_dir).result_file.exists(), stopped=stop is not None,
-            preempted=args.preempted not in ("", "0"), timed_out=False,
+            preempted=args.preempted, timed_out=False,
             restart=restart if job_id is None else record.requeues_before(job_id, restart),
             requeue_max=record.requeue_max, crashes=record.crash_count(job_id=job_id),
             crash_retries=record.crash_retries, hung=hang is not None, swapping=swap is not None,
@@ -599,38 +626,22 @@ def end_of_start(run_dir: Path, args: argparse.Namespace, ctx_job_id: str | None
           + "".join(f" ({x})" for x in (outcome.reason, outcome.detail, note) if x) + then,
           file=sys.stderr, flush=True)
     if step is not None:
-        print(f"restart {','.join(step.nodes)}", flush=True)
-    else:
-        print(next_start_line(outcome, run_dir, exclude, kept_off), flush=True)
-    return outcome.exit_code
+        return NextRoad("restart", step.nodes, outcome.exit_code)
+    return next_road(outcome, run_dir, exclude, kept_off)
 
 
-def next_start_line(outcome: Outcome, run_dir: Path, exclude: list[str] | None, kept_off: list[str]) -> str:
-    """What job.sbatch reads: "done", "requeue [NODES]" (NODES: the new exclusion, for
-    ExcNodeList) or "resubmit [NODES]" (every node the job is kept off, for --exclude)."""
+def next_road(outcome: Outcome, run_dir: Path, exclude: list[str] | None, kept_off: list[str]) -> NextRoad:
+    """done; requeue (with the new exclusion, for ExcNodeList: none where it did not
+    change) or resubmit (with every node the job is kept off, for --exclude)."""
     road = next_start(outcome, requeue_mode_setting(run_dir) if outcome.requeue else "requeue")
     # `exclude`, when set, is every node the job is kept off now (a slow node may have joined).
     kept = exclude if road == "requeue" or exclude is not None else kept_off
-    return f"{road}{' ' + ','.join(kept) if kept else ''}" if road else "done"
+    return NextRoad(road, tuple(kept or ()), outcome.exit_code) if road else NextRoad("done", (), outcome.exit_code)
 
 
-def successor_main(argv: list[str]) -> int:
-    """`RUN_DIR --successor JOB_ID`: record the resubmitted job (record_successor); exit 1
-    when it is to be cancelled."""
-    parser = argparse.ArgumentParser(prog="python -m launcher.runtime.jobend")
-    parser.add_argument("run_dir")
-    parser.add_argument("--successor", required=True, help="the job id sbatch gave the next start")
-    args = parser.parse_args(argv)
-    try:
-        ctx = context()
-        carried = record_successor(Path(args.run_dir), args.successor, ctx.job_id, ctx.restart)
-    except (RuntimeConfigError, ValueError, OSError) as exc:
-        print(f"glaunch: job {args.successor} is not recorded as the run's next start: {exc}", file=sys.stderr,
-              flush=True)
-        return 1
-    print(f"glaunch: the next start is job {args.successor}" if carried
-          else f"glaunch: the run has ended meanwhile; job {args.successor} is cancelled", file=sys.stderr, flush=True)
-    return 0 if carried else 1
+def next_start_line(outcome: Outcome, run_dir: Path, exclude: list[str] | None, kept_off: list[str]) -> str:
+    """next_road as one line: "done", "requeue [NODES]" or "resubmit [NODES]"."""
+    return next_road(outcome, run_dir, exclude, kept_off).line()
 
 
 def hang_entry(hang: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -1,12 +1,10 @@
 """The beginning of one start of a job: whether it is a start of the run at all.
 
-job.sbatch asks before anything else of the start runs (no watchdog, no job step)::
-
-    python -m launcher.runtime.jobend RUN_DIR --begin
-
-and reads one line: ``start N`` (go on, as start number N: Slurm's requeue count past the
-numbers earlier steps of the job took) or ``end`` (exit 0 at once). Exit status 1, with one
-line on stderr, refuses the start. What decides (:func:`beginning`, pure) is run.json's
+The job controller (launcher.runtime.controller) asks before anything else of the start
+runs (no watchdog, no job step): :func:`begin` answers START with the start's number
+(Slurm's requeue count past the numbers earlier steps of the job took), END (exit 0 at
+once) or REFUSE (exit 1; one line on stderr). By hand, ``python -m launcher.runtime.jobend
+RUN_DIR --begin`` prints ``start N`` or ``end``. What decides (:func:`beginning`, pure) is run.json's
 state, whether the run's result is written, and which job this is to the run (:class:`Origin`):
 
 - A start that begins after its run has ended does nothing and changes nothing: no start is
@@ -140,15 +138,24 @@ def write_task_pickle(run_dir: Path, job_id: str) -> None:
         DelayedSubmission(TrainingTask(str(run_dir))).dump(path)
 
 
-def begin_start(run_dir: Path, job_id: str | None, requeues: int) -> int:
-    """`RUN_DIR --begin`: print ``start N`` or ``end`` (see the module docstring); 1 refuses."""
+@dataclass(frozen=True)
+class Begun:
+    """What a start does, decided as it begins: go on as start `number`, end at once (exit
+    0, nothing changed) or be refused (exit 1)."""
+
+    action: Action          # START, END or REFUSE (a bundle taken on is a START)
+    number: int = 0
+
+
+def begin(run_dir: Path, job_id: str | None, requeues: int) -> Begun:
+    """Whether this start is one of the run's, and its number (see the module docstring);
+    a dry run's bundle is taken on here. Says why on stderr when it does not start."""
     try:
         record = registry.read(run_dir)
     except (RunError, OSError, ValueError) as exc:
         # Nothing to decide on: the start goes on, and its end says what it cannot record.
         _say(f"run.json not read, this start is number {requeues}: {exc}")
-        print(f"start {requeues}", flush=True)
-        return 0
+        return Begun(Action.START, requeues)
     decided = beginning_of(run_dir, record, job_id)
     if decided.action is Action.ADOPT and job_id is not None:
         try:
@@ -158,16 +165,21 @@ def begin_start(run_dir: Path, job_id: str | None, requeues: int) -> int:
             # Never train a run whose record cannot say so.
             _say(f"run {record.run_id}: job {job_id} cannot take on the bundle ({exc}); submit the experiment "
                  "with `glaunch submit EXPERIMENT`")
-            return 1
+            return Begun(Action.REFUSE)
     if decided.why:
         _say(decided.why)
-    if decided.action is Action.REFUSE:
-        return 1
-    if decided.action is Action.END:
-        print("end", flush=True)
-        return 0
+    if decided.action in (Action.REFUSE, Action.END):
+        return Begun(decided.action)
     number = record.next_restart(job_id, requeues) if job_id is not None and is_job_id(job_id) else requeues
-    print(f"start {number}", flush=True)
+    return Begun(Action.START, number)
+
+
+def begin_start(run_dir: Path, job_id: str | None, requeues: int) -> int:
+    """`RUN_DIR --begin`: print ``start N`` or ``end`` (see the module docstring); 1 refuses."""
+    begun = begin(run_dir, job_id, requeues)
+    if begun.action is Action.REFUSE:
+        return 1
+    print("end" if begun.action is Action.END else f"start {begun.number}", flush=True)
     return 0
 
 

@@ -1,8 +1,8 @@
 """The hang watchdog: beside a start's job step, from the ranks' heartbeats alone.
 
-It runs on the batch host (Slurm: ``python -m launcher.runtime.jobend RUN_DIR --watch``,
-started by job.sbatch before the job step and stopped after it; the local scheduler:
-inside localrun, the stand-in for srun). It asks nothing of the ranks: no collective, no
+It runs on the batch host (Slurm: a thread of the job controller,
+launcher.runtime.controller, from the start of each job step to its end; the local
+scheduler: inside localrun, the stand-in for srun). It asks nothing of the ranks: no collective, no
 work in the training loop. Each rank's heartbeat (launcher.runtime.heartbeats) says when
 it last finished a step, its pid, node and job step; the job's task.json
 (launcher.rundir.taskspec) gives the bounds (``watchdog.stall_s``,
@@ -77,23 +77,21 @@ requeues within ``crash_retries``.
 The stacks (launcher.runtime.stacks): ``py-spy dump`` for a rank on this host when py-spy
 is on PATH, else the faulthandler each rank registered at its start on SIGWINCH, which
 reaches the ranks of every node through Slurm (``scancel --signal=28 JOB``: every step of
-the job, not the batch script; job.sbatch runs scancel on the watchdog's request, outside
-any container: :class:`SlurmSteps`) or, on the local scheduler, from localrun, their parent.
+the job, not the batch script; the job controller runs scancel, outside any container:
+:class:`SlurmSteps`) or, on the local scheduler, from localrun, their parent.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
 import re
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping, Sequence, TextIO
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from launcher.rundir import registry
 from launcher.rundir.files import RunError, atomic_write_text, read_json
@@ -105,7 +103,6 @@ from launcher.rundir.records import (
     free_spares,
     is_job_id,
     is_node_name,
-    node_list,
 )
 from launcher.rundir.taskspec import TaskSpec, TaskSpecError, read_task_spec
 from launcher.runtime.heartbeats import BUSY_WINDOW, EARLY_STEPS, SAVING_STATES, checked_heartbeat
@@ -726,42 +723,43 @@ def _shown(value: object) -> str:
 
 
 class SlurmSteps:
-    """The ranks of a Slurm job's steps, reached through scancel, which job.sbatch runs on
-    the watchdog's behalf: the watchdog may run inside the job's container, where Slurm's
-    commands are absent, and job.sbatch reads its stdout outside it. One request a line:
-    ``signal N`` (every step of the job, not the batch script: scancel without --full) and
-    ``end STEP`` (SIGKILL to that step)."""
+    """The ranks of a Slurm job's steps, reached through scancel: ``cancel`` runs it with
+    the arguments given (the job controller's, on the batch host, outside any container).
+    A signal reaches every step of the job, not the batch script (scancel without
+    --full); an end is SIGKILL to one step."""
 
     def __init__(self, job_id: str, records: Callable[[], Mapping[int, Mapping[str, Any]]],
-                 out: TextIO | None = None) -> None:
-        self.job_id, self.records, self.out = job_id, records, out
-
-    def _ask(self, request: str) -> None:
-        print(request, file=self.out or sys.stdout, flush=True)
+                 cancel: Callable[[list[str]], object]) -> None:
+        self.job_id, self.records, self.cancel = job_id, records, cancel
 
     def signal(self, signum: int) -> None:
         # By number: Slurm 22.05's scancel knows no WINCH by name.
-        self._ask(f"signal {int(signum)}")
+        self.cancel([f"--signal={int(signum)}", self.job_id])
 
     def end(self) -> None:
         steps = {r["job_step"] for r in self.records().values()
                  if isinstance(r.get("job_step"), str) and STEP_ID.fullmatch(r["job_step"])}
-        for step in sorted(steps or self._steps()):
-            self._ask(f"end {step}")
+        for step in sorted(steps or self._steps(), key=int):
+            self.cancel(["--signal=KILL", f"{self.job_id}.{step}"])
 
     def _steps(self) -> set[str]:
-        """The job's other steps, when the ranks' heartbeats do not name theirs (squeue;
-        nothing where it is absent)."""
+        """The job's steps, when the ranks' heartbeats do not name theirs (squeue; nothing
+        where it is absent). The batch script is no numbered step."""
         text = run_command(["squeue", "--steps", "--noheader", "--format=%i", f"--jobs={self.job_id}"]) or ""
-        own = os.environ.get("SLURM_STEP_ID")
-        return {step for line in text.split() if STEP_ID.fullmatch(step := line.rpartition(".")[2]) and step != own}
+        return {step for line in text.split() if STEP_ID.fullmatch(step := line.rpartition(".")[2])}
+
+
+def scancel(args: list[str]) -> bool:
+    """scancel with these arguments, bounded (stacks.run_command); False when it failed."""
+    return run_command(["scancel", *args]) is not None
 
 
 def watch_slurm(run_dir: str, *, stop: Callable[[], bool], allocation: Sequence[str] = (),
-                in_use: Sequence[str] = ()) -> int:
+                in_use: Sequence[str] = (), cancel: Callable[[list[str]], object] = scancel) -> int:
     """Watch this start's step until `stop()`: end it when it hangs; with slow_node: exclude,
     stop it to swap a slow node of `in_use` (the step's nodes) for a spare of `allocation`
-    (the job's nodes; empty: no restart in the allocation, so no swap)."""
+    (the job's nodes; empty: no restart in the allocation, so no swap). `cancel` runs
+    scancel (the job controller's, in the same process)."""
     try:
         ctx = context()
     except RuntimeConfigError as exc:
@@ -780,12 +778,12 @@ def watch_slurm(run_dir: str, *, stop: Callable[[], bool], allocation: Sequence[
         if watch.off and not watch.follows_log:
             return 0
         if hang is not None:
-            watch.act(hang, SlurmSteps(slurm_job, lambda: watch.records))
+            watch.act(hang, SlurmSteps(slurm_job, lambda: watch.records, cancel))
             return 0
         swap = watch.swap_due(allocation, in_use)
         if swap is not None:
             # Watching goes on: a stop that hangs is a hang, bounded as a save.
-            watch.ask_swap(*swap, SlurmSteps(slurm_job, lambda: watch.records))
+            watch.ask_swap(*swap, SlurmSteps(slurm_job, lambda: watch.records, cancel))
         _sleep(watch.poll_s(), stop)
     watch.follow_log()          # the lines rank 0 printed since the last poll
     return 0
@@ -795,18 +793,3 @@ def _sleep(seconds: float, stop: Callable[[], bool]) -> None:
     deadline = time.monotonic() + seconds
     while not stop() and time.monotonic() < deadline:
         time.sleep(min(0.5, seconds))
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m launcher.runtime.watchdog")
-    parser.add_argument("run_dir")
-    parser.add_argument("--allocation", type=node_list, default=[], help="the job's nodes (comma-separated)")
-    parser.add_argument("--step-nodes", type=node_list, default=[], help="the nodes of the step watched")
-    args = parser.parse_args(argv)
-    stopped = []
-    signal.signal(signal.SIGTERM, lambda *_: stopped.append(True))
-    return watch_slurm(args.run_dir, stop=lambda: bool(stopped), allocation=args.allocation, in_use=args.step_nodes)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -199,10 +199,12 @@ def _path(text: str) -> str:
 
 
 def _srun_words(files, cwd):
-    # The job step's line (a container's watchdog also runs under srun, in the background).
-    line = next(x.strip() for x in files["job.sbatch"].splitlines()
-                if x.strip().startswith("srun ") and x.endswith(" || glaunch_status=$?"))
-    return _words(line[:-len(" || glaunch_status=$?")], cwd)
+    # The job controller's line: its options, then `-- SRUN_WORDS -- TASK_WORDS`, the step's.
+    text = files["job.sbatch"]
+    words = _words(text[text.index("\nexec ") + len("\nexec "):].replace("\\\n", " "), cwd)
+    step = words[words.index("--") + 1:]
+    step.remove("--")
+    return step
 
 
 def _directives(files) -> dict[str, str]:

@@ -1,111 +1,360 @@
-"""job.sbatch's loop of job steps, run by real bash without a cluster: the launch part of a
-rendered job.sbatch with stand-ins for srun, scontrol and jobend on PATH. After "restart
-NODES" the next step runs on those nodes with the next start number, rendezvous host and
-port; "requeue NODES" requeues and keeps the job off them; "done" ends the script."""
+"""The job controller's loop of job steps, without a cluster: the controller of a rendered
+job.sbatch driven with a fake edge (srun, scontrol, sbatch, scancel) and the start's
+beginning and end answered by the test. After a restart the next step runs on the nodes the
+end names, with the next start number, rendezvous host and port; a requeue requeues and
+keeps the job off the nodes named; a resubmission submits job.sbatch again after this job;
+the end ends the controller with the end's status."""
 
 from __future__ import annotations
 
-import os
-import re
+import shlex
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
-GOLDEN = Path(__file__).parent.parent / "golden" / "local-slurm.srun.job.sbatch"
-JOBEND = re.compile(r"/usr/bin/python3 -m launcher\.runtime\.jobend \S+")
+import pytest
 
-STUBS = {
-    # Each step: its --nodelist and what the ranks would read, then the next exit status.
-    "srun": 'for a; do case $a in --nodelist=*) n=${a#*=};; esac; done\n'
-            'printf "%s %s %s %s\\n" "$n" "$GLAUNCH_RESTART" "$MASTER_ADDR" "$MASTER_PORT" >> "$LOG/steps"\n'
-            'exit "$(sed -n "$(wc -l < "$LOG/steps")p" "$LOG/statuses")"\n',
-    "scontrol": 'case "$1 $2" in\n'
-                '  "show hostnames") printf "n1\\nn2\\nn3\\n" ;;\n'
-                '  "show job") ;;\n'
-                '  *) printf "%s\\n" "$*" >> "$LOG/scontrol" ;;\n'
-                'esac\n',
-    # The end of each start answers the next line of $LOG/answers, and says what it was told.
-    "jobend": 'case " $* " in\n'
-              '  *" --watch "*) exit 0 ;;\n'
-              '  *" --begin "*) echo "${BEGIN:-start ${START_NUMBER:-0}}"; exit "${BEGIN_STATUS:-0}" ;;\n'
-              '  *) printf "%s\\n" "$*" >> "$LOG/ends"\n'
-              '     sed -n "$(wc -l < "$LOG/ends")p" "$LOG/answers" ;;\n'
-              'esac\n',
-}
+from launcher.runtime import controller, jobend, jobstart
+from launcher.runtime.controller import Controller, JobSteps, after_step, master_port, parse, start_number
+from launcher.runtime.jobend import NextRoad, StepEnd
+from launcher.runtime.jobstart import Action, Begun
+
+GOLDEN = Path(__file__).parent.parent / "golden"
+PORT = (10000, 20000)
 
 
-def launch_part() -> str:
-    text = GOLDEN.read_text()
-    start = text.index("glaunch_watchdog_requests() {")
-    return JOBEND.sub("jobend", text[start:]).replace("sleep 300", "exit 0")
+class FakeEdge:
+    """Slurm for the controller: each step records its nodes and what its ranks would read,
+    and returns the next status; every other command is recorded."""
+
+    def __init__(self, statuses: list[int], *, preempted: bool = False, requeue_ok: bool = True,
+                 successor: str | None = "5000") -> None:
+        self.statuses, self.preempted_answer = list(statuses), preempted
+        self.requeue_ok, self.successor = requeue_ok, successor
+        self.steps: list[str] = []
+        self.commands: list[str] = []
+        self.signals: list[int] = []
+        self.watched: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
+
+    def hostnames(self, nodelist):
+        return ["n1", "n2", "n3"] if nodelist else None
+
+    def node_addr(self, host):
+        return host
+
+    def preempted(self, job_id):
+        return self.preempted_answer
+
+    def run_step(self, argv, env):
+        nodes = next(a.split("=", 1)[1] for a in argv if a.startswith("--nodelist="))
+        self.steps.append(f"{nodes} {env['GLAUNCH_RESTART']} {env.get('MASTER_ADDR')} {env.get('MASTER_PORT')}")
+        return self.statuses.pop(0)
+
+    def signal_step(self, signum):
+        self.signals.append(signum)
+
+    def requeue(self, job_ref):
+        self.commands.append(f"requeue {job_ref}")
+        return self.requeue_ok
+
+    def exclude(self, job_ref, nodes):
+        self.commands.append(f"update JobId={job_ref} ExcNodeList={','.join(nodes)}")
+        return True
+
+    def submit_next(self, script, after, exclude):
+        self.commands.append(f"sbatch {script.name} after {after} exclude {','.join(exclude)}")
+        return self.successor
+
+    def cancel(self, args):
+        self.commands.append("scancel " + " ".join(args))
+        return True
+
+    def watch(self, run_dir, stop, allocation, in_use):
+        self.watched.append((tuple(allocation), tuple(in_use)))
+
+    def end_on_term(self):
+        self.commands.append("SIGTERM ends")
+
+    def ignore_term(self):
+        self.commands.append("SIGTERM ignored")
+
+    def wait_for_requeue(self):
+        self.commands.append("wait")
 
 
-def run_loop(tmp_path: Path, answers: list[str], statuses: list[int], **env: str) -> subprocess.CompletedProcess:
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, body in STUBS.items():
-        (bin_dir / name).write_text("#!/bin/bash\n" + body)
-        (bin_dir / name).chmod(0o755)
-    (tmp_path / "answers").write_text("".join(f"{a}\n" for a in answers))
-    (tmp_path / "statuses").write_text("".join(f"{s}\n" for s in statuses))
-    # What env.sh defines for the script (its rendezvous functions, simplified).
-    prelude = ('set -eo pipefail\nglaunch_first_host() { printf "%s\\n" "${1:-n1}" | cut -d, -f1; }\n'
-               'glaunch_master_port() { printf "%s\\n" "$((10000 + GLAUNCH_RESTART))"; }\n'
-               'export GLAUNCH_RESTART=0 MASTER_ADDR=n1 MASTER_PORT=10000\n')
-    return subprocess.run(["bash", "-c", prelude + launch_part()], capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", LOG=str(tmp_path),
-                                   SLURM_JOB_ID="4242", SLURM_JOB_NODELIST="n[1-3]", **env))
+@pytest.fixture
+def job_env(monkeypatch, tmp_path):
+    """What env.sh exports for the controller (the job, its requeue count, its rendezvous)."""
+    env = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[1-3]", "GLAUNCH_JOB_ID": "4242",
+           "GLAUNCH_RESTART": "0", "MASTER_ADDR": "n1", "MASTER_PORT": str(master_port("4242", 0, PORT))}
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    return env
 
 
-def lines(path: Path) -> list[str]:
-    return path.read_text().splitlines() if path.exists() else []
+def run_job(monkeypatch, tmp_path, roads: list[NextRoad], statuses: list[int], *, begun: Begun | None = None,
+            requeue: bool = True, resubmit: bool = False, carried: bool = True, **edge_options):
+    """The controller of a 2-node job with one spare, to its end: (exit status, edge, ends)."""
+    ends: list[tuple[StepEnd, int]] = []
+
+    def end_of_start(run_dir, end, job_id, restart):
+        ends.append((end, restart))
+        return roads[len(ends) - 1]
+
+    monkeypatch.setattr(jobend, "end_of_start", end_of_start)
+    monkeypatch.setattr(jobend, "record_successor", lambda *args: carried)
+    monkeypatch.setattr(jobstart, "begin", lambda run_dir, job_id, requeues: begun or Begun(Action.START, requeues))
+    edge = FakeEdge(statuses, **edge_options)
+    job = JobSteps(tmp_path, nodes=2, srun=("srun", "--nodes=2"), task=("python", "-m", "task"), requeue=requeue,
+                   resubmit=resubmit, port=PORT)
+    return Controller(job, edge).run(), edge, ends
 
 
-def test_a_restart_runs_the_next_step_on_the_nodes_jobend_names(tmp_path):
-    proc = run_loop(tmp_path, ["restart n2,n3", "done"], [1, 0])
-    assert proc.returncode == 0, proc.stderr
+def port(start: int) -> int:
+    return master_port("4242", start, PORT)
+
+
+def test_a_restart_runs_the_next_step_on_the_nodes_the_end_names(job_env, monkeypatch, tmp_path, capsys):
+    code, edge, ends = run_job(monkeypatch, tmp_path, [NextRoad("restart", ("n2", "n3")), NextRoad("done")], [1, 0])
+    assert code == 0
     # Training on the first two nodes of three; then on the second and the spare, as start 1,
     # whose rendezvous host and port are its own.
-    assert lines(tmp_path / "steps") == ["n1,n2 0 n1 10000", "n2,n3 1 n2 10001"]
-    ends = lines(tmp_path / "ends")
-    assert "--status 1" in ends[0] and "--step-nodes n1,n2 --allocation n1,n2,n3" in ends[0]
-    assert "--status 0" in ends[1] and "--step-nodes n2,n3 " in ends[1]
-    assert lines(tmp_path / "scontrol") == []
-    assert "glaunch: start 1: a new step on n2,n3" in proc.stdout
+    assert edge.steps == [f"n1,n2 0 n1 {port(0)}", f"n2,n3 1 n2 {port(1)}"]
+    assert [(e.status, e.step_nodes, e.allocation, r) for e, r in ends] == [
+        (1, ("n1", "n2"), ("n1", "n2", "n3"), 0), (0, ("n2", "n3"), ("n1", "n2", "n3"), 1)]
+    assert edge.commands == []
+    assert "glaunch: start 1: a new step on n2,n3" in capsys.readouterr().out
+    # The watchdog watched each step, with the allocation to find a spare in.
+    assert edge.watched == [(("n1", "n2", "n3"), ("n1", "n2")), (("n1", "n2", "n3"), ("n2", "n3"))]
 
 
-def test_with_no_node_to_spare_the_job_requeues_without_it(tmp_path):
-    proc = run_loop(tmp_path, ["restart n2,n3", "requeue n1,n2"], [1, 1])
-    assert proc.returncode == 0, proc.stderr
-    assert len(lines(tmp_path / "steps")) == 2
-    assert lines(tmp_path / "scontrol") == ["requeue 4242", "update JobId=4242 ExcNodeList=n1,n2"]
+def test_with_no_node_to_spare_the_job_requeues_without_it(job_env, monkeypatch, tmp_path):
+    code, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("restart", ("n2", "n3")),
+                                                    NextRoad("requeue", ("n1", "n2"))], [1, 1])
+    assert code == 0 and len(edge.steps) == 2
+    # The requeue's SIGTERM is ignored (by scontrol too) until the job is kept off the nodes.
+    assert edge.commands == ["SIGTERM ignored", "requeue 4242", "update JobId=4242 ExcNodeList=n1,n2", "wait"]
 
 
-def test_a_requeued_job_numbers_its_start_past_the_steps_restarted_before(tmp_path):
-    proc = run_loop(tmp_path, ["done"], [0], START_NUMBER="3")
-    assert proc.returncode == 0, proc.stderr
-    assert lines(tmp_path / "steps") == ["n1,n2 3 n1 10003"]
+def test_a_requeue_with_no_node_to_keep_off_ignores_no_signal(job_env, monkeypatch, tmp_path):
+    code, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("requeue")], [1])
+    # The requeue's SIGTERM ends the controller at once.
+    assert (code, edge.commands) == (0, ["SIGTERM ends", "requeue 4242", "wait"])
 
 
-def test_an_answer_that_is_no_node_list_ends_the_loop(tmp_path):
-    proc = run_loop(tmp_path, ["restart $(touch PWNED)", "done"], [1, 0])
-    assert len(lines(tmp_path / "steps")) == 1 and not list(tmp_path.rglob("PWNED*"))
-    assert proc.returncode == 0, proc.stderr
+def test_a_requeue_slurm_refuses_ends_the_job_with_status_1(job_env, monkeypatch, tmp_path):
+    code, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("requeue", ("n1",))], [1], requeue_ok=False)
+    assert code == 1 and edge.commands == ["SIGTERM ignored", "requeue 4242"]
 
 
-def test_a_start_of_a_run_that_has_ended_runs_nothing_and_exits_0(tmp_path):
-    proc = run_loop(tmp_path, ["done"], [0], BEGIN="end")
-    assert proc.returncode == 0, proc.stderr
-    assert lines(tmp_path / "steps") == [] and lines(tmp_path / "ends") == []
-    assert lines(tmp_path / "scontrol") == []      # nothing requeues the job
+def test_an_array_task_requeues_itself_by_its_own_id(job_env, monkeypatch, tmp_path):
+    monkeypatch.setenv("GLAUNCH_JOB_ID", "4240_2")
+    _, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("requeue")], [1])
+    assert edge.commands == ["SIGTERM ends", "requeue 4240_2", "wait"]
 
 
-def test_a_start_that_is_not_the_runs_runs_nothing_and_fails(tmp_path):
-    proc = run_loop(tmp_path, ["done"], [0], BEGIN_STATUS="1")
-    assert proc.returncode == 1
-    assert lines(tmp_path / "steps") == [] and lines(tmp_path / "ends") == [] and lines(tmp_path / "scontrol") == []
+def test_a_requeued_job_numbers_its_start_past_the_steps_restarted_before(job_env, monkeypatch, tmp_path):
+    _, edge, ends = run_job(monkeypatch, tmp_path, [NextRoad("done")], [0], begun=Begun(Action.START, 3))
+    assert edge.steps == [f"n1,n2 3 n1 {port(3)}"]
+    assert ends[0][1] == 3
 
 
-def test_the_start_number_comes_from_the_beginning(tmp_path):
-    proc = run_loop(tmp_path, ["done"], [0], BEGIN="start 3")
-    assert proc.returncode == 0, proc.stderr
-    assert lines(tmp_path / "steps") == ["n1,n2 3 n1 10003"]
+def test_a_start_of_a_run_that_has_ended_runs_nothing_and_exits_0(job_env, monkeypatch, tmp_path):
+    code, edge, ends = run_job(monkeypatch, tmp_path, [], [], begun=Begun(Action.END))
+    assert code == 0
+    assert edge.steps == [] and ends == [] and edge.commands == []     # nothing requeues the job
+
+
+def test_a_start_that_is_not_the_runs_runs_nothing_and_fails(job_env, monkeypatch, tmp_path):
+    code, edge, ends = run_job(monkeypatch, tmp_path, [], [], begun=Begun(Action.REFUSE))
+    assert code == 1
+    assert edge.steps == [] and ends == [] and edge.commands == []
+
+
+def test_the_time_limit_submits_the_next_job_after_this_one(job_env, monkeypatch, tmp_path, capsys):
+    code, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("resubmit", ("n3",))], [0], resubmit=True)
+    assert code == 0 and edge.commands == ["SIGTERM ignored", "sbatch job.sbatch after 4242 exclude n3"]
+    assert "glaunch: the next start is job 5000" in capsys.readouterr().err
+
+
+def test_a_successor_of_a_run_that_ended_meanwhile_is_cancelled(job_env, monkeypatch, tmp_path):
+    _, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("resubmit")], [0], resubmit=True, carried=False)
+    assert edge.commands == ["SIGTERM ignored", "sbatch job.sbatch after 4242 exclude ", "scancel 5000"]
+
+
+def test_a_refused_resubmission_ends_the_job_with_status_1(job_env, monkeypatch, tmp_path):
+    code, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("resubmit")], [0], resubmit=True, successor=None)
+    assert code == 1 and len(edge.commands) == 2
+
+
+def test_a_preempted_step_says_so_to_the_end_of_its_start(job_env, monkeypatch, tmp_path):
+    _, _, ends = run_job(monkeypatch, tmp_path, [NextRoad("requeue")], [143], preempted=True)
+    assert ends[0][0].preempted and ends[0][0].status == 143
+
+
+def test_inside_an_allocation_nothing_restarts_or_requeues(job_env, monkeypatch, tmp_path, capsys):
+    code, edge, ends = run_job(monkeypatch, tmp_path, [NextRoad("requeue", ("n1",), 0)], [1], requeue=False,
+                               begun=Begun(Action.START, 3))
+    assert code == 0 and edge.commands == [] and len(edge.steps) == 1
+    # No allocation for the end (no restart in it), no renumbering, no spare for the watchdog.
+    assert ends[0][0].allocation == () and ends[0][1] == 0 and edge.watched == [((), ("n1", "n2"))]
+    assert "glaunch: this start ended: requeue n1" in capsys.readouterr().out
+
+
+def test_the_end_s_status_is_the_job_s(job_env, monkeypatch, tmp_path):
+    code, _, _ = run_job(monkeypatch, tmp_path, [NextRoad("done", (), 3)], [3])
+    assert code == 3
+
+
+def test_signals_to_the_controller_reach_the_step(tmp_path):
+    edge = FakeEdge([])
+    control = Controller(JobSteps(tmp_path, 1, ("srun",), ("task",), requeue=True), edge)
+    control.on_signal(signal.SIGTERM)
+    control.on_signal(signal.SIGUSR2)
+    assert edge.signals == [signal.SIGTERM, signal.SIGUSR2]
+
+
+def test_an_ignored_sigterm_is_ignored_by_the_commands_run_after_it(tmp_path):
+    """Slurm sends a requeue's SIGTERM to every process of the job: scontrol update, run
+    after the requeue, must outlive it, as under bash's `trap '' TERM`."""
+    code = ("import os, signal, subprocess, sys\n"
+            "from launcher.runtime.controller import SlurmEdge\n"
+            "SlurmEdge().ignore_term()\n"
+            "child = subprocess.Popen([sys.executable, '-c', 'import os, signal, time; "
+            "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2); print(\"outlived\")'])\n"
+            "sys.exit(child.wait())\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "outlived", proc.stderr
+
+
+# --- the decisions, as tables -------------------------------------------------------------------
+
+BATCH = JobSteps(Path("/r"), 2, ("srun",), ("task",), requeue=True)
+RESUBMITTING = JobSteps(Path("/r"), 2, ("srun",), ("task",), requeue=True, resubmit=True)
+IN_ALLOCATION = JobSteps(Path("/r"), 2, ("srun",), ("task",))
+
+
+@pytest.mark.parametrize("road, job, action", [
+    (NextRoad("restart", ("n2", "n3")), BATCH, "restart"),
+    (NextRoad("restart", ()), BATCH, "end"),                                 # no nodes to run on
+    (NextRoad("restart", ("$(touch PWNED)",)), BATCH, "end"),                # no node's name
+    (NextRoad("requeue"), BATCH, "requeue"),
+    (NextRoad("requeue", ("n1",)), RESUBMITTING, "requeue"),
+    (NextRoad("resubmit", ("n1",)), RESUBMITTING, "resubmit"),
+    (NextRoad("resubmit"), BATCH, "end"),                                    # no script to resubmit
+    (NextRoad("done"), RESUBMITTING, "end"),
+    (NextRoad("restart", ("n2",)), IN_ALLOCATION, "end"),                    # never inside an allocation
+    (NextRoad("requeue"), IN_ALLOCATION, "end"),
+    (NextRoad("resubmit"), IN_ALLOCATION, "end"),
+])
+def test_what_follows_a_step(road, job, action):
+    assert after_step(road, job) == action
+
+
+@pytest.mark.parametrize("begun, requeues, requeue, number", [
+    (Begun(Action.START, 3), 1, True, 3),       # past the steps restarted in earlier allocations
+    (Begun(Action.START, 1), 1, True, 1),
+    (Begun(Action.START, 3), 0, False, 0),      # inside an allocation: Slurm's count as it is
+])
+def test_a_start_s_number(begun, requeues, requeue, number):
+    assert start_number(begun, requeues, requeue=requeue) == number
+
+
+def test_the_port_is_env_sh_s_for_each_start():
+    assert master_port("4242", 0, PORT) == 10000 + 4242
+    assert master_port("4242", 1, PORT) == 10000 + 4243
+    assert master_port("19999", 1, PORT) == 10000                   # wraps within the span
+    assert master_port("12_3", 0, PORT) == 10000 + 123               # only the digits count
+
+
+# --- job.sbatch's command line --------------------------------------------------------------------
+
+# The step's words as job.sbatch ran srun before the controller (its --nodelist the batch
+# script's choice): the controller runs the same.
+SRUN_BEFORE = ("srun --unbuffered --output={d}/logs/%j_%t_log.out --error={d}/logs/%j_%t_log.err --open-mode=append "
+               "--kill-on-bad-exit=1 --nodes=2 --ntasks-per-node=2 --ntasks=4 --cpus-per-task=2 --nodelist=n1,n2 "
+               "/usr/bin/python3 -u -m submitit.core._submit {d}/logs")
+
+
+def controller_words(name: str) -> list[str]:
+    text = (GOLDEN / name).read_text()
+    line = text[text.index("exec "):].replace("\\\n", " ")
+    words = shlex.split(line)
+    return words[words.index("launcher.runtime.controller") + 1:]
+
+
+def test_job_sbatch_runs_the_same_step_through_the_controller():
+    job = parse(controller_words("local-slurm.srun.job.sbatch"))
+    run_dir = "/home/alice/exp/runs/torch-ddp-20260101-000000-abcd"
+    assert job.command(["n1", "n2"]) == SRUN_BEFORE.format(d=run_dir).split()
+    assert (job.run_dir, job.nodes, job.requeue, job.resubmit, job.port) == (Path(run_dir), 2, True, True, PORT)
+
+
+@pytest.mark.parametrize("argv", [
+    [], ["/r"], ["/r", "--", "srun"], ["/r", "--", "--", "task"], ["--nodes", "2", "--", "s", "--", "t"],
+    ["/r", "--nodes", "0", "--", "s", "--", "t"], ["/r", "--nodes", "x", "--", "s", "--", "t"],
+    ["/r", "--master-port", "10000", "--", "s", "--", "t"], ["/r", "--bogus", "--", "s", "--", "t"],
+])
+def test_a_command_line_that_is_not_job_sbatch_s_is_refused(argv, capsys):
+    assert controller.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("glaunch: job controller: ") and err.count("\n") == 1
+
+
+# --- Slurm's commands, with stand-ins on PATH ------------------------------------------------------
+
+
+@pytest.fixture
+def stand_ins(tmp_path, monkeypatch):
+    """Write a stand-in for a command: its body runs under bash, with its arguments."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+
+    def write(name: str, body: str) -> None:
+        (bin_dir / name).write_text("#!/bin/bash\n" + body)
+        (bin_dir / name).chmod(0o755)
+    return write
+
+
+def test_the_allocation_s_nodes_are_node_names_or_nothing(stand_ins):
+    stand_ins("scontrol", 'printf "n1\\nn2\\n"\n')
+    assert controller.SlurmEdge().hostnames("n[1-2]") == ["n1", "n2"]
+    stand_ins("scontrol", "printf '%s\\n' n1 '$(touch x)' -n2\n")
+    assert controller.SlurmEdge().hostnames("n[1-2]") is None
+    stand_ins("scontrol", "exit 1\n")
+    assert controller.SlurmEdge().hostnames("n[1-2]") is None
+
+
+@pytest.mark.parametrize("shown, preempted", [
+    ("JobId=7 JobState=RUNNING PreemptEligibleTime=2026-12-05T10:00:00 PreemptTime=None", False),
+    ("JobId=7 JobState=RUNNING PreemptTime=2026-12-05T10:00:00 SuspendTime=None", True),
+    ("", False),
+])
+def test_a_preemption_is_read_from_slurm_s_record_of_the_job(stand_ins, shown, preempted):
+    stand_ins("scontrol", f'printf "%s\\n" "{shown}"\n')
+    assert controller.SlurmEdge().preempted("7") is preempted
+
+
+def test_the_next_job_is_submitted_without_this_job_s_slurm_variables(stand_ins, tmp_path, monkeypatch):
+    seen = tmp_path / "seen"
+    stand_ins("sbatch", f'printf "%s\\n" "$*" "${{SLURM_JOB_ID:-unset}}" "${{SLURM_CONF:-unset}}" '
+                        f'"${{SBATCH_TIMELIMIT:-unset}}" > {seen}\necho "5001;cluster"\n')
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    monkeypatch.setenv("SLURM_CONF", "/etc/slurm/x.conf")
+    monkeypatch.setenv("SBATCH_TIMELIMIT", "5")
+    assert controller.SlurmEdge().submit_next(tmp_path / "job.sbatch", "4242", ["n1", "n3"]) == "5001"
+    assert seen.read_text().splitlines() == [
+        f"--parsable --dependency=afterany:4242 --exclude=n1,n3 {tmp_path / 'job.sbatch'}", "unset",
+        "/etc/slurm/x.conf", "unset"]
+    stand_ins("sbatch", 'echo "Submitted batch job 5001"\n')
+    assert controller.SlurmEdge().submit_next(tmp_path / "job.sbatch", "4242", []) is None
+
+
+def test_a_step_ended_by_a_signal_has_a_shell_s_status(stand_ins):
+    assert controller.SlurmEdge().run_step(["bash", "-c", "kill -KILL $$"], {"PATH": "/usr/bin:/bin"}) == 128 + 9
+    assert controller.SlurmEdge().run_step(["bash", "-c", "exit 3"], {"PATH": "/usr/bin:/bin"}) == 3
+    assert controller.SlurmEdge().run_step(["/no/such/srun"], {}) == 127

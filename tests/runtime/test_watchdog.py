@@ -393,11 +393,12 @@ def test_the_slurm_watchdog_finds_the_hang_beside_a_hostile_heartbeat(tmp_path, 
     hostile = dict(beat(2, 5, time.time() + 10**6), state=["running"], world_size=10**12)
     rd.heartbeat(2).write_bytes(heartbeat_bytes(hostile))
     deadline = time.monotonic() + 20
-    assert watchdog.watch_slurm(str(tmp_path), stop=lambda: time.monotonic() > deadline) == 0
+    cancels: list[list[str]] = []
+    assert watchdog.watch_slurm(str(tmp_path), stop=lambda: time.monotonic() > deadline, cancel=cancels.append) == 0
     hang = json.loads(rd.hang_file.read_text())
     assert hang["kind"] == "stall" and [s["rank"] for s in hang["silent"]] == [0, 1]
-    captured = capsys.readouterr()
-    assert "signal 28" in captured.out and f"{rd.heartbeat(2)} skipped" in captured.err
+    assert ["--signal=28", "7"] in cancels
+    assert f"{rd.heartbeat(2)} skipped" in capsys.readouterr().err
 
 
 def test_a_job_id_not_of_slurm_s_shape_is_named_not_called_missing(tmp_path, monkeypatch, capsys):

@@ -24,6 +24,7 @@ from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord, State
 from launcher.schedulers.base import Echo, Launched, RunConsole, console_of
 from launcher.schedulers.slurm.scheduler import SlurmScheduler, inside_allocation
+from launcher.schedulers.slurm.script import controller_command
 from launcher.schedulers.slurm.submit import dump_task, submitted_pickle
 
 
@@ -89,9 +90,7 @@ class AllocationScheduler(SlurmScheduler):
         batch = super().job_shell(plan)
         directives = (f"# run by `glaunch run` inside allocation {self.allocation.job_id} with bash; "
                       "never submitted with sbatch",)
-        return dataclasses.replace(batch, directives=directives,
-                                   launch_context=dict(batch.launch_context, requeue_job=None,
-                                                                  resubmit_script=None))
+        return dataclasses.replace(batch, directives=directives, launch=controller_command(plan, batch=False))
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
         from launcher.runtime.telemetry import iso

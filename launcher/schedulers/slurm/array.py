@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 
 from launcher.errors import SchedulerError
 from launcher import shell
-from launcher.rendering.render import template
+from launcher.rendering.render import lines, template
 from launcher.resolution.jobplan import JobPlan
 from launcher.schedulers.slurm.script import sbatch_directives
 
@@ -79,10 +79,12 @@ def render_array(group: ArrayGroup, plans: Sequence[JobPlan], *, sweep_id: str, 
         shell.sbatch_directive("output", os.path.join(sweep_dir, "logs", ARRAY_LOG)),
         shell.sbatch_directive("array", group.spec(max_parallel)),
     ]
-    tasks = [(task, element, shell.quote(plans[element].run_dir)) for task, element in enumerate(group.elements)]
+    run_dirs = lines(f"    [{task}]={shell.quote(plans[element].run_dir)}  # element {element}"
+                     for task, element in enumerate(group.elements))
     return template("array.sbatch.j2").render(
         sweep_id=sweep_id, sweep_id_word=shell.quote(sweep_id), number=group.number, arrays=arrays,
-        name=first.name, site=first.site_name, directives=directives, tasks=tasks)
+        name=first.name, site=first.site_name, directives=lines(directives), elements=len(group.elements),
+        run_dirs=run_dirs)
 
 
 def array_script(sweep_dir: str | os.PathLike[str], number: int) -> Path:

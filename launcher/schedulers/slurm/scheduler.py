@@ -18,7 +18,6 @@ import shutil
 from pathlib import Path
 from typing import Any, Sequence
 
-from launcher import shell
 from launcher.errors import SchedulerError
 from launcher.processes import without_tool_prefix
 from launcher.rendering.render import JobShell
@@ -43,7 +42,7 @@ from launcher.schedulers.slurm.records import (
     request_values,
     settled,
 )
-from launcher.schedulers.slurm.script import end_of_start_python, sbatch_directives, srun_line
+from launcher.schedulers.slurm.script import controller_command, sbatch_directives
 from launcher.schedulers.slurm.submit import (
     SubmissionUncertain,
     dump_task,
@@ -76,25 +75,18 @@ class SlurmScheduler(Scheduler):
     # --- rendering ---------------------------------------------------------------------
 
     def job_shell(self, plan: JobPlan) -> JobShell:
-        jobend = shell.join([*end_of_start_python(plan), "-m", "launcher.runtime.jobend", plan.run_dir])
         # A sweep's element is one task of an array job: Slurm's id for it, ARRAYJOB_TASK,
         # stays the same across its requeues, and `scontrol requeue` of it requeues it alone.
         directives = tuple(sbatch_directives(plan))
         if plan.sweep_id is not None:
-            job_ref = "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
-            job_env: tuple[str, str, Any] = (envnames.JOB_ID, job_ref, "raw")
+            job_env: tuple[str, str, Any] = (envnames.JOB_ID, "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}", "raw")
             directives += (f"# an element of sweep {plan.sweep_id}: run by the sweep's array script "
                            "(the directives above are its array's)",)
         else:
-            job_ref = "$SLURM_JOB_ID"
             job_env = (envnames.JOB_ID, "$SLURM_JOB_ID", True)
         return JobShell(
-            directives=directives, launch=srun_line(plan),
-            launch_template="slurm.launch.sh.j2",
-            launch_context={"jobend": jobend, "requeue_job": f'"{job_ref}"', "nodes": plan.nodes,
-                            "derive_master_port": plan.derive_master_port,
-                            "resubmit_script": shell.quote(str(RunDir(plan.run_dir).job_script))
-                            if plan.requeue_mode == "resubmit" else None},
+            directives=directives, launch=controller_command(plan, batch=True),
+            launch_template="slurm.launch.sh.j2", launch_context={"nodes": plan.nodes},
             rendezvous_template="slurm.rendezvous.sh.j2",
             rendezvous_context={"derive_master_port": plan.derive_master_port, "port_base": PORT_BASE,
                                 "port_span": PORT_SPAN},

@@ -1,5 +1,5 @@
-"""Slurm's part of job.sbatch, from the plan: the #SBATCH directives, the srun line, and
-the interpreter for the end-of-start step. Pure."""
+"""Slurm's part of job.sbatch, from the plan: the #SBATCH directives and the job
+controller's command line (the srun words of each job step in it). Pure."""
 
 from __future__ import annotations
 
@@ -8,10 +8,8 @@ from typing import Any
 
 from launcher import shell
 from launcher.rendering.render import submitit_command, task_log_patterns
-from launcher.resolution.jobplan import JobPlan
+from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
 from launcher.rundir.layout import RunDir
-
-STEP_NODES = '--nodelist="$glaunch_nodes"'
 
 
 def sbatch_directives(plan: JobPlan) -> list[str]:
@@ -71,7 +69,9 @@ def _container_words(plan: JobPlan) -> list[str]:
     return words + [f"--container-workdir={plan.workdir}"]
 
 
-def srun_line(plan: JobPlan) -> str:
+def srun_words(plan: JobPlan) -> list[str]:
+    """srun and its options for a job step, up to its node list (the job controller's
+    choice among the allocation's nodes: launcher.runtime.controller)."""
     out, err = task_log_patterns(plan)
     words = ["srun", "--unbuffered", f"--output={out}", f"--error={err}", "--open-mode=append",
              "--kill-on-bad-exit=1", f"--nodes={plan.nodes}", f"--ntasks-per-node={plan.tasks_per_node}",
@@ -80,15 +80,26 @@ def srun_line(plan: JobPlan) -> str:
     if plan.cpus_per_task:
         # Slurm 22.05 stopped passing the batch's --cpus-per-task on to srun.
         words.append(f"--cpus-per-task={plan.cpus_per_task}")
-    # The step's nodes: the batch script's choice among the allocation's (slurm.launch.sh.j2).
-    return " ".join([shell.join(words + _container_words(plan)), STEP_NODES, submitit_command(plan)])
+    return words + _container_words(plan)
 
 
-def end_of_start_python(plan: JobPlan) -> list[str]:
-    """The interpreter for launcher.runtime.jobend on the batch host: the tasks' own, or,
-    in a pyxis container (which the batch shell is not in), one more one-task step in it,
-    sharing the job's resources (--overlap): the watchdog's runs beside the job step."""
-    container = _container_words(plan)
-    if container:
-        return ["srun", "--overlap", "--nodes=1", "--ntasks=1", *container, *plan.python]
+def controller_python(plan: JobPlan) -> list[str]:
+    """The interpreter of the job controller on the batch host: the nodes' own, outside any
+    container (the controller runs srun, scontrol and sbatch, which a container lacks)."""
+    container = plan.container
+    if container is not None and container.runtime == "apptainer" and container.image in plan.python:
+        return list(plan.python[plan.python.index(container.image) + 1:])
     return list(plan.python)
+
+
+def controller_command(plan: JobPlan, *, batch: bool) -> str:
+    """job.sbatch's last line: the job controller (launcher.runtime.controller) of this run,
+    with the step's srun words and the tasks' command. `batch`: a batch job, which requeues,
+    restarts in its allocation and (requeue.mode resubmit) resubmits itself."""
+    options = [plan.run_dir, "--nodes", str(plan.nodes)]
+    if plan.derive_master_port:
+        options += ["--master-port", f"{PORT_BASE},{PORT_SPAN}"]
+    if batch:
+        options += ["--requeue"] + (["--resubmit"] if plan.requeue_mode == "resubmit" else [])
+    head = shell.join(["exec", *controller_python(plan), "-m", "launcher.runtime.controller", *options])
+    return f"{head} \\\n    -- {shell.join(srun_words(plan))} \\\n    -- {submitit_command(plan)}"

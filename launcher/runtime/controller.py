@@ -1,0 +1,415 @@
+"""The job's controller: what job.sbatch runs on the batch host, once, after its directives
+and environment::
+
+    exec PYTHON -m launcher.runtime.controller RUN_DIR --nodes N [--master-port BASE,SPAN]
+         [--requeue | --requeue --resubmit] -- SRUN_WORDS -- TASK_WORDS
+
+It runs the job's steps (``SRUN_WORDS --nodelist=NODES TASK_WORDS``: srun, then submitit's
+loader of the pickled task), one after another in the same allocation, and decides and
+performs how the run goes on after each:
+
+- before the first step, whether this start is one of the run's at all, and its number
+  (:func:`launcher.runtime.jobstart.begin`): a start after the run ended exits 0 at once;
+- during each step, the hang watchdog (:func:`launcher.runtime.watchdog.watch_slurm`) in a
+  thread of this process; its requests (a signal to every step, the end of a step) are
+  scancel calls made here;
+- after each step, its end (:func:`launcher.runtime.jobend.end_of_start`: run.json, and
+  the road): a new step in the allocation (a crash or a hang within crash_retries, a
+  slow node swapped for a spare), a requeue (``scontrol requeue``, then ``scontrol update
+  ExcNodeList`` for the nodes a failure pointed at), a new job at the time limit
+  (``requeue.mode: resubmit``: sbatch of job.sbatch again, chained afterany), or the end.
+
+``--requeue`` marks a batch job (not a script run inside someone's allocation by ``glaunch
+run``): only a batch job is requeued, restarts in its allocation, or numbers its start past
+the steps it restarted before. ``--master-port``: the rendezvous port is derived from the
+job id and the start's number (each restarted step rendezvous on a port of its own).
+
+Slurm's signals: the time limit's warning reaches the steps from Slurm itself (``--signal``
+without ``B:``); a SIGTERM or SIGUSR2 this process gets (a preemption, a cancel) is passed
+on to the running step, whose ranks save and stop, and its end is recorded. While a requeue
+is being made, SIGTERM is ignored (the requeue sends it) until the job is kept off the nodes
+(Slurm takes ExcNodeList only for a pending job); SIGKILL ends the script KillWait later.
+
+The decisions are pure functions (:func:`start_number`, :func:`after_step`,
+:func:`master_port`, and jobend's :func:`launcher.runtime.jobend.decide`); every command
+runs through :class:`SlurmEdge`, which the tests replace. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, MutableMapping, Protocol, Sequence
+
+from launcher.errors import RunError
+from launcher.processes import run_bounded
+from launcher.rundir.layout import RunDir
+from launcher.rundir.records import RecordError, is_job_id, is_node_name
+from launcher.runtime import jobend, jobstart, watchdog
+from launcher.runtime.jobend import NextRoad, StepEnd
+from launcher.runtime.jobstart import Action, Begun
+from launcher.runtime.rankcontext import RuntimeConfigError, context
+
+SLURM_TIMEOUT_S = 60          # scontrol, sbatch, scancel: the controller's answer is seconds away
+REQUEUE_WAIT_S = 300          # the requeue ends this process well before
+WATCHDOG_JOIN_S = 120         # a watchdog writing the stacks of a hang it found
+PREEMPTED = re.compile(r"\bPreemptTime=[0-9]")
+NODE_ADDR = re.compile(r"\bNodeAddr=([^\s]+)")
+# Slurm's variables that would reach or reshape a job submitted from this one (SLURM_CONF
+# stays: it names the cluster).
+JOB_INPUTS = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")
+
+
+@dataclass(frozen=True)
+class JobSteps:
+    """What job.sbatch hands the controller: the run, the step's command, the roads open."""
+
+    run_dir: Path
+    nodes: int                          # training nodes: the allocation's first; the rest are spares
+    srun: tuple[str, ...]               # srun and its options, up to the step's node list
+    task: tuple[str, ...]               # what every task runs (submitit's loader)
+    requeue: bool = False               # a batch job: requeue, restart in the allocation
+    resubmit: bool = False              # requeue.mode resubmit: at the time limit, a new job
+    port: tuple[int, int] | None = None     # derive MASTER_PORT: (base, span)
+
+    def command(self, nodes: Sequence[str]) -> list[str]:
+        """The step's command words, on these nodes."""
+        return [*self.srun, f"--nodelist={','.join(nodes)}", *self.task]
+
+    @property
+    def job_script(self) -> Path:
+        return RunDir(self.run_dir).job_script
+
+
+class UsageError(ValueError):
+    """job.sbatch's command line is not the controller's."""
+
+
+def parse(argv: Sequence[str]) -> JobSteps:
+    """``RUN_DIR [--nodes N] [--master-port BASE,SPAN] [--requeue] [--resubmit] -- SRUN -- TASK``."""
+    words = list(argv)
+    if words.count("--") < 2 or not words or words[0].startswith("-"):
+        raise UsageError("usage: RUN_DIR [OPTIONS] -- SRUN_WORDS -- TASK_WORDS")
+    first = words.index("--")
+    second = words.index("--", first + 1)
+    options, srun, task = words[1:first], tuple(words[first + 1:second]), tuple(words[second + 1:])
+    if not srun or not task:
+        raise UsageError("the step's srun words and task words are both needed")
+    values: dict[str, Any] = {"nodes": 1, "requeue": False, "resubmit": False, "port": None}
+    rest = iter(options)
+    for option in rest:
+        if option in ("--requeue", "--resubmit"):
+            values[option[2:]] = True
+        elif option == "--nodes":
+            values["nodes"] = _positive(next(rest, ""), option)
+        elif option == "--master-port":
+            base, _, span = next(rest, "").partition(",")
+            values["port"] = (_positive(base, option), _positive(span, option))
+        else:
+            raise UsageError(f"unknown option {option!r}")
+    return JobSteps(Path(words[0]), srun=srun, task=task, **values)
+
+
+def _positive(text: str, option: str) -> int:
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise UsageError(f"{option} takes a positive number, not {text!r}")
+    return int(text)
+
+
+# --- the decisions: pure -----------------------------------------------------------------------
+
+
+def start_number(begun: Begun, requeues: int, *, requeue: bool) -> int:
+    """Pure: this start's number: Slurm's requeue count (`requeues`), or, in a batch job,
+    the number the run gives it past the steps earlier starts of the job restarted in
+    their allocations (jobstart.begin)."""
+    return begun.number if requeue else requeues
+
+
+def master_port(job_id: str, start: int, port: tuple[int, int]) -> int:
+    """Pure: the rendezvous port of a start, derived from the job id and the start's number,
+    below the ephemeral range (env.sh's glaunch_master_port, for the first start)."""
+    base, span = port
+    digits = "".join(c for c in job_id if c.isascii() and c.isdigit())[:18]
+    return base + (int(digits or 0) + start) % span
+
+
+def after_step(road: NextRoad, job: JobSteps) -> str:
+    """Pure: what the controller does after a step, from the end's road: ``restart`` (a new
+    step on road.nodes), ``requeue``, ``resubmit``, or ``end`` (exit with road.exit_code).
+    Only a batch job restarts, requeues or resubmits; resubmission only with its script."""
+    if not job.requeue:
+        return "end"
+    if road.road == "restart" and road.nodes and all(is_node_name(n) for n in road.nodes):
+        return "restart"
+    if road.road == "requeue" or (road.road == "resubmit" and job.resubmit):
+        return road.road
+    return "end"
+
+
+# --- the effects -------------------------------------------------------------------------------
+
+
+class Edge(Protocol):
+    """Every command the controller runs (SlurmEdge; the tests' fake)."""
+
+    def hostnames(self, nodelist: str) -> list[str] | None: ...
+    def node_addr(self, host: str) -> str | None: ...
+    def preempted(self, job_id: str) -> bool: ...
+    def run_step(self, argv: Sequence[str], env: MutableMapping[str, str]) -> int: ...
+    def signal_step(self, signum: int) -> None: ...
+    def requeue(self, job_ref: str) -> bool: ...
+    def exclude(self, job_ref: str, nodes: Sequence[str]) -> bool: ...
+    def submit_next(self, script: Path, after: str, exclude: Sequence[str]) -> str | None: ...
+    def cancel(self, args: list[str]) -> bool: ...
+    def watch(self, run_dir: Path, stop: threading.Event, allocation: Sequence[str],
+              in_use: Sequence[str]) -> None: ...
+    def end_on_term(self) -> None: ...
+    def ignore_term(self) -> None: ...
+    def wait_for_requeue(self) -> None: ...
+
+
+class SlurmEdge:
+    """Slurm's commands, each bounded by SLURM_TIMEOUT_S; the job step, bounded by the job's
+    time limit (Slurm ends it). What a command prints is read for what was asked only."""
+
+    def __init__(self) -> None:
+        self.step: subprocess.Popen[bytes] | None = None
+
+    def _ask(self, words: list[str], env: MutableMapping[str, str] | None = None) -> str | None:
+        try:
+            proc = run_bounded(words, timeout_s=SLURM_TIMEOUT_S, env=env)
+        except (OSError, subprocess.SubprocessError) as exc:
+            say(f"{words[0]}: {exc}")
+            return None
+        if proc is None:
+            say(f"{' '.join(words[:2])}: no answer within {SLURM_TIMEOUT_S} s")
+            return None
+        if proc.returncode != 0:
+            say(f"{' '.join(words[:2])}: exit status {proc.returncode}: {proc.err.strip()[:300]}")
+            return None
+        return proc.out
+
+    def hostnames(self, nodelist: str) -> list[str] | None:
+        text = self._ask(["scontrol", "show", "hostnames", nodelist])
+        names = None if text is None else text.split()
+        return names if names and all(is_node_name(n) for n in names) else None
+
+    def node_addr(self, host: str) -> str | None:
+        match = NODE_ADDR.search(self._ask(["scontrol", "show", "node", host]) or "")
+        return match.group(1) if match and is_node_name(match.group(1)) else None
+
+    def preempted(self, job_id: str) -> bool:
+        return PREEMPTED.search(self._ask(["scontrol", "show", "job", job_id]) or "") is not None
+
+    def run_step(self, argv: Sequence[str], env: MutableMapping[str, str]) -> int:
+        """The job step to its end (the job's time limit bounds it): srun's status, 128 + N
+        where a signal ended srun itself, as a shell reports it."""
+        try:
+            self.step = subprocess.Popen(list(argv), env=dict(env))
+        except OSError as exc:
+            say(f"{argv[0]}: {exc}")
+            return 127
+        try:
+            code = self.step.wait()
+        finally:
+            self.step = None
+        return 128 - code if code < 0 else code
+
+    def signal_step(self, signum: int) -> None:
+        step = self.step
+        if step is not None:
+            try:
+                step.send_signal(signum)
+            except OSError:
+                pass      # it has ended meanwhile
+
+    def requeue(self, job_ref: str) -> bool:
+        return self._ask(["scontrol", "requeue", job_ref]) is not None
+
+    def exclude(self, job_ref: str, nodes: Sequence[str]) -> bool:
+        return self._ask(["scontrol", "update", f"JobId={job_ref}", f"ExcNodeList={','.join(nodes)}"]) is not None
+
+    def submit_next(self, script: Path, after: str, exclude: Sequence[str]) -> str | None:
+        env = {k: v for k, v in os.environ.items() if k == "SLURM_CONF" or not k.startswith(JOB_INPUTS)}
+        words = ["sbatch", "--parsable", f"--dependency=afterany:{after}",
+                 *([f"--exclude={','.join(exclude)}"] if exclude else []), str(script)]
+        out = self._ask(words, env)
+        job = None if out is None else out.strip().split(";")[0]
+        if out is not None and not is_job_id(job):
+            say(f"sbatch answered {out.strip()[:100]!r}, not a job id")
+        return job if is_job_id(job) else None
+
+    def cancel(self, args: list[str]) -> bool:
+        return self._ask(["scancel", *args]) is not None
+
+    def watch(self, run_dir: Path, stop: threading.Event, allocation: Sequence[str],
+              in_use: Sequence[str]) -> None:
+        watchdog.watch_slurm(str(run_dir), stop=stop.is_set, allocation=allocation, in_use=in_use,
+                             cancel=self.cancel)
+
+    def end_on_term(self) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def ignore_term(self) -> None:
+        # Ignored, not handled: the commands run from now on inherit it, and Slurm sends the
+        # requeue's SIGTERM to every process of the job, not only to this one.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def wait_for_requeue(self) -> None:
+        time.sleep(REQUEUE_WAIT_S)
+
+
+# --- the controller ----------------------------------------------------------------------------
+
+
+class Controller:
+    """One start of the job, and the steps it restarts in its allocation."""
+
+    def __init__(self, job: JobSteps, edge: Edge, env: MutableMapping[str, str] | None = None) -> None:
+        self.job, self.edge = job, edge
+        self.env = os.environ if env is None else env
+
+    def on_signal(self, signum: int, _frame: Any = None) -> None:
+        """SIGTERM or SIGUSR2 to the batch script: passed on to the running step."""
+        self.edge.signal_step(signum)
+
+    def run(self) -> int:
+        try:
+            ctx = context()     # env.sh, sourced by job.sbatch, exported the job's id and Slurm's requeue count
+        except RuntimeConfigError as exc:
+            say(f"this start does not begin: {exc}")
+            return 1
+        allocation = self.edge.hostnames(self.env.get("SLURM_JOB_NODELIST", ""))
+        if not allocation:
+            say("the allocation's nodes are not known (scontrol show hostnames SLURM_JOB_NODELIST)")
+            return 1
+        begun = jobstart.begin(self.job.run_dir, ctx.job_id, ctx.restart)
+        if begun.action is Action.REFUSE:
+            return 1
+        if begun.action is Action.END:
+            return 0
+        restart = start_number(begun, ctx.restart, requeue=self.job.requeue)
+        if restart != ctx.restart:
+            self._set_start(restart, None)
+        return self.steps(ctx.job_id, restart, tuple(allocation))
+
+    def steps(self, job_id: str | None, restart: int, allocation: tuple[str, ...]) -> int:
+        """Each step of this start to its end, and what follows the last."""
+        nodes = allocation[:self.job.nodes]
+        while True:
+            started = datetime.now().astimezone().isoformat(timespec="seconds")
+            status = self.step(nodes, allocation)
+            end = StepEnd(status, self.edge.preempted(self.slurm_job), started,
+                          allocation if self.job.requeue else (), nodes)
+            try:
+                road = jobend.end_of_start(self.job.run_dir, end, job_id, restart)
+            except (RunError, RecordError, OSError, ValueError) as exc:
+                say(f"the end of this start is not recorded: {exc}")
+                return 1
+            action = after_step(road, self.job)
+            if action != "restart":
+                return self.finish(action, road, job_id, restart)
+            nodes, restart = road.nodes, restart + 1
+            self._set_start(restart, nodes)
+            print(f"glaunch: start {restart}: a new step on {','.join(nodes)}", flush=True)
+
+    @property
+    def slurm_job(self) -> str:
+        return self.env.get("SLURM_JOB_ID", "")
+
+    def _set_start(self, restart: int, nodes: Sequence[str] | None) -> None:
+        """This start's number, and its rendezvous (host: the first of `nodes`, by the address
+        slurmctld reaches it at; port: its own) for the next step's tasks and the watchdog."""
+        self.env["GLAUNCH_RESTART"] = str(restart)
+        if nodes:
+            self.env["MASTER_ADDR"] = self.edge.node_addr(nodes[0]) or nodes[0]
+        if self.job.port is not None:
+            self.env["MASTER_PORT"] = str(master_port(self.slurm_job, restart, self.job.port))
+
+    def step(self, nodes: Sequence[str], allocation: Sequence[str]) -> int:
+        """One job step on `nodes`, with the watchdog beside it: srun's status."""
+        stop = threading.Event()
+        watch = threading.Thread(target=self.edge.watch, name="glaunch-watchdog", daemon=True,
+                                 args=(self.job.run_dir, stop, allocation if self.job.requeue else (), nodes))
+        watch.start()
+        try:
+            return self.edge.run_step(self.job.command(nodes), self.env)
+        finally:
+            stop.set()
+            watch.join(WATCHDOG_JOIN_S)
+
+    def finish(self, action: str, road: NextRoad, job_id: str | None, restart: int) -> int:
+        """The road after the last step: requeue, resubmit, or the end."""
+        if not self.job.requeue:
+            print(f"glaunch: this start ended: {road.line()}", flush=True)
+            return road.exit_code
+        ref = job_id or self.slurm_job
+        if action == "requeue":
+            return self.requeue(ref, road)
+        if action == "resubmit":
+            return self.resubmit(road, job_id, restart)
+        return road.exit_code
+
+    def requeue(self, ref: str, road: NextRoad) -> int:
+        """The job back to the queue; kept off road.nodes, which Slurm takes only once it is
+        pending: the requeue's SIGTERM is ignored until then (SIGKILL ends this process
+        KillWait later). Without nodes to keep off, the requeue's SIGTERM ends it at once."""
+        if road.nodes:
+            self.edge.ignore_term()
+        else:
+            self.edge.end_on_term()
+        if not self.edge.requeue(ref):
+            return 1
+        if road.nodes and not self.edge.exclude(ref, road.nodes):
+            say(f"the next start may run on {','.join(road.nodes)} again")
+        self.edge.wait_for_requeue()        # the requeue ends this process
+        return road.exit_code
+
+    def resubmit(self, road: NextRoad, job_id: str | None, restart: int) -> int:
+        """The time limit: the next start is a new job, submitted now and started once this
+        one has ended (afterany), where a requeued job would wait out Slurm's hold (about 120
+        s). A cancel from now on reaches the new job through run.json, or here."""
+        self.edge.ignore_term()
+        successor = self.edge.submit_next(self.job.job_script, self.slurm_job, road.nodes)
+        if successor is None:
+            return 1
+        try:
+            carried = jobend.record_successor(self.job.run_dir, successor, job_id, restart)
+        except (RunError, RecordError, OSError, ValueError) as exc:
+            say(f"job {successor} is not recorded as the run's next start: {exc}")
+            carried = False
+        if carried:
+            say(f"the next start is job {successor}")
+        else:
+            say(f"the run has ended meanwhile; job {successor} is cancelled")
+            self.edge.cancel([successor])
+        return road.exit_code
+
+
+def say(line: str) -> None:
+    print(f"glaunch: {line}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        job = parse(sys.argv[1:] if argv is None else argv)
+    except UsageError as exc:
+        say(f"job controller: {exc}")
+        return 2
+    controller = Controller(job, SlurmEdge())
+    for signum in (signal.SIGTERM, signal.SIGUSR2):
+        signal.signal(signum, controller.on_signal)
+    return controller.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
