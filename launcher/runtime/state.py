@@ -312,34 +312,17 @@ def load_torch_state(ckpt: Checkpoint, model, optimizer=None, *, scheduler=None,
     Collective for DCP checkpoints (every rank loads its share; another world size, or
     DDP <-> FSDP2, is resharded). The checksums ``ckpt.pending`` leaves to the load are
     taken while it reads: :class:`CheckpointDamaged` on every rank, with the model and
-    optimizer untouched, when a file does not match. RNG states and ``rank_state`` are restored only when
-    the checkpoint was written by as many ranks; otherwise a warning says that the run
-    continues but is no longer bitwise reproducible.
+    optimizer untouched, when a file does not match. An optimizer without state gets it from
+    the checkpoint alone: no step is run to create what the load overwrites. RNG states and
+    ``rank_state`` are restored only when the checkpoint was written by as many ranks;
+    otherwise a warning says that the run continues but is no longer bitwise reproducible.
     """
     ctx = ctx or context()
     state_dir = ckpt.path / STATE_DIR
     if not (state_dir / ".metadata").exists():
         step, extra = _load_files(ckpt, model, optimizer, scheduler=scheduler, strict=strict, ctx=ctx)
     else:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-
-        from launcher.runtime.checkpoint import dcp
-
-        saved = dcp.saved_keys(state_dir)
-        if optimizer is not None and "optimizer" not in saved:
-            if ckpt.layout.get("optimizer") != "unstepped":
-                raise CheckpointError(f"{ckpt.path} holds no optimizer state")
-            optimizer = None   # saved before the optimizer's first step: it stays as constructed
-        state = _app_state(model, optimizer, scheduler if "scheduler" in saved else None)
-        prefix = f"{STATE_DIR}/"
-        reader = dcp.VerifyingReader(state_dir, {s["path"][len(prefix):]: s for s in ckpt.pending
-                                                 if s["path"].startswith(prefix)}, ctx) if ckpt.pending else None
-        dcp.load(state, state_dir, ctx, allow_partial=not strict, reader=reader)
-        set_state_dict(model, optimizer if optimizer is not None else [],
-                       model_state_dict=state["model"], optim_state_dict=state.get("optimizer", {}),
-                       options=StateDictOptions(strict=strict))
-        if "scheduler" in state:
-            scheduler.load_state_dict(state["scheduler"])
+        _load_dcp(ckpt, model, optimizer, scheduler=scheduler, strict=strict, ctx=ctx)
         step, extra = ckpt.step, ckpt.extra
     rank_state: dict = {}
     restored = False
@@ -355,6 +338,45 @@ def load_torch_state(ckpt: Checkpoint, model, optimizer=None, *, scheduler=None,
     else:
         log(f"no {rf.name} in {ckpt.path.name}: RNG states not restored, resume is not bitwise reproducible")
     return {"step": step, "extra": extra, "rank_state": rank_state, "rng_restored": restored}
+
+
+def _load_dcp(ckpt: Checkpoint, model, optimizer, *, scheduler, strict: bool, ctx: RankContext) -> None:
+    """Model, optimizer (and scheduler) state from the checkpoint's DCP directory, in place.
+
+    An optimizer without state gets its entries allocated, uninitialised, from the
+    checkpoint's metadata (DCP would run a step to create them); the load fills them or,
+    where it reads one whole, puts what it read in its place; a failed load takes them away.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    from launcher.runtime.checkpoint import dcp
+    from launcher.runtime.checkpoint.optimizer_state import allocate_from_metadata
+
+    state_dir = ckpt.path / STATE_DIR
+    metadata = dcp.read_metadata(state_dir)
+    saved = dcp.saved_keys(metadata)
+    if optimizer is not None and "optimizer" not in saved:
+        if ckpt.layout.get("optimizer") != "unstepped":
+            raise CheckpointError(f"{ckpt.path} holds no optimizer state")
+        optimizer = None   # saved before the optimizer's first step: it stays as constructed
+    optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    allocated = allocate_from_metadata(model, optimizers, metadata)
+    placeholders = [t for o in allocated for entries in o.state.values() for t in entries.values()
+                    if t is not None]
+    try:
+        state = _app_state(model, optimizer, scheduler if "scheduler" in saved else None)
+        prefix = f"{STATE_DIR}/"
+        reader = dcp.VerifyingReader(state_dir, {s["path"][len(prefix):]: s for s in ckpt.pending
+                                                 if s["path"].startswith(prefix)}, ctx) if ckpt.pending else None
+        dcp.load(state, state_dir, ctx, allow_partial=not strict, reader=reader, replaceable=placeholders)
+        set_state_dict(model, optimizers, model_state_dict=state["model"],
+                       optim_state_dict=state.get("optimizer", {}), options=StateDictOptions(strict=strict))
+    except BaseException:
+        for o in allocated:   # uninitialised entries must not outlive a failed load
+            o.state.clear()
+        raise
+    if "scheduler" in state:
+        scheduler.load_state_dict(state["scheduler"])
 
 
 def resume_torch_state(model, optimizer=None, *, scheduler=None, strict: bool = True,

@@ -39,6 +39,7 @@ WORKER = textwrap.dedent('''
     from launcher.runtime.checkpoint.layout import CheckpointDamaged
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.tensor import DTensor
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
 
     mode, kind = sys.argv[1], sys.argv[2]
     out = {}
@@ -118,7 +119,11 @@ WORKER = textwrap.dedent('''
     elif mode == "load":               # load the newest checkpoint (any world size), report the state
         model, wrapped, opt = build()
         c = rt.resume_checkpoint(ctx)
+        steps = []                     # optimizer steps taken by the load (none: its state is read)
+        hook = register_optimizer_step_pre_hook(lambda *a: steps.append(1))
         info = rt.load_torch_state(c, model, opt, ctx=ctx)
+        hook.remove()
+        out["optimizer_steps"] = len(steps)
         out["hash"] = state_hash(model, opt)
         out["step"] = info["step"]
         out["rng_restored"] = info["rng_restored"]
@@ -342,6 +347,7 @@ def test_ddp_checkpoint_loads_at_another_world_size(tmp_path):
     saved, _ = _run(tmp_path, "save", "ddp", 2, ckpt, "save2")
     loaded, log = _run(tmp_path, "load", "ddp", 1, ckpt, "load1")
     assert loaded[0]["hash"] == saved[0]["hash"] == saved[1]["hash"]
+    assert loaded[0]["optimizer_steps"] == 0
     assert loaded[0]["step"] == 3 and loaded[0]["rng_restored"] is False
     assert "resumed at world size 1 from a checkpoint saved at world size 2" in log
     assert "no longer bitwise reproducible" in log
@@ -363,12 +369,14 @@ def test_fsdp2_reshards_two_ranks_to_one_and_one_to_two(tmp_path):
     saved, _ = _run(tmp_path, "save", "fsdp", 2, two, "save2")
     loaded, log = _run(tmp_path, "load", "fsdp", 1, two, "load1")
     assert loaded[0]["hash"] == saved[0]["hash"] == saved[1]["hash"]
+    assert loaded[0]["optimizer_steps"] == 0
     assert loaded[0]["step"] == 3 and loaded[0]["rng_restored"] is False
     assert "no longer bitwise reproducible" in log
     one = tmp_path / "from1"
     saved, _ = _run(tmp_path, "save", "fsdp", 1, one, "save1")
     loaded, _ = _run(tmp_path, "load", "fsdp", 2, one, "load2")
     assert loaded[0]["hash"] == loaded[1]["hash"] == saved[0]["hash"]
+    assert loaded[0]["optimizer_steps"] == loaded[1]["optimizer_steps"] == 0
 
 
 # ------------------------------------------------------------------ SIGKILL during a background save
@@ -478,6 +486,49 @@ def test_verifying_reader_refuses_before_anything_is_loaded_and_checks_files_nob
     with pytest.raises(CheckpointDamaged, match=r"__0_0\.distcp .* mismatch"):
         dcp.load(target, d, ctx, reader=dcp.VerifyingReader(d, expected, ctx))
     assert not target["a"].any() and not target["b"].any()  # refused before anything reached it
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+def test_placeholders_take_the_tensors_read_and_the_rest_is_filled_in_place(tmp_path, monkeypatch):
+    """A fresh optimizer's uninitialised state (placeholders) gets the tensors read, not a copy
+    of them; a model's tensors keep their memory and are filled; a refused file reaches neither."""
+    from torch.distributed.checkpoint import save as dcp_save
+
+    from launcher.runtime.checkpoint import dcp
+    from launcher.runtime.checkpoint.layout import CheckpointDamaged
+    from launcher.runtime.rankcontext import context
+
+    for var in RANK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    ctx = context()
+    d = tmp_path / "state"
+    saved = {"model": {"w": torch.randn(200_000)}, "optimizer": {"state": {"w": {"m": torch.randn(200_000),
+                                                                             "step": torch.tensor(3.0)}}}}
+    dcp_save(saved, storage_writer=dcp.ChecksummingWriter(d), no_dist=True)
+    algo = checksum_algorithm()
+    expected = {f.name: {"path": f"state/{f.name}", "size": f.stat().st_size, algo: checksum_file(f, algo)}
+                for f in d.glob("*.distcp")}
+
+    def target() -> tuple[dict, torch.Tensor, list]:
+        placeholders = [torch.empty(200_000), torch.empty(())]
+        model = torch.zeros(200_000)
+        return {"model": {"w": model}, "optimizer": {"state": {"w": dict(zip(("m", "step"), placeholders))}}}, \
+            model, placeholders
+
+    got, model, placeholders = target()
+    dcp.load(got, d, ctx, reader=dcp.VerifyingReader(d, expected, ctx), replaceable=placeholders)
+    assert got["model"]["w"] is model and torch.equal(model, saved["model"]["w"])
+    state = got["optimizer"]["state"]["w"]
+    assert state["m"] is not placeholders[0] and state["step"] is not placeholders[1]
+    assert torch.equal(state["m"], saved["optimizer"]["state"]["w"]["m"]) and state["step"].item() == 3.0
+    data = next(d.glob("*.distcp"))
+    damaged = bytearray(data.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x01
+    data.write_bytes(bytes(damaged))
+    got, model, placeholders = target()
+    with pytest.raises(CheckpointDamaged):
+        dcp.load(got, d, ctx, reader=dcp.VerifyingReader(d, expected, ctx), replaceable=placeholders)
+    assert not model.any() and got["optimizer"]["state"]["w"]["m"] is placeholders[0]
 
 
 @pytest.mark.filterwarnings("ignore:torch.distributed is disabled")

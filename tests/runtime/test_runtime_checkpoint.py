@@ -215,6 +215,22 @@ def test_shards_checksummed_as_written_are_not_read_back(monkeypatch):
     assert verify_checkpoint(st.committed.path)[1] is None
 
 
+def test_checksum_writer_hands_what_it_wrote_to_the_disk_as_it_goes(tmp_path, monkeypatch):
+    """Every WRITEBACK_BYTES written have their writeback started before the file ends, not
+    all of them at the fsync; the bytes and the checksum are those written."""
+    started = []
+    monkeypatch.setattr(checksums, "_drop_cached", lambda fd, offset=0, length=0: started.append((offset, length)))
+    monkeypatch.setattr(checksums.ChecksumWriter, "WRITEBACK_BYTES", 1000)
+    w = checksums.ChecksumWriter(tmp_path / "shard.bin", sync=False)
+    for _ in range(5):
+        w.write(b"x" * 600)
+    assert started == [(0, 1200), (1200, 1200)]
+    w.close()
+    assert started[-1] == (0, 0)          # the whole file leaves the page cache at close
+    assert (tmp_path / "shard.bin").read_bytes() == b"x" * 3000
+    assert w.digest == checksums.checksum_file(tmp_path / "shard.bin", w.algorithm)
+
+
 def test_sha256_without_the_crc32c_package(monkeypatch):
     monkeypatch.setattr(checksums, "_crc32c", None)
     assert checksums.checksum_algorithm() == "sha256"
@@ -322,6 +338,78 @@ def test_torch_state_roundtrip_restores_rng_and_optimizer(tmp_path):
     for k, v in model2.state_dict().items():
         assert torch.equal(v, ref[k])
     assert opt2.state_dict()["state"][0]["step"] == opt.state_dict()["state"][0]["step"]
+
+
+def _adamw_model(torch):
+    """A small model and its AdamW, as a (re)started process builds them: no optimizer state yet."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 3))
+    return model, torch.optim.AdamW(model.parameters(), lr=0.05, weight_decay=0.1)
+
+
+def _train(torch, model, opt, steps: int, seed: int = 0) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(4, 6, generator=gen)).square().mean().backward()
+        opt.step()
+
+
+def _count_optimizer_steps():
+    """``(steps, handle)``: every optimizer step taken until ``handle.remove()``, in a list."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    steps: list = []
+    handle = register_optimizer_step_pre_hook(lambda opt, args, kwargs: steps.append(type(opt).__name__))
+    return steps, handle
+
+
+def test_resume_into_a_fresh_optimizer_runs_no_optimizer_step_and_is_bitwise():
+    torch = pytest.importorskip("torch")
+    from launcher.runtime.state import resume_torch_state, save_torch_state
+
+    model, opt = _adamw_model(torch)
+    _train(torch, model, opt, 3)
+    save_torch_state(3, model, opt)
+    fresh, fresh_opt = _adamw_model(torch)
+    steps, handle = _count_optimizer_steps()
+    try:
+        got = resume_torch_state(fresh, fresh_opt)
+    finally:
+        handle.remove()
+    assert got is not None and got["step"] == 3
+    assert steps == []          # the optimizer's state came from the checkpoint, not from a step
+    saved, loaded = opt.state_dict(), fresh_opt.state_dict()
+    assert saved["param_groups"] == loaded["param_groups"]
+    assert saved["state"].keys() == loaded["state"].keys()
+    for k, entries in saved["state"].items():
+        assert entries.keys() == loaded["state"][k].keys()
+        assert all(torch.equal(v, loaded["state"][k][n]) for n, v in entries.items()), k
+    _train(torch, model, opt, 2, seed=1)
+    _train(torch, fresh, fresh_opt, 2, seed=1)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), fresh.parameters()))
+
+
+def test_a_refused_checkpoint_leaves_the_fresh_optimizer_without_state():
+    """The only checkpoint fails its checksum during the load: no resume, and the optimizer
+    steps as one just built does (no state left over from the attempt)."""
+    torch = pytest.importorskip("torch")
+    from launcher.runtime.state import resume_torch_state, save_torch_state
+
+    model, opt = _adamw_model(torch)
+    _train(torch, model, opt, 2)
+    c = save_torch_state(2, model, opt)
+    data = next((c.path / "state").glob("*.distcp"))
+    damaged = bytearray(data.read_bytes())
+    damaged[len(damaged) // 2] ^= 0xFF
+    data.write_bytes(bytes(damaged))
+    fresh, fresh_opt = _adamw_model(torch)
+    assert resume_torch_state(fresh, fresh_opt) is None
+    assert not fresh_opt.state
+    reference, reference_opt = _adamw_model(torch)
+    _train(torch, fresh, fresh_opt, 1)
+    _train(torch, reference, reference_opt, 1)
+    assert all(torch.equal(a, b) for a, b in zip(fresh.parameters(), reference.parameters()))
 
 
 def _launch(tmp_path: Path, run: str, steps: int, restart: int = 0, sps: float = 0.0, world: int = 2):

@@ -93,7 +93,12 @@ class ChecksumWriter:
     ``fileno()``), ``size`` / ``digest`` are final, and the file's pages leave the page
     cache: a checkpoint is not read back by the job that wrote it, and keeping it
     cached would only evict what training reads and make the next save reclaim memory.
+    Every WRITEBACK_BYTES written are handed to the disk at once (:func:`_drop_cached`
+    starts their writeback), so that the disk writes while the rest is still serialised
+    and the fsync at the end finds little left to do.
     """
+
+    WRITEBACK_BYTES = 32 << 20
 
     def __init__(self, path: str | os.PathLike, algorithm: str | None = None, *, sync: bool = True) -> None:
         self.path = Path(path)
@@ -105,6 +110,7 @@ class ChecksumWriter:
         # into "unexpected pos ...", so whoever called the framework re-raises this one.
         self.error: OSError | None = None
         self._f = open(self.path, "wb")   # noqa: SIM115 - closed in close()
+        self._written_back = 0   # bytes [0, _written_back) were handed to the disk
 
     @property
     def algorithm(self) -> str:
@@ -119,7 +125,19 @@ class ChecksumWriter:
             self.error = self.error or e
             raise
         self.size += n
+        if self.size - self._written_back >= self.WRITEBACK_BYTES:
+            self._write_back()
         return n
+
+    def _write_back(self) -> None:
+        """Start the writeback of what was written since the last call (no waiting for it)."""
+        try:
+            self._f.flush()
+        except OSError as e:
+            self.error = self.error or e
+            raise
+        _drop_cached(self._f.fileno(), self._written_back, self.size - self._written_back)
+        self._written_back = self.size
 
     def raise_io_error(self, exc: BaseException) -> None:
         """Raise the file system's error behind ``exc`` (a framework's wrapper of it), if there was one."""
@@ -166,10 +184,11 @@ class ChecksumWriter:
         self.close()
 
 
-def _drop_cached(fd: int) -> None:
-    """Evict a written file's clean pages from the page cache (dirty ones are only scheduled)."""
+def _drop_cached(fd: int, offset: int = 0, length: int = 0) -> None:
+    """Evict a written file's clean pages from the page cache; dirty ones have their
+    writeback started (Linux), without waiting for it. ``length`` 0: to the end."""
     if hasattr(os, "posix_fadvise"):
         try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
         except OSError:
             pass

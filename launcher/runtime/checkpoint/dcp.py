@@ -38,10 +38,11 @@ import os
 import pickle
 import threading
 import warnings
+from collections.abc import Collection
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, cast
+from typing import IO, Any, cast
 
 import torch
 import torch.distributed as dist
@@ -266,11 +267,44 @@ def write_metadata(writer: ChecksummingWriter, metadata, all_results: list[list]
         raise CheckpointError(f"DCP wrote no {path}") from None
 
 
+class FillingLoadPlanner(DefaultLoadPlanner):
+    """DCP's default load planner, told which tensors of the state dict are uninitialised
+    placeholders (``replaceable``): :meth:`take` puts a tensor read whole in the state dict
+    in place of such a one instead of copying it there, which saves a copy of its bytes and
+    the first touch of the placeholder's fresh memory (as much time as reading them).
+    :class:`VerifyingReader` asks it; a shard of a placeholder, a DTensor or a tensor of
+    another dtype or device is copied as usual."""
+
+    def __init__(self, replaceable: Collection = (), **kwargs) -> None:
+        super().__init__(**kwargs)
+        self._replaceable = {id(t): t for t in replaceable}   # held: their ids stay theirs
+
+    def take(self, read_item, value: torch.Tensor) -> bool:
+        """Whether ``value`` (what ``read_item`` read) took its target's place in the state dict."""
+        target = self.lookup_tensor(read_item.dest_index)
+        if (id(target) not in self._replaceable or type(target) is not torch.Tensor
+                or type(value) is not torch.Tensor or any(read_item.dest_offsets)
+                or (value.shape, value.dtype, value.device) != (target.shape, target.dtype, target.device)):
+            return False
+        fqn = read_item.dest_index.fqn
+        self.state_dict[fqn] = value
+        if self.flatten_state_dict:   # the nested dict the caller holds, by the flattened key's path
+            *parents, last = self.mappings[fqn]
+            container: Any = self.original_state_dict   # dicts and lists along the path
+            for key in parents:
+                container = container[key]
+            container[last] = value
+        return True
+
+
 def load(state_dict: dict, path: str | Path, ctx: RankContext, *, allow_partial: bool = False,
-         reader: FileSystemReader | None = None) -> None:
+         reader: FileSystemReader | None = None, replaceable: Collection = ()) -> None:
     """``dcp.load`` into ``state_dict`` in place (collective when distributed), resharding as needed.
 
-    :class:`CheckpointDamaged` on every rank when a :class:`VerifyingReader` refused the files.
+    ``replaceable``: tensors of ``state_dict`` that are uninitialised placeholders, which a
+    :class:`VerifyingReader` replaces rather than fills where it reads them whole
+    (:class:`FillingLoadPlanner`). :class:`CheckpointDamaged` on every rank when a
+    :class:`VerifyingReader` refused the files.
     """
     no_dist = not (ctx.world_size > 1 and is_distributed())
     with warnings.catch_warnings():
@@ -278,11 +312,20 @@ def load(state_dict: dict, path: str | Path, ctx: RankContext, *, allow_partial:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled", category=UserWarning)
         try:
             dcp_load(state_dict, storage_reader=reader or FileSystemReader(path),
-                     planner=DefaultLoadPlanner(allow_partial_load=allow_partial), no_dist=no_dist)
+                     planner=FillingLoadPlanner(replaceable, allow_partial_load=allow_partial), no_dist=no_dist)
         except CheckpointException as e:   # DCP's wrapper of every rank's error (a BaseException)
             if isinstance(reader, VerifyingReader) and reader.refused is not None:
                 raise CheckpointDamaged(f"{Path(path).parent}: {reader.refused}") from e
             raise
+
+
+def _read_ahead(fd: int, size: int) -> None:
+    """Ask the kernel to read the whole file in, in the background: ``torch.load`` of each
+    item reads its zip directory at the item's end before its data at the start, a jump
+    back that ends the kernel's own sequential read-ahead at every item."""
+    if hasattr(os, "posix_fadvise"):
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, 0, size, os.POSIX_FADV_WILLNEED)
 
 
 class _OnceReadFile:
@@ -408,6 +451,8 @@ class VerifyingReader(FileSystemReader):
             if item.type == LoadItemType.BYTE_IO:
                 planner.load_bytes(item, value)
                 continue
+            if isinstance(planner, FillingLoadPlanner) and planner.take(item, value):
+                continue
             target = planner.resolve_tensor(item).detach()
             if target.size() != value.size():
                 raise CheckpointError(f"item {item.storage_index}: size {tuple(value.size())} in the checkpoint, "
@@ -425,6 +470,7 @@ class VerifyingReader(FileSystemReader):
         fd = open_regular(Path(self.path) / rel)
         try:
             size, (algo, digest) = os.fstat(fd).st_size, (None, "")
+            _read_ahead(fd, size)
             if entry is not None:
                 if size != int(entry["size"]):
                     return f"shard {entry['path']} has {size} bytes, manifest says {entry['size']}", staged
@@ -472,7 +518,11 @@ class VerifyingReader(FileSystemReader):
         return None
 
 
-def saved_keys(path: str | Path) -> set[str]:
-    """The top-level keys of the state dict saved in a DCP directory (``{"model", "optimizer", ...}``)."""
-    md = FileSystemReader(path).read_metadata()
-    return {k.split(".", 1)[0] for k in md.state_dict_metadata}
+def read_metadata(path: str | Path):
+    """DCP's ``.metadata`` of a DCP directory: every saved entry with its shape and dtype."""
+    return FileSystemReader(path).read_metadata()
+
+
+def saved_keys(metadata) -> set[str]:
+    """The top-level keys of the state dict saved (``{"model", "optimizer", ...}``), from :func:`read_metadata`."""
+    return {k.split(".", 1)[0] for k in metadata.state_dict_metadata}
