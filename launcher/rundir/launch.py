@@ -22,7 +22,10 @@ from launcher.rundir.taskspec import TaskSpec
 SIGNALS_TO_HANDLE = "SIGINT,SIGHUP,SIGQUIT"
 
 # Options a torchrun may lack: left out where the node's torchrun does not know them.
-OPTIONAL = frozenset({"--signals-to-handle"})
+OPTIONAL = frozenset({"--signals-to-handle", "--log-dir", "--redirects"})
+
+# torchrun's --redirects: both streams of every worker into its own file (1 stdout, 2 stderr).
+REDIRECT_BOTH = "3"
 
 
 def entry_words(spec: TaskSpec, args: Sequence[str] | None = None) -> list[str]:
@@ -61,6 +64,21 @@ def torchrun_args(spec: TaskSpec, *, node_rank: str, master_addr: str, master_po
         ("--max-restarts", "0"),
         ("--signals-to-handle", SIGNALS_TO_HANDLE),
     ]
+    return fitted(options, accepted)
+
+
+def worker_log_args(log_dir: str, accepted: Collection[str] | None = None) -> list[str]:
+    """torchrun's options that give each worker its own stdout and stderr file under
+    `log_dir` (layout's WORKER_LOG): what `glaunch logs --rank N` shows of rank N, and
+    where rank 0's lines are followed for `entrypoint.progress` and the console. Not
+    tee'd to the agent's log too: torchrun would put its ``[default0]:`` before every
+    line. Left out where the node's torchrun lacks them (its workers then share the
+    node's log)."""
+    return fitted([("--log-dir", log_dir), ("--redirects", REDIRECT_BOTH)], accepted)
+
+
+def fitted(options: Sequence[tuple[str, str]], accepted: Collection[str] | None) -> list[str]:
+    """`--name=value` words, each name in the node's spelling (see :func:`torchrun_args`)."""
     words = []
     for name, value in options:
         if accepted is not None:

@@ -297,6 +297,10 @@ class Placement:
         """The task that runs global rank `rank`."""
         return rank // self.ranks_per_node if self.per_node else rank
 
+    def rank(self, node: int, local_rank: int) -> int:
+        """The global rank of worker `local_rank` of torchrun node `node`."""
+        return node * self.ranks_per_node + local_rank
+
     def label(self, task: int) -> str:
         """The task in a few characters: ``r3`` (srun), ``node1 r2-3`` (torchrun)."""
         ranks = self.ranks(task)

@@ -122,25 +122,42 @@ def task_tag(placement: Placement, task: int, stream: str) -> str:
     return f"[{placement.label(task)}{'!' if stream == 'err' else ''}]"
 
 
+def rank_tag(rank: int, stream: str) -> str:
+    """What goes before each line of one worker's own log: ``[r2]``, ``[r2!]`` for stderr."""
+    return f"[r{rank}{'!' if stream == 'err' else ''}]"
+
+
 class RankLogs:
     """Every task log of a run as whole lines, each tagged with the task's ranks
-    (:func:`task_tag`); `rank`, when given, keeps the log of the task that runs that
-    global rank. `poll` hands on what is new since the last call. A log truncated or
-    replaced is shown again from its start after one `[glaunch] LOG: why` line."""
+    (:func:`task_tag`); `rank`, when given, keeps that global rank's lines: under torchrun
+    its worker's own log (:func:`rank_tag`; a node's task log holds all its workers'
+    lines, launcher.runtime.workerlogs), else, and for a run that has none (a torchrun
+    without --log-dir), the log of the task that runs it. `poll` hands on what is new
+    since the last call. A log truncated or replaced is shown again from its start after
+    one `[glaunch] LOG: why` line."""
 
     def __init__(self, run_dir: Path, rank: int | None, echo: Callable[[str], None]) -> None:
-        self.run_dir, self.echo = RunDir(run_dir), echo
+        self.run_dir, self.echo, self.rank = RunDir(run_dir), echo, rank
         self.placement = read_placement(run_dir)
         self.task = None if rank is None else self.placement.task(rank)
         self.followers: dict[Path, LogFollower] = {}
         self.lines: dict[Path, Lines] = {}
 
+    def _logs(self) -> list[tuple[str, Path]]:
+        """(tag, path) of every log shown, in the order read."""
+        if self.rank is not None and self.placement.per_node:
+            own = [(rank_tag(self.rank, w.stream), w.path) for w in self.run_dir.worker_logs()
+                   if self.placement.rank(w.node, w.local_rank) == self.rank]
+            if own:
+                return own
+        return [(task_tag(self.placement, task, stream), path)
+                for _, task, stream, path in self.run_dir.task_logs(self.task)]
+
     def poll(self) -> None:
         listed = set()
-        for _, task, stream, path in self.run_dir.task_logs(self.task):
+        for tag, path in self._logs():
             listed.add(path)
             if path not in self.followers:
-                tag = task_tag(self.placement, task, stream)
                 self.lines[path] = Lines(self._tagged(tag))
                 self.followers[path] = LogFollower(path, self.lines[path], self._notice(path))
             self.followers[path].poll()

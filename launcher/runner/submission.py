@@ -24,7 +24,7 @@ from launcher.resolution.resolve import code_anchor, resolve
 from launcher.rundir import registry
 from launcher.rundir.records import IN_FLIGHT, State
 from launcher.rundir.registry import find_run, new_run_id
-from launcher.runner import bundle, dependencies, unseen
+from launcher.runner import bundle, dependencies, frameworks, unseen
 from launcher.runner.bundle import PathSource
 from launcher.runner.gitview import locate
 from launcher.runner.inputs import folder_of, items
@@ -145,7 +145,10 @@ def remote_python_warning(loaded_site, plan) -> str | None:
 
 
 def for_road(plan, conn):
-    """The plan as its cluster runs it: over SSH (`conn`), from the code snapshot there."""
+    """The plan as its cluster runs it: with its entry script's conventions (the warning
+    signal, launcher.runner.frameworks, read here before any path becomes the cluster's);
+    over SSH (`conn`), from the code snapshot there."""
+    plan = dataclasses.replace(plan, warning_signal=frameworks.warning_signal(plan.submitted_script))
     if conn is None:
         return plan
     from launcher.runner import remote

@@ -55,7 +55,14 @@ class LogProgress:
 
     @classmethod
     def following(cls, path: str | os.PathLike[str], pattern: str) -> LogProgress:
-        return cls(Path(path), re.compile(pattern))
+        """From the log's end as it is now: a requeued job appends its next start's lines to
+        the same file, and what came before them is an earlier start's."""
+        follower = cls(Path(path), re.compile(pattern))
+        try:
+            follower.offset = os.stat(path).st_size
+        except OSError:
+            pass
+        return follower
 
     def poll(self, now: float | None = None) -> int | None:
         """Read what the log gained since the last poll; the newest step any of its lines

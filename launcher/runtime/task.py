@@ -8,9 +8,12 @@ entry point:
 - launcher `srun`: one task per rank; the entry point runs in this process, so the
   signals Slurm sends reach the training code directly.
 - launcher `torchrun`: one task per node; torchrun's agent runs in this process (so its
-  workers cannot outlive it) and the warning signal and SIGTERM (preemption) are passed
-  on to the workers, which checkpoint, instead of making the agent tear them down; so is
-  the watchdog's request for a stack (launcher.runtime.stacks.DUMP_SIGNAL).
+  workers cannot outlive it); each worker writes its own log (launch.worker_log_args),
+  copied as it grows into the node's task log (launcher.runtime.workerlogs); the warning
+  signal and SIGTERM (preemption) are passed on to the workers, which checkpoint, instead
+  of making the agent tear them down; so is the watchdog's request for a stack
+  (launcher.runtime.stacks.DUMP_SIGNAL). Workers that end after such a stop signal end
+  the start as stopped (WorkersStopped), not with torchrun's ChildFailedError.
 
 Before the entry point runs, a rank registers its stack dump (faulthandler) and writes its
 first heartbeat (state ``starting``): the watchdog on the batch host knows every rank, its
@@ -35,12 +38,15 @@ from launcher.rundir.files import atomic_write_text, read_json, read_record
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord
 from launcher.rundir.taskspec import TaskSpec, read_task_spec
-from launcher.runtime import heartbeats, stacks
+from launcher.runtime import heartbeats, stacks, workerlogs
 from launcher.runtime.rankcontext import context, node_name
 from launcher.runtime.stop import take_stop_signals
 
 # The signal Slurm sends `requeue.signal_lead_s` before the time limit (see render.py).
 WARNING_SIGNAL = signal.SIGUSR2
+# ... and for a plain Lightning script, the one its SLURMEnvironment listens for
+# (launcher.runner.frameworks).
+LIGHTNING_WARNING_SIGNAL = signal.SIGUSR1
 
 
 class TrainingTask:
@@ -69,6 +75,8 @@ class TrainingTask:
             if spec.launcher == "torchrun":
                 return self._run_torchrun(spec, job)
             return self._run_rank(spec, job)
+        except WorkersStopped:
+            raise
         except BaseException as exc:
             note_crash(self.run_dir, job, exc)
             raise
@@ -102,20 +110,33 @@ class TrainingTask:
         args = launch.torchrun_args(
             spec, node_rank=str(job.node), master_addr=os.environ["MASTER_ADDR"],
             master_port=os.environ["MASTER_PORT"], job_id=str(job.job_id), accepted=accepted)
+        restart = context().restart
+        log_dir = RunDir(spec.run_dir).worker_log_dir(str(job.job_id), restart, int(job.node))
+        args += launch.worker_log_args(str(log_dir), accepted)
         if launch.spelling("--signals-to-handle", accepted) is None:
             _log(f"torch {torch.__version__}: torchrun has no --signals-to-handle; on SIGTERM (preemption) "
                  "its agent stops the workers itself, and the start ends as a failure")
         entry = launch.entry_words(spec, start_args(spec))
         os.environ.update(snapshot_environment(spec, os.environ))
         _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + entry)}")
-        for signum in (WARNING_SIGNAL, signal.SIGTERM, stacks.DUMP_SIGNAL):
+        for signum in (WARNING_SIGNAL, LIGHTNING_WARNING_SIGNAL, signal.SIGTERM, stacks.DUMP_SIGNAL):
             signal.signal(signum, _forward_to_children)
+        _, stop_copying = workerlogs.copying(spec.run_dir, str(job.job_id), restart, int(job.node),
+                                             sys.stdout.buffer, sys.stderr.buffer)
+        STOPS_RECEIVED.clear()
         try:
             torchrun_main(args + entry)
         except SystemExit as exc:
             code = _exit_code(exc)
             if code:
-                raise RuntimeError(f"glaunch: torchrun exited with status {code}") from None
+                raise stopped_workers(job.node) or RuntimeError(
+                    f"glaunch: torchrun exited with status {code}") from None
+        except Exception as exc:
+            # torchrun's ChildFailedError, with its report of every worker's exit: after a
+            # preemption or the time limit's warning, the end of a stop, not a crash.
+            raise stopped_workers(job.node) or exc from None
+        finally:
+            stop_copying()
         return 0
 
 
@@ -262,7 +283,31 @@ def _exit_code(exc: SystemExit) -> int:
     return 1
 
 
+# The stop signals (the time limit's warning, SIGTERM) this node's agent passed on to its
+# workers in this start, first first.
+STOPS_RECEIVED: list[int] = []
+
+
+class WorkersStopped(SystemExit):
+    """A torchrun node whose workers ended after a stop signal reached the agent: the
+    task exits with 128 + that signal, as a rank the signal ended would under srun, so the
+    job's end reads it with the scheduler's account (a preemption, the time limit, or a
+    signal nobody asked for), and no crash.json or traceback says it crashed."""
+
+
+def stopped_workers(node: int) -> WorkersStopped | None:
+    """The exit for a start whose workers failed after a stop signal; None without one."""
+    if not STOPS_RECEIVED:
+        return None
+    signum = STOPS_RECEIVED[0]
+    _log(f"node {node}: the workers ended after {signal.Signals(signum).name} (a preemption, the time limit "
+         "or a cancel); torchrun's report of their exit is left out")
+    return WorkersStopped(128 + signum)
+
+
 def _forward_to_children(signum: int, _frame: Any) -> None:
+    if signum != stacks.DUMP_SIGNAL and signum not in STOPS_RECEIVED:
+        STOPS_RECEIVED.append(signum)
     for pid in child_pids(os.getpid()):
         try:
             os.kill(pid, signum)

@@ -57,7 +57,7 @@ class LocalScheduler(Scheduler):
         out, err = task_log_patterns(plan)
         words = [*plan.python, "-u", "-m", "launcher.runtime.localrun",
                  f"--ntasks={plan.tasks_per_node}", f"--time-limit={plan.time_seconds}",
-                 f"--signal=USR2@{plan.signal_lead_s}", f"--output={out}", f"--error={err}", "--"]
+                 f"--signal={plan.warning_signal}@{plan.signal_lead_s}", f"--output={out}", f"--error={err}", "--"]
         return JobShell(
             directives=("# scheduler: local -- run with bash on this machine by `glaunch submit`",),
             launch=shell.join(words) + " " + submitit_command(plan),

@@ -35,7 +35,7 @@ from launcher.rundir.files import read_json, read_text
 from launcher.runner.goodput import epoch, number, step_of
 from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.rundir.records import GOES_ON, RunRecord, StartRecord, State, is_terminal
-from launcher.rundir.taskspec import Placement, read_placement
+from launcher.rundir.taskspec import Placement, TaskSpecError, read_placement, read_task_spec
 from launcher.runner.logs import LogFollower, read_tail
 from launcher.views.text import duration, printable
 from launcher.runner.status import resolved_values
@@ -274,10 +274,14 @@ def _where(start: StartRecord) -> str:
 
 def _resumed(run_dir: RunDir, starts: list[StartRecord], restart: int) -> tuple[bool, int | None]:
     """(known, step) of where start `restart` of the job of `starts` resumed: run.json once
-    it recorded the start, else resume.json or the start's first heartbeat while it runs."""
+    it recorded the start, else resume.json or the start's first heartbeat while it runs.
+    A script without the runtime (entrypoint.progress) says so in its own log lines: the
+    first step of the start (when past 0) is where it went on from."""
     later = next((s for s in starts if s.restart == restart), None)
     if later is not None and (later.resumed_from is not None or is_terminal(later.state)
                               or later.state in GOES_ON):
+        if later.resumed_from is None:
+            return True, _logged_resume(run_dir, later.get("first_step"))
         return True, later.resumed_from
     resume = read_json(run_dir.resume_file)
     if resume is not None and resume.get("restart") == restart:
@@ -285,8 +289,20 @@ def _resumed(run_dir: RunDir, starts: list[StartRecord], restart: int) -> tuple[
     beat = _heartbeat(run_dir)
     # Its first step (not the record a rank writes as it starts, before it resumes).
     if beat is not None and beat.get("restart") == restart and step_of(beat.get("step")) is not None:
-        return True, None
+        return True, _logged_resume(run_dir, beat.get("first_step")) if beat.get("source") == "log" else None
     return False, None
+
+
+def _logged_resume(run_dir: RunDir, first_step: object) -> int | None:
+    """The step a start of a run with entrypoint.progress began at, as its log said; None
+    for 0, for none, or for a run whose steps come from the runtime."""
+    step = step_of(first_step)
+    if not step:
+        return None
+    try:
+        return step if read_task_spec(run_dir.path).progress_pattern is not None else None
+    except TaskSpecError:
+        return None
 
 
 def resume_event(run_dir: RunDir, resume: dict, starts: list[StartRecord], *, final: bool) -> str | None:

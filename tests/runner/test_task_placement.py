@@ -83,3 +83,42 @@ def test_without_a_task_spec_each_task_is_shown_as_one_rank(tmp_path):
     run_dir = recorded_run(tmp_path, None)
     assert read_placement(run_dir) == Placement()
     assert tags(shown(run_dir)) == {"[r0]", "[r0!]", "[r1]", "[r1!]"}
+
+
+# --- one log per worker: what a node's torchrun agent writes, read back by rank -------------------
+
+WORKER = """import os, sys
+rank = os.environ["RANK"]
+print(f"out of rank {rank}", flush=True)
+print(f"err of rank {rank}", file=sys.stderr, flush=True)
+"""
+
+
+def run_torchrun_node(tmp_path: Path, monkeypatch, node: int = 0) -> Path:
+    """One node's glaunch task running the real torchrun agent with two workers."""
+    import types
+
+    from launcher.runtime.rankcontext import free_port
+    from launcher.runtime.task import TrainingTask
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir(exist_ok=True)
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    spec = dataclasses.replace(SPEC, nodes=1, ranks_per_node=2, world_size=2, script=str(script),
+                               run_dir=str(run_dir))
+    write_task_spec(run_dir, dataclasses.replace(SPEC, run_dir=str(run_dir)))    # 2 nodes x 2 for the reader
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    assert TrainingTask(run_dir)._run_torchrun(spec, types.SimpleNamespace(node=node, job_id="7")) == 0
+    return run_dir
+
+
+def test_each_torchrun_worker_writes_its_own_log_and_a_rank_filter_reads_only_it(tmp_path, monkeypatch, capfd):
+    run_dir = run_torchrun_node(tmp_path, monkeypatch)
+    out, err = capfd.readouterr()
+    # The node's task log (the agent's stdout and stderr) still holds every worker's lines.
+    assert {"out of rank 0", "out of rank 1"} <= set(out.splitlines())
+    assert {"err of rank 0", "err of rank 1"} <= set(err.splitlines())
+    assert sorted(shown(run_dir, 1)) == ["[r1!] err of rank 1", "[r1] out of rank 1"]
+    assert sorted(shown(run_dir, 0)) == ["[r0!] err of rank 0", "[r0] out of rank 0"]

@@ -22,6 +22,7 @@ import pytest
 
 from launcher import api
 from launcher.rundir import launch
+from launcher.rundir.layout import RunDir
 from launcher.rundir.taskspec import TaskSpec
 from launcher.runtime import stop
 from launcher.runtime.rankcontext import RuntimeConfigError
@@ -406,4 +407,46 @@ def test_task_runs_torchrun_with_the_options_the_node_knows(monkeypatch, tmp_pat
     assert "torchrun has no --signals-to-handle" in err
     assert "torchrun --nnodes=1 --nproc_per_node=1 --node_rank=0 --rdzv_backend=static" in err
     assert "--signals-to-handle=" not in err
-    assert "worker 0 1" in out + err
+    own_log = RunDir(tmp_path).worker_log("5", 0, 0, 0)
+    assert own_log is not None and "worker 0 1" in own_log.read_text()
+
+
+def test_a_torchrun_node_stopped_by_sigterm_ends_as_stopped_not_crashed(monkeypatch, tmp_path, capfd):
+    """Preemption under torchrun: SIGTERM reaches the agent, which passes it on; a script
+    without a handler dies of it, and torchrun reports a ChildFailedError. The task exits
+    128 + 15 as a rank SIGTERM ended would under srun, with one line of its own: no
+    crash.json, no traceback, nothing that reads as a crash."""
+    import threading
+    import time
+
+    from launcher.runtime import task as task_module
+    from launcher.runtime.rankcontext import free_port
+    from launcher.runtime.task import TrainingTask, WorkersStopped
+
+    started = tmp_path / "started"
+    script = tmp_path / "worker.py"
+    script.write_text(f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(60)\n")
+    spec = dataclasses.replace(SPEC, nodes=1, ranks_per_node=1, world_size=1, script=str(script),
+                               run_dir=str(tmp_path), run_id="r1")
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+
+    def preempt() -> None:
+        deadline = time.time() + 60
+        while not started.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    handlers = {s: signal.getsignal(s) for s in (task_module.WARNING_SIGNAL, signal.SIGTERM,
+                                                 task_module.stacks.DUMP_SIGNAL)}
+    threading.Thread(target=preempt, daemon=True).start()
+    try:
+        with pytest.raises(WorkersStopped) as stopped:
+            TrainingTask(tmp_path)._run_torchrun(spec, types.SimpleNamespace(node=0, job_id="5"))
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    _, err = capfd.readouterr()
+    assert "the workers ended after SIGTERM" in err
+    assert "Traceback" not in err and "ChildFailedError" not in err

@@ -85,8 +85,10 @@ def test_a_line_gives_a_step_only_from_digits(line, step):
 
 def test_the_follower_reads_what_the_log_gained_and_keeps_a_line_cut_in_two(tmp_path):
     log = tmp_path / "rank0.out"
-    log.write_bytes(b"starting\niter 1: a\niter 2")
+    log.write_bytes(b"iter 99: an earlier start's line, before this start's follower\n")
     follower = LogProgress.following(log, PATTERN.pattern)
+    with log.open("ab") as f:
+        f.write(b"starting\niter 1: a\niter 2")
     assert follower.poll(now=10.0) == 1
     with log.open("ab") as f:
         f.write(b"0: b\n\xff\xfe garbage\n" + b"x" * 100_000 + b"\niter 21: c\n")
@@ -97,8 +99,8 @@ def test_the_follower_reads_what_the_log_gained_and_keeps_a_line_cut_in_two(tmp_
 
 def test_the_log_s_step_reaches_rank_0_s_heartbeat_unless_the_rank_reports_itself(tmp_path):
     log, beat = tmp_path / "rank0.out", tmp_path / "rank-00000.json"
-    log.write_text("iter 7: x\n")
     follower = LogProgress.following(log, PATTERN.pattern)
+    log.write_text("iter 7: x\n")
     follower.poll(now=5.0)
     from launcher.rundir.layout import heartbeat_bytes
     beat.write_bytes(heartbeat_bytes({"rank": 0, "state": "starting", "pid": 42, "node": "n1"}))

@@ -224,3 +224,34 @@ def test_a_torchrun_run_shows_global_rank_0_and_names_the_failing_node(tmp_path)
     assert "done: step 40 param_sha256 " in followed and "joined gloo" not in followed   # rank 0's stdout only
     assert "[glaunch] first failing node: node1 r2-3 on node2: RuntimeError: boom; its log: " in text
     assert f"its log: {run_dir.task_log('3047', 1, 'err')}\n" in text
+
+
+def test_a_script_without_the_runtime_is_said_to_resume_where_its_log_went_on(tmp_path):
+    """entrypoint.progress: the script resumes by itself (no resume.json); where the next
+    start's log lines began is where it went on from, not "step 0"."""
+    import dataclasses
+
+    from launcher.rundir.taskspec import TaskSpec, write_task_spec
+
+    run_dir = make_run(tmp_path)
+    spec = TaskSpec(launcher="torchrun", script="/x/train.py", module=None, args=(), nodes=1, ranks_per_node=2,
+                    world_size=2, run_dir=str(run_dir.path), run_id="r", requeue_max=3, crash_retries=0,
+                    exclude_bad_nodes=True, watchdog_stall_s=0.0, watchdog_first_step_s=0.0)
+    write_task_spec(run_dir.path, dataclasses.replace(spec, progress_pattern=r"^iter (\d+):"))
+    shown: list[str] = []
+    console = Console(run_dir.path, shown.append, live=False, clock=lambda: 1e12)
+    with registry.updating(run_dir.path) as record:
+        record.record_start("77", 0, state="REQUEUED", reason="preemption", first_step=0, last_step=37)
+        record.state = "REQUEUED"
+    run_dir.heartbeat_dir.mkdir(exist_ok=True)
+    run_dir.heartbeat(0).write_bytes(heartbeat_bytes({"rank": 0, "restart": 1, "step": 34, "first_step": 30,
+                                                      "source": "log", "time": 1e12}))
+    console.observe(registry.read(run_dir.path))
+    console.pump()
+    assert "[glaunch] start 0: preempted at step 37 -> requeued -> resumed from 30\n" in shown
+    with registry.updating(run_dir.path) as record:
+        record.record_start("77", 1, state="COMPLETED", first_step=30, last_step=60)
+        record.state = "COMPLETED"
+    later: list[str] = []
+    Console(run_dir.path, later.append, live=False).finish(registry.read(run_dir.path))
+    assert "[glaunch] start 0: preempted at step 37 -> requeued -> resumed from 30\n" in later

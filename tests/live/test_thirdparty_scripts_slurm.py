@@ -1,0 +1,117 @@
+"""Training scripts nobody here wrote (tests/thirdparty: the PyTorch DDP tutorial's multinode
+script, nanoGPT's train.py, Lightning's bug-report model), brought as a user would bring
+them, on the `defaults` cluster: 2 nodes x 2 ranks on the CPU over gloo. Each run gets its
+own outputs through ${run:dir}; progress comes from their own log lines
+(entrypoint.progress) to the console; the two that checkpoint by themselves are requeued
+mid-run (`scontrol requeue`, Slurm's requeue of a running job as a preemption does it) and
+go on from their own checkpoint, nanoGPT through entrypoint.resume_args; under torchrun
+`logs --rank N` shows rank N alone; the plain Lightning script gets SIGUSR1 ahead of its
+time limit, saves and requeues itself, once, and resumes.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import requires_slurm_defaults
+from launcher.rundir.layout import read_heartbeat
+from slurmkit import DEFAULTS, REPO, finish, glaunch, job_id_of, out, read_json, wait_until, with_cluster
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, requires_slurm_defaults]
+
+SITE = "local-slurm-defaults"
+THIRDPARTY = REPO / "tests" / "thirdparty"
+
+
+def project(tmp_path: Path, name: str, exp: str) -> Path:
+    """The vendored script's folder as a user's project, with its experiment file."""
+    folder = tmp_path / "project"
+    shutil.copytree(THIRDPARTY / name, folder)
+    (folder / "exp.yaml").write_text(exp)
+    return folder
+
+
+def start_console(folder: Path, env, *overrides: str) -> subprocess.Popen:
+    """`glaunch submit --wait` from the project's folder, its console on stdout."""
+    return subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", "--wait", "exp.yaml", "--site", SITE,
+                             "--runs-dir", "runs", *overrides], cwd=folder, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def new_run_dir(runs: Path, known: set[Path]) -> Path:
+    return wait_until(lambda: next((p for p in runs.glob("*") if (p / "run.json").exists() and p not in known), None),
+                      300, "the run directory")
+
+
+def rank0_step(run_dir: Path) -> int:
+    """Rank 0's step in its heartbeat (from its log lines: entrypoint.progress), -1 before one."""
+    beat = read_heartbeat(run_dir / "heartbeats" / "rank-00000.json") or {}
+    step = beat.get("step")
+    return step if isinstance(step, int) else -1
+
+
+def requeue_when(run_dir: Path, job_id: str, ready) -> None:
+    """Requeue the running job (as a preemption does) once `ready()`."""
+    wait_until(ready, 600, "progress before the requeue", interval=0.5)
+    out("scontrol", "requeue", job_id, cluster=DEFAULTS)
+
+
+def wait_for(proc: subprocess.Popen, job_id: str, timeout: float) -> tuple[int, str, str]:
+    return finish(proc, job_id, timeout, cluster=DEFAULTS)
+
+
+def rank_logs(run_dir: Path, env, rank: int) -> list[str]:
+    proc = glaunch("logs", str(run_dir), "--rank", str(rank), env=env, cluster=DEFAULTS, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+# --- the PyTorch DDP tutorial's multinode.py, under torchrun ------------------------------------------
+
+DDP_TUTORIAL = r"""name: ddp-tutorial
+entrypoint:
+  script: multinode.py
+  args: ["60", "5", "--batch_size=4", "--snapshot_path=${run:dir}/snapshot.pt"]
+  progress: {pattern: '^\[GPU0\] Epoch (\d+) ', total: 59}
+launcher: torchrun
+resources: {nodes: 2, time: "00:10:00"}
+requeue: {max: 3}
+"""
+
+
+def test_ddp_tutorial_under_torchrun(tmp_path, isolated_env):
+    env = with_cluster(isolated_env, DEFAULTS)
+    folder = project(tmp_path, "ddp_tutorial", DDP_TUTORIAL)
+    runs = folder / "runs"
+    proc = start_console(folder, env)
+    first = new_run_dir(runs, set())
+    job = job_id_of(first)
+    # After its snapshot of epoch 10: Slurm requeues the job; the next start loads the run's own snapshot.
+    requeue_when(first, job, lambda: rank0_step(first) >= 12)
+    code, console, err = wait_for(proc, job, 900)
+    assert code == 0, console[-3000:] + err[-3000:]
+    record = read_json(first / "run.json")
+    assert record["state"] == "COMPLETED" and len(record["starts"]) >= 2, record["starts"]
+    resumed = re.search(r"Resuming training from snapshot at Epoch (\d+)", console)
+    assert resumed and int(resumed.group(1)) >= 10, console[-3000:]
+    # Progress from its own lines on the console, no traceback of torchrun's for the requeue.
+    assert re.search(r"\[glaunch\] RUNNING \| (start 1 \| )?step \d+/59", console), console[-3000:]
+    assert "ChildFailedError" not in console and "Traceback" not in console
+    # One rank's log is that rank's lines alone.
+    lines = rank_logs(first, env, 3)
+    assert lines and all(line.startswith(("[r3]", "[r3!]")) for line in lines), lines[:5]
+    assert any("[GPU3] Epoch" in line for line in lines) and not any("[GPU2]" in line for line in lines)
+
+    # A second run from the same folder has a snapshot of its own: it starts at epoch 0.
+    second_proc = start_console(folder, env, "entrypoint.args=[3,5,--snapshot_path=${run:dir}/snapshot.pt]")
+    second = new_run_dir(runs, {first})
+    code, console, err = wait_for(second_proc, job_id_of(second), 600)
+    assert code == 0, console[-3000:] + err[-3000:]
+    assert "Loading snapshot" not in console and "[GPU0] Epoch 0 " in console
+    assert (second / "snapshot.pt").is_file() and not (folder / "snapshot.pt").exists()
