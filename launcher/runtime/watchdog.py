@@ -52,7 +52,8 @@ should_stop's collective and, where the runtime times them, in the training's ow
 gradient collectives: launcher.runtime.peerwaits). Each window (every rank has BUSY_WINDOW more busy times, or
 WINDOW_S passed and every rank has WINDOW_MIN_STEPS more) compares each rank's busy time
 with the median of its peers'; a rank above SLOW_RATIO (and at least SLOW_MIN_BEHIND_S
-behind) in SLOW_WINDOWS windows running is slow, named with its node. Nothing is added to the training loop: no collective, no I/O.
+behind) in SLOW_WINDOWS windows running is slow, named with its node. Nothing is added to
+the training loop: no collective, no I/O.
 
 The bounds in force and the slow ranks go into the start's entry of run.json
 (``watchdog``: {"state": "watching", "in_force": "first_step" | "stall", "first_step_s",
