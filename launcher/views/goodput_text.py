@@ -75,4 +75,20 @@ def projection_lines(projection: Any) -> list[str]:
             lines += _size_lines(size)
     lines.append("  ETTR = 1 - (save/interval + (interval/2 + restart)/MTBF); spare nodes: the best number for a "
                  f"{duration(projection.get('allocation_s'))} allocation, their idle share counted")
-    return lines
+    return lines + saving_only_lines(projection)
+
+
+def saving_only_lines(projection: Mapping[str, Any]) -> list[str]:
+    """Why ETTR now is 0 where the save stall is as long as the checkpoint interval or longer
+    (the run would do nothing but save), and what to set; none otherwise."""
+    costs = projection.get("costs") if isinstance(projection.get("costs"), Mapping) else {}
+    save, interval = number(costs.get("save_s")), number(costs.get("interval_s"))
+    if save is None or interval is None or save < interval:
+        return []
+    sizes = [s for s in projection.get("sizes") or () if isinstance(s, Mapping)]
+    every = next((s.get("optimal_every_steps") for s in sizes if isinstance(s.get("optimal_every_steps"), int)), None)
+    where = " (a default: measure it with a run, or give it)" if "save_s" in set(costs.get("defaults") or ()) else ""
+    advice = (f"set checkpoint.every_steps to {every} (the Young-Daly interval) or near it" if every is not None
+              else "save less often (checkpoint.every_steps) or faster (a background save)")
+    return [f"  ETTR now 0: a save stall of {duration(save)}{where} is as long as the checkpoint interval or longer "
+            f"({duration(interval)}): the run would only save; {advice}"]

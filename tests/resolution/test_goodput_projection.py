@@ -289,3 +289,23 @@ def test_a_failure_rate_out_of_range_is_refused(tmp_path, monkeypatch, capsys, i
     for fragment in ["mysite.yaml", "goodput.failures_per_node_hour", "from 1e-09 to 1 failures per node-hour",
                      "above 0", said]:
         assert fragment in err, (fragment, err)
+
+
+@pytest.mark.parametrize("costs, sizes, said", [
+    # The starter's defaults: a 30 s default save against a 25 s interval.
+    ({"save_s": 30.0, "interval_s": 25.0, "defaults": ["save_s"]}, [{"optimal_every_steps": 1200}],
+     "ETTR now 0: a save stall of 30.0 s (a default: measure it with a run, or give it) is as long as the "
+     "checkpoint interval or longer (25.0 s): the run would only save; set checkpoint.every_steps to 1200"),
+    ({"save_s": 60.0, "interval_s": 60.0}, [{}],
+     "save less often (checkpoint.every_steps) or faster (a background save)"),
+    ({"save_s": 10.0, "interval_s": 60.0}, [{"optimal_every_steps": 5}], None),
+    ({"save_s": None, "interval_s": 60.0}, [], None),
+], ids=["starter-defaults", "no-young-daly", "saves-fit", "no-save-time"])
+def test_an_ettr_of_0_says_the_save_outlasts_the_interval_and_what_to_set(costs, sizes, said):
+    from launcher.views.goodput_text import saving_only_lines
+
+    lines = saving_only_lines({"costs": costs, "sizes": sizes})
+    if said is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and said in lines[0], lines
