@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any, MutableMapping, Protocol, Sequence
 
 from launcher.errors import RunError
-from launcher.processes import run_bounded
+from launcher.runtime.stacks import run_command
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RecordError, is_job_id, is_node_name
 from launcher.runtime import jobend, jobstart, watchdog
@@ -185,18 +185,7 @@ class SlurmEdge:
         self.step: subprocess.Popen[bytes] | None = None
 
     def _ask(self, words: list[str], env: MutableMapping[str, str] | None = None) -> str | None:
-        try:
-            proc = run_bounded(words, timeout_s=SLURM_TIMEOUT_S, env=env)
-        except (OSError, subprocess.SubprocessError) as exc:
-            say(f"{words[0]}: {exc}")
-            return None
-        if proc is None:
-            say(f"{' '.join(words[:2])}: no answer within {SLURM_TIMEOUT_S} s")
-            return None
-        if proc.returncode != 0:
-            say(f"{' '.join(words[:2])}: exit status {proc.returncode}: {proc.err.strip()[:300]}")
-            return None
-        return proc.out
+        return run_command(words, timeout_s=SLURM_TIMEOUT_S, env=env, say=say)
 
     def hostnames(self, nodelist: str) -> list[str] | None:
         text = self._ask(["scontrol", "show", "hostnames", nodelist])

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 from launcher.processes import run_bounded
 from launcher.rundir.files import atomic_write_text, open_regular
@@ -148,20 +148,22 @@ def _size(path: Path) -> int:
         return 0
 
 
-def run_command(words: list[str]) -> str | None:
+def run_command(words: list[str], *, timeout_s: float = COMMAND_TIMEOUT_S,
+                env: Mapping[str, str] | None = None, say: Callable[[str], None] | None = None) -> str | None:
     """A command's stdout (bytes that are not UTF-8 as U+FFFD: a stack names files and
-    strings of any encoding); None (and a line on stderr) when it fails or takes longer
-    than COMMAND_TIMEOUT_S, which ends it with every process it started."""
+    strings of any encoding); None (and a line through `say`) when it fails or takes longer
+    than `timeout_s`, which ends it with every process it started (`say`: default `log`)."""
+    say = say or log
     try:
-        proc = run_bounded(words, timeout_s=COMMAND_TIMEOUT_S)
+        proc = run_bounded(words, timeout_s=timeout_s, env=env)
     except (OSError, subprocess.SubprocessError) as exc:
-        log(f"{words[0]}: {exc}")
+        say(f"{words[0]}: {exc}")
         return None
     if proc is None:
-        log(f"{words[0]}: no answer within {COMMAND_TIMEOUT_S} s")
+        say(f"{' '.join(words[:2])}: no answer within {timeout_s:g} s")
         return None
     if proc.returncode != 0:
-        log(f"{' '.join(words[:2])}: exit status {proc.returncode}: {proc.err.strip()[:300]}")
+        say(f"{' '.join(words[:2])}: exit status {proc.returncode}: {proc.err.strip()[:300]}")
         return None
     return proc.out
 

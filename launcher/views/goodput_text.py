@@ -81,7 +81,8 @@ def projection_lines(projection: Any) -> list[str]:
 def saving_only_lines(projection: Mapping[str, Any]) -> list[str]:
     """Why ETTR now is 0 where the save stall is as long as the checkpoint interval or longer
     (the run would do nothing but save), and what to set; none otherwise."""
-    costs = projection.get("costs") if isinstance(projection.get("costs"), Mapping) else {}
+    found = projection.get("costs")
+    costs: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
     save, interval = number(costs.get("save_s")), number(costs.get("interval_s"))
     if save is None or interval is None or save < interval:
         return []
