@@ -91,7 +91,9 @@ def test_a_heartbeat_interval_beyond_the_watchdog_s_bound_is_capped(monkeypatch,
 def test_the_watchdog_with_a_bad_rank_environment_says_so_and_exits_0(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GLAUNCH_", "SLURM_"))}
     env.update(PYTHONPATH=str(REPO), GLAUNCH_JOB_ID="7", GLAUNCH_RESTART="first", SLURM_JOB_ID="7")
-    proc = subprocess.run([sys.executable, "-m", "launcher.runtime.watchdog", str(tmp_path)], env=env,
+    # The job controller runs the watchdog in a thread of its own process: watch_slurm.
+    watch = "import sys; from launcher.runtime import watchdog; sys.exit(watchdog.watch_slurm(sys.argv[1], stop=lambda: True))"
+    proc = subprocess.run([sys.executable, "-c", watch, str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "GLAUNCH_RESTART='first': not an integer" in proc.stderr and "Traceback" not in proc.stderr

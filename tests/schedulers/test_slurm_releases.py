@@ -7,7 +7,6 @@ Slurm's output is fed both releases' answers and reads the same facts from each.
 from __future__ import annotations
 
 import copy
-import io
 import os
 import subprocess
 from pathlib import Path
@@ -191,9 +190,9 @@ def test_the_watchdog_ends_the_steps_squeue_lists(release, monkeypatch):
 
     monkeypatch.setattr(watchdog, "run_command", lambda words: recorded(release, "squeue-steps.txt"))
     monkeypatch.delenv("SLURM_STEP_ID", raising=False)
-    out = io.StringIO()
-    watchdog.SlurmSteps("29", lambda: {}, out=out).end()      # no heartbeat names a step
-    assert out.getvalue() == "end 0\n"                       # the job's step 0; never its batch script
+    asked: list[list[str]] = []
+    watchdog.SlurmSteps("29", lambda: {}, asked.append).end()      # no heartbeat names a step
+    assert asked == [["--signal=KILL", "29.0"]]                   # the job's step 0; never its batch script
 
 
 # --- sinfo (a restart in the allocation picks its nodes) ---------------------------------------
