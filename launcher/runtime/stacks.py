@@ -148,12 +148,14 @@ def _size(path: Path) -> int:
         return 0
 
 
-def run_command(words: list[str], *, timeout_s: float = COMMAND_TIMEOUT_S,
+def run_command(words: list[str], *, timeout_s: float | None = None,
                 env: Mapping[str, str] | None = None, say: Callable[[str], None] | None = None) -> str | None:
     """A command's stdout (bytes that are not UTF-8 as U+FFFD: a stack names files and
     strings of any encoding); None (and a line through `say`) when it fails or takes longer
-    than `timeout_s`, which ends it with every process it started (`say`: default `log`)."""
+    than `timeout_s` (default COMMAND_TIMEOUT_S, read when called), which ends it with every
+    process it started (`say`: default `log`)."""
     say = say or log
+    timeout_s = COMMAND_TIMEOUT_S if timeout_s is None else timeout_s
     try:
         proc = run_bounded(words, timeout_s=timeout_s, env=env)
     except (OSError, subprocess.SubprocessError) as exc:
