@@ -82,20 +82,25 @@ class LocalScheduler(Scheduler):
         if isinstance(asked, dict) and asked.get("job_id") == record.job_id:
             kill_job(pid)       # a second cancel: the ranks are not waited for again
             return f"run {record.run_id}: killed job {record.job_id} (a cancel was already asked)"
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return f"run {record.run_id}: nothing to cancel (job {record.job_id} has just ended)"
-        except OSError as exc:
-            raise RunError(f"run {record.run_id}: cannot signal job {record.job_id} (process group {pid}): "
-                           f"{exc.strerror or exc}") from None
         from launcher.rundir import registry
 
         with registry.updating(run_dir) as rec:
-            # The ranks stop and save first: the run ends CANCELLED when the job has gone,
-            # recorded by the loop running it or, without one, by the next command reading
+            # The mark is written before the signal: the loop running the job reads it when
+            # the job ends, which a job stopping at once may do before a mark written after
+            # the signal. The ranks stop and save first: the run ends CANCELLED when the job
+            # has gone, recorded by that loop or, without one, by the next command reading
             # the record (`refresh`). Until then it is in flight, and cancel applies again.
             rec.extra[CANCEL_KEY] = {"at": registry.now(), "job_id": record.job_id}
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except OSError as exc:
+            with registry.updating(run_dir) as rec:
+                if rec.job_id == record.job_id:
+                    rec.extra.pop(CANCEL_KEY, None)
+            if isinstance(exc, ProcessLookupError):
+                return f"run {record.run_id}: nothing to cancel (job {record.job_id} has just ended)"
+            raise RunError(f"run {record.run_id}: cannot signal job {record.job_id} (process group {pid}): "
+                           f"{exc.strerror or exc}") from None
         return f"run {record.run_id}: cancelled job {record.job_id} (its ranks stop and save first)"
 
     def job_still_there(self, run_dir: Path, record: RunRecord) -> str | None:

@@ -250,3 +250,42 @@ def test_cancel_reaches_a_job_whose_glaunch_process_was_killed(tmp_path, isolate
     finally:
         if group_alive(pid):
             os.killpg(pid, signal.SIGKILL)
+
+
+def test_the_cancel_mark_is_on_disk_before_the_job_is_signalled(tmp_path, isolated_env, monkeypatch, bystander):
+    """A job that stops at once may end, and the loop running it read the record, before a
+    mark written after the signal: the run would end FAILED, not CANCELLED."""
+    from launcher.schedulers import local
+
+    run_dir = write_run(tmp_path, state="RUNNING",
+                        start={"pid": bystander.pid, "pid_start": process_start_time(bystander.pid)})
+    marks_at_signal = []
+
+    def killpg(pid, sig):
+        marks_at_signal.append(local.CANCEL_KEY in registry.read(run_dir).extra)
+
+    monkeypatch.setattr(local.os, "killpg", killpg)
+    lock = hold_job_lock(RunDir(run_dir))
+    try:
+        assert "cancelled job 1000" in api.cancel("r")
+    finally:
+        os.close(lock)
+    assert marks_at_signal == [True]
+
+
+def test_a_job_gone_before_its_signal_keeps_no_cancel_mark(tmp_path, isolated_env, monkeypatch, bystander):
+    from launcher.schedulers import local
+
+    run_dir = write_run(tmp_path, state="RUNNING",
+                        start={"pid": bystander.pid, "pid_start": process_start_time(bystander.pid)})
+
+    def killpg(pid, sig):
+        raise ProcessLookupError
+
+    monkeypatch.setattr(local.os, "killpg", killpg)
+    lock = hold_job_lock(RunDir(run_dir))
+    try:
+        assert "has just ended" in api.cancel("r")
+    finally:
+        os.close(lock)
+    assert local.CANCEL_KEY not in registry.read(run_dir).extra
