@@ -211,6 +211,8 @@ def _launch_and_follow(prepared, *, dry_run: bool, wait: bool, as_json: bool, ch
     info = {"run_id": run.run_id, "run_dir": str(run.run_dir), "site": run.site, "dry_run": run.dry_run,
             "files": sorted(run.files)}
     if dry_run:
+        if run.cluster() is not None:
+            info["cluster"] = run.cluster()
         _emit(as_json, info, submit_text.dry_run(run, prepared.files["job.sbatch"], to_submit))
         return
     if run.exit_code is not None:     # the scheduler ran it to its end; its console said how it ended

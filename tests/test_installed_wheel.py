@@ -101,12 +101,13 @@ def readme_blocks(heading: str) -> dict[str, str]:
 
 def laptop_path(glaunch: Path, starter: Path, tmp_path: Path, env: dict[str, str]) -> None:
     """A profile with `login:` (the local login node's), rendered from a folder without
-    Slurm: the run directory is the cluster's (`~` of runs_root expanded as on the login
-    node, here the test's HOME), and nothing is contacted."""
+    Slurm: the run directory is the cluster's (`~` of runs_root shown as $HOME, the cluster
+    account's), nothing is contacted and nothing written under this machine's home."""
     dry = ok(run(glaunch, "submit", "exp.yaml", "--site", "local-slurm-remote", "--dry-run", "--json",
                  cwd=starter, env=env))
-    run_dir = Path(json.loads(dry.stdout)["run_dir"])
-    assert run_dir.parent == Path(env["HOME"]) / "glaunch-remote-runs", run_dir
+    info = json.loads(dry.stdout)
+    assert info["cluster"]["run_dir"] == f"$HOME/glaunch-remote-runs/{info['run_id']}", info
+    assert not (Path(env["HOME"]) / "glaunch-remote-runs").exists()
     assert not (Path(env["GLAUNCH_STATE_DIR"]) / "ssh").exists()
 
 

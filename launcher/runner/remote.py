@@ -127,6 +127,48 @@ def cluster_environ(conn: Connection, environ: Mapping[str, str]) -> dict[str, s
     return {**environ, "HOME": home, "USER": user, "LOGNAME": user}
 
 
+# A dry run over SSH asks the cluster nothing, so its account's home and name are not known
+# here: paths are resolved with these stand-ins and shown as $HOME and $USER, what the
+# cluster's shell would expand. Each is an absolute path or a plain word, as resolution
+# needs, and text no real path or name holds.
+SHOWN_HOME = "/glaunch-cluster-home-stand-in"
+SHOWN_USER = "glaunch-cluster-user-stand-in"
+
+
+def shown_environ(login: Login, environ: Mapping[str, str]) -> dict[str, str]:
+    """`environ` as a dry run over SSH resolves the cluster's paths with: the cluster
+    account's home and name (the profile's login.user when it names one) as stand-ins."""
+    user = login.user or SHOWN_USER
+    return {**environ, "HOME": SHOWN_HOME, "USER": user, "LOGNAME": user}
+
+
+def shown(text: str) -> str:
+    """`text` with the stand-ins of shown_environ as the cluster's shell names them."""
+    return text.replace(SHOWN_HOME, "$HOME").replace(SHOWN_USER, "$USER")
+
+
+def dry_run(prepared: Any, *, login: Login) -> Run:
+    """The bundle as it would be sent to the cluster, written into this machine's record
+    folder (the cluster is not contacted); the run's directory there is shown with $HOME."""
+    plan = prepared.plan
+    if bundle.checkpoint_outside(plan):
+        raise prepared.checkpoint_from.error("a run submitted over SSH keeps its checkpoints in its run "
+                                             "directory on the cluster: leave checkpoint.dir out")
+    registry.check_state_dir()
+    records_dir().mkdir(parents=True, exist_ok=True)
+    local_plan = relocated(plan, records_dir() / plan.run_id)
+    paths = dict(runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
+    survey = bundle.check_inputs(local_plan, **paths)
+    written = bundle.write_bundle(local_plan, prepared.files, dry_run=True, survey=survey, **paths)
+    try:
+        registry.register(plan.run_id, str(written.path))
+    except BaseException:
+        written.remove()
+        raise
+    return Run(plan.run_id, written.path, plan.site_name, True, tuple(prepared.files), State.RENDERED.value,
+               warnings=prepared.warnings, cluster_host=login.host, cluster_dir=shown(plan.run_dir))
+
+
 def check_runs_root(site_runs_root: str | None, runs_dir: str | None, site_file: str) -> None:
     """A remote run's directory is a cluster path: runs_root (or --runs-dir) must give it,
     absolute or from ~ or a variable."""

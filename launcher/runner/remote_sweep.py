@@ -55,7 +55,7 @@ def launch(prepared: Any, *, check: bool) -> Sweep:
         conn.close()
 
 
-def _here(prepared: Any, local: Path) -> Any:
+def relocated_sweep(prepared: Any, local: Path) -> Any:
     """The prepared sweep with every directory under the cluster's sweep directory under `local`."""
     cluster = str(prepared.sweep_dir)
     items = tuple(dataclasses.replace(p, plan=remote.relocated_under(p.plan, cluster, str(local)))
@@ -66,7 +66,7 @@ def _here(prepared: Any, local: Path) -> Any:
 def _stage_send_queue(prepared: Any, conn: Connection, local: Path, check: bool) -> Sweep:
     cluster = str(prepared.sweep_dir)
     plans = [p.plan for p in prepared.prepared]
-    here = _here(prepared, local)
+    here = relocated_sweep(prepared, local)
     user = on_login.account(conn).user
     client = on_login.slurm_client(conn)
     with using(client):

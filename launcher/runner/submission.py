@@ -15,7 +15,6 @@ from typing import Any, Mapping, Sequence
 
 from launcher import schedulers
 from launcher.config.load import load_experiment
-from launcher.config.login import login_of
 from launcher.config.provenance import Origin
 from launcher.config.sites import load_site
 from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
@@ -24,12 +23,13 @@ from launcher.resolution.resolve import code_anchor, resolve
 from launcher.rundir import registry
 from launcher.rundir.records import IN_FLIGHT, State
 from launcher.rundir.registry import find_run, new_run_id
-from launcher.runner import bundle, dependencies, frameworks, unseen
+from launcher.runner import bundle, dependencies, unseen
 from launcher.runner.bundle import PathSource
 from launcher.runner.gitview import locate
 from launcher.runner.inputs import folder_of, items
 from launcher.runner.lookup import refreshed
 from launcher.runner.results import Run
+from launcher.runner.road import Road, road_of
 from launcher.schedulers.base import Echo
 from launcher.schedulers.slurm.allocation import Allocation, AllocationScheduler
 
@@ -46,6 +46,7 @@ class Prepared:
     warnings: tuple[str, ...] = ()     # what the user should know before it runs (one line each)
     after: tuple[Any, ...] = ()        # launcher.runner.dependencies.Upstream: the runs it waits for (--after)
     remote: Any = None                 # launcher.schedulers.ssh.connection.Connection: submitted over SSH
+    login: Any = None                  # launcher.config.login.Login: the login node it goes through (over SSH)
 
 
 def load(experiment: str | os.PathLike, site: str | None = None, overrides: Sequence[str] = (),
@@ -71,13 +72,12 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
     scheduler unless `dry_run`."""
     runs_dir = folder_of(runs_dir)
     exp, loaded_site = load(experiment, site, overrides)
-    conn = None if dry_run else remote_connection(loaded_site, runs_dir)
+    road = road_of(loaded_site, runs_dir, dry_run=dry_run)
     try:
-        prepared = _prepare(exp, loaded_site, runs_dir, run_id, after, dry_run, conn)
+        prepared = _prepare(exp, loaded_site, runs_dir, run_id, after, dry_run, road)
         return _warn_unseen(prepared, experiment, site, overrides, runs_dir)
     except BaseException:
-        if conn is not None:
-            conn.close()
+        road.close()
         raise
 
 
@@ -104,56 +104,35 @@ def _bundle_files(experiment, site: str | None, overrides: Sequence[str], runs_d
     return schedulers.get(plan.scheduler).render(plan)
 
 
-def remote_connection(loaded_site, runs_dir: str | None):
-    """The connection to the site's login node when this submission goes over SSH, else None."""
-    login = login_of(loaded_site.config.login)
-    if login is None:
-        return None
-    from launcher.runner import remote
-
-    if not remote.goes_remote(login, loaded_site.config.scheduler):
-        return None
-    remote.check_runs_root(loaded_site.config.runs_root, runs_dir, str(loaded_site.path))
-    return remote.connect(login)
-
-
 def _prepare(exp, loaded_site, runs_dir: str | None, run_id: str | None, after: Sequence[str], dry_run: bool,
-             conn) -> Prepared:
+             road: Road) -> Prepared:
     upstreams, dependency = upstreams_of(after, loaded_site.config.scheduler, dry_run=dry_run)
-    environ = dict(os.environ)
-    if conn is not None:
-        from launcher.runner import remote
-
-        remote.check_upstreams(upstreams, conn.login)
-        environ = remote.cluster_environ(conn, environ)
-    ctx = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=environ,
+    check_upstreams_road(upstreams, road)
+    ctx = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=road.environ(os.environ),
                         run_id=run_id or new_run_id(exp.config.name), runs_dir=runs_dir, dependency=dependency)
-    plan = for_road(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, {})), conn)
+    plan = road.plan(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, {})))
     scheduler = schedulers.get(plan.scheduler)
     scheduler.check(plan)
     warnings = [w for w in (take_over_warning(exp, plan, upstreams, dry_run=dry_run), checkpoint_warning(exp, plan),
-                            conn is not None and remote_python_warning(loaded_site, plan)) if w]
+                            road.over_ssh and remote_python_warning(loaded_site, plan)) if w]
     runs_from, checkpoint_from = path_sources(exp, loaded_site, runs_dir)
-    return Prepared(plan, scheduler.render(plan), scheduler, runs_from, checkpoint_from,
-                    warnings=tuple(warnings), after=tuple(upstreams), remote=conn)
+    return Prepared(plan, road.files(scheduler.render(plan)), scheduler, runs_from, checkpoint_from,
+                    warnings=tuple(warnings), after=tuple(upstreams), remote=road.conn, login=road.login)
+
+
+def check_upstreams_road(upstreams: Sequence[Any], road: Road) -> None:
+    """Over SSH, the runs waited for (--after) must be queued through the same login."""
+    if road.login is None:
+        return
+    from launcher.runner import remote
+
+    remote.check_upstreams(upstreams, road.login)
 
 
 def remote_python_warning(loaded_site, plan) -> str | None:
     from launcher.runner import remote
 
     return remote.python_warning(loaded_site, plan)
-
-
-def for_road(plan, conn):
-    """The plan as its cluster runs it: with its entry script's conventions (the warning
-    signal, launcher.runner.frameworks, read here before any path becomes the cluster's);
-    over SSH (`conn`), from the code snapshot there."""
-    plan = dataclasses.replace(plan, warning_signal=frameworks.warning_signal(plan.submitted_script))
-    if conn is None:
-        return plan
-    from launcher.runner import remote
-
-    return remote.on_cluster(plan)
 
 
 def with_code_root(exp, loaded_site, ctx, found: dict):
@@ -247,6 +226,13 @@ def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
             raise ConfigError("a run prepared for submission over SSH is sent, not rendered here: prepare it "
                               "with dry_run=True", file="command line", key="--dry-run")
         return remote.launch(prepared, check=check)
+    if prepared.login is not None:
+        from launcher.runner import remote
+
+        if not dry_run:
+            raise ConfigError("a run prepared with dry_run=True over SSH is rendered, not sent: prepare it "
+                              "again to submit it", file="command line", key="--dry-run")
+        return remote.dry_run(prepared, login=prepared.login)
     paths = dict(runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
     survey = bundle.check_inputs(plan, **paths)
     registry.check_state_dir()

@@ -23,13 +23,13 @@ from launcher.rundir import registry
 from launcher.runner import bundle, dependencies, sweep_bundle, sweeps, unseen
 from launcher.runner.inputs import folder_of, items
 from launcher.runner.results import Run, Sweep
+from launcher.runner.road import Road, road_of
 from launcher.runner.submission import (
     Prepared,
+    check_upstreams_road,
     checkpoint_warning,
-    for_road,
     load,
     path_sources,
-    remote_connection,
     upstreams_of,
     with_code_root,
 )
@@ -49,6 +49,7 @@ class PreparedSweep:
     experiment_file: str
     after: tuple[Any, ...] = ()
     remote: Any = None               # launcher.schedulers.ssh.connection.Connection: submitted over SSH
+    login: Any = None                # launcher.config.login.Login: the login node it goes through (over SSH)
     unseen: tuple[str, ...] = ()     # swept keys that change no file the job reads
     unseen_overrides: tuple[str, ...] = ()   # and KEY=VALUE overrides' keys
 
@@ -86,26 +87,21 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
     if exp0.config.checkpoint.take_over is not None:
         raise exp0.provenance.error("checkpoint.take_over", "one run's checkpoints go to one run: a sweep's "
                                     "elements cannot take them over (submit the run that continues it alone)")
-    conn = None if dry_run else remote_connection(loaded_site, runs_dir)
+    road = road_of(loaded_site, runs_dir, dry_run=dry_run)
     try:
         return _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, runs_dir, max_parallel,
-                                 after, dry_run, conn)
+                                 after, dry_run, road)
     except BaseException:
-        if conn is not None:
-            conn.close()
+        road.close()
         raise
 
 
 def _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, runs_dir, max_parallel, after,
-                      dry_run, conn) -> PreparedSweep:
+                      dry_run, road: Road) -> PreparedSweep:
     first = elements[0]
     upstreams, dependency = upstreams_of(after, loaded_site.config.scheduler, dry_run=dry_run)
-    environ = dict(os.environ)
-    if conn is not None:
-        from launcher.runner import remote
-
-        remote.check_upstreams(upstreams, conn.login)
-        environ = remote.cluster_environ(conn, environ)
+    check_upstreams_road(upstreams, road)
+    environ = road.environ(os.environ)
     sweep_id = sweeps.new_sweep_id(exp0.config.name)
     base = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=environ, run_id=sweep_id,
                          runs_dir=runs_dir, dependency=dependency)
@@ -120,7 +116,7 @@ def _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, 
     plans = []
     for element, exp, ctx in zip(elements, exps, ctxs):
         with _naming(element):
-            plans.append(for_road(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots)), conn))
+            plans.append(road.plan(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots))))
     shared = _shared_checkpoint_dirs(plans)
     prepared = []
     for element, exp, ctx, plan in zip(elements, exps, ctxs, plans):
@@ -130,10 +126,10 @@ def _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, 
                 notes = (f"checkpoint.dir {plan.checkpoint_dir} would be shared by the sweep's elements: each "
                          "checkpoints in a directory of its own below it, named by its run id",)
                 exp = _checkpoints_below(exp, ctx.run_id)
-                plan = for_road(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots)), conn)
+                plan = road.plan(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots)))
             scheduler = schedulers.get(plan.scheduler)
             scheduler.check(plan)
-            files = scheduler.render(plan)
+            files = road.files(scheduler.render(plan))
         warning = checkpoint_warning(exp, plan)
         runs_from, checkpoint_from = path_sources(exp, loaded_site, runs_dir)
         prepared.append(Prepared(plan, files, scheduler, runs_from, checkpoint_from,
@@ -143,20 +139,21 @@ def _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, 
         raise ConfigError(f"the elements run code from different work trees ({', '.join(sorted(sources))}); "
                           "a sweep snapshots one", file="command line", key="--sweep")
     swept = unseen.unseen_axes(axes, first, lambda element: _bundle_files(experiment, element, overrides,
-                                                                          loaded_site, ctxs[0], roots, conn))
+                                                                          loaded_site, ctxs[0], roots, road))
     overridden = unseen.unseen_overrides(overrides, lambda subset: _bundle_files(experiment, first, subset,
-                                                                                 loaded_site, ctxs[0], roots, conn),
+                                                                                 loaded_site, ctxs[0], roots, road),
                                          loaded_site.config.env)
     return PreparedSweep(sweep_id, sweep_dir, tuple(elements), tuple(prepared), tuple(axes), max_parallel,
-                         str(exp0.path), tuple(upstreams), remote=conn, unseen=swept, unseen_overrides=overridden)
+                         str(exp0.path), tuple(upstreams), remote=road.conn, login=road.login, unseen=swept,
+                         unseen_overrides=overridden)
 
 
 def _bundle_files(experiment, element: Element, overrides: Sequence[str], loaded_site, ctx: SubmitContext,
-               roots: dict, conn) -> Mapping[str, str]:
+               roots: dict, road: Road) -> Mapping[str, str]:
     """The run bundle of `element` resolved under `ctx`."""
     exp = _loaded(element, experiment, overrides)
     with _naming(element):
-        plan = for_road(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots)), conn)
+        plan = road.plan(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots)))
         return schedulers.get(plan.scheduler).render(plan)
 
 
@@ -206,11 +203,16 @@ def launch_sweep(prepared: PreparedSweep, *, dry_run: bool = False, check: bool 
             return remote_sweep.launch(prepared, check=check)
     plans = [p.plan for p in prepared.prepared]
     scheduler = prepared.scheduler
+    sweep_dir = str(prepared.sweep_dir)         # as the jobs see it
+    road = Road(prepared.login)
+    if road.over_ssh:
+        prepared = _rendered_here(prepared, dry_run)
     survey = sweep_bundle.checked_inputs(prepared)
     if not dry_run:
         scheduler.require()
-    sweep_plan = scheduler.plan_sweep(plans, sweep_id=prepared.sweep_id, sweep_dir=str(prepared.sweep_dir),
+    sweep_plan = scheduler.plan_sweep(plans, sweep_id=prepared.sweep_id, sweep_dir=sweep_dir,
                                       max_parallel=prepared.max_parallel, dry_run=dry_run)
+    sweep_plan = dataclasses.replace(sweep_plan, files=road.files(sweep_plan.files))
     sweep_bundle.write_sweep(prepared, sweep_plan, survey, dry_run=dry_run)
     if not dry_run:
         if prepared.after and scheduler.runs_to_completion and _never_start(prepared, echo):
@@ -219,6 +221,20 @@ def launch_sweep(prepared: PreparedSweep, *, dry_run: bool = False, check: bool 
                                          check=check, echo=echo)
         sweeps.record_launch(prepared.sweep_dir, batches)
     return _sweep_result(prepared, dry_run, sweep_plan.files)
+
+
+def _rendered_here(prepared: PreparedSweep, dry_run: bool) -> PreparedSweep:
+    """A sweep prepared as a dry run over SSH, its directories moved into this machine's
+    record folder (the cluster is not contacted)."""
+    from launcher.runner import remote, remote_sweep
+
+    if not dry_run:
+        raise ConfigError("a sweep prepared with dry_run=True over SSH is rendered, not sent: prepare it again "
+                          "to submit it", file="command line", key="--dry-run")
+    registry.check_state_dir()
+    remote.records_dir().mkdir(parents=True, exist_ok=True)
+    here = remote_sweep.relocated_sweep(prepared, remote.records_dir() / prepared.sweep_id)
+    return dataclasses.replace(here, login=None)
 
 
 def _never_start(prepared: PreparedSweep, echo: Echo | None) -> bool:

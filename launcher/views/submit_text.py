@@ -17,7 +17,11 @@ def dry_run(run: Run, job_script: str, to_submit: str | None = None) -> str:
     """The bundle rendered; `to_submit`: the command that submits it (the one given, less
     --dry-run)."""
     end = f"\nto submit it: {to_submit}" if to_submit else ""
-    return f"run directory: {run.run_dir}\n--- job.sbatch ---\n{job_script}{end}"
+    where = f"run directory: {run.run_dir}"
+    if run.cluster_dir is not None:
+        where = (f"run directory on {run.cluster_host}: {run.cluster_dir} ($HOME and $USER: the cluster "
+                 f"account's, asked when it is submitted)\nrendered here: {run.run_dir}")
+    return f"{where}\n--- job.sbatch ---\n{job_script}{end}"
 
 
 def started(run: Run, action: str = "submitted", *, following: bool = False) -> str:
