@@ -139,6 +139,8 @@ class SshCall:
             words = shlex.split(command)
         except ValueError:
             return command[:40]
+        if words[:2] == ["bash", "-c"] and len(words) > 3 and words[3] == "glaunch-batch":
+            return "batch (" + ", ".join(batch_labels(words[6:])) + ")"
         if words[:2] == ["sh", "-c"] and len(words) > 3:
             name = words[3].removeprefix("glaunch-")
             if name == "slurm" and len(words) > 5:     # sh -c SLURM_ENV glaunch-slurm CWD PROG ARGS...
@@ -154,6 +156,23 @@ class SshCall:
 
 
 FRAMED = re.compile(r"command printf '[^']*' \S+ \S+; command printf '[^']*' \S+ \S+ >&2; (.*); s=\$\?; ", re.S)
+
+
+def batch_labels(pairs: list[str]) -> list[str]:
+    """The commands of one batch (launcher.schedulers.ssh.remote.BATCH: stdin text, then the
+    command line, for each), each in a few words."""
+    labels = []
+    for line in pairs[1::2]:
+        try:
+            words = shlex.split(line)
+        except ValueError:
+            labels.append(line[:20])
+            continue
+        if words[:2] == ["sh", "-c"]:
+            labels.append("account" if len(words) > 2 and "id -un" in words[2] else "sh -c")
+        elif words:
+            labels.append(slurm_label(words[0], words[1:]))
+    return labels
 
 
 def slurm_label(prog: str, args: list[str]) -> str:

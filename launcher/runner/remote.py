@@ -61,7 +61,17 @@ from launcher.runner.results import Run
 from launcher.schedulers.slurm.client import using
 from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job
 from launcher.schedulers.slurm.records import fold_job, has_ended, record_queued, settled
-from launcher.schedulers.slurm.submit import dump_task, preflight, submission_marker, submitted_pickle, task_template
+from launcher.schedulers.cluster.facts import accounting_commands
+from launcher.schedulers.cluster.scontrol_text import SCONTROL_CALL, SCONTROL_COMMANDS, read_scontrol, split_scontrol
+from launcher.schedulers.cluster.torchprobe import probe_plan_call
+from launcher.schedulers.slurm.submit import (
+    dump_task,
+    preflight,
+    preflight_call,
+    submission_marker,
+    submitted_pickle,
+    task_template,
+)
 from launcher.schedulers.ssh import remote as on_login
 from launcher.schedulers.ssh.connection import Connection
 from launcher.schedulers.ssh.transfer import send_tree
@@ -120,11 +130,14 @@ def check_upstreams(upstreams: Sequence[Any], login: Login) -> None:
                                   key="--after")
 
 
-def cluster_environ(conn: Connection, environ: Mapping[str, str]) -> dict[str, str]:
+def cluster_environ(conn: Connection, environ: Mapping[str, str], *, submitting: bool = False) -> dict[str, str]:
     """`environ` with HOME, USER and LOGNAME of the cluster account: what ~, $HOME and $USER
-    in runs_root and checkpoint.dir stand for, as the cluster's shell would expand them."""
-    home, user = on_login.home_and_user(conn)
-    return {**environ, "HOME": home, "USER": user, "LOGNAME": user}
+    in runs_root and checkpoint.dir stand for, as the cluster's shell would expand them.
+    `submitting`: the cluster's settings, which a submission's checks read, are asked in
+    the same round trip."""
+    along = [on_login.Asked(SCONTROL_CALL, SCONTROL_COMMANDS)] if submitting else []
+    found = on_login.account(conn, along=along)
+    return {**environ, "HOME": found.home, "USER": found.user, "LOGNAME": found.user}
 
 
 # A dry run over SSH asks the cluster nothing, so its account's home and name are not known
@@ -285,23 +298,56 @@ def _stage_send_queue(prepared: Any, conn: Connection, local: Path, check: bool)
         record.run_dir = plan.run_dir
         record.extra = moved_paths(record.extra, str(written.path), plan.run_dir)
     dump_task(plan, task_template(local_plan.log_dir))
-    user = on_login.home_and_user(conn)[1]
     send_tree(conn, written.path, plan.run_dir, make_parent=True)
     client = on_login.slurm_client(conn, cwd=plan.run_dir)
-    job_id = None
+    queued: list[str] = []
     try:
-        with using(client):
-            warnings = prepared.scheduler.check_cluster(plan) if check else []
-            if check:
-                preflight(plan, Path(plan.run_dir) / "job.sbatch", {})
-            job_id = _sbatch_held(client, plan, user)
-            _complete(conn, plan, written.path, job_id, warnings, prepared.scheduler.version())
-            record_here(local, plan, job_id, Where(conn.login, plan.run_dir))
-            _release(client, job_id)
+        _check_queue_release(prepared, conn, client, written.path, check, queued,
+                             before_release=lambda job_id: record_here(local, plan, job_id,
+                                                                       Where(conn.login, plan.run_dir)))
     except BaseException:
-        _undo(conn, client, plan, job_id)
+        _undo(conn, client, plan, queued[0] if queued else None)
         raise
-    return job_id
+    return queued[0]
+
+
+def _check_queue_release(prepared: Any, conn: Connection, client: Any, staged: Path, check: bool,
+                         queued: list[str], *, before_release: Callable[[str], None] = lambda job_id: None) -> None:
+    """The run's files on the cluster: the cluster's checks (`check`; their commands asked
+    in one round trip), the job queued held (its id appended to `queued`), run.json saying
+    so (`staged`'s, recorded here first by `before_release`) and its task put in place and
+    the job released in one more round trip."""
+    plan = prepared.plan
+    with using(client):
+        warnings: list[str] = []
+        if check:
+            _ask_checks_ahead(conn, plan)
+            warnings = prepared.scheduler.check_cluster(plan)
+            preflight(plan, Path(plan.run_dir) / "job.sbatch", {})
+        job_id = _sbatch_held(client, plan, on_login.account(conn).user)
+        queued.append(job_id)
+        record_queued(staged, plan, job_id, warnings, prepared.scheduler.version())
+        before_release(job_id)
+        released = on_login.place_and_release(conn, posixpath.join(plan.run_dir, "run.json"),
+                                              RunDir(staged).run_file.read_bytes(),
+                                              str(task_template(plan.log_dir)),
+                                              str(submitted_pickle(plan.log_dir, job_id)), job_id)
+        if released.returncode != 0:
+            _release(client, job_id)        # once more, with the client's retries
+
+
+def _ask_checks_ahead(conn: Connection, plan: Any) -> None:
+    """The commands of a submission's checks (the account's associations and the QOS, the
+    nodes' interpreter, `sbatch --test-only`), asked in one round trip; the cluster's
+    settings, which name the cluster the associations are asked for, came with the account."""
+    _, _, settings = split_scontrol(read_scontrol("glaunch submit"))
+    user = on_login.account(conn).user
+    asks = [on_login.Asked(cmd) for cmd in accounting_commands(user, settings.get("ClusterName", ""))]
+    probe = probe_plan_call(plan)
+    if probe is not None:
+        asks.append(on_login.Asked(*probe))
+    asks.append(on_login.Asked(preflight_call(Path(plan.run_dir) / "job.sbatch")))
+    on_login.ask_ahead(conn, asks, cwd=plan.run_dir)
 
 
 def moved_paths(value: Any, old: str, new: str) -> Any:
@@ -336,16 +382,6 @@ def sbatch_held(client: Any, script: str, marker: str, user: str, *, found_as: C
     if len(words) < 4 or not words[-1].isdigit():
         raise SchedulerError(f"sbatch answered without a job id: {output.strip()[:200]}")
     return words[-1]
-
-
-def _complete(conn: Connection, plan: Any, staged: Path, job_id: str, warnings: list[str],
-              version: str | None) -> None:
-    """On the cluster: run.json saying the job is queued, and submitit's task for it."""
-    record_queued(staged, plan, job_id, warnings, version)
-    on_login.write_bytes(conn, posixpath.join(plan.run_dir, "run.json"), RunDir(staged).run_file.read_bytes())
-    template = str(task_template(plan.log_dir))
-    on_login.run_checked(conn, ["mv", "-f", "--", template, str(submitted_pickle(plan.log_dir, job_id))],
-                         "putting the job's task in place")
 
 
 def record_here(staged: Path, plan: Any, job_id: str, where: Where) -> None:
@@ -436,21 +472,15 @@ def queue_resume(prepared: Any, conn: Connection, aside: str, moved: Sequence[st
     names = sorted({*moved, *prepared.files, LIB_DIR})
     whole = False
     client = on_login.slurm_client(conn, cwd=plan.run_dir)
-    job_id = None
+    queued: list[str] = []
     try:
         on_login.set_aside(conn, plan.run_dir, aside, names, _tar(members))
         whole = True
-        with using(client):
-            warnings = prepared.scheduler.check_cluster(plan) if check else []
-            if check:
-                preflight(plan, Path(plan.run_dir) / "job.sbatch", {})
-            job_id = _sbatch_held(client, plan, on_login.account(conn).user)
-            _complete(conn, plan, here, job_id, warnings, prepared.scheduler.version())
-            _release(client, job_id)
+        _check_queue_release(prepared, conn, client, here, check, queued)
     except BaseException:
-        _revert_resume(conn, client, plan, job_id, aside, names, whole, before)
+        _revert_resume(conn, client, plan, queued[0] if queued else None, aside, names, whole, before)
         raise
-    return job_id
+    return queued[0]
 
 
 def _revert_resume(conn: Connection, client: Any, plan: Any, job_id: str | None, aside: str, names: Sequence[str],

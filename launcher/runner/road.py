@@ -41,7 +41,7 @@ class Road:
 
         if self.conn is None:
             return remote.shown_environ(self.login, environ)
-        return remote.cluster_environ(self.conn, environ)
+        return remote.cluster_environ(self.conn, environ, submitting=True)
 
     def plan(self, plan: Any) -> Any:
         """The plan as its cluster runs it: with its entry script's conventions (the

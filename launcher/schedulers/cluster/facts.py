@@ -340,11 +340,9 @@ def read_cluster(command: str = "glaunch sites check") -> Cluster:
         note = "account and QOS not checked: sacctmgr is not on PATH"
     else:
         try:
-            where = [f"user={user}"] + ([f"cluster={cluster_name}"] if cluster_name else [])
-            assoc = run_command("sacctmgr", "-n", "-P", "show", "assoc", "where", *where,
-                                "format=" + ",".join(ASSOC_FORMAT), policy=ACCOUNTING_POLICY, controller=False)
-            qos = run_command("sacctmgr", "-n", "-P", "show", "qos", "format=" + ",".join(QOS_FORMAT),
-                              policy=ACCOUNTING_POLICY, controller=False)
+            assoc_cmd, qos_cmd = accounting_commands(user, cluster_name)
+            assoc = run_command(*assoc_cmd, policy=ACCOUNTING_POLICY, controller=False)
+            qos = run_command(*qos_cmd, policy=ACCOUNTING_POLICY, controller=False)
             if assoc.returncode == 0 and qos.returncode == 0:
                 assoc_text, qos_text = assoc.stdout, qos.stdout
             else:
@@ -355,6 +353,14 @@ def read_cluster(command: str = "glaunch sites check") -> Cluster:
             note = f"account and QOS not checked: {exc.message}"
     return parse_cluster(text, assoc_text=assoc_text, qos_text=qos_text, user=user, accounting_note=note,
                          groups=user_groups(user))
+
+
+def accounting_commands(user: str, cluster_name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The sacctmgr commands read_cluster runs: `user`'s associations (on `cluster_name`,
+    when known) and the QOS."""
+    where = [f"user={user}"] + ([f"cluster={cluster_name}"] if cluster_name else [])
+    return (("sacctmgr", "-n", "-P", "show", "assoc", "where", *where, "format=" + ",".join(ASSOC_FORMAT)),
+            ("sacctmgr", "-n", "-P", "show", "qos", "format=" + ",".join(QOS_FORMAT)))
 
 
 def current_user() -> str:

@@ -75,11 +75,15 @@ def parse_config(text: str) -> dict[str, str]:
     return dict(re.findall(r"^([\w\[\]]+?)\s+=\s?(.*?)\s*$", text, re.M))
 
 
+# The one scontrol call of read_scontrol, reading SCONTROL_COMMANDS on its stdin.
+SCONTROL_CALL = ("scontrol", "-a", "-o")
+
+
 def read_scontrol(command: str) -> str:
     """scontrol's answer to SCONTROL_COMMANDS: one call for partitions, nodes and settings."""
     if not has_command("scontrol"):
         raise SchedulerError(f"scontrol is not on PATH: run `{command}` on a Slurm login node")
-    proc = run_command("scontrol", "-a", "-o", input=SCONTROL_COMMANDS)
+    proc = run_command(*SCONTROL_CALL, input=SCONTROL_COMMANDS)
     if "PartitionName=" not in proc.stdout or "ClusterName" not in proc.stdout:
         said = (proc.stderr or proc.stdout).strip()
         raise SchedulerError(f"scontrol gave no partitions or no configuration: {said[:500]}")

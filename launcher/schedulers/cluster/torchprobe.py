@@ -302,6 +302,21 @@ def probe(site: Any, submitting: str, *, where: str | None = None, timeout_s: fl
     return _run(environment_of(site, submitting, home), key, where, timeout_s, PROBE_CODE)
 
 
+# The probe's one call: bash reading the probe script on its stdin.
+PROBE_CALL = ("bash", "-s")
+
+
+def probe_plan_call(plan: Any) -> tuple[tuple[str, ...], str] | None:
+    """(command, stdin) of probe_plan's one call, None where it makes none."""
+    env = plan_environment(plan)
+    if isinstance(env, str):
+        return None
+    try:
+        return PROBE_CALL, probe_script(env, FIND_CODE)
+    except shell.ShellTextError:
+        return None
+
+
 def probe_plan(plan: Any, *, where: str | None = None, timeout_s: float = TIMEOUT_S) -> TorchProbe:
     """Whether the interpreter a job plan runs starts and finds torch (without importing
     it), asked as `probe` asks."""
@@ -325,7 +340,7 @@ def _run(env: Environment | str, key: str, where: str | None, timeout_s: float, 
     except shell.ShellTextError as exc:
         return TorchProbe(key, where, reason=f"the environment step cannot be written as shell text: {exc}")
     try:
-        outcome = slurm_client.CLIENT.attempt(["bash", "-s"], timeout_s, input=script)
+        outcome = slurm_client.CLIENT.attempt(list(PROBE_CALL), timeout_s, input=script)
     except GlaunchError as exc:
         return TorchProbe(key, where, reason=f"could not run bash: {exc}")
     proc = outcome.proc

@@ -150,9 +150,14 @@ def submission_marker(run_id: str) -> str:
     return f"glaunch:{run_id}"
 
 
+def preflight_call(job_file: str | Path) -> tuple[str, ...]:
+    """The one command of preflight."""
+    return ("sbatch", "--test-only", str(job_file))
+
+
 def preflight(plan: JobPlan, job_file: Path, env: Mapping[str, str] | None = None) -> None:
     """`sbatch --test-only`: Slurm validates the request without queueing anything."""
-    proc = run_command("sbatch", "--test-only", str(job_file), env=env)
+    proc = run_command(*preflight_call(job_file), env=env)
     if proc.returncode == 0:
         return
     raw = (proc.stderr or proc.stdout).strip()

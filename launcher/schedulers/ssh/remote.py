@@ -9,8 +9,10 @@ from __future__ import annotations
 import posixpath
 import subprocess
 import weakref
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from launcher import shell
 from launcher.errors import SchedulerError
 from launcher.schedulers.slurm.client import Account, Client
 from launcher.schedulers.ssh.connection import Connection, NoAnswer, said
@@ -80,16 +82,54 @@ PUT_BACK = ('cd -- "$1" || exit 3; aside=$2; whole=$3; shift 3; [ -d "$aside" ] 
             f'rm -f -- "$aside/{ASIDE_MARK}"; rmdir -- "$aside" 2>/dev/null; exit 0')
 # The account: home, user and group names, each ended by a NUL.
 ACCOUNT = 'printf "%s\\0%s\\0%s\\0" "$HOME" "$(id -un)" "$(id -Gn)"'
+# (bash) $1 the script that runs a command as on the cluster (SLURM_ENV), $2 a directory to run
+# in, then pairs of (stdin text, the command as one line of words quoted by launcher.shell,
+# which eval reads back as exactly those words): each command runs in turn; for each, its
+# exit status and the lengths of its stdout and its stderr, each ended by a NUL, then
+# those bytes.
+BATCH = "; ".join((
+    'env_script=$1; dir=$2; shift 2',
+    't=$(mktemp -d) || exit 4',
+    "trap 'rm -rf -- \"$t\"' EXIT",
+    'while [ $# -ge 2 ]; do input=$1; line=$2; shift 2',
+    'printf %s "$input" | eval "sh -c \\"\\$env_script\\" glaunch-slurm \\"\\$dir\\" $line" >"$t/o" 2>"$t/e"',
+    's=$?; o=$(wc -c <"$t/o"); e=$(wc -c <"$t/e")',
+    'printf "%s\\0%s\\0%s\\0" "$s" "$((o))" "$((e))"',
+    'cat -- "$t/o" "$t/e"; done',
+))
+
+
+# $1 run.json, $2 a fresh name beside it, $3 the job's task as staged, $4 its place, $5
+# SLURM_ENV, $6 the job's id: stdin replaces run.json whole, the task moves into place,
+# then the job is released (scontrol release, as on the cluster).
+PLACE_AND_RELEASE = "; ".join((
+    'cat > "$2" && mv -f -- "$2" "$1" || { rm -f -- "$2"; exit 11; }',
+    'mv -f -- "$3" "$4" || exit 12',
+    'exec sh -c "$5" glaunch-slurm "" scontrol release "$6"',
+))
+NOT_PLACED = {11: "writing run.json", 12: "putting the job's task in place"}
+
+
+@dataclass(frozen=True)
+class Asked:
+    """A command of a batch: its words, and the text on its stdin."""
+
+    cmd: tuple[str, ...]
+    input: str = ""
 
 
 def slurm_client(conn: Connection, *, cwd: str | None = None) -> Client:
     """A Slurm Client whose commands run on `conn`'s login node (in `cwd` when given) in the
     environment SLURM_ENV leaves, as the account there; the local environment stays here.
     A command that does not end within its bound is a timeout to the Client: a lost sbatch
-    answer is looked up."""
+    answer is looked up. A command asked ahead on this connection (`ask_ahead`) is
+    answered from there, with no round trip."""
 
     def runner(cmd: Sequence[str], *, timeout: float, input: str | None = None,
                env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        known = _answered(conn, Asked(tuple(cmd), input or ""))
+        if known is not None:
+            return known
         words = ["sh", "-c", SLURM_ENV, "glaunch-slurm", cwd or "", *cmd]
         try:
             done = conn.run(words, input=input.encode() if input is not None else None, timeout_s=timeout)
@@ -103,15 +143,93 @@ def slurm_client(conn: Connection, *, cwd: str | None = None) -> Client:
 _ACCOUNTS: weakref.WeakKeyDictionary[Connection, Account] = weakref.WeakKeyDictionary()
 
 
-def account(conn: Connection) -> Account:
-    """The remote account (user, home, groups): asked once per connection."""
+def account(conn: Connection, *, along: Sequence[Asked] = ()) -> Account:
+    """The remote account (user, home, groups): asked once per connection; with it, in the
+    same round trip, the commands `along` (asked ahead, see `ask_ahead`)."""
     if conn not in _ACCOUNTS:
-        done = conn.run(["sh", "-c", ACCOUNT])
-        fields = [f.decode(errors="surrogateescape") for f in done.stdout.split(b"\0")]
-        if done.returncode != 0 or len(fields) < 4 or not fields[0] or not fields[1]:
-            raise SchedulerError(f"{conn.where()} did not say its home directory and user ({said(done.stderr)})")
+        if along:
+            first, *rest = run_batch(conn, [Asked(("sh", "-c", ACCOUNT)), *along])
+            _keep(conn, along, rest)
+            done_code, out, err = first.returncode, first.stdout.encode(errors="surrogateescape"), first.stderr
+        else:
+            done = conn.run(["sh", "-c", ACCOUNT])
+            done_code, out, err = done.returncode, done.stdout, said(done.stderr)
+        fields = [f.decode(errors="surrogateescape") for f in out.split(b"\0")]
+        if done_code != 0 or len(fields) < 4 or not fields[0] or not fields[1]:
+            raise SchedulerError(f"{conn.where()} did not say its home directory and user ({err})")
         _ACCOUNTS[conn] = Account(user=fields[1], home=fields[0], groups=frozenset(fields[2].split()) or None)
+    elif along:
+        ask_ahead(conn, along)
     return _ACCOUNTS[conn]
+
+
+# Answers of commands asked ahead, by connection: served to the Slurm client in place of a
+# round trip. Only commands whose answer holds for the rest of one glaunch command are
+# asked ahead (the cluster's settings, the account's associations, the interpreter, a
+# `--test-only`); a failed one answers once, so that a retry asks the cluster again.
+_AHEAD: weakref.WeakKeyDictionary[Connection, dict[Asked, subprocess.CompletedProcess[str]]] = \
+    weakref.WeakKeyDictionary()
+
+
+def ask_ahead(conn: Connection, commands: Sequence[Asked], *, cwd: str | None = None) -> None:
+    """Run `commands` on the login node in one round trip (in `cwd`, as slurm_client's
+    runner would), keeping their answers for the Slurm clients of `conn`."""
+    if commands:
+        _keep(conn, commands, run_batch(conn, commands, cwd=cwd))
+
+
+def _keep(conn: Connection, commands: Sequence[Asked], answers: Sequence[subprocess.CompletedProcess[str]]) -> None:
+    kept = _AHEAD.setdefault(conn, {})
+    for asked, answer in zip(commands, answers):
+        kept[asked] = answer
+
+
+def _answered(conn: Connection, asked: Asked) -> subprocess.CompletedProcess[str] | None:
+    kept = _AHEAD.get(conn)
+    if not kept or asked not in kept:
+        return None
+    answer = kept[asked]
+    if answer.returncode != 0:
+        del kept[asked]
+    return answer
+
+
+def run_batch(conn: Connection, commands: Sequence[Asked], *, cwd: str | None = None,
+              timeout_s: float | None = None) -> list[subprocess.CompletedProcess[str]]:
+    """Each command run on the login node as slurm_client's runner runs one, all in one
+    round trip; their answers in order. A command whose answer did not come back whole (the
+    link dropped, the bound passed) is missing from the end of the list."""
+    # bash, not sh: launcher.shell may quote a word as $'...', which eval must read back.
+    words = ["bash", "-c", BATCH, "glaunch-batch", SLURM_ENV, cwd or ""]
+    for asked in commands:
+        words += [asked.input, shell.join(asked.cmd)]
+    done = conn.run(words, timeout_s=timeout_s)
+    answers = parse_batch(done.stdout)
+    return [subprocess.CompletedProcess(list(asked.cmd), status, out, err)
+            for asked, (status, out, err) in zip(commands, answers)]
+
+
+def parse_batch(stream: bytes) -> list[tuple[int, str, str]]:
+    """BATCH's answer: (status, stdout, stderr) of each command, up to the first one that
+    is not whole."""
+    out: list[tuple[int, str, str]] = []
+    at = 0
+    while at < len(stream):
+        fields = []
+        for _ in range(3):
+            end = stream.find(b"\0", at)
+            if end < 0 or not stream[at:end].isdigit():
+                return out
+            fields.append(int(stream[at:end]))
+            at = end + 1
+        status, n_out, n_err = fields
+        if at + n_out + n_err > len(stream):
+            return out
+        text = stream[at:at + n_out].decode(errors="surrogateescape")
+        err = stream[at + n_out:at + n_out + n_err].decode(errors="replace")
+        out.append((status, text, err))
+        at += n_out + n_err
+    return out
 
 
 def home_and_user(conn: Connection) -> tuple[str, str]:
@@ -136,6 +254,20 @@ def write_bytes(conn: Connection, path: str, data: bytes) -> None:
     done = conn.run(["sh", "-c", WRITE, "glaunch-write", path, fresh], input=data)
     if done.returncode != 0:
         raise SchedulerError(f"cannot write {path!r} on {conn.where()} ({said(done.stderr)})")
+
+
+def place_and_release(conn: Connection, record: str, data: bytes, task_from: str, task_to: str,
+                      job_id: str) -> subprocess.CompletedProcess[str]:
+    """In one round trip: `record` replaced whole with `data`, the task file moved from
+    `task_from` to `task_to`, then job `job_id` released; scontrol's answer.
+    SchedulerError when a file could not be put in place (the job is then still held)."""
+    fresh = posixpath.join(posixpath.dirname(record), f".{posixpath.basename(record)}.glaunch-new")
+    done = conn.run(["sh", "-c", PLACE_AND_RELEASE, "glaunch-place", record, fresh, task_from, task_to, SLURM_ENV,
+                     job_id], input=data)
+    if done.returncode in NOT_PLACED:
+        raise SchedulerError(f"{NOT_PLACED[done.returncode]} on {conn.where()} failed ({said(done.stderr)})")
+    cmd = ["scontrol", "release", job_id]
+    return subprocess.CompletedProcess(cmd, done.returncode, done.out, done.err)
 
 
 def run_checked(conn: Connection, words: Sequence[str], what: str) -> None:
