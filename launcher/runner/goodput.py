@@ -251,7 +251,6 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
             idle = _idle(starts, resumed, min(begun), min(begun) + wall)
             wall = round(max(0.0, wall - idle), 3)
     productive = [r["productive_s"] for r in rows if r["productive_s"] is not None]
-    lost = [r["lost_steps"] for r in rows if r["lost_steps"] is not None]
     lost_s = [x for r in rows if r["lost_steps"] is not None and r["step_time_s"] is not None
               and (x := _finite(r["lost_steps"] * r["step_time_s"])) is not None]
     overhead = 0.0
@@ -272,7 +271,7 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
         "productive_s": _finite(round(sum(productive), 3)) if productive else None,
         "wall_s": wall,
         "idle_s": idle,
-        "lost_steps": sum(lost) if lost else (0 if rows else None),
+        "lost_steps": lost_total(rows),
         "lost_s": _finite(round(sum(lost_s), 3)) if lost_s else None,
         "restart_overhead_s": round(overhead, 3) if measured else None,
         "interruptions": len(interrupted),
@@ -287,6 +286,18 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
     }
     return {"goodput": goodput, "suggest": suggest(starts, goodput, settings or {}),
             "warnings": checkpoint_warnings(record)}
+
+
+def lost_total(rows: Sequence[Mapping[str, Any]]) -> int | None:
+    """Steps the run lost: the sum of what the starts that know it lost; 0 where none knows
+    it and none was interrupted (nothing was lost); None where an interrupted start's loss
+    is not known and no start's is (a script that reports no steps): not known, never 0."""
+    lost = [row["lost_steps"] for row in rows if row["lost_steps"] is not None]
+    if lost:
+        return sum(lost)
+    if any(row["reason"] in INTERRUPTED for row in rows):
+        return None
+    return 0 if rows else None
 
 
 def _idle(starts: Sequence[StartRecord], resumed: Sequence[Mapping[str, Any]], begin: float, end: float) -> float:

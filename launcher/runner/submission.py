@@ -23,7 +23,7 @@ from launcher.resolution.resolve import code_anchor, resolve
 from launcher.rundir import registry
 from launcher.rundir.records import IN_FLIGHT, State
 from launcher.rundir.registry import find_run, new_run_id
-from launcher.runner import bundle, dependencies, unseen
+from launcher.runner import bundle, dependencies, shared_folder, unseen
 from launcher.runner.bundle import PathSource
 from launcher.runner.gitview import locate
 from launcher.runner.inputs import folder_of, items
@@ -114,6 +114,7 @@ def _prepare(exp, loaded_site, runs_dir: str | None, run_id: str | None, after: 
     scheduler = schedulers.get(plan.scheduler)
     scheduler.check(plan)
     warnings = [w for w in (take_over_warning(exp, plan, upstreams, dry_run=dry_run), checkpoint_warning(exp, plan),
+                            shared_folder.warning(plan),
                             road.over_ssh and remote_python_warning(loaded_site, plan)) if w]
     runs_from, checkpoint_from = path_sources(exp, loaded_site, runs_dir)
     return Prepared(plan, road.files(scheduler.render(plan)), scheduler, runs_from, checkpoint_from,

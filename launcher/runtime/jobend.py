@@ -92,7 +92,7 @@ from launcher.rundir.records import (
     is_terminal,
     node_list,
 )
-from launcher.rundir.layout import RunDir
+from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
 from launcher.runtime import jobstart, watchdog
 from launcher.runtime.rankcontext import RuntimeConfigError, context
@@ -107,6 +107,10 @@ USABLE_STATES = frozenset({"idle", "mixed", "allocated", "completing"})
 IN_ALLOCATION = FAILURES | {SLOW_NODE}
 
 
+# A clean end of a script that uses glaunch's runtime but did not call rt.write_result.
+NO_RESULT = "the entry point wrote no result.json"
+
+
 @dataclass(frozen=True)
 class Outcome:
     state: str              # COMPLETED | REQUEUED | TIMEOUT | PREEMPTED | FAILED | CANCELLED
@@ -119,7 +123,7 @@ class Outcome:
 def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, timed_out: bool,
            restart: int, requeue_max: int, crashes: int, crash_retries: int,
            cancelled: bool = False, hung: bool = False, swapping: bool = False,
-           killed: Killed | None = None) -> Outcome:
+           killed: Killed | None = None, runtime: bool = True) -> Outcome:
     """Pure: the outcome of a start from what is known when its step ended.
 
     finished: result.json exists (the run is done, whatever ended the step);
@@ -130,7 +134,10 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
     asked the ranks to stop, to leave a slow node for a spare (a stop then has that reason);
     cancelled: a cancel was asked for this job (glaunch's own mark, or Ctrl-C): only that
     makes a start CANCELLED; killed: the signal that ended the first failing task, which
-    no cancel asked for: a crash like any other (the kernel's OOM killer sends SIGKILL).
+    no cancel asked for: a crash like any other (the kernel's OOM killer sends SIGKILL);
+    runtime: a rank of this start reported through glaunch's runtime (:func:`used_runtime`).
+    A clean exit without result.json is noted only then: result.json is the runtime's
+    (``rt.write_result``), and a script without it never writes one: its clean exit is its end.
     """
     if finished:
         return Outcome(State.COMPLETED.value, None, False, 0)
@@ -143,8 +150,8 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
         return Outcome((State.PREEMPTED if preempted else State.TIMEOUT).value, reason, False, 1,
                        f"requeue.max ({requeue_max}) reached")
     if step_status == 0 and not hung:
-        # The step ended cleanly but the script wrote no result: nothing to resume for.
-        return Outcome(State.COMPLETED.value, None, False, 0, "the entry point wrote no result.json")
+        # The step ended cleanly: nothing to resume for, with or without a result.
+        return Outcome(State.COMPLETED.value, None, False, 0, NO_RESULT if runtime else None)
     reason = "hang" if hung else "crash"
     detail = ("the watchdog ended the step" if hung else str(killed) if killed is not None
               else f"exit status {step_status}")
@@ -262,6 +269,22 @@ def resumed_in(run_dir: Path, restart: int) -> int | None:
     """The step this start resumed from (resume.json, written by resume_checkpoint)."""
     resume = _of_restart(read_json(RunDir(run_dir).resume_file), restart)
     return None if resume is None else resume.get("step")
+
+
+def used_runtime(run_dir: Path, job_id: str | None, restart: int) -> bool:
+    """Whether a rank of this start reported through glaunch's runtime: its own heartbeat
+    of this start announced it (launcher.runtime.heartbeats.announce; a step it beat does
+    too). Not the `starting` record the task writes for every rank, nor a beat that
+    entrypoint.progress wrote from the log (``source: "log"``): a script without the runtime
+    leaves those."""
+    if job_id is None:
+        return False
+    for _, path in RunDir(run_dir).heartbeats():
+        record = read_heartbeat(path)
+        if (record is not None and watchdog.of_start(record, job_id, restart)
+                and record.get("announced_at") is not None and record.get("source") != "log"):
+            return True
+    return False
 
 
 def crash_in(run_dir: Path, restart: int) -> dict | None:
@@ -584,7 +607,8 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             crash_retries=record.crash_retries, hung=hang is not None, swapping=swap is not None,
             # A cancel is glaunch's own mark on the job, never read from how a task ended.
             cancelled=job_id is not None and record.extra.get(CANCEL_REQUESTED) == job_id,
-            killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None)
+            killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None,
+            runtime=used_runtime(run_dir, ctx_job_id or job_id, restart))
         outcome = with_crash_note(outcome, run_dir, restart)
         bad = blamed_node(outcome.reason, crash_in(run_dir, restart), hang, swap)
         kept_off = list(record.excluded_nodes)

@@ -413,7 +413,8 @@ def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart
         stopped=warned or stop is not None, preempted=False,
         timed_out=timed_out, restart=restart, requeue_max=plan.requeue_max, crashes=crashes,
         crash_retries=plan.crash_retries, hung=hung, cancelled=interrupted or cancelled,
-        killed=None if jobend.crash_in(run_dir.path, restart) else first_killed_task(summary, status)),
+        killed=None if jobend.crash_in(run_dir.path, restart) else first_killed_task(summary, status),
+        runtime=jobend.used_runtime(run_dir.path, record.job_id, restart)),
         run_dir.path, restart)
     if interrupted and outcome.state == State.CANCELLED:
         if stop is not None and stop.get("checkpoint"):

@@ -52,6 +52,18 @@ def _memory_line(memory: Mapping[str, Any]) -> str:
     return line
 
 
+def _lost_steps(good: Mapping[str, Any]) -> str:
+    """The steps the run lost, or "?" where that is not known: where no start counted its
+    steps (a script without the runtime and without entrypoint.progress), saying so."""
+    lost = step_of(good.get("lost_steps"))
+    if lost is not None:
+        return str(lost)
+    rows = [row for row in good.get("starts") or () if isinstance(row, Mapping)]
+    if any(step_of(row.get("steps_done")) is not None for row in rows):
+        return "?"
+    return "? (no start counted its steps: entrypoint.progress reads them from the script's log)"
+
+
 def _goodput_lines(report: Mapping[str, Any]) -> list[str]:
     good = report.get("goodput")
     if not isinstance(good, dict) or not good.get("starts"):
@@ -63,7 +75,7 @@ def _goodput_lines(report: Mapping[str, Any]) -> list[str]:
         if number(good.get("idle_s")):
             head += f"; {duration(good['idle_s'])} ended before a resume left out"
         head += ")"
-    head += f"; lost steps {good.get('lost_steps')}"
+    head += f"; lost steps {_lost_steps(good)}"
     if number(good.get("lost_s")):
         head += f" ({duration(good['lost_s'])})"
     if number(good.get("restart_overhead_s")) is not None:
