@@ -432,6 +432,110 @@ def test_a_job_slurm_refuses_leaves_no_run_on_either_side(laptop, tmp_path, chec
     assert not list((Path(laptop["GLAUNCH_STATE_DIR"]) / "remote-runs").glob("*"))
 
 
+# --- live: a link that drops at each round trip of a submit ---------------------------------
+
+DROPPING_SSH = """#!/bin/sh
+# Local calls (ssh -O to the master, ssh -G for the config) reach no host: never dropped.
+for a; do
+    [ "$a" = -- ] && break
+    case "$a" in -O|-G) exec {ssh} "$@" ;; esac
+done
+# Builtins only: the laptop's PATH holds ssh, git and tar.
+n=0; [ -e {state}/count ] && read -r n < {state}/count; n=$((n + 1)); echo "$n" > {state}/count
+if [ -e {state}/from ] && read -r from < {state}/from && [ "$n" -ge "$from" ]; then
+    echo 'Connection closed by 127.0.0.1 port 2222' >&2; exit 255
+fi
+if [ -e {state}/after ] && read -r after < {state}/after && [ "$n" = "$after" ]; then
+    {ssh} "$@" >/dev/null 2>&1
+    echo 'Connection reset by 127.0.0.1 port 2222' >&2; exit 255
+fi
+exec {ssh} "$@"
+"""
+
+
+@pytest.fixture
+def dropping_laptop(laptop, tmp_path):
+    """The laptop, whose link to the login node drops at the Nth round trip of a command:
+    `after` (the command ran there, its answer is lost) or `from` (nothing reaches the host
+    from then on)."""
+    state = tmp_path / "link"
+    state.mkdir()
+    ssh = Path(laptop["PATH"]) / "ssh"
+    real = ssh.read_text().splitlines()[-1].removeprefix("exec ").removesuffix(' "$@"')
+    ssh.write_text(DROPPING_SSH.format(ssh=real, state=state))
+    return laptop, state
+
+
+def drop(state: Path, how: str | None = None, at: int = 0) -> None:
+    for name in ("count", "after", "from"):
+        (state / name).unlink(missing_ok=True)
+    if how is not None:
+        (state / how).write_text(f"{at}\n")
+
+
+def held_jobs() -> list[str]:
+    from slurmkit import cluster_env
+
+    done = subprocess.run(["squeue", "-h", "-o", "%i|%k"], env=cluster_env("main"), capture_output=True, text=True,
+                          timeout=30)
+    return [line for line in done.stdout.splitlines() if "|glaunch:torch-ddp-" in line]
+
+
+# A submit's round trips: the account (with the cluster's settings), the bundle sent, the
+# checks, sbatch --hold, run.json and the task put in place with the release.
+SUBMIT_ROUND_TRIPS = 5
+
+
+@pytest.mark.slurm
+@pytest.mark.requires_sshd
+def test_a_submit_whose_link_drops_at_any_round_trip_leaves_nothing_it_does_not_name(dropping_laptop, tmp_path):
+    laptop, state = dropping_laptop
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    records = Path(laptop["GLAUNCH_STATE_DIR"]) / "remote-runs"
+    held = tmp_path / "held.yaml"       # every job held by --begin: nothing runs
+    held.write_text("name: held\nextends: local-slurm-remote\nsbatch: {begin: now+600}\n")
+    submit = ["submit", "examples/torch_ddp.yaml", "--site", str(held), "--runs-dir", str(runs), "--json"]
+    # The answer of one round trip lost: the submission is whole (sbatch's lost answer is
+    # looked up), or it ends exit 3 with nothing left on either side.
+    outcomes = {}
+    for at in range(1, SUBMIT_ROUND_TRIPS + 1):
+        drop(state, "after", at)
+        done = glaunch(laptop, *submit)
+        drop(state)
+        outcomes[at] = done.returncode
+        if done.returncode == 0:
+            run_id = json.loads(done.stdout)["run_id"]
+            assert len(held_jobs()) == 1, (at, held_jobs())
+            assert glaunch(laptop, "cancel", run_id).returncode == 0
+            subprocess.run(["rm", "-rf", "--", str(runs / run_id), str(records / run_id)], timeout=30)
+            wait_gone = time.monotonic() + 30
+            while held_jobs() and time.monotonic() < wait_gone:
+                time.sleep(1)
+            continue
+        assert done.returncode == 3 and "glaunch-login" in done.stderr, (at, done.stderr)
+        assert "left on" not in done.stderr, (at, done.stderr)
+        assert list(runs.iterdir()) == [] and not list(records.glob("*")), at
+        assert held_jobs() == [], at
+    assert outcomes == {1: 3, 2: 3, 3: 3, 4: 0, 5: 3}
+    # The link gone for good from the bundle's arrival on: exit 3 naming what is left and
+    # the command that removes it; status says so; cancel, once the link is back, removes it.
+    for at in range(3, SUBMIT_ROUND_TRIPS + 1):
+        drop(state, "from", at)
+        done = glaunch(laptop, *submit)
+        drop(state)
+        assert done.returncode == 3 and "left on glaunch-login" in done.stderr, (at, done.stderr)
+        run_id = re.search(r"glaunch cancel (\S+) removes", done.stderr).group(1)
+        assert str(runs / run_id) in done.stderr, done.stderr
+        status = json.loads(glaunch(laptop, "status", run_id, "--json").stdout)
+        assert status["state"] == "FAILED" and "glaunch cancel" in status["detail"], status
+        cancelled = glaunch(laptop, "cancel", run_id)
+        assert cancelled.returncode == 0 and "removed what its interrupted submission left" in cancelled.stdout, \
+            cancelled.stdout + cancelled.stderr
+        assert list(runs.iterdir()) == [] and not list(records.glob("*")), at
+        assert held_jobs() == [], at
+
+
 # --- live: a cluster account whose login shell prints ----------------------------------------
 
 # Connections from this address meet a login shell that prints; the tests of others, from

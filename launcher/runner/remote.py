@@ -298,23 +298,37 @@ def _stage_send_queue(prepared: Any, conn: Connection, local: Path, check: bool)
         record.run_dir = plan.run_dir
         record.extra = moved_paths(record.extra, str(written.path), plan.run_dir)
     dump_task(plan, task_template(local_plan.log_dir))
-    send_tree(conn, written.path, plan.run_dir, make_parent=True)
     client = on_login.slurm_client(conn, cwd=plan.run_dir)
-    queued: list[str] = []
+    queued = Queued()
     try:
+        send_tree(conn, written.path, plan.run_dir, make_parent=True)
         _check_queue_release(prepared, conn, client, written.path, check, queued,
                              before_release=lambda job_id: record_here(local, plan, job_id,
                                                                        Where(conn.login, plan.run_dir)))
-    except BaseException:
-        _undo(conn, client, plan, queued[0] if queued else None)
+    except BaseException as exc:
+        left = _undo(conn, client, plan, queued)
+        if left is None:
+            raise
+        _record_left(local, plan, left, Where(conn.login, plan.run_dir))
+        if isinstance(exc, SchedulerError):
+            raise SchedulerError(f"{exc.message}; {left.said(plan.run_id, conn.login.host)}") from None
         raise
-    return queued[0]
+    return str(queued.job_id)
+
+
+@dataclass
+class Queued:
+    """How far a submission got with Slurm: sbatch asked (`asked`: its answer may have been
+    lost with the link), and the job's id once known."""
+
+    asked: bool = False
+    job_id: str | None = None
 
 
 def _check_queue_release(prepared: Any, conn: Connection, client: Any, staged: Path, check: bool,
-                         queued: list[str], *, before_release: Callable[[str], None] = lambda job_id: None) -> None:
+                         queued: Queued, *, before_release: Callable[[str], None] = lambda job_id: None) -> None:
     """The run's files on the cluster: the cluster's checks (`check`; their commands asked
-    in one round trip), the job queued held (its id appended to `queued`), run.json saying
+    in one round trip), the job queued held (said in `queued`), run.json saying
     so (`staged`'s, recorded here first by `before_release`) and its task put in place and
     the job released in one more round trip."""
     plan = prepared.plan
@@ -324,8 +338,8 @@ def _check_queue_release(prepared: Any, conn: Connection, client: Any, staged: P
             _ask_checks_ahead(conn, plan)
             warnings = prepared.scheduler.check_cluster(plan)
             preflight(plan, Path(plan.run_dir) / "job.sbatch", {})
-        job_id = _sbatch_held(client, plan, on_login.account(conn).user)
-        queued.append(job_id)
+        queued.asked = True
+        job_id = queued.job_id = _sbatch_held(client, plan, on_login.account(conn).user)
         record_queued(staged, plan, job_id, warnings, prepared.scheduler.version())
         before_release(job_id)
         released = on_login.place_and_release(conn, posixpath.join(plan.run_dir, "run.json"),
@@ -406,19 +420,127 @@ def _release(client: Any, job_id: str) -> None:
         raise SchedulerError(f"scontrol release {job_id} failed: {(proc.stderr or proc.stdout).strip()}")
 
 
-def _undo(conn: Connection, client: Any, plan: Any, job_id: str | None) -> None:
+@dataclass(frozen=True)
+class Left:
+    """What a submission whose link dropped could not remove from the cluster: its held
+    job (None: none was queued, or it was cancelled; `maybe_queued`: sbatch was asked and
+    its answer lost, so a job may be held under the run's marker) and whether its
+    directory may be there."""
+
+    job_id: str | None
+    run_dir: str | None
+    maybe_queued: bool = False
+
+    def said(self, run_id: str, host: str) -> str:
+        job = f"held job {self.job_id}" if self.job_id else "a held job it may have queued" if self.maybe_queued else ""
+        parts = ([job] if job else []) + ([f"the directory {self.run_dir}"] if self.run_dir else [])
+        return (f"left on {host}: {' and '.join(parts)} (glaunch cancel {run_id} removes them once {host} "
+                "answers)")
+
+    def to_json(self) -> str:
+        return json.dumps({"job_id": self.job_id, "run_dir": self.run_dir, "maybe_queued": self.maybe_queued})
+
+
+# A submission's record here that names what its dropped link left on the cluster.
+LEFT_FILE = "left.json"
+
+
+def _undo(conn: Connection, client: Any, plan: Any, queued: Queued) -> Left | None:
     """After a failure: cancel the held job, remove the run's directory on the cluster and
-    its record here. Best effort: the first failure is the one reported."""
+    its record here. What could not be removed (the link dropped), None when nothing is
+    left; the failure that ended the submission stays the one reported."""
     home = records_dir() / plan.run_id
     if home.is_dir() and (home / REMOTE_FILE).is_file():
         registry.unregister(plan.run_id, str(home))
         shutil.rmtree(home, ignore_errors=True)
+    job_id = queued.job_id
+    if job_id is None and queued.asked:
+        try:
+            job_id = _lost_job(conn, client, plan, queued)
+        except SchedulerError:
+            left = _remove_from_cluster(conn, client, None, plan.run_dir)
+            return Left(None, left.run_dir if left else None, maybe_queued=True)
+    return _remove_from_cluster(conn, client, job_id, plan.run_dir)
+
+
+def _lost_job(conn: Connection, client: Any, plan: Any, queued: Queued) -> str | None:
+    """The id of the job sbatch may have queued for the run when its answer was lost
+    (looked up by the run's marker and job script), None when Slurm has none."""
+    if not queued.asked:
+        return None
+    with using(client):
+        return find_submitted(posixpath.join(plan.run_dir, "job.sbatch"), submission_marker(plan.run_id),
+                              user=on_login.account(conn).user)
+
+
+def _remove_from_cluster(conn: Connection, client: Any, job_id: str | None, run_dir: str) -> Left | None:
+    """The held job cancelled and the run's directory removed, each tried: what is left."""
+    job_left: str | None = None
+    if job_id is not None:
+        try:
+            done = client.call("scancel", job_id)
+            job_left = None if done.returncode == 0 or "Invalid job id" in done.stderr else job_id
+        except SchedulerError:
+            job_left = job_id
     try:
-        if job_id is not None:
-            client.call("scancel", job_id)
-        on_login.remove_tree(conn, plan.run_dir)
+        on_login.remove_tree(conn, run_dir)
+        dir_left = None
     except SchedulerError:
-        pass
+        dir_left = run_dir
+    return Left(job_left, dir_left) if job_left or dir_left else None
+
+
+def _record_left(staged: Path, plan: Any, left: Left, where: Where) -> None:
+    """The record here of a submission that left `left` on the cluster: what `cancel` removes."""
+    home = records_dir() / plan.run_id
+    try:
+        home.mkdir()
+        atomic_write_text(home / REMOTE_FILE, where.to_json())
+        atomic_write_text(home / LEFT_FILE, left.to_json())
+        with registry.updating(staged) as record:
+            record.state = State.FAILED.value
+            record.reason = None
+            record.detail = ("its submission's link dropped: " + left.said(plan.run_id, where.login.host))
+        shutil.copyfile(RunDir(staged).run_file, RunDir(home).run_file)
+        registry.register(plan.run_id, str(home))
+    except (OSError, GlaunchError):
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def left_of(run_dir: Path) -> Left | None:
+    """What a submission that failed left on the cluster (left.json), None for other runs."""
+    try:
+        data = load_bounded_object(Path(run_dir) / LEFT_FILE)
+    except OSError:
+        return None
+    except ValueError:
+        return Left(None, None)
+    job_id, cluster_dir = data.get("job_id"), data.get("run_dir")
+    job_ok = isinstance(job_id, str) and job_id.isdigit()
+    dir_ok = isinstance(cluster_dir, str) and cluster_dir.startswith("/")
+    return Left(job_id if job_ok else None, cluster_dir if dir_ok else None, data.get("maybe_queued") is True)
+
+
+def clean_left(run_dir: Path, left: Left) -> str:
+    """`cancel` of a submission whose link dropped: its held job cancelled, its directory on
+    the cluster removed, its record here gone."""
+    where = where_of(run_dir)
+    record = registry.read(run_dir)
+    cluster_dir = left.run_dir if left.run_dir == where.run_dir else None
+    with connect(where.login) as conn:
+        client = on_login.slurm_client(conn)
+        job_id = left.job_id
+        if job_id is None and left.maybe_queued:
+            with using(client):
+                job_id = find_submitted(posixpath.join(where.run_dir, "job.sbatch"),
+                                        submission_marker(record.run_id), user=on_login.account(conn).user)
+        still = _remove_from_cluster(conn, client, job_id, cluster_dir or where.run_dir)
+    if still is not None:
+        raise SchedulerError(f"run {record.run_id}: {still.said(record.run_id, where.login.host)}")
+    registry.unregister(record.run_id, str(run_dir))
+    shutil.rmtree(run_dir, ignore_errors=True)
+    removed = " and ".join(([f"held job {job_id}"] if job_id else []) + [f"{where.run_dir}"])
+    return f"run {record.run_id}: removed what its interrupted submission left on {where.login.host}: {removed}"
 
 
 # --- resuming -------------------------------------------------------------------------
@@ -472,15 +594,16 @@ def queue_resume(prepared: Any, conn: Connection, aside: str, moved: Sequence[st
     names = sorted({*moved, *prepared.files, LIB_DIR})
     whole = False
     client = on_login.slurm_client(conn, cwd=plan.run_dir)
-    queued: list[str] = []
+    queued = Queued()
     try:
         on_login.set_aside(conn, plan.run_dir, aside, names, _tar(members))
         whole = True
         _check_queue_release(prepared, conn, client, here, check, queued)
     except BaseException:
-        _revert_resume(conn, client, plan, queued[0] if queued else None, aside, names, whole, before)
+        _revert_resume(conn, client, plan, queued.job_id or _lost_job(conn, client, plan, queued), aside, names,
+                       whole, before)
         raise
-    return queued[0]
+    return str(queued.job_id)
 
 
 def _revert_resume(conn: Connection, client: Any, plan: Any, job_id: str | None, aside: str, names: Sequence[str],
@@ -511,7 +634,10 @@ def _tar(members: Mapping[str, tuple[bytes, bool]]) -> bytes:
 
 
 def refreshed(run_dir: Path) -> RunRecord:
-    """The run's record read from the cluster, with Slurm's view folded in."""
+    """The run's record read from the cluster, with Slurm's view folded in; for a submission
+    whose link dropped, the record here, which says what it left there."""
+    if left_of(run_dir) is not None:
+        return registry.read(run_dir)
     where = where_of(run_dir)
     with connect(where.login) as conn:
         return refreshed_over(conn, run_dir, where)
@@ -612,6 +738,9 @@ def checked_record(data: bytes, run_id: str, cluster_dir: str, host: str) -> str
 
 
 def cancel(run_dir: Path) -> str:
+    left = left_of(run_dir)
+    if left is not None:
+        return clean_left(run_dir, left)
     where = where_of(run_dir)
     with connect(where.login) as conn:
         record = refreshed_over(conn, run_dir, where)

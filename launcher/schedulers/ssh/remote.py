@@ -135,6 +135,12 @@ def slurm_client(conn: Connection, *, cwd: str | None = None) -> Client:
             done = conn.run(words, input=input.encode() if input is not None else None, timeout_s=timeout)
         except NoAnswer:
             raise subprocess.TimeoutExpired(list(cmd), timeout) from None
+        except SchedulerError:
+            if list(cmd[:1]) != ["sbatch"] or "--test-only" in cmd:
+                raise
+            # The link dropped: sbatch may have queued the job and its answer was lost. As
+            # for a timeout, the Client looks the job up before it tries again.
+            raise subprocess.TimeoutExpired(list(cmd), timeout) from None
         return subprocess.CompletedProcess(list(cmd), done.returncode, done.out, done.err)
 
     return Client(runner=runner, environ={}, account_of=lambda: account(conn))
