@@ -243,3 +243,23 @@ def ds_estimators():
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
     return estimate_zero2_model_states_mem_needs, estimate_zero3_model_states_mem_needs
+
+
+@pytest.fixture
+def laptop(tmp_path, isolated_env, local_sshd_env):
+    """The environment of glaunch on a laptop: PATH without Slurm's commands (its ssh runs
+    with the laptop user's ssh config, key and known hosts), no SLURM_CONF."""
+    home = Path("/home") / local_sshd_env["GLAUNCH_SSHD_LAPTOP_USER"] / ".ssh"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    # The link to the login node drops while CUT exists: ssh fails as on a dropped connection.
+    cut = tmp_path / "cut"
+    (bin_dir / "ssh").write_text(f"#!/bin/sh\nif [ -e {cut} ]; then echo 'Connection closed by 127.0.0.1 port 2222' >&2; "
+                                 f"exit 255; fi\nexec /usr/bin/ssh -F {home}/config -i {home}/id_ed25519 "
+                                 f"-o UserKnownHostsFile={home}/known_hosts \"$@\"\n")
+    (bin_dir / "ssh").chmod(0o755)
+    for tool in ("git", "tar"):
+        (bin_dir / tool).symlink_to(f"/usr/bin/{tool}")
+    env = {k: v for k, v in isolated_env.items() if not k.startswith(("SLURM_", "SBATCH_"))}
+    env.update(PATH=str(bin_dir), PYTHONPATH=str(REPO), GLAUNCH_TEST_CUT=str(cut))
+    return env

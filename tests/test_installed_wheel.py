@@ -5,12 +5,14 @@ runtime must all come from the installed package.
 
 The README's three paths are tried the same way: on a login node (the starter rendered for
 a shipped Slurm profile), from a laptop (rendered for the shipped profile that submits
-through the local login node, `--dry-run`, which contacts nothing) and with your own
+through the local login node, `--dry-run`, which contacts nothing; and, where the local
+cluster and login node run, submitted through it to COMPLETED) and with your own
 script (the README's plain torchrun script and its exp.yaml, run as written to COMPLETED
 on the local site, then resumed through `entrypoint.resume_args`).
 
-One test, so that the wheel is built and installed once whichever worker runs it: about
-30 s on 16 cores, 60 to 90 s on 2 (the build, the environment, three local runs to their end)."""
+One test per stage (the live laptop path runs with the Slurm tests), so that the wheel is
+built and installed once per stage: about 30 s on 16 cores, 60 to 90 s on 2 (the build, the
+environment, three local runs to their end)."""
 
 from __future__ import annotations
 
@@ -141,7 +143,9 @@ def own_script_path(glaunch: Path, tmp_path: Path, env: dict[str, str]) -> None:
     assert steps == [str(n) for n in range(1, 121)], steps
 
 
-def test_the_installed_wheel_works_from_any_folder(tmp_path):
+def install_wheel(tmp_path: Path) -> tuple[Path, Path, dict[str, str]]:
+    """(the package's __init__.py, the venv's python, the clean environment): the wheel of
+    this checkout built and installed into a fresh virtual environment under `tmp_path`."""
     # The wheel: built by this Python's setuptools (no index needed), without dependencies.
     wheels = tmp_path / "wheels"
     ok(run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", wheels,
@@ -166,7 +170,13 @@ def test_the_installed_wheel_works_from_any_folder(tmp_path):
                               cwd=empty, env=env)).stdout)
     package, site_packages = Path(where[0]), Path(where[1][0])
     assert package == site_packages / "launcher" / "__init__.py" and venv in package.parents, where
-    glaunch = venv / "bin" / "glaunch"
+    return package, python, env
+
+
+def test_the_installed_wheel_works_from_any_folder(tmp_path):
+    package, python, env = install_wheel(tmp_path)
+    glaunch = python.parent / "glaunch"
+    empty = tmp_path / "empty"
 
     # The shipped profiles, each from the installed package.
     listed = ok(run(glaunch, "sites", "list", "--json", cwd=empty, env=env))
@@ -200,3 +210,28 @@ def test_the_installed_wheel_works_from_any_folder(tmp_path):
 
     # With your own script: the README's, as written.
     own_script_path(glaunch, tmp_path, env)
+
+
+@pytest.mark.slurm
+@pytest.mark.requires_sshd
+def test_the_installed_wheel_submits_from_a_laptop_through_the_login_node(tmp_path, laptop):
+    """The README's laptop path, for real: from the fresh environment, on a machine without
+    Slurm's commands, the starter submitted through the local login node with --wait runs
+    to COMPLETED on the cluster, its steps on the console; status and logs from the laptop."""
+    package, python, env = install_wheel(tmp_path)
+    glaunch = python.parent / "glaunch"
+    env.update({k: v for k, v in laptop.items() if k in ("PATH", "GLAUNCH_STATE_DIR", "HOME")})
+    env.pop("PYTHONPATH", None)
+    starter = tmp_path / "starter"
+    shutil.copytree(REPO / "starter", starter)
+    runs = tmp_path / "cluster runs"
+    runs.mkdir()
+    done = run(glaunch, "submit", "exp.yaml", "--site", "local-slurm-remote", "--runs-dir", runs, "--wait",
+               cwd=starter, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "COMPLETED" in done.stdout and re.search(r"step \d+/100", done.stdout), done.stdout
+    run_id = re.search(r"run (\S+): submitted", done.stdout).group(1)
+    status = json.loads(ok(run(glaunch, "status", run_id, "--json", cwd=starter, env=env)).stdout)
+    assert status["state"] == "COMPLETED" and status["cluster"]["run_dir"] == str(runs / run_id), status
+    assert (runs / run_id / "result.json").is_file()
+    assert "Traceback" not in ok(run(glaunch, "logs", run_id, cwd=starter, env=env)).stdout

@@ -198,26 +198,6 @@ def test_slurm_commands_on_the_login_node_run_without_its_slurm_inputs(tmp_path)
 # --- live: a laptop without Slurm, the cluster behind the login node -----------------------
 
 
-@pytest.fixture
-def laptop(tmp_path, isolated_env, local_sshd_env):
-    """The environment of glaunch on a laptop: PATH without Slurm's commands (its ssh runs
-    with the laptop user's ssh config, key and known hosts), no SLURM_CONF."""
-    home = Path("/home") / local_sshd_env["GLAUNCH_SSHD_LAPTOP_USER"] / ".ssh"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    # The link to the login node drops while CUT exists: ssh fails as on a dropped connection.
-    cut = tmp_path / "cut"
-    (bin_dir / "ssh").write_text(f"#!/bin/sh\nif [ -e {cut} ]; then echo 'Connection closed by 127.0.0.1 port 2222' >&2; "
-                                 f"exit 255; fi\nexec /usr/bin/ssh -F {home}/config -i {home}/id_ed25519 "
-                                 f"-o UserKnownHostsFile={home}/known_hosts \"$@\"\n")
-    (bin_dir / "ssh").chmod(0o755)
-    for tool in ("git", "tar"):
-        (bin_dir / tool).symlink_to(f"/usr/bin/{tool}")
-    env = {k: v for k, v in isolated_env.items() if not k.startswith(("SLURM_", "SBATCH_"))}
-    env.update(PATH=str(bin_dir), PYTHONPATH=str(REPO), GLAUNCH_TEST_CUT=str(cut))
-    return env
-
-
 def glaunch(env, *args, cwd=REPO, timeout=90):
     return subprocess.run([sys.executable, "-m", "launcher.cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=timeout)
