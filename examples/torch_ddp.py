@@ -99,30 +99,34 @@ def main(argv: list[str] | None = None) -> int:
         extra = {"grad_scaler": scaler.state_dict()} if scaler.is_enabled() else None
         return rt.save_torch_state(step, model, opt, extra=extra, ctx=ctx)
 
+    # recovery.peer: a rank whose step raises gets a live peer's state and the step is redone;
+    # otherwise a plain loop.
+    recovery = rt.peer_recovery(ddp, opt, extra={"grad_scaler": scaler} if scaler.is_enabled() else None, ctx=ctx)
     loss = out = torch.tensor(float("nan"))
-    for step in range(start + 1, args.steps + 1):
-        x, y = (t.to(where.device) for t in batch(step, ctx.rank))
-        opt.zero_grad(set_to_none=True)
-        with where.autocast():
-            out = ddp(x)
-            loss = loss_fn(out, y)
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        if ctx.is_main and (step % args.log_every == 0 or step == args.steps):
-            print(f"step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
-        if args.seconds_per_step:
-            time.sleep(args.seconds_per_step)
+    for step in recovery.steps(start + 1, args.steps):
+        with recovery.step(step):
+            x, y = (t.to(where.device) for t in batch(step, ctx.rank))
+            opt.zero_grad(set_to_none=True)
+            with where.autocast():
+                out = ddp(x)
+                loss = loss_fn(out, y)
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            if ctx.is_main and (step % args.log_every == 0 or step == args.steps):
+                print(f"step {step}/{args.steps} loss {loss.item():.4f}", flush=True)
+            if args.seconds_per_step:
+                time.sleep(args.seconds_per_step)
 
-        saved = save(step) if ctx.checkpoint_due(step) else None
-        if rt.should_stop(step=step, total=args.steps) and step < args.steps:
-            saved = saved or save(step)
-            rt.write_stop(step, saved, ctx=ctx)
-            if ctx.is_main:
-                print(f"glaunch: stopping at step {step}, checkpoint saved", flush=True)
-                print(f"glaunch: stop requested by {rt.stop_signal()}", flush=True)
-            rt.shutdown_distributed()
-            return 0
+            saved = save(step) if ctx.checkpoint_due(step) else None
+            if rt.should_stop(step=step, total=args.steps) and step < args.steps:
+                saved = saved or save(step)
+                rt.write_stop(step, saved, ctx=ctx)
+                if ctx.is_main:
+                    print(f"glaunch: stopping at step {step}, checkpoint saved", flush=True)
+                    print(f"glaunch: stop requested by {rt.stop_signal()}", flush=True)
+                rt.shutdown_distributed()
+                return 0
 
     final = loss.detach().clone().reshape(1)
     if ctx.world_size > 1:

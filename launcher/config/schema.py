@@ -194,6 +194,15 @@ class Watchdog:
 
 
 @dataclass(eq=False)
+class Recovery:
+    """`recovery:` roads to recover a failure besides a restart from a checkpoint."""
+
+    # A data-parallel rank whose step raises gets a live peer's state in the same job, no
+    # checkpoint read (launcher.runtime.peer).
+    peer: bool = False
+
+
+@dataclass(eq=False)
 class Code:
     """`code:` the snapshot of the entry point's code that every start runs from."""
 
@@ -219,6 +228,7 @@ class Experiment:
     checkpoint: Checkpoint = field(default_factory=Checkpoint)
     requeue: Requeue = field(default_factory=Requeue)
     watchdog: Watchdog = field(default_factory=Watchdog)
+    recovery: Recovery = field(default_factory=Recovery)
     env: Dict[str, str] = field(default_factory=dict, metadata=SHELL_VALUES)
     hparams: Dict[str, Any] = field(default_factory=dict)    # free-form; hparams.json for the script
     code: Code = field(default_factory=Code)

@@ -195,6 +195,8 @@ def glaunch_env(plan: JobPlan, job_shell: JobShell) -> list[tuple[str, str, Any]
     ]
     if plan.ds_config is not None:
         values.append((envnames.DS_CONFIG, os.path.join(plan.run_dir, DS_CONFIG_FILE), False))
+    if plan.recovery_peer:
+        values.append((envnames.RECOVERY_PEER, "1", False))
     return values + list(job_shell.extra_env)
 
 

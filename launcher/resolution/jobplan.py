@@ -157,6 +157,7 @@ class JobPlan:
     # The time limit's warning (Slurm's --signal): USR2, glaunch's stop request; USR1 for a
     # plain Lightning script, whose own SLURM handling listens for it (launcher.runner.frameworks).
     warning_signal: str = "USR2"
+    recovery_peer: bool = False       # recovery.peer: a failed data-parallel rank restored from a live peer
 
     @property
     def submitted_script(self) -> str | None:

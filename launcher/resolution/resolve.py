@@ -98,9 +98,17 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
         watchdog_stall_s=STALL_AUTO_INITIAL_S if stall_auto else float(exp.watchdog.stall_s),
         watchdog_stall_auto=stall_auto, watchdog_auto_floor_s=float(exp.watchdog.auto_floor_s),
         watchdog_first_step_s=exp.watchdog.first_step_s, watchdog_slow_node=exp.watchdog.slow_node,
+        recovery_peer=_recovery_peer(exp, strategy.name),
         experiment=_as_dict(exp), site=_as_dict(site), code=code, hparams=hparams,
         sweep_id=ctx.sweep_id, dependency=ctx.dependency, login=login_of(site.login),
     )
+
+
+def _recovery_peer(exp: schema.Experiment, strategy: str) -> bool:
+    """recovery.peer, for data-parallel runs only: a sharded state has no whole copy on a peer."""
+    if exp.recovery.peer and strategy != "ddp":
+        raise ConfigKeyError("recovery.peer", f"needs strategy.name: ddp (a data-parallel run), not {strategy!r}")
+    return exp.recovery.peer
 
 
 # --- the allocation ---------------------------------------------------------------------

@@ -26,6 +26,7 @@ GLOBAL_BATCH = "GLAUNCH_GLOBAL_BATCH"
 STOP_SIGNALS = "GLAUNCH_STOP_SIGNALS"
 HPARAMS = "GLAUNCH_HPARAMS"
 DS_CONFIG = "GLAUNCH_DS_CONFIG"
+RECOVERY_PEER = "GLAUNCH_RECOVERY_PEER"   # "1": recovery.peer (launcher.runtime.peer)
 # Per start, from the scheduler: the job's id and how many starts came before this one.
 JOB_ID = "GLAUNCH_JOB_ID"
 RESTART = "GLAUNCH_RESTART"

@@ -75,6 +75,8 @@ API
 ``time_peer_waits(model)``  time this rank's waits for its peers in a DDP model's gradient
                             all-reduces (a communication hook) or FSDP2's collectives, so its busy
                             time, which names slow nodes, is its own work (``fsdp.shard`` does it)
+``peer_recovery(model, opt)``  the step loop under ``recovery.peer``: a rank whose step raises
+                            gets a live peer's state, no checkpoint read (``launcher.runtime.peer``)
 ``param_sha256(model)``     SHA-256 of all parameters (name order, float32 bytes; gathers ZeRO-3)
 ``write_result(...)``       rank 0 writes ``<run_dir>/result.json`` atomically
 ``write_stop(step, ck)``    rank 0 writes ``<run_dir>/stop.json`` (step, signal, checkpoint)
@@ -119,6 +121,7 @@ from launcher.runtime.checkpoint.verify import verify_checkpoint
 from launcher.runtime.device import Placement, placement
 from launcher.runtime.heartbeats import heartbeat, note_checkpoint
 from launcher.runtime.hparams import apply_hparams, read_hparams
+from launcher.runtime.peer import peer_recovery
 from launcher.runtime.peerwaits import time_peer_waits
 from launcher.runtime.processgroup import init_distributed, shutdown_distributed
 from launcher.runtime.rankcontext import (
@@ -169,6 +172,7 @@ __all__ = [
     "load_torch_state",
     "note_checkpoint",
     "param_sha256",
+    "peer_recovery",
     "placement",
     "read_hparams",
     "read_latest",

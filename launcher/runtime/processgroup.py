@@ -13,6 +13,7 @@ from typing import Any
 
 from launcher.runtime.checkpoint.background import wait_checkpoints
 from launcher.runtime.device import placement
+from launcher.runtime.peer import group_backend
 from launcher.runtime.rankcontext import RankContext, export_rendezvous_env, log_joined
 
 
@@ -35,7 +36,8 @@ def init_distributed(ctx: RankContext | None = None, backend: str | None = None,
     if timeout_s is not None:
         kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
     where.activate()
-    dist.init_process_group(backend=where.backend, init_method="env://", rank=ctx.rank,
+    # Under recovery.peer, gloo's group is one whose connections a recovery forms again.
+    dist.init_process_group(backend=group_backend(where.backend), init_method="env://", rank=ctx.rank,
                             world_size=ctx.world_size, **kwargs)
     log_joined(ctx, where.backend, where.device, where.describe_precision())
     return ctx

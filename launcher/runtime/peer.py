@@ -1,0 +1,387 @@
+"""Peer recovery (``recovery.peer: true``): a data-parallel rank whose step raises is
+restored from a live peer's state in the same job, without reading a checkpoint.
+
+The training loop, with it::
+
+    ctx = rt.init_distributed()                  # under recovery.peer: the group of launcher.runtime.peergroup
+    ddp = DDP(model, ...)
+    recovery = rt.peer_recovery(ddp, opt)        # off: a plain loop, nothing added
+    for step in recovery.steps(start + 1, steps):
+        with recovery.step(step):
+            train_one_step(step)                 # data derived from (seed, step, rank)
+            ...                                  # saves, should_stop: as without it
+
+What happens when the step of a rank raises (the exception reaches ``recovery.step``'s end):
+
+1. That rank closes its connections (:meth:`PeerGroup.disconnect`). Its peers, blocked in
+   the step's gradient all-reduce or reaching their next collective, raise at once, and
+   do the same: every rank ends up here, each exactly once per failure.
+2. Each rank writes its report (:class:`launcher.runtime.peerplan.Report`) to the store
+   of the rendezvous: the last step whose optimizer update it completed (an optimizer
+   step hook keeps it) and whether its own step failed or it only lost a peer. From all
+   reports every rank decides the same plan (:func:`launcher.runtime.peerplan.plan_recovery`).
+3. The ranks form the group's next generation (a fresh gloo group over a new prefix of
+   the store); DDP's reducer forgets the step in flight, and gradients are dropped.
+4. The source (a rank that did not fail, holding the newest update) sends the model's and
+   the optimizer's state, and the state of ``extra`` objects (a scheduler, a grad scaler),
+   to every receiver, point to point, tensors as they are (bitwise).
+5. Every rank's own RNG states go back to where they were when the step to redo began
+   (taken at each step's start); the loop goes on at that step. The log names the peer.
+
+Lost work: the step in flight. Data must follow from the step number (as in the
+examples), since the step is the position the runtime keeps. The failed rank's process
+stays; a rank whose process is lost, or a step that fails again on the same rank when
+redone, is not recovered here: the ranks raise and the start ends as a crash (the
+in-allocation restart from a checkpoint). CPU/gloo only; with another backend the loop
+runs plainly.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from launcher.rundir import envnames
+from launcher.runtime import stopflag
+from launcher.runtime.peerplan import PeerRecoveryImpossible, RecoveryPlan, Report, is_peer_loss, plan_recovery
+from launcher.runtime.rankcontext import RankContext, context, log
+
+# How long the ranks wait for each other's reports: a rank that never reports is gone.
+REPORT_WAIT_S = 300.0
+REPORT_POLL_S = 0.02
+REPORT_STOP_GRACE_S = 2.0
+REPORT_COLLECT_AFTER_S = 1.0
+# A step that fails again on the same rank when redone is not a transient fault.
+RETRIES_PER_STEP = 1
+REPORT_KEY = "glaunch-peer-report/{generation}/{rank}"
+
+
+def enabled() -> bool:
+    """Whether the run asked for peer recovery (``recovery.peer: true``)."""
+    return os.environ.get(envnames.RECOVERY_PEER) == "1"
+
+
+def group_backend(backend: str) -> str:
+    """The backend :func:`launcher.runtime.init_distributed` starts: the recoverable group's
+    under ``recovery.peer`` with gloo, else `backend` as it is."""
+    if not enabled():
+        return backend
+    if backend != "gloo":
+        log(f"recovery.peer: not available with the {backend} backend; the run goes on without it")
+        return backend
+    from launcher.runtime import peergroup
+
+    return peergroup.register()
+
+
+def peer_recovery(model: Any, optimizer: Any, *, extra: Mapping[str, Any] | None = None,
+                  ctx: RankContext | None = None) -> PeerRecovery | PlainSteps:
+    """The step loop of the module's docstring for `model` (DDP or a plain module) and
+    `optimizer`; `extra` names further objects with ``state_dict``/``load_state_dict``
+    (a scheduler, a grad scaler) restored with them. Without ``recovery.peer``, on one
+    rank, or with a group that cannot reconnect, a plain loop."""
+    ctx = ctx or context()
+    if not enabled() or ctx.world_size < 2:
+        return PlainSteps()
+    from launcher.runtime import peergroup
+
+    group = peergroup.world_group()
+    if group is None:
+        log("recovery.peer: the process group was not started by rt.init_distributed with gloo; "
+            "the run goes on without it")
+        return PlainSteps()
+    return PeerRecovery(model, optimizer, extra=dict(extra or {}), ctx=ctx, group=group)
+
+
+class PlainSteps:
+    """The loop without recovery: the steps in order, nothing around them."""
+
+    def steps(self, first: int, last: int) -> Iterator[int]:
+        return iter(range(first, last + 1))
+
+    def step(self, step: int) -> _Nothing:
+        return _Nothing()
+
+
+class _Nothing:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+class PeerRecovery:
+    """The step loop with recovery (the module's docstring)."""
+
+    def __init__(self, model: Any, optimizer: Any, *, extra: dict[str, Any], ctx: RankContext, group: Any) -> None:
+        self.model, self.optimizer, self.extra = model, optimizer, extra
+        self.ctx, self.group = ctx, group
+        self.recoveries: list[dict] = []      # one entry per recovery this rank took part in
+        self._current: int | None = None
+        self._committed = 0
+        self._next = 0
+        self._rng_at_start: tuple[int, dict] | None = None
+        self._own_failures: dict[int, int] = {}
+        optimizer.register_step_post_hook(self._on_optimizer_step)
+
+    def _on_optimizer_step(self, *_: Any) -> None:
+        if self._current is not None:
+            self._committed = self._current
+
+    def steps(self, first: int, last: int) -> Iterator[int]:
+        """``first`` .. ``last``, going back to the step to redo after a recovery."""
+        self._committed = first - 1
+        step = first
+        while step <= last:
+            self._next = step + 1
+            yield step
+            step = self._next
+
+    def step(self, step: int) -> _Guard:
+        """Around one step: a failure inside it is recovered (the module's docstring)."""
+        return _Guard(self, step)
+
+    def begin(self, step: int) -> None:
+        from launcher.runtime.state import rng_state
+
+        self._current = step
+        self._rng_at_start = (step, rng_state())
+
+    def end(self) -> None:
+        self._current = None
+
+    def recover(self, step: int, exc: BaseException) -> None:
+        """Steps 1 to 5 of the module's docstring; PeerRecoveryImpossible when no peer can."""
+        began = time.monotonic()
+        own = not is_peer_loss([c.__name__ for c in type(exc).__mro__], str(exc))
+        if own:
+            log(f"peer recovery: step {step} failed on this rank:\n"
+                + "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip())
+            self._own_failures[step] = self._own_failures.get(step, 0) + 1
+        self.group.disconnect()
+        generation = self.group.generation + 1
+        report = Report(rank=self.ctx.rank, committed=self._committed, failed=own, error=_one_line(exc),
+                        retry=self._own_failures.get(step, 0) <= RETRIES_PER_STEP)
+        reports = exchange(self.group.store, generation, report, self.ctx.world_size, collect=self.group.collect)
+        plan = plan_recovery(generation, reports, self.ctx.world_size)
+        self.group.reconnect(generation)
+        _forget_step_in_flight(self.model, self.optimizer)
+        transfer_state(plan, self.ctx.rank, self.model, self.optimizer, self.extra, self.group)
+        rng_restored = self._restore_rng(plan.redo)
+        self._committed, self._next = plan.resume_after, plan.redo
+        seconds = time.monotonic() - began
+        self.recoveries.append({"step": step, "generation": generation, "source": plan.source,
+                                "receivers": list(plan.receivers), "failed": list(plan.failed),
+                                "resume_after": plan.resume_after, "seconds": round(seconds, 6)})
+        received = " (received it)" if self.ctx.rank in plan.receivers else ""
+        log(f"peer recovery: {plan.describe()}{received}; no checkpoint read; {seconds:.3f} s"
+            + ("" if rng_restored else f"; this rank's RNG states are not those of step {plan.redo}'s start "
+               "(it had not begun here): its random numbers may differ from an uninterrupted run's"))
+
+    def _restore_rng(self, redo: int) -> bool:
+        """This rank's RNG states as they were when step `redo` began, where it began here."""
+        from launcher.runtime.state import set_rng_state
+
+        if self._rng_at_start is None or self._rng_at_start[0] != redo:
+            return False
+        set_rng_state(self._rng_at_start[1])
+        return True
+
+
+class _Guard:
+    def __init__(self, recovery: PeerRecovery, step: int) -> None:
+        self.recovery, self.step = recovery, step
+
+    def __enter__(self) -> None:
+        self.recovery.begin(self.step)
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        self.recovery.end()
+        if exc is None or not isinstance(exc, Exception) or isinstance(exc, PeerRecoveryImpossible):
+            return False
+        try:
+            self.recovery.recover(self.step, exc)
+        except PeerRecoveryImpossible as impossible:
+            log(f"peer recovery impossible: {impossible}")
+            raise impossible from exc
+        return True
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    return f"{type(exc).__name__}: {text[:300]}"
+
+
+def exchange(store: Any, generation: int, report: Report, world_size: int,
+             collect: Callable[[], None] = lambda: None) -> list[Report]:
+    """Write this rank's report for `generation` and read every rank's, once all are there.
+
+    A rank whose process is gone never reports: the launcher then stops the job (its
+    stop signal sets this rank's flag), and the wait ends with it rather than at
+    REPORT_WAIT_S, so the start ends as the crash it is, for the restart from a checkpoint."""
+    store.set(REPORT_KEY.format(generation=generation, rank=report.rank), report.to_json())
+    keys = [REPORT_KEY.format(generation=generation, rank=r) for r in range(world_size)]
+    began = time.monotonic()
+    deadline = began + REPORT_WAIT_S
+    collected = False
+    while not _all_there(store, keys):
+        if not collected and time.monotonic() - began > REPORT_COLLECT_AFTER_S:
+            collected = True
+            collect()    # a peer may still wait for this rank's old connections to close
+        # A stop asked before the failure (the time limit's warning) must not end a
+        # recovery whose reports are on their way: only a wait longer than they take.
+        if stopflag.raised() and time.monotonic() - began > REPORT_STOP_GRACE_S:
+            raise PeerRecoveryImpossible(f"stopped while waiting for the report of {_missing(store, keys)} "
+                                         "(its process is gone?)")
+        if time.monotonic() > deadline:
+            raise PeerRecoveryImpossible(f"no report of {_missing(store, keys)} within {REPORT_WAIT_S:g} s")
+        time.sleep(REPORT_POLL_S)
+    return [Report.from_json(store.get(key).decode()) for key in keys]
+
+
+def _missing(store: Any, keys: list[str]) -> str:
+    ranks = [str(rank) for rank, key in enumerate(keys) if not _all_there(store, [key])]
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(ranks)
+
+
+def _all_there(store: Any, keys: list[str]) -> bool:
+    try:
+        return bool(store.check(keys))
+    except Exception as exc:   # the store's host (rank 0's process) is gone
+        raise PeerRecoveryImpossible(f"the rendezvous store cannot be reached: {exc}") from exc
+
+
+def _forget_step_in_flight(model: Any, optimizer: Any) -> None:
+    """DDP's reducer and the gradients as if the failed step had not begun."""
+    reducer = getattr(model, "reducer", None)
+    if reducer is not None:
+        reducer._reset_state()     # DDP's own reset for a backward that did not finish
+    optimizer.zero_grad(set_to_none=True)
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A tensor's place in a state sent between ranks: its index among the tensors sent."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+
+
+def split_tensors(obj: Any, tensors: list) -> Any:
+    """`obj` with each tensor replaced by a :class:`TensorSpec`, the tensors appended to `tensors`."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj.detach())
+        return TensorSpec(len(tensors) - 1, tuple(obj.shape), str(obj.dtype).removeprefix("torch."),
+                          str(obj.device))
+    if isinstance(obj, dict):
+        return {k: split_tensors(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(split_tensors(v, tensors) for v in obj)
+    return obj
+
+
+def join_tensors(obj: Any, tensors: list) -> Any:
+    """:func:`split_tensors` undone."""
+    if isinstance(obj, TensorSpec):
+        return tensors[obj.index]
+    if isinstance(obj, dict):
+        return {k: join_tensors(v, tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(join_tensors(v, tensors) for v in obj)
+    return obj
+
+
+def tensor_specs(obj: Any) -> list[TensorSpec]:
+    """The specs in `obj`, by index."""
+    found: list[TensorSpec] = []
+
+    def walk(o: Any) -> None:
+        if isinstance(o, TensorSpec):
+            found.append(o)
+        elif isinstance(o, dict):
+            for v in o.values():
+                walk(v)
+        elif isinstance(o, (list, tuple)):
+            for v in o:
+                walk(v)
+
+    walk(obj)
+    return sorted(found, key=lambda s: s.index)
+
+
+def transfer_state(plan: RecoveryPlan, rank: int, model: Any, optimizer: Any, extra: Mapping[str, Any],
+                   group: Any) -> None:
+    """Step 4 of the module's docstring: the source sends, each receiver loads; the other
+    ranks take no part. The state's structure goes as one object, its tensors as one flat
+    buffer per dtype (a message each, not one per tensor)."""
+    import torch.distributed as dist
+
+    from launcher.runtime.state import unwrap
+
+    if rank == plan.source:
+        state = {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),
+                 "extra": {name: obj.state_dict() for name, obj in extra.items()}}
+        tensors: list = []
+        skeleton = split_tensors(state, tensors)
+        buffers = flat_buffers(tensors)
+        for receiver in plan.receivers:
+            dist.send_object_list([skeleton], dst=receiver, group=group)
+            for dtype in sorted(buffers):
+                dist.send(buffers[dtype], dst=receiver, group=group)
+        return
+    if rank not in plan.receivers:
+        return
+    got: list = [None]
+    dist.recv_object_list(got, src=plan.source, group=group)
+    skeleton = got[0]
+    specs = tensor_specs(skeleton)
+    buffers = empty_flat_buffers(specs)
+    for dtype in sorted(buffers):
+        dist.recv(buffers[dtype], src=plan.source, group=group)
+    state = join_tensors(skeleton, unflatten(specs, buffers))
+    unwrap(model).load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    for name, obj in extra.items():
+        if state["extra"].get(name):
+            obj.load_state_dict(state["extra"][name])
+
+
+def flat_buffers(tensors: list) -> dict:
+    """dtype name -> the tensors of that dtype one after the other, flat, in index order."""
+    import torch
+
+    by_dtype: dict[str, list] = {}
+    for tensor in tensors:
+        by_dtype.setdefault(str(tensor.dtype).removeprefix("torch."), []).append(tensor.reshape(-1).cpu())
+    return {dtype: torch.cat(parts) for dtype, parts in by_dtype.items()}
+
+
+def empty_flat_buffers(specs: list[TensorSpec]) -> dict:
+    """The buffers :func:`flat_buffers` sends, allocated from the specs."""
+    import torch
+
+    sizes: dict[str, int] = {}
+    for spec in specs:
+        sizes[spec.dtype] = sizes.get(spec.dtype, 0) + math.prod(spec.shape)
+    return {dtype: torch.empty(size, dtype=getattr(torch, dtype)) for dtype, size in sizes.items()}
+
+
+def unflatten(specs: list[TensorSpec], buffers: dict) -> list:
+    """The tensors by index, cut out of the received buffers."""
+    offsets = dict.fromkeys(buffers, 0)
+    tensors = []
+    for spec in specs:
+        size, at = math.prod(spec.shape), offsets[spec.dtype]
+        offsets[spec.dtype] = at + size
+        tensors.append(buffers[spec.dtype][at:at + size].reshape(spec.shape).to(spec.device))
+    return tensors

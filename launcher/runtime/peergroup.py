@@ -1,0 +1,123 @@
+"""The process group of a run with peer recovery (``recovery.peer: true``): one torch
+``ProcessGroup`` whose connections a rank can close and form again while DDP, the default
+group and everything else that holds the group keep holding the same object.
+
+Why its own group: a gloo collective blocked on a peer ends only when that peer's
+connections close, and gloo closes them only when its context is destroyed (in torch 2.13
+``abort()`` and ``shutdown()`` of a gloo group leave them open). A rank whose step raised
+must close its connections so that its peers stop waiting for it; a DDP model and the
+work it keeps from its last collectives would keep the context alive. So the collectives
+of this group run on an inner gloo group that only this object holds, and each
+collective's work is handed out as a work made from its future, which holds nothing of
+the inner group: dropping the inner group (:meth:`PeerGroup.disconnect`) closes the
+connections at once, a peer blocked in a collective with this rank raises at once, and
+:meth:`PeerGroup.reconnect` forms the next generation's inner group over a fresh prefix
+of the same store.
+
+The store is the one the default group was created with (rank 0's TCPStore of the env://
+rendezvous): it lives as long as rank 0's process, which peer recovery keeps.
+
+Imported only when ``recovery.peer`` is on (it imports torch): :mod:`launcher.runtime.peer`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import gc
+from typing import Any
+
+import torch.distributed as dist
+from torch._C import _distributed_c10d
+
+BACKEND_NAME = "glaunch_peer"
+# The collectives a ProcessGroup offers that gloo implements; each one is passed on.
+COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "_allgather_base", "allgather_coalesced",
+               "allgather_into_tensor_coalesced", "broadcast", "barrier", "gather", "scatter", "reduce",
+               "reduce_scatter", "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "alltoall",
+               "alltoall_base", "send", "recv", "recv_anysource")
+
+
+class PeerGroup(dist.ProcessGroup):
+    """A world of ``size`` ranks whose gloo connections are formed per generation."""
+
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
+        super().__init__(rank, size)   # type: ignore[call-arg]  # torch's stubs know only (store, rank, size)
+        self.store = store
+        self.timeout = timeout
+        self.generation = 0
+        self._rank, self._size = rank, size
+        self._inner: Any = self._connect()
+
+    def _connect(self) -> Any:
+        prefix = dist.PrefixStore(f"glaunch-peer/{self.generation}/", self.store)
+        return dist.ProcessGroupGloo(prefix, self._rank, self._size, self.timeout)
+
+    def disconnect(self) -> None:
+        """Close this rank's connections (its peers' collectives with it raise): the inner
+        group goes with its last reference (see :meth:`collect`)."""
+        self._inner = None
+
+    @staticmethod
+    def collect() -> None:
+        """A full garbage collection, for an inner group a reference cycle still holds (a
+        traceback's frames): slow (tenths of a second with torch loaded), so only when the
+        peers do not answer at once."""
+        gc.collect()
+
+    def reconnect(self, generation: int) -> None:
+        """Form generation `generation`'s connections: every rank of the world, collective."""
+        self.generation = generation
+        self._inner = self._connect()
+
+    def size(self) -> int:
+        return self._size
+
+    def getBackendName(self) -> str:
+        return BACKEND_NAME
+
+    def _pass_on(self, name: str, args: tuple, kwargs: dict) -> Any:
+        inner = self._inner
+        if inner is None:
+            raise RuntimeError("glaunch peer group: disconnected for a recovery (Connection closed by peer)")
+        return _detached(getattr(inner, name)(*args, **kwargs))
+
+
+def _detached(work: Any) -> Any:
+    """A work that ends with `work` but holds no reference to its group's context."""
+    try:
+        future = work.get_future()
+    except RuntimeError:   # a work without a future (gloo's send and recv): kept as it is
+        return work
+    return _distributed_c10d._create_work_from_future(future)   # type: ignore[attr-defined]
+
+
+def _passing_on(name: str) -> Any:
+    def collective(self: PeerGroup, *args: Any, **kwargs: Any) -> Any:
+        return self._pass_on(name, args, kwargs)
+
+    collective.__name__ = name
+    return collective
+
+
+for _name in COLLECTIVES:
+    if hasattr(dist.ProcessGroupGloo, _name):
+        setattr(PeerGroup, _name, _passing_on(_name))
+
+
+def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> PeerGroup:
+    return PeerGroup(store, rank, size, timeout)
+
+
+def register() -> str:
+    """Make ``init_process_group(backend=BACKEND_NAME)`` create a :class:`PeerGroup`; its name."""
+    if BACKEND_NAME not in dist.Backend.backend_list:
+        dist.Backend.register_backend(BACKEND_NAME, _create, devices=["cpu"])
+    return BACKEND_NAME
+
+
+def world_group() -> PeerGroup | None:
+    """The default group when it is a :class:`PeerGroup`, else None."""
+    if not dist.is_initialized():
+        return None
+    group = dist.group.WORLD
+    return group if isinstance(group, PeerGroup) else None
