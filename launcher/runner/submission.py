@@ -31,7 +31,6 @@ from launcher.runner.lookup import refreshed
 from launcher.runner.results import Run
 from launcher.runner.road import Road, road_of
 from launcher.schedulers.base import Echo
-from launcher.schedulers.slurm.allocation import Allocation, AllocationScheduler
 
 
 @dataclass(frozen=True)
@@ -300,6 +299,8 @@ def run(experiment: str | os.PathLike, *, site: str | None = None, overrides: Se
     and runtime as a batch job, in a run directory like any other. Returns when the run
     ended (never requeued: its checkpoints resume in a later run). ConfigError outside an
     allocation or for a plan it cannot hold."""
+
+    from launcher.schedulers.slurm.allocation import Allocation, AllocationScheduler
 
     allocation = Allocation.of(os.environ if environ is None else environ)
     if allocation is None:
