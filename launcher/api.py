@@ -23,7 +23,11 @@ outcome, as text to `echo` (stdout for a run that starts here without one).
 
 The work is done in launcher.runner: `submission` (one run), `sweep_submission`,
 `resume`, and `manage` (status, wait, logs, cancel, list); this module gathers it with
-the site and planner calls, and makes the console from launcher.views.
+the site and planner calls, and makes the console from launcher.views. Each call imports
+the part of the runner that does its work where it is called, and the console where a
+run starts here: a command loads its own road, so `glaunch submit --dry-run` loads none of
+the code that follows runs (manage, logs, the console), resumes or sweeps them, or talks
+SSH (bench/dry_run.py times it).
 """
 
 from __future__ import annotations
@@ -33,22 +37,17 @@ import os
 from dataclasses import asdict
 from pathlib import Path
 from importlib.resources.abc import Traversable
-from typing import Any, Callable, Mapping, Sequence, overload
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence, overload
 
-from launcher.config.sites import found_profiles, load_site, search_folders
 from launcher.errors import ConfigError
-from launcher.resolution.strategy import plan_for
-from launcher.config.login import login_from_text
-from launcher.runner import manage, submission
-from launcher.runner import sites as site_tools
 from launcher.runner.inputs import rank_of, run_ref
 from launcher.runner.results import Run, RunRef, Sweep
-from launcher.runner.resume import PreparedResume, launch_resume, prepare_resume
-from launcher.runner.submission import Prepared
-from launcher.runner.sweep_submission import PreparedSweep, launch_sweep, prepare_sweep
-from launcher.schedulers.base import Echo
-from launcher.views.console import Console
-from launcher.views.submit_text import state_line
+
+if TYPE_CHECKING:
+    from launcher.runner.resume import PreparedResume
+    from launcher.runner.submission import Prepared
+    from launcher.runner.sweep_submission import PreparedSweep
+    from launcher.schedulers.base import Echo
 
 __all__ = ["Run", "Sweep", "cancel", "check_site", "detect_site", "init", "launch", "list_runs", "logs", "plan",
            "prepare", "prepare_resume", "prepare_sweep", "resume", "run", "sites", "status", "submit", "wait"]
@@ -65,8 +64,33 @@ def prepare(experiment: str | os.PathLike, *, site: str | None = None, overrides
     local), `overrides` (KEY=VALUE) applied, resolved and rendered; nothing written.
     `after` (RUN[:ok|any]): runs or sweeps to wait for; their state is asked of the
     scheduler unless `dry_run`."""
+    from launcher.runner import submission
+
     return submission.prepare(experiment, site=site, overrides=overrides, runs_dir=runs_dir, after=after,
                               dry_run=dry_run)
+
+
+def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: str | None = None,
+                  overrides: Sequence[str] = (), runs_dir: str | None = None, max_parallel: int | None = None,
+                  after: Sequence[str] = (), dry_run: bool = False) -> PreparedSweep:
+    """Every combination of the `sweep` values (KEY=V1,V2,... each; the first varies
+    slowest), each resolved and checked as its own run would be, its values applied after
+    `overrides`; `max_parallel` of its elements run at a time. One element that cannot run
+    refuses the whole sweep, naming it. Nothing written (see
+    launcher.runner.sweep_submission)."""
+    from launcher.runner import sweep_submission
+
+    return sweep_submission.prepare_sweep(experiment, sweep, site=site, overrides=overrides, runs_dir=runs_dir,
+                                          max_parallel=max_parallel, after=after, dry_run=dry_run)
+
+
+def prepare_resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool = False) -> PreparedResume:
+    """The ended run `run`, its recorded configuration resolved with `overrides` and
+    rendered; nothing written; its state asked of the scheduler unless `dry_run`
+    (see launcher.runner.resume)."""
+    from launcher.runner import resume as resumption
+
+    return resumption.prepare_resume(run, overrides=overrides, dry_run=dry_run)
 
 
 @overload
@@ -84,11 +108,16 @@ def launch(prepared: Prepared | PreparedResume | PreparedSweep, *, dry_run: bool
     """Write what `prepare`, `prepare_sweep` or `prepare_resume` made and, unless `dry_run`,
     hand it to the scheduler (`check`: Slurm's `sbatch --test-only` first). The local site
     runs it to its end here, its console to `echo`."""
-    console = _console(echo, live)
-    if isinstance(prepared, PreparedSweep):
-        return launch_sweep(prepared, dry_run=dry_run, check=check, echo=console)
-    if isinstance(prepared, PreparedResume):
-        return launch_resume(prepared, dry_run=dry_run, check=check, echo=console)
+    from launcher.runner import submission
+
+    console = None if dry_run else _console(echo, live)     # a dry run starts nothing to show
+    if not isinstance(prepared, submission.Prepared):
+        from launcher.runner import resume as resumption, sweep_submission
+
+        if isinstance(prepared, sweep_submission.PreparedSweep):
+            return sweep_submission.launch_sweep(prepared, dry_run=dry_run, check=check, echo=console)
+        if isinstance(prepared, resumption.PreparedResume):
+            return resumption.launch_resume(prepared, dry_run=dry_run, check=check, echo=console)
     return submission.launch(prepared, dry_run=dry_run, check=check, echo=console)
 
 
@@ -122,6 +151,8 @@ def run(experiment: str | os.PathLike, *, site: str | None = None, overrides: Se
         environ: Mapping[str, str] | None = None) -> Run:
     """`glaunch run`: inside an existing Slurm allocation, start the run's ranks on its
     nodes with srun and follow it to its end (see launcher.runner.submission.run)."""
+    from launcher.runner import submission
+
     return submission.run(experiment, site=site, overrides=overrides, runs_dir=runs_dir, echo=_console(echo, live),
                           environ=environ)
 
@@ -130,6 +161,8 @@ def _console(echo: Text | None, live: bool) -> Echo | None:
     """How a run that starts here is shown: its console, to `echo`; nothing without it."""
     if echo is None:
         return None
+    from launcher.views.console import Console
+
     return lambda run_dir: Console(run_dir, echo, live=live)
 
 
@@ -138,15 +171,23 @@ def _console(echo: Text | None, live: bool) -> Echo | None:
 
 def status(run: RunRef) -> dict[str, Any]:
     """What `glaunch status RUN --json` prints (a sweep: its elements, arrays and counts)."""
+    from launcher.runner import manage
+
     return manage.status(run_ref(run))
 
 
 def wait(run: RunRef, *, on_line: Text | None = None, on_state: Text | None = None, echo: Text | None = None,
-         live: bool = False, poll_s: float = manage.FOLLOW_POLL_S) -> str:
+         live: bool = False, poll_s: float | None = None) -> str:
     """Follow the run to its end across requeues; returns the final state. `on_line`: rank
     0's log, one whole line (without its newline) per call; `on_state`: a line per change
-    of state (a sweep: each element's); `echo`: the run's console. SchedulerError when it
+    of state (a sweep: each element's); `echo`: the run's console; `poll_s`: seconds
+    between looks (default launcher.runner.manage.FOLLOW_POLL_S). SchedulerError when it
     can never start."""
+    from launcher.runner import manage
+    from launcher.views.submit_text import state_line
+
+    if poll_s is None:
+        poll_s = manage.FOLLOW_POLL_S
     said = (lambda change: on_state(state_line(change))) if on_state is not None else None
     return manage.wait(run_ref(run), on_line=on_line, on_state=said, poll_s=poll_s,
                        console=_console(echo, live))
@@ -157,17 +198,23 @@ def logs(run: RunRef, *, rank: int | None = None, follow: bool = False, echo: Te
     """The task logs of the run, each line tagged with its task's ranks (``[r0]``, ``[r1!]``
     for stderr; under torchrun a node's, ``[node1 r2-3]``), across requeues; `rank`: global
     rank N's task only; with `follow`, until it ends. A sweep's: every element's."""
+    from launcher.runner import manage
+
     manage.logs(run_ref(run), rank=rank_of(rank), follow=follow, echo=echo, poll_s=poll_s)
 
 
 def cancel(run: RunRef) -> str:
     """Cancel the run's job (a sweep: every element's); a sentence saying what was done."""
+    from launcher.runner import manage
+
     return manage.cancel(run_ref(run))
 
 
 def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
     """The newest runs and sweeps, one row each (`glaunch list --json`); with `sweep`, its
     elements' rows."""
+    from launcher.runner import manage
+
     return manage.list_runs(limit, None if sweep is None else run_ref(sweep, "sweep"))
 
 
@@ -178,6 +225,8 @@ def plan(experiment: str | os.PathLike, *, site: str | None = None, overrides: S
          at_gpus: int | None = None):
     """The planner's result (launcher.resolution.planner.PlanResult) for the experiment on the
     site, with goodput projected at its size and, given `at_gpus`, at that many GPUs."""
+    from launcher.resolution.strategy import plan_for
+    from launcher.runner import submission
 
     exp, loaded_site = submission.load(experiment, site, overrides)
     return plan_for(exp, loaded_site, at_gpus)
@@ -191,6 +240,8 @@ def sites(site: str | os.PathLike | None = None) -> dict[str, Any]:
     `site` (a name or a file): that profile loaded and checked, resolved through its
     extends chain: {"site", "file", "chain", "values": every key's value and where it came
     from}; ConfigError for a bad one."""
+    from launcher.config.sites import found_profiles, load_site, search_folders
+
     if site is None:
         cwd = Path.cwd()
         found = found_profiles(cwd, os.environ)
@@ -222,6 +273,8 @@ def check_site(site: str):
     """The profile against the live cluster (over SSH where its `login:` is the road): a
     CheckReport (launcher.schedulers.cluster.check) with the fatal differences and the
     warnings, each in profile terms."""
+    from launcher.runner import sites as site_tools
+
     return site_tools.check_site(site)
 
 
@@ -234,6 +287,9 @@ def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool =
     search path reads from any working directory) the profile is written there, never over
     a file that exists and never into the profiles shipped with glaunch (ConfigError naming
     --output)."""
+    from launcher.config.login import login_from_text
+    from launcher.runner import sites as site_tools
+
     reached = login_from_text(login, key="--login") if login is not None else None
     return site_tools.detect_site(name, write_to=write_to, login=reached)
 

@@ -1,5 +1,7 @@
 """glaunch's command line: parse, call launcher.api, print what launcher.views makes of
-its results, map errors to exit codes.
+its results, map errors to exit codes. A command imports the views it prints with where it
+prints them, as the API imports the part of the runner each call needs: `glaunch submit
+--dry-run` loads no status, plan or listing text.
 
 Exit codes: 0 success; 1 the run failed (or was cancelled); 2 bad input; 3 the scheduler
 refused or could not be reached; 130 interrupted (Ctrl-C)."""
@@ -17,11 +19,6 @@ from launcher import __version__, api, shell
 from launcher.cli_sites import sites
 from launcher.errors import GlaunchError
 from launcher.views import submit_text
-from launcher.views.init_text import initialized
-from launcher.views.listing import format_list
-from launcher.views.plan_text import format_plan
-from launcher.views.status_text import format_status
-from launcher.views.sweep_text import format_elements
 from launcher.views.text import printable
 
 INTERRUPTED = 130
@@ -117,6 +114,8 @@ def init(directory):
 
     Existing files are never overwritten: exit 2, naming the file.
     """
+    from launcher.views.init_text import initialized
+
     click.echo(initialized(api.init(directory)))
 
 
@@ -294,6 +293,8 @@ def _submit_sweep(experiment, overrides, site, dry_run, runs_dir, wait, as_json,
                        f"(glaunch status {result.sweep_id}, glaunch cancel {result.sweep_id})", err=True)
             sys.exit(INTERRUPTED)
         info["state"] = state
+    from launcher.views.status_text import format_status
+
     summary = api.status(result.sweep_dir)
     info["state"] = summary["state"]
     _emit(as_json, dict(info, elements=summary["elements"]), format_status(summary))
@@ -337,6 +338,8 @@ def _quiet_submitit() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 def plan(experiment, overrides, site, at_gpus, as_json):
     """Per-GPU memory of each strategy on the site, the recommendation, and goodput projected."""
+    from launcher.views.plan_text import format_plan
+
     result = api.plan(experiment, site=site, overrides=overrides, at_gpus=at_gpus)
     _emit(as_json, result.to_json(), format_plan(result))
 
@@ -352,6 +355,8 @@ cli.add_command(sites)          # glaunch sites ...: launcher/cli_sites.py
 @click.option("--json", "as_json", is_flag=True)
 def status_cmd(run, as_json):
     """State of RUN (a run or sweep: id or directory), across requeues."""
+    from launcher.views.status_text import format_status
+
     summary = api.status(run)
     _emit(as_json, summary, format_status(summary))
 
@@ -380,6 +385,9 @@ def cancel(run):
 @click.option("-n", "limit", default=20, show_default=True, type=click.IntRange(min=1), help="How many recent runs.")
 def list_cmd(sweep, as_json, limit):
     """Recent runs (and sweeps) with state, site, nodes and age; with SWEEP, its elements."""
+    from launcher.views.listing import format_list
+    from launcher.views.sweep_text import format_elements
+
     if sweep is not None:
         elements = api.list_runs(limit, sweep=sweep)
         _emit(as_json, {"elements": elements}, format_elements(elements))

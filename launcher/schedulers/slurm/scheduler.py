@@ -12,7 +12,6 @@ asked by queries.py, run.json written by records.py, job arrays shaped by array.
 
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 from pathlib import Path
@@ -341,6 +340,8 @@ def _record_unreachable(run_dir: Path, exc: SchedulerError) -> None:
 
 
 def _log_warnings(warnings: list[str]) -> None:
+    import logging      # a submission's warnings only: a dry run, which has none to log, never loads it
+
     for warning in warnings:
         logging.getLogger(__name__).warning("glaunch: warning: %s", warning)
 

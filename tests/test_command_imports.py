@@ -1,0 +1,51 @@
+"""A command loads its own road: `glaunch submit --dry-run` renders and writes the bundle
+without loading the code that follows, resumes or sweeps runs, talks SSH, logs a
+submission's warnings or prints another command's text (bench/dry_run.py times it)."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+# The modules of other commands' roads, and the packages below them only those load.
+NOT_ON_THE_DRY_RUN = (
+    "launcher.runner.manage", "launcher.runner.logs", "launcher.runner.resume",
+    "launcher.runner.sweep_submission", "launcher.runner.sites", "launcher.runner.remote",
+    "launcher.schedulers.ssh.connection", "launcher.views.console", "launcher.views.status_text",
+    "launcher.views.plan_text", "launcher.views.listing", "logging",
+)
+
+
+def loaded_by_the_cli(*args: str, env: dict, cwd: Path = REPO) -> set[str]:
+    """The modules loaded once the command line ran `glaunch ARGS` to its end, in a fresh
+    interpreter (its output is dropped)."""
+    code = ("import contextlib, io, sys\n"
+            f"sys.argv = ['glaunch', *{list(args)!r}]\n"
+            "from launcher import cli\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    try:\n"
+            "        cli.main()\n"
+            "    except SystemExit as exc:\n"
+            "        assert not exc.code, exc.code\n"
+            "print(' '.join(sorted(sys.modules)))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    return set(proc.stdout.split())
+
+
+@pytest.mark.parametrize("site", ["local", "local-slurm"])
+def test_a_dry_run_loads_no_other_commands_road(site, tmp_path, isolated_env):
+    loaded = loaded_by_the_cli("submit", "examples/torch_ddp.yaml", "--dry-run", "--site", site,
+                               "--runs-dir", str(tmp_path / "runs"), env=isolated_env)
+    assert "launcher.runner.submission" in loaded         # it did run the submission
+    assert not loaded & set(NOT_ON_THE_DRY_RUN), sorted(loaded & set(NOT_ON_THE_DRY_RUN))
+
+
+def test_the_check_can_fail(tmp_path, isolated_env):
+    """`glaunch list` loads the road that follows runs: the check above sees such a module."""
+    loaded = loaded_by_the_cli("list", env=isolated_env)
+    assert {"launcher.runner.manage", "launcher.views.listing"} <= loaded
