@@ -105,8 +105,12 @@ def laptop_path(glaunch: Path, starter: Path, tmp_path: Path, env: dict[str, str
     """A profile with `login:` (the local login node's), rendered from a folder without
     Slurm: the run directory is the cluster's (`~` of runs_root shown as $HOME, the cluster
     account's), nothing is contacted and nothing written under this machine's home."""
+    no_slurm = tmp_path / "laptop-bin"      # this machine's PATH holds Slurm's commands: a laptop's does not
+    no_slurm.mkdir()
+    (no_slurm / "git").symlink_to(shutil.which("git") or "/usr/bin/git")
+    laptop = dict(env, PATH=f"{glaunch.parent}{os.pathsep}{no_slurm}")
     dry = ok(run(glaunch, "submit", "exp.yaml", "--site", "local-slurm-remote", "--dry-run", "--json",
-                 cwd=starter, env=env))
+                 cwd=starter, env=laptop))
     info = json.loads(dry.stdout)
     assert info["cluster"]["run_dir"] == f"$HOME/glaunch-remote-runs/{info['run_id']}", info
     assert not (Path(env["HOME"]) / "glaunch-remote-runs").exists()
