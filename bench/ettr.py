@@ -292,8 +292,8 @@ import os, statistics, sys, time
 sys.path.insert(0, sys.argv[2])
 import torch
 from torch_ddp import make_model
-from launcher.runtime.checkpoint.resume import latest_complete
-from launcher.runtime.state import load_torch_state
+from launcher.runtime.checkpoint.selection import latest_complete
+from launcher.runtime.torchstate import load_torch_state
 times = []
 for _ in range(5):
     model = make_model()

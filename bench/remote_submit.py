@@ -159,7 +159,7 @@ FRAMED = re.compile(r"command printf '[^']*' \S+ \S+; command printf '[^']*' \S+
 
 
 def batch_labels(pairs: list[str]) -> list[str]:
-    """The commands of one batch (launcher.schedulers.ssh.remote.BATCH: stdin text, then the
+    """The commands of one batch (launcher.schedulers.ssh.on_login.BATCH: stdin text, then the
     command line, for each), each in a few words."""
     labels = []
     for line in pairs[1::2]:

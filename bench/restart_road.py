@@ -14,7 +14,7 @@ Each sample is one run of examples/torch_ddp.py (1 node x 2 ranks, a step line e
   `--dependency=afterany:<its id>`; the new job starts once the old one has ended.
 
 The end of a start is when run.json first shows it ended (written by the job's end,
-launcher.runtime.jobend; polled every 50 ms); the next start's first step is when rank
+launcher.jobcontrol.jobend; polled every 50 ms); the next start's first step is when rank
 0's first step line appears in any of the run's logs (logs/JOB_0_log.out: a resubmitted
 start has a new job id, so a new file). Once the second start has stepped the bench
 cancels the run with `glaunch cancel` and checks that no job of the run is left (cancel

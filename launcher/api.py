@@ -273,7 +273,7 @@ def check_site(site: str):
     """The profile against the live cluster (over SSH where its `login:` is the road): a
     CheckReport (launcher.schedulers.cluster.check) with the fatal differences and the
     warnings, each in profile terms."""
-    from launcher.runner import sites as site_tools
+    from launcher.runner import site_tools
 
     return site_tools.check_site(site)
 
@@ -288,7 +288,7 @@ def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool =
     a file that exists and never into the profiles shipped with glaunch (ConfigError naming
     --output)."""
     from launcher.config.login import login_from_text
-    from launcher.runner import sites as site_tools
+    from launcher.runner import site_tools
 
     reached = login_from_text(login, key="--login") if login is not None else None
     return site_tools.detect_site(name, write_to=write_to, login=reached)

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 # The modules of other commands' roads, and the packages below them only those load.
 NOT_ON_THE_DRY_RUN = (
     "launcher.runner.manage", "launcher.runner.logs", "launcher.runner.resume",
-    "launcher.runner.sweep_submission", "launcher.runner.sites", "launcher.runner.remote",
+    "launcher.runner.sweep_submission", "launcher.runner.site_tools", "launcher.runner.remote",
     "launcher.schedulers.ssh.connection", "launcher.views.console", "launcher.views.status_text",
     "launcher.views.plan_text", "launcher.views.listing", "logging",
 )

@@ -15,6 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "launcher"
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("floor", ("launcher", "launcher.errors", "launcher.shell", "launcher.rundir", "launcher.processes")),
     ("runtime", ("launcher.runtime",)),
+    ("jobcontrol", ("launcher.jobcontrol",)),
+    ("localrun", ("launcher.localrun",)),
     ("config", ("launcher.config",)),
     ("resolution", ("launcher.resolution",)),
     ("rendering", ("launcher.rendering",)),
@@ -24,10 +26,14 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("api", ("launcher.api",)),
     ("cli", ("launcher.cli", "launcher.cli_sites")),
 ]
-# The in-job runtime stands on the floor alone; the pure core (configuration, resolution,
-# rendering) never reaches for it; the CLI talks to the API and the views only.
+# The training library stands on the floor alone; the job controller and the local driver
+# read what the ranks leave through the library modules in READ_BY_THE_CONTROLLER only;
+# the pure core (configuration, resolution, rendering) reaches for none of the job side;
+# the CLI talks to the API and the views only.
 MAY_IMPORT_ONLY: dict[str, tuple[str, ...]] = {
     "runtime": ("floor", "runtime"),
+    "jobcontrol": ("floor", "jobcontrol"),
+    "localrun": ("floor", "jobcontrol", "localrun"),
     "config": ("floor", "config"),
     "resolution": ("floor", "config", "resolution"),
     "rendering": ("floor", "config", "resolution", "rendering"),
@@ -79,6 +85,17 @@ def layer_of(module: str) -> str:
 
 
 RANK = {layer: i for i, (layer, _) in enumerate(LAYERS)}
+# Torch-free modules of the training library that the batch host reads the ranks through:
+# the rank environment, the heartbeat record, stack dumps, start telemetry, and the task
+# (pickled when a bundle submitted by hand is taken on).
+READ_BY_THE_CONTROLLER = frozenset({"launcher.runtime.rankcontext", "launcher.runtime.heartbeats",
+                                    "launcher.runtime.stacks", "launcher.runtime.telemetry",
+                                    "launcher.runtime.task"})
+
+
+# The controller's public entry: the rest of glaunch (the local scheduler) uses the package,
+# never its modules.
+CONTROLLER_ENTRY = "launcher.jobcontrol"
 
 
 def violations(graph: dict[str, set[str]]) -> list[str]:
@@ -90,8 +107,12 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
             high = layer_of(target)
             allowed = MAY_IMPORT_ONLY.get(low)
             upward = RANK[high] > RANK[low] or (allowed is not None and high not in allowed)
+            if upward and low in ("jobcontrol", "localrun") and target in READ_BY_THE_CONTROLLER:
+                upward = False
             if upward:
                 found.append(f"{importer} ({low}) -> {target} ({high})")
+            elif high == "jobcontrol" and low not in ("jobcontrol", "localrun") and target != CONTROLLER_ENTRY:
+                found.append(f"{importer} ({low}) -> {target} ({high}, not its public entry {CONTROLLER_ENTRY})")
     return found
 
 
@@ -172,6 +193,24 @@ def test_a_planted_cycle_is_found(planted):
 def test_the_runtime_may_not_reach_the_configuration(tmp_path):
     graph = {"launcher.runtime.task": {"launcher.config.load"}, "launcher.config.load": set()}
     assert violations(graph) == ["launcher.runtime.task (runtime) -> launcher.config.load (config)"]
+
+
+def test_the_training_library_may_not_reach_the_controller():
+    graph = {"launcher.runtime.stop": {"launcher.jobcontrol.jobend"}, "launcher.jobcontrol.jobend": set()}
+    assert violations(graph) == ["launcher.runtime.stop (runtime) -> launcher.jobcontrol.jobend (jobcontrol)"]
+
+
+def test_the_controller_reads_the_ranks_through_the_shared_modules_only():
+    graph = {"launcher.jobcontrol.watchdog": {"launcher.runtime.heartbeats", "launcher.runtime.torchstate"},
+             "launcher.runtime.heartbeats": set(), "launcher.runtime.torchstate": set()}
+    assert violations(graph) == ["launcher.jobcontrol.watchdog (jobcontrol) -> launcher.runtime.torchstate (runtime)"]
+
+
+def test_the_local_scheduler_uses_the_controller_through_its_public_entry():
+    graph = {"launcher.schedulers.local": {"launcher.jobcontrol.jobend", "launcher.jobcontrol"},
+             "launcher.jobcontrol.jobend": set(), "launcher.jobcontrol": set()}
+    assert violations(graph) == ["launcher.schedulers.local (schedulers) -> launcher.jobcontrol.jobend (jobcontrol, "
+                                 "not its public entry launcher.jobcontrol)"]
 
 
 def test_every_package_is_shipped():

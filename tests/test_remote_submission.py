@@ -90,7 +90,7 @@ def test_logs_copied_from_the_cluster_grow_in_place_and_only_what_grew_travels(t
     inode = (here / "7_0_log.out").stat().st_ino
     with open(there / "7_0_log.out", "ab") as f:
         f.write(b"two\n")
-    from launcher.schedulers.ssh.remote import log_tails
+    from launcher.schedulers.ssh.on_login import log_tails
 
     assert log_tails(LocalConn(), str(there), {"7_0_log.out": 4, "7_1_log.err": 9}) == [
         ("7_0_log.out", 4, b"two\n"), ("evil name_0_log.out", 0, b"x"), ("7_1_log.err", 9, b"")]
@@ -158,7 +158,7 @@ def run_tree(root: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("fail_at", [None, "unpack"])
 def test_a_resume_sets_the_previous_files_aside_and_puts_them_back_whole(tmp_path, fail_at):
-    from launcher.schedulers.ssh.remote import PUT_BACK, SET_ASIDE
+    from launcher.schedulers.ssh.on_login import PUT_BACK, SET_ASIDE
 
     run = tmp_path / "run"
     (run / "resumes").mkdir(parents=True)
@@ -182,7 +182,7 @@ def test_a_resume_sets_the_previous_files_aside_and_puts_them_back_whole(tmp_pat
 
 
 def test_slurm_commands_on_the_login_node_run_without_its_slurm_inputs(tmp_path):
-    from launcher.schedulers.ssh.remote import SLURM_ENV
+    from launcher.schedulers.ssh.on_login import SLURM_ENV
 
     env = {"PATH": "/usr/bin:/bin", "SBATCH_ACCOUNT": "x", "SLURM_JOB_ID": "5", "SQUEUE_FORMAT": "%i",
            "SLURM_CONF": "/etc/slurm.conf", "KEEP": "a $(b)"}

@@ -28,15 +28,30 @@ def _full_names(statement: str) -> set[str]:
 @pytest.mark.parametrize("statement", [
     "from launcher import runtime",
     "import launcher.runtime.task",
-    "import launcher.runtime.jobend",
-    "import launcher.runtime.controller",
-    "import launcher.runtime.localrun",
+    "import launcher.jobcontrol.jobend",
+    "import launcher.jobcontrol.controller",
+    "import launcher.localrun.jobstep",
     "import launcher.rundir.layout",
 ])
 def test_runtime_loads_no_submit_time_stack(statement):
     loaded = loaded_after(statement)
     assert not loaded & set(SUBMIT_TIME), sorted(loaded & set(SUBMIT_TIME))
     assert not loaded & set(TRAINING), sorted(loaded & set(TRAINING))
+
+
+ADAPTERS = "import launcher.runtime, launcher.runtime.lightning, launcher.runtime.deepspeed, launcher.runtime.fsdp"
+
+
+@pytest.mark.parametrize("statement", [ADAPTERS, "import launcher.runtime.task"])
+def test_a_training_script_loads_no_controller(statement):
+    """A rank imports the training library and its task: neither the job controller nor the
+    local driver comes with them."""
+    loaded = _full_names(statement)
+    assert not {m for m in loaded if m.startswith(("launcher.jobcontrol", "launcher.localrun"))}
+
+
+def test_the_controller_check_can_fail():
+    assert "launcher.jobcontrol.watchdog" in _full_names("import launcher.localrun.jobstep")
 
 
 def test_the_check_can_fail():

@@ -13,7 +13,7 @@ import warnings
 from dataclasses import fields, is_dataclass
 from typing import Any, Callable
 
-from launcher.config.provenance import ConfigKeyError
+from launcher.config.sourcemap import ConfigKeyError
 from launcher.rundir import runvalues
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"

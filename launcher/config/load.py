@@ -15,7 +15,7 @@ from typing import Any
 from launcher.errors import ConfigError
 from launcher.config import schema
 from launcher.config.merge import merge_layer, merge_layers
-from launcher.config.provenance import OVERRIDES, ConfigKeyError, Origin, Provenance, locating
+from launcher.config.sourcemap import OVERRIDES, ConfigKeyError, Origin, Provenance, locating
 from launcher.config.schema import MAX_RUN_NAME, NAME_PATTERN, NAME_RULE, env_name_problem
 from launcher.config.typed import typed_config
 from launcher.config.yamlfile import override_value, read_yaml

@@ -3,7 +3,7 @@
 Every field is user input that ends up on ssh's command line, and ssh reads a word that
 starts with '-' as an option, splits `user@host` at the '@' and reads `-o` values as config
 text: `problems` refuses what ssh would read as anything other than the value meant
-(launcher.schedulers.ssh.login.ssh_words passes each field as a word of its own).
+(launcher.schedulers.ssh.command.ssh_words passes each field as a word of its own).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import copy
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from launcher.config.provenance import Origin, Provenance
+from launcher.config.sourcemap import Origin, Provenance
 
 
 def deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:

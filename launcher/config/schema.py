@@ -186,7 +186,7 @@ class Watchdog:
     and what becomes of a node whose ranks compute slower than their peers."""
 
     # No rank finished a step for this long: a hang. "auto": from the run's own step and save
-    # times (launcher.runtime.watchdog); a number of seconds; 0: off. Any: YAML types it.
+    # times (launcher.jobcontrol.watchdog); a number of seconds; 0: off. Any: YAML types it.
     stall_s: Any = "auto"
     auto_floor_s: float = 60.0         # the least bound "auto" derives
     first_step_s: int = 1800           # the same bound for the first step of a start (loading, compiling)

@@ -17,7 +17,7 @@ from launcher import shell
 from launcher.config import slurmtime
 from launcher.config import schema
 from launcher.config.login import login_of
-from launcher.config.provenance import ConfigKeyError
+from launcher.config.sourcemap import ConfigKeyError
 from launcher.config.schema import env_name_problem, partition_name_problem, site_name_problem
 
 # sbatch options glaunch writes itself, or that contradict what it writes: the key that

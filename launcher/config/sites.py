@@ -14,7 +14,7 @@ from typing import Any, NamedTuple
 from launcher.errors import ConfigError
 from launcher.config import schema
 from launcher.config.merge import merge_layer
-from launcher.config.provenance import OVERRIDES, Origin, Provenance, locating
+from launcher.config.sourcemap import OVERRIDES, Origin, Provenance, locating
 from launcher.config.schema import NAME_PATTERN, site_name_problem
 from launcher.config.sitechecks import check_site
 from launcher.config.typed import NULLS, did_you_mean, typed_config

@@ -31,7 +31,7 @@ from typing import Any
 from launcher import shell
 from launcher.config import interpolate
 from launcher.config.interpolate import Interpolation, Pending
-from launcher.config.provenance import ConfigKeyError, Provenance, locating
+from launcher.config.sourcemap import ConfigKeyError, Provenance, locating
 from launcher.config.schema import MISSING
 from launcher.config.yamlfile import Scalar
 

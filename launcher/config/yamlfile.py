@@ -23,7 +23,7 @@ from yaml.events import (AliasEvent, DocumentStartEvent, MappingEndEvent, Mappin
 
 from launcher.errors import ConfigError
 from launcher.config.interpolate import closing_brace
-from launcher.config.provenance import OVERRIDES, Origin, parent_key
+from launcher.config.sourcemap import OVERRIDES, Origin, parent_key
 
 MAX_FILE_BYTES = 1 << 20          # 1 MiB
 MAX_ALIAS_VALUES = 10_000         # values reached through aliases, all uses counted

@@ -35,7 +35,7 @@ from launcher.rundir.layout import (
 )
 from launcher.rundir.launch import entry_words, torchrun_args
 from launcher import shell
-from launcher.rendering.taskspec import task_file_text, task_spec
+from launcher.rendering.task_json import task_file_text, task_spec
 
 NETWORK_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_", "UCX_", "GLOO_", "CUDA_DEVICE_MAX_CONNECTIONS")
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from launcher.config.merge import deep_merge
-from launcher.config.provenance import ConfigKeyError
+from launcher.config.sourcemap import ConfigKeyError
 
 BATCH_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
 OFFLOAD_DEVICES = ("none", "cpu", "nvme")

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import PurePath
 
 from launcher import shell
-from launcher.config.provenance import ConfigKeyError
+from launcher.config.sourcemap import ConfigKeyError
 from launcher.errors import ConfigError
 
 # `$$` (a literal `$`, as in env values), `${NAME}` or `$NAME`.

@@ -21,7 +21,7 @@ from launcher import shell
 from launcher.config import schema, slurmtime
 from launcher.config.load import LoadedExperiment
 from launcher.config.login import login_of
-from launcher.config.provenance import ConfigKeyError, locating
+from launcher.config.sourcemap import ConfigKeyError, locating
 from launcher.config.schema import partition_name_problem
 from launcher.config.sitechecks import python_words
 from launcher.config.sites import LoadedSite

@@ -18,7 +18,7 @@ from typing import Any
 
 from launcher.config import schema, slurmtime
 from launcher.config.load import LoadedExperiment
-from launcher.config.provenance import ConfigKeyError, locating
+from launcher.config.sourcemap import ConfigKeyError, locating
 from launcher.config.sites import LoadedSite
 from launcher.errors import ConfigError
 from launcher.resolution import goodput_projection, memory, planner

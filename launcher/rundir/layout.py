@@ -10,7 +10,7 @@ One run directory per run (DESIGN.md "The run bundle")::
                                                             nodes' PYTHONPATH (launcher.runner.carried)
     run.json                                                the run record (RunRecord)
     result.json  stop.json  resume.json  crash.json         written by the ranks / the task
-    hang.json                                               written by the watchdog (launcher.runtime.watchdog)
+    hang.json                                               written by the watchdog (launcher.jobcontrol.watchdog)
     logs/JOB_TASK_log.out|err  logs/JOB_batch.log  logs/JOB_step.json
     logs/workers/JOB_RESTART_NODE/                          torchrun's --log-dir for one node's agent: each
                                                             worker's own output (WORKER_LOG)
@@ -281,7 +281,7 @@ class RunDir:
         return self.log_dir / GPU_SAMPLES.format(job_id=name_part(job_id), node=name_part(node))
 
     def stack_file(self, job_id: str, restart: int, rank: int) -> Path:
-        """Rank `rank`'s Python stack, written when its start hung (launcher.runtime.watchdog)."""
+        """Rank `rank`'s Python stack, written when its start hung (launcher.jobcontrol.watchdog)."""
         return self.log_dir / STACK_FILE.format(job_id=name_part(job_id), restart=restart, rank=rank)
 
     def stack_files(self, job_id: str, restart: int) -> list[Path]:

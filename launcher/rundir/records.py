@@ -300,7 +300,7 @@ class StartRecord:
     exit_code: int | None = None
     resumed_from: int | None = None  # the checkpoint step this start loaded
     stopped_at: int | None = None    # the step it saved when told to stop
-    # What the watchdog found (launcher.runtime.watchdog): {"kind", "detected_at", "bound_s",
+    # What the watchdog found (launcher.jobcontrol.watchdog): {"kind", "detected_at", "bound_s",
     # "silent": [{"rank", "node", "step", "last_step_at"}], "stacks": [paths], "node"}
     hang: dict[str, Any] | None = None
     bad_node: str | None = None      # the node this start's crash or hang points at

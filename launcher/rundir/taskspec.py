@@ -1,9 +1,9 @@
 """The task spec: what every task of a job needs to know from submit time, as one frozen,
 typed record, kept in the run directory as task.json (layout.TASK_FILE).
 
-The submit side builds it from the job plan (launcher.rendering.taskspec) and writes it
+The submit side builds it from the job plan (launcher.rendering.task_json) and writes it
 before the job can start; on the nodes the task (launcher.runtime.task), the end of each
-start (launcher.runtime.jobend), the hang watchdog (launcher.runtime.watchdog) and the
+start (launcher.jobcontrol.jobend), the hang watchdog (launcher.jobcontrol.watchdog) and the
 local stand-in for srun read it. Nothing of it travels through the environment or the
 heartbeats.
 

@@ -1,8 +1,9 @@
 """The part of glaunch the nodes run, carried in every run directory (DESIGN.md "Remote
 submission": the nodes need only Python and torch).
 
-A job imports glaunch's floor and its in-job runtime (launcher.runtime, the end-of-start
-step, the watchdog, the local stand-in for srun) and submitit's task loader with its
+A job imports glaunch's floor, its training library (launcher.runtime), its job controller
+(launcher.jobcontrol: the job's steps, their ends, the watchdog) and the local driver
+(launcher.localrun: the stand-in for srun) and submitit's task loader with its
 pickler. Those packages' .py files are copied, as installed here, into the run's `lib/`,
 and env.sh puts that folder first on PYTHONPATH: the nodes' interpreter needs torch only,
 and a training script's `import launcher.runtime` gets the same version as the job side
@@ -23,9 +24,11 @@ from pathlib import Path
 from launcher.errors import RunError
 
 # (top-level package, the parts of it carried; () is all of it). glaunch's parts are the
-# layers the job side stands on: the floor and the runtime (tests/test_layers.py).
+# layers the job side stands on: the floor, the training library, the job controller and
+# the local driver (tests/test_layers.py).
 CARRIED: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("launcher", ("__init__.py", "errors.py", "processes.py", "shell.py", "rundir", "runtime")),
+    ("launcher", ("__init__.py", "errors.py", "processes.py", "shell.py", "rundir", "runtime", "jobcontrol",
+                   "localrun")),
     ("submitit", ()),
     ("cloudpickle", ()),
 )

@@ -7,7 +7,7 @@ the job starts again, resumes from that checkpoint. Such a run's time-limit warn
 SIGUSR1, not glaunch's SIGUSR2 (which would end its ranks unhandled). The requeue is then
 Lightning's alone: Slurm's requeue ends the job's batch script with its steps, so glaunch's
 end of the start never runs to requeue it again, and the next start counts it as Slurm's
-requeue (launcher.runtime.jobstart).
+requeue (launcher.jobcontrol.jobstart).
 
 The test is a scan of the script's text, not an import: a line that imports ``lightning``
 or ``pytorch_lightning`` and none that imports ``launcher`` (a script using glaunch's

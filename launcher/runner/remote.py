@@ -60,7 +60,7 @@ from launcher.runner.logs import RankLogs
 from launcher.runner.results import Run
 from launcher.schedulers.slurm.client import using
 from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job
-from launcher.schedulers.slurm.records import fold_job, has_ended, record_queued, settled
+from launcher.schedulers.slurm.recording import fold_job, has_ended, record_queued, settled
 from launcher.schedulers.cluster.facts import accounting_commands
 from launcher.schedulers.cluster.scontrol_text import SCONTROL_CALL, SCONTROL_COMMANDS, read_scontrol, split_scontrol
 from launcher.schedulers.cluster.torchprobe import probe_plan_call
@@ -72,7 +72,7 @@ from launcher.schedulers.slurm.submit import (
     submitted_pickle,
     task_template,
 )
-from launcher.schedulers.ssh import remote as on_login
+from launcher.schedulers.ssh import on_login
 from launcher.schedulers.ssh.connection import Connection
 from launcher.schedulers.ssh.transfer import send_tree
 

@@ -32,9 +32,9 @@ from launcher.runner.results import Run, Sweep
 from launcher.schedulers.base import Launched, LaunchedBatch
 from launcher.schedulers.slurm import array
 from launcher.schedulers.slurm.client import using
-from launcher.schedulers.slurm.records import record_queued
+from launcher.schedulers.slurm.recording import record_queued
 from launcher.schedulers.slurm.submit import dump_task, preflight, submitted_pickle, task_template
-from launcher.schedulers.ssh import remote as on_login
+from launcher.schedulers.ssh import on_login
 from launcher.schedulers.ssh.connection import Connection
 from launcher.schedulers.ssh.transfer import send_tree
 

@@ -151,7 +151,7 @@ def _warnings(plan, record: RunRecord) -> tuple[str, ...]:
     """What the user should know before it starts: no checkpoint to continue from."""
     # The in-job runtime's own reader of the checkpoint directory; loaded only here, so
     # that submitting never loads the runtime.
-    from launcher.runtime.checkpoint.resume import latest_complete
+    from launcher.runtime.checkpoint.selection import latest_complete
 
     if latest_complete(plan.checkpoint_dir, verify="size", quiet=True) is not None:
         return ()

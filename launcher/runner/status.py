@@ -15,7 +15,7 @@ import yaml
 
 from launcher.config import schema, slurmtime
 from launcher.config.load import LoadedExperiment
-from launcher.config.provenance import Provenance
+from launcher.config.sourcemap import Provenance
 from launcher.config.sites import LoadedSite
 from launcher.config.typed import typed_config
 from launcher.config.yamlfile import read_yaml

@@ -15,7 +15,7 @@ from typing import Any, Mapping, Sequence
 
 from launcher import schedulers
 from launcher.config.load import load_experiment
-from launcher.config.provenance import Origin
+from launcher.config.sourcemap import Origin
 from launcher.config.sites import load_site
 from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
 from launcher.resolution.jobplan import SubmitContext

@@ -107,14 +107,14 @@ the commit protocol.
 from __future__ import annotations
 
 from launcher.runtime.checkpoint.background import PendingCheckpoint, wait_checkpoints
-from launcher.runtime.checkpoint.layout import (
+from launcher.runtime.checkpoint.directory import (
     Checkpoint,
     CheckpointError,
     list_checkpoints,
     read_latest,
     step_dir_name,
 )
-from launcher.runtime.checkpoint.resume import latest_complete, resume_checkpoint
+from launcher.runtime.checkpoint.selection import latest_complete, resume_checkpoint
 from launcher.runtime.checkpoint.save import stage_checkpoint
 from launcher.runtime.checkpoint.staging import Staging
 from launcher.runtime.checkpoint.verify import verify_checkpoint
@@ -132,7 +132,7 @@ from launcher.runtime.rankcontext import (
     export_rendezvous_env,
 )
 from launcher.runtime.result import param_sha256, write_result, write_stop
-from launcher.runtime.state import (
+from launcher.runtime.torchstate import (
     load_torch_state,
     resume_torch_state,
     rng_state,

@@ -38,7 +38,7 @@ from launcher.rundir import envnames
 from launcher.rundir.files import load_json_object
 from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint.save import stage_checkpoint
-from launcher.runtime.checkpoint.layout import Checkpoint, CheckpointError, step_dir_name
+from launcher.runtime.checkpoint.directory import Checkpoint, CheckpointError, step_dir_name
 from launcher.runtime.checkpoint.verify import verify_checkpoint
 from launcher.runtime.rankcontext import (
     RankContext,
@@ -52,7 +52,7 @@ from launcher.runtime.rankcontext import (
 from launcher.runtime.device import Placement
 from launcher.runtime.device import placement as device_placement
 from launcher.runtime.processgroup import shutdown_distributed
-from launcher.runtime.state import restore_rng, save_rng
+from launcher.runtime.torchstate import restore_rng, save_rng
 
 TAG = "deepspeed"
 UNIVERSAL_DIR = "universal"          # under the checkpoint dir: converted copies, one per source step

@@ -17,7 +17,7 @@ it also replaces ``<run dir>/heartbeats/rank-RRRRR.json``::
 knows every rank before its first step), ``running``, ``saving`` (a checkpoint save that
 holds up the loop, :func:`saving`; ``saving_since`` when it began, ``save_ended`` when the
 last one ended), ``stopping`` (the save of an agreed stop), ``stopped``, ``finished``.
-The batch host's watchdog (:mod:`launcher.runtime.watchdog`) reads these files, and its
+The batch host's watchdog (:mod:`launcher.jobcontrol.watchdog`) reads these files, and its
 bounds from the job's task.json.
 
 ``announced_at``: when the script itself said it reports its steps through the runtime
@@ -39,7 +39,7 @@ and never fsynced: a reader needs a whole record, not a durable one, and a renam
 fsync per beat from every rank would load a shared filesystem's metadata server for
 nothing (bench/heartbeat.py measures the cost).
 
-What ``watchdog.stall_s: auto`` and the slow-node report read (launcher.runtime.watchdog):
+What ``watchdog.stall_s: auto`` and the slow-node report read (launcher.jobcontrol.watchdog):
 ``step_p99_s``, the 99th percentile of the last RECENT_STEPS step times (``steps_timed``:
 how many steps this start has timed); ``save_s``, how long this rank's last checkpoint
 save held up its loop; ``busy_s``, the median of this rank's last BUSY_WINDOW busy times.
@@ -592,7 +592,7 @@ def _checks(world_size: int, now: float | None) -> dict[str, tuple[bool, Callabl
 
 
 def _source(value: object) -> str | None:
-    """Where a beat came from when not from the rank itself: "log" (launcher.runtime.logprogress)."""
+    """Where a beat came from when not from the rank itself: "log" (launcher.jobcontrol.logprogress)."""
     return None if value == "log" else "not a source of beats glaunch writes"
 
 

@@ -42,8 +42,8 @@ from pathlib import Path
 
 from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint.save import stage_checkpoint
-from launcher.runtime.checkpoint.layout import Checkpoint
-from launcher.runtime.checkpoint.resume import resume_checkpoint
+from launcher.runtime.checkpoint.directory import Checkpoint
+from launcher.runtime.checkpoint.selection import resume_checkpoint
 from launcher.runtime.checkpoint.checksums import ChecksumWriter
 from launcher.runtime.rankcontext import RankContext, all_reduce_max, context, log
 from launcher.runtime.deepspeed import _Recorder
@@ -51,7 +51,7 @@ from launcher.runtime.deepspeed import placement as deepspeed_placement
 from launcher.runtime.device import placement
 from launcher.runtime.peerwaits import BucketTail, ddp_hook, waits
 from launcher.runtime.result import param_sha256
-from launcher.runtime.state import restore_rng, save_rng
+from launcher.runtime.torchstate import restore_rng, save_rng
 from launcher.runtime.stop import install_stop_handler, should_stop, stop_signal
 
 CKPT_FILE = "lightning.ckpt"      # a file (DDP) or a directory (sharded strategies)

@@ -148,7 +148,7 @@ class PeerRecovery:
         return _Guard(self, step)
 
     def begin(self, step: int) -> None:
-        from launcher.runtime.state import rng_state
+        from launcher.runtime.torchstate import rng_state
 
         self._current = step
         self._rng_at_start = (step, rng_state())
@@ -186,7 +186,7 @@ class PeerRecovery:
 
     def _restore_rng(self, redo: int) -> bool:
         """This rank's RNG states as they were when step `redo` began, where it began here."""
-        from launcher.runtime.state import set_rng_state
+        from launcher.runtime.torchstate import set_rng_state
 
         if self._rng_at_start is None or self._rng_at_start[0] != redo:
             return False
@@ -326,7 +326,7 @@ def transfer_state(plan: RecoveryPlan, rank: int, model: Any, optimizer: Any, ex
     buffer per dtype (a message each, not one per tensor)."""
     import torch.distributed as dist
 
-    from launcher.runtime.state import unwrap
+    from launcher.runtime.torchstate import unwrap
 
     if rank == plan.source:
         state = {"model": unwrap(model).state_dict(), "optimizer": optimizer.state_dict(),

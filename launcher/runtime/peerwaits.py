@@ -4,7 +4,7 @@ In synchronous data parallel a rank that is slow in its data, forward or backwar
 holds its peers up inside the gradient collectives, and every rank's step takes as long as
 the slowest's. The heartbeats (launcher.runtime.heartbeats) take what is measured here off
 each rank's step: its busy time is then its own work, and the slow-node report
-(launcher.runtime.watchdog.SlowRanks) names the rank that is slow wherever in its step it
+(launcher.jobcontrol.watchdog.SlowRanks) names the rank that is slow wherever in its step it
 is slow. Nothing is added to the step: no collective and no synchronisation, only a clock
 read (CPU) or a CUDA event (GPU, the device's own timing) around collectives the training
 makes anyway.

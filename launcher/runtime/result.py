@@ -12,7 +12,7 @@ from launcher.rundir.layout import RunDir
 from launcher.runtime import heartbeats, stopflag
 from launcher.runtime.checkpoint.background import wait_checkpoints
 from launcher.runtime.rankcontext import RankContext, context
-from launcher.runtime.state import unwrap
+from launcher.runtime.torchstate import unwrap
 from launcher.runtime.stop import stop_signal
 
 

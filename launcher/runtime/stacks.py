@@ -1,4 +1,4 @@
-"""Every rank's Python stack when its start hangs (launcher.runtime.watchdog asks).
+"""Every rank's Python stack when its start hangs (launcher.jobcontrol.watchdog asks).
 
 A rank registers faulthandler at its start (:func:`arm_stack_dump`, called by the task):
 DUMP_SIGNAL then writes every thread's stack into the rank's own file, from C, even while

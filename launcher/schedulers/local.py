@@ -9,7 +9,6 @@ INTERRUPTED_STATUS. A second Ctrl-C kills the job and every process it started."
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import os
 import signal
@@ -17,7 +16,6 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
 
 from launcher.errors import ConfigError, RunError
 from launcher import shell
@@ -26,12 +24,9 @@ from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import envnames
 from launcher.rundir.files import open_regular, read_json
 from launcher.rundir.lifecycle import move
-from launcher.rundir.records import FAILURES, IN_FLIGHT, RunRecord, State
+from launcher.rundir.records import IN_FLIGHT, RunRecord, State
 from launcher.rundir.layout import RunDir
 from launcher.schedulers.base import Echo, Launched, RunConsole, Scheduler, console_of
-
-if TYPE_CHECKING:
-    from launcher.runtime import jobend
 
 # The registry, the runtime and the task spec are imported where a run starts or is
 # cancelled: rendering (a dry run) needs none of them.
@@ -55,7 +50,7 @@ class LocalScheduler(Scheduler):
 
     def job_shell(self, plan: JobPlan) -> JobShell:
         out, err = task_log_patterns(plan)
-        words = [*plan.python, "-u", "-m", "launcher.runtime.localrun",
+        words = [*plan.python, "-u", "-m", "launcher.localrun.jobstep",
                  f"--ntasks={plan.tasks_per_node}", f"--time-limit={plan.time_seconds}",
                  f"--signal={plan.warning_signal}@{plan.signal_lead_s}", f"--output={out}", f"--error={err}", "--"]
         return JobShell(
@@ -327,10 +322,10 @@ def kill_job(pid: int) -> None:
 
 
 def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, interrupts: Interrupts) -> int:
+    from launcher.jobcontrol import end_of_local_start
     from launcher.rundir import registry
-    from launcher.runtime import jobend, watchdog
     from launcher.runtime.rankcontext import node_name
-    from launcher.runtime.telemetry import iso, start_summary
+    from launcher.runtime.telemetry import iso
 
     restart = 0
     # Crashes count from this submission's first start (each start is a job of its own here).
@@ -370,20 +365,15 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, int
             console.pump()
             time.sleep(POLL_S)
         status = proc.returncode
-        stop = jobend.stopped_in(run_dir.path, restart)
-        outcome = _outcome(plan, status, read_json(run_dir.step_summary(job_id)) or {}, run_dir, restart, stop,
-                           first_start=first_start,
-                           interrupted=interrupted, cancelled=CANCEL_KEY in registry.read(run_dir.path).extra)
-        measured = start_summary(run_dir.path, job_id, restart)
-        hang = watchdog.hang_in(run_dir.path, restart)
+        ended = registry.read(run_dir.path)
+        end = end_of_local_start(run_dir, ended, job_id=job_id, restart=restart, status=status,
+                                 summary=read_json(run_dir.step_summary(job_id)) or {},
+                                 requeue_max=plan.requeue_max, crash_retries=plan.crash_retries,
+                                 first_start=first_start, interrupted=interrupted, cancelled=CANCEL_KEY in ended.extra)
+        outcome = end.outcome
         with registry.updating(run_dir.path) as record:
-            # One node: a node a failure points at is recorded, never excluded.
             record.record_start(job_id, restart, ended=iso(time.time()), exit_code=status, state=outcome.state,
-                                reason=outcome.reason, detail=outcome.detail,
-                                resumed_from=jobend.resumed_in(run_dir.path, restart),
-                                stopped_at=(stop or {}).get("step"), hang=jobend.hang_entry(hang),
-                                bad_node=jobend.blamed_node(outcome.reason, jobend.crash_in(run_dir.path, restart),
-                                                            hang), **measured)
+                                reason=outcome.reason, detail=outcome.detail, **end.fields)
             move(record, outcome.state, reason=outcome.reason, detail=outcome.detail)
             record.extra.pop(CANCEL_KEY, None)
         if not outcome.requeue:
@@ -393,47 +383,3 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, int
             return 0 if outcome.state == State.COMPLETED else 1
         console.observe(record)
         restart += 1
-
-
-def _outcome(plan: JobPlan, status: int, summary: dict, run_dir: RunDir, restart: int,
-             stop: dict | None, *, first_start: int = 0, interrupted: bool = False,
-             cancelled: bool = False) -> jobend.Outcome:
-    """localrun's step summary in the terms of the Slurm path's decision."""
-    from launcher.rundir import registry
-    from launcher.runtime import jobend, watchdog
-
-    warned, timed_out = bool(summary.get("warned")), bool(summary.get("timed_out"))
-    hung = watchdog.hang_in(run_dir.path, restart) is not None
-    record = registry.read(run_dir.path)
-    crashes = sum(1 for s in record.starts[first_start:] if s.reason in FAILURES)
-    # A cancel is Ctrl-C or `glaunch cancel`'s mark; a task a signal ended without either
-    # (the OOM killer's SIGKILL) crashed.
-    outcome = jobend.with_crash_note(jobend.decide(
-        step_status=status, finished=run_dir.result_file.exists(),
-        stopped=warned or stop is not None, preempted=False,
-        timed_out=timed_out, restart=restart, requeue_max=plan.requeue_max, crashes=crashes,
-        crash_retries=plan.crash_retries, hung=hung, cancelled=interrupted or cancelled,
-        killed=None if jobend.crash_in(run_dir.path, restart) else first_killed_task(summary, status),
-        runtime=jobend.used_runtime(run_dir.path, record.job_id, restart)),
-        run_dir.path, restart)
-    if interrupted and outcome.state == State.CANCELLED:
-        if stop is not None and stop.get("checkpoint"):
-            said = f"stopped at step {stop.get('step')} with a checkpoint"
-        elif stop is not None:
-            said = f"stopped at step {stop.get('step')} without a checkpoint"
-        else:
-            said = "the ranks did not stop by themselves" if status else "no stop recorded"
-        outcome = dataclasses.replace(outcome, detail=f"interrupted (Ctrl-C): {said}")
-    return outcome
-
-
-def first_killed_task(summary: Mapping[str, Any], status: int) -> jobend.Killed | None:
-    """Pure: the task a signal ended first, from localrun's step summary (`exit_codes`, one
-    per task, -N for signal N; `first_failed_task`), else from the step's `status` alone."""
-    from launcher.runtime import jobend
-
-    codes, first = summary.get("exit_codes"), summary.get("first_failed_task")
-    if (isinstance(codes, list) and type(first) is int and 0 <= first < len(codes)
-            and type(codes[first]) is int and codes[first] < 0):
-        return jobend.killed_by(codes[first], first)
-    return jobend.killed_by(status)

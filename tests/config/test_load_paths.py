@@ -15,7 +15,7 @@ import pytest
 
 from launcher import schedulers
 from launcher.config import load, sites
-from launcher.config.provenance import Origin
+from launcher.config.sourcemap import Origin
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import SubmitContext
 from launcher.resolution.resolve import resolve

@@ -11,7 +11,7 @@ import pytest
 
 from launcher.config.load import _nested, parse_overrides
 from launcher.config.merge import merge_layer, merge_layers
-from launcher.config.provenance import Origin, Provenance
+from launcher.config.sourcemap import Origin, Provenance
 
 REPO = Path(__file__).resolve().parents[2]
 FILE = {"a": {"b": {"c": "x"}, "d": [1, 2]}, "e": "y", "h": {"lr": 1}}

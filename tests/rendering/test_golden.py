@@ -18,7 +18,7 @@ from launcher import schedulers
 from launcher.config.load import load_experiment
 from launcher.config.sites import load_site
 from launcher.config.sites import SHIPPED_SITES
-from launcher.rendering.taskspec import task_file_text
+from launcher.rendering.task_json import task_file_text
 from launcher.resolution.jobplan import JobPlan, SubmitContext
 from launcher.resolution.resolve import resolve
 from launcher.rundir.layout import DS_CONFIG_FILE, TASK_FILE

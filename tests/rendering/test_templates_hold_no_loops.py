@@ -1,4 +1,4 @@
-"""The shell glaunch writes starts things; the job controller (launcher.runtime.controller)
+"""The shell glaunch writes starts things; the job controller (launcher.jobcontrol.controller)
 decides. No template holds a loop or a case block, in the shell it renders or in Jinja, and
 neither does any rendered script of the golden bundles."""
 

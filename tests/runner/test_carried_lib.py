@@ -18,8 +18,8 @@ import pytest
 from launcher.runner import carried
 
 REPO = Path(__file__).resolve().parents[2]
-JOB_SIDE = ("launcher.runtime.task", "launcher.runtime.jobend", "launcher.runtime.jobstart",
-            "launcher.runtime.watchdog", "launcher.runtime.localrun", "launcher.runtime",
+JOB_SIDE = ("launcher.runtime.task", "launcher.jobcontrol.jobend", "launcher.jobcontrol.jobstart",
+            "launcher.jobcontrol.watchdog", "launcher.localrun.jobstep", "launcher.runtime",
             "launcher.runtime.checkpoint", "submitit.core._submit")
 
 
@@ -46,7 +46,7 @@ def dry_run(project, env) -> Path:
 def test_the_bundle_carries_the_job_side_as_installed_and_env_sh_puts_it_first(project, isolated_env):
     run_dir = dry_run(project, isolated_env)
     lib = run_dir / "lib"
-    for name in ("launcher/runtime/task.py", "launcher/runtime/jobend.py", "launcher/runtime/checkpoint/save.py",
+    for name in ("launcher/runtime/task.py", "launcher/jobcontrol/jobend.py", "launcher/runtime/checkpoint/save.py",
                  "launcher/rundir/layout.py", "launcher/errors.py", "submitit/core/_submit.py",
                  "cloudpickle/__init__.py"):
         assert (lib / name).is_file(), name
@@ -87,7 +87,7 @@ def test_the_carried_parts_of_glaunch_are_the_layers_the_job_side_may_import():
     layers = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(layers)
     graph = layers.import_graph()
-    job_side = {m for m in graph if layers.layer_of(m) in ("floor", "runtime")}
+    job_side = {m for m in graph if layers.layer_of(m) in ("floor", "runtime", "jobcontrol", "localrun")}
     carried_modules = set()
     for _, relative in carried.carried_files():
         if relative.startswith("launcher/"):

@@ -83,7 +83,7 @@ def slurm_run(runs: str = "runs", **values) -> Path:
 
 
 def job_start(restart: int, state: str, **values) -> StartRecord:
-    """A start as the job records its end (launcher.runtime.jobend)."""
+    """A start as the job records its end (launcher.jobcontrol.jobend)."""
     return StartRecord(job_id="12", restart=restart, state=state, started=f"2026-12-03T13:1{restart}:00",
                        ended=f"2026-12-03T13:1{restart}:30", extra={"nodes": "node1"}, **values)
 

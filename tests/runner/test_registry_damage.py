@@ -300,7 +300,7 @@ def test_jobend_with_damaged_rank_files_records_a_readable_end(tmp_path, isolate
     (run_dir / "resume.json").write_text(json.dumps({"restart": 0, "step": {"a": 1}}))
     (run_dir / "crash.json").write_text("[" * 100_000)
     env = dict(isolated_env, GLAUNCH_JOB_ID="1234", GLAUNCH_RESTART="0")
-    proc = subprocess.run([sys.executable, "-m", "launcher.runtime.jobend", str(run_dir), "--status", "1"],
+    proc = subprocess.run([sys.executable, "-m", "launcher.jobcontrol.jobend", str(run_dir), "--status", "1"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     (start,) = registry.read(run_dir).starts

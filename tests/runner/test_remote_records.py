@@ -16,7 +16,7 @@ from launcher.errors import RunError
 from launcher.rundir import registry
 from launcher.runner import remote
 from launcher.schedulers.ssh.connection import Connection
-from launcher.schedulers.ssh.login import Login
+from launcher.schedulers.ssh.command import Login
 
 NOISY_RC = """\
 echo "Welcome. Ran: $BASH_EXECUTION_STRING"

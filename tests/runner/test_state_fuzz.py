@@ -24,7 +24,7 @@ from launcher import api
 from launcher.rundir import registry
 from launcher.rundir.layout import RunDir
 from launcher.rundir.lifecycle import ENDS
-from launcher.runtime.checkpoint.resume import latest_complete
+from launcher.runtime.checkpoint.selection import latest_complete
 from launcher.schedulers.local import job_lock_held
 
 REPO = Path(__file__).resolve().parents[2]

@@ -175,7 +175,7 @@ def test_an_element_requeues_alone_and_keeps_its_array_id(tmp_path, isolated_env
     files = prepared.prepared[1].files
     job = files["job.sbatch"]
     # The job controller requeues the job env.sh names: the element's own task of the array.
-    assert " -m launcher.runtime.controller " in job and " --requeue " in job
+    assert " -m launcher.jobcontrol.controller " in job and " --requeue " in job
     run_dir = prepared.prepared[1].plan.run_dir
     assert f"--output={run_dir}/logs/%A_%a_%t_log.out" in job
     assert 'export GLAUNCH_JOB_ID="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in files["env.sh"]

@@ -22,11 +22,11 @@ from launcher import runtime as rt  # noqa: E402
 from launcher.runtime.checkpoint import dcp  # noqa: E402
 from launcher.runtime.checkpoint.checksums import Checksum, ChecksumWriter, checksum_algorithm, checksum_file  # noqa: E402
 from launcher.runtime.checkpoint.save import stage_checkpoint  # noqa: E402
-from launcher.runtime.checkpoint.layout import CheckpointError, step_dir_name  # noqa: E402
-from launcher.runtime.checkpoint.resume import latest_complete  # noqa: E402
+from launcher.runtime.checkpoint.directory import CheckpointError, step_dir_name  # noqa: E402
+from launcher.runtime.checkpoint.selection import latest_complete  # noqa: E402
 from launcher.runtime.checkpoint.verify import verify_checkpoint  # noqa: E402
 from launcher.runtime.checkpoint import checksums  # noqa: E402
-from launcher.runtime.state import MODEL_FILE, rank_file  # noqa: E402
+from launcher.runtime.torchstate import MODEL_FILE, rank_file  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -17,7 +17,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from launcher.runtime.checkpoint.checksums import checksum_algorithm, checksum_file  # noqa: E402
-from launcher.runtime.checkpoint.resume import latest_complete  # noqa: E402
+from launcher.runtime.checkpoint.selection import latest_complete  # noqa: E402
 from launcher.runtime.checkpoint.verify import verify_checkpoint  # noqa: E402
 from launcher.runtime.rankcontext import free_port  # noqa: E402
 
@@ -32,11 +32,11 @@ WORKER = textwrap.dedent('''
     from launcher import runtime as rt
     from launcher.runtime.checkpoint import checksums
     from launcher.runtime.checkpoint.checksums import ChecksumWriter, checksum_algorithm, checksum_file
-    from launcher.runtime.checkpoint.resume import latest_complete
+    from launcher.runtime.checkpoint.selection import latest_complete
     from launcher.runtime.checkpoint.verify import verify_checkpoint
     from launcher.runtime import fsdp as gfsdp
     from launcher.runtime.checkpoint import dcp
-    from launcher.runtime.checkpoint.layout import CheckpointDamaged
+    from launcher.runtime.checkpoint.directory import CheckpointDamaged
     from torch.distributed.checkpoint.state_dict import get_state_dict
     from torch.distributed.tensor import DTensor
     from torch.optim.optimizer import register_optimizer_step_pre_hook
@@ -386,7 +386,7 @@ KILLER = textwrap.dedent('''
     # of its shard of step KILL_STEP and says so: the test then SIGKILLs it there.
     import os, runpy, sys, time
     from launcher.runtime.checkpoint.checksums import ChecksumWriter, checksum_algorithm, checksum_file
-    from launcher.runtime.checkpoint.resume import latest_complete
+    from launcher.runtime.checkpoint.selection import latest_complete
     from launcher.runtime.checkpoint.verify import verify_checkpoint
 
     KILL = ".staging-step-%08d" % int(os.environ["KILL_STEP"])
@@ -451,7 +451,7 @@ def test_verifying_reader_refuses_before_anything_is_loaded_and_checks_files_nob
     from torch.distributed.checkpoint import save as dcp_save
 
     from launcher.runtime.checkpoint import dcp
-    from launcher.runtime.checkpoint.layout import CheckpointDamaged
+    from launcher.runtime.checkpoint.directory import CheckpointDamaged
     from launcher.runtime.rankcontext import context
 
     for var in RANK_VARS:
@@ -495,7 +495,7 @@ def test_placeholders_take_the_tensors_read_and_the_rest_is_filled_in_place(tmp_
     from torch.distributed.checkpoint import save as dcp_save
 
     from launcher.runtime.checkpoint import dcp
-    from launcher.runtime.checkpoint.layout import CheckpointDamaged
+    from launcher.runtime.checkpoint.directory import CheckpointDamaged
     from launcher.runtime.rankcontext import context
 
     for var in RANK_VARS:
@@ -538,7 +538,7 @@ def test_a_share_written_as_several_files_is_read_in_parallel_and_each_file_chec
     from torch.distributed.checkpoint import save as dcp_save
 
     from launcher.runtime.checkpoint import dcp
-    from launcher.runtime.checkpoint.layout import CheckpointDamaged
+    from launcher.runtime.checkpoint.directory import CheckpointDamaged
     from launcher.runtime.rankcontext import context
 
     for var in RANK_VARS:

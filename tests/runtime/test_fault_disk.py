@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from conftest import RANK_VARS  # noqa: E402
 from launcher import runtime as rt  # noqa: E402
 from launcher.runtime.checkpoint import background  # noqa: E402
-from launcher.runtime.checkpoint.resume import latest_complete  # noqa: E402
+from launcher.runtime.checkpoint.selection import latest_complete  # noqa: E402
 from launcher.runtime.checkpoint.verify import verify_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,7 +142,7 @@ ORPHAN = textwrap.dedent('''
     import sys, threading
     from pathlib import Path
     from launcher.runtime.checkpoint import staging as cs
-    from launcher.runtime.checkpoint.layout import CheckpointError
+    from launcher.runtime.checkpoint.directory import CheckpointError
 
     staging = Path(sys.argv[1])
 

@@ -221,7 +221,7 @@ def test_what_the_watchdog_reads_starting_saving_stopping(tmp_path, monkeypatch)
 def test_a_rank_announces_itself_when_its_script_uses_the_runtime_not_before(tmp_path, monkeypatch):
     """The task's own record and its own stop handler say nothing of the script; the
     script's install_stop_handler, glaunch's Lightning callback or a first step do, and the
-    heartbeat says so at once (the watchdog's evidence: launcher.runtime.watchdog.armed_at)."""
+    heartbeat says so at once (the watchdog's evidence: launcher.jobcontrol.watchdog.armed_at)."""
     monkeypatch.setattr(heartbeats, "began", lambda ctx: None)    # no GPU sampler, no atexit here
     monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("GLAUNCH_JOB_ID", "77")

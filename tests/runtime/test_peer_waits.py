@@ -16,7 +16,7 @@ import pytest
 
 from launcher.runtime.heartbeats import EARLY_STEPS, Beats, busy_time
 from launcher.runtime.peerwaits import BucketTail, PeerWaits
-from launcher.runtime.watchdog import SLOW_RATIO
+from launcher.jobcontrol.watchdog import SLOW_RATIO
 from launcher.runtime.rankcontext import free_port
 from conftest import RANK_VARS
 

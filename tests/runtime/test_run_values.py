@@ -11,7 +11,7 @@ import pytest
 from launcher.rundir import envnames, runvalues
 from launcher.rundir.layout import read_heartbeat
 from launcher.runtime import task
-from launcher.runtime.logprogress import LogProgress, beat_from_log, step_of
+from launcher.jobcontrol.logprogress import LogProgress, beat_from_log, step_of
 
 HOSTILE_DIR = "/runs/it's a \"dir\" $(touch x) `y`\n; rm -rf"
 START = {envnames.RUN_DIR: HOSTILE_DIR, envnames.RUN_ID: "exp-1", envnames.CHECKPOINT_DIR: "/ck/exp-1",

@@ -15,11 +15,11 @@ import pytest
 from conftest import RANK_VARS
 from launcher.runtime.checkpoint.checksums import checksum_algorithm
 from launcher.runtime.checkpoint.save import stage_checkpoint
-from launcher.runtime.checkpoint.layout import Checkpoint
+from launcher.runtime.checkpoint.directory import Checkpoint
 from launcher.runtime.rankcontext import free_port
 from launcher.runtime.checkpoint import checksums
-from launcher.runtime.checkpoint.layout import CheckpointError, read_latest
-from launcher.runtime.checkpoint.resume import latest_complete
+from launcher.runtime.checkpoint.directory import CheckpointError, read_latest
+from launcher.runtime.checkpoint.selection import latest_complete
 from launcher.runtime.checkpoint.verify import verify_checkpoint
 
 REPO = Path(__file__).resolve().parents[2]
@@ -256,7 +256,7 @@ KILL_SCRIPT = textwrap.dedent("""
     from launcher.runtime.checkpoint import commit as checkpoint_commit
     from launcher.runtime.checkpoint.checksums import checksum_algorithm
     from launcher.runtime.checkpoint.save import stage_checkpoint
-    from launcher.runtime.checkpoint.layout import Checkpoint
+    from launcher.runtime.checkpoint.directory import Checkpoint
     mode = sys.argv[1]
     with stage_checkpoint(1) as st:
         st.file("rank-00000.bin").write_bytes(b"first" * 1000)
@@ -316,7 +316,7 @@ def test_torch_state_roundtrip_restores_rng_and_optimizer(tmp_path):
     torch = pytest.importorskip("torch")
     import random
 
-    from launcher.runtime.state import load_torch_state, save_torch_state
+    from launcher.runtime.torchstate import load_torch_state, save_torch_state
 
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
@@ -366,7 +366,7 @@ def _count_optimizer_steps():
 
 def test_resume_into_a_fresh_optimizer_runs_no_optimizer_step_and_is_bitwise():
     torch = pytest.importorskip("torch")
-    from launcher.runtime.state import resume_torch_state, save_torch_state
+    from launcher.runtime.torchstate import resume_torch_state, save_torch_state
 
     model, opt = _adamw_model(torch)
     _train(torch, model, opt, 3)
@@ -394,7 +394,7 @@ def test_a_refused_checkpoint_leaves_the_fresh_optimizer_without_state():
     """The only checkpoint fails its checksum during the load: no resume, and the optimizer
     steps as one just built does (no state left over from the attempt)."""
     torch = pytest.importorskip("torch")
-    from launcher.runtime.state import resume_torch_state, save_torch_state
+    from launcher.runtime.torchstate import resume_torch_state, save_torch_state
 
     model, opt = _adamw_model(torch)
     _train(torch, model, opt, 2)

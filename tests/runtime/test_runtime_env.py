@@ -92,7 +92,7 @@ def test_the_watchdog_with_a_bad_rank_environment_says_so_and_exits_0(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GLAUNCH_", "SLURM_"))}
     env.update(PYTHONPATH=str(REPO), GLAUNCH_JOB_ID="7", GLAUNCH_RESTART="first", SLURM_JOB_ID="7")
     # The job controller runs the watchdog in a thread of its own process: watch_slurm.
-    watch = "import sys; from launcher.runtime import watchdog; sys.exit(watchdog.watch_slurm(sys.argv[1], stop=lambda: True))"
+    watch = "import sys; from launcher.jobcontrol import watchdog; sys.exit(watchdog.watch_slurm(sys.argv[1], stop=lambda: True))"
     proc = subprocess.run([sys.executable, "-c", watch, str(tmp_path)], env=env,
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtime.checkpoint.layout import CheckpointError, read_latest
-from launcher.runtime.checkpoint.resume import latest_complete, resume_checkpoint
+from launcher.runtime.checkpoint.directory import CheckpointError, read_latest
+from launcher.runtime.checkpoint.selection import latest_complete, resume_checkpoint
 from launcher.runtime.checkpoint.save import stage_checkpoint
 from launcher.runtime.checkpoint.staging import read_markers
 from launcher.runtime.checkpoint.verify import verify_checkpoint
@@ -120,7 +120,7 @@ def test_a_fifo_failure_marker_still_fails_the_commit(tmp_path):
 
 def test_a_fifo_rank_file_is_refused_at_load(tmp_path):
     torch = pytest.importorskip("torch")
-    from launcher.runtime.state import load_torch_state, restore_rng, save_torch_state
+    from launcher.runtime.torchstate import load_torch_state, restore_rng, save_torch_state
 
     model = torch.nn.Linear(2, 2)
     done = save_torch_state(5, model)
@@ -137,7 +137,7 @@ def test_a_fifo_rank_file_is_refused_at_load(tmp_path):
 
 def test_a_fifo_model_file_is_refused_at_load(tmp_path):
     torch = pytest.importorskip("torch")
-    from launcher.runtime.state import load_torch_state, save_torch_state
+    from launcher.runtime.torchstate import load_torch_state, save_torch_state
 
     model = torch.nn.Linear(2, 2)
     done = save_torch_state(6, model, per_rank_model=True)
@@ -210,7 +210,7 @@ def test_the_start_summary_skips_what_no_rank_could_have_measured(tmp_path):
 
 @pytest.mark.parametrize("name", ["stop", "resume", "crash"])
 def test_a_record_of_restart_true_is_no_starts(tmp_path, name):
-    from launcher.runtime import jobend
+    from launcher.jobcontrol import jobend
 
     (tmp_path / f"{name}.json").write_text(json.dumps({"restart": True, "step": 3, "rank": 0}))
     reader = {"stop": jobend.stopped_in, "resume": jobend.resumed_in, "crash": jobend.crash_in}[name]

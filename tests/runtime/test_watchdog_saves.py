@@ -21,11 +21,11 @@ torch = pytest.importorskip("torch")
 from conftest import RANK_VARS  # noqa: E402
 from launcher import runtime as rt  # noqa: E402
 from launcher.rundir.layout import RunDir, read_heartbeat  # noqa: E402
-from launcher.runtime import heartbeats, state  # noqa: E402
-from launcher.runtime.checkpoint.layout import CheckpointError  # noqa: E402
+from launcher.runtime import heartbeats, torchstate  # noqa: E402
+from launcher.runtime.checkpoint.directory import CheckpointError  # noqa: E402
 from launcher.runtime.checkpoint import dcp  # noqa: E402
 from launcher.runtime.rankcontext import free_port  # noqa: E402
-from launcher.runtime.watchdog import Limits, Watch  # noqa: E402
+from launcher.jobcontrol.watchdog import Limits, Watch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 STALL_S = 1.5                 # a pause this long after a save must not be taken for a stall, even on a loaded machine
@@ -64,14 +64,14 @@ def test_a_slow_blocking_save_is_no_hang_and_the_same_wait_in_a_step_is(tmp_path
     beats, watch, path = _watched(tmp_path)
     beats.beat(1)
     seen = []
-    torch_save = state._torch_save
+    torch_save = torchstate._torch_save
 
     def slow_torch_save(obj, f):
         time.sleep(SLOW_S)
         seen.append((read_heartbeat(path)["state"], watch.check()))
         torch_save(obj, f)
 
-    monkeypatch.setattr(state, "_torch_save", slow_torch_save)
+    monkeypatch.setattr(torchstate, "_torch_save", slow_torch_save)
     model, opt = _model()
     saved = rt.save_torch_state(1, model, opt)
     assert saved.step == 1
@@ -107,7 +107,7 @@ def test_a_background_save_is_a_save_while_the_loop_waits_for_it_and_never_write
         return stage(self, plan, buffers)
 
     released = threading.Event()
-    torch_save = state._torch_save
+    torch_save = torchstate._torch_save
 
     def slow_torch_save(obj, f):              # the writer thread: the loop steps meanwhile
         seen["writing"] = (read_heartbeat(path)["state"],)
@@ -117,7 +117,7 @@ def test_a_background_save_is_a_save_while_the_loop_waits_for_it_and_never_write
         torch_save(obj, f)
 
     monkeypatch.setattr(dcp.StagingPlanner, "stage", slow_stage)
-    monkeypatch.setattr(state, "_torch_save", slow_torch_save)
+    monkeypatch.setattr(torchstate, "_torch_save", slow_torch_save)
     model, opt = _model()
     pending = rt.save_torch_state(2, model, opt, blocking=False)
     assert seen["copy"] == ("saving", None)
@@ -162,7 +162,7 @@ from pathlib import Path
 import torch
 from launcher.rundir.layout import read_heartbeat
 from launcher.runtime import heartbeats
-from launcher.runtime.watchdog import Limits, Watch
+from launcher.jobcontrol.watchdog import Limits, Watch
 
 SLOW_S = float(os.environ["SLOW_S"])
 run = Path(os.environ["GLAUNCH_RUN_DIR"])
@@ -253,9 +253,9 @@ SLOW_SAVE_SCRIPT = f'''
 import sys, time
 sys.path.insert(0, {str(REPO / "examples")!r})
 import torch_ddp
-from launcher.runtime import state
+from launcher.runtime import torchstate
 
-torch_save = state._torch_save
+torch_save = torchstate._torch_save
 slowed = []
 
 
@@ -267,7 +267,7 @@ def slow_torch_save(obj, f):
     torch_save(obj, f)
 
 
-state._torch_save = slow_torch_save
+torchstate._torch_save = slow_torch_save
 sys.exit(torch_ddp.main())
 '''
 

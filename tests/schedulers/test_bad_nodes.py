@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.rundir.records import RecordError, RunRecord
-from launcher.runtime.jobend import blamed_node, exclusion, usable_nodes
+from launcher.jobcontrol.jobend import blamed_node, exclusion, usable_nodes
 
 # sinfo --noheader --Node --format='%N %T' on a partition of six nodes.
 SINFO = """\

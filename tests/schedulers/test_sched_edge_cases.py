@@ -26,7 +26,7 @@ from launcher.schedulers.slurm import client as slurm_client
 from launcher.schedulers.slurm.scheduler import SlurmScheduler
 from launcher.schedulers.slurm.client import Client
 from launcher.schedulers.slurm.queries import squeue_job, squeue_jobs
-from launcher.schedulers.slurm.records import UNKNOWN_TO_SLURM, fold_job, own_rows, record_pending_reason
+from launcher.schedulers.slurm.recording import UNKNOWN_TO_SLURM, fold_job, own_rows, record_pending_reason
 from launcher.schedulers.slurm.state import (
     UNLISTED_GRACE_S,
     current_state,

@@ -23,7 +23,7 @@ import pytest
 from launcher import api
 from launcher.errors import SchedulerError
 from launcher.rundir.records import RunRecord
-from launcher.schedulers.slurm import client as slurm_client, records as slurm_records, submit as slurm_submit
+from launcher.schedulers.slurm import client as slurm_client, recording as slurm_records, submit as slurm_submit
 from launcher.schedulers.slurm.client import (
     Client,
     RetryPolicy,

@@ -15,7 +15,7 @@ import pytest
 
 from launcher.config.sites import load_site
 from launcher.rundir.records import RunRecord
-from launcher.runtime.jobend import usable_nodes
+from launcher.jobcontrol.jobend import usable_nodes
 from launcher.schedulers.cluster.check import compare, site_mapping
 from launcher.schedulers.cluster.detect import detect_profile
 from launcher.schedulers.cluster.facts import parse_associations, parse_cluster, parse_qos
@@ -186,7 +186,7 @@ def test_a_submission_is_found_by_its_marker(release, monkeypatch):
 
 
 def test_the_watchdog_ends_the_steps_squeue_lists(release, monkeypatch):
-    from launcher.runtime import watchdog
+    from launcher.jobcontrol import watchdog
 
     monkeypatch.setattr(watchdog, "run_command", lambda words: recorded(release, "squeue-steps.txt"))
     monkeypatch.delenv("SLURM_STEP_ID", raising=False)

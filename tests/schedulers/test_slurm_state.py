@@ -180,7 +180,7 @@ def run(*starts: StartRecord) -> RunRecord:
 
 
 def jobend_start(restart, **values):
-    """A start as launcher.runtime.jobend records it when the step ends."""
+    """A start as launcher.jobcontrol.jobend records it when the step ends."""
     start = StartRecord(job_id="13", restart=restart, submitted="2026-12-03T13:11:20")
     start.update(**values)
     return start

@@ -1,4 +1,4 @@
-"""Commands asked of a login node in one round trip (launcher.schedulers.ssh.remote.BATCH):
+"""Commands asked of a login node in one round trip (launcher.schedulers.ssh.on_login.BATCH):
 each runs as slurm_client's runner would run it alone (its words exactly, its stdin, the
 login shell's SLURM_* variables gone), and a Slurm client on the same connection takes
 their answers instead of asking again."""
@@ -9,8 +9,8 @@ import subprocess
 
 from launcher.processes import Finished
 from launcher.schedulers.slurm.client import Client
-from launcher.schedulers.ssh import remote
-from launcher.schedulers.ssh.remote import Asked
+from launcher.schedulers.ssh import on_login
+from launcher.schedulers.ssh.on_login import Asked
 
 HOSTILE = ["$(touch pwned)", "a'b\"c", "two\nlines", "with space", "`id`", "-n", "*", ""]
 
@@ -35,7 +35,7 @@ def test_each_command_of_a_batch_gets_its_own_words_stdin_status_and_streams(tmp
     conn = LocalConn(cwd=tmp_path, env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "9", "SLURM_CONF": "/etc/x"})
     sub = tmp_path / "sub"
     sub.mkdir()
-    answers = remote.run_batch(conn, [
+    answers = on_login.run_batch(conn, [
         Asked(("printf", "[%s]\\n", *HOSTILE)),
         Asked(("cat",), input="line one\n$(touch pwned)\n"),
         Asked(("sh", "-c", 'echo out; echo err >&2; exit 7')),
@@ -52,16 +52,16 @@ def test_each_command_of_a_batch_gets_its_own_words_stdin_status_and_streams(tmp
 
 def test_a_batch_answer_cut_short_keeps_only_the_whole_answers():
     whole = b"0\x003\x000\x00abc" + b"1\x002\x001\x00dee"
-    assert remote.parse_batch(whole) == [(0, "abc", ""), (1, "de", "e")]
-    assert remote.parse_batch(whole[:-1]) == [(0, "abc", "")]
-    assert remote.parse_batch(b"0\x00x\x000\x00") == []
+    assert on_login.parse_batch(whole) == [(0, "abc", ""), (1, "de", "e")]
+    assert on_login.parse_batch(whole[:-1]) == [(0, "abc", "")]
+    assert on_login.parse_batch(b"0\x00x\x000\x00") == []
 
 
 def test_a_slurm_client_takes_an_answer_asked_ahead_and_asks_again_after_a_failure(tmp_path):
     conn = LocalConn(env={"PATH": "/usr/bin:/bin"})
-    remote.ask_ahead(conn, [Asked(("echo", "ahead")), Asked(("sh", "-c", "exit 3"))])
+    on_login.ask_ahead(conn, [Asked(("echo", "ahead")), Asked(("sh", "-c", "exit 3"))])
     assert conn.calls == 1
-    client = remote.slurm_client(conn)
+    client = on_login.slurm_client(conn)
     assert isinstance(client, Client)
     for _ in range(2):      # a good answer holds for the whole command
         assert client.attempt(["echo", "ahead"], 5).proc.stdout == "ahead\n"

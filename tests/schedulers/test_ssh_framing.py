@@ -12,10 +12,10 @@ import tarfile
 import pytest
 
 from launcher.errors import SchedulerError
-from launcher.schedulers.ssh import remote as on_login
+from launcher.schedulers.ssh import on_login
 from launcher.schedulers.ssh.connection import Connection
 from launcher.schedulers.ssh.framing import Frame, unframe
-from launcher.schedulers.ssh.login import Login
+from launcher.schedulers.ssh.command import Login
 
 FRAME = Frame("0123456789abcdef0123456789abcdef")
 BEGIN = b"<glaunch 0123456789abcdef0123456789abcdef>\n"

@@ -27,7 +27,7 @@ from launcher.schedulers.ssh.connection import (
     parse_destination,
     said,
 )
-from launcher.schedulers.ssh.login import Login, ssh_words
+from launcher.schedulers.ssh.command import Login, ssh_words
 from launcher.schedulers.ssh.transfer import check_remote_dir, send_tree
 
 CP = "/run/user/1000/glaunch/ssh-0123456789ab"

@@ -23,7 +23,8 @@ import pytest
 
 from proctools import gone
 from launcher import api, processes
-from launcher.runtime import jobend, stacks, telemetry
+from launcher.jobcontrol import jobend
+from launcher.runtime import stacks, telemetry
 from launcher.schedulers.slurm.client import Client, RetryPolicy, Unreachable
 
 REPO = Path(__file__).resolve().parents[2]

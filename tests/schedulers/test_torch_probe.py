@@ -19,12 +19,12 @@ from badinput import run_cli
 from launcher import shell
 from launcher.config.sites import load_site
 from launcher.processes import run_bounded
-from launcher.runner import sites as site_tools
+from launcher.runner import site_tools
 from launcher.schedulers.cluster import torchprobe
 from launcher.schedulers.cluster.report import CheckReport
 from launcher.schedulers.cluster.torchprobe import ANSWER, NOT_HERE, TorchProbe, read_answer
 from launcher.schedulers.slurm.client import using
-from launcher.schedulers.ssh import remote as on_login
+from launcher.schedulers.ssh import on_login
 from launcher.schedulers.ssh.connection import NoAnswer
 
 PROFILE = """\

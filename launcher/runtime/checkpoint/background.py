@@ -21,7 +21,7 @@ from pathlib import Path
 
 from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint.commit import agree, discard_staging
-from launcher.runtime.checkpoint.layout import Checkpoint, CheckpointError
+from launcher.runtime.checkpoint.directory import Checkpoint, CheckpointError
 from launcher.runtime.checkpoint.verify import read_manifest
 from launcher.runtime.rankcontext import RankContext, context, is_distributed, log
 

@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from launcher.rundir.files import open_regular
-from launcher.runtime.checkpoint.layout import CheckpointError
+from launcher.runtime.checkpoint.directory import CheckpointError
 
 CHECKSUMS = ("crc32c", "sha256")     # manifest keys a shard's checksum may be under
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from launcher.rundir.files import atomic_write_text, fsync_dir
 from launcher.runtime.checkpoint import checksums
-from launcher.runtime.checkpoint.layout import (
+from launcher.runtime.checkpoint.directory import (
     FORMAT,
     LATEST,
     MANIFEST,

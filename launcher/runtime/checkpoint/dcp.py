@@ -56,7 +56,7 @@ from torch.distributed.checkpoint.planner import LoadItemType, SavePlan, WriteIt
 
 from launcher.rundir.files import fsync_dir, open_regular
 from launcher.runtime.checkpoint import checksums
-from launcher.runtime.checkpoint.layout import CheckpointDamaged, CheckpointError
+from launcher.runtime.checkpoint.directory import CheckpointDamaged, CheckpointError
 from launcher.runtime.checkpoint.checksums import ChecksumWriter
 from launcher.runtime.checkpoint.verify import verify_share
 from launcher.runtime.rankcontext import RankContext, all_reduce_max, is_distributed, log

@@ -23,7 +23,7 @@ from launcher.runtime.checkpoint.commit import (
     pruning,
     to_trash,
 )
-from launcher.runtime.checkpoint.layout import (
+from launcher.runtime.checkpoint.directory import (
     MANIFEST,
     STAGING_RE,
     TRASH_PREFIX,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from launcher.rundir.files import atomic_write_text, fsync_dir, load_json_object, open_regular
 from launcher.runtime.checkpoint import checksums
-from launcher.runtime.checkpoint.layout import (
+from launcher.runtime.checkpoint.directory import (
     MARKER_RE,
     Checkpoint,
     CheckpointError,

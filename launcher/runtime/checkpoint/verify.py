@@ -6,7 +6,7 @@ to the load, which takes them while it reads those files anyway
 (:class:`launcher.runtime.checkpoint.dcp.VerifyingReader`): the files are read once, not twice.
 
 The re-check can be split over the ranks (:func:`verify_share`); choosing the checkpoint
-to resume from is :mod:`launcher.runtime.checkpoint.resume`.
+to resume from is :mod:`launcher.runtime.checkpoint.selection`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from launcher.rundir.files import NotARegularFile, load_json_object
 
 from launcher.runtime.checkpoint import checksums
-from launcher.runtime.checkpoint.layout import MANIFEST, STEP_RE
+from launcher.runtime.checkpoint.directory import MANIFEST, STEP_RE
 from launcher.runtime.rankcontext import log
 
 VERIFY = ("hash", "load", "size")

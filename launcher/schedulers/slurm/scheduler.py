@@ -32,7 +32,7 @@ from launcher.schedulers.cluster.torchprobe import probe_plan
 from launcher.schedulers.slurm import array
 from launcher.schedulers.slurm.client import Unreachable, clean_env, has_command, ignored_inputs_warning, run_command
 from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job, squeue_jobs
-from launcher.schedulers.slurm.records import (
+from launcher.schedulers.slurm.recording import (
     fold_job,
     has_ended,
     job_rows,
@@ -297,7 +297,7 @@ class SlurmScheduler(Scheduler):
         with registry.updating(run_dir) as rec:
             # Read with the mark set: a job ending at its time limit that resubmits the run
             # either recorded its successor already (cancelled here) or finds the mark and
-            # cancels the successor itself (launcher.runtime.jobend.record_successor).
+            # cancels the successor itself (launcher.jobcontrol.jobend.record_successor).
             job_id = rec.job_id or record.job_id
             rec.extra[CANCEL_REQUESTED] = job_id
         proc = run_command("scancel", job_id)

@@ -71,7 +71,7 @@ def _container_words(plan: JobPlan) -> list[str]:
 
 def srun_words(plan: JobPlan) -> list[str]:
     """srun and its options for a job step, up to its node list (the job controller's
-    choice among the allocation's nodes: launcher.runtime.controller)."""
+    choice among the allocation's nodes: launcher.jobcontrol.controller)."""
     out, err = task_log_patterns(plan)
     words = ["srun", "--unbuffered", f"--output={out}", f"--error={err}", "--open-mode=append",
              "--kill-on-bad-exit=1", f"--nodes={plan.nodes}", f"--ntasks-per-node={plan.tasks_per_node}",
@@ -93,7 +93,7 @@ def controller_python(plan: JobPlan) -> list[str]:
 
 
 def controller_command(plan: JobPlan, *, batch: bool) -> str:
-    """job.sbatch's last line: the job controller (launcher.runtime.controller) of this run,
+    """job.sbatch's last line: the job controller (launcher.jobcontrol.controller) of this run,
     with the step's srun words and the tasks' command. `batch`: a batch job, which requeues,
     restarts in its allocation and (requeue.mode resubmit) resubmits itself."""
     options = [plan.run_dir, "--nodes", str(plan.nodes)]
@@ -101,5 +101,5 @@ def controller_command(plan: JobPlan, *, batch: bool) -> str:
         options += ["--master-port", f"{PORT_BASE},{PORT_SPAN}"]
     if batch:
         options += ["--requeue"] + (["--resubmit"] if plan.requeue_mode == "resubmit" else [])
-    head = shell.join(["exec", *controller_python(plan), "-m", "launcher.runtime.controller", *options])
+    head = shell.join(["exec", *controller_python(plan), "-m", "launcher.jobcontrol.controller", *options])
     return f"{head} \\\n    -- {shell.join(srun_words(plan))} \\\n    -- {submitit_command(plan)}"

@@ -200,7 +200,7 @@ def unlisted_verdict(job_id: str, history: list[dict[str, str]] | None, unlisted
 
 def merge_history(record: RunRecord, history: list[dict[str, str]]) -> None:
     """sacct lists one row per start (with -D): fill in what the starts' own records lack.
-    The job's record of a start (launcher.runtime.jobend) wins over sacct's."""
+    The job's record of a start (launcher.jobcontrol.jobend) wins over sacct's."""
     # A resumed run holds the starts of earlier jobs too: a start is its job's id and restart.
     for index, row in enumerate(history):
         restart = record.allocation_start(row["job_id"], index)

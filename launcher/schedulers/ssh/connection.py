@@ -30,7 +30,7 @@ from launcher import shell
 from launcher.errors import SchedulerError
 from launcher.processes import Finished, run_bounded, shown, without_tool_prefix
 from launcher.schedulers.ssh.framing import Frame, new_frame, unframe
-from launcher.schedulers.ssh.login import Login, ssh_words
+from launcher.schedulers.ssh.command import Login, ssh_words
 
 # What ssh exits with when it, not the remote command, failed.
 SSH_FAILED = 255

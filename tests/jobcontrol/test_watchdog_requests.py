@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import os
 
-from launcher.runtime import watchdog
-from launcher.runtime.watchdog import SlurmSteps
+from launcher.jobcontrol import watchdog
+from launcher.jobcontrol.watchdog import SlurmSteps
 
 
 def test_requests_become_scancel_calls_on_the_job_and_its_steps():

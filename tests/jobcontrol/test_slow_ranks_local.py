@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtime.watchdog import AUTO_EARLY_FACTOR, SLOW_RATIO
+from launcher.jobcontrol.watchdog import AUTO_EARLY_FACTOR, SLOW_RATIO
 from test_watchdog_local import REPO, status_of, submit
 
 SCRIPT = f'''

@@ -16,7 +16,7 @@ import pytest
 from launcher import api
 from launcher.rundir import registry
 from launcher.rundir.layout import RunDir, heartbeat_bytes
-from launcher.runtime.jobend import NO_RESULT, Outcome, StepEnd, decide, end_of_start, used_runtime
+from launcher.jobcontrol.jobend import NO_RESULT, Outcome, StepEnd, decide, end_of_start, used_runtime
 from launcher.views.status_text import format_status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def test_a_rank_that_announced_itself_used_the_runtime(tmp_path):
     assert not used_runtime(tmp_path, "1001", 0)
 
 
-# --- the end of a start on Slurm (launcher.runtime.jobend.end_of_start) -------------------------
+# --- the end of a start on Slurm (launcher.jobcontrol.jobend.end_of_start) -------------------------
 
 
 def started_run(tmp_path: Path) -> Path:

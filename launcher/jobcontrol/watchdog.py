@@ -1,7 +1,7 @@
 """The hang watchdog: beside a start's job step, from the ranks' heartbeats alone.
 
 It runs on the batch host (Slurm: a thread of the job controller,
-launcher.runtime.controller, from the start of each job step to its end; the local
+launcher.jobcontrol.controller, from the start of each job step to its end; the local
 scheduler: inside localrun, the stand-in for srun). It asks nothing of the ranks: no collective, no
 work in the training loop. Each rank's heartbeat (launcher.runtime.heartbeats) says when
 it last finished a step, its pid, node and job step; the job's task.json
@@ -62,7 +62,7 @@ The bounds in force and the slow ranks go into the start's entry of run.json
 {"state": "off" | "not watched", "why", "slow": []}, no bound) when they
 change (a bound by more than RECORD_CHANGE), so `glaunch status` shows them while the
 start runs. With ``watchdog.slow_node: exclude`` the start's end adds a slow node to the
-run's excluded nodes (launcher.runtime.jobend), as for a node a crash points at; and where
+run's excluded nodes (launcher.jobcontrol.jobend), as for a node a crash points at; and where
 the allocation holds a spare (``resources.spare_nodes``: a node in no step, left out by no
 earlier restart; :func:`swap_for`), the watchdog does not wait for an end: it records
 ``swap`` ({"node", "rank", "spare", "asked_at"}) in the start's ``watchdog`` entry and
@@ -107,7 +107,7 @@ from launcher.rundir.records import (
 )
 from launcher.rundir.taskspec import TaskSpec, TaskSpecError, read_task_spec
 from launcher.runtime.heartbeats import BUSY_WINDOW, EARLY_STEPS, SAVING_STATES, checked_heartbeat
-from launcher.runtime.logprogress import LogProgress, beat_from_log
+from launcher.jobcontrol.logprogress import LogProgress, beat_from_log
 from launcher.runtime.rankcontext import RuntimeConfigError, context
 from launcher.runtime.stacks import Ranks, log, run_command, write_stacks
 from launcher.runtime.telemetry import iso, quantile
@@ -553,7 +553,7 @@ class Watch:
 
     def follow_log(self) -> None:
         """With entrypoint.progress: rank 0's newest step from its log into its heartbeat
-        (launcher.runtime.logprogress), which the checks below then read as a beat."""
+        (launcher.jobcontrol.logprogress), which the checks below then read as a beat."""
         if self.progress is None:
             return
         now = self.clock()

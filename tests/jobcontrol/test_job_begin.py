@@ -1,4 +1,4 @@
-"""The beginning of a start, decided without a cluster (launcher.runtime.jobstart): a start
+"""The beginning of a start, decided without a cluster (launcher.jobcontrol.jobstart): a start
 that begins after its run has ended does nothing and changes nothing (Slurm 24.11 starts a
 job it requeued after a preemption once more after the job completed); a bundle written by
 --dry-run and submitted with sbatch is taken on by its job, once; a job that is not the
@@ -16,8 +16,8 @@ import pytest
 
 from launcher.rundir import registry
 from launcher.rundir.records import RunRecord, StartRecord
-from launcher.runtime import jobend
-from launcher.runtime.jobstart import Action, Origin, beginning, origin_of
+from launcher.jobcontrol import jobend
+from launcher.jobcontrol.jobstart import Action, Origin, beginning, origin_of
 
 REPO = Path(__file__).resolve().parents[2]
 RUN, END, ADOPT, REFUSE, START = "r", Action.END, Action.ADOPT, Action.REFUSE, Action.START
@@ -200,7 +200,7 @@ def test_a_bundle_is_taken_on_once(run_dir, monkeypatch, capsys):
 def test_two_jobs_of_one_bundle_beginning_together_one_trains(run_dir):
     dry_run(run_dir)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("GLAUNCH_", "SLURM_"))}
-    procs = [subprocess.Popen([sys.executable, "-m", "launcher.runtime.jobend", str(run_dir), "--begin"], cwd=REPO,
+    procs = [subprocess.Popen([sys.executable, "-m", "launcher.jobcontrol.jobend", str(run_dir), "--begin"], cwd=REPO,
                               env=dict(env, GLAUNCH_JOB_ID=job, GLAUNCH_RESTART="0"), stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True) for job in ("21", "22")]
     results = [(p.wait(timeout=120), p.stdout.read().strip()) for p in procs]    # type: ignore[union-attr]

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from launcher.rundir.layout import RunDir
-from launcher.runtime.jobend import (Killed, Outcome, decide, first_signalled_task, killed_by, killed_in_step,
+from launcher.jobcontrol.jobend import (Killed, Outcome, decide, first_signalled_task, killed_by, killed_in_step,
                                      resumed_in, stopped_in, with_crash_note)
 
 # What is known when a start's step ended; each row of the table changes some of it.
@@ -166,7 +166,7 @@ def test_the_task_srun_says_a_signal_ended_first(log, task):
 
 
 def test_a_slurm_start_names_the_rank_from_srun(tmp_path, monkeypatch):
-    from launcher.runtime import jobend
+    from launcher.jobcontrol import jobend
 
     monkeypatch.setattr(jobend, "read_task_spec", lambda run_dir: type("Spec", (), {"launcher": "srun"})())
     (tmp_path / "logs").mkdir()

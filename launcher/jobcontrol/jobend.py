@@ -1,13 +1,13 @@
 """The end of one start of a job: what happened, whether to requeue, and run.json.
 
-On Slurm, the job controller (launcher.runtime.controller) calls :func:`end_of_start`
+On Slurm, the job controller (launcher.jobcontrol.controller) calls :func:`end_of_start`
 after each job step ends (every rank has exited), with what it knows of the step
 (:class:`StepEnd`). It records the start in run.json, with what its ranks measured (peak
 memory, step and save times, first and last step:
 :func:`launcher.runtime.telemetry.start_summary`), and answers how the run goes on
 (:class:`NextRoad`) and the status the job should end with. The controller itself calls
 ``scontrol requeue``, after run.json is written: the requeue ends the batch script. The
-same end, by hand: ``python -m launcher.runtime.jobend RUN_DIR --status S`` prints the
+same end, by hand: ``python -m launcher.jobcontrol.jobend RUN_DIR --status S`` prints the
 road as one line.
 
 A start that crashed or hung (the watchdog's hang.json) and points at one node (the node
@@ -27,7 +27,7 @@ spare (``resources.spare_nodes``) in place of the node it points at. The start i
 recorded RESTARTED, with the node it left out. Only when the allocation cannot spare that
 node does the job requeue without it, as above. A step restarted in the allocation takes
 the next start number (GLAUNCH_RESTART), so the batch script of a later requeue asks for
-its own (:func:`launcher.runtime.jobstart.begin`): Slurm's requeue count no longer is one. A start whose
+its own (:func:`launcher.jobcontrol.jobstart.begin`): Slurm's requeue count no longer is one. A start whose
 watchdog stopped it to leave a slow node for a spare (``watchdog.slow_node: exclude``; the
 start's ``watchdog.swap`` in run.json) goes on the same way, reason ``slow node``: a
 graceful stop, which crash_retries does not count.
@@ -44,9 +44,9 @@ and a node is free. Preemption and crashes requeue
 ExcNodeList), and so does a sweep's element (a task of a job array).
 
 Before anything of a start runs, the controller asks whether it is a start of the run at
-all (launcher.runtime.jobstart): a start that begins after its run has ended exits at once,
+all (launcher.jobcontrol.jobstart): a start that begins after its run has ended exits at once,
 changing nothing. While the step runs, the controller's thread watches it (the hang
-watchdog, launcher.runtime.watchdog).
+watchdog, launcher.jobcontrol.watchdog).
 
 A task a signal ended (srun's status 128 + N) crashed, unless a cancel was asked for the
 job (glaunch's mark in run.json): the reason names the signal, and the rank where srun's
@@ -94,7 +94,7 @@ from launcher.rundir.records import (
 )
 from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
-from launcher.runtime import jobstart, watchdog
+from launcher.jobcontrol import jobstart, watchdog
 from launcher.runtime.rankcontext import RuntimeConfigError, context
 from launcher.runtime.telemetry import iso, start_summary
 
@@ -506,7 +506,7 @@ class NextRoad:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m launcher.runtime.jobend")
+    parser = argparse.ArgumentParser(prog="python -m launcher.jobcontrol.jobend")
     parser.add_argument("run_dir")
     parser.add_argument("--status", type=int, help="the job step's exit status")
     parser.add_argument("--preempted", default="0", help="non-zero: Slurm preempted the job")
@@ -516,7 +516,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--step-nodes", type=node_list, default=[],
                         help="the nodes of the step that ended (comma-separated)")
     parser.add_argument("--begin", action="store_true", help="whether the start the batch script begins is one "
-                        "of the run's, and its number (launcher.runtime.jobstart): print `start N` or `end`, and "
+                        "of the run's, and its number (launcher.jobcontrol.jobstart): print `start N` or `end`, and "
                         "record nothing unless the job takes on a dry run's bundle; exit 1 refuses the start")
     return parser
 

@@ -1,7 +1,7 @@
 """The job's controller: what job.sbatch runs on the batch host, once, after its directives
 and environment::
 
-    exec PYTHON -m launcher.runtime.controller RUN_DIR --nodes N [--master-port BASE,SPAN]
+    exec PYTHON -m launcher.jobcontrol.controller RUN_DIR --nodes N [--master-port BASE,SPAN]
          [--requeue | --requeue --resubmit] -- SRUN_WORDS -- TASK_WORDS
 
 It runs the job's steps (``SRUN_WORDS --nodelist=NODES TASK_WORDS``: srun, then submitit's
@@ -9,11 +9,11 @@ loader of the pickled task), one after another in the same allocation, and decid
 performs how the run goes on after each:
 
 - before the first step, whether this start is one of the run's at all, and its number
-  (:func:`launcher.runtime.jobstart.begin`): a start after the run ended exits 0 at once;
-- during each step, the hang watchdog (:func:`launcher.runtime.watchdog.watch_slurm`) in a
+  (:func:`launcher.jobcontrol.jobstart.begin`): a start after the run ended exits 0 at once;
+- during each step, the hang watchdog (:func:`launcher.jobcontrol.watchdog.watch_slurm`) in a
   thread of this process; its requests (a signal to every step, the end of a step) are
   scancel calls made here;
-- after each step, its end (:func:`launcher.runtime.jobend.end_of_start`: run.json, and
+- after each step, its end (:func:`launcher.jobcontrol.jobend.end_of_start`: run.json, and
   the road): a new step in the allocation (a crash or a hang within crash_retries, a
   slow node swapped for a spare), a requeue (``scontrol requeue``, then ``scontrol update
   ExcNodeList`` for the nodes a failure pointed at), a new job at the time limit
@@ -31,7 +31,7 @@ is being made, SIGTERM is ignored (the requeue sends it) until the job is kept o
 (Slurm takes ExcNodeList only for a pending job); SIGKILL ends the script KillWait later.
 
 The decisions are pure functions (:func:`start_number`, :func:`after_step`,
-:func:`master_port`, and jobend's :func:`launcher.runtime.jobend.decide`); every command
+:func:`master_port`, and jobend's :func:`launcher.jobcontrol.jobend.decide`); every command
 runs through :class:`SlurmEdge`, which the tests replace. Imports no torch.
 """
 
@@ -53,9 +53,9 @@ from launcher.errors import RunError
 from launcher.runtime.stacks import run_command
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RecordError, is_job_id, is_node_name
-from launcher.runtime import jobend, jobstart, watchdog
-from launcher.runtime.jobend import NextRoad, StepEnd
-from launcher.runtime.jobstart import Action, Begun
+from launcher.jobcontrol import jobend, jobstart, watchdog
+from launcher.jobcontrol.jobend import NextRoad, StepEnd
+from launcher.jobcontrol.jobstart import Action, Begun
 from launcher.runtime.rankcontext import RuntimeConfigError, context
 
 SLURM_TIMEOUT_S = 60          # scontrol, sbatch, scancel: the controller's answer is seconds away

@@ -14,7 +14,7 @@ from launcher.errors import GlaunchError
 from launcher.rundir import claims
 from launcher.rundir.files import atomic_write_text
 from launcher.rundir.layout import RunDir
-from launcher.runtime.checkpoint.layout import (
+from launcher.runtime.checkpoint.directory import (
     LATEST,
     Checkpoint,
     CheckpointError,

@@ -12,10 +12,10 @@ import pytest
 
 from launcher.rundir import registry
 from launcher.rundir.records import SLOW_NODE, RunRecord, StartRecord
-from launcher.runtime import jobend
-from launcher.runtime.jobend import decide
+from launcher.jobcontrol import jobend
+from launcher.jobcontrol.jobend import decide
 from launcher.runtime.telemetry import iso
-from launcher.runtime.watchdog import STOP_SIGNAL, Limits, SlowRank, Watch, bounds_in_force, swap_asked, swap_for
+from launcher.jobcontrol.watchdog import STOP_SIGNAL, Limits, SlowRank, Watch, bounds_in_force, swap_asked, swap_for
 
 T0 = 1_700_000_000.0
 

@@ -11,8 +11,8 @@ import pytest
 
 from launcher.rundir import registry
 from launcher.rundir.records import RunRecord, StartRecord
-from launcher.runtime import jobend
-from launcher.runtime.jobend import NextStep, Outcome, restart_in_allocation
+from launcher.jobcontrol import jobend
+from launcher.jobcontrol.jobend import NextStep, Outcome, restart_in_allocation
 
 CRASH = Outcome("REQUEUED", "crash", True, 0, "exit status 1; retry 1 of 2")
 HANG = Outcome("REQUEUED", "hang", True, 0, "the watchdog ended the step; retry 1 of 2")

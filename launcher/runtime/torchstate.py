@@ -29,8 +29,8 @@ from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint import background
 from launcher.runtime.checkpoint.commit import agree, commit, first_failed_rank
 from launcher.runtime.checkpoint.save import open_staging, stage_checkpoint
-from launcher.runtime.checkpoint.layout import Checkpoint, CheckpointDamaged, CheckpointError, step_dir_name
-from launcher.runtime.checkpoint.resume import resume_checkpoint
+from launcher.runtime.checkpoint.directory import Checkpoint, CheckpointDamaged, CheckpointError, step_dir_name
+from launcher.runtime.checkpoint.selection import resume_checkpoint
 from launcher.runtime.checkpoint.staging import write_failure_marker, write_marker
 from launcher.runtime.rankcontext import RankContext, context, log
 

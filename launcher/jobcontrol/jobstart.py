@@ -1,9 +1,9 @@
 """The beginning of one start of a job: whether it is a start of the run at all.
 
-The job controller (launcher.runtime.controller) asks before anything else of the start
+The job controller (launcher.jobcontrol.controller) asks before anything else of the start
 runs (no watchdog, no job step): :func:`begin` answers START with the start's number
 (Slurm's requeue count past the numbers earlier steps of the job took), END (exit 0 at
-once) or REFUSE (exit 1; one line on stderr). By hand, ``python -m launcher.runtime.jobend
+once) or REFUSE (exit 1; one line on stderr). By hand, ``python -m launcher.jobcontrol.jobend
 RUN_DIR --begin`` prints ``start N`` or ``end``. What decides (:func:`beginning`, pure) is run.json's
 state, whether the run's result is written, and which job this is to the run (:class:`Origin`):
 

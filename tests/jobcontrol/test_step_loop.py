@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtime import controller, jobend, jobstart
-from launcher.runtime.controller import Controller, JobSteps, after_step, master_port, parse, start_number
-from launcher.runtime.jobend import NextRoad, StepEnd
-from launcher.runtime.jobstart import Action, Begun
+from launcher.jobcontrol import controller, jobend, jobstart
+from launcher.jobcontrol.controller import Controller, JobSteps, after_step, master_port, parse, start_number
+from launcher.jobcontrol.jobend import NextRoad, StepEnd
+from launcher.jobcontrol.jobstart import Action, Begun
 
 GOLDEN = Path(__file__).parent.parent / "golden"
 PORT = (10000, 20000)
@@ -221,7 +221,7 @@ def test_an_ignored_sigterm_is_ignored_by_the_commands_run_after_it(tmp_path):
     """Slurm sends a requeue's SIGTERM to every process of the job: scontrol update, run
     after the requeue, must outlive it, as under bash's `trap '' TERM`."""
     code = ("import os, signal, subprocess, sys\n"
-            "from launcher.runtime.controller import SlurmEdge\n"
+            "from launcher.jobcontrol.controller import SlurmEdge\n"
             "SlurmEdge().ignore_term()\n"
             "child = subprocess.Popen([sys.executable, '-c', 'import os, signal, time; "
             "os.kill(os.getpid(), signal.SIGTERM); time.sleep(0.2); print(\"outlived\")'])\n"
@@ -283,7 +283,7 @@ def controller_words(name: str) -> list[str]:
     text = (GOLDEN / name).read_text()
     line = text[text.index("exec "):].replace("\\\n", " ")
     words = shlex.split(line)
-    return words[words.index("launcher.runtime.controller") + 1:]
+    return words[words.index("launcher.jobcontrol.controller") + 1:]
 
 
 def test_job_sbatch_runs_the_same_step_through_the_controller():

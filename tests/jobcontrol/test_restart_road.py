@@ -8,8 +8,8 @@ import pytest
 
 from launcher.rundir import registry
 from launcher.rundir.records import CANCEL_REQUESTED, RunRecord
-from launcher.runtime.jobend import Outcome, next_start, record_successor
-from launcher.schedulers.slurm.records import settled
+from launcher.jobcontrol.jobend import Outcome, next_start, record_successor
+from launcher.schedulers.slurm.recording import settled
 from launcher.schedulers.slurm.state import merge_history
 
 
@@ -120,7 +120,7 @@ def test_a_resubmitted_job_numbers_its_starts_after_its_predecessor_and_shares_i
 def test_a_resubmitted_job_is_kept_off_every_node_excluded_so_far(tmp_path, monkeypatch):
     """A time-limit start whose watchdog named a slow node (slow_node: exclude): the new job
     is submitted with --exclude of the nodes kept off before and the slow one."""
-    from launcher.runtime import jobend
+    from launcher.jobcontrol import jobend
     monkeypatch.setattr(jobend, "requeue_mode_setting", lambda run_dir: "resubmit")
     ending = Outcome("REQUEUED", "timeout", True, 0)
     assert jobend.next_start_line(ending, tmp_path, ["n1", "n3"], ["n1"]) == "resubmit n1,n3"

@@ -1,6 +1,6 @@
 """A stand-in for `srun` on the local site: start the job's tasks on this machine.
 
-    python -m launcher.runtime.localrun --ntasks=N --time-limit=SECONDS \
+    python -m launcher.localrun.jobstep --ntasks=N --time-limit=SECONDS \
         --signal=USR2@LEAD --output=PATTERN --error=PATTERN -- COMMAND...
 
 Like a Slurm job step it gives every task its rank in the environment (submitit's local
@@ -8,7 +8,7 @@ variables), sends the warning signal LEAD seconds before the time limit, then SI
 at the limit and SIGKILL after a grace period, and signals whole process groups so a
 task's children go with it. When one task fails the others are stopped
 (`srun --kill-on-bad-exit`). %j in the patterns is the job id, %t the task's rank.
-Beside the tasks it runs the hang watchdog (launcher.runtime.watchdog) on their heartbeats,
+Beside the tasks it runs the hang watchdog (launcher.jobcontrol.watchdog) on their heartbeats,
 with the bounds of the run's task.json: a hang gets every task's stack and ends the step.
 
 Exit status: 0 when every task exited 0; otherwise the first failing task's status,
@@ -30,7 +30,7 @@ from pathlib import Path
 from launcher.rundir import envnames
 from launcher.rundir.files import atomic_write_text, open_regular
 from launcher.rundir.layout import STEP_SUMMARY
-from launcher.runtime import watchdog
+from launcher.jobcontrol import watchdog
 from launcher.runtime.rankcontext import free_port
 
 KILL_WAIT_S = 10.0

@@ -26,7 +26,7 @@ from launcher.schedulers.cluster.check import check_site as check_against_cluste
 from launcher.schedulers.cluster.detect import query_cluster
 from launcher.schedulers.cluster.report import Difference
 from launcher.schedulers.slurm.client import using
-from launcher.schedulers.ssh import remote as on_login
+from launcher.schedulers.ssh import on_login
 
 
 def check_site(site: str) -> CheckReport:

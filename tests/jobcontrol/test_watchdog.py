@@ -18,7 +18,7 @@ from launcher.rundir.records import RunRecord
 from launcher.rundir.taskspec import TaskSpec, write_task_spec
 from launcher.runtime.heartbeats import checked_heartbeat
 from launcher.runtime.stacks import write_stacks
-from launcher.runtime.watchdog import (
+from launcher.jobcontrol.watchdog import (
     SAVE_BOUND_MIN_S,
     Limits,
     Watch,
@@ -375,7 +375,7 @@ def test_a_heartbeat_in_another_rank_s_file_is_skipped(tmp_path, capsys):
 
 
 def test_the_slurm_watchdog_finds_the_hang_beside_a_hostile_heartbeat(tmp_path, monkeypatch, capsys):
-    import launcher.runtime.watchdog as watchdog
+    import launcher.jobcontrol.watchdog as watchdog
 
     write_task_spec(tmp_path, spec(tmp_path, watchdog_stall_s=1.0, watchdog_first_step_s=1.0))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
@@ -402,7 +402,7 @@ def test_the_slurm_watchdog_finds_the_hang_beside_a_hostile_heartbeat(tmp_path, 
 
 
 def test_a_job_id_not_of_slurm_s_shape_is_named_not_called_missing(tmp_path, monkeypatch, capsys):
-    from launcher.runtime.watchdog import watch_slurm
+    from launcher.jobcontrol.watchdog import watch_slurm
 
     monkeypatch.setenv("GLAUNCH_JOB_ID", "7")
     monkeypatch.setenv("SLURM_JOB_ID", "abc\x1b[2J")

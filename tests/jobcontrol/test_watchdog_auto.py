@@ -13,9 +13,9 @@ import pytest
 
 from launcher.rundir.records import RunRecord
 from launcher.rundir.taskspec import write_task_spec
-from launcher.runtime import jobend
+from launcher.jobcontrol import jobend
 from launcher.runtime.heartbeats import BUSY_WINDOW, Beats
-from launcher.runtime.watchdog import (
+from launcher.jobcontrol.watchdog import (
     AUTO_EARLY_STEPS,
     AUTO_STALL_FACTOR,
     AUTO_WARMUP_STEPS,
@@ -297,7 +297,7 @@ def test_a_hang_s_detection_time_is_when_it_was_found_not_when_the_stacks_were_w
         now[0] += 3.0
         return ["logs/stack-7_0_0.txt"]
 
-    monkeypatch.setattr("launcher.runtime.watchdog.write_stacks", slow_stacks)
+    monkeypatch.setattr("launcher.jobcontrol.watchdog.write_stacks", slow_stacks)
     ranks = type("Ranks", (), {"signal": lambda self, signum: None, "end": lambda self: None})()
     hang = find_hang({0: beat(0, 5, T0 - 700)}, now=T0, started=T0 - 800, limits=AUTO)
     assert hang is not None
