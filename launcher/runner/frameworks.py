@@ -41,12 +41,18 @@ def recorded_signal(text: str | None) -> str:
 
 def warning_signal(script: str | None) -> str:
     """The time limit's warning signal for a run of `script` (a path, or None for a module)."""
+    text = script_text(script)
+    return LIGHTNING_SIGNAL if text is not None and plain_lightning(text) else DEFAULT_SIGNAL
+
+
+def script_text(script: str | None) -> str | None:
+    """The first SCAN_LIMIT bytes of the script as text (errors replaced); None for a module
+    entry point or a script that cannot be read."""
     if script is None:
-        return DEFAULT_SIGNAL
+        return None
     try:
         fd = open_regular(script)
     except OSError:
-        return DEFAULT_SIGNAL
+        return None
     with open(fd, "rb") as f:
-        text = f.read(SCAN_LIMIT).decode("utf-8", errors="replace")
-    return LIGHTNING_SIGNAL if plain_lightning(text) else DEFAULT_SIGNAL
+        return f.read(SCAN_LIMIT).decode("utf-8", errors="replace")

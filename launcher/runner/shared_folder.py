@@ -36,11 +36,11 @@ from launcher.config.yamlfile import MAX_FILE_BYTES, Scalar, parse
 from launcher.errors import GlaunchError
 from launcher.resolution.paths import inside
 from launcher.rundir import registry, runvalues
-from launcher.rundir.files import open_regular, read_text
+from launcher.rundir.files import read_text
 from launcher.rundir.layout import RESOLVED_FILE
 from launcher.rundir.records import IN_FLIGHT, LIVE, RunRecord, State
 from launcher.rundir.taskspec import read_task_spec
-from launcher.runner.frameworks import LAUNCHER_IMPORT, SCAN_LIMIT
+from launcher.runner.frameworks import LAUNCHER_IMPORT, script_text
 
 # The newest runs of the index that a submission compares its folder with.
 RECENT_RUNS = 50
@@ -204,17 +204,4 @@ def _at(data: Any, keys: Sequence[str]) -> Any:
     for key in keys:
         data = data.get(key) if isinstance(data, dict) else None
     return data
-
-
-def script_text(script: str | None) -> str | None:
-    """The first SCAN_LIMIT bytes of the script as text (errors replaced); None for a module
-    entry point or a script that cannot be read."""
-    if script is None:
-        return None
-    try:
-        fd = open_regular(script)
-    except OSError:
-        return None
-    with open(fd, "rb") as f:
-        return f.read(SCAN_LIMIT).decode("utf-8", errors="replace")
 
