@@ -33,7 +33,7 @@ from typing import Callable
 from launcher.runner import goodput
 from launcher.rundir.files import read_json, read_text
 from launcher.runner.goodput import epoch, number, step_of
-from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.rundir.layout import REMOTE_FILE, RunDir, read_heartbeat
 from launcher.rundir.records import GOES_ON, RunRecord, StartRecord, State, is_terminal
 from launcher.rundir.taskspec import Placement, TaskSpecError, read_placement, read_task_spec
 from launcher.runner.logs import LogFollower, read_tail
@@ -74,9 +74,7 @@ class Console:
         self.said_resume = False
         self.began = clock()
         self.placement = read_placement(self.run_dir.path)
-        derived = resolved_values(self.run_dir.path).get("derived")
-        directory = derived.get("checkpoint_dir") if isinstance(derived, dict) else None
-        self.checkpoint_dir = Path(directory) if isinstance(directory, str) else self.run_dir.checkpoint_dir
+        self.checkpoint_dir = checkpoint_dir_read(self.run_dir)
 
     # --- input ---------------------------------------------------------------------------
 
@@ -189,6 +187,18 @@ def job_starts(record: RunRecord) -> tuple[dict | None, list[StartRecord]]:
 
 def _heartbeat(run_dir: RunDir, rank: int = 0) -> dict | None:
     return read_heartbeat(run_dir.heartbeat(rank))
+
+
+def checkpoint_dir_read(run_dir: RunDir) -> Path:
+    """The checkpoint directory whose `latest` the console reads: checkpoint.dir as the run
+    resolved it; for a run kept on a cluster (its record here holds remote.json), the copy
+    in that record: such a run keeps its checkpoints in its run directory there, whose path
+    the resolved values name, and `latest` is copied here with the rest."""
+    if (run_dir.path / REMOTE_FILE).is_file():
+        return run_dir.checkpoint_dir
+    derived = resolved_values(run_dir.path).get("derived")
+    directory = derived.get("checkpoint_dir") if isinstance(derived, dict) else None
+    return Path(directory) if isinstance(directory, str) else run_dir.checkpoint_dir
 
 
 def latest_checkpoint(checkpoint_dir: Path) -> int | None:

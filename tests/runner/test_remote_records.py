@@ -240,3 +240,21 @@ def test_logs_copy_every_ranks_log_with_the_checked_record_in_one_call(cluster):
     assert len(calls) == 1, calls
     assert any("rank 0 says hi" in line for line in shown) and any("rank 1 says hi" in line for line in shown)
     assert sorted(p.name for p in (home / "logs").iterdir()) == ["101_0_log.out", "101_1_log.out"]
+
+
+def test_the_console_of_a_remote_run_reads_the_checkpoint_copied_here_not_the_clusters_path(cluster):
+    """A resumed run's resolved values name its checkpoint directory on the cluster; the
+    console (submit or resume --wait) reads `latest` from the record here, where it is copied."""
+    from launcher.rundir.layout import RunDir
+    from launcher.views.console import Console, status_line
+
+    runs, _ = cluster
+    there = runs / "a-1"
+    home = kept_here("a-1", there, "101")
+    (home / "resolved.yaml").write_text(f"derived:\n  checkpoint_dir: {there / 'checkpoints'}\n")
+    (home / "checkpoints").mkdir()
+    (home / "checkpoints" / "latest").write_text("step-00000100\n")
+    console = Console(home, lambda text: None, live=False)
+    assert console.checkpoint_dir == home / "checkpoints"
+    fresh = registry.read(home)
+    assert "checkpoint 100" in status_line(RunDir(home), fresh, time.time(), console.checkpoint_dir)
