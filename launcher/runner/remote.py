@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from launcher.config.login import Login
-from launcher.config.sites import where_to_change
+from launcher.config.sites import LoadedSite, where_to_change
 from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
+from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import registry
 from launcher.rundir.files import atomic_write_text, load_bounded_object, parse_json_object
 from launcher.rundir.layout import (
@@ -57,8 +58,9 @@ from launcher.rundir.records import RunRecord, State, is_terminal
 from launcher.rundir.taskspec import read_placement
 from launcher.runner import bundle, carried, sweeps
 from launcher.runner.logs import RankLogs
+from launcher.runner.prepared import Prepared, PreparedResume
 from launcher.runner.results import Run
-from launcher.schedulers.slurm.client import using
+from launcher.schedulers.slurm.client import Client, using
 from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job
 from launcher.schedulers.slurm.recording import fold_job, has_ended, record_queued, settled
 from launcher.schedulers.cluster.facts import accounting_commands
@@ -160,7 +162,7 @@ def shown(text: str) -> str:
     return text.replace(SHOWN_HOME, "$HOME").replace(SHOWN_USER, "$USER")
 
 
-def dry_run(prepared: Any, *, login: Login) -> Run:
+def dry_run(prepared: Prepared, *, login: Login) -> Run:
     """The bundle as it would be sent to the cluster, written into this machine's record
     folder (the cluster is not contacted); the run's directory there is shown with $HOME."""
     plan = prepared.plan
@@ -195,7 +197,7 @@ def check_runs_root(site_runs_root: str | None, runs_dir: str | None, site_file:
                           file=file, key=key)
 
 
-def on_cluster(plan: Any) -> Any:
+def on_cluster(plan: JobPlan) -> JobPlan:
     """The plan as the cluster runs it: from its code snapshot (the only copy of the code
     there), in the snapshot's counterpart of the working directory (else the run
     directory). ConfigError for a run without a snapshot."""
@@ -205,7 +207,7 @@ def on_cluster(plan: Any) -> Any:
     return dataclasses.replace(plan, workdir=plan.code.import_path or plan.run_dir)
 
 
-def python_warning(loaded_site: Any, plan: Any) -> str | None:
+def python_warning(loaded_site: LoadedSite, plan: JobPlan) -> str | None:
     """Over SSH the nodes run this machine's interpreter path unless the profile names one
     (`python:`) or a container: said, as the cluster may have no such file."""
     if loaded_site.config.python or plan.container is not None:
@@ -251,13 +253,13 @@ def where_of(run_dir: Path) -> Where:
 # --- submitting -------------------------------------------------------------------------
 
 
-def relocated(plan: Any, local_run_dir: Path) -> Any:
+def relocated(plan: JobPlan, local_run_dir: Path) -> JobPlan:
     """The plan with its run directory (logs, checkpoints, code snapshot) at `local_run_dir`:
     where the bundle rendered for the cluster is written before it is sent."""
     return relocated_under(plan, plan.run_dir, str(local_run_dir))
 
 
-def relocated_under(plan: Any, old: str, new: str) -> Any:
+def relocated_under(plan: JobPlan, old: str, new: str) -> JobPlan:
     """The plan with each of its directories under `old` (the cluster's) under `new`."""
 
     def moved(path: str) -> str:
@@ -268,7 +270,7 @@ def relocated_under(plan: Any, old: str, new: str) -> Any:
                                checkpoint_dir=moved(plan.checkpoint_dir), code=code)
 
 
-def launch(prepared: Any, *, check: bool) -> Run:
+def launch(prepared: Prepared, *, check: bool) -> Run:
     """Write, send and queue the prepared run over its connection (closed at the end)."""
     plan, conn = prepared.plan, prepared.remote
     try:
@@ -288,7 +290,7 @@ def launch(prepared: Any, *, check: bool) -> Run:
                cluster_dir=plan.run_dir)
 
 
-def _stage_send_queue(prepared: Any, conn: Connection, local: Path, check: bool) -> str:
+def _stage_send_queue(prepared: Prepared, conn: Connection, local: Path, check: bool) -> str:
     plan = prepared.plan
     local_plan = relocated(plan, local)
     paths = dict(runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
@@ -325,8 +327,9 @@ class Queued:
     job_id: str | None = None
 
 
-def _check_queue_release(prepared: Any, conn: Connection, client: Any, staged: Path, check: bool,
-                         queued: Queued, *, before_release: Callable[[str], None] = lambda job_id: None) -> None:
+def _check_queue_release(prepared: Prepared | PreparedResume, conn: Connection, client: Client, staged: Path,
+                         check: bool, queued: Queued, *,
+                         before_release: Callable[[str], None] = lambda job_id: None) -> None:
     """The run's files on the cluster: the cluster's checks (`check`; their commands asked
     in one round trip), the job queued held (said in `queued`), run.json saying
     so (`staged`'s, recorded here first by `before_release`) and its task put in place and
@@ -350,7 +353,7 @@ def _check_queue_release(prepared: Any, conn: Connection, client: Any, staged: P
             _release(client, job_id)        # once more, with the client's retries
 
 
-def _ask_checks_ahead(conn: Connection, plan: Any) -> None:
+def _ask_checks_ahead(conn: Connection, plan: JobPlan) -> None:
     """The commands of a submission's checks (the account's associations and the QOS, the
     nodes' interpreter, `sbatch --test-only`), asked in one round trip; the cluster's
     settings, which name the cluster the associations are asked for, came with the account."""
@@ -375,13 +378,13 @@ def moved_paths(value: Any, old: str, new: str) -> Any:
     return value
 
 
-def _sbatch_held(client: Any, plan: Any, user: str) -> str:
+def _sbatch_held(client: Client, plan: JobPlan, user: str) -> str:
     """sbatch the run's job held; its id."""
     marker = submission_marker(plan.run_id) if "comment" not in dict(plan.extra_sbatch) else ""
     return sbatch_held(client, posixpath.join(plan.run_dir, "job.sbatch"), marker, user)
 
 
-def sbatch_held(client: Any, script: str, marker: str, user: str, *, found_as: Callable[[str], str] = str) -> str:
+def sbatch_held(client: Client, script: str, marker: str, user: str, *, found_as: Callable[[str], str] = str) -> str:
     """sbatch `script` (a cluster path) held, with `marker` as its --comment when given; its
     job id. A lost answer is looked up by the marker or the script (`found_as`: the id to
     take from the row found: an array's own)."""
@@ -398,7 +401,7 @@ def sbatch_held(client: Any, script: str, marker: str, user: str, *, found_as: C
     return words[-1]
 
 
-def record_here(staged: Path, plan: Any, job_id: str, where: Where) -> None:
+def record_here(staged: Path, plan: JobPlan, job_id: str, where: Where) -> None:
     """The local record: remote.json, run.json and task.json (where rank 0's log is, for a
     console that follows the run from its start), registered under the run's id."""
     home = records_dir() / plan.run_id
@@ -414,7 +417,7 @@ def record_here(staged: Path, plan: Any, job_id: str, where: Where) -> None:
         raise
 
 
-def _release(client: Any, job_id: str) -> None:
+def _release(client: Client, job_id: str) -> None:
     proc = client.call("scontrol", "release", job_id)
     if proc.returncode != 0:
         raise SchedulerError(f"scontrol release {job_id} failed: {(proc.stderr or proc.stdout).strip()}")
@@ -445,7 +448,7 @@ class Left:
 LEFT_FILE = "left.json"
 
 
-def _undo(conn: Connection, client: Any, plan: Any, queued: Queued) -> Left | None:
+def _undo(conn: Connection, client: Client, plan: JobPlan, queued: Queued) -> Left | None:
     """After a failure: cancel the held job, remove the run's directory on the cluster and
     its record here. What could not be removed (the link dropped), None when nothing is
     left; the failure that ended the submission stays the one reported."""
@@ -463,7 +466,7 @@ def _undo(conn: Connection, client: Any, plan: Any, queued: Queued) -> Left | No
     return _remove_from_cluster(conn, client, job_id, plan.run_dir)
 
 
-def _lost_job(conn: Connection, client: Any, plan: Any, queued: Queued) -> str | None:
+def _lost_job(conn: Connection, client: Client, plan: JobPlan, queued: Queued) -> str | None:
     """The id of the job sbatch may have queued for the run when its answer was lost
     (looked up by the run's marker and job script), None when Slurm has none."""
     if not queued.asked:
@@ -473,7 +476,7 @@ def _lost_job(conn: Connection, client: Any, plan: Any, queued: Queued) -> str |
                               user=on_login.account(conn).user)
 
 
-def _remove_from_cluster(conn: Connection, client: Any, job_id: str | None, run_dir: str) -> Left | None:
+def _remove_from_cluster(conn: Connection, client: Client, job_id: str | None, run_dir: str) -> Left | None:
     """The held job cancelled and the run's directory removed, each tried: what is left."""
     job_left: str | None = None
     if job_id is not None:
@@ -490,7 +493,7 @@ def _remove_from_cluster(conn: Connection, client: Any, job_id: str | None, run_
     return Left(job_left, dir_left) if job_left or dir_left else None
 
 
-def _record_left(staged: Path, plan: Any, left: Left, where: Where) -> None:
+def _record_left(staged: Path, plan: JobPlan, left: Left, where: Where) -> None:
     """The record here of a submission that left `left` on the cluster: what `cancel` removes."""
     home = records_dir() / plan.run_id
     try:
@@ -575,7 +578,7 @@ def job_queued(conn: Connection, job_id: str) -> bool:
     return live is not None
 
 
-def queue_resume(prepared: Any, conn: Connection, aside: str, moved: Sequence[str], before: str, *,
+def queue_resume(prepared: PreparedResume, conn: Connection, aside: str, moved: Sequence[str], before: str, *,
                  check: bool) -> str:
     """The resumed run's files in place on the cluster (the files `moved` set aside in
     `aside` in the same call; lib/ afresh, as installed here), its job queued held, run.json and the task put in place,
@@ -606,8 +609,8 @@ def queue_resume(prepared: Any, conn: Connection, aside: str, moved: Sequence[st
     return str(queued.job_id)
 
 
-def _revert_resume(conn: Connection, client: Any, plan: Any, job_id: str | None, aside: str, names: Sequence[str],
-                   whole: bool, before: str) -> None:
+def _revert_resume(conn: Connection, client: Client, plan: JobPlan, job_id: str | None, aside: str,
+                   names: Sequence[str], whole: bool, before: str) -> None:
     """`queue_resume` undone on the cluster, best effort: the job cancelled, the previous
     files and run.json back."""
     try:

@@ -24,14 +24,16 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from launcher.errors import SchedulerError
+from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import registry
 from launcher.rundir.files import atomic_write_text
 from launcher.rundir.layout import REMOTE_FILE, RunDir
 from launcher.runner import remote, sweep_bundle, sweeps
+from launcher.runner.prepared import PreparedSweep
 from launcher.runner.results import Run, Sweep
-from launcher.schedulers.base import Launched, LaunchedBatch
+from launcher.schedulers.base import Launched, LaunchedBatch, SweepPlan
 from launcher.schedulers.slurm import array
-from launcher.schedulers.slurm.client import using
+from launcher.schedulers.slurm.client import Client, using
 from launcher.schedulers.slurm.recording import record_queued
 from launcher.schedulers.slurm.submit import dump_task, preflight, submitted_pickle, task_template
 from launcher.schedulers.ssh import on_login
@@ -41,7 +43,7 @@ from launcher.schedulers.ssh.transfer import send_tree
 SWEEP_FILE = sweeps.SWEEP_FILE
 
 
-def launch(prepared: Any, *, check: bool) -> Sweep:
+def launch(prepared: PreparedSweep, *, check: bool) -> Sweep:
     """Write, send and queue the prepared sweep over its connection (closed at the end)."""
     conn = prepared.remote
     try:
@@ -55,7 +57,7 @@ def launch(prepared: Any, *, check: bool) -> Sweep:
         conn.close()
 
 
-def relocated_sweep(prepared: Any, local: Path) -> Any:
+def relocated_sweep(prepared: PreparedSweep, local: Path) -> PreparedSweep:
     """The prepared sweep with every directory under the cluster's sweep directory under `local`."""
     cluster = str(prepared.sweep_dir)
     items = tuple(dataclasses.replace(p, plan=remote.relocated_under(p.plan, cluster, str(local)))
@@ -63,7 +65,7 @@ def relocated_sweep(prepared: Any, local: Path) -> Any:
     return dataclasses.replace(prepared, sweep_dir=local, prepared=items, remote=None)
 
 
-def _stage_send_queue(prepared: Any, conn: Connection, local: Path, check: bool) -> Sweep:
+def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, check: bool) -> Sweep:
     cluster = str(prepared.sweep_dir)
     plans = [p.plan for p in prepared.prepared]
     here = relocated_sweep(prepared, local)
@@ -112,7 +114,7 @@ def _name_the_cluster(local: Path, cluster: str, local_plans: Sequence[Any]) -> 
             element.run_dir = remote.moved_paths(element.run_dir, str(local), cluster)
 
 
-def _checked(prepared: Any, plans: Sequence[Any], sweep_plan: Any, cluster: str) -> list[str]:
+def _checked(prepared: PreparedSweep, plans: Sequence[JobPlan], sweep_plan: SweepPlan, cluster: str) -> list[str]:
     """The profile against the cluster and `sbatch --test-only` of each array: its warnings."""
     warnings: list[str] = []
     for batch in sweep_plan.batches:
@@ -157,7 +159,7 @@ def _archive(root: Path, names: Sequence[str]) -> bytes:
     return buffer.getvalue()
 
 
-def _record_here(local: Path, prepared: Any, where: remote.Where) -> None:
+def _record_here(local: Path, prepared: PreparedSweep, where: remote.Where) -> None:
     """The record here: sweep.json naming the elements' folders here, remote.json, and an
     element folder each with its remote.json and run.json; registered under their ids."""
     home = remote.records_dir() / prepared.sweep_id
@@ -185,13 +187,13 @@ def _record_here(local: Path, prepared: Any, where: remote.Where) -> None:
         raise
 
 
-def _release(client: Any, arrays: Sequence[str]) -> None:
+def _release(client: Client, arrays: Sequence[str]) -> None:
     proc = client.call("scontrol", "release", ",".join(arrays))
     if proc.returncode != 0:
         raise SchedulerError(f"scontrol release {','.join(arrays)} failed: {(proc.stderr or proc.stdout).strip()}")
 
 
-def _undo(conn: Connection, client: Any, prepared: Any, cluster: str, arrays: Sequence[str]) -> None:
+def _undo(conn: Connection, client: Client, prepared: PreparedSweep, cluster: str, arrays: Sequence[str]) -> None:
     """After a failure: cancel the held arrays, remove the sweep's directory on the cluster
     and its record here. Best effort: the first failure is the one reported."""
     home = remote.records_dir() / prepared.sweep_id
@@ -208,7 +210,7 @@ def _undo(conn: Connection, client: Any, prepared: Any, cluster: str, arrays: Se
         pass
 
 
-def _result(prepared: Any) -> Sweep:
+def _result(prepared: PreparedSweep) -> Sweep:
     home = remote.records_dir() / prepared.sweep_id
     sweep = sweeps.read(home)
     runs = []

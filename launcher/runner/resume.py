@@ -29,7 +29,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from launcher import schedulers
 from launcher.config.load import experiment_from_data
@@ -61,6 +61,7 @@ from launcher.rundir.records import IN_FLIGHT, LIVE, RunRecord, State, is_known_
 from launcher.runner import bundle, carried, frameworks
 from launcher.runner.inputs import items
 from launcher.runner.lookup import find_sweep, is_remote, refreshed, refuse_copy, run_dir_of
+from launcher.runner.prepared import PreparedResume
 from launcher.runner.results import Run, RunRef
 from launcher.runner.submission import job_ids
 from launcher.runner.inputs import run_ref
@@ -75,20 +76,6 @@ MOVED_ASIDE = (JOB_SCRIPT, ENV_FILE, DS_CONFIG_FILE, RESOLVED_FILE, HPARAMS_FILE
 _PREVIOUS_JOB_KEYS = ("scheduler_history", "accounting", "request", "warnings", "pending_reason", "blocked",
                       "unreachable", "submission")
 WHERE = "command line"
-
-
-@dataclass(frozen=True)
-class PreparedResume:
-    """An ended run resolved again with the new overrides and rendered, nothing written."""
-
-    run_dir: Path
-    record: RunRecord                  # run.json as it was read (refreshed from the scheduler)
-    overrides: tuple[str, ...]
-    plan: Any                          # launcher.resolution.jobplan.JobPlan
-    files: Mapping[str, str]
-    scheduler: Any                     # launcher.schedulers.base.Scheduler
-    warnings: tuple[str, ...] = ()
-    remote: Any = None                 # launcher.schedulers.ssh.connection.Connection: a run on a cluster over SSH
 
 
 def resume(run: RunRef, *, overrides: Sequence[str] = (), dry_run: bool = False, check: bool = True,

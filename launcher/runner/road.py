@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.config.login import Login, login_of
+from launcher.config.sites import LoadedSite
+from launcher.resolution.jobplan import JobPlan
 from launcher.runner import frameworks
 
 
@@ -43,7 +45,7 @@ class Road:
             return remote.shown_environ(self.login, environ)
         return remote.cluster_environ(self.conn, environ, submitting=True)
 
-    def plan(self, plan: Any) -> Any:
+    def plan(self, plan: JobPlan) -> JobPlan:
         """The plan as its cluster runs it: with its entry script's conventions (the
         warning signal, read here before any path becomes the cluster's); over SSH, from
         the code snapshot there."""
@@ -70,7 +72,7 @@ class Road:
 DIRECT = Road()
 
 
-def road_of(loaded_site: Any, runs_dir: str | None, *, dry_run: bool) -> Road:
+def road_of(loaded_site: LoadedSite, runs_dir: str | None, *, dry_run: bool) -> Road:
     """The road of a submission to `loaded_site`: over SSH when the profile has `login:`
     and Slurm does not answer here (launcher.runner.remote.goes_remote), connected unless
     `dry_run`."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -28,24 +27,10 @@ from launcher.runner.bundle import PathSource
 from launcher.runner.gitview import locate
 from launcher.runner.inputs import folder_of, items
 from launcher.runner.lookup import refreshed
+from launcher.runner.prepared import Prepared
 from launcher.runner.results import Run
 from launcher.runner.road import Road, road_of
 from launcher.schedulers.base import Echo
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A resolved and rendered run, not yet written anywhere."""
-
-    plan: Any                          # launcher.resolution.jobplan.JobPlan
-    files: Mapping[str, str]           # file name -> content
-    scheduler: Any                     # launcher.schedulers.base.Scheduler
-    runs_root_from: Any = None         # launcher.runner.bundle.PathSource: who chose the runs directory
-    checkpoint_from: Any = None        # ... and checkpoint.dir
-    warnings: tuple[str, ...] = ()     # what the user should know before it runs (one line each)
-    after: tuple[Any, ...] = ()        # launcher.runner.dependencies.Upstream: the runs it waits for (--after)
-    remote: Any = None                 # launcher.schedulers.ssh.connection.Connection: submitted over SSH
-    login: Any = None                  # launcher.config.login.Login: the login node it goes through (over SSH)
 
 
 def load(experiment: str | os.PathLike, site: str | None = None, overrides: Sequence[str] = (),

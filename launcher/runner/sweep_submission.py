@@ -9,7 +9,6 @@ import contextlib
 import dataclasses
 import os
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -22,6 +21,7 @@ from launcher.resolution.sweep import Element, expand, parse_axes
 from launcher.rundir import registry
 from launcher.runner import bundle, dependencies, sweep_bundle, sweeps, unseen
 from launcher.runner.inputs import folder_of, items
+from launcher.runner.prepared import PreparedSweep
 from launcher.runner.results import Run, Sweep
 from launcher.runner.road import Road, road_of
 from launcher.runner.submission import (
@@ -34,33 +34,6 @@ from launcher.runner.submission import (
     with_code_root,
 )
 from launcher.schedulers.base import Echo
-
-
-@dataclass(frozen=True)
-class PreparedSweep:
-    """Every element of a sweep resolved and rendered, nothing written."""
-
-    sweep_id: str
-    sweep_dir: Path
-    elements: tuple[Any, ...]        # launcher.resolution.sweep.Element
-    prepared: tuple[Prepared, ...]   # one per element
-    axes: tuple[Any, ...]            # launcher.resolution.sweep.Axis
-    max_parallel: int | None
-    experiment_file: str
-    after: tuple[Any, ...] = ()
-    remote: Any = None               # launcher.schedulers.ssh.connection.Connection: submitted over SSH
-    login: Any = None                # launcher.config.login.Login: the login node it goes through (over SSH)
-    unseen: tuple[str, ...] = ()     # swept keys that change no file the job reads
-    unseen_overrides: tuple[str, ...] = ()   # and KEY=VALUE overrides' keys
-
-    @property
-    def scheduler(self):
-        return self.prepared[0].scheduler
-
-    @property
-    def warnings(self) -> tuple[str, ...]:
-        return (self.prepared[0].warnings + tuple(unseen.warning(key) for key in self.unseen)
-                + tuple(unseen.warning(key, "overriding") for key in self.unseen_overrides))
 
 
 def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: str | None = None,
