@@ -22,9 +22,19 @@ M = 1 / (λ x nodes) hours on average (its MTBF). Per unit of wall time it waste
     allocation of length T are Poisson with mean T/M; the share that finds no spare left
     is E[max(F - K, 0)] / E[F], and R is the mix of the two costs. The spares' idle
     node-hours are paid too: ETTR x N / (N + K).
+  - ``peer`` (``recovery.peer``, launcher.runtime.peer): a share p of the failures are a
+    rank's step raising while its process and device live on; a live peer's state
+    restores it in the same processes, so such a failure costs P, the failure to the end
+    of the next step (the step in flight redone, no checkpoint read, nothing of the
+    interval lost), instead of τ/2 + R. The rest restart in the allocation:
+
+        waste = δ/τ + ((1 - p)(τ/2 + R_in_allocation) + p P) / M
+
+    which is the in-allocation road at an MTBF of M / (1 - p) plus p P / M; its interval
+    is τ*_peer = sqrt(2 δ M / (1 - p)) (fewer failures reach a checkpoint: save less often).
 
 The interval that minimises the waste is τ* = sqrt(2 δ M) (Young); R does not move it at
-first order, so it is the same for every road. The model holds while τ, δ and R are small
+first order, so it is the same for every road but the peer road's. The model holds while τ, δ and R are small
 against M; ETTR far below 1 means the size is past where it is accurate (and past where
 a run makes good progress: the numbers then mostly say so).
 
@@ -39,6 +49,16 @@ The default failure rate comes from published figures for 8-GPU nodes:
 The default is the first and highest: it is what jobs of a research cluster saw, and a
 projection should not promise more than the record. A site sets its own with
 ``goodput.failures_per_node_hour``.
+
+The peer road's default share p = 0.15 (DEFAULT_PEER_SHARE; ``project(peer_share=...)``
+sets another): of Llama 3's 419 unexpected interruptions 78% were confirmed or suspected
+hardware (GPU faults 30.1%, their HBM3 17.2%): a failed GPU or node takes the rank's
+process or device with it, which the peer road does not recover (that rank restarts).
+The other 22% (software, network, NCCL timeouts) bound what it can take; a fault that
+recurs when the step is redone is not recovered either, hence a share below the bound.
+Its cost P, until a run measures it (``peer_s``, the ledger's failure -> next step): 30 s
+(DEFAULT_PEER_S), a rough figure for forming the group again and sending a large model's
+state over the network, said to be a default wherever it is shown.
 
 Measured costs may be anything a record held (0 s saves of an asynchronous checkpoint, steps
 faster than the clock, a damaged value): where the model would divide by 0 or leave the
@@ -73,6 +93,9 @@ DEFAULT_COSTS = {
     "step_s": 1.0,            # one training step (converts checkpoint.every_steps to seconds)
 }
 ROADS = ("requeue", "in_allocation", "spares")
+PEER_ROAD = "peer"                # projected besides ROADS when asked for (project's peer_share) or measured
+DEFAULT_PEER_SHARE = 0.15         # the share of failures a live peer recovers (the module's docstring)
+DEFAULT_PEER_S = 30.0             # a peer recovery: the failure -> the end of the next step
 HOUR = 3600.0
 
 # The most GPUs a projection is asked for (`glaunch plan --at-gpus`): about five times the
@@ -103,6 +126,14 @@ class Costs:
     # new step's first step: its teardown, the job's decision, the new step's start-up and
     # load); None: not measured, start-up + resume load stand for it.
     restart_s: float | None = None
+    # A peer recovery as the run measured it (the failure to the end of the next step, the
+    # ledger's median); None: not measured, DEFAULT_PEER_S stands for it.
+    peer_s: float | None = None
+
+    @property
+    def peer_recovery_s(self) -> float:
+        """What a peer recovery costs."""
+        return self.peer_s if self.peer_s is not None else DEFAULT_PEER_S
 
     @property
     def in_allocation_s(self) -> float:
@@ -128,18 +159,20 @@ class Costs:
         seconds = {key: _finite_or_none(getattr(self, key)) for key in DEFAULT_COSTS}
         return {**seconds, "every_steps": self.every_steps,
                 "interval_s": _r(self.interval_s), "in_allocation_s": _r(self.in_allocation_s),
-                "in_allocation_measured": self.restart_s is not None, "defaults": list(self.defaults)}
+                "in_allocation_measured": self.restart_s is not None,
+                "peer_s": _r(self.peer_recovery_s), "peer_measured": self.peer_s is not None,
+                "defaults": list(self.defaults)}
 
 
 def costs_with_defaults(measured: Mapping[str, Any], every_steps: int | None) -> Costs:
     """Costs from what was measured (None, absent or not a finite number of 0 or more: not
     measured), the rest DEFAULT_COSTS; a measured in-allocation restart (``restart_s``)
-    where there was one."""
+    and peer recovery (``peer_s``) where there were."""
     values = {key: _seconds_or_none(measured.get(key)) for key in DEFAULT_COSTS}
     defaults = tuple(key for key, value in values.items() if value is None)
     filled = {key: DEFAULT_COSTS[key] if value is None else value for key, value in values.items()}
     return Costs(every_steps=every_steps, defaults=defaults, restart_s=_seconds_or_none(measured.get("restart_s")),
-                 **filled)
+                 peer_s=_seconds_or_none(measured.get("peer_s")), **filled)
 
 
 def _seconds_or_none(value: Any) -> float | None:
@@ -192,6 +225,31 @@ def ettr(save_s: float, interval_s: float, restart_s: float, mtbf_s: float) -> f
     return None if lost is None else max(0.0, 1.0 - lost)
 
 
+def peer_waste(save_s: float, interval_s: float, restart_s: float, peer_s: float, share: float,
+               mtbf_s: float) -> float | None:
+    """δ/τ + ((1 - p)(τ/2 + R) + p P)/M: the waste with a share p of the failures recovered
+    by a peer at P each (None where `waste` is)."""
+    lost = waste(save_s, interval_s, restart_s, mtbf_s / (1 - share))
+    if lost is None:
+        return None
+    lost += share * peer_s / mtbf_s
+    return None if math.isnan(lost) else lost
+
+
+def peer_ettr(save_s: float, interval_s: float, restart_s: float, peer_s: float, share: float,
+              mtbf_s: float) -> float | None:
+    lost = peer_waste(save_s, interval_s, restart_s, peer_s, share, mtbf_s)
+    return None if lost is None else max(0.0, 1.0 - lost)
+
+
+def peer_share_of(value: float) -> float:
+    """`value` as the peer road's share of failures: a number from 0 to below 1 (all of
+    them would need no checkpoint at all: not a first-order model's case); ValueError else."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ValueError(f"the share of failures recovered by a peer must be from 0 to below 1, got {value!r}")
+    return float(value)
+
+
 def requeue_shares(most: int, failures_per_allocation: float) -> list[float]:
     """requeue_share(k, failures_per_allocation) for k = 0 .. most, in one pass over the
     Poisson terms; shorter where more spares change no share (see _share)."""
@@ -232,14 +290,19 @@ class Road:
     name: str
     restart_s: float | None
     ettr_configured: float | None       # at the configured interval (None: none configured)
-    ettr_optimal: float | None          # at the Young-Daly interval
+    ettr_optimal: float | None          # at the Young-Daly interval (the peer road: its own)
     spare_nodes: int = 0
     requeue_share: float | None = None  # spares: the share of failures that still requeue
+    peer_share: float | None = None     # peer: the share of failures a peer recovers
+    optimal_interval_s: float | None = None   # peer: its own Young-Daly interval
 
     def to_json(self) -> dict[str, Any]:
-        return {"road": self.name, "restart_s": _r(self.restart_s), "ettr_configured": _r(self.ettr_configured),
+        data = {"road": self.name, "restart_s": _r(self.restart_s), "ettr_configured": _r(self.ettr_configured),
                 "ettr_optimal": _r(self.ettr_optimal), "spare_nodes": self.spare_nodes,
                 "requeue_share": _r(self.requeue_share)}
+        if self.name == PEER_ROAD:
+            data.update(peer_share=_r(self.peer_share), optimal_interval_s=_r(self.optimal_interval_s))
+        return data
 
 
 @dataclass(frozen=True)
@@ -281,13 +344,17 @@ class Projection:
     costs: Costs
     allocation_s: float
     sizes: tuple[SizeProjection, ...] = field(default=())
+    peer_share: float | None = None     # the peer road's share of failures; None: no peer road
 
     def to_json(self) -> dict[str, Any]:
+        model = ("ETTR = 1 - (save/interval + (interval/2 + restart)/MTBF); MTBF = 1/(rate x nodes); "
+                 "Young-Daly interval sqrt(2 x save x MTBF); spares: x nodes/(nodes + spares)")
+        if self.peer_share is not None:
+            model += ("; peer: a share p of the failures costs the peer recovery instead of interval/2 + restart, "
+                      "the rest restart in the allocation; its interval sqrt(2 x save x MTBF/(1 - p))")
         return {"failures_per_node_hour": _finite_or_none(self.failures_per_node_hour), "rate_source": self.rate_source,
-                "allocation_s": _r(self.allocation_s), "costs": self.costs.to_json(),
-                "model": "ETTR = 1 - (save/interval + (interval/2 + restart)/MTBF); MTBF = 1/(rate x nodes); "
-                         "Young-Daly interval sqrt(2 x save x MTBF); spares: x nodes/(nodes + spares)",
-                "sizes": [s.to_json() for s in self.sizes]}
+                "allocation_s": _r(self.allocation_s), "costs": self.costs.to_json(), "model": model,
+                "peer_share": self.peer_share, "sizes": [s.to_json() for s in self.sizes]}
 
 
 # The figures of a size that may not be computable, as `not_computable` names them.
@@ -359,14 +426,30 @@ def best_spares(costs: Costs, nodes: int, mtbf_s: float, optimal_s: float, alloc
     return max(roads, key=lambda r: (r.ettr_optimal or 0.0, -r.spare_nodes))
 
 
+def peer_road(costs: Costs, share: float, mtbf_s: float, optimal: bool) -> Road:
+    """A share `share` of the failures recovered by a peer, the rest restarted in the
+    allocation; at the configured interval and (`optimal`: where the size's Young-Daly
+    interval is computable) at the road's own, sqrt(2 δ M / (1 - p))."""
+    restart = share * costs.peer_recovery_s + (1 - share) * costs.in_allocation_s
+    configured = costs.interval_s
+
+    def at(interval: float) -> float | None:
+        return peer_ettr(costs.save_s, interval, costs.in_allocation_s, costs.peer_recovery_s, share, mtbf_s)
+
+    interval = young_daly_interval_s(costs.save_s, mtbf_s / (1 - share)) if optimal else None
+    return Road(PEER_ROAD, restart, None if configured is None else at(configured),
+                None if interval is None else at(interval), peer_share=share, optimal_interval_s=interval)
+
+
 def _no_spares_road() -> Road:
     """The spares road where it cannot be computed (its size's not_computable says why)."""
     return Road("spares", None, None, None)
 
 
 def project_size(failures_per_node_hour: float, costs: Costs, nodes: int, gpus_per_node: int,
-                 allocation_s: float, spares: int | None = None) -> SizeProjection:
-    """Every road at one size; `spares` None: the number of spares that is best."""
+                 allocation_s: float, spares: int | None = None, peer_share: float | None = None) -> SizeProjection:
+    """Every road at one size; `spares` None: the number of spares that is best; the peer
+    road too given `peer_share` (peer_share_of)."""
     mtbf = job_mtbf_s(failures_per_node_hour, nodes)
     optimal = young_daly_interval_s(costs.save_s, mtbf) if _positive(mtbf) else math.nan
     why = not_computable(failures_per_node_hour, costs, nodes, mtbf, optimal, allocation_s)
@@ -377,19 +460,28 @@ def project_size(failures_per_node_hour: float, costs: Costs, nodes: int, gpus_p
         spare_road = best_spares(costs, nodes, mtbf, optimal, allocation_s)
     else:
         spare_road = spares_road(costs, nodes, spares, mtbf, optimal, allocation_s)
-    roads = (_road("requeue", costs, costs.requeue_s, mtbf, at_optimal),
-             _road("in_allocation", costs, costs.in_allocation_s, mtbf, at_optimal),
-             spare_road)
+    roads: tuple[Road, ...] = (_road("requeue", costs, costs.requeue_s, mtbf, at_optimal),
+                               _road("in_allocation", costs, costs.in_allocation_s, mtbf, at_optimal),
+                               spare_road)
+    if peer_share is not None:
+        roads += (peer_road(costs, peer_share_of(peer_share), mtbf, at_optimal is not None),)
     return SizeProjection(nodes, gpus_per_node, mtbf, optimal, roads, costs.step_s, why)
 
 
 def project(failures_per_node_hour: float | None, costs: Costs, sizes: Sequence[tuple[int, int]],
-            allocation_s: float, rate_source: str | None = None) -> Projection:
-    """Each (nodes, GPUs per node) of `sizes`; no rate: the published default."""
+            allocation_s: float, rate_source: str | None = None, peer_share: float | None = None) -> Projection:
+    """Each (nodes, GPUs per node) of `sizes`; no rate: the published default. The peer
+    road with `peer_share` (peer_share_of; ValueError for another value), and at
+    DEFAULT_PEER_SHARE where the costs hold a measured peer recovery (the run has
+    recovery.peer on)."""
     if failures_per_node_hour is None:
         failures_per_node_hour, rate_source = DEFAULT_FAILURES_PER_NODE_HOUR, DEFAULT_RATE_SOURCE
+    if peer_share is None and costs.peer_s is not None:
+        peer_share = DEFAULT_PEER_SHARE
+    share = None if peer_share is None else peer_share_of(peer_share)
     return Projection(failures_per_node_hour, rate_source or "given", costs, allocation_s,
-                      tuple(project_size(failures_per_node_hour, costs, n, g, allocation_s) for n, g in sizes))
+                      tuple(project_size(failures_per_node_hour, costs, n, g, allocation_s, peer_share=share)
+                            for n, g in sizes), share)
 
 
 def nodes_for_gpus(gpus: int, gpus_per_node: int) -> int:

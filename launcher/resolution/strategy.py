@@ -201,7 +201,8 @@ def planned_goodput(exp: schema.Experiment, site: schema.Site, gpus_per_node: in
     rate = site.goodput.failures_per_node_hour
     return goodput_projection.project(
         rate, goodput_projection.costs_with_defaults({}, exp.checkpoint.every_steps or None), sizes,
-        allocation, None if rate is None else "site goodput.failures_per_node_hour")
+        allocation, None if rate is None else "site goodput.failures_per_node_hour",
+        peer_share=goodput_projection.DEFAULT_PEER_SHARE if exp.recovery.peer else None)
 
 
 def _planned_gpus(exp: schema.Experiment, site: schema.Site, part: schema.Partition, name: str | None) -> int:

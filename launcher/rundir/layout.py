@@ -11,6 +11,8 @@ One run directory per run (DESIGN.md "The run bundle")::
     run.json                                                the run record (RunRecord)
     result.json  stop.json  resume.json  crash.json         written by the ranks / the task
     hang.json                                               written by the watchdog (launcher.jobcontrol.watchdog)
+    peer-recoveries.jsonl                                   one line per peer recovery (launcher.runtime.peer),
+                                                            read by goodput (launcher.runner.goodput)
     logs/JOB_TASK_log.out|err  logs/JOB_batch.log  logs/JOB_step.json
     logs/workers/JOB_RESTART_NODE/                          torchrun's --log-dir for one node's agent: each
                                                             worker's own output (WORKER_LOG)
@@ -69,6 +71,7 @@ STOP_FILE = "stop.json"
 RESUME_FILE = "resume.json"
 CRASH_FILE = "crash.json"
 HANG_FILE = "hang.json"
+PEER_RECOVERY_FILE = "peer-recoveries.jsonl"
 LOCK_FILE = ".run.lock"
 # Held (flock) by a local job for as long as it runs: a run whose job lock nobody holds has
 # no process left to cancel, whatever pid run.json names.
@@ -219,6 +222,11 @@ class RunDir:
     @property
     def hang_file(self) -> Path:
         return self.path / HANG_FILE
+
+    @property
+    def peer_recovery_file(self) -> Path:
+        """The ledger of peer recoveries (``recovery.peer``): one JSON object a line."""
+        return self.path / PEER_RECOVERY_FILE
 
     @property
     def log_dir(self) -> Path:

@@ -1,6 +1,7 @@
 """Goodput: how much of a run's wall time went into training that was kept, where the
 rest went, and the settings that would waste less. Pure functions of run.json's records
-(what jobend and the local scheduler recorded of each start: layout.TELEMETRY_FIELDS);
+(what jobend and the local scheduler recorded of each start: layout.TELEMETRY_FIELDS)
+and of the ledger of peer recoveries (the one file read here: ``read_peer_ledger``);
 any field may be missing or damaged, and then what needs it is None.
 
 Per start (``per_start``):
@@ -32,6 +33,15 @@ instead of through the queue, ``spare_swaps`` of them with a spare in place of a
 request, or its end); the same for those that came without warning (crash, hang, node
 failure: ``unwarned_interruptions``, ``mean_time_between_unwarned_s``).
 
+Peer recoveries (``recovery.peer``; ``peer_recoveries``, None for a run that never had
+one): a road of its own, inside a start, no restart and no checkpoint read. From the
+ledger the ranks append to (layout.PEER_RECOVERY_FILE, launcher.runtime.peer), each
+line checked as an untrusted record (``peer_entry``; a line that is not one is counted in
+``damaged_lines``, never shown): ``recoveries``, ``lost_steps`` (the steps done again,
+at most one each), ``to_next_step_s`` (the failure -> the end of the next step) and
+``recovery_s`` (the failure -> the state received), each as median and max, and the
+newest entries. Their lost steps count in the run's ``lost_steps`` and ``lost_s`` too.
+
 Suggestions (``suggest``):
 - ``checkpoint.every_steps`` by Young and Daly: the checkpoint interval that minimises the
   expected waste is sqrt(2 * save time * mean time between failures) (J. W. Young,
@@ -49,9 +59,19 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import math
+import os
 from typing import Any, Mapping, Sequence
 
-from launcher.rundir.records import GOES_ON, SLOW_NODE, RunRecord, StartRecord, State, is_terminal
+from launcher.rundir.files import (
+    MAX_RECORD_ITEMS,
+    MAX_RECORD_NUMBER,
+    MAX_RECORD_TEXT,
+    check_bounds,
+    open_regular,
+    parse_json_object,
+)
+from launcher.rundir.layout import RunDir
+from launcher.rundir.records import GOES_ON, SLOW_NODE, RunRecord, StartRecord, State, is_job_id, is_terminal
 
 # Reasons a start ended without finishing, after which the run may go on.
 INTERRUPTED = frozenset({"timeout", "preemption", SLOW_NODE, "crash", "hang", "node failure", "node_fail"})
@@ -61,6 +81,12 @@ LEAD_MARGIN_S = 10.0
 LEAD_ROUND_S = 5
 MAX_SIGNAL_LEAD_S = 65535              # Slurm's --signal warns at most this long before the limit
 MAX_SUGGESTED_STEPS = 2**63            # the most steps an experiment's integer keys hold
+# The most of the peer recovery ledger read: a line is a few hundred bytes, so thousands of
+# recoveries; past it the rest is not read, and ``truncated`` says so.
+PEER_LEDGER_READ = 4 << 20
+PEER_LINE_BYTES = 64 * 1024            # a line glaunch writes is far shorter: longer is damaged
+PEER_ENTRIES_SHOWN = 20                # the newest entries `status --json` lists
+PEER_TEXT = 300                        # the most of a ledger's text (an error, a node) kept
 
 
 # --- reading fields that may hold anything ----------------------------------------------------
@@ -232,9 +258,13 @@ def _kept_to(start: StartRecord, following: StartRecord | None, last: int | None
 # --- the run --------------------------------------------------------------------------------
 
 
-def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """``goodput`` (totals and ``starts``), ``suggest`` and ``warnings`` of a run."""
+def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None = None,
+              run_dir: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    """``goodput`` (totals and ``starts``), ``suggest`` and ``warnings`` of a run; its peer
+    recoveries from the ledger in `run_dir` (default: the directory its record names)."""
     rows = per_start(record, now)
+    where = run_dir if run_dir is not None else record.run_dir
+    peer = peer_road(read_peer_ledger(where) if where else None)
     starts = record.starts
     resumed = resumes(record)
     begun = [t for s in starts if (t := epoch(s.started)) is not None]
@@ -253,6 +283,10 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
     productive = [r["productive_s"] for r in rows if r["productive_s"] is not None]
     lost_s = [x for r in rows if r["lost_steps"] is not None and r["step_time_s"] is not None
               and (x := _finite(r["lost_steps"] * r["step_time_s"])) is not None]
+    lost_s += _peer_lost_s(peer, rows)
+    lost_steps = lost_total(rows)
+    if lost_steps is not None and peer is not None:
+        lost_steps += peer["lost_steps"]
     overhead = 0.0
     measured = False
     for index, (start, row) in enumerate(zip(starts, rows)):
@@ -271,7 +305,7 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
         "productive_s": _finite(round(sum(productive), 3)) if productive else None,
         "wall_s": wall,
         "idle_s": idle,
-        "lost_steps": lost_total(rows),
+        "lost_steps": lost_steps,
         "lost_s": _finite(round(sum(lost_s), 3)) if lost_s else None,
         "restart_overhead_s": round(overhead, 3) if measured else None,
         "interruptions": len(interrupted),
@@ -282,6 +316,7 @@ def summarize(record: RunRecord, now: float, settings: Mapping[str, Any] | None 
         "spare_node_hours": round(sum(spare), 4) if spare else None,
         "restarts_in_allocation": sum(1 for s in starts if s.state == State.RESTARTED.value),
         "spare_swaps": sum(1 for s in starts if s.state == State.RESTARTED.value and s.left_out),
+        "peer_recoveries": peer,
         "starts": rows,
     }
     return {"goodput": goodput, "suggest": suggest(starts, goodput, settings or {}),
@@ -298,6 +333,118 @@ def lost_total(rows: Sequence[Mapping[str, Any]]) -> int | None:
     if any(row["reason"] in INTERRUPTED for row in rows):
         return None
     return 0 if rows else None
+
+
+# --- peer recoveries ---------------------------------------------------------------------------
+
+
+def read_peer_ledger(run_dir: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The ledger of peer recoveries in `run_dir`, read bounded: ``entries`` (each line that
+    is one, checked by ``peer_entry``), ``damaged_lines`` (those that are not),
+    ``truncated`` (past PEER_LEDGER_READ bytes: not read), ``problem`` (why it could not
+    be read, else None); None when the run has none. A last line without its newline is
+    one being written: not read yet."""
+    path = RunDir(run_dir).peer_recovery_file
+    try:
+        fd = open_regular(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return {"entries": [], "damaged_lines": 0, "truncated": False, "problem": f"{path}: {exc.strerror or exc}"}
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(PEER_LEDGER_READ + 1)
+    truncated = len(data) > PEER_LEDGER_READ
+    # Whole lines only: one without its newline is being written (or cut at the bound).
+    data = data[:PEER_LEDGER_READ].rpartition(b"\n")[0]
+    entries, damaged = [], 0
+    for line in data.splitlines():
+        if not line.strip():
+            continue
+        entry = _peer_line(line)
+        if entry is None:
+            damaged += 1
+        else:
+            entries.append(entry)
+    return {"entries": entries, "damaged_lines": damaged, "truncated": truncated, "problem": None}
+
+
+def _peer_line(line: bytes) -> dict[str, Any] | None:
+    if len(line) > PEER_LINE_BYTES:
+        return None
+    try:
+        data = parse_json_object(line.decode("utf-8"))
+        check_bounds(data, max_text=MAX_RECORD_TEXT, max_items=MAX_RECORD_ITEMS, max_number=MAX_RECORD_NUMBER)
+    except ValueError:               # UnicodeDecodeError too
+        return None
+    return peer_entry(data)
+
+
+def peer_entry(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """One ledger line as status shows it, or None when it is not one glaunch writes: a
+    step, the step the ranks went on from (not past it) and the steps lost must be counts,
+    every rank a count below the world size; times that are not times are None."""
+    step, resume_after, lost = step_of(data.get("step")), step_of(data.get("resume_after")), \
+        step_of(data.get("lost_steps"))
+    world = step_of(data.get("world_size"))
+    if step is None or resume_after is None or lost is None or resume_after > step or not world:
+        return None
+    ranks = {key: data.get(key) for key in ("failed", "receivers")}
+    if not all(isinstance(v, list) and all(_rank_in(r, world) for r in v) for v in ranks.values()):
+        return None
+    source = data.get("source")
+    if not _rank_in(source, world):
+        return None
+    return {"job_id": data.get("job_id") if is_job_id(data.get("job_id")) else None,
+            "restart": step_of(data.get("restart")), "world_size": world,
+            "node": _text(data.get("node")), "step": step, "failed": ranks["failed"], "source": source,
+            "receivers": ranks["receivers"], "resume_after": resume_after, "lost_steps": lost,
+            "generation": step_of(data.get("generation")), "error": _text(data.get("error")),
+            "failed_at": data["failed_at"] if epoch(data.get("failed_at")) is not None else None,
+            "recovery_s": number(data.get("recovery_s")),
+            "next_step": step_of(data.get("next_step")),
+            "next_step_at": data["next_step_at"] if epoch(data.get("next_step_at")) is not None else None,
+            "to_next_step_s": number(data.get("to_next_step_s")),
+            "checkpoint_read": data.get("checkpoint_read") is True}
+
+
+def _rank_in(value: Any, world: int) -> bool:
+    rank = step_of(value)
+    return rank is not None and rank < world
+
+
+def _text(value: Any) -> str | None:
+    return value[:PEER_TEXT] if isinstance(value, str) else None
+
+
+def peer_road(ledger: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The peer road's totals from a read ledger (``read_peer_ledger``); None without one."""
+    if ledger is None:
+        return None
+    entries = list(ledger.get("entries") or ())
+    return {"recoveries": len(entries), "lost_steps": sum(e["lost_steps"] for e in entries),
+            "to_next_step_s": _spread([e["to_next_step_s"] for e in entries]),
+            "recovery_s": _spread([e["recovery_s"] for e in entries]),
+            "checkpoint_reads": sum(1 for e in entries if e["checkpoint_read"]),
+            "damaged_lines": ledger.get("damaged_lines") or 0, "truncated": bool(ledger.get("truncated")),
+            "problem": ledger.get("problem"), "entries": entries[-PEER_ENTRIES_SHOWN:]}
+
+
+def _spread(values: Sequence[float | None]) -> dict[str, float] | None:
+    known = sorted(v for v in values if v is not None)
+    if not known:
+        return None
+    return {"median": _rounded(known[len(known) // 2]), "max": _rounded(known[-1])}
+
+
+def _peer_lost_s(peer: Mapping[str, Any] | None, rows: Sequence[Mapping[str, Any]]) -> list[float]:
+    """The seconds of the steps peer recoveries lost, at the step time of the start each
+    happened in (where it is known)."""
+    if peer is None:
+        return []
+    step_s = {(row["job_id"], row["restart"]): row["step_time_s"] for row in rows}
+    return [x for e in peer["entries"] if e["lost_steps"]
+            and (seconds := step_s.get((e["job_id"], e["restart"]))) is not None
+            and (x := _finite(e["lost_steps"] * seconds)) is not None]
 
 
 def _idle(starts: Sequence[StartRecord], resumed: Sequence[Mapping[str, Any]], begin: float, end: float) -> float:
@@ -378,7 +525,8 @@ def projection_costs(goodput: Mapping[str, Any]) -> dict[str, float | None]:
     (less the resume load), resume load and step time of its starts, and the median queue
     wait of the starts after the first that went through the queue (requeues, resubmissions
     and resumes); ``restart_s``, the median restart inside the allocation (a RESTARTED
-    start's end to the next step's first step)."""
+    start's end to the next step's first step); ``peer_s``, the median peer recovery (the
+    failure to the end of the next step), only where the run had one."""
     rows = [r for r in goodput.get("starts") or () if isinstance(r, Mapping)]
     after = list(itertools.pairwise(rows))
     queued = [row for previous, row in after if previous.get("state") != State.RESTARTED.value]
@@ -390,12 +538,22 @@ def projection_costs(goodput: Mapping[str, Any]) -> dict[str, float | None]:
 
     startups = [None if (s := number(r.get("startup_s"))) is None
                 else max(0.0, s - (number(r.get("resume_load_s")) or 0.0)) for r in rows]
-    return {"save_s": number(as_mapping(goodput.get("save_s")).get("median")),
-            "startup_s": median(startups),
-            "load_s": median([number(r.get("resume_load_s")) for r in rows]),
-            "queue_wait_s": median([number(r.get("queue_wait_s")) for r in queued]),
-            "step_s": median([number(r.get("step_time_s")) for r in rows]),
-            "restart_s": median([_sum(r.get("queue_wait_s"), r.get("startup_s")) for r in restarted])}
+    costs = {"save_s": number(as_mapping(goodput.get("save_s")).get("median")),
+             "startup_s": median(startups),
+             "load_s": median([number(r.get("resume_load_s")) for r in rows]),
+             "queue_wait_s": median([number(r.get("queue_wait_s")) for r in queued]),
+             "step_s": median([number(r.get("step_time_s")) for r in rows]),
+             "restart_s": median([_sum(r.get("queue_wait_s"), r.get("startup_s")) for r in restarted])}
+    peer = number(_dig(goodput, "peer_recoveries", "to_next_step_s", "median"))
+    if peer is not None:             # only a run that recovered from a peer has it
+        costs["peer_s"] = peer
+    return costs
+
+
+def _dig(data: Any, *keys: str) -> Any:
+    for key in keys:
+        data = data.get(key) if isinstance(data, Mapping) else None
+    return data
 
 
 def _sum(*values: Any) -> float | None:

@@ -42,7 +42,7 @@ def summarize(run_dir: Path, record: RunRecord, now: float | None = None) -> dic
     settings = {"checkpoint.every_steps": _dig(experiment, "checkpoint", "every_steps"),
                 "requeue.signal_lead_s": _dig(experiment, "requeue", "signal_lead_s")}
     live = progress(run_dir, record, now) if record.state in IN_FLIGHT else None
-    report = goodput.summarize(_with_progress(record, live), now, settings)
+    report = goodput.summarize(_with_progress(record, live), now, settings, run_dir=run_dir)
     report["goodput"]["projection"] = projection(resolved, report["goodput"])
     summary = {
         "run_id": record.run_id, "run_dir": str(run_dir), "site": record.site, "created": record.created,
@@ -83,8 +83,11 @@ def projection(resolved: Mapping[str, Any], measured: Mapping[str, Any]) -> dict
     rate = number(_dig(resolved, "site", "goodput", "failures_per_node_hour")) or None
     every = step_of(_dig(experiment, "checkpoint", "every_steps")) or None
     costs = goodput_projection.costs_with_defaults(goodput.projection_costs(measured), every)
+    # With recovery.peer on, the peer road is shown before any recovery measured its cost.
+    peer = goodput_projection.DEFAULT_PEER_SHARE if _dig(experiment, "recovery", "peer") is True else None
     return goodput_projection.project(rate, costs, [(nodes, gpus)], allocation or goodput_projection.HOUR,
-                                      None if rate is None else "site goodput.failures_per_node_hour").to_json()
+                                      None if rate is None else "site goodput.failures_per_node_hour",
+                                      peer_share=peer).to_json()
 
 
 def cluster_of(run_dir: Path, record: RunRecord) -> dict[str, Any] | None:

@@ -27,6 +27,12 @@ What happens when the step of a rank raises (the exception reaches ``recovery.st
    to every receiver, point to point, tensors as they are (bitwise).
 5. Every rank's own RNG states go back to where they were when the step to redo began
    (taken at each step's start); the loop goes on at that step. The log names the peer.
+6. Once the next step has ended, one rank (the lowest that failed; the source when none
+   did) appends the recovery to the run's ledger, ``peer-recoveries.jsonl`` in the run
+   directory (:func:`ledger_entry`): the plan, the steps lost, and the seconds from the
+   failure to the end of the next step on that rank's clock. ``glaunch status`` and
+   goodput read it (:mod:`launcher.runner.goodput`). A ledger that cannot be written is
+   logged, never a failure of the run.
 
 Lost work: the step in flight. Data must follow from the step number (as in the
 examples), since the step is the position the runtime keeps. The failed rank's process
@@ -38,6 +44,7 @@ runs plainly.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -47,9 +54,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.rundir import envnames
+from launcher.rundir.files import open_regular
+from launcher.rundir.layout import RunDir
 from launcher.runtime import stopflag
 from launcher.runtime.peerplan import PeerRecoveryImpossible, RecoveryPlan, Report, is_peer_loss, plan_recovery
-from launcher.runtime.rankcontext import RankContext, context, log
+from launcher.runtime.rankcontext import RankContext, context, log, node_name
+from launcher.runtime.telemetry import iso
 
 # How long the ranks wait for each other's reports: a rank that never reports is gone.
 REPORT_WAIT_S = 300.0
@@ -128,6 +138,8 @@ class PeerRecovery:
         self._next = 0
         self._rng_at_start: tuple[int, dict] | None = None
         self._own_failures: dict[int, int] = {}
+        # This rank's ledger entry of the last recovery, until the next step ends (step 6).
+        self._unrecorded: _Unrecorded | None = None
         optimizer.register_step_post_hook(self._on_optimizer_step)
 
     def _on_optimizer_step(self, *_: Any) -> None:
@@ -142,6 +154,7 @@ class PeerRecovery:
             self._next = step + 1
             yield step
             step = self._next
+        self._record(None)          # a recovery after the last step: no next step to time
 
     def step(self, step: int) -> _Guard:
         """Around one step: a failure inside it is recovered (the module's docstring)."""
@@ -156,9 +169,20 @@ class PeerRecovery:
     def end(self) -> None:
         self._current = None
 
+    def done(self, step: int | None) -> None:
+        """Step `step` ended without an exception: the last recovery's next step (step 6);
+        None: the loop ends with an exception no peer recovers."""
+        self._record(step)
+
+    def _record(self, next_step: int | None) -> None:
+        unrecorded, self._unrecorded = self._unrecorded, None
+        if unrecorded is not None:
+            append_ledger(self.ctx.run_dir, unrecorded.entry(next_step))
+
     def recover(self, step: int, exc: BaseException) -> None:
-        """Steps 1 to 5 of the module's docstring; PeerRecoveryImpossible when no peer can."""
-        began = time.monotonic()
+        """Steps 1 to 6 of the module's docstring; PeerRecoveryImpossible when no peer can."""
+        self._record(None)          # the step after the last recovery failed too
+        began, began_at = time.monotonic(), time.time()
         own = not is_peer_loss([c.__name__ for c in type(exc).__mro__], str(exc))
         if own:
             log(f"peer recovery: step {step} failed on this rank:\n"
@@ -179,6 +203,9 @@ class PeerRecovery:
         self.recoveries.append({"step": step, "generation": generation, "source": plan.source,
                                 "receivers": list(plan.receivers), "failed": list(plan.failed),
                                 "resume_after": plan.resume_after, "seconds": round(seconds, 6)})
+        if self.ctx.rank == ledger_writer(plan):
+            self._unrecorded = _Unrecorded(ledger_entry(plan, step, report.error, seconds, began_at, self.ctx),
+                                           began)
         received = " (received it)" if self.ctx.rank in plan.receivers else ""
         log(f"peer recovery: {plan.describe()}{received}; no checkpoint read; {seconds:.3f} s"
             + ("" if rng_restored else f"; this rank's RNG states are not those of step {plan.redo}'s start "
@@ -203,7 +230,11 @@ class _Guard:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         self.recovery.end()
-        if exc is None or not isinstance(exc, Exception) or isinstance(exc, PeerRecoveryImpossible):
+        if exc is None:
+            self.recovery.done(self.step)
+            return False
+        if not isinstance(exc, Exception) or isinstance(exc, PeerRecoveryImpossible):
+            self.recovery.done(None)
             return False
         try:
             self.recovery.recover(self.step, exc)
@@ -211,6 +242,55 @@ class _Guard:
             log(f"peer recovery impossible: {impossible}")
             raise impossible from exc
         return True
+
+
+def ledger_writer(plan: RecoveryPlan) -> int:
+    """The rank that records a recovery: the lowest that failed (its clock saw the
+    failure), else the source."""
+    return min(plan.failed) if plan.failed else plan.source
+
+
+def ledger_entry(plan: RecoveryPlan, step: int, error: str, recovery_s: float, failed_at: float,
+                 ctx: RankContext) -> dict[str, Any]:
+    """One recovery as the ledger keeps it, before its next step ended (``next_step``,
+    ``next_step_at`` and ``to_next_step_s`` are filled in by :class:`_Unrecorded`).
+    ``lost_steps``: the steps done again, at most the one in flight (0 when the failure
+    came after the update: the ranks go on at the next one)."""
+    return {"job_id": ctx.job_id, "restart": ctx.restart, "node": node_name(), "rank": ctx.rank,
+            "world_size": ctx.world_size, "generation": plan.generation, "step": step,
+            "failed": list(plan.failed), "source": plan.source, "receivers": list(plan.receivers),
+            "resume_after": plan.resume_after, "lost_steps": max(0, step - plan.resume_after),
+            "error": error, "failed_at": iso(failed_at), "recovery_s": round(recovery_s, 6),
+            "checkpoint_read": False}
+
+
+@dataclass
+class _Unrecorded:
+    """A recovery this rank records once its next step has ended."""
+
+    partial: dict[str, Any]
+    began: float                      # time.monotonic() at the failure
+
+    def entry(self, next_step: int | None) -> dict[str, Any]:
+        ended = next_step is not None
+        return {**self.partial, "next_step": next_step, "next_step_at": iso(time.time()) if ended else None,
+                "to_next_step_s": round(time.monotonic() - self.began, 6) if ended else None}
+
+
+def append_ledger(run_dir: str | os.PathLike[str], entry: Mapping[str, Any]) -> None:
+    """`entry` as one line at the end of the run's ledger, in one write (a reader takes a
+    line without its newline for one still being written); a ledger that cannot be
+    written is logged."""
+    line = (json.dumps(dict(entry), separators=(",", ":"), sort_keys=True) + "\n").encode()
+    path = RunDir(run_dir).peer_recovery_file
+    try:
+        fd = open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        log(f"peer recovery: not recorded in {path}: {exc.strerror or exc}")
 
 
 def _one_line(exc: BaseException) -> str:

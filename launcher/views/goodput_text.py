@@ -8,7 +8,8 @@ from typing import Any, Mapping
 from launcher.runner.goodput import number
 from launcher.views.text import duration, printable
 
-ROAD_NAMES = {"requeue": "requeue", "in_allocation": "in-allocation restart", "spares": "spare nodes"}
+ROAD_NAMES = {"requeue": "requeue", "in_allocation": "in-allocation restart", "spares": "spare nodes",
+              "peer": "peer recovery (recovery.peer)"}
 COST_NAMES = (("save_s", "save stall"), ("startup_s", "start-up"), ("load_s", "resume load"),
               ("queue_wait_s", "queue wait after requeue"), ("step_s", "step"))
 

@@ -89,7 +89,7 @@ def _goodput_lines(report: Mapping[str, Any]) -> list[str]:
                  f" ({good.get('spare_swaps') or 0} on a spare node)")
     if number(good.get("spare_node_hours")):
         head += f"; spare nodes idle {good['spare_node_hours']:.2f} node-hour(s)"
-    lines = [head]
+    lines = [head, *_peer_lines(good.get("peer_recoveries"))]
     names = (("queue_wait_s", "queue"), ("startup_s", "start-up"), ("resume_load_s", "resume load"),
              ("stop_s", "stop"), ("teardown_s", "teardown"))
     for row in good["starts"]:
@@ -100,6 +100,55 @@ def _goodput_lines(report: Mapping[str, Any]) -> list[str]:
             job = f"resume {row['resume']}, " if row.get("resume") else ""
             lines.append(f"    {job}start {row['restart']}: " + ", ".join(parts))
     return lines
+
+
+def _short(seconds: Any) -> str:
+    """A time that may be a fraction of a second: 0.043 s, 2.31 s, then as `duration`."""
+    value = number(seconds)
+    if value is None or value >= 10:
+        return duration(value)
+    return f"{value:.3f} s" if value < 1 else f"{value:.2f} s"
+
+
+def _ranks(value: Any) -> str:
+    return ", ".join(str(r) for r in value) if isinstance(value, list) and value else "none"
+
+
+def _peer_lines(peer: Any) -> list[str]:
+    """The peer road (recovery.peer): how many recoveries, the steps they lost, the time
+    from a failure to the next step, and the newest one: which ranks failed, from which
+    peer their state came."""
+    if not isinstance(peer, Mapping):
+        return []
+    lines = []
+    count = step_of(peer.get("recoveries")) or 0
+    if count:
+        line = (f"    peer recoveries: {count} in the start they happened in, no checkpoint read; "
+                f"lost steps {step_of(peer.get('lost_steps'))}")
+        to_next, recovery = as_mapping(peer.get("to_next_step_s")), as_mapping(peer.get("recovery_s"))
+        if to_next:
+            line += (f"; failure -> next step {_short(to_next.get('median'))}"
+                     + (f" (median; at most {_short(to_next.get('max'))})" if count > 1 else ""))
+        if recovery:
+            line += f"; state received in {_short(recovery.get('median'))}" + (" (median)" if count > 1 else "")
+        lines.append(line)
+        entries = [e for e in peer.get("entries") or () if isinstance(e, Mapping)]
+        if entries:
+            last = entries[-1]
+            job = f"job {printable(last.get('job_id'))} " if last.get("job_id") else ""
+            error = f" ({clipped(printable(last['error']), 100)})" if last.get("error") else ""
+            lines.append(f"      {'newest' if count > 1 else 'it'}: {job}start {last.get('restart')}, step "
+                         f"{last.get('step')}: rank(s) {_ranks(last.get('failed'))} failed{error}; state of step "
+                         f"{last.get('resume_after')} from rank {last.get('source')} to rank(s) "
+                         f"{_ranks(last.get('receivers'))}")
+    problems = []
+    if step_of(peer.get("damaged_lines")):
+        problems.append(f"{peer['damaged_lines']} line(s) of the peer recovery ledger are not records: left out")
+    if peer.get("truncated"):
+        problems.append("the peer recovery ledger is larger than glaunch reads: its end is left out")
+    if peer.get("problem"):
+        problems.append(f"the peer recovery ledger cannot be read: {printable(peer['problem'])}")
+    return lines + [f"    {p}" for p in problems]
 
 
 def _suggestion_lines(suggestions: Any) -> list[str]:

@@ -1,0 +1,115 @@
+"""Peer recovery (recovery.peer) on the local Slurm cluster `defaults`: a 2-node DDP run of
+2 ranks per node whose rank 3 (on the second node) raises inside its backward pass at step
+FAIL_STEP, its peers waiting for it in the gradient all-reduce. The run goes on in the same
+job step (one start), rank 3 gets rank 0's state across the nodes, at most the step in
+flight is done again, no checkpoint is read (one was there), every rank's log says from
+which peer, the ledger records it once and `glaunch status` counts it; the final
+parameters are bitwise those of the same run uninterrupted (its 4 ranks started directly
+on this machine: one Slurm job only). The failing example is test_peer_recovery's."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import RANK_VARS
+from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.runtime.rankcontext import free_port
+from slurmkit import DEFAULTS, glaunch, read_json, submit
+from test_peer_recovery import SCRIPT
+
+pytestmark = [pytest.mark.slurm, pytest.mark.slow]
+
+NODES, PER_NODE = 2, 2
+WORLD = NODES * PER_NODE
+STEPS, FAIL_STEP, FAIL_RANK = 20, 8, 3
+ARGS = ["--steps", str(STEPS), "--log-every", "5", "--seconds-per-step", "0.05"]
+EXPERIMENT = f"""
+name: peer-slurm
+entrypoint:
+  script: failing_ddp.py
+  args: {json.dumps(ARGS)}
+resources: {{nodes: {NODES}, time: "00:10:00"}}
+strategy: {{name: ddp}}
+precision: fp32
+batch: {{micro_size: 8}}
+checkpoint: {{every_steps: 5, keep: 4}}
+recovery: {{peer: true}}
+env: {{FAIL_RANK: "{FAIL_RANK}", FAIL_STEP: "{FAIL_STEP}", FAIL_WHERE: backward}}
+"""
+
+
+def uninterrupted_sha256(folder: Path) -> str:
+    """param_sha256 of the same script on WORLD ranks started here, no failure, no recovery.peer."""
+    script = folder / "failing_ddp.py"
+    run_dir = folder / "uninterrupted"
+    run_dir.mkdir()
+    port = free_port()
+    procs = []
+    for rank in range(WORLD):
+        env = {k: v for k, v in os.environ.items() if k not in RANK_VARS and not k.startswith(("GLAUNCH_", "SLURM"))}
+        env.update(PYTHONPATH=str(Path(__file__).resolve().parents[2]), OMP_NUM_THREADS="1", RANK=str(rank),
+                   LOCAL_RANK=str(rank % PER_NODE), WORLD_SIZE=str(WORLD), LOCAL_WORLD_SIZE=str(PER_NODE),
+                   GROUP_RANK=str(rank // PER_NODE), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   GLAUNCH_RUN_DIR=str(run_dir), GLAUNCH_CHECKPOINT_DIR=str(run_dir / "checkpoints"))
+        procs.append(subprocess.Popen([sys.executable, str(script), *ARGS], env=env, cwd=run_dir,
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        outputs = [proc.communicate(timeout=300)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    assert [proc.returncode for proc in procs] == [0] * WORLD, "\n".join(outputs)[-4000:]
+    return read_json(run_dir / "result.json")["param_sha256"]
+
+
+def test_a_rank_that_raises_on_the_second_node_is_restored_from_a_peer_in_the_same_job(tmp_path,
+                                                                                       slurm_defaults_env):
+    (tmp_path / "failing_ddp.py").write_text(SCRIPT)
+    (tmp_path / "peer.yaml").write_text(EXPERIMENT)
+    expected = uninterrupted_sha256(tmp_path)
+
+    proc, info = submit(str(tmp_path / "peer.yaml"), tmp_path / "runs", slurm_defaults_env, cluster=DEFAULTS)
+    run_dir = tmp_path / "runs" / str(info.get("run_id"))
+    logs = "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("*_log.*"))) \
+        if (run_dir / "logs").is_dir() else ""
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs[-4000:]
+
+    record = read_json(run_dir / "run.json")
+    (start,) = record["starts"]                              # one start: no restart, no requeue
+    assert record["state"] == start["state"] == "COMPLETED", record
+    assert start.get("resumed_from") is None, start
+    assert read_json(run_dir / "result.json")["param_sha256"] == expected
+
+    # Every rank says it, with the peer; the step in flight is done again, nothing more.
+    lines = [line for line in logs.splitlines() if "peer recovery: failed rank(s)" in line]
+    assert len(lines) == WORLD, logs[-4000:]
+    for line in lines:
+        assert (f"failed rank(s) {FAIL_RANK}; state of step {FAIL_STEP - 1} from rank 0 to rank(s) {FAIL_RANK}; "
+                f"the ranks go on at step {FAIL_STEP}") in line and "no checkpoint read" in line, line
+    assert "resumed from" not in logs
+    assert (run_dir / "checkpoints" / "step-00000005").is_dir()     # there to read, and not read
+
+    (entry,) = (json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines())
+    assert (entry["rank"], entry["source"], entry["failed"], entry["lost_steps"]) == (FAIL_RANK, 0, [FAIL_RANK], 1)
+    assert entry["job_id"] == start["job_id"] and entry["restart"] == 0 and entry["next_step"] == FAIL_STEP
+    # Across the nodes: rank 0, the source, beat on the first node, the failed rank on the other.
+    nodes = {rank: (read_heartbeat(path) or {}).get("node") for rank, path in RunDir(run_dir).heartbeats()}
+    assert len(set(nodes.values())) == NODES and entry["world_size"] == WORLD, nodes
+    assert entry["node"] == nodes[FAIL_RANK] != nodes[0], (entry, nodes)
+
+    status = json.loads(glaunch("status", str(run_dir), "--json", env=slurm_defaults_env, cluster=DEFAULTS).stdout)
+    road = status["goodput"]["peer_recoveries"]
+    assert (road["recoveries"], road["lost_steps"], road["checkpoint_reads"]) == (1, 1, 0), road
+    assert status["restarts"] == 0 and len(status["starts"]) == 1
+    took = re.search(r"no checkpoint read; ([0-9.]+) s", lines[0])
+    print(f"rank {FAIL_RANK} on {entry['node']} failed at step {FAIL_STEP}; state from rank 0; failure -> end of "
+          f"step {entry['next_step']} {entry['to_next_step_s']:.3f} s (recovery {took.group(1) if took else '?'} s)")
