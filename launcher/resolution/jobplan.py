@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from launcher.config import slurmtime
-from launcher.config.login import Login
 from launcher.config.sites import ProfileFile
 
 # Ports below the Linux ephemeral range (32768-60999), so a rendezvous port is never
@@ -152,7 +151,6 @@ class JobPlan:
     hparams: Mapping[str, Any] = field(default_factory=dict)
     sweep_id: str | None = None       # an element of this sweep: on Slurm, one task of an array job
     dependency: str | None = None     # Slurm's --dependency: the runs it waits for (--after)
-    login: Login | None = None        # the site's `login:`: its cluster reached over SSH from elsewhere
     segment: int | None = None        # partitions.P.segment: nodes per segment of a topology block (--segment)
     # The time limit's warning (Slurm's --signal): USR2, glaunch's stop request; USR1 for a
     # plain Lightning script, whose own SLURM handling listens for it (launcher.runner.frameworks).

@@ -20,7 +20,6 @@ from typing import Any
 from launcher import shell
 from launcher.config import schema, slurmtime
 from launcher.config.load import LoadedExperiment
-from launcher.config.login import login_of
 from launcher.config.sourcemap import ConfigKeyError, locating
 from launcher.config.schema import partition_name_problem
 from launcher.config.sitechecks import python_words
@@ -100,7 +99,7 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
         watchdog_first_step_s=exp.watchdog.first_step_s, watchdog_slow_node=exp.watchdog.slow_node,
         recovery_peer=_recovery_peer(exp, strategy.name),
         experiment=_as_dict(exp), site=_as_dict(site), code=code, hparams=hparams,
-        sweep_id=ctx.sweep_id, dependency=ctx.dependency, login=login_of(site.login),
+        sweep_id=ctx.sweep_id, dependency=ctx.dependency,
     )
 
 
