@@ -62,13 +62,22 @@ def test_a_good_login_is_loaded_whole(tmp_path):
     assert login_of(site.login) == Login("login1.example.org", "alice", 2200, None, "bastion")
 
 
-def test_the_plan_carries_the_login(tmp_path, monkeypatch, isolated_env):
+def test_the_submission_goes_through_the_login_only_where_slurm_does_not_answer(tmp_path, monkeypatch,
+                                                                                 isolated_env):
+    """The profile's login reaches the submission's road (a dry run opens no connection);
+    where sbatch is on PATH, the road is direct."""
     from launcher.runner import submission
 
     write_site(tmp_path, "login: {host: login1}")
     (tmp_path / "train.py").write_text("print('hi')\n")
     (tmp_path / "exp.yaml").write_text("name: e\nentrypoint: {script: train.py}\nrequeue: {max: 0}\n")
     monkeypatch.chdir(tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").symlink_to("/usr/bin/git")
+    monkeypatch.setenv("PATH", str(bin_dir))
     prepared = submission.prepare("exp.yaml", site="./far.yaml", dry_run=True)
-    assert prepared.plan.login == Login("login1")
-    assert prepared.remote is None
+    assert prepared.login == Login("login1") and prepared.remote is None
+    (bin_dir / "sbatch").symlink_to("/bin/true")
+    direct = submission.prepare("exp.yaml", site="./far.yaml", dry_run=True)
+    assert direct.login is None and direct.remote is None
