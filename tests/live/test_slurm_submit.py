@@ -78,7 +78,7 @@ def test_example_on_two_nodes(case, tmp_path, isolated_env):
 
 def _check_torchrun_logs(run_dir, env):
     """`glaunch logs` tags a torchrun task's lines with its node and global ranks;
-    `--rank N` is global rank N: the log of the node that runs it."""
+    `--rank N` is global rank N alone: its worker's own log (torchrun's --log-dir)."""
     shown = glaunch("logs", str(run_dir), env=env)
     assert shown.returncode == 0, shown.stderr[-2000:]
     lines = shown.stdout.splitlines()
@@ -87,7 +87,9 @@ def _check_torchrun_logs(run_dir, env):
     assert {line.split("]")[0] + "]" for line in lines} <= {"[node0 r0-1]", "[node0 r0-1!]", "[node1 r2-3]",
                                                              "[node1 r2-3!]"}
     rank3 = glaunch("logs", str(run_dir), "--rank", "3", env=env).stdout.splitlines()
-    assert rank3 and all(line.startswith("[node1 r2-3") for line in rank3), rank3[:5]
+    assert rank3 and all(line.startswith(("[r3]", "[r3!]")) for line in rank3), rank3[:5]
+    assert any("joined gloo: rank 3/4" in line for line in rank3)
+    assert not any("joined gloo: rank 2/4" in line for line in rank3), rank3[:5]
 
 
 def other_torch(folder: Path) -> tuple[Path, str]:
