@@ -61,8 +61,23 @@ from launcher.runtime.rankcontext import RuntimeConfigError, context
 SLURM_TIMEOUT_S = 60          # scontrol, sbatch, scancel: the controller's answer is seconds away
 REQUEUE_WAIT_S = 300          # the requeue ends this process well before
 WATCHDOG_JOIN_S = 120         # a watchdog writing the stacks of a hang it found
-PREEMPTED = re.compile(r"\bPreemptTime=[0-9]")
+# Slurm took the job back while this start ran: a preemption sets PreemptTime; a requeue
+# (`scontrol requeue`, as an admin or a preemption by requeue does) puts the job back in the
+# queue, so the job this controller runs in reads as pending (or requeued) once its step ended.
+PREEMPTED = re.compile(r"\bPreemptTime=[0-9]|\bJobState=(?:PENDING|REQUEUE\w*)\b")
+RESTARTS = re.compile(r"\bRestarts=([0-9]+)\b")
 NODE_ADDR = re.compile(r"\bNodeAddr=([^\s]+)")
+
+
+def taken_back(shown: str, restart_count: str) -> bool:
+    """Pure: whether `scontrol show job` of this start's job (`shown`) says Slurm took the job
+    back: preempted, pending or requeued again, or requeued since this start began (its
+    Restarts past the SLURM_RESTART_COUNT this start was given: Slurm counts a requeue when
+    it is asked, while the job's processes are still being ended)."""
+    if PREEMPTED.search(shown):
+        return True
+    counted = RESTARTS.search(shown)
+    return counted is not None and restart_count.isdigit() and int(counted.group(1)) > int(restart_count)
 # Slurm's variables that would reach or reshape a job submitted from this one (SLURM_CONF
 # stays: it names the cluster).
 JOB_INPUTS = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")
@@ -197,7 +212,8 @@ class SlurmEdge:
         return match.group(1) if match and is_node_name(match.group(1)) else None
 
     def preempted(self, job_id: str) -> bool:
-        return PREEMPTED.search(self._ask(["scontrol", "show", "job", job_id]) or "") is not None
+        return taken_back(self._ask(["scontrol", "show", "job", job_id]) or "",
+                          os.environ.get("SLURM_RESTART_COUNT", "0"))
 
     def run_step(self, argv: Sequence[str], env: MutableMapping[str, str]) -> int:
         """The job step to its end (the job's time limit bounds it): srun's status, 128 + N
