@@ -472,8 +472,14 @@ def _lost_job(conn: Connection, client: Client, plan: JobPlan, queued: Queued) -
     (looked up by the run's marker and job script), None when Slurm has none."""
     if not queued.asked:
         return None
+    return _held_job(conn, client, plan.run_id, plan.run_dir)
+
+
+def _held_job(conn: Connection, client: Client, run_id: str, run_dir: str) -> str | None:
+    """The id of the job Slurm has for run `run_id` (by its marker, or its job script in
+    `run_dir` on the cluster), None when it has none."""
     with using(client):
-        return find_submitted(posixpath.join(plan.run_dir, "job.sbatch"), submission_marker(plan.run_id),
+        return find_submitted(posixpath.join(run_dir, "job.sbatch"), submission_marker(run_id),
                               user=on_login.account(conn).user)
 
 
@@ -535,9 +541,7 @@ def clean_left(run_dir: Path, left: Left) -> str:
         client = on_login.slurm_client(conn)
         job_id = left.job_id
         if job_id is None and left.maybe_queued:
-            with using(client):
-                job_id = find_submitted(posixpath.join(where.run_dir, "job.sbatch"),
-                                        submission_marker(record.run_id), user=on_login.account(conn).user)
+            job_id = _held_job(conn, client, record.run_id, where.run_dir)
         still = _remove_from_cluster(conn, client, job_id, cluster_dir or where.run_dir)
     if still is not None:
         raise SchedulerError(f"run {record.run_id}: {still.said(record.run_id, where.login.host)}")
