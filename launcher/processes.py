@@ -22,9 +22,10 @@ import select
 import selectors
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
-from typing import IO, Mapping, Sequence
+from typing import IO, Callable, Mapping, Sequence
 
 # The answers of Slurm's clients, py-spy and nvidia-smi are far below this even on a
 # cluster of thousands of nodes; a tool printing more is not answering what was asked.
@@ -33,6 +34,8 @@ CHUNK = 1 << 16
 # How long to wait for a killed tool to be reaped: SIGKILL ends it, unless it is stuck in
 # the kernel (a hung NFS mount), which no one can wait out.
 REAP_S = 1.0
+# How long run_command gives a tool unless told otherwise.
+COMMAND_TIMEOUT_S = 30
 
 
 def shown(data: bytes) -> str:
@@ -135,6 +138,33 @@ def run_bounded(words: Sequence[str], *, timeout_s: float, input: bytes | None =
     (/dev/null: no tool waits on a terminal). OSError when it cannot be started."""
     deadline = time.monotonic() + timeout_s
     return Started(words, input=input, env=env, cwd=cwd, max_output=max_output).finish(deadline)
+
+
+
+def run_command(words: Sequence[str], *, timeout_s: float | None = None, env: Mapping[str, str] | None = None,
+                say: Callable[[str], None] | None = None) -> str | None:
+    """A tool's stdout as text (bytes that are not UTF-8 as U+FFFD: a stack names files and
+    strings of any encoding); None, and a line through `say` (default: on stderr), when it
+    cannot start, fails or runs longer than `timeout_s` (default COMMAND_TIMEOUT_S, read
+    when called), which ends it with every process it started."""
+    say = say or _say_on_stderr
+    timeout_s = COMMAND_TIMEOUT_S if timeout_s is None else timeout_s
+    try:
+        proc = run_bounded(words, timeout_s=timeout_s, env=env)
+    except (OSError, subprocess.SubprocessError) as exc:
+        say(f"{words[0]}: {exc}")
+        return None
+    if proc is None:
+        say(f"{' '.join(words[:2])}: no answer within {timeout_s:g} s")
+        return None
+    if proc.returncode != 0:
+        say(f"{' '.join(words[:2])}: exit status {proc.returncode}: {proc.err.strip()[:300]}")
+        return None
+    return proc.out
+
+
+def _say_on_stderr(message: str) -> None:
+    print(f"glaunch: {message}", file=sys.stderr, flush=True)
 
 
 class _Sink:

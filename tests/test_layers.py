@@ -26,9 +26,8 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("api", ("launcher.api",)),
     ("cli", ("launcher.cli", "launcher.cli_sites")),
 ]
-# The training library stands on the floor alone; the job controller and the local driver
-# read what the ranks leave through the library modules in READ_BY_THE_CONTROLLER only;
-# the pure core (configuration, resolution, rendering) reaches for none of the job side;
+# The training library stands on the floor alone, and so do the job controller and the
+# local driver: what the ranks leave is read through the floor (launcher.rundir); the pure core (configuration, resolution, rendering) reaches for none of the job side;
 # the CLI talks to the API and the views only.
 MAY_IMPORT_ONLY: dict[str, tuple[str, ...]] = {
     "runtime": ("floor", "runtime"),
@@ -85,12 +84,9 @@ def layer_of(module: str) -> str:
 
 
 RANK = {layer: i for i, (layer, _) in enumerate(LAYERS)}
-# Torch-free modules of the training library that the batch host reads the ranks through:
-# the rank environment, the heartbeat record, stack dumps, start telemetry, and the task
-# (pickled when a bundle submitted by hand is taken on).
-READ_BY_THE_CONTROLLER = frozenset({"launcher.runtime.rankcontext", "launcher.runtime.heartbeats",
-                                    "launcher.runtime.stacks", "launcher.runtime.telemetry",
-                                    "launcher.runtime.task"})
+# The one import from the controller into the training library: a bundle submitted by hand
+# is taken on by pickling the task every node runs (jobstart.write_task_pickle).
+PICKLED_TASK = ("launcher.jobcontrol.jobstart", "launcher.runtime.task")
 
 
 # The controller's public entry: the rest of glaunch (the local scheduler) uses the package,
@@ -107,7 +103,7 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
             high = layer_of(target)
             allowed = MAY_IMPORT_ONLY.get(low)
             upward = RANK[high] > RANK[low] or (allowed is not None and high not in allowed)
-            if upward and low in ("jobcontrol", "localrun") and target in READ_BY_THE_CONTROLLER:
+            if upward and (importer, target) == PICKLED_TASK:
                 upward = False
             if upward:
                 found.append(f"{importer} ({low}) -> {target} ({high})")
@@ -200,10 +196,13 @@ def test_the_training_library_may_not_reach_the_controller():
     assert violations(graph) == ["launcher.runtime.stop (runtime) -> launcher.jobcontrol.jobend (jobcontrol)"]
 
 
-def test_the_controller_reads_the_ranks_through_the_shared_modules_only():
-    graph = {"launcher.jobcontrol.watchdog": {"launcher.runtime.heartbeats", "launcher.runtime.torchstate"},
-             "launcher.runtime.heartbeats": set(), "launcher.runtime.torchstate": set()}
-    assert violations(graph) == ["launcher.jobcontrol.watchdog (jobcontrol) -> launcher.runtime.torchstate (runtime)"]
+def test_the_controller_and_the_local_driver_may_not_reach_the_training_library():
+    graph = {"launcher.jobcontrol.watchdog": {"launcher.runtime.heartbeats", "launcher.rundir.heartbeatrecord"},
+             "launcher.localrun.jobstep": {"launcher.runtime.telemetry", "launcher.rundir.rankcontext"},
+             "launcher.runtime.heartbeats": set(), "launcher.runtime.telemetry": set(),
+             "launcher.rundir.heartbeatrecord": set(), "launcher.rundir.rankcontext": set()}
+    assert violations(graph) == ["launcher.jobcontrol.watchdog (jobcontrol) -> launcher.runtime.heartbeats (runtime)",
+                                 "launcher.localrun.jobstep (localrun) -> launcher.runtime.telemetry (runtime)"]
 
 
 def test_the_local_scheduler_uses_the_controller_through_its_public_entry():

@@ -50,13 +50,13 @@ from pathlib import Path
 from typing import Any, MutableMapping, Protocol, Sequence
 
 from launcher.errors import RunError
-from launcher.runtime.stacks import run_command
+from launcher.processes import run_command
 from launcher.rundir.layout import RunDir
+from launcher.rundir.rankcontext import RuntimeConfigError, context
 from launcher.rundir.records import RecordError, is_job_id, is_node_name
 from launcher.jobcontrol import jobend, jobstart, watchdog
 from launcher.jobcontrol.jobend import NextRoad, StepEnd
 from launcher.jobcontrol.jobstart import Action, Begun
-from launcher.runtime.rankcontext import RuntimeConfigError, context
 
 SLURM_TIMEOUT_S = 60          # scontrol, sbatch, scancel: the controller's answer is seconds away
 REQUEUE_WAIT_S = 300          # the requeue ends this process well before

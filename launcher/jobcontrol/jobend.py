@@ -4,7 +4,7 @@ On Slurm, the job controller (launcher.jobcontrol.controller) calls :func:`end_o
 after each job step ends (every rank has exited), with what it knows of the step
 (:class:`StepEnd`). It records the start in run.json, with what its ranks measured (peak
 memory, step and save times, first and last step:
-:func:`launcher.runtime.telemetry.start_summary`), and answers how the run goes on
+:func:`launcher.rundir.startsummary.start_summary`), and answers how the run goes on
 (:class:`NextRoad`) and the status the job should end with. The controller itself calls
 ``scontrol requeue``, after run.json is written: the requeue ends the batch script. The
 same end, by hand: ``python -m launcher.jobcontrol.jobend RUN_DIR --status S`` prints the
@@ -93,10 +93,10 @@ from launcher.rundir.records import (
     node_list,
 )
 from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.rundir.rankcontext import RuntimeConfigError, context
+from launcher.rundir.startsummary import iso, start_summary
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
 from launcher.jobcontrol import jobstart, watchdog
-from launcher.runtime.rankcontext import RuntimeConfigError, context
-from launcher.runtime.telemetry import iso, start_summary
 
 SINFO_TIMEOUT_S = 20
 # sinfo's node states (%T, lower case) that can take a job; a trailing * (not responding),

@@ -30,7 +30,7 @@ def end_of_local_start(run_dir: RunDir, record: RunRecord, *, job_id: str, resta
     """How start `restart` (job `job_id`) of the local run ended: its outcome (done,
     requeue, failed, cancelled) and the start's fields (resumed_from, stopped_at, hang,
     bad_node, the measured summary). `record`: run.json as the start ended."""
-    from launcher.runtime.telemetry import start_summary
+    from launcher.rundir.startsummary import start_summary
 
     stop = jobend.stopped_in(run_dir.path, restart)
     hang = watchdog.hang_in(run_dir.path, restart)

@@ -75,7 +75,7 @@ the hang points at), every rank's Python stack into ``logs/stack-JOB_RESTART_RAN
 and ends the step; the start's end (jobend, or the local loop) records reason ``hang`` and
 requeues within ``crash_retries``.
 
-The stacks (launcher.runtime.stacks): ``py-spy dump`` for a rank on this host when py-spy
+The stacks (launcher.rundir.rankstacks): ``py-spy dump`` for a rank on this host when py-spy
 is on PATH, else the faulthandler each rank registered at its start on SIGWINCH, which
 reaches the ranks of every node through Slurm (``scancel --signal=28 JOB``: every step of
 the job, not the batch script; the job controller runs scancel, outside any container:
@@ -94,9 +94,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from launcher.processes import run_command
 from launcher.rundir import registry
 from launcher.rundir.files import RunError, atomic_write_text, read_json
+from launcher.rundir.heartbeatrecord import BUSY_WINDOW, EARLY_STEPS, SAVING_STATES, checked_heartbeat
 from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.rundir.rankcontext import RuntimeConfigError, context
+from launcher.rundir.rankstacks import Ranks, log, write_stacks
 from launcher.rundir.records import (
     RecordError,
     StartRecord,
@@ -105,12 +109,9 @@ from launcher.rundir.records import (
     is_job_id,
     is_node_name,
 )
+from launcher.rundir.startsummary import iso, quantile
 from launcher.rundir.taskspec import TaskSpec, TaskSpecError, read_task_spec
-from launcher.runtime.heartbeats import BUSY_WINDOW, EARLY_STEPS, SAVING_STATES, checked_heartbeat
 from launcher.jobcontrol.logprogress import LogProgress, beat_from_log
-from launcher.runtime.rankcontext import RuntimeConfigError, context
-from launcher.runtime.stacks import Ranks, log, run_command, write_stacks
-from launcher.runtime.telemetry import iso, quantile
 
 SAVE_BOUND_FACTOR = 4
 SAVE_BOUND_MIN_S = 1800.0
@@ -248,7 +249,7 @@ def of_start(record: Mapping[str, Any] | None, job_id: str, restart: int) -> boo
 
 def own_records(records: Iterable[Mapping[str, Any] | None], job_id: str, restart: int, *,
                 world_size: int | None = None, now: float | None = None) -> dict[int, dict]:
-    """The heartbeats of this start, by rank, each checked (heartbeats.checked_heartbeat);
+    """The heartbeats of this start, by rank, each checked (heartbeatrecord.checked_heartbeat);
     one that fails its check is left out."""
     out: dict[int, dict] = {}
     for record in records:
@@ -746,13 +747,14 @@ class SlurmSteps:
     def _steps(self) -> set[str]:
         """The job's steps, when the ranks' heartbeats do not name theirs (squeue; nothing
         where it is absent). The batch script is no numbered step."""
-        text = run_command(["squeue", "--steps", "--noheader", "--format=%i", f"--jobs={self.job_id}"]) or ""
+        text = run_command(["squeue", "--steps", "--noheader", "--format=%i", f"--jobs={self.job_id}"],
+                           say=log) or ""
         return {step for line in text.split() if STEP_ID.fullmatch(step := line.rpartition(".")[2])}
 
 
 def scancel(args: list[str]) -> bool:
-    """scancel with these arguments, bounded (stacks.run_command); False when it failed."""
-    return run_command(["scancel", *args]) is not None
+    """scancel with these arguments, bounded (processes.run_command); False when it failed."""
+    return run_command(["scancel", *args], say=log) is not None
 
 
 def watch_slurm(run_dir: str, *, stop: Callable[[], bool], allocation: Sequence[str] = (),

@@ -31,7 +31,7 @@ from launcher.rundir import envnames
 from launcher.rundir.files import atomic_write_text, open_regular
 from launcher.rundir.layout import STEP_SUMMARY
 from launcher.jobcontrol import watchdog
-from launcher.runtime.rankcontext import free_port
+from launcher.rundir.rankcontext import free_port
 
 KILL_WAIT_S = 10.0
 TIMEOUT_STATUS = 124

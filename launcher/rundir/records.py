@@ -240,7 +240,7 @@ def _amounts(value: Any) -> Any:
     return {str(k): _amount(v) for k, v in value.items()}
 
 
-# What a start records of what its ranks measured (launcher.runtime.telemetry.start_summary).
+# What a start records of what its ranks measured (launcher.rundir.startsummary.start_summary).
 # Checked when set, like _OBSERVED: a value of the wrong shape is recorded as null. Readers
 # (goodput, status) still check what they use: run.json may have been edited by hand.
 TELEMETRY_FIELDS: dict[str, Any] = {

@@ -106,6 +106,7 @@ the commit protocol.
 
 from __future__ import annotations
 
+from launcher.rundir.rankcontext import RankContext, RuntimeConfigError, context
 from launcher.runtime.checkpoint.background import PendingCheckpoint, wait_checkpoints
 from launcher.runtime.checkpoint.directory import (
     Checkpoint,
@@ -124,13 +125,7 @@ from launcher.runtime.hparams import apply_hparams, read_hparams
 from launcher.runtime.peer import peer_recovery
 from launcher.runtime.peerwaits import time_peer_waits
 from launcher.runtime.processgroup import init_distributed, shutdown_distributed
-from launcher.runtime.rankcontext import (
-    RankContext,
-    RuntimeConfigError,
-    barrier,
-    context,
-    export_rendezvous_env,
-)
+from launcher.runtime.distributed import barrier, export_rendezvous_env
 from launcher.runtime.result import param_sha256, write_result, write_stop
 from launcher.runtime.torchstate import (
     load_torch_state,

@@ -36,19 +36,12 @@ import os
 
 from launcher.rundir import envnames
 from launcher.rundir.files import load_json_object
+from launcher.rundir.rankcontext import RankContext, RuntimeConfigError, context, log
 from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint.save import stage_checkpoint
 from launcher.runtime.checkpoint.directory import Checkpoint, CheckpointError, step_dir_name
 from launcher.runtime.checkpoint.verify import verify_checkpoint
-from launcher.runtime.rankcontext import (
-    RankContext,
-    RuntimeConfigError,
-    broadcast_object,
-    context,
-    export_rendezvous_env,
-    log,
-    log_joined,
-)
+from launcher.runtime.distributed import broadcast_object, export_rendezvous_env, log_joined
 from launcher.runtime.device import Placement
 from launcher.runtime.device import placement as device_placement
 from launcher.runtime.processgroup import shutdown_distributed

@@ -29,7 +29,7 @@ import sys
 from dataclasses import dataclass
 
 from launcher.rundir import envnames
-from launcher.runtime.rankcontext import RankContext, RuntimeConfigError, context
+from launcher.rundir.rankcontext import RankContext, RuntimeConfigError, context
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 

@@ -24,9 +24,9 @@ as a MixedPrecisionPolicy (:func:`mixed_precision`). CPU offload is the script's
 
 from __future__ import annotations
 
+from launcher.rundir.rankcontext import RankContext, context
 from launcher.runtime.device import placement
 from launcher.runtime.peerwaits import time_peer_waits
-from launcher.runtime.rankcontext import RankContext, context
 
 
 def device_mesh(ctx: RankContext | None = None):

@@ -17,8 +17,8 @@ it also replaces ``<run dir>/heartbeats/rank-RRRRR.json``::
 knows every rank before its first step), ``running``, ``saving`` (a checkpoint save that
 holds up the loop, :func:`saving`; ``saving_since`` when it began, ``save_ended`` when the
 last one ended), ``stopping`` (the save of an agreed stop), ``stopped``, ``finished``.
-The batch host's watchdog (:mod:`launcher.jobcontrol.watchdog`) reads these files, and its
-bounds from the job's task.json.
+The batch host's watchdog (:mod:`launcher.jobcontrol.watchdog`) reads these files, each
+checked (:mod:`launcher.rundir.heartbeatrecord`), and its bounds from the job's task.json.
 
 ``announced_at``: when the script itself said it reports its steps through the runtime
 (:func:`announce`): it installed the stop handler (whose flag only should_stop reads),
@@ -57,8 +57,9 @@ between beats less the measured waits; with neither, no rank stands out.
 ``busy_count``: the busy times taken so far.
 
 The intervals between beats are the step times of the start's telemetry, which each rank
-writes at the end of its start (:func:`write_telemetry`; what it holds and how the start
-folds it into run.json: :mod:`launcher.runtime.telemetry`). A step whose number is a
+writes at the end of its start (:func:`write_telemetry`; what it holds:
+:mod:`launcher.runtime.telemetry`; how the start folds it into run.json:
+:mod:`launcher.rundir.startsummary`). A step whose number is a
 checkpoint step (``GLAUNCH_CHECKPOINT_EVERY``) also saved a checkpoint: its interval is
 kept apart, and what it took beyond a usual step is a save time. A beat without a step
 number is the step after the last one (the first, the step after the one this start
@@ -75,7 +76,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
-import math
 import os
 import random
 import re
@@ -84,28 +84,22 @@ import time
 from array import array
 from collections import deque
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator
 
-from launcher.rundir import envnames, taskspec
+from launcher.rundir import envnames
 from launcher.rundir.files import atomic_write_text, open_regular, read_json
+from launcher.rundir.heartbeatrecord import BUSY_WINDOW, EARLY_STEPS, MAX_INTERVAL_S, MAX_STEP, SAVING_STATES
 from launcher.rundir.layout import RunDir, heartbeat_bytes
-from launcher.runtime import stacks, stopflag, telemetry, versions
-from launcher.runtime.rankcontext import RankContext, RuntimeConfigError, context, log, node_name, seconds_from_env
+from launcher.rundir.rankcontext import RankContext, RuntimeConfigError, context, log, node_name, seconds_from_env
+from launcher.rundir.startsummary import quantile
+from launcher.runtime import stackdump, stopflag, telemetry, versions
 
 DEFAULT_INTERVAL_S = 5.0
 RANK0_INTERVAL_S = 1.0
-# A rank writes at least this often: a longer interval would hide a hang from the watchdog
-# for that long, and a record that claims more is not one a rank wrote.
-MAX_INTERVAL_S = 3600.0
 # Step times kept per start for the median and p90; beyond this a uniform sample of them.
 MAX_SAMPLES = 1 << 16
 EMA_WEIGHT = 0.1          # of the newest step in the step time the console shows
 RECENT_STEPS = 200        # the step times step_p99_s is taken over
-BUSY_WINDOW = 20          # the busy times busy_s is the median of
-# The timed steps after which the watchdog's early bound holds (watchdog.bounds_in_force):
-# the beat that times the last of them is written at once, so that a rank that hangs soon
-# after has left the times the bound is taken from.
-EARLY_STEPS = 3
 
 
 class Beats:
@@ -250,10 +244,10 @@ class Beats:
         """What the watchdog's auto bound and slow-node report read (see the module's
         docstring)."""
         recent, busy = sorted(self.recent), sorted(self.busy)
-        return {"step_p99_s": round(telemetry.quantile(recent, 0.99), 6) if recent else None,
+        return {"step_p99_s": round(quantile(recent, 0.99), 6) if recent else None,
                 "steps_timed": self.seen,
                 "save_s": None if self.last_save_s is None else round(self.last_save_s, 6),
-                "busy_s": round(telemetry.quantile(busy, 0.5), 6) if busy else None, "busy_count": self.busy_count}
+                "busy_s": round(quantile(busy, 0.5), 6) if busy else None, "busy_count": self.busy_count}
 
     def write(self, now: float | None = None) -> None:
         """Write this rank's heartbeat over the previous one; a failure is said once and
@@ -282,7 +276,7 @@ class Beats:
         if not self.samples:
             return None
         ordered = sorted(self.samples)
-        return {"median": round(telemetry.quantile(ordered, 0.5), 6), "p90": round(telemetry.quantile(ordered, 0.9), 6),
+        return {"median": round(quantile(ordered, 0.5), 6), "p90": round(quantile(ordered, 0.9), 6),
                 "count": self.seen}
 
     def save_times(self) -> list[float]:
@@ -348,8 +342,8 @@ def began(ctx: RankContext) -> None:
     atexit.register(_at_exit)
     if ctx.local_rank == 0:
         telemetry.start_gpu_sampler(ctx)
-    if not stacks.armed():      # a torchrun worker: its task (the agent) armed only itself
-        stacks.arm_stack_dump(ctx.run_dir, ctx.rank)
+    if not stackdump.armed():      # a torchrun worker: its task (the agent) armed only itself
+        stackdump.arm_stack_dump(ctx.run_dir, ctx.rank)
 
 
 def reset(beats: Beats | None = None) -> None:
@@ -460,9 +454,6 @@ def starting() -> Beats:
     return beats
 
 
-SAVING_STATES = frozenset({"saving", "stopping"})
-
-
 @contextlib.contextmanager
 def saving(step: int | None = None) -> Iterator[None]:
     """Around a checkpoint save that holds up the loop: the watchdog gives it a save's
@@ -505,109 +496,3 @@ def flush(state: str | None = None, step: int | None = None) -> Beats:
         beats.state = state
     beats.write()
     return beats
-
-
-# --- reading a heartbeat back: what another process wrote is checked before use -------------
-
-STATES = frozenset({"starting", "running", "saving", "stopping", "stopped", "finished"})
-MAX_WORLD_SIZE = taskspec.MAX_WORLD_SIZE   # the task spec's own bound on ranks
-MAX_STEP = 2**63 - 1
-MAX_PID = 2**31 - 1
-# How far ahead of the reader's clock a rank's clock may run: a time further on would keep
-# that rank looking alive for as long.
-CLOCK_SKEW_S = 600.0
-MAX_TEXT = 255
-MIN_STEP_S, MAX_STEP_S = 1e-6, 1e9
-
-
-def _shown(value: object) -> str:
-    try:
-        text = repr(value)
-    except ValueError:          # an int too long to print
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _whole(low: int, high: int) -> Callable[[object], str | None]:
-    def check(value: object) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, int):
-            return "not a whole number"
-        return None if low <= value <= high else f"not within {low}..{high}"
-    return check
-
-
-def _time(now: float | None) -> Callable[[object], str | None]:
-    def check(value: object) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return "not a number"
-        if not 0 <= value < math.inf:
-            return "not a finite time"
-        if now is not None and value > now + CLOCK_SKEW_S:
-            return f"{value - now:.0f} s ahead of this host's clock"
-        return None
-    return check
-
-
-def _seconds_within(high: float) -> Callable[[object], str | None]:
-    def check(value: object) -> str | None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return "not a number"
-        return None if 0 <= value <= high else f"not within 0..{high:g}"
-    return check
-
-
-def _step_time(value: object) -> str | None:
-    # Written rounded to microseconds: 0, or at least MIN_STEP_S.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return "not a number"
-    if value == 0 or MIN_STEP_S <= value <= MAX_STEP_S:
-        return None
-    return f"not 0 or within {MIN_STEP_S:g}..{MAX_STEP_S:g}"
-
-
-def _text(value: object) -> str | None:
-    return None if isinstance(value, str) and len(value) <= MAX_TEXT else f"not a text of at most {MAX_TEXT} characters"
-
-
-def _state(value: object) -> str | None:
-    return None if isinstance(value, str) and value in STATES else f"not one of {', '.join(sorted(STATES))}"
-
-
-def _checks(world_size: int, now: float | None) -> dict[str, tuple[bool, Callable[[object], str | None]]]:
-    """Each field a reader uses: (may be null, its check)."""
-    step, when = _whole(-MAX_STEP, MAX_STEP), _time(now)
-    return {
-        "rank": (False, _whole(0, world_size - 1)), "restart": (False, _whole(0, MAX_STEP)),
-        "state": (False, _state), "job_id": (True, _text), "world_size": (True, _whole(1, world_size)),
-        "local_rank": (True, _whole(0, world_size - 1)), "node": (True, _text), "host": (True, _text),
-        "pid": (True, _whole(1, MAX_PID)), "job_step": (True, _text),
-        "step": (True, step), "total": (True, step), "first_step": (True, step), "checkpoint_step": (True, step),
-        "time": (True, when), "first_time": (True, when), "written": (True, when), "saving_since": (True, when),
-        "save_ended": (True, when), "announced_at": (True, when), "interval_s": (True, _seconds_within(MAX_INTERVAL_S)),
-        "step_s": (True, _step_time), "step_p99_s": (True, _step_time), "busy_s": (True, _step_time),
-        "steps_timed": (True, _whole(0, MAX_STEP)), "busy_count": (True, _whole(0, MAX_STEP)),
-        "save_s": (True, _seconds_within(MAX_STEP_S)),
-        "source": (True, _source),
-    }
-
-
-def _source(value: object) -> str | None:
-    """Where a beat came from when not from the rank itself: "log" (launcher.jobcontrol.logprogress)."""
-    return None if value == "log" else "not a source of beats glaunch writes"
-
-
-def checked_heartbeat(record: Mapping[str, Any], *, world_size: int | None = None,
-                      now: float | None = None) -> dict[str, Any]:
-    """The fields of a heartbeat a reader uses, each checked: its type, its bounds (ranks
-    and world size within the run's `world_size`, times finite and not ahead of `now` by
-    more than CLOCK_SKEW_S), a known state. ValueError naming the first field that is wrong
-    and its value; fields no reader uses are left out."""
-    bound = world_size if world_size is not None and 0 < world_size <= MAX_WORLD_SIZE else MAX_WORLD_SIZE
-    out: dict[str, Any] = {}
-    for name, (nullable, check) in _checks(bound, now).items():
-        value = record.get(name)
-        problem = None if value is None and nullable else "missing" if value is None else check(value)
-        if problem is not None:
-            raise ValueError(f"{name} {_shown(value)}: {problem}" if value is not None else f"{name}: missing")
-        out[name] = value
-    return out

@@ -25,7 +25,7 @@ from typing import Any
 
 from launcher.rundir import envnames
 from launcher.rundir.files import load_json_object
-from launcher.runtime.rankcontext import RankContext, RuntimeConfigError, context, log
+from launcher.rundir.rankcontext import RankContext, RuntimeConfigError, context, log
 
 
 def read_hparams() -> dict[str, Any]:

@@ -40,12 +40,13 @@ import os
 import types
 from pathlib import Path
 
+from launcher.rundir.rankcontext import RankContext, context, log
 from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint.save import stage_checkpoint
 from launcher.runtime.checkpoint.directory import Checkpoint
 from launcher.runtime.checkpoint.selection import resume_checkpoint
 from launcher.runtime.checkpoint.checksums import ChecksumWriter
-from launcher.runtime.rankcontext import RankContext, all_reduce_max, context, log
+from launcher.runtime.distributed import all_reduce_max
 from launcher.runtime.deepspeed import _Recorder
 from launcher.runtime.deepspeed import placement as deepspeed_placement
 from launcher.runtime.device import placement

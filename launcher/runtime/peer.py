@@ -56,10 +56,10 @@ from typing import Any
 from launcher.rundir import envnames
 from launcher.rundir.files import open_regular
 from launcher.rundir.layout import RunDir
+from launcher.rundir.rankcontext import RankContext, context, log, node_name
+from launcher.rundir.startsummary import iso
 from launcher.runtime import stopflag
 from launcher.runtime.peerplan import PeerRecoveryImpossible, RecoveryPlan, Report, is_peer_loss, plan_recovery
-from launcher.runtime.rankcontext import RankContext, context, log, node_name
-from launcher.runtime.telemetry import iso
 
 # How long the ranks wait for each other's reports: a rank that never reports is gone.
 REPORT_WAIT_S = 300.0

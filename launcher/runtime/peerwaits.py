@@ -36,8 +36,8 @@ import time
 from collections import deque
 from typing import Any, Iterator
 
+from launcher.rundir.rankcontext import log
 from launcher.runtime import heartbeats
-from launcher.runtime.rankcontext import log
 
 
 class PeerWaits:

@@ -11,10 +11,11 @@ import datetime
 import sys
 from typing import Any
 
+from launcher.rundir.rankcontext import RankContext
 from launcher.runtime.checkpoint.background import wait_checkpoints
 from launcher.runtime.device import placement
 from launcher.runtime.peer import group_backend
-from launcher.runtime.rankcontext import RankContext, export_rendezvous_env, log_joined
+from launcher.runtime.distributed import export_rendezvous_env, log_joined
 
 
 def init_distributed(ctx: RankContext | None = None, backend: str | None = None,

@@ -9,9 +9,9 @@ import time
 
 from launcher.rundir.files import atomic_write_text
 from launcher.rundir.layout import RunDir
+from launcher.rundir.rankcontext import RankContext, context
 from launcher.runtime import heartbeats, stopflag
 from launcher.runtime.checkpoint.background import wait_checkpoints
-from launcher.runtime.rankcontext import RankContext, context
 from launcher.runtime.torchstate import unwrap
 from launcher.runtime.stop import stop_signal
 

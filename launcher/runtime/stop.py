@@ -14,8 +14,9 @@ import signal
 import threading
 from typing import Any
 
+from launcher.rundir.rankcontext import context, log
 from launcher.runtime import heartbeats, stopflag
-from launcher.runtime.rankcontext import all_reduce_max, context, log
+from launcher.runtime.distributed import all_reduce_max
 
 _agreed_signum: int | None = None   # largest signal number any rank reported at the last should_stop
 _previous: dict[int, Any] = {}

@@ -12,7 +12,7 @@ entry point:
   copied as it grows into the node's task log (launcher.runtime.workerlogs); the warning
   signal and SIGTERM (preemption) are passed on to the workers, which checkpoint, instead
   of making the agent tear them down; so is the watchdog's request for a stack
-  (launcher.runtime.stacks.DUMP_SIGNAL). Workers that end after such a stop signal end
+  (launcher.rundir.rankstacks.DUMP_SIGNAL). Workers that end after such a stop signal end
   the start as stopped (WorkersStopped), not with torchrun's ChildFailedError.
 
 Before the entry point runs, a rank registers its stack dump (faulthandler) and writes its
@@ -36,10 +36,11 @@ from launcher.errors import RunError
 from launcher.rundir import envnames, launch, runvalues
 from launcher.rundir.files import atomic_write_text, read_json, read_record
 from launcher.rundir.layout import RunDir
+from launcher.rundir.rankcontext import context, node_name
+from launcher.rundir.rankstacks import DUMP_SIGNAL
 from launcher.rundir.records import RunRecord
 from launcher.rundir.taskspec import TaskSpec, read_task_spec
-from launcher.runtime import heartbeats, stacks, workerlogs
-from launcher.runtime.rankcontext import context, node_name
+from launcher.runtime import heartbeats, stackdump, workerlogs
 from launcher.runtime.stop import take_stop_signals
 
 # The signal Slurm sends `requeue.signal_lead_s` before the time limit (see render.py).
@@ -92,7 +93,7 @@ class TrainingTask:
         # A warning that comes before the script installs its own handler must still
         # count (not reach submitit's handler, which requeues on its own terms).
         take_stop_signals()
-        stacks.arm_stack_dump(spec.run_dir, job.global_rank)
+        stackdump.arm_stack_dump(spec.run_dir, job.global_rank)
         heartbeats.starting()
         _log(f"rank {job.global_rank}/{spec.world_size} on {node_name()}: "
              f"python {' '.join(launch.entry_words(spec, start_args(spec)))}")
@@ -119,7 +120,7 @@ class TrainingTask:
         entry = launch.entry_words(spec, start_args(spec))
         os.environ.update(snapshot_environment(spec, os.environ))
         _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + entry)}")
-        for signum in (WARNING_SIGNAL, LIGHTNING_WARNING_SIGNAL, signal.SIGTERM, stacks.DUMP_SIGNAL):
+        for signum in (WARNING_SIGNAL, LIGHTNING_WARNING_SIGNAL, signal.SIGTERM, DUMP_SIGNAL):
             signal.signal(signum, _forward_to_children)
         _, stop_copying = workerlogs.copying(spec.run_dir, str(job.job_id), restart, int(job.node),
                                              sys.stdout.buffer, sys.stderr.buffer)
@@ -306,7 +307,7 @@ def stopped_workers(node: int) -> WorkersStopped | None:
 
 
 def _forward_to_children(signum: int, _frame: Any) -> None:
-    if signum != stacks.DUMP_SIGNAL and signum not in STOPS_RECEIVED:
+    if signum != DUMP_SIGNAL and signum not in STOPS_RECEIVED:
         STOPS_RECEIVED.append(signum)
     for pid in child_pids(os.getpid()):
         try:

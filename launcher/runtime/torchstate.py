@@ -25,6 +25,7 @@ import random
 import sys
 
 from launcher.rundir.files import open_regular
+from launcher.rundir.rankcontext import RankContext, context, log
 from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint import background
 from launcher.runtime.checkpoint.commit import agree, commit, first_failed_rank
@@ -32,7 +33,6 @@ from launcher.runtime.checkpoint.save import open_staging, stage_checkpoint
 from launcher.runtime.checkpoint.directory import Checkpoint, CheckpointDamaged, CheckpointError, step_dir_name
 from launcher.runtime.checkpoint.selection import resume_checkpoint
 from launcher.runtime.checkpoint.staging import write_failure_marker, write_marker
-from launcher.runtime.rankcontext import RankContext, context, log
 
 MODEL_FILE = "model.pt"
 STATE_DIR = "state"

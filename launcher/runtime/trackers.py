@@ -33,7 +33,7 @@ from typing import Any
 from launcher.rundir.files import read_json
 from launcher.rundir import envnames
 from launcher.rundir.layout import RunDir
-from launcher.runtime.rankcontext import RankContext, context, log
+from launcher.rundir.rankcontext import RankContext, context, log
 
 WANDB_ID_LIMIT = 64
 _said: set[str] = set()

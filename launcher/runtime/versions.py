@@ -1,7 +1,7 @@
 """What a node's ranks actually imported: Python, torch, CUDA and NCCL as torch was built
 with them, DeepSpeed and Lightning where the script imported them. The first rank of each
 node writes it at its first step (telemetry/versions_JOB_RESTART_NODE.json); the end of the
-start folds every node's into its run.json entry (launcher.runtime.telemetry), where
+start folds every node's into its run.json entry (launcher.rundir.startsummary), where
 `glaunch status` compares them with the versions the run was submitted with.
 
 Only modules already imported are read: recording never imports a framework the script

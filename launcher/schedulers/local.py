@@ -138,7 +138,7 @@ def _submitting_now(run_dir: Path, record: RunRecord) -> bool:
 
 def settle_lost(run_dir: RunDir, record: RunRecord) -> None:
     """The end of a run whose job is gone without recording it: its last start and the run."""
-    from launcher.runtime.telemetry import iso
+    from launcher.rundir.startsummary import iso
 
     cancelled = CANCEL_KEY in record.extra
     if run_dir.result_file.exists():
@@ -324,8 +324,8 @@ def kill_job(pid: int) -> None:
 def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, interrupts: Interrupts) -> int:
     from launcher.jobcontrol import end_of_local_start
     from launcher.rundir import registry
-    from launcher.runtime.rankcontext import node_name
-    from launcher.runtime.telemetry import iso
+    from launcher.rundir.rankcontext import node_name
+    from launcher.rundir.startsummary import iso
 
     restart = 0
     # Crashes count from this submission's first start (each start is a job of its own here).

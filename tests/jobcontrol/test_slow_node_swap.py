@@ -14,7 +14,7 @@ from launcher.rundir import registry
 from launcher.rundir.records import SLOW_NODE, RunRecord, StartRecord
 from launcher.jobcontrol import jobend
 from launcher.jobcontrol.jobend import decide
-from launcher.runtime.telemetry import iso
+from launcher.rundir.startsummary import iso
 from launcher.jobcontrol.watchdog import STOP_SIGNAL, Limits, SlowRank, Watch, bounds_in_force, swap_asked, swap_for
 
 T0 = 1_700_000_000.0

@@ -16,8 +16,8 @@ from launcher.rundir import registry
 from launcher.rundir.layout import RunDir, heartbeat_bytes
 from launcher.rundir.records import RunRecord
 from launcher.rundir.taskspec import TaskSpec, write_task_spec
-from launcher.runtime.heartbeats import checked_heartbeat
-from launcher.runtime.stacks import write_stacks
+from launcher.rundir.heartbeatrecord import checked_heartbeat
+from launcher.rundir.rankstacks import write_stacks
 from launcher.jobcontrol.watchdog import (
     SAVE_BOUND_MIN_S,
     Limits,
@@ -263,7 +263,7 @@ class Children:
 def test_a_rank_stuck_in_a_sleep_writes_its_stack_on_the_dump_signal(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", os.defpath)          # no py-spy: faulthandler's way
     script = (f"import sys, time; sys.path.insert(0, {os.getcwd()!r})\n"
-              "from launcher.runtime.stacks import arm_stack_dump\n"
+              "from launcher.runtime.stackdump import arm_stack_dump\n"
               f"arm_stack_dump({str(tmp_path)!r}, int(sys.argv[1]))\n"
               "def stuck_in_here():\n    print('armed', flush=True); time.sleep(600)\n"
               "stuck_in_here()\n")

@@ -14,7 +14,8 @@ import pytest
 from launcher.rundir.records import RunRecord
 from launcher.rundir.taskspec import write_task_spec
 from launcher.jobcontrol import jobend
-from launcher.runtime.heartbeats import BUSY_WINDOW, Beats
+from launcher.rundir.heartbeatrecord import BUSY_WINDOW
+from launcher.runtime.heartbeats import Beats
 from launcher.jobcontrol.watchdog import (
     AUTO_EARLY_STEPS,
     AUTO_STALL_FACTOR,

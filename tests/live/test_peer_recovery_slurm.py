@@ -20,7 +20,7 @@ import pytest
 
 from conftest import RANK_VARS
 from launcher.rundir.layout import RunDir, read_heartbeat
-from launcher.runtime.rankcontext import free_port
+from launcher.rundir.rankcontext import free_port
 from slurmkit import DEFAULTS, glaunch, read_json, submit
 from test_peer_recovery import SCRIPT
 

@@ -1,6 +1,6 @@
 """What the nodes imported against what the run was submitted with: status's warnings
 (launcher.runner.node_versions), and the start's versions folded from the files the nodes
-wrote (launcher.runtime.telemetry.node_versions), hostile ones included."""
+wrote (launcher.rundir.startsummary.node_versions), hostile ones included."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import RunRecord
+from launcher.rundir.startsummary import node_versions
 from launcher.runner.node_versions import environment_warnings, version_warnings
-from launcher.runtime.telemetry import node_versions
 
 PLANNED = {"python": "3.11.7", "packages": {"torch": "2.13.0+cpu", "deepspeed": "0.19.8"}}
 

@@ -15,7 +15,7 @@ from launcher.rundir.records import RunRecord
 from launcher.runner import goodput
 from launcher.runtime import peer
 from launcher.runtime.peerplan import Report, plan_recovery
-from launcher.runtime.rankcontext import context
+from launcher.rundir.rankcontext import context
 from launcher.views.status_text import format_status
 
 T0 = "2025-03-01T10:00:00+00:00"

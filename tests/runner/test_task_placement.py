@@ -98,7 +98,7 @@ def run_torchrun_node(tmp_path: Path, monkeypatch, node: int = 0) -> Path:
     """One node's glaunch task running the real torchrun agent with two workers."""
     import types
 
-    from launcher.runtime.rankcontext import free_port
+    from launcher.rundir.rankcontext import free_port
     from launcher.runtime.task import TrainingTask
 
     run_dir = tmp_path / "run"

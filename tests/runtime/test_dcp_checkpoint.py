@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 from launcher.runtime.checkpoint.checksums import checksum_algorithm, checksum_file  # noqa: E402
 from launcher.runtime.checkpoint.selection import latest_complete  # noqa: E402
 from launcher.runtime.checkpoint.verify import verify_checkpoint  # noqa: E402
-from launcher.runtime.rankcontext import free_port  # noqa: E402
+from launcher.rundir.rankcontext import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
@@ -452,7 +452,7 @@ def test_verifying_reader_refuses_before_anything_is_loaded_and_checks_files_nob
 
     from launcher.runtime.checkpoint import dcp
     from launcher.runtime.checkpoint.directory import CheckpointDamaged
-    from launcher.runtime.rankcontext import context
+    from launcher.rundir.rankcontext import context
 
     for var in RANK_VARS:
         monkeypatch.delenv(var, raising=False)
@@ -496,7 +496,7 @@ def test_placeholders_take_the_tensors_read_and_the_rest_is_filled_in_place(tmp_
 
     from launcher.runtime.checkpoint import dcp
     from launcher.runtime.checkpoint.directory import CheckpointDamaged
-    from launcher.runtime.rankcontext import context
+    from launcher.rundir.rankcontext import context
 
     for var in RANK_VARS:
         monkeypatch.delenv(var, raising=False)
@@ -539,7 +539,7 @@ def test_a_share_written_as_several_files_is_read_in_parallel_and_each_file_chec
 
     from launcher.runtime.checkpoint import dcp
     from launcher.runtime.checkpoint.directory import CheckpointDamaged
-    from launcher.runtime.rankcontext import context
+    from launcher.rundir.rankcontext import context
 
     for var in RANK_VARS:
         monkeypatch.delenv(var, raising=False)

@@ -25,7 +25,7 @@ from launcher.rundir import launch
 from launcher.rundir.layout import RunDir
 from launcher.rundir.taskspec import TaskSpec
 from launcher.runtime import stop
-from launcher.runtime.rankcontext import RuntimeConfigError
+from launcher.rundir.rankcontext import RuntimeConfigError
 from launcher.runtime.device import gpu_index, placement
 
 torch = pytest.importorskip("torch")
@@ -391,7 +391,7 @@ def test_task_runs_torchrun_with_the_options_the_node_knows(monkeypatch, tmp_pat
     the real agent here parses the words chosen from it and starts the worker."""
     import torch.distributed.run as run
 
-    from launcher.runtime.rankcontext import free_port
+    from launcher.rundir.rankcontext import free_port
     from launcher.runtime.task import TrainingTask
 
     script = tmp_path / "worker.py"
@@ -420,7 +420,7 @@ def test_a_torchrun_node_stopped_by_sigterm_ends_as_stopped_not_crashed(monkeypa
     import time
 
     from launcher.runtime import task as task_module
-    from launcher.runtime.rankcontext import free_port
+    from launcher.rundir.rankcontext import free_port
     from launcher.runtime.task import TrainingTask, WorkersStopped
 
     started = tmp_path / "started"
@@ -438,7 +438,7 @@ def test_a_torchrun_node_stopped_by_sigterm_ends_as_stopped_not_crashed(monkeypa
         os.kill(os.getpid(), signal.SIGTERM)
 
     handlers = {s: signal.getsignal(s) for s in (task_module.WARNING_SIGNAL, signal.SIGTERM,
-                                                 task_module.stacks.DUMP_SIGNAL)}
+                                                 task_module.DUMP_SIGNAL)}
     threading.Thread(target=preempt, daemon=True).start()
     try:
         with pytest.raises(WorkersStopped) as stopped:

@@ -62,7 +62,7 @@ def test_opening_a_save_leaves_trash_to_the_background_prune_still_deleting_it(t
     from launcher.runtime.checkpoint import commit as checkpoint_commit
     from launcher.runtime.checkpoint.directory import TRASH_PREFIX
     from launcher.runtime.checkpoint.save import open_staging
-    from launcher.runtime.rankcontext import context
+    from launcher.rundir.rankcontext import context
 
     d = tmp_path / "ckpt"
     d.mkdir()

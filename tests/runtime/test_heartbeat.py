@@ -12,7 +12,7 @@ import pytest
 
 from launcher.rundir.layout import HEARTBEAT_BYTES, heartbeat_bytes, read_heartbeat
 from launcher.runtime import heartbeats, stop
-from launcher.runtime.heartbeats import checked_heartbeat
+from launcher.rundir.heartbeatrecord import checked_heartbeat
 
 
 class CountingBeats(heartbeats.Beats):

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from launcher import runtime as rt
-from launcher.runtime.rankcontext import RuntimeConfigError
+from launcher.rundir.rankcontext import RuntimeConfigError
 
 
 def parser() -> argparse.ArgumentParser:

@@ -22,7 +22,7 @@ import pytest
 
 from conftest import RANK_VARS
 from launcher.runtime.peer import REPORT_WAIT_S
-from launcher.runtime.rankcontext import free_port
+from launcher.rundir.rankcontext import free_port
 from test_watchdog_local import status_of
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,10 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from launcher.runtime.heartbeats import EARLY_STEPS, Beats, busy_time
+from launcher.rundir.heartbeatrecord import EARLY_STEPS
+from launcher.runtime.heartbeats import Beats, busy_time
 from launcher.runtime.peerwaits import BucketTail, PeerWaits
 from launcher.jobcontrol.watchdog import SLOW_RATIO
-from launcher.runtime.rankcontext import free_port
+from launcher.rundir.rankcontext import free_port
 from conftest import RANK_VARS
 
 REPO = Path(__file__).resolve().parents[2]

@@ -16,7 +16,7 @@ from conftest import RANK_VARS
 from launcher.runtime.checkpoint.checksums import checksum_algorithm
 from launcher.runtime.checkpoint.save import stage_checkpoint
 from launcher.runtime.checkpoint.directory import Checkpoint
-from launcher.runtime.rankcontext import free_port
+from launcher.rundir.rankcontext import free_port
 from launcher.runtime.checkpoint import checksums
 from launcher.runtime.checkpoint.directory import CheckpointError, read_latest
 from launcher.runtime.checkpoint.selection import latest_complete

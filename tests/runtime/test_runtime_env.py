@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from launcher.rundir.heartbeatrecord import MAX_INTERVAL_S
+from launcher.rundir.rankcontext import RuntimeConfigError, context, node_name
 from launcher.runtime import heartbeats
-from launcher.runtime.rankcontext import RuntimeConfigError, context, export_rendezvous_env, node_name
+from launcher.runtime.distributed import export_rendezvous_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -84,7 +86,7 @@ def test_a_job_step_that_is_no_step_is_not_written(monkeypatch, tmp_path):
 
 def test_a_heartbeat_interval_beyond_the_watchdog_s_bound_is_capped(monkeypatch, capsys):
     monkeypatch.setenv("GLAUNCH_HEARTBEAT_S", "1e9")
-    assert heartbeats.interval_from_env() == heartbeats.MAX_INTERVAL_S
+    assert heartbeats.interval_from_env() == MAX_INTERVAL_S
     assert "GLAUNCH_HEARTBEAT_S=" in capsys.readouterr().err
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.runtime import stop, stopflag
-from launcher.runtime.rankcontext import RuntimeConfigError, context, free_port
+from launcher.rundir.rankcontext import RuntimeConfigError, context, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 RANK_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",

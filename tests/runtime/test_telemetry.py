@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from launcher.rundir.layout import RunDir, heartbeat_bytes
+from launcher.rundir import startsummary
 from launcher.rundir.records import RunRecord
 from launcher.runtime import heartbeats, telemetry
 
@@ -48,15 +49,15 @@ def test_start_summary_folds_every_rank(tmp_path):
                                     "first_step": 11, "first_time": 999.5}))
     (tmp_path / "stop.json").write_text(json.dumps({"restart": 1, "step": 52, "checkpoint": "/c/step-52"}))
     (tmp_path / "resume.json").write_text(json.dumps({"restart": 1, "step": 10, "time": 990.0}))
-    out = telemetry.start_summary(tmp_path, "9", 1)
+    out = startsummary.start_summary(tmp_path, "9", 1)
     assert out["peak_memory_gb"] == 4.0
     assert out["memory"]["kind"] == "host_rss" and [r["rank"] for r in out["memory"]["ranks"]] == [0, 1, 2, 3]
     assert out["step_time_s"] == {"median": 0.65, "p90": 0.9}
     assert out["save_s"] == {"median": 1.5, "max": 5.0, "count": 2}     # of 1,1,1,1,2,3,4,5
     assert out["first_step"] == 11 and out["last_step"] == 52      # the heartbeat is further than the files
-    assert out["first_step_at"] == telemetry.iso(999.5) and out["last_step_at"] == telemetry.iso(1030.0)
-    assert out["stop_requested_at"] == telemetry.iso(1021.0) and out["stop_saved_at"] == telemetry.iso(1027.0)
-    assert out["stop_checkpoint"] == "/c/step-52" and out["resume_at"] == telemetry.iso(990.0)
+    assert out["first_step_at"] == startsummary.iso(999.5) and out["last_step_at"] == startsummary.iso(1030.0)
+    assert out["stop_requested_at"] == startsummary.iso(1021.0) and out["stop_saved_at"] == startsummary.iso(1027.0)
+    assert out["stop_checkpoint"] == "/c/step-52" and out["resume_at"] == startsummary.iso(990.0)
     record = RunRecord(run_id="r")
     entry = record.record_start("9", 1, **out)                       # every field is one a start keeps
     assert all(entry.get(key) == value for key, value in out.items())
@@ -66,7 +67,7 @@ def test_start_summary_of_damaged_files(tmp_path):
     rank_file(tmp_path, 0, memory={"kind": "cuda", "peak_gb": "huge"}, step_time_s=[1], save_s={"a": 1},
               first_time="then", last_step=True, stop=None)
     (RunDir(tmp_path).telemetry("9", 1, 1)).write_text("{not json")
-    out = telemetry.start_summary(tmp_path, "9", 1)
+    out = startsummary.start_summary(tmp_path, "9", 1)
     assert "peak_memory_gb" not in out and "step_time_s" not in out and "save_s" not in out
     record = RunRecord(run_id="r")
     record.record_start("9", 1, **out, peak_memory_gb=-3, step_time_s={"median": "x"})
@@ -91,7 +92,7 @@ def test_a_rank_writes_its_telemetry(tmp_path, monkeypatch):
     assert written["step_time_s"]["count"] == 3 and written["step_time_s"]["median"] >= 0.01
     assert (written["first_step"], written["last_step"], written["total"]) == (5, 8, 100)
     assert len(written["save_s"]) == 1                 # the stop's own save
-    assert telemetry.start_summary(tmp_path, "31", 2)["last_step"] == 8
+    assert startsummary.start_summary(tmp_path, "31", 2)["last_step"] == 8
 
 
 def test_host_peak_is_this_process():

@@ -152,7 +152,7 @@ def test_a_fifo_model_file_is_refused_at_load(tmp_path):
 
 def test_a_fifo_deepspeed_config_is_named(tmp_path, monkeypatch):
     from launcher.runtime.deepspeed import ds_config
-    from launcher.runtime.rankcontext import RuntimeConfigError
+    from launcher.rundir.rankcontext import RuntimeConfigError
 
     path = tmp_path / "ds_config.json"
     os.mkfifo(path)
@@ -170,9 +170,10 @@ def test_a_fifo_deepspeed_config_is_named(tmp_path, monkeypatch):
 @pytest.mark.parametrize("resume", [{"restart": 0, "step": 10**30}, {"restart": False, "step": 7},
                                     {"restart": 0, "step": [7]}, {"restart": 0, "step": -3}])
 def test_a_resume_record_out_of_bounds_counts_steps_from_zero(tmp_path, resume):
+    from launcher.rundir.heartbeatrecord import checked_heartbeat
     from launcher.rundir.layout import RunDir
+    from launcher.rundir.rankcontext import context
     from launcher.runtime import heartbeats, trackers
-    from launcher.runtime.rankcontext import context
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
@@ -181,7 +182,7 @@ def test_a_resume_record_out_of_bounds_counts_steps_from_zero(tmp_path, resume):
     beats.beat()
     assert beats.step == 1
     assert trackers.resumed_step(context()) is None
-    heartbeats.checked_heartbeat(beats.record(), world_size=1)
+    checked_heartbeat(beats.record(), world_size=1)
 
 
 # --- the start's end: what the ranks left, read back ----------------------------------------
@@ -191,7 +192,7 @@ def test_the_start_summary_skips_what_no_rank_could_have_measured(tmp_path):
     """A huge integer time (float() would overflow), `restart: true` (equal to 1), mixed
     rank types: the summary keeps what reads back and never raises."""
     from launcher.rundir.layout import RunDir
-    from launcher.runtime.telemetry import start_summary
+    from launcher.rundir.startsummary import start_summary
 
     rd = RunDir(tmp_path)
     files = [{"job_id": "7", "restart": 1, "rank": 0, "last_time": 10 ** 400, "last_step": 5,
@@ -219,7 +220,7 @@ def test_a_record_of_restart_true_is_no_starts(tmp_path, name):
 
 def test_a_fifo_where_a_rank_dumps_its_stack_never_holds_it(tmp_path):
     from launcher.rundir.layout import RunDir
-    from launcher.runtime.stacks import arm_stack_dump
+    from launcher.runtime.stackdump import arm_stack_dump
 
     dump = RunDir(tmp_path).stack_dump(0)
     dump.parent.mkdir(parents=True)
@@ -256,7 +257,7 @@ def test_a_rank_that_never_dumped_its_stack_leaves_no_empty_file(tmp_path):
     import subprocess
     import sys
 
-    script = ("import sys; from launcher.runtime.stacks import arm_stack_dump; "
+    script = ("import sys; from launcher.runtime.stackdump import arm_stack_dump; "
               "assert arm_stack_dump(sys.argv[1], 0)")
     subprocess.run([sys.executable, "-c", script, str(tmp_path)], check=True, timeout=60)
     assert not (tmp_path / "stack-dumps").exists()

@@ -24,7 +24,7 @@ from launcher.rundir.layout import RunDir, read_heartbeat  # noqa: E402
 from launcher.runtime import heartbeats, torchstate  # noqa: E402
 from launcher.runtime.checkpoint.directory import CheckpointError  # noqa: E402
 from launcher.runtime.checkpoint import dcp  # noqa: E402
-from launcher.runtime.rankcontext import free_port  # noqa: E402
+from launcher.rundir.rankcontext import free_port  # noqa: E402
 from launcher.jobcontrol.watchdog import Limits, Watch  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import pytest
 from launcher import api
 from launcher.rundir import registry
 from launcher.rundir.records import LIVE, State
-from launcher.runtime.rankcontext import node_name
+from launcher.rundir.rankcontext import node_name
 from launcher.schedulers.slurm import scheduler as slurm, state as slurm_state
 from launcher.views.status_text import format_status
 

@@ -24,7 +24,7 @@ import pytest
 from proctools import gone
 from launcher import api, processes
 from launcher.jobcontrol import jobend
-from launcher.runtime import stacks, telemetry
+from launcher.runtime import telemetry
 from launcher.schedulers.slurm.client import Client, RetryPolicy, Unreachable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -263,15 +263,15 @@ def test_sinfo_at_a_jobs_end_that_hangs_leaves_nothing_behind(tool, tmp_path, mo
 
 def test_py_spy_output_in_latin1_is_kept_with_replacement_characters(tool):
     path = tool("py-spy", r"printf 'Thread 1 (idle): caf\351\n'")
-    assert stacks.run_command([str(path), "dump", "--pid", "1"]) == "Thread 1 (idle): caf\ufffd\n"
+    assert processes.run_command([str(path), "dump", "--pid", "1"]) == "Thread 1 (idle): caf\ufffd\n"
 
 
 def test_a_hanging_py_spy_leaves_nothing_behind(tool, tmp_path, monkeypatch):
     pidfile = tmp_path / "pid"
     path = tool("py-spy", f'sleep {NEVER_S} & echo $! > {pidfile}; wait')
-    monkeypatch.setattr(stacks, "COMMAND_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(processes, "COMMAND_TIMEOUT_S", 0.5)
     started = time.monotonic()
-    assert stacks.run_command([str(path), "dump", "--pid", "1"]) is None
+    assert processes.run_command([str(path), "dump", "--pid", "1"]) is None
     assert time.monotonic() - started < NEVER_S / 3
     assert gone(pid_in(pidfile))
 

@@ -19,11 +19,12 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+from launcher.rundir.rankcontext import RankContext, context, log
 from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint.commit import agree, discard_staging
 from launcher.runtime.checkpoint.directory import Checkpoint, CheckpointError
 from launcher.runtime.checkpoint.verify import read_manifest
-from launcher.runtime.rankcontext import RankContext, context, is_distributed, log
+from launcher.runtime.distributed import is_distributed
 
 _lock = threading.Lock()
 _pending: PendingCheckpoint | None = None

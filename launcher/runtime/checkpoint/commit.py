@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from launcher.rundir.files import atomic_write_text, fsync_dir
+from launcher.rundir.rankcontext import RankContext, log
 from launcher.runtime.checkpoint import checksums
 from launcher.runtime.checkpoint.directory import (
     FORMAT,
@@ -30,7 +31,7 @@ from launcher.runtime.checkpoint.directory import (
 )
 from launcher.runtime.checkpoint.staging import fsync_file, read_markers
 from launcher.runtime.checkpoint.verify import read_manifest, verify_checkpoint
-from launcher.runtime.rankcontext import RankContext, all_reduce_max, broadcast_object, is_distributed, log
+from launcher.runtime.distributed import all_reduce_max, broadcast_object, is_distributed
 
 
 def commit(ctx: RankContext, d: Path, staging: Path, step: int, *, framework: str, keep: int,

@@ -55,11 +55,12 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import LoadItemType, SavePlan, WriteItemType
 
 from launcher.rundir.files import fsync_dir, open_regular
+from launcher.rundir.rankcontext import RankContext, log
 from launcher.runtime.checkpoint import checksums
 from launcher.runtime.checkpoint.directory import CheckpointDamaged, CheckpointError
 from launcher.runtime.checkpoint.checksums import ChecksumWriter
 from launcher.runtime.checkpoint.verify import verify_share
-from launcher.runtime.rankcontext import RankContext, all_reduce_max, is_distributed, log
+from launcher.runtime.distributed import all_reduce_max, is_distributed
 
 METADATA_FILE = ".metadata"
 

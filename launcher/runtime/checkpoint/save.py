@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 
 from launcher.rundir.files import fsync_dir, load_json_object
+from launcher.rundir.rankcontext import RankContext, context
 from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint.background import in_flight, wait_checkpoints
 from launcher.runtime.checkpoint.commit import (
@@ -32,7 +33,7 @@ from launcher.runtime.checkpoint.directory import (
     staging_dir_name,
 )
 from launcher.runtime.checkpoint.staging import Staging, write_marker
-from launcher.runtime.rankcontext import RankContext, all_reduce_max, broadcast_object, context, is_distributed
+from launcher.runtime.distributed import all_reduce_max, broadcast_object, is_distributed
 
 
 def open_staging(step: int, ctx: RankContext, d: Path) -> Staging:

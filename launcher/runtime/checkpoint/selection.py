@@ -14,6 +14,7 @@ from launcher.errors import GlaunchError
 from launcher.rundir import claims
 from launcher.rundir.files import atomic_write_text
 from launcher.rundir.layout import RunDir
+from launcher.rundir.rankcontext import RankContext, context, log
 from launcher.runtime.checkpoint.directory import (
     LATEST,
     Checkpoint,
@@ -22,14 +23,7 @@ from launcher.runtime.checkpoint.directory import (
     list_checkpoints,
 )
 from launcher.runtime.checkpoint.verify import check_shards, load_checked, read_manifest, verify_checkpoint
-from launcher.runtime.rankcontext import (
-    RankContext,
-    all_reduce_max,
-    broadcast_object,
-    context,
-    is_distributed,
-    log,
-)
+from launcher.runtime.distributed import all_reduce_max, broadcast_object, is_distributed
 
 
 def _warn_latest(d: Path, found: Checkpoint | None) -> None:

@@ -18,9 +18,9 @@ from pathlib import Path
 
 from launcher.rundir.files import NotARegularFile, load_json_object
 
+from launcher.rundir.rankcontext import log
 from launcher.runtime.checkpoint import checksums
 from launcher.runtime.checkpoint.directory import MANIFEST, STEP_RE
-from launcher.runtime.rankcontext import log
 
 VERIFY = ("hash", "load", "size")
 

@@ -93,7 +93,7 @@ class AllocationScheduler(SlurmScheduler):
         return dataclasses.replace(batch, directives=directives, launch=controller_command(plan, batch=False))
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
-        from launcher.runtime.telemetry import iso
+        from launcher.rundir.startsummary import iso
 
         job_id = self.allocation.job_id
         paths = RunDir(run_dir)

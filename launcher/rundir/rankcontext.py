@@ -1,10 +1,11 @@
-"""Rank environment: who am I, where do my files go, and the few collectives the
-runtime itself makes once torch.distributed is up (joining and leaving the process group
-is :mod:`launcher.runtime.processgroup`).
+"""The rank's environment: who am I, where do my files go, read from what the launcher
+exported (the GLAUNCH_* names: launcher.rundir.envnames; RANK, WORLD_SIZE and the rest of
+torch.distributed's).
 
-Everything is read from the environment the launcher exported (see the package
-docstring); with none of it set the script is a single stand-alone process.
-No torch import at module level. It imports nothing else of the runtime.
+Both sides of a job read it: the training library on every rank, and the job controller on
+the batch host (its job id, its restart, the run directory). With none of it set the process
+is a single stand-alone one. Standard library only; the collectives the training library
+makes once torch.distributed is up are :mod:`launcher.runtime.distributed`.
 """
 
 from __future__ import annotations
@@ -174,36 +175,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def export_rendezvous_env(ctx: RankContext | None = None) -> RankContext:
-    """Fill in RANK/LOCAL_RANK/WORLD_SIZE/LOCAL_WORLD_SIZE/MASTER_ADDR/MASTER_PORT when missing.
-
-    Only a stand-alone run lacks them; frameworks that insist on env:// (DeepSpeed,
-    Lightning) then find a world of one on 127.0.0.1 and a free port. Existing values
-    are never overwritten.
-    """
-    ctx = ctx or context()
-    os.environ.setdefault("RANK", str(ctx.rank))
-    os.environ.setdefault("LOCAL_RANK", str(ctx.local_rank))
-    os.environ.setdefault("WORLD_SIZE", str(ctx.world_size))
-    os.environ.setdefault("LOCAL_WORLD_SIZE", str(ctx.local_world_size))
-    os.environ.setdefault("GROUP_RANK", str(ctx.node_rank))
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    if not os.environ.get("MASTER_PORT", "").strip():
-        if ctx.world_size > 1:
-            raise RuntimeConfigError("MASTER_PORT is not set (or empty) but WORLD_SIZE > 1")
-        os.environ["MASTER_PORT"] = str(free_port())
-    return context()
-
-
-def log_joined(ctx: RankContext, backend: str, device: str | None = None, precision: str | None = None) -> None:
-    """Where this rank sits, as it joins the process group (the logs show the placement and
-    the precision it trains in)."""
-    on = f" on {device}" if device else ""
-    dtype = f", training in {precision}" if precision else ""
-    log(f"joined {backend}: rank {ctx.rank}/{ctx.world_size}, local rank {ctx.local_rank}, "
-        f"node {ctx.node_rank} ({node_name()}){on}{dtype}")
-
-
 def seconds_from_env(name: str, default: float) -> float:
     """A number of seconds >= 0 from the environment variable `name`: `default` when it is
     unset or empty, and (said in the log) when it is not such a number."""
@@ -225,49 +196,6 @@ def node_name() -> str:
     SLURMD_NODENAME that is no node name is not used: it goes into records and file names."""
     name = os.environ.get("SLURMD_NODENAME", "")
     return name if is_node_name(name) else os.uname().nodename      # gethostname(), without socket
-
-
-def is_distributed() -> bool:
-    """True when torch.distributed is initialised with more than one rank (no torch import if unused)."""
-    if "torch" not in sys.modules:
-        return False
-    import torch.distributed as dist
-
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-
-def barrier() -> None:
-    """dist.barrier() when distributed, else nothing."""
-    if is_distributed():
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
-def broadcast_object(obj, src: int = 0):
-    """Broadcast a picklable object from ``src`` to every rank (identity when not distributed)."""
-    if not is_distributed():
-        return obj
-    import torch.distributed as dist
-
-    box = [obj]
-    dist.broadcast_object_list(box, src=src)
-    return box[0]
-
-
-def all_reduce_max(values: list[int]) -> list[int]:
-    """Element-wise MAX of small integer vectors across ranks (identity when not distributed)."""
-    if not is_distributed():
-        return list(values)
-    import torch
-    import torch.distributed as dist
-
-    device = "cpu"
-    if dist.get_backend() == "nccl":
-        device = f"cuda:{torch.cuda.current_device()}"
-    t = torch.tensor(values, dtype=torch.int64, device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [int(v) for v in t.tolist()]
 
 
 def log(msg: str) -> None:
