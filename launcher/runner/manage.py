@@ -4,23 +4,21 @@ here returns or reports data; launcher.views makes the text."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from launcher import schedulers
 from launcher.errors import ConfigError, GlaunchError, SchedulerError
-from launcher.rundir import registry
 from launcher.rundir.files import json_safe
 from launcher.rundir.layout import RunDir
-from launcher.rundir.records import IN_FLIGHT, RunRecord, State, is_terminal
+from launcher.rundir.records import IN_FLIGHT, State, is_terminal
 from launcher.rundir.taskspec import read_placement
 from launcher.runner import sweeps
 from launcher.runner.logs import Lines, LogFollower, RankLogs
-from launcher.runner.lookup import find_sweep, is_remote, refreshed, refuse_copy, run_dir_of, sweep_records
+from launcher.runner.lookup import find_sweep, refreshed, run_dir_of, sweep_records
 from launcher.runner.recent import recent
 from launcher.runner.results import RunRef, StateChange
+from launcher.runner.road import refresh_copies, road_to
 from launcher.runner.status import summarize
 from launcher.schedulers.base import Echo, RunConsole
 
@@ -42,19 +40,6 @@ def status(run: RunRef) -> dict[str, Any]:
     return json_safe(summarize(run_dir, refreshed(run_dir)))      # type: ignore[return-value]
 
 
-@contextlib.contextmanager
-def connection_held(run_dir: Path) -> Iterator[None]:
-    """For a run (or sweep) that lives on a cluster reached over SSH: its connection kept
-    open across the polls of the block (one connection per command), else nothing."""
-    if not is_remote(run_dir):
-        yield
-        return
-    from launcher.runner import remote
-
-    with remote.connect(remote.where_of(run_dir).login):
-        yield
-
-
 def wait(run: RunRef, *, on_line: Text | None = None, on_state: OnState | None = None,
          poll_s: float = FOLLOW_POLL_S, console: Echo | None = None) -> str:
     """Follow the run to its end across requeues: rank 0's log to `on_line` as it grows, one
@@ -65,12 +50,12 @@ def wait(run: RunRef, *, on_line: Text | None = None, on_state: OnState | None =
     Returns the final state."""
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
-        with connection_held(sweep_dir):
+        with road_to(sweep_dir).held(sweep_dir):
             return _wait_sweep(sweep_dir, on_state=on_state, poll_s=poll_s)
     run_dir = run_dir_of(run)
     shown = console(run_dir) if console is not None else None
     try:
-        with connection_held(run_dir):
+        with road_to(run_dir).held(run_dir):
             return _follow(run_dir, on_line, on_state, poll_s, shown)
     except KeyboardInterrupt:
         if shown is not None:
@@ -167,34 +152,19 @@ def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
-        with connection_held(sweep_dir):
+        with road_to(sweep_dir).held(sweep_dir):
             return _sweep_logs(sweep_dir, rank=rank, follow=follow, echo=echo, poll_s=poll_s)
     run_dir = run_dir_of(run)
-    if is_remote(run_dir):
-        from launcher.runner import remote
-
-        return remote.logs(run_dir, rank=rank, follow=follow, echo=echo, poll_s=poll_s)
-    reader = RankLogs(run_dir, rank, echo)
-    while True:
-        reader.poll()
-        if not follow:
-            reader.flush()
-            return
-        state = refreshed(run_dir).state
-        if is_terminal(state) or state == State.UNKNOWN:
-            follow = False
-        time.sleep(poll_s)
+    road_to(run_dir).logs(run_dir, rank=rank, follow=follow, echo=echo, poll_s=poll_s)
 
 
 def _sweep_logs(sweep_dir: Path, *, rank: int | None, follow: bool, echo: Text, poll_s: float) -> None:
     """Every element's logs, `[ELEMENT]` before the rank; with `follow`, until all ended."""
     elements = sweeps.read(sweep_dir).elements
     readers = [RankLogs(Path(e.run_dir), rank, prefixed(echo, f"[{e.index}]")) for e in elements]
+    road = road_to(sweep_dir)
     while True:
-        if is_remote(sweep_dir):
-            from launcher.runner import remote
-
-            remote.mirror_sweep_logs(sweep_dir)
+        road.mirror_sweep_logs(sweep_dir)
         for reader in readers:
             reader.poll()
         if not follow:
@@ -214,30 +184,9 @@ def cancel(run: RunRef) -> str:
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
-        if is_remote(sweep_dir):
-            from launcher.runner import remote
-
-            return remote.cancel_sweep(sweep_dir)
-        sweep = sweeps.read(sweep_dir)
-        records = sweep_records(sweep_dir, refresh=False)
-        live = [(Path(e.run_dir), r) for e in sweep.elements
-                if isinstance(r := records.get(e.run_id), RunRecord) and r.job_id
-                and not is_terminal(r.state)]
-        if sweep.dry_run or sweep.scheduler not in schedulers.NAMES or not live:
-            return f"sweep {sweep.sweep_id}: nothing to cancel"
-        arrays = [a.job_id for a in sweep.arrays if a.job_id]
-        done = schedulers.get(sweep.scheduler).cancel_many(live, arrays)
-        return f"sweep {sweep.sweep_id}: " + "; ".join(done)
+        return road_to(sweep_dir).cancel_sweep(sweep_dir)
     run_dir = run_dir_of(run)
-    if is_remote(run_dir):
-        from launcher.runner import remote
-
-        return remote.cancel(run_dir)
-    refuse_copy(run_dir, registry.read(run_dir), "cancel")
-    record = refreshed(run_dir)       # a record whose job has gone is brought to its end first
-    if not record.job_id or record.scheduler not in schedulers.NAMES or is_terminal(record.state):
-        return f"run {record.run_id}: nothing to cancel ({record.state})"
-    return schedulers.get(record.scheduler).cancel(run_dir, record)
+    return road_to(run_dir).cancel(run_dir)
 
 
 def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
@@ -255,16 +204,10 @@ def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
                               key="SWEEP")
         return list(status(sweep_dir)["elements"])
     rows = recent(limit)
-    # Runs kept on a cluster reached over SSH: their job writes run.json there, not here.
-    asked = [Path(row["run_dir"]) for row in rows
-             if row.get("run_dir") and row.get("state") in {s.value for s in IN_FLIGHT}
-             and is_remote(Path(row["run_dir"]))]
-    if not asked:
-        return rows
-    from launcher.runner import remote
-
-    remote.refresh_copies(asked)
-    return recent(limit)
+    # A run's record here is a copy when its job writes run.json elsewhere (over SSH).
+    in_flight = [Path(row["run_dir"]) for row in rows
+                 if row.get("run_dir") and row.get("state") in {s.value for s in IN_FLIGHT}]
+    return recent(limit) if refresh_copies(in_flight) else rows
 
 
 def prefixed(echo: Text, prefix: str) -> Text:

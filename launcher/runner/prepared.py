@@ -1,17 +1,53 @@
 """What a submission road resolved and rendered, before anything is written: a run
 (`Prepared`), an ended run resolved again (`PreparedResume`), a sweep's elements
-(`PreparedSweep`). The roads (launcher.runner.submission, resume, sweep_submission; over
-SSH launcher.runner.remote and remote_sweep) meet at these types."""
+(`PreparedSweep`), each with the road it goes by (`Road`, `ResumeRoad`: on this machine
+launcher.runner.direct; over SSH launcher.runner.submission_road and launcher.runner.road).
+The runner's pipelines (launcher.runner.submission, resume, sweep_submission) and the
+roads meet at these types."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir.records import RunRecord
 from launcher.runner import unseen
+from launcher.runner.direct import DIRECT
+from launcher.runner.results import Run, Sweep
+
+
+class Road(Protocol):
+    """What a prepared submission asks of the road it goes by. Each launching method is
+    given `here`, this machine's pipeline for it, which the direct road runs; the SSH road
+    sends the submission to its cluster instead (and runs `here` for a dry run's files)."""
+
+    def files(self, files: Mapping[str, str]) -> dict[str, str]:
+        """The rendered files as they are written and shown."""
+
+    def close(self) -> None:
+        """The road's connection closed (when it holds one)."""
+
+    def launch(self, prepared: Prepared, *, dry_run: bool, check: bool, here: Callable[[Prepared], Run]) -> Run:
+        """The run written, and queued unless `dry_run`."""
+
+    def launch_sweep(self, prepared: PreparedSweep, *, dry_run: bool, check: bool,
+                     here: Callable[[PreparedSweep, PreparedSweep], Sweep]) -> Sweep:
+        """The sweep written, and queued unless `dry_run`; `here` gets the sweep as its jobs
+        see it and as it is written on this machine."""
+
+
+class ResumeRoad(Protocol):
+    """What a prepared resume asks of the road of its run (launcher.runner.road)."""
+
+    def close(self) -> None:
+        """The road's connection closed (when it holds one)."""
+
+    def launch_resume(self, prepared: PreparedResume, *, check: bool,
+                      here: Callable[[PreparedResume], Run]) -> Run:
+        """The resumed run's files switched and its job queued; `here` does it on this
+        machine."""
 
 
 @dataclass(frozen=True)
@@ -25,8 +61,7 @@ class Prepared:
     checkpoint_from: Any = None        # ... and checkpoint.dir
     warnings: tuple[str, ...] = ()     # what the user should know before it runs (one line each)
     after: tuple[Any, ...] = ()        # launcher.runner.dependencies.Upstream: the runs it waits for (--after)
-    remote: Any = None                 # launcher.schedulers.ssh.connection.Connection: submitted over SSH
-    login: Any = None                  # launcher.config.login.Login: the login node it goes through (over SSH)
+    road: Road = DIRECT                # how it reaches its cluster
 
 
 @dataclass(frozen=True)
@@ -40,7 +75,7 @@ class PreparedResume:
     files: Mapping[str, str]
     scheduler: Any                     # launcher.schedulers.base.Scheduler
     warnings: tuple[str, ...] = ()
-    remote: Any = None                 # launcher.schedulers.ssh.connection.Connection: a run on a cluster over SSH
+    road: ResumeRoad = DIRECT          # how the run's cluster is reached
 
 
 @dataclass(frozen=True)
@@ -55,8 +90,7 @@ class PreparedSweep:
     max_parallel: int | None
     experiment_file: str
     after: tuple[Any, ...] = ()
-    remote: Any = None               # launcher.schedulers.ssh.connection.Connection: submitted over SSH
-    login: Any = None                # launcher.config.login.Login: the login node it goes through (over SSH)
+    road: Road = DIRECT              # how it reaches its cluster
     unseen: tuple[str, ...] = ()     # swept keys that change no file the job reads
     unseen_overrides: tuple[str, ...] = ()   # and KEY=VALUE overrides' keys
 

@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from launcher import schedulers
 from launcher.config.login import Login
 from launcher.config.sites import LoadedSite, where_to_change
 from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
 from launcher.resolution.jobplan import JobPlan
+from launcher.resolution.resolve import resolve
 from launcher.rundir import registry
 from launcher.rundir.files import atomic_write_text, load_bounded_object, parse_json_object
 from launcher.rundir.layout import (
@@ -59,7 +61,8 @@ from launcher.rundir.records import RunRecord, State, is_terminal
 from launcher.rundir.taskspec import read_placement
 from launcher.runner import bundle, carried, sweeps
 from launcher.runner.logs import RankLogs
-from launcher.runner.prepared import Prepared, PreparedResume
+from launcher.runner.prepared import Prepared, PreparedResume, ResumeRoad
+from launcher.runner.resumable import MOVED_ASIDE, WHERE, RecordedConfig, record_resume, refuse_unless_ended
 from launcher.runner.results import Run
 from launcher.schedulers.slurm.client import Client, using
 from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job
@@ -271,9 +274,9 @@ def relocated_under(plan: JobPlan, old: str, new: str) -> JobPlan:
                                checkpoint_dir=moved(plan.checkpoint_dir), code=code)
 
 
-def launch(prepared: Prepared, *, check: bool) -> Run:
-    """Write, send and queue the prepared run over its connection (closed at the end)."""
-    plan, conn = prepared.plan, prepared.remote
+def launch(prepared: Prepared, conn: Connection, *, check: bool) -> Run:
+    """Write, send and queue the prepared run over its connection `conn` (closed at the end)."""
+    plan = prepared.plan
     try:
         if bundle.checkpoint_outside(plan):
             raise prepared.checkpoint_from.error("a run submitted over SSH keeps its checkpoints in its run "
@@ -612,6 +615,69 @@ def queue_resume(prepared: PreparedResume, conn: Connection, aside: str, moved: 
                        whole, before)
         raise
     return str(queued.job_id)
+
+
+def prepare_resume(run_dir: Path, overrides: tuple[str, ...], dry_run: bool, where: Where, conn: Connection,
+                   road: ResumeRoad) -> PreparedResume:
+    """`prepare_resume` of a run submitted over SSH, over `conn` (the connection `road`, the
+    road it is launched by, holds): its record and resolved.yaml read from the cluster (the
+    local copies refreshed), resolved with the cluster account's HOME and USER, its
+    directories checked there."""
+    record = registry.read(run_dir) if dry_run else refreshed_over(conn, run_dir, where)
+    refuse_unless_ended(record, run_dir)
+    copy_here(conn, where, RESOLVED_FILE, run_dir)
+    recorded = RecordedConfig.read(run_dir)
+    exp, site = recorded.load(overrides)
+    recorded.check_site_kept(exp, site)
+    environ = cluster_environ(conn, os.environ, submitting=True)
+    ctx = dataclasses.replace(recorded.context(exp, site), environ=environ)
+    plan = on_cluster(recorded.conventions(resolve(exp, site, ctx)))
+    recorded.check_kept(plan, exp, files=ClusterFiles(conn))
+    scheduler = schedulers.get(plan.scheduler)
+    scheduler.check(plan)
+    return PreparedResume(run_dir, record, overrides, plan, scheduler.render(plan), scheduler, road=road)
+
+
+def launch_resume(prepared: PreparedResume, conn: Connection, *, check: bool) -> Run:
+    """On the cluster, in one call: the previous files to resumes/N/, the new ones and
+    run.json (SUBMITTING, with its resume entry) in place; then the job queued held, its
+    record and task put in place, and released. A failure before the release puts the
+    previous files and run.json back on both sides."""
+    plan, here = prepared.plan, prepared.run_dir
+    try:
+        before, record = _resumed_record(prepared, conn)
+    except BaseException:
+        conn.close()
+        raise
+    aside = os.path.relpath(RunDir(plan.run_dir).previous_files(len(record.extra["resumes"])), plan.run_dir)
+    try:
+        job_id = queue_resume(prepared, conn, aside, MOVED_ASIDE, before, check=check)
+    except BaseException:
+        atomic_write_text(RunDir(here).run_file, before)
+        conn.close()
+        raise
+    conn.close()
+    atomic_write_text(here / RESOLVED_FILE, prepared.files[RESOLVED_FILE])
+    return Run(record.run_id, here, plan.site_name, False, tuple(prepared.files), State.PENDING.value, job_id,
+               warnings=prepared.warnings, cluster_host=conn.login.host, cluster_dir=plan.run_dir)
+
+
+def _resumed_record(prepared: PreparedResume, conn: Connection) -> tuple[str, RunRecord]:
+    """run.json here read again from the cluster (its text, as the cluster has it), checked
+    to have ended with its job gone from the queue, and given its resume entry (SUBMITTING)."""
+    where = where_of(prepared.run_dir)
+    refreshed_over(conn, prepared.run_dir, where)
+    before = RunDir(prepared.run_dir).run_file.read_text(encoding="utf-8")
+    there = dataclasses.replace(prepared, run_dir=Path(prepared.plan.run_dir))
+    with registry.updating(prepared.run_dir) as record:
+        refuse_unless_ended(record, prepared.run_dir)
+        if record.job_id and job_queued(conn, record.job_id):
+            raise ConfigError(f"run {record.run_id}: its job {record.job_id} is still in the queue (its ranks may "
+                              "be saving a checkpoint); resume it once that has ended", file=WHERE, key="RUN")
+        previous = record.extra.get("resumes")
+        number = (len(previous) if isinstance(previous, list) else 0) + 1
+        record_resume(record, there, number, RunDir(prepared.plan.run_dir).previous_files(number))
+    return before, record
 
 
 def _revert_resume(conn: Connection, client: Client, plan: JobPlan, job_id: str | None, aside: str,

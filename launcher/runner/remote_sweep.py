@@ -43,9 +43,8 @@ from launcher.schedulers.ssh.transfer import send_tree
 SWEEP_FILE = sweeps.SWEEP_FILE
 
 
-def launch(prepared: PreparedSweep, *, check: bool) -> Sweep:
-    """Write, send and queue the prepared sweep over its connection (closed at the end)."""
-    conn = prepared.remote
+def launch(prepared: PreparedSweep, conn: Connection, *, check: bool) -> Sweep:
+    """Write, send and queue the prepared sweep over its connection `conn` (closed at the end)."""
     try:
         remote.records_dir().mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=remote.records_dir()))
@@ -62,7 +61,15 @@ def relocated_sweep(prepared: PreparedSweep, local: Path) -> PreparedSweep:
     cluster = str(prepared.sweep_dir)
     items = tuple(dataclasses.replace(p, plan=remote.relocated_under(p.plan, cluster, str(local)))
                   for p in prepared.prepared)
-    return dataclasses.replace(prepared, sweep_dir=local, prepared=items, remote=None)
+    return dataclasses.replace(prepared, sweep_dir=local, prepared=items)
+
+
+def rendered_here(prepared: PreparedSweep) -> PreparedSweep:
+    """A sweep prepared as a dry run, its directories moved into this machine's record
+    folder (the cluster is not contacted)."""
+    registry.check_state_dir()
+    remote.records_dir().mkdir(parents=True, exist_ok=True)
+    return relocated_sweep(prepared, remote.records_dir() / prepared.sweep_id)
 
 
 def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, check: bool) -> Sweep:

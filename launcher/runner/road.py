@@ -1,87 +1,158 @@
-"""How a submission reaches its cluster: Slurm's commands on this machine, or SSH to the
-login node a Slurm profile's `login:` names (when Slurm does not answer here). A run,
-sweep or resume is resolved the same way on either road; the road gives the environment
-its paths are expanded with (the cluster account's home and name over SSH), the plan as
-the cluster runs it, and the files as they are shown. A dry run over SSH asks the cluster
-nothing: its paths are shown with $HOME and $USER (launcher.runner.remote.shown)."""
+"""How the runner reaches a run once it was submitted: the road it goes by, chosen from
+its record here (`road_to`), and asked for everything the runner does with it: its record
+refreshed, its logs read (copied as they grow), its job or its sweep's cancelled, its
+resume prepared and launched. The direct road (launcher.runner.direct) reads and asks
+this machine; the SSH road (`OverSSH`) asks the cluster a Slurm profile's `login:` names
+(launcher.runner.remote behind it), for a run whose record here holds remote.json. A
+submission's road, which also renders and sends it, is launcher.runner.submission_road.
+The SSH code is imported only where the SSH road is taken."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeAlias
 
-from launcher.config.login import Login, login_of
-from launcher.config.sites import LoadedSite
-from launcher.resolution.jobplan import JobPlan
-from launcher.runner import frameworks
+from launcher.config.login import Login
+from launcher.errors import ConfigError, GlaunchError, SchedulerError
+from launcher.rundir import registry
+from launcher.rundir.layout import REMOTE_FILE
+from launcher.rundir.records import RunRecord
+from launcher.runner.direct import DIRECT, Direct, NotRefreshed
+from launcher.runner.inputs import items
+from launcher.runner.prepared import PreparedResume
+from launcher.runner.results import Run
+
+if TYPE_CHECKING:
+    from launcher.schedulers.ssh.connection import Connection
+
+Text = Callable[[str], None]
 
 
-@dataclass(frozen=True)
-class Road:
-    """`login`: the login node the submission goes through, None on the direct road;
-    `conn`: the open connection to it, None for a dry run (and on the direct road)."""
+@dataclasses.dataclass(frozen=True)
+class OverSSH:
+    """The SSH road. A run's (`road_to`) names no login: each of its methods reads where the
+    run lives from its record here (remote.json). A resume's, or a submission's
+    (launcher.runner.submission_road): `login`, the login node it goes through, and `conn`,
+    the open connection to it (None for a dry run)."""
 
     login: Login | None = None
-    conn: Any = None                   # launcher.schedulers.ssh.connection.Connection
+    conn: Connection | None = None
 
-    @property
-    def over_ssh(self) -> bool:
-        return self.login is not None
+    # --- following a run or sweep ---------------------------------------------------------
 
-    @property
-    def shown_only(self) -> bool:
-        """A dry run over SSH: the cluster's paths are stand-ins, shown as $HOME and $USER."""
-        return self.login is not None and self.conn is None
+    def refreshed(self, run_dir: Path) -> RunRecord:
+        """The record read from the cluster, Slurm asked there; NotRefreshed as on the
+        direct road when the cluster cannot be asked."""
+        from launcher.runner import remote
 
-    def environ(self, environ: Mapping[str, str]) -> dict[str, str]:
-        """`environ` with HOME, USER and LOGNAME as the cluster's shell has them."""
-        if self.login is None:
-            return dict(environ)
+        try:
+            return remote.refreshed(run_dir)
+        except SchedulerError as exc:
+            raise NotRefreshed(exc, registry.read(run_dir)) from None
+
+    def sweep_records(self, sweep_dir: Path) -> dict[str, RunRecord | GlaunchError]:
+        from launcher.runner import remote
+
+        return remote.sweep_element_records(sweep_dir)
+
+    @contextlib.contextmanager
+    def held(self, run_dir: Path) -> Iterator[None]:
+        """The run's (or sweep's) connection kept open across the polls of the block (one
+        connection per command)."""
+        from launcher.runner import remote
+
+        with remote.connect(remote.where_of(run_dir).login):
+            yield
+
+    def logs(self, run_dir: Path, *, rank: int | None, follow: bool, echo: Text, poll_s: float) -> None:
+        from launcher.runner import remote
+
+        remote.logs(run_dir, rank=rank, follow=follow, echo=echo, poll_s=poll_s)
+
+    def mirror_sweep_logs(self, sweep_dir: Path) -> None:
+        from launcher.runner import remote
+
+        remote.mirror_sweep_logs(sweep_dir)
+
+    def cancel(self, run_dir: Path) -> str:
+        from launcher.runner import remote
+
+        return remote.cancel(run_dir)
+
+    def cancel_sweep(self, sweep_dir: Path) -> str:
+        from launcher.runner import remote
+
+        return remote.cancel_sweep(sweep_dir)
+
+    def prepare_resume(self, run_dir: Path, overrides: Sequence[str], dry_run: bool,
+                       here: Callable[[Path, Sequence[str], bool], PreparedResume]) -> PreparedResume:
+        """Its record and resolved.yaml read from the cluster, resolved with the cluster
+        account's HOME and USER, its directories checked there. The connection stays
+        open for the launch."""
+        from launcher.runner import remote
+
+        overrides = items(overrides, "overrides")
+        where = remote.where_of(run_dir)
+        conn = remote.connect(where.login)
+        try:
+            return remote.prepare_resume(run_dir, overrides, dry_run, where, conn, OverSSH(where.login, conn))
+        except BaseException:
+            conn.close()
+            raise
+
+    def launch_resume(self, prepared: PreparedResume, *, check: bool,
+                      here: Callable[[PreparedResume], Run]) -> Run:
         from launcher.runner import remote
 
         if self.conn is None:
-            return remote.shown_environ(self.login, environ)
-        return remote.cluster_environ(self.conn, environ, submitting=True)
-
-    def plan(self, plan: JobPlan) -> JobPlan:
-        """The plan as its cluster runs it: with its entry script's conventions (the
-        warning signal, read here before any path becomes the cluster's); over SSH, from
-        the code snapshot there."""
-        plan = dataclasses.replace(plan, warning_signal=frameworks.warning_signal(plan.submitted_script))
-        if self.login is None:
-            return plan
-        from launcher.runner import remote
-
-        return remote.on_cluster(plan)
-
-    def files(self, files: Mapping[str, str]) -> dict[str, str]:
-        """The rendered files as they are written and shown."""
-        if not self.shown_only:
-            return dict(files)
-        from launcher.runner import remote
-
-        return {name: remote.shown(text) for name, text in files.items()}
+            raise ConfigError("a resume is sent over the connection it was prepared with: prepare it again",
+                              file="command line", key="RUN")
+        return remote.launch_resume(prepared, self.conn, check=check)
 
     def close(self) -> None:
         if self.conn is not None:
             self.conn.close()
 
 
-DIRECT = Road()
+RunRoad: TypeAlias = "Direct | OverSSH"
 
 
-def road_of(loaded_site: LoadedSite, runs_dir: str | None, *, dry_run: bool) -> Road:
-    """The road of a submission to `loaded_site`: over SSH when the profile has `login:`
-    and Slurm does not answer here (launcher.runner.remote.goes_remote), connected unless
-    `dry_run`."""
-    login = login_of(loaded_site.config.login)
-    if login is None:
-        return DIRECT
+def road_to(run_dir: Path) -> RunRoad:
+    """The road of the run (or sweep) kept in `run_dir`: over SSH when its record here is
+    that of a run living on a cluster (it holds remote.json), else the direct one."""
+    return OverSSH() if (Path(run_dir) / REMOTE_FILE).is_file() else DIRECT
+
+
+def refresh_copies(run_dirs: Sequence[Path]) -> bool:
+    """The records here of the runs of `run_dirs` kept on a cluster reached over SSH (their
+    job writes run.json there, not here) copied from there, Slurm's view folded in; whether
+    there were any."""
+    kept = [run_dir for run_dir in run_dirs if isinstance(road_to(run_dir), OverSSH)]
+    if not kept:
+        return False
     from launcher.runner import remote
 
-    if not remote.goes_remote(login, loaded_site.config.scheduler):
-        return DIRECT
-    remote.check_runs_root(loaded_site.config.runs_root, runs_dir, str(loaded_site.path))
-    return Road(login, None if dry_run else remote.connect(login))
+    remote.refresh_copies(kept)
+    return True
+
+
+@contextlib.contextmanager
+def slurm_answering(login: Login | None, *, always: bool = False) -> Iterator[str | None]:
+    """Within the block, Slurm's commands run on `login` over one SSH connection when the
+    SSH road is taken (`always`: whenever there is a login), else here. Yields the login
+    as a message names it, or None for this machine."""
+    if login is None:
+        yield None
+        return
+    from launcher.runner import remote
+
+    if not (always or remote.goes_remote(login, "slurm")):
+        yield None
+        return
+    from launcher.schedulers.slurm.client import using
+    from launcher.schedulers.ssh import on_login
+
+    with remote.connect(login) as conn, using(on_login.slurm_client(conn)):
+        yield login.shown

@@ -1,32 +1,28 @@
 """A site profile against its live cluster (`sites check`), and a profile skeleton read
 from a cluster (`sites detect`). Slurm is asked here, or, where Slurm's commands do not
 answer here and the profile has `login:` (detect: `--login`), on that login node over one
-SSH connection, as the account there (launcher.runner.remote)."""
+SSH connection, as the account there (launcher.runner.road)."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import platform
 import sys
 from pathlib import Path
-from typing import Iterator
 
 from launcher.config import sites as profiles
 from launcher.config.login import Login, login_of
 from launcher.config.schema import NAME_PATTERN
 from launcher.config.sites import load_site, user_sites_dir
 from launcher.errors import ConfigError
-from launcher.runner import remote
 from launcher.runner.node_versions import environment_notes, environment_warnings
 from launcher.runner.provenance import package_versions
+from launcher.runner.road import slurm_answering
 from launcher.schedulers.cluster import torchprobe
 from launcher.schedulers.cluster.check import CheckReport
 from launcher.schedulers.cluster.check import check_site as check_against_cluster
 from launcher.schedulers.cluster.detect import query_cluster
 from launcher.schedulers.cluster.report import Difference
-from launcher.schedulers.slurm.client import using
-from launcher.schedulers.ssh import on_login
 
 
 def check_site(site: str) -> CheckReport:
@@ -92,16 +88,3 @@ def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool =
     except OSError as exc:
         raise ConfigError(f"cannot write {path}: {exc.strerror or exc}", key="--output") from None
     return profile_name, text, path
-
-
-@contextlib.contextmanager
-def slurm_answering(login: Login | None, *, always: bool = False) -> Iterator[str | None]:
-    """Within the block, Slurm's commands run on `login` over one SSH connection when the
-    remote road is taken (`always`: whenever there is a login), else here. Yields the
-    login as a message names it, or None for this machine."""
-    if login is None or not (always or remote.goes_remote(login, "slurm")):
-        yield None
-        return
-    with remote.connect(login) as conn, using(on_login.slurm_client(conn)):
-        yield login.shown
-

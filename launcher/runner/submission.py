@@ -29,7 +29,7 @@ from launcher.runner.inputs import folder_of, items
 from launcher.runner.lookup import refreshed
 from launcher.runner.prepared import Prepared
 from launcher.runner.results import Run
-from launcher.runner.road import Road, road_of
+from launcher.runner.submission_road import SubmissionRoad, road_of
 from launcher.schedulers.base import Echo
 
 
@@ -89,9 +89,9 @@ def _bundle_files(experiment, site: str | None, overrides: Sequence[str], runs_d
 
 
 def _prepare(exp, loaded_site, runs_dir: str | None, run_id: str | None, after: Sequence[str], dry_run: bool,
-             road: Road) -> Prepared:
+             road: SubmissionRoad) -> Prepared:
     upstreams, dependency = upstreams_of(after, loaded_site.config.scheduler, dry_run=dry_run)
-    check_upstreams_road(upstreams, road)
+    road.check_upstreams(upstreams)
     ctx = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=road.environ(os.environ),
                         run_id=run_id or new_run_id(exp.config.name), runs_dir=runs_dir, dependency=dependency)
     plan = road.plan(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, {})))
@@ -99,25 +99,10 @@ def _prepare(exp, loaded_site, runs_dir: str | None, run_id: str | None, after: 
     scheduler.check(plan)
     warnings = [w for w in (take_over_warning(exp, plan, upstreams, dry_run=dry_run), checkpoint_warning(exp, plan),
                             shared_folder.warning(plan),
-                            road.over_ssh and remote_python_warning(loaded_site, plan)) if w]
+                            road.python_warning(loaded_site, plan)) if w]
     runs_from, checkpoint_from = path_sources(exp, loaded_site, runs_dir)
     return Prepared(plan, road.files(scheduler.render(plan)), scheduler, runs_from, checkpoint_from,
-                    warnings=tuple(warnings), after=tuple(upstreams), remote=road.conn, login=road.login)
-
-
-def check_upstreams_road(upstreams: Sequence[Any], road: Road) -> None:
-    """Over SSH, the runs waited for (--after) must be queued through the same login."""
-    if road.login is None:
-        return
-    from launcher.runner import remote
-
-    remote.check_upstreams(upstreams, road.login)
-
-
-def remote_python_warning(loaded_site, plan) -> str | None:
-    from launcher.runner import remote
-
-    return remote.python_warning(loaded_site, plan)
+                    warnings=tuple(warnings), after=tuple(upstreams), road=road)
 
 
 def with_code_root(exp, loaded_site, ctx, found: dict):
@@ -198,26 +183,16 @@ def path_sources(exp, loaded_site, runs_dir: str | None):
 
 def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
            echo: Echo | None = None) -> Run:
-    """Write the run directory and, unless `dry_run`, hand it to the scheduler. The local
+    """Write the run directory and, unless `dry_run`, hand it to the scheduler, on the run's
+    road (over SSH: sent to the cluster and queued there, launcher.runner.remote). The local
     scheduler runs the job to its end here, shown on the console `echo` makes (none
     without it)."""
+    return prepared.road.launch(prepared, dry_run=dry_run, check=check,
+                                here=lambda it: _launch_here(it, dry_run=dry_run, check=check, echo=echo))
 
+
+def _launch_here(prepared: Prepared, *, dry_run: bool, check: bool, echo: Echo | None) -> Run:
     plan, scheduler = prepared.plan, prepared.scheduler
-    if prepared.remote is not None:
-        from launcher.runner import remote
-
-        if dry_run:
-            prepared.remote.close()
-            raise ConfigError("a run prepared for submission over SSH is sent, not rendered here: prepare it "
-                              "with dry_run=True", file="command line", key="--dry-run")
-        return remote.launch(prepared, check=check)
-    if prepared.login is not None:
-        from launcher.runner import remote
-
-        if not dry_run:
-            raise ConfigError("a run prepared with dry_run=True over SSH is rendered, not sent: prepare it "
-                              "again to submit it", file="command line", key="--dry-run")
-        return remote.dry_run(prepared, login=prepared.login)
     paths = dict(runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
     survey = bundle.check_inputs(plan, **paths)
     registry.check_state_dir()

@@ -23,10 +23,9 @@ from launcher.runner import bundle, dependencies, sweep_bundle, sweeps, unseen
 from launcher.runner.inputs import folder_of, items
 from launcher.runner.prepared import PreparedSweep
 from launcher.runner.results import Run, Sweep
-from launcher.runner.road import Road, road_of
+from launcher.runner.submission_road import SubmissionRoad, road_of
 from launcher.runner.submission import (
     Prepared,
-    check_upstreams_road,
     checkpoint_warning,
     load,
     path_sources,
@@ -70,10 +69,10 @@ def prepare_sweep(experiment: str | os.PathLike, sweep: Sequence[str], *, site: 
 
 
 def _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, runs_dir, max_parallel, after,
-                      dry_run, road: Road) -> PreparedSweep:
+                      dry_run, road: SubmissionRoad) -> PreparedSweep:
     first = elements[0]
     upstreams, dependency = upstreams_of(after, loaded_site.config.scheduler, dry_run=dry_run)
-    check_upstreams_road(upstreams, road)
+    road.check_upstreams(upstreams)
     environ = road.environ(os.environ)
     sweep_id = sweeps.new_sweep_id(exp0.config.name)
     base = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=environ, run_id=sweep_id,
@@ -117,12 +116,12 @@ def _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, 
                                                                                  loaded_site, ctxs[0], roots, road),
                                          loaded_site.config.env)
     return PreparedSweep(sweep_id, sweep_dir, tuple(elements), tuple(prepared), tuple(axes), max_parallel,
-                         str(exp0.path), tuple(upstreams), remote=road.conn, login=road.login, unseen=swept,
+                         str(exp0.path), tuple(upstreams), road=road, unseen=swept,
                          unseen_overrides=overridden)
 
 
 def _bundle_files(experiment, element: Element, overrides: Sequence[str], loaded_site, ctx: SubmitContext,
-               roots: dict, road: Road) -> Mapping[str, str]:
+               roots: dict, road: SubmissionRoad) -> Mapping[str, str]:
     """The run bundle of `element` resolved under `ctx`."""
     exp = _loaded(element, experiment, overrides)
     with _naming(element):
@@ -164,28 +163,26 @@ def launch_sweep(prepared: PreparedSweep, *, dry_run: bool = False, check: bool 
                  echo: Echo | None = None) -> Sweep:
     """Write the sweep directory (its code snapshot once, every element's run directory,
     sweep.json, the array scripts) and, unless `dry_run`, submit it: on Slurm one array job
-    per allocation shape (over SSH: launcher.runner.remote_sweep); on the local site the
-    elements run one after another (`max_parallel` at a time)."""
+    per allocation shape (over SSH, on the sweep's road: launcher.runner.remote_sweep); on
+    the local site the elements run one after another (`max_parallel` at a time)."""
+    return prepared.road.launch_sweep(prepared, dry_run=dry_run, check=check,
+                                      here=lambda seen, written: _launch_here(seen, written, dry_run=dry_run,
+                                                                              check=check, echo=echo))
 
-    if prepared.remote is not None:
-        from launcher.runner import remote_sweep
 
-        if dry_run:
-            prepared.remote.close()
-        else:
-            return remote_sweep.launch(prepared, check=check)
-    plans = [p.plan for p in prepared.prepared]
+def _launch_here(seen: PreparedSweep, prepared: PreparedSweep, *, dry_run: bool, check: bool,
+                 echo: Echo | None) -> Sweep:
+    """The sweep written on this machine (`prepared`; `seen`: as its jobs see it, its files
+    as its road shows them) and, unless `dry_run`, submitted here."""
+    plans = [p.plan for p in seen.prepared]
     scheduler = prepared.scheduler
-    sweep_dir = str(prepared.sweep_dir)         # as the jobs see it
-    road = Road(prepared.login)
-    if road.over_ssh:
-        prepared = _rendered_here(prepared, dry_run)
+    sweep_dir = str(seen.sweep_dir)         # as the jobs see it
     survey = sweep_bundle.checked_inputs(prepared)
     if not dry_run:
         scheduler.require()
     sweep_plan = scheduler.plan_sweep(plans, sweep_id=prepared.sweep_id, sweep_dir=sweep_dir,
                                       max_parallel=prepared.max_parallel, dry_run=dry_run)
-    sweep_plan = dataclasses.replace(sweep_plan, files=road.files(sweep_plan.files))
+    sweep_plan = dataclasses.replace(sweep_plan, files=seen.road.files(sweep_plan.files))
     sweep_bundle.write_sweep(prepared, sweep_plan, survey, dry_run=dry_run)
     if not dry_run:
         if prepared.after and scheduler.runs_to_completion and _never_start(prepared, echo):
@@ -194,20 +191,6 @@ def launch_sweep(prepared: PreparedSweep, *, dry_run: bool = False, check: bool 
                                          check=check, echo=echo)
         sweeps.record_launch(prepared.sweep_dir, batches)
     return _sweep_result(prepared, dry_run, sweep_plan.files)
-
-
-def _rendered_here(prepared: PreparedSweep, dry_run: bool) -> PreparedSweep:
-    """A sweep prepared as a dry run over SSH, its directories moved into this machine's
-    record folder (the cluster is not contacted)."""
-    from launcher.runner import remote, remote_sweep
-
-    if not dry_run:
-        raise ConfigError("a sweep prepared with dry_run=True over SSH is rendered, not sent: prepare it again "
-                          "to submit it", file="command line", key="--dry-run")
-    registry.check_state_dir()
-    remote.records_dir().mkdir(parents=True, exist_ok=True)
-    here = remote_sweep.relocated_sweep(prepared, remote.records_dir() / prepared.sweep_id)
-    return dataclasses.replace(here, login=None)
 
 
 def _never_start(prepared: PreparedSweep, echo: Echo | None) -> bool:

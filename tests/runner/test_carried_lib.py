@@ -216,7 +216,7 @@ def test_a_resume_over_ssh_sends_the_lib_afresh_and_sets_the_old_one_aside(proje
     from launcher import api
     from launcher.errors import SchedulerError
     from launcher.runner import remote
-    from launcher.runner.resume import MOVED_ASIDE
+    from launcher.runner.resumable import MOVED_ASIDE
 
     prepared = api.prepare_resume(str(ended_run(project)), dry_run=False)
     sent = {}

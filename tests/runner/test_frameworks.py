@@ -83,7 +83,7 @@ def test_a_resume_keeps_the_signal_the_submission_chose(tmp_path, isolated_env):
     import dataclasses
 
     from launcher.resolution.resolve import resolve
-    from launcher.runner.resume import RecordedConfig
+    from launcher.runner.resumable import RecordedConfig
 
     run_dir = submit_dry(tmp_path, PLAIN_LIGHTNING, isolated_env)
     recorded = RecordedConfig.read(run_dir)

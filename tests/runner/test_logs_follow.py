@@ -17,7 +17,7 @@ import pytest
 from launcher import api
 from launcher.rundir import registry
 from launcher.rundir.layout import RunDir
-from launcher.runner import manage
+from launcher.runner.direct import DIRECT
 from launcher.runner.logs import LogFollower, RankLogs
 
 HANG_S = 20         # a blocked open or read of a FIFO would never end; these tests take well under a second
@@ -219,7 +219,7 @@ def test_logs_follow_shows_what_is_written_after_a_truncation(tmp_path, isolated
             return SimpleNamespace(state="RUNNING")
         return SimpleNamespace(state="COMPLETED")
 
-    monkeypatch.setattr(manage, "refreshed", scripted)
+    monkeypatch.setattr(DIRECT, "refreshed", scripted)
     lines: list[str] = []
     api.logs(str(run_dir), follow=True, echo=lines.append, poll_s=0)
     shown = [line for line in lines if not line.startswith("[glaunch] ")]
