@@ -37,6 +37,7 @@ runs through :class:`SlurmEdge`, which the tests replace. Imports no torch.
 
 from __future__ import annotations
 
+import enum
 import os
 import re
 import signal
@@ -63,21 +64,33 @@ REQUEUE_WAIT_S = 300          # the requeue ends this process well before
 WATCHDOG_JOIN_S = 120         # a watchdog writing the stacks of a hang it found
 # Slurm took the job back while this start ran: a preemption sets PreemptTime; a requeue
 # (`scontrol requeue`, as an admin or a preemption by requeue does) puts the job back in the
-# queue, so the job this controller runs in reads as pending (or requeued) once its step ended.
-PREEMPTED = re.compile(r"\bPreemptTime=[0-9]|\bJobState=(?:PENDING|REQUEUE\w*)\b")
+# queue, so the job this controller runs in reads as pending (or requeued) once its step
+# ended, and counts one more restart as soon as it is asked (while its processes are still
+# being ended: JobState=COMPLETING).
+PREEMPT_TIME = re.compile(r"\bPreemptTime=[0-9]")
+BACK_IN_QUEUE = re.compile(r"\bJobState=(?:PENDING|REQUEUE\w*)\b")
 RESTARTS = re.compile(r"\bRestarts=([0-9]+)\b")
 NODE_ADDR = re.compile(r"\bNodeAddr=([^\s]+)")
 
 
-def taken_back(shown: str, restart_count: str) -> bool:
+class TakenBack(enum.Enum):
+    """How Slurm took the job back from this start."""
+
+    PREEMPTED = "preempted"     # preempted: the job goes back to the queue only if asked
+    REQUEUED = "requeued"       # already back in the queue: asking again fails ("pending")
+
+
+def taken_back(shown: str, restart_count: str) -> TakenBack | None:
     """Pure: whether `scontrol show job` of this start's job (`shown`) says Slurm took the job
-    back: preempted, pending or requeued again, or requeued since this start began (its
-    Restarts past the SLURM_RESTART_COUNT this start was given: Slurm counts a requeue when
-    it is asked, while the job's processes are still being ended)."""
-    if PREEMPTED.search(shown):
-        return True
+    back: requeued (pending or requeued again, or its Restarts past the SLURM_RESTART_COUNT
+    this start was given), preempted (PreemptTime set), or not (None)."""
     counted = RESTARTS.search(shown)
-    return counted is not None and restart_count.isdigit() and int(counted.group(1)) > int(restart_count)
+    if BACK_IN_QUEUE.search(shown) or (counted is not None and restart_count.isdigit()
+                                        and int(counted.group(1)) > int(restart_count)):
+        return TakenBack.REQUEUED
+    return TakenBack.PREEMPTED if PREEMPT_TIME.search(shown) else None
+
+
 # Slurm's variables that would reach or reshape a job submitted from this one (SLURM_CONF
 # stays: it names the cluster).
 JOB_INPUTS = ("SLURM_", "SBATCH_", "SALLOC_", "SRUN_")
@@ -178,7 +191,7 @@ class Edge(Protocol):
 
     def hostnames(self, nodelist: str) -> list[str] | None: ...
     def node_addr(self, host: str) -> str | None: ...
-    def preempted(self, job_id: str) -> bool: ...
+    def taken_back(self, job_id: str) -> TakenBack | None: ...
     def run_step(self, argv: Sequence[str], env: MutableMapping[str, str]) -> int: ...
     def signal_step(self, signum: int) -> None: ...
     def requeue(self, job_ref: str) -> bool: ...
@@ -211,7 +224,7 @@ class SlurmEdge:
         match = NODE_ADDR.search(self._ask(["scontrol", "show", "node", host]) or "")
         return match.group(1) if match and is_node_name(match.group(1)) else None
 
-    def preempted(self, job_id: str) -> bool:
+    def taken_back(self, job_id: str) -> TakenBack | None:
         return taken_back(self._ask(["scontrol", "show", "job", job_id]) or "",
                           os.environ.get("SLURM_RESTART_COUNT", "0"))
 
@@ -313,8 +326,8 @@ class Controller:
         while True:
             started = datetime.now().astimezone().isoformat(timespec="seconds")
             status = self.step(nodes, allocation)
-            end = StepEnd(status, self.edge.preempted(self.slurm_job), started,
-                          allocation if self.job.requeue else (), nodes)
+            taken = self.edge.taken_back(self.slurm_job)
+            end = StepEnd(status, taken is not None, started, allocation if self.job.requeue else (), nodes)
             try:
                 road = jobend.end_of_start(self.job.run_dir, end, job_id, restart)
             except (RunError, RecordError, OSError, ValueError) as exc:
@@ -322,7 +335,7 @@ class Controller:
                 return 1
             action = after_step(road, self.job)
             if action != "restart":
-                return self.finish(action, road, job_id, restart)
+                return self.finish(action, road, job_id, restart, taken)
             nodes, restart = road.nodes, restart + 1
             self._set_start(restart, nodes)
             print(f"glaunch: start {restart}: a new step on {','.join(nodes)}", flush=True)
@@ -352,12 +365,15 @@ class Controller:
             stop.set()
             watch.join(WATCHDOG_JOIN_S)
 
-    def finish(self, action: str, road: NextRoad, job_id: str | None, restart: int) -> int:
+    def finish(self, action: str, road: NextRoad, job_id: str | None, restart: int,
+               taken: TakenBack | None = None) -> int:
         """The road after the last step: requeue, resubmit, or the end."""
         if not self.job.requeue:
             print(f"glaunch: this start ended: {road.line()}", flush=True)
             return road.exit_code
         ref = job_id or self.slurm_job
+        if action == "requeue" and taken is TakenBack.REQUEUED:
+            return self.requeued_by_slurm(ref, road)
         if action == "requeue":
             return self.requeue(ref, road)
         if action == "resubmit":
@@ -377,6 +393,14 @@ class Controller:
         if road.nodes and not self.edge.exclude(ref, road.nodes):
             say(f"the next start may run on {','.join(road.nodes)} again")
         self.edge.wait_for_requeue()        # the requeue ends this process
+        return road.exit_code
+
+    def requeued_by_slurm(self, ref: str, road: NextRoad) -> int:
+        """Slurm has put the job back in the queue itself (an admin's or a preemption's
+        requeue): not asked again; the nodes to keep off are set on the pending job."""
+        say(f"Slurm requeued job {ref} itself; its next start comes from the queue")
+        if road.nodes and not self.edge.exclude(ref, road.nodes):
+            say(f"the next start may run on {','.join(road.nodes)} again")
         return road.exit_code
 
     def resubmit(self, road: NextRoad, job_id: str | None, restart: int) -> int:

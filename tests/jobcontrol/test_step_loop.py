@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from launcher.jobcontrol import controller, jobend, jobstart
-from launcher.jobcontrol.controller import Controller, JobSteps, after_step, master_port, parse, start_number
+from launcher.jobcontrol.controller import (Controller, JobSteps, TakenBack, after_step, master_port, parse,
+                                           start_number)
 from launcher.jobcontrol.jobend import NextRoad, StepEnd
 from launcher.jobcontrol.jobstart import Action, Begun
 
@@ -28,9 +29,9 @@ class FakeEdge:
     """Slurm for the controller: each step records its nodes and what its ranks would read,
     and returns the next status; every other command is recorded."""
 
-    def __init__(self, statuses: list[int], *, preempted: bool = False, requeue_ok: bool = True,
+    def __init__(self, statuses: list[int], *, taken: TakenBack | None = None, requeue_ok: bool = True,
                  successor: str | None = "5000") -> None:
-        self.statuses, self.preempted_answer = list(statuses), preempted
+        self.statuses, self.taken = list(statuses), taken
         self.requeue_ok, self.successor = requeue_ok, successor
         self.steps: list[str] = []
         self.commands: list[str] = []
@@ -43,8 +44,8 @@ class FakeEdge:
     def node_addr(self, host):
         return host
 
-    def preempted(self, job_id):
-        return self.preempted_answer
+    def taken_back(self, job_id):
+        return self.taken
 
     def run_step(self, argv, env):
         nodes = next(a.split("=", 1)[1] for a in argv if a.startswith("--nodelist="))
@@ -191,8 +192,21 @@ def test_a_refused_resubmission_ends_the_job_with_status_1(job_env, monkeypatch,
 
 
 def test_a_preempted_step_says_so_to_the_end_of_its_start(job_env, monkeypatch, tmp_path):
-    _, _, ends = run_job(monkeypatch, tmp_path, [NextRoad("requeue")], [143], preempted=True)
+    _, edge, ends = run_job(monkeypatch, tmp_path, [NextRoad("requeue")], [143], taken=TakenBack.PREEMPTED)
     assert ends[0][0].preempted and ends[0][0].status == 143
+    # Preempted, not requeued: the job goes back to the queue because the controller asks.
+    assert "requeue 4242" in edge.commands
+
+
+def test_a_job_slurm_requeued_itself_is_not_requeued_again(job_env, monkeypatch, tmp_path, capsys):
+    """`scontrol requeue` by an admin (or a preemption by requeue): the job is back in the
+    queue already; asking again fails ("Job is pending execution"). The nodes to keep off
+    are set on the pending job; the controller ends at once."""
+    code, edge, ends = run_job(monkeypatch, tmp_path, [NextRoad("requeue", ("n2",))], [143],
+                               taken=TakenBack.REQUEUED)
+    assert code == 0 and ends[0][0].preempted
+    assert edge.commands == ["update JobId=4242 ExcNodeList=n2"]
+    assert "Slurm requeued job 4242 itself" in capsys.readouterr().err
 
 
 def test_inside_an_allocation_nothing_restarts_or_requeues(job_env, monkeypatch, tmp_path, capsys):
@@ -329,14 +343,15 @@ def test_the_allocation_s_nodes_are_node_names_or_nothing(stand_ins):
     assert controller.SlurmEdge().hostnames("n[1-2]") is None
 
 
-@pytest.mark.parametrize("shown, preempted", [
-    ("JobId=7 JobState=RUNNING PreemptEligibleTime=2026-12-05T10:00:00 PreemptTime=None", False),
-    ("JobId=7 JobState=RUNNING PreemptTime=2026-12-05T10:00:00 SuspendTime=None", True),
-    ("", False),
+@pytest.mark.parametrize("shown, taken", [
+    ("JobId=7 JobState=RUNNING PreemptEligibleTime=2026-12-05T10:00:00 PreemptTime=None", None),
+    ("JobId=7 JobState=RUNNING PreemptTime=2026-12-05T10:00:00 SuspendTime=None", TakenBack.PREEMPTED),
+    ("JobId=7 JobState=COMPLETING Restarts=1 PreemptTime=None", TakenBack.REQUEUED),
+    ("", None),
 ])
-def test_a_preemption_is_read_from_slurm_s_record_of_the_job(stand_ins, shown, preempted):
+def test_a_preemption_is_read_from_slurm_s_record_of_the_job(stand_ins, shown, taken):
     stand_ins("scontrol", f'printf "%s\\n" "{shown}"\n')
-    assert controller.SlurmEdge().preempted("7") is preempted
+    assert controller.SlurmEdge().taken_back("7") is taken
 
 
 def test_the_next_job_is_submitted_without_this_job_s_slurm_variables(stand_ins, tmp_path, monkeypatch):
