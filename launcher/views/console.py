@@ -13,9 +13,9 @@ follows the current job only, the one the last resume started: its first event s
 On a terminal the status line stays below the log and is redrawn in place (carriage
 return, erase line), fitted to the terminal's width so it never wraps: whole parts are
 left out (the last checkpoint first, then the ETA, the rate, then from the end), never
-cut mid-word. Elsewhere (a pipe, a file) it is a plain line, printed when the state
-changes and at most every PLAIN_STATUS_S seconds otherwise. submitit's INFO lines in rank
-0's log are not shown (they stay in the log file), nor its ERROR line that a job raised
+cut mid-word. Elsewhere (a pipe, a file) it is a plain line, printed when its phase changes (the state,
+the start, the first step known, a stall) and at most every PLAIN_STATUS_S seconds
+otherwise. submitit's INFO lines in rank 0's log are not shown (they stay in the log file), nor its ERROR line that a job raised
 (the reason and the first failing rank say more).
 
 Everything comes from the run directory: run.json, the heartbeats, resume.json,
@@ -67,7 +67,7 @@ class Console:
         self.followers: dict[str, LogFollower] = {}
         self.partial = ""
         self.shown = ""                 # the status line on screen (live), or last printed (plain)
-        self.shown_state: str | None = None
+        self.shown_phase: tuple[str, ...] = ()
         self.shown_at = 0.0
         self.record: RunRecord | None = None
         self.said: set[int] = set()     # restarts whose requeue event was printed
@@ -141,17 +141,18 @@ class Console:
         if record is None:
             return
         now = self.clock()
-        width = max(20, shutil.get_terminal_size((100, 24)).columns - 1) if self.live else None
-        text = status_line(self.run_dir, record, now, self.checkpoint_dir, width=width)
+        parts = status_parts(self.run_dir, record, now, self.checkpoint_dir)
         if self.live:
+            width = max(20, shutil.get_terminal_size((100, 24)).columns - 1)
+            text = SEPARATOR.join(t for _, t in fit(parts, width))
             if text != self.shown:
                 self.write(CLEAR_LINE + text)
                 self.shown = text
             return
-        changed_state = record.state != self.shown_state
-        if changed_state or (text != self.shown and now - self.shown_at >= PLAIN_STATUS_S):
+        text, phase = SEPARATOR.join(t for _, t in parts), plain_phase(parts)
+        if phase != self.shown_phase or (text != self.shown and now - self.shown_at >= PLAIN_STATUS_S):
             self.write(text + "\n")
-            self.shown, self.shown_state, self.shown_at = text, record.state, now
+            self.shown, self.shown_phase, self.shown_at = text, phase, now
 
     def _events(self, *, final: bool) -> None:
         record = self.record
@@ -258,6 +259,18 @@ def status_parts(run_dir: RunDir, record: RunRecord, now: float, checkpoint_dir:
     if checkpoint is not None:
         parts.append(("checkpoint", f"checkpoint {checkpoint}"))
     return parts
+
+
+# What makes a plain status line worth printing at once: the state, the resume or start it
+# is in, a reason it waits for, the first step known (a run stepping, not starting) and a
+# stall. The step, rate, ETA and checkpoint change all the time: at most every PLAIN_STATUS_S.
+PHASE_TEXT = ("state", "resume", "start", "waiting")
+PHASE_KIND = ("starting", "step", "stalled")
+
+
+def plain_phase(parts: list[tuple[str, str]]) -> tuple[str, ...]:
+    """Pure: the status line's phase (PHASE_TEXT's parts whole, PHASE_KIND's by kind)."""
+    return tuple(text if kind in PHASE_TEXT else kind for kind, text in parts if kind in PHASE_TEXT + PHASE_KIND)
 
 
 def fit(parts: list[tuple[str, str]], width: int) -> list[tuple[str, str]]:

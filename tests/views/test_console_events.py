@@ -255,3 +255,39 @@ def test_a_script_without_the_runtime_is_said_to_resume_where_its_log_went_on(tm
     later: list[str] = []
     Console(run_dir.path, later.append, live=False).finish(registry.read(run_dir.path))
     assert "[glaunch] start 0: preempted at step 37 -> requeued -> resumed from 30\n" in later
+
+
+def test_a_plain_console_says_the_first_step_at_once_then_at_most_every_interval(tmp_path):
+    """In a pipe or a file, `RUNNING | starting` is followed by the first step as soon as it
+    is known (a run stepping, not starting), not PLAIN_STATUS_S later; the steps after it at
+    most every PLAIN_STATUS_S."""
+    from launcher.views.console import PLAIN_STATUS_S
+
+    run_dir = make_run(tmp_path)
+    now = [1e12]
+    shown: list[str] = []
+    console = Console(run_dir.path, shown.append, live=False, clock=lambda: now[0])
+
+    def beat_now(step: int) -> None:
+        run_dir.heartbeat_dir.mkdir(exist_ok=True)
+        run_dir.heartbeat(0).write_bytes(heartbeat_bytes({"rank": 0, "restart": 0, "step": step, "total": 200,
+                                                          "time": now[0], "step_s": 0.5}))
+
+    console.observe(registry.read(run_dir.path))
+    console.pump()
+    assert shown == ["[glaunch] RUNNING | starting\n"]
+    now[0] += 5
+    beat_now(3)
+    console.pump()
+    assert shown[-1] == "[glaunch] RUNNING | step 3/200 | 2 steps/s | ETA 1m38s\n"
+    now[0] += 5
+    beat_now(9)
+    console.pump()
+    assert len(shown) == 2                                # the same phase, within the interval
+    now[0] += PLAIN_STATUS_S
+    beat_now(20)
+    console.pump()
+    assert len(shown) == 3 and shown[-1].startswith("[glaunch] RUNNING | step 20/200 |")
+    now[0] += 61                                          # no step since: a stall
+    console.pump()
+    assert len(shown) == 4 and "no step for 1m01s" in shown[-1]
