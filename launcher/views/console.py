@@ -13,10 +13,10 @@ follows the current job only, the one the last resume started: its first event s
 On a terminal the status line stays below the log and is redrawn in place (carriage
 return, erase line), fitted to the terminal's width so it never wraps: whole parts are
 left out (the last checkpoint first, then the ETA, the rate, then from the end), never
-cut mid-word. Elsewhere (a pipe, a file) it is a plain line, printed when its phase changes (the state,
-the start, the first step known, a stall) and at most every PLAIN_STATUS_S seconds
-otherwise. submitit's INFO lines in rank 0's log are not shown (they stay in the log file), nor its ERROR line that a job raised
-(the reason and the first failing rank say more).
+cut mid-word. Elsewhere (a pipe, a file) it is a plain line, printed when its phase changes
+(the state, the start, the first step known, a stall) and at most every PLAIN_STATUS_S
+seconds otherwise. submitit's INFO lines in rank 0's log are not shown (they stay in the log
+file), nor its ERROR line that a job raised (the reason and the first failing rank say more).
 
 Everything comes from the run directory: run.json, the heartbeats, resume.json,
 crash.json and the checkpoint directory's ``latest``; nothing here talks to a scheduler.

@@ -67,6 +67,8 @@ def test_the_submission_goes_through_the_login_only_where_slurm_does_not_answer(
     """The profile's login reaches the submission's road (a dry run opens no connection);
     where sbatch is on PATH, the road is direct."""
     from launcher.runner import submission
+    from launcher.runner.direct import DIRECT
+    from launcher.runner.submission_road import SubmittedOverSSH
 
     write_site(tmp_path, "login: {host: login1}")
     (tmp_path / "train.py").write_text("print('hi')\n")
@@ -77,7 +79,8 @@ def test_the_submission_goes_through_the_login_only_where_slurm_does_not_answer(
     (bin_dir / "git").symlink_to("/usr/bin/git")
     monkeypatch.setenv("PATH", str(bin_dir))
     prepared = submission.prepare("exp.yaml", site="./far.yaml", dry_run=True)
-    assert prepared.login == Login("login1") and prepared.remote is None
+    assert isinstance(prepared.road, SubmittedOverSSH)
+    assert prepared.road.login == Login("login1") and prepared.road.conn is None
     (bin_dir / "sbatch").symlink_to("/bin/true")
     direct = submission.prepare("exp.yaml", site="./far.yaml", dry_run=True)
-    assert direct.login is None and direct.remote is None
+    assert direct.road is DIRECT

@@ -188,7 +188,7 @@ def test_a_submission_is_found_by_its_marker(release, monkeypatch):
 def test_the_watchdog_ends_the_steps_squeue_lists(release, monkeypatch):
     from launcher.jobcontrol import watchdog
 
-    monkeypatch.setattr(watchdog, "run_command", lambda words: recorded(release, "squeue-steps.txt"))
+    monkeypatch.setattr(watchdog, "run_command", lambda words, say=None: recorded(release, "squeue-steps.txt"))
     monkeypatch.delenv("SLURM_STEP_ID", raising=False)
     asked: list[list[str]] = []
     watchdog.SlurmSteps("29", lambda: {}, asked.append).end()      # no heartbeat names a step
