@@ -85,11 +85,6 @@ requeue: {max: 3}
 """
 
 
-# A known defect, kept visible: a job put back in the queue by `scontrol requeue` ends this
-# plain torchrun script's start as a crash (its ranks killed by SIGTERM), so the run fails
-# where it should be requeued and resumed. strict: the test reports the day it passes.
-@pytest.mark.xfail(strict=True, reason="a plain torchrun script's start, its job requeued by scontrol requeue, "
-                                       "ends as a crash (a rank killed by SIGTERM) instead of a requeue")
 def test_ddp_tutorial_under_torchrun(tmp_path, isolated_env):
     env = with_cluster(isolated_env, DEFAULTS)
     folder = project(tmp_path, "ddp_tutorial", DDP_TUTORIAL)
