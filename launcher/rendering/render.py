@@ -98,7 +98,7 @@ def render(plan: JobPlan, job_shell: JobShell) -> dict[str, str]:
         HPARAMS_FILE: render_hparams(plan),
         TASK_FILE: task_file_text(plan),
     }
-    if plan.ds_config is not None:
+    if plan.training.ds_config is not None:
         files[DS_CONFIG_FILE] = render_ds_config(plan)
     return files
 
@@ -107,7 +107,7 @@ def render_ds_config(plan: JobPlan) -> str:
     """ds_config.json; resolution has refused NaN and infinities, allow_nan=False makes
     sure none is ever written (DeepSpeed's JSON reader would take them, and train on NaN)."""
     try:
-        text = json.dumps(plan.ds_config, indent=2, allow_nan=False)
+        text = json.dumps(plan.training.ds_config, indent=2, allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"not valid JSON: {exc}", file=plan.experiment_file, key="deepspeed") from None
     # json.dumps escapes every other control character; DEL too, so the file shows none.
@@ -123,7 +123,7 @@ def render_hparams(plan: JobPlan) -> str:
 
 
 def python_command(plan: JobPlan) -> str:
-    return shell.join(plan.python)
+    return shell.join(plan.launch.python)
 
 
 def submitit_command(plan: JobPlan) -> str:
@@ -148,11 +148,11 @@ def task_log_patterns(plan: JobPlan) -> tuple[str, str]:
 def task_description(plan: JobPlan, job_shell: JobShell) -> list[str]:
     spec = task_spec(plan)
     entry = entry_words(spec)
-    if plan.launcher == "torchrun":
+    if plan.launch.launcher == "torchrun":
         args = torchrun_args(spec, node_rank=job_shell.node_rank, master_addr="$MASTER_ADDR",
                              master_port="$MASTER_PORT", job_id=job_shell.job_id)
         return ["torchrun " + " ".join(args) + " " + shell.join(entry),
-                f"(one task per node, {plan.ranks_per_node} worker(s) each)"]
+                f"(one task per node, {plan.launch.ranks_per_node} worker(s) each)"]
     return ["python " + shell.join(entry),
             "(one task per rank; RANK, LOCAL_RANK and WORLD_SIZE come from the task's rank "
             "in the allocation)"]
@@ -163,7 +163,7 @@ def render_job_script(plan: JobPlan, job_shell: JobShell) -> str:
         run_id=plan.run_id, name=plan.name, site=plan.site_name, scheduler=plan.scheduler,
         directives=lines(job_shell.directives),
         env_sh=shell.quote(os.path.join(plan.run_dir, ENV_FILE)),
-        total_tasks=plan.nodes * plan.tasks_per_node,
+        total_tasks=plan.allocation.nodes * plan.allocation.tasks_per_node,
         task_description=lines(f"#   {line}" for line in task_description(plan, job_shell)),
         submitit_executor=job_shell.submitit_executor,
         launch_template=job_shell.launch_template, launch=job_shell.launch, **job_shell.launch_context)
@@ -179,23 +179,23 @@ def glaunch_env(plan: JobPlan, job_shell: JobShell) -> list[tuple[str, str, Any]
         (envnames.RUN_ID, plan.run_id, False),
         (envnames.RUN_DIR, plan.run_dir, False),
         (envnames.CHECKPOINT_DIR, plan.checkpoint_dir, False),
-        (envnames.CHECKPOINT_EVERY, str(plan.checkpoint_every), False),
-        (envnames.CHECKPOINT_KEEP, str(plan.checkpoint_keep), False),
-        (envnames.STRATEGY, plan.strategy, False),
-        (envnames.PRECISION, plan.precision, False),
-        (envnames.LAUNCHER, plan.launcher, False),
-        (envnames.NODES, str(plan.nodes), False),
-        (envnames.RANKS_PER_NODE, str(plan.ranks_per_node), False),
-        (envnames.MICRO_BATCH, str(plan.micro_batch), False),
-        (envnames.GLOBAL_BATCH, str(plan.global_batch), False),
+        (envnames.CHECKPOINT_EVERY, str(plan.training.checkpoint_every), False),
+        (envnames.CHECKPOINT_KEEP, str(plan.training.checkpoint_keep), False),
+        (envnames.STRATEGY, plan.training.strategy, False),
+        (envnames.PRECISION, plan.training.precision, False),
+        (envnames.LAUNCHER, plan.launch.launcher, False),
+        (envnames.NODES, str(plan.allocation.nodes), False),
+        (envnames.RANKS_PER_NODE, str(plan.launch.ranks_per_node), False),
+        (envnames.MICRO_BATCH, str(plan.training.micro_batch), False),
+        (envnames.GLOBAL_BATCH, str(plan.training.global_batch), False),
         # The time limit's warning is a stop request whatever signal it comes as: a script
         # read as plain Lightning (warned with USR1) that does use the runtime still saves.
-        (envnames.STOP_SIGNALS, ",".join(dict.fromkeys((plan.warning_signal, *STOP_SIGNALS))), False),
+        (envnames.STOP_SIGNALS, ",".join(dict.fromkeys((plan.recovery.warning_signal, *STOP_SIGNALS))), False),
         (envnames.HPARAMS, os.path.join(plan.run_dir, HPARAMS_FILE), False),
     ]
-    if plan.ds_config is not None:
+    if plan.training.ds_config is not None:
         values.append((envnames.DS_CONFIG, os.path.join(plan.run_dir, DS_CONFIG_FILE), False))
-    if plan.recovery_peer:
+    if plan.recovery.peer:
         values.append((envnames.RECOVERY_PEER, "1", False))
     return values + list(job_shell.extra_env)
 
@@ -212,11 +212,11 @@ def carried_lib_path(plan: JobPlan) -> list[str]:
 def render_env(plan: JobPlan, job_shell: JobShell) -> str:
     exports: list[str] = []
     network: list[str] = []
-    for name, value in plan.env:
+    for name, value in plan.launch.env:
         (network if name.startswith(NETWORK_PREFIXES) else exports).append(shell.export(name, value))
-    modules = [f"module load {shell.quote(m)}" for m in plan.modules]
+    modules = [f"module load {shell.quote(m)}" for m in plan.launch.modules]
     return _environment().get_template("env.sh.j2").render(
-        run_id=plan.run_id, site=plan.site_name, modules=lines(modules), setup=lines(plan.setup),
+        run_id=plan.run_id, site=plan.site_name, modules=lines(modules), setup=lines(plan.launch.setup),
         exports=lines(exports), network_exports=lines(network),
         glaunch_exports=lines([*carried_lib_path(plan), *(
             f'export {n}="{v}"' if e == "raw" else shell.export(n, v, expand=e)
@@ -230,30 +230,30 @@ def render_env(plan: JobPlan, job_shell: JobShell) -> str:
 def resolved_document(plan: JobPlan) -> dict[str, Any]:
     derived: dict[str, Any] = {
         "scheduler": plan.scheduler,
-        "partition": plan.partition,
-        "nodes": plan.nodes,
-        "gpus_per_node": plan.gpus_per_node,
-        "ranks_per_node": plan.ranks_per_node,
-        "tasks_per_node": plan.tasks_per_node,
-        "world_size": plan.world_size,
-        "cpus_per_task": plan.cpus_per_task,
-        "time": plan.time,
-        "strategy": plan.strategy,
-        "zero_stage": plan.zero_stage,
-        "global_batch": plan.global_batch,
-        "micro_batch": plan.micro_batch,
-        "gradient_accumulation_steps": plan.accumulation,
+        "partition": plan.allocation.partition,
+        "nodes": plan.allocation.nodes,
+        "gpus_per_node": plan.allocation.gpus_per_node,
+        "ranks_per_node": plan.launch.ranks_per_node,
+        "tasks_per_node": plan.allocation.tasks_per_node,
+        "world_size": plan.launch.world_size,
+        "cpus_per_task": plan.allocation.cpus_per_task,
+        "time": plan.allocation.time,
+        "strategy": plan.training.strategy,
+        "zero_stage": plan.training.zero_stage,
+        "global_batch": plan.training.global_batch,
+        "micro_batch": plan.training.micro_batch,
+        "gradient_accumulation_steps": plan.training.accumulation,
         "run_dir": plan.run_dir,
         "checkpoint_dir": plan.checkpoint_dir,
         "workdir": plan.workdir,
-        "python": list(plan.python),
-        "warning_signal": plan.warning_signal,
+        "python": list(plan.launch.python),
+        "warning_signal": plan.recovery.warning_signal,
     }
     if plan.code is not None:
         derived["code"] = {"source": plan.code.source, "git": plan.code.git, "snapshot": plan.code.dest,
                            "script": plan.code.script}
-    if plan.strategy_choice is not None:
-        derived["strategy_choice"] = dict(plan.strategy_choice)
+    if plan.training.strategy_choice is not None:
+        derived["strategy_choice"] = dict(plan.training.strategy_choice)
     return {
         "glaunch": __version__,
         "run_id": plan.run_id,

@@ -1,5 +1,11 @@
 """The job plan: everything resolved about one run, frozen. What rendering and the
-schedulers read; nothing after resolution changes it."""
+schedulers read; nothing after resolution changes it.
+
+A JobPlan holds who the run is and where its files go, and one part per concern, each read
+by its own consumers: `allocation` (what the scheduler is asked for: the directives),
+`launch` (how every start runs the ranks: launcher, entry point, interpreter, environment),
+`training` (what the script is told: strategy, precision, batches, checkpoints) and
+`recovery` (how a start ends and the run goes on: requeue, restarts, the watchdog)."""
 
 from __future__ import annotations
 
@@ -74,8 +80,98 @@ class Container:
 
 
 @dataclass(frozen=True, eq=False)
+class Allocation:
+    """What the job asks of the scheduler: the directives of job.sbatch (or localrun's options)."""
+
+    partition: str | None
+    account: str | None
+    qos: str | None
+    constraint: str | None
+    nodes: int                        # the nodes training runs on
+    spare_nodes: int                  # held besides them: what replaces a bad node in the allocation
+    gpus_per_node: int
+    gpu_directive: str
+    tasks_per_node: int
+    cpus_per_task: int | None
+    mem_gb: float | None
+    time_seconds: int
+    extra_sbatch: tuple[tuple[str, Any], ...]
+    segment: int | None = None        # partitions.P.segment: nodes per segment of a topology block (--segment)
+    dependency: str | None = None     # Slurm's --dependency: the runs it waits for (--after)
+
+    @property
+    def allocated_nodes(self) -> int:
+        """The nodes the job asks the scheduler for: its own and the spares."""
+        return self.nodes + self.spare_nodes
+
+    @property
+    def time(self) -> str:
+        return slurmtime.format(self.time_seconds)
+
+
+@dataclass(frozen=True, eq=False)
+class Launch:
+    """How every start runs the ranks: the launcher, the entry point, and the environment
+    on the nodes."""
+
+    launcher: str
+    ranks_per_node: int
+    world_size: int
+    entry_script: str | None          # what every start runs (the snapshot's copy when JobPlan.code is set)
+    entry_module: str | None
+    entry_args: tuple[str, ...]
+    entry_resume_args: tuple[str, ...]  # after entry_args on every start but the run's first
+    progress_pattern: str | None      # rank 0's output: the first group is the step
+    progress_total: int | None
+    python: tuple[str, ...]           # interpreter command words, on the nodes
+    container: Container | None
+    modules: tuple[str, ...]
+    setup: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]  # site then experiment
+    derive_master_port: bool
+
+
+@dataclass(frozen=True, eq=False)
+class Training:
+    """What the training script is told: strategy, precision, batch sizes, checkpoints."""
+
+    strategy: str                     # ddp | fsdp | deepspeed
+    zero_stage: int | None
+    precision: str
+    global_batch: int
+    micro_batch: int
+    accumulation: int
+    ds_config: Mapping[str, Any] | None
+    strategy_choice: Mapping[str, Any] | None   # what `auto` chose and why
+    checkpoint_every: int
+    checkpoint_keep: int
+
+
+@dataclass(frozen=True, eq=False)
+class Recovery:
+    """How a start ends and the run goes on: the time limit's warning, requeues, restarts,
+    the watchdog, peer recovery. The job controller reads it from task.json."""
+
+    requeue_max: int
+    signal_lead_s: int
+    crash_retries: int
+    exclude_bad_nodes: bool           # requeue without the node a crash or hang points at
+    requeue_mode: str                 # after the time limit: resubmit | requeue (a sweep's element: requeue)
+    watchdog_stall_s: float           # 0: no stall bound; with watchdog_stall_auto, the bound until warm-up
+    watchdog_stall_auto: bool         # stall_s: auto, the bound from the run's step and save times
+    watchdog_auto_floor_s: float
+    watchdog_first_step_s: int
+    watchdog_slow_node: str           # report | exclude
+    # The time limit's warning (Slurm's --signal, signal_lead_s ahead): USR2, glaunch's stop
+    # request; USR1 for a plain Lightning script, whose own SLURM handling listens for it
+    # (launcher.runner.frameworks).
+    warning_signal: str = "USR2"
+    peer: bool = False                # recovery.peer: a failed data-parallel rank restored from a live peer
+
+
+@dataclass(frozen=True, eq=False)
 class JobPlan:
-    """Everything resolved about one run."""
+    """Everything resolved about one run: who it is and where its files go, and its parts."""
 
     run_id: str
     name: str
@@ -91,82 +187,19 @@ class JobPlan:
     checkpoint_take_over: str | None   # the run whose checkpoint directory this one takes over
     # The site profile's files as read (base first, each with its SHA-256): run.json's provenance.
     profile_files: tuple[ProfileFile, ...]
-    # allocation
-    partition: str | None
-    account: str | None
-    qos: str | None
-    constraint: str | None
-    nodes: int                        # the nodes training runs on
-    spare_nodes: int                  # held besides them: what replaces a bad node in the allocation
-    gpus_per_node: int
-    gpu_directive: str
-    tasks_per_node: int
-    cpus_per_task: int | None
-    mem_gb: float | None
-    time_seconds: int
-    preemptible: bool
-    extra_sbatch: tuple[tuple[str, Any], ...]
-    # launch
-    launcher: str
-    ranks_per_node: int
-    world_size: int
-    entry_script: str | None          # what every start runs (see `code`)
-    entry_module: str | None
-    entry_args: tuple[str, ...]
-    entry_resume_args: tuple[str, ...]  # after entry_args on every start but the run's first
-    progress_pattern: str | None      # rank 0's output: the first group is the step
-    progress_total: int | None
-    python: tuple[str, ...]           # interpreter command words, on the nodes
-    container: Container | None
-    modules: tuple[str, ...]
-    setup: tuple[str, ...]
-    env: tuple[tuple[str, str], ...]  # site then experiment
-    derive_master_port: bool
-    # training
-    strategy: str                     # ddp | fsdp | deepspeed
-    zero_stage: int | None
-    precision: str
-    global_batch: int
-    micro_batch: int
-    accumulation: int
-    ds_config: Mapping[str, Any] | None
-    strategy_choice: Mapping[str, Any] | None   # what `auto` chose and why
-    checkpoint_every: int
-    checkpoint_keep: int
-    requeue_max: int
-    signal_lead_s: int
-    crash_retries: int
-    exclude_bad_nodes: bool           # requeue without the node a crash or hang points at
-    requeue_mode: str                 # after the time limit: resubmit | requeue (a sweep's element: requeue)
-    watchdog_stall_s: float           # 0: no stall bound; with watchdog_stall_auto, the bound until warm-up
-    watchdog_stall_auto: bool         # stall_s: auto, the bound from the run's step and save times
-    watchdog_auto_floor_s: float
-    watchdog_first_step_s: int
-    watchdog_slow_node: str           # report | exclude
+    allocation: Allocation
+    launch: Launch
+    training: Training
+    recovery: Recovery
     # the merged configs, for resolved.yaml
     experiment: Mapping[str, Any] = field(repr=False)
     site: Mapping[str, Any] = field(repr=False)
-    # entry_script is the snapshot's copy when the code is snapshotted
+    # launch.entry_script is the snapshot's copy when the code is snapshotted
     code: CodeSnapshot | None = None
     hparams: Mapping[str, Any] = field(default_factory=dict)
     sweep_id: str | None = None       # an element of this sweep: on Slurm, one task of an array job
-    dependency: str | None = None     # Slurm's --dependency: the runs it waits for (--after)
-    segment: int | None = None        # partitions.P.segment: nodes per segment of a topology block (--segment)
-    # The time limit's warning (Slurm's --signal): USR2, glaunch's stop request; USR1 for a
-    # plain Lightning script, whose own SLURM handling listens for it (launcher.runner.frameworks).
-    warning_signal: str = "USR2"
-    recovery_peer: bool = False       # recovery.peer: a failed data-parallel rank restored from a live peer
 
     @property
     def submitted_script(self) -> str | None:
         """The script as the experiment names it (before any snapshot)."""
-        return self.code.script if self.code is not None else self.entry_script
-
-    @property
-    def allocated_nodes(self) -> int:
-        """The nodes the job asks the scheduler for: its own and the spares."""
-        return self.nodes + self.spare_nodes
-
-    @property
-    def time(self) -> str:
-        return slurmtime.format(self.time_seconds)
+        return self.code.script if self.code is not None else self.launch.entry_script

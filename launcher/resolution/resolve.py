@@ -25,7 +25,9 @@ from launcher.config.schema import partition_name_problem
 from launcher.config.sitechecks import python_words
 from launcher.config.sites import LoadedSite
 from launcher.resolution import deepspeed_config, paths
-from launcher.resolution.jobplan import CodeRoot, CodeSnapshot, Container, JobPlan, SubmitContext
+from launcher.resolution.jobplan import (
+    Allocation, CodeRoot, CodeSnapshot, Container, JobPlan, Launch, Recovery, SubmitContext, Training,
+)
 from launcher.resolution.strategy import StrategySettings, resolve_strategy
 from launcher.rundir.layout import CODE_DIR
 from launcher.rundir import envnames
@@ -68,38 +70,41 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
         workdir=ctx.cwd, run_dir=dirs.run_dir, log_dir=os.path.join(dirs.run_dir, "logs"),
         checkpoint_dir=dirs.checkpoint_dir, checkpoint_take_over=exp.checkpoint.take_over,
         profile_files=site_loaded.files,
-        partition=alloc.partition, account=site.account,
-        qos=(part.qos if part is not None and part.qos else site.qos),
-        constraint=part.constraint if part is not None else None,
-        segment=part.segment if part is not None else None,
-        nodes=alloc.nodes, spare_nodes=alloc.spare_nodes, gpus_per_node=alloc.gpus_per_node,
-        gpu_directive=site.gpu_directive,
-        tasks_per_node=alloc.tasks_per_node, cpus_per_task=alloc.cpus_per_task, mem_gb=alloc.mem_gb,
-        time_seconds=alloc.time_seconds, preemptible=bool(part is not None and part.preemptible),
-        extra_sbatch=tuple(sorted(site.sbatch.items())),
-        launcher=exp.launcher, ranks_per_node=alloc.ranks_per_node, world_size=alloc.world_size,
-        entry_script=code.copy_of(code_entry(ctx, script)) if code and script else script,
-        entry_module=exp.entrypoint.module,
-        entry_args=tuple(str(a) for a in exp.entrypoint.args),
-        entry_resume_args=tuple(str(a) for a in exp.entrypoint.resume_args),
-        progress_pattern=exp.entrypoint.progress.pattern if exp.entrypoint.progress else None,
-        progress_total=exp.entrypoint.progress.total if exp.entrypoint.progress else None,
-        python=python, container=container, modules=tuple(site.modules), setup=tuple(site.setup),
-        env=tuple(env.items()), derive_master_port="MASTER_PORT" not in env,
-        strategy=strategy.name, zero_stage=strategy.zero_stage if strategy.name == "deepspeed" else None,
-        precision=exp.precision, global_batch=global_batch, micro_batch=micro, accumulation=accumulation,
-        ds_config=ds_config, strategy_choice=choice,
-        checkpoint_every=exp.checkpoint.every_steps, checkpoint_keep=exp.checkpoint.keep,
-        requeue_max=exp.requeue.max, signal_lead_s=exp.requeue.signal_lead_s, crash_retries=site.crash_retries,
-        exclude_bad_nodes=exp.requeue.exclude_bad_nodes,
-        # A sweep's element is a task of a job array: a new job would be outside the array.
-        requeue_mode="requeue" if ctx.sweep_id is not None else exp.requeue.mode,
-        watchdog_stall_s=STALL_AUTO_INITIAL_S if stall_auto else float(exp.watchdog.stall_s),
-        watchdog_stall_auto=stall_auto, watchdog_auto_floor_s=float(exp.watchdog.auto_floor_s),
-        watchdog_first_step_s=exp.watchdog.first_step_s, watchdog_slow_node=exp.watchdog.slow_node,
-        recovery_peer=_recovery_peer(exp, strategy.name),
-        experiment=_as_dict(exp), site=_as_dict(site), code=code, hparams=hparams,
-        sweep_id=ctx.sweep_id, dependency=ctx.dependency,
+        allocation=Allocation(
+            partition=alloc.partition, account=site.account,
+            qos=(part.qos if part is not None and part.qos else site.qos),
+            constraint=part.constraint if part is not None else None,
+            segment=part.segment if part is not None else None,
+            nodes=alloc.nodes, spare_nodes=alloc.spare_nodes, gpus_per_node=alloc.gpus_per_node,
+            gpu_directive=site.gpu_directive,
+            tasks_per_node=alloc.tasks_per_node, cpus_per_task=alloc.cpus_per_task, mem_gb=alloc.mem_gb,
+            time_seconds=alloc.time_seconds, extra_sbatch=tuple(sorted(site.sbatch.items())),
+            dependency=ctx.dependency),
+        launch=Launch(
+            launcher=exp.launcher, ranks_per_node=alloc.ranks_per_node, world_size=alloc.world_size,
+            entry_script=code.copy_of(code_entry(ctx, script)) if code and script else script,
+            entry_module=exp.entrypoint.module,
+            entry_args=tuple(str(a) for a in exp.entrypoint.args),
+            entry_resume_args=tuple(str(a) for a in exp.entrypoint.resume_args),
+            progress_pattern=exp.entrypoint.progress.pattern if exp.entrypoint.progress else None,
+            progress_total=exp.entrypoint.progress.total if exp.entrypoint.progress else None,
+            python=python, container=container, modules=tuple(site.modules), setup=tuple(site.setup),
+            env=tuple(env.items()), derive_master_port="MASTER_PORT" not in env),
+        training=Training(
+            strategy=strategy.name, zero_stage=strategy.zero_stage if strategy.name == "deepspeed" else None,
+            precision=exp.precision, global_batch=global_batch, micro_batch=micro, accumulation=accumulation,
+            ds_config=ds_config, strategy_choice=choice,
+            checkpoint_every=exp.checkpoint.every_steps, checkpoint_keep=exp.checkpoint.keep),
+        recovery=Recovery(
+            requeue_max=exp.requeue.max, signal_lead_s=exp.requeue.signal_lead_s, crash_retries=site.crash_retries,
+            exclude_bad_nodes=exp.requeue.exclude_bad_nodes,
+            # A sweep's element is a task of a job array: a new job would be outside the array.
+            requeue_mode="requeue" if ctx.sweep_id is not None else exp.requeue.mode,
+            watchdog_stall_s=STALL_AUTO_INITIAL_S if stall_auto else float(exp.watchdog.stall_s),
+            watchdog_stall_auto=stall_auto, watchdog_auto_floor_s=float(exp.watchdog.auto_floor_s),
+            watchdog_first_step_s=exp.watchdog.first_step_s, watchdog_slow_node=exp.watchdog.slow_node,
+            peer=_recovery_peer(exp, strategy.name)),
+        experiment=_as_dict(exp), site=_as_dict(site), code=code, hparams=hparams, sweep_id=ctx.sweep_id,
     )
 
 

@@ -85,7 +85,7 @@ def check_inputs(plan: JobPlan, *, runs_root: PathSource | None = None,
     snapshot is within its bound (its survey is returned, for write_bundle). Looks only."""
     runs_src, ckpt_src = sources(plan, runs_root, checkpoint)
     script = plan.submitted_script
-    if script and plan.container is None and not os.path.isfile(script):
+    if script and plan.launch.container is None and not os.path.isfile(script):
         raise ConfigError(f"script {script!r} not found (relative paths are taken from the "
                           "experiment file's directory)", file=plan.experiment_file, key="entrypoint.script")
     if os.path.lexists(plan.run_dir):
@@ -247,6 +247,7 @@ def initial_record(plan: JobPlan, *, dry_run: bool, origin: Mapping | None = Non
     return RunRecord(
         run_id=plan.run_id, name=plan.name, site=plan.site_name, scheduler=plan.scheduler,
         run_dir=plan.run_dir, experiment_file=plan.experiment_file, created=registry.now(), dry_run=dry_run,
-        nodes=plan.nodes, world_size=plan.world_size, partition=plan.partition, requeue_max=plan.requeue_max,
-        crash_retries=plan.crash_retries, state=(State.RENDERED if dry_run else State.SUBMITTING).value,
-        job_id=None, extra={"provenance": dict(origin)} if origin is not None else {})
+        nodes=plan.allocation.nodes, world_size=plan.launch.world_size, partition=plan.allocation.partition,
+        requeue_max=plan.recovery.requeue_max, crash_retries=plan.recovery.crash_retries,
+        state=(State.RENDERED if dry_run else State.SUBMITTING).value, job_id=None,
+        extra={"provenance": dict(origin)} if origin is not None else {})

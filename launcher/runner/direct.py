@@ -196,7 +196,8 @@ class Direct:
 
     def plan(self, plan: JobPlan) -> JobPlan:
         """The plan with its entry script's conventions (the warning signal)."""
-        return dataclasses.replace(plan, warning_signal=frameworks.warning_signal(plan.submitted_script))
+        signal = frameworks.warning_signal(plan.submitted_script)
+        return dataclasses.replace(plan, recovery=dataclasses.replace(plan.recovery, warning_signal=signal))
 
     def files(self, files: Mapping[str, str]) -> dict[str, str]:
         return dict(files)

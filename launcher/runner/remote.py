@@ -214,9 +214,9 @@ def on_cluster(plan: JobPlan) -> JobPlan:
 def python_warning(loaded_site: LoadedSite, plan: JobPlan) -> str | None:
     """Over SSH the nodes run this machine's interpreter path unless the profile names one
     (`python:`) or a container: said, as the cluster may have no such file."""
-    if loaded_site.config.python or plan.container is not None:
+    if loaded_site.config.python or plan.launch.container is not None:
         return None
-    return (f"the nodes run {plan.python[0]} (this machine's interpreter, which must exist on the cluster): "
+    return (f"the nodes run {plan.launch.python[0]} (this machine's interpreter, which must exist on the cluster): "
             f"set python: to the cluster's interpreter {where_to_change(loaded_site.path)}")
 
 
@@ -384,7 +384,7 @@ def moved_paths(value: Any, old: str, new: str) -> Any:
 
 def _sbatch_held(client: Client, plan: JobPlan, user: str) -> str:
     """sbatch the run's job held; its id."""
-    marker = submission_marker(plan.run_id) if "comment" not in dict(plan.extra_sbatch) else ""
+    marker = submission_marker(plan.run_id) if "comment" not in dict(plan.allocation.extra_sbatch) else ""
     return sbatch_held(client, posixpath.join(plan.run_dir, "job.sbatch"), marker, user)
 
 

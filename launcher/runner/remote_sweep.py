@@ -94,7 +94,7 @@ def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, ch
             for number, batch in enumerate(sweep_plan.batches):
                 marker = array.submission_marker(prepared.sweep_id, number)
                 members = [plans[i] for i in batch.elements]
-                with_comment = "comment" not in dict(members[0].extra_sbatch)
+                with_comment = "comment" not in dict(members[0].allocation.extra_sbatch)
                 array_id = remote.sbatch_held(client, posixpath.join(cluster, str(batch.script)),
                                               marker if with_comment else "", user, found_as=array.array_job_id)
                 arrays.append(array_id)
@@ -109,7 +109,7 @@ def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, ch
     return _result(prepared)
 
 
-def _name_the_cluster(local: Path, cluster: str, local_plans: Sequence[Any]) -> None:
+def _name_the_cluster(local: Path, cluster: str, local_plans: Sequence[JobPlan]) -> None:
     """The staged records name the cluster's directories, as the job there reads them."""
     for plan in local_plans:
         with registry.updating(plan.run_dir) as record:

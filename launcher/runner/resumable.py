@@ -16,7 +16,7 @@ from launcher.config.sites import site_from_layers
 from launcher.config.typed import NULLS
 from launcher.config.yamlfile import Scalar, read_yaml
 from launcher.errors import ConfigError, GlaunchError, RunError
-from launcher.resolution.jobplan import CodeRoot, SubmitContext
+from launcher.resolution.jobplan import CodeRoot, JobPlan, SubmitContext
 from launcher.rundir import claims, registry
 from launcher.rundir.layout import (
     TASK_FILE,
@@ -109,10 +109,11 @@ class RecordedConfig:
                                 path=site_file, chain=(site_file,))
         return exp, site
 
-    def conventions(self, plan):
+    def conventions(self, plan: JobPlan) -> JobPlan:
         """`plan` with the entry script's conventions the submission found (its warning
         signal, launcher.runner.frameworks), which the script's text need not give again."""
-        return dataclasses.replace(plan, warning_signal=frameworks.recorded_signal(self.text("derived.warning_signal")))
+        signal = frameworks.recorded_signal(self.text("derived.warning_signal"))
+        return dataclasses.replace(plan, recovery=dataclasses.replace(plan.recovery, warning_signal=signal))
 
     def context(self, exp, site):
         """The submission's context again: its working directory and run directory, the
@@ -139,7 +140,7 @@ class RecordedConfig:
         raise exp.provenance.error("site", f"the run ran on site {site.config.name!r}; a resumed run keeps its site "
                                    f"(to run on {wanted!r}, submit the experiment again)")
 
-    def check_kept(self, plan, exp, files: Any = os.path) -> None:
+    def check_kept(self, plan: JobPlan, exp, files: Any = os.path) -> None:
         """The run keeps its run directory, its checkpoint directory and its code snapshot
         (`files`: where they are looked for, with isdir and isfile; this machine's by default)."""
         where = exp.provenance
@@ -157,12 +158,12 @@ class RecordedConfig:
         if plan.code is not None and not files.isdir(plan.code.dest):
             raise where.error("code.snapshot", f"the run has no code snapshot in {plan.code.dest} to run from "
                               "(it was submitted without one)")
-        script = plan.entry_script
-        if script and plan.container is None and not files.isfile(script):
+        script = plan.launch.entry_script
+        if script and plan.launch.container is None and not files.isfile(script):
             raise where.error("entrypoint.script", f"script {script!r} not found")
 
 
-def _claim_problem(plan) -> str | None:
+def _claim_problem(plan: JobPlan) -> str | None:
     """Why the run may not load its checkpoint directory any more (another run took it
     over), or None. A directory with no claim is the run's (submitted before claims)."""
     if not bundle.checkpoint_outside(plan):
@@ -198,11 +199,12 @@ def record_resume(record: RunRecord, prepared: PreparedResume, number: int, asid
                 ended[key] = value
     entry = {"number": number, "at": registry.now(), "overrides": list(prepared.overrides),
              "previous_files": os.path.relpath(aside, prepared.run_dir), "ended": ended,
-             "nodes": plan.nodes, "world_size": plan.world_size, "partition": plan.partition,
-             "first_start": len(record.starts)}
+             "nodes": plan.allocation.nodes, "world_size": plan.launch.world_size,
+             "partition": plan.allocation.partition, "first_start": len(record.starts)}
     resumes = record.extra.get("resumes")
     record.extra["resumes"] = [*(resumes if isinstance(resumes, list) else []), entry]
     resubmit(record)
     record.job_id = None
-    record.nodes, record.world_size, record.partition = plan.nodes, plan.world_size, plan.partition
-    record.requeue_max, record.crash_retries = plan.requeue_max, plan.crash_retries
+    record.nodes, record.world_size = plan.allocation.nodes, plan.launch.world_size
+    record.partition = plan.allocation.partition
+    record.requeue_max, record.crash_retries = plan.recovery.requeue_max, plan.recovery.crash_retries

@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 from launcher import schedulers
 from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
+from launcher.resolution.jobplan import JobPlan
 from launcher.resolution.resolve import resolve
 from launcher.rundir import registry
 from launcher.rundir.layout import LIB_DIR, RunDir
@@ -87,7 +88,7 @@ def _prepare_here(run_dir: Path, overrides: Sequence[str], dry_run: bool) -> Pre
                           _warnings(plan, record))
 
 
-def _warnings(plan, record: RunRecord) -> tuple[str, ...]:
+def _warnings(plan: JobPlan, record: RunRecord) -> tuple[str, ...]:
     """What the user should know before it starts: no checkpoint to continue from."""
     # The in-job runtime's own reader of the checkpoint directory; loaded only here, so
     # that submitting never loads the runtime.
@@ -95,7 +96,7 @@ def _warnings(plan, record: RunRecord) -> tuple[str, ...]:
 
     if latest_complete(plan.checkpoint_dir, verify="size", quiet=True) is not None:
         return ()
-    if plan.entry_resume_args:
+    if plan.launch.entry_resume_args:
         # The script keeps its own checkpoints, where glaunch does not look: it is told to resume.
         return ()
     return (f"run {record.run_id}: no complete checkpoint in {plan.checkpoint_dir}: the resumed run starts "

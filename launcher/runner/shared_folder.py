@@ -34,6 +34,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from launcher.config.typed import NULLS
 from launcher.config.yamlfile import MAX_FILE_BYTES, Scalar, parse
 from launcher.errors import GlaunchError
+from launcher.resolution.jobplan import JobPlan
 from launcher.resolution.paths import inside
 from launcher.rundir import registry, runvalues
 from launcher.rundir.files import read_text
@@ -110,13 +111,13 @@ def warning_text(this: FolderUse, shared: Sequence[FolderUse], entry: str) -> st
             "[\"--out_dir=${run:dir}/out\"] (${run:checkpoint_dir} and ${run:id} too; in env values as well)")
 
 
-def warning(plan: Any) -> str | None:
-    """The warning for a submission of `plan` (launcher.resolution.jobplan.JobPlan) whose
-    ranks work in the folder of another live or resumable run, neither keeping its outputs
-    in its own run; None otherwise, and where the run index cannot be read."""
+def warning(plan: JobPlan) -> str | None:
+    """The warning for a submission of `plan` whose ranks work in the folder of another
+    live or resumable run, neither keeping its outputs in its own run; None otherwise, and
+    where the run index cannot be read."""
     if inside(plan.workdir, plan.run_dir) is not None:
         return None                      # over SSH: the ranks run in the run's own snapshot
-    words = [*plan.entry_args, *plan.entry_resume_args, *(value for _, value in plan.env)]
+    words = [*plan.launch.entry_args, *plan.launch.entry_resume_args, *(value for _, value in plan.launch.env)]
     if names_own_folder(words) or imports_runtime(script_text(plan.submitted_script)):
         return None
     this = FolderUse(plan.run_id, plan.workdir, own_outputs=False)
@@ -124,7 +125,8 @@ def warning(plan: Any) -> str | None:
         others = list(folder_uses(plan.run_id, plan.run_dir, plan.workdir))
     except (GlaunchError, OSError):
         return None
-    return warning_text(this, sharing(this, others), plan.submitted_script or plan.entry_module)
+    entry = plan.submitted_script or plan.launch.entry_module or "the entry point"
+    return warning_text(this, sharing(this, others), entry)
 
 
 def folder_uses(run_id: str, run_dir: str, workdir: str) -> Iterator[FolderUse]:

@@ -17,7 +17,7 @@ from launcher.config.load import load_experiment
 from launcher.config.sourcemap import Origin
 from launcher.config.sites import load_site
 from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
-from launcher.resolution.jobplan import SubmitContext
+from launcher.resolution.jobplan import JobPlan, SubmitContext
 from launcher.resolution.resolve import code_anchor, resolve
 from launcher.rundir import registry
 from launcher.rundir.records import IN_FLIGHT, State
@@ -77,7 +77,7 @@ def _warn_unseen(prepared: Prepared, experiment, site: str | None, overrides: Se
     return dataclasses.replace(prepared, warnings=warnings)
 
 
-def _bundle_files(experiment, site: str | None, overrides: Sequence[str], runs_dir: str | None, plan,
+def _bundle_files(experiment, site: str | None, overrides: Sequence[str], runs_dir: str | None, plan: JobPlan,
                   roots: dict) -> Mapping[str, str]:
     """The run bundle of the experiment with `overrides`, under `plan`'s run id, as this
     machine renders it (only compared with another rendering of the same kind)."""
@@ -128,7 +128,7 @@ def upstreams_of(after: Sequence[str], scheduler: str, *, dry_run: bool) -> tupl
     return upstreams, dependencies.dependency_clause(upstreams, scheduler)
 
 
-def take_over_warning(exp, plan, upstreams: Sequence[Any], *, dry_run: bool) -> str | None:
+def take_over_warning(exp, plan: JobPlan, upstreams: Sequence[Any], *, dry_run: bool) -> str | None:
     """checkpoint.take_over: the run named exists and has ended (or this one waits for it
     with --after), so two runs never write the directory at once; what the take-over
     means, said. ConfigError naming the key otherwise."""
@@ -149,17 +149,17 @@ def take_over_warning(exp, plan, upstreams: Sequence[Any], *, dry_run: bool) -> 
             f"newest checkpoint, and {record.run_id} can no longer be resumed from it")
 
 
-def checkpoint_warning(exp, plan) -> str | None:
+def checkpoint_warning(exp, plan: JobPlan) -> str | None:
     """A run that may be requeued, from an experiment that says nothing of how it resumes
     (no checkpoint settings, no `entrypoint.resume_args`): whether its script saves cannot
     be told before it runs, so say so, what a requeue does to a script that never saves,
     and how to tell glaunch otherwise (`glaunch status` says it again if that happens)."""
-    if plan.requeue_max <= 0 or plan.entry_resume_args or any(
+    if plan.recovery.requeue_max <= 0 or plan.launch.entry_resume_args or any(
             key == "checkpoint" or key.startswith("checkpoint.") for key in exp.provenance.origins):
         return None
-    entry = plan.submitted_script or plan.entry_module
-    return (f"{exp.path}: no checkpoint settings and requeue.max={plan.requeue_max}: glaunch cannot tell before it "
-            f"runs whether {entry} saves and resumes. If it uses glaunch's runtime (rt.save_torch_state, "
+    entry = plan.submitted_script or plan.launch.entry_module
+    return (f"{exp.path}: no checkpoint settings and requeue.max={plan.recovery.requeue_max}: glaunch cannot tell "
+            f"before it runs whether {entry} saves and resumes. If it uses glaunch's runtime (rt.save_torch_state, "
             "rt.resume_torch_state), or resumes by itself and entrypoint.resume_args says how (e.g. "
             "[\"--init_from=resume\"]), a requeue goes on from its checkpoint; otherwise each requeue restarts it "
             "from step 0")

@@ -7,10 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 from launcher.rundir import registry
+from launcher.runner.prepared import PreparedSweep
 from launcher.runner import bundle, dependencies, provenance, snapshot, sweeps
+from launcher.schedulers.base import SweepPlan
 
 
-def checked_inputs(prepared: Any) -> Any:
+def checked_inputs(prepared: PreparedSweep) -> snapshot.Survey | None:
     """Every element's paths checked; the code snapshot's survey (None without one)."""
     for item in prepared.prepared:
         bundle.check_inputs(item.plan, runs_root=item.runs_root_from, checkpoint=item.checkpoint_from)
@@ -20,7 +22,7 @@ def checked_inputs(prepared: Any) -> Any:
     return survey
 
 
-def write_sweep(prepared: Any, sweep_plan: Any, survey: Any, *, dry_run: bool,
+def write_sweep(prepared: PreparedSweep, sweep_plan: SweepPlan, survey: snapshot.Survey | None, *, dry_run: bool,
                 register: bool = True) -> None:
     """The sweep directory, written whole or not at all: sweep.json, the array scripts, the
     code snapshot and every element's run directory; with `register`, each in the run index."""

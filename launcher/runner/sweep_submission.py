@@ -10,12 +10,12 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from launcher import schedulers
 from launcher.config.load import load_experiment
 from launcher.errors import ConfigError
-from launcher.resolution.jobplan import SubmitContext
+from launcher.resolution.jobplan import JobPlan, SubmitContext
 from launcher.resolution.resolve import resolve
 from launcher.resolution.sweep import Element, expand, parse_axes
 from launcher.rundir import registry
@@ -134,7 +134,7 @@ def _loaded(element, experiment: str | os.PathLike, overrides: Sequence[str]):
         return load_experiment(experiment, [*overrides, *element.overrides])
 
 
-def _shared_checkpoint_dirs(plans: Sequence[Any]) -> set[str]:
+def _shared_checkpoint_dirs(plans: Sequence[JobPlan]) -> set[str]:
     """Checkpoint directories outside the run directories that more than one element would
     use: each element owns its checkpoints."""
     counts = collections.Counter(p.checkpoint_dir for p in plans if bundle.checkpoint_outside(p))

@@ -41,18 +41,19 @@ class LocalScheduler(Scheduler):
     runs_to_completion = True
 
     def check(self, plan: JobPlan) -> None:
-        if plan.nodes != 1:
+        if plan.allocation.nodes != 1:
             raise ConfigError(f"site {plan.site_name!r} runs on this machine: one node only",
                               file=plan.experiment_file, key="resources.nodes")
-        if plan.spare_nodes:
+        if plan.allocation.spare_nodes:
             raise ConfigError(f"site {plan.site_name!r} runs on this machine: no spare nodes",
                               file=plan.experiment_file, key="resources.spare_nodes")
 
     def job_shell(self, plan: JobPlan) -> JobShell:
         out, err = task_log_patterns(plan)
-        words = [*plan.python, "-u", "-m", "launcher.localrun.jobstep",
-                 f"--ntasks={plan.tasks_per_node}", f"--time-limit={plan.time_seconds}",
-                 f"--signal={plan.warning_signal}@{plan.signal_lead_s}", f"--output={out}", f"--error={err}", "--"]
+        words = [*plan.launch.python, "-u", "-m", "launcher.localrun.jobstep",
+                 f"--ntasks={plan.allocation.tasks_per_node}", f"--time-limit={plan.allocation.time_seconds}",
+                 f"--signal={plan.recovery.warning_signal}@{plan.recovery.signal_lead_s}",
+                 f"--output={out}", f"--error={err}", "--"]
         return JobShell(
             directives=("# scheduler: local -- run with bash on this machine by `glaunch submit`",),
             launch=shell.join(words) + " " + submitit_command(plan),
@@ -368,7 +369,7 @@ def _run(plan: JobPlan, run_dir: RunDir, job_lock: int, console: RunConsole, int
         ended = registry.read(run_dir.path)
         end = end_of_local_start(run_dir, ended, job_id=job_id, restart=restart, status=status,
                                  summary=read_json(run_dir.step_summary(job_id)) or {},
-                                 requeue_max=plan.requeue_max, crash_retries=plan.crash_retries,
+                                 requeue_max=plan.recovery.requeue_max, crash_retries=plan.recovery.crash_retries,
                                  first_start=first_start, interrupted=interrupted, cancelled=CANCEL_KEY in ended.extra)
         outcome = end.outcome
         with registry.updating(run_dir.path) as record:

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from launcher.resolution.jobplan import JobPlan
 from launcher.runner.results import Run, StateChange, Sweep
 
 
-def running_here(plan: Any) -> str:
-    """The first line of a run on this machine (`plan`: its JobPlan)."""
-    return f"run {plan.run_id}: running on this machine ({plan.world_size} ranks); {plan.run_dir}"
+def running_here(plan: JobPlan) -> str:
+    """The first line of a run on this machine."""
+    return f"run {plan.run_id}: running on this machine ({plan.launch.world_size} ranks); {plan.run_dir}"
 
 
 def dry_run(run: Run, job_script: str, to_submit: str | None = None) -> str:

@@ -15,10 +15,17 @@ from launcher.rendering.render import render_ds_config
 
 
 @dataclasses.dataclass
+class Training:
+    """What render_ds_config reads of a JobPlan's training part."""
+
+    ds_config: dict
+
+
+@dataclasses.dataclass
 class Plan:
     """What render_ds_config reads of a JobPlan."""
 
-    ds_config: dict
+    training: Training
     experiment_file: str = "exp.yaml"
 
 
@@ -36,12 +43,12 @@ CASES = [
 @pytest.mark.parametrize("ds_config,fragments", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_refused(ds_config, fragments):
     with pytest.raises(ConfigError) as info:
-        render_ds_config(Plan(ds_config))
+        render_ds_config(Plan(Training(ds_config)))
     assert info.value.key == "deepspeed" and info.value.exit_code == 2
     for fragment in fragments:
         assert fragment in str(info.value), f"{fragment!r} not in {str(info.value)!r}"
 
 
 def test_ds_config_json_never_holds_raw_control_characters():
-    text = render_ds_config(Plan({"path": "a\x7fb\x1b\x9b"}))
+    text = render_ds_config(Plan(Training({"path": "a\x7fb\x1b\x9b"})))
     assert all(c.isprintable() or c == "\n" for c in text) and json.loads(text)["path"] == "a\x7fb\x1b\x9b"

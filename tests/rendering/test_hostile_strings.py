@@ -221,8 +221,8 @@ def check_rendered(context, value, plan, files, cwd: Path):
         assert seen["HOSTILE"] == _expand(value, BASH_ENV)
     elif context == "args":
         line = next(x for x in files["job.sbatch"].splitlines() if x.startswith("#   python "))
-        assert _words(line[len("#   python "):], cwd) == [plan.entry_script, "--x", value]
-        assert list(plan.entry_args) == ["--x", value]
+        assert _words(line[len("#   python "):], cwd) == [plan.launch.entry_script, "--x", value]
+        assert list(plan.launch.entry_args) == ["--x", value]
     elif context in ("runs-dir", "runs-root", "mounted-runs-dir"):
         assert plan.run_dir == _path(f"/scratch/{value}/runs/{RUN_ID}")
         out, seen, _ = _source_env(files, ["GLAUNCH_RUN_DIR", "GLAUNCH_CHECKPOINT_DIR"], cwd)
@@ -252,14 +252,14 @@ def check_rendered(context, value, plan, files, cwd: Path):
     elif context in ("mount-pyxis", "mounted-workdir"):
         words = _srun_words(files, cwd)
         mounts = next(w for w in words if w.startswith("--container-mounts="))[len("--container-mounts="):]
-        assert mounts.split(",") == list(plan.container.mounts)
-        assert all(len(m.split(":")) == 1 for m in plan.container.mounts)
+        assert mounts.split(",") == list(plan.launch.container.mounts)
+        assert all(len(m.split(":")) == 1 for m in plan.launch.container.mounts)
         expected = f"/data/{value}" if context == "mount-pyxis" else os.path.normpath(f"/home/{value}/exp")
-        assert expected in plan.container.mounts
+        assert expected in plan.launch.container.mounts
     elif context in ("mount-apptainer", "mounted-checkpoint"):
         words = _srun_words(files, cwd)
         binds = [words[i + 1] for i, w in enumerate(words) if w == "--bind"]
-        assert binds == list(plan.container.mounts) and not any("," in b for b in binds)
+        assert binds == list(plan.launch.container.mounts) and not any("," in b for b in binds)
         expected = f"/data/{value}" if context == "mount-apptainer" else _path(f"/ck/{value}")
         assert expected in binds
     elif context in ("sbatch-extra", "account", "qos", "constraint"):

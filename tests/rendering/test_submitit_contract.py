@@ -14,13 +14,15 @@ def test_submitit_version_is_the_pinned_one():
 
 def test_task_command_matches_submitit(tmp_path):
     from launcher.rendering.render import submitit_command
-    from launcher.resolution.jobplan import JobPlan
+    from launcher.resolution.jobplan import JobPlan, Launch
 
     executor = object.__new__(SlurmExecutor)
     executor.folder = tmp_path / "my logs"
     executor.python = shlex.quote("/opt/py env/bin/python")
+    launch = object.__new__(Launch)
+    object.__setattr__(launch, "python", ("/opt/py env/bin/python",))
     plan = object.__new__(JobPlan)
-    object.__setattr__(plan, "python", ("/opt/py env/bin/python",))
+    object.__setattr__(plan, "launch", launch)
     object.__setattr__(plan, "log_dir", str(tmp_path / "my logs"))
     assert submitit_command(plan) == executor._submitit_command_str
 

@@ -309,7 +309,7 @@ def test_zero_stage_in_range_with_ddp_is_taken(mysite_workdir):
 def test_largest_world_size_renders(mysite_workdir):
     (mysite_workdir / "site_configs" / "mysite.yaml").write_text(UNBOUNDED_SITE)
     prepared = api.prepare("exp.yaml", site="mysite", overrides=["resources.nodes=131072"], dry_run=True)
-    assert prepared.plan.world_size == 2 ** 20
+    assert prepared.plan.launch.world_size == 2 ** 20
     assert "#SBATCH --nodes=131072" in prepared.files["job.sbatch"]
 
 
@@ -333,4 +333,4 @@ def test_long_arguments_are_fine_under_srun(mysite_workdir):
     (mysite_workdir / "exp.yaml").write_text(QUIET_EXP.replace("{script: train.py}", "{script: train.py, args: ['%s']}"
                                                                % ("y" * 200000)))
     prepared = api.prepare("exp.yaml", site="mysite", dry_run=True)
-    assert prepared.plan.entry_args == ("y" * 200000,)
+    assert prepared.plan.launch.entry_args == ("y" * 200000,)

@@ -57,8 +57,8 @@ def env_sh(files) -> str:
 def test_fsdp_resolves_to_its_own_strategy(workdir):
     p = prepared(workdir, "strategy: {name: fsdp}\n")
     plan = p.plan
-    assert (plan.strategy, plan.zero_stage, plan.ds_config, plan.strategy_choice) == ("fsdp", None, None, None)
-    assert (plan.world_size, plan.accumulation) == (8, 2)        # 64 / (4 x 8)
+    assert (plan.training.strategy, plan.training.zero_stage, plan.training.ds_config, plan.training.strategy_choice) == ("fsdp", None, None, None)
+    assert (plan.launch.world_size, plan.training.accumulation) == (8, 2)        # 64 / (4 x 8)
     env = env_sh(p.files)
     assert "export GLAUNCH_STRATEGY=fsdp\n" in env and "GLAUNCH_DS_CONFIG" not in env
     assert "export GLAUNCH_PRECISION=bf16\n" in env
@@ -73,7 +73,7 @@ def test_zero_stage_is_ignored_for_fsdp(workdir):
 
     plain, plain_env = bundle("strategy: {name: fsdp}\n")
     staged, staged_env = bundle("strategy: {name: fsdp, zero_stage: 3, nvme_path: /nvme}\n")
-    assert staged.zero_stage is None and staged.ds_config is None
+    assert staged.training.zero_stage is None and staged.training.ds_config is None
     assert staged_env == plain_env
     # A stage outside 0..3 is a mistake whatever the strategy: refused, naming the key.
     with pytest.raises(ConfigError, match=r"strategy\.zero_stage.*0\.\.3"):
@@ -82,9 +82,9 @@ def test_zero_stage_is_ignored_for_fsdp(workdir):
 
 def test_an_experiment_written_for_deepspeed_switches_to_fsdp_by_override(workdir):
     ds = "strategy: {name: deepspeed, zero_stage: 3}\n"
-    assert prepared(workdir, ds).plan.zero_stage == 3
+    assert prepared(workdir, ds).plan.training.zero_stage == 3
     plan = prepared(workdir, ds, "strategy.name=fsdp").plan
-    assert (plan.strategy, plan.zero_stage, plan.ds_config) == ("fsdp", None, None)
+    assert (plan.training.strategy, plan.training.zero_stage, plan.training.ds_config) == ("fsdp", None, None)
 
 
 def test_sweep_over_strategies(workdir):

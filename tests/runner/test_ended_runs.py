@@ -132,7 +132,7 @@ def test_logs_list_and_cancel_of_an_ended_run_ask_nothing(down):
 def test_resume_of_an_ended_run_is_prepared_without_the_scheduler(down):
     run_dir = slurm_run(state="TIMEOUT", job_id="12", starts=[job_start(0, "TIMEOUT", reason="timeout")])
     prepared = api.prepare_resume(str(run_dir), overrides=["resources.nodes=1"])
-    assert prepared.record.state == "TIMEOUT" and prepared.plan.nodes == 1
+    assert prepared.record.state == "TIMEOUT" and prepared.plan.allocation.nodes == 1
     assert calls(down) == {}
 
 

@@ -74,7 +74,8 @@ def test_slurm_warns_a_plain_lightning_job_with_sigusr1():
                    load_site("local-slurm", Path("/nonexistent"), environ),
                    SubmitContext(cwd="/home/alice/exp", python="/usr/bin/python3", environ=environ, run_id="fw-1"))
     assert "#SBATCH --signal=USR2@45" in sbatch_directives(plan)
-    assert "#SBATCH --signal=USR1@45" in sbatch_directives(dataclasses.replace(plan, warning_signal="USR1"))
+    usr1 = dataclasses.replace(plan, recovery=dataclasses.replace(plan.recovery, warning_signal="USR1"))
+    assert "#SBATCH --signal=USR1@45" in sbatch_directives(usr1)
 
 
 def test_a_resume_keeps_the_signal_the_submission_chose(tmp_path, isolated_env):
@@ -89,6 +90,7 @@ def test_a_resume_keeps_the_signal_the_submission_chose(tmp_path, isolated_env):
     recorded = RecordedConfig.read(run_dir)
     exp, site = recorded.load([])
     plan = resolve(exp, site, recorded.context(exp, site))
-    assert plan.warning_signal == "USR2"                 # resolution alone does not read the script
-    assert recorded.conventions(plan).warning_signal == "USR1"
-    assert recorded.conventions(dataclasses.replace(plan, warning_signal="USR1")).warning_signal == "USR1"
+    assert plan.recovery.warning_signal == "USR2"                 # resolution alone does not read the script
+    assert recorded.conventions(plan).recovery.warning_signal == "USR1"
+    usr1 = dataclasses.replace(plan, recovery=dataclasses.replace(plan.recovery, warning_signal="USR1"))
+    assert recorded.conventions(usr1).recovery.warning_signal == "USR1"

@@ -86,7 +86,7 @@ def test_bad_overrides_exit_2_and_write_nothing(tmp_path, isolated_env, override
 def test_one_override_string_is_one_override_and_the_runs_own_site_may_be_named(tmp_path, isolated_env):
     run_dir = ended_run(tmp_path)
     prepared = api.prepare_resume(run_dir, overrides="batch.micro_size=4", dry_run=True)
-    assert prepared.overrides == ("batch.micro_size=4",) and prepared.plan.global_batch == 8
+    assert prepared.overrides == ("batch.micro_size=4",) and prepared.plan.training.global_batch == 8
     assert api.prepare_resume(run_dir, overrides=["site=local"], dry_run=True).plan.site_name == "local"
     with pytest.raises(ConfigError) as info:
         api.prepare_resume(run_dir, overrides=5, dry_run=True)
@@ -105,7 +105,7 @@ def test_overrides_go_on_top_of_the_recorded_configuration(tmp_path, isolated_en
     assert resolved["experiment"]["checkpoint"]["every_steps"] == 10
     assert resolved["derived"]["run_dir"] == str(run_dir) and resolved["run_id"] == run_dir.name
     assert resolved["derived"]["checkpoint_dir"] == str(run_dir / "checkpoints")
-    assert prepared.plan.entry_args == ("--steps", "80") and prepared.plan.global_batch == 8
+    assert prepared.plan.launch.entry_args == ("--steps", "80") and prepared.plan.training.global_batch == 8
     assert any("no complete checkpoint" in w for w in prepared.warnings)
     # A dry run writes nothing.
     before = snapshot(run_dir)

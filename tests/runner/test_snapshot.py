@@ -191,13 +191,13 @@ def test_slurm_runs_the_snapshot_local_site_the_work_tree(work_tree, tmp_path):
     plan = plan_in(work_tree, tmp_path / "runs")
     run_dir = tmp_path / "runs" / "snap-1"
     assert plan.code is not None and plan.code.source == str(work_tree) and plan.code.git
-    assert plan.entry_script == str(run_dir / "code" / "src" / "train.py")
+    assert plan.launch.entry_script == str(run_dir / "code" / "src" / "train.py")
     assert plan.submitted_script == str(work_tree / "src" / "train.py")
     assert plan.code.import_path == str(run_dir / "code")
     files = SlurmScheduler().render(plan)
     assert f"#   python {run_dir}/code/src/train.py --x 1" in files["job.sbatch"]
     local = plan_in(work_tree, tmp_path / "runs2", "local")
-    assert local.code is None and local.entry_script == str(work_tree / "src" / "train.py")
+    assert local.code is None and local.launch.entry_script == str(work_tree / "src" / "train.py")
 
 
 def test_bundle_copies_the_code_and_records_provenance(work_tree, tmp_path):
@@ -267,7 +267,7 @@ def test_the_task_imports_from_the_snapshot_first(tmp_path):
 
 def test_code_settings_from_the_experiment(work_tree, tmp_path):
     off = plan_in(work_tree, tmp_path / "a", "local-slurm", "code.snapshot=false")
-    assert off.code is None and off.entry_script == str(work_tree / "src" / "train.py")
+    assert off.code is None and off.launch.entry_script == str(work_tree / "src" / "train.py")
     on = plan_in(work_tree, tmp_path / "b", "local", "code.snapshot=true", "code.exclude=[notes.txt,'*.yaml']")
     assert on.code is not None and on.code.exclude == ("notes.txt", "*.yaml")
     found = snapshot.survey(on.code)
@@ -297,7 +297,7 @@ def test_hparams_reach_args_and_hparams_json(work_tree, tmp_path):
     ctx = SubmitContext(cwd=str(work_tree), python="/usr/bin/python3", environ=dict(os.environ), run_id="hp-1",
                         runs_dir=str(tmp_path / "runs"))
     plan = resolve(exp, load_site("local", work_tree, os.environ), ctx)
-    assert plan.entry_args == ("--lr", "0.0001")          # the value interpolated, as a number
+    assert plan.launch.entry_args == ("--lr", "0.0001")          # the value interpolated, as a number
     files = schedulers.get(plan.scheduler).render(plan)
     assert json.loads(files["hparams.json"]) == {"lr": 1e-4, "layers": [2, 4], "tag": "0123", "nested": {"on": True}}
     assert f"export GLAUNCH_HPARAMS={tmp_path}/runs/hp-1/hparams.json" in files["env.sh"]

@@ -181,7 +181,7 @@ def test_an_element_requeues_alone_and_keeps_its_array_id(tmp_path, isolated_env
     assert 'export GLAUNCH_JOB_ID="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in files["env.sh"]
     # Each element runs the sweep's one snapshot, and has its own checkpoints.
     sweep_dir = prepared.sweep_dir
-    assert prepared.prepared[1].plan.entry_script == str(sweep_dir / "code" / "examples" / "torch_ddp.py")
+    assert prepared.prepared[1].plan.launch.entry_script == str(sweep_dir / "code" / "examples" / "torch_ddp.py")
     assert prepared.prepared[1].plan.checkpoint_dir == f"{run_dir}/checkpoints"
 
 

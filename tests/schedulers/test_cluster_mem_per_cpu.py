@@ -218,7 +218,7 @@ def test_fake_submit_refuses_before_queuing(tmp_path, monkeypatch):
             "(MaxMemPerCPU=4000 MB x MaxCPUsPerNode=64): this job needs 77 CPUs a node") in str(err.value)
     plan = plan_on(site, tmp_path, "resources.partition=cpu-shared", "resources.mem_gb=250")
     # The nodes' interpreter (asked here, standing in for the nodes) is this one, with torch.
-    plan = dataclasses.replace(plan, python=(sys.executable,))
+    plan = dataclasses.replace(plan, launch=dataclasses.replace(plan.launch, python=(sys.executable,)))
     assert not [w for w in SlurmScheduler().check_cluster(plan) if "MaxMemPerCPU" in w]
 
 

@@ -310,7 +310,7 @@ def test_the_sbatch_for_the_detected_profile(tmp_path, case):
              if d.split("=")[0] in ("--partition", "--account", "--qos", "--nodes", "--ntasks-per-node",
                                     "--gres", "--gpus-per-node", "--cpus-per-task", "--time", "--mem")]
     assert found == expected, files["job.sbatch"]
-    report = compare(site_mapping(site.config), parse_cluster(text), partition=plan.partition,
+    report = compare(site_mapping(site.config), parse_cluster(text), partition=plan.allocation.partition,
                      request=Request.of_plan(plan))
     assert report.fatal == [], report.format()
     for fname in ("job.sbatch", "env.sh"):
@@ -506,7 +506,7 @@ def test_glaunch_run_in_an_allocation_with_fewer_cpus_on_a_node(tmp_path):
 
     site = loaded(tmp_path, HOPPER, "hopper", "proj1")
     plan = plan_on(site, tmp_path, "resources.partition=gpu", "resources.nodes=2")
-    assert (plan.tasks_per_node, plan.cpus_per_task) == (4, 12)
+    assert (plan.allocation.tasks_per_node, plan.allocation.cpus_per_task) == (4, 12)
     environ = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_CPUS_PER_NODE": "48,24"}
     with pytest.raises(ConfigError) as err:
         AllocationScheduler(Allocation.of(environ)).check(plan)

@@ -292,11 +292,12 @@ def test_submit_checks_that_the_nodes_interpreter_starts_and_finds_torch(tmp_pat
 
     monkeypatch.setattr(slurm_scheduler, "check_site", lambda *a, **k: CheckReport("fakesite", "main"))
     monkeypatch.setattr(slurm_scheduler.SlurmScheduler, "cluster", lambda self: None)
+    launch = type("Launch", (), {"python": (str(fake_torch_python),)})
     plan = type("Plan", (), {"site": {"modules": [], "setup": [], "env": {}}, "site_file": "fakesite.yaml",
-                             "partition": "gpu", "python": (str(fake_torch_python),)})
+                             "allocation": type("Allocation", (), {"partition": "gpu"}), "launch": launch})
     monkeypatch.setattr(slurm_scheduler.Request, "of_plan", staticmethod(lambda plan: None))
     assert slurm_scheduler.SlurmScheduler().check_cluster(plan) == []
-    plan.python = (sys.executable, "-S")
+    launch.python = (sys.executable, "-S")
     with pytest.raises(SchedulerError) as caught:
         slurm_scheduler.SlurmScheduler().check_cluster(plan)
     assert str(caught.value).startswith("fakesite.yaml: python: ") and "cannot import torch" in str(caught.value)

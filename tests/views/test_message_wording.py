@@ -85,7 +85,7 @@ def sites_check_environment() -> str:
 
 def remote_python_warning() -> str:
     loaded = SimpleNamespace(config=SimpleNamespace(python=None), path=Path(shipped("local-slurm-remote")))
-    return str(remote.python_warning(loaded, SimpleNamespace(container=None, python=("/usr/bin/python3",))))
+    return str(remote.python_warning(loaded, SimpleNamespace(launch=SimpleNamespace(container=None, python=("/usr/bin/python3",)))))
 
 
 def refusal_of_shipped_profile() -> str:

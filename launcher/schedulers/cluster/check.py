@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from launcher.config import slurmtime
+from launcher.resolution.jobplan import JobPlan
 from launcher.schedulers.cluster.partition import (
     Limits,
     accounting_limits,
@@ -53,11 +54,12 @@ class Request:
     constraint: str | None = None
 
     @classmethod
-    def of_plan(cls, plan: Any) -> Request:
-        cpus = plan.cpus_per_task * plan.tasks_per_node if plan.cpus_per_task else None
-        mem = math.ceil(plan.mem_gb * 1024) if plan.mem_gb is not None else None
-        return cls(plan.partition, plan.allocated_nodes, plan.time_seconds, plan.gpus_per_node, cpus, mem,
-                   plan.constraint)
+    def of_plan(cls, plan: JobPlan) -> Request:
+        alloc = plan.allocation
+        cpus = alloc.cpus_per_task * alloc.tasks_per_node if alloc.cpus_per_task else None
+        mem = math.ceil(alloc.mem_gb * 1024) if alloc.mem_gb is not None else None
+        return cls(alloc.partition, alloc.allocated_nodes, alloc.time_seconds, alloc.gpus_per_node, cpus, mem,
+                   alloc.constraint)
 
     def cpus_on(self, part: Partition) -> int | None:
         """The CPUs a node of this job gets in `part`: its own ask, raised where MaxMemPerCPU

@@ -24,7 +24,7 @@ from typing import Any, Mapping, Sequence
 
 from launcher import shell
 from launcher.errors import GlaunchError
-from launcher.resolution.jobplan import Container
+from launcher.resolution.jobplan import Container, JobPlan
 from launcher.resolution.resolve import node_python
 from launcher.schedulers.slurm import client as slurm_client
 
@@ -150,9 +150,9 @@ def environment_of(site: Any, submitting: str, home: str | None = None) -> Envir
     return _environment(site, _deciding_key(site), command)
 
 
-def plan_environment(plan: Any) -> Environment | str:
+def plan_environment(plan: JobPlan) -> Environment | str:
     """The probe's environment for the interpreter a job plan runs (resolution.JobPlan:
-    its `python` words, its profile's environment step), or why it cannot be probed."""
+    its `launch.python` words, its profile's environment step), or why it cannot be probed."""
     site = plan.site
     container = site.get("container")
     if container:
@@ -162,7 +162,7 @@ def plan_environment(plan: Any) -> Environment | str:
     shaped = _SiteShape(container=SimpleNamespace(**container) if container else None, python=site.get("python"),
                         sbatch=site.get("sbatch") or {}, modules=site.get("modules") or (),
                         setup=site.get("setup") or (), env=site.get("env") or {})
-    return _environment(shaped, _deciding_key(shaped), tuple(plan.python))
+    return _environment(shaped, _deciding_key(shaped), tuple(plan.launch.python))
 
 
 @dataclass(frozen=True)
@@ -306,7 +306,7 @@ def probe(site: Any, submitting: str, *, where: str | None = None, timeout_s: fl
 PROBE_CALL = ("bash", "-s")
 
 
-def probe_plan_call(plan: Any) -> tuple[tuple[str, ...], str] | None:
+def probe_plan_call(plan: JobPlan) -> tuple[tuple[str, ...], str] | None:
     """(command, stdin) of probe_plan's one call, None where it makes none."""
     env = plan_environment(plan)
     if isinstance(env, str):
@@ -317,7 +317,7 @@ def probe_plan_call(plan: Any) -> tuple[tuple[str, ...], str] | None:
         return None
 
 
-def probe_plan(plan: Any, *, where: str | None = None, timeout_s: float = TIMEOUT_S) -> TorchProbe:
+def probe_plan(plan: JobPlan, *, where: str | None = None, timeout_s: float = TIMEOUT_S) -> TorchProbe:
     """Whether the interpreter a job plan runs starts and finds torch (without importing
     it), asked as `probe` asks."""
     env = plan_environment(plan)

@@ -75,13 +75,14 @@ class AllocationScheduler(SlurmScheduler):
         self.allocation = allocation
 
     def check(self, plan: JobPlan) -> None:
-        if self.allocation.nodes and plan.nodes > self.allocation.nodes:
-            raise ConfigError(f"{plan.nodes} nodes requested, the allocation (job {self.allocation.job_id}) has "
+        asked = plan.allocation
+        if self.allocation.nodes and asked.nodes > self.allocation.nodes:
+            raise ConfigError(f"{asked.nodes} nodes requested, the allocation (job {self.allocation.job_id}) has "
                               f"{self.allocation.nodes}", file=plan.experiment_file, key="resources.nodes")
         # srun would refuse the step ("More processors requested than permitted").
         have = self.allocation.cpus_per_node
-        if have is not None and plan.cpus_per_task and plan.cpus_per_task * plan.tasks_per_node > have:
-            raise ConfigError(f"{plan.tasks_per_node} task(s) x {plan.cpus_per_task} CPUs per node requested, the "
+        if have is not None and asked.cpus_per_task and asked.cpus_per_task * asked.tasks_per_node > have:
+            raise ConfigError(f"{asked.tasks_per_node} task(s) x {asked.cpus_per_task} CPUs per node requested, the "
                               f"allocation (job {self.allocation.job_id}) has {have} CPUs on a node "
                               "(SLURM_JOB_CPUS_PER_NODE); set resources.cpus_per_task to fit",
                               file=plan.experiment_file, key="resources.cpus_per_task")

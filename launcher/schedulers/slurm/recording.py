@@ -139,9 +139,10 @@ def record_queued(run_dir: Path, plan: JobPlan, job_id: str, warnings: list[str]
 def request_values(plan: JobPlan) -> dict[str, Any]:
     """What the job asked, and the profile's limits for it: the words a pending reason is
     said in (run.json `request`)."""
-    part = (plan.site.get("partitions") or {}).get(plan.partition or "") or {}
-    return {"partition": plan.partition, "nodes": plan.allocated_nodes, "gpus_per_node": plan.gpus_per_node,
-            "time": plan.time, "account": plan.account, "qos": plan.qos, "constraint": plan.constraint,
+    alloc = plan.allocation
+    part = (plan.site.get("partitions") or {}).get(alloc.partition or "") or {}
+    return {"partition": alloc.partition, "nodes": alloc.allocated_nodes, "gpus_per_node": alloc.gpus_per_node,
+            "time": alloc.time, "account": alloc.account, "qos": alloc.qos, "constraint": alloc.constraint,
             "max_time": part.get("max_time"), "max_nodes": part.get("max_nodes")}
 
 

@@ -85,9 +85,9 @@ class SlurmScheduler(Scheduler):
             job_env = (envnames.JOB_ID, "$SLURM_JOB_ID", True)
         return JobShell(
             directives=directives, launch=controller_command(plan, batch=True),
-            launch_template="slurm.launch.sh.j2", launch_context={"nodes": plan.nodes},
+            launch_template="slurm.launch.sh.j2", launch_context={"nodes": plan.allocation.nodes},
             rendezvous_template="slurm.rendezvous.sh.j2",
-            rendezvous_context={"derive_master_port": plan.derive_master_port, "port_base": PORT_BASE,
+            rendezvous_context={"derive_master_port": plan.launch.derive_master_port, "port_base": PORT_BASE,
                                 "port_span": PORT_SPAN},
             submitit_executor="slurm", node_rank="$SLURM_NODEID", job_id="$SLURM_JOB_ID",
             extra_env=(job_env, (envnames.RESTART, "${SLURM_RESTART_COUNT:-0}", "raw")))
@@ -105,7 +105,7 @@ class SlurmScheduler(Scheduler):
         the nodes' interpreter: SchedulerError naming every difference that would get the
         job refused, leave it pending forever or run it on other hardware, or `python:`
         when the interpreter does not start or finds no torch; the harmless ones as warnings."""
-        report = check_site(plan.site, partition=plan.partition, request=Request.of_plan(plan),
+        report = check_site(plan.site, partition=plan.allocation.partition, request=Request.of_plan(plan),
                             cluster=self.cluster())
         if report.fatal:
             raise report.error(plan.site_file)

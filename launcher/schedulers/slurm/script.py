@@ -13,41 +13,42 @@ from launcher.rundir.layout import RunDir
 
 
 def sbatch_directives(plan: JobPlan) -> list[str]:
+    alloc = plan.allocation
     opts: list[tuple[str, Any]] = [("job-name", plan.name)]
-    if plan.partition:
-        opts.append(("partition", plan.partition))
-    if plan.account:
-        opts.append(("account", plan.account))
-    if plan.qos:
-        opts.append(("qos", plan.qos))
-    if plan.constraint:
-        opts.append(("constraint", plan.constraint))
-    if plan.segment:
-        opts.append(("segment", plan.segment))
-    opts += [("nodes", plan.allocated_nodes), ("ntasks-per-node", plan.tasks_per_node)]
-    if plan.gpus_per_node:
-        if plan.gpu_directive == "gres":
-            opts.append(("gres", f"gpu:{plan.gpus_per_node}"))
+    if alloc.partition:
+        opts.append(("partition", alloc.partition))
+    if alloc.account:
+        opts.append(("account", alloc.account))
+    if alloc.qos:
+        opts.append(("qos", alloc.qos))
+    if alloc.constraint:
+        opts.append(("constraint", alloc.constraint))
+    if alloc.segment:
+        opts.append(("segment", alloc.segment))
+    opts += [("nodes", alloc.allocated_nodes), ("ntasks-per-node", alloc.tasks_per_node)]
+    if alloc.gpus_per_node:
+        if alloc.gpu_directive == "gres":
+            opts.append(("gres", f"gpu:{alloc.gpus_per_node}"))
         else:
-            opts.append(("gpus-per-node", plan.gpus_per_node))
-    if plan.cpus_per_task:
-        opts.append(("cpus-per-task", plan.cpus_per_task))
-    if plan.mem_gb is not None:
-        opts.append(("mem", slurm_mem(plan.mem_gb)))
+            opts.append(("gpus-per-node", alloc.gpus_per_node))
+    if alloc.cpus_per_task:
+        opts.append(("cpus-per-task", alloc.cpus_per_task))
+    if alloc.mem_gb is not None:
+        opts.append(("mem", slurm_mem(alloc.mem_gb)))
     opts += [
-        ("time", plan.time),
+        ("time", alloc.time),
         ("chdir", plan.workdir),
         ("output", RunDir(plan.run_dir).batch_log_pattern()),
         ("open-mode", "append"),
         # Warn every task ahead of the limit; the runtime checkpoints on it (a plain
         # Lightning script: Lightning does, on its own signal).
-        ("signal", f"{plan.warning_signal}@{plan.signal_lead_s}"),
+        ("signal", f"{plan.recovery.warning_signal}@{plan.recovery.signal_lead_s}"),
         ("requeue", True),
     ]
-    if plan.dependency:
-        opts.append(("dependency", plan.dependency))
+    if alloc.dependency:
+        opts.append(("dependency", alloc.dependency))
     # Loading the site refuses extras that name one of these (config.sitechecks.OWN_SBATCH_OPTIONS).
-    opts += [(key, value) for key, value in plan.extra_sbatch if value is not False and value is not None]
+    opts += [(key, value) for key, value in alloc.extra_sbatch if value is not False and value is not None]
     return [shell.sbatch_directive(k, v) for k, v in opts]
 
 
@@ -61,11 +62,12 @@ def slurm_mem(mem_gb: float) -> str:
 
 def _container_words(plan: JobPlan) -> list[str]:
     """srun's pyxis options: the image, the mounts, the working directory."""
-    if plan.container is None or plan.container.runtime != "pyxis":
+    container = plan.launch.container
+    if container is None or container.runtime != "pyxis":
         return []
-    words = [f"--container-image={plan.container.image}"]
-    if plan.container.mounts:
-        words.append(f"--container-mounts={','.join(plan.container.mounts)}")
+    words = [f"--container-image={container.image}"]
+    if container.mounts:
+        words.append(f"--container-mounts={','.join(container.mounts)}")
     return words + [f"--container-workdir={plan.workdir}"]
 
 
@@ -73,33 +75,34 @@ def srun_words(plan: JobPlan) -> list[str]:
     """srun and its options for a job step, up to its node list (the job controller's
     choice among the allocation's nodes: launcher.jobcontrol.controller)."""
     out, err = task_log_patterns(plan)
+    alloc = plan.allocation
     words = ["srun", "--unbuffered", f"--output={out}", f"--error={err}", "--open-mode=append",
-             "--kill-on-bad-exit=1", f"--nodes={plan.nodes}", f"--ntasks-per-node={plan.tasks_per_node}",
+             "--kill-on-bad-exit=1", f"--nodes={alloc.nodes}", f"--ntasks-per-node={alloc.tasks_per_node}",
              # The job's own count (SLURM_NTASKS) includes its spare nodes' tasks.
-             f"--ntasks={plan.nodes * plan.tasks_per_node}"]
-    if plan.cpus_per_task:
+             f"--ntasks={alloc.nodes * alloc.tasks_per_node}"]
+    if alloc.cpus_per_task:
         # Slurm 22.05 stopped passing the batch's --cpus-per-task on to srun.
-        words.append(f"--cpus-per-task={plan.cpus_per_task}")
+        words.append(f"--cpus-per-task={alloc.cpus_per_task}")
     return words + _container_words(plan)
 
 
 def controller_python(plan: JobPlan) -> list[str]:
     """The interpreter of the job controller on the batch host: the nodes' own, outside any
     container (the controller runs srun, scontrol and sbatch, which a container lacks)."""
-    container = plan.container
-    if container is not None and container.runtime == "apptainer" and container.image in plan.python:
-        return list(plan.python[plan.python.index(container.image) + 1:])
-    return list(plan.python)
+    container, python = plan.launch.container, plan.launch.python
+    if container is not None and container.runtime == "apptainer" and container.image in python:
+        return list(python[python.index(container.image) + 1:])
+    return list(python)
 
 
 def controller_command(plan: JobPlan, *, batch: bool) -> str:
     """job.sbatch's last line: the job controller (launcher.jobcontrol.controller) of this run,
     with the step's srun words and the tasks' command. `batch`: a batch job, which requeues,
     restarts in its allocation and (requeue.mode resubmit) resubmits itself."""
-    options = [plan.run_dir, "--nodes", str(plan.nodes)]
-    if plan.derive_master_port:
+    options = [plan.run_dir, "--nodes", str(plan.allocation.nodes)]
+    if plan.launch.derive_master_port:
         options += ["--master-port", f"{PORT_BASE},{PORT_SPAN}"]
     if batch:
-        options += ["--requeue"] + (["--resubmit"] if plan.requeue_mode == "resubmit" else [])
+        options += ["--requeue"] + (["--resubmit"] if plan.recovery.requeue_mode == "resubmit" else [])
     head = shell.join(["exec", *controller_python(plan), "-m", "launcher.jobcontrol.controller", *options])
     return f"{head} \\\n    -- {shell.join(srun_words(plan))} \\\n    -- {submitit_command(plan)}"

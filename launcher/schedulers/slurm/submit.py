@@ -43,14 +43,15 @@ def _executor_class():
         by slurm_client (timeout, retry after a lookup, a clean environment)."""
 
         def __init__(self, plan: JobPlan, job_text: str, env: Mapping[str, str]) -> None:
-            super().__init__(plan.log_dir, max_num_timeout=plan.requeue_max, python=python_command(plan))
+            super().__init__(plan.log_dir, max_num_timeout=plan.recovery.requeue_max, python=python_command(plan))
             self._job_text = job_text
             self._env = dict(env)
             # The job carries the run id: a submission that may have gone through is found again.
             self._marker = submission_marker(plan.run_id)
-            self._comment = "comment" not in dict(plan.extra_sbatch)
-            self.update_parameters(nodes=plan.allocated_nodes, ntasks_per_node=plan.tasks_per_node,
-                                   time=max(plan.time_seconds // 60, 1))
+            self._comment = "comment" not in dict(plan.allocation.extra_sbatch)
+            alloc = plan.allocation
+            self.update_parameters(nodes=alloc.allocated_nodes, ntasks_per_node=alloc.tasks_per_node,
+                                   time=max(alloc.time_seconds // 60, 1))
 
         def _make_submission_file_text(self, command: str, uid: str) -> str:
             if command not in self._job_text:
@@ -125,7 +126,7 @@ def submitted_pickle(log_dir: str | os.PathLike, job_id: str) -> Path:
 def submit_array(plan: JobPlan, script: Path, marker: str, env: Mapping[str, str]) -> str:
     """sbatch the array script; the array's job id. Never queued twice: after a lost
     answer the array is looked up by its marker (--comment) or its script."""
-    with_comment = "comment" not in dict(plan.extra_sbatch)
+    with_comment = "comment" not in dict(plan.allocation.extra_sbatch)
     cmd = ["sbatch", *([f"--comment={marker}"] if with_comment else []), str(script)]
 
     def lookup(deadline: float) -> str | None:
@@ -161,10 +162,11 @@ def preflight(plan: JobPlan, job_file: Path, env: Mapping[str, str] | None = Non
     if proc.returncode == 0:
         return
     raw = (proc.stderr or proc.stdout).strip()
-    values = dict(partition=plan.partition, gpus=plan.gpus_per_node, directive=plan.gpu_directive,
-                  time=plan.time, account=plan.account, qos=plan.qos, nodes=plan.allocated_nodes,
-                  tasks=plan.tasks_per_node, cpus=plan.cpus_per_task or "default",
-                  mem=f"{plan.mem_gb} GB" if plan.mem_gb is not None else "default")
+    alloc = plan.allocation
+    values = dict(partition=alloc.partition, gpus=alloc.gpus_per_node, directive=alloc.gpu_directive,
+                  time=alloc.time, account=alloc.account, qos=alloc.qos, nodes=alloc.allocated_nodes,
+                  tasks=alloc.tasks_per_node, cpus=alloc.cpus_per_task or "default",
+                  mem=f"{alloc.mem_gb} GB" if alloc.mem_gb is not None else "default")
     raise SchedulerError(slurm_state.preflight_message(raw, values))
 
 
