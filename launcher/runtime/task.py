@@ -91,8 +91,10 @@ class TrainingTask:
         os.environ.update(rank_environment(job.global_rank, job.local_rank, job.node,
                                            spec.world_size, spec.ranks_per_node))
         # A warning that comes before the script installs its own handler must still
-        # count (not reach submitit's handler, which requeues on its own terms).
-        take_stop_signals()
+        # count (not reach submitit's handler, which requeues on its own terms). Not
+        # Lightning's USR1 (the warning of a plain Lightning script): its SLURMEnvironment
+        # registers its save-and-requeue handler only where USR1 has none.
+        take_stop_signals(early_stop_signals(context().stop_signals))
         stackdump.arm_stack_dump(spec.run_dir, job.global_rank)
         heartbeats.starting()
         _log(f"rank {job.global_rank}/{spec.world_size} on {node_name()}: "
@@ -139,6 +141,12 @@ class TrainingTask:
         finally:
             stop_copying()
         return 0
+
+
+def early_stop_signals(signals: tuple[str, ...]) -> tuple[str, ...]:
+    """Pure: the stop signals a rank takes before its script runs: all but Lightning's own."""
+    lightning = LIGHTNING_WARNING_SIGNAL.name.removeprefix("SIG")
+    return tuple(name for name in signals if name.upper().removeprefix("SIG") != lightning)
 
 
 def rank_environment(rank: int, local_rank: int, node: int, world_size: int, ranks_per_node: int) -> dict[str, str]:
