@@ -3,7 +3,11 @@
 #   1. these header lines;
 #   2. the two lines that put a DDP rank on cuda:LOCAL_RANK run only when `device` is a CUDA
 #      device (so `--device=cpu --backend=gloo` trains on CPU ranks);
-#   3. DDP gets device_ids only on CUDA (a CPU module takes none).
+#   3. DDP gets device_ids only on CUDA (a CPU module takes none);
+#   4. after destroy_process_group() a DDP rank leaves with os._exit(0): under torch 2.13 with
+#      gloo across two torchrun agents, the interpreter's finalization after training aborts
+#      a rank now and then ("terminate called without an active exception", SIGABRT), seen
+#      in plain torchrun runs without glaunch too.
 """
 This training script can be run both on a single gpu in debug mode,
 and also in a larger training run with distributed data parallel (ddp).
@@ -341,3 +345,4 @@ while True:
 
 if ddp:
     destroy_process_group()
+    os._exit(0)
