@@ -25,7 +25,7 @@ def test_hostile_step_names_never_reach_scancel(monkeypatch):
     records = {0: {"job_step": "0; touch pwned"}, 1: {"job_step": "$(touch pwned)"}, 2: {"job_step": "../5"},
                3: {"job_step": "-KILL"}, 4: {"job_step": "٣"}, 5: {"job_step": 7}}
     # No rank names a step: the job's steps come from squeue, whose answer is read the same way.
-    monkeypatch.setattr(watchdog, "run_command", lambda words: "4242.0\n4242.batch\n4242.$(x)\n4242.extern\n")
+    monkeypatch.setattr(watchdog, "run_command", lambda words, say=None: "4242.0\n4242.batch\n4242.$(x)\n4242.extern\n")
     SlurmSteps("4242", lambda: records, calls.append).end()
     assert calls == [["--signal=KILL", "4242.0"]]
 
