@@ -390,17 +390,20 @@ class Controller:
             self.edge.end_on_term()
         if not self.edge.requeue(ref):
             return 1
-        if road.nodes and not self.edge.exclude(ref, road.nodes):
-            say(f"the next start may run on {','.join(road.nodes)} again")
+        self.keep_off(ref, road)
         self.edge.wait_for_requeue()        # the requeue ends this process
         return road.exit_code
+
+    def keep_off(self, ref: str, road: NextRoad) -> None:
+        """The pending job kept off road.nodes (Slurm's ExcNodeList), or said where it is not."""
+        if road.nodes and not self.edge.exclude(ref, road.nodes):
+            say(f"the next start may run on {','.join(road.nodes)} again")
 
     def requeued_by_slurm(self, ref: str, road: NextRoad) -> int:
         """Slurm has put the job back in the queue itself (an admin's or a preemption's
         requeue): not asked again; the nodes to keep off are set on the pending job."""
         say(f"Slurm requeued job {ref} itself; its next start comes from the queue")
-        if road.nodes and not self.edge.exclude(ref, road.nodes):
-            say(f"the next start may run on {','.join(road.nodes)} again")
+        self.keep_off(ref, road)
         return road.exit_code
 
     def resubmit(self, road: NextRoad, job_id: str | None, restart: int) -> int:
