@@ -6,7 +6,11 @@
 #      without it (the tutorial's nccl needs GPUs);
 #   3. Trainer: without CUDA the model, batches and snapshot go to "cpu" (where the tutorial
 #      uses the local rank as a CUDA device), and DDP gets no device_ids;
-#   4. a --snapshot_path option (default the tutorial's "snapshot.pt"), passed to main().
+#   4. a --snapshot_path option (default the tutorial's "snapshot.pt"), passed to main();
+#   5. after destroy_process_group() a rank flushes its output and leaves with os._exit(0):
+#      under torch 2.13 with gloo across two torchrun agents, the interpreter's finalization
+#      after training aborts a rank now and then ("terminate called without an active
+#      exception", SIGABRT; 2 runs in 6 of plain torchrun on two agents without glaunch).
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, DataLoader
@@ -109,6 +113,8 @@ def main(save_every: int, total_epochs: int, batch_size: int, snapshot_path: str
     trainer = Trainer(model, train_data, optimizer, save_every, snapshot_path)
     trainer.train(total_epochs)
     destroy_process_group()
+    print(end="", flush=True)
+    os._exit(0)
 
 
 if __name__ == "__main__":
