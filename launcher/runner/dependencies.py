@@ -15,7 +15,6 @@ On the local site (no queue) the run waits, polling, until every run it depends 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from os import PathLike, fspath
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Sequence
@@ -23,9 +22,10 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from launcher.errors import ConfigError, GlaunchError, RunError
 from launcher.rundir import registry
 from launcher.rundir.lifecycle import move
-from launcher.rundir.records import TERMINAL, RunRecord, State
+from launcher.rundir.records import RunRecord, State
 from launcher.runner import lookup, sweeps
 from launcher.runner.inputs import items
+from launcher.runner.upstream import After, Upstream
 
 if TYPE_CHECKING:
     from launcher.schedulers.base import Echo
@@ -33,15 +33,6 @@ if TYPE_CHECKING:
 OPTION = "--after"
 KINDS = ("ok", "any")
 POLL_S = 2.0
-
-
-@dataclass(frozen=True)
-class After:
-    ref: str          # a run id or run directory, a sweep id or sweep directory
-    kind: str         # ok: it must have completed | any: whatever its end
-
-    def __str__(self) -> str:
-        return f"{self.ref}:{self.kind}"
 
 
 def parse(items: Sequence[str]) -> list[After]:
@@ -61,31 +52,6 @@ def parse(items: Sequence[str]) -> list[After]:
             raise ConfigError(f"{item!r} names no run (RUN[:ok|any])", file="command line", key=OPTION)
         out.append(After(ref, kind))
     return out
-
-
-@dataclass(frozen=True)
-class Upstream:
-    """A run or sweep waited for, as it stands now."""
-
-    after: After
-    name: str                     # its run or sweep id
-    scheduler: str | None
-    job_ids: tuple[str, ...]      # the Slurm jobs to depend on (a sweep: its arrays)
-    states: tuple[str, ...]       # its state, or each element's
-    run_dirs: tuple[Path, ...]
-
-    @property
-    def ended(self) -> bool:
-        return all(s in TERMINAL for s in self.states)
-
-    @property
-    def satisfied(self) -> bool:
-        """Ended as `after.kind` asks."""
-        return self.ended and (self.after.kind == "any" or all(s == State.COMPLETED.value for s in self.states))
-
-    def describe(self) -> str:
-        states = sorted(set(self.states))
-        return f"{self.name} ended {'/'.join(states)}"
 
 
 def clause(upstreams: Sequence[Upstream]) -> str | None:

@@ -14,15 +14,17 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 from launcher import schedulers
+from launcher.config.sites import LoadedSite
 from launcher.errors import ConfigError, GlaunchError, SchedulerError
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import registry
 from launcher.rundir.lifecycle import ENDS
 from launcher.rundir.records import RunRecord, State, is_terminal
 from launcher.runner import frameworks, sweeps
+from launcher.runner.upstream import Upstream
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -202,10 +204,10 @@ class Direct:
     def files(self, files: Mapping[str, str]) -> dict[str, str]:
         return dict(files)
 
-    def check_upstreams(self, upstreams: Sequence[Any]) -> None:
+    def check_upstreams(self, upstreams: Sequence[Upstream]) -> None:
         """Any run waited for (--after) is one Slurm here or the local site can wait for."""
 
-    def python_warning(self, loaded_site: Any, plan: JobPlan) -> str | None:
+    def python_warning(self, loaded_site: LoadedSite, plan: JobPlan) -> str | None:
         """The nodes run this machine's interpreter, which exists here: nothing to say."""
         return None
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 from launcher.errors import ConfigError, GlaunchError
 from launcher.rundir.records import RunRecord
@@ -16,7 +15,7 @@ from launcher.runner.results import Run, RunRef, Sweep
 from launcher.runner.road import road_to
 
 
-def find_sweep(ref: Any) -> Path | None:
+def find_sweep(ref: RunRef) -> Path | None:
     """The sweep directory `ref` (a sweep id or directory, or a Sweep) names; None for a run."""
     if isinstance(ref, Sweep):
         return ref.sweep_dir

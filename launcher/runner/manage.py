@@ -189,7 +189,7 @@ def cancel(run: RunRef) -> str:
     return road_to(run_dir).cancel(run_dir)
 
 
-def list_runs(limit: int = 20, sweep: Any = None) -> list[dict[str, Any]]:
+def list_runs(limit: int = 20, sweep: RunRef | None = None) -> list[dict[str, Any]]:
     """The newest runs: id, state, site, nodes, age, run directory (a sweep is one row,
     its elements are not listed). A run whose record is damaged, and bad lines of the run
     index, come as rows with `error` (the file and what is wrong) instead of stopping the

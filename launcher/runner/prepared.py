@@ -9,13 +9,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol
 
 from launcher.resolution.jobplan import JobPlan
+from launcher.resolution.sweep import Axis, Element
 from launcher.rundir.records import RunRecord
 from launcher.runner import unseen
 from launcher.runner.direct import DIRECT
 from launcher.runner.results import Run, Sweep
+from launcher.runner.upstream import Upstream
+from launcher.schedulers.base import Scheduler
+
+if TYPE_CHECKING:
+    # Named only: launcher.runner.bundle loads the code snapshot's subprocess machinery.
+    from launcher.runner.bundle import PathSource
 
 
 class Road(Protocol):
@@ -56,11 +63,11 @@ class Prepared:
 
     plan: JobPlan
     files: Mapping[str, str]           # file name -> content
-    scheduler: Any                     # launcher.schedulers.base.Scheduler
-    runs_root_from: Any = None         # launcher.runner.bundle.PathSource: who chose the runs directory
-    checkpoint_from: Any = None        # ... and checkpoint.dir
+    scheduler: Scheduler
+    runs_root_from: PathSource | None = None     # who chose the runs directory
+    checkpoint_from: PathSource | None = None    # ... and checkpoint.dir
     warnings: tuple[str, ...] = ()     # what the user should know before it runs (one line each)
-    after: tuple[Any, ...] = ()        # launcher.runner.dependencies.Upstream: the runs it waits for (--after)
+    after: tuple[Upstream, ...] = ()   # the runs it waits for (--after)
     road: Road = DIRECT                # how it reaches its cluster
 
 
@@ -73,7 +80,7 @@ class PreparedResume:
     overrides: tuple[str, ...]
     plan: JobPlan
     files: Mapping[str, str]
-    scheduler: Any                     # launcher.schedulers.base.Scheduler
+    scheduler: Scheduler
     warnings: tuple[str, ...] = ()
     road: ResumeRoad = DIRECT          # how the run's cluster is reached
 
@@ -84,18 +91,18 @@ class PreparedSweep:
 
     sweep_id: str
     sweep_dir: Path
-    elements: tuple[Any, ...]        # launcher.resolution.sweep.Element
+    elements: tuple[Element, ...]
     prepared: tuple[Prepared, ...]   # one per element
-    axes: tuple[Any, ...]            # launcher.resolution.sweep.Axis
+    axes: tuple[Axis, ...]
     max_parallel: int | None
     experiment_file: str
-    after: tuple[Any, ...] = ()
+    after: tuple[Upstream, ...] = ()
     road: Road = DIRECT              # how it reaches its cluster
     unseen: tuple[str, ...] = ()     # swept keys that change no file the job reads
     unseen_overrides: tuple[str, ...] = ()   # and KEY=VALUE overrides' keys
 
     @property
-    def scheduler(self):
+    def scheduler(self) -> Scheduler:
         return self.prepared[0].scheduler
 
     @property

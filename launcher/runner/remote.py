@@ -27,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from launcher import schedulers
 from launcher.config.login import Login
@@ -64,6 +64,8 @@ from launcher.runner.logs import RankLogs
 from launcher.runner.prepared import Prepared, PreparedResume, ResumeRoad
 from launcher.runner.resumable import MOVED_ASIDE, WHERE, RecordedConfig, record_resume, refuse_unless_ended
 from launcher.runner.results import Run
+from launcher.runner.upstream import Upstream
+from launcher.schedulers.base import Scheduler
 from launcher.schedulers.slurm.client import Client, using
 from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job
 from launcher.schedulers.slurm.recording import fold_job, has_ended, record_queued, settled
@@ -81,6 +83,10 @@ from launcher.schedulers.slurm.submit import (
 from launcher.schedulers.ssh import on_login
 from launcher.schedulers.ssh.connection import Connection
 from launcher.schedulers.ssh.transfer import send_tree
+
+if TYPE_CHECKING:
+    # Named only: following a run over SSH needs none of Slurm's submitting side.
+    from launcher.schedulers.slurm.scheduler import SlurmScheduler
 
 DIRECT = "GLAUNCH_DIRECT"
 RECORDS = "remote-runs"
@@ -121,7 +127,7 @@ def connect(login: Login) -> Connection:
     return conn
 
 
-def check_upstreams(upstreams: Sequence[Any], login: Login) -> None:
+def check_upstreams(upstreams: Sequence[Upstream], login: Login) -> None:
     """A job queued over SSH waits, through Slurm, only for runs queued on that cluster the
     same way: ConfigError naming --after for one still to end that was not."""
     for up in upstreams:
@@ -170,15 +176,11 @@ def dry_run(prepared: Prepared, *, login: Login) -> Run:
     """The bundle as it would be sent to the cluster, written into this machine's record
     folder (the cluster is not contacted); the run's directory there is shown with $HOME."""
     plan = prepared.plan
-    if bundle.checkpoint_outside(plan):
-        raise prepared.checkpoint_from.error("a run submitted over SSH keeps its checkpoints in its run "
-                                             "directory on the cluster: leave checkpoint.dir out")
+    _refuse_checkpoint_elsewhere(prepared)
     registry.check_state_dir()
     records_dir().mkdir(parents=True, exist_ok=True)
     local_plan = relocated(plan, records_dir() / plan.run_id)
-    paths = dict(runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
-    survey = bundle.check_inputs(local_plan, **paths)
-    written = bundle.write_bundle(local_plan, prepared.files, dry_run=True, survey=survey, **paths)
+    written = _write_bundle(prepared, local_plan, dry_run=True)
     try:
         registry.register(plan.run_id, str(written.path))
     except BaseException:
@@ -278,9 +280,7 @@ def launch(prepared: Prepared, conn: Connection, *, check: bool) -> Run:
     """Write, send and queue the prepared run over its connection `conn` (closed at the end)."""
     plan = prepared.plan
     try:
-        if bundle.checkpoint_outside(plan):
-            raise prepared.checkpoint_from.error("a run submitted over SSH keeps its checkpoints in its run "
-                                                 "directory on the cluster: leave checkpoint.dir out")
+        _refuse_checkpoint_elsewhere(prepared)
         records_dir().mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=records_dir()))
         try:
@@ -294,12 +294,41 @@ def launch(prepared: Prepared, conn: Connection, *, check: bool) -> Run:
                cluster_dir=plan.run_dir)
 
 
+def _refuse_checkpoint_elsewhere(prepared: Prepared) -> None:
+    """ConfigError naming who chose checkpoint.dir (its default when the prepared run does not
+    say) for a run whose checkpoints would leave its run directory."""
+    plan = prepared.plan
+    if bundle.checkpoint_outside(plan):
+        _, checkpoint = bundle.sources(plan, prepared.runs_root_from, prepared.checkpoint_from)
+        raise checkpoint.error("a run submitted over SSH keeps its checkpoints in its run directory on the "
+                               "cluster: leave checkpoint.dir out")
+
+
+def _write_bundle(prepared: Prepared, local_plan: JobPlan, *, dry_run: bool) -> bundle.Bundle:
+    """The prepared run's bundle written under `local_plan`'s directories here, its
+    inputs checked first."""
+    runs_root, checkpoint = prepared.runs_root_from, prepared.checkpoint_from
+    survey = bundle.check_inputs(local_plan, runs_root=runs_root, checkpoint=checkpoint)
+    return bundle.write_bundle(local_plan, prepared.files, dry_run=dry_run, survey=survey, runs_root=runs_root,
+                               checkpoint=checkpoint)
+
+
+def slurm_of(scheduler: Scheduler, plan: JobPlan) -> SlurmScheduler:
+    """The Slurm scheduler a submission over SSH goes to: goes_remote takes only Slurm
+    sites, and queueing there asks what only Slurm answers (the cluster's checks, its
+    version)."""
+    from launcher.schedulers.slurm.scheduler import SlurmScheduler     # loaded already by schedulers.get
+
+    if not isinstance(scheduler, SlurmScheduler):
+        raise ConfigError(f"a run submitted over SSH goes to Slurm, not to the {scheduler.name} scheduler",
+                          file=plan.site_file, key="scheduler")
+    return scheduler
+
+
 def _stage_send_queue(prepared: Prepared, conn: Connection, local: Path, check: bool) -> str:
     plan = prepared.plan
     local_plan = relocated(plan, local)
-    paths = dict(runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
-    survey = bundle.check_inputs(local_plan, **paths)
-    written = bundle.write_bundle(local_plan, prepared.files, dry_run=False, survey=survey, **paths)
+    written = _write_bundle(prepared, local_plan, dry_run=False)
     with registry.updating(written.path) as record:
         record.run_dir = plan.run_dir
         record.extra = moved_paths(record.extra, str(written.path), plan.run_dir)
@@ -339,15 +368,16 @@ def _check_queue_release(prepared: Prepared | PreparedResume, conn: Connection, 
     so (`staged`'s, recorded here first by `before_release`) and its task put in place and
     the job released in one more round trip."""
     plan = prepared.plan
+    slurm = slurm_of(prepared.scheduler, plan)
     with using(client):
         warnings: list[str] = []
         if check:
             _ask_checks_ahead(conn, plan)
-            warnings = prepared.scheduler.check_cluster(plan)
+            warnings = slurm.check_cluster(plan)
             preflight(plan, Path(plan.run_dir) / "job.sbatch", {})
         queued.asked = True
         job_id = queued.job_id = _sbatch_held(client, plan, on_login.account(conn).user)
-        record_queued(staged, plan, job_id, warnings, prepared.scheduler.version())
+        record_queued(staged, plan, job_id, warnings, slurm.version())
         before_release(job_id)
         released = on_login.place_and_release(conn, posixpath.join(plan.run_dir, "run.json"),
                                               RunDir(staged).run_file.read_bytes(),
@@ -881,7 +911,8 @@ def sweep_element_records(sweep_dir: Path) -> dict[str, RunRecord | GlaunchError
             return sweeps.element_records(sweep_dir, _refresh_many)
 
 
-def _mirror_records(stream: bytes, names: Mapping[str, tuple[Any, str]], sweep: Any, host: str) -> None:
+def _mirror_records(stream: bytes, names: Mapping[str, tuple[sweeps.SweepElement, str]], sweep: sweeps.SweepRecord,
+                    host: str) -> None:
     """The files of a tar stream into the elements' folders here (`names`: the name in the
     stream -> the element and its file), each run.json checked to be its element's
     (`checked_record`) before any file is copied."""

@@ -21,7 +21,7 @@ import shutil
 import tarfile
 import tempfile
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from launcher.errors import SchedulerError
 from launcher.resolution.jobplan import JobPlan
@@ -31,7 +31,7 @@ from launcher.rundir.layout import REMOTE_FILE, RunDir
 from launcher.runner import remote, sweep_bundle, sweeps
 from launcher.runner.prepared import PreparedSweep
 from launcher.runner.results import Run, Sweep
-from launcher.schedulers.base import Launched, LaunchedBatch, SweepPlan
+from launcher.schedulers.base import Launched, LaunchedBatch, SweepBatch, SweepPlan
 from launcher.schedulers.slurm import array
 from launcher.schedulers.slurm.client import Client, using
 from launcher.schedulers.slurm.recording import record_queued
@@ -39,6 +39,9 @@ from launcher.schedulers.slurm.submit import dump_task, preflight, submitted_pic
 from launcher.schedulers.ssh import on_login
 from launcher.schedulers.ssh.connection import Connection
 from launcher.schedulers.ssh.transfer import send_tree
+
+if TYPE_CHECKING:
+    from launcher.schedulers.slurm.scheduler import SlurmScheduler
 
 SWEEP_FILE = sweeps.SWEEP_FILE
 
@@ -75,12 +78,13 @@ def rendered_here(prepared: PreparedSweep) -> PreparedSweep:
 def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, check: bool) -> Sweep:
     cluster = str(prepared.sweep_dir)
     plans = [p.plan for p in prepared.prepared]
+    slurm = remote.slurm_of(prepared.scheduler, plans[0])
     here = relocated_sweep(prepared, local)
     user = on_login.account(conn).user
     client = on_login.slurm_client(conn)
     with using(client):
-        sweep_plan = prepared.scheduler.plan_sweep(plans, sweep_id=prepared.sweep_id, sweep_dir=cluster,
-                                                   max_parallel=prepared.max_parallel, dry_run=False)
+        sweep_plan = slurm.plan_sweep(plans, sweep_id=prepared.sweep_id, sweep_dir=cluster,
+                                      max_parallel=prepared.max_parallel, dry_run=False)
     sweep_bundle.write_sweep(here, sweep_plan, sweep_bundle.checked_inputs(here), dry_run=False, register=False)
     _name_the_cluster(local, cluster, [p.plan for p in here.prepared])
     for plan, local_plan in zip(plans, (p.plan for p in here.prepared)):
@@ -89,7 +93,7 @@ def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, ch
     arrays: list[str] = []
     try:
         with using(client):
-            warnings = _checked(prepared, plans, sweep_plan, cluster) if check else []
+            warnings = _checked(slurm, plans, sweep_plan, cluster) if check else []
             batches = []
             for number, batch in enumerate(sweep_plan.batches):
                 marker = array.submission_marker(prepared.sweep_id, number)
@@ -98,7 +102,7 @@ def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, ch
                 array_id = remote.sbatch_held(client, posixpath.join(cluster, str(batch.script)),
                                               marker if with_comment else "", user, found_as=array.array_job_id)
                 arrays.append(array_id)
-                batches.append(_queued(here, batch, array_id, warnings, prepared.scheduler.version()))
+                batches.append(_queued(here, batch, array_id, warnings, slurm.version()))
             sweeps.record_launch(local, batches)
             _put_records(conn, local, cluster, here)
             _record_here(local, prepared, remote.Where(conn.login, cluster))
@@ -121,17 +125,18 @@ def _name_the_cluster(local: Path, cluster: str, local_plans: Sequence[JobPlan])
             element.run_dir = remote.moved_paths(element.run_dir, str(local), cluster)
 
 
-def _checked(prepared: PreparedSweep, plans: Sequence[JobPlan], sweep_plan: SweepPlan, cluster: str) -> list[str]:
+def _checked(slurm: SlurmScheduler, plans: Sequence[JobPlan], sweep_plan: SweepPlan, cluster: str) -> list[str]:
     """The profile against the cluster and `sbatch --test-only` of each array: its warnings."""
     warnings: list[str] = []
     for batch in sweep_plan.batches:
         first = plans[batch.elements[0]]
-        warnings += [w for w in prepared.scheduler.check_cluster(first) if w not in warnings]
+        warnings += [w for w in slurm.check_cluster(first) if w not in warnings]
         preflight(first, Path(posixpath.join(cluster, str(batch.script))), {})
     return warnings
 
 
-def _queued(here: Any, batch: Any, array_id: str, warnings: list[str], version: str | None) -> LaunchedBatch:
+def _queued(here: PreparedSweep, batch: SweepBatch, array_id: str, warnings: list[str],
+            version: str | None) -> LaunchedBatch:
     """The staged records of the array's elements: queued as tasks of `array_id`, each with
     its submitit task under the task's id."""
     launched = []
@@ -144,7 +149,7 @@ def _queued(here: Any, batch: Any, array_id: str, warnings: list[str], version: 
     return LaunchedBatch(batch.script, array_id, batch.elements, tuple(launched))
 
 
-def _put_records(conn: Connection, local: Path, cluster: str, here: Any) -> None:
+def _put_records(conn: Connection, local: Path, cluster: str, here: PreparedSweep) -> None:
     """sweep.json, every element's run.json and submitit task, over those on the cluster, in one call."""
     names = [SWEEP_FILE]
     for item in here.prepared:

@@ -193,8 +193,8 @@ def launch(prepared: Prepared, *, dry_run: bool = False, check: bool = True,
 
 def _launch_here(prepared: Prepared, *, dry_run: bool, check: bool, echo: Echo | None) -> Run:
     plan, scheduler = prepared.plan, prepared.scheduler
-    paths = dict(runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
-    survey = bundle.check_inputs(plan, **paths)
+    runs_root, checkpoint = prepared.runs_root_from, prepared.checkpoint_from
+    survey = bundle.check_inputs(plan, runs_root=runs_root, checkpoint=checkpoint)
     registry.check_state_dir()
     if not dry_run:
         scheduler.require()
@@ -202,7 +202,8 @@ def _launch_here(prepared: Prepared, *, dry_run: bool, check: bool, echo: Echo |
     if prepared.after:
 
         extra = {"after": [dependencies.record_of(u) for u in prepared.after]}
-    written = bundle.write_bundle(plan, prepared.files, dry_run=dry_run, survey=survey, extra=extra, **paths)
+    written = bundle.write_bundle(plan, prepared.files, dry_run=dry_run, survey=survey, extra=extra,
+                                  runs_root=runs_root, checkpoint=checkpoint)
     run_dir = written.path
     try:
         registry.register(plan.run_id, str(run_dir))

@@ -21,6 +21,7 @@ from launcher.runner.direct import DIRECT, Direct
 from launcher.runner.prepared import Prepared, PreparedSweep
 from launcher.runner.results import Run, Sweep
 from launcher.runner.road import OverSSH
+from launcher.runner.upstream import Upstream
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +57,7 @@ class SubmittedOverSSH(OverSSH):
 
         return {name: remote.shown(text) for name, text in files.items()}
 
-    def check_upstreams(self, upstreams: Sequence[object]) -> None:
+    def check_upstreams(self, upstreams: Sequence[Upstream]) -> None:
         """The runs waited for (--after) must be queued through the same login."""
         from launcher.runner import remote
 

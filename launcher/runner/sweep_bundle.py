@@ -64,6 +64,8 @@ def write_sweep(prepared: PreparedSweep, sweep_plan: SweepPlan, survey: snapshot
     except BaseException as exc:
         written.remove()
         if isinstance(exc, OSError):
-            raise prepared.prepared[0].runs_root_from.error(
+            one = prepared.prepared[0]
+            runs_root, _ = bundle.sources(one.plan, one.runs_root_from, one.checkpoint_from)
+            raise runs_root.error(
                 f"cannot write the sweep directory {prepared.sweep_dir}: {exc.strerror or exc}") from None
         raise

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import ConfigError
-from launcher.runner.dependencies import After, Upstream, check_for, clause, never_satisfied, parse, wait
+from launcher.runner.dependencies import check_for, clause, never_satisfied, parse, wait
+from launcher.runner.upstream import After, Upstream
 
 REPO = Path(__file__).resolve().parents[2]
 
