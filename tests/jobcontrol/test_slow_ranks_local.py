@@ -126,7 +126,9 @@ def test_a_rank_slow_before_the_all_reduce_is_named_with_its_node(tmp_path, isol
     assert named["ratio"] > SLOW_RATIO, named
     after = at(named["named_at"]) - at(start["first_step_at"])
     assert after < 60, after
-    assert f"    slow: rank 1 on {start['nodes']}" in status_of(run_dir, env)
+    assert (f"    slow: rank 1 on {start['nodes']}, busy {named['ratio']:.2f}x its peers' time a step"
+            in status_of(run_dir, env))
+    assert json.loads(status_of(run_dir, env, "--json"))["starts"][0]["watchdog"]["slow"] == [named]
     print(f"slow in its {where} ({SLOW_EXTRA_S} s a step): rank 1 named {after:.1f} s after the first step, busy "
           f"{named['busy_s']:.3f} s against {named['peers_busy_s']:.3f} s (x{named['ratio']:.2f}); run {seconds:.0f} s")
 

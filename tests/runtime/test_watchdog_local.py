@@ -2,9 +2,8 @@
 sleeps inside its loop on the first start; the watchdog finds the stall from the
 heartbeats (under a fixed stall_s, and under auto after warm-up), writes every rank's
 stack, ends the step; the start is recorded as a hang, retried within crash_retries,
-resumes from its checkpoint and ends bitwise like an uninterrupted run. And a rank made
-half as slow again is named slow, with its node, in run.json and status; equal ranks
-are not."""
+resumes from its checkpoint and ends bitwise like an uninterrupted run. (Slow ranks on
+this scheduler: tests/jobcontrol/test_slow_ranks_local.py.)"""
 
 from __future__ import annotations
 
@@ -163,40 +162,6 @@ def test_a_hung_rank_is_found_dumped_and_the_run_resumes_bitwise(tmp_path, isola
     assert shown["starts"][0]["watchdog"]["bound_s"] == watch["bound_s"]
     assert "    watchdog: hang after " in status_of(hung_dir, isolated_env)
     print(f"detection latency {latency:.1f} s (bound {hang['bound_s']:g} s); hung run {seconds:.0f} s")
-
-
-SLOW_STEPS = 120
-SLOW_EXTRA_S = 0.1          # half the example's 0.2 s of work a step
-
-
-def test_a_rank_half_as_slow_again_is_named_with_its_node_and_equal_ranks_are_not(tmp_path, isolated_env):
-    """Two ranks, one doing half as much work again each step: the other waits for it in
-    should_stop's collective, and the watchdog names it from the busy times alone. The same
-    run without the extra work names no rank. Heartbeats every second and a floor of a
-    second (the watchdog polls at a tenth of its bound): windows close sooner."""
-    write_files(tmp_path)
-    env = dict(isolated_env, GLAUNCH_HEARTBEAT_S="1")
-    shape = [f"hparams.steps={SLOW_STEPS}", "checkpoint.every_steps=1000", "watchdog.slow_node=exclude",
-             "watchdog.auto_floor_s=1"]
-    equal_dir, equal, _ = submit(tmp_path, "equal", env, *shape)
-    assert equal.returncode == 0, equal.stdout[-3000:] + equal.stderr[-3000:]
-    (equal_start,) = json.loads((equal_dir / "run.json").read_text())["starts"]
-    assert equal_start["watchdog"]["slow"] == [], equal_start["watchdog"]
-    assert "slow:" not in status_of(equal_dir, env)
-
-    slow_dir, slow, _ = submit(tmp_path, "slow", env, *shape, "env.SLOW_RANK=1", f"env.SLOW_EXTRA_S={SLOW_EXTRA_S}")
-    assert slow.returncode == 0, slow.stdout[-3000:] + slow.stderr[-3000:]
-    (start,) = json.loads((slow_dir / "run.json").read_text())["starts"]
-    assert len(start["watchdog"]["slow"]) == 1, start
-    (named,) = start["watchdog"]["slow"]
-    assert named["rank"] == 1 and named["node"] == start["nodes"], named
-    assert 1.3 < named["ratio"] < 2.0, named
-    after = datetime.fromisoformat(named["named_at"]).timestamp() - datetime.fromisoformat(start["first_step_at"]).timestamp()
-    assert after < 60, after
-    text = status_of(slow_dir, env)
-    assert f"    slow: rank 1 on {start['nodes']}, busy {named['ratio']:.2f}x its peers' time a step" in text, text
-    assert json.loads(status_of(slow_dir, env, "--json"))["starts"][0]["watchdog"]["slow"] == [named]
-    print(f"slow rank named {after:.1f} s after the first step (ratio {named['ratio']:.2f})")
 
 
 # A script that knows nothing of glaunch: prints now and then, never a heartbeat.
