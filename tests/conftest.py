@@ -80,10 +80,26 @@ def clusters_needed(item) -> list[str]:
     needed = []
     if item.get_closest_marker("requires_slurm"):
         needed.append(MAIN)
-    if item.get_closest_marker("requires_slurm_defaults") or "slurm_defaults_env" in item.fixturenames:
+    if on_defaults(item):
         needed.append(DEFAULTS)
     if not needed and item.get_closest_marker("slurm"):
         needed.append(MAIN)
+    return needed
+
+
+def on_defaults(item) -> bool:
+    return bool(item.get_closest_marker("requires_slurm_defaults")) or "slurm_defaults_env" in item.fixturenames
+
+
+def clusters_held(item) -> list[str]:
+    """The clusters a test holds from its setup to its end: those it needs, but for `main`
+    where the test runs on `defaults` and only its module says requires_slurm (a module of
+    both clusters' tests; the test itself sends nothing to `main`). Held, `main` would keep
+    such a test waiting behind every `main` test of the other worker."""
+    needed = clusters_needed(item)
+    own = {marker.name for marker in item.own_markers}
+    if on_defaults(item) and MAIN in needed and "requires_slurm" not in own:
+        needed.remove(MAIN)
     return needed
 
 
@@ -110,7 +126,7 @@ def one_test_per_cluster(request):
     """A test that uses a cluster holds it (slurmkit.cluster_turn) from its setup to its end,
     the clusters in one order so two tests that each need both never wait on each other."""
     with contextlib.ExitStack() as held:
-        for cluster in sorted(clusters_needed(request.node)):
+        for cluster in sorted(clusters_held(request.node)):
             held.enter_context(cluster_turn(cluster, request.node.nodeid))
         yield
 
