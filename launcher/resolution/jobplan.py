@@ -4,8 +4,9 @@ schedulers read; nothing after resolution changes it.
 A JobPlan holds who the run is and where its files go, and one part per concern, each read
 by its own consumers: `allocation` (what the scheduler is asked for: the directives),
 `launch` (how every start runs the ranks: launcher, entry point, interpreter, environment),
-`training` (what the script is told: strategy, precision, batches, checkpoints) and
-`recovery` (how a start ends and the run goes on: requeue, restarts, the watchdog)."""
+`training` (what the script is told: strategy, precision, batches, checkpoints),
+`recovery` (how a start ends and the run goes on: requeue, restarts, the watchdog) and
+`transport` (how the run's Slurm commands reach the cluster: here, or through a login node)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from launcher.config import slurmtime
+from launcher.config.login import Login
 from launcher.config.sites import ProfileFile
 
 # Ports below the Linux ephemeral range (32768-60999), so a rendezvous port is never
@@ -170,6 +172,15 @@ class Recovery:
 
 
 @dataclass(frozen=True, eq=False)
+class Transport:
+    """How the run's Slurm commands reach the cluster: on this machine, or over SSH through
+    the login node the site's `login:` names, where Slurm does not answer here (the
+    submission's road, launcher.runner.submission_road, makes that choice)."""
+
+    login: Login | None               # None: the site names no login node; Slurm's commands run here
+
+
+@dataclass(frozen=True, eq=False)
 class JobPlan:
     """Everything resolved about one run: who it is and where its files go, and its parts."""
 
@@ -191,6 +202,7 @@ class JobPlan:
     launch: Launch
     training: Training
     recovery: Recovery
+    transport: Transport
     # the merged configs, for resolved.yaml
     experiment: Mapping[str, Any] = field(repr=False)
     site: Mapping[str, Any] = field(repr=False)

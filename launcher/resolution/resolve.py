@@ -20,13 +20,14 @@ from typing import Any
 from launcher import shell
 from launcher.config import schema, slurmtime
 from launcher.config.load import LoadedExperiment
+from launcher.config.login import login_of
 from launcher.config.sourcemap import ConfigKeyError, locating
 from launcher.config.schema import partition_name_problem
 from launcher.config.sitechecks import python_words
 from launcher.config.sites import LoadedSite
 from launcher.resolution import deepspeed_config, paths
 from launcher.resolution.jobplan import (
-    Allocation, CodeRoot, CodeSnapshot, Container, JobPlan, Launch, Recovery, SubmitContext, Training,
+    Allocation, CodeRoot, CodeSnapshot, Container, JobPlan, Launch, Recovery, SubmitContext, Training, Transport,
 )
 from launcher.resolution.strategy import StrategySettings, resolve_strategy
 from launcher.rundir.layout import CODE_DIR
@@ -104,6 +105,7 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
             watchdog_stall_auto=stall_auto, watchdog_auto_floor_s=float(exp.watchdog.auto_floor_s),
             watchdog_first_step_s=exp.watchdog.first_step_s, watchdog_slow_node=exp.watchdog.slow_node,
             peer=_recovery_peer(exp, strategy.name)),
+        transport=transport_of(site),
         experiment=_as_dict(exp), site=_as_dict(site), code=code, hparams=hparams, sweep_id=ctx.sweep_id,
     )
 
@@ -113,6 +115,13 @@ def _recovery_peer(exp: schema.Experiment, strategy: str) -> bool:
     if exp.recovery.peer and strategy != "ddp":
         raise ConfigKeyError("recovery.peer", f"needs strategy.name: ddp (a data-parallel run), not {strategy!r}")
     return exp.recovery.peer
+
+
+def transport_of(site: schema.Site) -> Transport:
+    """How the Slurm commands of `site`'s runs reach its cluster: the login node its
+    `login:` names, or none. The submission's road is chosen from it before resolution
+    (the road gives the environment a plan's paths are expanded with)."""
+    return Transport(login=login_of(site.login))
 
 
 # --- the allocation ---------------------------------------------------------------------

@@ -13,10 +13,11 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Callable, Sequence, TypeAlias
 
-from launcher.config.login import Login, login_of
+from launcher.config.login import Login
 from launcher.config.sites import LoadedSite
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import JobPlan
+from launcher.resolution.resolve import transport_of
 from launcher.runner.direct import DIRECT, Direct
 from launcher.runner.prepared import Prepared, PreparedSweep
 from launcher.runner.results import Run, Sweep
@@ -111,8 +112,9 @@ SubmissionRoad: TypeAlias = "Direct | SubmittedOverSSH"
 def road_of(loaded_site: LoadedSite, runs_dir: str | None, *, dry_run: bool) -> SubmissionRoad:
     """The road of a submission to `loaded_site`: over SSH when the profile has `login:`
     and Slurm does not answer here (launcher.runner.remote.goes_remote), connected unless
-    `dry_run`."""
-    login = login_of(loaded_site.config.login)
+    `dry_run`. Chosen before resolution, from the transport the plan will hold: the road
+    gives the environment the plan's paths are expanded with."""
+    login = transport_of(loaded_site.config).login
     if login is None:
         return DIRECT
     from launcher.runner import remote

@@ -1,5 +1,6 @@
-"""The job plan is a record of typed, frozen parts (allocation, launch, training, recovery)
-beside the run's identity and paths: each value has one place, read through its part."""
+"""The job plan is a record of typed, frozen parts (allocation, launch, training, recovery,
+transport) beside the run's identity and paths: each value has one place, read through its
+part."""
 
 from __future__ import annotations
 
@@ -9,18 +10,22 @@ from pathlib import Path
 import pytest
 
 from launcher.config.load import load_experiment
+from launcher.config.login import Login
 from launcher.config.sites import load_site
-from launcher.resolution.jobplan import Allocation, JobPlan, Launch, Recovery, SubmitContext, Training
+from launcher.resolution.jobplan import (
+    Allocation, JobPlan, Launch, Recovery, SubmitContext, Training, Transport,
+)
 from launcher.resolution.resolve import resolve
 
 REPO = Path(__file__).resolve().parents[2]
-PARTS = {"allocation": Allocation, "launch": Launch, "training": Training, "recovery": Recovery}
+PARTS = {"allocation": Allocation, "launch": Launch, "training": Training, "recovery": Recovery,
+         "transport": Transport}
 
 
-def _plan(*overrides: str) -> JobPlan:
+def _plan(*overrides: str, site: str | Path = "local-slurm") -> JobPlan:
     environ = {"HOME": "/home/alice", "USER": "alice"}
     return resolve(load_experiment(REPO / "examples" / "torch_ddp.yaml", list(overrides)),
-                   load_site("local-slurm", Path("/nonexistent"), environ),
+                   load_site(site, Path("/nonexistent"), environ),
                    SubmitContext(cwd="/home/alice/exp", python="/usr/bin/python3", environ=environ, run_id="parts-1"))
 
 
@@ -33,6 +38,18 @@ def test_a_resolved_plan_reads_each_setting_from_its_part():
     assert (plan.training.checkpoint_every, plan.recovery.requeue_max) == (7, 4)
     assert (plan.recovery.watchdog_slow_node, plan.recovery.warning_signal, plan.recovery.peer) == ("exclude", "USR2",
                                                                                                    False)
+
+
+def test_the_transport_holds_the_login_node_the_site_names(tmp_path):
+    site = tmp_path / "far.yaml"
+    site.write_text("name: far\nextends: local-slurm\nlogin: {host: login1.example.org, user: bob, port: 2222}\n")
+    login = _plan(site=site).transport.login
+    assert isinstance(login, Login)
+    assert (login.host, login.user, login.port, login.jump) == ("login1.example.org", "bob", 2222, None)
+
+
+def test_a_site_without_a_login_node_runs_slurms_commands_here():
+    assert _plan().transport.login is None
 
 
 def test_every_value_has_one_place():
