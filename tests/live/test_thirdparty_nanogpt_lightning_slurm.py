@@ -30,24 +30,9 @@ import torch
 from conftest import requires_slurm
 from launcher.rundir.layout import RunDir
 from slurmkit import SITE, final_sacct_state, finish, job_id_of, out, preempt, read_json, sacct_rows, wait_until
-from test_thirdparty_scripts_slurm import new_run_dir, project, rank0_step
+from test_thirdparty_scripts_slurm import ConsoleInFiles, new_run_dir, project, rank0_step
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, requires_slurm]
-
-
-class ConsoleInFiles(subprocess.Popen):
-    """A process whose stdout and stderr go to files (a console of thousands of lines would
-    fill a pipe that nobody reads while the test waits, and stop glaunch); `communicate`
-    returns their text, as slurmkit.finish expects of a process with pipes."""
-
-    def __init__(self, argv: list[str], folder: Path, env, name: str) -> None:
-        self.out_path, self.err_path = folder.parent / f"{name}.out", folder.parent / f"{name}.err"
-        with open(self.out_path, "w") as stdout, open(self.err_path, "w") as stderr:
-            super().__init__(argv, cwd=folder, env=env, stdout=stdout, stderr=stderr, text=True)
-
-    def communicate(self, input=None, timeout=None):
-        self.wait(timeout)
-        return self.out_path.read_text(errors="replace"), self.err_path.read_text(errors="replace")
 
 
 def start_console(folder: Path, env, *overrides: str, name: str = "console") -> subprocess.Popen:

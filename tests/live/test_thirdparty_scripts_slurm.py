@@ -37,11 +37,25 @@ def project(tmp_path: Path, name: str, exp: str) -> Path:
     return folder
 
 
+class ConsoleInFiles(subprocess.Popen):
+    """A process whose stdout and stderr go to files (a console of thousands of lines would
+    fill a pipe that nobody reads while the test waits, and stop glaunch); `communicate`
+    returns their text, as slurmkit.finish expects of a process with pipes."""
+
+    def __init__(self, argv: list[str], folder: Path, env, name: str) -> None:
+        self.out_path, self.err_path = folder.parent / f"{name}.out", folder.parent / f"{name}.err"
+        with open(self.out_path, "w") as stdout, open(self.err_path, "w") as stderr:
+            super().__init__(argv, cwd=folder, env=env, stdout=stdout, stderr=stderr, text=True)
+
+    def communicate(self, input=None, timeout=None):
+        self.wait(timeout)
+        return self.out_path.read_text(errors="replace"), self.err_path.read_text(errors="replace")
+
+
 def start_console(folder: Path, env, *overrides: str) -> subprocess.Popen:
-    """`glaunch submit --wait` from the project's folder, its console on stdout."""
-    return subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", "--wait", "exp.yaml", "--site", SITE,
-                             "--runs-dir", "runs", *overrides], cwd=folder, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    """`glaunch submit --wait` from the project's folder, its console in console.out beside it."""
+    return ConsoleInFiles([sys.executable, "-m", "launcher.cli", "submit", "--wait", "exp.yaml", "--site", SITE,
+                           "--runs-dir", "runs", *overrides], folder, env, "console")
 
 
 def new_run_dir(runs: Path, known: set[Path]) -> Path:
