@@ -16,6 +16,7 @@ NOT_ON_THE_DRY_RUN = (
     "launcher.runner.sweep_submission", "launcher.runner.site_tools", "launcher.runner.remote",
     "launcher.schedulers.ssh.connection", "launcher.views.console", "launcher.views.status_text",
     "launcher.views.plan_text", "launcher.views.listing", "logging",
+    "launcher.runner.dependencies", "launcher.runner.lookup",
 )
 
 

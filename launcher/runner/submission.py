@@ -22,11 +22,10 @@ from launcher.resolution.resolve import code_anchor, resolve
 from launcher.rundir import registry
 from launcher.rundir.records import IN_FLIGHT, State
 from launcher.rundir.registry import find_run, new_run_id
-from launcher.runner import bundle, dependencies, shared_folder, unseen
+from launcher.runner import bundle, shared_folder, unseen
 from launcher.runner.bundle import PathSource
 from launcher.runner.gitview import locate
 from launcher.runner.inputs import folder_of, items
-from launcher.runner.lookup import refreshed
 from launcher.runner.prepared import Prepared
 from launcher.runner.results import Run
 from launcher.runner.submission_road import SubmissionRoad, road_of
@@ -123,7 +122,7 @@ def upstreams_of(after: Sequence[str], scheduler: str, *, dry_run: bool) -> tupl
     submission that waits for none."""
     if not after:
         return [], None
-
+    from launcher.runner import dependencies
     upstreams = dependencies.upstreams_of(after, scheduler, refresh=not dry_run)
     return upstreams, dependencies.dependency_clause(upstreams, scheduler)
 
@@ -138,7 +137,11 @@ def take_over_warning(exp, plan: JobPlan, upstreams: Sequence[Any], *, dry_run: 
     where = exp.provenance
     try:
         run_dir = find_run(name)
-        record = registry.read(run_dir) if dry_run else refreshed(run_dir)
+        if dry_run:
+            record = registry.read(run_dir)
+        else:
+            from launcher.runner.lookup import refreshed     # asks the scheduler: a real submission only
+            record = refreshed(run_dir)
     except GlaunchError as exc:
         raise where.error("checkpoint.take_over", exc.message) from None
     waited = any(u.name == record.run_id for u in upstreams)
@@ -200,7 +203,7 @@ def _launch_here(prepared: Prepared, *, dry_run: bool, check: bool, echo: Echo |
         scheduler.require()
     extra = None
     if prepared.after:
-
+        from launcher.runner import dependencies
         extra = {"after": [dependencies.record_of(u) for u in prepared.after]}
     written = bundle.write_bundle(plan, prepared.files, dry_run=dry_run, survey=survey, extra=extra,
                                   runs_root=runs_root, checkpoint=checkpoint)
@@ -215,7 +218,7 @@ def _launch_here(prepared: Prepared, *, dry_run: bool, check: bool, echo: Echo |
     if dry_run:
         return run
     if prepared.after and scheduler.runs_to_completion:
-
+        from launcher.runner import dependencies
         blocked = dependencies.wait_before_start(prepared.after, run_dir, echo)
         if blocked is not None:
             return dataclasses.replace(run, state=blocked, exit_code=1)
