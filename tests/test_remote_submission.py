@@ -514,6 +514,66 @@ def test_a_submit_whose_link_drops_at_any_round_trip_leaves_nothing_it_does_not_
             cancelled.stdout + cancelled.stderr
         assert list(runs.iterdir()) == [] and not list(records.glob("*")), at
         assert held_jobs() == [], at
+    # A sweep goes through the same undo: the link gone at its last round trip (the
+    # release), its held array and its directory are named, kept under the sweep's id, and
+    # removed by cancel.
+    sweep = [*submit, "--sweep", "hparams.lr=1,2"]
+    drop(state)
+    whole = glaunch(laptop, *sweep)
+    assert whole.returncode == 0, whole.stderr
+    round_trips = int((state / "count").read_text())
+    assert glaunch(laptop, "cancel", json.loads(whole.stdout)["sweep_id"]).returncode == 0
+    subprocess.run(["rm", "-rf", "--", *map(str, runs.iterdir()), *map(str, records.iterdir())], timeout=30)
+    drop(state, "from", round_trips)
+    done = glaunch(laptop, *sweep)
+    drop(state)
+    assert done.returncode == 3 and "left on glaunch-login: held job" in done.stderr, done.stderr
+    sweep_id = re.search(r"glaunch cancel (\S+) removes", done.stderr).group(1)
+    assert len(held_jobs()) == 1 and str(runs / sweep_id) in done.stderr, done.stderr
+    status = json.loads(glaunch(laptop, "status", sweep_id, "--json").stdout)
+    assert status["state"] == "FAILED" and "glaunch cancel" in status["detail"], status
+    cancelled = glaunch(laptop, "cancel", sweep_id)
+    assert cancelled.returncode == 0 and "removed what its interrupted submission left" in cancelled.stdout, \
+        cancelled.stdout + cancelled.stderr
+    assert list(runs.iterdir()) == [] and not list(records.glob("*"))
+    assert held_jobs() == []
+    # A resume too: the link gone at its release (of the run's second resume), its held job
+    # and the previous files it set aside are named; the run keeps its record, refuses
+    # another resume until cancel has cancelled the job and put the files back as they were.
+    run_id = submitted(glaunch(laptop, *submit))
+    assert glaunch(laptop, "cancel", run_id).returncode == 0
+    assert wait_for(laptop, run_id, {"CANCELLED"}, 60)["state"] == "CANCELLED"
+    before = files_of(runs / run_id)
+    drop(state)
+    assert glaunch(laptop, "resume", run_id).returncode == 0
+    round_trips = int((state / "count").read_text())
+    # Resumed from its code snapshot's counterpart of the folder it was submitted from, as at submit.
+    assert f"#SBATCH --chdir={runs / run_id / 'code'}\n" in (runs / run_id / "job.sbatch").read_text()
+    assert glaunch(laptop, "cancel", run_id).returncode == 0
+    assert wait_for(laptop, run_id, {"CANCELLED"}, 60)["state"] == "CANCELLED"
+    resumed_once = files_of(runs / run_id)
+    drop(state, "from", round_trips)
+    done = glaunch(laptop, "resume", run_id)
+    drop(state)
+    assert done.returncode == 3 and "left on glaunch-login: held job" in done.stderr, done.stderr
+    assert f"glaunch cancel {run_id} undoes them" in done.stderr and "resumes/2" in done.stderr, done.stderr
+    status = json.loads(glaunch(laptop, "status", run_id, "--json").stdout)
+    assert status["state"] == "CANCELLED" and "its resume's link dropped" in status["detail"], status
+    again = glaunch(laptop, "resume", run_id)
+    assert again.returncode == 2 and f"glaunch cancel {run_id}" in again.stderr, again.stderr
+    cancelled = glaunch(laptop, "cancel", run_id)
+    assert cancelled.returncode == 0 and "removed what its interrupted resume left" in cancelled.stdout, \
+        cancelled.stdout + cancelled.stderr
+    assert held_jobs() == [] and files_of(runs / run_id) == resumed_once
+    assert len(before) < len(resumed_once)      # the first resume set its previous files aside in resumes/1
+    record = json.loads((runs / run_id / "run.json").read_text())
+    assert record["state"] == "CANCELLED" and len(record["resumes"]) == 1, record
+
+
+def files_of(root: Path) -> dict[str, bytes]:
+    """Every file under `root` but run.json (which the job's record keeps changing), with its bytes."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and p.name != "run.json"}
 
 
 # --- live: a cluster account whose login shell prints ----------------------------------------

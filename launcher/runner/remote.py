@@ -10,8 +10,10 @@ read: MIRRORED, rank 0's log): status, cancel and logs ask the cluster through i
 
 Queueing: sbatch --hold, then run.json with the job's id and the submitit task are put in
 place, then `scontrol release`: the job never starts before its record is whole. Any
-failure before the release cancels the job and removes what was sent: nothing is left on
-either side.
+failure before the release cancels the job and removes what was sent
+(launcher.runner.cluster_undo: one undo for runs, sweeps and resumes): nothing is left on
+either side, or, when the link dropped, the error and the record here name what is left
+and `glaunch cancel` removes it.
 """
 
 from __future__ import annotations
@@ -59,13 +61,15 @@ from launcher.rundir.layout import (
 from launcher.rundir.lifecycle import ENDS
 from launcher.rundir.records import RunRecord, State, is_terminal
 from launcher.rundir.taskspec import read_placement
-from launcher.runner import bundle, carried, sweeps
+from launcher.runner import bundle, carried, cluster_undo, sweeps
+from launcher.runner.cluster_undo import OnCluster, SetAside
 from launcher.runner.logs import RankLogs
 from launcher.runner.prepared import Prepared, PreparedResume, ResumeRoad
 from launcher.runner.resumable import MOVED_ASIDE, WHERE, RecordedConfig, record_resume, refuse_unless_ended
 from launcher.runner.results import Run
 from launcher.runner.upstream import Upstream
 from launcher.schedulers.base import Scheduler
+from launcher.schedulers.slurm.array import array_job_id
 from launcher.schedulers.slurm.client import Client, using
 from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job
 from launcher.schedulers.slurm.recording import fold_job, has_ended, record_queued, settled
@@ -334,39 +338,32 @@ def _stage_send_queue(prepared: Prepared, conn: Connection, local: Path, check: 
         record.extra = moved_paths(record.extra, str(written.path), plan.run_dir)
     dump_task(plan, task_template(local_plan.log_dir))
     client = on_login.slurm_client(conn, cwd=plan.run_dir)
-    queued = Queued()
+    done = OnCluster()
+    where = Where(conn.login, plan.run_dir)
     try:
+        done.placed = plan.run_dir
         send_tree(conn, written.path, plan.run_dir, make_parent=True)
-        _check_queue_release(prepared, conn, client, written.path, check, queued,
-                             before_release=lambda job_id: record_here(local, plan, job_id,
-                                                                       Where(conn.login, plan.run_dir)))
+        return _check_queue_release(prepared, conn, client, written.path, check, done,
+                                    before_release=lambda job_id: record_here(local, plan, job_id, where))
     except BaseException as exc:
-        left = _undo(conn, client, plan, queued)
+        cluster_undo.forget_here(records_dir() / plan.run_id)
+        left = cluster_undo.undo(conn, client, done)
         if left is None:
             raise
-        _record_left(local, plan, left, Where(conn.login, plan.run_dir))
+        _record_left(local, plan, left, where)
+        said = left.said(plan.run_id, conn.login.host)
         if isinstance(exc, SchedulerError):
-            raise SchedulerError(f"{exc.message}; {left.said(plan.run_id, conn.login.host)}") from None
+            raise SchedulerError(f"{exc.message}; {said}") from None
         raise
-    return str(queued.job_id)
-
-
-@dataclass
-class Queued:
-    """How far a submission got with Slurm: sbatch asked (`asked`: its answer may have been
-    lost with the link), and the job's id once known."""
-
-    asked: bool = False
-    job_id: str | None = None
 
 
 def _check_queue_release(prepared: Prepared | PreparedResume, conn: Connection, client: Client, staged: Path,
-                         check: bool, queued: Queued, *,
-                         before_release: Callable[[str], None] = lambda job_id: None) -> None:
+                         check: bool, done: OnCluster, *,
+                         before_release: Callable[[str], None] = lambda job_id: None) -> str:
     """The run's files on the cluster: the cluster's checks (`check`; their commands asked
-    in one round trip), the job queued held (said in `queued`), run.json saying
-    so (`staged`'s, recorded here first by `before_release`) and its task put in place and
-    the job released in one more round trip."""
+    in one round trip), the job queued held (said in `done`), run.json saying so
+    (`staged`'s, recorded here first by `before_release`) and its task put in place and the
+    job released in one more round trip. The job's id."""
     plan = prepared.plan
     slurm = slurm_of(prepared.scheduler, plan)
     with using(client):
@@ -375,8 +372,7 @@ def _check_queue_release(prepared: Prepared | PreparedResume, conn: Connection, 
             _ask_checks_ahead(conn, plan)
             warnings = slurm.check_cluster(plan)
             preflight(plan, Path(plan.run_dir) / "job.sbatch", {})
-        queued.asked = True
-        job_id = queued.job_id = _sbatch_held(client, plan, on_login.account(conn).user)
+        job_id = _sbatch_held(conn, client, plan, done)
         record_queued(staged, plan, job_id, warnings, slurm.version())
         before_release(job_id)
         released = on_login.place_and_release(conn, posixpath.join(plan.run_dir, "run.json"),
@@ -385,6 +381,7 @@ def _check_queue_release(prepared: Prepared | PreparedResume, conn: Connection, 
                                               str(submitted_pickle(plan.log_dir, job_id)), job_id)
         if released.returncode != 0:
             _release(client, job_id)        # once more, with the client's retries
+    return job_id
 
 
 def _ask_checks_ahead(conn: Connection, plan: JobPlan) -> None:
@@ -412,26 +409,30 @@ def moved_paths(value: Any, old: str, new: str) -> Any:
     return value
 
 
-def _sbatch_held(client: Client, plan: JobPlan, user: str) -> str:
+def _sbatch_held(conn: Connection, client: Client, plan: JobPlan, done: OnCluster) -> str:
     """sbatch the run's job held; its id."""
     marker = submission_marker(plan.run_id) if "comment" not in dict(plan.allocation.extra_sbatch) else ""
-    return sbatch_held(client, posixpath.join(plan.run_dir, "job.sbatch"), marker, user)
+    return sbatch_held(conn, client, posixpath.join(plan.run_dir, "job.sbatch"), marker, done)
 
 
-def sbatch_held(client: Client, script: str, marker: str, user: str, *, found_as: Callable[[str], str] = str) -> str:
+def sbatch_held(conn: Connection, client: Client, script: str, marker: str, done: OnCluster, *,
+                array: bool = False) -> str:
     """sbatch `script` (a cluster path) held, with `marker` as its --comment when given; its
-    job id. A lost answer is looked up by the marker or the script (`found_as`: the id to
-    take from the row found: an array's own)."""
+    job id (`array`: the array's own), said in `done` as asked, then as answered. A lost
+    answer is looked up by the marker or the script."""
     cmd = ["sbatch", "--hold", *([f"--comment={marker}"] if marker else []), script]
+    user = on_login.account(conn).user
 
     def lookup(deadline: float) -> str | None:
         found = find_submitted(script, marker, deadline=deadline, user=user)
-        return found_as(found) if found else None
+        return (array_job_id(found) if array else found) if found else None
 
+    asked = done.asked(script, marker, array=array)
     output = client.submit(cmd, lookup=lookup)
     words = output.split()
     if len(words) < 4 or not words[-1].isdigit():
         raise SchedulerError(f"sbatch answered without a job id: {output.strip()[:200]}")
+    done.answered(asked, words[-1])
     return words[-1]
 
 
@@ -457,131 +458,58 @@ def _release(client: Client, job_id: str) -> None:
         raise SchedulerError(f"scontrol release {job_id} failed: {(proc.stderr or proc.stdout).strip()}")
 
 
-@dataclass(frozen=True)
-class Left:
-    """What a submission whose link dropped could not remove from the cluster: its held
-    job (None: none was queued, or it was cancelled; `maybe_queued`: sbatch was asked and
-    its answer lost, so a job may be held under the run's marker) and whether its
-    directory may be there."""
-
-    job_id: str | None
-    run_dir: str | None
-    maybe_queued: bool = False
-
-    def said(self, run_id: str, host: str) -> str:
-        job = f"held job {self.job_id}" if self.job_id else "a held job it may have queued" if self.maybe_queued else ""
-        parts = ([job] if job else []) + ([f"the directory {self.run_dir}"] if self.run_dir else [])
-        return (f"left on {host}: {' and '.join(parts)} (glaunch cancel {run_id} removes them once {host} "
-                "answers)")
-
-    def to_json(self) -> str:
-        return json.dumps({"job_id": self.job_id, "run_dir": self.run_dir, "maybe_queued": self.maybe_queued})
-
-
-# A submission's record here that names what its dropped link left on the cluster.
-LEFT_FILE = "left.json"
-
-
-def _undo(conn: Connection, client: Client, plan: JobPlan, queued: Queued) -> Left | None:
-    """After a failure: cancel the held job, remove the run's directory on the cluster and
-    its record here. What could not be removed (the link dropped), None when nothing is
-    left; the failure that ended the submission stays the one reported."""
-    home = records_dir() / plan.run_id
-    if home.is_dir() and (home / REMOTE_FILE).is_file():
-        registry.unregister(plan.run_id, str(home))
-        shutil.rmtree(home, ignore_errors=True)
-    job_id = queued.job_id
-    if job_id is None and queued.asked:
-        try:
-            job_id = _lost_job(conn, client, plan, queued)
-        except SchedulerError:
-            left = _remove_from_cluster(conn, client, None, plan.run_dir)
-            return Left(None, left.run_dir if left else None, maybe_queued=True)
-    return _remove_from_cluster(conn, client, job_id, plan.run_dir)
-
-
-def _lost_job(conn: Connection, client: Client, plan: JobPlan, queued: Queued) -> str | None:
-    """The id of the job sbatch may have queued for the run when its answer was lost
-    (looked up by the run's marker and job script), None when Slurm has none."""
-    if not queued.asked:
-        return None
-    return _held_job(conn, client, plan.run_id, plan.run_dir)
-
-
-def _held_job(conn: Connection, client: Client, run_id: str, run_dir: str) -> str | None:
-    """The id of the job Slurm has for run `run_id` (by its marker, or its job script in
-    `run_dir` on the cluster), None when it has none."""
-    with using(client):
-        return find_submitted(posixpath.join(run_dir, "job.sbatch"), submission_marker(run_id),
-                              user=on_login.account(conn).user)
-
-
-def _remove_from_cluster(conn: Connection, client: Client, job_id: str | None, run_dir: str) -> Left | None:
-    """The held job cancelled and the run's directory removed, each tried: what is left."""
-    job_left: str | None = None
-    if job_id is not None:
-        try:
-            done = client.call("scancel", job_id)
-            job_left = None if done.returncode == 0 or "Invalid job id" in done.stderr else job_id
-        except SchedulerError:
-            job_left = job_id
-    try:
-        on_login.remove_tree(conn, run_dir)
-        dir_left = None
-    except SchedulerError:
-        dir_left = run_dir
-    return Left(job_left, dir_left) if job_left or dir_left else None
-
-
-def _record_left(staged: Path, plan: JobPlan, left: Left, where: Where) -> None:
+def _record_left(staged: Path, plan: JobPlan, left: OnCluster, where: Where) -> None:
     """The record here of a submission that left `left` on the cluster: what `cancel` removes."""
     home = records_dir() / plan.run_id
     try:
         home.mkdir()
         atomic_write_text(home / REMOTE_FILE, where.to_json())
-        atomic_write_text(home / LEFT_FILE, left.to_json())
+        cluster_undo.write_left(home, left, forget=True)
         with registry.updating(staged) as record:
             record.state = State.FAILED.value
             record.reason = None
-            record.detail = ("its submission's link dropped: " + left.said(plan.run_id, where.login.host))
+            record.detail = "its submission's link dropped: " + left.said(plan.run_id, where.login.host)
         shutil.copyfile(RunDir(staged).run_file, RunDir(home).run_file)
         registry.register(plan.run_id, str(home))
     except (OSError, GlaunchError):
         shutil.rmtree(home, ignore_errors=True)
 
 
-def left_of(run_dir: Path) -> Left | None:
-    """What a submission that failed left on the cluster (left.json), None for other runs."""
-    try:
-        data = load_bounded_object(Path(run_dir) / LEFT_FILE)
-    except OSError:
+def left_of(run_dir: Path) -> cluster_undo.Left | None:
+    """What a submission or a resume whose link dropped left on the cluster, None for other
+    runs."""
+    if not (Path(run_dir) / cluster_undo.LEFT_FILE).is_file():
         return None
-    except ValueError:
-        return Left(None, None)
-    job_id, cluster_dir = data.get("job_id"), data.get("run_dir")
-    job_ok = isinstance(job_id, str) and job_id.isdigit()
-    dir_ok = isinstance(cluster_dir, str) and cluster_dir.startswith("/")
-    return Left(job_id if job_ok else None, cluster_dir if dir_ok else None, data.get("maybe_queued") is True)
+    return cluster_undo.read_left(Path(run_dir), registry.read(run_dir).run_id, where_of(run_dir).run_dir)
 
 
-def clean_left(run_dir: Path, left: Left) -> str:
-    """`cancel` of a submission whose link dropped: its held job cancelled, its directory on
-    the cluster removed, its record here gone."""
+def clean_left(run_dir: Path, left: cluster_undo.Left) -> str:
+    """`cancel` of a run whose submission or resume lost its link: what it left on the
+    cluster undone (held jobs cancelled, a resume's files put back, a submission's
+    directory removed); the record here gone too when the run was never queued."""
     where = where_of(run_dir)
-    record = registry.read(run_dir)
-    cluster_dir = left.run_dir if left.run_dir == where.run_dir else None
+    run_id = registry.read(run_dir).run_id
     with connect(where.login) as conn:
-        client = on_login.slurm_client(conn)
-        job_id = left.job_id
-        if job_id is None and left.maybe_queued:
-            job_id = _held_job(conn, client, record.run_id, where.run_dir)
-        still = _remove_from_cluster(conn, client, job_id, cluster_dir or where.run_dir)
+        still = cluster_undo.undo(conn, on_login.slurm_client(conn), left.on_cluster)
     if still is not None:
-        raise SchedulerError(f"run {record.run_id}: {still.said(record.run_id, where.login.host)}")
-    registry.unregister(record.run_id, str(run_dir))
-    shutil.rmtree(run_dir, ignore_errors=True)
-    removed = " and ".join(([f"held job {job_id}"] if job_id else []) + [f"{where.run_dir}"])
-    return f"run {record.run_id}: removed what its interrupted submission left on {where.login.host}: {removed}"
+        cluster_undo.write_left(Path(run_dir), still, forget=left.forget)
+        raise SchedulerError(f"run {run_id}: {still.said(run_id, where.login.host)}")
+    if left.forget:
+        cluster_undo.forget_here(Path(run_dir))
+    else:
+        (Path(run_dir) / cluster_undo.LEFT_FILE).unlink(missing_ok=True)
+    what = "submission" if left.forget else "resume"
+    return f"run {run_id}: removed what its interrupted {what} left on {where.login.host}: {_undone(left)}"
+
+
+def _undone(left: cluster_undo.Left) -> str:
+    done = left.on_cluster
+    parts = [f"held job {h.job_id}" if h.job_id else "any held job it queued" for h in done.held]
+    if done.set_aside is not None:
+        parts.append(f"its previous files put back from {posixpath.join(done.set_aside.run_dir, done.set_aside.aside)}")
+    if done.placed is not None:
+        parts.append(done.placed)
+    return " and ".join(parts) or "nothing was left"
 
 
 # --- resuming -------------------------------------------------------------------------
@@ -619,10 +547,38 @@ def job_queued(conn: Connection, job_id: str) -> bool:
 def queue_resume(prepared: PreparedResume, conn: Connection, aside: str, moved: Sequence[str], before: str, *,
                  check: bool) -> str:
     """The resumed run's files in place on the cluster (the files `moved` set aside in
-    `aside` in the same call; lib/ afresh, as installed here), its job queued held, run.json and the task put in place,
-    released; the job's id. run.json here is the one to send (SUBMITTING). On failure
-    before the release the job is cancelled and the previous files and run.json
-    (`before`) are put back."""
+    `aside` in the same call; lib/ afresh, as installed here), its job queued held, run.json
+    and the task put in place, released; the job's id. run.json here is the one to send
+    (SUBMITTING). On failure before the release the job is cancelled and the previous files
+    and run.json (`before`) are put back on both sides; what the cluster could not be asked
+    to undo is named in the error and kept in the record here for `glaunch cancel`."""
+    plan, here = prepared.plan, Path(prepared.run_dir)
+    names = sorted({*moved, *prepared.files, LIB_DIR})
+    client = on_login.slurm_client(conn, cwd=plan.run_dir)
+    template = posixpath.relpath(str(task_template(plan.log_dir)), plan.run_dir)
+    set_aside = SetAside(plan.run_dir, aside, tuple(names), False, before, (template,))
+    done = OnCluster(set_aside=set_aside)
+    try:
+        on_login.set_aside(conn, plan.run_dir, aside, names, _resume_files(prepared))
+        done.set_aside = dataclasses.replace(set_aside, whole=True)
+        return _check_queue_release(prepared, conn, client, here, check, done)
+    except BaseException as exc:
+        left = cluster_undo.undo(conn, client, done)
+        atomic_write_text(RunDir(here).run_file, before)
+        if left is None:
+            raise
+        said = left.said(registry.read(here).run_id, conn.login.host)
+        cluster_undo.write_left(here, left, forget=False)
+        with registry.updating(here) as record:
+            record.detail = f"its resume's link dropped: {said}"
+        if isinstance(exc, SchedulerError):
+            raise SchedulerError(f"{exc.message}; {said}") from None
+        raise
+
+
+def _resume_files(prepared: PreparedResume) -> bytes:
+    """What a resume puts in the run's directory on the cluster, as one tar stream: the
+    rendered files, run.json (here's, SUBMITTING), the submitit task, lib/ as installed here."""
     plan, here = prepared.plan, Path(prepared.run_dir)
     with tempfile.TemporaryDirectory(dir=records_dir()) as staging:
         template = task_template(Path(staging) / "logs")
@@ -632,19 +588,7 @@ def queue_resume(prepared: PreparedResume, conn: Connection, aside: str, moved: 
                    "run.json": (RunDir(here).run_file.read_bytes(), False),
                    posixpath.relpath(str(task_template(plan.log_dir)), plan.run_dir): (template.read_bytes(), False),
                    **{f"{LIB_DIR}/{name}": (source.read_bytes(), False) for source, name in carried.carried_files()}}
-    names = sorted({*moved, *prepared.files, LIB_DIR})
-    whole = False
-    client = on_login.slurm_client(conn, cwd=plan.run_dir)
-    queued = Queued()
-    try:
-        on_login.set_aside(conn, plan.run_dir, aside, names, _tar(members))
-        whole = True
-        _check_queue_release(prepared, conn, client, here, check, queued)
-    except BaseException:
-        _revert_resume(conn, client, plan, queued.job_id or _lost_job(conn, client, plan, queued), aside, names,
-                       whole, before)
-        raise
-    return str(queued.job_id)
+    return _tar(members)
 
 
 def prepare_resume(run_dir: Path, overrides: tuple[str, ...], dry_run: bool, where: Where, conn: Connection,
@@ -653,6 +597,7 @@ def prepare_resume(run_dir: Path, overrides: tuple[str, ...], dry_run: bool, whe
     road it is launched by, holds): its record and resolved.yaml read from the cluster (the
     local copies refreshed), resolved with the cluster account's HOME and USER, its
     directories checked there."""
+    _refuse_while_left(run_dir)
     record = registry.read(run_dir) if dry_run else refreshed_over(conn, run_dir, where)
     refuse_unless_ended(record, run_dir)
     copy_here(conn, where, RESOLVED_FILE, run_dir)
@@ -668,11 +613,20 @@ def prepare_resume(run_dir: Path, overrides: tuple[str, ...], dry_run: bool, whe
     return PreparedResume(run_dir, record, overrides, plan, scheduler.render(plan), scheduler, road=road)
 
 
+def _refuse_while_left(run_dir: Path) -> None:
+    """ConfigError for a run whose last submission or resume lost its link and left
+    something on the cluster: `glaunch cancel` undoes it first."""
+    left = left_of(run_dir)
+    if left is not None:
+        run_id = registry.read(run_dir).run_id
+        raise ConfigError(f"run {run_id}: {left.on_cluster.said(run_id, where_of(run_dir).login.host)}; resume it "
+                          "once that is done", file=WHERE, key="RUN")
+
+
 def launch_resume(prepared: PreparedResume, conn: Connection, *, check: bool) -> Run:
     """On the cluster, in one call: the previous files to resumes/N/, the new ones and
     run.json (SUBMITTING, with its resume entry) in place; then the job queued held, its
-    record and task put in place, and released. A failure before the release puts the
-    previous files and run.json back on both sides."""
+    record and task put in place, and released (queue_resume)."""
     plan, here = prepared.plan, prepared.run_dir
     try:
         before, record = _resumed_record(prepared, conn)
@@ -682,11 +636,8 @@ def launch_resume(prepared: PreparedResume, conn: Connection, *, check: bool) ->
     aside = os.path.relpath(RunDir(plan.run_dir).previous_files(len(record.extra["resumes"])), plan.run_dir)
     try:
         job_id = queue_resume(prepared, conn, aside, MOVED_ASIDE, before, check=check)
-    except BaseException:
-        atomic_write_text(RunDir(here).run_file, before)
+    finally:
         conn.close()
-        raise
-    conn.close()
     atomic_write_text(here / RESOLVED_FILE, prepared.files[RESOLVED_FILE])
     return Run(record.run_id, here, plan.site_name, False, tuple(prepared.files), State.PENDING.value, job_id,
                warnings=prepared.warnings, cluster_host=conn.login.host, cluster_dir=plan.run_dir)
@@ -708,19 +659,6 @@ def _resumed_record(prepared: PreparedResume, conn: Connection) -> tuple[str, Ru
         number = (len(previous) if isinstance(previous, list) else 0) + 1
         record_resume(record, there, number, RunDir(prepared.plan.run_dir).previous_files(number))
     return before, record
-
-
-def _revert_resume(conn: Connection, client: Client, plan: JobPlan, job_id: str | None, aside: str,
-                   names: Sequence[str], whole: bool, before: str) -> None:
-    """`queue_resume` undone on the cluster, best effort: the job cancelled, the previous
-    files and run.json back."""
-    try:
-        if job_id is not None:
-            client.call("scancel", job_id)
-        on_login.put_back(conn, plan.run_dir, aside, names, whole=whole)
-        on_login.write_bytes(conn, posixpath.join(plan.run_dir, "run.json"), before.encode())
-    except SchedulerError:
-        pass
 
 
 def _tar(members: Mapping[str, tuple[bytes, bool]]) -> bytes:

@@ -2,7 +2,9 @@
 rendered here with the cluster's paths, the sweep directory written to a local staging
 folder and sent in one transfer, then one array job per allocation shape queued held,
 the elements' run.json and submitit tasks put in place in one more call, and the arrays
-released. Any failure before the release cancels the arrays and removes what was sent.
+released. Any failure before the release cancels the arrays and removes what was sent
+(launcher.runner.cluster_undo); what a dropped link left there is named in the error and
+recorded here under the sweep's id, for `glaunch cancel` to remove.
 
 The record here mirrors the sweep's directory on the cluster: a folder of glaunch's
 state directory named by the sweep's id holds remote.json (the login, the sweep's
@@ -23,12 +25,14 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from launcher.errors import SchedulerError
+from launcher.errors import GlaunchError, SchedulerError
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import registry
 from launcher.rundir.files import atomic_write_text
 from launcher.rundir.layout import REMOTE_FILE, RunDir
-from launcher.runner import remote, sweep_bundle, sweeps
+from launcher.rundir.records import RunRecord, State
+from launcher.runner import cluster_undo, remote, sweep_bundle, sweeps
+from launcher.runner.cluster_undo import OnCluster
 from launcher.runner.prepared import PreparedSweep
 from launcher.runner.results import Run, Sweep
 from launcher.schedulers.base import Launched, LaunchedBatch, SweepBatch, SweepPlan
@@ -80,7 +84,7 @@ def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, ch
     plans = [p.plan for p in prepared.prepared]
     slurm = remote.slurm_of(prepared.scheduler, plans[0])
     here = relocated_sweep(prepared, local)
-    user = on_login.account(conn).user
+    on_login.account(conn)      # asked once, before the sweep is planned: whose jobs sbatch queues
     client = on_login.slurm_client(conn)
     with using(client):
         sweep_plan = slurm.plan_sweep(plans, sweep_id=prepared.sweep_id, sweep_dir=cluster,
@@ -89,9 +93,9 @@ def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, ch
     _name_the_cluster(local, cluster, [p.plan for p in here.prepared])
     for plan, local_plan in zip(plans, (p.plan for p in here.prepared)):
         dump_task(plan, task_template(local_plan.log_dir))
-    send_tree(conn, local, cluster, make_parent=True)
-    arrays: list[str] = []
+    done = OnCluster(placed=cluster)
     try:
+        send_tree(conn, local, cluster, make_parent=True)
         with using(client):
             warnings = _checked(slurm, plans, sweep_plan, cluster) if check else []
             batches = []
@@ -99,18 +103,41 @@ def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, ch
                 marker = array.submission_marker(prepared.sweep_id, number)
                 members = [plans[i] for i in batch.elements]
                 with_comment = "comment" not in dict(members[0].allocation.extra_sbatch)
-                array_id = remote.sbatch_held(client, posixpath.join(cluster, str(batch.script)),
-                                              marker if with_comment else "", user, found_as=array.array_job_id)
-                arrays.append(array_id)
+                array_id = remote.sbatch_held(conn, client, posixpath.join(cluster, str(batch.script)),
+                                              marker if with_comment else "", done, array=True)
                 batches.append(_queued(here, batch, array_id, warnings, slurm.version()))
             sweeps.record_launch(local, batches)
             _put_records(conn, local, cluster, here)
             _record_here(local, prepared, remote.Where(conn.login, cluster))
-            _release(client, arrays)
-    except BaseException:
-        _undo(conn, client, prepared, cluster, arrays)
+            _release(client, [held.job_id for held in done.held if held.job_id])
+    except BaseException as exc:
+        cluster_undo.forget_here(remote.records_dir() / prepared.sweep_id)
+        left = cluster_undo.undo(conn, client, done)
+        if left is None:
+            raise
+        said = left.said(prepared.sweep_id, conn.login.host)
+        _record_left(prepared, plans[0], left, remote.Where(conn.login, cluster), said)
+        if isinstance(exc, SchedulerError):
+            raise SchedulerError(f"{exc.message}; {said}") from None
         raise
     return _result(prepared)
+
+
+def _record_left(prepared: PreparedSweep, first: JobPlan, left: OnCluster, where: remote.Where, said: str) -> None:
+    """The record here of a sweep whose submission left `left` on the cluster: a failed
+    run under the sweep's id (no sweep was queued), which `glaunch cancel` cleans."""
+    home = remote.records_dir() / prepared.sweep_id
+    try:
+        home.mkdir()
+        atomic_write_text(home / REMOTE_FILE, where.to_json())
+        cluster_undo.write_left(home, left, forget=True)
+        record = RunRecord(prepared.sweep_id, name=first.name, site=first.site_name, scheduler="slurm",
+                           run_dir=where.run_dir, created=registry.now(), state=State.FAILED.value,
+                           detail=f"its sweep's submission's link dropped: {said}")
+        registry.write(home, record)
+        registry.register(prepared.sweep_id, str(home))
+    except (OSError, GlaunchError):
+        shutil.rmtree(home, ignore_errors=True)
 
 
 def _name_the_cluster(local: Path, cluster: str, local_plans: Sequence[JobPlan]) -> None:
@@ -203,23 +230,6 @@ def _release(client: Client, arrays: Sequence[str]) -> None:
     proc = client.call("scontrol", "release", ",".join(arrays))
     if proc.returncode != 0:
         raise SchedulerError(f"scontrol release {','.join(arrays)} failed: {(proc.stderr or proc.stdout).strip()}")
-
-
-def _undo(conn: Connection, client: Client, prepared: PreparedSweep, cluster: str, arrays: Sequence[str]) -> None:
-    """After a failure: cancel the held arrays, remove the sweep's directory on the cluster
-    and its record here. Best effort: the first failure is the one reported."""
-    home = remote.records_dir() / prepared.sweep_id
-    if (home / REMOTE_FILE).is_file():
-        for entry in registry.indexed_runs():
-            if entry["run_dir"] == str(home) or str(entry["run_dir"]).startswith(str(home) + "/"):
-                registry.unregister(entry["run_id"], entry["run_dir"])
-        shutil.rmtree(home, ignore_errors=True)
-    try:
-        if arrays:
-            client.call("scancel", *arrays)
-        on_login.remove_tree(conn, cluster)
-    except SchedulerError:
-        pass
 
 
 def _result(prepared: PreparedSweep) -> Sweep:

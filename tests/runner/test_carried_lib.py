@@ -229,6 +229,7 @@ def test_a_resume_over_ssh_sends_the_lib_afresh_and_sets_the_old_one_aside(proje
     monkeypatch.setattr(remote.on_login, "set_aside", set_aside)
     monkeypatch.setattr(remote.on_login, "put_back", lambda *args, **kwargs: None)
     monkeypatch.setattr(remote.on_login, "write_bytes", lambda *args: None)
+    monkeypatch.setattr(remote.on_login, "run_checked", lambda *args: None)
     remote.records_dir().mkdir(parents=True)
     with pytest.raises(SchedulerError):
         remote.queue_resume(prepared, object(), "resumes/1", MOVED_ASIDE, "{}", check=False)

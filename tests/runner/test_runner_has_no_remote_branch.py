@@ -1,6 +1,6 @@
 """The runner asks a run's road how to reach it: only the roads (launcher.runner.road for a
 run, launcher.runner.submission_road for a submission) and the SSH code behind them
-(launcher.runner.remote, remote_sweep) know SSH. No other runner module imports them or
+(launcher.runner.remote, remote_sweep, cluster_undo) know SSH. No other runner module imports them or
 launcher.schedulers.ssh, wherever the import stands, or asks whether a run lives over SSH
 (`is_remote`)."""
 
@@ -10,8 +10,9 @@ import ast
 from pathlib import Path
 
 RUNNER = Path(__file__).resolve().parents[2] / "launcher" / "runner"
-KNOW_SSH = {"road.py", "submission_road.py", "remote.py", "remote_sweep.py"}
-SSH_MODULES = ("launcher.runner.remote", "launcher.runner.remote_sweep", "launcher.schedulers.ssh")
+KNOW_SSH = {"road.py", "submission_road.py", "remote.py", "remote_sweep.py", "cluster_undo.py"}
+SSH_MODULES = ("launcher.runner.remote", "launcher.runner.remote_sweep", "launcher.runner.cluster_undo",
+               "launcher.schedulers.ssh")
 
 
 def _is_ssh(module: str) -> bool:

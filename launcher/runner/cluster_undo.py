@@ -1,0 +1,252 @@
+"""What a submission over SSH did on the cluster, and its one undo.
+
+A run's, a sweep's and a resume's submission each fill an `OnCluster` as they go: the
+directory they placed there, the files a resume set aside, each sbatch asked (its answer
+may be lost with the link) and the job it queued held. After a failure, `undo` takes it
+back in reverse: the held jobs cancelled (a job whose answer was lost looked up by its
+marker or script first), a resume's previous files and run.json put back, the placed
+directory removed. What it could not undo (the link dropped) comes back as an `OnCluster`
+of what is left: the exit-3 message names it (`said`), the record here keeps it
+(left.json, `write_left`/`read_left`, checked against the run's own directory on the
+cluster before use), and `glaunch cancel` runs the same undo once the cluster answers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import posixpath
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from launcher.errors import SchedulerError
+from launcher.rundir import registry
+from launcher.rundir.files import atomic_write_text, load_bounded_object
+from launcher.schedulers.slurm.array import array_job_id
+from launcher.schedulers.slurm.client import Client, using
+from launcher.schedulers.slurm.queries import find_submitted
+from launcher.schedulers.slurm.submit import submission_marker
+from launcher.schedulers.ssh import on_login
+from launcher.schedulers.ssh.connection import Connection
+
+# The record here of a submission that left something on the cluster.
+LEFT_FILE = "left.json"
+
+
+@dataclass(frozen=True)
+class Held:
+    """A job asked of sbatch, held: `job_id` once its answer came (None: the answer was
+    lost, and the job, if queued, is found by `marker` or `script`); `array`: a sweep's
+    array, whose squeue id names a task."""
+
+    script: str
+    marker: str
+    job_id: str | None = None
+    array: bool = False
+
+
+@dataclass(frozen=True)
+class SetAside:
+    """A resume's previous files (`names`) moved into `aside` (relative to `run_dir`);
+    `whole`: the move completed; `record`: run.json as it was before; `added`: files the
+    resume put there beside them (its submitit task, until the release takes it)."""
+
+    run_dir: str
+    aside: str
+    names: tuple[str, ...]
+    whole: bool
+    record: str
+    added: tuple[str, ...] = ()
+
+
+@dataclass
+class OnCluster:
+    """What a submission has done on the cluster (or, from `undo`, what is left of it)."""
+
+    placed: str | None = None
+    set_aside: SetAside | None = None
+    held: list[Held] = field(default_factory=list)
+
+    def asked(self, script: str, marker: str, *, array: bool = False) -> int:
+        """sbatch is about to be asked for a held job: its place in `held`."""
+        self.held.append(Held(script, marker, array=array))
+        return len(self.held) - 1
+
+    def answered(self, index: int, job_id: str) -> None:
+        self.held[index] = dataclasses.replace(self.held[index], job_id=job_id)
+
+    def is_empty(self) -> bool:
+        return self.placed is None and self.set_aside is None and not self.held
+
+    def said(self, name: str, host: str) -> str:
+        """The exit-3 message's part: what is left on `host`, and the command that removes it."""
+        parts = []
+        jobs = [h.job_id for h in self.held if h.job_id]
+        if jobs:
+            parts.append(f"held job{'s' if len(jobs) > 1 else ''} {', '.join(jobs)}")
+        if any(h.job_id is None for h in self.held):
+            parts.append("a held job it may have queued")
+        if self.set_aside is not None:
+            parts.append(f"the previous files of {self.set_aside.run_dir} set aside in "
+                         f"{posixpath.join(self.set_aside.run_dir, self.set_aside.aside)}")
+        if self.placed is not None:
+            parts.append(f"the directory {self.placed}")
+        undoes = "undoes them" if self.set_aside is not None and self.placed is None else "removes them"
+        return f"left on {host}: {' and '.join(parts)} (glaunch cancel {name} {undoes} once {host} answers)"
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+
+def undo(conn: Connection, client: Client, done: OnCluster) -> OnCluster | None:
+    """`done` taken back on the cluster in reverse, each step tried: the held jobs
+    cancelled, a resume's files put back, the placed directory removed. What is left, None
+    when nothing is. A held job still queued after a failed scancel stays left; its
+    directory is not removed under it."""
+    left = OnCluster()
+    for held in done.held:
+        still = _cancel(conn, client, held)
+        if still is not None:
+            left.held.append(still)
+    if done.set_aside is not None:
+        try:
+            _put_back(conn, done.set_aside)
+        except SchedulerError:
+            left.set_aside = done.set_aside
+    if done.placed is not None and (left.held or not _removed(conn, done.placed)):
+        left.placed = done.placed       # never removed under a job still queued from it
+    return None if left.is_empty() else left
+
+
+def _cancel(conn: Connection, client: Client, held: Held) -> Held | None:
+    """The held job cancelled (looked up first when its answer was lost): None once it is
+    gone or was never queued, else what is left of it."""
+    job_id = held.job_id
+    try:
+        with using(client):
+            if job_id is None:
+                found = find_submitted(held.script, held.marker, user=on_login.account(conn).user)
+                if found is None:
+                    return None
+                job_id = array_job_id(found) if held.array else found
+            done = client.call("scancel", job_id)
+    except SchedulerError:
+        return dataclasses.replace(held, job_id=job_id)
+    if done.returncode == 0 or "Invalid job id" in done.stderr:
+        return None
+    return dataclasses.replace(held, job_id=job_id)
+
+
+def _removed(conn: Connection, folder: str) -> bool:
+    try:
+        on_login.remove_tree(conn, folder)
+    except SchedulerError:
+        return False
+    return True
+
+
+def _put_back(conn: Connection, aside: SetAside) -> None:
+    on_login.put_back(conn, aside.run_dir, aside.aside, aside.names, whole=aside.whole)
+    on_login.write_bytes(conn, posixpath.join(aside.run_dir, "run.json"), aside.record.encode())
+    if aside.added:
+        on_login.run_checked(conn, ["rm", "-f", "--", *(posixpath.join(aside.run_dir, n) for n in aside.added)],
+                             f"removing what a resume added to {aside.run_dir!r}")
+
+
+# --- the record here ----------------------------------------------------------------------
+
+
+def forget_here(home: Path) -> None:
+    """The record here of a submission undone: every run registered under `home` (a run,
+    or a sweep and its elements) unregistered, the folder removed."""
+    for entry in registry.indexed_runs():
+        if entry["run_dir"] == str(home) or str(entry["run_dir"]).startswith(str(home) + "/"):
+            registry.unregister(entry["run_id"], entry["run_dir"])
+    shutil.rmtree(home, ignore_errors=True)
+
+
+def write_left(home: Path, left: OnCluster, *, forget: bool) -> None:
+    """left.json in the record `home`; `forget`: the record itself goes once it is cleaned
+    (a submission that never queued), else it stays (a resume's run)."""
+    atomic_write_text(home / LEFT_FILE, json.dumps({**dataclasses.asdict(left), "forget": forget}))
+
+
+@dataclass(frozen=True)
+class Left:
+    """left.json read back: what is left on the cluster, and whether the record here goes
+    once it is cleaned."""
+
+    on_cluster: OnCluster
+    forget: bool
+
+
+def read_left(home: Path, run_id: str, cluster_dir: str) -> Left | None:
+    """left.json of the record `home`, None when it has none. Only what belongs to the run
+    `run_id` living in `cluster_dir` is taken: a path elsewhere, a job id not of Slurm's
+    shape or a name reaching out of the run's directory is dropped."""
+    try:
+        data = load_bounded_object(home / LEFT_FILE)
+    except OSError:
+        return None
+    except ValueError:
+        # Damaged: nothing in it is trusted to name what to remove; the run's marked job is
+        # cancelled, and its directory and record stay.
+        return Left(OnCluster(held=[_marked(run_id, cluster_dir, None)]), False)
+    if "forget" not in data:
+        return Left(_earlier_form(data, run_id, cluster_dir), True)
+    placed = cluster_dir if data.get("placed") == cluster_dir else None
+    held = [h for h in (_held(item, cluster_dir) for item in _list(data.get("held"))) if h is not None]
+    aside = _set_aside(data.get("set_aside"), cluster_dir)
+    return Left(OnCluster(placed, aside, held), data.get("forget") is not False)
+
+
+def _earlier_form(data: Mapping[str, Any], run_id: str, cluster_dir: str) -> OnCluster:
+    """left.json as a run's submission wrote it before sweeps and resumes kept one too:
+    job_id, run_dir, maybe_queued."""
+    job_id = data.get("job_id")
+    placed = cluster_dir if data.get("run_dir") == cluster_dir else None
+    return OnCluster(placed, None, [_marked(run_id, cluster_dir, job_id if _is_job_id(job_id) else None)])
+
+
+def _marked(run_id: str, cluster_dir: str, job_id: str | None) -> Held:
+    """The held job of run `run_id`: its job script in `cluster_dir`, its marker."""
+    return Held(posixpath.join(cluster_dir, "job.sbatch"), submission_marker(run_id), job_id)
+
+
+def _is_job_id(value: Any) -> bool:
+    return isinstance(value, str) and value.isdigit()
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _within(path: Any, folder: str) -> bool:
+    return isinstance(path, str) and posixpath.normpath(path) == path and path.startswith(folder + "/")
+
+
+def _held(item: Any, cluster_dir: str) -> Held | None:
+    if not isinstance(item, dict) or not _within(item.get("script"), cluster_dir):
+        return None
+    marker, job_id = item.get("marker"), item.get("job_id")
+    if not isinstance(marker, str) or (job_id is not None and not _is_job_id(job_id)):
+        return None
+    return Held(item["script"], marker, job_id, item.get("array") is True)
+
+
+def _set_aside(item: Any, cluster_dir: str) -> SetAside | None:
+    if not isinstance(item, dict) or item.get("run_dir") != cluster_dir:
+        return None
+    aside, names, record = item.get("aside"), _list(item.get("names")), item.get("record")
+    added = _list(item.get("added"))
+    if not (isinstance(aside, str) and _relative(aside) and all(_relative(n) for n in [*names, *added])
+            and isinstance(record, str)):
+        return None
+    return SetAside(cluster_dir, aside, tuple(names), item.get("whole") is True, record, tuple(added))
+
+
+def _relative(name: Any) -> bool:
+    return (isinstance(name, str) and bool(name) and not name.startswith("/")
+            and ".." not in name.split("/") and posixpath.normpath(name) == name)
