@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import requires_slurm
+from conftest import requires_slurm_defaults
 from slurmkit import DEFAULTS, REPO, finish, glaunch, job_id_of, read_json, start_submit, submit, the_run_dir, wait_until
 
-pytestmark = [requires_slurm, pytest.mark.slurm, pytest.mark.slow]
+pytestmark = [requires_slurm_defaults, pytest.mark.slurm, pytest.mark.slow]   # every test runs on `defaults`
 
 
 def losses(run_dir: Path, job_id: str) -> list[tuple[int, float]]:
