@@ -19,7 +19,7 @@ import posixpath
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, NoReturn
 
 from launcher.errors import SchedulerError
 from launcher.rundir import registry
@@ -118,6 +118,21 @@ def undo(conn: Connection, client: Client, done: OnCluster) -> OnCluster | None:
     if done.placed is not None and (left.held or not _removed(conn, done.placed)):
         left.placed = done.placed       # never removed under a job still queued from it
     return None if left.is_empty() else left
+
+
+def undo_after(exc: BaseException, conn: Connection, client: Client, done: OnCluster, name: str,
+               keep: Callable[[OnCluster, str], None]) -> NoReturn:
+    """After `exc` ended the submission of `name`: `done` undone, and `exc` raised again.
+    What the cluster could not be asked to undo is kept by `keep(left, said)` (the record
+    here) and named in the error (a SchedulerError's message gets `said` appended)."""
+    left = undo(conn, client, done)
+    if left is None:
+        raise exc
+    said = left.said(name, conn.login.host)
+    keep(left, said)
+    if isinstance(exc, SchedulerError):
+        raise SchedulerError(f"{exc.message}; {said}") from None
+    raise exc
 
 
 def _cancel(conn: Connection, client: Client, held: Held) -> Held | None:

@@ -347,14 +347,8 @@ def _stage_send_queue(prepared: Prepared, conn: Connection, local: Path, check: 
                                     before_release=lambda job_id: record_here(local, plan, job_id, where))
     except BaseException as exc:
         cluster_undo.forget_here(records_dir() / plan.run_id)
-        left = cluster_undo.undo(conn, client, done)
-        if left is None:
-            raise
-        _record_left(local, plan, left, where)
-        said = left.said(plan.run_id, conn.login.host)
-        if isinstance(exc, SchedulerError):
-            raise SchedulerError(f"{exc.message}; {said}") from None
-        raise
+        cluster_undo.undo_after(exc, conn, client, done, plan.run_id,
+                                keep=lambda left, said: _record_left(local, plan, left, where, said))
 
 
 def _check_queue_release(prepared: Prepared | PreparedResume, conn: Connection, client: Client, staged: Path,
@@ -458,7 +452,7 @@ def _release(client: Client, job_id: str) -> None:
         raise SchedulerError(f"scontrol release {job_id} failed: {(proc.stderr or proc.stdout).strip()}")
 
 
-def _record_left(staged: Path, plan: JobPlan, left: OnCluster, where: Where) -> None:
+def _record_left(staged: Path, plan: JobPlan, left: OnCluster, where: Where, said: str) -> None:
     """The record here of a submission that left `left` on the cluster: what `cancel` removes."""
     home = records_dir() / plan.run_id
     try:
@@ -468,7 +462,7 @@ def _record_left(staged: Path, plan: JobPlan, left: OnCluster, where: Where) -> 
         with registry.updating(staged) as record:
             record.state = State.FAILED.value
             record.reason = None
-            record.detail = "its submission's link dropped: " + left.said(plan.run_id, where.login.host)
+            record.detail = f"its submission's link dropped: {said}"
         shutil.copyfile(RunDir(staged).run_file, RunDir(home).run_file)
         registry.register(plan.run_id, str(home))
     except (OSError, GlaunchError):
@@ -563,17 +557,16 @@ def queue_resume(prepared: PreparedResume, conn: Connection, aside: str, moved: 
         done.set_aside = dataclasses.replace(set_aside, whole=True)
         return _check_queue_release(prepared, conn, client, here, check, done)
     except BaseException as exc:
-        left = cluster_undo.undo(conn, client, done)
         atomic_write_text(RunDir(here).run_file, before)
-        if left is None:
-            raise
-        said = left.said(registry.read(here).run_id, conn.login.host)
-        cluster_undo.write_left(here, left, forget=False)
-        with registry.updating(here) as record:
-            record.detail = f"its resume's link dropped: {said}"
-        if isinstance(exc, SchedulerError):
-            raise SchedulerError(f"{exc.message}; {said}") from None
-        raise
+        cluster_undo.undo_after(exc, conn, client, done, prepared.record.run_id,
+                                keep=lambda left, said: _keep_left_of_resume(here, left, said))
+
+
+def _keep_left_of_resume(here: Path, left: OnCluster, said: str) -> None:
+    """The run's record here (as it was before the resume) says what its resume left."""
+    cluster_undo.write_left(here, left, forget=False)
+    with registry.updating(here) as record:
+        record.detail = f"its resume's link dropped: {said}"
 
 
 def _resume_files(prepared: PreparedResume) -> bytes:

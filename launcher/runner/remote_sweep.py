@@ -112,14 +112,9 @@ def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, ch
             _release(client, [held.job_id for held in done.held if held.job_id])
     except BaseException as exc:
         cluster_undo.forget_here(remote.records_dir() / prepared.sweep_id)
-        left = cluster_undo.undo(conn, client, done)
-        if left is None:
-            raise
-        said = left.said(prepared.sweep_id, conn.login.host)
-        _record_left(prepared, plans[0], left, remote.Where(conn.login, cluster), said)
-        if isinstance(exc, SchedulerError):
-            raise SchedulerError(f"{exc.message}; {said}") from None
-        raise
+        where = remote.Where(conn.login, cluster)
+        cluster_undo.undo_after(exc, conn, client, done, prepared.sweep_id,
+                                keep=lambda left, said: _record_left(prepared, plans[0], left, where, said))
     return _result(prepared)
 
 
