@@ -12,7 +12,9 @@ performs how the run goes on after each:
   (:func:`launcher.jobcontrol.jobstart.begin`): a start after the run ended exits 0 at once;
 - during each step, the hang watchdog (:func:`launcher.jobcontrol.watchdog.watch_slurm`) in a
   thread of this process; its requests (a signal to every step, the end of a step) are
-  scancel calls made here;
+  scancel calls made here; with ``recovery.peer``, a second thread starts a lost rank's
+  process again when its peers ask (:mod:`launcher.jobcontrol.replace`), and the step's
+  status is 0 where only tasks started again failed and their new processes ended well;
 - after each step, its end (:func:`launcher.jobcontrol.jobend.end_of_start`: run.json, and
   the road): a new step in the allocation (a crash or a hang within crash_retries, a
   slow node swapped for a spare), a requeue (``scontrol requeue``, then ``scontrol update
@@ -52,16 +54,18 @@ from typing import Any, MutableMapping, Protocol, Sequence
 
 from launcher.errors import RunError
 from launcher.processes import run_command
+from launcher.rundir import envnames
 from launcher.rundir.layout import RunDir
 from launcher.rundir.rankcontext import RuntimeConfigError, context
 from launcher.rundir.records import RecordError, is_job_id, is_node_name
-from launcher.jobcontrol import jobend, jobstart, watchdog
+from launcher.jobcontrol import jobend, jobstart, replace, watchdog
 from launcher.jobcontrol.jobend import NextRoad, StepEnd
 from launcher.jobcontrol.jobstart import Action, Begun
 
 SLURM_TIMEOUT_S = 60          # scontrol, sbatch, scancel: the controller's answer is seconds away
 REQUEUE_WAIT_S = 300          # the requeue ends this process well before
 WATCHDOG_JOIN_S = 120         # a watchdog writing the stacks of a hang it found
+REPLACE_JOIN_S = replace.END_WAIT_S + 3 * replace.TERM_WAIT_S
 # Slurm took the job back while this start ran: a preemption sets PreemptTime; a requeue
 # (`scontrol requeue`, as an admin or a preemption by requeue does) puts the job back in the
 # queue, so the job this controller runs in reads as pending (or requeued) once its step
@@ -200,6 +204,8 @@ class Edge(Protocol):
     def cancel(self, args: list[str]) -> bool: ...
     def watch(self, run_dir: Path, stop: threading.Event, allocation: Sequence[str],
               in_use: Sequence[str]) -> None: ...
+    def replace(self, job: JobSteps, stop: threading.Event, nodes: Sequence[str],
+                env: MutableMapping[str, str]) -> int: ...
     def end_on_term(self) -> None: ...
     def ignore_term(self) -> None: ...
     def wait_for_requeue(self) -> None: ...
@@ -273,6 +279,25 @@ class SlurmEdge:
               in_use: Sequence[str]) -> None:
         watchdog.watch_slurm(str(run_dir), stop=stop.is_set, allocation=allocation, in_use=in_use,
                              cancel=self.cancel)
+
+    def replace(self, job: JobSteps, stop: threading.Event, nodes: Sequence[str],
+                env: MutableMapping[str, str]) -> int:
+        """Lost ranks started again until `stop` is set (launcher.jobcontrol.replace), then
+        each new process to its end: 0 where srun's failed tasks (the batch log's lines)
+        were all started again and ended well, else -1 (the step's status stands)."""
+        try:
+            ctx = context()
+        except RuntimeConfigError as exc:
+            say(f"lost ranks are not started again: {exc}")
+            return -1
+        if ctx.job_id is None:
+            return -1
+        started = replace.Replacements(replace.popen_starter(env))
+        replace.serve(job.run_dir, started, stop=stop.is_set, job_id=ctx.job_id, restart=ctx.restart,
+                      step_nodes=nodes, srun=job.srun, task=job.task)
+        started.end()
+        failed = replace.failed_tasks(jobend.batch_log_tail(RunDir(job.run_dir).batch_log(ctx.job_id)))
+        return replace.step_status(1, failed, started.statuses()) if started.procs else -1
 
     def end_on_term(self) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -354,16 +379,33 @@ class Controller:
             self.env["MASTER_PORT"] = str(master_port(self.slurm_job, restart, self.job.port))
 
     def step(self, nodes: Sequence[str], allocation: Sequence[str]) -> int:
-        """One job step on `nodes`, with the watchdog beside it: srun's status."""
+        """One job step on `nodes`, with the watchdog beside it (and, with recovery.peer, the
+        thread that starts lost ranks again): srun's status, or 0 where only ranks started
+        again failed and their new processes ended well."""
         stop = threading.Event()
         watch = threading.Thread(target=self.edge.watch, name="glaunch-watchdog", daemon=True,
                                  args=(self.job.run_dir, stop, allocation if self.job.requeue else (), nodes))
         watch.start()
+        replaced: list[int] = []
+        replacer = None
+        if self.env.get(envnames.RECOVERY_PEER) == "1":
+            replacer = threading.Thread(target=lambda: replaced.append(self.edge.replace(self.job, stop, nodes,
+                                                                                         self.env)),
+                                        name="glaunch-peer-replace", daemon=True)
+            replacer.start()
+        status = 1
         try:
-            return self.edge.run_step(self.job.command(nodes), self.env)
+            status = self.edge.run_step(self.job.command(nodes), self.env)
         finally:
             stop.set()
             watch.join(WATCHDOG_JOIN_S)
+            if replacer is not None:
+                replacer.join(REPLACE_JOIN_S)
+        if status != 0 and replaced == [0]:
+            print(f"glaunch: srun's status {status} came from ranks whose processes were started again and "
+                  "ended well: the step's is 0", flush=True)
+            return 0
+        return status
 
     def finish(self, action: str, road: NextRoad, job_id: str | None, restart: int,
                taken: TakenBack | None = None) -> int:

@@ -27,6 +27,10 @@ STOP_SIGNALS = "GLAUNCH_STOP_SIGNALS"
 HPARAMS = "GLAUNCH_HPARAMS"
 DS_CONFIG = "GLAUNCH_DS_CONFIG"
 RECOVERY_PEER = "GLAUNCH_RECOVERY_PEER"   # "1": recovery.peer (launcher.runtime.peer)
+# Set by the job controller for a process that replaces a lost rank (launcher.jobcontrol.replace):
+# the generation of the process group it joins, and the pid the lost rank had on this node.
+PEER_JOIN = "GLAUNCH_PEER_JOIN"
+PEER_LOST_PID = "GLAUNCH_PEER_LOST_PID"
 # Per start, from the scheduler: the job's id and how many starts came before this one.
 JOB_ID = "GLAUNCH_JOB_ID"
 RESTART = "GLAUNCH_RESTART"

@@ -13,6 +13,9 @@ One run directory per run (DESIGN.md "The run bundle")::
     hang.json                                               written by the watchdog (launcher.jobcontrol.watchdog)
     peer-recoveries.jsonl                                   one line per peer recovery (launcher.runtime.peer),
                                                             read by goodput (launcher.runner.goodput)
+    peer-replace/JOB_RESTART_GEN_RANK.json                  a lost rank's process to start again (recovery.peer):
+                                                            asked by a surviving rank, served by the job controller
+                                                            (launcher.jobcontrol.replace)
     logs/JOB_TASK_log.out|err  logs/JOB_batch.log  logs/JOB_step.json
     logs/workers/JOB_RESTART_NODE/                          torchrun's --log-dir for one node's agent: each
                                                             worker's own output (WORKER_LOG)
@@ -72,6 +75,8 @@ RESUME_FILE = "resume.json"
 CRASH_FILE = "crash.json"
 HANG_FILE = "hang.json"
 PEER_RECOVERY_FILE = "peer-recoveries.jsonl"
+PEER_REPLACE_DIR = "peer-replace"
+PEER_REPLACE_FILE = "{job_id}_{restart}_{generation}_{rank}.json"
 LOCK_FILE = ".run.lock"
 # Held (flock) by a local job for as long as it runs: a run whose job lock nobody holds has
 # no process left to cancel, whatever pid run.json names.
@@ -227,6 +232,16 @@ class RunDir:
     def peer_recovery_file(self) -> Path:
         """The ledger of peer recoveries (``recovery.peer``): one JSON object a line."""
         return self.path / PEER_RECOVERY_FILE
+
+    @property
+    def peer_replace_dir(self) -> Path:
+        """Where the ranks ask the job controller to start a lost rank's process again."""
+        return self.path / PEER_REPLACE_DIR
+
+    def peer_replace_request(self, job_id: str, restart: int, generation: int, rank: int) -> Path:
+        """The request to start rank `rank` again, to join the group's generation `generation`."""
+        return self.peer_replace_dir / PEER_REPLACE_FILE.format(job_id=name_part(job_id), restart=int(restart),
+                                                                 generation=int(generation), rank=int(rank))
 
     @property
     def log_dir(self) -> Path:

@@ -112,6 +112,9 @@ class RankContext:
     launcher: str | None
     stop_signals: tuple[str, ...]
     standalone: bool
+    # recovery.peer: this process replaces a lost rank and joins the process group at this
+    # generation (set by the job controller: launcher.jobcontrol.replace); None: a rank of the start.
+    peer_join: int | None = None
 
     @property
     def is_main(self) -> bool:
@@ -166,6 +169,7 @@ def context() -> RankContext:
         launcher=env.get(envnames.LAUNCHER) or None,
         stop_signals=_signal_names(env.get(envnames.STOP_SIGNALS)),
         standalone=standalone,
+        peer_join=_env_int(envnames.PEER_JOIN, 0, minimum=1) if env.get(envnames.PEER_JOIN, "").strip() else None,
     )
 
 

@@ -34,12 +34,23 @@ What happens when the step of a rank raises (the exception reaches ``recovery.st
    goodput read it (:mod:`launcher.runner.goodput`). A ledger that cannot be written is
    logged, never a failure of the run.
 
+A rank whose process is lost (killed, out of memory, ``os._exit``): its peers raise in
+their collective with it as above, but its report never comes. REPLACE_AFTER_S into the
+wait, the lowest rank that reported asks the job controller to start it again
+(:func:`ask_replacement`: a file in the run directory's ``peer-replace/``, with the lost
+rank's node and pid from its heartbeat; launcher.jobcontrol.replace serves it under Slurm)
+and every rank keeps waiting, up to REPORT_WAIT_S. The new process runs the same script
+with the rank's place (``GLAUNCH_PEER_JOIN``: the generation to join): its group serves
+the collectives before the loop on its own (launcher.runtime.peergroup), and its
+``steps()`` first joins the recovery (:meth:`PeerRecovery.join`): it reports as a failed
+rank with no state (``replaced``), receives a live peer's state over the new generation
+and goes on at the plan's step. Rank 0 cannot be replaced: its process holds the store.
+
 Lost work: the step in flight. Data must follow from the step number (as in the
-examples), since the step is the position the runtime keeps. The failed rank's process
-stays; a rank whose process is lost, or a step that fails again on the same rank when
-redone, is not recovered here: the ranks raise and the start ends as a crash (the
-in-allocation restart from a checkpoint). CPU/gloo only; with another backend the loop
-runs plainly.
+examples), since the step is the position the runtime keeps. A step that fails again on
+the same rank when redone, a lost rank 0, or a lost rank nobody starts again, is not
+recovered here: the ranks raise and the start ends as a crash (the in-allocation restart
+from a checkpoint). CPU/gloo only; with another backend the loop runs plainly.
 """
 
 from __future__ import annotations
@@ -54,8 +65,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from launcher.rundir import envnames
-from launcher.rundir.files import open_regular
-from launcher.rundir.layout import RunDir
+from launcher.rundir.files import atomic_write_text, open_regular
+from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.rundir.rankcontext import RankContext, context, log, node_name
 from launcher.rundir.startsummary import iso
 from launcher.runtime import stopflag
@@ -66,6 +77,10 @@ REPORT_WAIT_S = 300.0
 REPORT_POLL_S = 0.02
 REPORT_STOP_GRACE_S = 2.0
 REPORT_COLLECT_AFTER_S = 1.0
+# A report missing this long into the wait is a lost process's: the lowest rank that reported
+# asks for it to be started again (its peers' reports come within milliseconds of theirs, a
+# rank busy outside a collective when the failure came reports at its next one).
+REPLACE_AFTER_S = 3.0
 # A step that fails again on the same rank when redone is not a transient fault.
 RETRIES_PER_STEP = 1
 REPORT_KEY = "glaunch-peer-report/{generation}/{rank}"
@@ -150,6 +165,9 @@ class PeerRecovery:
         """``first`` .. ``last``, going back to the step to redo after a recovery."""
         self._committed = first - 1
         step = first
+        if self.group.joins is not None:      # a replacement of a lost rank: it joins the recovery first
+            self.join()
+            step = self._next
         while step <= last:
             self._next = step + 1
             yield step
@@ -192,20 +210,46 @@ class PeerRecovery:
         generation = self.group.generation + 1
         report = Report(rank=self.ctx.rank, committed=self._committed, failed=own, error=_one_line(exc),
                         retry=self._own_failures.get(step, 0) <= RETRIES_PER_STEP)
-        reports = exchange(self.group.store, generation, report, self.ctx.world_size, collect=self.group.collect)
+        reports = exchange(self.group.store, generation, report, self.ctx.world_size, collect=self.group.collect,
+                           on_missing=lambda present, missing: ask_replacement(self.ctx, generation, present, missing,
+                                                                              began_at))
         plan = plan_recovery(generation, reports, self.ctx.world_size)
-        self.group.reconnect(generation)
+        self._carry_out(plan, step, report.error, began, began_at)
+
+    def join(self) -> None:
+        """A replacement of a lost rank (the module's docstring): report as failed with no
+        state, receive a live peer's, go on at the plan's step. PeerRecoveryImpossible when
+        it cannot take the rank's place (its old process still runs here, or this model's
+        gradient buckets would not match its peers')."""
+        began, began_at = time.monotonic(), time.time()
+        generation = self.group.joins
+        lost_pid = os.environ.get(envnames.PEER_LOST_PID, "")
+        if lost_pid.isdigit() and process_runs(int(lost_pid)):     # its own report is still to come
+            raise PeerRecoveryImpossible(f"rank {self.ctx.rank}: the process {lost_pid} it was to replace still "
+                                         "runs on this node")
+        unfit = replacement_unfit(self.model)
+        report = Report(rank=self.ctx.rank, committed=-1, failed=True, replaced=True, retry=unfit is None,
+                        error="process lost; started again" if unfit is None else f"not started again: {unfit}")
+        reports = exchange(self.group.store, generation, report, self.ctx.world_size, collect=lambda: None)
+        log(f"peer recovery: rank {self.ctx.rank} started again in place of its lost process; joining its peers "
+            f"at generation {generation}")
+        plan = plan_recovery(generation, reports, self.ctx.world_size)
+        self._carry_out(plan, None, report.error, began, began_at)
+
+    def _carry_out(self, plan: RecoveryPlan, step: int | None, error: str, began: float, began_at: float) -> None:
+        """Steps 3 to 5 of the module's docstring, and the log line; `step`: the step in
+        flight (None: a replacement, which had none)."""
+        self.group.reconnect(plan.generation)
         _forget_step_in_flight(self.model, self.optimizer)
         transfer_state(plan, self.ctx.rank, self.model, self.optimizer, self.extra, self.group)
         rng_restored = self._restore_rng(plan.redo)
         self._committed, self._next = plan.resume_after, plan.redo
         seconds = time.monotonic() - began
-        self.recoveries.append({"step": step, "generation": generation, "source": plan.source,
+        self.recoveries.append({"step": step, "generation": plan.generation, "source": plan.source,
                                 "receivers": list(plan.receivers), "failed": list(plan.failed),
                                 "resume_after": plan.resume_after, "seconds": round(seconds, 6)})
-        if self.ctx.rank == ledger_writer(plan):
-            self._unrecorded = _Unrecorded(ledger_entry(plan, step, report.error, seconds, began_at, self.ctx),
-                                           began)
+        if self.ctx.rank == ledger_writer(plan) and step is not None:
+            self._unrecorded = _Unrecorded(ledger_entry(plan, step, error, seconds, began_at, self.ctx), began)
         received = " (received it)" if self.ctx.rank in plan.receivers else ""
         log(f"peer recovery: {plan.describe()}{received}; no checkpoint read; {seconds:.3f} s"
             + ("" if rng_restored else f"; this rank's RNG states are not those of step {plan.redo}'s start "
@@ -245,9 +289,10 @@ class _Guard:
 
 
 def ledger_writer(plan: RecoveryPlan) -> int:
-    """The rank that records a recovery: the lowest that failed (its clock saw the
-    failure), else the source."""
-    return min(plan.failed) if plan.failed else plan.source
+    """The rank that records a recovery: the lowest that failed in its own process (its
+    clock saw the failure), else the source (a lost process's replacement saw none)."""
+    own = [rank for rank in plan.failed if rank not in plan.replaced]
+    return min(own) if own else plan.source
 
 
 def ledger_entry(plan: RecoveryPlan, step: int, error: str, recovery_s: float, failed_at: float,
@@ -258,7 +303,8 @@ def ledger_entry(plan: RecoveryPlan, step: int, error: str, recovery_s: float, f
     came after the update: the ranks go on at the next one)."""
     return {"job_id": ctx.job_id, "restart": ctx.restart, "node": node_name(), "rank": ctx.rank,
             "world_size": ctx.world_size, "generation": plan.generation, "step": step,
-            "failed": list(plan.failed), "source": plan.source, "receivers": list(plan.receivers),
+            "failed": list(plan.failed), "replaced": list(plan.replaced), "source": plan.source,
+            "receivers": list(plan.receivers),
             "resume_after": plan.resume_after, "lost_steps": max(0, step - plan.resume_after),
             "error": error, "failed_at": iso(failed_at), "recovery_s": round(recovery_s, 6),
             "checkpoint_read": False}
@@ -299,21 +345,28 @@ def _one_line(exc: BaseException) -> str:
 
 
 def exchange(store: Any, generation: int, report: Report, world_size: int,
-             collect: Callable[[], None] = lambda: None) -> list[Report]:
+             collect: Callable[[], None] = lambda: None,
+             on_missing: Callable[[list[int], list[int]], None] = lambda present, missing: None) -> list[Report]:
     """Write this rank's report for `generation` and read every rank's, once all are there.
 
-    A rank whose process is gone never reports: the launcher then stops the job (its
-    stop signal sets this rank's flag), and the wait ends with it rather than at
-    REPORT_WAIT_S, so the start ends as the crash it is, for the restart from a checkpoint."""
+    A rank whose process is gone never reports: REPLACE_AFTER_S into the wait
+    `on_missing(present, missing)` is called once (the ranks that reported, those that did
+    not), and the wait goes on for its replacement's report. Where the launcher stops the
+    job instead (its stop signal sets this rank's flag), the wait ends with it rather than
+    at REPORT_WAIT_S, so the start ends as the crash it is, for the restart from a checkpoint."""
     store.set(REPORT_KEY.format(generation=generation, rank=report.rank), report.to_json())
     keys = [REPORT_KEY.format(generation=generation, rank=r) for r in range(world_size)]
     began = time.monotonic()
     deadline = began + REPORT_WAIT_S
-    collected = False
+    collected = asked = False
     while not _all_there(store, keys):
         if not collected and time.monotonic() - began > REPORT_COLLECT_AFTER_S:
             collected = True
             collect()    # a peer may still wait for this rank's old connections to close
+        if not asked and time.monotonic() - began > REPLACE_AFTER_S:
+            asked = True
+            missing = _missing_ranks(store, keys)
+            on_missing([r for r in range(world_size) if r not in missing], missing)
         # A stop asked before the failure (the time limit's warning) must not end a
         # recovery whose reports are on their way: only a wait longer than they take.
         if stopflag.raised() and time.monotonic() - began > REPORT_STOP_GRACE_S:
@@ -326,8 +379,65 @@ def exchange(store: Any, generation: int, report: Report, world_size: int,
 
 
 def _missing(store: Any, keys: list[str]) -> str:
-    ranks = [str(rank) for rank, key in enumerate(keys) if not _all_there(store, [key])]
+    ranks = [str(rank) for rank in _missing_ranks(store, keys)]
     return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(ranks)
+
+
+def _missing_ranks(store: Any, keys: list[str]) -> list[int]:
+    return [rank for rank, key in enumerate(keys) if not _all_there(store, [key])]
+
+
+def replacement_request(ctx: RankContext, generation: int, rank: int, seen_at: float) -> dict[str, Any]:
+    """What the job controller needs to start rank `rank` again (launcher.jobcontrol.replace):
+    the generation it joins, and the node and pid of its lost process, from its heartbeat
+    of this start (None where it wrote none)."""
+    beat = read_heartbeat(RunDir(ctx.run_dir).heartbeat(rank)) or {}
+    own = str(beat.get("job_id")) == str(ctx.job_id) and beat.get("restart") == ctx.restart
+    pid = beat.get("pid") if own else None
+    return {"job_id": ctx.job_id, "restart": ctx.restart, "generation": generation, "rank": rank,
+            "node": beat.get("node") if own else None, "pid": pid if type(pid) is int else None,
+            "asked_by": ctx.rank, "lost_at": iso(seen_at), "asked_at": iso(time.time())}
+
+
+def ask_replacement(ctx: RankContext, generation: int, present: list[int], missing: list[int],
+                    seen_at: float) -> None:
+    """The lowest rank that reported asks for each missing rank to be started again (the
+    module's docstring), rank 0 excepted; a request that cannot be written is logged."""
+    if not present or ctx.rank != min(present) or ctx.job_id is None:
+        return
+    for rank in missing:
+        if rank == 0:
+            continue          # its process holds the store: the recovery cannot go on without it
+        path = RunDir(ctx.run_dir).peer_replace_request(ctx.job_id, ctx.restart, generation, rank)
+        request = replacement_request(ctx, generation, rank, seen_at)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, json.dumps(request, sort_keys=True) + "\n")
+        except OSError as exc:
+            log(f"peer recovery: rank {rank} not asked to start again ({path}: {exc.strerror or exc})")
+            continue
+        log(f"peer recovery: no report of rank {rank} after {REPLACE_AFTER_S:g} s: its process is lost? "
+            f"asked for it to be started again" + (f" on {request['node']}" if request["node"] else ""))
+
+
+def replacement_unfit(model: Any) -> str | None:
+    """Why a new process cannot take a lost rank's place with `model`, or None: a DDP that
+    rebuilds its gradient buckets after its first step does (its peers did long ago: the
+    broadcast of its new buckets would meet none of theirs)."""
+    if hasattr(model, "reducer") and not getattr(model, "find_unused_parameters", True):
+        return ("its DDP model rebuilds its gradient buckets after its first step, its peers' are rebuilt "
+                "(DDP(find_unused_parameters=True) keeps them as first laid out)")
+    return None
+
+
+def process_runs(pid: int) -> bool:
+    """Whether process `pid` runs on this node (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read(4096).rsplit(b")", 1)[-1].split()[:1]
+    except OSError:
+        return False
+    return state != [b"Z"]
 
 
 def _all_there(store: Any, keys: list[str]) -> bool:

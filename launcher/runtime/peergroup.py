@@ -17,6 +17,16 @@ of the same store.
 The store is the one the default group was created with (rank 0's TCPStore of the env://
 rendezvous): it lives as long as rank 0's process, which peer recovery keeps.
 
+A process started to replace a lost rank (``GLAUNCH_PEER_JOIN``: the generation it joins;
+launcher.jobcontrol.replace) forms no connection when it is created: its peers are in a
+recovery, not in generation 0. Until it joins (:meth:`PeerGroup.reconnect`, from
+:meth:`launcher.runtime.peer.PeerRecovery.steps`), the collectives the script makes before
+its loop are served here, on this rank alone (:func:`_served_here`): DDP's constructor
+verifies its parameters' shapes (an all-gather: every rank's shapes are this rank's) and
+broadcasts the module's state from rank 0 (left as it is: the state a live peer sends
+replaces it). What needs another rank's values (a point-to-point message, a gather to
+another rank) cannot be served and raises.
+
 Imported only when ``recovery.peer`` is on (it imports torch): :mod:`launcher.runtime.peer`.
 """
 
@@ -29,6 +39,8 @@ from typing import Any
 import torch.distributed as dist
 from torch._C import _distributed_c10d
 
+from launcher.rundir.rankcontext import context
+
 BACKEND_NAME = "glaunch_peer"
 # The collectives a ProcessGroup offers that gloo implements; each one is passed on.
 COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "_allgather_base", "allgather_coalesced",
@@ -40,13 +52,16 @@ COLLECTIVES = ("allreduce", "allreduce_coalesced", "allgather", "_allgather_base
 class PeerGroup(dist.ProcessGroup):
     """A world of ``size`` ranks whose gloo connections are formed per generation."""
 
-    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta) -> None:
+    def __init__(self, store: Any, rank: int, size: int, timeout: datetime.timedelta,
+                 joins: int | None = None) -> None:
         super().__init__(rank, size)   # type: ignore[call-arg]  # torch's stubs know only (store, rank, size)
         self.store = store
         self.timeout = timeout
-        self.generation = 0
         self._rank, self._size = rank, size
-        self._inner: Any = self._connect()
+        # A replacement of a lost rank: the generation it joins; None once it has (or for any other rank).
+        self.joins = joins
+        self.generation = 0 if joins is None else joins - 1
+        self._inner: Any = self._connect() if joins is None else None
 
     def _connect(self) -> Any:
         prefix = dist.PrefixStore(f"glaunch-peer/{self.generation}/", self.store)
@@ -68,6 +83,7 @@ class PeerGroup(dist.ProcessGroup):
         """Form generation `generation`'s connections: every rank of the world, collective."""
         self.generation = generation
         self._inner = self._connect()
+        self.joins = None
 
     def size(self) -> int:
         return self._size
@@ -77,6 +93,8 @@ class PeerGroup(dist.ProcessGroup):
 
     def _pass_on(self, name: str, args: tuple, kwargs: dict) -> Any:
         inner = self._inner
+        if inner is None and self.joins is not None:
+            return _served_here(name, self._rank, self._size, self.joins, args)
         if inner is None:
             raise RuntimeError("glaunch peer group: disconnected for a recovery (Connection closed by peer)")
         return _detached(getattr(inner, name)(*args, **kwargs))
@@ -88,6 +106,39 @@ def _detached(work: Any) -> Any:
         future = work.get_future()
     except RuntimeError:   # a work without a future (gloo's send and recv): kept as it is
         return work
+    return _distributed_c10d._create_work_from_future(future)   # type: ignore[attr-defined]
+
+
+# What a rank that has not joined yet serves alone: the tensors stay as they are (a reduction
+# over this rank, a broadcast whose state a peer's replaces) or take this rank's values.
+SERVED_AS_THEY_ARE = frozenset({"allreduce", "allreduce_coalesced", "broadcast", "barrier", "reduce"})
+SERVED_AS_OWN = frozenset({"allgather", "_allgather_base", "allgather_coalesced", "allgather_into_tensor_coalesced"})
+
+
+def _served_here(name: str, rank: int, size: int, joins: int, args: tuple) -> Any:
+    """A collective of a replacement that has not joined yet, on this rank alone (the
+    module's docstring): a completed work; a RuntimeError for one that needs another rank."""
+    import torch
+
+    if name in SERVED_AS_THEY_ARE:
+        result = args[0] if args and isinstance(args[0], list) else []
+    elif name in ("allgather", "allgather_coalesced"):
+        outputs, inputs = args[0], args[1]
+        for slots, tensor in zip(outputs, inputs):
+            for slot in slots:
+                slot.copy_(tensor)
+        result = outputs
+    elif name in SERVED_AS_OWN:
+        pairs = zip(args[0], args[1]) if isinstance(args[0], list) else [(args[0], args[1])]
+        for output, tensor in pairs:
+            output.view(size, -1).copy_(tensor.reshape(1, -1).expand(size, -1))
+        result = args[0] if isinstance(args[0], list) else [args[0]]
+    else:
+        raise RuntimeError(f"glaunch peer group: rank {rank} replaces a lost rank and joins its peers at their "
+                           f"recovery (generation {joins}), in the step loop; a {name} before it needs another "
+                           "rank and cannot be served")
+    future: Any = torch.futures.Future()
+    future.set_result(result)
     return _distributed_c10d._create_work_from_future(future)   # type: ignore[attr-defined]
 
 
@@ -105,7 +156,7 @@ for _name in COLLECTIVES:
 
 
 def _create(store: Any, rank: int, size: int, timeout: datetime.timedelta) -> PeerGroup:
-    return PeerGroup(store, rank, size, timeout)
+    return PeerGroup(store, rank, size, timeout, joins=context().peer_join)
 
 
 def register() -> str:

@@ -12,6 +12,8 @@ collective. From the reports alone, the same on every rank, :func:`plan_recovery
   step in flight is lost; the lowest such rank sends it (``source``).
 - Every rank whose state differs from it receives it: the failed ones and any survivor
   whose last update is older (a collective that completed on some ranks only).
+- A rank whose process was lost is reported by the process started in its place
+  (``replaced``): a failed rank with no state, which receives it like any failed one.
 - No survivor, or a rank that gives up (its step failed again when redone): no recovery;
   the ranks raise and the start ends as a crash, for the restart from a checkpoint.
 
@@ -45,6 +47,7 @@ class Report:
     failed: bool            # its own step raised (not a peer lost inside a collective)
     error: str              # the exception, one line
     retry: bool = True      # False: this rank gives up (the same step failed on it again)
+    replaced: bool = False  # a process started in place of this rank's lost one reports (failed, no state)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -53,7 +56,8 @@ class Report:
     def from_json(cls, text: str) -> Report:
         data = json.loads(text)
         return cls(rank=int(data["rank"]), committed=int(data["committed"]), failed=bool(data["failed"]),
-                   error=str(data["error"]), retry=bool(data.get("retry", True)))
+                   error=str(data["error"]), retry=bool(data.get("retry", True)),
+                   replaced=bool(data.get("replaced", False)))
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,8 @@ class RecoveryPlan:
     resume_after: int               # the step whose state every rank holds afterwards
     source: int                     # the rank that sends it
     receivers: tuple[int, ...]      # the ranks that load it
-    failed: tuple[int, ...]         # the ranks whose own step raised
+    failed: tuple[int, ...]         # the ranks whose own step raised, or whose process was lost
+    replaced: tuple[int, ...] = ()  # of them, the ranks whose process was lost and started again
 
     @property
     def redo(self) -> int:
@@ -74,8 +79,10 @@ class RecoveryPlan:
     def describe(self) -> str:
         who = ", ".join(str(r) for r in self.failed) or "none"
         to = ", ".join(str(r) for r in self.receivers) or "no rank"
+        replaced = ", ".join(str(r) for r in self.replaced)
         return (f"failed rank(s) {who}; state of step {self.resume_after} from rank {self.source} "
-                f"to rank(s) {to}; the ranks go on at step {self.redo} (generation {self.generation})")
+                f"to rank(s) {to}; the ranks go on at step {self.redo} (generation {self.generation})"
+                + (f"; rank(s) {replaced} lost their process and were started again" if replaced else ""))
 
 
 def plan_recovery(generation: int, reports: Sequence[Report], world_size: int) -> RecoveryPlan:
@@ -87,16 +94,19 @@ def plan_recovery(generation: int, reports: Sequence[Report], world_size: int) -
     gave_up = [r for r in reports if not r.retry]
     if gave_up:
         first = min(gave_up, key=lambda r: r.rank)
+        if first.replaced:
+            raise PeerRecoveryImpossible(f"rank {first.rank}'s process was lost and {first.error}")
         raise PeerRecoveryImpossible(f"rank {first.rank} failed again at the step redone: {first.error}")
-    survivors = [r for r in reports if not r.failed]
+    survivors = [r for r in reports if not r.failed and not r.replaced]
     if not survivors:
         raise PeerRecoveryImpossible("every rank's own step failed: no live peer holds a whole state")
     resume_after = max(r.committed for r in survivors)
     source = min(r.rank for r in survivors if r.committed == resume_after)
     receivers = tuple(sorted(r.rank for r in reports if r.failed or r.committed != resume_after))
     failed = tuple(sorted(r.rank for r in reports if r.failed))
+    replaced = tuple(sorted(r.rank for r in reports if r.replaced))
     return RecoveryPlan(generation=generation, resume_after=resume_after, source=source,
-                        receivers=receivers, failed=failed)
+                        receivers=receivers, failed=failed, replaced=replaced)
 
 
 def is_peer_loss(type_names: Iterable[str], message: str) -> bool:

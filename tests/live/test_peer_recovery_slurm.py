@@ -113,3 +113,56 @@ def test_a_rank_that_raises_on_the_second_node_is_restored_from_a_peer_in_the_sa
     took = re.search(r"no checkpoint read; ([0-9.]+) s", lines[0])
     print(f"rank {FAIL_RANK} on {entry['node']} failed at step {FAIL_STEP}; state from rank 0; failure -> end of "
           f"step {entry['next_step']} {entry['to_next_step_s']:.3f} s (recovery {took.group(1) if took else '?'} s)")
+
+
+LOST_EXPERIMENT = EXPERIMENT.replace("FAIL_WHERE: backward", "FAIL_WHERE: exit").replace("name: peer-slurm",
+                                                                                          "name: peer-lost")
+
+
+def test_a_rank_whose_process_is_lost_is_started_again_and_gets_a_peers_state_in_the_same_job(tmp_path,
+                                                                                              slurm_defaults_env):
+    """Rank 3's process ends (os._exit) at step FAIL_STEP on the second node: its peers go on
+    waiting (srun --kill-on-bad-exit=0 for recovery.peer), rank 0 asks for it, the job
+    controller starts it again on its node in a step of its own (srun --overlap), the new
+    process joins, gets rank 0's state and the run ends in the same job and start, with the
+    parameters of the uninterrupted run."""
+    (tmp_path / "failing_ddp.py").write_text(SCRIPT)
+    (tmp_path / "peer.yaml").write_text(LOST_EXPERIMENT)
+    expected = uninterrupted_sha256(tmp_path)
+
+    proc, info = submit(str(tmp_path / "peer.yaml"), tmp_path / "runs", slurm_defaults_env, cluster=DEFAULTS)
+    run_dir = tmp_path / "runs" / str(info.get("run_id"))
+    logs = "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("*_log.*"))) \
+        if (run_dir / "logs").is_dir() else ""
+    batch = "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("*_batch.log"))) \
+        if (run_dir / "logs").is_dir() else ""
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + batch[-3000:] + logs[-4000:]
+
+    record = read_json(run_dir / "run.json")
+    (start,) = record["starts"]                              # one start: no restart, no requeue
+    assert record["state"] == start["state"] == "COMPLETED", record
+    assert start.get("resumed_from") is None and start["exit_code"] == 0, start
+    # srun's status was the lost task's; its new process ended well, and so the step.
+    assert f"task {FAIL_RANK}: Exited with exit code 3" in batch and "the step's is 0" in batch, batch[-3000:]
+    assert read_json(run_dir / "result.json")["param_sha256"] == expected
+    assert "rank 3's process is lost: starting it again on" in batch, batch[-3000:]
+
+    # The new process of rank 3 writes on in rank 3's log: it received rank 0's state.
+    (rank3,) = (p for p in (run_dir / "logs").glob(f"{start['job_id']}_{FAIL_RANK}_log.err"))
+    own = [line for line in rank3.read_text(errors="replace").splitlines() if "peer recovery: failed rank(s)" in line]
+    assert len(own) == 1 and (f"state of step {FAIL_STEP - 1} from rank 0 to rank(s) {FAIL_RANK}; the ranks go on "
+                              f"at step {FAIL_STEP}") in own[0] and "(received it)" in own[0], own
+    assert "lost their process and were started again" in own[0] and "no checkpoint read" in own[0]
+    lines = [line for line in logs.splitlines() if "peer recovery: failed rank(s)" in line]
+    assert len(lines) == WORLD, logs[-4000:]                 # 3 survivors and the new process
+    assert "resumed from" not in logs and (run_dir / "checkpoints" / "step-00000005").is_dir()
+
+    (entry,) = (json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines())
+    assert (entry["rank"], entry["source"], entry["failed"], entry["replaced"], entry["lost_steps"]) == \
+        (0, 0, [FAIL_RANK], [FAIL_RANK], 1), entry
+    lost_at = read_json(run_dir / f"peer-times-{FAIL_RANK}.json")["failed_at"]
+    again = read_json(run_dir / f"peer-times-{FAIL_RANK}-started-again.json")
+    to_next = again["step_ends"][0] - lost_at
+    print(f"rank {FAIL_RANK}'s process lost at step {FAIL_STEP}: its new process ended step {FAIL_STEP} "
+          f"{to_next:.2f} s later; rank 0: failure -> the end of step {entry['next_step']} "
+          f"{entry['to_next_step_s']:.2f} s")

@@ -41,7 +41,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from launcher import runtime as rt
 
 WHERE = os.environ.get("FAIL_WHERE", "")
-FAILS = os.environ.get("FAIL_RANK") == os.environ.get("RANK")
+# A process started again in place of a lost one (GLAUNCH_PEER_JOIN) does not fail again.
+AGAIN = "-started-again" if os.environ.get("GLAUNCH_PEER_JOIN") else ""
+FAILS = os.environ.get("FAIL_RANK") == os.environ.get("RANK") and not AGAIN
 STEP = int(os.environ.get("FAIL_STEP", "0"))
 times = {{"failed_at": None, "next_step": None, "next_step_at": None, "step_ends": []}}
 now = {{"step": None}}
@@ -52,7 +54,7 @@ register_optimizer_step_post_hook(lambda opt, args, kwargs: held.update(opt=opt)
 
 def note(key, value):
     times[key] = value
-    path = os.path.join(os.environ["GLAUNCH_RUN_DIR"], "peer-times-" + os.environ["RANK"] + ".json")
+    path = os.path.join(os.environ["GLAUNCH_RUN_DIR"], "peer-times-" + os.environ["RANK"] + AGAIN + ".json")
     with open(path, "w") as f:
         json.dump(times, f)
 

@@ -76,8 +76,12 @@ def srun_words(plan: JobPlan) -> list[str]:
     choice among the allocation's nodes: launcher.jobcontrol.controller)."""
     out, err = task_log_patterns(plan)
     alloc = plan.allocation
+    # recovery.peer (one task per rank): a lost rank's peers go on and its process is started
+    # again (launcher.jobcontrol.replace); srun must not end them when its task ends.
+    replaced = plan.recovery.peer and plan.launch.launcher == "srun"
     words = ["srun", "--unbuffered", f"--output={out}", f"--error={err}", "--open-mode=append",
-             "--kill-on-bad-exit=1", f"--nodes={alloc.nodes}", f"--ntasks-per-node={alloc.tasks_per_node}",
+             f"--kill-on-bad-exit={0 if replaced else 1}", f"--nodes={alloc.nodes}",
+             f"--ntasks-per-node={alloc.tasks_per_node}",
              # The job's own count (SLURM_NTASKS) includes its spare nodes' tasks.
              f"--ntasks={alloc.nodes * alloc.tasks_per_node}"]
     if alloc.cpus_per_task:

@@ -1,0 +1,217 @@
+"""Lost ranks started again, beside a job step of a run with peer recovery (``recovery.peer:
+true``, launcher srun: one task per rank).
+
+A rank whose process is lost (killed, out of memory) leaves its peers waiting for its
+report in their recovery (launcher.runtime.peer); the lowest that reported writes a
+request into the run directory (``peer-replace/JOB_RESTART_GEN_RANK.json``: the rank, the
+generation of the process group it is to join, the node and pid its heartbeat gave). The
+job controller's thread (:func:`serve`, from the start of each step to its end) starts, for
+each request of this start, one more job step inside the allocation::
+
+    srun --overlap --nodes=1 --ntasks=1 --nodelist=NODE --output=..._RANK_log.out ... \\
+         env SLURM_PROCID=RANK SLURM_NTASKS=WORLD SLURM_LOCALID=L SLURM_NODEID=N \\
+             GLAUNCH_PEER_JOIN=GEN GLAUNCH_PEER_LOST_PID=PID  TASK_WORDS
+
+``--overlap``: the running step holds the node's CPUs and memory. The task's words are the
+step's own (submitit's loader of the same pickled task); ``env`` gives it the lost rank's
+place in the step (submitit's JobEnvironment reads it from Slurm's variables, which srun
+sets for its single task to 0 and 1), so it runs the script as that rank, writing on in
+that rank's log. The step itself runs with ``--kill-on-bad-exit=0`` for such a run
+(launcher.schedulers.slurm.script), so the loss of one task does not end the others.
+
+The step's end (:func:`step_status`): srun's status is that of its worst task, the lost
+one's; where every task srun names as failed was started again and each new process
+exited 0, the step's status is 0. The decisions are pure (:func:`replacement_for`,
+:func:`replacement_words`, :func:`step_status`); no torch.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, MutableMapping, Sequence
+
+from launcher.rundir import envnames
+from launcher.rundir.files import read_json
+from launcher.rundir.layout import RunDir
+from launcher.rundir.records import is_node_name
+
+POLL_S = 0.5
+# At most this many processes started again in one start: a rank lost again and again (its
+# step kills it each time) ends as the crash it is, once its peers' wait for it ends.
+MAX_REPLACEMENTS = 4
+END_WAIT_S = 60.0          # a started process after the step ended: its ranks have finished
+TERM_WAIT_S = 10.0
+# The words of the step that name its tasks, its logs and how a failed task ends it: the
+# new step's own take their place.
+STEP_OWN = ("--output=", "--error=", "--nodes=", "--ntasks=", "--ntasks-per-node=", "--kill-on-bad-exit=",
+            "--nodelist=")
+# srun's line for failed tasks, as the batch log has it ("srun: error: n2: task 3: Exited
+# with exit code 3"; "tasks 2-3: Killed").
+SRUN_FAILED = re.compile(r"srun: error: [A-Za-z0-9][A-Za-z0-9._-]{0,99}: tasks? ([0-9][0-9,-]{0,200}): ")
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """A lost rank to start again: where, and its place in the step."""
+
+    rank: int
+    generation: int
+    node: str
+    node_index: int
+    local_rank: int
+    lost_pid: int | None
+
+
+def _count(value: Any) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def replacement_for(request: Mapping[str, Any], *, job_id: str, restart: int, world_size: int,
+                    ranks_per_node: int, step_nodes: Sequence[str]) -> Replacement | None:
+    """Pure: the process a request of this start asks for (None: not one of this start's, or
+    not as the ranks write it). Rank 0 is never started again (its process holds the
+    rendezvous store). The node: the request's, where it is one of the step's, else the
+    rank's under srun's block distribution."""
+    rank, generation, pid = _count(request.get("rank")), _count(request.get("generation")), request.get("pid")
+    if (str(request.get("job_id")) != str(job_id) or request.get("restart") != restart or type(restart) is not int
+            or rank is None or not 0 < rank < world_size or not generation or ranks_per_node < 1):
+        return None
+    index = rank // ranks_per_node
+    asked = request.get("node")
+    node = asked if is_node_name(asked) and asked in step_nodes else (
+        step_nodes[index] if index < len(step_nodes) else None)
+    if node is None:
+        return None
+    return Replacement(rank, generation, node, index, rank % ranks_per_node,
+                       pid if type(pid) is int and pid > 0 else None)
+
+
+def replacement_words(srun: Sequence[str], task: Sequence[str], new: Replacement, world_size: int) -> list[str]:
+    """Pure: the command of the step that starts `new` (the module's docstring), from the
+    job step's srun words and task words."""
+    words = [srun[0], "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={new.node}"]
+    for word in srun[1:]:
+        if word.startswith(("--output=", "--error=")):
+            words.append(word.replace("%t", str(new.rank)))     # %t: 0, the new step's only task
+        elif not word.startswith(STEP_OWN):
+            words.append(word)
+    place = {"SLURM_PROCID": new.rank, "SLURM_NTASKS": world_size, "SLURM_LOCALID": new.local_rank,
+             "SLURM_NODEID": new.node_index, envnames.PEER_JOIN: new.generation}
+    if new.lost_pid is not None:
+        place[envnames.PEER_LOST_PID] = new.lost_pid
+    return [*words, "env", *(f"{name}={value}" for name, value in place.items()), *task]
+
+
+def failed_tasks(batch_log: str) -> set[int] | None:
+    """Pure: the tasks srun says failed, in this start's part of the batch log (after the
+    last "glaunch: start " line); None when a line names them in a form not read here."""
+    part = batch_log.rsplit("glaunch: start ", 1)[-1]
+    tasks: set[int] = set()
+    for match in SRUN_FAILED.finditer(part):
+        for piece in match.group(1).split(","):
+            low, _, high = piece.partition("-")
+            if not low.isdigit() or (high and not high.isdigit()):
+                return None
+            tasks.update(range(int(low), int(high or low) + 1))
+    return tasks
+
+
+def step_status(status: int, failed: set[int] | None, started: Mapping[int, int | None]) -> int:
+    """Pure: the step's status once lost ranks were started again: 0 where srun's status
+    comes from tasks that were all started again (`failed`, from its lines) and each new
+    process exited 0 (`started`: rank -> the status of its last new process, None while it
+    ran on); else srun's own."""
+    if status == 0 or not failed or not started:
+        return status
+    return 0 if all(started.get(task) == 0 for task in failed) else status
+
+
+class Replacements:
+    """The processes this step started again, and the requests already served."""
+
+    def __init__(self, start: Callable[[list[str]], Any]) -> None:
+        self.start = start              # words -> a process (subprocess.Popen), or None when it could not start
+        self.served: set[Path] = set()
+        self.procs: dict[int, list[Any]] = {}
+
+    def statuses(self) -> dict[int, int | None]:
+        """rank -> the status of its last new process (None: still running)."""
+        return {rank: procs[-1].poll() for rank, procs in self.procs.items() if procs}
+
+    def serve_once(self, run_dir: Path, *, job_id: str, restart: int, world_size: int, ranks_per_node: int,
+                   step_nodes: Sequence[str], srun: Sequence[str], task: Sequence[str]) -> None:
+        folder = RunDir(run_dir).peer_replace_dir
+        try:
+            paths = sorted(p for p in folder.iterdir() if p.suffix == ".json" and p not in self.served)
+        except OSError:
+            return
+        for path in paths:
+            self.served.add(path)
+            request = read_json(path)
+            new = None if request is None else replacement_for(
+                request, job_id=job_id, restart=restart, world_size=world_size, ranks_per_node=ranks_per_node,
+                step_nodes=step_nodes)
+            if new is None:
+                continue
+            if sum(len(p) for p in self.procs.values()) >= MAX_REPLACEMENTS:
+                say(f"rank {new.rank} not started again: {MAX_REPLACEMENTS} processes were already in this start")
+                continue
+            say(f"rank {new.rank}'s process is lost: starting it again on {new.node} to join generation "
+                f"{new.generation} of its peers' group")
+            proc = self.start(replacement_words(srun, task, new, world_size))
+            if proc is not None:
+                self.procs.setdefault(new.rank, []).append(proc)
+
+    def end(self, wait_s: float = END_WAIT_S) -> None:
+        """After the step: each process started again, waited for (its ranks have ended),
+        then ended."""
+        deadline = time.monotonic() + wait_s
+        for proc in (p for procs in self.procs.values() for p in procs):
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=TERM_WAIT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=TERM_WAIT_S)
+
+
+def serve(run_dir: Path, replacements: Replacements, *, stop: Callable[[], bool], job_id: str, restart: int,
+          step_nodes: Sequence[str], srun: Sequence[str], task: Sequence[str]) -> None:
+    """Start lost ranks again until `stop()` (the step's end); the task spec gives the world."""
+    from launcher.rundir.taskspec import TaskSpecError, read_task_spec
+
+    try:
+        spec = read_task_spec(run_dir)
+    except TaskSpecError as exc:
+        say(f"lost ranks are not started again: {exc}")
+        return
+    if spec.launcher != "srun":
+        return
+    while not stop():
+        replacements.serve_once(run_dir, job_id=job_id, restart=restart, world_size=spec.world_size,
+                                ranks_per_node=spec.ranks_per_node, step_nodes=step_nodes, srun=srun, task=task)
+        time.sleep(POLL_S)
+
+
+def popen_starter(env: MutableMapping[str, str]) -> Callable[[list[str]], Any]:
+    """Start words as a process with `env` (the step's): a Popen, or None, said, when it cannot."""
+    def start(words: list[str]) -> Any:
+        try:
+            return subprocess.Popen(words, env=dict(env))
+        except OSError as exc:
+            say(f"{words[0]}: {exc}")
+            return None
+    return start
+
+
+def say(line: str) -> None:
+    print(f"glaunch: {line}", file=sys.stderr, flush=True)
+

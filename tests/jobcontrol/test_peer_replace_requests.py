@@ -1,0 +1,145 @@
+"""The job controller's part in peer recovery of a lost rank's process (recovery.peer): a
+request the ranks wrote into the run directory starts, once, a step of one task on the lost
+rank's node in that rank's place (launcher.jobcontrol.replace); a request of another start,
+for rank 0, or not as the ranks write it starts nothing; the step's status is 0 where only
+the tasks started again failed and their new processes ended well; job.sbatch's step keeps
+the survivors running (--kill-on-bad-exit=0) only for such a run."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+
+import pytest
+
+from launcher.jobcontrol import replace
+from launcher.jobcontrol.controller import Controller, JobSteps
+from launcher.jobcontrol.replace import Replacement, Replacements, failed_tasks, replacement_for, step_status
+from launcher.rundir.layout import RunDir
+from launcher.schedulers.slurm.script import srun_words
+from test_golden import plan_case
+from test_step_loop import FakeEdge, controller_words, job_env  # noqa: F401
+from launcher.jobcontrol.controller import parse
+
+NODES = ("n1", "n2")
+REQUEST = {"job_id": "4242", "restart": 0, "generation": 1, "rank": 3, "node": "n2", "pid": 777}
+
+
+def wanted(request, **where):
+    return replacement_for(request, **{"job_id": "4242", "restart": 0, "world_size": 4, "ranks_per_node": 2,
+                                       "step_nodes": NODES, **where})
+
+
+def test_a_request_of_this_start_names_the_lost_rank_s_place_and_node():
+    assert wanted(REQUEST) == Replacement(rank=3, generation=1, node="n2", node_index=1, local_rank=1, lost_pid=777)
+    # A node its heartbeat did not give, or not one of the step's: the rank's under srun's blocks.
+    assert wanted({**REQUEST, "node": None, "rank": 2}).node == "n2"
+    assert wanted({**REQUEST, "node": "n9", "rank": 1, "pid": "x"}) == Replacement(1, 1, "n1", 0, 1, None)
+
+
+@pytest.mark.parametrize("change", [
+    {"job_id": "4243"}, {"restart": 1}, {"restart": "0"}, {"rank": 0}, {"rank": 4}, {"rank": -1}, {"rank": "3"},
+    {"rank": True}, {"generation": 0}, {"generation": None},
+])
+def test_a_request_of_another_start_for_rank_0_or_not_the_ranks_starts_nothing(change):
+    assert wanted({**REQUEST, **change}) is None
+
+
+def test_the_new_step_runs_the_same_task_in_the_lost_rank_s_place_and_log():
+    job = parse(controller_words("local-slurm.srun.job.sbatch"))
+    new = wanted(REQUEST)
+    words = replace.replacement_words(job.srun, job.task, new, 4)
+    logs = "/home/alice/exp/runs/torch-ddp-20260101-000000-abcd/logs"
+    assert words[:5] == ["srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2"]
+    assert f"--output={logs}/%j_3_log.out" in words and f"--error={logs}/%j_3_log.err" in words
+    assert not [w for w in words if w.startswith(("--ntasks-per-node", "--kill-on-bad-exit", "--nodes=2"))]
+    assert "--cpus-per-task=2" in words and "--open-mode=append" in words
+    at = words.index("env")
+    assert words[at + 1:at + 7] == ["SLURM_PROCID=3", "SLURM_NTASKS=4", "SLURM_LOCALID=1", "SLURM_NODEID=1",
+                                    "GLAUNCH_PEER_JOIN=1", "GLAUNCH_PEER_LOST_PID=777"]
+    assert tuple(words[at + 7:]) == job.task
+
+
+def write_request(run_dir, request):
+    path = RunDir(run_dir).peer_replace_request(request["job_id"], request["restart"], request["generation"],
+                                                request["rank"])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(request))
+
+
+class Proc:
+    def __init__(self, code):
+        self.code = code
+
+    def poll(self):
+        return self.code
+
+    def wait(self, timeout=None):
+        return self.code
+
+
+def serve_once(replacements, run_dir):
+    replacements.serve_once(run_dir, job_id="4242", restart=0, world_size=4, ranks_per_node=2, step_nodes=NODES,
+                            srun=("srun", "--nodes=2"), task=("python", "-m", "task"))
+
+
+def test_each_request_starts_one_process_once_and_no_more_than_the_bound(tmp_path):
+    started: list[list[str]] = []
+    replacements = Replacements(lambda words: started.append(words) or Proc(0))
+    write_request(tmp_path, REQUEST)
+    write_request(tmp_path, {**REQUEST, "restart": 1})             # another start's: left alone
+    serve_once(replacements, tmp_path)
+    serve_once(replacements, tmp_path)                             # served already
+    assert len(started) == 1 and "--nodelist=n2" in started[0] and replacements.statuses() == {3: 0}
+    for generation in range(2, 2 + replace.MAX_REPLACEMENTS):
+        write_request(tmp_path, {**REQUEST, "generation": generation})
+    serve_once(replacements, tmp_path)
+    assert len(started) == replace.MAX_REPLACEMENTS
+
+
+BATCH = """glaunch: start 0 ...
+srun: error: n1: task 1: Killed
+glaunch: start 1: a new step on n1,n2
+srun: error: n2: task 3: Exited with exit code 3
+"""
+
+
+def test_the_step_s_status_is_0_only_where_every_failed_task_was_started_again_and_ended_well():
+    assert failed_tasks(BATCH) == {3}                              # this start's lines only
+    assert failed_tasks("srun: error: n2: tasks 1-2,3: Killed\n") == {1, 2, 3}
+    assert step_status(3, {3}, {3: 0}) == 0
+    assert step_status(3, {3}, {3: 1}) == 3 and step_status(3, {3}, {3: None}) == 3
+    assert step_status(3, {2, 3}, {3: 0}) == 3 and step_status(3, set(), {3: 0}) == 3
+    assert step_status(3, None, {3: 0}) == 3 and step_status(0, {3}, {}) == 0
+
+
+class PeerEdge(FakeEdge):
+    def __init__(self, statuses, answer):
+        super().__init__(statuses)
+        self.answer, self.asked = answer, []
+
+    def replace(self, job, stop, nodes, env):
+        stop.wait(5)
+        self.asked.append(tuple(nodes))
+        return self.answer
+
+
+@pytest.mark.parametrize("peer,answer,status", [("1", 0, 0), ("1", -1, 3), (None, 0, 3)])
+def test_with_recovery_peer_the_step_s_status_is_the_replacements_answer(job_env, tmp_path, peer,  # noqa: F811
+                                                                        answer, status):
+    edge = PeerEdge([3], answer)
+    env = dict(job_env, **({"GLAUNCH_RECOVERY_PEER": peer} if peer else {}))
+    job = JobSteps(tmp_path, nodes=2, srun=("srun",), task=("task",))
+    assert Controller(job, edge, env).step(NODES, ("n1", "n2", "n3")) == status
+    assert edge.asked == ([NODES] if peer else [])
+    assert not [t for t in threading.enumerate() if t.name == "glaunch-peer-replace"]
+
+
+def test_only_a_run_with_recovery_peer_and_one_task_per_rank_keeps_its_ranks_running_when_one_ends():
+    plan = plan_case("local-slurm", "srun")
+    assert "--kill-on-bad-exit=1" in srun_words(plan)
+    peer = dataclasses.replace(plan, recovery=dataclasses.replace(plan.recovery, peer=True))
+    assert "--kill-on-bad-exit=0" in srun_words(peer)
+    torchrun = dataclasses.replace(plan_case("local-slurm", "torchrun"), recovery=peer.recovery)
+    assert "--kill-on-bad-exit=1" in srun_words(torchrun)

@@ -1,0 +1,174 @@
+"""Peer recovery of a rank whose process is lost (``recovery.peer: true``), two ranks of the
+torch DDP example over gloo started directly, this test in the job controller's place: rank
+1's process ends at step FAIL_STEP (``os._exit``); rank 0, blocked in the gradient
+all-reduce with it, raises, reports and waits; with no report of rank 1 it asks in the run
+directory for rank 1 to be started again; the test starts that process as the controller
+would (launcher.jobcontrol.replace: the rank's place, the generation to join, the lost pid);
+the new process joins, receives rank 0's state and the run ends with the parameters of an
+uninterrupted run, no checkpoint read. Also the plan and the requests, pure."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import RANK_VARS
+from launcher.rundir.layout import RunDir, heartbeat_bytes
+from launcher.rundir.rankcontext import context, free_port
+from launcher.runtime import peer
+from launcher.runtime.peerplan import PeerRecoveryImpossible, Report, plan_recovery
+from test_peer_recovery import REPO, SCRIPT, STEPS, param_sha256, recovery_lines, uninterrupted  # noqa: F401
+
+JOB = "4242"
+FAIL_STEP = 7
+
+
+def rank_env(run_dir: Path, port: int, rank: int, **more: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in RANK_VARS and not k.startswith(("GLAUNCH_", "SLURM"))}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
+               LOCAL_WORLD_SIZE="2", GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               GLAUNCH_RUN_DIR=str(run_dir), GLAUNCH_CHECKPOINT_DIR=str(run_dir / "checkpoints"),
+               GLAUNCH_RECOVERY_PEER="1", GLAUNCH_JOB_ID=JOB, FAIL_RANK="1", FAIL_STEP=str(FAIL_STEP),
+               FAIL_WHERE="exit")
+    env.update(more)
+    return env
+
+
+def start(script: Path, run_dir: Path, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, str(script), "--steps", str(STEPS), "--log-every", "5"], env=env,
+                            cwd=run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def wait_for_request(run_dir: Path, procs: list[subprocess.Popen[str]], bound_s: float = 60.0) -> dict:
+    deadline = time.monotonic() + bound_s
+    folder = RunDir(run_dir).peer_replace_dir
+    while time.monotonic() < deadline:
+        found = sorted(folder.glob("*.json")) if folder.is_dir() else []
+        if found:
+            return json.loads(found[0].read_text())
+        if procs[0].poll() is not None:
+            break
+        time.sleep(0.05)
+    raise AssertionError("no request to start rank 1 again:\n" + procs[0].communicate(timeout=30)[0][-4000:])
+
+
+def test_a_lost_rank_is_started_again_and_gets_its_peers_state(tmp_path, uninterrupted):  # noqa: F811
+    script = tmp_path / "failing_ddp.py"
+    script.write_text(SCRIPT)
+    run_dir = tmp_path / "lost"
+    run_dir.mkdir()
+    port = free_port()
+    procs = [start(script, run_dir, rank_env(run_dir, port, rank)) for rank in range(2)]
+    try:
+        lost_code = procs[1].wait(timeout=120)
+        request = wait_for_request(run_dir, procs)
+        # The controller's part: the rank's place, the generation to join, the pid it had.
+        assert (request["job_id"], request["restart"], request["rank"], request["asked_by"]) == (JOB, 0, 1, 0)
+        assert request["generation"] == 1 and request["pid"] == procs[1].pid, request
+        procs.append(start(script, run_dir, rank_env(run_dir, port, 1, GLAUNCH_PEER_JOIN=str(request["generation"]),
+                                                     GLAUNCH_PEER_LOST_PID=str(request["pid"]), FAIL_RANK="none")))
+        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+    text = "\n".join(outputs)
+    assert lost_code == 3 and [procs[0].returncode, procs[2].returncode] == [0, 0], text[-6000:]
+    assert param_sha256(run_dir) == uninterrupted
+    lines = recovery_lines(text)
+    assert len(lines) == 2, text[-4000:]            # the survivor's and the new process's
+    for line in lines:
+        assert (f"failed rank(s) 1; state of step {FAIL_STEP - 1} from rank 0 to rank(s) 1; the ranks go on at "
+                f"step {FAIL_STEP} (generation 1); rank(s) 1 lost their process and were started again") in line
+    assert any("(received it)" in line for line in recovery_lines(outputs[2]))
+    assert "resumed from" not in text and not (run_dir / "checkpoints").exists()
+    (entry,) = (json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines())
+    assert (entry["rank"], entry["failed"], entry["replaced"], entry["lost_steps"]) == (0, [1], [1], 1), entry
+    print(f"lost process of rank 1 at step {FAIL_STEP}: rank 0's failure -> the end of step {entry['next_step']} "
+          f"{entry['to_next_step_s']:.3f} s (the new process, started by this test, included)")
+
+
+# --- pure -------------------------------------------------------------------------------------
+
+
+def test_the_plan_sends_the_state_to_a_replaced_rank_and_names_it():
+    reports = [Report(0, 6, False, "peer"), Report(1, 6, False, "peer"),
+               Report(2, -1, True, "process lost; started again", replaced=True)]
+    plan = plan_recovery(1, reports, 3)
+    assert (plan.source, plan.receivers, plan.failed, plan.replaced, plan.redo) == (0, (2,), (2,), (2,), 7)
+    assert plan.describe().endswith("; rank(s) 2 lost their process and were started again")
+    assert peer.ledger_writer(plan) == 0            # the source's clock saw the loss; the new process did not
+    assert Report.from_json(reports[2].to_json()) == reports[2]
+    # A replacement that cannot take the rank's place gives up: no plan.
+    with pytest.raises(PeerRecoveryImpossible):
+        plan_recovery(1, reports[:2] + [Report(2, -1, True, "not replaced", retry=False, replaced=True)], 3)
+
+
+class Store:
+    """The rendezvous store's check and set, in memory."""
+
+    def __init__(self, reports: dict[int, Report]) -> None:
+        self.keys = {peer.REPORT_KEY.format(generation=1, rank=r): rep.to_json().encode() for r, rep in reports.items()}
+
+    def set(self, key, value):
+        self.keys[key] = value.encode() if isinstance(value, str) else value
+
+    def check(self, keys):
+        return all(k in self.keys for k in keys)
+
+    def get(self, key):
+        return self.keys[key]
+
+
+def test_a_missing_report_asks_once_for_the_missing_ranks_then_the_wait_goes_on(monkeypatch):
+    monkeypatch.setattr(peer, "REPLACE_AFTER_S", 0.05)
+    store = Store({1: Report(1, 6, False, "peer")})
+    asked: list[tuple[list[int], list[int]]] = []
+
+    def on_missing(present, missing):
+        asked.append((present, missing))
+        store.set(peer.REPORT_KEY.format(generation=1, rank=2), Report(2, -1, True, "lost", replaced=True).to_json())
+
+    reports = peer.exchange(store, 1, Report(0, 6, False, "peer"), 3, on_missing=on_missing)
+    assert asked == [([0, 1], [2])]
+    assert [r.rank for r in reports] == [0, 1, 2] and reports[2].replaced
+
+
+def test_the_lowest_reporting_rank_writes_the_request_with_the_lost_rank_s_node_and_pid(tmp_path, monkeypatch):
+    heartbeats = RunDir(tmp_path).heartbeat(2)
+    heartbeats.parent.mkdir(parents=True)
+    heartbeats.write_bytes(heartbeat_bytes({"job_id": JOB, "restart": 0, "rank": 2, "pid": 4321, "node": "n2"}))
+    for name, value in {"GLAUNCH_RUN_DIR": str(tmp_path), "GLAUNCH_JOB_ID": JOB, "RANK": "1",
+                        "WORLD_SIZE": "4"}.items():
+        monkeypatch.setenv(name, value)
+    peer.ask_replacement(context(), 1, [1, 3], [0, 2], time.time())
+    (path,) = RunDir(tmp_path).peer_replace_dir.iterdir()      # rank 0 holds the store: never asked for
+    assert path == RunDir(tmp_path).peer_replace_request(JOB, 0, 1, 2)
+    request = json.loads(path.read_text())
+    assert (request["rank"], request["generation"], request["node"], request["pid"], request["asked_by"]) == \
+        (2, 1, "n2", 4321, 1)
+    monkeypatch.setenv("RANK", "3")             # not the lowest that reported: it leaves it to rank 1
+    path.unlink()
+    peer.ask_replacement(context(), 1, [1, 3], [0, 2], time.time())
+    assert not list(RunDir(tmp_path).peer_replace_dir.iterdir())
+
+
+def test_a_replacement_does_not_take_the_place_of_a_process_that_still_runs_nor_rebuild_ddp_buckets():
+    assert peer.process_runs(os.getpid()) and not peer.process_runs(2**22 + 12345)
+
+    class Rebuilding:
+        reducer, find_unused_parameters = object(), False
+
+    assert "rebuilds its gradient buckets" in (peer.replacement_unfit(Rebuilding()) or "")
+    assert peer.replacement_unfit(object()) is None
+    reports = [Report(0, 6, False, "peer"), Report(1, -1, True, "not started again: why", retry=False, replaced=True)]
+    with pytest.raises(PeerRecoveryImpossible, match="rank 1's process was lost and not started again: why"):
+        plan_recovery(1, reports, 2)
