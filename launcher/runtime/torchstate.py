@@ -20,6 +20,7 @@ hyper-parameters, scheduler state), which DCP itself unpickles.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import sys
@@ -32,7 +33,7 @@ from launcher.runtime.checkpoint.commit import agree, commit, first_failed_rank
 from launcher.runtime.checkpoint.save import open_staging, stage_checkpoint
 from launcher.runtime.checkpoint.directory import Checkpoint, CheckpointDamaged, CheckpointError, step_dir_name
 from launcher.runtime.checkpoint.selection import resume_checkpoint
-from launcher.runtime.checkpoint.staging import write_failure_marker, write_marker
+from launcher.runtime.checkpoint.staging import fsync_file, in_thread, write_failure_marker, write_marker
 
 MODEL_FILE = "model.pt"
 STATE_DIR = "state"
@@ -245,11 +246,10 @@ def _save_dcp(step, model, optimizer, *, scheduler, extra, rank_state, ctx, fram
         try:
             if stage_error is not None:
                 raise stage_error
-            results = dcp.write_share(plan, planner, writer, skip_zip_crc32=blocking)
+            results = _write_rank_file_and(st, blob, lambda: dcp.write_share(plan, planner, writer,
+                                                                              skip_zip_crc32=blocking))
             for path, (size, algo, digest) in writer.written.items():
                 st.record(path, size, algo, digest)
-            with st.open(rank_file(ctx.rank)) as f:
-                _torch_save(blob, f)
             st.payload = {"dcp": dcp.encode_results(results)}
             write_marker(st)
         except Exception as e:   # rank 0 stops waiting on the failure marker
@@ -283,6 +283,24 @@ def _save_dcp(step, model, optimizer, *, scheduler, extra, rank_state, ctx, fram
     if first_failed_rank(ctx, error is not None) is None and ctx.is_main:
         error = commit_part()
     return agree(ctx, step, final, error)
+
+
+def _write_rank_file_and(st, blob: dict, write_data):
+    """This rank's ``rank-RRRRR.pt`` (``blob``), then ``write_data()``; returns what that returned.
+
+    The small file is fsynced in a thread while the data is written, so that the end of the
+    save, which the other ranks wait for, waits for the data's fsync alone."""
+    with st.open(rank_file(st.rank), sync=False) as f:
+        _torch_save(blob, f)
+    synced = in_thread(fsync_file, st.path / rank_file(st.rank))
+    try:
+        written = write_data()
+    except BaseException:
+        with contextlib.suppress(OSError):   # the data's error is the one to report
+            synced()
+        raise
+    synced()
+    return written
 
 
 def _torch_save(obj, f) -> None:

@@ -148,6 +148,23 @@ WORKER = textwrap.dedent('''
         for s in (1, 2, 3):
             train(wrapped, opt, 1)
             rt.save_torch_state(s, model, opt, ctx=ctx)
+    elif mode == "replan":             # saves 1-4; rank 1 gains a parameter before step 3
+        model, wrapped, opt = build()
+        train(wrapped, opt, 1)
+        sent = []                      # the saves whose plans travelled to rank 0
+        real_gather = torch.distributed.gather_object
+        def gather(obj, *a, **k):
+            sent.append(step)
+            return real_gather(obj, *a, **k)
+        torch.distributed.gather_object = gather
+        for step in (1, 2, 3, 4):
+            if step == 3 and ctx.rank == 1:
+                model.register_parameter("extra", nn.Parameter(torch.full((5,), 7.0)))
+            rt.save_torch_state(step, model, ctx=ctx, blocking=step % 2 == 0)
+            rt.wait_checkpoints(ctx)
+        out["planned"] = sent
+        out["saved"] = {s: sorted(dcp.read_metadata(ctx.checkpoint_dir / f"step-{s:08d}" / "state").state_dict_metadata)
+                        for s in (2, 4)}
     elif mode == "resume":             # resume_torch_state; a load of the newest with its checksums pending first
         model, wrapped, opt = build()
         before = state_hash(model, opt)
@@ -309,6 +326,21 @@ def test_resume_verification_is_spread_and_skips_damaged_checkpoints(tmp_path):
     outs, _ = _run(tmp_path, "blind", "ddp", 2, ckpt, "blind")
     for o in outs:
         assert o["raised"] and "rank 1 cannot see" in o["raised"] and "shared" in o["raised"], o
+
+
+def test_a_save_plans_again_only_when_some_rank_has_other_state(tmp_path):
+    """A save whose ranks hold the tensors of the last planning (shapes, dtypes) reuses it:
+    the plans do not travel to rank 0 again. One rank with a new entry makes every rank plan
+    again, and that entry is in the checkpoint (rank 0 alone could not know of it)."""
+    ckpt = tmp_path / "ckpt"
+    outs, _ = _run(tmp_path, "replan", "ddp", 2, ckpt, "replan", GLAUNCH_CHECKPOINT_KEEP=4)
+    for o in outs:
+        assert o["planned"] == [1, 3], o
+    saved = outs[0]["saved"]
+    assert "model.extra" not in saved["2"] and "model.extra" in saved["4"]
+    assert set(saved["4"]) - set(saved["2"]) == {"model.extra"}
+    for s in (1, 2, 3, 4):
+        assert verify_checkpoint(ckpt / f"step-{s:08d}")[1] is None
 
 
 def test_resume_torch_state_reads_data_files_once_and_refuses_a_damaged_checkpoint_whole(tmp_path):

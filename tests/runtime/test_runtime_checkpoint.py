@@ -61,10 +61,43 @@ def test_commit_layout_manifest_latest(tmp_path):
     assert latest_complete(d).path == c.path
 
 
+def test_commit_makes_what_it_renames_durable_first_fsyncing_each_once(tmp_path, monkeypatch):
+    """Before the rename that commits, every file of the checkpoint and every directory that
+    holds one has been fsynced, each once; the checkpoint dir's entry after it. The done
+    marker (a message to rank 0, not read after the commit) is not fsynced."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("names the fsynced files through /proc")
+    events: list[tuple] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    def rename(src, dst):
+        events.append(("rename", str(src), str(dst)))
+        real_rename(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    c = _save(1)
+    d = tmp_path / "ckpt"
+    staging = str(d / ".staging-step-00000001")
+    committed = events.index(("rename", staging, str(c.path)))
+    before = [e[1] for e in events[:committed] if e[0] == "fsync"]
+    after = [e[1] for e in events[committed:] if e[0] == "fsync"]
+    in_staging = [p for p in before if p == staging or p.startswith(staging + "/")]
+    assert sorted(in_staging) == sorted([staging] + [f"{staging}/{name}" for name in
+                                                      ("manifest.json", "rank-00000.bin", "sub", "sub/unclaimed.txt")])
+    assert after == [str(d)]
+    assert not [p for p in before + after if ".done-rank-" in p]
+
+
 def test_keep_prunes_old_and_stale_staging(tmp_path):
     d = tmp_path / "ckpt"
     d.mkdir()
     (d / ".staging-step-00000099").mkdir()           # left by a killed attempt
+    (d / ".latest.tmp-elsewhere-123").write_text("step-00000099")   # a killed commit's new latest
     for s in (10, 20, 30, 40):
         _save(s, keep=2)
     assert sorted(p.name for p in d.iterdir()) == ["latest", "step-00000030", "step-00000040"]
@@ -217,17 +250,35 @@ def test_shards_checksummed_as_written_are_not_read_back(monkeypatch):
 
 def test_checksum_writer_hands_what_it_wrote_to_the_disk_as_it_goes(tmp_path, monkeypatch):
     """Every WRITEBACK_BYTES written have their writeback started before the file ends, not
-    all of them at the fsync; the bytes and the checksum are those written."""
+    all of them at the fsync, and the same call evicts those handed over the time before;
+    the bytes and the checksum are those written."""
     started = []
     monkeypatch.setattr(checksums, "_drop_cached", lambda fd, offset=0, length=0: started.append((offset, length)))
     monkeypatch.setattr(checksums.ChecksumWriter, "WRITEBACK_BYTES", 1000)
     w = checksums.ChecksumWriter(tmp_path / "shard.bin", sync=False)
     for _ in range(5):
         w.write(b"x" * 600)
-    assert started == [(0, 1200), (1200, 1200)]
+    # [0, 1200) handed over; then [1200, 2400) handed over and [0, 1200) evicted with it
+    assert started == [(0, 1200), (0, 2400)]
+    w.write(b"x" * 900)
+    assert started[-1] == (1200, 2700)
     w.close()
     assert started[-1] == (0, 0)          # the whole file leaves the page cache at close
-    assert (tmp_path / "shard.bin").read_bytes() == b"x" * 3000
+    assert (tmp_path / "shard.bin").read_bytes() == b"x" * 3900
+    assert w.digest == checksums.checksum_file(tmp_path / "shard.bin", w.algorithm)
+
+
+def test_checksum_writer_hands_a_large_write_to_the_disk_in_pieces(tmp_path, monkeypatch):
+    """One write of a whole tensor (what torch.save makes) is handed to the disk every
+    WRITEBACK_BYTES as it goes, not at its end."""
+    started = []
+    monkeypatch.setattr(checksums, "_drop_cached", lambda fd, offset=0, length=0: started.append((offset, length)))
+    monkeypatch.setattr(checksums.ChecksumWriter, "WRITEBACK_BYTES", 1000)
+    data = bytes(range(256)) * 10
+    with checksums.ChecksumWriter(tmp_path / "shard.bin", sync=False) as w:
+        assert w.write(data) == 2560 and w.tell() == 2560
+        assert started == [(0, 1000), (0, 2000)]
+    assert (tmp_path / "shard.bin").read_bytes() == data
     assert w.digest == checksums.checksum_file(tmp_path / "shard.bin", w.algorithm)
 
 
@@ -253,7 +304,6 @@ def test_crc32c_shards_checked_by_size_where_the_package_is_missing(monkeypatch,
 
 KILL_SCRIPT = textwrap.dedent("""
     import os, sys, time
-    from launcher.runtime.checkpoint import commit as checkpoint_commit
     from launcher.runtime.checkpoint.checksums import checksum_algorithm
     from launcher.runtime.checkpoint.save import stage_checkpoint
     from launcher.runtime.checkpoint.directory import Checkpoint
@@ -267,12 +317,11 @@ KILL_SCRIPT = textwrap.dedent("""
             _real(src, dst)
         os.rename = rename
     if mode == "latest":       # die after the rename, before latest is replaced
-        real_write = checkpoint_commit.atomic_write_text
-        def write(path, text):
-            if str(path).endswith("latest") and "00000002" in text:
+        def replace(src, dst, _real=os.replace):
+            if os.path.basename(dst) == "latest" and os.path.exists(os.path.join(os.path.dirname(dst), "step-00000002")):
                 print("COMMITTING", flush=True); time.sleep(60)
-            real_write(path, text)
-        checkpoint_commit.atomic_write_text = write
+            _real(src, dst)
+        os.replace = replace
     with stage_checkpoint(2) as st:
         with open(st.file("rank-00000.bin"), "wb") as f:
             for i in range(10000):

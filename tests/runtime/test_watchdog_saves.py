@@ -106,10 +106,11 @@ def test_a_background_save_is_a_save_while_the_loop_waits_for_it_and_never_write
         seen["copy"] = (read_heartbeat(path)["state"], watch.check())
         return stage(self, plan, buffers)
 
-    released = threading.Event()
+    returned, released = threading.Event(), threading.Event()
     torch_save = torchstate._torch_save
 
     def slow_torch_save(obj, f):              # the writer thread: the loop steps meanwhile
+        returned.wait(30)                     # (once the call has returned to it)
         seen["writing"] = (read_heartbeat(path)["state"],)
         released.wait(30)
         time.sleep(SLOW_S)                    # what is left once the loop waits for it
@@ -120,6 +121,7 @@ def test_a_background_save_is_a_save_while_the_loop_waits_for_it_and_never_write
     monkeypatch.setattr(torchstate, "_torch_save", slow_torch_save)
     model, opt = _model()
     pending = rt.save_torch_state(2, model, opt, blocking=False)
+    returned.set()
     assert seen["copy"] == ("saving", None)
     record = read_heartbeat(path)
     assert record["state"] == "running" and record["checkpoint_step"] is None   # not committed yet

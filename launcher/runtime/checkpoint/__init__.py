@@ -21,15 +21,19 @@ Writing (every rank, same step, collectively)::
    ``.done-rank-RRRRR.json``: its files with size and checksum, the checksum taken
    while the bytes were written (``st.open``, the DCP writer) or, for files a framework
    wrote itself, read back once by the rank that wrote them. A rank that fails
-   writes ``.failed-rank-RRRRR.json`` instead.
+   writes ``.failed-rank-RRRRR.json`` instead. Markers are messages to rank 0: renamed
+   into place whole, not fsynced (nothing reads them after the commit).
 3. all_reduce of the ranks' failure flags (a rank that raised makes every rank raise
    :class:`CheckpointError`, nothing is committed, rank 0 removes the staging dir).
 4. rank 0 waits for all ``world_size`` markers, checks that every claimed file exists
    with the size its rank wrote (stat, no re-reading), checksums any unclaimed file
    (written by a framework behind our back, e.g. DeepSpeed's zero_to_fp32.py), writes
-   ``manifest.json``, fsyncs, renames the staging dir to ``step-N`` (the commit), replaces
-   ``latest`` atomically (temp file + os.replace; a failure there is only a warning),
-   and prunes: checkpoints newer than N (an abandoned timeline after a fallback),
+   ``manifest.json`` and the new ``latest`` beside the old, fsyncs at once (threads: one
+   journal commit) the files written at commit, the unclaimed ones, every directory
+   holding a shard and the new ``latest``, renames the staging dir to ``step-N`` (the
+   commit) and the new ``latest`` over the old (resume never trusts it: a failure there
+   is only a warning), fsyncs the checkpoint dir, and prunes: checkpoints newer than N
+   (an abandoned timeline after a fallback; fsynced away before the save returns),
    damaged ones, complete ones beyond ``keep``, stale staging dirs.
 5. rank 0 broadcasts the outcome; every rank returns only once the commit is
    visible (or raises :class:`CheckpointError` on all ranks).

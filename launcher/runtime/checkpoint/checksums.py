@@ -95,7 +95,10 @@ class ChecksumWriter:
     cached would only evict what training reads and make the next save reclaim memory.
     Every WRITEBACK_BYTES written are handed to the disk at once (:func:`_drop_cached`
     starts their writeback), so that the disk writes while the rest is still serialised
-    and the fsync at the end finds little left to do.
+    and the fsync at the end finds little left to do; the same call evicts the
+    WRITEBACK_BYTES handed over the time before, written by now, so that the file leaves
+    the page cache as it is written (its pages are reused for the rest of it) and the
+    eviction at close, which the end of a save waits for, finds little left to do.
     """
 
     WRITEBACK_BYTES = 32 << 20
@@ -111,6 +114,7 @@ class ChecksumWriter:
         self.error: OSError | None = None
         self._f = open(self.path, "wb")   # noqa: SIM115 - closed in close()
         self._written_back = 0   # bytes [0, _written_back) were handed to the disk
+        self._evicted = 0        # bytes [0, _evicted) were asked to leave the page cache once written
 
     @property
     def algorithm(self) -> str:
@@ -118,26 +122,29 @@ class ChecksumWriter:
 
     def write(self, data) -> int:
         view = memoryview(data).cast("B")
-        self.checksum.update(view)
-        try:
-            n = self._f.write(view)
-        except OSError as e:
-            self.error = self.error or e
-            raise
-        self.size += n
-        if self.size - self._written_back >= self.WRITEBACK_BYTES:
-            self._write_back()
-        return n
+        step = self.WRITEBACK_BYTES
+        for start in range(0, len(view), step):   # a large write in pieces, each handed to the disk
+            piece = view[start:start + step]
+            self.checksum.update(piece)
+            try:
+                self.size += self._f.write(piece)
+            except OSError as e:
+                self.error = self.error or e
+                raise
+            if self.size - self._written_back >= step:
+                self._write_back()
+        return len(view)
 
     def _write_back(self) -> None:
-        """Start the writeback of what was written since the last call (no waiting for it)."""
+        """Start the writeback of what was written since the last call, and evict what the call
+        before handed to the disk (no waiting for either: pages still being written stay)."""
         try:
             self._f.flush()
         except OSError as e:
             self.error = self.error or e
             raise
-        _drop_cached(self._f.fileno(), self._written_back, self.size - self._written_back)
-        self._written_back = self.size
+        _drop_cached(self._f.fileno(), self._evicted, self.size - self._evicted)
+        self._evicted, self._written_back = self._written_back, self.size
 
     def raise_io_error(self, exc: BaseException) -> None:
         """Raise the file system's error behind ``exc`` (a framework's wrapper of it), if there was one."""

@@ -6,14 +6,16 @@ protocol, step by step, is in :mod:`launcher.runtime.checkpoint`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import socket
 import threading
 import time
 from pathlib import Path
 
-from launcher.rundir.files import atomic_write_text, fsync_dir
+from launcher.rundir.files import fsync_dir
 from launcher.rundir.rankcontext import RankContext, log
 from launcher.runtime.checkpoint import checksums
 from launcher.runtime.checkpoint.directory import (
@@ -29,7 +31,7 @@ from launcher.runtime.checkpoint.directory import (
     staging_dir_name,
     step_dir_name,
 )
-from launcher.runtime.checkpoint.staging import fsync_file, read_markers
+from launcher.runtime.checkpoint.staging import fsync_together, publish_text, read_markers
 from launcher.runtime.checkpoint.verify import read_manifest, verify_checkpoint
 from launcher.runtime.distributed import all_reduce_max, broadcast_object, is_distributed
 
@@ -41,7 +43,8 @@ def commit(ctx: RankContext, d: Path, staging: Path, step: int, *, framework: st
 
     ``on_markers(markers)``, if given, runs once all markers are in and returns manifest
     entries (``{"path", "size", algo: digest}``) for files rank 0 writes then (DCP's
-    ``.metadata``). ``verify="hash"`` re-reads every shard instead of trusting the
+    ``.metadata``), not fsynced: the commit makes them durable with the manifest.
+    ``verify="hash"`` re-reads every shard instead of trusting the
     markers' checksums. ``prune_in_background`` leaves the deletion of pruned
     checkpoints to a thread (they are renamed away before this returns). ``layout``
     (JSON-able) describes the files for the adapter that reads them back.
@@ -67,11 +70,12 @@ def commit(ctx: RankContext, d: Path, staging: Path, step: int, *, framework: st
         if verify == "hash" and checksums.checksum_file(f, checksum[0]) != checksum[1]:
             raise CheckpointError(f"shard {rel}: {checksum[0]} differs from what rank {rank} wrote")
         shards[rel] = {"path": rel, "size": e["size"], checksum[0]: checksum[1], "rank": rank}
+    unsynced = [staging / e["path"] for e in late]   # the ranks fsynced theirs before their markers
     for f in _files_under(staging):
         rel = f.relative_to(staging).as_posix()
         if rel in shards or rel == MANIFEST or MARKER_RE.match(f.name) or ".tmp-" in f.name:
             continue
-        fsync_file(f)   # written by a framework on some rank, finished before its marker
+        unsynced.append(f)   # written by a framework on some rank, finished before its marker
         algo = checksums.checksum_algorithm()
         shards[rel] = {"path": rel, "size": f.stat().st_size, algo: checksums.checksum_file(f, algo), "rank": None}
     now = time.time()
@@ -90,31 +94,63 @@ def commit(ctx: RankContext, d: Path, staging: Path, step: int, *, framework: st
     }
     if layout is not None:
         manifest["layout"] = layout
-    atomic_write_text(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
-    fsync_dir(staging)
     final = d / step_dir_name(step)
+    publish_text(staging / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
+    pointer = _stage_latest(d, final.name)
+    # Everything the rename below commits is made durable first, in one go: the manifest,
+    # the files written at commit, the shards' directory entries (every rank's files were
+    # fsynced by their rank before its marker) and the new ``latest`` (a hint only).
+    fsync_together(unsynced + [staging / MANIFEST], _shard_dirs(staging, shards), hints=[pointer] if pointer else [])
     if final.exists():   # the same step saved again (e.g. a stop right after resuming)
         old = d / f"{TRASH_PREFIX}{final.name}-{time.time_ns()}"
         os.rename(final, old)
     os.rename(staging, final)
-    fsync_dir(d)
-    _point_latest(d, final.name)
+    _point_latest(d, final.name, pointer)
+    fsync_dir(d)   # the commit, and ``latest`` with it
     _prune(d, step, keep, in_background=prune_in_background)
     return final
 
 
-def _point_latest(d: Path, name: str) -> None:
-    """Replace ``latest``. The rename before it was the commit (resume never trusts ``latest``),
-    so a pointer that cannot be written is a warning, not a failed save; a directory in its
-    place (not ours) is moved aside first."""
+def _shard_dirs(staging: Path, shards: dict[str, dict]) -> list[Path]:
+    """The staging dir and every directory under it that holds a shard: their entries must be durable."""
+    dirs = {staging}
+    for rel in shards:
+        dirs.update(p for p in (staging / rel).parents if p.is_relative_to(staging))
+    return sorted(dirs)
+
+
+def _stage_latest(d: Path, name: str) -> Path | None:
+    """``latest``'s new text in a temp file beside it, renamed by :func:`_point_latest` once the
+    checkpoint dir has its name; None (and a warning) when it cannot be written."""
+    tmp = d / f".{LATEST}.tmp-{socket.gethostname()}-{os.getpid()}"
+    try:
+        tmp.unlink(missing_ok=True)   # whatever a killed writer left there: a new file, never written into
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(name)
+    except OSError as e:
+        log(f"warning: {d / LATEST} cannot be written ({e}); resume finds the newest complete checkpoint "
+            "without it")
+        return None
+    return tmp
+
+
+def _point_latest(d: Path, name: str, staged: Path | None) -> None:
+    """Replace ``latest`` with what :func:`_stage_latest` wrote. The rename before it was the commit
+    (resume never trusts ``latest``), so a pointer that cannot be written is a warning, not a
+    failed save; a directory in its place (not ours) is moved aside first."""
+    if staged is None:
+        return
     pointer = d / LATEST
     try:
         if pointer.is_dir() and not pointer.is_symlink():
             to_trash(pointer)
-        atomic_write_text(pointer, name)
+        os.replace(staged, pointer)
     except OSError as e:
         log(f"warning: {name} is committed, but {pointer} could not be updated ({e}); "
             "resume finds the newest complete checkpoint without it")
+        with contextlib.suppress(OSError):
+            staged.unlink()
 
 
 def _prune(d: Path, step: int, keep: int, *, in_background: bool = False) -> None:
@@ -124,10 +160,12 @@ def _prune(d: Path, step: int, keep: int, *, in_background: bool = False) -> Non
     next time)."""
     doomed: list[Path] = []
     kept = 0
+    abandoned = False
     for s, path in reversed(list_checkpoints(d)):
         if s > step:
             log(f"removing {path.name}: newer than the checkpoint just committed (abandoned)")
             doomed.append(to_trash(path))
+            abandoned = True
             continue
         manifest, _ = verify_checkpoint(path, verify="size")
         if manifest is not None and kept < keep:
@@ -139,7 +177,13 @@ def _prune(d: Path, step: int, keep: int, *, in_background: bool = False) -> Non
             doomed.append(to_trash(d / e.name))
         elif e.name.startswith(TRASH_PREFIX):
             doomed.append(d / e.name)
-    fsync_dir(d)
+        elif e.name.startswith(f".{LATEST}.tmp-"):   # a new ``latest`` a killed commit never renamed
+            with contextlib.suppress(OSError):
+                os.unlink(d / e.name)
+    if abandoned:
+        # An abandoned timeline must not come back after a crash as the newest checkpoint;
+        # an older one that comes back is only pruned again.
+        fsync_dir(d)
     doomed = list(dict.fromkeys(doomed))
     if in_background:
         global _pruning

@@ -6,7 +6,8 @@ collective there:
 
 1. :func:`plan_save` (main thread, collective): DCP's planner on every rank, the
    plans gathered on rank 0, deduplicated (replicated DDP tensors are spread over the
-   ranks, each to the rank with the least planned so far), scattered back.
+   ranks, each to the rank with the least planned so far), scattered back; or, when no
+   rank's local plan changed since the last planning, that planning again (one all_reduce).
 2. :meth:`StagingPlanner.stage` (optional): this rank's planned tensors copied into
    reusable host buffers, so training may go on while they are written.
 3. :func:`write_share` (any thread): DCP's file writer writes this rank's
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import copy
 import io
 import os
 import pickle
@@ -54,7 +56,7 @@ from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, Def
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import LoadItemType, SavePlan, WriteItemType
 
-from launcher.rundir.files import fsync_dir, open_regular
+from launcher.rundir.files import open_regular
 from launcher.rundir.rankcontext import RankContext, log
 from launcher.runtime.checkpoint import checksums
 from launcher.runtime.checkpoint.directory import CheckpointDamaged, CheckpointError
@@ -178,13 +180,34 @@ class _PlanFailure:
     error: str
 
 
+@dataclass
+class _Planned:
+    """A planning all ranks went through together: this rank's local plan, the final plan it
+    got back and, on rank 0, the global metadata."""
+
+    rank: int
+    world_size: int
+    local: SavePlan
+    final: SavePlan
+    metadata: Any
+
+
+# The last planning that succeeded (every rank keeps its own): reused while no rank's local
+# plan differs from the one it sent then, since the global plan is made from those alone.
+_last_planned: _Planned | None = None
+
+
 def plan_save(state_dict: dict, writer: ChecksummingWriter, planner: StagingPlanner, ctx: RankContext,
               local_error: BaseException | None = None):
     """Collective: DCP's save planning. Returns ``(this rank's final plan, global metadata or None)``.
 
     The metadata is rank 0's only. A failure on any rank (``local_error`` included) raises
-    :class:`CheckpointError` on every rank.
+    :class:`CheckpointError` on every rank. When every rank's local plan equals the one it
+    sent at the last planning (the same tensors, shapes and dtypes: a training loop's saves),
+    one all_reduce says so and the final plans and metadata of then are used again; only
+    otherwise do the plans travel to rank 0 and back (several collectives each way).
     """
+    global _last_planned
     is_main = ctx.rank == 0
     mine: object
     if local_error is not None:
@@ -198,6 +221,15 @@ def plan_save(state_dict: dict, writer: ChecksummingWriter, planner: StagingPlan
         except Exception as e:   # every rank must learn about it
             mine = _PlanFailure(ctx.rank, f"{type(e).__name__}: {e}")
     distributed = ctx.world_size > 1 and is_distributed()
+    last = _last_planned
+    same = (last is not None and (last.rank, last.world_size) == (ctx.rank, ctx.world_size)
+            and isinstance(mine, SavePlan) and mine == last.local)
+    if distributed:
+        same = all_reduce_max([0 if same else 1])[0] == 0
+    if same and last is not None:
+        # writer.finish sets fields of the metadata: the kept one stays as planned
+        return planner.finish_plan(last.final), copy.copy(last.metadata) if is_main else None
+    _last_planned = None
     gathered: list = [None] * ctx.world_size if is_main else []
     if distributed:
         dist.gather_object(mine, gathered if is_main else None, dst=0)
@@ -223,7 +255,9 @@ def plan_save(state_dict: dict, writer: ChecksummingWriter, planner: StagingPlan
         reply = replies[0]
     if isinstance(reply, _PlanFailure):
         raise CheckpointError(f"planning the checkpoint failed on rank {reply.rank}: {reply.error}")
-    return planner.finish_plan(reply), metadata
+    if isinstance(mine, SavePlan):   # no rank failed, so neither did this one
+        _last_planned = _Planned(ctx.rank, ctx.world_size, mine, reply, metadata)
+    return planner.finish_plan(reply), copy.copy(metadata)
 
 
 def write_share(plan: SavePlan, planner: StagingPlanner, writer: ChecksummingWriter, *,
@@ -258,10 +292,12 @@ def decode_results(text: str) -> list:
 
 
 def write_metadata(writer: ChecksummingWriter, metadata, all_results: list[list]) -> tuple[Path, tuple]:
-    """Rank 0: DCP's ``.metadata`` from every rank's write results; ``(path, (size, algo, digest))``."""
+    """Rank 0: DCP's ``.metadata`` from every rank's write results; ``(path, (size, algo, digest))``.
+
+    Not fsynced here: the commit makes it durable together with the manifest."""
+    writer.sync_files = False   # the data files are written by now; this is for the .metadata only
     writer.finish(metadata=metadata, results=all_results)
     path = Path(writer.path) / METADATA_FILE
-    fsync_dir(writer.path)
     try:
         return path, writer.written[path]
     except KeyError:

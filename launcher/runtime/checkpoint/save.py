@@ -12,7 +12,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from launcher.rundir.files import fsync_dir, load_json_object
+from launcher.rundir.files import load_json_object
 from launcher.rundir.rankcontext import RankContext, context
 from launcher.runtime import heartbeats
 from launcher.runtime.checkpoint.background import in_flight, wait_checkpoints
@@ -57,8 +57,7 @@ def open_staging(step: int, ctx: RankContext, d: Path) -> Staging:
                     delete_all([to_trash(d / e.name)])
                 elif e.name.startswith(TRASH_PREFIX) and not pruning():
                     delete_all([d / e.name])           # an interrupted prune's
-            staging.mkdir()
-            fsync_dir(d)
+            staging.mkdir()   # durable with the rest at the commit (its rename is what counts)
         except OSError as e:
             err = f"{type(e).__name__}: {e}"
     if first_failed_rank(ctx, err is not None) is not None:

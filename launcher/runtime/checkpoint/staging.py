@@ -1,6 +1,12 @@
 """A rank's share of a checkpoint being written: the :class:`Staging` handle its writer
 gets, and the marker files through which rank 0's commit learns that the share is in
 (its files with sizes and checksums) or will not come.
+
+A rank makes its files durable (fsync) before its marker; the directories that hold
+them are made durable once, by rank 0's commit, when every marker is in
+(:func:`fsync_together`). A done marker is a message to rank 0, not part of the
+checkpoint (nothing reads it after the commit), so it is published whole (temp file and
+rename) but not fsynced.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,10 +67,11 @@ class Staging:
         self.written[rel] = {"size": int(size), algorithm: digest}
 
     @contextlib.contextmanager
-    def open(self, name: str):
-        """A :class:`ChecksumWriter` on ``path / name``, claimed and recorded when closed."""
+    def open(self, name: str, *, sync: bool = True):
+        """A :class:`ChecksumWriter` on ``path / name``, claimed and recorded when closed; fsynced
+        then unless ``sync=False`` (the caller fsyncs it before the marker)."""
         p = self.file(name)
-        with ChecksumWriter(p) as w:
+        with ChecksumWriter(p, sync=sync) as w:
             try:
                 yield w
             except Exception as e:
@@ -90,8 +98,81 @@ def fsync_file(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def fsync_together(files: Sequence[Path], dirs: Sequence[Path], hints: Sequence[Path] = ()) -> None:
+    """fsync ``files`` (an error raises), ``dirs`` (as :func:`fsync_dir`: some filesystems
+    refuse, harmlessly) and ``hints`` (files whose loss costs nothing: errors ignored) at
+    once, in threads: a journaling filesystem commits concurrent fsyncs together, where
+    one after the other each waits for a commit (and a disk flush) of its own."""
+    jobs = [(fsync_file, f) for f in files] + [(fsync_dir, d) for d in dirs] + [(_fsync_hint, h) for h in hints]
+    threads = min(len(jobs), FSYNC_THREADS)
+    waits = [in_thread(_run_all, jobs[i::threads]) for i in range(threads)]
+    errors = []
+    for wait in waits:   # every one ends before any error is raised
+        try:
+            wait()
+        except OSError as e:
+            errors.append(e)
+    if errors:
+        raise errors[0]
+
+
+# At most this many fsyncs in flight at once (a framework may leave many files to the commit).
+FSYNC_THREADS = 16
+
+
+def _run_all(jobs: list) -> None:
+    for fn, path in jobs:
+        fn(path)
+
+
+def in_thread(fn, *args) -> Callable[[], None]:
+    """Start ``fn(*args)`` in a thread of its own; the function returned waits for it and raises
+    its error. A plain thread: a background save that ends after the main thread did may
+    still start one, where concurrent.futures refuses new work at interpreter exit."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            fn(*args)
+        except BaseException as e:   # raised in the waiting thread
+            errors.append(e)
+
+    thread = threading.Thread(target=run, name="glaunch-fsync", daemon=True)
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if errors:
+            raise errors[0]
+
+    return wait
+
+
+def _fsync_hint(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        fsync_file(path)
+
+
+def publish_text(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all for its readers (a new temp file beside it, renamed),
+    without making it durable: for what is read while the save runs and not after it."""
+    tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
+    try:
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_marker(st: Staging) -> None:
-    """Make this rank's files durable and list them, with sizes and checksums, in its done marker."""
+    """Make this rank's files durable and list them, with sizes and checksums, in its done marker.
+
+    Their directory entries are the commit's to make durable (:func:`fsync_together`)."""
     entries = []
     for rel in st.files:
         f = st.path / rel
@@ -107,13 +188,11 @@ def write_marker(st: Staging) -> None:
         fsync_file(f)   # written by a framework: made durable and read back once, here
         algo = checksums.checksum_algorithm()
         entries.append({"path": rel, "size": size, algo: checksums.checksum_file(f, algo)})
-    for parent in sorted({(st.path / rel).parent for rel in st.files}, reverse=True):
-        fsync_dir(parent)
     marker = {"rank": st.rank, "step": st.step, "world_size": st.world_size,
               "host": socket.gethostname(), "pid": os.getpid(), "files": entries}
     if st.payload is not None:
         marker["payload"] = st.payload
-    atomic_write_text(st.path / marker_name(st.rank), json.dumps(marker, indent=1))
+    publish_text(st.path / marker_name(st.rank), json.dumps(marker, indent=1))
 
 
 def write_failure_marker(st: Staging, error: BaseException) -> None:
