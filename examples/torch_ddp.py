@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     start, resumed_from = 0, None
     # The newest complete checkpoint, its files checksummed as they load (read once); one
     # that does not match is refused and the next older one loaded.
-    # A process started in place of a lost rank (recovery.peer) gets its state from a live peer instead.
-    state = rt.resume_torch_state(model, opt, ctx=ctx) if ctx.peer_join is None else None
+    # (In a process started in place of a lost rank, recovery.peer, None: its state comes from a live peer.)
+    state = rt.resume_torch_state(model, opt, ctx=ctx)
     if state is not None:
         start = resumed_from = state["step"]
         if "grad_scaler" in state["extra"]:

@@ -406,9 +406,14 @@ def resume_torch_state(model, optimizer=None, *, scheduler=None, strict: bool = 
     complete one is loaded instead. Collective, on every rank.
 
     None when there is no complete checkpoint, else :func:`load_torch_state`'s dict with
-    ``"checkpoint"``, the :class:`Checkpoint` loaded.
+    ``"checkpoint"``, the :class:`Checkpoint` loaded. None, reading nothing, in a process
+    started in place of a lost rank (``ctx.peer_join``, recovery.peer): its peers are in a
+    recovery, not here, and the state it needs comes from one of them.
     """
     ctx = ctx or context()
+    if ctx.peer_join is not None:
+        log("this process replaces a lost rank: its state comes from a live peer, no checkpoint is read")
+        return None
     refused: list[str] = []
     while True:
         ckpt = resume_checkpoint(ctx, verify="load", refused=refused)

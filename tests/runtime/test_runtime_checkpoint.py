@@ -486,6 +486,22 @@ def _finish(procs, timeout=120) -> list[str]:
 
 
 @pytest.mark.slow
+def test_a_process_replacing_a_lost_rank_reads_no_checkpoint(monkeypatch):
+    """recovery.peer: the process started in place of a lost rank gets its state from a
+    live peer; the newest checkpoint is there, and it is not read."""
+    torch = pytest.importorskip("torch")
+    from launcher.runtime.torchstate import resume_torch_state, save_torch_state
+
+    model, opt = _adamw_model(torch)
+    _train(torch, model, opt, 2)
+    save_torch_state(2, model, opt)
+    monkeypatch.setenv("GLAUNCH_PEER_JOIN", "1")
+    fresh, fresh_opt = _adamw_model(torch)
+    before = [p.detach().clone() for p in fresh.parameters()]
+    assert resume_torch_state(fresh, fresh_opt) is None
+    assert all(torch.equal(a, b) for a, b in zip(before, fresh.parameters())) and not fresh_opt.state
+
+
 def test_torch_ddp_resume_is_bitwise_identical(tmp_path):
     """2 ranks: 20 steps straight vs. SIGUSR2 to rank 1 mid-run, then a requeue to completion."""
     straight = _launch(tmp_path, "straight", 20)
