@@ -17,6 +17,12 @@ NOT_ON_THE_DRY_RUN = (
     "launcher.schedulers.ssh.connection", "launcher.views.console", "launcher.views.status_text",
     "launcher.views.plan_text", "launcher.views.listing", "logging",
     "launcher.runner.dependencies", "launcher.runner.lookup",
+    # Slurm's submission and following: a dry run renders job.sbatch and asks Slurm nothing.
+    "launcher.schedulers.cluster.check", "launcher.schedulers.cluster.facts", "launcher.schedulers.cluster.partition",
+    "launcher.schedulers.cluster.report", "launcher.schedulers.cluster.scontrol_text",
+    "launcher.schedulers.cluster.torchprobe", "launcher.schedulers.slurm.client", "launcher.schedulers.slurm.queries",
+    "launcher.schedulers.slurm.recording", "launcher.schedulers.slurm.state", "launcher.schedulers.slurm.submit",
+    "submitit",
 )
 
 

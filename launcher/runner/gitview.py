@@ -239,11 +239,13 @@ def git_state(root: str, copied: set[str] | None = None, *, status: GitCall | No
     return GitState(commit, branch, changed, tuple(sorted(untracked)))
 
 
-def patch(root: str, untracked: tuple[str, ...]) -> bytes:
+def patch(root: str, untracked: tuple[str, ...], *, filters: tuple[str, ...] | None = None) -> bytes:
     """The work tree's changes against HEAD: tracked files (`git diff --binary HEAD`) and
     each untracked file of the copy as a new file. Plumbing (`diff-index`, `diff-files`):
-    the patch is the same whatever the repository's config says of colours or prefixes."""
-    filters = repository_filters(root, time.monotonic() + GIT_TIMEOUT_S)
+    the patch is the same whatever the repository's config says of colours or prefixes.
+    `filters`: those of repository_filters(root), when already asked."""
+    if filters is None:
+        filters = repository_filters(root, time.monotonic() + GIT_TIMEOUT_S)
     if filters is None:
         return b""
     with GitCall(root, "diff-index", "-p", "--binary", "HEAD", binary=True, filters=filters) as tracked:

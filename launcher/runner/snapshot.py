@@ -30,12 +30,25 @@ import hashlib
 import os
 import shutil
 import stat
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import CodeSnapshot
-from launcher.runner.gitview import STATUS, GitCall, GitState, git, git_state, git_text, inside, locate, patch
+from launcher.runner.gitview import (
+    GIT_TIMEOUT_S,
+    STATUS,
+    GitCall,
+    GitState,
+    git,
+    git_state,
+    git_text,
+    inside,
+    locate,
+    patch,
+    repository_filters,
+)
 
 # How many of the largest files an error over code.max_mb names.
 LARGEST_SHOWN = 5
@@ -53,6 +66,9 @@ class Survey:
     files: tuple[tuple[str, int], ...]
     git: GitState | None
     excluded: int = 0            # files left out by code.exclude
+    # The filters the repository's own config defines (gitview.repository_filters), asked
+    # once for git status and kept for the patch of a dirty tree; None: not asked.
+    filters: tuple[str, ...] | None = None
     total: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -105,15 +121,20 @@ _RUN_MARKERS = (("run.json", "job.sbatch"), ("sweep.json",))
 
 def _run_folders(root: Path, names: list[str]) -> tuple[str, ...]:
     folders = {os.path.dirname(n) for n in names}
-    return tuple(f for f in folders if f and any(all((root / f / m).is_file() for m in markers)
+    return tuple(f for f in folders if f and any(all(os.path.isfile(os.path.join(root, f, m)) for m in markers)
                                                  for markers in _RUN_MARKERS))
 
 
-def _git_files(root: str, sizes: dict[str, int], prefix: str = "", submodules: list[str] | None = None) -> list[str]:
+# Tracked and untracked-not-ignored files: what a snapshot in git copies.
+LIST_FILES = ("ls-files", "-z", "--cached", "--others", "--exclude-standard")
+
+
+def _git_files(root: str, sizes: dict[str, int], prefix: str = "", submodules: list[str] | None = None,
+               listed: GitCall | None = None) -> list[str]:
     """Tracked and untracked-not-ignored files under `root`, submodules' included (each
     one's folder goes into `submodules`); the size of each one found on disk goes into
-    `sizes` (one lstat per file)."""
-    proc = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", binary=True)
+    `sizes` (one lstat per file). `listed`: GitCall(root, *LIST_FILES) already started."""
+    proc = (listed or GitCall(root, *LIST_FILES, binary=True)).result()
     if proc is None or proc.returncode != 0:
         raise ConfigError(f"git cannot list the files of {root}: "
                           f"{(proc.stderr.decode(errors='replace').strip() if proc else 'git did not answer')}",
@@ -167,15 +188,19 @@ def survey(code: CodeSnapshot) -> Survey:
     if not code.git:
         files, excluded = _chosen(code, _walk_files(root), {})
         return Survey(code.source, files, None, excluded)
-    # git status runs while the files are listed and looked at.
-    with GitCall(code.source, *STATUS, binary=True) as status:
-        sizes: dict[str, int] = {}
-        submodules: list[str] = []
-        files, excluded = _chosen(code, _git_files(code.source, sizes, submodules=submodules), sizes)
-        git = git_state(code.source, {n for n, _ in files}, status=status)
+    # ls-files reads no file through a filter: it runs while the repository's filters are
+    # asked for, and git status, which needs them, while the files are looked at.
+    with GitCall(code.source, *LIST_FILES, binary=True) as listed:
+        filters = repository_filters(code.source, time.monotonic() + GIT_TIMEOUT_S)
+        with GitCall(code.source, *STATUS, binary=True, filters=filters) as status:
+            sizes: dict[str, int] = {}
+            submodules: list[str] = []
+            names = _git_files(code.source, sizes, submodules=submodules, listed=listed)
+            files, excluded = _chosen(code, names, sizes)
+            git = git_state(code.source, {n for n, _ in files}, status=status)
     if not git.changed and any(_submodule_changed(path) for path in submodules):
         git = dataclasses.replace(git, changed=True)
-    return Survey(code.source, files, git, excluded)
+    return Survey(code.source, files, git, excluded, filters)
 
 
 def _submodule_changed(path: str, *, nested: bool = False) -> bool:
@@ -212,7 +237,7 @@ def _chosen(code: CodeSnapshot, names: list[str], sizes: dict[str, int]) -> tupl
     skipped = _skipped(code) + _run_folders(Path(code.source), names)
     files, excluded = [], 0
     for name in names:
-        if _under(name, skipped) or _under(name, NEVER_COPIED) or any(p in NEVER_COPIED for p in name.split("/")):
+        if _under(name, skipped) or any(p in NEVER_COPIED for p in name.split("/")):
             continue
         if matches(name, code.exclude):
             excluded += 1
@@ -430,49 +455,58 @@ def take(code: CodeSnapshot, found: Survey, patch_path: str | os.PathLike,
     cannot be read; OSError for a failure to write (the caller removes what was written)."""
     dest = code.dest
     os.mkdir(dest)
-    made = {dest}
-    for name, _ in found.files:
-        target = os.path.join(dest, name)
-        parent = os.path.dirname(target)
-        if parent not in made:
-            os.makedirs(parent, exist_ok=True)
-            made.add(parent)
-        try:
-            copy_file(os.path.join(code.source, name), target)
-        except Unreadable as exc:
-            raise ConfigError(f"the code snapshot cannot read {exc.path}: {exc.error.strerror or exc.error}; leave "
-                              "it out with code.exclude (globs), or set code.snapshot: false",
-                              file=experiment_file, key="code.exclude") from None
+    # Each file is opened by its name in an open folder, of the tree and of the copy: the
+    # kernel walks a few names per file, not the whole path of a run directory.
+    source_dir = os.open(code.source, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    folders = {"": os.open(dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)}
+    try:
+        for name, _ in found.files:
+            parent, _, base = name.rpartition("/")
+            folder = folders.get(parent)
+            if folder is None:
+                os.makedirs(os.path.join(dest, parent), exist_ok=True)
+                folder = folders[parent] = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC,
+                                                   dir_fd=folders[""])
+            try:
+                copy_file(name, base, source_dir=source_dir, target_dir=folder)
+            except Unreadable as exc:
+                raise ConfigError(f"the code snapshot cannot read {os.path.join(code.source, exc.path)}: "
+                                  f"{exc.error.strerror or exc.error}; leave it out with code.exclude (globs), or "
+                                  "set code.snapshot: false", file=experiment_file, key="code.exclude") from None
+    finally:
+        for fd in (source_dir, *folders.values()):
+            os.close(fd)
     patch_file, digest = None, None
     if found.dirty:
-        data = patch(code.source, found.git.untracked if found.git else ())
+        data = patch(code.source, found.git.untracked if found.git else (), filters=found.filters)
         Path(patch_path).write_bytes(data)
         patch_file, digest = str(patch_path), hashlib.sha256(data).hexdigest()
     return Taken(str(dest), len(found.files), found.total, patch_file, digest)
 
 
-def copy_file(source: str, target: str) -> None:
+def copy_file(source: str, target: str, *, source_dir: int | None = None, target_dir: int | None = None) -> None:
     """`source` to the new file `target` with its mode and times, a symlink as a symlink
     (shutil.copy2's result, in a third of its system calls: a snapshot copies many small
-    files). A file deleted since the survey is skipped: the copy is of the tree as it is;
-    so is one that became a named pipe, socket or device. Unreadable when `source` cannot
-    be opened."""
+    files); each relative to its open folder (`source_dir`, `target_dir`) where given. A
+    file deleted since the survey is skipped: the copy is of the tree as it is; so is one
+    that became a named pipe, socket or device. Unreadable when `source` cannot be opened."""
     try:
-        src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        src = os.open(source, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=source_dir)
     except FileNotFoundError:
         return
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise Unreadable(source, exc) from None
-        os.symlink(os.readlink(source), target)
+        os.symlink(os.readlink(source, dir_fd=source_dir), target, dir_fd=target_dir)
         return
     try:
         info = os.fstat(src)
         if not stat.S_ISREG(info.st_mode):
             return
-        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                      dir_fd=target_dir)
         try:
-            _copy_bytes(src, dst)
+            _copy_bytes(src, dst, info.st_size)
             os.fchmod(dst, stat.S_IMODE(info.st_mode))
             os.utime(dst, ns=(info.st_atime_ns, info.st_mtime_ns))
         finally:
@@ -481,12 +515,18 @@ def copy_file(source: str, target: str) -> None:
         os.close(src)
 
 
-def _copy_bytes(src: int, dst: int) -> None:
-    """Every byte of `src` into `dst`: in the kernel (copy_file_range) where it can."""
+def _copy_bytes(src: int, dst: int, size: int) -> None:
+    """The `size` bytes of `src` (its size when opened) into `dst`: in the kernel
+    (copy_file_range) where it can. Counted, not read to the end: most files of a tree
+    take one call, not two (the second only to find the end)."""
     if hasattr(os, "copy_file_range"):
         try:
-            while os.copy_file_range(src, dst, 1 << 30):
-                pass
+            left = size
+            while left > 0:
+                copied = os.copy_file_range(src, dst, min(left, 1 << 30))
+                if not copied:
+                    break           # shorter than when opened: the copy is of what is there
+                left -= copied
             return
         except OSError as exc:
             if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.EPERM):

@@ -157,6 +157,27 @@ def test_dirty_tree_patch_gives_back_the_snapshot(work_tree, tmp_path):
     assert copied == rebuilt and copied["src/helper.py"] == b"VALUE = 2\n"
 
 
+def test_a_dirty_trees_snapshot_asks_git_for_the_repositorys_filters_once(work_tree, tmp_path, monkeypatch):
+    """git status and the patch both read files through the repository's filters (each
+    one emptied): the list the survey asked for serves the patch too."""
+    from launcher.runner import gitview
+
+    asked = []
+
+    def counted(cwd, deadline, *, ask=gitview.repository_filters):
+        asked.append(str(cwd))
+        return ask(cwd, deadline)
+
+    monkeypatch.setattr(gitview, "repository_filters", counted)
+    monkeypatch.setattr(snapshot, "repository_filters", counted, raising=False)
+    (work_tree / "src" / "helper.py").write_text("VALUE = 2\n")
+    code = code_for(work_tree, tmp_path / "dest")
+    found = snapshot.survey(code)
+    taken = snapshot.take(code, found, tmp_path / "code.patch")
+    assert found.dirty and taken.patch and b"+VALUE = 2" in (tmp_path / "code.patch").read_bytes()
+    assert asked == [str(work_tree)]
+
+
 def test_clean_tree_has_no_patch(work_tree, tmp_path):
     (work_tree / "notes.txt").unlink()
     code = code_for(work_tree, tmp_path / "dest")

@@ -16,7 +16,7 @@ from launcher import api
 from launcher.rundir import registry
 from launcher.rundir.records import LIVE, State
 from launcher.rundir.rankcontext import node_name
-from launcher.schedulers.slurm import scheduler as slurm, state as slurm_state
+from launcher.schedulers.slurm import queries as slurm_queries, scheduler as slurm, state as slurm_state
 from launcher.views.status_text import format_status
 
 REPO = Path(__file__).resolve().parents[2]
@@ -106,7 +106,7 @@ def test_a_submission_slurm_never_queued_is_refused_in_one_word(tmp_path, isolat
               "submission": {"script": str(run_dir / "job.sbatch"), "marker": "glaunch-run=r"}}
     (run_dir / "run.json").write_text(json.dumps(record))
     registry.register("r", str(run_dir))
-    monkeypatch.setattr(slurm, "find_submitted", lambda script, marker: None)
+    monkeypatch.setattr(slurm_queries, "find_submitted", lambda script, marker: None)
     slurm._settle_uncertain(run_dir, registry.read(run_dir))
     after = registry.read(run_dir)
     assert (after.state, after.reason) == (State.REFUSED.value, "refused")

@@ -288,14 +288,15 @@ def test_a_tilde_in_python_is_the_home_of_the_account_the_probe_runs_as(tmp_path
 
 def test_submit_checks_that_the_nodes_interpreter_starts_and_finds_torch(tmp_path, fake_torch_python, monkeypatch):
     from launcher.errors import SchedulerError
+    from launcher.schedulers.cluster import check
     from launcher.schedulers.slurm import scheduler as slurm_scheduler
 
-    monkeypatch.setattr(slurm_scheduler, "check_site", lambda *a, **k: CheckReport("fakesite", "main"))
+    monkeypatch.setattr(check, "check_site", lambda *a, **k: CheckReport("fakesite", "main"))
     monkeypatch.setattr(slurm_scheduler.SlurmScheduler, "cluster", lambda self: None)
     launch = type("Launch", (), {"python": (str(fake_torch_python),)})
     plan = type("Plan", (), {"site": {"modules": [], "setup": [], "env": {}}, "site_file": "fakesite.yaml",
                              "allocation": type("Allocation", (), {"partition": "gpu"}), "launch": launch})
-    monkeypatch.setattr(slurm_scheduler.Request, "of_plan", staticmethod(lambda plan: None))
+    monkeypatch.setattr(check.Request, "of_plan", staticmethod(lambda plan: None))
     assert slurm_scheduler.SlurmScheduler().check_cluster(plan) == []
     launch.python = (sys.executable, "-S")
     with pytest.raises(SchedulerError) as caught:

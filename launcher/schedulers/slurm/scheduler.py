@@ -15,43 +15,25 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from launcher.errors import SchedulerError
 from launcher.processes import without_tool_prefix
 from launcher.rendering.render import JobShell
 from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
-from launcher.rundir import registry
+from launcher.rundir import envnames, registry
 from launcher.rundir.lifecycle import move
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import CANCEL_REQUESTED, RunRecord, State, is_terminal
 from launcher.schedulers.base import Echo, Launched, LaunchedBatch, Scheduler, SweepBatch, SweepPlan
-from launcher.schedulers.cluster.check import Request, check_site
-from launcher.schedulers.cluster.facts import Cluster, read_cluster
-from launcher.schedulers.cluster.torchprobe import probe_plan
 from launcher.schedulers.slurm import array
-from launcher.schedulers.slurm.client import Unreachable, clean_env, has_command, ignored_inputs_warning, run_command
-from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job, squeue_jobs
-from launcher.schedulers.slurm.recording import (
-    fold_job,
-    has_ended,
-    job_rows,
-    record_queued,
-    record_refused,
-    request_values,
-    settled,
-)
 from launcher.schedulers.slurm.script import controller_command, sbatch_directives
-from launcher.schedulers.slurm.submit import (
-    SubmissionUncertain,
-    dump_task,
-    link_task,
-    preflight,
-    submit,
-    submit_array,
-    task_template,
-)
-from launcher.rundir import envnames
+
+# What talks to Slurm (sbatch and submitit, squeue and sacct, the cluster's checks) is
+# imported by the methods that do so: a dry run renders job.sbatch with script.py and
+# array.py alone, and never loads the rest (tests/test_command_imports.py says so).
+if TYPE_CHECKING:
+    from launcher.schedulers.cluster.facts import Cluster
 
 
 class SlurmScheduler(Scheduler):
@@ -62,6 +44,8 @@ class SlurmScheduler(Scheduler):
 
     def cluster(self) -> Cluster:
         """The live cluster's facts (one scontrol call, sacctmgr), read once."""
+        from launcher.schedulers.cluster.facts import read_cluster
+
         if self._cluster is None:
             self._cluster = read_cluster("glaunch submit")
         return self._cluster
@@ -95,6 +79,8 @@ class SlurmScheduler(Scheduler):
     # --- submission --------------------------------------------------------------------
 
     def require(self) -> None:
+        from launcher.schedulers.slurm.client import has_command
+
         if not has_command("sbatch") or not has_command("srun"):
             raise SchedulerError("sbatch is not on PATH here: run glaunch on the cluster's login node, or give the "
                                  "profile a login: section to submit over SSH from here (--dry-run renders the "
@@ -105,6 +91,9 @@ class SlurmScheduler(Scheduler):
         the nodes' interpreter: SchedulerError naming every difference that would get the
         job refused, leave it pending forever or run it on other hardware, or `python:`
         when the interpreter does not start or finds no torch; the harmless ones as warnings."""
+        from launcher.schedulers.cluster.check import Request, check_site
+        from launcher.schedulers.cluster.torchprobe import probe_plan
+
         report = check_site(plan.site, partition=plan.allocation.partition, request=Request.of_plan(plan),
                             cluster=self.cluster())
         if report.fatal:
@@ -118,6 +107,10 @@ class SlurmScheduler(Scheduler):
         return [str(d) for d in report.warnings] + list(report.notes)
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
+        from launcher.schedulers.slurm.client import clean_env, ignored_inputs_warning
+        from launcher.schedulers.slurm.recording import record_queued, record_refused, request_values
+        from launcher.schedulers.slurm.submit import SubmissionUncertain, preflight, submit
+
         job_text = RunDir(run_dir).job_script.read_text(encoding="utf-8")
         env, ignored = clean_env(os.environ)
         warnings = [w for w in (ignored_inputs_warning(ignored),) if w]
@@ -164,6 +157,11 @@ class SlurmScheduler(Scheduler):
         """Check every array (the profile against the cluster, sbatch --test-only), then
         submit them: one sbatch call per array. An array sbatch refuses leaves its elements
         REFUSED; those already queued stay queued."""
+        from launcher.schedulers.slurm.client import clean_env, ignored_inputs_warning
+        from launcher.schedulers.slurm.recording import record_queued, record_refused, request_values
+        from launcher.schedulers.slurm.submit import (
+            SubmissionUncertain, dump_task, link_task, preflight, submit_array, task_template)
+
         env, ignored = clean_env(os.environ)
         warnings = [w for w in (ignored_inputs_warning(ignored),) if w]
         scripts = [Path(sweep_dir) / str(batch.script) for batch in sweep.batches]
@@ -214,6 +212,8 @@ class SlurmScheduler(Scheduler):
     # --- following ---------------------------------------------------------------------
 
     def settled(self, record: RunRecord) -> bool:
+        from launcher.schedulers.slurm.recording import settled
+
         return settled(record)
 
     def refresh(self, run_dir: Path, record: RunRecord) -> RunRecord:
@@ -222,6 +222,10 @@ class SlurmScheduler(Scheduler):
         ended run keeps its state whatever squeue says: sacct alone is asked. With the
         controller unreachable, or squeue unable to tell: SchedulerError, and run.json
         says so (`unreachable`)."""
+        from launcher.schedulers.slurm.client import Unreachable
+        from launcher.schedulers.slurm.queries import sacct_records, squeue_job
+        from launcher.schedulers.slurm.recording import fold_job, has_ended
+
         uncertain = isinstance(record.extra.get("submission"), dict)
         if shutil.which("squeue") is None or not (record.job_id or uncertain) or record.extra.get("allocation"):
             return record       # a run inside an allocation: its own record says all (the job is the allocation)
@@ -245,6 +249,10 @@ class SlurmScheduler(Scheduler):
     def refresh_many(self, runs: Sequence[tuple[Path, RunRecord]]) -> list[RunRecord]:
         """One squeue and one sacct call for all of them (a sweep's elements: by their
         array jobs), instead of two per run."""
+        from launcher.schedulers.slurm.client import has_command
+        from launcher.schedulers.slurm.queries import sacct_records, squeue_jobs
+        from launcher.schedulers.slurm.recording import fold_job, has_ended, job_rows
+
         if not has_command("squeue"):
             return [record for _, record in runs]
         queued = [(d, r) for d, r in runs if r.job_id and not r.dry_run and not r.extra.get("allocation")]
@@ -279,6 +287,8 @@ class SlurmScheduler(Scheduler):
 
     def cancel_many(self, runs: Sequence[tuple[Path, RunRecord]], job_ids: Sequence[str] = ()) -> list[str]:
         """One scancel for all: the arrays' jobs, and the runs outside them."""
+        from launcher.schedulers.slurm.client import run_command
+
         arrays = set(job_ids)
         targets = list(job_ids) + [r.job_id for _, r in runs if r.job_id and not is_terminal(r.state)
                                    and array.array_job_id(r.job_id) not in arrays]
@@ -294,6 +304,8 @@ class SlurmScheduler(Scheduler):
             return f"run {record.run_id}: nothing to cancel ({record.state})"
         if record.extra.get("allocation"):
             return inside_allocation(record)
+        from launcher.schedulers.slurm.client import run_command
+
         with registry.updating(run_dir) as rec:
             # Read with the mark set: a job ending at its time limit that resubmits the run
             # either recorded its successor already (cancelled here) or finds the mark and
@@ -309,6 +321,9 @@ class SlurmScheduler(Scheduler):
 def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
     """A submission whose sbatch failed without a clear answer: the job, if the
     controller queued it after all, carries the run's marker."""
+    from launcher.schedulers.slurm.queries import find_submitted
+    from launcher.schedulers.slurm.submit import link_task
+
     sub = record.extra["submission"]
     job_id = find_submitted(str(sub.get("script") or ""), str(sub.get("marker") or ""))
     task = sub.get("task")
@@ -334,6 +349,8 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
 def _record_unreachable(run_dir: Path, exc: SchedulerError) -> None:
     """run.json: when and why Slurm could not say how the run stands (cleared by the next
     answer); its state stays the last one Slurm gave."""
+    from launcher.schedulers.slurm.recording import has_ended
+
     with registry.updating(run_dir) as rec:
         if not has_ended(rec):      # the job recorded its end while Slurm was asked: that stands
             rec.extra["unreachable"] = {"at": registry.now(), "message": exc.message}
