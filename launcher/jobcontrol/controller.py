@@ -256,6 +256,13 @@ class SlurmEdge:
             except OSError:
                 pass      # it has ended meanwhile
 
+    def end_step(self) -> None:
+        """End the running step and all its tasks: srun ends them at once on a second SIGINT
+        within a second of the first."""
+        self.signal_step(signal.SIGINT)
+        time.sleep(0.3)
+        self.signal_step(signal.SIGINT)
+
     def requeue(self, job_ref: str) -> bool:
         return self._ask(["scontrol", "requeue", job_ref]) is not None
 
@@ -293,8 +300,10 @@ class SlurmEdge:
         if ctx.job_id is None:
             return -1
         started = replace.Replacements(replace.popen_starter(env))
+        log = RunDir(job.run_dir).batch_log(ctx.job_id)
         replace.serve(job.run_dir, started, stop=stop.is_set, job_id=ctx.job_id, restart=ctx.restart,
-                      step_nodes=nodes, srun=job.srun, task=job.task)
+                      step_nodes=nodes, srun=job.srun, task=job.task, batch_log=lambda: jobend.batch_log_tail(log),
+                      end_step=self.end_step)
         started.end()
         failed = replace.failed_tasks(jobend.batch_log_tail(RunDir(job.run_dir).batch_log(ctx.job_id)))
         return replace.step_status(1, failed, started.statuses()) if started.procs else -1

@@ -41,6 +41,13 @@ from launcher.rundir.layout import RunDir
 from launcher.rundir.records import is_node_name
 
 POLL_S = 0.5
+# A task srun says failed that no surviving rank asks to start again within this bound (a
+# rank lost before or after the step loop, where its peers are in no recovery, or rank 0,
+# whose process held the store): the step is ended, as srun's --kill-on-bad-exit would have
+# done at once, and the start ends as the crash it is. Long enough for the survivors of a
+# loss inside a long step to reach their next collective and ask.
+UNASKED_LOSS_S = 60.0
+LOG_POLL_S = 2.0
 # At most this many processes started again in one start: a rank lost again and again (its
 # step kills it each time) ends as the crash it is, once its peers' wait for it ends.
 MAX_REPLACEMENTS = 4
@@ -131,6 +138,16 @@ def step_status(status: int, failed: set[int] | None, started: Mapping[int, int 
     return 0 if all(started.get(task) == 0 for task in failed) else status
 
 
+def unasked_losses(failed: set[int] | None, asked: set[int], seen: dict[int, float], now: float,
+                   bound_s: float = UNASKED_LOSS_S) -> set[int]:
+    """Pure: the failed tasks (srun's lines) no rank asked to start again within `bound_s`
+    of their failure being seen; `seen` (task -> when first seen failed) is kept up to date.
+    A failure srun names in a form not read here (None) counts as none."""
+    for task in (failed or set()) - asked:
+        seen.setdefault(task, now)
+    return {task for task, at in seen.items() if task not in asked and now - at >= bound_s}
+
+
 class Replacements:
     """The processes this step started again, and the requests already served."""
 
@@ -138,6 +155,8 @@ class Replacements:
         self.start = start              # words -> a process (subprocess.Popen), or None when it could not start
         self.served: set[Path] = set()
         self.procs: dict[int, list[Any]] = {}
+        self.asked: set[int] = set()    # the ranks some request of this start asked for
+        self.failed_seen: dict[int, float] = {}
 
     def statuses(self) -> dict[int, int | None]:
         """rank -> the status of its last new process (None: still running)."""
@@ -158,6 +177,7 @@ class Replacements:
                 step_nodes=step_nodes)
             if new is None:
                 continue
+            self.asked.add(new.rank)
             if sum(len(p) for p in self.procs.values()) >= MAX_REPLACEMENTS:
                 say(f"rank {new.rank} not started again: {MAX_REPLACEMENTS} processes were already in this start")
                 continue
@@ -184,8 +204,11 @@ class Replacements:
 
 
 def serve(run_dir: Path, replacements: Replacements, *, stop: Callable[[], bool], job_id: str, restart: int,
-          step_nodes: Sequence[str], srun: Sequence[str], task: Sequence[str]) -> None:
-    """Start lost ranks again until `stop()` (the step's end); the task spec gives the world."""
+          step_nodes: Sequence[str], srun: Sequence[str], task: Sequence[str],
+          batch_log: Callable[[], str] = lambda: "", end_step: Callable[[], None] = lambda: None) -> None:
+    """Start lost ranks again until `stop()` (the step's end); the task spec gives the world.
+    A task srun says failed (`batch_log()`, this start's part) that no rank asks for within
+    UNASKED_LOSS_S ends the step (`end_step()`, once)."""
     from launcher.rundir.taskspec import TaskSpecError, read_task_spec
 
     try:
@@ -195,9 +218,20 @@ def serve(run_dir: Path, replacements: Replacements, *, stop: Callable[[], bool]
         return
     if spec.launcher != "srun":
         return
+    log_read_at, ended = 0.0, False
     while not stop():
         replacements.serve_once(run_dir, job_id=job_id, restart=restart, world_size=spec.world_size,
                                 ranks_per_node=spec.ranks_per_node, step_nodes=step_nodes, srun=srun, task=task)
+        now = time.monotonic()
+        if not ended and now - log_read_at >= LOG_POLL_S:
+            log_read_at = now
+            unasked = unasked_losses(failed_tasks(batch_log()), replacements.asked, replacements.failed_seen, now,
+                                     UNASKED_LOSS_S)
+            if unasked:
+                say(f"task(s) {', '.join(map(str, sorted(unasked)))} ended and no rank asked to start them again "
+                    f"within {UNASKED_LOSS_S:g} s: the step ends")
+                end_step()
+                ended = True
         time.sleep(POLL_S)
 
 

@@ -143,3 +143,32 @@ def test_only_a_run_with_recovery_peer_and_one_task_per_rank_keeps_its_ranks_run
     assert "--kill-on-bad-exit=0" in srun_words(peer)
     torchrun = dataclasses.replace(plan_case("local-slurm", "torchrun"), recovery=peer.recovery)
     assert "--kill-on-bad-exit=1" in srun_words(torchrun)
+
+
+def test_a_lost_task_no_rank_asks_for_ends_the_step_once_the_bound_has_passed():
+    seen: dict[int, float] = {}
+    # Rank 3 lost inside the step loop: its peers ask for it; rank 1 lost where no peer is
+    # in a recovery (before the loop), and rank 0, whose process held the store: nobody asks.
+    assert replace.unasked_losses({1, 3}, {3}, seen, now=100.0) == set()
+    assert replace.unasked_losses({1, 3}, {3}, seen, now=100.0 + replace.UNASKED_LOSS_S - 1) == set()
+    assert replace.unasked_losses({1, 3}, {3}, seen, now=100.0 + replace.UNASKED_LOSS_S) == {1}
+    late: dict[int, float] = {}
+    replace.unasked_losses({2}, set(), late, now=0.0)
+    assert replace.unasked_losses({2}, {2}, late, now=1000.0) == set()     # asked for after all
+    assert replace.unasked_losses(None, set(), {}, now=1000.0) == set()    # srun's words not read: no loss
+
+
+def test_serving_ends_the_step_once_for_a_loss_nobody_asks_for(tmp_path, monkeypatch):
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    monkeypatch.setattr(replace, "UNASKED_LOSS_S", 0.0)
+    monkeypatch.setattr(replace, "POLL_S", 0.01)
+    monkeypatch.setattr(replace, "LOG_POLL_S", 0.0)
+    spec = type("Spec", (), {"launcher": "srun", "world_size": 4, "ranks_per_node": 2})()
+    monkeypatch.setattr("launcher.rundir.taskspec.read_task_spec", lambda path: spec)
+    ended: list[int] = []
+    polls = iter(range(5))
+    replace.serve(run_dir, Replacements(lambda words: None), stop=lambda: next(polls, None) is None,
+                  job_id="4242", restart=1, step_nodes=NODES, srun=("srun",), task=("python",),
+                  batch_log=lambda: BATCH, end_step=lambda: ended.append(1))
+    assert ended == [1]
