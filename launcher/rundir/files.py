@@ -212,11 +212,13 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
-def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
+def atomic_write_text(path: str | os.PathLike[str], text: str, *, durable: bool = True) -> None:
     """Write `text` so a reader sees the old content or the new, never a part: a temp file
     beside it (named per host and process, for shared filesystems), fsync, rename, fsync
-    of the directory. The temp file is always a new one: whatever had its name (a file left
-    by a killed writer, a FIFO) is replaced, never written into."""
+    of the directory (`durable=False`: neither fsync, for what is read only while its
+    writer runs and made durable later with others). The temp file is always a new one:
+    whatever had its name (a file left by a killed writer, a FIFO) is replaced, never
+    written into."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.uname().nodename}-{os.getpid()}")
     try:
@@ -224,8 +226,9 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                f.flush()
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -233,7 +236,8 @@ def atomic_write_text(path: str | os.PathLike[str], text: str) -> None:
         except OSError:
             pass
         raise
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)
 
 
 def directory_problem(path: str | os.PathLike[str]) -> str | None:

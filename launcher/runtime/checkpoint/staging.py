@@ -156,17 +156,7 @@ def _fsync_hint(path: Path) -> None:
 def publish_text(path: Path, text: str) -> None:
     """Write ``path`` whole or not at all for its readers (a new temp file beside it, renamed),
     without making it durable: for what is read while the save runs and not after it."""
-    tmp = path.with_name(f".{path.name}.tmp-{socket.gethostname()}-{os.getpid()}")
-    try:
-        tmp.unlink(missing_ok=True)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, text, durable=False)
 
 
 def write_marker(st: Staging) -> None:
