@@ -205,7 +205,7 @@ class Edge(Protocol):
     def watch(self, run_dir: Path, stop: threading.Event, allocation: Sequence[str],
               in_use: Sequence[str]) -> None: ...
     def replace(self, job: JobSteps, stop: threading.Event, nodes: Sequence[str],
-                env: MutableMapping[str, str]) -> int: ...
+                env: MutableMapping[str, str], spares: Sequence[str]) -> int: ...
     def end_on_term(self) -> None: ...
     def ignore_term(self) -> None: ...
     def wait_for_requeue(self) -> None: ...
@@ -288,7 +288,7 @@ class SlurmEdge:
                              cancel=self.cancel)
 
     def replace(self, job: JobSteps, stop: threading.Event, nodes: Sequence[str],
-                env: MutableMapping[str, str]) -> int:
+                env: MutableMapping[str, str], spares: Sequence[str]) -> int:
         """Lost ranks started again until `stop` is set (launcher.jobcontrol.replace), then
         each new process to its end: 0 where srun's failed tasks (the batch log's lines)
         were all started again and ended well, else -1 (the step's status stands)."""
@@ -299,7 +299,7 @@ class SlurmEdge:
             return -1
         if ctx.job_id is None:
             return -1
-        started = replace.Replacements(replace.popen_starter(env))
+        started = replace.Replacements(replace.popen_starter(env), spares)
         log = RunDir(job.run_dir).batch_log(ctx.job_id)
         replace.serve(job.run_dir, started, stop=stop.is_set, job_id=ctx.job_id, restart=ctx.restart,
                       step_nodes=nodes, srun=job.srun, task=job.task, batch_log=lambda: jobend.batch_log_tail(log),
@@ -398,8 +398,9 @@ class Controller:
         replaced: list[int] = []
         replacer = None
         if self.env.get(envnames.RECOVERY_PEER) == "1":
+            spares = [node for node in allocation if node not in nodes]
             replacer = threading.Thread(target=lambda: replaced.append(self.edge.replace(self.job, stop, nodes,
-                                                                                         self.env)),
+                                                                                         self.env, spares)),
                                         name="glaunch-peer-replace", daemon=True)
             replacer.start()
         status = 1

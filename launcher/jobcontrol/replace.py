@@ -6,7 +6,9 @@ report in their recovery (launcher.runtime.peer); the lowest that reported write
 request into the run directory (``peer-replace/JOB_RESTART_GEN_RANK.json``: the rank, the
 generation of the process group it is to join, the node and pid its heartbeat gave). The
 job controller's thread (:func:`serve`, from the start of each step to its end) starts, for
-each request of this start, one more job step inside the allocation::
+each request of this start, one more job step inside the allocation (on the lost rank's
+node; on a spare node of the allocation when the rank was started again there already and
+was lost again, :func:`node_for`)::
 
     srun --overlap --nodes=1 --ntasks=1 --nodelist=NODE --output=..._RANK_log.out ... \\
          env SLURM_PROCID=RANK SLURM_NTASKS=WORLD SLURM_LOCALID=L SLURM_NODEID=N \\
@@ -27,6 +29,7 @@ exited 0, the step's status is 0. The decisions are pure (:func:`replacement_for
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import sys
@@ -148,11 +151,24 @@ def unasked_losses(failed: set[int] | None, asked: set[int], seen: dict[int, flo
     return {task for task, at in seen.items() if task not in asked and now - at >= bound_s}
 
 
+def node_for(new: Replacement, started_on: Sequence[str], spares: Sequence[str]) -> Replacement:
+    """Pure: where to start `new`. On the lost rank's node, unless the rank was started again
+    there before in this start and was lost again (`started_on`: the nodes its earlier new
+    processes ran on): that node is suspect, and the first of the allocation's spare nodes
+    (`spares`: not in the step) that none of them ran on takes it, if any."""
+    if new.node not in started_on:
+        return new
+    spare = next((node for node in spares if node not in started_on), None)
+    return new if spare is None else dataclasses.replace(new, node=spare)
+
+
 class Replacements:
     """The processes this step started again, and the requests already served."""
 
-    def __init__(self, start: Callable[[list[str]], Any]) -> None:
+    def __init__(self, start: Callable[[list[str]], Any], spares: Sequence[str] = ()) -> None:
         self.start = start              # words -> a process (subprocess.Popen), or None when it could not start
+        self.spares = tuple(spares)     # the allocation's nodes outside the step
+        self.started_on: dict[int, list[str]] = {}
         self.served: set[Path] = set()
         self.procs: dict[int, list[Any]] = {}
         self.asked: set[int] = set()    # the ranks some request of this start asked for
@@ -181,9 +197,14 @@ class Replacements:
             if sum(len(p) for p in self.procs.values()) >= MAX_REPLACEMENTS:
                 say(f"rank {new.rank} not started again: {MAX_REPLACEMENTS} processes were already in this start")
                 continue
-            say(f"rank {new.rank}'s process is lost: starting it again on {new.node} to join generation "
+            earlier = self.started_on.setdefault(new.rank, [])
+            moved = node_for(new, earlier, self.spares)
+            where = (f"on the spare node {moved.node} (it was lost again on {new.node})" if moved.node != new.node
+                     else f"on {new.node}")
+            say(f"rank {new.rank}'s process is lost: starting it again {where} to join generation "
                 f"{new.generation} of its peers' group")
-            proc = self.start(replacement_words(srun, task, new, world_size))
+            earlier.append(moved.node)
+            proc = self.start(replacement_words(srun, task, moved, world_size))
             if proc is not None:
                 self.procs.setdefault(new.rank, []).append(proc)
 

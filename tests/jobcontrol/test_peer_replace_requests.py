@@ -119,7 +119,7 @@ class PeerEdge(FakeEdge):
         super().__init__(statuses)
         self.answer, self.asked = answer, []
 
-    def replace(self, job, stop, nodes, env):
+    def replace(self, job, stop, nodes, env, spares):
         stop.wait(5)
         self.asked.append(tuple(nodes))
         return self.answer
@@ -172,3 +172,20 @@ def test_serving_ends_the_step_once_for_a_loss_nobody_asks_for(tmp_path, monkeyp
                   job_id="4242", restart=1, step_nodes=NODES, srun=("srun",), task=("python",),
                   batch_log=lambda: BATCH, end_step=lambda: ended.append(1))
     assert ended == [1]
+
+
+def test_a_rank_lost_again_on_the_node_it_was_started_again_on_moves_to_a_spare(tmp_path):
+    started: list[list[str]] = []
+    replacements = Replacements(lambda words: started.append(words) or Proc(1), spares=("n3", "n4"))
+    write_request(tmp_path, REQUEST)
+    serve_once(replacements, tmp_path)
+    write_request(tmp_path, {**REQUEST, "generation": 2})          # lost again on n2
+    serve_once(replacements, tmp_path)
+    write_request(tmp_path, {**REQUEST, "generation": 3, "node": "n3"})   # and again, on the spare
+    serve_once(replacements, tmp_path)
+    assert [next(w for w in words if w.startswith("--nodelist=")) for words in started] == \
+        ["--nodelist=n2", "--nodelist=n3", "--nodelist=n4"]
+    new = wanted(REQUEST)
+    assert replace.node_for(new, [], ("n3",)) == new                          # lost once: its own node
+    assert replace.node_for(new, ["n2"], ()) == new                           # no spare: its own node again
+    assert replace.node_for(new, ["n2", "n3"], ("n3",)) == new                # every spare tried already
