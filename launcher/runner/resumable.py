@@ -125,8 +125,8 @@ class RecordedConfig:
         source, script = self.text("derived.code.source"), self.text("derived.code.script")
         if source is not None:
             code_dir = self.text("derived.code.snapshot")
-            workdir = _submitted_from(workdir, source, code_dir)
-            script = _submitted_from(script, source, code_dir) if script else script
+            workdir = submitted_from(workdir, source, code_dir, run_dir=run_dir)
+            script = submitted_from(script, source, code_dir) if script else script
             anchor = os.path.dirname(script) if script else workdir
             code_root = CodeRoot(source, self.text("derived.code.git") == "true", _below(anchor, source) or ".",
                                  _below(workdir, source))
@@ -180,11 +180,15 @@ def _claim_problem(plan: JobPlan) -> str | None:
             f"there; continue that run (glaunch resume {owner.run_id}) or submit this experiment again")
 
 
-def _submitted_from(workdir: str, source: str, snapshot: str | None) -> str:
-    """The folder a run was submitted from, given the working directory it recorded: a run
-    that runs on a cluster from its code snapshot (submitted over SSH) records the
-    snapshot's counterpart of that folder, whose experiment-relative paths and place in the
-    code tree are those of the folder in `source`."""
+def submitted_from(workdir: str, source: str, snapshot: str | None, *, run_dir: str | None = None) -> str:
+    """The folder a run was submitted from, given the working directory it recorded (or a
+    path in it): a run that runs on a cluster from its code snapshot (submitted over SSH)
+    records the snapshot's counterpart of that folder, whose experiment-relative paths and
+    place in the code tree are those of the folder in `source`. A recorded `run_dir` (a
+    resume over SSH by an earlier glaunch wrote it): a run is never submitted from its own
+    directory, which did not exist yet, so the code tree's root is taken."""
+    if snapshot and run_dir and os.path.normpath(workdir) == os.path.normpath(run_dir):
+        return os.path.normpath(source)
     inside = _below(workdir, snapshot) if snapshot else None
     return os.path.normpath(os.path.join(source, inside)) if inside is not None else workdir
 
