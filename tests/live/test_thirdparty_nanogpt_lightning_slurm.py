@@ -184,13 +184,6 @@ def logged_steps(text: str) -> list[int]:
     return [int(n) for n in re.findall(r"\bstep (\d+)$", text, re.M)]
 
 
-def first_start_over(run_dir: Path, job_id: str) -> bool:
-    """Slurm requeued the job (Lightning's own requeue), or glaunch recorded the first
-    start's end."""
-    starts = read_json(run_dir / "run.json").get("starts") or []
-    return requeues(job_id) >= 1 or bool(starts and starts[0].get("ended"))
-
-
 def test_plain_lightning_saves_at_the_warning_and_resumes(tmp_path, isolated_env):
     folder = project(tmp_path, "lightning_bug_report", LIGHTNING)
     runs = folder / "runs"
@@ -200,10 +193,12 @@ def test_plain_lightning_saves_at_the_warning_and_resumes(tmp_path, isolated_env
     root = run_dir / "lightning"
     try:
         # The limit's warning (SIGUSR1, 25 to 55 s into the start): Lightning saves
-        # hpc_ckpt_1.ckpt and requeues the job itself.
-        wait_until(still_running(proc, lambda: first_start_over(run_dir, job)), 300,
-                   "the first start's end", interval=0.5)
-        assert (root / "hpc_ckpt_1.ckpt").is_file() and requeues(job) == 1, \
+        # hpc_ckpt_1.ckpt and requeues the job itself. On a busy machine its requeue may come
+        # after the limit: then the step ends by the limit and glaunch's controller requeues
+        # the job (requeue.max allows it). Either way, one requeue.
+        wait_until(still_running(proc, lambda: requeues(job) >= 1), 300, "the first start's requeue",
+                   interval=0.5)
+        assert (root / "hpc_ckpt_1.ckpt").is_file(), \
             (sorted(p.name for p in root.glob("*")), RunDir(run_dir).task_log(job, 0, "err").read_text()[-3000:])
         # Its next start, with the limit raised, finishes unwarned: one warning, one requeue.
         out("scontrol", "update", f"JobId={job}", "TimeLimit=10")
@@ -226,7 +221,10 @@ def test_plain_lightning_saves_at_the_warning_and_resumes(tmp_path, isolated_env
     logs = RunDir(run_dir)
     errors = logs.task_log(job, 0, "err").read_text(errors="replace")
     assert len(re.findall(r"Handling auto-requeue signal: (?:10|Signals\.SIGUSR1)\b", errors)) == 1, errors[-3000:]
-    assert errors.count(f"Requeued SLURM job: {job}") == 1, errors[-3000:]
+    # Who requeued: Lightning, or (its requeue too late for the limit) glaunch at the timeout.
+    by_lightning = errors.count(f"Requeued SLURM job: {job}")
+    assert by_lightning == 1 or (by_lightning == 0 and record["starts"][0]["reason"] == "timeout"), \
+        (record["starts"][0], errors[-3000:])
     assert f"Restoring states from the checkpoint path at {root}/hpc_ckpt_1.ckpt" in errors, errors[-3000:]
     steps = logged_steps(logs.task_log(job, 0, "out").read_text(errors="replace"))
     assert 0 < saved < EPOCHS - 1 and resumed_at(steps) == saved and steps[-1] == EPOCHS - 1, (saved, steps)
