@@ -14,6 +14,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from conftest import RANK_VARS
 from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.rundir.rankcontext import free_port
 from slurmkit import DEFAULTS, glaunch, read_json, submit
-from test_peer_recovery import SCRIPT
+from test_peer_recovery import SCRIPT, recovery_lines, stop_all
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
@@ -63,34 +64,52 @@ def uninterrupted_sha256(folder: Path) -> str:
     try:
         outputs = [proc.communicate(timeout=300)[0] for proc in procs]
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+        stop_all(procs)
     assert [proc.returncode for proc in procs] == [0] * WORLD, "\n".join(outputs)[-4000:]
     return read_json(run_dir / "result.json")["param_sha256"]
 
 
-def test_a_rank_that_raises_on_the_second_node_is_restored_from_a_peer_in_the_same_job(tmp_path,
-                                                                                       slurm_defaults_env):
+def joined_logs(run_dir: Path, pattern: str) -> str:
+    folder = run_dir / "logs"
+    return "\n".join(p.read_text(errors="replace") for p in sorted(folder.glob(pattern))) if folder.is_dir() else ""
+
+
+@dataclass(frozen=True)
+class PeerRun:
+    run_dir: Path
+    start: dict           # the run's one start, from run.json
+    logs: str             # every rank's log
+    batch: str            # the batch script's log
+
+
+def submitted_peer_run(tmp_path: Path, experiment: str, env: dict[str, str]) -> PeerRun:
+    """SCRIPT run under `experiment` on `defaults`, after the same script uninterrupted here. It must end
+    in one completed start (no restart, no requeue), not resumed from a checkpoint, with the final
+    parameters of the uninterrupted run."""
     (tmp_path / "failing_ddp.py").write_text(SCRIPT)
-    (tmp_path / "peer.yaml").write_text(EXPERIMENT)
+    (tmp_path / "peer.yaml").write_text(experiment)
     expected = uninterrupted_sha256(tmp_path)
 
-    proc, info = submit(str(tmp_path / "peer.yaml"), tmp_path / "runs", slurm_defaults_env, cluster=DEFAULTS)
+    proc, info = submit(str(tmp_path / "peer.yaml"), tmp_path / "runs", env, cluster=DEFAULTS)
     run_dir = tmp_path / "runs" / str(info.get("run_id"))
-    logs = "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("*_log.*"))) \
-        if (run_dir / "logs").is_dir() else ""
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + logs[-4000:]
+    logs, batch = joined_logs(run_dir, "*_log.*"), joined_logs(run_dir, "*_batch.log")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + batch[-3000:] + logs[-4000:]
 
     record = read_json(run_dir / "run.json")
-    (start,) = record["starts"]                              # one start: no restart, no requeue
+    (start,) = record["starts"]
     assert record["state"] == start["state"] == "COMPLETED", record
     assert start.get("resumed_from") is None, start
     assert read_json(run_dir / "result.json")["param_sha256"] == expected
+    return PeerRun(run_dir, start, logs, batch)
+
+
+def test_a_rank_that_raises_on_the_second_node_is_restored_from_a_peer_in_the_same_job(tmp_path,
+                                                                                       slurm_defaults_env):
+    run = submitted_peer_run(tmp_path, EXPERIMENT, slurm_defaults_env)
+    run_dir, start, logs = run.run_dir, run.start, run.logs
 
     # Every rank says it, with the peer; the step in flight is done again, nothing more.
-    lines = [line for line in logs.splitlines() if "peer recovery: failed rank(s)" in line]
+    lines = recovery_lines(logs)
     assert len(lines) == WORLD, logs[-4000:]
     for line in lines:
         assert (f"failed rank(s) {FAIL_RANK}; state of step {FAIL_STEP - 1} from rank 0 to rank(s) {FAIL_RANK}; "
@@ -126,34 +145,20 @@ def test_a_rank_whose_process_is_lost_is_started_again_and_gets_a_peers_state_in
     controller starts it again on its node in a step of its own (srun --overlap), the new
     process joins, gets rank 0's state and the run ends in the same job and start, with the
     parameters of the uninterrupted run."""
-    (tmp_path / "failing_ddp.py").write_text(SCRIPT)
-    (tmp_path / "peer.yaml").write_text(LOST_EXPERIMENT)
-    expected = uninterrupted_sha256(tmp_path)
-
-    proc, info = submit(str(tmp_path / "peer.yaml"), tmp_path / "runs", slurm_defaults_env, cluster=DEFAULTS)
-    run_dir = tmp_path / "runs" / str(info.get("run_id"))
-    logs = "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("*_log.*"))) \
-        if (run_dir / "logs").is_dir() else ""
-    batch = "\n".join(p.read_text(errors="replace") for p in sorted((run_dir / "logs").glob("*_batch.log"))) \
-        if (run_dir / "logs").is_dir() else ""
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + batch[-3000:] + logs[-4000:]
-
-    record = read_json(run_dir / "run.json")
-    (start,) = record["starts"]                              # one start: no restart, no requeue
-    assert record["state"] == start["state"] == "COMPLETED", record
-    assert start.get("resumed_from") is None and start["exit_code"] == 0, start
+    run = submitted_peer_run(tmp_path, LOST_EXPERIMENT, slurm_defaults_env)
+    run_dir, start, logs, batch = run.run_dir, run.start, run.logs, run.batch
+    assert start["exit_code"] == 0, start
     # srun's status was the lost task's; its new process ended well, and so the step.
     assert f"task {FAIL_RANK}: Exited with exit code 3" in batch and "the step's is 0" in batch, batch[-3000:]
-    assert read_json(run_dir / "result.json")["param_sha256"] == expected
     assert "rank 3's process is lost: starting it again on" in batch, batch[-3000:]
 
     # The new process of rank 3 writes on in rank 3's log: it received rank 0's state.
     (rank3,) = (p for p in (run_dir / "logs").glob(f"{start['job_id']}_{FAIL_RANK}_log.err"))
-    own = [line for line in rank3.read_text(errors="replace").splitlines() if "peer recovery: failed rank(s)" in line]
+    own = recovery_lines(rank3.read_text(errors="replace"))
     assert len(own) == 1 and (f"state of step {FAIL_STEP - 1} from rank 0 to rank(s) {FAIL_RANK}; the ranks go on "
                               f"at step {FAIL_STEP}") in own[0] and "(received it)" in own[0], own
     assert "lost their process and were started again" in own[0] and "no checkpoint read" in own[0]
-    lines = [line for line in logs.splitlines() if "peer recovery: failed rank(s)" in line]
+    lines = recovery_lines(logs)
     assert len(lines) == WORLD, logs[-4000:]                 # 3 survivors and the new process
     assert "resumed from" not in logs and (run_dir / "checkpoints" / "step-00000005").is_dir()
 

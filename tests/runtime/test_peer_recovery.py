@@ -136,11 +136,16 @@ def run_ranks(tmp_path: Path, name: str, *, peer: bool, fail_rank: int | None = 
             outputs.append(text)
             codes.append(proc.returncode)
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+        stop_all(procs)
     return run_dir, codes, "\n".join(outputs)
+
+
+def stop_all(procs: list[subprocess.Popen[str]]) -> None:
+    """Kill the ranks that still run (a test that failed midway leaves them blocked in a collective)."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 def param_sha256(run_dir: Path) -> str:

@@ -23,7 +23,7 @@ from launcher.rundir.layout import RunDir, heartbeat_bytes
 from launcher.rundir.rankcontext import context, free_port
 from launcher.runtime import peer
 from launcher.runtime.peerplan import PeerRecoveryImpossible, Report, plan_recovery
-from test_peer_recovery import REPO, SCRIPT, STEPS, param_sha256, recovery_lines, uninterrupted  # noqa: F401
+from test_peer_recovery import REPO, SCRIPT, STEPS, param_sha256, recovery_lines, stop_all, uninterrupted  # noqa: F401
 
 JOB = "4242"
 FAIL_STEP = 7
@@ -76,10 +76,7 @@ def test_a_lost_rank_is_started_again_and_gets_its_peers_state(tmp_path, uninter
                                                      GLAUNCH_PEER_LOST_PID=str(request["pid"]), FAIL_RANK="none")))
         outputs = [proc.communicate(timeout=120)[0] for proc in procs]
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=30)
+        stop_all(procs)
     text = "\n".join(outputs)
     assert lost_code == 3 and [procs[0].returncode, procs[2].returncode] == [0, 0], text[-6000:]
     assert param_sha256(run_dir) == uninterrupted
