@@ -77,12 +77,7 @@ from launcher.schedulers.cluster.facts import accounting_commands
 from launcher.schedulers.cluster.scontrol_text import SCONTROL_CALL, SCONTROL_COMMANDS, read_scontrol, split_scontrol
 from launcher.schedulers.cluster.torchprobe import probe_plan_call
 from launcher.schedulers.slurm.submit import (
-    dump_task,
-    preflight,
-    preflight_call,
-    submission_marker,
-    submitted_pickle,
-    task_template,
+    dump_task, preflight, preflight_call, release, submission_marker, submitted_pickle, task_template,
 )
 from launcher.schedulers.ssh import on_login
 from launcher.schedulers.ssh.connection import Connection
@@ -374,7 +369,7 @@ def _check_queue_release(prepared: Prepared | PreparedResume, conn: Connection, 
                                               str(task_template(plan.log_dir)),
                                               str(submitted_pickle(plan.log_dir, job_id)), job_id)
         if released.returncode != 0:
-            _release(client, job_id)        # once more, with the client's retries
+            release([job_id], client)       # once more, with the client's retries
     return job_id
 
 
@@ -444,12 +439,6 @@ def record_here(staged: Path, plan: JobPlan, job_id: str, where: Where) -> None:
     except BaseException:
         shutil.rmtree(home, ignore_errors=True)
         raise
-
-
-def _release(client: Client, job_id: str) -> None:
-    proc = client.call("scontrol", "release", job_id)
-    if proc.returncode != 0:
-        raise SchedulerError(f"scontrol release {job_id} failed: {(proc.stderr or proc.stdout).strip()}")
 
 
 def _record_left(staged: Path, plan: JobPlan, left: OnCluster, where: Where, said: str) -> None:

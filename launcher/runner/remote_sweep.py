@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
-from launcher.errors import GlaunchError, SchedulerError
+from launcher.errors import GlaunchError
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import registry
 from launcher.rundir.files import atomic_write_text
@@ -37,9 +37,9 @@ from launcher.runner.prepared import PreparedSweep
 from launcher.runner.results import Run, Sweep
 from launcher.schedulers.base import Launched, LaunchedBatch, SweepBatch, SweepPlan
 from launcher.schedulers.slurm import array
-from launcher.schedulers.slurm.client import Client, using
+from launcher.schedulers.slurm.client import using
 from launcher.schedulers.slurm.recording import record_queued
-from launcher.schedulers.slurm.submit import dump_task, preflight, submitted_pickle, task_template
+from launcher.schedulers.slurm.submit import dump_task, preflight, release, submitted_pickle, task_template
 from launcher.schedulers.ssh import on_login
 from launcher.schedulers.ssh.connection import Connection
 from launcher.schedulers.ssh.transfer import send_tree
@@ -109,7 +109,7 @@ def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, ch
             sweeps.record_launch(local, batches)
             _put_records(conn, local, cluster, here)
             _record_here(local, prepared, remote.Where(conn.login, cluster))
-            _release(client, [held.job_id for held in done.held if held.job_id])
+            release([held.job_id for held in done.held if held.job_id], client)
     except BaseException as exc:
         cluster_undo.forget_here(remote.records_dir() / prepared.sweep_id)
         where = remote.Where(conn.login, cluster)
@@ -219,12 +219,6 @@ def _record_here(local: Path, prepared: PreparedSweep, where: remote.Where) -> N
             registry.unregister(run_id, path)
         shutil.rmtree(home, ignore_errors=True)
         raise
-
-
-def _release(client: Client, arrays: Sequence[str]) -> None:
-    proc = client.call("scontrol", "release", ",".join(arrays))
-    if proc.returncode != 0:
-        raise SchedulerError(f"scontrol release {','.join(arrays)} failed: {(proc.stderr or proc.stdout).strip()}")
 
 
 def _result(prepared: PreparedSweep) -> Sweep:

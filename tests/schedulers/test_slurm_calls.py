@@ -377,12 +377,32 @@ FAKE_SQUEUE = """\
 echo "$*" >> "$FAKE_DIR/squeue.calls"
 {body}
 """
+# A fake scontrol and scancel: each call recorded; at a release, the run.json named in
+# $FAKE_DIR/watch (when there is one) copied as it stands then.
+FAKE_SCONTROL = """\
+#!/bin/bash
+# A fake scontrol: {behaviour}
+echo "$*" >> "$FAKE_DIR/scontrol.calls"
+if [ "$1" = release ] && [ -e "$FAKE_DIR/watch" ]; then cp "$(cat "$FAKE_DIR/watch")" "$FAKE_DIR/at_release.json"; fi
+{body}
+"""
+FAKE_SCANCEL = """\
+#!/bin/bash
+# A fake scancel: {behaviour}
+echo "$*" >> "$FAKE_DIR/scancel.calls"
+{body}
+"""
+RELEASES = ("releases", "exit 0")
+CANCELS = ("cancels", "exit 0")
 
 
-def _fakes(tmp_path, monkeypatch, *, sbatch: tuple[str, str], squeue: tuple[str, str]) -> Path:
+def _fakes(tmp_path, monkeypatch, *, sbatch: tuple[str, str], squeue: tuple[str, str],
+           scontrol: tuple[str, str] = RELEASES, scancel: tuple[str, str] = CANCELS) -> Path:
     fakes = tmp_path / "fakes"
     fakes.mkdir(exist_ok=True)
-    for name, template, (behaviour, body) in (("sbatch", FAKE_SBATCH, sbatch), ("squeue", FAKE_SQUEUE, squeue)):
+    for name, template, (behaviour, body) in (("sbatch", FAKE_SBATCH, sbatch), ("squeue", FAKE_SQUEUE, squeue),
+                                              ("scontrol", FAKE_SCONTROL, scontrol),
+                                              ("scancel", FAKE_SCANCEL, scancel)):
         (fakes / name).write_text(template.format(behaviour=behaviour, body=textwrap.dedent(body)))
         (fakes / name).chmod(0o755)
     if not (fakes / "srun").exists():
@@ -486,6 +506,75 @@ def test_fake_sbatch_hanging_with_squeue_unreachable_records_an_uncertain_submis
     summary = api.status(str(run_dir))
     assert summary["job_id"] == "4244" and summary["state"] == "RUNNING"
     assert len(_calls(fakes, "sbatch")) == 1
+    # It was queued held: found, it gets its task (submitit's loader reads it) and is released.
+    assert _calls(fakes, "scontrol") == ["release 4244"]
+    assert slurm_submit.submitted_pickle(run_dir / "logs", "4244").is_file()
+
+
+def _watched(fakes: Path, prepared) -> Path:
+    """The run's run.json, which the fake scontrol copies as it stands at the release."""
+    run_json = Path(prepared.plan.run_dir) / "run.json"
+    (fakes / "watch").write_text(str(run_json))
+    return run_json
+
+
+def test_fake_sbatch_queues_the_job_held_and_releases_it_once_its_record_names_it(tmp_path, monkeypatch,
+                                                                                  isolated_env):
+    fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 7"'),
+                   squeue=("has no job", "true"))
+    prepared = _prepared(tmp_path)
+    _watched(fakes, prepared)
+    run = api.launch(prepared, check=False)
+    assert run.job_id == "7" and run.state == "PENDING"
+    assert _calls(fakes, "sbatch")[0].startswith("--hold ")
+    assert _calls(fakes, "scontrol") == ["release 7"] and _calls(fakes, "scancel") == []
+    at_release = json.loads((fakes / "at_release.json").read_text())
+    assert at_release["job_id"] == "7" and at_release["state"] == "PENDING"
+    assert slurm_submit.submitted_pickle(Path(run.run_dir) / "logs", "7").is_file()
+
+
+def test_fake_release_refused_cancels_the_held_job_and_records_the_refusal(tmp_path, monkeypatch, isolated_env):
+    fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 8"'),
+                   squeue=("has no job", "true"),
+                   scontrol=("refuses", "echo 'scontrol: error: Access/permission denied' >&2; exit 1"))
+    prepared = _prepared(tmp_path)
+    with pytest.raises(SchedulerError) as err:
+        api.launch(prepared, check=False)
+    assert err.value.exit_code == 3 and "scontrol release 8 failed: scontrol: error: Access/permission denied" \
+        in err.value.message
+    assert _calls(fakes, "scancel") == ["8"]
+    record = json.loads((Path(prepared.plan.run_dir) / "run.json").read_text())
+    assert record["state"] == "REFUSED" and record["job_id"] is None and record["starts"] == []
+    assert record["detail"].endswith("its held job 8 was cancelled"), record["detail"]
+
+
+def test_fake_release_and_cancel_failing_leave_the_held_job_named_in_the_record_and_the_error(
+        tmp_path, monkeypatch, isolated_env):
+    fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 9"'),
+                   squeue=("has no job", "true"),
+                   scontrol=("refuses", "echo 'scontrol: error: Access/permission denied' >&2; exit 1"),
+                   scancel=("refuses", "echo 'scancel: error: Access/permission denied' >&2; exit 1"))
+    prepared = _prepared(tmp_path)
+    with pytest.raises(SchedulerError) as err:
+        api.launch(prepared, check=False)
+    assert (f"job 9 is left held, never released (scancel failed too): glaunch cancel {prepared.plan.run_id} "
+            "removes it") in err.value.message
+    assert _calls(fakes, "scancel") == ["9"]
+    record = json.loads((Path(prepared.plan.run_dir) / "run.json").read_text())
+    assert record["job_id"] == "9" and record["state"] == "PENDING"
+
+
+def test_fake_ctrl_c_during_the_release_cancels_the_held_job_and_leaves_nothing(tmp_path, monkeypatch,
+                                                                               isolated_env):
+    fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 10"'),
+                   squeue=("has no job", "true"),
+                   scontrol=("is interrupted: the user's Ctrl-C reaches glaunch", "kill -INT $PPID; sleep 5"))
+    prepared = _prepared(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        api.launch(prepared, check=False)
+    assert _calls(fakes, "scancel") == ["10"]
+    assert not Path(prepared.plan.run_dir).exists()
+    assert prepared.plan.run_id not in [row.get("run_id") for row in api.list_runs()]
 
 
 def test_fake_squeue_unreachable_status_exits_3_naming_the_controller(tmp_path, monkeypatch, isolated_env):
@@ -508,3 +597,23 @@ def test_fake_squeue_unreachable_status_exits_3_naming_the_controller(tmp_path, 
     assert record["state"] == "PENDING"           # the last state Slurm gave; what is new is said beside it
     assert record["unreachable"]["message"] in proc.stderr
     assert len([c for c in _calls(fakes, "squeue") if "-j 6" in c]) == 3
+
+
+def test_fake_sweep_release_refused_cancels_its_held_array_and_records_each_element_refused(
+        tmp_path, monkeypatch, isolated_env):
+    fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 11"'),
+                   squeue=("has no job", "true"),
+                   scontrol=("refuses a release; the cluster's settings from a slurm.conf of MaxArraySize alone",
+                             'if [ "$1" = release ]; then echo "scontrol: error: Access/permission denied" >&2; '
+                             'exit 1; fi\necho "PartitionName=debug\nClusterName=fake\nMaxArraySize=1001"'))
+    prepared = api.prepare_sweep(str(REPO / "examples" / "torch_ddp.yaml"), ["hparams.lr=0.1,0.2"],
+                                 site="local-slurm", runs_dir=str(tmp_path / "runs"))
+    sweep = api.launch(prepared, check=False)
+    releases = [call for call in _calls(fakes, "scontrol") if call.startswith("release")]
+    assert _calls(fakes, "sbatch")[0].startswith("--hold ") and releases == ["release 11"]
+    assert _calls(fakes, "scancel") == ["11"]
+    records = [json.loads((Path(run.run_dir) / "run.json").read_text()) for run in sweep.runs]
+    assert [(r["state"], r["job_id"]) for r in records] == [("REFUSED", None)] * 2, records
+    assert all(r["detail"].endswith(f"its held job 11_{i} was cancelled") for i, r in enumerate(records))
+    assert [a["job_id"] for a in sweep.arrays] == [None] and "scontrol release 11 failed" in sweep.arrays[0]["error"]
+

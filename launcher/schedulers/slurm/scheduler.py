@@ -15,9 +15,9 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from launcher.errors import SchedulerError
+from launcher.errors import GlaunchError, SchedulerError
 from launcher.processes import without_tool_prefix
 from launcher.rendering.render import JobShell
 from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
@@ -109,7 +109,7 @@ class SlurmScheduler(Scheduler):
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
         from launcher.schedulers.slurm.client import clean_env, ignored_inputs_warning
         from launcher.schedulers.slurm.recording import record_queued, record_refused, request_values
-        from launcher.schedulers.slurm.submit import SubmissionUncertain, preflight, submit
+        from launcher.schedulers.slurm.submit import SubmissionUncertain, preflight, release, submit
 
         job_text = RunDir(run_dir).job_script.read_text(encoding="utf-8")
         env, ignored = clean_env(os.environ)
@@ -130,7 +130,12 @@ class SlurmScheduler(Scheduler):
         except SchedulerError as exc:
             record_refused(run_dir, exc, warnings)
             raise
-        record_queued(run_dir, plan, job_id, warnings, self.version())
+        # The job is held: its record names it before it may start.
+        try:
+            record_queued(run_dir, plan, job_id, warnings, self.version())
+            release([job_id])
+        except BaseException as exc:
+            raise undo_held(job_id, {Path(run_dir): job_id}, exc) from None
         return Launched(job_id, State.PENDING.value)
 
     # --- sweeps: job arrays -------------------------------------------------------------
@@ -160,7 +165,7 @@ class SlurmScheduler(Scheduler):
         from launcher.schedulers.slurm.client import clean_env, ignored_inputs_warning
         from launcher.schedulers.slurm.recording import record_queued, record_refused, request_values
         from launcher.schedulers.slurm.submit import (
-            SubmissionUncertain, dump_task, link_task, preflight, submit_array, task_template)
+            SubmissionUncertain, dump_task, link_task, preflight, release, submit_array, task_template)
 
         env, ignored = clean_env(os.environ)
         warnings = [w for w in (ignored_inputs_warning(ignored),) if w]
@@ -200,13 +205,23 @@ class SlurmScheduler(Scheduler):
                 results.append(LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members),
                                              exc.message))
                 continue
-            launched = []
-            for task, plan in enumerate(members):
-                job_id = f"{array_id}_{task}"
-                link_task(plan.log_dir, job_id)
-                record_queued(Path(plan.run_dir), plan, job_id, warnings, version)
-                launched.append(Launched(job_id, State.PENDING.value))
-            results.append(LaunchedBatch(batch.script, array_id, batch.elements, tuple(launched)))
+            # The array is held: each element's record names its task before any may start.
+            element_jobs = {Path(plan.run_dir): f"{array_id}_{task}" for task, plan in enumerate(members)}
+            try:
+                for plan in members:
+                    job_id = element_jobs[Path(plan.run_dir)]
+                    link_task(plan.log_dir, job_id)
+                    record_queued(Path(plan.run_dir), plan, job_id, warnings, version)
+                release([array_id])
+            except SchedulerError as exc:
+                undone = undo_held(array_id, element_jobs, exc)
+                results.append(LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members),
+                                             str(undone)))
+                continue
+            except BaseException as exc:
+                raise undo_held(array_id, element_jobs, exc) from None
+            launched = tuple(Launched(element_jobs[Path(plan.run_dir)], State.PENDING.value) for plan in members)
+            results.append(LaunchedBatch(batch.script, array_id, batch.elements, launched))
         return results
 
     # --- following ---------------------------------------------------------------------
@@ -318,22 +333,60 @@ class SlurmScheduler(Scheduler):
         return f"run {record.run_id}: cancelled job {job_id}"
 
 
+def undo_held(job_id: str, runs: Mapping[Path, str], exc: BaseException) -> BaseException:
+    """After `exc` stopped a submission between the queueing of its held job `job_id` (a
+    run's, or a sweep's array) and its release: what to raise. The job is cancelled, and
+    the record of each run in `runs` (its directory: its job) no longer names it: REFUSED
+    where Slurm refused, else with no job at all (the submission then removes the
+    directory). Where the cancel fails, the records keep the held job and the error names
+    it with the command that removes it."""
+    from launcher.schedulers.slurm.submit import cancel_held
+
+    if not cancel_held(job_id):
+        names = " ".join(sorted({_run_id_of(run_dir) for run_dir in runs}))
+        left = f"job {job_id} is left held, never released (scancel failed too): glaunch cancel {names} removes it"
+        return SchedulerError(f"{exc.message}; {left}") if isinstance(exc, SchedulerError) else exc
+    for run_dir, own in runs.items():
+        _forget_held(run_dir, own, exc)
+    return exc
+
+
+def _run_id_of(run_dir: Path) -> str:
+    try:
+        return registry.read(run_dir).run_id
+    except GlaunchError:
+        return str(run_dir)
+
+
+def _forget_held(run_dir: Path, job_id: str, exc: BaseException) -> None:
+    """A run's record once its held job was cancelled: the job and its start gone; REFUSED,
+    saying why, where Slurm refused (`exc` a SchedulerError)."""
+    try:
+        with registry.updating(run_dir) as rec:
+            if rec.job_id == job_id:
+                rec.job_id = None
+                rec.starts = [start for start in rec.starts if start.job_id != job_id]
+            if isinstance(exc, SchedulerError):
+                move(rec, State.REFUSED.value, reason="refused",
+                     detail=f"{exc.message}; its held job {job_id} was cancelled")
+    except (GlaunchError, OSError):
+        pass        # the record could not be read or written: the submission's own error says why
+
+
 def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
     """A submission whose sbatch failed without a clear answer: the job, if the
-    controller queued it after all, carries the run's marker."""
+    controller queued it after all, carries the run's marker. Found, it is held: its task
+    is put in place and its record names it, then it is released."""
     from launcher.schedulers.slurm.queries import find_submitted
-    from launcher.schedulers.slurm.submit import link_task
 
     sub = record.extra["submission"]
     job_id = find_submitted(str(sub.get("script") or ""), str(sub.get("marker") or ""))
     task = sub.get("task")
-    if job_id and isinstance(task, int) and not isinstance(task, bool):
-        # A sweep's element: its array was queued after all; its task gets its pickle now.
-        job_id = f"{array.array_job_id(job_id)}_{task}"
-        try:
-            link_task(RunDir(run_dir).log_dir, job_id)
-        except OSError:
-            pass
+    element = isinstance(task, int) and not isinstance(task, bool)
+    if job_id and element:
+        job_id = f"{array.array_job_id(job_id)}_{task}"     # a sweep's element: its array's task
+    if job_id:
+        _place_task(run_dir, job_id, element=element)
     with registry.updating(run_dir) as rec:
         rec.extra.pop("submission", None)
         if job_id:
@@ -343,7 +396,39 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
         else:
             move(rec, State.REFUSED.value, reason="refused",
                  detail="sbatch did not queue the job (Slurm has no job carrying this run's id)")
-    return rec if not job_id else SlurmScheduler().refresh(run_dir, rec)
+    if not job_id:
+        return rec
+    _release_found(run_dir, job_id)
+    return SlurmScheduler().refresh(run_dir, rec)
+
+
+def _place_task(run_dir: Path, job_id: str, *, element: bool) -> None:
+    """The pickled task submitit's loader reads for a job found after a lost answer: a
+    sweep element's from its array's template, a run's written anew (the submission
+    stopped before submitit put it in place)."""
+    from launcher.schedulers.slurm.submit import dump_task_of, link_task, submitted_pickle
+
+    log_dir = RunDir(run_dir).log_dir
+    try:
+        if element:
+            link_task(log_dir, job_id)
+        elif not submitted_pickle(log_dir, job_id).exists():
+            dump_task_of(run_dir, submitted_pickle(log_dir, job_id))
+    except OSError:
+        pass        # the job's loader then fails, and the run's end says so
+
+
+def _release_found(run_dir: Path, job_id: str) -> None:
+    """A found job released; where Slurm did not, run.json's detail says it waits held,
+    and how to release or cancel it."""
+    from launcher.schedulers.slurm.submit import release
+
+    try:
+        release([job_id])
+    except SchedulerError as exc:
+        with registry.updating(run_dir) as rec:
+            rec.detail = (f"job {job_id} was found held and not released ({exc.message}): `scontrol release "
+                          f"{job_id}` lets it start, `glaunch cancel {rec.run_id}` removes it")
 
 
 def _record_unreachable(run_dir: Path, exc: SchedulerError) -> None:

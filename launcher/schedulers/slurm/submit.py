@@ -3,8 +3,12 @@ glaunch's rendered job.sbatch as the exact submission text (a sweep's array scri
 sbatch'ed directly), and the pickled tasks submitit's loader reads: each holds the run
 directory, whose task.json (written here, before anything is queued) says the rest.
 
-sbatch runs under slurm_client's timeout and retry; a submission whose answer was lost
-is looked up by its marker (--comment) or its script, so a job is never queued twice.
+Every job is queued held (`sbatch --hold`), on either road: its run.json and its pickled
+task are put in place while it cannot start, then `release` lets it go; a submission that
+fails in between cancels the held job (`cancel_held`), so no job runs that its record does
+not name. sbatch runs under slurm_client's timeout and retry; a submission whose answer
+was lost is looked up by its marker (--comment) or its script, so a job is never queued
+twice.
 """
 
 from __future__ import annotations
@@ -14,13 +18,13 @@ import re
 import subprocess
 import uuid
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from launcher.errors import SchedulerError
 from launcher.rendering.render import python_command
 from launcher.resolution.jobplan import JobPlan
 from launcher.schedulers.slurm import array as slurm_array, client as slurm_client, state as slurm_state
-from launcher.schedulers.slurm.client import run_command
+from launcher.schedulers.slurm.client import Client, run_command
 from launcher.schedulers.slurm.queries import find_submitted
 
 
@@ -60,7 +64,7 @@ def _executor_class():
 
         def _make_submission_command(self, submission_file_path: Path) -> list[str]:
             comment = [f"--comment={self._marker}"] if self._comment else []
-            return ["sbatch", *comment, str(submission_file_path)]
+            return ["sbatch", "--hold", *comment, str(submission_file_path)]
 
         def _submit_command(self, command: str):
             # submitit's own (core.PicklingExecutor._submit_command), with sbatch run under a
@@ -100,11 +104,15 @@ def task_template(log_dir: str | os.PathLike) -> Path:
 
 def dump_task(plan: JobPlan, path: Path) -> None:
     """At `path`, the pickled task: it reads the run's task.json (written with the bundle)."""
+    dump_task_of(plan.run_dir, path)
+
+
+def dump_task_of(run_dir: str | os.PathLike, path: Path) -> None:
     from submitit.core.utils import DelayedSubmission
 
     from launcher.runtime.task import TrainingTask
 
-    DelayedSubmission(TrainingTask(plan.run_dir)).dump(path)
+    DelayedSubmission(TrainingTask(str(run_dir))).dump(path)
 
 
 def link_task(log_dir: str | os.PathLike, job_id: str) -> None:
@@ -127,7 +135,7 @@ def submit_array(plan: JobPlan, script: Path, marker: str, env: Mapping[str, str
     """sbatch the array script; the array's job id. Never queued twice: after a lost
     answer the array is looked up by its marker (--comment) or its script."""
     with_comment = "comment" not in dict(plan.allocation.extra_sbatch)
-    cmd = ["sbatch", *([f"--comment={marker}"] if with_comment else []), str(script)]
+    cmd = ["sbatch", "--hold", *([f"--comment={marker}"] if with_comment else []), str(script)]
 
     def lookup(deadline: float) -> str | None:
         try:
@@ -144,6 +152,25 @@ def submit_array(plan: JobPlan, script: Path, marker: str, env: Mapping[str, str
     if m is None:
         raise SchedulerError(f"sbatch answered without a job id: {output.strip()[:200]}")
     return m.group(1)
+
+
+def release(job_ids: Sequence[str], client: Client | None = None) -> None:
+    """`scontrol release` of held jobs (an array's id releases its tasks), under `client`
+    (default: this process's); SchedulerError when Slurm did not release them."""
+    proc = (client or slurm_client.CLIENT).call("scontrol", "release", ",".join(job_ids))
+    if proc.returncode != 0:
+        said = (proc.stderr or proc.stdout).strip()[:300]
+        raise SchedulerError(f"scontrol release {','.join(job_ids)} failed: {said}")
+
+
+def cancel_held(job_id: str, client: Client | None = None) -> bool:
+    """scancel of a held job whose submission failed: whether it is gone (cancelled, or
+    never known to Slurm); False when Slurm could not be asked or refused."""
+    try:
+        proc = (client or slurm_client.CLIENT).call("scancel", job_id)
+    except SchedulerError:
+        return False
+    return proc.returncode == 0 or "Invalid job id" in proc.stderr
 
 
 def submission_marker(run_id: str) -> str:
