@@ -27,7 +27,7 @@ from launcher.rundir.files import atomic_write_text, load_bounded_object
 from launcher.schedulers.slurm.array import array_job_id
 from launcher.schedulers.slurm.client import Client, using
 from launcher.schedulers.slurm.queries import find_submitted
-from launcher.schedulers.slurm.submit import submission_marker
+from launcher.schedulers.slurm.submit import cancel_held, submission_marker
 from launcher.schedulers.ssh import on_login
 from launcher.schedulers.ssh.connection import Connection
 
@@ -139,19 +139,16 @@ def _cancel(conn: Connection, client: Client, held: Held) -> Held | None:
     """The held job cancelled (looked up first when its answer was lost): None once it is
     gone or was never queued, else what is left of it."""
     job_id = held.job_id
-    try:
-        with using(client):
-            if job_id is None:
+    if job_id is None:
+        try:
+            with using(client):
                 found = find_submitted(held.script, held.marker, user=on_login.account(conn).user)
-                if found is None:
-                    return None
-                job_id = array_job_id(found) if held.array else found
-            done = client.call("scancel", job_id)
-    except SchedulerError:
-        return dataclasses.replace(held, job_id=job_id)
-    if done.returncode == 0 or "Invalid job id" in done.stderr:
-        return None
-    return dataclasses.replace(held, job_id=job_id)
+        except SchedulerError:
+            return held
+        if found is None:
+            return None
+        job_id = array_job_id(found) if held.array else found
+    return None if cancel_held(job_id, client) else dataclasses.replace(held, job_id=job_id)
 
 
 def _removed(conn: Connection, folder: str) -> bool:
