@@ -359,16 +359,19 @@ def _run_id_of(run_dir: Path) -> str:
 
 
 def _forget_held(run_dir: Path, job_id: str, exc: BaseException) -> None:
-    """A run's record once its held job was cancelled: the job and its start gone; REFUSED,
-    saying why, where Slurm refused (`exc` a SchedulerError)."""
+    """A run's record once its held job was cancelled: the job and its start gone, REFUSED
+    saying why (an end: a resumed run can be resumed again; a new run's directory is
+    removed by its submission, as nothing was queued for it)."""
+    if isinstance(exc, SchedulerError):
+        reason, why = "refused", exc.message
+    else:
+        reason, why = "interrupted", f"the submission was interrupted ({type(exc).__name__})"
     try:
         with registry.updating(run_dir) as rec:
             if rec.job_id == job_id:
                 rec.job_id = None
                 rec.starts = [start for start in rec.starts if start.job_id != job_id]
-            if isinstance(exc, SchedulerError):
-                move(rec, State.REFUSED.value, reason="refused",
-                     detail=f"{exc.message}; its held job {job_id} was cancelled")
+            move(rec, State.REFUSED.value, reason=reason, detail=f"{why}; its held job {job_id} was cancelled")
     except (GlaunchError, OSError):
         pass        # the record could not be read or written: the submission's own error says why
 
