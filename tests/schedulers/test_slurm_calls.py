@@ -359,6 +359,26 @@ def test_refresh_marks_a_job_that_never_starts_and_clears_it_once_it_runs():
     assert "blocked" not in record.extra and record.extra["pending_reason"] == "Priority"
 
 
+def test_a_hold_glaunch_could_not_release_never_clears_and_a_hold_on_another_job_does_not_count():
+    # A job's own hold (sbatch --hold) while glaunch puts its record in place clears by the release.
+    record = RunRecord(run_id="r1", job_id="9", state="PENDING", extra={"request": REQUEST})
+    slurm_records.record_pending_reason(record, "PENDING", "JobHeldUser")
+    assert "blocked" not in record.extra and record.reason is None
+    # The release failed (and the cancel): the hold stays until someone acts.
+    record.extra[slurm_records.LEFT_HELD] = "9"
+    slurm_records.record_pending_reason(record, "PENDING", "JobHeldUser")
+    assert record.extra["blocked"] is True and record.detail == (
+        "job 9 never starts: glaunch queued it held and could not release it (`scontrol release 9` lets it start). "
+        "It stays queued until cancelled (glaunch cancel r1)")
+    # Released by hand: it waits like any job.
+    slurm_records.record_pending_reason(record, "PENDING", "Priority")
+    assert "blocked" not in record.extra
+    # A mark of an earlier job (before a resume) says nothing of this one.
+    record.job_id = "12"
+    slurm_records.record_pending_reason(record, "PENDING", "JobHeldUser")
+    assert "blocked" not in record.extra
+
+
 # --- effects, with fakes of what cannot fail for real on a shared cluster ------------------------------------
 
 FAKE_SBATCH = """\
@@ -561,7 +581,7 @@ def test_fake_release_and_cancel_failing_leave_the_held_job_named_in_the_record_
             "removes it") in err.value.message
     assert _calls(fakes, "scancel") == ["9"]
     record = json.loads((Path(prepared.plan.run_dir) / "run.json").read_text())
-    assert record["job_id"] == "9" and record["state"] == "PENDING"
+    assert record["job_id"] == "9" and record["state"] == "PENDING" and record["left_held"] == "9"
 
 
 def test_fake_ctrl_c_during_the_release_cancels_the_held_job_and_leaves_nothing(tmp_path, monkeypatch,
@@ -597,6 +617,18 @@ def test_fake_squeue_unreachable_status_exits_3_naming_the_controller(tmp_path, 
     assert record["state"] == "PENDING"           # the last state Slurm gave; what is new is said beside it
     assert record["unreachable"]["message"] in proc.stderr
     assert len([c for c in _calls(fakes, "squeue") if "-j 6" in c]) == 3
+
+
+def test_fake_ctrl_c_while_sbatch_queues_the_job_finds_and_cancels_it(tmp_path, monkeypatch, isolated_env):
+    fakes = _fakes(tmp_path, monkeypatch,
+                   sbatch=("queues the job held, then the user's Ctrl-C reaches glaunch before the answer",
+                           'echo "4250|$comment|$script" >> "$FAKE_DIR/queue"\nkill -INT $PPID; sleep 5'),
+                   squeue=("lists the queue it was given", 'cat "$FAKE_DIR/queue" 2>/dev/null'))
+    prepared = _prepared(tmp_path)
+    with pytest.raises(KeyboardInterrupt):
+        api.launch(prepared, check=False)
+    assert _calls(fakes, "scancel") == ["4250"]
+    assert not Path(prepared.plan.run_dir).exists()
 
 
 def test_fake_sweep_release_refused_cancels_its_held_array_and_records_each_element_refused(

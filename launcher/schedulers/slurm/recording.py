@@ -21,6 +21,9 @@ from launcher.schedulers.slurm.state import HELD, current_state, merge_history, 
 
 # What refresh writes in run.json for a pending job that will never start.
 NEVER_STARTS = "never starts"
+# run.json: the job glaunch queued held and could not release (nor cancel): its hold
+# (squeue's JobHeldUser) never clears by itself.
+LEFT_HELD = "left_held"
 # ... and for a job Slurm no longer knows, that left no record of its end.
 UNKNOWN_TO_SLURM = "unknown to Slurm"
 # run.json: accounting was folded in once the run had ended ({"job_id", "at"}): sacct has
@@ -155,7 +158,11 @@ def record_pending_reason(rec: RunRecord, live: str | None, reason: str | None) 
         rec.extra.pop("pending_reason", None)
     request = rec.extra.get("request")
     values = dict(request) if isinstance(request, dict) else {"partition": rec.partition, "nodes": rec.nodes}
-    if live == "PENDING":
+    verdict: str | None
+    if live == "PENDING" and reason == "JobHeldUser" and rec.extra.get(LEFT_HELD) == rec.job_id:
+        verdict = (f"glaunch queued it held and could not release it (`scontrol release {rec.job_id}` lets it "
+                   "start)")
+    elif live == "PENDING":
         verdict = pending_verdict(reason, values)
     else:
         verdict = HELD.get(live or "", "").format(job_id=rec.job_id) or None

@@ -343,12 +343,27 @@ def undo_held(job_id: str, runs: Mapping[Path, str], exc: BaseException) -> Base
     from launcher.schedulers.slurm.submit import cancel_held
 
     if not cancel_held(job_id):
+        for run_dir, own in runs.items():
+            _mark_left_held(run_dir, own)
         names = " ".join(sorted({_run_id_of(run_dir) for run_dir in runs}))
         left = f"job {job_id} is left held, never released (scancel failed too): glaunch cancel {names} removes it"
         return SchedulerError(f"{exc.message}; {left}") if isinstance(exc, SchedulerError) else exc
     for run_dir, own in runs.items():
         _forget_held(run_dir, own, exc)
     return exc
+
+
+def _mark_left_held(run_dir: Path, job_id: str) -> None:
+    """run.json: its job is held by glaunch and was never released (status says the job
+    never starts, and how to release or cancel it)."""
+    from launcher.schedulers.slurm.recording import LEFT_HELD
+
+    try:
+        with registry.updating(run_dir) as rec:
+            if rec.job_id == job_id:
+                rec.extra[LEFT_HELD] = job_id
+    except (GlaunchError, OSError):
+        pass        # the record could not be written: the submission's own error names the job
 
 
 def _run_id_of(run_dir: Path) -> str:
@@ -422,16 +437,14 @@ def _place_task(run_dir: Path, job_id: str, *, element: bool) -> None:
 
 
 def _release_found(run_dir: Path, job_id: str) -> None:
-    """A found job released; where Slurm did not, run.json's detail says it waits held,
-    and how to release or cancel it."""
+    """A found job released; where Slurm did not, run.json marks it left held (status
+    says it never starts, and how to release or cancel it)."""
     from launcher.schedulers.slurm.submit import release
 
     try:
         release([job_id])
-    except SchedulerError as exc:
-        with registry.updating(run_dir) as rec:
-            rec.detail = (f"job {job_id} was found held and not released ({exc.message}): `scontrol release "
-                          f"{job_id}` lets it start, `glaunch cancel {rec.run_id}` removes it")
+    except SchedulerError:
+        _mark_left_held(run_dir, job_id)
 
 
 def _record_unreachable(run_dir: Path, exc: SchedulerError) -> None:

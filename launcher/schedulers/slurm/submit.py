@@ -13,12 +13,14 @@ twice.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
+import time
 import uuid
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Iterator, Mapping, Sequence
 
 from launcher.errors import SchedulerError
 from launcher.rendering.render import python_command
@@ -84,13 +86,18 @@ def _executor_class():
                         "`glaunch status` looks for the job again (it carries the run id)",
                         script=script, marker=marker) from None
 
-            output = slurm_client.CLIENT.submit(self._make_submission_command(path), lookup=lookup,
-                                                env=self._env)
+            with cancelled_if_stopped(script, marker):
+                output = slurm_client.CLIENT.submit(self._make_submission_command(path), lookup=lookup,
+                                                    env=self._env)
             job_id = self._get_job_id_from_submission_command(output)
-            job = self.job_class(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
-            job.paths.move_temporary_file(path, "submission_file", keep_as_symlink=True)
-            self._write_job_id(job.job_id, tmp_uuid)
-            self._set_job_permissions(job.paths.folder)
+            try:
+                job = self.job_class(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
+                job.paths.move_temporary_file(path, "submission_file", keep_as_symlink=True)
+                self._write_job_id(job.job_id, tmp_uuid)
+                self._set_job_permissions(job.paths.folder)
+            except BaseException:
+                cancel_held(job_id)     # queued held, and no record will name it
+                raise
             return job
 
     return GlaunchSlurmExecutor
@@ -147,11 +154,35 @@ def submit_array(plan: JobPlan, script: Path, marker: str, env: Mapping[str, str
                 script=str(script), marker=marker if with_comment else "") from None
         return slurm_array.array_job_id(found) if found else None
 
-    output = slurm_client.CLIENT.submit(cmd, lookup=lookup, env=env)
+    with cancelled_if_stopped(str(script), marker if with_comment else ""):
+        output = slurm_client.CLIENT.submit(cmd, lookup=lookup, env=env)
     m = re.search(r"Submitted batch job (\d+)", output)
     if m is None:
         raise SchedulerError(f"sbatch answered without a job id: {output.strip()[:200]}")
     return m.group(1)
+
+
+@contextlib.contextmanager
+def cancelled_if_stopped(script: str, marker: str) -> Iterator[None]:
+    """Around sbatch: when something other than Slurm's answer stops it (Ctrl-C, a kill),
+    the job it may have queued held is looked up (by `marker` or `script`) and cancelled,
+    so no held job is left that no record names."""
+    try:
+        yield
+    except SchedulerError:
+        raise               # Slurm's answer: refused, or uncertain (looked up again later)
+    except BaseException:
+        try:
+            found = find_submitted(script, marker, deadline=time.monotonic() + LOOKUP_AFTER_STOP_S)
+        except SchedulerError:
+            found = None
+        if found:
+            cancel_held(slurm_array.array_job_id(found))
+        raise
+
+
+# How long a submission stopped during sbatch looks for the job it may have queued.
+LOOKUP_AFTER_STOP_S = 20.0
 
 
 def release(job_ids: Sequence[str], client: Client | None = None) -> None:
