@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -522,12 +523,14 @@ def test_fake_sbatch_hanging_with_squeue_unreachable_records_an_uncertain_submis
     assert record["state"] == "UNKNOWN" and record["reason"] == "submission uncertain" and record["job_id"] is None
     # The controller answers again: status finds the job the first sbatch queued.
     (fakes / "back").touch()
+    (fakes / "watch").write_text(str(run_dir / "run.json"))
     slurm_client.CLIENT.forget_down()
     summary = api.status(str(run_dir))
     assert summary["job_id"] == "4244" and summary["state"] == "RUNNING"
     assert len(_calls(fakes, "sbatch")) == 1
     # It was queued held: found, it gets its task (submitit's loader reads it) and is released.
     assert _calls(fakes, "scontrol") == ["release 4244"]
+    assert json.loads((fakes / "at_release.json").read_text())["job_id"] == "4244"
     assert slurm_submit.submitted_pickle(run_dir / "logs", "4244").is_file()
 
 
@@ -649,3 +652,92 @@ def test_fake_sweep_release_refused_cancels_its_held_array_and_records_each_elem
     assert all(r["detail"].endswith(f"its held job 11_{i} was cancelled") for i, r in enumerate(records))
     assert [a["job_id"] for a in sweep.arrays] == [None] and "scontrol release 11 failed" in sweep.arrays[0]["error"]
 
+
+
+def _left_by_a_killed_submit(tmp_path) -> Path:
+    """The run directory a `glaunch submit` killed before sbatch answered leaves: its bundle,
+    run.json SUBMITTING with no job, registered; last written long ago."""
+    from launcher.rundir import registry
+    from launcher.runner import bundle
+
+    prepared = _prepared(tmp_path)
+    written = bundle.write_bundle(prepared.plan, prepared.files, dry_run=False,
+                                  runs_root=prepared.runs_root_from, checkpoint=prepared.checkpoint_from)
+    registry.register(prepared.plan.run_id, str(written.path))
+    stale = time.time() - 3600
+    os.utime(written.path / "run.json", (stale, stale))
+    return written.path
+
+
+@pytest.mark.parametrize("queued", [True, False], ids=["its held job queued", "no job queued"])
+def test_fake_a_submission_killed_midway_is_settled_by_the_next_status(tmp_path, monkeypatch, isolated_env, queued):
+    fakes = _fakes(tmp_path, monkeypatch, sbatch=("is never called", "exit 1"),
+                   squeue=("lists the queue it was given", 'cat "$FAKE_DIR/queue" 2>/dev/null; true'))
+    run_dir = _left_by_a_killed_submit(tmp_path)
+    run_id = json.loads((run_dir / "run.json").read_text())["run_id"]
+    (fakes / "watch").write_text(str(run_dir / "run.json"))
+    if queued:
+        (fakes / "queue").write_text(f"4260|glaunch:{run_id}|/x/.submission_file_1.sh\n")
+    summary = api.status(str(run_dir))
+    record = json.loads((run_dir / "run.json").read_text())
+    if queued:
+        # Found by its marker: its task put in place, its record naming it, then released.
+        assert record["job_id"] == "4260" and _calls(fakes, "scontrol") == ["release 4260"]
+        assert json.loads((fakes / "at_release.json").read_text())["job_id"] == "4260"
+        assert slurm_submit.submitted_pickle(run_dir / "logs", "4260").is_file()
+        assert summary["job_id"] == "4260"
+    else:
+        assert record["state"] == "REFUSED" and record["reason"] == "interrupted", record
+        assert "stopped before Slurm queued a job" in record["detail"]
+        assert _calls(fakes, "scontrol") == []
+    assert _calls(fakes, "sbatch") == []
+
+
+def test_fake_a_submission_still_within_its_bounds_is_left_to_finish(tmp_path, monkeypatch, isolated_env):
+    fakes = _fakes(tmp_path, monkeypatch, sbatch=("is never called", "exit 1"),
+                   squeue=("lists the queue it was given", 'cat "$FAKE_DIR/queue" 2>/dev/null; true'))
+    run_dir = _left_by_a_killed_submit(tmp_path)
+    os.utime(run_dir / "run.json")          # written just now: its submission may still be under way
+    api.status(str(run_dir))
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["state"] == "SUBMITTING" and record["job_id"] is None and "submission" not in record
+    assert _calls(fakes, "squeue") == [] and _calls(fakes, "scontrol") == []
+
+
+def test_fake_ctrl_c_at_a_sweep_s_second_array_keeps_the_first_and_refuses_the_rest(tmp_path, monkeypatch,
+                                                                                  isolated_env):
+    fakes = _fakes(tmp_path, monkeypatch,
+                   sbatch=("queues the first array; the user's Ctrl-C reaches glaunch during the second",
+                           'if [ "$n" -eq 1 ]; then echo "Submitted batch job 12"; exit 0; fi\n'
+                           'kill -INT $PPID; sleep 5'),
+                   squeue=("has no job", "true"),
+                   scontrol=("releases; the cluster's settings from a slurm.conf of MaxArraySize alone",
+                             'if [ "$1" = release ]; then exit 0; fi\n'
+                             'echo "PartitionName=debug\nClusterName=fake\nMaxArraySize=1001"'))
+    prepared = api.prepare_sweep(str(REPO / "examples" / "torch_ddp.yaml"), ["resources.nodes=1,2"],
+                                 site="local-slurm", runs_dir=str(tmp_path / "runs"))
+    with pytest.raises(KeyboardInterrupt):
+        api.launch(prepared, check=False)
+    assert len(_calls(fakes, "sbatch")) == 2 and "release 12" in _calls(fakes, "scontrol")
+    records = sorted((json.loads(p.read_text()) for p in Path(prepared.sweep_dir).glob("*/run.json")),
+                     key=lambda r: r["nodes"])
+    assert [(r["state"], r["job_id"]) for r in records] == [("PENDING", "12_0"), ("REFUSED", None)], records
+    assert records[1]["reason"] == "interrupted" and "before its array was queued" in records[1]["detail"]
+    assert _calls(fakes, "scancel") == []           # the second sbatch queued nothing
+
+
+def test_fake_sweep_array_is_released_once_every_element_names_its_task(tmp_path, monkeypatch, isolated_env):
+    fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 13"'),
+                   squeue=("has no job", "true"),
+                   scontrol=("releases; the cluster's settings from a slurm.conf of MaxArraySize alone",
+                             'if [ "$1" = release ]; then exit 0; fi\n'
+                             'echo "PartitionName=debug\nClusterName=fake\nMaxArraySize=1001"'))
+    prepared = api.prepare_sweep(str(REPO / "examples" / "torch_ddp.yaml"), ["hparams.lr=0.1,0.2"],
+                                 site="local-slurm", runs_dir=str(tmp_path / "runs"))
+    last = Path(prepared.prepared[-1].plan.run_dir)       # its record and task are put in place last
+    (fakes / "watch").write_text(str(last / "run.json"))
+    sweep = api.launch(prepared, check=False)
+    assert [r.job_id for r in sweep.runs] == ["13_0", "13_1"] and _calls(fakes, "scancel") == []
+    assert _calls(fakes, "sbatch")[0].startswith("--hold ")
+    assert json.loads((fakes / "at_release.json").read_text())["job_id"] == "13_1"
+    assert slurm_submit.submitted_pickle(last / "logs", "13_1").is_file()

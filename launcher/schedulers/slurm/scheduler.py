@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
@@ -163,9 +164,8 @@ class SlurmScheduler(Scheduler):
         submit them: one sbatch call per array. An array sbatch refuses leaves its elements
         REFUSED; those already queued stay queued."""
         from launcher.schedulers.slurm.client import clean_env, ignored_inputs_warning
-        from launcher.schedulers.slurm.recording import record_queued, record_refused, request_values
-        from launcher.schedulers.slurm.submit import (
-            SubmissionUncertain, dump_task, link_task, preflight, release, submit_array, task_template)
+        from launcher.schedulers.slurm.recording import record_refused
+        from launcher.schedulers.slurm.submit import preflight
 
         env, ignored = clean_env(os.environ)
         warnings = [w for w in (ignored_inputs_warning(ignored),) if w]
@@ -182,46 +182,17 @@ class SlurmScheduler(Scheduler):
             raise
         _log_warnings(warnings)
         version = self.version()
-        results = []
-        for number, (batch, script) in enumerate(zip(sweep.batches, scripts)):
-            members = [plans[i] for i in batch.elements]
-            for plan in members:
-                dump_task(plan, task_template(plan.log_dir))
-            try:
-                array_id = submit_array(members[0], script, array.submission_marker(
-                    str(members[0].sweep_id), number), env)
-            except SubmissionUncertain as exc:
-                for task, plan in enumerate(members):
-                    with registry.updating(plan.run_dir) as record:
-                        move(record, State.UNKNOWN.value, reason="submission uncertain", detail=exc.message)
-                        record.extra["submission"] = {"script": exc.script, "marker": exc.marker, "task": task}
-                        record.extra["request"] = request_values(plan)
-                results.append(LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members),
-                                             exc.message))
-                continue
-            except SchedulerError as exc:
-                for plan in members:
-                    record_refused(Path(plan.run_dir), exc, warnings)
-                results.append(LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members),
-                                             exc.message))
-                continue
-            # The array is held: each element's record names its task before any may start.
-            element_jobs = {Path(plan.run_dir): f"{array_id}_{task}" for task, plan in enumerate(members)}
-            try:
-                for plan in members:
-                    job_id = element_jobs[Path(plan.run_dir)]
-                    link_task(plan.log_dir, job_id)
-                    record_queued(Path(plan.run_dir), plan, job_id, warnings, version)
-                release([array_id])
-            except SchedulerError as exc:
-                undone = undo_held(array_id, element_jobs, exc)
-                results.append(LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members),
-                                             str(undone)))
-                continue
-            except BaseException as exc:
-                raise undo_held(array_id, element_jobs, exc) from None
-            launched = tuple(Launched(element_jobs[Path(plan.run_dir)], State.PENDING.value) for plan in members)
-            results.append(LaunchedBatch(batch.script, array_id, batch.elements, launched))
+        results: list[LaunchedBatch] = []
+        try:
+            for number, (batch, script) in enumerate(zip(sweep.batches, scripts)):
+                members = [plans[i] for i in batch.elements]
+                results.append(_queue_array(number, batch, script, members, env, warnings, version))
+        except BaseException as exc:
+            # Stopped (Ctrl-C, a failure writing a record): the arrays queued stay, each element
+            # without a job is refused, so none waits SUBMITTING for a job that never comes.
+            for plan in plans:
+                _refuse_unqueued(Path(plan.run_dir), exc)
+            raise
         return results
 
     # --- following ---------------------------------------------------------------------
@@ -241,6 +212,8 @@ class SlurmScheduler(Scheduler):
         from launcher.schedulers.slurm.queries import sacct_records, squeue_job
         from launcher.schedulers.slurm.recording import fold_job, has_ended
 
+        if _submission_stopped(run_dir, record):
+            record = _mark_stopped(run_dir)
         uncertain = isinstance(record.extra.get("submission"), dict)
         if shutil.which("squeue") is None or not (record.job_id or uncertain) or record.extra.get("allocation"):
             return record       # a run inside an allocation: its own record says all (the job is the allocation)
@@ -333,6 +306,60 @@ class SlurmScheduler(Scheduler):
         return f"run {record.run_id}: cancelled job {job_id}"
 
 
+def _queue_array(number: int, batch: SweepBatch, script: Path, members: Sequence[JobPlan], env: Mapping[str, str],
+                 warnings: list[str], version: str | None) -> LaunchedBatch:
+    """One array of a sweep queued held, each element's task and record put in place, then
+    released. Slurm's refusal (of the array, or of its release) refuses its elements; an
+    uncertain answer leaves them UNKNOWN, looked up again by status."""
+    from launcher.schedulers.slurm.recording import record_queued, record_refused, request_values
+    from launcher.schedulers.slurm.submit import (
+        SubmissionUncertain, dump_task, link_task, release, submit_array, task_template)
+
+    for plan in members:
+        dump_task(plan, task_template(plan.log_dir))
+    try:
+        array_id = submit_array(members[0], script, array.submission_marker(str(members[0].sweep_id), number), env)
+    except SubmissionUncertain as exc:
+        for task, plan in enumerate(members):
+            with registry.updating(plan.run_dir) as record:
+                move(record, State.UNKNOWN.value, reason="submission uncertain", detail=exc.message)
+                record.extra["submission"] = {"script": exc.script, "marker": exc.marker, "task": task}
+                record.extra["request"] = request_values(plan)
+        return LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members), exc.message)
+    except SchedulerError as exc:
+        for plan in members:
+            record_refused(Path(plan.run_dir), exc, warnings)
+        return LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members), exc.message)
+    # The array is held: each element's record names its task before any may start.
+    element_jobs = {Path(plan.run_dir): f"{array_id}_{task}" for task, plan in enumerate(members)}
+    try:
+        for plan in members:
+            job_id = element_jobs[Path(plan.run_dir)]
+            link_task(plan.log_dir, job_id)
+            record_queued(Path(plan.run_dir), plan, job_id, warnings, version)
+        release([array_id])
+    except SchedulerError as exc:
+        undone = undo_held(array_id, element_jobs, exc)
+        return LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members), str(undone))
+    except BaseException as exc:
+        raise undo_held(array_id, element_jobs, exc) from None
+    launched = tuple(Launched(element_jobs[Path(plan.run_dir)], State.PENDING.value) for plan in members)
+    return LaunchedBatch(batch.script, array_id, batch.elements, launched)
+
+
+def _refuse_unqueued(run_dir: Path, exc: BaseException) -> None:
+    """A sweep element still SUBMITTING with no job once its sweep's submission stopped:
+    REFUSED, saying why."""
+    why = exc.message if isinstance(exc, GlaunchError) else f"interrupted ({type(exc).__name__})"
+    try:
+        with registry.updating(run_dir) as rec:
+            if rec.state == State.SUBMITTING and not rec.job_id:
+                move(rec, State.REFUSED.value, reason="interrupted",
+                     detail=f"the sweep's submission stopped before its array was queued: {why}")
+    except (GlaunchError, OSError):
+        pass        # the record could not be read or written: the submission's own error says why
+
+
 def undo_held(job_id: str, runs: Mapping[Path, str], exc: BaseException) -> BaseException:
     """After `exc` stopped a submission between the queueing of its held job `job_id` (a
     run's, or a sweep's array) and its release: what to raise. The job is cancelled, and
@@ -391,6 +418,35 @@ def _forget_held(run_dir: Path, job_id: str, exc: BaseException) -> None:
         pass        # the record could not be read or written: the submission's own error says why
 
 
+# A submission runs its checks, preflight and sbatch within a few minutes, each call
+# bounded: a run's record still SUBMITTING without a job this long after it was last written
+# was left by a glaunch process that stopped (killed, its machine gone) mid-submission.
+STOPPED_SUBMISSION_S = 600.0
+
+
+def _submission_stopped(run_dir: Path, record: RunRecord) -> bool:
+    """A run (not a sweep's element, whose job is its array's) whose submission stopped
+    before it recorded a job, or whether Slurm queued one."""
+    if (record.state != State.SUBMITTING or record.job_id or record.dry_run or record.extra.get("sweep")
+            or record.extra.get("allocation") or isinstance(record.extra.get("submission"), dict)):
+        return False
+    try:
+        written = RunDir(run_dir).run_file.stat().st_mtime
+    except OSError:
+        return False
+    return time.time() - written > STOPPED_SUBMISSION_S
+
+
+def _mark_stopped(run_dir: Path) -> RunRecord:
+    """The stopped submission taken as an uncertain one: the job it may have queued (held,
+    so never started) is looked for by the run's marker, then released or the run refused."""
+    from launcher.schedulers.slurm.submit import submission_marker
+
+    with registry.updating(run_dir) as rec:
+        rec.extra["submission"] = {"script": "", "marker": submission_marker(rec.run_id), "stopped": True}
+    return rec
+
+
 def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
     """A submission whose sbatch failed without a clear answer: the job, if the
     controller queued it after all, carries the run's marker. Found, it is held: its task
@@ -411,6 +467,10 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
             move(rec, State.PENDING.value, reason=None, detail=None)
             rec.job_id = job_id
             rec.starts.append(registry.new_start(job_id, 0))
+        elif sub.get("stopped") is True:
+            move(rec, State.REFUSED.value, reason="interrupted",
+                 detail="the glaunch process submitting it stopped before Slurm queued a job (Slurm has no job "
+                        "carrying this run's id)")
         else:
             move(rec, State.REFUSED.value, reason="refused",
                  detail="sbatch did not queue the job (Slurm has no job carrying this run's id)")
