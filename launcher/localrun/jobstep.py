@@ -11,8 +11,14 @@ task's children go with it. When one task fails the others are stopped
 Beside the tasks it runs the hang watchdog (launcher.jobcontrol.watchdog) on their heartbeats,
 with the bounds of the run's task.json: a hang gets every task's stack and ends the step.
 
-Exit status: 0 when every task exited 0; otherwise the first failing task's status,
-or 124 when the time limit ended the step. A one-line JSON summary goes to
+With peer recovery (``GLAUNCH_RECOVERY_PEER=1``, launcher srun), a task that fails is not
+the step's end at once: when its peers ask for it (a request in the run's peer-replace/, as
+on Slurm: launcher.jobcontrol.replace), its process is started again in its place, to join
+their group and get a peer's state; a failed task no peer asks for within
+replace.UNASKED_LOSS_S ends the step as before.
+
+Exit status: 0 when every task exited 0 (a task started again: its last process); otherwise
+the first failing task's status, or 124 when the time limit ended the step. A one-line JSON summary goes to
 <output dir>/<job id>_step.json.
 """
 
@@ -30,7 +36,9 @@ from pathlib import Path
 from launcher.rundir import envnames
 from launcher.rundir.files import atomic_write_text, open_regular
 from launcher.rundir.layout import STEP_SUMMARY
-from launcher.jobcontrol import watchdog
+from launcher.jobcontrol import replace, watchdog
+from launcher.rundir.files import read_json
+from launcher.rundir.layout import RunDir
 from launcher.rundir.rankcontext import free_port
 
 KILL_WAIT_S = 10.0
@@ -76,31 +84,50 @@ class Step:
         self.watch = watchdog.Watch(run_dir, self.job_id, int(restart)) if run_dir and restart.isdigit() else None
         self.hung = False
         self.next_watch = 0.0
+        self.peers = PeerReplacement.of(run_dir, self.job_id, restart, options.ntasks)
+        self.base_env: dict[str, str] = {}
 
     def _path(self, pattern: str, task: int) -> str:
         return pattern.replace("%j", self.job_id).replace("%t", str(task))
 
     def start(self) -> None:
-        base = dict(os.environ)
-        base.setdefault("MASTER_ADDR", "127.0.0.1")
-        base.setdefault("MASTER_PORT", str(free_port()))
+        self.base_env = dict(os.environ)
+        self.base_env.setdefault("MASTER_ADDR", "127.0.0.1")
+        self.base_env.setdefault("MASTER_PORT", str(free_port()))
         for task in range(self.options.ntasks):
-            env = dict(base)
-            env.update({
-                "SUBMITIT_LOCAL_JOB_ID": self.job_id,
-                "SUBMITIT_LOCAL_NTASKS": str(self.options.ntasks),
-                "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
-                "SUBMITIT_LOCAL_NODEID": "0",
-                "SUBMITIT_LOCAL_GLOBALID": str(task),
-                "SUBMITIT_LOCAL_LOCALID": str(task),
-            })
-            out_path, err_path = self._path(self.options.output, task), self._path(self.options.error, task)
-            Path(out_path).parent.mkdir(parents=True, exist_ok=True)
-            append = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
-            with os.fdopen(open_regular(out_path, append), "ab") as out, \
-                    os.fdopen(open_regular(err_path, append), "ab") as err:
-                self.procs.append(subprocess.Popen(self.command, env=env, stdout=out, stderr=err,
-                                                   stdin=subprocess.DEVNULL, start_new_session=True))
+            self.procs.append(self._start_task(task, {}))
+
+    def _start_task(self, task: int, more_env: dict[str, str]) -> subprocess.Popen:
+        """Task `task`'s process, its output appended to its logs (a process started again
+        writes on in the lost one's)."""
+        env = dict(self.base_env)
+        env.update({
+            "SUBMITIT_LOCAL_JOB_ID": self.job_id,
+            "SUBMITIT_LOCAL_NTASKS": str(self.options.ntasks),
+            "SUBMITIT_LOCAL_JOB_NUM_NODES": "1",
+            "SUBMITIT_LOCAL_NODEID": "0",
+            "SUBMITIT_LOCAL_GLOBALID": str(task),
+            "SUBMITIT_LOCAL_LOCALID": str(task),
+            **more_env,
+        })
+        out_path, err_path = self._path(self.options.output, task), self._path(self.options.error, task)
+        Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+        append = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+        with os.fdopen(open_regular(out_path, append), "ab") as out, \
+                os.fdopen(open_regular(err_path, append), "ab") as err:
+            return subprocess.Popen(self.command, env=env, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+
+    def _first_bad(self, now: float) -> int | None:
+        """The failed task that ends the step, if any: the first that exited non-zero; with
+        peer recovery, one no peer asked to start again within the bound (those asked for
+        are started again here)."""
+        bad = [task for task, p in enumerate(self.procs) if p.poll() not in (None, 0)]
+        if self.peers is None or not bad:
+            return bad[0] if bad else None
+        for task, more_env in self.peers.serve(bad, now):
+            self.procs[task] = self._start_task(task, more_env)
+        return self.peers.unasked(bad, now)
 
     def signal_all(self, signum: int) -> None:
         for proc in self.procs:
@@ -157,7 +184,7 @@ class Step:
             if not self.timed_out and elapsed >= self.options.time_limit:
                 self.timed_out = True
                 self.stop()
-            bad = next((task for task, p in enumerate(self.procs) if p.poll() not in (None, 0)), None)
+            bad = self._first_bad(time.monotonic()) if self.stopping_since is None else None
             if self.stopping_since is None and bad is not None:
                 # The task that failed first, not one stopped because of it.
                 self.first_bad, self.first_bad_task = self.procs[bad].returncode, bad
@@ -190,8 +217,81 @@ class Step:
         summary = {"job_id": self.job_id, "exit_codes": codes, "status": status, "timed_out": self.timed_out,
                    "warned": self.warned, "hung": self.hung, "first_failed_task": self.first_bad_task,
                    "seconds": round(seconds, 3)}
+        if self.peers is not None and self.peers.started:
+            summary["started_again"] = {str(task): n for task, n in sorted(self.peers.started.items())}
         path = Path(self._path(self.options.output, 0)).parent / STEP_SUMMARY.format(job_id=self.job_id)
         atomic_write_text(path, json.dumps(summary) + "\n")
+
+
+class PeerReplacement:
+    """With peer recovery: which failed tasks to start again (their peers asked, in the
+    run's peer-replace/), and which failed task no peer asked for in time."""
+
+    def __init__(self, run_dir: str, job_id: str, restart: int, ntasks: int) -> None:
+        self.run_dir, self.job_id, self.restart, self.ntasks = run_dir, job_id, restart, ntasks
+        self.served: set[Path] = set()
+        self.failed_since: dict[int, float] = {}    # task -> when its current process was seen failed
+        self.started: dict[int, int] = {}           # task -> processes started again for it
+
+    @classmethod
+    def of(cls, run_dir: str | None, job_id: str, restart: str, ntasks: int) -> PeerReplacement | None:
+        """For a run with recovery.peer whose tasks are its ranks (launcher srun); else None."""
+        from launcher.rundir.taskspec import TaskSpecError, read_task_spec
+
+        if os.environ.get(envnames.RECOVERY_PEER) != "1" or not run_dir or not restart.isdigit():
+            return None
+        try:
+            spec = read_task_spec(Path(run_dir))
+        except TaskSpecError:
+            return None
+        return cls(run_dir, job_id, int(restart), ntasks) if spec.launcher == "srun" else None
+
+    def serve(self, bad: list[int], now: float) -> list[tuple[int, dict[str, str]]]:
+        """The failed tasks a new request asks for, each with what its new process is told
+        (the generation of its peers' group to join, the pid of the process it replaces)."""
+        for task in bad:
+            self.failed_since.setdefault(task, now)
+        out: list[tuple[int, dict[str, str]]] = []
+        for path, request in self._new_requests():
+            new = None if request is None else replace.replacement_for(
+                request, job_id=self.job_id, restart=self.restart, world_size=self.ntasks,
+                ranks_per_node=self.ntasks, step_nodes=["localhost"])
+            if new is not None and (new.rank not in bad or any(task == new.rank for task, _ in out)):
+                continue        # its process still runs (or is being started): asked again later
+            self.served.add(path)
+            if new is None:
+                continue
+            if sum(self.started.values()) >= replace.MAX_REPLACEMENTS:
+                replace.say(f"rank {new.rank} not started again: {replace.MAX_REPLACEMENTS} processes were "
+                            "already started again in this start")
+                continue
+            replace.say(f"rank {new.rank}'s process is lost: starting it again to join generation "
+                        f"{new.generation} of its peers' group")
+            more = {envnames.PEER_JOIN: str(new.generation)}
+            if new.lost_pid is not None:
+                more[envnames.PEER_LOST_PID] = str(new.lost_pid)
+            self.started[new.rank] = self.started.get(new.rank, 0) + 1
+            self.failed_since.pop(new.rank, None)
+            out.append((new.rank, more))
+        return out
+
+    def unasked(self, bad: list[int], now: float) -> int | None:
+        """The first failed task whose peers have not asked for it within the bound."""
+        late = [task for task in bad
+                if task in self.failed_since and now - self.failed_since[task] >= replace.UNASKED_LOSS_S]
+        if late:
+            replace.say(f"task(s) {', '.join(map(str, late))} ended and no rank asked to start them again "
+                        f"within {replace.UNASKED_LOSS_S:g} s: the step ends")
+        return late[0] if late else None
+
+    def _new_requests(self) -> list[tuple[Path, dict | None]]:
+        """The requests not served yet, each with its content (None: not a JSON object)."""
+        folder = RunDir(self.run_dir).peer_replace_dir
+        try:
+            paths = sorted(p for p in folder.iterdir() if p.suffix == ".json" and p not in self.served)
+        except OSError:
+            return []
+        return [(path, read_json(path)) for path in paths]
 
 
 def _status(code: int) -> int:
