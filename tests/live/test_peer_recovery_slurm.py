@@ -171,3 +171,31 @@ def test_a_rank_whose_process_is_lost_is_started_again_and_gets_a_peers_state_in
     print(f"rank {FAIL_RANK}'s process lost at step {FAIL_STEP}: its new process ended step {FAIL_STEP} "
           f"{to_next:.2f} s later; rank 0: failure -> the end of step {entry['next_step']} "
           f"{entry['to_next_step_s']:.2f} s")
+
+
+SPARE_EXPERIMENT = (LOST_EXPERIMENT.replace("name: peer-lost", "name: peer-spare")
+                    .replace(f"resources: {{nodes: {NODES},", f"resources: {{nodes: {NODES}, spare_nodes: 1,")
+                    .replace("FAIL_WHERE: exit", "FAIL_WHERE: exit, FAIL_TIMES: \"2\""))
+
+
+def test_a_rank_lost_again_where_it_was_started_again_moves_to_the_spare_node(tmp_path, slurm_defaults_env):
+    """Rank 3's process is lost at step FAIL_STEP, and its new process, on the same node, is
+    lost again at the same step: the third is started on the allocation's spare node (one
+    none of them ran on), joins, and the run ends in the same job and start with the
+    parameters of the uninterrupted run."""
+    assert "spare_nodes: 1" in SPARE_EXPERIMENT and "FAIL_TIMES" in SPARE_EXPERIMENT
+    run = submitted_peer_run(tmp_path, SPARE_EXPERIMENT, slurm_defaults_env)
+    run_dir, batch = run.run_dir, run.batch
+    first = re.search(r"rank 3's process is lost: starting it again on (\S+) to join generation 1", batch)
+    moved = re.search(r"rank 3's process is lost: starting it again on the spare node (\S+) \(it was lost again "
+                      r"on (\S+)\) to join generation 2", batch)
+    assert first and moved, batch[-4000:]
+    assert moved.group(2) == first.group(1) != moved.group(1), (first.group(0), moved.group(0))
+    entries = [json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines()]
+    assert [(e["failed"], e["replaced"]) for e in entries] == [([FAIL_RANK], [FAIL_RANK])] * 2, entries
+    # The last process of rank 3 beat from the spare node.
+    nodes = {rank: (read_heartbeat(path) or {}).get("node") for rank, path in RunDir(run_dir).heartbeats()}
+    assert nodes[FAIL_RANK] == moved.group(1), nodes
+    print(f"rank {FAIL_RANK} lost on {first.group(1)}, started again there, lost again: moved to the spare node "
+          f"{moved.group(1)}; one start, bitwise")
+

@@ -39,9 +39,11 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 from launcher import runtime as rt
 
 WHERE = os.environ.get("FAIL_WHERE", "")
-# A process started again in place of a lost one (GLAUNCH_PEER_JOIN) does not fail again.
+# A process started again in place of a lost one (GLAUNCH_PEER_JOIN: the generation it joins)
+# fails again only while FAIL_TIMES (default 1) processes of the rank have not failed yet.
 AGAIN = "-started-again" if os.environ.get("GLAUNCH_PEER_JOIN") else ""
-FAILS = os.environ.get("FAIL_RANK") == os.environ.get("RANK") and not AGAIN
+FAILS = (os.environ.get("FAIL_RANK") == os.environ.get("RANK")
+         and int(os.environ.get("GLAUNCH_PEER_JOIN") or 0) < int(os.environ.get("FAIL_TIMES") or 1))
 STEP = int(os.environ.get("FAIL_STEP", "0"))
 times = {{"failed_at": None, "next_step": None, "next_step_at": None, "step_ends": []}}
 now = {{"step": None}}
