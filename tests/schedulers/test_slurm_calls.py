@@ -741,3 +741,16 @@ def test_fake_sweep_array_is_released_once_every_element_names_its_task(tmp_path
     assert _calls(fakes, "sbatch")[0].startswith("--hold ")
     assert json.loads((fakes / "at_release.json").read_text())["job_id"] == "13_1"
     assert slurm_submit.submitted_pickle(last / "logs", "13_1").is_file()
+
+
+def test_fake_a_release_answered_as_failed_that_went_through_counts_as_released(tmp_path, monkeypatch,
+                                                                                isolated_env):
+    """A release whose first answer was lost, asked again: Slurm refuses (the job is no longer
+    held) while squeue shows it released; the job is not cancelled."""
+    fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 14"'),
+                   squeue=("lists the job released, waiting for resources", 'echo "14|Resources"'),
+                   scontrol=("says the job is not held", "echo 'Job is no longer pending execution for job 14' >&2; "
+                                                         "exit 1"))
+    run = api.launch(_prepared(tmp_path), check=False)
+    assert run.job_id == "14" and run.state == "PENDING"
+    assert _calls(fakes, "scancel") == [] and "-j 14 -o %i|%r" in _calls(fakes, "squeue")[-1]

@@ -187,11 +187,24 @@ LOOKUP_AFTER_STOP_S = 20.0
 
 def release(job_ids: Sequence[str], client: Client | None = None) -> None:
     """`scontrol release` of held jobs (an array's id releases its tasks), under `client`
-    (default: this process's); SchedulerError when Slurm did not release them."""
-    proc = (client or slurm_client.CLIENT).call("scontrol", "release", ",".join(job_ids))
-    if proc.returncode != 0:
+    (default: this process's); SchedulerError when Slurm did not release them. A release
+    whose answer was lost and was asked again finds the jobs released already ("not
+    held" or the like): squeue is asked, and jobs no longer held count as released."""
+    client = client or slurm_client.CLIENT
+    proc = client.call("scontrol", "release", ",".join(job_ids))
+    if proc.returncode != 0 and not _none_held(job_ids, client):
         said = (proc.stderr or proc.stdout).strip()[:300]
         raise SchedulerError(f"scontrol release {','.join(job_ids)} failed: {said}")
+
+
+def _none_held(job_ids: Sequence[str], client: Client) -> bool:
+    """Whether squeue lists every job (or array task) of `job_ids`, none held by a user."""
+    try:
+        proc = client.call("squeue", "-h", "-j", ",".join(job_ids), "-o", "%i|%r")
+    except SchedulerError:
+        return False
+    rows = [line.split("|", 1) for line in proc.stdout.splitlines() if "|" in line]
+    return proc.returncode == 0 and bool(rows) and all(reason.strip() != "JobHeldUser" for _, reason in rows)
 
 
 def cancel_held(job_id: str, client: Client | None = None) -> bool:
