@@ -534,6 +534,22 @@ def test_fake_sbatch_hanging_with_squeue_unreachable_records_an_uncertain_submis
     assert slurm_submit.submitted_pickle(run_dir / "logs", "4244").is_file()
 
 
+# What a sweep's fake scontrol answers besides a release: the cluster's settings, of a
+# slurm.conf with MaxArraySize alone (plan_sweep reads it).
+SWEEP_SETTINGS = 'echo "PartitionName=debug\nClusterName=fake\nMaxArraySize=1001"'
+
+
+def _sweep_scontrol(release: str) -> tuple[str, str]:
+    """A fake scontrol for a sweep: `release` (shell) answers a release, the settings the rest."""
+    return (f"answers a release with `{release}`; the cluster's settings otherwise",
+            f'if [ "$1" = release ]; then {release}; fi\n{SWEEP_SETTINGS}')
+
+
+def _sweep(tmp_path, *values: str):
+    return api.prepare_sweep(str(REPO / "examples" / "torch_ddp.yaml"), list(values), site="local-slurm",
+                             runs_dir=str(tmp_path / "runs"))
+
+
 def _watched(fakes: Path, prepared) -> Path:
     """The run's run.json, which the fake scontrol copies as it stands at the release."""
     run_json = Path(prepared.plan.run_dir) / "run.json"
@@ -638,11 +654,8 @@ def test_fake_sweep_release_refused_cancels_its_held_array_and_records_each_elem
         tmp_path, monkeypatch, isolated_env):
     fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 11"'),
                    squeue=("has no job", "true"),
-                   scontrol=("refuses a release; the cluster's settings from a slurm.conf of MaxArraySize alone",
-                             'if [ "$1" = release ]; then echo "scontrol: error: Access/permission denied" >&2; '
-                             'exit 1; fi\necho "PartitionName=debug\nClusterName=fake\nMaxArraySize=1001"'))
-    prepared = api.prepare_sweep(str(REPO / "examples" / "torch_ddp.yaml"), ["hparams.lr=0.1,0.2"],
-                                 site="local-slurm", runs_dir=str(tmp_path / "runs"))
+                   scontrol=_sweep_scontrol('echo "scontrol: error: Access/permission denied" >&2; exit 1'))
+    prepared = _sweep(tmp_path, "hparams.lr=0.1,0.2")
     sweep = api.launch(prepared, check=False)
     releases = [call for call in _calls(fakes, "scontrol") if call.startswith("release")]
     assert _calls(fakes, "sbatch")[0].startswith("--hold ") and releases == ["release 11"]
@@ -711,11 +724,8 @@ def test_fake_ctrl_c_at_a_sweep_s_second_array_keeps_the_first_and_refuses_the_r
                            'if [ "$n" -eq 1 ]; then echo "Submitted batch job 12"; exit 0; fi\n'
                            'kill -INT $PPID; sleep 5'),
                    squeue=("has no job", "true"),
-                   scontrol=("releases; the cluster's settings from a slurm.conf of MaxArraySize alone",
-                             'if [ "$1" = release ]; then exit 0; fi\n'
-                             'echo "PartitionName=debug\nClusterName=fake\nMaxArraySize=1001"'))
-    prepared = api.prepare_sweep(str(REPO / "examples" / "torch_ddp.yaml"), ["resources.nodes=1,2"],
-                                 site="local-slurm", runs_dir=str(tmp_path / "runs"))
+                   scontrol=_sweep_scontrol("exit 0"))
+    prepared = _sweep(tmp_path, "resources.nodes=1,2")
     with pytest.raises(KeyboardInterrupt):
         api.launch(prepared, check=False)
     assert len(_calls(fakes, "sbatch")) == 2 and "release 12" in _calls(fakes, "scontrol")
@@ -729,11 +739,8 @@ def test_fake_ctrl_c_at_a_sweep_s_second_array_keeps_the_first_and_refuses_the_r
 def test_fake_sweep_array_is_released_once_every_element_names_its_task(tmp_path, monkeypatch, isolated_env):
     fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 13"'),
                    squeue=("has no job", "true"),
-                   scontrol=("releases; the cluster's settings from a slurm.conf of MaxArraySize alone",
-                             'if [ "$1" = release ]; then exit 0; fi\n'
-                             'echo "PartitionName=debug\nClusterName=fake\nMaxArraySize=1001"'))
-    prepared = api.prepare_sweep(str(REPO / "examples" / "torch_ddp.yaml"), ["hparams.lr=0.1,0.2"],
-                                 site="local-slurm", runs_dir=str(tmp_path / "runs"))
+                   scontrol=_sweep_scontrol("exit 0"))
+    prepared = _sweep(tmp_path, "hparams.lr=0.1,0.2")
     last = Path(prepared.prepared[-1].plan.run_dir)       # its record and task are put in place last
     (fakes / "watch").write_text(str(last / "run.json"))
     sweep = api.launch(prepared, check=False)
