@@ -15,10 +15,10 @@ more before that in the first:
 1. at step 15 rank 1 hangs: every rank of the job is on one node, so the hang points at
    no single node; the watchdog ends the step and the job starts a new step in its
    allocation on the same node;
-2. at step 25 rank 0's process exits (status 3: nothing a peer recovers): the failure
-   points at its node, which the next step leaves out; the spare takes its place (a
-   spare swap);
-3. at step 35 rank 0 exits again: the allocation has no node left to spare, so the job
+2. at step 25 every rank's process exits (status 3: no peer is left to recover them; one
+   rank's lost process would be started again by peer recovery): the failure points at
+   their node, which the next step leaves out; the spare takes its place (a spare swap);
+3. at step 35 they exit again: the allocation has no node left to spare, so the job
    requeues (Slurm holds a requeued job until its launch credential expires, about
    120 s, then it queues again); the fourth start trains to the end.
 
@@ -61,7 +61,7 @@ STEPS, EVERY, SECONDS_PER_STEP, STALL_S = 45, 10, 0.25, 5
 LIMIT_S = 900
 
 # torch_ddp, except that in its first start rank 1 raises in a step (once) and later hangs,
-# and in the next two rank 0's process exits.
+# and in the next two every rank's process exits.
 WRAPPER = textwrap.dedent("""\
     import json, os, runpy, sys, time
     import torch
@@ -89,9 +89,10 @@ WRAPPER = textwrap.dedent("""\
         if RESTART < len(FAULTS) and step == FAULTS[RESTART]:
             if RESTART == 0 and os.environ.get("RANK") == "1":
                 time.sleep(3600)
-            if RESTART > 0 and os.environ.get("RANK") == "0":
-                note("crash")
-                sys.exit(3)        # the process ends: no peer recovers that
+            if RESTART > 0:
+                if os.environ.get("RANK") == "0":
+                    note("crash")
+                sys.exit(3)        # every rank's process ends: no peer is left to recover it
         return should_stop(step=step, total=total)
 
     torch.nn.modules.module.register_module_forward_pre_hook(failing_forward)
