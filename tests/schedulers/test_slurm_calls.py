@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -550,6 +551,15 @@ def _sweep(tmp_path, *values: str):
                              runs_dir=str(tmp_path / "runs"))
 
 
+@pytest.fixture
+def default_sigint():
+    """Ctrl-C as it reaches glaunch's command: Python's own SIGINT handler (KeyboardInterrupt),
+    whatever an earlier test in this process installed (torchrun's agent installs its own)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 def _watched(fakes: Path, prepared) -> Path:
     """The run's run.json, which the fake scontrol copies as it stands at the release."""
     run_json = Path(prepared.plan.run_dir) / "run.json"
@@ -604,7 +614,7 @@ def test_fake_release_and_cancel_failing_leave_the_held_job_named_in_the_record_
 
 
 def test_fake_ctrl_c_during_the_release_cancels_the_held_job_and_leaves_nothing(tmp_path, monkeypatch,
-                                                                               isolated_env):
+                                                                               isolated_env, default_sigint):
     fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 10"'),
                    squeue=("has no job", "true"),
                    scontrol=("is interrupted: the user's Ctrl-C reaches glaunch", "kill -INT $PPID; sleep 5"))
@@ -638,7 +648,7 @@ def test_fake_squeue_unreachable_status_exits_3_naming_the_controller(tmp_path, 
     assert len([c for c in _calls(fakes, "squeue") if "-j 6" in c]) == 3
 
 
-def test_fake_ctrl_c_while_sbatch_queues_the_job_finds_and_cancels_it(tmp_path, monkeypatch, isolated_env):
+def test_fake_ctrl_c_while_sbatch_queues_the_job_finds_and_cancels_it(tmp_path, monkeypatch, isolated_env, default_sigint):
     fakes = _fakes(tmp_path, monkeypatch,
                    sbatch=("queues the job held, then the user's Ctrl-C reaches glaunch before the answer",
                            'echo "4250|$comment|$script" >> "$FAKE_DIR/queue"\nkill -INT $PPID; sleep 5'),
@@ -718,7 +728,7 @@ def test_fake_a_submission_still_within_its_bounds_is_left_to_finish(tmp_path, m
 
 
 def test_fake_ctrl_c_at_a_sweep_s_second_array_keeps_the_first_and_refuses_the_rest(tmp_path, monkeypatch,
-                                                                                  isolated_env):
+                                                                                  isolated_env, default_sigint):
     fakes = _fakes(tmp_path, monkeypatch,
                    sbatch=("queues the first array; the user's Ctrl-C reaches glaunch during the second",
                            'if [ "$n" -eq 1 ]; then echo "Submitted batch job 12"; exit 0; fi\n'
