@@ -66,6 +66,8 @@ SLURM_TIMEOUT_S = 60          # scontrol, sbatch, scancel: the controller's answ
 REQUEUE_WAIT_S = 300          # the requeue ends this process well before
 WATCHDOG_JOIN_S = 120         # a watchdog writing the stacks of a hang it found
 REPLACE_JOIN_S = replace.END_WAIT_S + 3 * replace.TERM_WAIT_S
+# srun's own lines of the steps that start lost ranks again, apart from the batch log's.
+REPLACE_LOG = "{job_id}_peer-replace.log"
 # Slurm took the job back while this start ran: a preemption sets PreemptTime; a requeue
 # (`scontrol requeue`, as an admin or a preemption by requeue does) puts the job back in the
 # queue, so the job this controller runs in reads as pending (or requeued) once its step
@@ -301,7 +303,8 @@ class SlurmEdge:
             return -1
         if ctx.job_id is None:
             return -1
-        started = replace.Replacements(replace.popen_starter(env), spares)
+        started = replace.Replacements(replace.popen_starter(env, RunDir(job.run_dir).log_dir / REPLACE_LOG.format(
+            job_id=ctx.job_id)), spares)
         started.store_outside = env.get(envnames.STORE_OUTSIDE) == "True"
         log = RunDir(job.run_dir).batch_log(ctx.job_id)
         replace.serve(job.run_dir, started, stop=stop.is_set, job_id=ctx.job_id, restart=ctx.restart,

@@ -181,35 +181,60 @@ class Replacements:
         """rank -> the status of its last new process (None: still running)."""
         return {rank: procs[-1].poll() for rank, procs in self.procs.items() if procs}
 
+    def ended(self, rank: int, failed: set[int] | None) -> bool:
+        """Whether rank `rank`'s process no longer runs: srun says its task ended (`failed`,
+        from the step's lines) and no process started again for it still runs."""
+        procs = self.procs.get(rank)
+        return rank in (failed or set()) and (not procs or procs[-1].poll() is not None)
+
     def serve_once(self, run_dir: Path, *, job_id: str, restart: int, world_size: int, ranks_per_node: int,
-                   step_nodes: Sequence[str], srun: Sequence[str], task: Sequence[str]) -> None:
+                   step_nodes: Sequence[str], srun: Sequence[str], task: Sequence[str],
+                   failed: set[int] | None = None, check_ended: bool = False) -> None:
+        """Serve the new requests of this start: per rank the newest (an older one is stale).
+        With `check_ended`, a request for a rank whose process still runs (`ended`: its peers
+        asked before its late report came) waits, unserved, until it ends, if ever."""
         folder = RunDir(run_dir).peer_replace_dir
         try:
             paths = sorted(p for p in folder.iterdir() if p.suffix == ".json" and p not in self.served)
         except OSError:
             return
+        newest: dict[int, tuple[Path, Replacement]] = {}
         for path in paths:
-            self.served.add(path)
             request = read_json(path)
             new = None if request is None else replacement_for(
                 request, job_id=job_id, restart=restart, world_size=world_size, ranks_per_node=ranks_per_node,
                 step_nodes=step_nodes, store_outside=self.store_outside)
             if new is None:
+                self.served.add(path)
                 continue
             self.asked.add(new.rank)
-            if sum(len(p) for p in self.procs.values()) >= MAX_REPLACEMENTS:
-                say(f"rank {new.rank} not started again: {MAX_REPLACEMENTS} processes were already in this start")
+            older = newest.get(new.rank)
+            if older is not None and older[1].generation >= new.generation:
+                self.served.add(path)
                 continue
-            earlier = self.started_on.setdefault(new.rank, [])
-            moved = node_for(new, earlier, self.spares)
-            where = (f"on the spare node {moved.node} (it was lost again on {new.node})" if moved.node != new.node
-                     else f"on {new.node}")
-            say(f"rank {new.rank}'s process is lost: starting it again {where} to join generation "
-                f"{new.generation} of its peers' group")
-            earlier.append(moved.node)
-            proc = self.start(replacement_words(srun, task, moved, world_size))
-            if proc is not None:
-                self.procs.setdefault(new.rank, []).append(proc)
+            if older is not None:
+                self.served.add(older[0])
+            newest[new.rank] = (path, new)
+        for path, new in newest.values():
+            if check_ended and not self.ended(new.rank, failed):
+                continue
+            self.served.add(path)
+            self._start_again(new, srun, task, world_size)
+
+    def _start_again(self, new: Replacement, srun: Sequence[str], task: Sequence[str], world_size: int) -> None:
+        if sum(len(p) for p in self.procs.values()) >= MAX_REPLACEMENTS:
+            say(f"rank {new.rank} not started again: {MAX_REPLACEMENTS} processes were already in this start")
+            return
+        earlier = self.started_on.setdefault(new.rank, [])
+        moved = node_for(new, earlier, self.spares)
+        where = (f"on the spare node {moved.node} (it was lost again on {new.node})" if moved.node != new.node
+                 else f"on {new.node}")
+        say(f"rank {new.rank}'s process is lost: starting it again {where} to join generation "
+            f"{new.generation} of its peers' group")
+        earlier.append(moved.node)
+        proc = self.start(replacement_words(srun, task, moved, world_size))
+        if proc is not None:
+            self.procs.setdefault(new.rank, []).append(proc)
 
     def end(self, wait_s: float = END_WAIT_S) -> None:
         """After the step: each process started again, waited for (its ranks have ended),
@@ -244,12 +269,16 @@ def serve(run_dir: Path, replacements: Replacements, *, stop: Callable[[], bool]
         return
     log_read_at, ended = 0.0, False
     while not stop():
+        # A rank is started again only once srun says its task ended: a peer may ask for a
+        # rank whose report is late on a busy machine, while its process still runs.
+        failed = failed_tasks(batch_log())
         replacements.serve_once(run_dir, job_id=job_id, restart=restart, world_size=spec.world_size,
-                                ranks_per_node=spec.ranks_per_node, step_nodes=step_nodes, srun=srun, task=task)
+                                ranks_per_node=spec.ranks_per_node, step_nodes=step_nodes, srun=srun, task=task,
+                                failed=failed, check_ended=True)
         now = time.monotonic()
         if not ended and now - log_read_at >= LOG_POLL_S:
             log_read_at = now
-            unasked = unasked_losses(failed_tasks(batch_log()), replacements.asked, replacements.failed_seen, now,
+            unasked = unasked_losses(failed, replacements.asked, replacements.failed_seen, now,
                                      UNASKED_LOSS_S)
             if unasked:
                 say(f"task(s) {', '.join(map(str, sorted(unasked)))} ended and no rank asked to start them again "
@@ -298,11 +327,16 @@ def stop_store(proc: subprocess.Popen | None) -> None:
         proc.wait(timeout=TERM_WAIT_S)
 
 
-def popen_starter(env: MutableMapping[str, str]) -> Callable[[list[str]], Any]:
-    """Start words as a process with `env` (the step's): a Popen, or None, said, when it cannot."""
+def popen_starter(env: MutableMapping[str, str], log: Path | None = None) -> Callable[[list[str]], Any]:
+    """Start words as a process with `env` (the step's): a Popen, or None, said, when it cannot.
+    What the process itself prints (srun's own lines about its one task, "task 0") goes to
+    `log`, not to the batch log, whose srun lines are the job step's."""
     def start(words: list[str]) -> Any:
         try:
-            return subprocess.Popen(words, env=dict(env))
+            if log is None:
+                return subprocess.Popen(words, env=dict(env))
+            with open(log, "ab") as out:
+                return subprocess.Popen(words, env=dict(env), stdout=out, stderr=subprocess.STDOUT)
         except OSError as exc:
             say(f"{words[0]}: {exc}")
             return None

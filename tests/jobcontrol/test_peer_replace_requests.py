@@ -86,9 +86,9 @@ class Proc:
         return self.code
 
 
-def serve_once(replacements, run_dir):
+def serve_once(replacements, run_dir, **more):
     replacements.serve_once(run_dir, job_id="4242", restart=0, world_size=4, ranks_per_node=2, step_nodes=NODES,
-                            srun=("srun", "--nodes=2"), task=("python", "-m", "task"))
+                            srun=("srun", "--nodes=2"), task=("python", "-m", "task"), **more)
 
 
 def test_each_request_starts_one_process_once_and_no_more_than_the_bound(tmp_path):
@@ -99,10 +99,28 @@ def test_each_request_starts_one_process_once_and_no_more_than_the_bound(tmp_pat
     serve_once(replacements, tmp_path)
     serve_once(replacements, tmp_path)                             # served already
     assert len(started) == 1 and "--nodelist=n2" in started[0] and replacements.statuses() == {3: 0}
-    for generation in range(2, 2 + replace.MAX_REPLACEMENTS):
+    for generation in range(2, 2 + replace.MAX_REPLACEMENTS):     # lost again and again, one at a time
         write_request(tmp_path, {**REQUEST, "generation": generation})
-    serve_once(replacements, tmp_path)
+        serve_once(replacements, tmp_path)
     assert len(started) == replace.MAX_REPLACEMENTS
+
+
+def test_a_request_for_a_rank_whose_process_still_runs_waits_and_only_the_newest_is_served(tmp_path):
+    """A peer asks for rank 3 while its report is only late (srun says nothing of its task):
+    nothing starts; once its task has ended, the newest request for it starts one process."""
+    started: list[list[str]] = []
+    replacements = Replacements(lambda words: started.append(words) or Proc(None))
+    write_request(tmp_path, {**REQUEST, "generation": 1})
+    write_request(tmp_path, {**REQUEST, "generation": 2})
+    serve_once(replacements, tmp_path, failed=set(), check_ended=True)
+    serve_once(replacements, tmp_path, failed={1}, check_ended=True)        # another task ended
+    assert started == [] and replacements.asked == {3}
+    serve_once(replacements, tmp_path, failed={3}, check_ended=True)
+    assert len(started) == 1 and "GLAUNCH_PEER_JOIN=2" in started[0]
+    # Its new process runs: a new request for it waits again; the stale one is never served.
+    write_request(tmp_path, {**REQUEST, "generation": 3})
+    serve_once(replacements, tmp_path, failed={3}, check_ended=True)
+    assert len(started) == 1
 
 
 BATCH = """glaunch: start 0 ...
