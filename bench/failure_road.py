@@ -15,9 +15,9 @@ more before that in the first:
 1. at step 15 rank 1 hangs: every rank of the job is on one node, so the hang points at
    no single node; the watchdog ends the step and the job starts a new step in its
    allocation on the same node;
-2. at step 25 every rank's process exits (status 3: no peer is left to recover them; one
-   rank's lost process would be started again by peer recovery): the failure points at
-   their node, which the next step leaves out; the spare takes its place (a spare swap);
+2. at step 25 every rank's process exits (status 3: no peer is left to recover them): the
+   failure points at their node, which the next step leaves out; the spare takes its place
+   (a spare swap);
 3. at step 35 they exit again: the allocation has no node left to spare, so the job
    requeues (Slurm holds a requeued job until its launch credential expires, about
    120 s, then it queues again); the fourth start trains to the end.

@@ -50,7 +50,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Mapping, MutableMapping, Protocol, Sequence
+from typing import Any, MutableMapping, Protocol, Sequence
 
 from launcher.errors import RunError
 from launcher.processes import run_command
@@ -208,8 +208,6 @@ class Edge(Protocol):
               in_use: Sequence[str]) -> None: ...
     def replace(self, job: JobSteps, stop: threading.Event, nodes: Sequence[str],
                 env: MutableMapping[str, str], spares: Sequence[str]) -> int: ...
-    def host_store(self, port: int, env: Mapping[str, str]) -> Any: ...
-    def stop_store(self, store: Any) -> None: ...
     def end_on_term(self) -> None: ...
     def ignore_term(self) -> None: ...
     def wait_for_requeue(self) -> None: ...
@@ -305,7 +303,6 @@ class SlurmEdge:
             return -1
         started = replace.Replacements(replace.popen_starter(env, RunDir(job.run_dir).log_dir / REPLACE_LOG.format(
             job_id=ctx.job_id)), spares)
-        started.store_outside = env.get(envnames.STORE_OUTSIDE) == "True"
         log = RunDir(job.run_dir).batch_log(ctx.job_id)
         replace.serve(job.run_dir, started, stop=stop.is_set, job_id=ctx.job_id, restart=ctx.restart,
                       step_nodes=nodes, srun=job.srun, task=job.task, batch_log=lambda: jobend.batch_log_tail(log),
@@ -313,12 +310,6 @@ class SlurmEdge:
         started.end()
         failed = replace.failed_tasks(jobend.batch_log_tail(RunDir(job.run_dir).batch_log(ctx.job_id)))
         return replace.step_status(1, failed, started.statuses()) if started.procs else -1
-
-    def host_store(self, port: int, env: Mapping[str, str]) -> Any:
-        return replace.host_store(port, env)
-
-    def stop_store(self, store: Any) -> None:
-        replace.stop_store(store)
 
     def end_on_term(self) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -409,9 +400,7 @@ class Controller:
         watch.start()
         replaced: list[int] = []
         replacer = None
-        store = None
         if self.env.get(envnames.RECOVERY_PEER) == "1":
-            store = self._host_store()
             spares = [node for node in allocation if node not in nodes]
             replacer = threading.Thread(target=lambda: replaced.append(self.edge.replace(self.job, stop, nodes,
                                                                                          self.env, spares)),
@@ -425,28 +414,11 @@ class Controller:
             watch.join(WATCHDOG_JOIN_S)
             if replacer is not None:
                 replacer.join(REPLACE_JOIN_S)
-            self.edge.stop_store(store)
         if status != 0 and replaced == [0]:
             print(f"glaunch: srun's status {status} came from ranks whose processes were started again and "
                   "ended well: the step's is 0", flush=True)
             return 0
         return status
-
-    def _host_store(self) -> Any:
-        """With recovery.peer: the step's rendezvous store hosted on this (the batch) host, by
-        a process of its own (launcher.jobcontrol.replace.host_store), so that rank 0's
-        process can be lost and started again like any other; the ranks are told so and
-        where (MASTER_ADDR: this host). None, and the store is rank 0's, where it cannot."""
-        self.env.pop(envnames.STORE_OUTSIDE, None)
-        host, port = os.environ.get("SLURMD_NODENAME", ""), self.env.get("MASTER_PORT", "")
-        if not is_node_name(host) or not port.isdigit():
-            return None
-        addr = self.edge.node_addr(host) or host
-        store = self.edge.host_store(int(port), {**self.env, "MASTER_ADDR": addr})
-        if store is not None:
-            self.env["MASTER_ADDR"] = addr
-            self.env[envnames.STORE_OUTSIDE] = "True"
-        return store
 
     def finish(self, action: str, road: NextRoad, job_id: str | None, restart: int,
                taken: TakenBack | None = None) -> int:

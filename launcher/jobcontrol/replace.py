@@ -46,7 +46,7 @@ from launcher.rundir.records import is_node_name
 POLL_S = 0.5
 # A task srun says failed that no surviving rank asks to start again within this bound (a
 # rank lost before or after the step loop, where its peers are in no recovery, or rank 0,
-# where its process held the store): the step is ended, as srun's --kill-on-bad-exit would have
+# whose process held the store): the step is ended, as srun's --kill-on-bad-exit would have
 # done at once, and the start ends as the crash it is. Long enough for the survivors of a
 # loss inside a long step to reach their next collective and ask.
 UNASKED_LOSS_S = 60.0
@@ -82,16 +82,14 @@ def _count(value: Any) -> int | None:
 
 
 def replacement_for(request: Mapping[str, Any], *, job_id: str, restart: int, world_size: int,
-                    ranks_per_node: int, step_nodes: Sequence[str], store_outside: bool = False) -> Replacement | None:
+                    ranks_per_node: int, step_nodes: Sequence[str]) -> Replacement | None:
     """Pure: the process a request of this start asks for (None: not one of this start's, or
-    not as the ranks write it). Rank 0 is started again only where the rendezvous store is
-    hosted outside the ranks (`store_outside`: launcher.runtime.storehost), since otherwise
-    its process held it. The node: the request's, where it is one of the step's, else the
+    not as the ranks write it). Rank 0 is never started again (its process holds the
+    rendezvous store). The node: the request's, where it is one of the step's, else the
     rank's under srun's block distribution."""
     rank, generation, pid = _count(request.get("rank")), _count(request.get("generation")), request.get("pid")
-    lowest = 0 if store_outside else 1
     if (str(request.get("job_id")) != str(job_id) or request.get("restart") != restart or type(restart) is not int
-            or rank is None or not lowest <= rank < world_size or not generation or ranks_per_node < 1):
+            or rank is None or not 0 < rank < world_size or not generation or ranks_per_node < 1):
         return None
     index = rank // ranks_per_node
     asked = request.get("node")
@@ -175,7 +173,6 @@ class Replacements:
         self.procs: dict[int, list[Any]] = {}
         self.asked: set[int] = set()    # the ranks some request of this start asked for
         self.failed_seen: dict[int, float] = {}
-        self.store_outside = False      # the store's host is not rank 0: rank 0 may be started again too
 
     def statuses(self) -> dict[int, int | None]:
         """rank -> the status of its last new process (None: still running)."""
@@ -203,7 +200,7 @@ class Replacements:
             request = read_json(path)
             new = None if request is None else replacement_for(
                 request, job_id=job_id, restart=restart, world_size=world_size, ranks_per_node=ranks_per_node,
-                step_nodes=step_nodes, store_outside=self.store_outside)
+                step_nodes=step_nodes)
             if new is None:
                 self.served.add(path)
                 continue
@@ -286,45 +283,6 @@ def serve(run_dir: Path, replacements: Replacements, *, stop: Callable[[], bool]
                 end_step()
                 ended = True
         time.sleep(POLL_S)
-
-
-STORE_READY_S = 60.0        # the store host imports torch before it listens
-
-
-def host_store(port: int, env: Mapping[str, str]) -> subprocess.Popen | None:
-    """The run's rendezvous store, hosted on this machine at `port` by its own process
-    (launcher.runtime.storehost) once it listens: the ranks given envnames.STORE_OUTSIDE connect
-    to it, and rank 0's process can be lost and started again like any other. None, said,
-    where it did not start (the ranks then host it as usual)."""
-    import select
-
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "launcher.runtime.storehost", str(port)], env=dict(env),
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    except OSError as exc:
-        say(f"the rendezvous store is rank 0's: its host did not start ({exc})")
-        return None
-    out = proc.stdout
-    ready = out is not None and bool(select.select([out], [], [], STORE_READY_S)[0])
-    line = out.readline().strip() if ready and out is not None else ""
-    if line == f"ready {port}":
-        return proc
-    stop_store(proc)
-    say(f"the rendezvous store is rank 0's: its host did not listen on port {port} ({line[:200] or 'no answer'})")
-    return None
-
-
-def stop_store(proc: subprocess.Popen | None) -> None:
-    """The store host ended (its stdin closed; killed if it does not end)."""
-    if proc is None:
-        return
-    try:
-        if proc.stdin is not None:
-            proc.stdin.close()
-        proc.wait(timeout=TERM_WAIT_S)
-    except (OSError, subprocess.TimeoutExpired):
-        proc.kill()
-        proc.wait(timeout=TERM_WAIT_S)
 
 
 def popen_starter(env: MutableMapping[str, str], log: Path | None = None) -> Callable[[list[str]], Any]:

@@ -85,7 +85,6 @@ class Step:
         self.hung = False
         self.next_watch = 0.0
         self.peers = PeerReplacement.of(run_dir, self.job_id, restart, options.ntasks)
-        self.store: subprocess.Popen | None = None
         self.base_env: dict[str, str] = {}
 
     def _path(self, pattern: str, task: int) -> str:
@@ -95,12 +94,6 @@ class Step:
         self.base_env = dict(os.environ)
         self.base_env.setdefault("MASTER_ADDR", "127.0.0.1")
         self.base_env.setdefault("MASTER_PORT", str(free_port()))
-        if self.peers is not None and self.base_env["MASTER_PORT"].isdigit():
-            # The rendezvous store outside the ranks: rank 0's process can be lost too.
-            self.store = replace.host_store(int(self.base_env["MASTER_PORT"]), self.base_env)
-            if self.store is not None:
-                self.base_env[envnames.STORE_OUTSIDE] = "True"
-                self.peers.store_outside = True
         for task in range(self.options.ntasks):
             self.procs.append(self._start_task(task, {}))
 
@@ -208,7 +201,6 @@ class Step:
                 os.killpg(proc.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        replace.stop_store(self.store)
         codes = [p.returncode for p in self.procs]
         first = self.first_bad if self.first_bad is not None else next((c for c in codes if c), 0)
         status = TIMEOUT_STATUS if self.timed_out else _status(first)
@@ -240,7 +232,6 @@ class PeerReplacement:
         self.served: set[Path] = set()
         self.failed_since: dict[int, float] = {}    # task -> when its current process was seen failed
         self.started: dict[int, int] = {}           # task -> processes started again for it
-        self.store_outside = False                  # the store's host is not rank 0: it may go too
 
     @classmethod
     def of(cls, run_dir: str | None, job_id: str, restart: str, ntasks: int) -> PeerReplacement | None:
@@ -264,7 +255,7 @@ class PeerReplacement:
         for path, request in self._new_requests():
             new = None if request is None else replace.replacement_for(
                 request, job_id=self.job_id, restart=self.restart, world_size=self.ntasks,
-                ranks_per_node=self.ntasks, step_nodes=["localhost"], store_outside=self.store_outside)
+                ranks_per_node=self.ntasks, step_nodes=["localhost"])
             if new is not None and (new.rank not in bad or any(task == new.rank for task, _ in out)):
                 continue        # its process still runs (or is being started): asked again later
             self.served.add(path)

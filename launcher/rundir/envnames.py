@@ -31,9 +31,6 @@ RECOVERY_PEER = "GLAUNCH_RECOVERY_PEER"   # "1": recovery.peer (launcher.runtime
 # the generation of the process group it joins, and the pid the lost rank had on this node.
 PEER_JOIN = "GLAUNCH_PEER_JOIN"
 PEER_LOST_PID = "GLAUNCH_PEER_LOST_PID"
-# torch's switch (torch.distributed.rendezvous) for a store the launcher hosts, not rank 0
-# (launcher.runtime.storehost, for recovery.peer): "True".
-STORE_OUTSIDE = "TORCHELASTIC_USE_AGENT_STORE"
 # Per start, from the scheduler: the job's id and how many starts came before this one.
 JOB_ID = "GLAUNCH_JOB_ID"
 RESTART = "GLAUNCH_RESTART"

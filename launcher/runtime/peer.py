@@ -44,14 +44,11 @@ with the rank's place (``GLAUNCH_PEER_JOIN``: the generation to join): its group
 the collectives before the loop on its own (launcher.runtime.peergroup), and its
 ``steps()`` first joins the recovery (:meth:`PeerRecovery.join`): it reports as a failed
 rank with no state (``replaced``), receives a live peer's state over the new generation
-and goes on at the plan's step. Rank 0 is replaced like any other where the job controller
-or the local job step hosts the rendezvous store (launcher.runtime.storehost:
-TORCHELASTIC_USE_AGENT_STORE=True); where the store is rank 0's, a lost rank 0 takes it along.
+and goes on at the plan's step. Rank 0 cannot be replaced: its process holds the store.
 
 Lost work: the step in flight. Data must follow from the step number (as in the
 examples), since the step is the position the runtime keeps. A step that fails again on
-the same rank when redone, a lost rank 0 whose process held the store, or a lost rank
-nobody starts again, is not
+the same rank when redone, a lost rank 0, or a lost rank nobody starts again, is not
 recovered here: the ranks raise and the start ends as a crash (the in-allocation restart
 from a checkpoint). CPU/gloo only; with another backend the loop runs plainly.
 """
@@ -409,7 +406,7 @@ def ask_replacement(ctx: RankContext, generation: int, present: list[int], missi
     if not present or ctx.rank != min(present) or ctx.job_id is None:
         return
     for rank in missing:
-        if rank == 0 and not store_outside():
+        if rank == 0:
             continue          # its process holds the store: the recovery cannot go on without it
         path = RunDir(ctx.run_dir).peer_replace_request(ctx.job_id, ctx.restart, generation, rank)
         request = replacement_request(ctx, generation, rank, seen_at)
@@ -421,13 +418,6 @@ def ask_replacement(ctx: RankContext, generation: int, present: list[int], missi
             continue
         log(f"peer recovery: no report of rank {rank} after {REPLACE_AFTER_S:g} s: its process is lost? "
             f"asked for it to be started again" + (f" on {request['node']}" if request["node"] else ""))
-
-
-def store_outside() -> bool:
-    """Whether the rendezvous store is hosted outside the ranks (launcher.runtime.storehost,
-    through torch's TORCHELASTIC_USE_AGENT_STORE): then rank 0's process can be lost too."""
-    return os.environ.get(envnames.STORE_OUTSIDE) == "True"
-
 
 
 def replacement_unfit(model: Any) -> str | None:

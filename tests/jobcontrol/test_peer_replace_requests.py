@@ -46,13 +46,6 @@ def test_a_request_of_another_start_for_rank_0_or_not_the_ranks_starts_nothing(c
     assert wanted({**REQUEST, **change}) is None
 
 
-def test_rank_0_is_started_again_only_where_the_store_is_hosted_outside_the_ranks():
-    rank0 = {**REQUEST, "rank": 0, "node": "n1"}
-    assert wanted(rank0) is None
-    assert wanted(rank0, store_outside=True) == Replacement(0, 1, "n1", 0, 0, 777)
-    assert wanted({**rank0, "rank": -1}, store_outside=True) is None
-
-
 def test_the_new_step_runs_the_same_task_in_the_lost_rank_s_place_and_log():
     job = parse(controller_words("local-slurm.srun.job.sbatch"))
     new = wanted(REQUEST)
@@ -159,41 +152,6 @@ def test_with_recovery_peer_the_step_s_status_is_the_replacements_answer(job_env
     assert Controller(job, edge, env).step(NODES, ("n1", "n2", "n3")) == status
     assert edge.asked == ([NODES] if peer else [])
     assert not [t for t in threading.enumerate() if t.name == "glaunch-peer-replace"]
-
-
-class StoreEdge(PeerEdge):
-    """A store host that starts (`hosted`) or not; the ranks' view of it at the step recorded."""
-
-    def __init__(self, hosted):
-        super().__init__([0], -1)
-        self.hosted, self.stores, self.stopped, self.seen = hosted, [], [], []
-
-    def node_addr(self, host):
-        return {"n3": "10.0.0.3"}.get(host, host)
-
-    def host_store(self, port, env):
-        self.stores.append((port, env["MASTER_ADDR"]))
-        return "store" if self.hosted else None
-
-    def stop_store(self, store):
-        self.stopped.append(store)
-
-    def run_step(self, argv, env):
-        self.seen.append((env.get("MASTER_ADDR"), env.get("TORCHELASTIC_USE_AGENT_STORE")))
-        return super().run_step(argv, env)
-
-
-@pytest.mark.parametrize("hosted", [True, False], ids=["store hosted on the batch host", "store left to rank 0"])
-def test_with_recovery_peer_the_store_is_hosted_on_the_batch_host_and_the_ranks_told(job_env, tmp_path,  # noqa: F811
-                                                                                   monkeypatch, hosted):
-    monkeypatch.setenv("SLURMD_NODENAME", "n3")
-    edge = StoreEdge(hosted)
-    env = dict(job_env, GLAUNCH_RECOVERY_PEER="1", MASTER_ADDR="n1", MASTER_PORT="29511")
-    job = JobSteps(tmp_path, nodes=2, srun=("srun",), task=("task",))
-    assert Controller(job, edge, env).step(NODES, ("n1", "n2", "n3")) == 0
-    assert edge.stores == [(29511, "10.0.0.3")]
-    assert edge.seen == ([("10.0.0.3", "True")] if hosted else [("n1", None)])
-    assert edge.stopped == (["store"] if hosted else [None])
 
 
 def test_only_a_run_with_recovery_peer_and_one_task_per_rank_keeps_its_ranks_running_when_one_ends():

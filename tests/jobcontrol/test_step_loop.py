@@ -44,12 +44,6 @@ class FakeEdge:
     def node_addr(self, host):
         return host
 
-    def host_store(self, port, env):
-        return None             # the ranks host their store, as without a store host
-
-    def stop_store(self, store):
-        pass
-
     def taken_back(self, job_id):
         return self.taken
 

@@ -199,23 +199,3 @@ def test_a_rank_lost_again_where_it_was_started_again_moves_to_the_spare_node(tm
     print(f"rank {FAIL_RANK} lost on {first.group(1)}, started again there, lost again: moved to the spare node "
           f"{moved.group(1)}; one start, bitwise")
 
-
-
-RANK0_EXPERIMENT = (LOST_EXPERIMENT.replace("name: peer-lost", "name: peer-lost-rank0")
-                    .replace(f'FAIL_RANK: "{FAIL_RANK}"', 'FAIL_RANK: "0"'))
-
-
-def test_rank_0_whose_process_is_lost_is_started_again_from_the_store_the_controller_hosts(tmp_path,
-                                                                                          slurm_defaults_env):
-    """Rank 0's process ends at step FAIL_STEP: the rendezvous store is not its (the job
-    controller hosts it on the batch host), so its peers agree on the recovery, rank 1 asks
-    for it, and its new process joins and gets rank 1's state; one start, bitwise."""
-    assert 'FAIL_RANK: "0"' in RANK0_EXPERIMENT
-    run = submitted_peer_run(tmp_path, RANK0_EXPERIMENT, slurm_defaults_env)
-    assert "rank 0's process is lost: starting it again on" in run.batch, run.batch[-3000:]
-    (entry,) = (json.loads(line) for line in (run.run_dir / "peer-recoveries.jsonl").read_text().splitlines())
-    assert (entry["failed"], entry["replaced"], entry["lost_steps"]) == ([0], [0], 1) and entry["source"] != 0, entry
-    lost_at = read_json(run.run_dir / "peer-times-0.json")["failed_at"]
-    again = read_json(run.run_dir / "peer-times-0-started-again.json")
-    print(f"rank 0's process lost at step {FAIL_STEP}: its new process ended its first step "
-          f"{again['step_ends'][0] - lost_at:.2f} s later, state from rank {entry['source']}")

@@ -262,17 +262,15 @@ def test_on_the_local_site_a_failed_rank_is_restored_from_its_peer_in_the_same_s
           f"a step takes {step_s:.4f} s)")
 
 
-@pytest.mark.parametrize("lost", [1, 0], ids=["rank 1", "rank 0, whose store the job step hosts"])
-def test_on_the_local_site_a_lost_process_is_started_again_and_gets_its_peers_state(tmp_path, isolated_env, lost):
+def test_on_the_local_site_a_lost_process_is_started_again_and_gets_its_peers_state(tmp_path, isolated_env):
     """A rank's process lost (os._exit) inside the step loop: its peer asks for it, the local
     job step starts it again in the same start, and it joins with its peer's state; the
-    final parameters equal an uninterrupted run's, and no checkpoint is read. Rank 0 too:
-    the rendezvous store is hosted by the job step, not by rank 0's process."""
+    final parameters equal an uninterrupted run's, and no checkpoint is read."""
     (tmp_path / "failing_ddp.py").write_text(SCRIPT)
     (tmp_path / "peer.yaml").write_text(EXPERIMENT)
     plain_dir, plain = submit(tmp_path, "plain", isolated_env)
     assert plain.returncode == 0, plain.stdout[-3000:] + plain.stderr[-3000:]
-    run_dir, proc = submit(tmp_path, "lost", isolated_env, "recovery.peer=true", f"env.FAIL_RANK={lost}",
+    run_dir, proc = submit(tmp_path, "lost", isolated_env, "recovery.peer=true", "env.FAIL_RANK=1",
                            "env.FAIL_STEP=7", "env.FAIL_WHERE=exit")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads((run_dir / "run.json").read_text())
@@ -283,8 +281,8 @@ def test_on_the_local_site_a_lost_process_is_started_again_and_gets_its_peers_st
     logs = rank_logs(run_dir)
     assert "resumed from" not in logs
     (summary,) = [json.loads(p.read_text()) for p in (run_dir / "logs").glob("*_step.json")]
-    assert summary["started_again"] == {str(lost): 1} and summary["status"] == 0, summary
-    lost_at = json.loads((run_dir / f"peer-times-{lost}.json").read_text())["failed_at"]
-    again = json.loads((run_dir / f"peer-times-{lost}-started-again.json").read_text())
-    print(f"local site: rank {lost}'s process lost at step 7; its new process ended its first step "
+    assert summary["started_again"] == {"1": 1} and summary["status"] == 0, summary
+    lost_at = json.loads((run_dir / "peer-times-1.json").read_text())["failed_at"]
+    again = json.loads((run_dir / "peer-times-1-started-again.json").read_text())
+    print(f"local site: rank 1's process lost at step 7; its new process ended its first step "
           f"{again['step_ends'][0] - lost_at:.3f} s later")
