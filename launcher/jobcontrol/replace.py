@@ -162,6 +162,49 @@ def node_for(new: Replacement, started_on: Sequence[str], spares: Sequence[str])
     return new if spare is None else dataclasses.replace(new, node=spare)
 
 
+class Requests:
+    """The requests of one start in the run's peer-replace/, as every job step serves them
+    (Slurm's, beside srun; the local site's stand-in for srun): each file read until served;
+    per rank only the newest (an older one is stale); one for a rank whose process still
+    runs waits, unserved, until it ends (its peers may ask before its late report comes)."""
+
+    def __init__(self, run_dir: str | Path, *, job_id: str, restart: int, world_size: int, ranks_per_node: int,
+                 step_nodes: Sequence[str]) -> None:
+        self.folder = RunDir(run_dir).peer_replace_dir
+        self.job_id, self.restart, self.world_size = job_id, restart, world_size
+        self.ranks_per_node, self.step_nodes = ranks_per_node, tuple(step_nodes)
+        self.served: set[Path] = set()
+        self.asked: set[int] = set()    # the ranks some request of this start asked for
+
+    def due(self, ended: Callable[[int], bool]) -> list[Replacement]:
+        """The processes to start now: per rank the newest request not served yet, where
+        `ended(rank)` says the rank's process no longer runs; each is then served."""
+        try:
+            paths = sorted(p for p in self.folder.iterdir() if p.suffix == ".json" and p not in self.served)
+        except OSError:
+            return []
+        newest: dict[int, tuple[Path, Replacement]] = {}
+        for path in paths:
+            request = read_json(path)
+            new = None if request is None else replacement_for(
+                request, job_id=self.job_id, restart=self.restart, world_size=self.world_size,
+                ranks_per_node=self.ranks_per_node, step_nodes=self.step_nodes)
+            if new is None:
+                self.served.add(path)       # not this start's, or not as the ranks write it
+                continue
+            self.asked.add(new.rank)
+            older = newest.get(new.rank)
+            if older is not None and older[1].generation >= new.generation:
+                self.served.add(path)
+                continue
+            if older is not None:
+                self.served.add(older[0])
+            newest[new.rank] = (path, new)
+        due = [(path, new) for path, new in newest.values() if ended(new.rank)]
+        self.served.update(path for path, _ in due)
+        return [new for _, new in due]
+
+
 class Replacements:
     """The processes this step started again, and the requests already served."""
 
@@ -169,9 +212,8 @@ class Replacements:
         self.start = start              # words -> a process (subprocess.Popen), or None when it could not start
         self.spares = tuple(spares)     # the allocation's nodes outside the step
         self.started_on: dict[int, list[str]] = {}
-        self.served: set[Path] = set()
         self.procs: dict[int, list[Any]] = {}
-        self.asked: set[int] = set()    # the ranks some request of this start asked for
+        self.requests: Requests | None = None      # read from the first serve_once on
         self.failed_seen: dict[int, float] = {}
 
     def statuses(self) -> dict[int, int | None]:
@@ -187,36 +229,18 @@ class Replacements:
     def serve_once(self, run_dir: Path, *, job_id: str, restart: int, world_size: int, ranks_per_node: int,
                    step_nodes: Sequence[str], srun: Sequence[str], task: Sequence[str],
                    failed: set[int] | None = None, check_ended: bool = False) -> None:
-        """Serve the new requests of this start: per rank the newest (an older one is stale).
-        With `check_ended`, a request for a rank whose process still runs (`ended`: its peers
-        asked before its late report came) waits, unserved, until it ends, if ever."""
-        folder = RunDir(run_dir).peer_replace_dir
-        try:
-            paths = sorted(p for p in folder.iterdir() if p.suffix == ".json" and p not in self.served)
-        except OSError:
-            return
-        newest: dict[int, tuple[Path, Replacement]] = {}
-        for path in paths:
-            request = read_json(path)
-            new = None if request is None else replacement_for(
-                request, job_id=job_id, restart=restart, world_size=world_size, ranks_per_node=ranks_per_node,
-                step_nodes=step_nodes)
-            if new is None:
-                self.served.add(path)
-                continue
-            self.asked.add(new.rank)
-            older = newest.get(new.rank)
-            if older is not None and older[1].generation >= new.generation:
-                self.served.add(path)
-                continue
-            if older is not None:
-                self.served.add(older[0])
-            newest[new.rank] = (path, new)
-        for path, new in newest.values():
-            if check_ended and not self.ended(new.rank, failed):
-                continue
-            self.served.add(path)
+        """Serve the new requests of this start (Requests.due). With `check_ended`, a request
+        waits until srun says its rank's task ended (`ended`)."""
+        if self.requests is None:
+            self.requests = Requests(run_dir, job_id=job_id, restart=restart, world_size=world_size,
+                                     ranks_per_node=ranks_per_node, step_nodes=step_nodes)
+        for new in self.requests.due(lambda rank: not check_ended or self.ended(rank, failed)):
             self._start_again(new, srun, task, world_size)
+
+    @property
+    def asked(self) -> set[int]:
+        """The ranks some request of this start asked for."""
+        return self.requests.asked if self.requests is not None else set()
 
     def _start_again(self, new: Replacement, srun: Sequence[str], task: Sequence[str], world_size: int) -> None:
         if sum(len(p) for p in self.procs.values()) >= MAX_REPLACEMENTS:

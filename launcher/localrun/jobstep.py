@@ -37,8 +37,6 @@ from launcher.rundir import envnames
 from launcher.rundir.files import atomic_write_text, open_regular
 from launcher.rundir.layout import STEP_SUMMARY
 from launcher.jobcontrol import replace, watchdog
-from launcher.rundir.files import read_json
-from launcher.rundir.layout import RunDir
 from launcher.rundir.rankcontext import free_port
 
 KILL_WAIT_S = 10.0
@@ -225,11 +223,12 @@ class Step:
 
 class PeerReplacement:
     """With peer recovery: which failed tasks to start again (their peers asked, in the
-    run's peer-replace/), and which failed task no peer asked for in time."""
+    run's peer-replace/: replace.Requests, as under Slurm), and which failed task no peer
+    asked for in time."""
 
     def __init__(self, run_dir: str, job_id: str, restart: int, ntasks: int) -> None:
-        self.run_dir, self.job_id, self.restart, self.ntasks = run_dir, job_id, restart, ntasks
-        self.served: set[Path] = set()
+        self.requests = replace.Requests(run_dir, job_id=job_id, restart=restart, world_size=ntasks,
+                                         ranks_per_node=ntasks, step_nodes=["localhost"])
         self.failed_since: dict[int, float] = {}    # task -> when its current process was seen failed
         self.started: dict[int, int] = {}           # task -> processes started again for it
 
@@ -252,15 +251,7 @@ class PeerReplacement:
         for task in bad:
             self.failed_since.setdefault(task, now)
         out: list[tuple[int, dict[str, str]]] = []
-        for path, request in self._new_requests():
-            new = None if request is None else replace.replacement_for(
-                request, job_id=self.job_id, restart=self.restart, world_size=self.ntasks,
-                ranks_per_node=self.ntasks, step_nodes=["localhost"])
-            if new is not None and (new.rank not in bad or any(task == new.rank for task, _ in out)):
-                continue        # its process still runs (or is being started): asked again later
-            self.served.add(path)
-            if new is None:
-                continue
+        for new in self.requests.due(lambda rank: rank in bad):
             if sum(self.started.values()) >= replace.MAX_REPLACEMENTS:
                 replace.say(f"rank {new.rank} not started again: {replace.MAX_REPLACEMENTS} processes were "
                             "already started again in this start")
@@ -283,15 +274,6 @@ class PeerReplacement:
             replace.say(f"task(s) {', '.join(map(str, late))} ended and no rank asked to start them again "
                         f"within {replace.UNASKED_LOSS_S:g} s: the step ends")
         return late[0] if late else None
-
-    def _new_requests(self) -> list[tuple[Path, dict | None]]:
-        """The requests not served yet, each with its content (None: not a JSON object)."""
-        folder = RunDir(self.run_dir).peer_replace_dir
-        try:
-            paths = sorted(p for p in folder.iterdir() if p.suffix == ".json" and p not in self.served)
-        except OSError:
-            return []
-        return [(path, read_json(path)) for path in paths]
 
 
 def _status(code: int) -> int:

@@ -207,3 +207,18 @@ def test_a_rank_lost_again_on_the_node_it_was_started_again_on_moves_to_a_spare(
     assert replace.node_for(new, [], ("n3",)) == new                          # lost once: its own node
     assert replace.node_for(new, ["n2"], ()) == new                           # no spare: its own node again
     assert replace.node_for(new, ["n2", "n3"], ("n3",)) == new                # every spare tried already
+
+
+def test_the_local_step_serves_requests_as_slurm_s_does_newest_per_rank_once_its_task_ended(tmp_path, monkeypatch):
+    """The local site's stand-in for srun chooses the same requests (replace.Requests): a
+    stale one for a rank never starts a second process beside the newest's."""
+    from launcher.localrun.jobstep import PeerReplacement
+
+    steps = PeerReplacement(str(tmp_path), "4242", 0, 4)
+    write_request(tmp_path, {**REQUEST, "generation": 1})
+    write_request(tmp_path, {**REQUEST, "generation": 2})
+    assert steps.serve([1], now=0.0) == []                          # rank 3 still runs: its requests wait
+    assert steps.serve([3], now=1.0) == [(3, {"GLAUNCH_PEER_JOIN": "2", "GLAUNCH_PEER_LOST_PID": "777"})]
+    assert steps.serve([3], now=2.0) == [] and steps.started == {3: 1}
+    write_request(tmp_path, {**REQUEST, "generation": 3, "pid": None})
+    assert steps.serve([3], now=3.0) == [(3, {"GLAUNCH_PEER_JOIN": "3"})]
