@@ -716,6 +716,71 @@ def test_fake_a_submission_killed_midway_is_settled_by_the_next_status(tmp_path,
     assert _calls(fakes, "sbatch") == []
 
 
+KILLED_SUBMIT = """\
+import sys
+from launcher import api
+site, runs, values = sys.argv[1], sys.argv[2], sys.argv[3:]
+experiment = "examples/torch_ddp.yaml"
+prepared = (api.prepare_sweep(experiment, values, site=site, runs_dir=runs) if values
+            else api.prepare(experiment, site=site, runs_dir=runs))
+api.launch(prepared, check=False)
+"""
+
+
+def _killed_during_sbatch(tmp_path, site: str, *values: str) -> list[Path]:
+    """A real submission whose process is killed (SIGKILL: no cleanup runs) by the fake
+    sbatch after it queued; its run directories, last written an hour ago."""
+    proc = subprocess.run([sys.executable, "-c", KILLED_SUBMIT, site, str(tmp_path / "runs"), *values], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
+    run_files = sorted((tmp_path / "runs").rglob("run.json"))
+    stale = time.time() - 3600
+    for path in run_files:
+        os.utime(path, (stale, stale))
+    return [path.parent for path in run_files]
+
+
+def test_fake_a_killed_submission_whose_comment_is_the_user_s_own_is_found_by_its_script(
+        tmp_path, monkeypatch, isolated_env):
+    """The profile sets the job's --comment (with a "|" in it), so the job carries no marker:
+    the next status finds it by the script sbatch was given, and releases it."""
+    fakes = _fakes(tmp_path, monkeypatch,
+                   sbatch=("queues the job held, then glaunch is killed",
+                           'echo "4261|team budget|b|$script" >> "$FAKE_DIR/queue"\nkill -KILL $PPID; sleep 5'),
+                   squeue=("lists the queue it was given", 'cat "$FAKE_DIR/queue" 2>/dev/null; true'))
+    site = tmp_path / "commented.yaml"
+    site.write_text(f"extends: {REPO / 'site_configs' / 'local-slurm.yaml'}\nname: commented\n"
+                    "sbatch: {comment: 'team budget|b'}\n")
+    [run_dir] = _killed_during_sbatch(tmp_path, str(site))
+    assert "--comment" not in _calls(fakes, "sbatch")[0]
+    api.status(str(run_dir))
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["job_id"] == "4261" and _calls(fakes, "scontrol") == ["release 4261"], record
+    assert slurm_submit.submitted_pickle(run_dir / "logs", "4261").is_file()
+
+
+def test_fake_a_sweep_killed_during_its_first_array_settles_every_element(tmp_path, monkeypatch, isolated_env):
+    """Killed while sbatch queued the first of two arrays: its element is found (by the
+    array's marker) and released as its task; the second array's, never queued, is refused."""
+    fakes = _fakes(tmp_path, monkeypatch,
+                   sbatch=("queues the array held, then glaunch is killed",
+                           'echo "4270_[0]|$comment|$script" >> "$FAKE_DIR/queue"\nkill -KILL $PPID; sleep 5'),
+                   squeue=("lists the queue it was given",
+                           'case "$*" in *--states=all*) cat "$FAKE_DIR/queue" 2>/dev/null;; '
+                           '*) echo "PENDING|Priority";; esac'),
+                   scontrol=_sweep_scontrol("exit 0"))
+    run_dirs = _killed_during_sbatch(tmp_path, "local-slurm", "resources.nodes=1,2")
+    assert len(_calls(fakes, "sbatch")) == 1
+    sweep_dir = run_dirs[0].parent
+    api.status(str(sweep_dir))
+    records = sorted((json.loads((d / "run.json").read_text()) for d in run_dirs), key=lambda r: r["nodes"])
+    assert [(r["state"], r["job_id"]) for r in records] == [("PENDING", "4270_0"), ("REFUSED", None)], records
+    assert "queueing" not in records[0] and records[1]["reason"] == "interrupted"
+    assert [c for c in _calls(fakes, "scontrol") if c.startswith("release")] == ["release 4270_0"]
+    first = next(d for d in run_dirs if json.loads((d / "run.json").read_text())["job_id"])
+    assert slurm_submit.submitted_pickle(first / "logs", "4270_0").is_file()
+
+
 def test_fake_a_submission_still_within_its_bounds_is_left_to_finish(tmp_path, monkeypatch, isolated_env):
     fakes = _fakes(tmp_path, monkeypatch, sbatch=("is never called", "exit 1"),
                    squeue=("lists the queue it was given", 'cat "$FAKE_DIR/queue" 2>/dev/null; true'))

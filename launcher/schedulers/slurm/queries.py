@@ -30,9 +30,10 @@ def find_submitted(script: str, marker: str, *, deadline: float | None = None, u
     if proc.returncode != 0:
         raise SchedulerError(f"squeue failed: {without_tool_prefix('squeue', proc.stderr or proc.stdout)}")
     for line in proc.stdout.splitlines():
-        fields = line.strip().split("|", 2)
-        if len(fields) == 3 and ((marker and fields[1] == marker) or (script and fields[2] == script)):
-            return fields[0]
+        # ID|COMMENT|SCRIPT, where a user's comment may hold "|" too: matched from each end.
+        job_id, sep, rest = line.strip().partition("|")
+        if sep and ((marker and rest.startswith(f"{marker}|")) or (script and rest.endswith(f"|{script}"))):
+            return job_id
     return None
 
 

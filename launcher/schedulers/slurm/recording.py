@@ -26,6 +26,9 @@ NEVER_STARTS = "never starts"
 LEFT_HELD = "left_held"
 # ... and for a job Slurm no longer knows, that left no record of its end.
 UNKNOWN_TO_SLURM = "unknown to Slurm"
+# run.json of a sweep's element while its array is being queued: how to find the array (its
+# script and marker) and the element's task in it, should the submitting process stop.
+QUEUEING = "queueing"
 # run.json: accounting was folded in once the run had ended ({"job_id", "at"}): sacct has
 # nothing to add to that job's starts any more, so no later reader asks it.
 AFTER_END = "accounting_after_end"
@@ -132,6 +135,7 @@ def record_queued(run_dir: Path, plan: JobPlan, job_id: str, warnings: list[str]
         record.job_id = job_id
         record.starts.append(registry.new_start(job_id, 0))
         record.extra["request"] = request_values(plan)
+        record.extra.pop(QUEUEING, None)      # the element's array is queued: found by its job id
         if warnings:
             record.extra["warnings"] = warnings
         origin = record.extra.get("provenance")

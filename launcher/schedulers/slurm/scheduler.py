@@ -311,14 +311,17 @@ def _queue_array(number: int, batch: SweepBatch, script: Path, members: Sequence
     """One array of a sweep queued held, each element's task and record put in place, then
     released. Slurm's refusal (of the array, or of its release) refuses its elements; an
     uncertain answer leaves them UNKNOWN, looked up again by status."""
-    from launcher.schedulers.slurm.recording import record_queued, record_refused, request_values
+    from launcher.schedulers.slurm.recording import QUEUEING, record_queued, record_refused, request_values
     from launcher.schedulers.slurm.submit import (
         SubmissionUncertain, dump_task, link_task, release, submit_array, task_template)
 
-    for plan in members:
+    marker = array.submission_marker(str(members[0].sweep_id), number)
+    for task, plan in enumerate(members):
         dump_task(plan, task_template(plan.log_dir))
+        with registry.updating(plan.run_dir) as record:
+            record.extra[QUEUEING] = {"script": str(script), "marker": marker, "task": task}
     try:
-        array_id = submit_array(members[0], script, array.submission_marker(str(members[0].sweep_id), number), env)
+        array_id = submit_array(members[0], script, marker, env)
     except SubmissionUncertain as exc:
         for task, plan in enumerate(members):
             with registry.updating(plan.run_dir) as record:
@@ -425,11 +428,12 @@ STOPPED_SUBMISSION_S = 600.0
 
 
 def _submission_stopped(run_dir: Path, record: RunRecord) -> bool:
-    """A run (not a sweep's element, whose job is its array's) whose submission stopped
-    before it recorded a job, or whether Slurm queued one."""
-    if (record.state != State.SUBMITTING or record.job_id or record.dry_run or record.extra.get("sweep")
-            or record.extra.get("allocation") or isinstance(record.extra.get("submission"), dict)):
+    """A run (or a sweep's element) whose submission stopped before it recorded a job, or
+    whether Slurm queued one."""
+    if (record.state != State.SUBMITTING or record.job_id or record.dry_run or record.extra.get("allocation")
+            or isinstance(record.extra.get("submission"), dict)):
         return False
+
     try:
         written = RunDir(run_dir).run_file.stat().st_mtime
     except OSError:
@@ -439,11 +443,23 @@ def _submission_stopped(run_dir: Path, record: RunRecord) -> bool:
 
 def _mark_stopped(run_dir: Path) -> RunRecord:
     """The stopped submission taken as an uncertain one: the job it may have queued (held,
-    so never started) is looked for by the run's marker, then released or the run refused."""
-    from launcher.schedulers.slurm.submit import submission_marker
+    so never started) is looked for by the run's marker or the script sbatch was given (a
+    job whose --comment is the user's own carries no marker), then released or the run
+    refused. A sweep's element: by its array's, and its task in it."""
+    from launcher.schedulers.slurm.recording import QUEUEING
+    from launcher.schedulers.slurm.submit import submission_marker, submission_scripts
 
     with registry.updating(run_dir) as rec:
-        rec.extra["submission"] = {"script": "", "marker": submission_marker(rec.run_id), "stopped": True}
+        queueing = rec.extra.pop(QUEUEING, None)
+        if isinstance(queueing, dict):
+            rec.extra["submission"] = {**queueing, "stopped": True}
+        elif rec.extra.get("sweep"):
+            # An element whose array was never reached: its keys are written before sbatch.
+            rec.extra["submission"] = {"script": "", "marker": "", "stopped": True}
+        else:
+            scripts = submission_scripts(RunDir(run_dir).log_dir)
+            rec.extra["submission"] = {"script": str(scripts[-1]) if scripts else "",
+                                       "marker": submission_marker(rec.run_id), "stopped": True}
     return rec
 
 
@@ -454,7 +470,8 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
     from launcher.schedulers.slurm.queries import find_submitted
 
     sub = record.extra["submission"]
-    job_id = find_submitted(str(sub.get("script") or ""), str(sub.get("marker") or ""))
+    script, marker = str(sub.get("script") or ""), str(sub.get("marker") or "")
+    job_id = find_submitted(script, marker) if script or marker else None
     task = sub.get("task")
     element = isinstance(task, int) and not isinstance(task, bool)
     if job_id and element:

@@ -132,6 +132,16 @@ def link_task(log_dir: str | os.PathLike, job_id: str) -> None:
     task_template(log_dir).unlink()
 
 
+def submission_scripts(log_dir: str | os.PathLike) -> list[Path]:
+    """The scripts the executor handed sbatch for a run (its log folder's
+    .submission_file_*.sh, kept as links once the job was named), oldest first."""
+    try:
+        found = [(path.lstat().st_mtime, path) for path in Path(log_dir).glob(".submission_file_*.sh")]
+    except OSError:
+        return []
+    return [path for _, path in sorted(found)]
+
+
 def submitted_pickle(log_dir: str | os.PathLike, job_id: str) -> Path:
     from submitit.core.utils import JobPaths
 
