@@ -727,9 +727,9 @@ api.launch(prepared, check=False)
 """
 
 
-def _killed_during_sbatch(tmp_path, site: str, *values: str) -> list[Path]:
-    """A real submission whose process is killed (SIGKILL: no cleanup runs) by the fake
-    sbatch after it queued; its run directories, last written an hour ago."""
+def _killed_submit(tmp_path, site: str, *values: str) -> list[Path]:
+    """A real submission whose process is killed (SIGKILL: no cleanup runs) by a fake Slurm
+    command; its run directories, last written an hour ago."""
     proc = subprocess.run([sys.executable, "-c", KILLED_SUBMIT, site, str(tmp_path / "runs"), *values], cwd=REPO,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == -signal.SIGKILL, proc.stderr[-2000:]
@@ -751,7 +751,7 @@ def test_fake_a_killed_submission_whose_comment_is_the_user_s_own_is_found_by_it
     site = tmp_path / "commented.yaml"
     site.write_text(f"extends: {REPO / 'site_configs' / 'local-slurm.yaml'}\nname: commented\n"
                     "sbatch: {comment: 'team budget|b'}\n")
-    [run_dir] = _killed_during_sbatch(tmp_path, str(site))
+    [run_dir] = _killed_submit(tmp_path, str(site))
     assert "--comment" not in _calls(fakes, "sbatch")[0]
     api.status(str(run_dir))
     record = json.loads((run_dir / "run.json").read_text())
@@ -769,7 +769,7 @@ def test_fake_a_sweep_killed_during_its_first_array_settles_every_element(tmp_pa
                            'case "$*" in *--states=all*) cat "$FAKE_DIR/queue" 2>/dev/null;; '
                            '*) echo "PENDING|Priority";; esac'),
                    scontrol=_sweep_scontrol("exit 0"))
-    run_dirs = _killed_during_sbatch(tmp_path, "local-slurm", "resources.nodes=1,2")
+    run_dirs = _killed_submit(tmp_path, "local-slurm", "resources.nodes=1,2")
     assert len(_calls(fakes, "sbatch")) == 1
     sweep_dir = run_dirs[0].parent
     api.status(str(sweep_dir))
@@ -779,6 +779,27 @@ def test_fake_a_sweep_killed_during_its_first_array_settles_every_element(tmp_pa
     assert [c for c in _calls(fakes, "scontrol") if c.startswith("release")] == ["release 4270_0"]
     first = next(d for d in run_dirs if json.loads((d / "run.json").read_text())["job_id"])
     assert slurm_submit.submitted_pickle(first / "logs", "4270_0").is_file()
+
+
+@pytest.mark.parametrize("values", [(), ("hparams.lr=0.1,0.2",)], ids=["a run", "a sweep"])
+def test_fake_a_submission_killed_during_the_release_is_released_by_the_next_status(
+        tmp_path, monkeypatch, isolated_env, values):
+    """Killed once run.json named the held job, before Slurm released it: the job would wait
+    held forever; the next status (once no submission can still be under way) releases it."""
+    fakes = _fakes(tmp_path, monkeypatch, sbatch=("accepts", 'echo "Submitted batch job 4280"'),
+                   squeue=("lists the job held", 'echo "PENDING|JobHeldUser"'),
+                   scontrol=_sweep_scontrol('if [ ! -e "$FAKE_DIR/killed" ]; then touch "$FAKE_DIR/killed"; '
+                                            'kill -KILL $PPID; sleep 5; fi'))
+    run_dirs = _killed_submit(tmp_path, "local-slurm", *values)
+    jobs = ["4280"] if not values else ["4280_0", "4280_1"]
+    before = [json.loads((d / "run.json").read_text()) for d in run_dirs]
+    assert sorted((r["state"], r["job_id"], r["releasing"]) for r in before) == [("PENDING", j, j) for j in jobs]
+    api.status(str(run_dirs[0].parent if values else run_dirs[0]))
+    releases = [c for c in _calls(fakes, "scontrol") if c.startswith("release")]
+    assert sorted(releases) == sorted(["release 4280", *(f"release {j}" for j in jobs)])  # killed, then again
+    after = [json.loads((d / "run.json").read_text()) for d in run_dirs]
+    assert all("releasing" not in r and "left_held" not in r for r in after), after
+    assert _calls(fakes, "scancel") == []
 
 
 def test_fake_a_submission_still_within_its_bounds_is_left_to_finish(tmp_path, monkeypatch, isolated_env):

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from launcher.errors import SchedulerError
+from launcher.errors import GlaunchError, SchedulerError
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import registry
 from launcher.rundir.lifecycle import ENDS, move
@@ -29,6 +29,8 @@ UNKNOWN_TO_SLURM = "unknown to Slurm"
 # run.json of a sweep's element while its array is being queued: how to find the array (its
 # script and marker) and the element's task in it, should the submitting process stop.
 QUEUEING = "queueing"
+# run.json: the held job it names (queued by glaunch on this machine) is not yet released.
+RELEASING = "releasing"
 # run.json: accounting was folded in once the run had ended ({"job_id", "at"}): sacct has
 # nothing to add to that job's starts any more, so no later reader asks it.
 AFTER_END = "accounting_after_end"
@@ -129,10 +131,15 @@ def record_refused(run_dir: Path, exc: SchedulerError, warnings: list[str]) -> N
             record.extra["warnings"] = warnings
 
 
-def record_queued(run_dir: Path, plan: JobPlan, job_id: str, warnings: list[str], version: str | None) -> None:
+def record_queued(run_dir: Path, plan: JobPlan, job_id: str, warnings: list[str], version: str | None, *,
+                  releasing: bool = False) -> None:
+    """run.json names the held job; `releasing`: it says so until record_released (a
+    submission stopped before then leaves the job to the next status to release)."""
     with registry.updating(run_dir) as record:
         move(record, State.PENDING.value)
         record.job_id = job_id
+        if releasing:
+            record.extra[RELEASING] = job_id
         record.starts.append(registry.new_start(job_id, 0))
         record.extra["request"] = request_values(plan)
         record.extra.pop(QUEUEING, None)      # the element's array is queued: found by its job id
@@ -141,6 +148,16 @@ def record_queued(run_dir: Path, plan: JobPlan, job_id: str, warnings: list[str]
         origin = record.extra.get("provenance")
         if isinstance(origin, dict) and version:
             origin["scheduler_version"] = version
+
+
+def record_released(run_dir: Path) -> None:
+    """run.json: its job was released (RELEASING gone). A record that cannot be written
+    keeps it: the next status asks Slurm to release the job again, which finds it released."""
+    try:
+        with registry.updating(run_dir) as record:
+            record.extra.pop(RELEASING, None)
+    except (GlaunchError, OSError):
+        pass
 
 
 def request_values(plan: JobPlan) -> dict[str, Any]:

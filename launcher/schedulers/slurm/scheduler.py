@@ -109,7 +109,7 @@ class SlurmScheduler(Scheduler):
 
     def launch(self, plan: JobPlan, run_dir: Path, *, check: bool, echo: Echo | None) -> Launched:
         from launcher.schedulers.slurm.client import clean_env, ignored_inputs_warning
-        from launcher.schedulers.slurm.recording import record_queued, record_refused, request_values
+        from launcher.schedulers.slurm.recording import record_queued, record_refused, record_released, request_values
         from launcher.schedulers.slurm.submit import SubmissionUncertain, preflight, release, submit
 
         job_text = RunDir(run_dir).job_script.read_text(encoding="utf-8")
@@ -133,10 +133,11 @@ class SlurmScheduler(Scheduler):
             raise
         # The job is held: its record names it before it may start.
         try:
-            record_queued(run_dir, plan, job_id, warnings, self.version())
+            record_queued(run_dir, plan, job_id, warnings, self.version(), releasing=True)
             release([job_id])
         except BaseException as exc:
             raise undo_held(job_id, {Path(run_dir): job_id}, exc) from None
+        record_released(run_dir)
         return Launched(job_id, State.PENDING.value)
 
     # --- sweeps: job arrays -------------------------------------------------------------
@@ -214,6 +215,8 @@ class SlurmScheduler(Scheduler):
 
         if _submission_stopped(run_dir, record):
             record = _mark_stopped(run_dir)
+        if _release_stopped(run_dir, record):
+            record = _finish_release(run_dir, str(record.job_id))
         uncertain = isinstance(record.extra.get("submission"), dict)
         if shutil.which("squeue") is None or not (record.job_id or uncertain) or record.extra.get("allocation"):
             return record       # a run inside an allocation: its own record says all (the job is the allocation)
@@ -243,6 +246,7 @@ class SlurmScheduler(Scheduler):
 
         if not has_command("squeue"):
             return [record for _, record in runs]
+        runs = [(d, _finish_release(d, str(r.job_id)) if _release_stopped(d, r) else r) for d, r in runs]
         queued = [(d, r) for d, r in runs if r.job_id and not r.dry_run and not r.extra.get("allocation")]
         ids = sorted({array.array_job_id(r.job_id) for _, r in queued if r.job_id})
         # An ended run keeps its state whatever squeue says: only sacct may add to its starts.
@@ -311,7 +315,8 @@ def _queue_array(number: int, batch: SweepBatch, script: Path, members: Sequence
     """One array of a sweep queued held, each element's task and record put in place, then
     released. Slurm's refusal (of the array, or of its release) refuses its elements; an
     uncertain answer leaves them UNKNOWN, looked up again by status."""
-    from launcher.schedulers.slurm.recording import QUEUEING, record_queued, record_refused, request_values
+    from launcher.schedulers.slurm.recording import (
+        QUEUEING, record_queued, record_refused, record_released, request_values)
     from launcher.schedulers.slurm.submit import (
         SubmissionUncertain, dump_task, link_task, release, submit_array, task_template)
 
@@ -339,13 +344,15 @@ def _queue_array(number: int, batch: SweepBatch, script: Path, members: Sequence
         for plan in members:
             job_id = element_jobs[Path(plan.run_dir)]
             link_task(plan.log_dir, job_id)
-            record_queued(Path(plan.run_dir), plan, job_id, warnings, version)
+            record_queued(Path(plan.run_dir), plan, job_id, warnings, version, releasing=True)
         release([array_id])
     except SchedulerError as exc:
         undone = undo_held(array_id, element_jobs, exc)
         return LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members), str(undone))
     except BaseException as exc:
         raise undo_held(array_id, element_jobs, exc) from None
+    for plan in members:
+        record_released(Path(plan.run_dir))
     launched = tuple(Launched(element_jobs[Path(plan.run_dir)], State.PENDING.value) for plan in members)
     return LaunchedBatch(batch.script, array_id, batch.elements, launched)
 
@@ -433,12 +440,34 @@ def _submission_stopped(run_dir: Path, record: RunRecord) -> bool:
     if (record.state != State.SUBMITTING or record.job_id or record.dry_run or record.extra.get("allocation")
             or isinstance(record.extra.get("submission"), dict)):
         return False
+    return _left_alone(run_dir)
 
+
+def _left_alone(run_dir: Path) -> bool:
+    """Whether run.json was last written longer ago than any submission takes."""
     try:
         written = RunDir(run_dir).run_file.stat().st_mtime
     except OSError:
         return False
     return time.time() - written > STOPPED_SUBMISSION_S
+
+
+def _release_stopped(run_dir: Path, record: RunRecord) -> bool:
+    """A run whose submission stopped after run.json named its held job, before it was
+    released (RELEASING still names that job)."""
+    from launcher.schedulers.slurm.recording import RELEASING
+
+    return (record.job_id is not None and record.extra.get(RELEASING) == record.job_id
+            and record.state == State.PENDING and _left_alone(run_dir))
+
+
+def _finish_release(run_dir: Path, job_id: str) -> RunRecord:
+    """What the stopped submission had left to do: release the job (or mark it left held)."""
+    from launcher.schedulers.slurm.recording import record_released
+
+    _release_found(run_dir, job_id)
+    record_released(run_dir)
+    return registry.read(run_dir)
 
 
 def _mark_stopped(run_dir: Path) -> RunRecord:
@@ -468,6 +497,7 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
     controller queued it after all, carries the run's marker. Found, it is held: its task
     is put in place and its record names it, then it is released."""
     from launcher.schedulers.slurm.queries import find_submitted
+    from launcher.schedulers.slurm.recording import RELEASING
 
     sub = record.extra["submission"]
     script, marker = str(sub.get("script") or ""), str(sub.get("marker") or "")
@@ -484,6 +514,7 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
             move(rec, State.PENDING.value, reason=None, detail=None)
             rec.job_id = job_id
             rec.starts.append(registry.new_start(job_id, 0))
+            rec.extra[RELEASING] = job_id
         elif sub.get("stopped") is True:
             move(rec, State.REFUSED.value, reason="interrupted",
                  detail="the glaunch process submitting it stopped before Slurm queued a job (Slurm has no job "
@@ -493,8 +524,7 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
                  detail="sbatch did not queue the job (Slurm has no job carrying this run's id)")
     if not job_id:
         return rec
-    _release_found(run_dir, job_id)
-    return SlurmScheduler().refresh(run_dir, rec)
+    return SlurmScheduler().refresh(run_dir, _finish_release(run_dir, job_id))
 
 
 def _place_task(run_dir: Path, job_id: str, *, element: bool) -> None:
