@@ -85,7 +85,7 @@ def layer_of(module: str) -> str:
 
 RANK = {layer: i for i, (layer, _) in enumerate(LAYERS)}
 # The one import from the controller into the training library: a bundle submitted by hand
-# is taken on by pickling the task every node runs (jobstart.write_task_pickle).
+# is taken on by pickling the task every node runs (launcher.runtime.task.place_task).
 PICKLED_TASK = ("launcher.jobcontrol.jobstart", "launcher.runtime.task")
 
 

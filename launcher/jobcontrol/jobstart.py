@@ -120,22 +120,12 @@ def take_on(run_dir: Path, job_id: str) -> Beginning:
         record = registry.read(run_dir)
         decided = beginning_of(run_dir, record, job_id)
         if decided.action is Action.ADOPT:
-            write_task_pickle(run_dir, job_id)
+            from launcher.runtime.task import place_task     # the one import of the training library
+
+            place_task(run_dir, job_id)
             adopt(record, job_id, registry.now())
             registry.write(run_dir, record)
     return decided
-
-
-def write_task_pickle(run_dir: Path, job_id: str) -> None:
-    """What `glaunch submit` leaves for the tasks through submitit: the pickled task that
-    reads the run's task.json."""
-    from submitit.core.utils import DelayedSubmission, JobPaths
-
-    from launcher.runtime.task import TrainingTask
-
-    path = JobPaths(RunDir(run_dir).log_dir, job_id=job_id).submitted_pickle
-    if not path.exists():
-        DelayedSubmission(TrainingTask(str(run_dir))).dump(path)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ import os
 import runpy
 import signal
 import sys
+from pathlib import Path
 from typing import Any, Mapping
 
 from launcher.errors import RunError
@@ -141,6 +142,24 @@ class TrainingTask:
         finally:
             stop_copying()
         return 0
+
+
+def dump_task(run_dir: str | os.PathLike, path: str | os.PathLike) -> None:
+    """At `path`, the pickled task submitit's loader runs: a TrainingTask of `run_dir`."""
+    from submitit.core.utils import DelayedSubmission
+
+    DelayedSubmission(TrainingTask(str(run_dir))).dump(Path(path))
+
+
+def place_task(run_dir: str | os.PathLike, job_id: str) -> None:
+    """The pickled task submitit's loader reads for job `job_id` (in the run's logs), written
+    where it is not there yet: a job found or started without glaunch's submission having
+    put it in place."""
+    from submitit.core.utils import JobPaths
+
+    path = JobPaths(RunDir(run_dir).log_dir, job_id=job_id).submitted_pickle
+    if not path.exists():
+        dump_task(run_dir, path)
 
 
 def early_stop_signals(signals: tuple[str, ...]) -> tuple[str, ...]:

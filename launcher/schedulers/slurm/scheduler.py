@@ -531,14 +531,14 @@ def _place_task(run_dir: Path, job_id: str, *, element: bool) -> None:
     """The pickled task submitit's loader reads for a job found after a lost answer: a
     sweep element's from its array's template, a run's written anew (the submission
     stopped before submitit put it in place)."""
-    from launcher.schedulers.slurm.submit import dump_task_of, link_task, submitted_pickle
+    from launcher.runtime.task import place_task
+    from launcher.schedulers.slurm.submit import link_task
 
-    log_dir = RunDir(run_dir).log_dir
     try:
         if element:
-            link_task(log_dir, job_id)
-        elif not submitted_pickle(log_dir, job_id).exists():
-            dump_task_of(run_dir, submitted_pickle(log_dir, job_id))
+            link_task(RunDir(run_dir).log_dir, job_id)
+        else:
+            place_task(run_dir, job_id)
     except OSError:
         pass        # the job's loader then fails, and the run's end says so
 

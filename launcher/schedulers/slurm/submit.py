@@ -115,11 +115,9 @@ def dump_task(plan: JobPlan, path: Path) -> None:
 
 
 def dump_task_of(run_dir: str | os.PathLike, path: Path) -> None:
-    from submitit.core.utils import DelayedSubmission
+    from launcher.runtime.task import dump_task as dump_pickled
 
-    from launcher.runtime.task import TrainingTask
-
-    DelayedSubmission(TrainingTask(str(run_dir))).dump(path)
+    dump_pickled(run_dir, path)
 
 
 def link_task(log_dir: str | os.PathLike, job_id: str) -> None:
