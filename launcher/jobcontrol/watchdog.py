@@ -98,7 +98,7 @@ from launcher.processes import run_command
 from launcher.rundir import registry
 from launcher.rundir.files import RunError, atomic_write_text, read_json
 from launcher.rundir.heartbeatrecord import BUSY_WINDOW, EARLY_STEPS, SAVING_STATES, checked_heartbeat
-from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.rundir.layout import RunDir, name_part, read_heartbeat
 from launcher.rundir.rankcontext import RuntimeConfigError, context
 from launcher.rundir.rankstacks import Ranks, log, write_stacks
 from launcher.rundir.records import (
@@ -299,7 +299,8 @@ class Hang:
 
 
 def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: float, limits: Limits,
-              world_size: int | None = None, bounds: Bounds | None = None) -> Hang | None:
+              world_size: int | None = None, bounds: Bounds | None = None,
+              recovering_at: float | None = None) -> Hang | None:
     """Pure: the hang these heartbeats of one start show at `now`, or None.
 
     `records`: each rank's last heartbeat of this start; `started`: when the start began;
@@ -308,7 +309,8 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
     Hung only when every rank is past its bound: a rank still stepping, or still within
     its first-step or save bound, means the start is alive. A rank that stopped or
     finished means the start is ending: not judged. `bounds`: those in force (default:
-    :func:`bounds_in_force` of these records).
+    :func:`bounds_in_force` of these records). `recovering_at`: when the ranks last asked
+    for a lost rank's process (peer recovery under way): no stall within a bound of it.
     """
     if limits.off or any(_state(r) in DONE_STATES for r in records.values()):
         return None
@@ -316,6 +318,8 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
     if armed is None:
         return None
     bounds = bounds_in_force(records, limits) if bounds is None else bounds
+    if recovering_at is not None and now - recovering_at < bounds.stall_s:
+        return None
     ranks = watched_ranks(records, world_size)
     kinds = set()
     for rank in ranks:
@@ -550,7 +554,17 @@ class Watch:
         self.slow.observe(self.records, now)
         self._note(self.records)
         return find_hang(self.records, now=now, started=self.started, limits=self.limits,
-                         world_size=self.world_size, bounds=self.bounds)
+                         world_size=self.world_size, bounds=self.bounds, recovering_at=self._recovering_at())
+
+    def _recovering_at(self) -> float | None:
+        """When a rank of this start last asked for a lost rank's process (peer-replace/)."""
+        prefix = f"{name_part(self.job_id)}_{self.restart}_"
+        try:
+            times = [path.stat().st_mtime for path in RunDir(self.run_dir).peer_replace_dir.iterdir()
+                     if path.name.startswith(prefix)]
+        except OSError:
+            return None
+        return max(times, default=None)
 
     def follow_log(self) -> None:
         """With entrypoint.progress: rank 0's newest step from its log into its heartbeat

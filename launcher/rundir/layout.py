@@ -77,6 +77,8 @@ HANG_FILE = "hang.json"
 PEER_RECOVERY_FILE = "peer-recoveries.jsonl"
 PEER_REPLACE_DIR = "peer-replace"
 PEER_REPLACE_FILE = "{job_id}_{restart}_{generation}_{rank}.json"
+PEER_WAIT_DIR = "peer-wait"
+PEER_WAIT_FILE = "{job_id}_{restart}_{rank}.json"
 LOCK_FILE = ".run.lock"
 # Held (flock) by a local job for as long as it runs: a run whose job lock nobody holds has
 # no process left to cancel, whatever pid run.json names.
@@ -242,6 +244,12 @@ class RunDir:
         """The request to start rank `rank` again, to join the group's generation `generation`."""
         return self.peer_replace_dir / PEER_REPLACE_FILE.format(job_id=name_part(job_id), restart=int(restart),
                                                                  generation=int(generation), rank=int(rank))
+
+    def peer_wait(self, job_id: str, restart: int, rank: int) -> Path:
+        """Rank `rank`'s mark, while a collective of its has waited long for its peers
+        (launcher.runtime.peerhold)."""
+        return self.path / PEER_WAIT_DIR / PEER_WAIT_FILE.format(job_id=name_part(job_id), restart=int(restart),
+                                                                 rank=int(rank))
 
     @property
     def log_dir(self) -> Path:

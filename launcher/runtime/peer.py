@@ -46,6 +46,10 @@ the collectives before the loop on its own (launcher.runtime.peergroup), and its
 rank with no state (``replaced``), receives a live peer's state over the new generation
 and goes on at the plan's step. Rank 0 cannot be replaced: its process holds the store.
 
+A rank hung in its own work while its peers wait for it in a collective (nothing raises)
+ends its own process after half the hang bound (launcher.runtime.peerhold), and is then
+started again as a lost one.
+
 Lost work: the step in flight. Data must follow from the step number (as in the
 examples), since the step is the position the runtime keeps. A step that fails again on
 the same rank when redone, a lost rank 0, or a lost rank nobody starts again, is not
@@ -155,7 +159,12 @@ class PeerRecovery:
         self._own_failures: dict[int, int] = {}
         # This rank's ledger entry of the last recovery, until the next step ends (step 6).
         self._unrecorded: _Unrecorded | None = None
+        self._step_began: float | None = None
         optimizer.register_step_post_hook(self._on_optimizer_step)
+        if ctx.run_dir and ctx.job_id is not None:
+            from launcher.runtime.peerhold import HoldWatch
+
+            HoldWatch(ctx, group, lambda: self._step_began).start()
 
     def _on_optimizer_step(self, *_: Any) -> None:
         if self._current is not None:
@@ -183,9 +192,11 @@ class PeerRecovery:
 
         self._current = step
         self._rng_at_start = (step, rng_state())
+        self._step_began = time.monotonic()
 
     def end(self) -> None:
         self._current = None
+        self._step_began = None
 
     def done(self, step: int | None) -> None:
         """Step `step` ended without an exception: the last recovery's next step (step 6);

@@ -34,6 +34,8 @@ from __future__ import annotations
 
 import datetime
 import gc
+import threading
+import time
 from typing import Any
 
 import torch.distributed as dist
@@ -62,6 +64,10 @@ class PeerGroup(dist.ProcessGroup):
         self.joins = joins
         self.generation = 0 if joins is None else joins - 1
         self._inner: Any = self._connect() if joins is None else None
+        # The collectives passed on and not yet completed: when each was issued (monotonic).
+        self._pending: dict[int, float] = {}
+        self._pending_lock = threading.Lock()
+        self._issued = 0
 
     def _connect(self) -> Any:
         prefix = dist.PrefixStore(f"glaunch-peer/{self.generation}/", self.store)
@@ -71,6 +77,8 @@ class PeerGroup(dist.ProcessGroup):
         """Close this rank's connections (its peers' collectives with it raise): the inner
         group goes with its last reference (see :meth:`collect`)."""
         self._inner = None
+        with self._pending_lock:
+            self._pending.clear()       # they end with the connections, raising
 
     @staticmethod
     def collect() -> None:
@@ -97,7 +105,32 @@ class PeerGroup(dist.ProcessGroup):
             return _served_here(name, self._rank, self._size, self.joins, args)
         if inner is None:
             raise RuntimeError("glaunch peer group: disconnected for a recovery (Connection closed by peer)")
-        return _detached(getattr(inner, name)(*args, **kwargs))
+        return self._tracked(_detached(getattr(inner, name)(*args, **kwargs)))
+
+    def _tracked(self, work: Any) -> Any:
+        """`work`, counted as pending until its future completes (a work without a future,
+        gloo's send and recv, is not counted)."""
+        try:
+            future = work.get_future()
+        except RuntimeError:
+            return work
+        with self._pending_lock:
+            self._issued += 1
+            key = self._issued
+            self._pending[key] = time.monotonic()
+
+        def completed(_: Any) -> None:
+            with self._pending_lock:
+                self._pending.pop(key, None)
+
+        future.add_done_callback(completed)
+        return work
+
+    def waiting_since(self) -> float | None:
+        """Since when (time.monotonic()) this rank's oldest pending collective has waited;
+        None when none is pending."""
+        with self._pending_lock:
+            return min(self._pending.values(), default=None)
 
 
 def _detached(work: Any) -> Any:

@@ -57,6 +57,15 @@ def test_a_stall_counts_from_the_last_step_a_rank_may_have_made_unwritten():
     assert "every rank silent at step 100" in hang.describe()
 
 
+def test_a_peer_recovery_under_way_postpones_a_stall_by_one_bound():
+    """A request for a lost rank's process (peer recovery) at T0 + 40: the ranks are busy
+    recovering, not hung, until one bound after it."""
+    records = {0: beat(0, 100, T0), 1: beat(1, 100, T0)}
+    assert find_hang(records, now=T0 + 70, started=T0 - 100, limits=LIMITS, recovering_at=T0 + 40) is None
+    hang = find_hang(records, now=T0 + 100, started=T0 - 100, limits=LIMITS, recovering_at=T0 + 40)
+    assert hang is not None and hang.kind == "stall"
+
+
 def test_first_step_bound_from_the_start_and_ranks_without_a_record():
     records = {0: beat(0, None, None, announced_at=T0 - 5)}
     assert find_hang(records, now=T0 + 299, started=T0, limits=LIMITS, world_size=2) is None

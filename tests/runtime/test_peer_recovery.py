@@ -28,7 +28,7 @@ STEPS = 20
 
 # The example, made to raise once on FAIL_RANK at FAIL_STEP (FAIL_WHERE: in its data, in its
 # backward pass, after its optimizer step; "always": at every try of that step; "exit": its
-# process lost), its parameters and optimizer state damaged first. It notes when it failed
+# process lost; "hang": its data never comes), its parameters and optimizer state damaged first. It notes when it failed
 # and when the next step after the failure was done (should_stop's call).
 SCRIPT = f'''
 import json, os, sys, time
@@ -78,6 +78,9 @@ def failing_batch(step, rank):
     if FAILS and step == STEP and WHERE == "exit":
         note("failed_at", time.time())
         os._exit(3)                        # the process is lost, not an exception
+    if FAILS and step == STEP and WHERE == "hang":
+        note("failed_at", time.time())
+        time.sleep(3600)                   # a data loader that never returns: nothing raises
     if FAILS and step == STEP and WHERE in ("data", "always"):
         fail_here("in its data")
     return batch(step, rank)
@@ -286,3 +289,38 @@ def test_on_the_local_site_a_lost_process_is_started_again_and_gets_its_peers_st
     again = json.loads((run_dir / "peer-times-1-started-again.json").read_text())
     print(f"local site: rank 1's process lost at step 7; its new process ended its first step "
           f"{again['step_ends'][0] - lost_at:.3f} s later")
+
+
+def test_on_the_local_site_a_rank_hung_in_its_data_is_ended_and_recovered_from_its_peer(tmp_path, isolated_env):
+    """Rank 1 hangs in its data at step 7 (nothing raises) while rank 0 waits for it in the
+    gradient all-reduce: once rank 0 has waited half the hang bound, rank 1 ends its own
+    process, rank 0 asks for it, the local job step starts it again, and it joins with rank
+    0's state. One start, no checkpoint read, the watchdog never ends the step, and the final
+    parameters equal an uninterrupted run's. The bound's floor is lowered to 20 s (so 10 s
+    of waiting) to keep the test short."""
+    (tmp_path / "failing_ddp.py").write_text(SCRIPT)
+    (tmp_path / "peer.yaml").write_text(EXPERIMENT)
+    plain_dir, plain = submit(tmp_path, "plain", isolated_env)
+    assert plain.returncode == 0, plain.stdout[-3000:] + plain.stderr[-3000:]
+    run_dir, proc = submit(tmp_path, "hung", isolated_env, "recovery.peer=true", "watchdog.auto_floor_s=20",
+                           "env.FAIL_RANK=1", "env.FAIL_STEP=7", "env.FAIL_WHERE=hang")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((run_dir / "run.json").read_text())
+    (start,) = record["starts"]
+    assert record["state"] == "COMPLETED" and start["state"] == "COMPLETED", record
+    assert start.get("resumed_from") is None and "hang" not in start, start
+    assert param_sha256(run_dir) == param_sha256(plain_dir)
+    logs = rank_logs(run_dir)
+    held = re.search(r"every other rank has waited ([0-9]+) s for this rank in its step \(half the hang bound of "
+                     r"([0-9.]+) s\)", logs)
+    assert held and float(held.group(1)) >= float(held.group(2)) / 2, logs[-4000:]
+    assert "resumed from" not in logs
+    (summary,) = [json.loads(p.read_text()) for p in (run_dir / "logs").glob("*_step.json")]
+    assert summary["started_again"] == {"1": 1} and summary["status"] == 0 and not summary["hung"], summary
+    (entry,) = (json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines())
+    assert entry["replaced"] == [1] and entry["source"] == 0 and entry["lost_steps"] == 1, entry
+    hung_at = json.loads((run_dir / "peer-times-1.json").read_text())["failed_at"]
+    again = json.loads((run_dir / "peer-times-1-started-again.json").read_text())
+    print(f"local site: rank 1 hung in its data at step 7 (bound {held.group(2)} s); it ended itself after its "
+          f"peer waited {held.group(1)} s; its new process ended step 7 {again['step_ends'][0] - hung_at:.1f} s "
+          "after the hang began")
