@@ -5,7 +5,8 @@ job step (one start), rank 3 gets rank 0's state across the nodes, at most the s
 flight is done again, no checkpoint is read (one was there), every rank's log says from
 which peer, the ledger records it once and `glaunch status` counts it; the final
 parameters are bitwise those of the same run uninterrupted (its 4 ranks started directly
-on this machine: one Slurm job only). The failing example is test_peer_recovery's."""
+on this machine: one Slurm job only). The same for a rank whose process is lost, and for
+one hung in its data, which ends itself. The failing example is test_peer_recovery's."""
 
 from __future__ import annotations
 
@@ -136,20 +137,30 @@ def test_a_rank_that_raises_on_the_second_node_is_restored_from_a_peer_in_the_sa
 
 LOST_EXPERIMENT = EXPERIMENT.replace("FAIL_WHERE: backward", "FAIL_WHERE: exit").replace("name: peer-slurm",
                                                                                           "name: peer-lost")
+# Rank 3 hangs in its data instead (nothing raises); the watchdog's floor lowered to 20 s, so
+# its peers wait 10 s before it ends itself.
+HUNG_EXPERIMENT = (LOST_EXPERIMENT.replace("FAIL_WHERE: exit", "FAIL_WHERE: hang").replace("name: peer-lost",
+                                                                                            "name: peer-hung")
+                   + "watchdog: {auto_floor_s: 20}\n")
 
 
-def test_a_rank_whose_process_is_lost_is_started_again_and_gets_a_peers_state_in_the_same_job(tmp_path,
-                                                                                              slurm_defaults_env):
-    """Rank 3's process ends (os._exit) at step FAIL_STEP on the second node: its peers go on
-    waiting (srun --kill-on-bad-exit=0 for recovery.peer), rank 0 asks for it, the job
-    controller starts it again on its node in a step of its own (srun --overlap), the new
-    process joins, gets rank 0's state and the run ends in the same job and start, with the
-    parameters of the uninterrupted run."""
-    run = submitted_peer_run(tmp_path, LOST_EXPERIMENT, slurm_defaults_env)
+def test_a_hung_rank_ends_itself_is_started_again_and_gets_a_peers_state_in_the_same_job(tmp_path,
+                                                                                         slurm_defaults_env):
+    """Rank 3 hangs in its data at step FAIL_STEP on the second node while its peers wait for
+    it in the gradient all-reduce: after half the hang bound it ends its own process, its
+    peers go on waiting (srun --kill-on-bad-exit=0 for recovery.peer), rank 0 asks for it,
+    the job controller starts it again on its node in a step of its own (srun --overlap),
+    the new process joins, gets rank 0's state and the run ends in the same job and start,
+    the watchdog never ending the step, with the parameters of the uninterrupted run."""
+    assert "FAIL_WHERE: hang" in HUNG_EXPERIMENT and "auto_floor_s: 20" in HUNG_EXPERIMENT
+    run = submitted_peer_run(tmp_path, HUNG_EXPERIMENT, slurm_defaults_env)
     run_dir, start, logs, batch = run.run_dir, run.start, run.logs, run.batch
-    assert start["exit_code"] == 0, start
-    # srun's status was the lost task's; its new process ended well, and so the step.
-    assert f"task {FAIL_RANK}: Exited with exit code 3" in batch and "the step's is 0" in batch, batch[-3000:]
+    assert start["exit_code"] == 0 and "hang" not in start, start
+    held = re.search(r"every other rank has waited ([0-9]+) s for this rank in its step \(half the hang bound of "
+                     r"([0-9.]+) s\)", logs)
+    assert held and float(held.group(1)) >= float(held.group(2)) / 2, logs[-4000:]
+    # srun's status was the ended task's; its new process ended well, and so the step.
+    assert f"task {FAIL_RANK}: Exited with exit code 75" in batch and "the step's is 0" in batch, batch[-3000:]
     assert "rank 3's process is lost: starting it again on" in batch, batch[-3000:]
 
     # The new process of rank 3 writes on in rank 3's log: it received rank 0's state.
@@ -165,12 +176,12 @@ def test_a_rank_whose_process_is_lost_is_started_again_and_gets_a_peers_state_in
     (entry,) = (json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines())
     assert (entry["rank"], entry["source"], entry["failed"], entry["replaced"], entry["lost_steps"]) == \
         (0, 0, [FAIL_RANK], [FAIL_RANK], 1), entry
-    lost_at = read_json(run_dir / f"peer-times-{FAIL_RANK}.json")["failed_at"]
+    hung_at = read_json(run_dir / f"peer-times-{FAIL_RANK}.json")["failed_at"]
     again = read_json(run_dir / f"peer-times-{FAIL_RANK}-started-again.json")
-    to_next = again["step_ends"][0] - lost_at
-    print(f"rank {FAIL_RANK}'s process lost at step {FAIL_STEP}: its new process ended step {FAIL_STEP} "
-          f"{to_next:.2f} s later; rank 0: failure -> the end of step {entry['next_step']} "
-          f"{entry['to_next_step_s']:.2f} s")
+    to_next = again["step_ends"][0] - hung_at
+    print(f"rank {FAIL_RANK} hung at step {FAIL_STEP} (bound {held.group(2)} s): ended itself after its peers "
+          f"waited {held.group(1)} s; its new process ended step {FAIL_STEP} {to_next:.2f} s after the hang began; "
+          f"rank 0: its loss -> the end of step {entry['next_step']} {entry['to_next_step_s']:.2f} s")
 
 
 SPARE_EXPERIMENT = (LOST_EXPERIMENT.replace("name: peer-lost", "name: peer-spare")
