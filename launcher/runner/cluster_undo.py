@@ -25,7 +25,7 @@ from launcher.errors import SchedulerError
 from launcher.rundir import registry
 from launcher.rundir.files import atomic_write_text, load_bounded_object
 from launcher.schedulers.slurm.array import array_job_id
-from launcher.schedulers.slurm.client import Client, using
+from launcher.schedulers.slurm.client import Client
 from launcher.schedulers.slurm.queries import find_submitted
 from launcher.schedulers.slurm.submit import cancel_held, submission_marker
 from launcher.schedulers.ssh import on_login
@@ -141,14 +141,13 @@ def _cancel(conn: Connection, client: Client, held: Held) -> Held | None:
     job_id = held.job_id
     if job_id is None:
         try:
-            with using(client):
-                found = find_submitted(held.script, held.marker, user=on_login.account(conn).user)
+            found = find_submitted(client, held.script, held.marker, user=on_login.account(conn).user)
         except SchedulerError:
             return held
         if found is None:
             return None
         job_id = array_job_id(found) if held.array else found
-    return None if cancel_held(job_id, client) else dataclasses.replace(held, job_id=job_id)
+    return None if cancel_held(client, job_id) else dataclasses.replace(held, job_id=job_id)
 
 
 def _removed(conn: Connection, folder: str) -> bool:

@@ -70,7 +70,7 @@ from launcher.runner.results import Run
 from launcher.runner.upstream import Upstream
 from launcher.schedulers.base import Scheduler
 from launcher.schedulers.slurm.array import array_job_id
-from launcher.schedulers.slurm.client import Client, using
+from launcher.schedulers.slurm.client import Client
 from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job
 from launcher.schedulers.slurm.recording import fold_job, has_ended, record_queued, settled
 from launcher.schedulers.cluster.facts import accounting_commands
@@ -312,16 +312,16 @@ def _write_bundle(prepared: Prepared, local_plan: JobPlan, *, dry_run: bool) -> 
                                checkpoint=checkpoint)
 
 
-def slurm_of(scheduler: Scheduler, plan: JobPlan) -> SlurmScheduler:
-    """The Slurm scheduler a submission over SSH goes to: goes_remote takes only Slurm
-    sites, and queueing there asks what only Slurm answers (the cluster's checks, its
-    version)."""
+def slurm_of(scheduler: Scheduler, plan: JobPlan, client: Client) -> SlurmScheduler:
+    """The Slurm scheduler a submission over SSH goes to, its commands run through `client`
+    (the login node's): goes_remote takes only Slurm sites, and queueing there asks what
+    only Slurm answers (the cluster's checks, its version)."""
     from launcher.schedulers.slurm.scheduler import SlurmScheduler     # loaded already by schedulers.get
 
     if not isinstance(scheduler, SlurmScheduler):
         raise ConfigError(f"a run submitted over SSH goes to Slurm, not to the {scheduler.name} scheduler",
                           file=plan.site_file, key="scheduler")
-    return scheduler
+    return SlurmScheduler(client)
 
 
 def _stage_send_queue(prepared: Prepared, conn: Connection, local: Path, check: bool) -> str:
@@ -354,30 +354,29 @@ def _check_queue_release(prepared: Prepared | PreparedResume, conn: Connection, 
     (`staged`'s, recorded here first by `before_release`) and its task put in place and the
     job released in one more round trip. The job's id."""
     plan = prepared.plan
-    slurm = slurm_of(prepared.scheduler, plan)
-    with using(client):
-        warnings: list[str] = []
-        if check:
-            _ask_checks_ahead(conn, plan)
-            warnings = slurm.check_cluster(plan)
-            preflight(plan, Path(plan.run_dir) / "job.sbatch", {})
-        job_id = _sbatch_held(conn, client, plan, done)
-        record_queued(staged, plan, job_id, warnings, slurm.version())
-        before_release(job_id)
-        released = on_login.place_and_release(conn, posixpath.join(plan.run_dir, "run.json"),
-                                              RunDir(staged).run_file.read_bytes(),
-                                              str(task_template(plan.log_dir)),
-                                              str(submitted_pickle(plan.log_dir, job_id)), job_id)
-        if released.returncode != 0:
-            release([job_id], client)       # once more, with the client's retries
+    slurm = slurm_of(prepared.scheduler, plan, client)
+    warnings: list[str] = []
+    if check:
+        _ask_checks_ahead(conn, client, plan)
+        warnings = slurm.check_cluster(plan)
+        preflight(client, plan, Path(plan.run_dir) / "job.sbatch", {})
+    job_id = _sbatch_held(conn, client, plan, done)
+    record_queued(staged, plan, job_id, warnings, slurm.version())
+    before_release(job_id)
+    released = on_login.place_and_release(conn, posixpath.join(plan.run_dir, "run.json"),
+                                          RunDir(staged).run_file.read_bytes(),
+                                          str(task_template(plan.log_dir)),
+                                          str(submitted_pickle(plan.log_dir, job_id)), job_id)
+    if released.returncode != 0:
+        release(client, [job_id])       # once more, with the client's retries
     return job_id
 
 
-def _ask_checks_ahead(conn: Connection, plan: JobPlan) -> None:
+def _ask_checks_ahead(conn: Connection, client: Client, plan: JobPlan) -> None:
     """The commands of a submission's checks (the account's associations and the QOS, the
     nodes' interpreter, `sbatch --test-only`), asked in one round trip; the cluster's
     settings, which name the cluster the associations are asked for, came with the account."""
-    _, _, settings = split_scontrol(read_scontrol("glaunch submit"))
+    _, _, settings = split_scontrol(read_scontrol(client, "glaunch submit"))
     user = on_login.account(conn).user
     asks = [on_login.Asked(cmd) for cmd in accounting_commands(user, settings.get("ClusterName", ""))]
     probe = probe_plan_call(plan)
@@ -413,7 +412,7 @@ def sbatch_held(conn: Connection, client: Client, script: str, marker: str, done
     user = on_login.account(conn).user
 
     def lookup(deadline: float) -> str | None:
-        found = find_submitted(script, marker, deadline=deadline, user=user)
+        found = find_submitted(client, script, marker, deadline=deadline, user=user)
         return (array_job_id(found) if array else found) if found else None
 
     asked = done.asked(script, marker, array=array)
@@ -522,8 +521,7 @@ class ClusterFiles:
 
 def job_queued(conn: Connection, job_id: str) -> bool:
     """Whether Slurm still lists the job (pending, running or ending)."""
-    with using(on_login.slurm_client(conn)):
-        live, _ = squeue_job(job_id)
+    live, _ = squeue_job(on_login.slurm_client(conn), job_id)
     return live is not None
 
 
@@ -672,11 +670,11 @@ def refreshed_over(conn: Connection, run_dir: Path, where: Where, *, all_logs: b
     record = registry.read(run_dir)
     if not record.job_id or (record.state in ENDS and settled(record)):
         return record
-    with using(on_login.slurm_client(conn)):
-        live = reason = None
-        if not has_ended(record):
-            live, reason = squeue_job(record.job_id)
-        return fold_job(run_dir, live, reason, sacct_records(record.job_id))
+    client = on_login.slurm_client(conn)
+    live = reason = None
+    if not has_ended(record):
+        live, reason = squeue_job(client, record.job_id)
+    return fold_job(run_dir, live, reason, sacct_records(client, record.job_id))
 
 
 # What status, the console of --wait and list read in a run's directory besides run.json and
@@ -827,8 +825,8 @@ def sweep_element_records(sweep_dir: Path) -> dict[str, RunRecord | GlaunchError
             for name in (RUN_FILE, *SWEEP_MIRRORED):
                 names[posixpath.join(there, name)] = (element, name)
         _mirror_records(on_login.pack_files(conn, where.run_dir, list(names)), names, sweep, conn.where())
-        with using(on_login.slurm_client(conn)):
-            return sweeps.element_records(sweep_dir, _refresh_many)
+        client = on_login.slurm_client(conn)
+        return sweeps.element_records(sweep_dir, lambda runs: _refresh_many(client, runs))
 
 
 def _mirror_records(stream: bytes, names: Mapping[str, tuple[sweeps.SweepElement, str]], sweep: sweeps.SweepRecord,
@@ -882,8 +880,7 @@ def refresh_copies(run_dirs: Sequence[Path]) -> None:
             with connect(login) as conn:
                 names = {posixpath.join(w.run_dir, RUN_FILE).lstrip("/"): (local, w) for local, w in runs}
                 copied = _copy_checked(on_login.pack_files(conn, "/", list(names)), names, conn.where())
-                with using(on_login.slurm_client(conn)):
-                    _refresh_many([(local, registry.read(local)) for local in copied])
+                _refresh_many(on_login.slurm_client(conn), [(local, registry.read(local)) for local in copied])
         except GlaunchError:
             continue
 
@@ -917,15 +914,16 @@ def _copy_checked(stream: bytes, names: Mapping[str, tuple[Path, Where]], host: 
     return copied
 
 
-def _refresh_many(runs: list[tuple[Path, RunRecord]]) -> list[RunRecord]:
-    """Slurm's view folded into the records that it may still add to (as `refreshed_over`)."""
-    from launcher import schedulers
+def _refresh_many(client: Client, runs: list[tuple[Path, RunRecord]]) -> list[RunRecord]:
+    """Slurm's view (asked through `client`, the login node's) folded into the records that
+    it may still add to (as `refreshed_over`)."""
+    from launcher.schedulers.slurm.scheduler import SlurmScheduler
 
     def asks(record: RunRecord) -> bool:
         return bool(record.job_id) and not (record.state in ENDS and settled(record))
 
     asked = [(d, r) for d, r in runs if asks(r)]
-    fresh = iter(schedulers.get("slurm").refresh_many(asked) if asked else [])
+    fresh = iter(SlurmScheduler(client).refresh_many(asked) if asked else [])
     return [next(fresh) if asks(r) else r for _, r in runs]
 
 

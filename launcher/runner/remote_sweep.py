@@ -37,7 +37,6 @@ from launcher.runner.prepared import PreparedSweep
 from launcher.runner.results import Run, Sweep
 from launcher.schedulers.base import Launched, LaunchedBatch, SweepBatch, SweepPlan
 from launcher.schedulers.slurm import array
-from launcher.schedulers.slurm.client import using
 from launcher.schedulers.slurm.recording import record_queued
 from launcher.schedulers.slurm.submit import dump_task, preflight, release, submitted_pickle, task_template
 from launcher.schedulers.ssh import on_login
@@ -82,13 +81,12 @@ def rendered_here(prepared: PreparedSweep) -> PreparedSweep:
 def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, check: bool) -> Sweep:
     cluster = str(prepared.sweep_dir)
     plans = [p.plan for p in prepared.prepared]
-    slurm = remote.slurm_of(prepared.scheduler, plans[0])
-    here = relocated_sweep(prepared, local)
     on_login.account(conn)      # asked once, before the sweep is planned: whose jobs sbatch queues
     client = on_login.slurm_client(conn)
-    with using(client):
-        sweep_plan = slurm.plan_sweep(plans, sweep_id=prepared.sweep_id, sweep_dir=cluster,
-                                      max_parallel=prepared.max_parallel, dry_run=False)
+    slurm = remote.slurm_of(prepared.scheduler, plans[0], client)
+    here = relocated_sweep(prepared, local)
+    sweep_plan = slurm.plan_sweep(plans, sweep_id=prepared.sweep_id, sweep_dir=cluster,
+                                  max_parallel=prepared.max_parallel, dry_run=False)
     sweep_bundle.write_sweep(here, sweep_plan, sweep_bundle.checked_inputs(here), dry_run=False, register=False)
     _name_the_cluster(local, cluster, [p.plan for p in here.prepared])
     for plan, local_plan in zip(plans, (p.plan for p in here.prepared)):
@@ -96,20 +94,19 @@ def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, ch
     done = OnCluster(placed=cluster)
     try:
         send_tree(conn, local, cluster, make_parent=True)
-        with using(client):
-            warnings = _checked(slurm, plans, sweep_plan, cluster) if check else []
-            batches = []
-            for number, batch in enumerate(sweep_plan.batches):
-                marker = array.submission_marker(prepared.sweep_id, number)
-                members = [plans[i] for i in batch.elements]
-                with_comment = "comment" not in dict(members[0].allocation.extra_sbatch)
-                array_id = remote.sbatch_held(conn, client, posixpath.join(cluster, str(batch.script)),
-                                              marker if with_comment else "", done, array=True)
-                batches.append(_queued(here, batch, array_id, warnings, slurm.version()))
-            sweeps.record_launch(local, batches)
-            _put_records(conn, local, cluster, here)
-            _record_here(local, prepared, remote.Where(conn.login, cluster))
-            release([held.job_id for held in done.held if held.job_id], client)
+        warnings = _checked(slurm, plans, sweep_plan, cluster) if check else []
+        batches = []
+        for number, batch in enumerate(sweep_plan.batches):
+            marker = array.submission_marker(prepared.sweep_id, number)
+            members = [plans[i] for i in batch.elements]
+            with_comment = "comment" not in dict(members[0].allocation.extra_sbatch)
+            array_id = remote.sbatch_held(conn, client, posixpath.join(cluster, str(batch.script)),
+                                          marker if with_comment else "", done, array=True)
+            batches.append(_queued(here, batch, array_id, warnings, slurm.version()))
+        sweeps.record_launch(local, batches)
+        _put_records(conn, local, cluster, here)
+        _record_here(local, prepared, remote.Where(conn.login, cluster))
+        release(client, [held.job_id for held in done.held if held.job_id])
     except BaseException as exc:
         cluster_undo.forget_here(remote.records_dir() / prepared.sweep_id)
         where = remote.Where(conn.login, cluster)
@@ -153,7 +150,7 @@ def _checked(slurm: SlurmScheduler, plans: Sequence[JobPlan], sweep_plan: SweepP
     for batch in sweep_plan.batches:
         first = plans[batch.elements[0]]
         warnings += [w for w in slurm.check_cluster(first) if w not in warnings]
-        preflight(first, Path(posixpath.join(cluster, str(batch.script))), {})
+        preflight(slurm.client, first, Path(posixpath.join(cluster, str(batch.script))), {})
     return warnings
 
 

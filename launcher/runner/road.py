@@ -25,6 +25,7 @@ from launcher.runner.prepared import PreparedResume
 from launcher.runner.results import Run
 
 if TYPE_CHECKING:
+    from launcher.schedulers.slurm.client import Client
     from launcher.schedulers.ssh.connection import Connection
 
 Text = Callable[[str], None]
@@ -139,20 +140,21 @@ def refresh_copies(run_dirs: Sequence[Path]) -> bool:
 
 
 @contextlib.contextmanager
-def slurm_answering(login: Login | None, *, always: bool = False) -> Iterator[str | None]:
-    """Within the block, Slurm's commands run on `login` over one SSH connection when the
-    SSH road is taken (`always`: whenever there is a login), else here. Yields the login
-    as a message names it, or None for this machine."""
+def slurm_answering(login: Login | None, *, always: bool = False) -> Iterator[tuple[Client, str | None]]:
+    """The client that runs Slurm's commands within the block: on `login` over one SSH
+    connection when the SSH road is taken (`always`: whenever there is a login), else this
+    machine's. Yields it with the login as a message names it, or None for this machine."""
+    from launcher.schedulers.slurm.client import CLIENT
+
     if login is None:
-        yield None
+        yield CLIENT, None
         return
     from launcher.runner import remote
 
     if not (always or remote.goes_remote(login, "slurm")):
-        yield None
+        yield CLIENT, None
         return
-    from launcher.schedulers.slurm.client import using
     from launcher.schedulers.ssh import on_login
 
-    with remote.connect(login) as conn, using(on_login.slurm_client(conn)):
-        yield login.shown
+    with remote.connect(login) as conn:
+        yield on_login.slurm_client(conn), login.shown

@@ -22,6 +22,7 @@ from launcher.schedulers.cluster import torchprobe
 from launcher.schedulers.cluster.check import CheckReport
 from launcher.schedulers.cluster.check import check_site as check_against_cluster
 from launcher.schedulers.cluster.detect import query_cluster
+from launcher.schedulers.cluster.facts import read_cluster
 from launcher.schedulers.cluster.report import Difference
 
 
@@ -37,9 +38,9 @@ def check_site(site: str) -> CheckReport:
         raise ConfigError(f"site {loaded.config.name!r} runs jobs on this machine (scheduler: "
                           f"{loaded.config.scheduler}): there is no Slurm cluster to check it against",
                           file=origin.file if origin.line else str(loaded.path), line=origin.line, key="scheduler")
-    with slurm_answering(login_of(loaded.config.login)) as where:
-        report = check_against_cluster(loaded.config)
-        report.torch = torchprobe.probe(loaded.config, sys.executable, where=where)
+    with slurm_answering(login_of(loaded.config.login)) as (client, where):
+        report = check_against_cluster(loaded.config, read_cluster(client))
+        report.torch = torchprobe.probe(client, loaded.config, sys.executable, where=where)
     if report.torch.problem:
         report.fatal.append(Difference(report.torch.key, report.torch.problem, fatal=True))
     if report.torch.checked:
@@ -72,8 +73,8 @@ def detect_site(name: str | None = None, *, write_to: str | os.PathLike | bool =
         raise ConfigError(f"{write_to} is inside the profiles shipped with glaunch ({shipped}), "
                           "which an upgrade replaces: write it to ~/.config/glaunch/sites/, ./site_configs/ of "
                           "your project, or a folder on GLAUNCH_SITE_PATH", key="--output")
-    with slurm_answering(login, always=True):
-        profile_name, text = query_cluster(name, login=login)
+    with slurm_answering(login, always=True) as (client, _):
+        profile_name, text = query_cluster(client, name, login=login)
     if folder is not None:
         path = folder / f"{profile_name}.yaml"
     elif not isinstance(write_to, bool):

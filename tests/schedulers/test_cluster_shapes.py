@@ -551,8 +551,9 @@ def test_the_current_user_is_known_without_a_passwd_entry(monkeypatch):
     import getpass
 
     from launcher.schedulers.cluster.facts import current_user
+    from launcher.schedulers.slurm.client import CLIENT
 
     def no_entry():
         raise KeyError("getpwuid(): uid not found")
     monkeypatch.setattr(getpass, "getuser", no_entry)        # mock: no such uid can be made here
-    assert current_user() == str(os.getuid())
+    assert current_user(CLIENT) == str(os.getuid())

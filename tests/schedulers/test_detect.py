@@ -28,6 +28,7 @@ from launcher.errors import ConfigError
 from launcher.schedulers.cluster import detect
 from launcher.schedulers.cluster.detect import detect_profile, render_profile
 from launcher.schedulers.cluster.scontrol_text import gpu_kinds, parse_records
+from launcher.schedulers.slurm.client import CLIENT, Client
 
 RECORDED = Path(__file__).parent.parent / "recorded"
 SHIPPED = Path(__file__).resolve().parents[2] / "site_configs"
@@ -288,10 +289,10 @@ def scontrol_answer(cluster_name: str, partitions: str = TINY_PARTITIONS,
 def fake_cluster(monkeypatch, tmp_path, isolated_env):
     """query_cluster reads `answer["text"]` instead of asking scontrol; no sacctmgr, user alice."""
     answer = {"text": scontrol_answer("tiny")}
-    monkeypatch.setattr(detect, "read_scontrol", lambda command: answer["text"])
-    monkeypatch.setattr(detect, "has_command", lambda name: False)
-    monkeypatch.setattr(detect, "current_user", lambda: "alice")
-    monkeypatch.setattr(detect, "user_groups", lambda user: None)
+    monkeypatch.setattr(detect, "read_scontrol", lambda client, command: answer["text"])
+    monkeypatch.setattr(Client, "has_command", lambda self, name: False)
+    monkeypatch.setattr(detect, "current_user", lambda client: "alice")
+    monkeypatch.setattr(detect, "user_groups", lambda client, user: None)
     monkeypatch.chdir(tmp_path)
     return answer
 
@@ -325,7 +326,7 @@ def test_a_good_name_given_replaces_a_bad_cluster_name(fake_cluster, tmp_path):
 @pytest.mark.parametrize("name", ["../x", "a" * 300, "x\x1by"])
 def test_a_bad_name_given_is_refused_as_a_profile_name_is(fake_cluster, name):
     with pytest.raises(ConfigError) as info:
-        detect.query_cluster(name)
+        detect.query_cluster(CLIENT, name)
     assert info.value.key == "--name"
 
 
@@ -398,14 +399,14 @@ def test_a_check_report_escapes_what_the_cluster_named(monkeypatch):
 
 
 def login_shell_answers(monkeypatch, stdout: str, returncode: int = 0) -> list[tuple[str, ...]]:
-    """run_command answers `stdout` to the login-shell question (and records what was asked)."""
+    """The client answers `stdout` to the login-shell question (and records what was asked)."""
     asked: list[tuple[str, ...]] = []
 
-    def run_command(*cmd, **kwargs):
+    def call(self, *cmd, **kwargs):
         asked.append(cmd)
         return subprocess.CompletedProcess(list(cmd), returncode, stdout, "")
 
-    monkeypatch.setattr(detect, "run_command", run_command)
+    monkeypatch.setattr(Client, "call", call)
     return asked
 
 
@@ -413,7 +414,7 @@ def test_detect_over_ssh_writes_the_python3_of_the_login_shell_and_none_of_what_
                                                                                           monkeypatch, tmp_path):
     banner = "Welcome to tiny!\nGLAUNCH-PYTHON3 is not a command\nmodule: loaded pytorch/2.5\n"
     asked = login_shell_answers(monkeypatch, banner + "GLAUNCH-PYTHON3 /opt/envs/torch/bin/python3\n")
-    _, text = detect.query_cluster(None, login=Login("login1", user="alice"))
+    _, text = detect.query_cluster(CLIENT, None, login=Login("login1", user="alice"))
     profile = yaml.safe_load(text)
     assert profile["python"] == "/opt/envs/torch/bin/python3"
     assert asked == [("bash", "-lc", detect.FIND_PYTHON)]
@@ -431,7 +432,7 @@ def test_detect_over_ssh_writes_the_python3_of_the_login_shell_and_none_of_what_
 ])
 def test_detect_over_ssh_without_a_python3_says_to_set_python(fake_cluster, monkeypatch, stdout, returncode):
     login_shell_answers(monkeypatch, stdout, returncode)
-    _, text = detect.query_cluster(None, login=Login("login1"))
+    _, text = detect.query_cluster(CLIENT, None, login=Login("login1"))
     assert "python" not in yaml.safe_load(text)
     assert "# Review: the login shell has no python3 on its PATH: set python:" in text
     assert "\x1b" not in text
@@ -439,5 +440,5 @@ def test_detect_over_ssh_without_a_python3_says_to_set_python(fake_cluster, monk
 
 def test_detect_on_the_cluster_itself_asks_no_login_shell(fake_cluster, monkeypatch):
     asked = login_shell_answers(monkeypatch, "GLAUNCH-PYTHON3 /usr/bin/python3\n")
-    _, text = detect.query_cluster(None)
+    _, text = detect.query_cluster(CLIENT, None)
     assert asked == [] and "python" not in yaml.safe_load(text)

@@ -14,6 +14,7 @@ from launcher.config import sites
 from launcher.config.sites import find_site
 from launcher.errors import ConfigError
 from launcher.schedulers.cluster import detect
+from launcher.schedulers.slurm.client import Client
 from test_detect import scontrol_answer
 
 
@@ -21,10 +22,10 @@ from test_detect import scontrol_answer
 def cluster(monkeypatch, tmp_path, isolated_env):
     """query_cluster reads a one-partition cluster named `tiny` instead of asking scontrol;
     the working directory is a checkout whose ./site_configs/ is the shipped profiles."""
-    monkeypatch.setattr(detect, "read_scontrol", lambda command: scontrol_answer("tiny"))
-    monkeypatch.setattr(detect, "has_command", lambda name: False)
-    monkeypatch.setattr(detect, "current_user", lambda: "alice")
-    monkeypatch.setattr(detect, "user_groups", lambda user: None)
+    monkeypatch.setattr(detect, "read_scontrol", lambda client, command: scontrol_answer("tiny"))
+    monkeypatch.setattr(Client, "has_command", lambda self, name: False)
+    monkeypatch.setattr(detect, "current_user", lambda client: "alice")
+    monkeypatch.setattr(detect, "user_groups", lambda client, user: None)
     checkout = tmp_path / "checkout"
     shipped = checkout / "site_configs"
     shipped.mkdir(parents=True)

@@ -106,8 +106,8 @@ def test_a_submission_slurm_never_queued_is_refused_in_one_word(tmp_path, isolat
               "submission": {"script": str(run_dir / "job.sbatch"), "marker": "glaunch-run=r"}}
     (run_dir / "run.json").write_text(json.dumps(record))
     registry.register("r", str(run_dir))
-    monkeypatch.setattr(slurm_queries, "find_submitted", lambda script, marker: None)
-    slurm._settle_uncertain(run_dir, registry.read(run_dir))
+    monkeypatch.setattr(slurm_queries, "find_submitted", lambda client, script, marker: None)
+    slurm._settle_uncertain(slurm.SlurmScheduler(), run_dir, registry.read(run_dir))
     after = registry.read(run_dir)
     assert (after.state, after.reason) == (State.REFUSED.value, "refused")
     assert "sbatch did not queue the job" in after.detail

@@ -153,9 +153,9 @@ def test_fake_squeue_with_munge_down_is_an_error_not_an_ended_job(tmp_path, fake
     fake_bin("squeue", "squeue-munge-down-stderr.txt")
     fake_bin("sacct", "sacct-pending.txt")
     with pytest.raises(SchedulerError, match=r"squeue could not tell the state of job 12: .*Protocol authentication"):
-        squeue_job("12")
+        squeue_job(slurm_client.CLIENT, "12")
     with pytest.raises(SchedulerError, match="Protocol authentication error"):
-        squeue_jobs(["12", "13"])
+        squeue_jobs(slurm_client.CLIENT, ["12", "13"])
     record = RunRecord(run_id="r1", job_id="12", state="RUNNING",
                        starts=[StartRecord(job_id="12", restart=0, state="RUNNING")])
     run_dir = run_dir_with(tmp_path, record)
@@ -166,7 +166,7 @@ def test_fake_squeue_with_munge_down_is_an_error_not_an_ended_job(tmp_path, fake
 
 def test_fake_squeue_forgetting_the_job_leaves_sacct_to_say(fake_bin):
     fake_bin("squeue", "squeue-unknown-job-stderr.txt")
-    assert squeue_job("999999") == (None, None) and squeue_jobs(["999999"]) == {}
+    assert squeue_job(slurm_client.CLIENT, "999999") == (None, None) and squeue_jobs(slurm_client.CLIENT, ["999999"]) == {}
 
 
 # --- a job squeue no longer lists ---------------------------------------------------------------

@@ -162,27 +162,29 @@ def test_squeue_of_a_job_it_forgot_means_gone(release):
     assert squeue_error(recorded(release, "squeue-unknown-job-stderr.txt")) is None
 
 
-def fake_squeue(monkeypatch, stdout: str) -> None:
-    def answer(*cmd, **_):
-        return subprocess.CompletedProcess(list(cmd), 0, stdout, "")
-    monkeypatch.setattr(queries, "run_command", answer)
+class RecordedSlurm:
+    """A client whose every command answers the recorded `stdout`."""
+
+    def __init__(self, stdout: str) -> None:
+        self.stdout = stdout
+
+    def call(self, *cmd, **_):
+        return subprocess.CompletedProcess(list(cmd), 0, self.stdout, "")
 
 
-def test_squeue_lists_an_array_task_by_task(release, monkeypatch):
+def test_squeue_lists_an_array_task_by_task(release):
     text = recorded(release, "squeue-array.txt")
     array, running = (line.split("|")[0] for line in text.splitlines()[::2])
-    fake_squeue(monkeypatch, text)
-    found = queries.squeue_jobs([array.partition("_")[0], running])
+    found = queries.squeue_jobs(RecordedSlurm(text), [array.partition("_")[0], running])
     array_id = array.partition("_")[0]
     assert found == {f"{array_id}_0": ("PENDING", "JobHeldUser"), f"{array_id}_1": ("PENDING", "JobHeldUser"),
                      running: ("RUNNING", None)}
 
 
-def test_a_submission_is_found_by_its_marker(release, monkeypatch):
+def test_a_submission_is_found_by_its_marker(release):
     text = recorded(release, "squeue-user-jobs.txt")
     expected = next(line.split("|")[0] for line in text.splitlines() if "|glaunch:record-running|" in line)
-    fake_squeue(monkeypatch, text)
-    assert queries.find_submitted("", "glaunch:record-running") == expected
+    assert queries.find_submitted(RecordedSlurm(text), "", "glaunch:record-running") == expected
 
 
 def test_the_watchdog_ends_the_steps_squeue_lists(release, monkeypatch):

@@ -23,7 +23,7 @@ from launcher.runner import site_tools
 from launcher.schedulers.cluster import torchprobe
 from launcher.schedulers.cluster.report import CheckReport
 from launcher.schedulers.cluster.torchprobe import ANSWER, NOT_HERE, TorchProbe, read_answer
-from launcher.schedulers.slurm.client import using
+from launcher.schedulers.slurm.client import CLIENT
 from launcher.schedulers.ssh import on_login
 from launcher.schedulers.ssh.connection import NoAnswer
 
@@ -108,17 +108,17 @@ def site_of(tmp_path: Path, extra: str = ""):
 
 def test_a_pyxis_image_or_one_apptainer_must_fetch_is_not_run(tmp_path):
     pyxis = site_of(tmp_path, "container: {runtime: pyxis, image: 'nvcr.io#nvidia/pytorch:24.09-py3'}\n")
-    reason = torchprobe.probe(pyxis, sys.executable).reason
+    reason = torchprobe.probe(CLIENT, pyxis, sys.executable).reason
     assert reason and "pyxis container nvcr.io#nvidia/pytorch:24.09-py3, which only srun starts" in reason
     remote = site_of(tmp_path, "container: {runtime: apptainer, image: 'docker://nvcr.io/nvidia/pytorch:24.09-py3'}\n")
-    assert "apptainer would first fetch docker://" in torchprobe.probe(remote, sys.executable).reason
+    assert "apptainer would first fetch docker://" in torchprobe.probe(CLIENT, remote, sys.executable).reason
 
 
 def test_an_apptainer_image_not_on_this_host_is_not_checked(tmp_path):
     site = site_of(tmp_path, f"container: {{runtime: apptainer, image: {tmp_path / 'no.sif'}}}\n")
     env = torchprobe.environment_of(site, sys.executable)
     assert env.command[:3] == ("apptainer", "exec", "--nv") and env.command[-1] == "python3"
-    probe = torchprobe.probe(site, sys.executable)
+    probe = torchprobe.probe(CLIENT, site, sys.executable)
     assert probe.reason == f"the container image {tmp_path / 'no.sif'} is not on this host"
     assert probe.key == "container.image"
 
@@ -138,7 +138,7 @@ def test_modules_without_a_module_system_are_not_checked(tmp_path, monkeypatch):
     if any(Path(f).exists() for f in ("/etc/profile.d/lmod.sh", "/etc/profile.d/modules.sh",
                                       "/usr/share/lmod/lmod/init/bash", "/usr/share/Modules/init/bash")):
         pytest.skip("this host has a module system")
-    assert torchprobe.probe(site, sys.executable).reason == torchprobe.NO_MODULES
+    assert torchprobe.probe(CLIENT, site, sys.executable).reason == torchprobe.NO_MODULES
 
 
 def test_the_script_is_bash_and_module_names_reach_module_as_written(tmp_path, monkeypatch):
@@ -155,26 +155,26 @@ def test_the_script_is_bash_and_module_names_reach_module_as_written(tmp_path, m
     script = torchprobe.probe_script(torchprobe.environment_of(site, sys.executable))
     assert subprocess.run(["bash", "-n", "-c", script], timeout=30).returncode == 0
     monkeypatch.chdir(tmp_path)
-    probe = torchprobe.probe(site, sys.executable)
+    probe = torchprobe.probe(CLIENT, site, sys.executable)
     assert probe.checked, probe.reason
     assert record.read_text().splitlines() == ["load", odd] and not (tmp_path / "pwned").exists()
 
 
 def test_an_environment_that_hangs_is_cut_at_the_bound(tmp_path):
     site = site_of(tmp_path, "setup: ['sleep 30']\n")
-    probe = torchprobe.probe(site, sys.executable, timeout_s=1)
+    probe = torchprobe.probe(CLIENT, site, sys.executable, timeout_s=1)
     assert not probe.checked and "did not answer within 1 s" in probe.reason
 
 
 def test_a_failing_setup_is_not_checked_with_its_error(tmp_path):
     site = site_of(tmp_path, "setup: ['source /nonexistent/venv/bin/activate']\n")
-    probe = torchprobe.probe(site, sys.executable)
+    probe = torchprobe.probe(CLIENT, site, sys.executable)
     assert probe.reason.startswith("the environment step ended with exit 1:") and "/nonexistent" in probe.reason
 
 
 def test_an_interpreter_that_is_not_there_is_named(tmp_path):
     site = site_of(tmp_path, f"python: {tmp_path / 'nope' / 'python'}\n")
-    assert torchprobe.probe(site, sys.executable).reason == (
+    assert torchprobe.probe(CLIENT, site, sys.executable).reason == (
         f"the interpreter {tmp_path / 'nope' / 'python'} is not an executable file on this host")
 
 
@@ -206,7 +206,7 @@ def fake_torch_python(tmp_path) -> Path:
 
 def test_the_probe_reports_the_fake_torch_of_the_profiles_python(tmp_path, fake_torch_python):
     site = site_of(tmp_path, f"python: {fake_torch_python}\n")
-    probe = torchprobe.probe(site, "/not/the/submitting/python")
+    probe = torchprobe.probe(CLIENT, site, "/not/the/submitting/python")
     assert probe.checked, probe.reason
     assert probe.line() == (f"torch: 9.9.0+cu124 (CUDA 12.4, NCCL 2.21.5, python {sys.version.split()[0]}) "
                             f"from {sys.executable}")
@@ -215,7 +215,8 @@ def test_the_probe_reports_the_fake_torch_of_the_profiles_python(tmp_path, fake_
 def test_sites_check_warns_when_the_profiles_torch_is_not_the_submitting_one(
         tmp_path, fake_torch_python, monkeypatch, capsys, isolated_env):
     (tmp_path / "fakesite.yaml").write_text(PROFILE + f"python: {fake_torch_python}\n")
-    monkeypatch.setattr(site_tools, "check_against_cluster", lambda config: CheckReport(config.name, "main"))
+    monkeypatch.setattr(site_tools, "read_cluster", lambda client: None)
+    monkeypatch.setattr(site_tools, "check_against_cluster", lambda config, cluster: CheckReport(config.name, "main"))
     monkeypatch.setattr(site_tools, "package_versions", lambda names: {"torch": "2.13.0+cpu"})
     code, out, err = run_cli(monkeypatch, capsys, ["glaunch", "sites", "check", str(tmp_path / "fakesite.yaml")])
     assert code == 0, err
@@ -228,7 +229,8 @@ def test_sites_check_warns_when_the_profiles_torch_is_not_the_submitting_one(
 
 def test_sites_check_does_not_fail_for_what_it_cannot_find_out(tmp_path, monkeypatch, capsys, isolated_env):
     (tmp_path / "fakesite.yaml").write_text(PROFILE + "container: {runtime: pyxis, image: 'img:1'}\n")
-    monkeypatch.setattr(site_tools, "check_against_cluster", lambda config: CheckReport(config.name, "main"))
+    monkeypatch.setattr(site_tools, "read_cluster", lambda client: None)
+    monkeypatch.setattr(site_tools, "check_against_cluster", lambda config, cluster: CheckReport(config.name, "main"))
     code, out, err = run_cli(monkeypatch, capsys, ["glaunch", "sites", "check", str(tmp_path / "fakesite.yaml"),
                                                    "--json"])
     assert code == 0, err
@@ -249,13 +251,12 @@ class LocalLogin:
 
 def test_over_a_login_the_probe_runs_through_the_login_nodes_slurm_client(tmp_path, fake_torch_python):
     site = site_of(tmp_path, f"python: {fake_torch_python}\nsetup: ['echo loading; echo noise >&2']\n")
-    with using(on_login.slurm_client(LocalLogin())):
-        probe = torchprobe.probe(site, sys.executable, where="alice@login1")
+    probe = torchprobe.probe(on_login.slurm_client(LocalLogin()), site, sys.executable, where="alice@login1")
     assert probe.checked, probe.reason
     assert probe.line().startswith("torch: 9.9.0+cu124 (CUDA 12.4") and probe.line().endswith(" on alice@login1")
     slow = site_of(tmp_path, "setup: ['sleep 30']\n")
-    with using(on_login.slurm_client(LocalLogin())):
-        assert "did not answer within 1 s" in torchprobe.probe(slow, sys.executable, where="login1", timeout_s=1).line()
+    assert "did not answer within 1 s" in torchprobe.probe(on_login.slurm_client(LocalLogin()), slow, sys.executable,
+                                                           where="login1", timeout_s=1).line()
 
 
 # --- an interpreter the nodes cannot run: sites check and submit fail, naming python: -------------
@@ -271,7 +272,8 @@ def test_sites_check_fails_naming_python_when_the_nodes_interpreter_cannot_run_a
     executable(tmp_path / "broken-python", "#!/nonexistent/interpreter\n")
     python, said = (text.format(tmp=tmp_path, exe=sys.executable) for text in (python, said))
     (tmp_path / "fakesite.yaml").write_text(PROFILE + f"python: {python}\n")
-    monkeypatch.setattr(site_tools, "check_against_cluster", lambda config: CheckReport(config.name, "main"))
+    monkeypatch.setattr(site_tools, "read_cluster", lambda client: None)
+    monkeypatch.setattr(site_tools, "check_against_cluster", lambda config, cluster: CheckReport(config.name, "main"))
     code, out, err = run_cli(monkeypatch, capsys, ["glaunch", "sites", "check", str(tmp_path / "fakesite.yaml")])
     assert code == 3, out + err
     fatal = [line for line in out.splitlines() if line.startswith("  FATAL")]
@@ -282,7 +284,7 @@ def test_a_tilde_in_python_is_the_home_of_the_account_the_probe_runs_as(tmp_path
     (tmp_path / "home" / "venv").mkdir(parents=True)
     os.symlink(fake_torch_python, tmp_path / "home" / "venv" / "python")
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    probe = torchprobe.probe(site_of(tmp_path, "python: ~/venv/python\n"), sys.executable)
+    probe = torchprobe.probe(CLIENT, site_of(tmp_path, "python: ~/venv/python\n"), sys.executable)
     assert probe.checked and probe.versions["torch"] == "9.9.0+cu124", probe.reason
 
 

@@ -35,7 +35,7 @@ from launcher.schedulers.cluster.partition import (
     to_seconds,
 )
 from launcher.schedulers.cluster.report import CheckReport, Difference
-from launcher.schedulers.cluster.facts import Cluster, Node, Partition, parse_int, read_cluster
+from launcher.schedulers.cluster.facts import Cluster, Node, Partition, parse_int
 
 
 # --- the request of one job (submit) -------------------------------------------------------------
@@ -305,8 +305,7 @@ def site_mapping(site_config: Any) -> Mapping[str, Any]:
     return site_config
 
 
-def check_site(site_config: Any, partition: str | None = None, request: Request | None = None, *,
-               cluster: Cluster | None = None) -> CheckReport:
-    """The profile against the live cluster (or `cluster`, already read)."""
-    facts = cluster if cluster is not None else read_cluster()
-    return compare(site_mapping(site_config), facts, partition=partition, request=request)
+def check_site(site_config: Any, cluster: Cluster, partition: str | None = None,
+               request: Request | None = None) -> CheckReport:
+    """The profile against the live cluster's facts (facts.read_cluster)."""
+    return compare(site_mapping(site_config), cluster, partition=partition, request=request)

@@ -29,7 +29,7 @@ from launcher.schedulers.cluster.facts import (
     user_groups,
 )
 from launcher.schedulers.cluster.scontrol_text import read_scontrol, said, split_scontrol
-from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Unreachable, has_command, run_command
+from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Client, Unreachable
 
 
 @dataclass(frozen=True)
@@ -212,14 +212,15 @@ def render_profile(profile: Mapping[str, Any], cluster: str, notes: Iterable[str
     return head + yaml.dump(dict(profile), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
-def query_cluster(name: str | None, *, login: Any = None) -> tuple[str, str]:
-    """(profile name, profile text) for the cluster Slurm's commands reach (this machine's,
-    or over SSH the one of `login`, a launcher.config.login.Login the profile then names)."""
+def query_cluster(client: Client, name: str | None, *, login: Any = None) -> tuple[str, str]:
+    """(profile name, profile text) for the cluster Slurm's commands reach through `client`
+    (this machine's, or over SSH the one of `login`, a launcher.config.login.Login the
+    profile then names)."""
     if name is not None:
         problem = site_name_problem(name)
         if problem:
             raise ConfigError(problem, key="--name")
-    partitions_text, nodes_text, settings = split_scontrol(read_scontrol("glaunch sites detect"))
+    partitions_text, nodes_text, settings = split_scontrol(read_scontrol(client, "glaunch sites detect"))
     cluster = settings.get("ClusterName", "cluster")
     if name is None:
         # The profile's name, and its file's: a cluster's name must not write elsewhere.
@@ -227,23 +228,23 @@ def query_cluster(name: str | None, *, login: Any = None) -> tuple[str, str]:
         if problem:
             raise ConfigError(f"Slurm's ClusterName cannot name a profile: {problem}; give the profile a name "
                               "with --name", key="--name")
-    user = current_user()
+    user = current_user(client)
     account = None
-    if has_command("sacctmgr"):
+    if client.has_command("sacctmgr"):
         try:
-            proc = run_command("sacctmgr", "-n", "-P", "show", "user", user, "format=defaultaccount",
+            proc = client.call("sacctmgr", "-n", "-P", "show", "user", user, "format=defaultaccount",
                                policy=ACCOUNTING_POLICY, controller=False)
         except Unreachable:
             proc = None     # no accounting answer: the skeleton leaves the account to fill in
         if proc is not None and proc.returncode == 0 and proc.stdout.strip() and _takes(proc.stdout.split()[0]):
             account = proc.stdout.split()[0]
     detected = detect_profile(name or cluster, partitions_text, nodes_text, settings=settings, account=account,
-                              user=user, groups=user_groups(user))
+                              user=user, groups=user_groups(client, user))
     profile = dict(detected.profile)
     notes = detected.notes
     if login is not None:
         head = {key: profile.pop(key) for key in ("name", "extends", "scheduler")}
-        python = login_python()
+        python = login_python(client)
         if python is None:
             notes += ("the login shell has no python3 on its PATH: set python: to the nodes' interpreter (one with "
                       "torch)",)
@@ -258,12 +259,12 @@ PYTHON_MARK = "GLAUNCH-PYTHON3 "
 FIND_PYTHON = f'printf "{PYTHON_MARK}%s\\n" "$(command -v python3)"'
 
 
-def login_python() -> str | None:
-    """The interpreter the login shell where Slurm's commands run calls python3 (the
-    nodes' interpreter on clusters whose nodes share the login node's software), or None
-    when it has none or does not say."""
+def login_python(client: Client) -> str | None:
+    """The interpreter the login shell where `client` runs Slurm's commands calls python3
+    (the nodes' interpreter on clusters whose nodes share the login node's software), or
+    None when it has none or does not say."""
     try:
-        proc = run_command("bash", "-lc", FIND_PYTHON, policy=ACCOUNTING_POLICY, controller=False)
+        proc = client.call("bash", "-lc", FIND_PYTHON, policy=ACCOUNTING_POLICY, controller=False)
     except Unreachable:
         return None
     return read_python(proc.stdout) if proc.returncode == 0 else None

@@ -26,8 +26,7 @@ from launcher.schedulers.cluster.scontrol_text import (
     read_scontrol,
     split_scontrol,
 )
-from launcher.schedulers.slurm import client as slurm_client
-from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Unreachable, has_command, run_command
+from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Client, Unreachable
 
 ASSOC_FORMAT = ("Account", "Partition", "QOS", "DefaultQOS", "MaxWall", "MaxTRES")
 QOS_FORMAT = ("Name", "MaxWall", "MaxTRES", "MaxTRESPerNode")
@@ -328,21 +327,22 @@ def parse_qos(text: str) -> list[Qos]:
     return rows
 
 
-def read_cluster(command: str = "glaunch sites check") -> Cluster:
-    """The live cluster's facts: one scontrol call, and sacctmgr where slurmdbd answers."""
-    text = read_scontrol(command)
+def read_cluster(client: Client, command: str = "glaunch sites check") -> Cluster:
+    """The live cluster's facts, asked through `client`: one scontrol call, and sacctmgr
+    where slurmdbd answers."""
+    text = read_scontrol(client, command)
     _, _, settings = split_scontrol(text)
     cluster_name = settings.get("ClusterName", "")
-    user = current_user()
+    user = current_user(client)
     assoc_text = qos_text = None
     note = None
-    if not has_command("sacctmgr"):
+    if not client.has_command("sacctmgr"):
         note = "account and QOS not checked: sacctmgr is not on PATH"
     else:
         try:
             assoc_cmd, qos_cmd = accounting_commands(user, cluster_name)
-            assoc = run_command(*assoc_cmd, policy=ACCOUNTING_POLICY, controller=False)
-            qos = run_command(*qos_cmd, policy=ACCOUNTING_POLICY, controller=False)
+            assoc = client.call(*assoc_cmd, policy=ACCOUNTING_POLICY, controller=False)
+            qos = client.call(*qos_cmd, policy=ACCOUNTING_POLICY, controller=False)
             if assoc.returncode == 0 and qos.returncode == 0:
                 assoc_text, qos_text = assoc.stdout, qos.stdout
             else:
@@ -352,7 +352,7 @@ def read_cluster(command: str = "glaunch sites check") -> Cluster:
         except Unreachable as exc:
             note = f"account and QOS not checked: {exc.message}"
     return parse_cluster(text, assoc_text=assoc_text, qos_text=qos_text, user=user, accounting_note=note,
-                         groups=user_groups(user))
+                         groups=user_groups(client, user))
 
 
 def accounting_commands(user: str, cluster_name: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -363,11 +363,11 @@ def accounting_commands(user: str, cluster_name: str) -> tuple[tuple[str, ...], 
             ("sacctmgr", "-n", "-P", "show", "qos", "format=" + ",".join(QOS_FORMAT)))
 
 
-def current_user() -> str:
-    """The login name Slurm knows this user by (on the login node where Slurm's commands
-    run over SSH); the uid as text where there is none (no passwd entry and no
-    USER/LOGNAME: a container run as an arbitrary uid)."""
-    account = slurm_client.CLIENT.remote_account()
+def current_user(client: Client) -> str:
+    """The login name Slurm knows this user by (on the login node where `client` runs
+    Slurm's commands over SSH); the uid as text where there is none (no passwd entry and
+    no USER/LOGNAME: a container run as an arbitrary uid)."""
+    account = client.remote_account()
     if account is not None:
         return account.user
     try:
@@ -376,10 +376,10 @@ def current_user() -> str:
         return str(os.getuid())
 
 
-def user_groups(user: str) -> frozenset[str] | None:
+def user_groups(client: Client, user: str) -> frozenset[str] | None:
     """The names of `user`'s Unix groups, as slurmctld resolves them for AllowGroups (None:
     not known here)."""
-    account = slurm_client.CLIENT.remote_account()
+    account = client.remote_account()
     if account is not None:
         return account.groups if user == account.user else None
     try:

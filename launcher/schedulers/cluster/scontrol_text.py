@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from launcher.errors import SchedulerError
-from launcher.schedulers.slurm.client import has_command, run_command
+from launcher.schedulers.slurm.client import Client
 
 # One scontrol process reads partitions, nodes and the configuration (its commands on
 # stdin); -a includes hidden partitions, which a profile may well name.
@@ -79,11 +79,12 @@ def parse_config(text: str) -> dict[str, str]:
 SCONTROL_CALL = ("scontrol", "-a", "-o")
 
 
-def read_scontrol(command: str) -> str:
-    """scontrol's answer to SCONTROL_COMMANDS: one call for partitions, nodes and settings."""
-    if not has_command("scontrol"):
+def read_scontrol(client: Client, command: str) -> str:
+    """scontrol's answer to SCONTROL_COMMANDS (through `client`): one call for partitions,
+    nodes and settings."""
+    if not client.has_command("scontrol"):
         raise SchedulerError(f"scontrol is not on PATH: run `{command}` on a Slurm login node")
-    proc = run_command(*SCONTROL_CALL, input=SCONTROL_COMMANDS)
+    proc = client.call(*SCONTROL_CALL, input=SCONTROL_COMMANDS)
     if "PartitionName=" not in proc.stdout or "ClusterName" not in proc.stdout:
         said = (proc.stderr or proc.stdout).strip()
         raise SchedulerError(f"scontrol gave no partitions or no configuration: {said[:500]}")

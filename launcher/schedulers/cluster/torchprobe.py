@@ -26,7 +26,7 @@ from launcher import shell
 from launcher.errors import GlaunchError
 from launcher.resolution.jobplan import Container, JobPlan
 from launcher.resolution.resolve import node_python
-from launcher.schedulers.slurm import client as slurm_client
+from launcher.schedulers.slurm.client import Client
 
 # Importing torch from a shared file system on a busy login node can take tens of seconds.
 TIMEOUT_S = 60.0
@@ -290,16 +290,17 @@ def interpreter_problem(env: Environment, stdout: str, versions: Mapping[str, st
     return None
 
 
-def probe(site: Any, submitting: str, *, where: str | None = None, timeout_s: float = TIMEOUT_S) -> TorchProbe:
-    """Run the probe for profile `site` under the shared Slurm client (here, or on the login
-    node it reaches: `where` names it; a ~ in its `python:` is the home of the account
-    there), one attempt within `timeout_s`."""
+def probe(client: Client, site: Any, submitting: str, *, where: str | None = None,
+          timeout_s: float = TIMEOUT_S) -> TorchProbe:
+    """Run the probe for profile `site` through `client` (here, or on the login node it
+    reaches: `where` names it; a ~ in its `python:` is the home of the account there), one
+    attempt within `timeout_s`."""
     key = _deciding_key(site)
     try:
-        home = _home()
+        home = _home(client)
     except GlaunchError as exc:
         return TorchProbe(key, where, reason=f"the home directory there is not known: {exc}")
-    return _run(environment_of(site, submitting, home), key, where, timeout_s, PROBE_CODE)
+    return _run(client, environment_of(site, submitting, home), key, where, timeout_s, PROBE_CODE)
 
 
 # The probe's one call: bash reading the probe script on its stdin.
@@ -317,22 +318,24 @@ def probe_plan_call(plan: JobPlan) -> tuple[tuple[str, ...], str] | None:
         return None
 
 
-def probe_plan(plan: JobPlan, *, where: str | None = None, timeout_s: float = TIMEOUT_S) -> TorchProbe:
+def probe_plan(client: Client, plan: JobPlan, *, where: str | None = None,
+               timeout_s: float = TIMEOUT_S) -> TorchProbe:
     """Whether the interpreter a job plan runs starts and finds torch (without importing
     it), asked as `probe` asks."""
     env = plan_environment(plan)
     if isinstance(env, str):
         return TorchProbe("python", where, reason=env)
-    return _run(env, env.key, where, timeout_s, FIND_CODE)
+    return _run(client, env, env.key, where, timeout_s, FIND_CODE)
 
 
-def _home() -> str | None:
-    """The home of the account the shared Slurm client runs its commands as."""
-    account = slurm_client.CLIENT.remote_account()
+def _home(client: Client) -> str | None:
+    """The home of the account `client` runs its commands as."""
+    account = client.remote_account()
     return account.home if account is not None else os.environ.get("HOME")
 
 
-def _run(env: Environment | str, key: str, where: str | None, timeout_s: float, code: str) -> TorchProbe:
+def _run(client: Client, env: Environment | str, key: str, where: str | None, timeout_s: float,
+         code: str) -> TorchProbe:
     if isinstance(env, str):
         return TorchProbe(key, where, reason=env)
     try:
@@ -340,7 +343,7 @@ def _run(env: Environment | str, key: str, where: str | None, timeout_s: float, 
     except shell.ShellTextError as exc:
         return TorchProbe(key, where, reason=f"the environment step cannot be written as shell text: {exc}")
     try:
-        outcome = slurm_client.CLIENT.attempt(list(PROBE_CALL), timeout_s, input=script)
+        outcome = client.attempt(list(PROBE_CALL), timeout_s, input=script)
     except GlaunchError as exc:
         return TorchProbe(key, where, reason=f"could not run bash: {exc}")
     proc = outcome.proc

@@ -9,7 +9,6 @@ The decisions are pure and tested with a fake clock on recorded error texts
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
@@ -17,7 +16,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from launcher.errors import SchedulerError
 from launcher.processes import run_bounded, without_tool_prefix
@@ -239,6 +238,11 @@ class Client:
         """Who the commands run as on the other machine (None: they run here)."""
         return self.account_of() if self.account_of is not None else None
 
+    def has_command(self, name: str) -> bool:
+        """Whether Slurm's command `name` can be run: on PATH here, or the commands run on
+        another machine (a missing one fails there, saying so)."""
+        return self.account_of is not None or shutil.which(name) is not None
+
     def env(self) -> dict[str, str]:
         return clean_env(os.environ if self.environ is None else self.environ)[0]
 
@@ -346,30 +350,8 @@ def _error_lines(tool: str, text: str) -> str:
     return "; ".join(lines[-4:]) if lines else "(nothing)"
 
 
-# The process's client: glaunch's commands share what it learnt about the controller.
+# This machine's client: the Slurm backend's transport where Slurm's commands run here.
+# glaunch's commands share what it learnt about the controller. A login node reached over
+# SSH has a client of its own (launcher.schedulers.ssh.on_login.slurm_client), handed to
+# the backend (SlurmScheduler(client)) and to every query by whoever holds the connection.
 CLIENT = Client()
-
-
-@contextlib.contextmanager
-def using(client: Client) -> Iterator[Client]:
-    """Within the block, every Slurm command of this process runs under `client` (one whose
-    runner reaches another machine's Slurm: launcher.schedulers.ssh.slurm)."""
-    global CLIENT
-    previous, CLIENT = CLIENT, client
-    try:
-        yield client
-    finally:
-        CLIENT = previous
-
-
-def has_command(name: str) -> bool:
-    """Whether Slurm's command `name` can be run under the shared client: on PATH here, or
-    the client runs its commands on another machine (a missing one fails there, saying so)."""
-    return CLIENT.account_of is not None or shutil.which(name) is not None
-
-
-def run_command(*cmd: str, policy: RetryPolicy | None = None, input: str | None = None,
-                env: Mapping[str, str] | None = None, deadline: float | None = None,
-                controller: bool = True) -> subprocess.CompletedProcess[str]:
-    """Run one Slurm client command under the shared client (see Client.call)."""
-    return CLIENT.call(*cmd, policy=policy, input=input, env=env, deadline=deadline, controller=controller)

@@ -10,7 +10,7 @@ import subprocess
 
 from launcher.errors import SchedulerError
 from launcher.processes import without_tool_prefix
-from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Unreachable, run_command
+from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Client, Unreachable
 from launcher.schedulers.slurm.state import (
     SACCT_FORMAT,
     SQUEUE_FORMAT,
@@ -21,11 +21,12 @@ from launcher.schedulers.slurm.state import (
 )
 
 
-def find_submitted(script: str, marker: str, *, deadline: float | None = None, user: str | None = None) -> str | None:
+def find_submitted(client: Client, script: str, marker: str, *, deadline: float | None = None,
+                   user: str | None = None) -> str | None:
     """The id of the job `user` (default: this process's) submitted from `script` or
-    carrying comment `marker`, if Slurm has it (pending, running or recently ended); None
-    when it has no such job."""
-    proc = run_command("squeue", "-h", "--states=all", "-u", user or getpass.getuser(), "-o", "%i|%k|%o",
+    carrying comment `marker`, if Slurm (asked through `client`) has it (pending, running or
+    recently ended); None when it has no such job."""
+    proc = client.call("squeue", "-h", "--states=all", "-u", user or getpass.getuser(), "-o", "%i|%k|%o",
                        deadline=deadline)
     if proc.returncode != 0:
         raise SchedulerError(f"squeue failed: {without_tool_prefix('squeue', proc.stderr or proc.stdout)}")
@@ -37,19 +38,19 @@ def find_submitted(script: str, marker: str, *, deadline: float | None = None, u
     return None
 
 
-def squeue_job(job_id: str) -> tuple[str | None, str | None]:
+def squeue_job(client: Client, job_id: str) -> tuple[str | None, str | None]:
     """(state, pending reason) of the job as squeue lists it; (None, None) once it is gone."""
-    proc = run_command("squeue", "-h", "-j", job_id, "-o", SQUEUE_FORMAT)
+    proc = client.call("squeue", "-h", "-j", job_id, "-o", SQUEUE_FORMAT)
     if proc.returncode != 0:
         _raise_unless_gone(proc, job_id)
         return None, None
     return parse_squeue(proc.stdout), parse_squeue_reason(proc.stdout)
 
 
-def squeue_jobs(job_ids: list[str]) -> dict[str, tuple[str | None, str | None]]:
+def squeue_jobs(client: Client, job_ids: list[str]) -> dict[str, tuple[str | None, str | None]]:
     """(state, pending reason) of every job or array task squeue lists for these ids (an
     array's tasks one by one, ARRAYJOB_TASK); jobs it no longer lists are left out."""
-    proc = run_command("squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|" + SQUEUE_FORMAT)
+    proc = client.call("squeue", "-h", "-r", "-j", ",".join(job_ids), "-o", "%i|" + SQUEUE_FORMAT)
     if proc.returncode != 0:
         _raise_unless_gone(proc, ",".join(job_ids))
         return {}           # none of them is known any more ("Invalid job id specified")
@@ -70,10 +71,10 @@ def _raise_unless_gone(proc: subprocess.CompletedProcess[str], job_ids: str) -> 
         raise SchedulerError(f"squeue could not tell the state of job {job_ids}: {error}")
 
 
-def sacct_records(job_id: str) -> list[dict[str, str]] | None:
+def sacct_records(client: Client, job_id: str) -> list[dict[str, str]] | None:
     """Every start of the job (requeues included), or None without accounting."""
     try:
-        proc = run_command("sacct", "-n", "-P", "-D", "-X", "-j", job_id, "-o", ",".join(SACCT_FORMAT),
+        proc = client.call("sacct", "-n", "-P", "-D", "-X", "-j", job_id, "-o", ",".join(SACCT_FORMAT),
                            policy=ACCOUNTING_POLICY, controller=False)
     except Unreachable:
         return None

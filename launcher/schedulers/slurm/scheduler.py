@@ -2,9 +2,12 @@
 cluster, preflight with `sbatch --test-only`, submission through submitit with glaunch's
 rendered job.sbatch as the exact submission text, state from squeue and sacct, scancel.
 
-Every Slurm command runs through client.py: a timeout, a bounded retry on transient
-errors, an environment without the submitting shell's SLURM_* variables or Slurm's input
-variables (SBATCH_*, SALLOC_*, SRUN_*), which would otherwise reach or reshape the job.
+Every Slurm command runs through the scheduler's client (client.py), its transport: this
+machine's, or a login node's over SSH (launcher.schedulers.ssh.on_login.slurm_client),
+handed to the scheduler and to every query by whoever holds the connection; a timeout, a
+bounded retry on transient errors, an environment without the submitting shell's SLURM_*
+variables or Slurm's input variables (SBATCH_*, SALLOC_*, SRUN_*), which would otherwise
+reach or reshape the job.
 
 Here: the scheduler itself. sbatch and submitit are driven by submit.py, squeue and sacct
 asked by queries.py, run.json written by records.py, job arrays shaped by array.py;
@@ -13,7 +16,6 @@ asked by queries.py, run.json written by records.py, job arrays shaped by array.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
@@ -35,20 +37,34 @@ from launcher.schedulers.slurm.script import controller_command, sbatch_directiv
 # array.py alone, and never loads the rest (tests/test_command_imports.py says so).
 if TYPE_CHECKING:
     from launcher.schedulers.cluster.facts import Cluster
+    from launcher.schedulers.slurm.client import Client
 
 
 class SlurmScheduler(Scheduler):
+    """Slurm, its commands run through a transport: `client`, this machine's by default
+    (client.CLIENT), or one that runs them on a login node over SSH
+    (launcher.schedulers.ssh.on_login.slurm_client)."""
+
     name = "slurm"
 
-    def __init__(self) -> None:
+    def __init__(self, client: Client | None = None) -> None:
+        self._client = client
         self._cluster: Cluster | None = None   # read once per submission
+
+    @property
+    def client(self) -> Client:
+        if self._client is None:
+            from launcher.schedulers.slurm.client import CLIENT
+
+            self._client = CLIENT
+        return self._client
 
     def cluster(self) -> Cluster:
         """The live cluster's facts (one scontrol call, sacctmgr), read once."""
         from launcher.schedulers.cluster.facts import read_cluster
 
         if self._cluster is None:
-            self._cluster = read_cluster("glaunch submit")
+            self._cluster = read_cluster(self.client, "glaunch submit")
         return self._cluster
 
     def version(self) -> str | None:
@@ -80,9 +96,7 @@ class SlurmScheduler(Scheduler):
     # --- submission --------------------------------------------------------------------
 
     def require(self) -> None:
-        from launcher.schedulers.slurm.client import has_command
-
-        if not has_command("sbatch") or not has_command("srun"):
+        if not self.client.has_command("sbatch") or not self.client.has_command("srun"):
             raise SchedulerError("sbatch is not on PATH here: run glaunch on the cluster's login node, or give the "
                                  "profile a login: section to submit over SSH from here (--dry-run renders the "
                                  "bundle without Slurm)")
@@ -95,13 +109,13 @@ class SlurmScheduler(Scheduler):
         from launcher.schedulers.cluster.check import Request, check_site
         from launcher.schedulers.cluster.torchprobe import probe_plan
 
-        report = check_site(plan.site, partition=plan.allocation.partition, request=Request.of_plan(plan),
-                            cluster=self.cluster())
+        report = check_site(plan.site, self.cluster(), partition=plan.allocation.partition,
+                            request=Request.of_plan(plan))
         if report.fatal:
             raise report.error(plan.site_file)
         # The nodes' interpreter, asked where Slurm's commands run (the login node stands in
         # for the nodes): one that is not there or finds no torch would fail every start.
-        found = probe_plan(plan)
+        found = probe_plan(self.client, plan)
         if found.problem:
             raise SchedulerError(f"{found.problem}; nothing was submitted (`glaunch sites check` asks the same)",
                                  file=plan.site_file, key=found.key)
@@ -120,8 +134,8 @@ class SlurmScheduler(Scheduler):
                 warnings += self.check_cluster(plan)
             _log_warnings(warnings)
             if check:
-                preflight(plan, RunDir(run_dir).job_script, env)
-            job_id = submit(plan, job_text, env)
+                preflight(self.client, plan, RunDir(run_dir).job_script, env)
+            job_id = submit(self.client, plan, job_text, env)
         except SubmissionUncertain as exc:
             with registry.updating(run_dir) as record:
                 move(record, State.UNKNOWN.value, reason="submission uncertain", detail=exc.message)
@@ -134,9 +148,9 @@ class SlurmScheduler(Scheduler):
         # The job is held: its record names it before it may start.
         try:
             record_queued(run_dir, plan, job_id, warnings, self.version(), releasing=True)
-            release([job_id])
+            release(self.client, [job_id])
         except BaseException as exc:
-            raise undo_held(job_id, {Path(run_dir): job_id}, exc) from None
+            raise undo_held(self.client, job_id, {Path(run_dir): job_id}, exc) from None
         record_released(run_dir)
         return Launched(job_id, State.PENDING.value)
 
@@ -176,7 +190,7 @@ class SlurmScheduler(Scheduler):
                 for batch, script in zip(sweep.batches, scripts):
                     first = plans[batch.elements[0]]
                     warnings += [w for w in self.check_cluster(first) if w not in warnings]
-                    preflight(first, script, env)
+                    preflight(self.client, first, script, env)
         except SchedulerError as exc:
             for plan in plans:
                 record_refused(Path(plan.run_dir), exc, warnings)
@@ -187,7 +201,7 @@ class SlurmScheduler(Scheduler):
         try:
             for number, (batch, script) in enumerate(zip(sweep.batches, scripts)):
                 members = [plans[i] for i in batch.elements]
-                results.append(_queue_array(number, batch, script, members, env, warnings, version))
+                results.append(_queue_array(self.client, number, batch, script, members, env, warnings, version))
         except BaseException as exc:
             # Stopped (Ctrl-C, a failure writing a record): the arrays queued stay, each element
             # without a job is refused, so none waits SUBMITTING for a job that never comes.
@@ -216,37 +230,38 @@ class SlurmScheduler(Scheduler):
         if _submission_stopped(run_dir, record):
             record = _mark_stopped(run_dir)
         if _release_stopped(run_dir, record):
-            record = _finish_release(run_dir, str(record.job_id))
+            record = _finish_release(self.client, run_dir, str(record.job_id))
         uncertain = isinstance(record.extra.get("submission"), dict)
-        if shutil.which("squeue") is None or not (record.job_id or uncertain) or record.extra.get("allocation"):
+        if (not self.client.has_command("squeue") or not (record.job_id or uncertain)
+                or record.extra.get("allocation")):
             return record       # a run inside an allocation: its own record says all (the job is the allocation)
         if not record.job_id:
             try:
-                return _settle_uncertain(run_dir, record)
+                return _settle_uncertain(self, run_dir, record)
             except Unreachable as exc:
                 _record_unreachable(run_dir, exc)
                 raise
         live = reason = None
         if not has_ended(record):
             try:
-                live, reason = squeue_job(record.job_id)
+                live, reason = squeue_job(self.client, record.job_id)
             except SchedulerError as exc:
                 _record_unreachable(run_dir, exc)
                 raise
         # An array task's rows: asked of its array, whose row a task still pending when the
         # array was cancelled shares (sacct -j ARRAY_TASK has none for it).
-        return fold_job(run_dir, live, reason, sacct_records(array.array_job_id(record.job_id)))
+        return fold_job(run_dir, live, reason, sacct_records(self.client, array.array_job_id(record.job_id)))
 
     def refresh_many(self, runs: Sequence[tuple[Path, RunRecord]]) -> list[RunRecord]:
         """One squeue and one sacct call for all of them (a sweep's elements: by their
         array jobs), instead of two per run."""
-        from launcher.schedulers.slurm.client import has_command
         from launcher.schedulers.slurm.queries import sacct_records, squeue_jobs
         from launcher.schedulers.slurm.recording import fold_job, has_ended, job_rows
 
-        if not has_command("squeue"):
+        if not self.client.has_command("squeue"):
             return [record for _, record in runs]
-        runs = [(d, _finish_release(d, str(r.job_id)) if _release_stopped(d, r) else r) for d, r in runs]
+        runs = [(d, _finish_release(self.client, d, str(r.job_id)) if _release_stopped(d, r) else r)
+                for d, r in runs]
         queued = [(d, r) for d, r in runs if r.job_id and not r.dry_run and not r.extra.get("allocation")]
         ids = sorted({array.array_job_id(r.job_id) for _, r in queued if r.job_id})
         # An ended run keeps its state whatever squeue says: only sacct may add to its starts.
@@ -255,14 +270,14 @@ class SlurmScheduler(Scheduler):
         histories: dict[str, list[dict[str, str]]] | None = {}
         if listed:
             try:
-                live = squeue_jobs(listed)
+                live = squeue_jobs(self.client, listed)
             except SchedulerError as exc:
                 for run_dir, record in queued:
                     if not has_ended(record):
                         _record_unreachable(run_dir, exc)
                 raise
         if ids:
-            rows = sacct_records(",".join(ids))
+            rows = sacct_records(self.client, ",".join(ids))
             histories = None if rows is None else {}
             for row in job_rows(rows or []):
                 histories.setdefault(row["job_id"], []).append(row)  # type: ignore[union-attr]
@@ -279,14 +294,12 @@ class SlurmScheduler(Scheduler):
 
     def cancel_many(self, runs: Sequence[tuple[Path, RunRecord]], job_ids: Sequence[str] = ()) -> list[str]:
         """One scancel for all: the arrays' jobs, and the runs outside them."""
-        from launcher.schedulers.slurm.client import run_command
-
         arrays = set(job_ids)
         targets = list(job_ids) + [r.job_id for _, r in runs if r.job_id and not is_terminal(r.state)
                                    and array.array_job_id(r.job_id) not in arrays]
         if not targets:
             return ["nothing to cancel"]
-        proc = run_command("scancel", *targets)
+        proc = self.client.call("scancel", *targets)
         if proc.returncode != 0:
             raise SchedulerError(f"scancel {' '.join(targets)} failed: {without_tool_prefix('scancel', proc.stderr)}")
         return [f"cancelled job {t}" for t in targets]
@@ -296,22 +309,20 @@ class SlurmScheduler(Scheduler):
             return f"run {record.run_id}: nothing to cancel ({record.state})"
         if record.extra.get("allocation"):
             return inside_allocation(record)
-        from launcher.schedulers.slurm.client import run_command
-
         with registry.updating(run_dir) as rec:
             # Read with the mark set: a job ending at its time limit that resubmits the run
             # either recorded its successor already (cancelled here) or finds the mark and
             # cancels the successor itself (launcher.jobcontrol.jobend.record_successor).
             job_id = rec.job_id or record.job_id
             rec.extra[CANCEL_REQUESTED] = job_id
-        proc = run_command("scancel", job_id)
+        proc = self.client.call("scancel", job_id)
         if proc.returncode != 0:
             raise SchedulerError(f"scancel {job_id} failed: {without_tool_prefix('scancel', proc.stderr)}")
         return f"run {record.run_id}: cancelled job {job_id}"
 
 
-def _queue_array(number: int, batch: SweepBatch, script: Path, members: Sequence[JobPlan], env: Mapping[str, str],
-                 warnings: list[str], version: str | None) -> LaunchedBatch:
+def _queue_array(client: Client, number: int, batch: SweepBatch, script: Path, members: Sequence[JobPlan],
+                 env: Mapping[str, str], warnings: list[str], version: str | None) -> LaunchedBatch:
     """One array of a sweep queued held, each element's task and record put in place, then
     released. Slurm's refusal (of the array, or of its release) refuses its elements; an
     uncertain answer leaves them UNKNOWN, looked up again by status."""
@@ -326,7 +337,7 @@ def _queue_array(number: int, batch: SweepBatch, script: Path, members: Sequence
         with registry.updating(plan.run_dir) as record:
             record.extra[QUEUEING] = {"script": str(script), "marker": marker, "task": task}
     try:
-        array_id = submit_array(members[0], script, marker, env)
+        array_id = submit_array(client, members[0], script, marker, env)
     except SubmissionUncertain as exc:
         for task, plan in enumerate(members):
             with registry.updating(plan.run_dir) as record:
@@ -345,12 +356,12 @@ def _queue_array(number: int, batch: SweepBatch, script: Path, members: Sequence
             job_id = element_jobs[Path(plan.run_dir)]
             link_task(plan.log_dir, job_id)
             record_queued(Path(plan.run_dir), plan, job_id, warnings, version, releasing=True)
-        release([array_id])
+        release(client, [array_id])
     except SchedulerError as exc:
-        undone = undo_held(array_id, element_jobs, exc)
+        undone = undo_held(client, array_id, element_jobs, exc)
         return LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members), str(undone))
     except BaseException as exc:
-        raise undo_held(array_id, element_jobs, exc) from None
+        raise undo_held(client, array_id, element_jobs, exc) from None
     for plan in members:
         record_released(Path(plan.run_dir))
     launched = tuple(Launched(element_jobs[Path(plan.run_dir)], State.PENDING.value) for plan in members)
@@ -370,7 +381,7 @@ def _refuse_unqueued(run_dir: Path, exc: BaseException) -> None:
         pass        # the record could not be read or written: the submission's own error says why
 
 
-def undo_held(job_id: str, runs: Mapping[Path, str], exc: BaseException) -> BaseException:
+def undo_held(client: Client, job_id: str, runs: Mapping[Path, str], exc: BaseException) -> BaseException:
     """After `exc` stopped a submission between the queueing of its held job `job_id` (a
     run's, or a sweep's array) and its release: what to raise. The job is cancelled, and
     the record of each run in `runs` (its directory: its job) no longer names it: REFUSED
@@ -379,7 +390,7 @@ def undo_held(job_id: str, runs: Mapping[Path, str], exc: BaseException) -> Base
     it with the command that removes it."""
     from launcher.schedulers.slurm.submit import cancel_held
 
-    if not cancel_held(job_id):
+    if not cancel_held(client, job_id):
         for run_dir, own in runs.items():
             _mark_left_held(run_dir, own)
         names = " ".join(sorted({_run_id_of(run_dir) for run_dir in runs}))
@@ -461,11 +472,11 @@ def _release_stopped(run_dir: Path, record: RunRecord) -> bool:
             and record.state == State.PENDING and _left_alone(run_dir))
 
 
-def _finish_release(run_dir: Path, job_id: str) -> RunRecord:
+def _finish_release(client: Client, run_dir: Path, job_id: str) -> RunRecord:
     """What the stopped submission had left to do: release the job (or mark it left held)."""
     from launcher.schedulers.slurm.recording import record_released
 
-    _release_found(run_dir, job_id)
+    _release_found(client, run_dir, job_id)
     record_released(run_dir)
     return registry.read(run_dir)
 
@@ -492,7 +503,7 @@ def _mark_stopped(run_dir: Path) -> RunRecord:
     return rec
 
 
-def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
+def _settle_uncertain(slurm: SlurmScheduler, run_dir: Path, record: RunRecord) -> RunRecord:
     """A submission whose sbatch failed without a clear answer: the job, if the
     controller queued it after all, carries the run's marker. Found, it is held: its task
     is put in place and its record names it, then it is released."""
@@ -501,7 +512,7 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
 
     sub = record.extra["submission"]
     script, marker = str(sub.get("script") or ""), str(sub.get("marker") or "")
-    job_id = find_submitted(script, marker) if script or marker else None
+    job_id = find_submitted(slurm.client, script, marker) if script or marker else None
     task = sub.get("task")
     element = isinstance(task, int) and not isinstance(task, bool)
     if job_id and element:
@@ -524,7 +535,7 @@ def _settle_uncertain(run_dir: Path, record: RunRecord) -> RunRecord:
                  detail="sbatch did not queue the job (Slurm has no job carrying this run's id)")
     if not job_id:
         return rec
-    return SlurmScheduler().refresh(run_dir, _finish_release(run_dir, job_id))
+    return slurm.refresh(run_dir, _finish_release(slurm.client, run_dir, job_id))
 
 
 def _place_task(run_dir: Path, job_id: str, *, element: bool) -> None:
@@ -543,13 +554,13 @@ def _place_task(run_dir: Path, job_id: str, *, element: bool) -> None:
         pass        # the job's loader then fails, and the run's end says so
 
 
-def _release_found(run_dir: Path, job_id: str) -> None:
+def _release_found(client: Client, run_dir: Path, job_id: str) -> None:
     """A found job released; where Slurm did not, run.json marks it left held (status
     says it never starts, and how to release or cancel it)."""
     from launcher.schedulers.slurm.submit import release
 
     try:
-        release([job_id])
+        release(client, [job_id])
     except SchedulerError:
         _mark_left_held(run_dir, job_id)
 

@@ -26,7 +26,7 @@ from launcher.errors import SchedulerError
 from launcher.rendering.render import python_command
 from launcher.resolution.jobplan import JobPlan
 from launcher.schedulers.slurm import array as slurm_array, client as slurm_client, state as slurm_state
-from launcher.schedulers.slurm.client import Client, run_command
+from launcher.schedulers.slurm.client import Client
 from launcher.schedulers.slurm.queries import find_submitted
 
 
@@ -48,8 +48,9 @@ def _executor_class():
         """submitit's executor, submitting our rendered script byte for byte, with sbatch run
         by slurm_client (timeout, retry after a lookup, a clean environment)."""
 
-        def __init__(self, plan: JobPlan, job_text: str, env: Mapping[str, str]) -> None:
+        def __init__(self, client: Client, plan: JobPlan, job_text: str, env: Mapping[str, str]) -> None:
             super().__init__(plan.log_dir, max_num_timeout=plan.recovery.requeue_max, python=python_command(plan))
+            self._client = client
             self._job_text = job_text
             self._env = dict(env)
             # The job carries the run id: a submission that may have gone through is found again.
@@ -79,16 +80,15 @@ def _executor_class():
 
             def lookup(deadline: float) -> str | None:
                 try:
-                    return find_submitted(script, marker, deadline=deadline)
+                    return find_submitted(self._client, script, marker, deadline=deadline)
                 except SchedulerError as exc:
                     raise SubmissionUncertain(
                         f"sbatch did not answer, and whether it queued the job cannot be told now: {exc.message}. "
                         "`glaunch status` looks for the job again (it carries the run id)",
                         script=script, marker=marker) from None
 
-            with cancelled_if_stopped(script, marker):
-                output = slurm_client.CLIENT.submit(self._make_submission_command(path), lookup=lookup,
-                                                    env=self._env)
+            with cancelled_if_stopped(self._client, script, marker):
+                output = self._client.submit(self._make_submission_command(path), lookup=lookup, env=self._env)
             job_id = self._get_job_id_from_submission_command(output)
             try:
                 job = self.job_class(folder=self.folder, job_id=job_id, tasks=list(range(self._num_tasks())))
@@ -96,7 +96,7 @@ def _executor_class():
                 self._write_job_id(job.job_id, tmp_uuid)
                 self._set_job_permissions(job.paths.folder)
             except BaseException:
-                cancel_held(job_id)     # queued held, and no record will name it
+                cancel_held(self._client, job_id)     # queued held, and no record will name it
                 raise
             return job
 
@@ -146,7 +146,7 @@ def submitted_pickle(log_dir: str | os.PathLike, job_id: str) -> Path:
     return JobPaths(Path(log_dir), job_id=job_id).submitted_pickle
 
 
-def submit_array(plan: JobPlan, script: Path, marker: str, env: Mapping[str, str]) -> str:
+def submit_array(client: Client, plan: JobPlan, script: Path, marker: str, env: Mapping[str, str]) -> str:
     """sbatch the array script; the array's job id. Never queued twice: after a lost
     answer the array is looked up by its marker (--comment) or its script."""
     with_comment = "comment" not in dict(plan.allocation.extra_sbatch)
@@ -154,7 +154,7 @@ def submit_array(plan: JobPlan, script: Path, marker: str, env: Mapping[str, str
 
     def lookup(deadline: float) -> str | None:
         try:
-            found = find_submitted(str(script), marker if with_comment else "", deadline=deadline)
+            found = find_submitted(client, str(script), marker if with_comment else "", deadline=deadline)
         except SchedulerError as exc:
             raise SubmissionUncertain(
                 f"sbatch did not answer, and whether it queued the array cannot be told now: {exc.message}. "
@@ -162,8 +162,8 @@ def submit_array(plan: JobPlan, script: Path, marker: str, env: Mapping[str, str
                 script=str(script), marker=marker if with_comment else "") from None
         return slurm_array.array_job_id(found) if found else None
 
-    with cancelled_if_stopped(str(script), marker if with_comment else ""):
-        output = slurm_client.CLIENT.submit(cmd, lookup=lookup, env=env)
+    with cancelled_if_stopped(client, str(script), marker if with_comment else ""):
+        output = client.submit(cmd, lookup=lookup, env=env)
     m = re.search(r"Submitted batch job (\d+)", output)
     if m is None:
         raise SchedulerError(f"sbatch answered without a job id: {output.strip()[:200]}")
@@ -171,7 +171,7 @@ def submit_array(plan: JobPlan, script: Path, marker: str, env: Mapping[str, str
 
 
 @contextlib.contextmanager
-def cancelled_if_stopped(script: str, marker: str) -> Iterator[None]:
+def cancelled_if_stopped(client: Client, script: str, marker: str) -> Iterator[None]:
     """Around sbatch: when something other than Slurm's answer stops it (Ctrl-C, a kill),
     the job it may have queued held is looked up (by `marker` or `script`) and cancelled,
     so no held job is left that no record names."""
@@ -181,11 +181,11 @@ def cancelled_if_stopped(script: str, marker: str) -> Iterator[None]:
         raise               # Slurm's answer: refused, or uncertain (looked up again later)
     except BaseException:
         try:
-            found = find_submitted(script, marker, deadline=time.monotonic() + LOOKUP_AFTER_STOP_S)
+            found = find_submitted(client, script, marker, deadline=time.monotonic() + LOOKUP_AFTER_STOP_S)
         except SchedulerError:
             found = None
         if found:
-            cancel_held(slurm_array.array_job_id(found))
+            cancel_held(client, slurm_array.array_job_id(found))
         raise
 
 
@@ -193,12 +193,11 @@ def cancelled_if_stopped(script: str, marker: str) -> Iterator[None]:
 LOOKUP_AFTER_STOP_S = 20.0
 
 
-def release(job_ids: Sequence[str], client: Client | None = None) -> None:
-    """`scontrol release` of held jobs (an array's id releases its tasks), under `client`
-    (default: this process's); SchedulerError when Slurm did not release them. A release
-    whose answer was lost and was asked again finds the jobs released already ("not
-    held" or the like): squeue is asked, and jobs no longer held count as released."""
-    client = client or slurm_client.CLIENT
+def release(client: Client, job_ids: Sequence[str]) -> None:
+    """`scontrol release` of held jobs (an array's id releases its tasks), through `client`;
+    SchedulerError when Slurm did not release them. A release whose answer was lost and
+    was asked again finds the jobs released already ("not held" or the like): squeue is
+    asked, and jobs no longer held count as released."""
     proc = client.call("scontrol", "release", ",".join(job_ids))
     if proc.returncode != 0 and not _none_held(job_ids, client):
         said = (proc.stderr or proc.stdout).strip()[:300]
@@ -215,11 +214,11 @@ def _none_held(job_ids: Sequence[str], client: Client) -> bool:
     return proc.returncode == 0 and bool(rows) and all(reason.strip() != "JobHeldUser" for _, reason in rows)
 
 
-def cancel_held(job_id: str, client: Client | None = None) -> bool:
+def cancel_held(client: Client, job_id: str) -> bool:
     """scancel of a held job whose submission failed: whether it is gone (cancelled, or
     never known to Slurm); False when Slurm could not be asked or refused."""
     try:
-        proc = (client or slurm_client.CLIENT).call("scancel", job_id)
+        proc = client.call("scancel", job_id)
     except SchedulerError:
         return False
     return proc.returncode == 0 or "Invalid job id" in proc.stderr
@@ -235,9 +234,9 @@ def preflight_call(job_file: str | Path) -> tuple[str, ...]:
     return ("sbatch", "--test-only", str(job_file))
 
 
-def preflight(plan: JobPlan, job_file: Path, env: Mapping[str, str] | None = None) -> None:
+def preflight(client: Client, plan: JobPlan, job_file: Path, env: Mapping[str, str] | None = None) -> None:
     """`sbatch --test-only`: Slurm validates the request without queueing anything."""
-    proc = run_command(*preflight_call(job_file), env=env)
+    proc = client.call(*preflight_call(job_file), env=env)
     if proc.returncode == 0:
         return
     raw = (proc.stderr or proc.stdout).strip()
@@ -249,12 +248,13 @@ def preflight(plan: JobPlan, job_file: Path, env: Mapping[str, str] | None = Non
     raise SchedulerError(slurm_state.preflight_message(raw, values))
 
 
-def submit(plan: JobPlan, job_text: str, env: Mapping[str, str] | None = None) -> str:
+def submit(client: Client, plan: JobPlan, job_text: str, env: Mapping[str, str] | None = None) -> str:
     from submitit.core.utils import FailedJobError, FailedSubmissionError
 
     from launcher.runtime.task import TrainingTask
 
-    executor = _executor_class()(plan, job_text, env if env is not None else slurm_client.clean_env(os.environ)[0])
+    env = env if env is not None else slurm_client.clean_env(os.environ)[0]
+    executor = _executor_class()(client, plan, job_text, env)
     try:
         job = executor.submit(TrainingTask(plan.run_dir))
     except (FailedSubmissionError, FailedJobError, subprocess.CalledProcessError, OSError) as exc:
