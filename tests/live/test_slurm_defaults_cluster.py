@@ -19,6 +19,7 @@ from conftest import requires_slurm_defaults
 
 from launcher.config.sites import load_site
 from launcher.schedulers.cluster.check import check_site
+from launcher.schedulers.cluster.facts import read_cluster
 from launcher.schedulers.slurm.client import CLIENT
 from slurmkit import REPO, glaunch, read_json, wait_until
 
@@ -69,7 +70,7 @@ def variant(tmp_path: Path, body: str, name: str = "variant") -> Path:
 
 
 def test_the_shipped_profile_matches_the_defaults_cluster(env):
-    report = check_site(load_site(SITE, REPO, os.environ).config)
+    report = check_site(load_site(SITE, REPO, os.environ).config, read_cluster(CLIENT))
     assert report.fatal == [], report.format()
 
 
@@ -90,7 +91,7 @@ STALE_SHORT = [
 
 def test_a_stale_profile_is_refused_with_every_difference_and_nothing_queued(tmp_path, env):
     site = variant(tmp_path, STALE, "stale-defaults")
-    report = check_site(load_site(str(site), REPO, os.environ).config)
+    report = check_site(load_site(str(site), REPO, os.environ).config, read_cluster(CLIENT))
     assert [str(d) for d in report.fatal] == STALE_GPU + STALE_SHORT, report.format()
 
     runs = tmp_path / "runs"

@@ -24,6 +24,8 @@ import pytest
 from conftest import requires_slurm
 from launcher.config.sites import load_site
 from launcher.schedulers.cluster.check import check_site
+from launcher.schedulers.cluster.facts import read_cluster
+from launcher.schedulers.slurm.client import CLIENT
 from slurmkit import (REPO, SITE, final_sacct_state, glaunch, job_id_of, out, read_json, start_submit, submit,
                       the_run_dir, wait_until)
 
@@ -63,12 +65,12 @@ def only_run(runs: Path) -> Path:
 
 @pytest.mark.release_smoke
 def test_the_shipped_profile_matches_the_live_cluster():
-    report = check_site(load_site(SITE, REPO, os.environ).config)
+    report = check_site(load_site(SITE, REPO, os.environ).config, read_cluster(CLIENT))
     assert report.fatal == [] and report.warnings == [], report.format()
 
 
 def test_sites_check_refuses_a_stale_profile_naming_every_difference(tmp_path, isolated_env):
-    report = check_site(load_site(str(stale_profile(tmp_path)), REPO, os.environ).config)
+    report = check_site(load_site(str(stale_profile(tmp_path)), REPO, os.environ).config, read_cluster(CLIENT))
     assert [str(d) for d in report.fatal] == STALE_LINES + [
         "partitions.urgent.gpu_type: the profile says a100, the GPUs of partition urgent on cluster glaunch are "
         "sim; jobs would run on other hardware"]
