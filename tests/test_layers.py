@@ -220,3 +220,32 @@ def test_every_package_is_shipped():
     found = {".".join(p.relative_to(PACKAGE.parent).parts) for p in PACKAGE.rglob("__init__.py")
              for p in [p.parent]}
     assert found <= listed, f"not in pyproject's packages: {sorted(found - listed)}"
+
+
+# The Slurm backend's transport is handed to it: the process's own client (this machine's)
+# is named only where a default is chosen, never read by a query or a check, so no command
+# reaches this machine's Slurm on a road that goes to another's.
+MACHINE_CLIENT_NAMED_IN = {"launcher/schedulers/slurm/client.py", "launcher/schedulers/slurm/scheduler.py",
+                           "launcher/runner/road.py"}
+
+
+def machine_client_uses(root: Path) -> set[str]:
+    """The files under `root` (as launcher/...) that name client.CLIENT."""
+    found = set()
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        attributes = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        if "CLIENT" in names | attributes:
+            found.add(str(Path("launcher") / path.relative_to(root)))
+    return found
+
+
+def test_only_the_backend_s_default_names_this_machine_s_slurm_client():
+    assert machine_client_uses(PACKAGE) <= MACHINE_CLIENT_NAMED_IN
+
+
+def test_a_planted_use_of_this_machine_s_client_is_found(tmp_path):
+    (tmp_path / "queries.py").write_text("from launcher.schedulers.slurm import client\n"
+                                         "def ask():\n    return client.CLIENT.call('squeue')\n")
+    assert machine_client_uses(tmp_path) == {"launcher/queries.py"}
