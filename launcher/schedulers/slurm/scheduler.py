@@ -342,6 +342,7 @@ def _queue_array(client: Client, number: int, batch: SweepBatch, script: Path, m
         for task, plan in enumerate(members):
             with registry.updating(plan.run_dir) as record:
                 move(record, State.UNKNOWN.value, reason="submission uncertain", detail=exc.message)
+                record.extra.pop(QUEUEING, None)        # looked up as the uncertain submission it is
                 record.extra["submission"] = {"script": exc.script, "marker": exc.marker, "task": task}
                 record.extra["request"] = request_values(plan)
         return LaunchedBatch(batch.script, None, batch.elements, (None,) * len(members), exc.message)
@@ -475,8 +476,12 @@ def _release_stopped(run_dir: Path, record: RunRecord) -> bool:
 def _finish_release(client: Client, run_dir: Path, job_id: str) -> RunRecord:
     """What the stopped submission had left to do: release the job (or mark it left held)."""
     from launcher.schedulers.slurm.recording import record_released
+    from launcher.schedulers.slurm.submit import release
 
-    _release_found(client, run_dir, job_id)
+    try:
+        release(client, [job_id])
+    except SchedulerError:
+        _mark_left_held(run_dir, job_id)
     record_released(run_dir)
     return registry.read(run_dir)
 
@@ -552,17 +557,6 @@ def _place_task(run_dir: Path, job_id: str, *, element: bool) -> None:
             place_task(run_dir, job_id)
     except OSError:
         pass        # the job's loader then fails, and the run's end says so
-
-
-def _release_found(client: Client, run_dir: Path, job_id: str) -> None:
-    """A found job released; where Slurm did not, run.json marks it left held (status
-    says it never starts, and how to release or cancel it)."""
-    from launcher.schedulers.slurm.submit import release
-
-    try:
-        release(client, [job_id])
-    except SchedulerError:
-        _mark_left_held(run_dir, job_id)
 
 
 def _record_unreachable(run_dir: Path, exc: SchedulerError) -> None:

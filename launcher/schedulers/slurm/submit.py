@@ -111,13 +111,9 @@ def task_template(log_dir: str | os.PathLike) -> Path:
 
 def dump_task(plan: JobPlan, path: Path) -> None:
     """At `path`, the pickled task: it reads the run's task.json (written with the bundle)."""
-    dump_task_of(plan.run_dir, path)
-
-
-def dump_task_of(run_dir: str | os.PathLike, path: Path) -> None:
     from launcher.runtime.task import dump_task as dump_pickled
 
-    dump_pickled(run_dir, path)
+    dump_pickled(plan.run_dir, path)
 
 
 def link_task(log_dir: str | os.PathLike, job_id: str) -> None:
