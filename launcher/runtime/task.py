@@ -120,9 +120,11 @@ class TrainingTask:
         if launch.spelling("--signals-to-handle", accepted) is None:
             _log(f"torch {torch.__version__}: torchrun has no --signals-to-handle; on SIGTERM (preemption) "
                  "its agent stops the workers itself, and the start ends as a failure")
-        entry = launch.entry_words(spec, start_args(spec))
+        start = start_args(spec)
         os.environ.update(snapshot_environment(spec, os.environ))
-        _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + entry)}")
+        # The entry point as the user would run it; each worker runs it through WORKER_MODULE.
+        _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + launch.entry_words(spec, start))}")
+        entry = worker_entry(spec, start, accepted)
         for signum in (WARNING_SIGNAL, LIGHTNING_WARNING_SIGNAL, signal.SIGTERM, DUMP_SIGNAL):
             signal.signal(signum, _forward_to_children)
         _, stop_copying = workerlogs.copying(spec.run_dir, str(job.job_id), restart, int(job.node),
@@ -160,6 +162,18 @@ def place_task(run_dir: str | os.PathLike, job_id: str) -> None:
     path = JobPaths(RunDir(run_dir).log_dir, job_id=job_id).submitted_pickle
     if not path.exists():
         dump_task(run_dir, path)
+
+
+# What each torchrun worker runs: launcher.runtime.worker, then the entry point.
+WORKER_MODULE = "launcher.runtime.worker"
+
+
+def worker_entry(spec: TaskSpec, args: list[str], accepted: frozenset[str]) -> list[str]:
+    """torchrun's words for the workers' program: the entry point through WORKER_MODULE,
+    which takes the stop signals before it runs (a script without glaunch's runtime is not
+    ended by the warning this agent passes on), where the node's torchrun runs modules."""
+    flag = launch.spelling("--module", accepted)
+    return [flag, WORKER_MODULE, *args] if flag is not None else launch.entry_words(spec, args)
 
 
 def early_stop_signals(signals: tuple[str, ...]) -> tuple[str, ...]:
@@ -263,8 +277,19 @@ def follows_earlier_start(run_dir: str, environ: Mapping[str, str]) -> bool:
 
 def run_entry(spec: TaskSpec) -> int:
     """Run the script or module as `__main__` in this process, with its own argv."""
+    try:
+        run_as_main(spec, start_args(spec))
+    except SystemExit as exc:
+        code = _exit_code(exc)
+        if code:
+            raise RuntimeError(f"glaunch: the entry point exited with status {code}") from None
+    return 0
+
+
+def run_as_main(spec: TaskSpec, args: list[str]) -> None:
+    """The spec's script or module as `__main__` in this process, with `args` as its argv,
+    as `python` would run it; its SystemExit passes through."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
-    args = start_args(spec)
     # With a code snapshot its copy of the working directory is searched first, so no
     # module edited in the work tree after submit is imported.
     code_path = spec.code_path
@@ -278,13 +303,8 @@ def run_entry(spec: TaskSpec) -> int:
             sys.argv = [script, *args]
             sys.path[:0] = [os.path.dirname(script)] + ([code_path] if code_path else [])
             runpy.run_path(script, run_name="__main__")
-    except SystemExit as exc:
-        code = _exit_code(exc)
-        if code:
-            raise RuntimeError(f"glaunch: the entry point exited with status {code}") from None
     finally:
         sys.argv, sys.path = saved_argv, saved_path
-    return 0
 
 
 def note_crash(run_dir: str, job: Any, exc: BaseException) -> None:

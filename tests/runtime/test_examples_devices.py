@@ -23,7 +23,7 @@ import pytest
 from launcher import api
 from launcher.rundir import launch
 from launcher.rundir.layout import RunDir
-from launcher.rundir.taskspec import TaskSpec
+from launcher.rundir.taskspec import TaskSpec, write_task_spec
 from launcher.runtime import stop
 from launcher.rundir.rankcontext import RuntimeConfigError
 from launcher.runtime.device import gpu_index, placement
@@ -386,20 +386,82 @@ def test_torchrun_options_fit_the_parser():
                                                    "--rdzv-backend", "--rdzv-endpoint"})
 
 
+def one_worker(monkeypatch, tmp_path: Path, script: Path) -> TaskSpec:
+    """A run of one node and one worker in tmp_path, its task.json written, as the agent's
+    environment has it (its run directory, a rendezvous port)."""
+    from launcher.rundir.rankcontext import free_port
+
+    spec = dataclasses.replace(SPEC, nodes=1, ranks_per_node=1, world_size=1, script=str(script),
+                               run_dir=str(tmp_path), run_id="r1")
+    write_task_spec(tmp_path, spec)
+    monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    return spec
+
+
+def test_a_script_without_the_runtime_outlives_the_warning_under_torchrun(monkeypatch, tmp_path, capfd):
+    """The time limit's warning (SIGUSR2) reaches the agent, which passes it on: a worker
+    whose script knows nothing of it goes on (its default action would end it, and the
+    start as a crash) and ends well. The watchdog's request for stacks, passed on the same
+    way, gets the worker's stack."""
+    import threading
+    import time
+
+    from launcher.runtime import task as task_module
+    from launcher.runtime.task import TrainingTask
+
+    started = tmp_path / "started"
+    script = tmp_path / "worker.py"
+    script.write_text(f"import pathlib, sys, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(2)\n"
+                      "print('worker ended well', sys.argv[1:], flush=True)\n")
+    spec = dataclasses.replace(one_worker(monkeypatch, tmp_path, script), args=("--lr=0.1",))
+
+    def warn() -> None:
+        deadline = time.time() + 60
+        while not started.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(0.5)
+        os.kill(os.getpid(), task_module.DUMP_SIGNAL)
+
+    handlers = {s: signal.getsignal(s) for s in (task_module.WARNING_SIGNAL, signal.SIGTERM,
+                                                 task_module.DUMP_SIGNAL)}
+    threading.Thread(target=warn, daemon=True).start()
+    try:
+        assert TrainingTask(tmp_path)._run_torchrun(spec, types.SimpleNamespace(node=0, job_id="5")) == 0
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    own_log = RunDir(tmp_path).worker_log("5", 0, 0, 0)
+    assert own_log is not None and "worker ended well ['--lr=0.1']" in own_log.read_text()
+    assert "worker.py" in RunDir(tmp_path).stack_dump(0).read_text()
+    _, err = capfd.readouterr()
+    assert "torchrun --nnodes=1 --nproc-per-node=1" in err and f"{script} --lr=0.1" in err
+
+
+@pytest.mark.parametrize("signals, taken", [
+    (("USR2", "TERM"), ("USR2",)),
+    (("USR1", "USR2", "TERM"), ("USR2",)),          # USR1: a plain Lightning script's own
+    (("SIGUSR2", "SIGTERM", "int", " HUP"), ("SIGUSR2",)),
+    (("TERM",), ()),
+])
+def test_a_worker_takes_the_warning_and_leaves_signals_that_end_a_process(signals, taken):
+    from launcher.runtime.worker import worker_stop_signals
+
+    assert worker_stop_signals(signals) == taken
+
+
 def test_task_runs_torchrun_with_the_options_the_node_knows(monkeypatch, tmp_path, capfd):
     """The node's task asks the torch it imports: with an older torchrun (faked, see old_style)
     the real agent here parses the words chosen from it and starts the worker."""
     import torch.distributed.run as run
 
-    from launcher.rundir.rankcontext import free_port
     from launcher.runtime.task import TrainingTask
 
     script = tmp_path / "worker.py"
     script.write_text("import os\nprint('worker', os.environ['RANK'], os.environ['WORLD_SIZE'], flush=True)\n")
-    spec = dataclasses.replace(SPEC, nodes=1, ranks_per_node=1, world_size=1, script=str(script),
-                               run_dir=str(tmp_path), run_id="r1")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    spec = one_worker(monkeypatch, tmp_path, script)
     installed = run.get_args_parser
     monkeypatch.setattr(run, "get_args_parser", lambda: old_style(installed()))
     assert TrainingTask(tmp_path)._run_torchrun(spec, types.SimpleNamespace(node=0, job_id="5")) == 0
@@ -420,16 +482,12 @@ def test_a_torchrun_node_stopped_by_sigterm_ends_as_stopped_not_crashed(monkeypa
     import time
 
     from launcher.runtime import task as task_module
-    from launcher.rundir.rankcontext import free_port
     from launcher.runtime.task import TrainingTask, WorkersStopped
 
     started = tmp_path / "started"
     script = tmp_path / "worker.py"
     script.write_text(f"import pathlib, time\npathlib.Path({str(started)!r}).touch()\ntime.sleep(60)\n")
-    spec = dataclasses.replace(SPEC, nodes=1, ranks_per_node=1, world_size=1, script=str(script),
-                               run_dir=str(tmp_path), run_id="r1")
-    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
-    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    spec = one_worker(monkeypatch, tmp_path, script)
 
     def preempt() -> None:
         deadline = time.time() + 60

@@ -1,0 +1,55 @@
+"""What each torchrun worker runs (``python -m launcher.runtime.worker ARGS...``: torchrun
+``--module``, from launcher.runtime.task): the run's entry point, as ``python`` would run it,
+with ARGS as its arguments, once the worker has done what an srun rank does before it.
+
+- It takes the time limit's warning (the stop signals less those that end a process:
+  :func:`worker_stop_signals`): a warning that comes before the script installs glaunch's
+  handler still counts, and a script without glaunch's runtime is not ended by the warning
+  the node's agent passes on to its workers (the signal's default action would end it, and
+  the start with it, as a crash). A script with the runtime installs its own handler over
+  this one; one with its own handler for the signal replaces it. SIGTERM keeps its default:
+  a script without the runtime ends on it as under torchrun alone, and a preemption ends
+  the start as stopped.
+- It arms the rank's stack dump (launcher.runtime.stackdump), so the watchdog gets the
+  stacks of a script that never imports glaunch.
+
+The entry point is read from the run's task.json (the run directory in GLAUNCH_RUN_DIR, as the
+agent's environment gives it). Imports no torch.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from launcher.rundir.rankcontext import RuntimeConfigError, context
+from launcher.rundir.taskspec import TaskSpecError, read_task_spec
+from launcher.runtime import stackdump
+from launcher.runtime.stop import take_stop_signals
+from launcher.runtime.task import early_stop_signals, run_as_main
+
+
+# Signals a worker leaves to their default action (or the script's own handler).
+ENDING_SIGNALS = frozenset({"TERM", "INT", "HUP", "QUIT"})
+
+
+def worker_stop_signals(signals: tuple[str, ...]) -> tuple[str, ...]:
+    """Pure: the stop signals a worker takes before its script runs: a rank's
+    (task.early_stop_signals) less those that end a process."""
+    return tuple(name for name in early_stop_signals(signals)
+                 if name.strip().upper().removeprefix("SIG") not in ENDING_SIGNALS)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        ctx = context()
+        spec = read_task_spec(ctx.run_dir)
+    except (TaskSpecError, RuntimeConfigError) as exc:
+        sys.exit(f"glaunch: this worker does not start: {exc}")
+    take_stop_signals(worker_stop_signals(ctx.stop_signals))
+    stackdump.arm_stack_dump(ctx.run_dir, ctx.rank)
+    run_as_main(spec, args)
+
+
+if __name__ == "__main__":
+    main()
