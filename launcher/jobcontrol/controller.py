@@ -32,6 +32,13 @@ on to the running step, whose ranks save and stop, and its end is recorded. Whil
 is being made, SIGTERM is ignored (the requeue sends it) until the job is kept off the nodes
 (Slurm takes ExcNodeList only for a pending job); SIGKILL ends the script KillWait later.
 
+At the time limit Slurm sends SIGTERM to this process and to every task at once, and
+SIGKILL to all of them KillWait later; srun waits that long for tasks that do not end on
+SIGTERM (a script without glaunch's runtime, or one still saving). Waiting for srun would
+leave this process no time to record the start and requeue the run, so at the limit the
+step is given KillWait less what the controller needs (:func:`step_grace_s`), and its end
+is recorded then, while Slurm ends what is left of it.
+
 The decisions are pure functions (:func:`start_number`, :func:`after_step`,
 :func:`master_port`, and jobend's :func:`launcher.jobcontrol.jobend.decide`); every command
 runs through :class:`SlurmEdge`, which the tests replace. Imports no torch.
@@ -77,6 +84,18 @@ PREEMPT_TIME = re.compile(r"\bPreemptTime=[0-9]")
 BACK_IN_QUEUE = re.compile(r"\bJobState=(?:PENDING|REQUEUE\w*)\b")
 RESTARTS = re.compile(r"\bRestarts=([0-9]+)\b")
 NODE_ADDR = re.compile(r"\bNodeAddr=([^\s]+)")
+# The time limit ended the job (the state Slurm gives it while its processes are ended, then
+# after): `JobState=COMPLETING Reason=TimeLimit`, then `JobState=TIMEOUT`.
+TIME_LIMIT = re.compile(r"\bReason=TimeLimit\b|\bJobState=TIMEOUT\b")
+# `scontrol show config`: how long Slurm waits between a job's SIGTERM and its SIGKILL.
+KILL_WAIT = re.compile(r"^KillWait\s*=\s*([0-9]{1,6}) sec\b", re.M)
+DEFAULT_KILL_WAIT_S = 30      # Slurm's own default, where the cluster's is not known
+# What the controller keeps of KillWait for itself at the time limit (scontrol show job, the
+# start's record, scontrol requeue), at most: half of KillWait where that is less.
+LIMIT_RESERVE_S = 10.0
+STEP_POLL_S = 0.5             # how often the controller looks at a step it may stop waiting for
+LIMIT_ASK_S = 5               # scontrol at the time limit, within KillWait
+SIGNALLED = 128               # a shell's status for a process a signal ended: 128 + N
 
 
 class TakenBack(enum.Enum):
@@ -84,17 +103,32 @@ class TakenBack(enum.Enum):
 
     PREEMPTED = "preempted"     # preempted: the job goes back to the queue only if asked
     REQUEUED = "requeued"       # already back in the queue: asking again fails ("pending")
+    TIMED_OUT = "timed out"     # its time limit ended it: back in the queue only if asked
 
 
 def taken_back(shown: str, restart_count: str) -> TakenBack | None:
     """Pure: whether `scontrol show job` of this start's job (`shown`) says Slurm took the job
     back: requeued (pending or requeued again, or its Restarts past the SLURM_RESTART_COUNT
-    this start was given), preempted (PreemptTime set), or not (None)."""
+    this start was given), preempted (PreemptTime set), ended by its time limit, or not (None)."""
     counted = RESTARTS.search(shown)
     if BACK_IN_QUEUE.search(shown) or (counted is not None and restart_count.isdigit()
                                         and int(counted.group(1)) > int(restart_count)):
         return TakenBack.REQUEUED
-    return TakenBack.PREEMPTED if PREEMPT_TIME.search(shown) else None
+    if PREEMPT_TIME.search(shown):
+        return TakenBack.PREEMPTED
+    return TakenBack.TIMED_OUT if TIME_LIMIT.search(shown) else None
+
+
+def kill_wait_s(config: str) -> float:
+    """Pure: KillWait from `scontrol show config` (Slurm's default where it is not there)."""
+    match = KILL_WAIT.search(config)
+    return float(match.group(1)) if match else float(DEFAULT_KILL_WAIT_S)
+
+
+def step_grace_s(kill_wait: float) -> float:
+    """Pure: how long after the time limit's SIGTERM the controller waits for the step
+    before it records the start's end: KillWait less the controller's own reserve."""
+    return max(0.0, kill_wait - min(LIMIT_RESERVE_S, kill_wait / 2))
 
 
 # Slurm's variables that would reach or reshape a job submitted from this one (SLURM_CONF
@@ -211,6 +245,8 @@ class Edge(Protocol):
     def end_on_term(self) -> None: ...
     def ignore_term(self) -> None: ...
     def wait_for_requeue(self) -> None: ...
+    def kill_wait(self) -> float: ...
+    def leave_step_at(self, when: float) -> None: ...
 
 
 class SlurmEdge:
@@ -219,9 +255,11 @@ class SlurmEdge:
 
     def __init__(self) -> None:
         self.step: subprocess.Popen[bytes] | None = None
+        self.leave_at: float | None = None      # time.monotonic() past which a step is not waited for
 
-    def _ask(self, words: list[str], env: MutableMapping[str, str] | None = None) -> str | None:
-        return run_command(words, timeout_s=SLURM_TIMEOUT_S, env=env, say=say)
+    def _ask(self, words: list[str], env: MutableMapping[str, str] | None = None,
+             timeout_s: float = SLURM_TIMEOUT_S) -> str | None:
+        return run_command(words, timeout_s=timeout_s, env=env, say=say)
 
     def hostnames(self, nodelist: str) -> list[str] | None:
         text = self._ask(["scontrol", "show", "hostnames", nodelist])
@@ -233,22 +271,42 @@ class SlurmEdge:
         return match.group(1) if match and is_node_name(match.group(1)) else None
 
     def taken_back(self, job_id: str) -> TakenBack | None:
-        return taken_back(self._ask(["scontrol", "show", "job", job_id]) or "",
+        return taken_back(self._ask(["scontrol", "show", "job", job_id], timeout_s=LIMIT_ASK_S) or "",
                           os.environ.get("SLURM_RESTART_COUNT", "0"))
 
+    def kill_wait(self) -> float:
+        return kill_wait_s(self._ask(["scontrol", "show", "config"], timeout_s=LIMIT_ASK_S) or "")
+
+    def leave_step_at(self, when: float) -> None:
+        self.leave_at = when if self.leave_at is None else min(self.leave_at, when)
+
     def run_step(self, argv: Sequence[str], env: MutableMapping[str, str]) -> int:
-        """The job step to its end (the job's time limit bounds it): srun's status, 128 + N
-        where a signal ended srun itself, as a shell reports it."""
+        """The job step to its end (the job's time limit bounds it), or, once the time limit
+        ended the job, to the moment set by leave_step_at: srun's status, 128 + N where a
+        signal ended srun itself, as a shell reports it (128 + SIGTERM for a step left to
+        Slurm to end)."""
         try:
             self.step = subprocess.Popen(list(argv), env=dict(env))
         except OSError as exc:
             say(f"{argv[0]}: {exc}")
             return 127
         try:
-            code = self.step.wait()
+            code = self._wait(self.step)
         finally:
             self.step = None
-        return 128 - code if code < 0 else code
+        if code is None:
+            say("the time limit: the end of this start is recorded now; Slurm ends what is left of its step")
+            return SIGNALLED + signal.SIGTERM
+        return SIGNALLED - code if code < 0 else code
+
+    def _wait(self, step: subprocess.Popen[bytes]) -> int | None:
+        """The step's return code, or None once it is past leave_at."""
+        while True:
+            try:
+                return step.wait(timeout=STEP_POLL_S)
+            except subprocess.TimeoutExpired:
+                if self.leave_at is not None and time.monotonic() >= self.leave_at:
+                    return None
 
     def signal_step(self, signum: int) -> None:
         step = self.step
@@ -332,10 +390,25 @@ class Controller:
     def __init__(self, job: JobSteps, edge: Edge, env: MutableMapping[str, str] | None = None) -> None:
         self.job, self.edge = job, edge
         self.env = os.environ if env is None else env
+        self.looking_for_limit = threading.Lock()
 
     def on_signal(self, signum: int, _frame: Any = None) -> None:
-        """SIGTERM or SIGUSR2 to the batch script: passed on to the running step."""
+        """SIGTERM or SIGUSR2 to the batch script: passed on to the running step; a SIGTERM
+        may be the time limit's (:meth:`at_time_limit`, in a thread: a handler must not wait)."""
         self.edge.signal_step(signum)
+        if signum == signal.SIGTERM and self.looking_for_limit.acquire(blocking=False):
+            threading.Thread(target=self.at_time_limit, args=(time.monotonic(),), name="glaunch-time-limit",
+                             daemon=True).start()
+
+    def at_time_limit(self, term_at: float) -> None:
+        """Where the time limit sent the SIGTERM of `term_at`, the step is waited for until
+        step_grace_s after it; a SIGTERM of anything else (a preemption's GraceTime, a
+        cancel) leaves the step its time."""
+        try:
+            if self.edge.taken_back(self.slurm_job) is TakenBack.TIMED_OUT:
+                self.edge.leave_step_at(term_at + step_grace_s(self.edge.kill_wait()))
+        finally:
+            self.looking_for_limit.release()
 
     def run(self) -> int:
         try:
@@ -364,7 +437,8 @@ class Controller:
             started = datetime.now().astimezone().isoformat(timespec="seconds")
             status = self.step(nodes, allocation)
             taken = self.edge.taken_back(self.slurm_job)
-            end = StepEnd(status, taken is not None, started, allocation if self.job.requeue else (), nodes)
+            end = StepEnd(status, taken in (TakenBack.PREEMPTED, TakenBack.REQUEUED), started,
+                          allocation if self.job.requeue else (), nodes, timed_out=taken is TakenBack.TIMED_OUT)
             try:
                 road = jobend.end_of_start(self.job.run_dir, end, job_id, restart)
             except (RunError, RecordError, OSError, ValueError) as exc:

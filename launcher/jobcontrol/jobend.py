@@ -143,7 +143,9 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
         return Outcome(State.COMPLETED.value, None, False, 0)
     if cancelled:
         return Outcome(State.CANCELLED.value, "cancelled", False, 1)
-    if stopped or preempted or timed_out:
+    # A step that ended cleanly as the limit came was not ended by it (a script without the
+    # runtime that ended by itself is done).
+    if stopped or preempted or (timed_out and step_status != 0):
         reason = "preemption" if preempted else SLOW_NODE if swapping and stopped else "timeout"
         if restart < requeue_max:
             return Outcome(State.REQUEUED.value, reason, True, 0)
@@ -481,13 +483,15 @@ def exclude_bad_nodes_setting(run_dir: Path) -> tuple[bool, str]:
 class StepEnd:
     """What is known of a job step that ended, besides the run directory: srun's status,
     whether Slurm preempted the job, when the start began (ISO 8601), the job's nodes
-    (empty: not a batch job, so no restart in the allocation) and the step's."""
+    (empty: not a batch job, so no restart in the allocation), the step's, and whether the
+    job's time limit ended it."""
 
     status: int
     preempted: bool = False
     started: str | None = None
     allocation: tuple[str, ...] = ()
     step_nodes: tuple[str, ...] = ()
+    timed_out: bool = False
 
 
 @dataclass(frozen=True)
@@ -601,7 +605,7 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
         swap = watchdog.swap_asked(record.start(job_id, restart)) if job_id is not None else None
         outcome = decide(
             step_status=args.status, finished=RunDir(run_dir).result_file.exists(), stopped=stop is not None,
-            preempted=args.preempted, timed_out=False,
+            preempted=args.preempted, timed_out=args.timed_out,
             restart=restart if job_id is None else record.requeues_before(job_id, restart),
             requeue_max=record.requeue_max, crashes=record.crash_count(job_id=job_id),
             crash_retries=record.crash_retries, hung=hang is not None, swapping=swap is not None,

@@ -36,7 +36,10 @@ TABLE = [
     # --- stopped gracefully / preempted / timed out: requeued below requeue.max
     ("stopped, first start", {"stopped": True},
      Outcome("REQUEUED", "timeout", True, 0)),
-    ("timed out, one below requeue.max", {"timed_out": True, "restart": 2},
+    ("timed out, one below requeue.max", {"timed_out": True, "step_status": 143, "restart": 2},
+     Outcome("REQUEUED", "timeout", True, 0)),
+    ("a script without the runtime, timed out with crash retries left",
+     {"timed_out": True, "step_status": 143, "crash_retries": 2, "runtime": False},
      Outcome("REQUEUED", "timeout", True, 0)),
     ("preempted, first start", {"preempted": True, "step_status": 143},
      Outcome("REQUEUED", "preemption", True, 0)),
@@ -47,13 +50,15 @@ TABLE = [
     # --- ... and at requeue.max the run ends in the scheduler's terms
     ("stopped at requeue.max", {"stopped": True, "restart": 3},
      Outcome("TIMEOUT", "timeout", False, 1, "requeue.max (3) reached")),
-    ("timed out at requeue.max", {"timed_out": True, "restart": 3},
+    ("timed out at requeue.max", {"timed_out": True, "step_status": 143, "restart": 3},
      Outcome("TIMEOUT", "timeout", False, 1, "requeue.max (3) reached")),
     ("preempted at requeue.max", {"preempted": True, "restart": 3},
      Outcome("PREEMPTED", "preemption", False, 1, "requeue.max (3) reached")),
-    ("timed out, requeue.max 0", {"timed_out": True, "requeue_max": 0},
+    ("timed out, requeue.max 0", {"timed_out": True, "step_status": 143, "requeue_max": 0},
      Outcome("TIMEOUT", "timeout", False, 1, "requeue.max (0) reached")),
     # --- a clean exit that wrote no result: nothing to resume for
+    ("a script without the runtime that ended by itself as the limit came", {"timed_out": True, "runtime": False},
+     Outcome("COMPLETED", None, False, 0)),
     ("clean exit without result.json", {},
      Outcome("COMPLETED", None, False, 0, "the entry point wrote no result.json")),
     ("clean exit without result.json, crash retries left", {"crash_retries": 2, "restart": 1},
@@ -119,7 +124,7 @@ def test_decide(changes, expected):
 @pytest.mark.parametrize("restart, requeue", [(0, True), (2, True), (3, False), (4, False)])
 @pytest.mark.parametrize("ending", ["stopped", "preempted", "timed_out"])
 def test_requeue_stops_exactly_at_requeue_max(ending, restart, requeue):
-    outcome = decide(**{**BASE, ending: True, "restart": restart})
+    outcome = decide(**{**BASE, ending: True, "restart": restart, "step_status": 143})
     assert outcome.requeue is requeue
     assert outcome.exit_code == (0 if requeue else 1)
     assert (outcome.state == "REQUEUED") is requeue

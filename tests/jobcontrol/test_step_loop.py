@@ -11,6 +11,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,7 @@ class FakeEdge:
         self.steps: list[str] = []
         self.commands: list[str] = []
         self.signals: list[int] = []
+        self.left_at: list[float] = []
         self.watched: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
 
     def hostnames(self, nodelist):
@@ -82,6 +84,12 @@ class FakeEdge:
 
     def wait_for_requeue(self):
         self.commands.append("wait")
+
+    def kill_wait(self):
+        return 10.0
+
+    def leave_step_at(self, when):
+        self.left_at.append(when)
 
 
 @pytest.fixture
@@ -207,6 +215,30 @@ def test_a_job_slurm_requeued_itself_is_not_requeued_again(job_env, monkeypatch,
     assert code == 0 and ends[0][0].preempted
     assert edge.commands == ["update JobId=4242 ExcNodeList=n2"]
     assert "Slurm requeued job 4242 itself" in capsys.readouterr().err
+
+
+def test_a_step_the_time_limit_ended_is_a_timeout_the_controller_requeues(job_env, monkeypatch, tmp_path):
+    """A script without glaunch's runtime at the limit: no stop, no preemption; the job's
+    record says the limit ended it (Reason=TimeLimit), and the controller requeues it."""
+    _, edge, ends = run_job(monkeypatch, tmp_path, [NextRoad("requeue")], [143], taken=TakenBack.TIMED_OUT)
+    assert ends[0][0].timed_out and not ends[0][0].preempted
+    assert edge.commands == ["SIGTERM ends", "requeue 4242", "wait"]
+
+
+@pytest.mark.parametrize("taken, left", [(TakenBack.TIMED_OUT, True), (TakenBack.PREEMPTED, False), (None, False)])
+def test_the_time_limit_s_sigterm_leaves_the_step_kill_wait_less_the_reserve(tmp_path, taken, left):
+    """At the limit the step is waited for KillWait less the controller's reserve (10 s:
+    5 s each); a preemption's SIGTERM (GraceTime) or a cancel's leaves the step its time."""
+    edge = FakeEdge([], taken=taken)
+    control = Controller(JobSteps(tmp_path, 1, ("srun",), ("task",), requeue=True), edge)
+    before = time.monotonic()
+    control.on_signal(signal.SIGTERM)
+    control.looking_for_limit.acquire(timeout=10)    # the thread that looks has ended
+    assert edge.signals == [signal.SIGTERM]
+    if left:
+        assert len(edge.left_at) == 1 and before + 5 <= edge.left_at[0] <= time.monotonic() + 5
+    else:
+        assert edge.left_at == []
 
 
 def test_inside_an_allocation_nothing_restarts_or_requeues(job_env, monkeypatch, tmp_path, capsys):
@@ -367,6 +399,31 @@ def test_the_next_job_is_submitted_without_this_job_s_slurm_variables(stand_ins,
         "/etc/slurm/x.conf", "unset"]
     stand_ins("sbatch", 'echo "Submitted batch job 5001"\n')
     assert controller.SlurmEdge().submit_next(tmp_path / "job.sbatch", "4242", []) is None
+
+
+@pytest.mark.parametrize("kill_wait, grace", [(10, 5), (30, 20), (120, 110), (1, 0.5), (0, 0)])
+def test_the_step_s_grace_at_the_limit(kill_wait, grace):
+    assert controller.step_grace_s(kill_wait) == grace
+
+
+@pytest.mark.parametrize("config, kill_wait", [
+    ("Configuration data as of 2026-12-06T09:50:20\nJobAcctGatherType       = (null)\n"
+     "KillWait                = 10 sec\nKillOnBadExit           = 0\n", 10),     # recorded on 22.05
+    ("KillOnBadExit = 0\nKillWait = 120 sec\n", 120),
+    ("", 30), ("KillWait = unlimited\n", 30), ("XKillWait = 5 sec\n", 30),
+])
+def test_kill_wait_is_read_from_slurm_s_config(config, kill_wait):
+    assert controller.kill_wait_s(config) == kill_wait
+
+
+def test_a_step_past_the_moment_it_is_left_at_ends_the_wait_with_sigterm_s_status():
+    edge = controller.SlurmEdge()
+    edge.leave_step_at(time.monotonic() + 0.5)
+    edge.leave_step_at(time.monotonic() + 60)      # the earliest stands
+    began = time.monotonic()
+    assert edge.run_step(["sleep", "30"], {"PATH": "/usr/bin:/bin"}) == 128 + signal.SIGTERM
+    assert time.monotonic() - began < 5
+    assert edge.run_step(["bash", "-c", "exit 4"], {"PATH": "/usr/bin:/bin"}) == 4
 
 
 def test_a_step_ended_by_a_signal_has_a_shell_s_status(stand_ins):

@@ -21,7 +21,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pytest
@@ -30,7 +29,7 @@ import torch
 from conftest import requires_slurm
 from launcher.rundir.layout import RunDir
 from slurmkit import SITE, final_sacct_state, finish, job_id_of, out, preempt, read_json, sacct_rows, wait_until
-from test_thirdparty_scripts_slurm import ConsoleInFiles, new_run_dir, project, rank0_step
+from test_thirdparty_scripts_slurm import ConsoleInFiles, new_run_dir, project, rank0_step, still_running
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, requires_slurm]
 
@@ -40,16 +39,6 @@ def start_console(folder: Path, env, *overrides: str, name: str = "console") -> 
     directory), its console in `name`.out beside the folder."""
     return ConsoleInFiles([sys.executable, "-m", "launcher.cli", "submit", "--wait", "exp.yaml", "--site", SITE,
                            "--runs-dir", "runs", *overrides], folder, env, name)
-
-
-def still_running(proc: subprocess.Popen, what: Callable[[], object]) -> Callable[[], object]:
-    """`what()`, failing at once when the run ended before it came true."""
-    def check():
-        if proc.poll() is not None:
-            stdout, stderr = proc.communicate()
-            raise AssertionError(f"the run ended before the test could act\n{stdout[-3000:]}\n{stderr[-3000:]}")
-        return what()
-    return check
 
 
 def no_traceback(console: str, err: str) -> None:
@@ -170,7 +159,7 @@ entrypoint:
   args: ["${{run:dir}}/lightning", "{EPOCHS}"]
   progress: {{pattern: '\\bstep (\\d+)$', total: {EPOCHS - 1}}}
 resources: {{nodes: 2, time: "1"}}
-requeue: {{max: 3, signal_lead_s: 5}}
+requeue: {{max: 3, signal_lead_s: 5, mode: requeue}}
 """
 
 
@@ -194,8 +183,8 @@ def test_plain_lightning_saves_at_the_warning_and_resumes(tmp_path, isolated_env
     try:
         # The limit's warning (SIGUSR1, 25 to 55 s into the start): Lightning saves
         # hpc_ckpt_1.ckpt and requeues the job itself. On a busy machine its requeue may come
-        # after the limit: then the step ends by the limit and glaunch's controller requeues
-        # the job (requeue.max allows it). Either way, one requeue.
+        # after the limit: then the limit ends the step and glaunch's controller requeues the
+        # same job (requeue.mode requeue; requeue.max allows it). Either way, one requeue.
         wait_until(still_running(proc, lambda: requeues(job) >= 1), 300, "the first start's requeue",
                    interval=0.5)
         assert (root / "hpc_ckpt_1.ckpt").is_file(), \
