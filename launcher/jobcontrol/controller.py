@@ -57,7 +57,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, MutableMapping, Protocol, Sequence
+from typing import Any, Callable, MutableMapping, Protocol, Sequence
 
 from launcher.errors import RunError
 from launcher.processes import run_command
@@ -91,10 +91,12 @@ TIME_LIMIT = re.compile(r"\bReason=TimeLimit\b|\bJobState=TIMEOUT\b")
 KILL_WAIT = re.compile(r"^KillWait\s*=\s*([0-9]{1,6}) sec\b", re.M)
 DEFAULT_KILL_WAIT_S = 30      # Slurm's own default, where the cluster's is not known
 # What the controller keeps of KillWait for itself at the time limit (scontrol show job, the
-# start's record, scontrol requeue), at most: half of KillWait where that is less.
+# start's record, scontrol requeue: a second or two on a cluster that answers), at most: half
+# of KillWait where that is less.
 LIMIT_RESERVE_S = 10.0
 STEP_POLL_S = 0.5             # how often the controller looks at a step it may stop waiting for
-LIMIT_ASK_S = 5               # scontrol at the time limit, within KillWait
+LIMIT_ASK_S = 3               # scontrol at the time limit, within KillWait
+LIMIT_JOIN_S = 1              # the watchdog's and replacements' threads, at the time limit
 SIGNALLED = 128               # a shell's status for a process a signal ended: 128 + N
 
 
@@ -231,8 +233,9 @@ class Edge(Protocol):
 
     def hostnames(self, nodelist: str) -> list[str] | None: ...
     def node_addr(self, host: str) -> str | None: ...
-    def taken_back(self, job_id: str) -> TakenBack | None: ...
-    def run_step(self, argv: Sequence[str], env: MutableMapping[str, str]) -> int: ...
+    def taken_back(self, job_id: str, timeout_s: float = SLURM_TIMEOUT_S) -> TakenBack | None: ...
+    def run_step(self, argv: Sequence[str], env: MutableMapping[str, str],
+                 leave: Callable[[], bool] = lambda: False) -> int: ...
     def signal_step(self, signum: int) -> None: ...
     def requeue(self, job_ref: str) -> bool: ...
     def exclude(self, job_ref: str, nodes: Sequence[str]) -> bool: ...
@@ -246,7 +249,6 @@ class Edge(Protocol):
     def ignore_term(self) -> None: ...
     def wait_for_requeue(self) -> None: ...
     def kill_wait(self) -> float: ...
-    def leave_step_at(self, when: float) -> None: ...
 
 
 class SlurmEdge:
@@ -255,7 +257,6 @@ class SlurmEdge:
 
     def __init__(self) -> None:
         self.step: subprocess.Popen[bytes] | None = None
-        self.leave_at: float | None = None      # time.monotonic() past which a step is not waited for
 
     def _ask(self, words: list[str], env: MutableMapping[str, str] | None = None,
              timeout_s: float = SLURM_TIMEOUT_S) -> str | None:
@@ -270,28 +271,26 @@ class SlurmEdge:
         match = NODE_ADDR.search(self._ask(["scontrol", "show", "node", host]) or "")
         return match.group(1) if match and is_node_name(match.group(1)) else None
 
-    def taken_back(self, job_id: str) -> TakenBack | None:
-        return taken_back(self._ask(["scontrol", "show", "job", job_id], timeout_s=LIMIT_ASK_S) or "",
+    def taken_back(self, job_id: str, timeout_s: float = SLURM_TIMEOUT_S) -> TakenBack | None:
+        return taken_back(self._ask(["scontrol", "show", "job", job_id], timeout_s=timeout_s) or "",
                           os.environ.get("SLURM_RESTART_COUNT", "0"))
 
     def kill_wait(self) -> float:
         return kill_wait_s(self._ask(["scontrol", "show", "config"], timeout_s=LIMIT_ASK_S) or "")
 
-    def leave_step_at(self, when: float) -> None:
-        self.leave_at = when if self.leave_at is None else min(self.leave_at, when)
-
-    def run_step(self, argv: Sequence[str], env: MutableMapping[str, str]) -> int:
-        """The job step to its end (the job's time limit bounds it), or, once the time limit
-        ended the job, to the moment set by leave_step_at: srun's status, 128 + N where a
-        signal ended srun itself, as a shell reports it (128 + SIGTERM for a step left to
-        Slurm to end)."""
+    def run_step(self, argv: Sequence[str], env: MutableMapping[str, str],
+                 leave: Callable[[], bool] = lambda: False) -> int:
+        """The job step to its end (the job's time limit bounds it), or until `leave()`,
+        asked every STEP_POLL_S while it runs, says to stop waiting: srun's status, 128 + N
+        where a signal ended srun itself, as a shell reports it (128 + SIGTERM for a step
+        left to Slurm to end)."""
         try:
             self.step = subprocess.Popen(list(argv), env=dict(env))
         except OSError as exc:
             say(f"{argv[0]}: {exc}")
             return 127
         try:
-            code = self._wait(self.step)
+            code = self._wait(self.step, leave)
         finally:
             self.step = None
         if code is None:
@@ -299,13 +298,14 @@ class SlurmEdge:
             return SIGNALLED + signal.SIGTERM
         return SIGNALLED - code if code < 0 else code
 
-    def _wait(self, step: subprocess.Popen[bytes]) -> int | None:
-        """The step's return code, or None once it is past leave_at."""
+    @staticmethod
+    def _wait(step: subprocess.Popen[bytes], leave: Callable[[], bool]) -> int | None:
+        """The step's return code, or None once `leave()` says so."""
         while True:
             try:
                 return step.wait(timeout=STEP_POLL_S)
             except subprocess.TimeoutExpired:
-                if self.leave_at is not None and time.monotonic() >= self.leave_at:
+                if leave():
                     return None
 
     def signal_step(self, signum: int) -> None:
@@ -390,25 +390,32 @@ class Controller:
     def __init__(self, job: JobSteps, edge: Edge, env: MutableMapping[str, str] | None = None) -> None:
         self.job, self.edge = job, edge
         self.env = os.environ if env is None else env
-        self.looking_for_limit = threading.Lock()
+        self.kill_wait_s = float(DEFAULT_KILL_WAIT_S)
+        self.term_at: float | None = None       # time.monotonic() of a SIGTERM not yet looked into
+        self.leave_at: float | None = None      # the time limit's: when its step stops being waited for
 
     def on_signal(self, signum: int, _frame: Any = None) -> None:
-        """SIGTERM or SIGUSR2 to the batch script: passed on to the running step; a SIGTERM
-        may be the time limit's (:meth:`at_time_limit`, in a thread: a handler must not wait)."""
+        """SIGTERM or SIGUSR2 to the batch script: passed on to the running step. A SIGTERM
+        is noted, for :meth:`past_time_limit` (a handler only notes: it may run while the
+        main thread holds a lock)."""
         self.edge.signal_step(signum)
-        if signum == signal.SIGTERM and self.looking_for_limit.acquire(blocking=False):
-            threading.Thread(target=self.at_time_limit, args=(time.monotonic(),), name="glaunch-time-limit",
-                             daemon=True).start()
+        if signum == signal.SIGTERM and self.term_at is None:
+            self.term_at = time.monotonic()
 
-    def at_time_limit(self, term_at: float) -> None:
-        """Where the time limit sent the SIGTERM of `term_at`, the step is waited for until
+    def past_time_limit(self) -> bool:
+        """Asked while a step runs: whether to stop waiting for it. After a SIGTERM, once:
+        where the time limit sent it (scontrol show job), the step is waited for until
         step_grace_s after it; a SIGTERM of anything else (a preemption's GraceTime, a
         cancel) leaves the step its time."""
-        try:
-            if self.edge.taken_back(self.slurm_job) is TakenBack.TIMED_OUT:
-                self.edge.leave_step_at(term_at + step_grace_s(self.edge.kill_wait()))
-        finally:
-            self.looking_for_limit.release()
+        if self.leave_at is None and self.term_at is not None:
+            term_at, self.term_at = self.term_at, None
+            if self.edge.taken_back(self.slurm_job, LIMIT_ASK_S) is TakenBack.TIMED_OUT:
+                self.leave_at = term_at + step_grace_s(self.kill_wait_s)
+        return self.leave_at is not None and time.monotonic() >= self.leave_at
+
+    @property
+    def at_time_limit(self) -> bool:
+        return self.leave_at is not None
 
     def run(self) -> int:
         try:
@@ -428,6 +435,9 @@ class Controller:
         restart = start_number(begun, ctx.restart, requeue=self.job.requeue)
         if restart != ctx.restart:
             self._set_start(restart, None)
+        if self.job.requeue:
+            # Read now: at the time limit every second of KillWait counts.
+            self.kill_wait_s = self.edge.kill_wait()
         return self.steps(ctx.job_id, restart, tuple(allocation))
 
     def steps(self, job_id: str | None, restart: int, allocation: tuple[str, ...]) -> int:
@@ -436,7 +446,11 @@ class Controller:
         while True:
             started = datetime.now().astimezone().isoformat(timespec="seconds")
             status = self.step(nodes, allocation)
-            taken = self.edge.taken_back(self.slurm_job)
+            # At the time limit the job's record is asked within what is left of KillWait, and
+            # the limit stands where it does not answer.
+            taken = self.edge.taken_back(self.slurm_job, *((LIMIT_ASK_S,) if self.at_time_limit else ()))
+            if taken is None and self.at_time_limit:
+                taken = TakenBack.TIMED_OUT
             end = StepEnd(status, taken in (TakenBack.PREEMPTED, TakenBack.REQUEUED), started,
                           allocation if self.job.requeue else (), nodes, timed_out=taken is TakenBack.TIMED_OUT)
             try:
@@ -482,12 +496,15 @@ class Controller:
             replacer.start()
         status = 1
         try:
-            status = self.edge.run_step(self.job.command(nodes), self.env)
+            status = self.edge.run_step(self.job.command(nodes), self.env, self.past_time_limit)
         finally:
             stop.set()
-            watch.join(WATCHDOG_JOIN_S)
+            # Past the time limit the threads get what is left of the grace (both are daemons:
+            # the process ends without them); their steps end with the job.
+            limit = LIMIT_JOIN_S if self.at_time_limit else None
+            watch.join(limit or WATCHDOG_JOIN_S)
             if replacer is not None:
-                replacer.join(REPLACE_JOIN_S)
+                replacer.join(limit or REPLACE_JOIN_S)
         if status != 0 and replaced == [0]:
             print(f"glaunch: srun's status {status} came from ranks whose processes were started again and "
                   "ended well: the step's is 0", flush=True)

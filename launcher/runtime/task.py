@@ -122,6 +122,8 @@ class TrainingTask:
                  "its agent stops the workers itself, and the start ends as a failure")
         start = start_args(spec)
         os.environ.update(snapshot_environment(spec, os.environ))
+        # The workers read this run's task.json (launcher.runtime.worker).
+        os.environ[envnames.RUN_DIR] = spec.run_dir
         # The entry point as the user would run it; each worker runs it through WORKER_MODULE.
         _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + launch.entry_words(spec, start))}")
         entry = worker_entry(spec, start, accepted)
@@ -171,9 +173,9 @@ WORKER_MODULE = "launcher.runtime.worker"
 def worker_entry(spec: TaskSpec, args: list[str], accepted: frozenset[str]) -> list[str]:
     """torchrun's words for the workers' program: the entry point through WORKER_MODULE,
     which takes the stop signals before it runs (a script without glaunch's runtime is not
-    ended by the warning this agent passes on), where the node's torchrun runs modules."""
-    flag = launch.spelling("--module", accepted)
-    return [flag, WORKER_MODULE, *args] if flag is not None else launch.entry_words(spec, args)
+    ended by the warning this agent passes on); the worker reads the entry point from the
+    run's task.json."""
+    return [launch.spelling("--module", accepted) or "-m", WORKER_MODULE, *args]
 
 
 def early_stop_signals(signals: tuple[str, ...]) -> tuple[str, ...]:
@@ -241,13 +243,17 @@ def version_tuple(version: str | None) -> tuple[int, ...]:
 
 def snapshot_environment(spec: TaskSpec, environ: Mapping[str, str]) -> dict[str, str]:
     """What torchrun's workers need to import from the code snapshot: its copy of the
-    working directory on PYTHONPATH; for a module, also PYTHONSAFEPATH (Python 3.11+),
-    without which `python -m` puts the working directory itself first."""
+    working directory on PYTHONPATH (after the glaunch the run carries, where env.sh put it
+    first: a project's own `launcher` must not stand in for the workers' glaunch); for a
+    module, also PYTHONSAFEPATH (Python 3.11+), without which `python -m` puts the working
+    directory itself first."""
     code_path = spec.code_path
     if not code_path:
         return {}
-    rest = environ.get("PYTHONPATH")
-    out = {"PYTHONPATH": code_path + (os.pathsep + rest if rest else "")}
+    raw = environ.get("PYTHONPATH")
+    rest = raw.split(os.pathsep) if raw else []
+    carried = rest[:1] if rest[:1] == [str(RunDir(spec.run_dir).lib_dir)] else []
+    out = {"PYTHONPATH": os.pathsep.join([*carried, code_path, *rest[len(carried):]])}
     if spec.module is not None:
         out["PYTHONSAFEPATH"] = "1"
     return out

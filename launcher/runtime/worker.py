@@ -1,6 +1,7 @@
 """What each torchrun worker runs (``python -m launcher.runtime.worker ARGS...``: torchrun
 ``--module``, from launcher.runtime.task): the run's entry point, as ``python`` would run it,
-with ARGS as its arguments, once the worker has done what an srun rank does before it.
+with ARGS as its arguments, once the worker has taken the time limit's warning and armed its
+stack dump.
 
 - It takes the time limit's warning (the stop signals less those that end a process:
   :func:`worker_stop_signals`): a warning that comes before the script installs glaunch's
@@ -19,6 +20,7 @@ agent's environment gives it). Imports no torch.
 
 from __future__ import annotations
 
+import os
 import sys
 
 from launcher.rundir.rankcontext import RuntimeConfigError, context
@@ -48,6 +50,10 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"glaunch: this worker does not start: {exc}")
     take_stop_signals(worker_stop_signals(ctx.stop_signals))
     stackdump.arm_stack_dump(ctx.run_dir, ctx.rank)
+    if spec.module is None and not sys.flags.safe_path and sys.path[:1] == [os.getcwd()]:
+        # `python -m` put the working directory first; `python SCRIPT` puts only the
+        # script's folder there (run_as_main does).
+        del sys.path[0]
     run_as_main(spec, args)
 
 

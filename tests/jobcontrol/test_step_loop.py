@@ -37,7 +37,6 @@ class FakeEdge:
         self.steps: list[str] = []
         self.commands: list[str] = []
         self.signals: list[int] = []
-        self.left_at: list[float] = []
         self.watched: list[tuple[tuple[str, ...], tuple[str, ...]]] = []
 
     def hostnames(self, nodelist):
@@ -46,10 +45,10 @@ class FakeEdge:
     def node_addr(self, host):
         return host
 
-    def taken_back(self, job_id):
+    def taken_back(self, job_id, timeout_s=60):
         return self.taken
 
-    def run_step(self, argv, env):
+    def run_step(self, argv, env, leave=lambda: False):
         nodes = next(a.split("=", 1)[1] for a in argv if a.startswith("--nodelist="))
         self.steps.append(f"{nodes} {env['GLAUNCH_RESTART']} {env.get('MASTER_ADDR')} {env.get('MASTER_PORT')}")
         return self.statuses.pop(0)
@@ -87,9 +86,6 @@ class FakeEdge:
 
     def kill_wait(self):
         return 10.0
-
-    def leave_step_at(self, when):
-        self.left_at.append(when)
 
 
 @pytest.fixture
@@ -225,20 +221,55 @@ def test_a_step_the_time_limit_ended_is_a_timeout_the_controller_requeues(job_en
     assert edge.commands == ["SIGTERM ends", "requeue 4242", "wait"]
 
 
-@pytest.mark.parametrize("taken, left", [(TakenBack.TIMED_OUT, True), (TakenBack.PREEMPTED, False), (None, False)])
-def test_the_time_limit_s_sigterm_leaves_the_step_kill_wait_less_the_reserve(tmp_path, taken, left):
+@pytest.mark.parametrize("taken, limit", [(TakenBack.TIMED_OUT, True), (TakenBack.PREEMPTED, False), (None, False)])
+def test_the_time_limit_s_sigterm_leaves_the_step_kill_wait_less_the_reserve(tmp_path, taken, limit):
     """At the limit the step is waited for KillWait less the controller's reserve (10 s:
-    5 s each); a preemption's SIGTERM (GraceTime) or a cancel's leaves the step its time."""
+    5 s each); a preemption's SIGTERM (GraceTime) or a cancel's leaves the step its time.
+    The handler only notes the SIGTERM; the step's wait asks Slurm, once."""
     edge = FakeEdge([], taken=taken)
     control = Controller(JobSteps(tmp_path, 1, ("srun",), ("task",), requeue=True), edge)
+    control.kill_wait_s = 10.0
+    assert not control.past_time_limit()
     before = time.monotonic()
     control.on_signal(signal.SIGTERM)
-    control.looking_for_limit.acquire(timeout=10)    # the thread that looks has ended
-    assert edge.signals == [signal.SIGTERM]
-    if left:
-        assert len(edge.left_at) == 1 and before + 5 <= edge.left_at[0] <= time.monotonic() + 5
-    else:
-        assert edge.left_at == []
+    assert edge.signals == [signal.SIGTERM] and control.term_at is not None
+    assert not control.past_time_limit()          # within the grace, or no limit at all
+    assert control.at_time_limit is limit and control.term_at is None
+    if limit:
+        assert before + 5 <= control.leave_at <= time.monotonic() + 5
+        control.leave_at = time.monotonic()
+        assert control.past_time_limit()
+
+
+class LimitThenSilence(FakeEdge):
+    """Slurm says the limit ended the job while the step runs, then does not answer."""
+
+    def __init__(self, control_of, *args, **kwargs):
+        super().__init__(*args, taken=TakenBack.TIMED_OUT, **kwargs)
+        self.control_of = control_of
+
+    def run_step(self, argv, env, leave=lambda: False):
+        control = self.control_of()
+        control.on_signal(signal.SIGTERM)
+        assert not leave()
+        control.leave_at = time.monotonic()
+        assert leave()
+        self.taken = None
+        return super().run_step(argv, env, leave)
+
+
+def test_a_step_left_at_the_limit_is_a_timeout_though_slurm_no_longer_answers(job_env, monkeypatch, tmp_path):
+    ends: list[StepEnd] = []
+    monkeypatch.setattr(jobend, "end_of_start", lambda run_dir, end, job_id, restart: ends.append(end)
+                        or NextRoad("requeue"))
+    monkeypatch.setattr(jobstart, "begin", lambda run_dir, job_id, requeues: Begun(Action.START, requeues))
+    job = JobSteps(tmp_path, nodes=2, srun=("srun",), task=("task",), requeue=True, port=PORT)
+    control: list[Controller] = []
+    edge = LimitThenSilence(lambda: control[0], [143])
+    control.append(Controller(job, edge))
+    assert control[0].run() == 0
+    assert control[0].kill_wait_s == 10.0
+    assert ends[0].timed_out and ends[0].status == 143 and "requeue 4242" in edge.commands
 
 
 def test_inside_an_allocation_nothing_restarts_or_requeues(job_env, monkeypatch, tmp_path, capsys):
@@ -416,14 +447,13 @@ def test_kill_wait_is_read_from_slurm_s_config(config, kill_wait):
     assert controller.kill_wait_s(config) == kill_wait
 
 
-def test_a_step_past_the_moment_it_is_left_at_ends_the_wait_with_sigterm_s_status():
+def test_a_step_left_ends_the_wait_with_sigterm_s_status():
     edge = controller.SlurmEdge()
-    edge.leave_step_at(time.monotonic() + 0.5)
-    edge.leave_step_at(time.monotonic() + 60)      # the earliest stands
     began = time.monotonic()
-    assert edge.run_step(["sleep", "30"], {"PATH": "/usr/bin:/bin"}) == 128 + signal.SIGTERM
-    assert time.monotonic() - began < 5
-    assert edge.run_step(["bash", "-c", "exit 4"], {"PATH": "/usr/bin:/bin"}) == 4
+    leave = lambda: time.monotonic() > began + 0.5    # noqa: E731
+    assert edge.run_step(["sleep", "3"], {"PATH": "/usr/bin:/bin"}, leave) == 128 + signal.SIGTERM
+    assert time.monotonic() - began < 2.5
+    assert edge.run_step(["bash", "-c", "exit 4"], {"PATH": "/usr/bin:/bin"}, lambda: False) == 4
 
 
 def test_a_step_ended_by_a_signal_has_a_shell_s_status(stand_ins):

@@ -21,6 +21,7 @@ from launcher.config.sites import load_site
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import CodeSnapshot, SubmitContext
 from launcher.resolution.resolve import code_anchor, resolve
+from launcher.rundir.layout import RunDir
 from launcher.runner import bundle, provenance, snapshot
 from launcher.schedulers.slurm.scheduler import SlurmScheduler
 
@@ -281,6 +282,11 @@ def test_the_task_imports_from_the_snapshot_first(tmp_path):
     assert out.read_text() == "snapshot"
     env = snapshot_environment(dataclasses.replace(spec, script=None, module="pkg.train"), {"PYTHONPATH": "/x"})
     assert env == {"PYTHONPATH": f"{copy}:/x", "PYTHONSAFEPATH": "1"}
+    # The glaunch the run carries (env.sh's first entry) stays first: a project's own
+    # `launcher` package does not stand in for the workers' glaunch. An empty entry stays.
+    carried = str(RunDir(spec.run_dir).lib_dir)
+    assert snapshot_environment(spec, {"PYTHONPATH": f"{carried}::/x"}) == {"PYTHONPATH": f"{carried}:{copy}::/x"}
+    assert snapshot_environment(spec, {"PYTHONPATH": f"/x:{carried}"}) == {"PYTHONPATH": f"{copy}:/x:{carried}"}
 
 
 # --- the experiment's code: and hparams: ------------------------------------------------------

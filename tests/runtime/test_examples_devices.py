@@ -406,7 +406,6 @@ def test_a_script_without_the_runtime_outlives_the_warning_under_torchrun(monkey
     start as a crash) and ends well. The watchdog's request for stacks, passed on the same
     way, gets the worker's stack."""
     import threading
-    import time
 
     from launcher.runtime import task as task_module
     from launcher.runtime.task import TrainingTask
@@ -417,13 +416,16 @@ def test_a_script_without_the_runtime_outlives_the_warning_under_torchrun(monkey
                       "print('worker ended well', sys.argv[1:], flush=True)\n")
     spec = dataclasses.replace(one_worker(monkeypatch, tmp_path, script), args=("--lr=0.1",))
 
+    ended = threading.Event()
+
     def warn() -> None:
-        deadline = time.time() + 60
-        while not started.exists() and time.time() < deadline:
-            time.sleep(0.1)
-        os.kill(os.getpid(), signal.SIGUSR2)
-        time.sleep(0.5)
-        os.kill(os.getpid(), task_module.DUMP_SIGNAL)
+        # Nothing is sent once the run has ended: this process's own handlers are back.
+        while not started.exists() and not ended.wait(0.1):
+            pass
+        if not ended.is_set():
+            os.kill(os.getpid(), signal.SIGUSR2)
+        if not ended.wait(0.5):
+            os.kill(os.getpid(), task_module.DUMP_SIGNAL)
 
     handlers = {s: signal.getsignal(s) for s in (task_module.WARNING_SIGNAL, signal.SIGTERM,
                                                  task_module.DUMP_SIGNAL)}
@@ -431,6 +433,7 @@ def test_a_script_without_the_runtime_outlives_the_warning_under_torchrun(monkey
     try:
         assert TrainingTask(tmp_path)._run_torchrun(spec, types.SimpleNamespace(node=0, job_id="5")) == 0
     finally:
+        ended.set()
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
     own_log = RunDir(tmp_path).worker_log("5", 0, 0, 0)
@@ -508,3 +511,38 @@ def test_a_torchrun_node_stopped_by_sigterm_ends_as_stopped_not_crashed(monkeypa
     _, err = capfd.readouterr()
     assert "the workers ended after SIGTERM" in err
     assert "Traceback" not in err and "ChildFailedError" not in err
+
+
+def test_a_worker_runs_its_script_as_python_would(tmp_path):
+    """`python -m launcher.runtime.worker ARGS`: the script as `__main__`, its argv, its
+    folder first on sys.path and not the working directory (as `python SCRIPT` has it),
+    its exit status; the warning taken, SIGTERM left to its default."""
+    import subprocess
+    import sys
+
+    folder, work = tmp_path / "project" / "scripts", tmp_path / "work"
+    for made in (folder, work, tmp_path / "run"):
+        made.mkdir(parents=True)
+    script = folder / "train.py"
+    script.write_text("import json, os, signal, sys\n"
+                      "print(json.dumps([__name__, sys.argv, sys.path[0], os.getcwd() in sys.path,\n"
+                      "    signal.getsignal(signal.SIGUSR2) is signal.SIG_DFL,\n"
+                      "    signal.getsignal(signal.SIGTERM) is signal.SIG_DFL]))\n"
+                      "os.kill(os.getpid(), signal.SIGUSR2)\n"
+                      "sys.exit(3)\n")
+    spec = dataclasses.replace(SPEC, nodes=1, ranks_per_node=1, world_size=1, script=str(script),
+                               run_dir=str(tmp_path / "run"), run_id="r1")
+    write_task_spec(tmp_path / "run", spec)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GLAUNCH_")}
+    env.update(GLAUNCH_RUN_DIR=str(tmp_path / "run"), RANK="0", WORLD_SIZE="1", LOCAL_RANK="0")
+    proc = subprocess.run([sys.executable, "-m", "launcher.runtime.worker", "--lr=0.1", "$(touch x)"], cwd=work,
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 3, proc.stderr
+    assert json.loads(proc.stdout) == ["__main__", [str(script), "--lr=0.1", "$(touch x)"], str(folder),
+                                       False, False, True]
+    assert not (work / "x").exists()
+    # Without its run's task.json it says so and starts nothing.
+    env["GLAUNCH_RUN_DIR"] = str(tmp_path / "nowhere")
+    proc = subprocess.run([sys.executable, "-m", "launcher.runtime.worker"], cwd=work, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1 and "this worker does not start" in proc.stderr and not proc.stdout
