@@ -179,6 +179,12 @@ class Transport:
 
     login: Login | None               # None: the site names no login node; Slurm's commands run here
 
+    @property
+    def name(self) -> str:
+        """What run.json records: ``local`` (this machine's commands), or
+        ``ssh://[user@]host[:port]`` (the login node's, over SSH)."""
+        return "local" if self.login is None else f"ssh://{self.login.shown}"
+
 
 @dataclass(frozen=True, eq=False)
 class JobPlan:

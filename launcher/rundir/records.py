@@ -255,7 +255,7 @@ TELEMETRY_FIELDS: dict[str, Any] = {
     "versions": _object,              # node -> {"python", "torch", "cuda", "nccl", ...}: what its ranks imported
 }
 _RUN_FIELDS = {
-    "run_id": _run_id, "name": _text, "site": _text, "scheduler": _text, "run_dir": _text,
+    "run_id": _run_id, "name": _text, "site": _text, "scheduler": _text, "transport": _text, "run_dir": _text,
     "experiment_file": _text, "created": _text, "dry_run": _flag, "nodes": _count, "world_size": _count,
     "partition": _text, "requeue_max": _required_count, "crash_retries": _required_count, "state": _state,
     "job_id": _optional_job_id, "reason": _text, "detail": _text, "excluded_nodes": _nodes,
@@ -354,6 +354,7 @@ class RunRecord:
     name: str | None = None
     site: str | None = None
     scheduler: str | None = None
+    transport: str | None = None      # how its commands reach the scheduler (Transport.name)
     run_dir: str | None = None
     experiment_file: str | None = None
     created: str | None = None

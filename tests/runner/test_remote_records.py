@@ -258,3 +258,19 @@ def test_the_console_of_a_remote_run_reads_the_checkpoint_copied_here_not_the_cl
     assert console.checkpoint_dir == home / "checkpoints"
     fresh = registry.read(home)
     assert "checkpoint 100" in status_line(RunDir(home), fresh, time.time(), console.checkpoint_dir)
+
+
+@pytest.mark.parametrize("login, name", [
+    (None, "local"),
+    (Login(host="login1"), "ssh://login1"),
+    (Login(host="login1.hpc.example.org", user="alice", port=2222), "ssh://alice@login1.hpc.example.org:2222"),
+])
+def test_a_run_record_names_the_transport_of_its_commands(login, name):
+    from launcher.resolution.jobplan import Transport
+    from launcher.rundir.records import RecordError, RunRecord
+
+    assert Transport(login).name == name
+    record = RunRecord.from_dict({"run_id": "r-1", "scheduler": "slurm", "transport": name})
+    assert record.transport == name and record.to_dict()["transport"] == name
+    with pytest.raises(RecordError, match="transport"):
+        RunRecord.from_dict({"run_id": "r-1", "transport": ["ssh://login1"]})

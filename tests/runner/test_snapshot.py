@@ -232,6 +232,8 @@ def test_bundle_copies_the_code_and_records_provenance(work_tree, tmp_path):
     assert sorted(str(p.relative_to(run_dir / "code")) for p in (run_dir / "code").rglob("*") if p.is_file()) == [
         ".gitignore", "exp.yaml", "notes.txt", "src/helper.py", "src/train.py"]
     record = json.loads((run_dir / "run.json").read_text())
+    # Its backend and the transport its commands take (Slurm's commands run on this machine).
+    assert (record["scheduler"], record["transport"]) == ("slurm", "local")
     origin = record["provenance"]
     assert origin["git"]["commit"] == git(work_tree, "rev-parse", "HEAD") and origin["git"]["dirty"] is True
     assert origin["git"]["patch"] == str(run_dir / "code.patch")
