@@ -102,8 +102,8 @@ def rank_logs(run_dir: Path, env, rank: int) -> list[str]:
 DDP_TUTORIAL = r"""name: ddp-tutorial
 entrypoint:
   script: multinode.py
-  args: ["150", "5", "--batch_size=4", "--snapshot_path=${run:dir}/snapshot.pt"]
-  progress: {pattern: '^\[GPU0\] Epoch (\d+) ', total: 149}
+  args: ["110", "5", "--batch_size=4", "--snapshot_path=${run:dir}/snapshot.pt"]
+  progress: {pattern: '^\[GPU0\] Epoch (\d+) ', total: 109}
 launcher: torchrun
 resources: {nodes: 2, time: "1"}
 requeue: {max: 3, signal_lead_s: 10}
@@ -118,7 +118,7 @@ def test_ddp_tutorial_under_torchrun(tmp_path, isolated_env):
     first = new_run_dir(runs, set())
     job = job_id_of(first)
     # Its 1-minute limit ends the first start (60 to 90 s in, by slurmctld's 30 s checks; the
-    # script's 150 epochs take about 150 s here, and it snapshots every 5). The warning ahead
+    # script's 110 epochs take about 110 s here, and it snapshots every 5). The warning ahead
     # of it does not end the script; the limit does. The controller records a timeout and
     # submits the next job, whose limit is raised here so that it finishes the run.
     successor = wait_until(still_running(proc, lambda: next_job(first, job)), 300, "the run's next job")
@@ -132,7 +132,7 @@ def test_ddp_tutorial_under_torchrun(tmp_path, isolated_env):
     resumed = re.search(r"Resuming training from snapshot at Epoch (\d+)", console)
     assert resumed and int(resumed.group(1)) >= 5, console[-3000:]
     # Progress from its own lines on the console, no traceback of torchrun's for the requeue.
-    assert re.search(r"\[glaunch\] RUNNING \| (start 1 \| )?step \d+/149", console), console[-3000:]
+    assert re.search(r"\[glaunch\] RUNNING \| (start 1 \| )?step \d+/109", console), console[-3000:]
     assert "ChildFailedError" not in console and "Traceback" not in console
     # One rank's log is that rank's lines alone.
     lines = rank_logs(first, env, 3)

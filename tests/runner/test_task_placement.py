@@ -107,7 +107,9 @@ def run_torchrun_node(tmp_path: Path, monkeypatch, node: int = 0) -> Path:
     script.write_text(WORKER)
     spec = dataclasses.replace(SPEC, nodes=1, ranks_per_node=2, world_size=2, script=str(script),
                                run_dir=str(run_dir))
-    write_task_spec(run_dir, dataclasses.replace(SPEC, run_dir=str(run_dir)))    # 2 nodes x 2 for the reader
+    # 2 nodes x 2 for the reader; the workers run its script (launcher.runtime.worker).
+    write_task_spec(run_dir, dataclasses.replace(SPEC, run_dir=str(run_dir), script=str(script)))
+    monkeypatch.setenv("GLAUNCH_RUN_DIR", str(run_dir))    # the task sets it for its workers
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     assert TrainingTask(run_dir)._run_torchrun(spec, types.SimpleNamespace(node=node, job_id="7")) == 0
