@@ -128,7 +128,8 @@ def _record_data() -> tuple[dict, dict]:
     """run.json and result.json of a run made as `completed_run` makes one (the values of
     the rows; the files themselves are written per module)."""
     record = {
-        "run_id": RUN_ID, "name": "torch-ddp", "site": "local", "scheduler": "local", "run_dir": "@RUN_DIR@",
+        "run_id": RUN_ID, "name": "torch-ddp", "site": "local", "scheduler": "local", "transport": "local",
+        "run_dir": "@RUN_DIR@",
         "experiment_file": DDP, "created": "2025-03-01T10:00:00+00:00", "dry_run": False, "nodes": 1,
         "world_size": 2, "partition": "local", "requeue_max": 3, "crash_retries": 0, "state": "COMPLETED",
         "job_id": "100",
