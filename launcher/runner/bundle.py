@@ -246,7 +246,8 @@ def _why(exc: OSError) -> str:
 def initial_record(plan: JobPlan, *, dry_run: bool, origin: Mapping | None = None) -> RunRecord:
     return RunRecord(
         run_id=plan.run_id, name=plan.name, site=plan.site_name, scheduler=plan.scheduler,
-        transport=plan.transport.name, run_dir=plan.run_dir, experiment_file=plan.experiment_file, created=registry.now(), dry_run=dry_run,
+        transport=plan.transport.name, run_dir=plan.run_dir, experiment_file=plan.experiment_file,
+        created=registry.now(), dry_run=dry_run,
         nodes=plan.allocation.nodes, world_size=plan.launch.world_size, partition=plan.allocation.partition,
         requeue_max=plan.recovery.requeue_max, crash_retries=plan.recovery.crash_retries,
         state=(State.RENDERED if dry_run else State.SUBMITTING).value, job_id=None,

@@ -124,7 +124,8 @@ def _record_left(prepared: PreparedSweep, first: JobPlan, left: OnCluster, where
         atomic_write_text(home / REMOTE_FILE, where.to_json())
         cluster_undo.write_left(home, left, forget=True)
         record = RunRecord(prepared.sweep_id, name=first.name, site=first.site_name, scheduler="slurm",
-                           transport=first.transport.name, run_dir=where.run_dir, created=registry.now(), state=State.FAILED.value,
+                           transport=first.transport.name, run_dir=where.run_dir, created=registry.now(),
+                           state=State.FAILED.value,
                            detail=f"its sweep's submission's link dropped: {said}")
         registry.write(home, record)
         registry.register(prepared.sweep_id, str(home))
