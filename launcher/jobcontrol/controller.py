@@ -499,8 +499,8 @@ class Controller:
             status = self.edge.run_step(self.job.command(nodes), self.env, self.past_time_limit)
         finally:
             stop.set()
-            # Past the time limit the threads get what is left of the grace (both are daemons:
-            # the process ends without them); their steps end with the job.
+            # Past the time limit the threads get LIMIT_JOIN_S, not their own bounds (both are
+            # daemons: the process ends without them); their steps end with the job.
             limit = LIMIT_JOIN_S if self.at_time_limit else None
             watch.join(limit or WATCHDOG_JOIN_S)
             if replacer is not None:
