@@ -97,7 +97,6 @@ LIMIT_RESERVE_S = 10.0
 STEP_POLL_S = 0.5             # how often the controller looks at a step it may stop waiting for
 LIMIT_ASK_S = 3               # scontrol at the time limit, within KillWait
 LIMIT_JOIN_S = 1              # the watchdog's and replacements' threads, at the time limit
-SIGNALLED = 128               # a shell's status for a process a signal ended: 128 + N
 
 
 class TakenBack(enum.Enum):
@@ -295,8 +294,8 @@ class SlurmEdge:
             self.step = None
         if code is None:
             say("the time limit: the end of this start is recorded now; Slurm ends what is left of its step")
-            return SIGNALLED + signal.SIGTERM
-        return SIGNALLED - code if code < 0 else code
+            return jobend.SIGNALLED_STATUS + signal.SIGTERM
+        return jobend.SIGNALLED_STATUS - code if code < 0 else code
 
     @staticmethod
     def _wait(step: subprocess.Popen[bytes], leave: Callable[[], bool]) -> int | None:
@@ -448,7 +447,7 @@ class Controller:
             status = self.step(nodes, allocation)
             # At the time limit the job's record is asked within what is left of KillWait, and
             # the limit stands where it does not answer.
-            taken = self.edge.taken_back(self.slurm_job, *((LIMIT_ASK_S,) if self.at_time_limit else ()))
+            taken = self.edge.taken_back(self.slurm_job, LIMIT_ASK_S if self.at_time_limit else SLURM_TIMEOUT_S)
             if taken is None and self.at_time_limit:
                 taken = TakenBack.TIMED_OUT
             end = StepEnd(status, taken in (TakenBack.PREEMPTED, TakenBack.REQUEUED), started,
