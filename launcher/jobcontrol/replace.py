@@ -45,10 +45,10 @@ from launcher.rundir.records import is_node_name
 
 POLL_S = 0.5
 # A task srun says failed that no surviving rank asks to start again within this bound (a
-# rank lost before or after the step loop, where its peers are in no recovery, or rank 0,
-# whose process held the store): the step is ended, as srun's --kill-on-bad-exit would have
-# done at once, and the start ends as the crash it is. Long enough for the survivors of a
-# loss inside a long step to reach their next collective and ask.
+# rank lost before or after the step loop, where its peers are in no recovery): the step
+# is ended, as srun's --kill-on-bad-exit would have done at once, and the start ends as
+# the crash it is. Long enough for the survivors of a loss inside a long step to reach
+# their next collective and ask.
 UNASKED_LOSS_S = 60.0
 LOG_POLL_S = 2.0
 # At most this many processes started again in one start: a rank lost again and again (its
@@ -84,12 +84,11 @@ def _count(value: Any) -> int | None:
 def replacement_for(request: Mapping[str, Any], *, job_id: str, restart: int, world_size: int,
                     ranks_per_node: int, step_nodes: Sequence[str]) -> Replacement | None:
     """Pure: the process a request of this start asks for (None: not one of this start's, or
-    not as the ranks write it). Rank 0 is never started again (its process holds the
-    rendezvous store). The node: the request's, where it is one of the step's, else the
-    rank's under srun's block distribution."""
+    not as the ranks write it). The node: the request's, where it is one of the step's,
+    else the rank's under srun's block distribution."""
     rank, generation, pid = _count(request.get("rank")), _count(request.get("generation")), request.get("pid")
     if (str(request.get("job_id")) != str(job_id) or request.get("restart") != restart or type(restart) is not int
-            or rank is None or not 0 < rank < world_size or not generation or ranks_per_node < 1):
+            or rank is None or not rank < world_size or not generation or ranks_per_node < 1):
         return None
     index = rank // ranks_per_node
     asked = request.get("node")

@@ -44,24 +44,27 @@ with the rank's place (``GLAUNCH_PEER_JOIN``: the generation to join): its group
 the collectives before the loop on its own (launcher.runtime.peergroup), and its
 ``steps()`` first joins the recovery (:meth:`PeerRecovery.join`): it reports as a failed
 rank with no state (``replaced``), receives a live peer's state over the new generation
-and goes on at the plan's step. Rank 0 cannot be replaced: its process holds the store.
+and goes on at the plan's step. Rank 0 is replaced like any other: the store the ranks meet
+through lives in a process of its own (launcher.runtime.peerstore), not in rank 0's.
 
 A rank hung in its own work while its peers wait for it in a collective (nothing raises)
 ends its own process after half the hang bound (launcher.runtime.peerhold), and is then
 started again as a lost one.
 
-Lost work: the step in flight. Data must follow from the step number (as in the
-examples), since the step is the position the runtime keeps. A step that fails again on
-the same rank when redone, a lost rank 0, or a lost rank nobody starts again, is not
-recovered here: the ranks raise and the start ends as a crash (the in-allocation restart
-from a checkpoint). CPU/gloo only; with another backend the loop runs plainly.
+Lost work: the step in flight. Data must follow from the step number (as in the examples),
+since the step is the position the runtime keeps. A step that fails again on the same rank
+when redone, or a lost rank nobody starts again, is not recovered here: the ranks raise
+and the start ends as a crash (the in-allocation restart from a checkpoint). CPU/gloo
+only; with another backend the loop runs plainly.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import math
 import os
+import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -90,6 +93,10 @@ RETRIES_PER_STEP = 1
 REPORT_KEY = "glaunch-peer-report/{generation}/{rank}"
 
 
+# torchrun's workers meet through their agent's store (torch's env:// rendezvous reads it).
+AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
+
+
 def enabled() -> bool:
     """Whether the run asked for peer recovery (``recovery.peer: true``)."""
     return os.environ.get(envnames.RECOVERY_PEER) == "1"
@@ -106,6 +113,33 @@ def group_backend(backend: str) -> str:
     from launcher.runtime import peergroup
 
     return peergroup.register()
+
+
+def peer_store(ctx: RankContext, backend: str, timeout: datetime.timedelta | None) -> Any | None:
+    """The rendezvous store of the recoverable group (`backend`, from :func:`group_backend`):
+    one in a process of its own (launcher.runtime.peerstore), started by rank 0 unless it
+    takes a lost rank 0's place; None for any other group, and under torchrun, whose agent
+    holds the store its workers meet through and outlives them (the env:// rendezvous'
+    own)."""
+    if not enabled() or os.environ.get(AGENT_STORE) == str(True):
+        return None
+    import torch.distributed as dist
+
+    from launcher.runtime import peergroup, peerstore
+
+    if backend != peergroup.BACKEND_NAME:
+        return None
+
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if ctx.rank == 0 and ctx.peer_join is None:
+        peerstore.start(host, port, ctx.world_size)
+    return peerstore.connect(host, port, ctx.world_size, timeout or dist.default_pg_timeout)
+
+
+def peer_finished() -> None:
+    """This rank shuts down: the store of :func:`peer_store` ends once every rank has."""
+    if "launcher.runtime.peerstore" in sys.modules:
+        sys.modules["launcher.runtime.peerstore"].finished()
 
 
 def peer_recovery(model: Any, optimizer: Any, *, extra: Mapping[str, Any] | None = None,
@@ -413,12 +447,10 @@ def replacement_request(ctx: RankContext, generation: int, rank: int, seen_at: f
 def ask_replacement(ctx: RankContext, generation: int, present: list[int], missing: list[int],
                     seen_at: float) -> None:
     """The lowest rank that reported asks for each missing rank to be started again (the
-    module's docstring), rank 0 excepted; a request that cannot be written is logged."""
+    module's docstring); a request that cannot be written is logged."""
     if not present or ctx.rank != min(present) or ctx.job_id is None:
         return
     for rank in missing:
-        if rank == 0:
-            continue          # its process holds the store: the recovery cannot go on without it
         path = RunDir(ctx.run_dir).peer_replace_request(ctx.job_id, ctx.restart, generation, rank)
         request = replacement_request(ctx, generation, rank, seen_at)
         try:
@@ -454,7 +486,7 @@ def process_runs(pid: int) -> bool:
 def _all_there(store: Any, keys: list[str]) -> bool:
     try:
         return bool(store.check(keys))
-    except Exception as exc:   # the store's host (rank 0's process) is gone
+    except Exception as exc:   # the store's process (launcher.runtime.peerstore) is gone
         raise PeerRecoveryImpossible(f"the rendezvous store cannot be reached: {exc}") from exc
 
 

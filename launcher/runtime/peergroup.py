@@ -14,8 +14,8 @@ connections at once, a peer blocked in a collective with this rank raises at onc
 :meth:`PeerGroup.reconnect` forms the next generation's inner group over a fresh prefix
 of the same store.
 
-The store is the one the default group was created with (rank 0's TCPStore of the env://
-rendezvous): it lives as long as rank 0's process, which peer recovery keeps.
+The store is the one the default group was created with: the TCPStore of
+launcher.runtime.peerstore, in a process of its own, which outlives any rank's.
 
 A process started to replace a lost rank (``GLAUNCH_PEER_JOIN``: the generation it joins;
 launcher.jobcontrol.replace) forms no connection when it is created: its peers are in a

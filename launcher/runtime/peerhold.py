@@ -9,15 +9,15 @@ Each rank runs a thread (:class:`HoldWatch`, polling every POLL_S):
 - While a collective of its own has waited longer than MARK_AFTER_S, the rank says so in
   ``peer-wait/JOB_RESTART_RANK.json`` of the run directory (the group's generation and since
   when, on its clock's epoch), removed once nothing waits.
-- A rank other than 0 (whose process holds the rendezvous store) with no collective pending,
-  inside a step that has run for half the hang bound in force (the watchdog's ``bound_s`` in
-  this start's entry of run.json, read only once the step has run MARK_AFTER_S) and not
-  saving, that finds every other rank's mark of this generation as old, is the one they all
-  wait for: it says so in its log and ends its own process.
-  Its peers' collectives raise at once, and its process is started again as any lost
-  process is (launcher.runtime.peer), losing at most the step in flight. Half the bound:
-  the recovery has the other half before the watchdog would end the step, and a peer-replace
-  request of the start postpones the watchdog (launcher.jobcontrol.watchdog).
+- A rank with no collective pending (rank 0 too: the rendezvous store is in a process of
+  its own, launcher.runtime.peerstore), inside a step that has run for half the hang bound
+  in force (the watchdog's ``bound_s`` in this start's entry of run.json, read only once
+  the step has run MARK_AFTER_S) and not saving, that finds every other rank's mark of
+  this generation as old, is the one they all wait for: it says so in its log and ends its
+  own process. Its peers' collectives raise at once, and its process is started again as
+  any lost process is (launcher.runtime.peer), losing at most the step in flight. Half the
+  bound: the recovery has the other half before the watchdog would end the step, and a
+  peer-replace request of the start postpones the watchdog (launcher.jobcontrol.watchdog).
 
 The decision is pure (:func:`holds_peers`); the thread only reads files and the group's
 pending collectives. Nothing is added to the step: no collective, no file written while
@@ -59,9 +59,9 @@ class Mark:
 def holds_peers(rank: int, world_size: int, generation: int, marks: Mapping[int, Mark], *, now: float,
                 bound_s: float | None, pending: bool, in_step: bool, saving: bool) -> bool:
     """Pure: whether rank `rank` is the one its peers wait for (the module's docstring):
-    not rank 0, not waiting itself, inside a step and not saving, a bound in force, and
+    not waiting itself, inside a step and not saving, a bound in force, and
     every other rank marked waiting in this generation for at least half the bound."""
-    if rank == 0 or pending or not in_step or saving or not bound_s or bound_s <= 0 or world_size < 2:
+    if pending or not in_step or saving or not bound_s or bound_s <= 0 or world_size < 2:
         return False
     others = [r for r in range(world_size) if r != rank]
     return all((mark := marks.get(r)) is not None and mark.generation == generation

@@ -14,7 +14,7 @@ from typing import Any
 from launcher.rundir.rankcontext import RankContext
 from launcher.runtime.checkpoint.background import wait_checkpoints
 from launcher.runtime.device import placement
-from launcher.runtime.peer import group_backend
+from launcher.runtime.peer import group_backend, peer_finished, peer_store
 from launcher.runtime.distributed import export_rendezvous_env, log_joined
 
 
@@ -37,9 +37,15 @@ def init_distributed(ctx: RankContext | None = None, backend: str | None = None,
     if timeout_s is not None:
         kwargs["timeout"] = datetime.timedelta(seconds=timeout_s)
     where.activate()
-    # Under recovery.peer, gloo's group is one whose connections a recovery forms again.
-    dist.init_process_group(backend=group_backend(where.backend), init_method="env://", rank=ctx.rank,
-                            world_size=ctx.world_size, **kwargs)
+    # Under recovery.peer, gloo's group is one whose connections a recovery forms again, met
+    # through a store that outlives every rank's process.
+    backend = group_backend(where.backend)
+    store = peer_store(ctx, backend, kwargs.get("timeout"))
+    if store is not None:
+        kwargs["store"] = store
+    else:
+        kwargs["init_method"] = "env://"
+    dist.init_process_group(backend=backend, rank=ctx.rank, world_size=ctx.world_size, **kwargs)
     log_joined(ctx, where.backend, where.device, where.describe_precision())
     return ctx
 
@@ -58,4 +64,5 @@ def shutdown_distributed() -> None:
         wait_checkpoints()
         if dist.get_world_size() > 1:
             dist.barrier()
+        peer_finished()
         dist.destroy_process_group()

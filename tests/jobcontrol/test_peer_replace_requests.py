@@ -1,7 +1,7 @@
 """The job controller's part in peer recovery of a lost rank's process (recovery.peer): a
 request the ranks wrote into the run directory starts, once, a step of one task on the lost
-rank's node in that rank's place (launcher.jobcontrol.replace); a request of another start,
-for rank 0, or not as the ranks write it starts nothing; the step's status is 0 where only
+rank's node in that rank's place (launcher.jobcontrol.replace), rank 0's too; a request of
+another start, or not as the ranks write it starts nothing; the step's status is 0 where only
 the tasks started again failed and their new processes ended well; job.sbatch's step keeps
 the survivors running (--kill-on-bad-exit=0) only for such a run."""
 
@@ -36,13 +36,15 @@ def test_a_request_of_this_start_names_the_lost_rank_s_place_and_node():
     # A node its heartbeat did not give, or not one of the step's: the rank's under srun's blocks.
     assert wanted({**REQUEST, "node": None, "rank": 2}).node == "n2"
     assert wanted({**REQUEST, "node": "n9", "rank": 1, "pid": "x"}) == Replacement(1, 1, "n1", 0, 1, None)
+    # Rank 0 too: the rendezvous store is not in its process (launcher.runtime.peerstore).
+    assert wanted({**REQUEST, "node": "n1", "rank": 0}) == Replacement(0, 1, "n1", 0, 0, 777)
 
 
 @pytest.mark.parametrize("change", [
-    {"job_id": "4243"}, {"restart": 1}, {"restart": "0"}, {"rank": 0}, {"rank": 4}, {"rank": -1}, {"rank": "3"},
+    {"job_id": "4243"}, {"restart": 1}, {"restart": "0"}, {"rank": 4}, {"rank": -1}, {"rank": "3"},
     {"rank": True}, {"generation": 0}, {"generation": None},
 ])
-def test_a_request_of_another_start_for_rank_0_or_not_the_ranks_starts_nothing(change):
+def test_a_request_of_another_start_or_not_the_ranks_starts_nothing(change):
     assert wanted({**REQUEST, **change}) is None
 
 
@@ -166,7 +168,7 @@ def test_only_a_run_with_recovery_peer_and_one_task_per_rank_keeps_its_ranks_run
 def test_a_lost_task_no_rank_asks_for_ends_the_step_once_the_bound_has_passed():
     seen: dict[int, float] = {}
     # Rank 3 lost inside the step loop: its peers ask for it; rank 1 lost where no peer is
-    # in a recovery (before the loop), and rank 0, whose process held the store: nobody asks.
+    # in a recovery (before the loop): nobody asks.
     assert replace.unasked_losses({1, 3}, {3}, seen, now=100.0) == set()
     assert replace.unasked_losses({1, 3}, {3}, seen, now=100.0 + replace.UNASKED_LOSS_S - 1) == set()
     assert replace.unasked_losses({1, 3}, {3}, seen, now=100.0 + replace.UNASKED_LOSS_S) == {1}

@@ -6,7 +6,7 @@ flight is done again, no checkpoint is read (one was there), every rank's log sa
 which peer, the ledger records it once and `glaunch status` counts it; the final
 parameters are bitwise those of the same run uninterrupted (its 4 ranks started directly
 on this machine: one Slurm job only). The same for a rank whose process is lost, and for
-one hung in its data, which ends itself. The failing example is test_peer_recovery's."""
+rank 0 hung in its data, which ends itself. The failing example is test_peer_recovery's."""
 
 from __future__ import annotations
 
@@ -137,22 +137,27 @@ def test_a_rank_that_raises_on_the_second_node_is_restored_from_a_peer_in_the_sa
 
 LOST_EXPERIMENT = EXPERIMENT.replace("FAIL_WHERE: backward", "FAIL_WHERE: exit").replace("name: peer-slurm",
                                                                                           "name: peer-lost")
-# Rank 3 hangs in its data instead (nothing raises); the watchdog's floor lowered to 20 s, so
-# its peers wait 10 s before it ends itself.
+# Rank 0 hangs in its data instead (nothing raises); the watchdog's floor lowered to 20 s, so
+# its peers wait 10 s before it ends itself. Rank 0's process started the rendezvous store,
+# which lives on in a process of its own (launcher.runtime.peerstore).
+HUNG_RANK = 0
 HUNG_EXPERIMENT = (LOST_EXPERIMENT.replace("FAIL_WHERE: exit", "FAIL_WHERE: hang").replace("name: peer-lost",
                                                                                             "name: peer-hung")
+                   .replace(f'FAIL_RANK: "{FAIL_RANK}"', f'FAIL_RANK: "{HUNG_RANK}"')
                    + "watchdog: {auto_floor_s: 20}\n")
 
 
-def test_a_hung_rank_ends_itself_is_started_again_and_gets_a_peers_state_in_the_same_job(tmp_path,
-                                                                                         slurm_defaults_env):
-    """Rank 3 hangs in its data at step FAIL_STEP on the second node while its peers wait for
+def test_a_hung_rank_0_ends_itself_is_started_again_and_gets_a_peers_state_in_the_same_job(tmp_path,
+                                                                                           slurm_defaults_env):
+    """Rank 0 hangs in its data at step FAIL_STEP on the first node while its peers wait for
     it in the gradient all-reduce: after half the hang bound it ends its own process, its
-    peers go on waiting (srun --kill-on-bad-exit=0 for recovery.peer), rank 0 asks for it,
-    the job controller starts it again on its node in a step of its own (srun --overlap),
-    the new process joins, gets rank 0's state and the run ends in the same job and start,
-    the watchdog never ending the step, with the parameters of the uninterrupted run."""
-    assert "FAIL_WHERE: hang" in HUNG_EXPERIMENT and "auto_floor_s: 20" in HUNG_EXPERIMENT
+    peers go on waiting (srun --kill-on-bad-exit=0 for recovery.peer) through the store that
+    outlives it, rank 1 asks for it, the job controller starts it again on its node in a
+    step of its own (srun --overlap), the new process joins, gets rank 1's state and the run
+    ends in the same job and start, the watchdog never ending the step, with the parameters
+    of the uninterrupted run."""
+    assert f'FAIL_RANK: "{HUNG_RANK}"' in HUNG_EXPERIMENT and "FAIL_WHERE: hang" in HUNG_EXPERIMENT
+    assert "auto_floor_s: 20" in HUNG_EXPERIMENT
     run = submitted_peer_run(tmp_path, HUNG_EXPERIMENT, slurm_defaults_env)
     run_dir, start, logs, batch = run.run_dir, run.start, run.logs, run.batch
     assert start["exit_code"] == 0 and "hang" not in start, start
@@ -160,13 +165,13 @@ def test_a_hung_rank_ends_itself_is_started_again_and_gets_a_peers_state_in_the_
                      r"([0-9.]+) s\)", logs)
     assert held and float(held.group(1)) >= float(held.group(2)) / 2, logs[-4000:]
     # srun's status was the ended task's; its new process ended well, and so the step.
-    assert f"task {FAIL_RANK}: Exited with exit code 75" in batch and "the step's is 0" in batch, batch[-3000:]
-    assert "rank 3's process is lost: starting it again on" in batch, batch[-3000:]
+    assert f"task {HUNG_RANK}: Exited with exit code 75" in batch and "the step's is 0" in batch, batch[-3000:]
+    assert f"rank {HUNG_RANK}'s process is lost: starting it again on" in batch, batch[-3000:]
 
-    # The new process of rank 3 writes on in rank 3's log: it received rank 0's state.
-    (rank3,) = (p for p in (run_dir / "logs").glob(f"{start['job_id']}_{FAIL_RANK}_log.err"))
-    own = recovery_lines(rank3.read_text(errors="replace"))
-    assert len(own) == 1 and (f"state of step {FAIL_STEP - 1} from rank 0 to rank(s) {FAIL_RANK}; the ranks go on "
+    # The new process of rank 0 writes on in rank 0's log: it received rank 1's state.
+    (own_log,) = (p for p in (run_dir / "logs").glob(f"{start['job_id']}_{HUNG_RANK}_log.err"))
+    own = recovery_lines(own_log.read_text(errors="replace"))
+    assert len(own) == 1 and (f"state of step {FAIL_STEP - 1} from rank 1 to rank(s) {HUNG_RANK}; the ranks go on "
                               f"at step {FAIL_STEP}") in own[0] and "(received it)" in own[0], own
     assert "lost their process and were started again" in own[0] and "no checkpoint read" in own[0]
     lines = recovery_lines(logs)
@@ -175,13 +180,13 @@ def test_a_hung_rank_ends_itself_is_started_again_and_gets_a_peers_state_in_the_
 
     (entry,) = (json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines())
     assert (entry["rank"], entry["source"], entry["failed"], entry["replaced"], entry["lost_steps"]) == \
-        (0, 0, [FAIL_RANK], [FAIL_RANK], 1), entry
-    hung_at = read_json(run_dir / f"peer-times-{FAIL_RANK}.json")["failed_at"]
-    again = read_json(run_dir / f"peer-times-{FAIL_RANK}-started-again.json")
+        (1, 1, [HUNG_RANK], [HUNG_RANK], 1), entry
+    hung_at = read_json(run_dir / f"peer-times-{HUNG_RANK}.json")["failed_at"]
+    again = read_json(run_dir / f"peer-times-{HUNG_RANK}-started-again.json")
     to_next = again["step_ends"][0] - hung_at
-    print(f"rank {FAIL_RANK} hung at step {FAIL_STEP} (bound {held.group(2)} s): ended itself after its peers "
+    print(f"rank {HUNG_RANK} hung at step {FAIL_STEP} (bound {held.group(2)} s): ended itself after its peers "
           f"waited {held.group(1)} s; its new process ended step {FAIL_STEP} {to_next:.2f} s after the hang began; "
-          f"rank 0: its loss -> the end of step {entry['next_step']} {entry['to_next_step_s']:.2f} s")
+          f"rank 1: its loss -> the end of step {entry['next_step']} {entry['to_next_step_s']:.2f} s")
 
 
 SPARE_EXPERIMENT = (LOST_EXPERIMENT.replace("name: peer-lost", "name: peer-spare")

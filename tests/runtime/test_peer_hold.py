@@ -27,7 +27,7 @@ def marks(*ranks: int, age: float = 40.0, generation: int = 0) -> dict[int, Mark
     (3, 4, marks(0, 1, 2, age=29.0), 60.0, False, True, False, False),  # not yet half the bound
     (3, 4, marks(0, 1), 60.0, False, True, False, False),               # rank 2 does not wait: not this one alone
     (3, 4, marks(0, 1, 2, generation=1), 60.0, False, True, False, False),   # marks of another generation
-    (0, 2, marks(1), 60.0, False, True, False, False),                  # rank 0's process holds the store
+    (0, 2, marks(1), 60.0, False, True, False, True),                   # rank 0 too: the store is not in it
     (1, 2, marks(0), 60.0, True, True, False, False),                   # it waits in a collective itself
     (1, 2, marks(0), 60.0, False, False, False, False),                 # outside a step (a recovery, an eval)
     (1, 2, marks(0), 60.0, False, True, True, False),                   # saving: the save's own bound holds

@@ -10,9 +10,11 @@ First the ranks started directly, then a run submitted to the local site end to 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -139,16 +141,34 @@ def run_ranks(tmp_path: Path, name: str, *, peer: bool, fail_rank: int | None = 
             outputs.append(text)
             codes.append(proc.returncode)
     finally:
-        stop_all(procs)
+        stop_all(procs, port)
     return run_dir, codes, "\n".join(outputs)
 
 
-def stop_all(procs: list[subprocess.Popen[str]]) -> None:
-    """Kill the ranks that still run (a test that failed midway leaves them blocked in a collective)."""
+def stop_all(procs: list[subprocess.Popen[str]], port: int | None = None) -> None:
+    """Kill the ranks that still run (a test that failed midway leaves them blocked in a collective),
+    and with `port` the rendezvous store's process serving it: its ranks, started by this test, are
+    the children of no step whose end would end it."""
     for proc in procs:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
+    for pid in store_processes(port) if port is not None else []:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def store_processes(port: int) -> list[int]:
+    """The pids of the rendezvous store's processes serving `port` (launcher.runtime.peerstore)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            words = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"launcher.runtime.peerstore" in words and str(port).encode() in words:
+            found.append(int(proc.name))
+    return found
 
 
 def param_sha256(run_dir: Path) -> str:
@@ -171,7 +191,7 @@ def uninterrupted(tmp_path_factory) -> str:
     ("data", 1, 7, 6),          # before its forward pass: the step in flight is redone
     ("backward", 1, 5, 4),      # its peer waits for it in the gradient all-reduce
     ("after", 1, 7, 7),         # after its update: its peer's state of that step, nothing redone
-    ("data", 0, 5, 4),          # rank 0, the host of the rendezvous store
+    ("data", 0, 5, 4),          # rank 0, which started the rendezvous store
 ])
 def test_a_rank_that_raises_in_a_step_gets_its_peers_state_and_the_run_ends_bitwise(
         tmp_path, uninterrupted, where, fail_rank, fail_step, resume_after):

@@ -17,25 +17,34 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import RANK_VARS
+from test_peer_recovery import (  # noqa: F401
+    REPO,
+    SCRIPT,
+    STEPS,
+    param_sha256,
+    recovery_lines,
+    stop_all,
+    store_processes,
+    uninterrupted,
+)
+
 from launcher.rundir.layout import RunDir, heartbeat_bytes
 from launcher.rundir.rankcontext import context, free_port
 from launcher.runtime import peer
 from launcher.runtime.peerplan import PeerRecoveryImpossible, Report, plan_recovery
-from test_peer_recovery import REPO, SCRIPT, STEPS, param_sha256, recovery_lines, stop_all, uninterrupted  # noqa: F401
 
 JOB = "4242"
 FAIL_STEP = 7
 
 
-def rank_env(run_dir: Path, port: int, rank: int, **more: str) -> dict[str, str]:
+def rank_env(run_dir: Path, port: int, rank: int, lost: int, **more: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
            if k not in RANK_VARS and not k.startswith(("GLAUNCH_", "SLURM"))}
     env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2",
                LOCAL_WORLD_SIZE="2", GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                GLAUNCH_RUN_DIR=str(run_dir), GLAUNCH_CHECKPOINT_DIR=str(run_dir / "checkpoints"),
-               GLAUNCH_RECOVERY_PEER="1", GLAUNCH_JOB_ID=JOB, FAIL_RANK="1", FAIL_STEP=str(FAIL_STEP),
+               GLAUNCH_RECOVERY_PEER="1", GLAUNCH_JOB_ID=JOB, FAIL_RANK=str(lost), FAIL_STEP=str(FAIL_STEP),
                FAIL_WHERE="exit")
     env.update(more)
     return env
@@ -46,51 +55,65 @@ def start(script: Path, run_dir: Path, env: dict[str, str]) -> subprocess.Popen[
                             cwd=run_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def wait_for_request(run_dir: Path, procs: list[subprocess.Popen[str]], bound_s: float = 60.0) -> dict:
+def wait_for_request(run_dir: Path, survivor: subprocess.Popen[str], bound_s: float = 60.0) -> dict:
     deadline = time.monotonic() + bound_s
     folder = RunDir(run_dir).peer_replace_dir
     while time.monotonic() < deadline:
         found = sorted(folder.glob("*.json")) if folder.is_dir() else []
         if found:
             return json.loads(found[0].read_text())
-        if procs[0].poll() is not None:
+        if survivor.poll() is not None:
             break
         time.sleep(0.05)
-    raise AssertionError("no request to start rank 1 again:\n" + procs[0].communicate(timeout=30)[0][-4000:])
+    raise AssertionError("no request to start the lost rank again:\n" + survivor.communicate(timeout=30)[0][-4000:])
 
 
-def test_a_lost_rank_is_started_again_and_gets_its_peers_state(tmp_path, uninterrupted):  # noqa: F811
+@pytest.mark.parametrize("lost", [1, 0])
+def test_a_lost_rank_is_started_again_and_gets_its_peers_state(tmp_path, uninterrupted, lost):  # noqa: F811
+    """Rank 1, or rank 0 (the store of the rendezvous lives in a process of its own, which
+    outlives it): started again, it joins and receives its peer's state; the store's
+    process ends with the run."""
+    survivor = 1 - lost
     script = tmp_path / "failing_ddp.py"
     script.write_text(SCRIPT)
     run_dir = tmp_path / "lost"
     run_dir.mkdir()
     port = free_port()
-    procs = [start(script, run_dir, rank_env(run_dir, port, rank)) for rank in range(2)]
+    procs = [start(script, run_dir, rank_env(run_dir, port, rank, lost)) for rank in range(2)]
     try:
-        lost_code = procs[1].wait(timeout=120)
-        request = wait_for_request(run_dir, procs)
+        lost_code = procs[lost].wait(timeout=120)
+        assert len(store_processes(port)) == 1
+        request = wait_for_request(run_dir, procs[survivor])
         # The controller's part: the rank's place, the generation to join, the pid it had.
-        assert (request["job_id"], request["restart"], request["rank"], request["asked_by"]) == (JOB, 0, 1, 0)
-        assert request["generation"] == 1 and request["pid"] == procs[1].pid, request
-        procs.append(start(script, run_dir, rank_env(run_dir, port, 1, GLAUNCH_PEER_JOIN=str(request["generation"]),
-                                                     GLAUNCH_PEER_LOST_PID=str(request["pid"]), FAIL_RANK="none")))
+        assert (request["job_id"], request["restart"], request["rank"], request["asked_by"]) == (JOB, 0, lost, survivor)
+        assert request["generation"] == 1 and request["pid"] == procs[lost].pid, request
+        procs.append(start(script, run_dir, rank_env(run_dir, port, lost, lost, FAIL_RANK="none",
+                                                     GLAUNCH_PEER_JOIN=str(request["generation"]),
+                                                     GLAUNCH_PEER_LOST_PID=str(request["pid"]))))
         outputs = [proc.communicate(timeout=120)[0] for proc in procs]
     finally:
         stop_all(procs)
     text = "\n".join(outputs)
-    assert lost_code == 3 and [procs[0].returncode, procs[2].returncode] == [0, 0], text[-6000:]
+    assert lost_code == 3 and [procs[survivor].returncode, procs[2].returncode] == [0, 0], text[-6000:]
     assert param_sha256(run_dir) == uninterrupted
     lines = recovery_lines(text)
     assert len(lines) == 2, text[-4000:]            # the survivor's and the new process's
     for line in lines:
-        assert (f"failed rank(s) 1; state of step {FAIL_STEP - 1} from rank 0 to rank(s) 1; the ranks go on at "
-                f"step {FAIL_STEP} (generation 1); rank(s) 1 lost their process and were started again") in line
+        assert (f"failed rank(s) {lost}; state of step {FAIL_STEP - 1} from rank {survivor} to rank(s) {lost}; the "
+                f"ranks go on at step {FAIL_STEP} (generation 1); rank(s) {lost} lost their process and were "
+                "started again") in line
     assert any("(received it)" in line for line in recovery_lines(outputs[2]))
     assert "resumed from" not in text and not (run_dir / "checkpoints").exists()
     (entry,) = (json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines())
-    assert (entry["rank"], entry["failed"], entry["replaced"], entry["lost_steps"]) == (0, [1], [1], 1), entry
-    print(f"lost process of rank 1 at step {FAIL_STEP}: rank 0's failure -> the end of step {entry['next_step']} "
-          f"{entry['to_next_step_s']:.3f} s (the new process, started by this test, included)")
+    assert (entry["failed"], entry["replaced"], entry["lost_steps"]) == ([lost], [lost], 1), entry
+    deadline = time.monotonic() + 10
+    while store_processes(port) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    left = store_processes(port)
+    stop_all([], port)
+    assert left == [], "the store's process outlived the run's ranks"
+    print(f"lost process of rank {lost} at step {FAIL_STEP}: rank {survivor}'s failure -> the end of step "
+          f"{entry['next_step']} {entry['to_next_step_s']:.3f} s (the new process, started by this test, included)")
 
 
 # --- pure -------------------------------------------------------------------------------------
@@ -147,13 +170,16 @@ def test_the_lowest_reporting_rank_writes_the_request_with_the_lost_rank_s_node_
                         "WORLD_SIZE": "4"}.items():
         monkeypatch.setenv(name, value)
     peer.ask_replacement(context(), 1, [1, 3], [0, 2], time.time())
-    (path,) = RunDir(tmp_path).peer_replace_dir.iterdir()      # rank 0 holds the store: never asked for
-    assert path == RunDir(tmp_path).peer_replace_request(JOB, 0, 1, 2)
-    request = json.loads(path.read_text())
+    folder = RunDir(tmp_path).peer_replace_dir
+    assert sorted(folder.iterdir()) == sorted(RunDir(tmp_path).peer_replace_request(JOB, 0, 1, r) for r in (0, 2))
+    request = json.loads(RunDir(tmp_path).peer_replace_request(JOB, 0, 1, 2).read_text())
     assert (request["rank"], request["generation"], request["node"], request["pid"], request["asked_by"]) == \
         (2, 1, "n2", 4321, 1)
+    lost_0 = json.loads(RunDir(tmp_path).peer_replace_request(JOB, 0, 1, 0).read_text())
+    assert (lost_0["rank"], lost_0["node"], lost_0["pid"]) == (0, None, None)      # it wrote no heartbeat
     monkeypatch.setenv("RANK", "3")             # not the lowest that reported: it leaves it to rank 1
-    path.unlink()
+    for path in folder.iterdir():
+        path.unlink()
     peer.ask_replacement(context(), 1, [1, 3], [0, 2], time.time())
     assert not list(RunDir(tmp_path).peer_replace_dir.iterdir())
 

@@ -1,0 +1,140 @@
+"""The rendezvous store of a run with peer recovery (``recovery.peer: true``), in a process of
+its own, so that a recovery outlives the loss of any rank's process, rank 0's included.
+
+Without peer recovery, the TCPStore of the env:// rendezvous lives in rank 0's process, and
+dies with it. Under peer recovery the store is what the ranks meet through after a failure
+(their reports, each generation of the group: launcher.runtime.peer, peergroup), so rank 0
+starts it as a process of its own on its node (:func:`start`), on the rendezvous' address
+and port, and every rank, rank 0 too, connects to it as a client (:func:`connect`). A rank 0
+started again in place of a lost one (``GLAUNCH_PEER_JOIN``) finds it there and starts none.
+
+The store's process (:func:`main`) ends when every rank has said it finished
+(:func:`finished`, from launcher.runtime.shutdown_distributed), or when the process that
+started rank 0 is gone (srun's step daemon, the local job step: the step it served has
+ended, whatever became of its ranks). It ignores the signals a job's warning, its stack
+dumps and a terminal's keys send, which are meant for the ranks; SIGTERM ends it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from launcher.runtime.peer import process_runs
+
+# Every rank adds 1 to this key as it shuts down cleanly; the store ends at the world size.
+FINISHED_KEY = "glaunch-store/finished"
+POLL_S = 0.5
+# How long rank 0 waits for the store's process to listen: it imports torch first.
+READY_WAIT_S = 120.0
+READY = "listening"
+# Meant for the ranks (the job's warning, the watchdog's stack dump, a terminal's keys).
+IGNORED_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT", "SIGPIPE")
+
+_client: Any = None
+
+
+def start(host: str, port: int, world_size: int) -> subprocess.Popen[bytes]:
+    """The store's process started, listening on `port`, once it says so. It watches this
+    process's parent (the step that started rank 0). RuntimeError naming the port when
+    it cannot listen (in use), or does not say so within READY_WAIT_S.
+
+    It holds none of rank 0's output: a step's end waits for every holder of its tasks'
+    output to close it, and the store ends only after the step (it says why it cannot
+    listen on its first line, read here)."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
+                                                      if p))
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.runtime.peerstore", host, str(port), str(world_size),
+                             str(os.getppid())], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env)
+    said = _first_line(proc, READY_WAIT_S)
+    if said != READY:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+        raise RuntimeError(f"recovery.peer: the rendezvous store could not listen on port {port} "
+                                 f"({said or 'it said nothing within ' + format(READY_WAIT_S, 'g') + ' s'})")
+    if proc.stdout is not None:
+        proc.stdout.close()
+    return proc
+
+
+def _first_line(proc: subprocess.Popen[bytes], bound_s: float) -> str:
+    """The first line `proc` writes within `bound_s`, stripped ('' when none)."""
+    if proc.stdout is None:
+        return ""
+    out = proc.stdout
+    data = b""
+    with selectors.DefaultSelector() as sel:
+        sel.register(out, selectors.EVENT_READ)
+        deadline = time.monotonic() + bound_s
+        while b"\n" not in data and (left := deadline - time.monotonic()) > 0:
+            if not sel.select(left):
+                break
+            chunk = os.read(out.fileno(), 4096)
+            if not chunk:
+                break
+            data += chunk
+    return data.split(b"\n", 1)[0].decode("utf-8", errors="replace").strip()[:500]
+
+
+def connect(host: str, port: int, world_size: int, timeout: datetime.timedelta) -> Any:
+    """A client of the store (kept for :func:`finished`)."""
+    import torch.distributed as dist
+
+    global _client
+    _client = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout, wait_for_workers=False)
+    return _client
+
+
+def finished() -> None:
+    """This rank has finished: the store ends once every rank has said so. Never raises (the
+    store may be gone already)."""
+    if _client is None:
+        return
+    try:
+        _client.add(FINISHED_KEY, 1)
+    except Exception:
+        pass
+
+
+def serve(host: str, port: int, world_size: int, watched: int) -> int:
+    """The store: listening on `port` until every rank has finished or `watched` is gone."""
+    for name in IGNORED_SIGNALS:
+        signal.signal(getattr(signal, name), signal.SIG_IGN)
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(host, port, world_size, is_master=True, wait_for_workers=False,
+                              timeout=datetime.timedelta(seconds=60))
+    except Exception as exc:
+        print(f"{type(exc).__name__}: {' '.join(str(exc).split())}", flush=True)
+        return 1
+    print(READY, flush=True)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)         # rank 0 reads one line; nothing more goes to its pipe
+    while process_runs(watched):
+        try:
+            if store.add(FINISHED_KEY, 0) >= world_size:
+                break
+        except Exception:
+            break
+        time.sleep(POLL_S)
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    host, port, world_size, watched = argv
+    return serve(host, int(port), int(world_size), int(watched))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

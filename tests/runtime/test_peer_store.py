@@ -1,0 +1,114 @@
+"""The rendezvous store of a run with peer recovery in a process of its own
+(launcher.runtime.peerstore): it says why it cannot listen, naming the port; the signals meant
+for the ranks leave it running; it ends when every rank has finished, or when the step that
+started rank 0 has ended. Under torchrun the agent's store serves instead (none is started),
+and a rank's failure is recovered there too."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from conftest import RANK_VARS
+from launcher.rundir.rankcontext import context, free_port
+from launcher.runtime import peer, peerstore
+from test_peer_recovery import REPO, SCRIPT, STEPS, recovery_lines, stop_all, store_processes
+
+
+def serving(port: int, watched: int) -> subprocess.Popen[str]:
+    """The store's process as rank 0 starts it, watching `watched`; once it listens."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.Popen([sys.executable, "-m", "launcher.runtime.peerstore", "127.0.0.1", str(port), "2",
+                             str(watched)], env=env, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == peerstore.READY
+    return proc
+
+
+def ended_within(proc: subprocess.Popen[str], bound_s: float) -> bool:
+    try:
+        proc.wait(timeout=bound_s)
+        return True
+    except subprocess.TimeoutExpired:
+        return False
+
+
+def test_a_port_in_use_is_named():
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(RuntimeError, match=f"the rendezvous store could not listen on port {port} \\(.+\\)"):
+            peerstore.start("127.0.0.1", port, 2)
+    assert store_processes(port) == []
+
+
+def test_the_ranks_signals_leave_it_running_and_the_end_of_its_step_ends_it():
+    port = free_port()
+    step = subprocess.Popen(["sleep", "60"])
+    proc = serving(port, step.pid)
+    try:
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGINT, signal.SIGHUP):
+            proc.send_signal(sig)
+        assert not ended_within(proc, 1.5)
+        step.kill()
+        step.wait()
+        assert ended_within(proc, 5) and proc.returncode == 0
+    finally:
+        step.kill()
+        proc.kill()
+
+
+def test_it_ends_once_every_rank_has_finished():
+    port = free_port()
+    step = subprocess.Popen(["sleep", "60"])
+    proc = serving(port, step.pid)
+    try:
+        peerstore.connect("127.0.0.1", port, 2, timedelta(seconds=10))
+        peerstore.finished()
+        assert not ended_within(proc, 1.5)      # one of two
+        peerstore.finished()
+        assert ended_within(proc, 5) and proc.returncode == 0
+    finally:
+        peerstore._client = None
+        step.kill()
+        proc.kill()
+
+
+def test_none_is_started_off_recovery_peer_for_another_backend_or_under_torchrun(monkeypatch):
+    monkeypatch.setenv("GLAUNCH_RECOVERY_PEER", "0")
+    assert peer.peer_store(context(), "glaunch_peer", None) is None
+    monkeypatch.setenv("GLAUNCH_RECOVERY_PEER", "1")
+    assert peer.peer_store(context(), "nccl", None) is None
+    monkeypatch.setenv(peer.AGENT_STORE, "True")
+    assert peer.peer_store(context(), "glaunch_peer", None) is None
+
+
+def test_under_torchrun_a_failed_rank_is_recovered_through_the_agent_s_store(tmp_path):
+    """torchrun's agent holds the rendezvous port: the workers' recovery meets through its store."""
+    (tmp_path / "failing_ddp.py").write_text(SCRIPT)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if k not in RANK_VARS and not k.startswith(("GLAUNCH_", "SLURM"))}
+    env.update(PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", GLAUNCH_RUN_DIR=str(run_dir),
+               GLAUNCH_CHECKPOINT_DIR=str(run_dir / "checkpoints"), GLAUNCH_RECOVERY_PEER="1", FAIL_RANK="1",
+               FAIL_STEP="7", FAIL_WHERE="data")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    proc = subprocess.Popen([str(torchrun), "--nproc-per-node", "2", "--master-port", str(port),
+                             str(tmp_path / "failing_ddp.py"), "--steps", str(STEPS), "--log-every", "5"],
+                            env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        out = proc.communicate(timeout=180)[0]
+    finally:
+        stop_all([proc], port)
+    assert proc.returncode == 0, out[-4000:]
+    lines = recovery_lines(out)
+    assert len(lines) == 2 and all("state of step 6 from rank 0 to rank(s) 1" in line for line in lines), out[-4000:]
+    assert f"done: step {STEPS}" in out
