@@ -429,6 +429,11 @@ if [ -e {state}/after ] && read -r after < {state}/after && [ "$n" = "$after" ];
     {ssh} "$@" >/dev/null 2>&1
     echo 'Connection reset by 127.0.0.1 port 2222' >&2; exit 255
 fi
+# The glaunch process itself killed (its laptop's power gone) once the command ran there.
+if [ -e {state}/killed ] && read -r killed < {state}/killed && [ "$n" = "$killed" ]; then
+    {ssh} "$@" >/dev/null 2>&1
+    kill -KILL "$PPID"; exit 255
+fi
 exec {ssh} "$@"
 """
 
@@ -447,7 +452,7 @@ def dropping_laptop(laptop, tmp_path):
 
 
 def drop(state: Path, how: str | None = None, at: int = 0) -> None:
-    for name in ("count", "after", "from"):
+    for name in ("count", "after", "from", "killed"):
         (state / name).unlink(missing_ok=True)
     if how is not None:
         (state / how).write_text(f"{at}\n")
@@ -513,6 +518,37 @@ def test_a_submit_whose_link_drops_at_any_round_trip_leaves_nothing_it_does_not_
         assert cancelled.returncode == 0 and "removed what its interrupted submission left" in cancelled.stdout, \
             cancelled.stdout + cancelled.stderr
         assert list(runs.iterdir()) == [] and not list(records.glob("*")), at
+        assert held_jobs() == [], at
+    # The glaunch process killed once a round trip's command ran there: the record here,
+    # journaled as the submission went, names what it left (status), and cancel removes it,
+    # a held job whose answer never came found by its marker. Killed once the release was
+    # made, the submission was whole: status finds its job released and follows it.
+    for at in range(2, SUBMIT_ROUND_TRIPS + 1):
+        drop(state, "killed", at)
+        done = glaunch(laptop, *submit)
+        drop(state)
+        assert done.returncode == -9, (at, done.returncode, done.stderr)
+        (run_id,) = [p.name for p in records.iterdir() if not p.name.startswith(".")]
+        status = json.loads(glaunch(laptop, "status", run_id, "--json").stdout)
+        if at == SUBMIT_ROUND_TRIPS:
+            assert status["state"] == "PENDING" and status["job_id"], status
+            assert not (records / run_id / "left.json").exists()
+        else:
+            assert status["state"] == "FAILED" and "submitting it stopped before the job was released" in \
+                status["detail"] and f"glaunch cancel {run_id} removes" in status["detail"], (at, status)
+            assert str(runs / run_id) in status["detail"], status
+            assert ("a held job it may have queued" in status["detail"]) == (at == 4), (at, status)
+            assert len(held_jobs()) == (at == 4), (at, held_jobs())
+        cancelled = glaunch(laptop, "cancel", run_id)
+        assert cancelled.returncode == 0, cancelled.stdout + cancelled.stderr
+        if at < SUBMIT_ROUND_TRIPS:
+            assert "removed what its interrupted submission left" in cancelled.stdout, cancelled.stdout
+            assert list(runs.iterdir()) == [] and [p.name for p in records.iterdir()
+                                                   if not p.name.startswith(remote.STAGING_PREFIX)] == [], at
+        subprocess.run(["rm", "-rf", "--", *map(str, runs.iterdir()), *map(str, records.iterdir())], timeout=30)
+        wait_gone = time.monotonic() + 30
+        while held_jobs() and time.monotonic() < wait_gone:
+            time.sleep(1)
         assert held_jobs() == [], at
     # A sweep goes through the same undo: the link gone at its last round trip (the
     # release), its held array and its directory are named, kept under the sweep's id, and

@@ -9,17 +9,22 @@ directory removed. What it could not undo (the link dropped) comes back as an `O
 of what is left: the exit-3 message names it (`said`), the record here keeps it
 (left.json, `write_left`/`read_left`, checked against the run's own directory on the
 cluster before use), and `glaunch cancel` runs the same undo once the cluster answers.
+A run's submission journals its OnCluster there as it goes (`journal`, under the lock of
+`submitting`), so that what a process stopped midway left is named too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
+import os
 import posixpath
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, NoReturn
+from typing import Any, Callable, Iterator, Mapping, NoReturn
 
 from launcher.errors import SchedulerError
 from launcher.rundir import registry
@@ -31,8 +36,10 @@ from launcher.schedulers.slurm.submit import cancel_held, submission_marker
 from launcher.schedulers.ssh import on_login
 from launcher.schedulers.ssh.connection import Connection
 
-# The record here of a submission that left something on the cluster.
+# The record here of a submission that left something on the cluster, or of one under way.
 LEFT_FILE = "left.json"
+# Locked by the process submitting the run of a record here, while it does.
+SUBMITTING_LOCK = ".submitting.lock"
 
 
 @dataclass(frozen=True)
@@ -63,19 +70,37 @@ class SetAside:
 
 @dataclass
 class OnCluster:
-    """What a submission has done on the cluster (or, from `undo`, what is left of it)."""
+    """What a submission has done on the cluster (or, from `undo`, what is left of it).
+    `journal`, when given, is told of each change before the cluster is asked to make it
+    (the record here keeps it: launcher.runner.remote)."""
 
     placed: str | None = None
     set_aside: SetAside | None = None
     held: list[Held] = field(default_factory=list)
+    journal: Callable[[OnCluster], None] | None = field(default=None, repr=False, compare=False)
+
+    def place(self, folder: str) -> None:
+        """`folder` is about to be sent to the cluster."""
+        self.placed = folder
+        self._journal()
 
     def asked(self, script: str, marker: str, *, array: bool = False) -> int:
         """sbatch is about to be asked for a held job: its place in `held`."""
         self.held.append(Held(script, marker, array=array))
+        self._journal()
         return len(self.held) - 1
 
     def answered(self, index: int, job_id: str) -> None:
         self.held[index] = dataclasses.replace(self.held[index], job_id=job_id)
+        self._journal()
+
+    def _journal(self) -> None:
+        if self.journal is not None:
+            self.journal(self)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"placed": self.placed, "set_aside": dataclasses.asdict(self.set_aside) if self.set_aside else None,
+                "held": [dataclasses.asdict(h) for h in self.held]}
 
     def is_empty(self) -> bool:
         return self.placed is None and self.set_aside is None and not self.held
@@ -97,7 +122,7 @@ class OnCluster:
         return f"left on {host}: {' and '.join(parts)} (glaunch cancel {name} {undoes} once {host} answers)"
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(self.as_dict())
 
 
 def undo(conn: Connection, client: Client, done: OnCluster) -> OnCluster | None:
@@ -121,12 +146,14 @@ def undo(conn: Connection, client: Client, done: OnCluster) -> OnCluster | None:
 
 
 def undo_after(exc: BaseException, conn: Connection, client: Client, done: OnCluster, name: str,
-               keep: Callable[[OnCluster, str], None]) -> NoReturn:
+               keep: Callable[[OnCluster, str], None], clean: Callable[[], None] = lambda: None) -> NoReturn:
     """After `exc` ended the submission of `name`: `done` undone, and `exc` raised again.
     What the cluster could not be asked to undo is kept by `keep(left, said)` (the record
-    here) and named in the error (a SchedulerError's message gets `said` appended)."""
+    here) and named in the error (a SchedulerError's message gets `said` appended); when
+    nothing is left, `clean()` (the record here of a submission journaled there goes)."""
     left = undo(conn, client, done)
     if left is None:
+        clean()
         raise exc
     said = left.said(name, conn.login.host)
     keep(left, said)
@@ -178,19 +205,60 @@ def forget_here(home: Path) -> None:
     shutil.rmtree(home, ignore_errors=True)
 
 
-def write_left(home: Path, left: OnCluster, *, forget: bool) -> None:
+def write_left(home: Path, left: OnCluster, *, forget: bool, submitting: bool = False,
+               releasing: str | None = None) -> None:
     """left.json in the record `home`; `forget`: the record itself goes once it is cleaned
-    (a submission that never queued), else it stays (a resume's run)."""
-    atomic_write_text(home / LEFT_FILE, json.dumps({**dataclasses.asdict(left), "forget": forget}))
+    (a submission that never queued), else it stays (a resume's run). `submitting`: the
+    journal of a submission under way (what it has done so far); `releasing`: the held job
+    whose release it has asked for."""
+    more: dict[str, Any] = {"submitting": {"releasing": releasing}} if submitting else {}
+    atomic_write_text(home / LEFT_FILE, json.dumps({**left.as_dict(), "forget": forget, **more}))
+
+
+def journal(home: Path) -> Callable[[OnCluster], None]:
+    """What keeps a submission's OnCluster in the record `home` as it goes (`write_left`)."""
+    return lambda done: write_left(home, done, forget=True, submitting=True)
+
+
+@contextlib.contextmanager
+def submitting(home: Path) -> Iterator[None]:
+    """Held by the process that submits the run of the record `home`, for as long as it
+    does (`under_way`). The system lets go of it when that process ends, however it ends."""
+    fd = os.open(home / SUBMITTING_LOCK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def under_way(home: Path) -> bool:
+    """Whether a live process still submits the run of the record `home` (`submitting`)."""
+    try:
+        fd = os.open(home / SUBMITTING_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
 
 
 @dataclass(frozen=True)
 class Left:
     """left.json read back: what is left on the cluster, and whether the record here goes
-    once it is cleaned."""
+    once it is cleaned. `submitting`: the journal of a submission not finished (its process
+    may still run: `under_way`), `releasing` the held job whose release it asked for."""
 
     on_cluster: OnCluster
     forget: bool
+    submitting: bool = False
+    releasing: str | None = None
 
 
 def read_left(home: Path, run_id: str, cluster_dir: str) -> Left | None:
@@ -210,7 +278,10 @@ def read_left(home: Path, run_id: str, cluster_dir: str) -> Left | None:
     placed = cluster_dir if data.get("placed") == cluster_dir else None
     held = [h for h in (_held(item, cluster_dir) for item in _list(data.get("held"))) if h is not None]
     aside = _set_aside(data.get("set_aside"), cluster_dir)
-    return Left(OnCluster(placed, aside, held), data.get("forget") is not False)
+    journal = data.get("submitting")
+    releasing = journal.get("releasing") if isinstance(journal, dict) else None
+    return Left(OnCluster(placed, aside, held), data.get("forget") is not False, isinstance(journal, dict),
+                releasing if _is_job_id(releasing) and any(h.job_id == releasing for h in held) else None)
 
 
 def _earlier_form(data: Mapping[str, Any], run_id: str, cluster_dir: str) -> OnCluster:

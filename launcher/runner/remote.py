@@ -13,11 +13,15 @@ place, then `scontrol release`: the job never starts before its record is whole.
 failure before the release cancels the job and removes what was sent
 (launcher.runner.cluster_undo: one undo for runs, sweeps and resumes): nothing is left on
 either side, or, when the link dropped, the error and the record here name what is left
-and `glaunch cancel` removes it.
+and `glaunch cancel` removes it. A run's record here is opened before anything is sent
+and journals each step until the release (left.json, under a lock its process holds):
+a glaunch process stopped midway leaves a record that names what it left
+(`settled_left`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
@@ -29,7 +33,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, Sequence
 
 from launcher import schedulers
 from launcher.config.login import Login
@@ -280,8 +284,7 @@ def launch(prepared: Prepared, conn: Connection, *, check: bool) -> Run:
     plan = prepared.plan
     try:
         _refuse_checkpoint_elsewhere(prepared)
-        records_dir().mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=records_dir()))
+        staging = staging_folder()
         try:
             job_id = _stage_send_queue(prepared, conn, staging / plan.run_id, check)
         finally:
@@ -291,6 +294,23 @@ def launch(prepared: Prepared, conn: Connection, *, check: bool) -> Run:
     return Run(plan.run_id, records_dir() / plan.run_id, plan.site_name, False, tuple(prepared.files),
                State.PENDING.value, job_id=job_id, warnings=prepared.warnings, cluster_host=conn.login.host,
                cluster_dir=plan.run_dir)
+
+
+# A staging folder this old was left by a glaunch process that stopped mid-submission (a
+# submission writes and sends its bundle within minutes).
+STALE_STAGING_S = 3600.0
+STAGING_PREFIX = ".staging-"
+
+
+def staging_folder() -> Path:
+    """A new folder under the records here to write a submission's bundle in before it is
+    sent (removed by its submission); those left by a stopped process removed first."""
+    records_dir().mkdir(parents=True, exist_ok=True)
+    for old in records_dir().glob(f"{STAGING_PREFIX}*"):
+        with contextlib.suppress(OSError):
+            if time.time() - old.lstat().st_mtime > STALE_STAGING_S:
+                shutil.rmtree(old)
+    return Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=records_dir()))
 
 
 def _refuse_checkpoint_elsewhere(prepared: Prepared) -> None:
@@ -325,6 +345,10 @@ def slurm_of(scheduler: Scheduler, plan: JobPlan, client: Client) -> SlurmSchedu
 
 
 def _stage_send_queue(prepared: Prepared, conn: Connection, local: Path, check: bool) -> str:
+    """The run written in `local`, its record here opened, then sent, checked, queued held
+    and released; the record here journals each step (left.json) until the release, so a
+    glaunch process stopped at any point leaves a record that names what it left on the
+    cluster (`settled_left`)."""
     plan = prepared.plan
     local_plan = relocated(plan, local)
     written = _write_bundle(prepared, local_plan, dry_run=False)
@@ -333,17 +357,22 @@ def _stage_send_queue(prepared: Prepared, conn: Connection, local: Path, check: 
         record.extra = moved_paths(record.extra, str(written.path), plan.run_dir)
     dump_task(plan, task_template(local_plan.log_dir))
     client = on_login.slurm_client(conn, cwd=plan.run_dir)
-    done = OnCluster()
     where = Where(conn.login, plan.run_dir)
-    try:
-        done.placed = plan.run_dir
-        send_tree(conn, written.path, plan.run_dir, make_parent=True)
-        return _check_queue_release(prepared, conn, client, written.path, check, done,
-                                    before_release=lambda job_id: record_here(local, plan, job_id, where))
-    except BaseException as exc:
-        cluster_undo.forget_here(records_dir() / plan.run_id)
-        cluster_undo.undo_after(exc, conn, client, done, plan.run_id,
-                                keep=lambda left, said: _record_left(local, plan, left, where, said))
+    home = records_dir() / plan.run_id
+    with _record_opened(home, written.path, plan, where):
+        done = OnCluster(journal=cluster_undo.journal(home))
+        try:
+            done.place(plan.run_dir)
+            send_tree(conn, written.path, plan.run_dir, make_parent=True)
+            job_id = _check_queue_release(prepared, conn, client, written.path, check, done,
+                                          before_release=lambda job_id: _record_queued_here(local, home, done,
+                                                                                            job_id))
+        except BaseException as exc:
+            cluster_undo.undo_after(exc, conn, client, done, plan.run_id,
+                                    keep=lambda left, said: _record_left(local, home, left, said),
+                                    clean=lambda: cluster_undo.forget_here(home))
+        (home / cluster_undo.LEFT_FILE).unlink()
+    return job_id
 
 
 def _check_queue_release(prepared: Prepared | PreparedResume, conn: Connection, client: Client, staged: Path,
@@ -424,45 +453,87 @@ def sbatch_held(conn: Connection, client: Client, script: str, marker: str, done
     return words[-1]
 
 
-def record_here(staged: Path, plan: JobPlan, job_id: str, where: Where) -> None:
-    """The local record: remote.json, run.json and task.json (where rank 0's log is, for a
-    console that follows the run from its start), registered under the run's id."""
-    home = records_dir() / plan.run_id
-    home.mkdir()
+@contextlib.contextmanager
+def _record_opened(home: Path, staged: Path, plan: JobPlan, where: Where) -> Iterator[None]:
+    """The local record, opened before anything reaches the cluster and held (`submitting`)
+    for the block: remote.json, run.json (SUBMITTING) and an empty journal (left.json),
+    registered under the run's id. ConfigError when a run of that id is recorded here."""
     try:
-        atomic_write_text(home / REMOTE_FILE, where.to_json())
-        shutil.copyfile(RunDir(staged).run_file, RunDir(home).run_file)
-        if RunDir(staged).task_file.is_file():
-            shutil.copyfile(RunDir(staged).task_file, RunDir(home).task_file)
-        registry.register(plan.run_id, str(home))
+        home.mkdir()
+    except FileExistsError:
+        raise ConfigError(f"a run with id {plan.run_id} is recorded here already ({home})", file="command line",
+                          key="run id") from None
+    try:
+        with cluster_undo.submitting(home):
+            cluster_undo.write_left(home, OnCluster(), forget=True, submitting=True)
+            atomic_write_text(home / REMOTE_FILE, where.to_json())
+            shutil.copyfile(RunDir(staged).run_file, RunDir(home).run_file)
+            registry.register(plan.run_id, str(home))
+            yield
     except BaseException:
-        shutil.rmtree(home, ignore_errors=True)
+        if not (home / cluster_undo.LEFT_FILE).is_file():
+            raise
+        left = cluster_undo.read_left(home, plan.run_id, plan.run_dir)
+        if left is not None and left.submitting and left.on_cluster.is_empty():
+            cluster_undo.forget_here(home)     # stopped before anything reached the cluster
         raise
 
 
-def _record_left(staged: Path, plan: JobPlan, left: OnCluster, where: Where, said: str) -> None:
+def _record_queued_here(staged: Path, home: Path, done: OnCluster, job_id: str) -> None:
+    """Before the release: run.json naming the held job and task.json (where rank 0's log
+    is, for a console that follows the run from its start) copied into the record here,
+    whose journal says which job's release is asked."""
+    shutil.copyfile(RunDir(staged).run_file, RunDir(home).run_file)
+    if RunDir(staged).task_file.is_file():
+        shutil.copyfile(RunDir(staged).task_file, RunDir(home).task_file)
+    cluster_undo.write_left(home, done, forget=True, submitting=True, releasing=job_id)
+
+
+def _record_left(staged: Path, home: Path, left: OnCluster, said: str) -> None:
     """The record here of a submission that left `left` on the cluster: what `cancel` removes."""
-    home = records_dir() / plan.run_id
-    try:
-        home.mkdir()
-        atomic_write_text(home / REMOTE_FILE, where.to_json())
+    with contextlib.suppress(OSError, GlaunchError):
         cluster_undo.write_left(home, left, forget=True)
         with registry.updating(staged) as record:
             record.state = State.FAILED.value
             record.reason = None
             record.detail = f"its submission's link dropped: {said}"
         shutil.copyfile(RunDir(staged).run_file, RunDir(home).run_file)
-        registry.register(plan.run_id, str(home))
-    except (OSError, GlaunchError):
-        shutil.rmtree(home, ignore_errors=True)
 
 
 def left_of(run_dir: Path) -> cluster_undo.Left | None:
     """What a submission or a resume whose link dropped left on the cluster, None for other
-    runs."""
+    runs; a submission's journal as it stands (`settled_left` reads one whose process
+    stopped)."""
     if not (Path(run_dir) / cluster_undo.LEFT_FILE).is_file():
         return None
     return cluster_undo.read_left(Path(run_dir), registry.read(run_dir).run_id, where_of(run_dir).run_dir)
+
+
+def settled_left(run_dir: Path) -> cluster_undo.Left | None:
+    """`left_of`, with the journal of a submission whose glaunch process stopped (killed, its
+    machine gone) settled: when the release it asked for was made (its job is no longer
+    held), the submission was whole and nothing is left (None); else its record says it
+    stopped, naming what it left on the cluster (`glaunch cancel` removes it). A
+    submission still under way is left as it stands."""
+    left = left_of(run_dir)
+    if left is None or not left.submitting or cluster_undo.under_way(Path(run_dir)):
+        return left
+    where = where_of(run_dir)
+    if left.releasing is not None:
+        with connect(where.login) as conn:
+            live, reason = squeue_job(on_login.slurm_client(conn), left.releasing)
+        if not (live == "PENDING" and reason == "JobHeldUser"):
+            (Path(run_dir) / cluster_undo.LEFT_FILE).unlink(missing_ok=True)
+            return None
+    run_id = registry.read(run_dir).run_id
+    said = (f"nothing reached {where.login.host}" if left.on_cluster.is_empty()
+            else left.on_cluster.said(run_id, where.login.host))
+    cluster_undo.write_left(Path(run_dir), left.on_cluster, forget=True)
+    with registry.updating(run_dir) as record:
+        record.state = State.FAILED.value
+        record.reason = None
+        record.detail = f"the glaunch process submitting it stopped before the job was released: {said}"
+    return dataclasses.replace(left, submitting=False, releasing=None)
 
 
 def clean_left(run_dir: Path, left: cluster_undo.Left) -> str:
@@ -596,9 +667,12 @@ def prepare_resume(run_dir: Path, overrides: tuple[str, ...], dry_run: bool, whe
 def _refuse_while_left(run_dir: Path) -> None:
     """ConfigError for a run whose last submission or resume lost its link and left
     something on the cluster: `glaunch cancel` undoes it first."""
-    left = left_of(run_dir)
+    left = settled_left(run_dir)
     if left is not None:
         run_id = registry.read(run_dir).run_id
+        if left.submitting:
+            raise ConfigError(f"run {run_id}: a glaunch process on this machine is submitting it", file=WHERE,
+                              key="RUN")
         raise ConfigError(f"run {run_id}: {left.on_cluster.said(run_id, where_of(run_dir).login.host)}; resume it "
                           "once that is done", file=WHERE, key="RUN")
 
@@ -657,8 +731,9 @@ def _tar(members: Mapping[str, tuple[bytes, bool]]) -> bytes:
 
 def refreshed(run_dir: Path) -> RunRecord:
     """The run's record read from the cluster, with Slurm's view folded in; for a submission
-    whose link dropped, the record here, which says what it left there."""
-    if left_of(run_dir) is not None:
+    whose link dropped or whose process stopped, the record here, which says what it left
+    there, and for one under way, the record here as it stands."""
+    if settled_left(run_dir) is not None:
         return registry.read(run_dir)
     where = where_of(run_dir)
     with connect(where.login) as conn:
@@ -760,8 +835,11 @@ def checked_record(data: bytes, run_id: str, cluster_dir: str, host: str) -> str
 
 
 def cancel(run_dir: Path) -> str:
-    left = left_of(run_dir)
+    left = settled_left(run_dir)
     if left is not None:
+        if left.submitting:
+            raise ConfigError(f"run {registry.read(run_dir).run_id}: a glaunch process on this machine is submitting "
+                              "it: cancel it once that submission has ended", file=WHERE, key="RUN")
         return clean_left(run_dir, left)
     where = where_of(run_dir)
     with connect(where.login) as conn:
@@ -886,8 +964,10 @@ def refresh_copies(run_dirs: Sequence[Path]) -> None:
 
 
 def _records_of(run_dir: Path) -> list[Path]:
-    """The local records of a run kept over SSH (a sweep: its elements'); none for another run."""
-    if not (run_dir / REMOTE_FILE).is_file():
+    """The local records of a run kept over SSH (a sweep: its elements'); none for another run,
+    nor for one whose record here is its own (a submission under way, or that left something
+    on the cluster: left.json)."""
+    if not (run_dir / REMOTE_FILE).is_file() or (run_dir / cluster_undo.LEFT_FILE).is_file():
         return []
     if not (run_dir / sweeps.SWEEP_FILE).is_file():
         return [run_dir]

@@ -21,7 +21,6 @@ import os
 import posixpath
 import shutil
 import tarfile
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
@@ -52,8 +51,7 @@ SWEEP_FILE = sweeps.SWEEP_FILE
 def launch(prepared: PreparedSweep, conn: Connection, *, check: bool) -> Sweep:
     """Write, send and queue the prepared sweep over its connection `conn` (closed at the end)."""
     try:
-        remote.records_dir().mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=".staging-", dir=remote.records_dir()))
+        staging = remote.staging_folder()
         try:
             return _stage_send_queue(prepared, conn, staging / prepared.sweep_id, check)
         finally:

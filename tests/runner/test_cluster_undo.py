@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -171,6 +172,15 @@ READ_BACK = [
                  "set_aside": {"run_dir": "/other", "aside": "resumes/1", "names": ["a"], "whole": True,
                                "record": "{}"}}),
      cluster_undo.Left(OnCluster(), False)),
+    # A submission's journal: the release it asked is taken only for a held job it names.
+    (json.dumps({"placed": CLUSTER, "held": [{"script": f"{CLUSTER}/job.sbatch", "marker": "m", "job_id": "7"}],
+                 "set_aside": None, "forget": True, "submitting": {"releasing": "7"}}),
+     cluster_undo.Left(OnCluster(CLUSTER, None, [Held(f"{CLUSTER}/job.sbatch", "m", "7")]), True, True, "7")),
+    (json.dumps({"placed": CLUSTER, "held": [{"script": f"{CLUSTER}/job.sbatch", "marker": "m", "job_id": "7"}],
+                 "set_aside": None, "forget": True, "submitting": {"releasing": "8"}}),
+     cluster_undo.Left(OnCluster(CLUSTER, None, [Held(f"{CLUSTER}/job.sbatch", "m", "7")]), True, True, None)),
+    (json.dumps({"placed": CLUSTER, "held": [], "set_aside": None, "forget": True, "submitting": "yes"}),
+     cluster_undo.Left(OnCluster(CLUSTER), True, False, None)),
 ]
 
 
@@ -178,3 +188,28 @@ READ_BACK = [
 def test_left_json_is_taken_only_as_far_as_it_names_the_runs_own_things(tmp_path, text, taken):
     (tmp_path / cluster_undo.LEFT_FILE).write_text(text)
     assert cluster_undo.read_left(tmp_path, "r1", CLUSTER) == taken
+
+
+def test_a_submission_journals_each_step_before_the_cluster_is_asked_and_its_lock_dies_with_its_process(tmp_path):
+    done = OnCluster(journal=cluster_undo.journal(tmp_path))
+    done.place(CLUSTER)
+    assert cluster_undo.read_left(tmp_path, "r1", CLUSTER) == cluster_undo.Left(OnCluster(CLUSTER), True, True)
+    index = done.asked(f"{CLUSTER}/job.sbatch", "glaunch:r1")
+    assert cluster_undo.read_left(tmp_path, "r1", CLUSTER).on_cluster.held == [MARKED]
+    done.answered(index, "41")
+    assert cluster_undo.read_left(tmp_path, "r1", CLUSTER).on_cluster.held[0].job_id == "41"
+
+    assert not cluster_undo.under_way(tmp_path)          # no submission ever held it
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from launcher.runner import cluster_undo\n"
+                               "with cluster_undo.submitting(Path(sys.argv[1])):\n"
+                               "    print('held', flush=True); time.sleep(60)", str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert cluster_undo.under_way(tmp_path)
+        holder.kill()                                    # killed: the system lets go of its lock
+        holder.wait(timeout=30)
+        assert not cluster_undo.under_way(tmp_path)
+    finally:
+        holder.kill()
