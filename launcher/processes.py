@@ -255,3 +255,13 @@ def _close_quietly(stream: IO[bytes]) -> None:
         stream.close()
     except OSError:         # stdin's buffer flushed into a pipe nobody reads any more
         pass
+
+
+def process_runs(pid: int) -> bool:
+    """Whether process `pid` runs on this node (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            state = f.read(4096).rsplit(b")", 1)[-1].split()[:1]
+    except OSError:
+        return False
+    return state != [b"Z"]

@@ -71,6 +71,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from launcher.processes import process_runs
 from launcher.rundir import envnames
 from launcher.rundir.files import atomic_write_text, open_regular
 from launcher.rundir.layout import RunDir, read_heartbeat
@@ -471,16 +472,6 @@ def replacement_unfit(model: Any) -> str | None:
         return ("its DDP model rebuilds its gradient buckets after its first step, its peers' are rebuilt "
                 "(DDP(find_unused_parameters=True) keeps them as first laid out)")
     return None
-
-
-def process_runs(pid: int) -> bool:
-    """Whether process `pid` runs on this node (a zombie, ended but not yet reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            state = f.read(4096).rsplit(b")", 1)[-1].split()[:1]
-    except OSError:
-        return False
-    return state != [b"Z"]
 
 
 def _all_there(store: Any, keys: list[str]) -> bool:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launcher.runtime.peer import process_runs
+from launcher.processes import process_runs
 
 # Every rank adds 1 to this key as it shuts down cleanly; the store ends at the world size.
 FINISHED_KEY = "glaunch-store/finished"
