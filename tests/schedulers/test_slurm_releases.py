@@ -183,8 +183,20 @@ def test_squeue_lists_an_array_task_by_task(release):
 
 def test_a_submission_is_found_by_its_marker(release):
     text = recorded(release, "squeue-user-jobs.txt")
-    expected = next(line.split("|")[0] for line in text.splitlines() if "|glaunch:record-running|" in line)
+    # The recording queued the marked job more than once: the one queued last is found.
+    expected = max((line.split("|")[0] for line in text.splitlines() if "|glaunch:record-running|" in line), key=int)
     assert queries.find_submitted(RecordedSlurm(text), "", "glaunch:record-running") == expected
+
+
+def test_of_several_jobs_of_a_run_the_one_queued_last_is_found():
+    # A resumed run's earlier jobs carry its marker and script too: ended, cancelled, listed
+    # first or last, the one a lost sbatch answer asks for is the newest.
+    text = ("1688|glaunch:r1|/runs/r1/job.sbatch\n1714|glaunch:r1|/runs/r1/job.sbatch\n"
+            "1702|glaunch:r1|/runs/r1/job.sbatch\n1720|glaunch:r2|/runs/r2/job.sbatch\n")
+    assert queries.find_submitted(RecordedSlurm(text), "/runs/r1/job.sbatch", "glaunch:r1") == "1714"
+    assert queries.find_submitted(RecordedSlurm(text), "", "glaunch:r3") is None
+    arrays = "99_[0-1]|glaunch:s1:array-0|/s/a0.sbatch\n120_0|glaunch:s1:array-0|/s/a0.sbatch\n"
+    assert queries.find_submitted(RecordedSlurm(arrays), "", "glaunch:s1:array-0") == "120_0"
 
 
 def test_the_watchdog_ends_the_steps_squeue_lists(release, monkeypatch):

@@ -6,6 +6,7 @@ marker or script.
 from __future__ import annotations
 
 import getpass
+import re
 import subprocess
 
 from launcher.errors import SchedulerError
@@ -25,17 +26,26 @@ def find_submitted(client: Client, script: str, marker: str, *, deadline: float 
                    user: str | None = None) -> str | None:
     """The id of the job `user` (default: this process's) submitted from `script` or
     carrying comment `marker`, if Slurm (asked through `client`) has it (pending, running or
-    recently ended); None when it has no such job."""
+    recently ended); None when it has no such job. Of several (a run's earlier jobs, ended
+    or cancelled, carry its marker and script too: each resume queues one more), the one
+    queued last."""
     proc = client.call("squeue", "-h", "--states=all", "-u", user or getpass.getuser(), "-o", "%i|%k|%o",
                        deadline=deadline)
     if proc.returncode != 0:
         raise SchedulerError(f"squeue failed: {without_tool_prefix('squeue', proc.stderr or proc.stdout)}")
+    found = []
     for line in proc.stdout.splitlines():
         # ID|COMMENT|SCRIPT, where a user's comment may hold "|" too: matched from each end.
         job_id, sep, rest = line.strip().partition("|")
         if sep and ((marker and rest.startswith(f"{marker}|")) or (script and rest.endswith(f"|{script}"))):
-            return job_id
-    return None
+            found.append(job_id)
+    return max(found, key=_queued_order, default=None)
+
+
+def _queued_order(job_id: str) -> int:
+    """Slurm's ids grow as jobs are queued: an id's number (an array task's, its array's)."""
+    digits = re.match(r"\d+", job_id)
+    return int(digits.group()) if digits else -1
 
 
 def squeue_job(client: Client, job_id: str) -> tuple[str | None, str | None]:
