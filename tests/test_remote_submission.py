@@ -429,11 +429,13 @@ if [ -e {state}/after ] && read -r after < {state}/after && [ "$n" = "$after" ];
     {ssh} "$@" >/dev/null 2>&1
     echo 'Connection reset by 127.0.0.1 port 2222' >&2; exit 255
 fi
-# The glaunch process itself killed (its laptop's power gone) once the command ran there.
-if [ -e {state}/killed ] && read -r killed < {state}/killed && [ "$n" = "$killed" ]; then
-    {ssh} "$@" >/dev/null 2>&1
-    kill -KILL "$PPID"; exit 255
-fi
+# The glaunch process itself killed (its laptop's power gone) once the command ran there:
+# the Nth, or the first whose words hold those of killed_at.
+killed=; [ -e {state}/killed ] && read -r killed < {state}/killed
+at=; [ -e {state}/killed_at ] && read -r at < {state}/killed_at
+case "$n|$*" in "$killed|"*|*"${{at:-no words}}"*)
+    if [ -n "$killed$at" ]; then {ssh} "$@" >/dev/null 2>&1; kill -KILL "$PPID"; exit 255; fi ;;
+esac
 exec {ssh} "$@"
 """
 
@@ -452,7 +454,7 @@ def dropping_laptop(laptop, tmp_path):
 
 
 def drop(state: Path, how: str | None = None, at: int = 0) -> None:
-    for name in ("count", "after", "from", "killed"):
+    for name in ("count", "after", "from", "killed", "killed_at"):
         (state / name).unlink(missing_ok=True)
     if how is not None:
         (state / how).write_text(f"{at}\n")
@@ -604,6 +606,24 @@ def test_a_submit_whose_link_drops_at_any_round_trip_leaves_nothing_it_does_not_
     assert len(before) < len(resumed_once)      # the first resume set its previous files aside in resumes/1
     record = json.loads((runs / run_id / "run.json").read_text())
     assert record["state"] == "CANCELLED" and len(record["resumes"]) == 1, record
+    # The glaunch process resuming it killed once its sbatch --hold ran (the answer never
+    # came): the record here, journaled, is the run's as before the resume and names the
+    # held job it may have queued and the files set aside; cancel finds the job by its
+    # marker and puts the files back.
+    (state / "killed_at").write_text("sbatch --hold\n")
+    done = glaunch(laptop, "resume", run_id)
+    drop(state)
+    assert done.returncode == -9, done.stdout + done.stderr
+    status = json.loads(glaunch(laptop, "status", run_id, "--json").stdout)
+    assert status["state"] == "CANCELLED" and "the glaunch process resuming it stopped" in status["detail"], status
+    assert "a held job it may have queued" in status["detail"] and "resumes/2" in status["detail"], status
+    assert len(held_jobs()) == 1
+    again = glaunch(laptop, "resume", run_id)
+    assert again.returncode == 2 and f"glaunch cancel {run_id}" in again.stderr, again.stderr
+    cancelled = glaunch(laptop, "cancel", run_id)
+    assert cancelled.returncode == 0 and "removed what its interrupted resume left" in cancelled.stdout, \
+        cancelled.stdout + cancelled.stderr
+    assert held_jobs() == [] and files_of(runs / run_id) == resumed_once
 
 
 def files_of(root: Path) -> dict[str, bytes]:

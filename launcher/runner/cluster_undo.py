@@ -84,6 +84,11 @@ class OnCluster:
         self.placed = folder
         self._journal()
 
+    def put_aside(self, aside: SetAside) -> None:
+        """A resume's previous files are about to be set aside (`aside.whole`: they were)."""
+        self.set_aside = aside
+        self._journal()
+
     def asked(self, script: str, marker: str, *, array: bool = False) -> int:
         """sbatch is about to be asked for a held job: its place in `held`."""
         self.held.append(Held(script, marker, array=array))
@@ -215,9 +220,10 @@ def write_left(home: Path, left: OnCluster, *, forget: bool, submitting: bool = 
     atomic_write_text(home / LEFT_FILE, json.dumps({**left.as_dict(), "forget": forget, **more}))
 
 
-def journal(home: Path) -> Callable[[OnCluster], None]:
-    """What keeps a submission's OnCluster in the record `home` as it goes (`write_left`)."""
-    return lambda done: write_left(home, done, forget=True, submitting=True)
+def journal(home: Path, *, forget: bool = True) -> Callable[[OnCluster], None]:
+    """What keeps a submission's (or, not `forget`, a resume's) OnCluster in the record
+    `home` as it goes (`write_left`)."""
+    return lambda done: write_left(home, done, forget=forget, submitting=True)
 
 
 @contextlib.contextmanager

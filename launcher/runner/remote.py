@@ -528,11 +528,16 @@ def settled_left(run_dir: Path) -> cluster_undo.Left | None:
     run_id = registry.read(run_dir).run_id
     said = (f"nothing reached {where.login.host}" if left.on_cluster.is_empty()
             else left.on_cluster.said(run_id, where.login.host))
-    cluster_undo.write_left(Path(run_dir), left.on_cluster, forget=True)
+    aside = left.on_cluster.set_aside
+    if not left.forget and aside is not None:
+        atomic_write_text(RunDir(run_dir).run_file, aside.record)      # the record before the resume
+    cluster_undo.write_left(Path(run_dir), left.on_cluster, forget=left.forget)
     with registry.updating(run_dir) as record:
-        record.state = State.FAILED.value
-        record.reason = None
-        record.detail = f"the glaunch process submitting it stopped before the job was released: {said}"
+        if left.forget:
+            record.state = State.FAILED.value
+            record.reason = None
+        what = "submitting" if left.forget else "resuming"
+        record.detail = f"the glaunch process {what} it stopped before the job was released: {said}"
     return dataclasses.replace(left, submitting=False, releasing=None)
 
 
@@ -609,15 +614,22 @@ def queue_resume(prepared: PreparedResume, conn: Connection, aside: str, moved: 
     client = on_login.slurm_client(conn, cwd=plan.run_dir)
     template = posixpath.relpath(str(task_template(plan.log_dir)), plan.run_dir)
     set_aside = SetAside(plan.run_dir, aside, tuple(names), False, before, (template,))
-    done = OnCluster(set_aside=set_aside)
-    try:
-        on_login.set_aside(conn, plan.run_dir, aside, names, _resume_files(prepared))
-        done.set_aside = dataclasses.replace(set_aside, whole=True)
-        return _check_queue_release(prepared, conn, client, here, check, done)
-    except BaseException as exc:
-        atomic_write_text(RunDir(here).run_file, before)
-        cluster_undo.undo_after(exc, conn, client, done, prepared.record.run_id,
-                                keep=lambda left, said: _keep_left_of_resume(here, left, said))
+    with cluster_undo.submitting(here):
+        done = OnCluster(journal=cluster_undo.journal(here, forget=False))
+        try:
+            done.put_aside(set_aside)
+            on_login.set_aside(conn, plan.run_dir, aside, names, _resume_files(prepared))
+            done.put_aside(dataclasses.replace(set_aside, whole=True))
+            job_id = _check_queue_release(prepared, conn, client, here, check, done,
+                                          before_release=lambda job_id: cluster_undo.write_left(
+                                              here, done, forget=False, submitting=True, releasing=job_id))
+        except BaseException as exc:
+            atomic_write_text(RunDir(here).run_file, before)
+            cluster_undo.undo_after(exc, conn, client, done, prepared.record.run_id,
+                                    keep=lambda left, said: _keep_left_of_resume(here, left, said),
+                                    clean=lambda: (here / cluster_undo.LEFT_FILE).unlink(missing_ok=True))
+        (here / cluster_undo.LEFT_FILE).unlink()
+    return job_id
 
 
 def _keep_left_of_resume(here: Path, left: OnCluster, said: str) -> None:
