@@ -278,3 +278,21 @@ def exclusive_lock(path: str | os.PathLike[str], what: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def lock_held(path: str | os.PathLike[str]) -> bool:
+    """Whether some live process holds an `exclusive_lock` on `path` (the system lets go of
+    it when that process ends, however it ends)."""
+    try:
+        fd = open_regular(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False

@@ -17,18 +17,16 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import fcntl
 import json
-import os
 import posixpath
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, NoReturn
+from typing import Any, Callable, Mapping, NoReturn
 
 from launcher.errors import SchedulerError
 from launcher.rundir import registry
-from launcher.rundir.files import atomic_write_text, load_bounded_object
+from launcher.rundir.files import atomic_write_text, exclusive_lock, load_bounded_object, lock_held
 from launcher.schedulers.slurm.array import array_job_id
 from launcher.schedulers.slurm.client import Client
 from launcher.schedulers.slurm.queries import find_submitted
@@ -226,33 +224,15 @@ def journal(home: Path, *, forget: bool = True) -> Callable[[OnCluster], None]:
     return lambda done: write_left(home, done, forget=forget, submitting=True)
 
 
-@contextlib.contextmanager
-def submitting(home: Path) -> Iterator[None]:
+def submitting(home: Path) -> contextlib.AbstractContextManager[None]:
     """Held by the process that submits the run of the record `home`, for as long as it
     does (`under_way`). The system lets go of it when that process ends, however it ends."""
-    fd = os.open(home / SUBMITTING_LOCK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
+    return exclusive_lock(home / SUBMITTING_LOCK, "record of the run being submitted")
 
 
 def under_way(home: Path) -> bool:
     """Whether a live process still submits the run of the record `home` (`submitting`)."""
-    try:
-        fd = os.open(home / SUBMITTING_LOCK, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return False
+    return lock_held(home / SUBMITTING_LOCK)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from launcher import shell
 from launcher.rendering.render import JobShell, submitit_command, task_log_patterns
 from launcher.resolution.jobplan import JobPlan
 from launcher.rundir import envnames
-from launcher.rundir.files import open_regular, read_json
+from launcher.rundir.files import lock_held, open_regular, read_json
 from launcher.rundir.lifecycle import move
 from launcher.rundir.records import IN_FLIGHT, RunRecord, State
 from launcher.rundir.layout import RunDir
@@ -198,19 +198,7 @@ def process_start_time(pid: int) -> int | None:
 
 def job_lock_held(run_dir: RunDir) -> bool:
     """Whether some process (the local job, or the loop running it) holds the run's job lock."""
-    try:
-        fd = open_regular(run_dir.job_lock, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
-    finally:
-        os.close(fd)
-    return False
+    return lock_held(run_dir.job_lock)
 
 
 def hold_job_lock(run_dir: RunDir) -> int:
