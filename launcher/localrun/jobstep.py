@@ -37,7 +37,7 @@ from launcher.rundir import envnames
 from launcher.rundir.files import atomic_write_text, open_regular
 from launcher.rundir.layout import STEP_SUMMARY
 from launcher.jobcontrol import replace, watchdog
-from launcher.rundir.rankcontext import free_port
+from launcher.rundir.rankcontext import bare_signal_name, free_port
 
 KILL_WAIT_S = 10.0
 TIMEOUT_STATUS = 124
@@ -68,7 +68,7 @@ class Step:
         self.command = command
         self.job_id = os.environ.get(envnames.JOB_ID, str(os.getpid()))
         name, _, lead = options.signal.partition("@")
-        self.warning = signal.Signals["SIG" + name.upper().removeprefix("SIG")]
+        self.warning = signal.Signals["SIG" + bare_signal_name(name)]
         self.lead = float(lead or 0)
         self.procs: list[subprocess.Popen] = []
         self.warned = False

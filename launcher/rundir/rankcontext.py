@@ -74,18 +74,15 @@ def _env_job_id() -> str | None:
     return None
 
 
+def bare_signal_name(name: str) -> str:
+    """A signal's name as glaunch compares and lists them: ``" sigusr2"`` -> ``"USR2"``."""
+    return name.strip().upper().removeprefix("SIG")
+
+
 def _signal_names(raw: str | None) -> tuple[str, ...]:
     if raw is None or raw.strip() == "":
         return DEFAULT_STOP_SIGNALS
-    names = []
-    for part in raw.split(","):
-        name = part.strip().upper()
-        if not name:
-            continue
-        if name.startswith("SIG"):
-            name = name[3:]
-        names.append(name)
-    return tuple(names)
+    return tuple(name for name in map(bare_signal_name, raw.split(",")) if name)
 
 
 @dataclass(frozen=True)

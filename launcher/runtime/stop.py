@@ -14,7 +14,7 @@ import signal
 import threading
 from typing import Any
 
-from launcher.rundir.rankcontext import context, log
+from launcher.rundir.rankcontext import bare_signal_name, context, log
 from launcher.runtime import heartbeats, stopflag
 from launcher.runtime.distributed import all_reduce_max
 
@@ -23,11 +23,8 @@ _previous: dict[int, Any] = {}
 
 
 def _resolve(name: str) -> signal.Signals:
-    key = name.strip().upper()
-    if not key.startswith("SIG"):
-        key = "SIG" + key
     try:
-        return signal.Signals[key]
+        return signal.Signals["SIG" + bare_signal_name(name)]
     except KeyError:
         raise ValueError(f"unknown signal name {name!r} in GLAUNCH_STOP_SIGNALS") from None
 

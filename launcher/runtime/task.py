@@ -37,7 +37,7 @@ from launcher.errors import RunError
 from launcher.rundir import envnames, launch, runvalues
 from launcher.rundir.files import atomic_write_text, read_json, read_record
 from launcher.rundir.layout import RunDir
-from launcher.rundir.rankcontext import context, node_name
+from launcher.rundir.rankcontext import bare_signal_name, context, node_name
 from launcher.rundir.rankstacks import DUMP_SIGNAL
 from launcher.rundir.records import RunRecord
 from launcher.rundir.taskspec import TaskSpec, read_task_spec
@@ -180,8 +180,8 @@ def worker_entry(spec: TaskSpec, args: list[str], accepted: frozenset[str]) -> l
 
 def early_stop_signals(signals: tuple[str, ...]) -> tuple[str, ...]:
     """Pure: the stop signals a rank takes before its script runs: all but Lightning's own."""
-    lightning = LIGHTNING_WARNING_SIGNAL.name.removeprefix("SIG")
-    return tuple(name for name in signals if name.upper().removeprefix("SIG") != lightning)
+    lightning = bare_signal_name(LIGHTNING_WARNING_SIGNAL.name)
+    return tuple(name for name in signals if bare_signal_name(name) != lightning)
 
 
 def rank_environment(rank: int, local_rank: int, node: int, world_size: int, ranks_per_node: int) -> dict[str, str]:

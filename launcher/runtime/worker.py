@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 
-from launcher.rundir.rankcontext import RuntimeConfigError, context
+from launcher.rundir.rankcontext import RuntimeConfigError, bare_signal_name, context
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
 from launcher.runtime import stackdump
 from launcher.runtime.stop import take_stop_signals
@@ -38,7 +38,7 @@ def worker_stop_signals(signals: tuple[str, ...]) -> tuple[str, ...]:
     """Pure: the stop signals a worker takes before its script runs: a rank's
     (task.early_stop_signals) less those that end a process."""
     return tuple(name for name in early_stop_signals(signals)
-                 if name.strip().upper().removeprefix("SIG") not in ENDING_SIGNALS)
+                 if bare_signal_name(name) not in ENDING_SIGNALS)
 
 
 def main(argv: list[str] | None = None) -> None:
