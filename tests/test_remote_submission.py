@@ -575,6 +575,24 @@ def test_a_submit_whose_link_drops_at_any_round_trip_leaves_nothing_it_does_not_
         cancelled.stdout + cancelled.stderr
     assert list(runs.iterdir()) == [] and not list(records.glob("*"))
     assert held_jobs() == []
+    # The glaunch process submitting the sweep killed once its array's sbatch --hold ran:
+    # the record under the sweep's id, journaled, names the array it may have queued and
+    # the directory; cancel finds the array by its marker and removes both.
+    (state / "killed_at").write_text("sbatch --hold\n")
+    done = glaunch(laptop, *sweep)
+    drop(state)
+    assert done.returncode == -9, done.stdout + done.stderr
+    (sweep_id,) = [p.name for p in records.iterdir() if not p.name.startswith(".")]
+    status = json.loads(glaunch(laptop, "status", sweep_id, "--json").stdout)
+    assert status["state"] == "FAILED" and "submitting it stopped before the job was released" in status["detail"]
+    assert "a held job it may have queued" in status["detail"] and str(runs / sweep_id) in status["detail"], status
+    assert len(held_jobs()) == 1
+    cancelled = glaunch(laptop, "cancel", sweep_id)
+    assert cancelled.returncode == 0 and "removed what its interrupted submission left" in cancelled.stdout, \
+        cancelled.stdout + cancelled.stderr
+    assert list(runs.iterdir()) == [] and [p.name for p in records.iterdir()
+                                           if not p.name.startswith(remote.STAGING_PREFIX)] == []
+    assert held_jobs() == []
     # A resume too: the link gone at its release (of the run's second resume), its held job
     # and the previous files it set aside are named; the run keeps its record, refuses
     # another resume until cancel has cancelled the job and put the files back as they were.

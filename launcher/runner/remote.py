@@ -359,7 +359,8 @@ def _stage_send_queue(prepared: Prepared, conn: Connection, local: Path, check: 
     client = on_login.slurm_client(conn, cwd=plan.run_dir)
     where = Where(conn.login, plan.run_dir)
     home = records_dir() / plan.run_id
-    with _record_opened(home, written.path, plan, where):
+    with record_opened(home, plan.run_id, where,
+                       lambda home: shutil.copyfile(RunDir(written.path).run_file, RunDir(home).run_file)):
         done = OnCluster(journal=cluster_undo.journal(home))
         try:
             done.place(plan.run_dir)
@@ -454,26 +455,27 @@ def sbatch_held(conn: Connection, client: Client, script: str, marker: str, done
 
 
 @contextlib.contextmanager
-def _record_opened(home: Path, staged: Path, plan: JobPlan, where: Where) -> Iterator[None]:
-    """The local record, opened before anything reaches the cluster and held (`submitting`)
-    for the block: remote.json, run.json (SUBMITTING) and an empty journal (left.json),
-    registered under the run's id. ConfigError when a run of that id is recorded here."""
+def record_opened(home: Path, run_id: str, where: Where, write_record: Callable[[Path], object]) -> Iterator[None]:
+    """The local record of run (or sweep) `run_id`, opened before anything reaches the
+    cluster and held (`submitting`) for the block: remote.json, run.json (`write_record`:
+    SUBMITTING) and an empty journal (left.json), registered under its id. ConfigError
+    when a run of that id is recorded here."""
     try:
         home.mkdir()
     except FileExistsError:
-        raise ConfigError(f"a run with id {plan.run_id} is recorded here already ({home})", file="command line",
+        raise ConfigError(f"a run with id {run_id} is recorded here already ({home})", file="command line",
                           key="run id") from None
     try:
         with cluster_undo.submitting(home):
             cluster_undo.write_left(home, OnCluster(), forget=True, submitting=True)
             atomic_write_text(home / REMOTE_FILE, where.to_json())
-            shutil.copyfile(RunDir(staged).run_file, RunDir(home).run_file)
-            registry.register(plan.run_id, str(home))
+            write_record(home)
+            registry.register(run_id, str(home))
             yield
     except BaseException:
         if not (home / cluster_undo.LEFT_FILE).is_file():
             raise
-        left = cluster_undo.read_left(home, plan.run_id, plan.run_dir)
+        left = cluster_undo.read_left(home, run_id, where.run_dir)
         if left is not None and left.submitting and left.on_cluster.is_empty():
             cluster_undo.forget_here(home)     # stopped before anything reached the cluster
         raise

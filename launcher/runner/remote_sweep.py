@@ -89,46 +89,64 @@ def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, ch
     _name_the_cluster(local, cluster, [p.plan for p in here.prepared])
     for plan, local_plan in zip(plans, (p.plan for p in here.prepared)):
         dump_task(plan, task_template(local_plan.log_dir))
-    done = OnCluster(placed=cluster)
-    try:
-        send_tree(conn, local, cluster, make_parent=True)
-        warnings = _checked(slurm, plans, sweep_plan, cluster) if check else []
-        batches = []
-        for number, batch in enumerate(sweep_plan.batches):
-            marker = array.submission_marker(prepared.sweep_id, number)
-            members = [plans[i] for i in batch.elements]
-            with_comment = "comment" not in dict(members[0].allocation.extra_sbatch)
-            array_id = remote.sbatch_held(conn, client, posixpath.join(cluster, str(batch.script)),
-                                          marker if with_comment else "", done, array=True)
-            batches.append(_queued(here, batch, array_id, warnings, slurm.version()))
-        sweeps.record_launch(local, batches)
-        _put_records(conn, local, cluster, here)
-        _record_here(local, prepared, remote.Where(conn.login, cluster))
-        release(client, [held.job_id for held in done.held if held.job_id])
-    except BaseException as exc:
-        cluster_undo.forget_here(remote.records_dir() / prepared.sweep_id)
-        where = remote.Where(conn.login, cluster)
-        cluster_undo.undo_after(exc, conn, client, done, prepared.sweep_id,
-                                keep=lambda left, said: _record_left(prepared, plans[0], left, where, said))
+    where = remote.Where(conn.login, cluster)
+    home = remote.records_dir() / prepared.sweep_id
+    # Until the arrays are queued and recorded, the record here is a run under the sweep's
+    # id that journals what the submission did (as a run's: launcher.runner.remote), so a
+    # glaunch process stopped midway leaves a record naming what it left.
+    with remote.record_opened(home, prepared.sweep_id, where,
+                              lambda home: registry.write(home, _standing_for(prepared, plans[0], where))):
+        done = OnCluster(journal=cluster_undo.journal(home))
+        try:
+            done.place(cluster)
+            send_tree(conn, local, cluster, make_parent=True)
+            warnings = _checked(slurm, plans, sweep_plan, cluster) if check else []
+            batches = []
+            for number, batch in enumerate(sweep_plan.batches):
+                marker = array.submission_marker(prepared.sweep_id, number)
+                members = [plans[i] for i in batch.elements]
+                with_comment = "comment" not in dict(members[0].allocation.extra_sbatch)
+                array_id = remote.sbatch_held(conn, client, posixpath.join(cluster, str(batch.script)),
+                                              marker if with_comment else "", done, array=True)
+                batches.append(_queued(here, batch, array_id, warnings, slurm.version()))
+            sweeps.record_launch(local, batches)
+            _put_records(conn, local, cluster, here)
+            cluster_undo.forget_here(home)          # the sweep's own record takes its place
+            _record_here(local, prepared, where)
+            release(client, [held.job_id for held in done.held if held.job_id])
+        except BaseException as exc:
+            if (home / sweeps.SWEEP_FILE).is_file():
+                cluster_undo.forget_here(home)      # back to the run standing for it, below
+            cluster_undo.undo_after(exc, conn, client, done, prepared.sweep_id,
+                                    keep=lambda left, said: _record_left(prepared, plans[0], left, where, said),
+                                    clean=lambda: cluster_undo.forget_here(home))
     return _result(prepared)
+
+
+def _standing_for(prepared: PreparedSweep, first: JobPlan, where: remote.Where) -> RunRecord:
+    """The run under the sweep's id that its record here is until its arrays are queued."""
+    return RunRecord(prepared.sweep_id, name=first.name, site=first.site_name, scheduler="slurm",
+                     transport=first.transport.name, run_dir=where.run_dir, created=registry.now(),
+                     state=State.SUBMITTING.value)
 
 
 def _record_left(prepared: PreparedSweep, first: JobPlan, left: OnCluster, where: remote.Where, said: str) -> None:
     """The record here of a sweep whose submission left `left` on the cluster: a failed
     run under the sweep's id (no sweep was queued), which `glaunch cancel` cleans."""
     home = remote.records_dir() / prepared.sweep_id
+    created = not home.is_dir()
     try:
-        home.mkdir()
+        home.mkdir(exist_ok=True)
         atomic_write_text(home / REMOTE_FILE, where.to_json())
         cluster_undo.write_left(home, left, forget=True)
-        record = RunRecord(prepared.sweep_id, name=first.name, site=first.site_name, scheduler="slurm",
-                           transport=first.transport.name, run_dir=where.run_dir, created=registry.now(),
-                           state=State.FAILED.value,
-                           detail=f"its sweep's submission's link dropped: {said}")
+        record = dataclasses.replace(_standing_for(prepared, first, where), state=State.FAILED.value,
+                                     detail=f"its sweep's submission's link dropped: {said}")
         registry.write(home, record)
-        registry.register(prepared.sweep_id, str(home))
+        if created:
+            registry.register(prepared.sweep_id, str(home))
     except (OSError, GlaunchError):
-        shutil.rmtree(home, ignore_errors=True)
+        if created:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def _name_the_cluster(local: Path, cluster: str, local_plans: Sequence[JobPlan]) -> None:
