@@ -8,7 +8,7 @@ starts it as a process of its own on its node (:func:`start`), on the rendezvous
 and port, and every rank, rank 0 too, connects to it as a client (:func:`connect`). A rank 0
 started again in place of a lost one (``GLAUNCH_PEER_JOIN``) finds it there and starts none.
 
-The store's process (:func:`main`) ends when every rank has said it finished
+The store's process (:func:`main`) ends LINGER_S after every rank has said it finished
 (:func:`finished`, from launcher.runtime.shutdown_distributed), or when the process that
 started rank 0 is gone (srun's step daemon, the local job step: the step it served has
 ended, whatever became of its ranks). It ignores the signals a job's warning, its stack
@@ -32,6 +32,10 @@ from launcher.processes import process_runs
 # Every rank adds 1 to this key as it shuts down cleanly; the store ends at the world size.
 FINISHED_KEY = "glaunch-store/finished"
 POLL_S = 0.5
+# A rank's client of the store still lives while the rank tears its group down and its
+# interpreter ends, after it said it finished: a store gone under it can abort it there
+# ("terminate called without an active exception"). The end of the step comes first.
+LINGER_S = 10.0
 # How long rank 0 waits for the store's process to listen: it imports torch first.
 READY_WAIT_S = 120.0
 READY = "listening"
@@ -106,8 +110,9 @@ def finished() -> None:
         pass
 
 
-def serve(host: str, port: int, world_size: int, watched: int) -> int:
-    """The store: listening on `port` until every rank has finished or `watched` is gone."""
+def serve(host: str, port: int, world_size: int, watched: int, linger_s: float = LINGER_S) -> int:
+    """The store: listening on `port` until `linger_s` after every rank has finished, or
+    until `watched` is gone."""
     for name in IGNORED_SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     import torch.distributed as dist
@@ -121,19 +126,23 @@ def serve(host: str, port: int, world_size: int, watched: int) -> int:
     print(READY, flush=True)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)         # rank 0 reads one line; nothing more goes to its pipe
+    all_finished_at: float | None = None
     while process_runs(watched):
-        try:
-            if store.add(FINISHED_KEY, 0) >= world_size:
+        if all_finished_at is None:
+            try:
+                if store.add(FINISHED_KEY, 0) >= world_size:
+                    all_finished_at = time.monotonic()
+            except Exception:
                 break
-        except Exception:
+        elif time.monotonic() - all_finished_at >= linger_s:
             break
         time.sleep(POLL_S)
     return 0
 
 
 def main(argv: list[str]) -> int:
-    host, port, world_size, watched = argv
-    return serve(host, int(port), int(world_size), int(watched))
+    host, port, world_size, watched, *linger = argv
+    return serve(host, int(port), int(world_size), int(watched), *(float(s) for s in linger[:1]))
 
 
 if __name__ == "__main__":

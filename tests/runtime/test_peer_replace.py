@@ -31,7 +31,7 @@ from test_peer_recovery import (  # noqa: F401
 
 from launcher.rundir.layout import RunDir, heartbeat_bytes
 from launcher.rundir.rankcontext import context, free_port
-from launcher.runtime import peer
+from launcher.runtime import peer, peerstore
 from launcher.runtime.peerplan import PeerRecoveryImpossible, Report, plan_recovery
 
 JOB = "4242"
@@ -106,7 +106,7 @@ def test_a_lost_rank_is_started_again_and_gets_its_peers_state(tmp_path, uninter
     assert "resumed from" not in text and not (run_dir / "checkpoints").exists()
     (entry,) = (json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines())
     assert (entry["failed"], entry["replaced"], entry["lost_steps"]) == ([lost], [lost], 1), entry
-    deadline = time.monotonic() + 10
+    deadline = time.monotonic() + peerstore.LINGER_S + 10
     while store_processes(port) and time.monotonic() < deadline:
         time.sleep(0.1)
     left = store_processes(port)
