@@ -615,11 +615,7 @@ def test_a_submit_whose_link_drops_at_any_round_trip_leaves_nothing_it_does_not_
     assert f"glaunch cancel {run_id} undoes them" in done.stderr and "resumes/2" in done.stderr, done.stderr
     status = json.loads(glaunch(laptop, "status", run_id, "--json").stdout)
     assert status["state"] == "CANCELLED" and "its resume's link dropped" in status["detail"], status
-    again = glaunch(laptop, "resume", run_id)
-    assert again.returncode == 2 and f"glaunch cancel {run_id}" in again.stderr, again.stderr
-    cancelled = glaunch(laptop, "cancel", run_id)
-    assert cancelled.returncode == 0 and "removed what its interrupted resume left" in cancelled.stdout, \
-        cancelled.stdout + cancelled.stderr
+    resume_refused_until_cancel_undoes_it(laptop, run_id)
     assert held_jobs() == [] and files_of(runs / run_id) == resumed_once
     assert len(before) < len(resumed_once)      # the first resume set its previous files aside in resumes/1
     record = json.loads((runs / run_id / "run.json").read_text())
@@ -636,12 +632,18 @@ def test_a_submit_whose_link_drops_at_any_round_trip_leaves_nothing_it_does_not_
     assert status["state"] == "CANCELLED" and "the glaunch process resuming it stopped" in status["detail"], status
     assert "a held job it may have queued" in status["detail"] and "resumes/2" in status["detail"], status
     assert len(held_jobs()) == 1
+    resume_refused_until_cancel_undoes_it(laptop, run_id)
+    assert held_jobs() == [] and files_of(runs / run_id) == resumed_once
+
+
+def resume_refused_until_cancel_undoes_it(laptop, run_id: str) -> None:
+    """A run whose last resume left something on the cluster: another resume is refused
+    (exit 2, naming cancel) until cancel has undone it."""
     again = glaunch(laptop, "resume", run_id)
     assert again.returncode == 2 and f"glaunch cancel {run_id}" in again.stderr, again.stderr
     cancelled = glaunch(laptop, "cancel", run_id)
     assert cancelled.returncode == 0 and "removed what its interrupted resume left" in cancelled.stdout, \
         cancelled.stdout + cancelled.stderr
-    assert held_jobs() == [] and files_of(runs / run_id) == resumed_once
 
 
 def files_of(root: Path) -> dict[str, bytes]:
