@@ -19,7 +19,7 @@ import pytest
 from conftest import RANK_VARS
 from launcher.rundir.rankcontext import context, free_port
 from launcher.runtime import peer, peerstore
-from test_peer_recovery import REPO, SCRIPT, STEPS, recovery_lines, stop_all, store_processes
+from test_peer_recovery import REPO, SCRIPT, STEPS, stop_all, store_processes
 
 
 LINGER_S = 1.0
@@ -115,6 +115,7 @@ def test_under_torchrun_a_failed_rank_is_recovered_through_the_agent_s_store(tmp
     finally:
         stop_all([proc], port)
     assert proc.returncode == 0, out[-4000:]
-    lines = recovery_lines(out)
-    assert len(lines) == 2 and all("state of step 6 from rank 0 to rank(s) 1" in line for line in lines), out[-4000:]
+    # The agent passes both workers' output on through one pipe: their lines may run together.
+    said = "peer recovery: failed rank(s) 1; state of step 6 from rank 0 to rank(s) 1; the ranks go on at step 7"
+    assert out.count(said) == 2 and out.count("(received it)") == 1, out[-4000:]
     assert f"done: step {STEPS}" in out
