@@ -9,7 +9,7 @@ into its run (`--out_dir=${run:dir}/out`), reports progress through its "iter N:
 run from the same folder has outputs of its own.
 
 The plain Lightning script (Trainer(num_nodes=2, devices=2, strategy="ddp")) gets SIGUSR1
-ahead of a 1-minute limit: Lightning's SLURM environment saves hpc_ckpt_1.ckpt and requeues
+ahead of a 2-minute limit (late enough that its handler is in place on a busy machine): Lightning's SLURM environment saves hpc_ckpt_1.ckpt and requeues
 the job itself, once; the next start resumes from it.
 """
 
@@ -152,13 +152,14 @@ def test_nanogpt_preempted_resumes_through_resume_args(tmp_path, isolated_env):
 
 # --- Lightning's bug-report model, plain (no glaunch runtime) --------------------------------------
 
-EPOCHS = 250
+# 0.2 s a step: more steps than a 2-minute start can run, so the limit's warning comes first.
+EPOCHS = 600
 LIGHTNING = f"""name: lightning-bug-report
 entrypoint:
   script: bug_report_model.py
   args: ["${{run:dir}}/lightning", "{EPOCHS}"]
   progress: {{pattern: '\\bstep (\\d+)$', total: {EPOCHS - 1}}}
-resources: {{nodes: 2, time: "1"}}
+resources: {{nodes: 2, time: "2"}}
 requeue: {{max: 3, signal_lead_s: 5, mode: requeue}}
 """
 
@@ -181,7 +182,8 @@ def test_plain_lightning_saves_at_the_warning_and_resumes(tmp_path, isolated_env
     job = job_id_of(run_dir)
     root = run_dir / "lightning"
     try:
-        # The limit's warning (SIGUSR1, 25 to 55 s into the start): Lightning saves
+        # The limit's warning (SIGUSR1, 85 to 115 s into the start: Slurm looks at time
+        # limits every 30 s, and warns at the first look within 30 s of the lead): Lightning saves
         # hpc_ckpt_1.ckpt and requeues the job itself. On a busy machine its requeue may come
         # after the limit: then the limit ends the step and glaunch's controller requeues the
         # same job (requeue.mode requeue; requeue.max allows it). Either way, one requeue.
