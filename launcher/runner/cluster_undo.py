@@ -9,7 +9,7 @@ directory removed. What it could not undo (the link dropped) comes back as an `O
 of what is left: the exit-3 message names it (`said`), the record here keeps it
 (left.json, `write_left`/`read_left`, checked against the run's own directory on the
 cluster before use), and `glaunch cancel` runs the same undo once the cluster answers.
-A run's submission journals its OnCluster there as it goes (`journal`, under the lock of
+A run's submission journals its OnCluster there as it goes (`Journal`, under the lock of
 `submitting`), so that what a process stopped midway left is named too.
 """
 
@@ -218,10 +218,26 @@ def write_left(home: Path, left: OnCluster, *, forget: bool, submitting: bool = 
     atomic_write_text(home / LEFT_FILE, json.dumps({**left.as_dict(), "forget": forget, **more}))
 
 
-def journal(home: Path, *, forget: bool = True) -> Callable[[OnCluster], None]:
-    """What keeps a submission's (or, not `forget`, a resume's) OnCluster in the record
-    `home` as it goes (`write_left`)."""
-    return lambda done: write_left(home, done, forget=forget, submitting=True)
+@dataclass(frozen=True)
+class Journal:
+    """What keeps a submission's OnCluster in its record `home` as it goes (left.json,
+    `write_left`): told of each change (called with it), then of the release asked for.
+    `forget`: the record goes once what is left is cleaned (a run or sweep submitted), else
+    it stays (a resumed run's)."""
+
+    home: Path
+    forget: bool = True
+
+    def __call__(self, done: OnCluster) -> None:
+        write_left(self.home, done, forget=self.forget, submitting=True)
+
+    def releasing(self, done: OnCluster, job_id: str) -> None:
+        """The release of the held job `job_id` is about to be asked."""
+        write_left(self.home, done, forget=self.forget, submitting=True, releasing=job_id)
+
+    def keep(self, left: OnCluster) -> None:
+        """The submission ended leaving `left` on the cluster: what `cancel` removes."""
+        write_left(self.home, left, forget=self.forget)
 
 
 def submitting(home: Path) -> contextlib.AbstractContextManager[None]:

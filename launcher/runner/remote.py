@@ -361,12 +361,13 @@ def _stage_send_queue(prepared: Prepared, conn: Connection, local: Path, check: 
     home = records_dir() / plan.run_id
     with record_opened(home, plan.run_id, where,
                        lambda home: shutil.copyfile(RunDir(written.path).run_file, RunDir(home).run_file)):
-        done = OnCluster(journal=cluster_undo.journal(home))
+        journal = cluster_undo.Journal(home)
+        done = OnCluster(journal=journal)
         try:
             done.place(plan.run_dir)
             send_tree(conn, written.path, plan.run_dir, make_parent=True)
             job_id = _check_queue_release(prepared, conn, client, written.path, check, done,
-                                          before_release=lambda job_id: _record_queued_here(local, home, done,
+                                          before_release=lambda job_id: _record_queued_here(local, journal, done,
                                                                                             job_id))
         except BaseException as exc:
             cluster_undo.undo_after(exc, conn, client, done, plan.run_id,
@@ -467,7 +468,7 @@ def record_opened(home: Path, run_id: str, where: Where, write_record: Callable[
                           key="run id") from None
     try:
         with cluster_undo.submitting(home):
-            cluster_undo.write_left(home, OnCluster(), forget=True, submitting=True)
+            cluster_undo.Journal(home)(OnCluster())
             atomic_write_text(home / REMOTE_FILE, where.to_json())
             write_record(home)
             registry.register(run_id, str(home))
@@ -481,20 +482,21 @@ def record_opened(home: Path, run_id: str, where: Where, write_record: Callable[
         raise
 
 
-def _record_queued_here(staged: Path, home: Path, done: OnCluster, job_id: str) -> None:
+def _record_queued_here(staged: Path, journal: cluster_undo.Journal, done: OnCluster, job_id: str) -> None:
     """Before the release: run.json naming the held job and task.json (where rank 0's log
     is, for a console that follows the run from its start) copied into the record here,
     whose journal says which job's release is asked."""
+    home = journal.home
     shutil.copyfile(RunDir(staged).run_file, RunDir(home).run_file)
     if RunDir(staged).task_file.is_file():
         shutil.copyfile(RunDir(staged).task_file, RunDir(home).task_file)
-    cluster_undo.write_left(home, done, forget=True, submitting=True, releasing=job_id)
+    journal.releasing(done, job_id)
 
 
 def _record_left(staged: Path, home: Path, left: OnCluster, said: str) -> None:
     """The record here of a submission that left `left` on the cluster: what `cancel` removes."""
     with contextlib.suppress(OSError, GlaunchError):
-        cluster_undo.write_left(home, left, forget=True)
+        cluster_undo.Journal(home).keep(left)
         with registry.updating(staged) as record:
             record.state = State.FAILED.value
             record.reason = None
@@ -533,7 +535,7 @@ def settled_left(run_dir: Path) -> cluster_undo.Left | None:
     aside = left.on_cluster.set_aside
     if not left.forget and aside is not None:
         atomic_write_text(RunDir(run_dir).run_file, aside.record)      # the record before the resume
-    cluster_undo.write_left(Path(run_dir), left.on_cluster, forget=left.forget)
+    cluster_undo.Journal(Path(run_dir), forget=left.forget).keep(left.on_cluster)
     with registry.updating(run_dir) as record:
         if left.forget:
             record.state = State.FAILED.value
@@ -552,7 +554,7 @@ def clean_left(run_dir: Path, left: cluster_undo.Left) -> str:
     with connect(where.login) as conn:
         still = cluster_undo.undo(conn, on_login.slurm_client(conn), left.on_cluster)
     if still is not None:
-        cluster_undo.write_left(Path(run_dir), still, forget=left.forget)
+        cluster_undo.Journal(Path(run_dir), forget=left.forget).keep(still)
         raise SchedulerError(f"run {run_id}: {still.said(run_id, where.login.host)}")
     if left.forget:
         cluster_undo.forget_here(Path(run_dir))
@@ -617,14 +619,14 @@ def queue_resume(prepared: PreparedResume, conn: Connection, aside: str, moved: 
     template = posixpath.relpath(str(task_template(plan.log_dir)), plan.run_dir)
     set_aside = SetAside(plan.run_dir, aside, tuple(names), False, before, (template,))
     with cluster_undo.submitting(here):
-        done = OnCluster(journal=cluster_undo.journal(here, forget=False))
+        journal = cluster_undo.Journal(here, forget=False)
+        done = OnCluster(journal=journal)
         try:
             done.put_aside(set_aside)
             on_login.set_aside(conn, plan.run_dir, aside, names, _resume_files(prepared))
             done.put_aside(dataclasses.replace(set_aside, whole=True))
             job_id = _check_queue_release(prepared, conn, client, here, check, done,
-                                          before_release=lambda job_id: cluster_undo.write_left(
-                                              here, done, forget=False, submitting=True, releasing=job_id))
+                                          before_release=lambda job_id: journal.releasing(done, job_id))
         except BaseException as exc:
             atomic_write_text(RunDir(here).run_file, before)
             cluster_undo.undo_after(exc, conn, client, done, prepared.record.run_id,
@@ -636,7 +638,7 @@ def queue_resume(prepared: PreparedResume, conn: Connection, aside: str, moved: 
 
 def _keep_left_of_resume(here: Path, left: OnCluster, said: str) -> None:
     """The run's record here (as it was before the resume) says what its resume left."""
-    cluster_undo.write_left(here, left, forget=False)
+    cluster_undo.Journal(here, forget=False).keep(left)
     with registry.updating(here) as record:
         record.detail = f"its resume's link dropped: {said}"
 

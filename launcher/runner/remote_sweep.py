@@ -96,7 +96,7 @@ def _stage_send_queue(prepared: PreparedSweep, conn: Connection, local: Path, ch
     # glaunch process stopped midway leaves a record naming what it left.
     with remote.record_opened(home, prepared.sweep_id, where,
                               lambda home: registry.write(home, _standing_for(prepared, plans[0], where))):
-        done = OnCluster(journal=cluster_undo.journal(home))
+        done = OnCluster(journal=cluster_undo.Journal(home))
         try:
             done.place(cluster)
             send_tree(conn, local, cluster, make_parent=True)
@@ -138,7 +138,7 @@ def _record_left(prepared: PreparedSweep, first: JobPlan, left: OnCluster, where
     try:
         home.mkdir(exist_ok=True)
         atomic_write_text(home / REMOTE_FILE, where.to_json())
-        cluster_undo.write_left(home, left, forget=True)
+        cluster_undo.Journal(home).keep(left)
         record = dataclasses.replace(_standing_for(prepared, first, where), state=State.FAILED.value,
                                      detail=f"its sweep's submission's link dropped: {said}")
         registry.write(home, record)

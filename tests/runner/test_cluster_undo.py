@@ -191,7 +191,7 @@ def test_left_json_is_taken_only_as_far_as_it_names_the_runs_own_things(tmp_path
 
 
 def test_a_submission_journals_each_step_before_the_cluster_is_asked_and_its_lock_dies_with_its_process(tmp_path):
-    done = OnCluster(journal=cluster_undo.journal(tmp_path))
+    done = OnCluster(journal=cluster_undo.Journal(tmp_path))
     done.place(CLUSTER)
     assert cluster_undo.read_left(tmp_path, "r1", CLUSTER) == cluster_undo.Left(OnCluster(CLUSTER), True, True)
     index = done.asked(f"{CLUSTER}/job.sbatch", "glaunch:r1")
