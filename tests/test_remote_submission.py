@@ -112,6 +112,23 @@ def test_a_dry_run_with_a_login_contacts_nothing(tmp_path, isolated_env):
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert not (Path(isolated_env["GLAUNCH_STATE_DIR"]) / "ssh").exists()
+    # Its record names the road its Slurm commands would take: through the login node.
+    record = next((Path(isolated_env["GLAUNCH_STATE_DIR"]) / remote.RECORDS).glob("e-*/run.json"))
+    assert json.loads(record.read_text())["transport"] == "ssh://127.0.0.1:1"
+
+
+def test_a_run_submitted_where_slurm_answers_records_its_commands_run_here_though_the_profile_has_login(
+        tmp_path, isolated_env):
+    write_site(tmp_path, "login: {host: 127.0.0.1, port: 1}")
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    (tmp_path / "exp.yaml").write_text("name: e\nentrypoint: {script: train.py}\nrequeue: {max: 0}\n")
+    env = dict(isolated_env, PATH=str(tmp_path / "no-bin"), PYTHONPATH=str(REPO), GLAUNCH_DIRECT="1")
+    done = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "exp.yaml", "--site", "./far.yaml",
+                           "--dry-run", "--runs-dir", str(tmp_path / "runs")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    record = json.loads(next((tmp_path / "runs").glob("e-*/run.json")).read_text())
+    assert record["transport"] == "local", record
 
 
 def test_a_tilde_in_python_is_the_home_of_the_account_the_plan_is_resolved_for(tmp_path, isolated_env):

@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Sequence, TypeVar
 from launcher import schedulers
 from launcher.config.sites import LoadedSite
 from launcher.errors import ConfigError, GlaunchError, SchedulerError
-from launcher.resolution.jobplan import JobPlan
+from launcher.resolution.jobplan import JobPlan, Transport
 from launcher.rundir import registry
 from launcher.rundir.lifecycle import ENDS
 from launcher.rundir.records import RunRecord, State, is_terminal
@@ -83,6 +83,12 @@ def refuse_copy(run_dir: Path, record: RunRecord, command: str) -> None:
         fix = f"move it back to {original}"
     raise ConfigError(f"{run_dir}: {why}; its job, checkpoints and files name that directory ({fix})",
                       file=str(Path(run_dir) / "run.json"), key="run_dir")
+
+
+def with_conventions(plan: JobPlan) -> JobPlan:
+    """The plan with its entry script's conventions (the warning signal), on either road."""
+    signal = frameworks.warning_signal(plan.submitted_script)
+    return dataclasses.replace(plan, recovery=dataclasses.replace(plan.recovery, warning_signal=signal))
 
 
 def recorded_elements(sweep_dir: Path) -> dict[str, RunRecord | GlaunchError]:
@@ -197,9 +203,9 @@ class Direct:
         return dict(environ)
 
     def plan(self, plan: JobPlan) -> JobPlan:
-        """The plan with its entry script's conventions (the warning signal)."""
-        signal = frameworks.warning_signal(plan.submitted_script)
-        return dataclasses.replace(plan, recovery=dataclasses.replace(plan.recovery, warning_signal=signal))
+        """The plan with its entry script's conventions, its Slurm commands run here (what
+        its record names: a profile's `login:` is not used where Slurm answers here)."""
+        return dataclasses.replace(with_conventions(plan), transport=Transport(login=None))
 
     def files(self, files: Mapping[str, str]) -> dict[str, str]:
         return dict(files)

@@ -18,7 +18,7 @@ from launcher.config.sites import LoadedSite
 from launcher.errors import ConfigError
 from launcher.resolution.jobplan import JobPlan
 from launcher.resolution.resolve import transport_of
-from launcher.runner.direct import DIRECT, Direct
+from launcher.runner.direct import DIRECT, Direct, with_conventions
 from launcher.runner.prepared import Prepared, PreparedSweep
 from launcher.runner.results import Run, Sweep
 from launcher.runner.road import OverSSH
@@ -48,7 +48,7 @@ class SubmittedOverSSH(OverSSH):
         snapshot there."""
         from launcher.runner import remote
 
-        return remote.on_cluster(DIRECT.plan(plan))
+        return remote.on_cluster(with_conventions(plan))
 
     def files(self, files: Mapping[str, str]) -> dict[str, str]:
         """The rendered files as they are written and shown."""
