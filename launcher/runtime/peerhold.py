@@ -12,10 +12,12 @@ Each rank runs a thread (:class:`HoldWatch`, polling every POLL_S):
 - A rank with no collective pending (rank 0 too: the rendezvous store is in a process of
   its own, launcher.runtime.peerstore), inside a step that has run for half the hang bound
   in force (the watchdog's ``bound_s`` in this start's entry of run.json, read only once
-  the step has run MARK_AFTER_S) and not saving, that finds every other rank's mark of
-  this generation as old, is the one they all wait for: it says so in its log and ends its
-  own process. Its peers' collectives raise at once, and its process is started again as
-  any lost process is (launcher.runtime.peer), losing at most the step in flight. Half the
+  the step has run MARK_AFTER_S) and not saving, that finds a peer's mark of this
+  generation as old, is one they wait for: a step's collectives need every rank, so a rank
+  in none of them holds every rank waiting in one. It says so in its log and ends its own
+  process. Its peers' collectives raise at once, and its process is started again as any
+  lost process is (launcher.runtime.peer), losing at most the step in flight (two ranks
+  hung at once: both end themselves, both are started again). Half the
   bound: the recovery has the other half before the watchdog would end the step, and a
   peer-replace request of the start postpones the watchdog (launcher.jobcontrol.watchdog).
 
@@ -58,14 +60,19 @@ class Mark:
 
 def holds_peers(rank: int, world_size: int, generation: int, marks: Mapping[int, Mark], *, now: float,
                 bound_s: float | None, pending: bool, in_step: bool, saving: bool) -> bool:
-    """Pure: whether rank `rank` is the one its peers wait for (the module's docstring):
-    not waiting itself, inside a step and not saving, a bound in force, and
-    every other rank marked waiting in this generation for at least half the bound."""
+    """Pure: whether rank `rank` is one its peers wait for (the module's docstring): not
+    waiting itself, inside a step and not saving, a bound in force, and a peer marked
+    waiting in this generation for at least half the bound."""
     if pending or not in_step or saving or not bound_s or bound_s <= 0 or world_size < 2:
         return False
-    others = [r for r in range(world_size) if r != rank]
-    return all((mark := marks.get(r)) is not None and mark.generation == generation
-               and now - mark.since >= bound_s / 2 for r in others)
+    return bool(waited_long(rank, world_size, generation, marks, now=now, bound_s=bound_s))
+
+
+def waited_long(rank: int, world_size: int, generation: int, marks: Mapping[int, Mark], *, now: float,
+                bound_s: float) -> list[Mark]:
+    """Pure: the marks of `rank`'s peers waiting in this generation for at least half the bound."""
+    return [mark for r in range(world_size) if r != rank and (mark := marks.get(r)) is not None
+            and mark.generation == generation and now - mark.since >= bound_s / 2]
 
 
 def mark_of(data: Mapping[str, Any] | None, rank: int, job_id: str, restart: int) -> Mark | None:
@@ -140,8 +147,11 @@ class HoldWatch:
         saving = heartbeats.current().state in SAVING_STATES
         if holds_peers(self.ctx.rank, self.ctx.world_size, self.group.generation, marks, now=now, bound_s=bound,
                        pending=False, in_step=True, saving=saving):
-            oldest = min(mark.since for mark in marks.values())
-            log(f"peer recovery: every other rank has waited {now - oldest:.0f} s for this rank in its step "
+            waiting = waited_long(self.ctx.rank, self.ctx.world_size, self.group.generation, marks, now=now,
+                                  bound_s=bound)
+            oldest = min(mark.since for mark in waiting)
+            ranks = ", ".join(str(mark.rank) for mark in waiting)
+            log(f"peer recovery: rank(s) {ranks} have waited {now - oldest:.0f} s for this rank in its step "
                 f"(half the hang bound of {bound:g} s): this rank is hung; ending its process so that its "
                 "peers recover it")
             self.end(HELD_PEERS_EXIT)

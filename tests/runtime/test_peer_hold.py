@@ -25,7 +25,9 @@ def marks(*ranks: int, age: float = 40.0, generation: int = 0) -> dict[int, Mark
 @pytest.mark.parametrize("rank, world, found, bound, pending, in_step, saving, held", [
     (3, 4, marks(0, 1, 2), 60.0, False, True, False, True),             # every peer waited half the bound
     (3, 4, marks(0, 1, 2, age=29.0), 60.0, False, True, False, False),  # not yet half the bound
-    (3, 4, marks(0, 1), 60.0, False, True, False, False),               # rank 2 does not wait: not this one alone
+    (3, 4, marks(0, 1), 60.0, False, True, False, True),                # rank 2 waits for nothing too: both hold
+    (3, 4, marks(1), 60.0, False, True, False, True),                   # three waiting for nothing: each holds
+    (3, 4, {}, 60.0, False, True, False, False),                        # nobody waits for it
     (3, 4, marks(0, 1, 2, generation=1), 60.0, False, True, False, False),   # marks of another generation
     (0, 2, marks(1), 60.0, False, True, False, True),                   # rank 0 too: the store is not in it
     (1, 2, marks(0), 60.0, True, True, False, False),                   # it waits in a collective itself
@@ -34,8 +36,8 @@ def marks(*ranks: int, age: float = 40.0, generation: int = 0) -> dict[int, Mark
     (1, 2, marks(0), None, False, True, False, False),                  # no bound in force (off, not watched)
     (1, 1, {}, 60.0, False, True, False, False),                        # alone
 ])
-def test_a_rank_holds_its_peers_only_when_every_other_waits_for_it_half_a_bound(rank, world, found, bound, pending,
-                                                                                in_step, saving, held):
+def test_a_rank_holds_its_peers_only_when_a_peer_waits_for_it_half_a_bound(rank, world, found, bound, pending,
+                                                                           in_step, saving, held):
     assert holds_peers(rank, world, 0, found, now=NOW, bound_s=bound, pending=pending, in_step=in_step,
                        saving=saving) is held
 

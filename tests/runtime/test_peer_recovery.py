@@ -28,7 +28,7 @@ from test_watchdog_local import status_of
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 20
 
-# The example, made to raise once on FAIL_RANK at FAIL_STEP (FAIL_WHERE: in its data, in its
+# The example, made to raise once on FAIL_RANK (a rank, or several: "1,2") at FAIL_STEP (FAIL_WHERE: in its data, in its
 # backward pass, after its optimizer step; "always": at every try of that step; "exit": its
 # process lost; "hang": its data never comes), its parameters and optimizer state damaged first. It notes when it failed
 # and when the next step after the failure was done (should_stop's call).
@@ -44,7 +44,7 @@ WHERE = os.environ.get("FAIL_WHERE", "")
 # A process started again in place of a lost one (GLAUNCH_PEER_JOIN: the generation it joins)
 # fails again only while FAIL_TIMES (default 1) processes of the rank have not failed yet.
 AGAIN = "-started-again" if os.environ.get("GLAUNCH_PEER_JOIN") else ""
-FAILS = (os.environ.get("FAIL_RANK") == os.environ.get("RANK")
+FAILS = (os.environ.get("RANK") in os.environ.get("FAIL_RANK", "").split(",")
          and int(os.environ.get("GLAUNCH_PEER_JOIN") or 0) < int(os.environ.get("FAIL_TIMES") or 1))
 STEP = int(os.environ.get("FAIL_STEP", "0"))
 times = {{"failed_at": None, "next_step": None, "next_step_at": None, "step_ends": []}}
@@ -243,9 +243,10 @@ checkpoint: {{every_steps: 5, keep: 4}}
 """
 
 
-def submit(tmp_path: Path, runs: str, env: dict, *overrides: str) -> tuple[Path, subprocess.CompletedProcess]:
+def submit(tmp_path: Path, runs: str, env: dict, *overrides: str,
+           site: str = "local") -> tuple[Path, subprocess.CompletedProcess]:
     proc = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", str(tmp_path / "peer.yaml"),
-                           "--site", "local", "--runs-dir", str(tmp_path / runs), *overrides],
+                           "--site", site, "--runs-dir", str(tmp_path / runs), *overrides],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     (run_dir,) = (tmp_path / runs).iterdir()
     return run_dir, proc
@@ -311,19 +312,24 @@ def test_on_the_local_site_a_lost_process_is_started_again_and_gets_its_peers_st
           f"{again['step_ends'][0] - lost_at:.3f} s later")
 
 
-def test_on_the_local_site_a_rank_hung_in_its_data_is_ended_and_recovered_from_its_peer(tmp_path, isolated_env):
-    """Rank 1 hangs in its data at step 7 (nothing raises) while rank 0 waits for it in the
-    gradient all-reduce: once rank 0 has waited half the hang bound, rank 1 ends its own
-    process, rank 0 asks for it, the local job step starts it again, and it joins with rank
-    0's state. One start, no checkpoint read, the watchdog never ends the step, and the final
-    parameters equal an uninterrupted run's. The bound's floor is lowered to 20 s (so 10 s
-    of waiting) to keep the test short."""
+def test_on_the_local_site_two_ranks_hung_in_their_data_end_themselves_and_are_recovered_from_their_peer(
+        tmp_path, isolated_env):
+    """Ranks 1 and 2 of 3 hang in their data at step 7 (nothing raises) while rank 0 waits
+    for them in the gradient all-reduce: once rank 0 has waited half the hang bound, each
+    ends its own process (neither waits for the other: the step's collective needs them
+    both), rank 0 asks for both, the local job step starts them again, and they join with
+    rank 0's state. One start, no checkpoint read, the watchdog never ends the step, and
+    the final parameters equal an uninterrupted run's. The bound's floor is lowered to 20 s
+    (so 10 s of waiting) to keep the test short."""
     (tmp_path / "failing_ddp.py").write_text(SCRIPT)
     (tmp_path / "peer.yaml").write_text(EXPERIMENT)
-    plain_dir, plain = submit(tmp_path, "plain", isolated_env)
+    three = tmp_path / "three.yaml"
+    three.write_text((REPO / "site_configs" / "local.yaml").read_text().replace("gpus_per_node: 2",
+                                                                                "gpus_per_node: 3"))
+    plain_dir, plain = submit(tmp_path, "plain", isolated_env, site=str(three))
     assert plain.returncode == 0, plain.stdout[-3000:] + plain.stderr[-3000:]
     run_dir, proc = submit(tmp_path, "hung", isolated_env, "recovery.peer=true", "watchdog.auto_floor_s=20",
-                           "env.FAIL_RANK=1", "env.FAIL_STEP=7", "env.FAIL_WHERE=hang")
+                           "env.FAIL_RANK=1,2", "env.FAIL_STEP=7", "env.FAIL_WHERE=hang", site=str(three))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     record = json.loads((run_dir / "run.json").read_text())
     (start,) = record["starts"]
@@ -331,16 +337,16 @@ def test_on_the_local_site_a_rank_hung_in_its_data_is_ended_and_recovered_from_i
     assert start.get("resumed_from") is None and "hang" not in start, start
     assert param_sha256(run_dir) == param_sha256(plain_dir)
     logs = rank_logs(run_dir)
-    held = re.search(r"every other rank has waited ([0-9]+) s for this rank in its step \(half the hang bound of "
-                     r"([0-9.]+) s\)", logs)
-    assert held and float(held.group(1)) >= float(held.group(2)) / 2, logs[-4000:]
+    held = re.findall(r"rank\(s\) 0 have waited ([0-9]+) s for this rank in its step \(half the hang bound of "
+                      r"([0-9.]+) s\)", logs)
+    assert len(held) == 2 and all(float(waited) >= float(bound) / 2 for waited, bound in held), logs[-4000:]
     assert "resumed from" not in logs
     (summary,) = [json.loads(p.read_text()) for p in (run_dir / "logs").glob("*_step.json")]
-    assert summary["started_again"] == {"1": 1} and summary["status"] == 0 and not summary["hung"], summary
+    assert summary["started_again"] == {"1": 1, "2": 1} and summary["status"] == 0 and not summary["hung"], summary
     (entry,) = (json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines())
-    assert entry["replaced"] == [1] and entry["source"] == 0 and entry["lost_steps"] == 1, entry
+    assert entry["replaced"] == [1, 2] and entry["source"] == 0 and entry["lost_steps"] == 1, entry
     hung_at = json.loads((run_dir / "peer-times-1.json").read_text())["failed_at"]
-    again = json.loads((run_dir / "peer-times-1-started-again.json").read_text())
-    print(f"local site: rank 1 hung in its data at step 7 (bound {held.group(2)} s); it ended itself after its "
-          f"peer waited {held.group(1)} s; its new process ended step 7 {again['step_ends'][0] - hung_at:.1f} s "
-          "after the hang began")
+    again = [json.loads((run_dir / f"peer-times-{rank}-started-again.json").read_text()) for rank in (1, 2)]
+    print(f"local site: ranks 1 and 2 of 3 hung in their data at step 7 (bound {held[0][1]} s); they ended "
+          f"themselves after their peer waited {held[0][0]} s; their new processes ended step 7 "
+          f"{max(a['step_ends'][0] for a in again) - hung_at:.1f} s after the hang began")
