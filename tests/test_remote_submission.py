@@ -18,7 +18,8 @@ import pytest
 
 from test_login_key import write_site
 from launcher.config.login import Login
-from launcher.errors import ConfigError
+from launcher.errors import ConfigError, SchedulerError
+from launcher.processes import Finished
 from launcher.runner import remote
 
 REPO = Path(__file__).resolve().parents[1]
@@ -212,6 +213,42 @@ def test_slurm_commands_on_the_login_node_run_without_its_slurm_inputs(tmp_path)
     assert not seen & {"SBATCH_ACCOUNT", "SLURM_JOB_ID", "SQUEUE_FORMAT"}
 
 
+def test_a_cancel_on_the_login_node_marks_each_run_where_it_lives_then_cancels_in_one_call(tmp_path):
+    """The marks are appended to each run's cancel file, whatever its directory's name,
+    before one scancel of the jobs; a mark that cannot be written cancels nothing."""
+    from launcher.schedulers.ssh import on_login
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "scancel").write_text(f"#!/bin/sh\nprintf '%s\\n' \"$@\" > {tmp_path / 'scancelled'}\n")
+    (bin_dir / "scancel").chmod(0o755)
+    hostile = tmp_path / "a 'b' $(touch pwned) `id`"
+    plain = tmp_path / "plain"
+    for run_dir in (hostile, plain):
+        run_dir.mkdir()
+    (plain / "cancel-requested").write_text("7\n")
+
+    class Here:
+        def run(self, words, *, input=None, timeout_s=None):
+            done = subprocess.run(list(words), input=input, capture_output=True, timeout=30,
+                                  env={"PATH": f"{bin_dir}:/usr/bin:/bin"})
+            return Finished(done.returncode, done.stdout, done.stderr)
+
+        def where(self):
+            return "here"
+
+    done = on_login.cancel_marked(Here(), [(str(hostile), "41_0"), (str(plain), "42")], ["41", "42"])
+    assert done.returncode == 0, done.stderr
+    assert (hostile / "cancel-requested").read_text() == "41_0\n"
+    assert (plain / "cancel-requested").read_text() == "7\n42\n"
+    assert (tmp_path / "scancelled").read_text() == "41\n42\n"
+    assert not list(tmp_path.rglob("pwned"))
+    (tmp_path / "scancelled").unlink()
+    with pytest.raises(SchedulerError, match="nothing was cancelled"):
+        on_login.cancel_marked(Here(), [(str(tmp_path / "gone"), "43")], ["43"])
+    assert not (tmp_path / "scancelled").exists()
+
+
 # --- live: a laptop without Slurm, the cluster behind the login node -----------------------
 
 
@@ -240,10 +277,18 @@ HOSTILE_ARGS = ["a b", "it's", '"dq"', "$(touch /tmp/glaunch-pwned)", "`id`", "$
 # env values expand $VAR on the nodes by design ($$ is a literal $); command substitution never.
 HOSTILE_VALUE = "x 'y' \"z\" $(touch /tmp/glaunch-pwned) `id` $$HOME"
 SEEN_VALUE = "x 'y' \"z\" $(touch /tmp/glaunch-pwned) `id` $HOME"
+# It stops as a script with glaunch's runtime does at a preemption: asked by SIGTERM (scancel),
+# it records its stop, which the job's controller would take for a preemption to requeue.
 HOSTILE_SCRIPT = """\
 import json, os, sys, time
+from launcher import runtime as rt
+rt.install_stop_handler()
 print("HOSTILE " + json.dumps({"args": sys.argv[1:], "env": os.environ.get("HOSTILE_VALUE")}), flush=True)
-time.sleep(600)
+for step in range(1, 601):
+    time.sleep(1)
+    if rt.should_stop(step=step, total=600):
+        rt.write_stop(step, None)
+        sys.exit(0)
 """
 
 
@@ -259,7 +304,7 @@ def test_a_laptop_submits_follows_and_cancels_runs_over_ssh(laptop, tmp_path):
     (work / "hostile.py").write_text(HOSTILE_SCRIPT)
     (work / "hostile.yaml").write_text(json.dumps({
         "name": "hostile", "entrypoint": {"script": "hostile.py", "args": HOSTILE_ARGS},
-        "resources": {"nodes": 1, "time": "00:05:00"}, "requeue": {"max": 0},
+        "resources": {"nodes": 1, "time": "00:05:00"}, "requeue": {"max": 2},
         "env": {"HOSTILE_VALUE": HOSTILE_VALUE}}))
     hostile = submitted(glaunch(laptop, "submit", "hostile.yaml", *site, "--json", cwd=work))
     try:
@@ -288,9 +333,13 @@ def follow_both(laptop, runs: Path, ddp: str, hostile: str) -> None:
     line = next(x for x in said.splitlines() if "HOSTILE " in x)
     assert json.loads(line.split("HOSTILE ", 1)[1]) == {"args": HOSTILE_ARGS, "env": SEEN_VALUE}
     assert not os.path.exists("/tmp/glaunch-pwned")
+    # Cancelled while it runs: its start ends as cancelled, though its requeue.max would
+    # requeue a start that Slurm ended (the job's controller reads the mark cancel made there).
     cancel = glaunch(laptop, "cancel", hostile)
     assert cancel.returncode == 0 and "cancelled job" in cancel.stdout, cancel.stderr
-    assert wait_for(laptop, hostile, {"CANCELLED"}, 60)["state"] == "CANCELLED"
+    status = wait_for(laptop, hostile, {"CANCELLED"}, 60)
+    assert status["state"] == "CANCELLED", status
+    assert [(s["state"], s["reason"]) for s in status["starts"]] == [("CANCELLED", "cancelled")], status["starts"]
 
     # Resumed from the laptop: the previous files set aside on the cluster, the run goes on
     # from its last checkpoint to the same parameters.
@@ -711,7 +760,7 @@ def quiet(done) -> str:
 
 
 SLEEPER = {"name": "sleeper", "entrypoint": {"script": "hostile.py", "args": HOSTILE_ARGS},
-           "resources": {"nodes": 1, "time": "00:05:00"}, "requeue": {"max": 0}, "env": {"HOSTILE_VALUE": HOSTILE_VALUE}}
+           "resources": {"nodes": 1, "time": "00:05:00"}, "requeue": {"max": 2}, "env": {"HOSTILE_VALUE": HOSTILE_VALUE}}
 
 
 @pytest.mark.slurm

@@ -80,7 +80,6 @@ from launcher.processes import run_bounded
 from launcher.rundir.files import open_regular, read_json
 from launcher.rundir.lifecycle import IllegalMove, move
 from launcher.rundir.records import (
-    CANCEL_REQUESTED,
     FAILURES,
     RESUBMITTED_AFTER,
     SLOW_NODE,
@@ -456,8 +455,7 @@ def record_successor(run_dir: Path, job_id: str, predecessor: str | None, restar
         raise ValueError(f"{job_id!r} is not a job id")
     logs = RunDir(run_dir).log_dir
     with registry.updating(run_dir) as record:
-        if is_terminal(record.state) or (predecessor is not None
-                                         and record.extra.get(CANCEL_REQUESTED) == predecessor):
+        if is_terminal(record.state) or registry.cancel_asked(run_dir, record, predecessor):
             return False
         if predecessor is not None:
             # submitit's loader in each task reads LOG_DIR/JOB_submitted.pkl (JobPaths).
@@ -610,7 +608,7 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             requeue_max=record.requeue_max, crashes=record.crash_count(job_id=job_id),
             crash_retries=record.crash_retries, hung=hang is not None, swapping=swap is not None,
             # A cancel is glaunch's own mark on the job, never read from how a task ended.
-            cancelled=job_id is not None and record.extra.get(CANCEL_REQUESTED) == job_id,
+            cancelled=registry.cancel_asked(run_dir, record, job_id),
             killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None,
             runtime=used_runtime(run_dir, ctx_job_id or job_id, restart))
         outcome = with_crash_note(outcome, run_dir, restart)

@@ -70,6 +70,10 @@ CODE_PATCH = "code.patch"         # a dirty work tree's changes against its comm
 LIB_DIR = "lib"                   # the packages the job imports, as the submitter has them (launcher.runner.carried)
 SWEEP_FILE = "sweep.json"         # a sweep's directory: its record (launcher.runner.sweeps)
 RESULT_FILE = "result.json"
+# The jobs `glaunch cancel` asked to end, one id a line: appended where the run lives (on a
+# cluster reached over SSH too, where run.json's lock cannot be taken), read by the job
+# controller, which then ends the start as cancelled rather than requeue it.
+CANCEL_FILE = "cancel-requested"
 STOP_FILE = "stop.json"
 RESUME_FILE = "resume.json"
 CRASH_FILE = "crash.json"
@@ -213,6 +217,10 @@ class RunDir:
     @property
     def result_file(self) -> Path:
         return self.path / RESULT_FILE
+
+    @property
+    def cancel_file(self) -> Path:
+        return self.path / CANCEL_FILE
 
     @property
     def stop_file(self) -> Path:

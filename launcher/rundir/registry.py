@@ -24,9 +24,10 @@ from launcher.rundir.files import (
     atomic_write_text,
     directory_problem,
     open_regular,
+    read_text,
 )
 from launcher.rundir.layout import RunDir
-from launcher.rundir.records import RunRecord, StartRecord, State
+from launcher.rundir.records import CANCEL_REQUESTED, RunRecord, StartRecord, State, is_job_id
 
 INDEX_FILE = "runs.jsonl"
 # One line of the index is ~200 bytes; a longer one is not glaunch's.
@@ -294,6 +295,35 @@ def updating(run_dir: str | os.PathLike[str]) -> Iterator[RunRecord]:
         record = read(run_dir)
         yield record
         write(run_dir, record)
+
+
+# The most job ids a run's cancel file is read for (a cancel appends one or two).
+MAX_CANCELS = 4096
+
+
+def request_cancel(run_dir: str | os.PathLike[str], job_id: str) -> None:
+    """Say in the run's cancel file that `glaunch cancel` asked job `job_id` to end (the
+    job controller then ends its start as cancelled). Called under run.json's lock where it
+    can be taken (`updating`), so a job resubmitting the run sees the mark or is seen."""
+    if not is_job_id(job_id):
+        raise RunError(f"{job_id!r} is not a job id", file=str(RunDir(run_dir).cancel_file))
+    fd = open_regular(RunDir(run_dir).cancel_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW)
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(f"{job_id}\n")
+
+
+def cancel_asked(run_dir: str | os.PathLike[str], record: RunRecord, job_id: str | None) -> bool:
+    """Whether `glaunch cancel` asked job `job_id` of the run to end: named in its cancel
+    file, or (a record written before the file) run.json's mark."""
+    if job_id is None:
+        return False
+    if record.extra.get(CANCEL_REQUESTED) == job_id:
+        return True
+    try:
+        lines = read_text(RunDir(run_dir).cancel_file, limit=MAX_CANCELS * 32).splitlines()
+    except (OSError, ValueError):
+        return False
+    return job_id in {line.strip() for line in lines}
 
 
 def new_start(job_id: str, restart: int, **values: Any) -> StartRecord:

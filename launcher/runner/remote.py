@@ -84,7 +84,8 @@ from launcher.schedulers.slurm.submit import (
     dump_task, preflight, preflight_call, release, submission_marker, submitted_pickle, task_template,
 )
 from launcher.schedulers.ssh import on_login
-from launcher.schedulers.ssh.connection import Connection
+from launcher.processes import without_tool_prefix
+from launcher.schedulers.ssh.connection import Connection, said
 from launcher.schedulers.ssh.transfer import send_tree
 
 if TYPE_CHECKING:
@@ -862,10 +863,25 @@ def cancel(run_dir: Path) -> str:
         record = refreshed_over(conn, run_dir, where)
         if not record.job_id or is_terminal(record.state):
             return f"run {record.run_id}: nothing to cancel ({record.state})"
-        proc = on_login.slurm_client(conn).call("scancel", record.job_id)
-        if proc.returncode != 0:
-            raise SchedulerError(f"scancel {record.job_id} on {conn.where()} failed: {proc.stderr.strip()}")
-    return f"run {record.run_id}: cancelled job {record.job_id} on {where.login.host}"
+        job_id = record.job_id
+        _cancel_marked(conn, [(where.run_dir, job_id)], [job_id])
+        # A job ending at its time limit may have resubmitted the run meanwhile: its
+        # successor, named in run.json there now, is cancelled too (as on the cluster,
+        # where the mark and the resubmission take run.json's lock in turn).
+        again = refreshed_over(conn, run_dir, where)
+        if again.job_id and again.job_id != job_id and not is_terminal(again.state):
+            _cancel_marked(conn, [(where.run_dir, again.job_id)], [again.job_id])
+            job_id = f"{job_id} and its successor {again.job_id}"
+    return f"run {record.run_id}: cancelled job {job_id} on {where.login.host}"
+
+
+def _cancel_marked(conn: Connection, marks: Sequence[tuple[str, str]], jobs: Sequence[str]) -> None:
+    """The jobs' runs marked as cancelled where they live, then the jobs cancelled, in one
+    round trip (launcher.schedulers.ssh.on_login.cancel_marked)."""
+    done = on_login.cancel_marked(conn, marks, jobs)
+    if done.returncode != 0:
+        raise SchedulerError(f"scancel {' '.join(jobs)} on {conn.where()} failed: "
+                             f"{without_tool_prefix('scancel', said(done.stderr))}")
 
 
 def logs(run_dir: Path, *, rank: int | None, follow: bool, echo: Callable[[str], None], poll_s: float) -> None:
@@ -1024,17 +1040,21 @@ def _refresh_many(client: Client, runs: list[tuple[Path, RunRecord]]) -> list[Ru
 
 
 def cancel_sweep(sweep_dir: Path) -> str:
-    """scancel the sweep's arrays on the cluster."""
+    """scancel the sweep's arrays on the cluster, and its elements' jobs outside them (an
+    element resubmitted at its time limit), each element marked as cancelled first where it
+    lives (its job controller then ends it as cancelled, not requeued)."""
     where = where_of(sweep_dir)
     sweep = sweeps.read(sweep_dir)
     arrays = [a.job_id for a in sweep.arrays if a.job_id]
-    if not arrays:
+    records = sweep_element_records(sweep_dir)
+    live = [(where_of(Path(e.run_dir)).run_dir, str(r.job_id)) for e in sweep.elements
+            if isinstance(r := records.get(e.run_id), RunRecord) and r.job_id and not is_terminal(r.state)]
+    loose = [job_id for _, job_id in live if array_job_id(job_id) not in arrays]
+    if not arrays and not loose:
         return f"sweep {sweep.sweep_id}: nothing to cancel"
     with connect(where.login) as conn:
-        proc = on_login.slurm_client(conn).call("scancel", *arrays)
-        if proc.returncode != 0:
-            raise SchedulerError(f"scancel {' '.join(arrays)} on {conn.where()} failed: {proc.stderr.strip()}")
-    return f"sweep {sweep.sweep_id}: cancelled array job(s) {', '.join(arrays)} on {where.login.host}"
+        _cancel_marked(conn, live, [*arrays, *loose])
+    return f"sweep {sweep.sweep_id}: cancelled job(s) {', '.join([*arrays, *loose])} on {where.login.host}"
 
 
 def mirror_sweep_logs(sweep_dir: Path) -> None:

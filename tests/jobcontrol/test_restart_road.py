@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from launcher.rundir import registry
+from launcher.errors import GlaunchError
 from launcher.rundir.records import CANCEL_REQUESTED, RunRecord
 from launcher.jobcontrol.jobend import Outcome, next_start, record_successor
 from launcher.schedulers.slurm.recording import settled
@@ -61,6 +62,30 @@ def test_a_successor_of_a_cancelled_run_is_not_recorded(tmp_path, values):
 def test_a_cancel_asked_of_an_earlier_job_does_not_stop_a_successor(tmp_path):
     a_run(tmp_path, **{CANCEL_REQUESTED: "7"})     # a cancel of the run before `glaunch resume`
     assert record_successor(tmp_path, "42", "41", 0)
+
+
+@pytest.mark.parametrize("lines, asked", [
+    ("41\n", True),                        # `glaunch cancel` asked this job to end
+    ("7\n41\n", True),                     # after an earlier one (a cancel before a resume)
+    ("7\n", False),                        # another job's
+    ("41", True),                           # the last line unended
+    ("x41\n41x\n$(id)\n", False),           # nothing that is not the job's id
+])
+def test_the_cancel_file_written_where_the_run_lives_stops_a_successor_of_the_job_it_names(tmp_path, lines, asked):
+    a_run(tmp_path)
+    (tmp_path / "cancel-requested").write_text(lines)
+    assert registry.cancel_asked(tmp_path, registry.read(tmp_path), "41") is asked
+    assert record_successor(tmp_path, "42", "41", 0) is not asked
+
+
+def test_a_cancel_is_said_in_the_cancel_file_once_per_job_asked(tmp_path):
+    a_run(tmp_path)
+    registry.request_cancel(tmp_path, "41")
+    registry.request_cancel(tmp_path, "42_3")
+    assert (tmp_path / "cancel-requested").read_text() == "41\n42_3\n"
+    with pytest.raises(GlaunchError):
+        registry.request_cancel(tmp_path, "41\n42")
+    assert (tmp_path / "cancel-requested").read_text() == "41\n42_3\n"
 
 
 @pytest.mark.parametrize("job_id", ["", "42;x", "42_1", "../42"])

@@ -27,7 +27,7 @@ from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
 from launcher.rundir import envnames, registry
 from launcher.rundir.lifecycle import move
 from launcher.rundir.layout import RunDir
-from launcher.rundir.records import CANCEL_REQUESTED, RunRecord, State, is_terminal
+from launcher.rundir.records import RunRecord, State, is_terminal
 from launcher.schedulers.base import Echo, Launched, LaunchedBatch, Scheduler, SweepBatch, SweepPlan
 from launcher.schedulers.slurm import array
 from launcher.schedulers.slurm.script import controller_command, sbatch_directives
@@ -293,12 +293,18 @@ class SlurmScheduler(Scheduler):
         return out
 
     def cancel_many(self, runs: Sequence[tuple[Path, RunRecord]], job_ids: Sequence[str] = ()) -> list[str]:
-        """One scancel for all: the arrays' jobs, and the runs outside them."""
+        """One scancel for all: the arrays' jobs, and the runs outside them; each run's job
+        marked first as `cancel` marks it (its controller then ends it as cancelled, not
+        requeued)."""
         arrays = set(job_ids)
         targets = list(job_ids) + [r.job_id for _, r in runs if r.job_id and not is_terminal(r.state)
                                    and array.array_job_id(r.job_id) not in arrays]
         if not targets:
             return ["nothing to cancel"]
+        for run_dir, record in runs:
+            if record.job_id and not is_terminal(record.state):
+                with registry.updating(run_dir) as rec:
+                    registry.request_cancel(run_dir, rec.job_id or record.job_id)
         proc = self.client.call("scancel", *targets)
         if proc.returncode != 0:
             raise SchedulerError(f"scancel {' '.join(targets)} failed: {without_tool_prefix('scancel', proc.stderr)}")
@@ -314,7 +320,7 @@ class SlurmScheduler(Scheduler):
             # either recorded its successor already (cancelled here) or finds the mark and
             # cancels the successor itself (launcher.jobcontrol.jobend.record_successor).
             job_id = rec.job_id or record.job_id
-            rec.extra[CANCEL_REQUESTED] = job_id
+            registry.request_cancel(run_dir, job_id)
         proc = self.client.call("scancel", job_id)
         if proc.returncode != 0:
             raise SchedulerError(f"scancel {job_id} failed: {without_tool_prefix('scancel', proc.stderr)}")

@@ -15,6 +15,8 @@ from typing import Mapping, Sequence
 from launcher import shell
 from launcher.errors import SchedulerError
 from launcher.schedulers.slurm.client import Account, Client
+from launcher.rundir.layout import CANCEL_FILE
+from launcher.processes import Finished
 from launcher.schedulers.ssh.connection import Connection, NoAnswer, said
 
 # $1 the directory to run in ("": the login directory), then the command: run as on the
@@ -108,6 +110,16 @@ PLACE_AND_RELEASE = "; ".join((
     'exec sh -c "$5" glaunch-slurm "" scontrol release "$6"',
 ))
 NOT_PLACED = {11: "writing run.json", 12: "putting the job's task in place"}
+# $1 SLURM_ENV, $2 the number of (run directory, job id) pairs that follow, those pairs,
+# then the jobs to cancel: each job id appended to its run's cancel file (what `glaunch
+# cancel` writes on the cluster itself), then one scancel, as on the cluster. Exit 11 when
+# a mark could not be written: nothing was cancelled.
+CANCEL_MARKED = "; ".join((
+    'env_script=$1; n=$2; shift 2',
+    f'while [ "$n" -gt 0 ]; do printf "%s\\n" "$2" >> "$1/{CANCEL_FILE}" || exit 11; n=$((n - 1)); shift 2; done',
+    'exec sh -c "$env_script" glaunch-slurm "" scancel "$@"',
+))
+NOT_MARKED = 11
 
 
 @dataclass(frozen=True)
@@ -274,6 +286,21 @@ def place_and_release(conn: Connection, record: str, data: bytes, task_from: str
         raise SchedulerError(f"{NOT_PLACED[done.returncode]} on {conn.where()} failed ({said(done.stderr)})")
     cmd = ["scontrol", "release", job_id]
     return subprocess.CompletedProcess(cmd, done.returncode, done.out, done.err)
+
+
+def cancel_marked(conn: Connection, marks: Sequence[tuple[str, str]], jobs: Sequence[str]) -> Finished:
+    """In one round trip: each (run directory, job id) of `marks` said in that run's cancel
+    file (its job controller then ends the start as cancelled, not requeued), then one
+    scancel of `jobs`; scancel's answer. SchedulerError, nothing cancelled, when a mark
+    could not be written."""
+    words = ["sh", "-c", CANCEL_MARKED, "glaunch-cancel", SLURM_ENV, str(len(marks))]
+    for run_dir, job_id in marks:
+        words += [run_dir, job_id]
+    done = conn.run([*words, *jobs])
+    if done.returncode == NOT_MARKED:
+        raise SchedulerError(f"marking the cancel in the run's directory on {conn.where()} failed "
+                             f"({said(done.stderr)}); nothing was cancelled")
+    return done
 
 
 def run_checked(conn: Connection, words: Sequence[str], what: str) -> None:
