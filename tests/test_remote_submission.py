@@ -213,6 +213,28 @@ def test_slurm_commands_on_the_login_node_run_without_its_slurm_inputs(tmp_path)
     assert not seen & {"SBATCH_ACCOUNT", "SLURM_JOB_ID", "SQUEUE_FORMAT"}
 
 
+def test_a_record_here_drops_what_the_run_s_directory_there_no_longer_holds(tmp_path):
+    """A resume on the cluster sets the run's result, crash report and heartbeats aside:
+    the next refresh here must not show the previous start's result as this one's."""
+    from launcher.rundir.records import RunRecord
+
+    there, here = tmp_path / "cluster" / "r1", tmp_path / "here" / "r1"
+    (there / "heartbeats").mkdir(parents=True)
+    here.mkdir(parents=True)
+    record = RunRecord.from_dict({"run_id": "r1", "run_dir": str(there), "scheduler": "slurm", "state": "RUNNING"})
+    (there / "run.json").write_text(json.dumps(record.to_dict()))
+    (there / "result.json").write_text('{"step": 6}')
+    (there / "heartbeats" / "rank-00000.json").write_text("{}")
+    where = remote.Where(Login("login1"), str(there))
+    remote.mirror_run(LocalConn(), here, where, record)
+    assert (here / "result.json").read_text() == '{"step": 6}' and (here / "heartbeats" / "rank-00000.json").is_file()
+    (there / "result.json").unlink()
+    (there / "heartbeats" / "rank-00000.json").unlink()
+    remote.mirror_run(LocalConn(), here, where, record)
+    assert not (here / "result.json").exists() and not (here / "heartbeats" / "rank-00000.json").exists()
+    assert json.loads((here / "run.json").read_text())["run_id"] == "r1"
+
+
 def test_a_cancel_on_the_login_node_marks_each_run_where_it_lives_then_cancels_in_one_call(tmp_path):
     """The marks are appended to each run's cancel file, whatever its directory's name,
     before one scancel of the jobs; a mark that cannot be written cancels nothing."""

@@ -805,6 +805,17 @@ def mirror_run(conn: Connection, run_dir: Path, where: Where, asked: RunRecord, 
             _take_tail(here.path / name, offset, data)
         elif name in wanted or _is_in(name, HEARTBEAT_DIR, HEARTBEAT):
             _replace(here.path / name, data)
+    _drop_gone(here.path, got)
+
+
+def _drop_gone(run_dir: Path, got: Mapping[str, object]) -> None:
+    """The copies here of MIRRORED files the run's directory on the cluster no longer holds
+    (a resume set its result, crash and heartbeats aside there): gone here too."""
+    present = {posixpath.normpath(name) for name in got}
+    for pattern in MIRRORED:
+        for copy in run_dir.glob(pattern):
+            if copy.relative_to(run_dir).as_posix() not in present and (copy.is_file() or copy.is_symlink()):
+                copy.unlink(missing_ok=True)
 
 
 def _is_in(name: str, folder: str, pattern: Any) -> bool:
@@ -953,6 +964,10 @@ def _mirror_records(stream: bytes, names: Mapping[str, tuple[sweeps.SweepElement
     for (element, name), data in found:
         if name != RUN_FILE:
             _replace(Path(element.run_dir) / name, data)
+    came = {(element.run_id, name) for (element, name), _ in found}
+    for element, name in names.values():
+        if name != RUN_FILE and (element.run_id, RUN_FILE) in came and (element.run_id, name) not in came:
+            (Path(element.run_dir) / name).unlink(missing_ok=True)     # gone there (set aside by a resume)
 
 
 def _members(stream: bytes, what: str, host: str) -> dict[str, bytes]:
