@@ -235,6 +235,33 @@ def test_a_record_here_drops_what_the_run_s_directory_there_no_longer_holds(tmp_
     assert json.loads((here / "run.json").read_text())["run_id"] == "r1"
 
 
+def test_a_failed_run_s_first_failing_rank_s_error_log_comes_here_for_its_end_to_show(tmp_path):
+    from launcher.rundir.records import RunRecord
+    from launcher.views.console import outcome_lines
+    from launcher.rundir.layout import RunDir
+
+    there, here = tmp_path / "cluster" / "r1", tmp_path / "here" / "r1"
+    (there / "logs").mkdir(parents=True)
+    here.mkdir(parents=True)
+    record = RunRecord.from_dict({"run_id": "r1", "run_dir": str(there), "scheduler": "slurm", "state": "FAILED",
+                                  "job_id": "41", "reason": "crash",
+                                  "starts": [{"job_id": "41", "restart": 0, "state": "FAILED", "reason": "crash",
+                                              "ended": "2026-01-01T00:01:00+00:00"}]})
+    (there / "run.json").write_text(json.dumps(record.to_dict()))
+    (here / "run.json").write_text(json.dumps(record.to_dict()))       # the record here, as submitted
+    (there / "crash.json").write_text(json.dumps({"restart": 0, "task": 1, "node": "node2",
+                                                  "error": "ValueError: bad --steps"}))
+    (there / "logs" / "41_1_log.err").write_text("Traceback (most recent call last):\nValueError: bad --steps\n")
+    (there / "logs" / "41_0_log.err").write_text("rank 0 was fine\n")
+    where = remote.Where(Login("login1"), str(there))
+    ended = remote.refreshed_over(LocalConn(), here, where)
+    assert ended.state == "FAILED"
+    assert (here / "logs" / "41_1_log.err").read_text().endswith("ValueError: bad --steps\n")
+    lines = outcome_lines(RunDir(here), ended, time.time())
+    failing = lines.index(next(line for line in lines if "first failing rank: 1 on node2" in line))
+    assert lines[failing + 1:] == ["    Traceback (most recent call last):", "    ValueError: bad --steps"], lines
+
+
 def test_a_cancel_on_the_login_node_marks_each_run_where_it_lives_then_cancels_in_one_call(tmp_path):
     """The marks are appended to each run's cancel file, whatever its directory's name,
     before one scancel of the jobs; a mark that cannot be written cancels nothing."""

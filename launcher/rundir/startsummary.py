@@ -21,7 +21,7 @@ from typing import Any
 
 from launcher.rundir.files import read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
-from launcher.rundir.records import is_node_name
+from launcher.rundir.records import RunRecord, is_node_name
 
 
 def iso(epoch: float | None) -> str | None:
@@ -162,3 +162,25 @@ def node_versions(rd: RunDir, job_id: str, restart: int) -> dict[str, dict[str, 
                        if name in VERSION_NAMES and isinstance(value, str) and 0 < len(value) <= MAX_VERSION
                        and value.isprintable()}
     return found
+
+
+def first_failure(run_dir: RunDir, record: RunRecord) -> tuple[int | None, str | None, str | None]:
+    """(task, node, error) of the first task that failed in the last start (a rank under
+    srun, a node's agent under torchrun): crash.json, else the local step summary's first
+    non-zero exit."""
+    if not record.starts:
+        return None, None, None
+    last = record.starts[-1]
+    note = read_json(run_dir.crash_file)
+    if note is not None and note.get("restart") == last.restart:
+        task = note.get("task")
+        return (task if isinstance(task, int) and not isinstance(task, bool) else None,
+                note.get("node") if isinstance(note.get("node"), str) else None,
+                note.get("error") if isinstance(note.get("error"), str) else None)
+    summary = read_json(run_dir.step_summary(last.job_id)) or {}
+    codes = summary.get("exit_codes")
+    if isinstance(codes, list):
+        for rank, code in enumerate(codes):
+            if isinstance(code, int) and code != 0:
+                return rank, None, f"exit status {code}"
+    return None, None, None

@@ -64,6 +64,7 @@ from launcher.rundir.layout import (
 )
 from launcher.rundir.lifecycle import ENDS
 from launcher.rundir.records import RunRecord, State, is_terminal
+from launcher.rundir.startsummary import first_failure
 from launcher.rundir.taskspec import read_placement
 from launcher.runner import bundle, carried, cluster_undo, sweeps
 from launcher.runner.cluster_undo import OnCluster, SetAside
@@ -760,13 +761,33 @@ def refreshed(run_dir: Path) -> RunRecord:
 def refreshed_over(conn: Connection, run_dir: Path, where: Where, *, all_logs: bool = False) -> RunRecord:
     mirror_run(conn, run_dir, where, registry.read(run_dir), all_logs=all_logs)
     record = registry.read(run_dir)
-    if not record.job_id or (record.state in ENDS and settled(record)):
-        return record
-    client = on_login.slurm_client(conn)
-    live = reason = None
-    if not has_ended(record):
-        live, reason = squeue_job(client, record.job_id)
-    return fold_job(run_dir, live, reason, sacct_records(client, record.job_id))
+    if record.job_id and not (record.state in ENDS and settled(record)):
+        client = on_login.slurm_client(conn)
+        live = reason = None
+        if not has_ended(record):
+            live, reason = squeue_job(client, record.job_id)
+        record = fold_job(run_dir, live, reason, sacct_records(client, record.job_id))
+    _mirror_failing_log(conn, run_dir, where, record)
+    return record
+
+
+FAILED_STATES = frozenset({State.FAILED.value, State.OUT_OF_MEMORY.value, State.NODE_FAIL.value})
+
+
+def _mirror_failing_log(conn: Connection, run_dir: Path, where: Where, record: RunRecord) -> None:
+    """A failed run's first failing task's error log (which its end names, and whose last
+    lines it shows) copied here too, where only rank 0's output is copied as it runs."""
+    if record.state not in FAILED_STATES or not record.starts:
+        return
+    task, _, _ = first_failure(RunDir(run_dir), record)
+    if task is None:
+        return
+    log = RunDir(run_dir).task_log(record.starts[-1].job_id, task, "err")
+    name = posixpath.join(LOG_DIR, log.name)
+    wanted = {name: log.stat().st_size if log.is_file() else 0}
+    for got, offset, data in on_login.files_since(conn, where.run_dir, wanted, MIRROR_LIMIT):
+        if got == name:
+            _take_tail(log, offset, data)
 
 
 # What status, the console of --wait and list read in a run's directory besides run.json and

@@ -35,6 +35,7 @@ from launcher.rundir.files import read_json, read_text
 from launcher.runner.goodput import epoch, number, step_of
 from launcher.rundir.layout import REMOTE_FILE, RunDir, read_heartbeat
 from launcher.rundir.records import GOES_ON, RunRecord, StartRecord, State, is_terminal
+from launcher.rundir.startsummary import first_failure
 from launcher.rundir.taskspec import Placement, TaskSpecError, read_placement, read_task_spec
 from launcher.runner.logs import LogFollower, read_tail
 from launcher.views.text import duration, printable
@@ -356,28 +357,6 @@ def requeue_event(run_dir: RunDir, starts: list[StartRecord], start: StartRecord
         return f"{head} -> {then}"
     return f"{head} -> {then} -> " + (f"resumed from {step}" if step is not None
                                          else "began again from step 0 (no checkpoint)")
-
-
-def first_failure(run_dir: RunDir, record: RunRecord) -> tuple[int | None, str | None, str | None]:
-    """(task, node, error) of the first task that failed in the last start (a rank under
-    srun, a node's agent under torchrun): crash.json, else the local step summary's first
-    non-zero exit."""
-    if not record.starts:
-        return None, None, None
-    last = record.starts[-1]
-    note = read_json(run_dir.crash_file)
-    if note is not None and note.get("restart") == last.restart:
-        task = note.get("task")
-        return (task if isinstance(task, int) and not isinstance(task, bool) else None,
-                note.get("node") if isinstance(note.get("node"), str) else None,
-                note.get("error") if isinstance(note.get("error"), str) else None)
-    summary = read_json(run_dir.step_summary(last.job_id)) or {}
-    codes = summary.get("exit_codes")
-    if isinstance(codes, list):
-        for rank, code in enumerate(codes):
-            if isinstance(code, int) and code != 0:
-                return rank, None, f"exit status {code}"
-    return None, None, None
 
 
 def failing_task(placement: Placement, task: int) -> str:
