@@ -8,8 +8,8 @@ connections close, and gloo closes them only when its context is destroyed (in t
 must close its connections so that its peers stop waiting for it; a DDP model and the
 work it keeps from its last collectives would keep the context alive. So the collectives
 of this group run on an inner gloo group that only this object holds, and each
-collective's work is handed out as a work made from its future, which holds nothing of
-the inner group: dropping the inner group (:meth:`PeerGroup.disconnect`) closes the
+collective's work is handed out as a work made from its future (:class:`FutureWork`),
+which holds nothing of the inner group: dropping the inner group (:meth:`PeerGroup.disconnect`) closes the
 connections at once, a peer blocked in a collective with this rank raises at once, and
 :meth:`PeerGroup.reconnect` forms the next generation's inner group over a fresh prefix
 of the same store.
@@ -39,7 +39,6 @@ import time
 from typing import Any
 
 import torch.distributed as dist
-from torch._C import _distributed_c10d
 
 from launcher.rundir.rankcontext import context
 
@@ -133,13 +132,35 @@ class PeerGroup(dist.ProcessGroup):
             return min(self._pending.values(), default=None)
 
 
+class FutureWork(dist.Work):
+    """A work that is its future: waiting on it raises what the collective raised (a peer
+    gone: the connection closed). torch's own work made from a future
+    (``_create_work_from_future``) returns from ``wait()`` as if the collective had
+    succeeded, and a synchronous collective (``dist.all_reduce(t)``) would then go on with
+    this rank's values alone."""
+
+    def __init__(self, future: Any) -> None:
+        super().__init__()
+        self._future = future
+
+    def wait(self, timeout: datetime.timedelta | None = None) -> bool:
+        self._future.wait()
+        return True
+
+    def get_future(self) -> Any:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return bool(self._future.done())
+
+
 def _detached(work: Any) -> Any:
     """A work that ends with `work` but holds no reference to its group's context."""
     try:
         future = work.get_future()
     except RuntimeError:   # a work without a future (gloo's send and recv): kept as it is
         return work
-    return _distributed_c10d._create_work_from_future(future)   # type: ignore[attr-defined]
+    return FutureWork(future)
 
 
 # What a rank that has not joined yet serves alone: the tensors stay as they are (a reduction
@@ -172,7 +193,7 @@ def _served_here(name: str, rank: int, size: int, joins: int, args: tuple) -> An
                            "rank and cannot be served")
     future: Any = torch.futures.Future()
     future.set_result(result)
-    return _distributed_c10d._create_work_from_future(future)   # type: ignore[attr-defined]
+    return FutureWork(future)
 
 
 def _passing_on(name: str) -> Any:
