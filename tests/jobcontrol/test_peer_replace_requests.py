@@ -53,7 +53,8 @@ def test_the_new_step_runs_the_same_task_in_the_lost_rank_s_place_and_log():
     new = wanted(REQUEST)
     words = replace.replacement_words(job.srun, job.task, new, 4)
     logs = "/home/alice/exp/runs/torch-ddp-20260101-000000-abcd/logs"
-    assert words[:5] == ["srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2"]
+    # --mem=0: the job's memory on the node, which the running step holds where Slurm counts it.
+    assert words[:6] == ["srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--mem=0"]
     assert f"--output={logs}/%j_3_log.out" in words and f"--error={logs}/%j_3_log.err" in words
     assert not [w for w in words if w.startswith(("--ntasks-per-node", "--kill-on-bad-exit", "--nodes=2"))]
     assert "--cpus-per-task=2" in words and "--open-mode=append" in words

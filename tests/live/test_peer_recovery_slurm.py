@@ -1,4 +1,5 @@
-"""Peer recovery (recovery.peer) on the local Slurm cluster `defaults`: a 2-node DDP run of
+"""Peer recovery (recovery.peer) on the local Slurm clusters (`defaults`; `main`, which counts
+memory, for a hung rank 0): a 2-node DDP run of
 2 ranks per node whose rank 3 (on the second node) raises inside its backward pass at step
 FAIL_STEP, its peers waiting for it in the gradient all-reduce. The run goes on in the same
 job step (one start), rank 3 gets rank 0's state across the nodes, at most the step in
@@ -20,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from conftest import RANK_VARS
+from conftest import RANK_VARS, requires_slurm
 from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.rundir.rankcontext import free_port
-from slurmkit import DEFAULTS, glaunch, read_json, submit
+from slurmkit import DEFAULTS, MAIN, glaunch, read_json, submit
 from test_peer_recovery import SCRIPT, recovery_lines, stop_all
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -83,15 +84,15 @@ class PeerRun:
     batch: str            # the batch script's log
 
 
-def submitted_peer_run(tmp_path: Path, experiment: str, env: dict[str, str]) -> PeerRun:
-    """SCRIPT run under `experiment` on `defaults`, after the same script uninterrupted here. It must end
+def submitted_peer_run(tmp_path: Path, experiment: str, env: dict[str, str], cluster: str = DEFAULTS) -> PeerRun:
+    """SCRIPT run under `experiment` on `cluster`, after the same script uninterrupted here. It must end
     in one completed start (no restart, no requeue), not resumed from a checkpoint, with the final
     parameters of the uninterrupted run."""
     (tmp_path / "failing_ddp.py").write_text(SCRIPT)
     (tmp_path / "peer.yaml").write_text(experiment)
     expected = uninterrupted_sha256(tmp_path)
 
-    proc, info = submit(str(tmp_path / "peer.yaml"), tmp_path / "runs", env, cluster=DEFAULTS)
+    proc, info = submit(str(tmp_path / "peer.yaml"), tmp_path / "runs", env, cluster=cluster)
     run_dir = tmp_path / "runs" / str(info.get("run_id"))
     logs, batch = joined_logs(run_dir, "*_log.*"), joined_logs(run_dir, "*_batch.log")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + batch[-3000:] + logs[-4000:]
@@ -147,18 +148,19 @@ HUNG_EXPERIMENT = (LOST_EXPERIMENT.replace("FAIL_WHERE: exit", "FAIL_WHERE: hang
                    + "watchdog: {auto_floor_s: 20}\n")
 
 
-def test_a_hung_rank_0_ends_itself_is_started_again_and_gets_a_peers_state_in_the_same_job(tmp_path,
-                                                                                           slurm_defaults_env):
+@requires_slurm
+def test_a_hung_rank_0_ends_itself_is_started_again_and_gets_a_peers_state_in_the_same_job(tmp_path, isolated_env):
     """Rank 0 hangs in its data at step FAIL_STEP on the first node while its peers wait for
     it in the gradient all-reduce: after half the hang bound it ends its own process, its
     peers go on waiting (srun --kill-on-bad-exit=0 for recovery.peer) through the store that
     outlives it, rank 1 asks for it, the job controller starts it again on its node in a
     step of its own (srun --overlap), the new process joins, gets rank 1's state and the run
     ends in the same job and start, the watchdog never ending the step, with the parameters
-    of the uninterrupted run."""
+    of the uninterrupted run. On `main`, whose Slurm counts memory (CR_Core_Memory): the
+    running step holds the job's memory on the node, which the new step shares (--mem=0)."""
     assert f'FAIL_RANK: "{HUNG_RANK}"' in HUNG_EXPERIMENT and "FAIL_WHERE: hang" in HUNG_EXPERIMENT
     assert "auto_floor_s: 20" in HUNG_EXPERIMENT
-    run = submitted_peer_run(tmp_path, HUNG_EXPERIMENT, slurm_defaults_env)
+    run = submitted_peer_run(tmp_path, HUNG_EXPERIMENT, isolated_env, cluster=MAIN)
     run_dir, start, logs, batch = run.run_dir, run.start, run.logs, run.batch
     assert start["exit_code"] == 0 and "hang" not in start, start
     held = re.search(r"have waited ([0-9]+) s for this rank in its step \(half the hang bound of "
