@@ -104,8 +104,10 @@ def main(argv: list[str] | None = None) -> int:
     # otherwise a plain loop.
     recovery = rt.peer_recovery(ddp, opt, extra={"grad_scaler": scaler} if scaler.is_enabled() else None, ctx=ctx)
     loss = out = torch.tensor(float("nan"))
+    ran_steps = 0
     for step in recovery.steps(start + 1, args.steps):
         with recovery.step(step):
+            ran_steps += 1
             x, y = (t.to(where.device) for t in batch(step, ctx.rank))
             opt.zero_grad(set_to_none=True)
             with where.autocast():
@@ -129,12 +131,17 @@ def main(argv: list[str] | None = None) -> int:
                 rt.shutdown_distributed()
                 return 0
 
-    final = loss.detach().clone().reshape(1)
+    # The last step's loss, averaged over the ranks whose process ran it: a process started in
+    # place of a lost rank after the last step (recovery.peer) ran none, nor did a resume at the end.
+    ran = ran_steps > 0
+    final = loss.detach().clone().reshape(1) if ran else torch.zeros(1, dtype=loss.dtype, device=where.device)
+    counted = torch.tensor([1.0 if ran else 0.0], dtype=final.dtype, device=final.device)
     if ctx.world_size > 1:
         dist.all_reduce(final)
-        final /= ctx.world_size
+        dist.all_reduce(counted)
     steps_done = max(start, args.steps)
-    res = rt.write_result(steps_done, model=model, final_loss=None if start >= args.steps else final.item(),
+    final_loss = (final / counted).item() if start < args.steps and counted.item() > 0 else None
+    res = rt.write_result(steps_done, model=model, final_loss=final_loss,
                           resumed_from=resumed_from, ctx=ctx,
                           extra={"placement": dict(observed(model, out), precision=where.precision)})
     if ctx.is_main:

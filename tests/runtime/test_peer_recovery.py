@@ -30,7 +30,7 @@ STEPS = 20
 
 # The example, made to raise once on FAIL_RANK (a rank, or several: "1,2") at FAIL_STEP (FAIL_WHERE: in its data, in its
 # backward pass, after its optimizer step; "always": at every try of that step; "exit": its
-# process lost; "hang": its data never comes), its parameters and optimizer state damaged first. It notes when it failed
+# process lost; "exit_after": its process lost after its update; "hang": its data never comes), its parameters and optimizer state damaged first. It notes when it failed
 # and when the next step after the failure was done (should_stop's call).
 SCRIPT = f'''
 import json, os, sys, time
@@ -101,6 +101,9 @@ def failing_model(*args, **kwargs):
 def failing_should_stop(step=None, total=None):
     if FAILS and step == STEP and WHERE == "after":
         fail_here("after its optimizer step")
+    if FAILS and step == STEP and WHERE == "exit_after":
+        note("failed_at", time.time())
+        os._exit(3)                        # the process lost once its update is done
     times["step_ends"].append(time.time())
     if times["failed_at"] is not None and times["next_step"] is None:
         times["next_step"] = step

@@ -10,6 +10,7 @@ uninterrupted run, no checkpoint read. Also the plan and the requests, pure."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -117,6 +118,34 @@ def test_a_lost_rank_is_started_again_and_gets_its_peers_state(tmp_path, uninter
 
 
 # --- pure -------------------------------------------------------------------------------------
+
+
+def test_a_rank_lost_after_its_last_update_is_started_again_and_the_run_ends_with_a_loss(tmp_path, uninterrupted):  # noqa: F811
+    """Rank 1's process is lost after its update of the last step: its new process joins
+    with rank 0's state of that step and runs no step; the run ends with the uninterrupted
+    run's parameters and the last step's loss of the rank that ran it (not NaN)."""
+    script = tmp_path / "failing_ddp.py"
+    script.write_text(SCRIPT)
+    run_dir = tmp_path / "lost-last"
+    run_dir.mkdir()
+    port = free_port()
+    procs = [start(script, run_dir, rank_env(run_dir, port, rank, 1, FAIL_STEP=str(STEPS), FAIL_WHERE="exit_after"))
+             for rank in range(2)]
+    try:
+        assert procs[1].wait(timeout=120) == 3
+        request = wait_for_request(run_dir, procs[0])
+        procs.append(start(script, run_dir, rank_env(run_dir, port, 1, 1, FAIL_RANK="none",
+                                                     GLAUNCH_PEER_JOIN=str(request["generation"]),
+                                                     GLAUNCH_PEER_LOST_PID=str(request["pid"]))))
+        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    finally:
+        stop_all(procs, port)
+    text = "\n".join(outputs)
+    assert [procs[0].returncode, procs[2].returncode] == [0, 0], text[-6000:]
+    assert param_sha256(run_dir) == uninterrupted
+    assert f"state of step {STEPS} from rank 0 to rank(s) 1; the ranks go on at step {STEPS + 1}" in text, text[-4000:]
+    final_loss = json.loads((run_dir / "result.json").read_text())["final_loss"]
+    assert isinstance(final_loss, float) and math.isfinite(final_loss), final_loss
 
 
 def test_the_plan_sends_the_state_to_a_replaced_rank_and_names_it():
