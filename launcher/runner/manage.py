@@ -12,7 +12,7 @@ from launcher.errors import ConfigError, GlaunchError, SchedulerError
 from launcher.rundir.files import json_safe
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import IN_FLIGHT, State, is_terminal
-from launcher.rundir.taskspec import read_placement
+from launcher.rundir.taskspec import TaskSpecError, read_placement, read_task_spec
 from launcher.runner import sweeps
 from launcher.runner.logs import Lines, LogFollower, RankLogs
 from launcher.runner.lookup import find_sweep, refreshed, run_dir_of, sweep_records
@@ -152,10 +152,26 @@ def logs(run: RunRef, *, rank: int | None = None, follow: bool = False,
 
     sweep_dir = find_sweep(run)
     if sweep_dir is not None:
+        for element in sweeps.read(sweep_dir).elements:
+            _check_rank(Path(element.run_dir), rank)
         with road_to(sweep_dir).held(sweep_dir):
             return _sweep_logs(sweep_dir, rank=rank, follow=follow, echo=echo, poll_s=poll_s)
     run_dir = run_dir_of(run)
+    _check_rank(run_dir, rank)
     road_to(run_dir).logs(run_dir, rank=rank, follow=follow, echo=echo, poll_s=poll_s)
+
+
+def _check_rank(run_dir: Path, rank: int | None) -> None:
+    """ConfigError (exit 2) for a --rank the run does not have: its logs would show nothing."""
+    if rank is None:
+        return
+    try:
+        world = read_task_spec(run_dir).world_size
+    except TaskSpecError:
+        return          # task.json unreadable: every task's logs are still shown, by task
+    if rank >= world:
+        raise ConfigError(f"run {run_dir.name} has {world} rank(s), 0 to {world - 1}: it has no rank {rank}",
+                          file="command line", key="--rank")
 
 
 def _sweep_logs(sweep_dir: Path, *, rank: int | None, follow: bool, echo: Text, poll_s: float) -> None:

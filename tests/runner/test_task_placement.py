@@ -124,3 +124,26 @@ def test_each_torchrun_worker_writes_its_own_log_and_a_rank_filter_reads_only_it
     assert {"err of rank 0", "err of rank 1"} <= set(err.splitlines())
     assert sorted(shown(run_dir, 1)) == ["[r1!] err of rank 1", "[r1] out of rank 1"]
     assert sorted(shown(run_dir, 0)) == ["[r0!] err of rank 0", "[r0] out of rank 0"]
+
+
+def test_logs_of_a_rank_the_run_does_not_have_is_exit_2_naming_its_ranks(tmp_path, isolated_env):
+    import subprocess
+    import sys
+
+    from launcher import api
+    from launcher.errors import ConfigError
+    from launcher.rundir import registry
+    from launcher.rundir.records import RunRecord
+
+    run_dir = recorded_run(tmp_path)
+    registry.write(run_dir, RunRecord.from_dict({"run_id": "r", "run_dir": str(run_dir), "scheduler": "slurm",
+                                                 "state": "COMPLETED"}))
+    lines: list[str] = []
+    api.logs(str(run_dir), rank=3, echo=lines.append)            # the last of 4
+    assert lines
+    with pytest.raises(ConfigError, match="has 4 rank\\(s\\), 0 to 3: it has no rank 4") as caught:
+        api.logs(str(run_dir), rank=4, echo=lines.append)
+    assert caught.value.key == "--rank" and caught.value.exit_code == 2
+    ended = subprocess.run([sys.executable, "-m", "launcher.cli", "logs", str(run_dir), "--rank", "7"],
+                           capture_output=True, text=True, timeout=60, env=isolated_env)
+    assert ended.returncode == 2 and "it has no rank 7" in ended.stderr and not ended.stdout, ended
