@@ -176,6 +176,9 @@ def test_an_interpreter_that_is_not_there_is_named(tmp_path):
     site = site_of(tmp_path, f"python: {tmp_path / 'nope' / 'python'}\n")
     assert torchprobe.probe(CLIENT, site, sys.executable).reason == (
         f"the interpreter {tmp_path / 'nope' / 'python'} is not an executable file on this host")
+    # Asked on a login node: named, not "this host" (which reads as the machine glaunch runs on).
+    assert torchprobe.probe(CLIENT, site, sys.executable, where="login1").reason == (
+        f"the interpreter {tmp_path / 'nope' / 'python'} is not an executable file on login1")
 
 
 # --- against a second interpreter with a fake torch --------------------------------------------
@@ -247,6 +250,9 @@ class LocalLogin:
         if done is None:
             raise NoAnswer("login1 did not answer")
         return done
+
+    def where(self):
+        return "login1"
 
 
 def test_over_a_login_the_probe_runs_through_the_login_nodes_slurm_client(tmp_path, fake_torch_python):

@@ -351,4 +351,10 @@ def _run(client: Client, env: Environment | str, key: str, where: str | None, ti
     versions, reason = read_answer(proc.returncode if proc is not None else None, stdout,
                                    proc.stderr if proc is not None else "", timeout_s=timeout_s)
     problem = interpreter_problem(env, stdout, versions, reason)
-    return TorchProbe(key if not problem or env.missing else "python", where, versions, reason, problem)
+    return TorchProbe(key if not problem or env.missing else "python", where, versions, _on(reason, where),
+                      _on(problem, where))
+
+
+def _on(said: str | None, where: str | None) -> str | None:
+    """What the probe said, its "this host" named (`where`, the login node it ran on)."""
+    return said.replace(" on this host", f" on {where}") if said and where else said

@@ -232,6 +232,8 @@ class Client:
     # glaunch command then ends within one bound, not one per call it makes.
     remember_down_s: float = 60.0
     account_of: Callable[[], Account] | None = None
+    # The other machine, as a message names it (the login node); None: this machine.
+    where: str | None = None
     _down: tuple[float, str] | None = None
 
     def remote_account(self) -> Account | None:

@@ -115,7 +115,7 @@ class SlurmScheduler(Scheduler):
             raise report.error(plan.site_file)
         # The nodes' interpreter, asked where Slurm's commands run (the login node stands in
         # for the nodes): one that is not there or finds no torch would fail every start.
-        found = probe_plan(self.client, plan)
+        found = probe_plan(self.client, plan, where=self.client.where)
         if found.problem:
             raise SchedulerError(f"{found.problem}; nothing was submitted (`glaunch sites check` asks the same)",
                                  file=plan.site_file, key=found.key)

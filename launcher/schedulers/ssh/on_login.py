@@ -155,7 +155,7 @@ def slurm_client(conn: Connection, *, cwd: str | None = None) -> Client:
             raise subprocess.TimeoutExpired(list(cmd), timeout) from None
         return subprocess.CompletedProcess(list(cmd), done.returncode, done.out, done.err)
 
-    return Client(runner=runner, environ={}, account_of=lambda: account(conn))
+    return Client(runner=runner, environ={}, account_of=lambda: account(conn), where=conn.where())
 
 
 _ACCOUNTS: weakref.WeakKeyDictionary[Connection, Account] = weakref.WeakKeyDictionary()
