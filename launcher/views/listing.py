@@ -17,5 +17,10 @@ def format_list(rows: list[dict[str, Any]]) -> str:
         else:
             sweep = f"  (a sweep of {r['sweep']} runs)" if r.get("sweep") else ""
             lines.append(f"{printable(r['run_id']):44s} {printable(r['state']):11s} {printable(r['site']):18s} "
-                         f"{printable(r['nodes']):5s} {r['age']}{sweep}")
+                         f"{_shown(r['nodes']):5s} {r['age']}{sweep}")
     return "\n".join(lines)
+
+
+def _shown(value: Any) -> str:
+    """A column's value; "-" where the record has none (a submission that never queued)."""
+    return "-" if value is None else printable(value)

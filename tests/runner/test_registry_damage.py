@@ -396,3 +396,10 @@ def test_fuzzed_record_is_read_or_reported_never_a_traceback(tmp_path, isolated_
         words = line.split()
         job_ids = [words[0]] if len(words) == 1 else [words[words.index("-j") + 1]]   # scancel ID / -j ID
         assert all(is_job_id(j) for j in job_ids) and "--me" not in words and "-u" not in words, line
+
+
+def test_a_run_whose_record_names_no_nodes_shows_a_dash_not_none():
+    rows = [{"run_id": "stopped-submission", "state": "FAILED", "site": "far", "nodes": None, "age": "1s"},
+            {"run_id": "queued", "state": "PENDING", "site": "far", "nodes": 2, "age": "5s"}]
+    lines = format_list(rows).splitlines()
+    assert lines[1].split()[3] == "-" and lines[2].split()[3] == "2" and "None" not in lines[1]
