@@ -802,7 +802,10 @@ def watch_slurm(run_dir: str, *, stop: Callable[[], bool], allocation: Sequence[
             # Watching goes on: a stop that hangs is a hang, bounded as a save.
             watch.ask_swap(*swap, SlurmSteps(slurm_job, lambda: watch.records, cancel))
         _sleep(watch.poll_s(), stop)
-    watch.follow_log()          # the lines rank 0 printed since the last poll
+    # One last look as the step ends (never acted on): the lines rank 0 printed since the last
+    # poll, and the watch as it stood, so that a start shorter than a poll, whose first look
+    # came before any rank had beaten, is not recorded as one no rank let be watched.
+    watch.check()
     return 0
 
 

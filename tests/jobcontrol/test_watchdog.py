@@ -410,6 +410,36 @@ def test_the_slurm_watchdog_finds_the_hang_beside_a_hostile_heartbeat(tmp_path, 
     assert f"{rd.heartbeat(2)} skipped" in capsys.readouterr().err
 
 
+def test_a_start_that_ends_before_the_next_poll_is_recorded_as_watched_once_its_ranks_beat(tmp_path, monkeypatch):
+    """The first poll comes before any rank has beaten ("not watched"); the ranks then beat
+    and the step ends before the next poll: the last look records the watch as it stood."""
+    import launcher.jobcontrol.watchdog as watchdog
+
+    write_task_spec(tmp_path, spec(tmp_path))
+    record = RunRecord(run_id="r")
+    record.record_start("7", 0, state="RUNNING")
+    registry.write(tmp_path, record)
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GLAUNCH_JOB_ID", "7")
+    monkeypatch.setenv("GLAUNCH_RESTART", "0")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    rd = RunDir(tmp_path)
+    asked = []
+
+    def stop() -> bool:
+        asked.append(1)
+        if len(asked) == 2:         # during the first sleep: the ranks beat, and the step ends
+            rd.heartbeat_dir.mkdir()
+            for rank in (0, 1):
+                rd.heartbeat(rank).write_bytes(heartbeat_bytes(beat(rank, 6, time.time(), state="finished")))
+        return len(asked) >= 2
+
+    assert watchdog.watch_slurm(str(tmp_path), stop=stop) == 0
+    entry = registry.read(tmp_path).start("7", 0).get("watchdog")
+    assert entry["state"] == "watching" and entry["in_force"] == "stall", entry
+
+
 def test_a_job_id_not_of_slurm_s_shape_is_named_not_called_missing(tmp_path, monkeypatch, capsys):
     from launcher.jobcontrol.watchdog import watch_slurm
 
