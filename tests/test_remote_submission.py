@@ -286,8 +286,10 @@ def test_a_cancel_on_the_login_node_marks_each_run_where_it_lives_then_cancels_i
         def where(self):
             return "here"
 
-    done = on_login.cancel_marked(Here(), [(str(hostile), "41_0"), (str(plain), "42")], ["41", "42"])
-    assert done.returncode == 0, done.stderr
+    (plain / "run.json").write_text('{"job_id": "43"}')
+    done = on_login.cancel_marked(Here(), [(str(hostile), "41_0"), (str(plain), "42")], ["41", "42"],
+                                  read_back=str(plain / "run.json"))
+    assert done.returncode == 0 and done.stdout == b'{"job_id": "43"}', done
     assert (hostile / "cancel-requested").read_text() == "41_0\n"
     assert (plain / "cancel-requested").read_text() == "7\n42\n"
     assert (tmp_path / "scancelled").read_text() == "41\n42\n"
@@ -808,6 +810,13 @@ def quiet(done) -> str:
     return said
 
 
+def quiet_json(done) -> dict:
+    """A --json command's answer (its stdout: its warnings go to stderr), once what it
+    printed is checked to hold nothing of the login shell's."""
+    quiet(done)
+    return json.loads(done.stdout)
+
+
 SLEEPER = {"name": "sleeper", "entrypoint": {"script": "hostile.py", "args": HOSTILE_ARGS},
            "resources": {"nodes": 1, "time": "00:05:00"}, "requeue": {"max": 2}, "env": {"HOSTILE_VALUE": HOSTILE_VALUE}}
 
@@ -835,7 +844,7 @@ def test_a_login_shell_that_prints_reaches_no_parser_and_a_swapped_record_cancel
     try:
         ddp_id = followed_to_its_end(laptop, site, runs)
         assert wait_for(laptop, sleeper, {"RUNNING"}, 120)["state"] == "RUNNING"
-        listed = json.loads(quiet(glaunch(laptop, "list", "--json")))
+        listed = quiet_json(glaunch(laptop, "list", "--json"))
         assert {row["run_id"]: row["state"] for row in listed["runs"]}[sleeper] == "RUNNING", listed
         deadline = time.monotonic() + 60
         while "HOSTILE " not in (said := quiet(glaunch(laptop, "logs", sleeper, "--rank", "0"))):
@@ -851,7 +860,7 @@ def test_a_login_shell_that_prints_reaches_no_parser_and_a_swapped_record_cancel
     finally:
         glaunch(laptop, "cancel", sleeper)
     swept = glaunch(laptop, "submit", "sleeper.yaml", *site, "--sweep", "hparams.lr=1,2", "--json", cwd=work)
-    sweep = json.loads(quiet(swept))["sweep_id"]
+    sweep = quiet_json(swept)["sweep_id"]
     try:
         table = wait_for(laptop, sweep, {"RUNNING", "PENDING"}, 60)
         assert len(table["elements"]) == 2, table
@@ -899,7 +908,7 @@ def followed_to_its_end(laptop, site, runs: Path) -> str:
     try:
         ddp_id = run_dir_appears(runs, "torch-ddp").name
         deadline = time.monotonic() + 120
-        while not (status := json.loads(quiet(glaunch(laptop, "status", ddp_id, "--json"))))["progress"]:
+        while not (status := quiet_json(glaunch(laptop, "status", ddp_id, "--json")))["progress"]:
             assert status["state"] in ("PENDING", "RUNNING") and time.monotonic() < deadline, status
             time.sleep(1)
         assert 0 < status["progress"]["step"] <= 40 and status["progress"]["total"] == 40, status
@@ -908,7 +917,7 @@ def followed_to_its_end(laptop, site, runs: Path) -> str:
     code, said = answer[0]
     assert code == 0 and not any(noise in said for noise in NOISE), said
     assert "done: step 40" in said and re.search(r"step \d+/40 \|[^\r\n]* \| ETA ", said), said
-    status = json.loads(quiet(glaunch(laptop, "status", ddp_id, "--json")))
+    status = quiet_json(glaunch(laptop, "status", ddp_id, "--json"))
     assert status["state"] == "COMPLETED" and status["result"], status
     assert status["goodput"]["projection"], status["goodput"]
     return ddp_id

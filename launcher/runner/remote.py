@@ -896,24 +896,31 @@ def cancel(run_dir: Path) -> str:
         if not record.job_id or is_terminal(record.state):
             return f"run {record.run_id}: nothing to cancel ({record.state})"
         job_id = record.job_id
-        _cancel_marked(conn, [(where.run_dir, job_id)], [job_id])
+        record_there = posixpath.join(where.run_dir, RUN_FILE)
+        now = _cancel_marked(conn, [(where.run_dir, job_id)], [job_id], read_back=record_there)
         # A job ending at its time limit may have resubmitted the run meanwhile: its
         # successor, named in run.json there now, is cancelled too (as on the cluster,
         # where the mark and the resubmission take run.json's lock in turn).
-        again = refreshed_over(conn, run_dir, where)
+        try:
+            again = RunRecord.from_dict(parse_json_object(checked_record(now, record.run_id, where.run_dir,
+                                                                         conn.where())))
+        except (GlaunchError, ValueError):
+            again = record          # not read back: the job asked is the one cancelled
         if again.job_id and again.job_id != job_id and not is_terminal(again.state):
             _cancel_marked(conn, [(where.run_dir, again.job_id)], [again.job_id])
             job_id = f"{job_id} and its successor {again.job_id}"
     return f"run {record.run_id}: cancelled job {job_id} on {where.login.host}"
 
 
-def _cancel_marked(conn: Connection, marks: Sequence[tuple[str, str]], jobs: Sequence[str]) -> None:
+def _cancel_marked(conn: Connection, marks: Sequence[tuple[str, str]], jobs: Sequence[str],
+                   read_back: str = "") -> bytes:
     """The jobs' runs marked as cancelled where they live, then the jobs cancelled, in one
-    round trip (launcher.schedulers.ssh.on_login.cancel_marked)."""
-    done = on_login.cancel_marked(conn, marks, jobs)
+    round trip (launcher.schedulers.ssh.on_login.cancel_marked); `read_back` as it is then."""
+    done = on_login.cancel_marked(conn, marks, jobs, read_back)
     if done.returncode != 0:
         raise SchedulerError(f"scancel {' '.join(jobs)} on {conn.where()} failed: "
                              f"{without_tool_prefix('scancel', said(done.stderr))}")
+    return done.stdout
 
 
 def logs(run_dir: Path, *, rank: int | None, follow: bool, echo: Callable[[str], None], poll_s: float) -> None:

@@ -110,14 +110,17 @@ PLACE_AND_RELEASE = "; ".join((
     'exec sh -c "$5" glaunch-slurm "" scontrol release "$6"',
 ))
 NOT_PLACED = {11: "writing run.json", 12: "putting the job's task in place"}
-# $1 SLURM_ENV, $2 the number of (run directory, job id) pairs that follow, those pairs,
-# then the jobs to cancel: each job id appended to its run's cancel file (what `glaunch
-# cancel` writes on the cluster itself), then one scancel, as on the cluster. Exit 11 when
-# a mark could not be written: nothing was cancelled.
+# $1 SLURM_ENV, $2 a file to print once the jobs are cancelled ("": none), $3 the number of
+# (run directory, job id) pairs that follow, those pairs, then the jobs to cancel: each job
+# id appended to its run's cancel file (what `glaunch cancel` writes on the cluster itself),
+# then one scancel, as on the cluster, and the file printed; scancel's exit status. Exit
+# 11 when a mark could not be written: nothing was cancelled.
 CANCEL_MARKED = "; ".join((
-    'env_script=$1; n=$2; shift 2',
+    'env_script=$1; back=$2; n=$3; shift 3',
     f'while [ "$n" -gt 0 ]; do printf "%s\\n" "$2" >> "$1/{CANCEL_FILE}" || exit 11; n=$((n - 1)); shift 2; done',
-    'exec sh -c "$env_script" glaunch-slurm "" scancel "$@"',
+    'sh -c "$env_script" glaunch-slurm "" scancel "$@" >/dev/null; s=$?',
+    'if [ -n "$back" ]; then cat -- "$back" 2>/dev/null; fi',
+    'exit $s',
 ))
 NOT_MARKED = 11
 
@@ -288,12 +291,14 @@ def place_and_release(conn: Connection, record: str, data: bytes, task_from: str
     return subprocess.CompletedProcess(cmd, done.returncode, done.out, done.err)
 
 
-def cancel_marked(conn: Connection, marks: Sequence[tuple[str, str]], jobs: Sequence[str]) -> Finished:
+def cancel_marked(conn: Connection, marks: Sequence[tuple[str, str]], jobs: Sequence[str],
+                  read_back: str = "") -> Finished:
     """In one round trip: each (run directory, job id) of `marks` said in that run's cancel
     file (its job controller then ends the start as cancelled, not requeued), then one
-    scancel of `jobs`; scancel's answer. SchedulerError, nothing cancelled, when a mark
-    could not be written."""
-    words = ["sh", "-c", CANCEL_MARKED, "glaunch-cancel", SLURM_ENV, str(len(marks))]
+    scancel of `jobs`; scancel's exit status and stderr, and on stdout the file `read_back`
+    as it is then (a run's run.json: the job it names now). SchedulerError, nothing
+    cancelled, when a mark could not be written."""
+    words = ["sh", "-c", CANCEL_MARKED, "glaunch-cancel", SLURM_ENV, read_back, str(len(marks))]
     for run_dir, job_id in marks:
         words += [run_dir, job_id]
     done = conn.run([*words, *jobs])
