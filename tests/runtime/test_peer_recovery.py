@@ -30,10 +30,11 @@ STEPS = 20
 
 # The example, made to raise once on FAIL_RANK (a rank, or several: "1,2") at FAIL_STEP (FAIL_WHERE: in its data, in its
 # backward pass, after its optimizer step; "always": at every try of that step; "exit": its
-# process lost; "exit_after": its process lost after its update; "hang": its data never comes), its parameters and optimizer state damaged first. It notes when it failed
+# process lost; "exit_after": its process lost after its update; "kill_save": SIGKILL 5 ms into
+# its save; "hang": its data never comes), its parameters and optimizer state damaged first. It notes when it failed
 # and when the next step after the failure was done (should_stop's call).
 SCRIPT = f'''
-import json, os, sys, time
+import json, os, signal, sys, threading, time
 sys.path.insert(0, {str(REPO / "examples")!r})
 import torch
 import torch_ddp
@@ -111,7 +112,19 @@ def failing_should_stop(step=None, total=None):
     return should_stop(step=step, total=total)
 
 
+save_torch_state = rt.save_torch_state
+
+
+def failing_save(step, *args, **kwargs):
+    if FAILS and step == STEP and WHERE == "kill_save":
+        note("failed_at", time.time())
+        # The process lost 5 ms into its save: its peer is inside the save's collectives.
+        threading.Timer(0.005, lambda: os.kill(os.getpid(), signal.SIGKILL)).start()
+    return save_torch_state(step, *args, **kwargs)
+
+
 torch_ddp.batch, torch_ddp.make_model, rt.should_stop = failing_batch, failing_model, failing_should_stop
+rt.save_torch_state = failing_save
 code = torch_ddp.main()
 note("step_ends", times["step_ends"])
 sys.exit(code)

@@ -120,6 +120,35 @@ def test_a_lost_rank_is_started_again_and_gets_its_peers_state(tmp_path, uninter
 # --- pure -------------------------------------------------------------------------------------
 
 
+def test_a_rank_lost_inside_its_checkpoint_save_is_started_again_and_gets_its_peers_state(tmp_path, uninterrupted):  # noqa: F811
+    """Rank 1's process is killed 5 ms into its save of step 10 (a checkpoint every 5 steps):
+    rank 0, inside the save's collectives with it, raises there, and the lost rank is
+    started again and joins with rank 0's state of step 10; the run ends bitwise."""
+    script = tmp_path / "failing_ddp.py"
+    script.write_text(SCRIPT)
+    run_dir = tmp_path / "lost-in-save"
+    run_dir.mkdir()
+    port = free_port()
+    procs = [start(script, run_dir, rank_env(run_dir, port, rank, 1, FAIL_STEP="10", FAIL_WHERE="kill_save",
+                                             GLAUNCH_CHECKPOINT_EVERY="5"))
+             for rank in range(2)]
+    try:
+        assert procs[1].wait(timeout=120) == -9
+        request = wait_for_request(run_dir, procs[0])
+        procs.append(start(script, run_dir, rank_env(run_dir, port, 1, 1, FAIL_RANK="none",
+                                                     GLAUNCH_CHECKPOINT_EVERY="5",
+                                                     GLAUNCH_PEER_JOIN=str(request["generation"]),
+                                                     GLAUNCH_PEER_LOST_PID=str(request["pid"]))))
+        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    finally:
+        stop_all(procs, port)
+    text = "\n".join(outputs)
+    assert [procs[0].returncode, procs[2].returncode] == [0, 0], text[-6000:]
+    assert param_sha256(run_dir) == uninterrupted
+    assert "from rank 0 to rank(s) 1" in text and "no checkpoint read" in text, text[-4000:]
+    assert "resumed from" not in text
+
+
 def test_a_rank_lost_after_its_last_update_is_started_again_and_the_run_ends_with_a_loss(tmp_path, uninterrupted):  # noqa: F811
     """Rank 1's process is lost after its update of the last step: its new process joins
     with rank 0's state of that step and runs no step; the run ends with the uninterrupted
