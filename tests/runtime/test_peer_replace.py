@@ -117,26 +117,21 @@ def test_a_lost_rank_is_started_again_and_gets_its_peers_state(tmp_path, uninter
           f"{entry['next_step']} {entry['to_next_step_s']:.3f} s (the new process, started by this test, included)")
 
 
-# --- pure -------------------------------------------------------------------------------------
-
-
-def test_a_rank_lost_inside_its_checkpoint_save_is_started_again_and_gets_its_peers_state(tmp_path, uninterrupted):  # noqa: F811
-    """Rank 1's process is killed 5 ms into its save of step 10 (a checkpoint every 5 steps):
-    rank 0, inside the save's collectives with it, raises there, and the lost rank is
-    started again and joins with rank 0's state of step 10; the run ends bitwise."""
+def rank_1_lost_and_started_again(tmp_path: Path, name: str, lost_code: int, **fault: str) -> tuple[Path, str]:
+    """Two ranks of SCRIPT with rank 1's `fault` (FAIL_* and more of its environment): once
+    its process has ended (`lost_code`), the test starts its new process as the job
+    controller would. The run directory and every process's output; both went well."""
     script = tmp_path / "failing_ddp.py"
     script.write_text(SCRIPT)
-    run_dir = tmp_path / "lost-in-save"
+    run_dir = tmp_path / name
     run_dir.mkdir()
     port = free_port()
-    procs = [start(script, run_dir, rank_env(run_dir, port, rank, 1, FAIL_STEP="10", FAIL_WHERE="kill_save",
-                                             GLAUNCH_CHECKPOINT_EVERY="5"))
-             for rank in range(2)]
+    more = {k: v for k, v in fault.items() if not k.startswith("FAIL_")}
+    procs = [start(script, run_dir, rank_env(run_dir, port, rank, 1, **fault)) for rank in range(2)]
     try:
-        assert procs[1].wait(timeout=120) == -9
+        assert procs[1].wait(timeout=120) == lost_code
         request = wait_for_request(run_dir, procs[0])
-        procs.append(start(script, run_dir, rank_env(run_dir, port, 1, 1, FAIL_RANK="none",
-                                                     GLAUNCH_CHECKPOINT_EVERY="5",
+        procs.append(start(script, run_dir, rank_env(run_dir, port, 1, 1, FAIL_RANK="none", **more,
                                                      GLAUNCH_PEER_JOIN=str(request["generation"]),
                                                      GLAUNCH_PEER_LOST_PID=str(request["pid"]))))
         outputs = [proc.communicate(timeout=120)[0] for proc in procs]
@@ -144,6 +139,15 @@ def test_a_rank_lost_inside_its_checkpoint_save_is_started_again_and_gets_its_pe
         stop_all(procs, port)
     text = "\n".join(outputs)
     assert [procs[0].returncode, procs[2].returncode] == [0, 0], text[-6000:]
+    return run_dir, text
+
+
+def test_a_rank_lost_inside_its_checkpoint_save_is_started_again_and_gets_its_peers_state(tmp_path, uninterrupted):  # noqa: F811
+    """Rank 1's process is killed 5 ms into its save of step 10 (a checkpoint every 5 steps):
+    rank 0, inside the save's collectives with it, raises there, and the lost rank is
+    started again and joins with rank 0's state of step 10; the run ends bitwise."""
+    run_dir, text = rank_1_lost_and_started_again(tmp_path, "lost-in-save", -9, FAIL_STEP="10",
+                                                  FAIL_WHERE="kill_save", GLAUNCH_CHECKPOINT_EVERY="5")
     assert param_sha256(run_dir) == uninterrupted
     assert "from rank 0 to rank(s) 1" in text and "no checkpoint read" in text, text[-4000:]
     assert "resumed from" not in text
@@ -153,28 +157,15 @@ def test_a_rank_lost_after_its_last_update_is_started_again_and_the_run_ends_wit
     """Rank 1's process is lost after its update of the last step: its new process joins
     with rank 0's state of that step and runs no step; the run ends with the uninterrupted
     run's parameters and the last step's loss of the rank that ran it (not NaN)."""
-    script = tmp_path / "failing_ddp.py"
-    script.write_text(SCRIPT)
-    run_dir = tmp_path / "lost-last"
-    run_dir.mkdir()
-    port = free_port()
-    procs = [start(script, run_dir, rank_env(run_dir, port, rank, 1, FAIL_STEP=str(STEPS), FAIL_WHERE="exit_after"))
-             for rank in range(2)]
-    try:
-        assert procs[1].wait(timeout=120) == 3
-        request = wait_for_request(run_dir, procs[0])
-        procs.append(start(script, run_dir, rank_env(run_dir, port, 1, 1, FAIL_RANK="none",
-                                                     GLAUNCH_PEER_JOIN=str(request["generation"]),
-                                                     GLAUNCH_PEER_LOST_PID=str(request["pid"]))))
-        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
-    finally:
-        stop_all(procs, port)
-    text = "\n".join(outputs)
-    assert [procs[0].returncode, procs[2].returncode] == [0, 0], text[-6000:]
+    run_dir, text = rank_1_lost_and_started_again(tmp_path, "lost-last", 3, FAIL_STEP=str(STEPS),
+                                                  FAIL_WHERE="exit_after")
     assert param_sha256(run_dir) == uninterrupted
     assert f"state of step {STEPS} from rank 0 to rank(s) 1; the ranks go on at step {STEPS + 1}" in text, text[-4000:]
     final_loss = json.loads((run_dir / "result.json").read_text())["final_loss"]
     assert isinstance(final_loss, float) and math.isfinite(final_loss), final_loss
+
+
+# --- pure -------------------------------------------------------------------------------------
 
 
 def test_the_plan_sends_the_state_to_a_replaced_rank_and_names_it():
