@@ -297,14 +297,13 @@ class SlurmScheduler(Scheduler):
         marked first as `cancel` marks it (its controller then ends it as cancelled, not
         requeued)."""
         arrays = set(job_ids)
-        targets = list(job_ids) + [r.job_id for _, r in runs if r.job_id and not is_terminal(r.state)
-                                   and array.array_job_id(r.job_id) not in arrays]
+        live = [(run_dir, r.job_id) for run_dir, r in runs if r.job_id and not is_terminal(r.state)]
+        targets = list(job_ids) + [job_id for _, job_id in live if array.array_job_id(job_id) not in arrays]
         if not targets:
             return ["nothing to cancel"]
-        for run_dir, record in runs:
-            if record.job_id and not is_terminal(record.state):
-                with registry.updating(run_dir) as rec:
-                    registry.request_cancel(run_dir, rec.job_id or record.job_id)
+        for run_dir, job_id in live:
+            with registry.updating(run_dir) as rec:
+                registry.request_cancel(run_dir, rec.job_id or job_id)
         proc = self.client.call("scancel", *targets)
         if proc.returncode != 0:
             raise SchedulerError(f"scancel {' '.join(targets)} failed: {without_tool_prefix('scancel', proc.stderr)}")
