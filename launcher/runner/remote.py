@@ -1089,13 +1089,13 @@ def cancel_sweep(sweep_dir: Path) -> str:
     where = where_of(sweep_dir)
     sweep = sweeps.read(sweep_dir)
     arrays = [a.job_id for a in sweep.arrays if a.job_id]
-    records = sweep_element_records(sweep_dir)
-    live = [(where_of(Path(e.run_dir)).run_dir, str(r.job_id)) for e in sweep.elements
-            if isinstance(r := records.get(e.run_id), RunRecord) and r.job_id and not is_terminal(r.state)]
-    loose = [job_id for _, job_id in live if array_job_id(job_id) not in arrays]
-    if not arrays and not loose:
-        return f"sweep {sweep.sweep_id}: nothing to cancel"
-    with connect(where.login) as conn:
+    with connect(where.login) as conn:      # one connection: the records' refresh shares it
+        records = sweep_element_records(sweep_dir)
+        live = [(where_of(Path(e.run_dir)).run_dir, str(r.job_id)) for e in sweep.elements
+                if isinstance(r := records.get(e.run_id), RunRecord) and r.job_id and not is_terminal(r.state)]
+        loose = [job_id for _, job_id in live if array_job_id(job_id) not in arrays]
+        if not arrays and not loose:
+            return f"sweep {sweep.sweep_id}: nothing to cancel"
         _cancel_marked(conn, live, [*arrays, *loose])
     return f"sweep {sweep.sweep_id}: cancelled job(s) {', '.join([*arrays, *loose])} on {where.login.host}"
 
