@@ -13,11 +13,10 @@ import importlib.resources
 import json
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-import jinja2
 import yaml
 
 from launcher import __version__
@@ -35,6 +34,7 @@ from launcher.rundir.layout import (
 )
 from launcher.rundir.launch import entry_words, torchrun_args
 from launcher import shell
+from launcher.rendering import templating
 from launcher.rendering.task_json import task_file_text, task_spec
 
 NETWORK_PREFIXES = ("NCCL_", "TORCH_NCCL_", "FI_", "UCX_", "GLOO_", "CUDA_DEVICE_MAX_CONNECTIONS")
@@ -69,14 +69,14 @@ class JobShell:
     extra_env: tuple[tuple[str, str, Any], ...] = ()   # more GLAUNCH_* exports (see glaunch_env)
 
 
-@lru_cache(maxsize=1)
-def _environment() -> jinja2.Environment:
+@cache
+def _parsed(name: str) -> tuple[templating.Node, ...]:
+    """The template `name` of templates/, parsed (launcher.rendering.templating)."""
     if TEMPLATES.is_dir():
-        loader: jinja2.BaseLoader = jinja2.FileSystemLoader(os.fspath(TEMPLATES))
-    else:   # a package with no folder of its own on disk (a zip): jinja2 reads it through its loader
-        loader = jinja2.PackageLoader("launcher", "templates")
-    return jinja2.Environment(loader=loader, undefined=jinja2.StrictUndefined, autoescape=False,
-                              keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
+        text = (TEMPLATES / name).read_text(encoding="utf-8")
+    else:   # a package with no folder of its own on disk (a zip): read through its loader
+        text = importlib.resources.files("launcher").joinpath("templates", name).read_text(encoding="utf-8")
+    return templating.parse(text, name)
 
 
 def lines(items: Iterable[str]) -> str:
@@ -84,9 +84,10 @@ def lines(items: Iterable[str]) -> str:
     return "\n".join(items)
 
 
-def template(name: str) -> jinja2.Template:
-    """A template of templates/, rendered under StrictUndefined."""
-    return _environment().get_template(name)
+def template(file: str, /, **values: Any) -> str:
+    """The template `file` of templates/ rendered with `values` (each name it uses must have
+    one: templating.TemplateError otherwise)."""
+    return templating.render(_parsed(file), values, file, _parsed)
 
 
 def render(plan: JobPlan, job_shell: JobShell) -> dict[str, str]:
@@ -159,7 +160,7 @@ def task_description(plan: JobPlan, job_shell: JobShell) -> list[str]:
 
 
 def render_job_script(plan: JobPlan, job_shell: JobShell) -> str:
-    return _environment().get_template("job.sbatch.j2").render(
+    return template("job.sbatch.j2",
         run_id=plan.run_id, name=plan.name, site=plan.site_name, scheduler=plan.scheduler,
         directives=lines(job_shell.directives),
         env_sh=shell.quote(os.path.join(plan.run_dir, ENV_FILE)),
@@ -215,7 +216,7 @@ def render_env(plan: JobPlan, job_shell: JobShell) -> str:
     for name, value in plan.launch.env:
         (network if name.startswith(NETWORK_PREFIXES) else exports).append(shell.export(name, value))
     modules = [f"module load {shell.quote(m)}" for m in plan.launch.modules]
-    return _environment().get_template("env.sh.j2").render(
+    return template("env.sh.j2",
         run_id=plan.run_id, site=plan.site_name, modules=lines(modules), setup=lines(plan.launch.setup),
         exports=lines(exports), network_exports=lines(network),
         glaunch_exports=lines([*carried_lib_path(plan), *(

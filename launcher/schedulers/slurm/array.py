@@ -81,10 +81,9 @@ def render_array(group: ArrayGroup, plans: Sequence[JobPlan], *, sweep_id: str, 
     ]
     run_dirs = lines(f"    [{task}]={shell.quote(plans[element].run_dir)}  # element {element}"
                      for task, element in enumerate(group.elements))
-    return template("array.sbatch.j2").render(
-        sweep_id=sweep_id, sweep_id_word=shell.quote(sweep_id), number=group.number, arrays=arrays,
-        name=first.name, site=first.site_name, directives=lines(directives), elements=len(group.elements),
-        run_dirs=run_dirs)
+    return template("array.sbatch.j2", sweep_id=sweep_id, sweep_id_word=shell.quote(sweep_id), number=group.number,
+                    arrays=arrays, name=first.name, site=first.site_name, directives=lines(directives),
+                    elements=len(group.elements), run_dirs=run_dirs)
 
 
 def array_script(sweep_dir: str | os.PathLike[str], number: int) -> Path:
