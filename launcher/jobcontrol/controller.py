@@ -358,8 +358,8 @@ class SlurmEdge:
             return -1
         if ctx.job_id is None:
             return -1
-        started = replace.Replacements(replace.popen_starter(env, RunDir(job.run_dir).log_dir / REPLACE_LOG.format(
-            job_id=ctx.job_id)), spares)
+        replace_log = RunDir(job.run_dir).log_dir / REPLACE_LOG.format(job_id=ctx.job_id)
+        started = replace.Replacements(replace.popen_starter(env, replace_log), spares, log=replace_log)
         log = RunDir(job.run_dir).batch_log(ctx.job_id)
         replace.serve(job.run_dir, started, stop=stop.is_set, job_id=ctx.job_id, restart=ctx.restart,
                       step_nodes=nodes, srun=job.srun, task=job.task, batch_log=lambda: jobend.batch_log_tail(log),

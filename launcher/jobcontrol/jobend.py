@@ -293,19 +293,32 @@ def crash_in(run_dir: Path, restart: int) -> dict | None:
     return _of_restart(read_json(RunDir(run_dir).crash_file), restart)
 
 
+def not_started_in(run_dir: Path, restart: int) -> dict | None:
+    """Why a lost rank's new process could not be started in this start, if that is what
+    ended its step (launcher.jobcontrol.replace)."""
+    return _of_restart(read_json(RunDir(run_dir).peer_not_started_file), restart)
+
+
 def with_crash_note(outcome: Outcome, run_dir: Path, restart: int) -> Outcome:
-    """Name the task that failed first, and how (crash.json, written by the task), or what
-    the watchdog found (hang.json)."""
+    """Name the task that failed first, and how (crash.json, written by the task), and a lost
+    rank that could not be started again (peer recovery); or what the watchdog found (hang.json)."""
     if outcome.reason == "hang":
-        hang = watchdog.hang_in(run_dir, restart) or {}
-        where = str(hang.get("detail") or "")
+        where = str((watchdog.hang_in(run_dir, restart) or {}).get("detail") or "")
+    elif outcome.reason == "crash":
+        where = _crash_where(run_dir, restart)
     else:
-        note = crash_in(run_dir, restart)
-        if outcome.reason != "crash" or note is None:
-            return outcome
-        where = f"task {note.get('task')} on {note.get('node')}: {note.get('error')}"
+        return outcome
     return dataclasses.replace(outcome, detail=f"{outcome.detail}; {where}" if outcome.detail and where
                                else outcome.detail or where)
+
+
+def _crash_where(run_dir: Path, restart: int) -> str:
+    crash, lost = crash_in(run_dir, restart), not_started_in(run_dir, restart)
+    parts = [] if crash is None else [f"task {crash.get('task')} on {crash.get('node')}: {crash.get('error')}"]
+    if lost is not None:
+        parts.append(f"rank {lost.get('rank')} could not be started again on {lost.get('node')}: "
+                     f"{lost.get('error')}")
+    return "; ".join(parts)
 
 
 # --- bad nodes: pure ------------------------------------------------------------------------

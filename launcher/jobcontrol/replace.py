@@ -23,15 +23,21 @@ sets for its single task to 0 and 1), so it runs the script as that rank, writin
 that rank's log. The step itself runs with ``--kill-on-bad-exit=0`` for such a run
 (launcher.schedulers.slurm.script), so the loss of one task does not end the others.
 
+A new process whose srun fails before its task runs (the step refused, the task not
+executed: :func:`not_started`, from that srun's own lines) ends the step at once, its
+peers waiting for it in vain; what srun said is kept for the start's end
+(RunDir.peer_not_started_file).
+
 The step's end (:func:`step_status`): srun's status is that of its worst task, the lost
 one's; where every task srun names as failed was started again and each new process
 exited 0, the step's status is 0. The decisions are pure (:func:`replacement_for`,
-:func:`replacement_words`, :func:`step_status`); no torch.
+:func:`replacement_words`, :func:`step_status`, :func:`not_started`); no torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 import subprocess
 import sys
@@ -41,7 +47,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
 from launcher.rundir import envnames
-from launcher.rundir.files import read_json
+from launcher.rundir.files import atomic_write_text, read_json
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import is_node_name
 
@@ -65,6 +71,14 @@ STEP_OWN = ("--output=", "--error=", "--nodes=", "--ntasks=", "--ntasks-per-node
 # srun's line for failed tasks, as the batch log has it ("srun: error: n2: task 3: Exited
 # with exit code 3"; "tasks 2-3: Killed").
 SRUN_FAILED = re.compile(r"srun: error: [A-Za-z0-9][A-Za-z0-9._-]{0,99}: tasks? ([0-9][0-9,-]{0,200}): ")
+# srun's lines about a step it could not create ("srun: error: Unable to create step for job
+# 12: Requested node configuration is not available"): every error line of srun's but its
+# tasks' ends (SRUN_FAILED's); and slurmstepd's about a task it could not execute
+# ("slurmstepd-n2: error: execve(): python: No such file or directory"), not its other
+# errors, which come from a task that ran (an OOM kill).
+STEP_ERROR = re.compile(r"^(?:srun: error: .{1,300}|slurmstepd(?:-[A-Za-z0-9._-]{1,100})?: error: execve\(\).{0,300})$",
+                        re.MULTILINE)
+OWN_LINES_READ = 64 * 1024     # the most of the log read for one new step's own lines
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,16 @@ def step_status(status: int, failed: set[int] | None, started: Mapping[int, int 
     return 0 if all(started.get(task) == 0 for task in failed) else status
 
 
+def not_started(output: str) -> str | None:
+    """Pure: why srun could not start a new step's task, from that srun's own lines (its
+    last error line that is not a task's end; srun's refusal to create the step first, as
+    the one that says why), or None where they name no such error."""
+    errors = [m.group(0) for m in STEP_ERROR.finditer(output) if not SRUN_FAILED.match(m.group(0))]
+    refused = [line for line in errors if "Unable to create step" in line]
+    chosen = refused or errors
+    return "".join(c if c.isprintable() else "?" for c in chosen[-1]) if chosen else None
+
+
 def unasked_losses(failed: set[int] | None, asked: set[int], seen: dict[int, float], now: float,
                    bound_s: float = UNASKED_LOSS_S) -> set[int]:
     """Pure: the failed tasks (srun's lines) no rank asked to start again within `bound_s`
@@ -209,11 +233,13 @@ class Requests:
 class Replacements:
     """The processes this step started again, and the requests already served."""
 
-    def __init__(self, start: Callable[[list[str]], Any], spares: Sequence[str] = ()) -> None:
+    def __init__(self, start: Callable[[list[str]], Any], spares: Sequence[str] = (), log: Path | None = None) -> None:
         self.start = start              # words -> a process (subprocess.Popen), or None when it could not start
         self.spares = tuple(spares)     # the allocation's nodes outside the step
+        self.log = log                  # where the new steps' srun write their own lines
         self.started_on: dict[int, list[str]] = {}
         self.procs: dict[int, list[Any]] = {}
+        self.lines_from: dict[int, int] = {}      # id of a process -> where its lines begin in `log`
         self.requests: Requests | None = None      # read from the first serve_once on
         self.failed_seen: dict[int, float] = {}
 
@@ -254,9 +280,35 @@ class Replacements:
         say(f"rank {new.rank}'s process is lost: starting it again {where} to join generation "
             f"{new.generation} of its peers' group")
         earlier.append(moved.node)
+        offset = self._log_size()
         proc = self.start(replacement_words(srun, task, moved, world_size))
         if proc is not None:
             self.procs.setdefault(new.rank, []).append(proc)
+            self.lines_from[id(proc)] = offset
+
+    def _log_size(self) -> int:
+        try:
+            return self.log.stat().st_size if self.log is not None else 0
+        except OSError:
+            return 0
+
+    def not_started(self) -> tuple[int, str, str] | None:
+        """(rank, node, why) of a new process whose srun ended in failure before its task ran
+        (:func:`not_started`, on that srun's part of the log); None when there is none."""
+        for rank, procs in self.procs.items():
+            proc = procs[-1]
+            if proc.poll() in (None, 0) or self.log is None:
+                continue
+            try:
+                with open(self.log, "rb") as log:
+                    log.seek(self.lines_from.get(id(proc), 0))
+                    output = log.read(OWN_LINES_READ).decode("utf-8", "replace")
+            except OSError:
+                continue
+            why = not_started(output)
+            if why is not None:
+                return rank, self.started_on[rank][-1], why
+        return None
 
     def end(self, wait_s: float = END_WAIT_S) -> None:
         """After the step: each process started again, waited for (its ranks have ended),
@@ -291,6 +343,8 @@ def serve(run_dir: Path, replacements: Replacements, *, stop: Callable[[], bool]
         return
     log_read_at, ended = 0.0, False
     while not stop():
+        if not ended:
+            ended = _end_if_not_started(run_dir, replacements, job_id, restart, end_step)
         # A rank is started again only once srun says its task ended: a peer may ask for a
         # rank whose report is late on a busy machine, while its process still runs.
         failed = failed_tasks(batch_log())
@@ -308,6 +362,25 @@ def serve(run_dir: Path, replacements: Replacements, *, stop: Callable[[], bool]
                 end_step()
                 ended = True
         time.sleep(POLL_S)
+
+
+def _end_if_not_started(run_dir: Path, replacements: Replacements, job_id: str, restart: int,
+                        end_step: Callable[[], None]) -> bool:
+    """End the step (`end_step`) when a lost rank's new process could not be started: its
+    peers would wait for it to the watchdog's bound, and the start then ended as a hang.
+    What srun said is kept for the start's end (RunDir.peer_not_started_file). Whether it ended."""
+    found = replacements.not_started()
+    if found is None:
+        return False
+    rank, node, why = found
+    say(f"rank {rank} could not be started again on {node} ({why}): the step ends")
+    record = {"job_id": job_id, "restart": restart, "rank": rank, "node": node, "error": why}
+    try:
+        atomic_write_text(RunDir(run_dir).peer_not_started_file, json.dumps(record) + "\n")
+    except OSError as exc:
+        say(f"cannot write {RunDir(run_dir).peer_not_started_file}: {exc}")
+    end_step()
+    return True
 
 
 def popen_starter(env: MutableMapping[str, str], log: Path | None = None) -> Callable[[list[str]], Any]:

@@ -81,6 +81,9 @@ HANG_FILE = "hang.json"
 PEER_RECOVERY_FILE = "peer-recoveries.jsonl"
 PEER_REPLACE_DIR = "peer-replace"
 PEER_REPLACE_FILE = "{job_id}_{restart}_{generation}_{rank}.json"
+# Written by the job controller when a lost rank's new process could not be started (srun
+# refused its step): the start's end names it.
+PEER_NOT_STARTED_FILE = "peer-not-started.json"
 PEER_WAIT_DIR = "peer-wait"
 PEER_WAIT_FILE = "{job_id}_{restart}_{rank}.json"
 LOCK_FILE = ".run.lock"
@@ -242,6 +245,11 @@ class RunDir:
     def peer_recovery_file(self) -> Path:
         """The ledger of peer recoveries (``recovery.peer``): one JSON object a line."""
         return self.path / PEER_RECOVERY_FILE
+
+    @property
+    def peer_not_started_file(self) -> Path:
+        """Why a lost rank's new process could not be started, in the last start that tried."""
+        return self.path / PEER_NOT_STARTED_FILE
 
     @property
     def peer_replace_dir(self) -> Path:

@@ -13,10 +13,11 @@ import threading
 
 import pytest
 
-from launcher.jobcontrol import replace
+from launcher.jobcontrol import jobend, replace
 from launcher.jobcontrol.controller import Controller, JobSteps
 from launcher.jobcontrol.replace import Replacement, Replacements, failed_tasks, replacement_for, step_status
 from launcher.rundir.layout import RunDir
+from launcher.rundir.records import State
 from launcher.schedulers.slurm.script import srun_words
 from test_golden import plan_case
 from test_step_loop import FakeEdge, controller_words, job_env  # noqa: F401
@@ -225,3 +226,70 @@ def test_the_local_step_serves_requests_as_slurm_s_does_newest_per_rank_once_its
     assert steps.serve([3], now=2.0) == [] and steps.started == {3: 1}
     write_request(tmp_path, {**REQUEST, "generation": 3, "pid": None})
     assert steps.serve([3], now=3.0) == [(3, {"GLAUNCH_PEER_JOIN": "3"})]
+
+
+# srun's own lines, as Slurm 22.05 wrote them for a step of one task inside a running job
+# (`srun --overlap --nodes=1 --ntasks=1 --nodelist=... --mem=0`), recorded on the local cluster.
+NOT_IN_JOB = "srun: error: Unable to create step for job 3687: Requested node configuration is not available\n"
+GRES = ("srun: error: Step requested GRES but job doesn't have GRES\n"
+        "srun: error: Unable to create step for job 3687: Invalid generic resource (gres) specification\n")
+CPUS = "srun: error: Unable to create step for job 3687: More processors requested than permitted\n"
+EXECVE = ("srun: error: node2: task 0: Exited with exit code 2\n"
+          "slurmstepd-node2: error: execve(): /nonexistent/binary: No such file or directory\n")
+TASK_FAILED = "srun: error: node2: task 0: Exited with exit code 3\n"
+
+
+@pytest.mark.parametrize("output, why", [
+    (NOT_IN_JOB, NOT_IN_JOB.strip()),
+    (GRES, GRES.splitlines()[1]),                   # the refusal, not the line before it
+    (CPUS, CPUS.strip()),
+    (EXECVE, EXECVE.splitlines()[1]),               # the task never ran: slurmstepd says why
+    (TASK_FAILED, None),                            # the new process ran, and failed: its peers see it
+    ("slurmstepd-node2: error: Detected 1 oom_kill event in StepId=3687.7. Some of the step tasks have been "
+     "OOM Killed.\nsrun: error: node2: task 0: Out Of Memory\n", None),
+    ("", None),
+    ("srun: error: Unable to create step for job 1: \x1b]0;x\x07 reason\n", "srun: error: Unable to create step "
+                                                                           "for job 1: ?]0;x? reason"),
+])
+def test_why_srun_did_not_start_a_new_process_is_read_from_its_own_lines(output, why):
+    assert replace.not_started(output) == why
+
+
+@pytest.mark.parametrize("output, status, ends", [
+    (NOT_IN_JOB, 1, True), (EXECVE, 2, True), (TASK_FAILED, 3, False), (NOT_IN_JOB, 0, False),
+    (NOT_IN_JOB, None, False),
+])
+def test_a_new_process_srun_could_not_start_ends_the_step_at_once_and_the_start_s_end_says_why(
+        tmp_path, monkeypatch, output, status, ends):
+    """Rank 3 is lost; its peers ask for it; the new step's srun fails before its task runs
+    (Slurm refused the step, or the task could not exec): its peers would wait for it to the
+    watchdog's bound and the start end as a hang. The step ends at once, and the start's end
+    (a crash) names srun's line. A new process that ran and failed, or runs on, ends nothing."""
+    run_dir = tmp_path / "run"
+    log = run_dir / "logs" / "4242_peer-replace.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("srun: error: Unable to create step for job 4242: an older step's line\n")
+    write_request(run_dir, REQUEST)
+    monkeypatch.setattr(replace, "POLL_S", 0.01)
+    spec = type("Spec", (), {"launcher": "srun", "world_size": 4, "ranks_per_node": 2})()
+    monkeypatch.setattr("launcher.rundir.taskspec.read_task_spec", lambda path: spec)
+
+    def start(words):
+        with open(log, "a") as out:
+            out.write(output)
+        return Proc(status)
+
+    ended: list[int] = []
+    polls = iter(range(20))
+    replace.serve(run_dir, Replacements(start, log=log), stop=lambda: next(polls, None) is None, job_id="4242",
+                  restart=0, step_nodes=NODES, srun=("srun",), task=("python",),
+                  batch_log=lambda: "glaunch: start 0\n" + TASK_FAILED.replace("task 0", "task 3").replace(
+                      "node2", "n2"), end_step=lambda: ended.append(1))
+    assert ended == ([1] if ends else [])
+    crash = jobend.Outcome(State.FAILED.value, "crash", False, 1, "exit status 1")
+    detail = jobend.with_crash_note(crash, run_dir, 0).detail
+    if ends:
+        assert detail == f"exit status 1; rank 3 could not be started again on n2: {replace.not_started(output)}"
+        assert jobend.with_crash_note(crash, run_dir, 1).detail == "exit status 1"     # another start's
+    else:
+        assert detail == "exit status 1" and not RunDir(run_dir).peer_not_started_file.exists()
