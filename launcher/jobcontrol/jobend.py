@@ -293,6 +293,9 @@ def crash_in(run_dir: Path, restart: int) -> dict | None:
     return _of_restart(read_json(RunDir(run_dir).crash_file), restart)
 
 
+NOT_STARTED_AGAIN = "lost its process and could not be started again"
+
+
 def not_started_in(run_dir: Path, restart: int) -> dict | None:
     """Why a lost rank's new process could not be started in this start, if that is what
     ended its step (launcher.jobcontrol.replace)."""
@@ -313,12 +316,14 @@ def with_crash_note(outcome: Outcome, run_dir: Path, restart: int) -> Outcome:
 
 
 def _crash_where(run_dir: Path, restart: int) -> str:
-    crash, lost = crash_in(run_dir, restart), not_started_in(run_dir, restart)
-    parts = [] if crash is None else [f"task {crash.get('task')} on {crash.get('node')}: {crash.get('error')}"]
+    """The first failure of a start that ended in a crash: a lost rank that could not be
+    started again, whose end the step was ended for (the other ranks' crash.json then says
+    only how they were stopped), else the task that wrote crash.json first."""
+    lost = not_started_in(run_dir, restart)
     if lost is not None:
-        parts.append(f"rank {lost.get('rank')} could not be started again on {lost.get('node')}: "
-                     f"{lost.get('error')}")
-    return "; ".join(parts)
+        return f"rank {lost.get('rank')} {NOT_STARTED_AGAIN} on {lost.get('node')}: {lost.get('error')}"
+    crash = crash_in(run_dir, restart)
+    return "" if crash is None else f"task {crash.get('task')} on {crash.get('node')}: {crash.get('error')}"
 
 
 # --- bad nodes: pure ------------------------------------------------------------------------

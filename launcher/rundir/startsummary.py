@@ -171,6 +171,14 @@ def first_failure(run_dir: RunDir, record: RunRecord) -> tuple[int | None, str |
     if not record.starts:
         return None, None, None
     last = record.starts[-1]
+    lost = read_json(run_dir.peer_not_started_file)
+    if lost is not None and lost.get("restart") == last.restart and str(lost.get("job_id")) == str(last.job_id):
+        # A lost rank that could not be started again (recovery.peer) ended the step: the
+        # other ranks' crash.json says only how they were stopped.
+        rank, node, error = lost.get("rank"), lost.get("node"), lost.get("error")
+        return (rank if isinstance(rank, int) and not isinstance(rank, bool) else None,
+                node if isinstance(node, str) else None,
+                f"its process was lost and could not be started again: {error}" if isinstance(error, str) else None)
     note = read_json(run_dir.crash_file)
     if note is not None and note.get("restart") == last.restart:
         task = note.get("task")

@@ -289,7 +289,12 @@ def test_a_new_process_srun_could_not_start_ends_the_step_at_once_and_the_start_
     crash = jobend.Outcome(State.FAILED.value, "crash", False, 1, "exit status 1")
     detail = jobend.with_crash_note(crash, run_dir, 0).detail
     if ends:
-        assert detail == f"exit status 1; rank 3 could not be started again on n2: {replace.not_started(output)}"
+        assert detail == (f"exit status 1; rank 3 lost its process and could not be started again on n2: "
+                          f"{replace.not_started(output)}")
+        # The other ranks, stopped as the step ended, are not the first failure.
+        RunDir(run_dir).crash_file.write_text(json.dumps({"restart": 0, "task": 2, "node": "n2",
+                                                          "error": "KeyboardInterrupt"}))
+        assert jobend.with_crash_note(crash, run_dir, 0).detail == detail
         assert jobend.with_crash_note(crash, run_dir, 1).detail == "exit status 1"     # another start's
     else:
         assert detail == "exit status 1" and not RunDir(run_dir).peer_not_started_file.exists()

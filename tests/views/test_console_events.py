@@ -12,6 +12,7 @@ from launcher.rundir import registry
 from launcher.views.console import Console, fit, status_line
 from launcher.rundir.layout import RunDir, heartbeat_bytes
 from launcher.rundir.records import RunRecord
+from launcher.rundir.startsummary import first_failure
 
 
 def make_run(tmp_path: Path) -> RunDir:
@@ -291,3 +292,19 @@ def test_a_plain_console_says_the_first_step_at_once_then_at_most_every_interval
     now[0] += 61                                          # no step since: a stall
     console.pump()
     assert len(shown) == 4 and "no step for 1m01s" in shown[-1]
+
+
+def test_a_lost_rank_that_could_not_be_started_again_is_the_first_failure_not_the_ranks_stopped_after(tmp_path):
+    """recovery.peer: rank 3's process was lost and srun refused its new step, so the job
+    controller ended the step; rank 2, stopped by that, wrote crash.json (KeyboardInterrupt).
+    The end names rank 3 and srun's line; a note of another start or job names nothing."""
+    run_dir = make_run(tmp_path)
+    why = "srun: error: Unable to create step for job 77: Requested node configuration is not available"
+    run_dir.crash_file.write_text(json.dumps({"restart": 0, "task": 2, "node": "n2", "error": "KeyboardInterrupt"}))
+    for other in ({"job_id": "78", "restart": 0}, {"job_id": "77", "restart": 1}):
+        run_dir.peer_not_started_file.write_text(json.dumps({**other, "rank": 3, "node": "n2", "error": why}))
+        assert first_failure(run_dir, registry.read(run_dir.path)) == (2, "n2", "KeyboardInterrupt")
+    run_dir.peer_not_started_file.write_text(json.dumps({"job_id": "77", "restart": 0, "rank": 3, "node": "n2",
+                                                         "error": why}))
+    assert first_failure(run_dir, registry.read(run_dir.path)) == (
+        3, "n2", f"its process was lost and could not be started again: {why}")
