@@ -52,6 +52,7 @@ from launcher.rundir.layout import (
     HEARTBEAT_FILE,
     LIB_DIR,
     LOG_DIR,
+    PEER_NOT_STARTED_FILE,
     PEER_RECOVERY_FILE,
     REMOTE_FILE,
     RESOLVED_FILE,
@@ -794,7 +795,7 @@ def _mirror_failing_log(conn: Connection, run_dir: Path, where: Where, record: R
 # rank 0's log: copied whole into its record here at each refresh (every rank's heartbeat:
 # status names the ranks fallen silent).
 MIRRORED = (RESULT_FILE, RESUME_FILE, CRASH_FILE, HANG_FILE, RESOLVED_FILE, TASK_FILE, f"{HEARTBEAT_DIR}/rank-*.json",
-            f"{CHECKPOINT_DIR}/latest", PEER_RECOVERY_FILE)
+            f"{CHECKPOINT_DIR}/latest", PEER_RECOVERY_FILE, PEER_NOT_STARTED_FILE)
 # The most of one file a refresh copies: records are far smaller; a log that grew by more
 # comes over in the next refreshes.
 MIRROR_LIMIT = 4 << 20
