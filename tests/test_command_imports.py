@@ -56,3 +56,28 @@ def test_the_check_can_fail(tmp_path, isolated_env):
     """`glaunch list` loads the road that follows runs: the check above sees such a module."""
     loaded = loaded_by_the_cli("list", env=isolated_env)
     assert {"launcher.runner.manage", "launcher.views.listing"} <= loaded
+
+
+# What only a submission loads: resolving a plan, rendering it, the planner (`status` of a
+# run whose resolved.yaml names its model's size runs that one).
+NOT_WHEN_FOLLOWING = (
+    "launcher.resolution.resolve", "launcher.resolution.jobplan", "launcher.resolution.strategy",
+    "launcher.resolution.planner", "launcher.rendering.render",
+    "launcher.rendering.templating", "launcher.config.sites", "launcher.config.load", "launcher.runner.bundle",
+    "launcher.runner.submission", "launcher.runner.snapshot", "submitit",
+)
+
+
+@pytest.mark.parametrize("args", [("--version",), ("list",), ("list", "--json"), ("status", "{run}")])
+def test_following_a_run_loads_no_submission_road(args, tmp_path, isolated_env):
+    """`list`, and `status` of a run that never started (a dry run's), load none of what
+    resolves or renders a run: a command a user runs again and again starts fast."""
+    runs = tmp_path / "runs"
+    made = subprocess.run([sys.executable, "-m", "launcher.cli", "submit", "examples/torch_ddp.yaml", "--dry-run",
+                           "--runs-dir", str(runs), "--json"], cwd=REPO, env=isolated_env, capture_output=True,
+                          text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    run = next(runs.iterdir())
+    loaded = loaded_by_the_cli(*(a.format(run=run) for a in args), env=isolated_env)
+    assert "launcher.cli" in loaded
+    assert not loaded & set(NOT_WHEN_FOLLOWING), sorted(loaded & set(NOT_WHEN_FOLLOWING))

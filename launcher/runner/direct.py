@@ -14,17 +14,19 @@ import time
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeVar
 
 from launcher import schedulers
-from launcher.config.sites import LoadedSite
 from launcher.errors import ConfigError, GlaunchError, SchedulerError
-from launcher.resolution.jobplan import JobPlan, Transport
 from launcher.rundir import registry
 from launcher.rundir.lifecycle import ENDS
 from launcher.rundir.records import RunRecord, State, is_terminal
 from launcher.runner import frameworks, sweeps
 from launcher.runner.upstream import Upstream
+
+if TYPE_CHECKING:       # a submission's (the plan, the site): following a run needs neither
+    from launcher.config.sites import LoadedSite
+    from launcher.resolution.jobplan import JobPlan
 
 P = TypeVar("P")
 R = TypeVar("R")
@@ -205,6 +207,8 @@ class Direct:
     def plan(self, plan: JobPlan) -> JobPlan:
         """The plan with its entry script's conventions, its Slurm commands run here (what
         its record names: a profile's `login:` is not used where Slurm answers here)."""
+        from launcher.resolution.jobplan import Transport
+
         return dataclasses.replace(with_conventions(plan), transport=Transport(login=None))
 
     def files(self, files: Mapping[str, str]) -> dict[str, str]:

@@ -21,10 +21,10 @@ from launcher.rundir.layout import REMOTE_FILE
 from launcher.rundir.records import RunRecord
 from launcher.runner.direct import DIRECT, Direct, NotRefreshed
 from launcher.runner.inputs import items
-from launcher.runner.prepared import PreparedResume
 from launcher.runner.results import Run
 
 if TYPE_CHECKING:
+    from launcher.runner.prepared import PreparedResume
     from launcher.schedulers.slurm.client import Client
     from launcher.schedulers.ssh.connection import Connection
 

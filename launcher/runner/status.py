@@ -13,15 +13,8 @@ from typing import Any, Mapping
 
 import yaml
 
-from launcher.config import schema, slurmtime
-from launcher.config.load import LoadedExperiment
-from launcher.config.sourcemap import Provenance
-from launcher.config.sites import LoadedSite
-from launcher.config.typed import typed_config
-from launcher.config.yamlfile import read_yaml
+from launcher.config import slurmtime
 from launcher.errors import GlaunchError
-from launcher.resolution import goodput_projection
-from launcher.resolution.strategy import plan_for
 from launcher.rundir.files import load_bounded_object, load_json_object, open_regular, read_text
 from launcher.rundir.layout import REMOTE_FILE, RunDir, read_heartbeat
 from launcher.rundir.records import IN_FLIGHT, RunRecord
@@ -82,6 +75,8 @@ def projection(resolved: Mapping[str, Any], measured: Mapping[str, Any]) -> dict
         allocation = None
     rate = number(_dig(resolved, "site", "goodput", "failures_per_node_hour")) or None
     every = step_of(_dig(experiment, "checkpoint", "every_steps")) or None
+    from launcher.resolution import goodput_projection     # `status` of a run that ran only: not `list`
+
     costs = goodput_projection.costs_with_defaults(goodput.projection_costs(measured), every)
     # With recovery.peer on, the peer road is shown before any recovery measured its cost.
     peer = goodput_projection.DEFAULT_PEER_SHARE if _dig(experiment, "recovery", "peer") is True else None
@@ -258,6 +253,15 @@ def planned_memory(run_dir: Path, resolved: Mapping[str, Any]) -> dict[str, Any]
     name = planner_strategy(derived, experiment)
     if name is None:
         return None
+
+    # The planner on resolved.yaml: what `status` of such a run needs, and nothing else here.
+    from launcher.config import schema
+    from launcher.config.load import LoadedExperiment
+    from launcher.config.sites import LoadedSite
+    from launcher.config.sourcemap import Provenance
+    from launcher.config.typed import typed_config
+    from launcher.config.yamlfile import read_yaml
+    from launcher.resolution.strategy import plan_for
 
     path = RunDir(run_dir).path / "resolved.yaml"
     try:

@@ -18,11 +18,13 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ClassVar, Mapping, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Protocol, Sequence
 
-from launcher.rendering.render import JobShell, render
-from launcher.resolution.jobplan import JobPlan
 from launcher.rundir.records import RunRecord
+
+if TYPE_CHECKING:       # following a run (status, list, cancel) renders nothing: loaded where rendering is
+    from launcher.rendering.render import JobShell
+    from launcher.resolution.jobplan import JobPlan
 
 
 class RunConsole(Protocol):
@@ -122,6 +124,8 @@ class Scheduler(ABC):
 
     def render(self, plan: JobPlan) -> dict[str, str]:
         """The run bundle's files. Pure."""
+        from launcher.rendering.render import render
+
         return render(plan, self.job_shell(plan))
 
     def require(self) -> None:  # noqa: B027 - optional hook

@@ -3,10 +3,12 @@ console of a run followed to its end is launcher.views.console's)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from launcher.resolution.jobplan import JobPlan
 from launcher.runner.results import Run, StateChange, Sweep
+
+if TYPE_CHECKING:       # every command's CLI imports this module: `status` needs no plan
+    from launcher.resolution.jobplan import JobPlan
 
 
 def running_here(plan: JobPlan) -> str:

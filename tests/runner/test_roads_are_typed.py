@@ -12,12 +12,15 @@ import typing
 import pytest
 
 from launcher.runner import direct, lookup, manage, prepared, remote, remote_sweep, road, submission_road
+from launcher.config.sites import LoadedSite
+from launcher.resolution.jobplan import JobPlan
 from launcher.runner.bundle import PathSource
 from launcher.schedulers.slurm.scheduler import SlurmScheduler
 
 # The names the modules import for type checking only (a cost at run time), and `os`,
 # which RunRef names in a string ("os.PathLike[str]").
-NAMED_ONLY = {"PathSource": PathSource, "SlurmScheduler": SlurmScheduler, "os": os}
+NAMED_ONLY = {"PathSource": PathSource, "SlurmScheduler": SlurmScheduler, "os": os, "JobPlan": JobPlan,
+              "LoadedSite": LoadedSite, "PreparedResume": prepared.PreparedResume}
 
 PREPARED = [prepared.Prepared, prepared.PreparedResume, prepared.PreparedSweep]
 ROADS = [prepared.Road, prepared.ResumeRoad, direct.Direct, road.OverSSH, submission_road.SubmittedOverSSH]
