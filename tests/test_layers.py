@@ -250,34 +250,3 @@ def test_a_planted_use_of_this_machine_s_client_is_found(tmp_path):
                                          "def ask():\n    return client.CLIENT.call('squeue')\n")
     assert machine_client_uses(tmp_path) == {"launcher/queries.py"}
 
-
-# A command reaches a cluster over SSH through its road: the SSH transport
-# (launcher.schedulers.ssh) and the SSH road's own modules are imported only by each other
-# and by the two modules that choose a run's road; no other module of the runner, and
-# nothing above it, branches on the transport.
-SSH_ROAD = ("launcher.schedulers.ssh", "launcher.runner.remote", "launcher.runner.remote_sweep",
-            "launcher.runner.cluster_undo")
-ROAD_CHOOSERS = ("launcher.runner.road", "launcher.runner.submission_road")
-
-
-def _on_ssh_road(module: str) -> bool:
-    return any(module == part or module.startswith(part + ".") for part in SSH_ROAD)
-
-
-def ssh_road_users(graph: dict[str, set[str]]) -> list[str]:
-    """'importer -> imported' for each import of the SSH road from outside it and its choosers."""
-    return sorted(f"{importer} -> {target}" for importer, imported in graph.items()
-                  if not _on_ssh_road(importer) and importer not in ROAD_CHOOSERS
-                  for target in imported if _on_ssh_road(target))
-
-
-def test_only_the_road_choosers_reach_the_ssh_road():
-    assert ssh_road_users(import_graph()) == []
-
-
-def test_a_planted_use_of_the_ssh_road_is_found():
-    graph = import_graph()
-    graph["launcher.runner.status"].add("launcher.runner.remote")
-    graph["launcher.views.console"].add("launcher.schedulers.ssh.on_login")
-    assert ssh_road_users(graph) == ["launcher.runner.status -> launcher.runner.remote",
-                                     "launcher.views.console -> launcher.schedulers.ssh.on_login"]

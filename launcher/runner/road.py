@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence, TypeAlias
 
 from launcher.config.login import Login
-from launcher.errors import ConfigError, GlaunchError, SchedulerError
+from launcher.errors import ConfigError, GlaunchError, RunError, SchedulerError
 from launcher.rundir import registry
-from launcher.rundir.layout import REMOTE_FILE
+from launcher.rundir.layout import REMOTE_FILE, RunDir
 from launcher.rundir.records import RunRecord
 from launcher.runner.direct import DIRECT, Direct, NotRefreshed
 from launcher.runner.inputs import items
@@ -122,8 +122,51 @@ RunRoad: TypeAlias = "Direct | OverSSH"
 
 def road_to(run_dir: Path) -> RunRoad:
     """The road of the run (or sweep) kept in `run_dir`: over SSH when its record here is
-    that of a run living on a cluster (it holds remote.json), else the direct one."""
-    return OverSSH() if (Path(run_dir) / REMOTE_FILE).is_file() else DIRECT
+    that of a run living on a cluster (it holds remote.json), else the direct one. RunError
+    when run.json names the other transport: a record that lost (or gained) its remote.json
+    is never followed on the wrong road, where a job id of one cluster is another's job."""
+    over_ssh = (Path(run_dir) / REMOTE_FILE).is_file()
+    record = _record_of(run_dir)
+    if record is not None:
+        problem = transport_mismatch(record.transport, over_ssh, elsewhere=_lives_elsewhere(run_dir, record))
+        if problem is not None:
+            raise RunError(f"{problem}; the record here is not followed", file=str(RunDir(run_dir).run_file),
+                           key="transport")
+    return OverSSH() if over_ssh else DIRECT
+
+
+def _record_of(run_dir: Path) -> RunRecord | None:
+    """run.json, None where there is none (a sweep's folder) or it cannot be read (the
+    command that reads it says so)."""
+    if not RunDir(run_dir).run_file.is_file():
+        return None
+    try:
+        return registry.read(run_dir)
+    except GlaunchError:
+        return None
+
+
+def _lives_elsewhere(run_dir: Path, record: RunRecord) -> bool:
+    """Whether run.json names another directory than the one holding it (a copy here of a
+    record kept on a cluster)."""
+    try:
+        return record.run_dir is None or Path(record.run_dir).resolve() != Path(run_dir).resolve()
+    except (OSError, RuntimeError, ValueError):
+        return True
+
+
+def transport_mismatch(recorded: str | None, over_ssh: bool, *, elsewhere: bool) -> str | None:
+    """Pure: why run.json's transport (`recorded`; None in a record older than it) and the
+    record's remote.json (`over_ssh`: present) disagree, or None. A run whose record is its
+    own directory (not `elsewhere`) was submitted where Slurm answers, whatever an older
+    glaunch recorded (`ssh://` for any profile with a login)."""
+    if recorded is None:
+        return None
+    if recorded.startswith("ssh://") and not over_ssh and elsewhere:
+        return f"the run was submitted over SSH ({recorded}), but its record here has no {REMOTE_FILE}"
+    if not recorded.startswith("ssh://") and over_ssh:
+        return f"the run's commands ran here (transport {recorded}), but its record here holds {REMOTE_FILE}"
+    return None
 
 
 def refresh_copies(run_dirs: Sequence[Path]) -> bool:

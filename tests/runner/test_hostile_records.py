@@ -388,6 +388,8 @@ def test_a_deeply_nested_local_record_of_a_remote_run(runs, guarded, monkeypatch
     run_dir = runs["run_dir"]
     restore(run_dir, runs["files"])
     registry.register(RUN_ID, str(run_dir))
+    with registry.updating(run_dir) as record:      # the record here of a run submitted over SSH
+        record.transport = "ssh://u@login"
     (run_dir / REMOTE_FILE).write_text('{"login": ' * 100_000)
     for argv in (["status", RUN_ID], ["cancel", RUN_ID], ["logs", RUN_ID]):
         code, out, err = run_command(argv, monkeypatch, capsys)

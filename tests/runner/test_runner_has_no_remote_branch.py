@@ -2,14 +2,16 @@
 run, launcher.runner.submission_road for a submission) and the SSH code behind them
 (launcher.runner.remote, remote_sweep, cluster_undo) know SSH. No other runner module imports them or
 launcher.schedulers.ssh, wherever the import stands, or asks whether a run lives over SSH
-(`is_remote`)."""
+(`is_remote`); nor does anything above the runner (the views, the API, the CLI)."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-RUNNER = Path(__file__).resolve().parents[2] / "launcher" / "runner"
+PACKAGE = Path(__file__).resolve().parents[2] / "launcher"
+RUNNER = PACKAGE / "runner"
+ABOVE_THE_RUNNER = [*sorted((PACKAGE / "views").glob("*.py")), PACKAGE / "api.py", *sorted(PACKAGE.glob("cli*.py"))]
 KNOW_SSH = {"road.py", "submission_road.py", "remote.py", "remote_sweep.py", "cluster_undo.py"}
 SSH_MODULES = ("launcher.runner.remote", "launcher.runner.remote_sweep", "launcher.runner.cluster_undo",
                "launcher.schedulers.ssh")
@@ -40,6 +42,12 @@ def ssh_knowledge(source: str) -> list[str]:
 def test_no_runner_module_but_the_road_knows_ssh():
     found = {path.name: lines for path in sorted(RUNNER.glob("*.py")) if path.name not in KNOW_SSH
              if (lines := ssh_knowledge(path.read_text(encoding="utf-8")))}
+    assert not found, found
+
+
+def test_nothing_above_the_runner_knows_ssh():
+    assert len(ABOVE_THE_RUNNER) > 5
+    found = {path.name: lines for path in ABOVE_THE_RUNNER if (lines := ssh_knowledge(path.read_text(encoding="utf-8")))}
     assert not found, found
 
 
