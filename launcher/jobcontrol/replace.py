@@ -62,6 +62,7 @@ LOG_POLL_S = 2.0
 # At most this many processes started again in one start: a rank lost again and again (its
 # step kills it each time) ends as the crash it is, once its peers' wait for it ends.
 MAX_REPLACEMENTS = 4
+CAPPED = f"{MAX_REPLACEMENTS} processes were already started again in this start (recovery.peer's bound)"
 END_WAIT_S = 60.0          # a started process after the step ended: its ranks have finished
 TERM_WAIT_S = 10.0
 # The words of the step that name its tasks, its logs and how a failed task ends it: the
@@ -240,6 +241,7 @@ class Replacements:
         self.started_on: dict[int, list[str]] = {}
         self.procs: dict[int, list[Any]] = {}
         self.lines_from: dict[int, int] = {}      # id of a process -> where its lines begin in `log`
+        self.capped: tuple[int, str] | None = None   # (rank, node) of a request past MAX_REPLACEMENTS
         self.requests: Requests | None = None      # read from the first serve_once on
         self.failed_seen: dict[int, float] = {}
 
@@ -271,7 +273,8 @@ class Replacements:
 
     def _start_again(self, new: Replacement, srun: Sequence[str], task: Sequence[str], world_size: int) -> None:
         if sum(len(p) for p in self.procs.values()) >= MAX_REPLACEMENTS:
-            say(f"rank {new.rank} not started again: {MAX_REPLACEMENTS} processes were already in this start")
+            say(f"rank {new.rank} not started again: {CAPPED}")
+            self.capped = (new.rank, new.node)
             return
         earlier = self.started_on.setdefault(new.rank, [])
         moved = node_for(new, earlier, self.spares)
@@ -293,8 +296,11 @@ class Replacements:
             return 0
 
     def not_started(self) -> tuple[int, str, str] | None:
-        """(rank, node, why) of a new process whose srun ended in failure before its task ran
-        (:func:`not_started`, on that srun's part of the log); None when there is none."""
+        """(rank, node, why) of a lost rank that was not started again: past MAX_REPLACEMENTS,
+        or its new process's srun ended in failure before its task ran (:func:`not_started`,
+        on that srun's part of the log); None when there is none."""
+        if self.capped is not None:
+            return (*self.capped, CAPPED)
         for rank, procs in self.procs.items():
             proc = procs[-1]
             if proc.poll() in (None, 0) or self.log is None:
@@ -374,13 +380,18 @@ def _end_if_not_started(run_dir: Path, replacements: Replacements, job_id: str, 
         return False
     rank, node, why = found
     say(f"rank {rank} could not be started again on {node} ({why}): the step ends")
+    note_not_started(run_dir, job_id, restart, rank, node, why)
+    end_step()
+    return True
+
+
+def note_not_started(run_dir: str | Path, job_id: str, restart: int, rank: int, node: str, why: str) -> None:
+    """Keep, for the start's end, why a lost rank was not started again (launcher.jobcontrol.jobend)."""
     record = {"job_id": job_id, "restart": restart, "rank": rank, "node": node, "error": why}
     try:
         atomic_write_text(RunDir(run_dir).peer_not_started_file, json.dumps(record) + "\n")
     except OSError as exc:
         say(f"cannot write {RunDir(run_dir).peer_not_started_file}: {exc}")
-    end_step()
-    return True
 
 
 def popen_starter(env: MutableMapping[str, str], log: Path | None = None) -> Callable[[list[str]], Any]:

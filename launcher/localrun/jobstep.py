@@ -125,6 +125,8 @@ class Step:
             return bad[0] if bad else None
         for task, more_env in self.peers.serve(bad, now):
             self.procs[task] = self._start_task(task, more_env)
+        if self.peers.capped is not None:       # its peers would wait for it in vain
+            return self.peers.capped
         return self.peers.unasked(bad, now)
 
     def signal_all(self, signum: int) -> None:
@@ -229,8 +231,10 @@ class PeerReplacement:
     def __init__(self, run_dir: str, job_id: str, restart: int, ntasks: int) -> None:
         self.requests = replace.Requests(run_dir, job_id=job_id, restart=restart, world_size=ntasks,
                                          ranks_per_node=ntasks, step_nodes=["localhost"])
+        self.run_dir, self.job_id, self.restart = run_dir, job_id, restart
         self.failed_since: dict[int, float] = {}    # task -> when its current process was seen failed
         self.started: dict[int, int] = {}           # task -> processes started again for it
+        self.capped: int | None = None              # a task asked for past replace.MAX_REPLACEMENTS
 
     @classmethod
     def of(cls, run_dir: str | None, job_id: str, restart: str, ntasks: int) -> PeerReplacement | None:
@@ -253,8 +257,10 @@ class PeerReplacement:
         out: list[tuple[int, dict[str, str]]] = []
         for new in self.requests.due(lambda rank: rank in bad):
             if sum(self.started.values()) >= replace.MAX_REPLACEMENTS:
-                replace.say(f"rank {new.rank} not started again: {replace.MAX_REPLACEMENTS} processes were "
-                            "already started again in this start")
+                replace.say(f"rank {new.rank} not started again: {replace.CAPPED}: the step ends")
+                replace.note_not_started(self.run_dir, self.job_id, self.restart, new.rank, new.node,
+                                         replace.CAPPED)
+                self.capped = new.rank
                 continue
             replace.say(f"rank {new.rank}'s process is lost: starting it again to join generation "
                         f"{new.generation} of its peers' group")

@@ -96,10 +96,13 @@ def test_each_request_starts_one_process_once_and_no_more_than_the_bound(tmp_pat
     serve_once(replacements, tmp_path)
     serve_once(replacements, tmp_path)                             # served already
     assert len(started) == 1 and "--nodelist=n2" in started[0] and replacements.statuses() == {3: 0}
+    assert replacements.not_started() is None
     for generation in range(2, 2 + replace.MAX_REPLACEMENTS):     # lost again and again, one at a time
         write_request(tmp_path, {**REQUEST, "generation": generation})
         serve_once(replacements, tmp_path)
     assert len(started) == replace.MAX_REPLACEMENTS
+    # Past the bound its peers would wait for it in vain: the step ends at once, saying why.
+    assert replacements.not_started() == (3, "n2", replace.CAPPED)
 
 
 def test_a_request_for_a_rank_whose_process_still_runs_waits_and_only_the_newest_is_served(tmp_path):
@@ -226,6 +229,15 @@ def test_the_local_step_serves_requests_as_slurm_s_does_newest_per_rank_once_its
     assert steps.serve([3], now=2.0) == [] and steps.started == {3: 1}
     write_request(tmp_path, {**REQUEST, "generation": 3, "pid": None})
     assert steps.serve([3], now=3.0) == [(3, {"GLAUNCH_PEER_JOIN": "3"})]
+    assert steps.capped is None
+    for generation in range(4, 4 + replace.MAX_REPLACEMENTS - 2):  # lost again up to the bound
+        write_request(tmp_path, {**REQUEST, "generation": generation, "pid": None})
+        assert steps.serve([3], now=float(generation))
+    # Past it the step ends (its first bad task is the one not started again), and why is kept.
+    write_request(tmp_path, {**REQUEST, "generation": 9, "pid": None})
+    assert steps.serve([3], now=9.0) == [] and steps.capped == 3
+    note = json.loads(RunDir(tmp_path).peer_not_started_file.read_text())
+    assert note == {"job_id": "4242", "restart": 0, "rank": 3, "node": "localhost", "error": replace.CAPPED}
 
 
 # srun's own lines, as Slurm 22.05 wrote them for a step of one task inside a running job
