@@ -12,8 +12,12 @@ rendered profile loading as a valid site.
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -442,3 +446,15 @@ def test_detect_on_the_cluster_itself_asks_no_login_shell(fake_cluster, monkeypa
     asked = login_shell_answers(monkeypatch, "GLAUNCH-PYTHON3 /usr/bin/python3\n")
     _, text = detect.query_cluster(CLIENT, None)
     assert asked == [] and "python" not in yaml.safe_load(text)
+
+
+@pytest.mark.parametrize("banner", ["", "Welcome\n", "a notice that ends no line", "\x1b[0mcolour, no newline"])
+def test_the_python3_line_is_read_whatever_the_login_profile_printed_before_it(banner, tmp_path):
+    """FIND_PYTHON run by a real bash after a profile's output: one that left its last line
+    open does not hide the line the answer is read from."""
+    profile = tmp_path / "profile"
+    profile.write_text(f"printf '%s' {shlex.quote(banner)}\n")
+    done = subprocess.run(["bash", "-c", f". {shlex.quote(str(profile))}; {detect.FIND_PYTHON}"], capture_output=True,
+                          text=True, timeout=30, env={"PATH": os.path.dirname(sys.executable) + ":/usr/bin:/bin"})
+    assert detect.read_python(done.stdout) == shutil.which("python3", path=os.path.dirname(sys.executable)
+                                                           + ":/usr/bin:/bin")

@@ -255,8 +255,9 @@ def query_cluster(client: Client, name: str | None, *, login: Any = None) -> tup
 # The line the login shell's answer is read from: what its profile prints around it is not.
 PYTHON_MARK = "GLAUNCH-PYTHON3 "
 # A login shell (-l), as a user's own session has it: its profile may load a module or
-# activate an environment that puts another python3 first on PATH.
-FIND_PYTHON = f'printf "{PYTHON_MARK}%s\\n" "$(command -v python3)"'
+# activate an environment that puts another python3 first on PATH. The line starts on a
+# line of its own, whatever the profile printed last without ending its line.
+FIND_PYTHON = f'printf "\\n{PYTHON_MARK}%s\\n" "$(command -v python3)"'
 
 
 def login_python(client: Client) -> str | None:
