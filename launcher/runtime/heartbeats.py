@@ -143,6 +143,7 @@ class Beats:
         self.stop_decided: float | None = None
         self.announced_at: float | None = None   # when the script said it reports its steps (announce)
         self.state = "running"
+        self.untimed = False                  # the interval in flight is no step's time (interrupted)
         self._random = random.Random(rank)
         self._fd: int | None = None
         self._size = 0
@@ -170,14 +171,22 @@ class Beats:
         timed_before = self.seen
         if previous is None or step < previous or self.time is None:
             self.first_step, self.first_time = step, now     # the first step, or the loop went back
+        elif self.untimed:
+            pass                              # a peer recovery in it: neither a step's nor a rank's own time
         elif self._timed(now - self.time, previous, step):
             self._busy(busy_time(now - max(self.time, self.synced_at or 0.0), waited))
-        self.time = now
+        self.time, self.untimed = now, False
         # The first step always: the watchdog stops waiting for it; and the step that makes
         # its early bound.
         early = timed_before < EARLY_STEPS <= self.seen
         if self.path is not None and (now - self.last_write >= self.interval_s or previous is None or early):
             self.write(now)
+
+    def interrupted(self) -> None:
+        """The interval in flight held what is no step (a peer recovery: a hang its peers
+        waited out, a state sent): the next beat does not time it, so neither the watchdog's
+        auto bound nor the slow-rank report takes it for a step."""
+        self.untimed = True
 
     def add_wait_source(self, source: Callable[[], float]) -> None:
         """`source()`: the seconds this rank waited for its peers in a collective of the

@@ -73,11 +73,11 @@ from typing import Any
 
 from launcher.processes import process_runs
 from launcher.rundir import envnames
-from launcher.rundir.files import atomic_write_text, open_regular
+from launcher.rundir.files import atomic_write_text, open_regular, read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.rundir.rankcontext import RankContext, context, log, node_name
 from launcher.rundir.startsummary import iso
-from launcher.runtime import stopflag
+from launcher.runtime import heartbeats, stopflag
 from launcher.runtime.peerplan import PeerRecoveryImpossible, RecoveryPlan, Report, is_peer_loss, plan_recovery
 
 # How long the ranks wait for each other's reports: a rank that never reports is gone.
@@ -260,7 +260,7 @@ class PeerRecovery:
                            on_missing=lambda present, missing: ask_replacement(self.ctx, generation, present, missing,
                                                                               began_at))
         plan = plan_recovery(generation, reports, self.ctx.world_size)
-        self._carry_out(plan, step, report.error, began, began_at)
+        self._carry_out(plan, step, failure_cause(plan, reports, self.ctx), began, began_at)
 
     def join(self) -> None:
         """A replacement of a lost rank (the module's docstring): report as failed with no
@@ -280,11 +280,12 @@ class PeerRecovery:
         log(f"peer recovery: rank {self.ctx.rank} started again in place of its lost process; joining its peers "
             f"at generation {generation}")
         plan = plan_recovery(generation, reports, self.ctx.world_size)
-        self._carry_out(plan, None, report.error, began, began_at)
+        self._carry_out(plan, None, (self.ctx.rank, node_name(), report.error), began, began_at)
 
-    def _carry_out(self, plan: RecoveryPlan, step: int | None, error: str, began: float, began_at: float) -> None:
+    def _carry_out(self, plan: RecoveryPlan, step: int | None, cause: Cause, began: float, began_at: float) -> None:
         """Steps 3 to 5 of the module's docstring, and the log line; `step`: the step in
-        flight (None: a replacement, which had none)."""
+        flight (None: a replacement, which had none); `cause`: the failure, as the ledger keeps it."""
+        heartbeats.current().interrupted()
         self.group.reconnect(plan.generation)
         _forget_step_in_flight(self.model, self.optimizer)
         transfer_state(plan, self.ctx.rank, self.model, self.optimizer, self.extra, self.group)
@@ -295,7 +296,7 @@ class PeerRecovery:
                                 "receivers": list(plan.receivers), "failed": list(plan.failed),
                                 "resume_after": plan.resume_after, "seconds": round(seconds, 6)})
         if self.ctx.rank == ledger_writer(plan) and step is not None:
-            self._unrecorded = _Unrecorded(ledger_entry(plan, step, error, seconds, began_at, self.ctx), began)
+            self._unrecorded = _Unrecorded(ledger_entry(plan, step, cause, seconds, began_at, self.ctx), began)
         received = " (received it)" if self.ctx.rank in plan.receivers else ""
         log(f"peer recovery: {plan.describe()}{received}; no checkpoint read; {seconds:.3f} s"
             + ("" if rng_restored else f"; this rank's RNG states are not those of step {plan.redo}'s start "
@@ -341,13 +342,36 @@ def ledger_writer(plan: RecoveryPlan) -> int:
     return min(own) if own else plan.source
 
 
-def ledger_entry(plan: RecoveryPlan, step: int, error: str, recovery_s: float, failed_at: float,
+# (rank, node, error) of the failure a recovery records (:func:`failure_cause`).
+Cause = tuple[int, "str | None", str]
+
+
+def failure_cause(plan: RecoveryPlan, reports: list[Report], ctx: RankContext) -> Cause:
+    """The failure the ledger names: the lowest rank that failed in its own process (the
+    rank that records it: :func:`ledger_writer`), else the lowest whose process was lost,
+    as its replacement reported it, on the node its peers asked to start it again on (the
+    request in peer-replace/; its peers' own errors are only their loss of it)."""
+    by_rank = {report.rank: report for report in reports}
+    own = [rank for rank in plan.failed if rank not in plan.replaced]
+    rank = min(own) if own else min(plan.replaced, default=ctx.rank)
+    if rank == ctx.rank:
+        return rank, node_name(), by_rank[rank].error if rank in by_rank else ""
+    request = None
+    if ctx.job_id is not None:
+        request = read_json(RunDir(ctx.run_dir).peer_replace_request(ctx.job_id, ctx.restart, plan.generation, rank))
+    node = request.get("node") if isinstance(request, dict) and isinstance(request.get("node"), str) else None
+    return rank, node, by_rank[rank].error if rank in by_rank else "process lost"
+
+
+def ledger_entry(plan: RecoveryPlan, step: int, cause: Cause, recovery_s: float, failed_at: float,
                  ctx: RankContext) -> dict[str, Any]:
     """One recovery as the ledger keeps it, before its next step ended (``next_step``,
     ``next_step_at`` and ``to_next_step_s`` are filled in by :class:`_Unrecorded`).
-    ``lost_steps``: the steps done again, at most the one in flight (0 when the failure
-    came after the update: the ranks go on at the next one)."""
-    return {"job_id": ctx.job_id, "restart": ctx.restart, "node": node_name(), "rank": ctx.rank,
+    ``rank``, ``node``, ``error``: the failure (:func:`failure_cause`). ``lost_steps``: the
+    steps done again, at most the one in flight (0 when the failure came after the update:
+    the ranks go on at the next one)."""
+    rank, node, error = cause
+    return {"job_id": ctx.job_id, "restart": ctx.restart, "node": node, "rank": rank,
             "world_size": ctx.world_size, "generation": plan.generation, "step": step,
             "failed": list(plan.failed), "replaced": list(plan.replaced), "source": plan.source,
             "receivers": list(plan.receivers),

@@ -37,7 +37,10 @@ def recorded(ctx, step: int, *, failed_after_update: bool = False, next_step: in
     plan = plan_recovery(1, [Report(0, committed, False, "RuntimeError: Connection closed by peer"),
                              Report(1, committed, True, "ValueError: injected")], 2)
     assert peer.ledger_writer(plan) == 1
-    pending = peer._Unrecorded(peer.ledger_entry(plan, step, "ValueError: injected", 0.04, time.time() - 0.3, ctx),
+    cause = peer.failure_cause(plan, [Report(0, committed, False, "RuntimeError: Connection closed by peer"),
+                                      Report(1, committed, True, "ValueError: injected")], ctx)
+    assert cause[0] == 1 and cause[2] == "ValueError: injected"
+    pending = peer._Unrecorded(peer.ledger_entry(plan, step, cause, 0.04, time.time() - 0.3, ctx),
                                time.monotonic() - 0.3)
     entry = pending.entry(next_step)
     peer.append_ledger(ctx.run_dir, entry)
@@ -179,3 +182,26 @@ def test_a_ledger_that_cannot_be_written_is_logged_and_the_run_goes_on(rank1, tm
     RunDir(tmp_path).peer_recovery_file.mkdir()
     recorded(rank1, 7, next_step=7)                # no exception
     assert "peer recovery: not recorded in" in capsys.readouterr().err
+
+
+def test_a_lost_process_is_recorded_as_its_own_failure_not_as_the_source_s_loss_of_it(tmp_path, monkeypatch):
+    """Rank 3 of 4 lost its process: rank 0, the source, records the recovery. The entry names
+    rank 3, the node its peers asked to start it again on, and its replacement's account;
+    not rank 0, its node, or its gloo error on losing its peer."""
+    for name, value in {"RANK": "0", "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2", "LOCAL_RANK": "0",
+                        "GLAUNCH_RUN_DIR": str(tmp_path), "GLAUNCH_JOB_ID": "100", "GLAUNCH_RESTART": "0"}.items():
+        monkeypatch.setenv(name, value)
+    ctx = context()
+    reports = [Report(0, 7, False, "RuntimeError: Connection closed by peer"),
+               Report(1, 7, False, "RuntimeError: Connection closed by peer"),
+               Report(2, 7, False, "RuntimeError: Connection closed by peer"),
+               Report(3, -1, True, "process lost; started again", replaced=True)]
+    plan = plan_recovery(2, reports, 4)
+    assert peer.ledger_writer(plan) == 0
+    request = RunDir(tmp_path).peer_replace_request("100", 0, 2, 3)
+    request.parent.mkdir(parents=True)
+    request.write_text(json.dumps({"job_id": "100", "restart": 0, "generation": 2, "rank": 3, "node": "dnode2"}))
+    entry = peer.ledger_entry(plan, 8, peer.failure_cause(plan, reports, ctx), 0.1, time.time(), ctx)
+    assert (entry["rank"], entry["node"], entry["error"]) == (3, "dnode2", "process lost; started again")
+    request.unlink()                                    # asked by another rank: the node is not known here
+    assert peer.failure_cause(plan, reports, ctx) == (3, None, "process lost; started again")

@@ -125,6 +125,25 @@ def test_repeated_and_backward_steps(tmp_path):
     assert (b.first_step, b.step) == (5, 5)
 
 
+def test_an_interval_that_held_a_peer_recovery_is_no_step_time(tmp_path):
+    """A hang its peers waited out, then the state sent to the rank that replaced it: the
+    interval to the redone step is neither a step's time (the watchdog's auto bound is taken
+    from those) nor a rank's own work; the steps after are timed again."""
+    b = beats(tmp_path, interval=60.0)
+    for step in range(1, 5):
+        time.sleep(0.01)
+        b.beat(step)
+    before = (b.seen, b.busy_count)
+    time.sleep(0.3)                                # step 5 hung, its peers waited, then recovered
+    b.interrupted()
+    b.beat(5)
+    assert (b.seen, b.busy_count) == before and max(b.recent) < 0.25, list(b.recent)
+    time.sleep(0.01)
+    b.beat(6)
+    assert b.seen == before[0] + 1 and b.first_step == 1
+    assert b.pace()["step_p99_s"] < 0.25
+
+
 def test_should_stop_beats_under_a_launcher(tmp_path, monkeypatch):
     monkeypatch.setenv("GLAUNCH_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("GLAUNCH_JOB_ID", "55")
