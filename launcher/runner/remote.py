@@ -61,6 +61,8 @@ from launcher.rundir.layout import (
     RUN_FILE,
     TASK_FILE,
     TASK_LOG,
+    WORKER_LOG,
+    WORKER_LOG_DIR,
     RunDir,
 )
 from launcher.rundir.lifecycle import ENDS
@@ -813,7 +815,10 @@ def mirror_run(conn: Connection, run_dir: Path, where: Where, asked: RunRecord, 
             in dict.fromkeys([*(s.job_id for s in asked.starts), *([asked.job_id] if asked.job_id else [])])]
     if all_logs:
         logs += [p for p in here.log_dir.glob("*_log.*") if TASK_LOG.fullmatch(p.name)] if here.log_dir.is_dir() else []
-        wanted.update({f"{LOG_DIR}/*_log.out": 0, f"{LOG_DIR}/*_log.err": 0})
+        wanted.update({f"{LOG_DIR}/*_log.out": 0, f"{LOG_DIR}/*_log.err": 0, WORKER_LOGS: 0})
+        # Each worker's own log under torchrun (`logs --rank`), from where its copy here ends.
+        wanted.update({worker.path.relative_to(here.path).as_posix(): worker.path.stat().st_size
+                       for worker in here.worker_logs()})
     for log in logs:
         wanted[posixpath.join(LOG_DIR, log.name)] = log.stat().st_size if log.is_file() else 0
     got = {name: (offset, data) for name, offset, data
@@ -823,7 +828,7 @@ def mirror_run(conn: Connection, run_dir: Path, where: Where, asked: RunRecord, 
                              "there was moved or removed")
     atomic_write_text(here.run_file, checked_record(got.pop(RUN_FILE)[1], asked.run_id, where.run_dir, conn.where()))
     for name, (offset, data) in got.items():
-        if _is_in(name, LOG_DIR, TASK_LOG):
+        if _is_in(name, LOG_DIR, TASK_LOG) or _is_worker_log(name):
             _take_tail(here.path / name, offset, data)
         elif name in wanted or _is_in(name, HEARTBEAT_DIR, HEARTBEAT):
             _replace(here.path / name, data)
@@ -838,6 +843,18 @@ def _drop_gone(run_dir: Path, got: Mapping[str, object]) -> None:
         for copy in run_dir.glob(pattern):
             if copy.relative_to(run_dir).as_posix() not in present and (copy.is_file() or copy.is_symlink()):
                 copy.unlink(missing_ok=True)
+
+
+# torchrun's workers' own logs (launcher.rundir.layout.WORKER_LOG), as the cluster's shell globs them.
+WORKER_LOGS = f"{LOG_DIR}/{WORKER_LOG_DIR}/*/*/attempt_*/*/std*.log"
+
+
+def _is_worker_log(name: str) -> bool:
+    """Whether `name` (as the cluster spelt it) is a worker's own log under logs/workers/, in
+    torchrun's layout and nowhere else (no `..`, no empty part)."""
+    parts = name.split("/")
+    return (len(parts) > 2 and parts[:2] == [LOG_DIR, WORKER_LOG_DIR] and all(p not in ("", ".", "..") for p in parts)
+            and WORKER_LOG.fullmatch("/".join(parts[2:])) is not None)
 
 
 def _is_in(name: str, folder: str, pattern: Any) -> bool:
@@ -858,8 +875,8 @@ def _take_tail(path: Path, offset: int, data: bytes) -> None:
     """What a log gained past `offset` on the cluster, appended to its copy here when that
     ends there; all of it, from 0, when the log was cut shorter there."""
     have = path.stat().st_size if path.is_file() else 0
+    path.parent.mkdir(parents=True, exist_ok=True)
     if offset == have:
-        path.parent.mkdir(exist_ok=True)
         with open(path, "ab") as f:
             f.write(data)
     elif offset == 0:
@@ -929,7 +946,7 @@ def logs(run_dir: Path, *, rank: int | None, follow: bool, echo: Callable[[str],
     its record there checked to be this run's first (a directory there replaced would hold
     another run's logs)."""
     where = where_of(run_dir)
-    reader = RankLogs(run_dir, rank, echo)
+    reader = None
     with connect(where.login) as conn:
         while True:
             if follow:
@@ -937,6 +954,8 @@ def logs(run_dir: Path, *, rank: int | None, follow: bool, echo: Callable[[str],
                 follow = not (is_terminal(state) or state == State.UNKNOWN)
             else:
                 mirror_run(conn, run_dir, where, registry.read(run_dir), all_logs=True)
+            # Made once the first copy brought task.json: which logs are a rank's own.
+            reader = reader or RankLogs(run_dir, rank, echo)
             reader.poll()
             if not follow:
                 reader.flush()

@@ -274,3 +274,50 @@ def test_a_run_record_names_the_transport_of_its_commands(login, name):
     assert record.transport == name and record.to_dict()["transport"] == name
     with pytest.raises(RecordError, match="transport"):
         RunRecord.from_dict({"run_id": "r-1", "transport": ["ssh://login1"]})
+
+
+def test_logs_of_one_rank_under_torchrun_are_its_workers_own_as_on_the_login_node(cluster):
+    """Under torchrun a node's task log holds every worker's lines; `logs --rank 1` shows rank
+    1's own log (torchrun's --log-dir), copied from the cluster with the task logs in the
+    same call, and only what it gained at the next poll. A name outside torchrun's layout
+    there is not copied."""
+    runs, _ = cluster
+    home = kept_here("t-1", runs / "t-1", "101")
+    on_cluster(runs / "t-1", {**record("t-1", runs / "t-1", "101"), "starts": [{"job_id": "101", "restart": 0}]})
+    spec = json.loads((Path(__file__).parents[1] / "golden" / "local-slurm.torchrun.task.json").read_text())
+    (runs / "t-1" / "task.json").write_text(json.dumps({**spec, "run_dir": str(runs / "t-1"), "run_id": "t-1"}))
+    logs = runs / "t-1" / "logs"
+    logs.mkdir()
+    (logs / "101_0_log.out").write_text("[default0]: rank 0 says hi\n[default1]: rank 1 says hi\n")
+    worker = logs / "workers" / "101_0_0" / "none_abc" / "attempt_0" / "1" / "stdout.log"
+    worker.parent.mkdir(parents=True)
+    worker.write_text("rank 1 alone\n")
+    odd = logs / "workers" / "101_0_0" / "none_abc" / "attempt_0" / "1" / "notes.log"
+    odd.write_text("not a worker log\n")
+    calls, shown = [], []
+    real = Connection.run
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Connection, "run", lambda self, *a, **k: calls.append(a) or real(self, *a, **k))
+        remote.logs(home, rank=1, follow=False, echo=shown.append, poll_s=0)
+    assert len(calls) == 1, calls
+    assert shown == ["[r1] rank 1 alone"], shown
+    copied = home / worker.relative_to(runs / "t-1")
+    assert copied.read_text() == "rank 1 alone\n" and not (home / odd.relative_to(runs / "t-1")).exists()
+    with open(worker, "a") as f:
+        f.write("rank 1 again\n")
+    shown.clear()
+    remote.logs(home, rank=1, follow=False, echo=shown.append, poll_s=0)
+    assert copied.read_text() == "rank 1 alone\nrank 1 again\n"
+
+
+@pytest.mark.parametrize("name, taken", [
+    ("logs/workers/101_0_0/none_abc/attempt_0/1/stdout.log", True),
+    ("logs/workers/101_0_0/none_abc/attempt_0/1/stderr.log", True),
+    ("logs/workers/101_0_0/../attempt_0/1/stdout.log", False),
+    ("logs/workers/101_0_0/none_abc/attempt_0/1/../../../../../run.json", False),
+    ("logs/workers/101_0_0/none_abc/attempt_0/1/notes.log", False),
+    ("logs/101_0_log.out", False),
+    ("checkpoints/workers/101_0_0/x/attempt_0/1/stdout.log", False),
+])
+def test_only_names_in_torchrun_s_layout_are_taken_as_workers_logs(name, taken):
+    assert remote._is_worker_log(name) is taken
