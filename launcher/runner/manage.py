@@ -11,10 +11,11 @@ from typing import Any, Callable
 from launcher.errors import ConfigError, GlaunchError, SchedulerError
 from launcher.rundir.files import json_safe
 from launcher.rundir.layout import RunDir
-from launcher.rundir.records import IN_FLIGHT, State, is_terminal
+from launcher.rundir.records import IN_FLIGHT, RunRecord, State, is_terminal
 from launcher.rundir.taskspec import TaskSpecError, read_placement, read_task_spec
 from launcher.runner import sweeps
 from launcher.runner.logs import Lines, LogFollower, RankLogs
+from launcher.runner.direct import NotRefreshed
 from launcher.runner.lookup import find_sweep, refreshed, run_dir_of, sweep_records
 from launcher.runner.recent import recent
 from launcher.runner.results import RunRef, StateChange
@@ -24,6 +25,10 @@ from launcher.schedulers.base import Echo, RunConsole
 
 FOLLOW_POLL_S = 2.0
 CONSOLE_POLL_S = 0.25       # the console's log and status line, between two scheduler polls
+# How long a follower (`--wait`, `wait`) asks again through an outage of its scheduler, or of
+# the link to the login node (a VPN's or a Wi-Fi's blip), before it gives up (exit 3): the
+# run goes on there either way.
+FOLLOW_OUTAGE_S = 300.0
 
 Text = Callable[[str], None]
 OnState = Callable[[StateChange], None]
@@ -87,12 +92,44 @@ class _Rank0Log:
             unfinished.flush()
 
 
+class _Outage:
+    """A follower's refreshes through an outage: while the scheduler cannot be asked, the
+    record as last known here, for up to FOLLOW_OUTAGE_S; the outage's start and end said
+    once each on the console."""
+
+    def __init__(self, console: RunConsole | None) -> None:
+        self.console = console
+        self.since: float | None = None         # when the refreshes began to fail
+
+    def refreshed(self, run_dir: Path) -> RunRecord:
+        try:
+            record = refreshed(run_dir)
+        except NotRefreshed as exc:
+            now = time.monotonic()
+            if self.since is None:
+                self.since = now
+                self._say(f"the run's state cannot be asked now ({exc.cause.message}); asking again for up to "
+                          f"{FOLLOW_OUTAGE_S:g} s: the run goes on meanwhile")
+            if now - self.since >= FOLLOW_OUTAGE_S:
+                raise
+            return exc.record
+        if self.since is not None:
+            self._say(f"the run's state can be asked again, after {time.monotonic() - self.since:.0f} s")
+            self.since = None
+        return record
+
+    def _say(self, text: str) -> None:
+        if self.console is not None:
+            self.console.event(text)
+
+
 def _follow(run_dir: Path, on_line: Text | None, on_state: OnState | None, poll_s: float,
             console: RunConsole | None) -> str:
     log = _Rank0Log(run_dir, on_line) if on_line is not None else None
     last = None
+    outage = _Outage(console)
     while True:
-        record = refreshed(run_dir)
+        record = outage.refreshed(run_dir)
         state = record.state
         if record.extra.get("blocked"):
             # A pending reason that never clears by itself (launcher.schedulers.slurm.state).
