@@ -296,30 +296,32 @@ def crash_in(run_dir: Path, restart: int) -> dict | None:
 NOT_STARTED_AGAIN = "lost its process and could not be started again"
 
 
-def not_started_in(run_dir: Path, restart: int) -> dict | None:
-    """Why a lost rank's new process could not be started in this start, if that is what
-    ended its step (launcher.jobcontrol.replace)."""
-    return _of_restart(read_json(RunDir(run_dir).peer_not_started_file), restart)
+def not_started_in(run_dir: Path, restart: int, job_id: str | None) -> dict | None:
+    """Why a lost rank's new process could not be started in this start (of job `job_id`: a
+    resumed run's new job numbers its starts from 0 again), if that is what ended its step
+    (launcher.jobcontrol.replace)."""
+    note = _of_restart(read_json(RunDir(run_dir).peer_not_started_file), restart)
+    return note if note is not None and str(note.get("job_id")) == str(job_id) else None
 
 
-def with_crash_note(outcome: Outcome, run_dir: Path, restart: int) -> Outcome:
+def with_crash_note(outcome: Outcome, run_dir: Path, restart: int, job_id: str | None) -> Outcome:
     """Name the task that failed first, and how (crash.json, written by the task), and a lost
     rank that could not be started again (peer recovery); or what the watchdog found (hang.json)."""
     if outcome.reason == "hang":
         where = str((watchdog.hang_in(run_dir, restart) or {}).get("detail") or "")
     elif outcome.reason == "crash":
-        where = _crash_where(run_dir, restart)
+        where = _crash_where(run_dir, restart, job_id)
     else:
         return outcome
     return dataclasses.replace(outcome, detail=f"{outcome.detail}; {where}" if outcome.detail and where
                                else outcome.detail or where)
 
 
-def _crash_where(run_dir: Path, restart: int) -> str:
+def _crash_where(run_dir: Path, restart: int, job_id: str | None) -> str:
     """The first failure of a start that ended in a crash: a lost rank that could not be
     started again, whose end the step was ended for (the other ranks' crash.json then says
     only how they were stopped), else the task that wrote crash.json first."""
-    lost = not_started_in(run_dir, restart)
+    lost = not_started_in(run_dir, restart, job_id)
     if lost is not None:
         return f"rank {lost.get('rank')} {NOT_STARTED_AGAIN} on {lost.get('node')}: {lost.get('error')}"
     crash = crash_in(run_dir, restart)
@@ -629,7 +631,7 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             cancelled=registry.cancel_asked(run_dir, record, job_id),
             killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None,
             runtime=used_runtime(run_dir, ctx_job_id or job_id, restart))
-        outcome = with_crash_note(outcome, run_dir, restart)
+        outcome = with_crash_note(outcome, run_dir, restart, ctx_job_id or job_id)
         bad = blamed_node(outcome.reason, crash_in(run_dir, restart), hang, swap)
         kept_off = list(record.excluded_nodes)
         step, exclude, note = _restart_or_exclude(record, run_dir, outcome, bad, job_id, restart, args)

@@ -46,7 +46,7 @@ def end_of_local_start(run_dir: RunDir, record: RunRecord, *, job_id: str, resta
         crash_retries=crash_retries, hung=hang is not None, cancelled=interrupted or cancelled,
         killed=None if crash else first_killed_task(summary, status),
         runtime=jobend.used_runtime(run_dir.path, job_id, restart)),
-        run_dir.path, restart)
+        run_dir.path, restart, job_id)
     if interrupted and outcome.state == State.CANCELLED:
         outcome = dataclasses.replace(outcome, detail=f"interrupted (Ctrl-C): {_how_it_stopped(stop, status)}")
     fields = dict(resumed_from=jobend.resumed_in(run_dir.path, restart), stopped_at=(stop or {}).get("step"),

@@ -12,6 +12,7 @@ from launcher.errors import GlaunchError
 from launcher.rundir import registry
 from launcher.rundir.layout import SWEEP_FILE, RunDir
 from launcher.runner import sweeps
+from launcher.runner.road import check_road
 
 
 def recent(limit: int) -> list[dict[str, Any]]:
@@ -38,6 +39,7 @@ def recent(limit: int) -> list[dict[str, Any]]:
         seen.add(run_dir)
         try:
             record = registry.read(run_dir)
+            check_road(run_dir, record)
         except GlaunchError as exc:
             rows.append({"run_id": entry["run_id"], "state": None, "site": None, "nodes": None, "created": None,
                          "age": "?", "run_dir": str(run_dir), "error": str(exc)})

@@ -27,6 +27,7 @@ from launcher.rundir.layout import (
     HPARAMS_FILE,
     JOB_SCRIPT,
     LIB_DIR,
+    PEER_NOT_STARTED_FILE,
     RESOLVED_FILE,
     RESULT_FILE,
     RESUME_FILE,
@@ -42,7 +43,7 @@ from launcher.runner.prepared import PreparedResume
 # runs the job side of the glaunch that renders it), and the files a start leaves for the
 # next one (a new start would take an old result.json for its own end).
 MOVED_ASIDE = (JOB_SCRIPT, ENV_FILE, DS_CONFIG_FILE, RESOLVED_FILE, HPARAMS_FILE, TASK_FILE, LIB_DIR,
-               RESULT_FILE, STOP_FILE, RESUME_FILE, CRASH_FILE, HEARTBEAT_DIR)
+               RESULT_FILE, STOP_FILE, RESUME_FILE, CRASH_FILE, PEER_NOT_STARTED_FILE, HEARTBEAT_DIR)
 # run.json keys about the previous job that the new one's scheduler writes afresh.
 _PREVIOUS_JOB_KEYS = ("scheduler_history", "accounting", "request", "warnings", "pending_reason", "blocked",
                       "unreachable", "submission")

@@ -128,11 +128,18 @@ def road_to(run_dir: Path) -> RunRoad:
     over_ssh = (Path(run_dir) / REMOTE_FILE).is_file()
     record = _record_of(run_dir)
     if record is not None:
-        problem = transport_mismatch(record.transport, over_ssh, elsewhere=_lives_elsewhere(run_dir, record))
-        if problem is not None:
-            raise RunError(f"{problem}; the record here is not followed", file=str(RunDir(run_dir).run_file),
-                           key="transport")
+        check_road(run_dir, record)
     return OverSSH() if over_ssh else DIRECT
+
+
+def check_road(run_dir: Path, record: RunRecord) -> None:
+    """RunError (naming run.json's transport) when `record`, run.json of `run_dir`, names
+    another transport than the record here holds (`transport_mismatch`)."""
+    over_ssh = (Path(run_dir) / REMOTE_FILE).is_file()
+    problem = transport_mismatch(record.transport, over_ssh, elsewhere=_lives_elsewhere(run_dir, record))
+    if problem is not None:
+        raise RunError(f"{problem}; the record here is not followed", file=str(RunDir(run_dir).run_file),
+                       key="transport")
 
 
 def _record_of(run_dir: Path) -> RunRecord | None:
@@ -169,11 +176,20 @@ def transport_mismatch(recorded: str | None, over_ssh: bool, *, elsewhere: bool)
     return None
 
 
+def _followed_over_ssh(run_dir: Path) -> bool:
+    """Whether the run's road is SSH; False for a record whose road cannot be chosen (its
+    own row says why: launcher.runner.recent)."""
+    try:
+        return isinstance(road_to(run_dir), OverSSH)
+    except GlaunchError:
+        return False
+
+
 def refresh_copies(run_dirs: Sequence[Path]) -> bool:
     """The records here of the runs of `run_dirs` kept on a cluster reached over SSH (their
     job writes run.json there, not here) copied from there, Slurm's view folded in; whether
     there were any."""
-    kept = [run_dir for run_dir in run_dirs if isinstance(road_to(run_dir), OverSSH)]
+    kept = [run_dir for run_dir in run_dirs if _followed_over_ssh(run_dir)]
     if not kept:
         return False
     from launcher.runner import remote

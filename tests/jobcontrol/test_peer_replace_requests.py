@@ -299,14 +299,16 @@ def test_a_new_process_srun_could_not_start_ends_the_step_at_once_and_the_start_
                       "node2", "n2"), end_step=lambda: ended.append(1))
     assert ended == ([1] if ends else [])
     crash = jobend.Outcome(State.FAILED.value, "crash", False, 1, "exit status 1")
-    detail = jobend.with_crash_note(crash, run_dir, 0).detail
+    detail = jobend.with_crash_note(crash, run_dir, 0, "4242").detail
     if ends:
         assert detail == (f"exit status 1; rank 3 lost its process and could not be started again on n2: "
                           f"{replace.not_started(output)}")
         # The other ranks, stopped as the step ended, are not the first failure.
         RunDir(run_dir).crash_file.write_text(json.dumps({"restart": 0, "task": 2, "node": "n2",
                                                           "error": "KeyboardInterrupt"}))
-        assert jobend.with_crash_note(crash, run_dir, 0).detail == detail
-        assert jobend.with_crash_note(crash, run_dir, 1).detail == "exit status 1"     # another start's
+        assert jobend.with_crash_note(crash, run_dir, 0, "4242").detail == detail
+        assert jobend.with_crash_note(crash, run_dir, 1, "4242").detail == "exit status 1"     # another start's
+        # A resumed run's new job numbers its starts from 0 again: its crash is its own.
+        assert jobend.with_crash_note(crash, run_dir, 0, "5000").detail == "exit status 1; task 2 on n2: KeyboardInterrupt"
     else:
         assert detail == "exit status 1" and not RunDir(run_dir).peer_not_started_file.exists()

@@ -198,13 +198,13 @@ WHERE = "task 3 on node2: RuntimeError: CUDA error: an illegal memory access"
 def test_crash_note_names_the_task_that_failed_first(tmp_path):
     write(tmp_path, "crash_file", CRASH)
     outcome = decide(**{**BASE, "step_status": 1, "crash_retries": 2, "restart": 1})
-    noted = with_crash_note(outcome, tmp_path, 1)
+    noted = with_crash_note(outcome, tmp_path, 1, "77")
     assert noted == Outcome("REQUEUED", "crash", True, 0, f"exit status 1; retry 1 of 2; {WHERE}")
 
 
 def test_crash_note_without_a_detail_is_the_note(tmp_path):
     write(tmp_path, "crash_file", CRASH)
-    assert with_crash_note(Outcome("FAILED", "crash", False, 1), tmp_path, 1).detail == WHERE
+    assert with_crash_note(Outcome("FAILED", "crash", False, 1), tmp_path, 1, "77").detail == WHERE
 
 
 @pytest.mark.parametrize("outcome, restart, crash_file", [
@@ -218,7 +218,7 @@ def test_crash_note_without_a_detail_is_the_note(tmp_path):
 def test_crash_note_leaves_other_outcomes_alone(tmp_path, outcome, restart, crash_file):
     if crash_file is not None:
         write(tmp_path, "crash_file", crash_file)
-    assert with_crash_note(outcome, tmp_path, restart) == outcome
+    assert with_crash_note(outcome, tmp_path, restart, "77") == outcome
 
 
 def test_stopped_in_is_this_starts_stop_file(tmp_path):
@@ -246,7 +246,7 @@ def test_resumed_in_is_the_step_this_start_loaded(tmp_path):
 def test_a_hang_is_described_from_hang_json_of_its_own_start(tmp_path):
     hung = decide(**{**BASE, "hung": True, "step_status": 137, "crash_retries": 1})
     (tmp_path / "hang.json").write_text(json.dumps({"restart": 1, "detail": "no rank finished a step for 60 s"}))
-    assert with_crash_note(hung, tmp_path, 0).detail == "the watchdog ended the step; retry 1 of 1"
+    assert with_crash_note(hung, tmp_path, 0, "77").detail == "the watchdog ended the step; retry 1 of 1"
     (tmp_path / "hang.json").write_text(json.dumps({"restart": 0, "detail": "no rank finished a step for 60 s"}))
-    assert with_crash_note(hung, tmp_path, 0).detail == (
+    assert with_crash_note(hung, tmp_path, 0, "77").detail == (
         "the watchdog ended the step; retry 1 of 1; no rank finished a step for 60 s")

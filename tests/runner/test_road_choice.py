@@ -70,3 +70,11 @@ def test_a_login_node_s_run_an_older_glaunch_recorded_as_ssh_is_followed_as_befo
     done = glaunch("status", str(run_dir), "--json", env=isolated_env)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["state"] == "RENDERED"
+
+
+def test_list_shows_a_record_whose_road_cannot_be_chosen_as_a_row_with_its_error(run_dir, isolated_env):
+    edit_record(run_dir, state="RUNNING", transport="ssh://u@login", run_dir="/cluster/runs/" + run_dir.name)
+    done = glaunch("list", "--json", env=isolated_env)
+    assert done.returncode == 0, done.stderr
+    (row,) = json.loads(done.stdout)["runs"]
+    assert "transport: the run was submitted over SSH" in row["error"], row
