@@ -55,8 +55,10 @@ def parse(text: str, source: str) -> tuple[Node, ...]:
     outside the language, or an `if` left open or closed twice."""
     stack: list[tuple[str, list[Node]]] = [("", [])]
     position = 0
-    text = _BLANKS_BEFORE_BLOCK.sub("", text)
+    # Jinja's newline_sequence: a checkout's CRLF never reaches a script bash would misread.
+    text = _BLANKS_BEFORE_BLOCK.sub("", text.replace("\r\n", "\n").replace("\r", "\n"))
     for match in _TOKEN.finditer(text):
+        _plain(text[position:match.start()], source)
         stack[-1][1].append(text[position:match.start()])
         position = match.end()
         tag = match.group(0).rstrip("\n")
@@ -77,8 +79,17 @@ def parse(text: str, source: str) -> tuple[Node, ...]:
             raise TemplateError(f"{source}: {tag!r} is not a tag of glaunch's templates")
     if len(stack) > 1:
         raise TemplateError(f"{source}: {{% if {stack[-1][0]} %}} has no {{% endif %}}")
+    _plain(text[position:], source)
     stack[0][1].append(text[position:])
     return _joined(stack[0][1])
+
+
+def _plain(text: str, source: str) -> None:
+    """TemplateError for text between tags that opens one (`{{`, `{%`, `{#`) it never closes,
+    or a comment: Jinja would read it, this language does not."""
+    opened = next((mark for mark in ("{{", "{%", "{#") if mark in text), None)
+    if opened is not None:
+        raise TemplateError(f"{source}: {opened!r} opens no tag of glaunch's templates")
 
 
 def _tag(pattern: re.Pattern[str], inside: str, tag: str, source: str) -> tuple[str, str | None]:

@@ -42,7 +42,7 @@ def _cases(file: str):
 
 @pytest.mark.parametrize("file", sorted(p.name for p in TEMPLATES.glob("*.j2")))
 def test_every_template_renders_as_jinja_renders_it(file):
-    jinja2 = pytest.importorskip("jinja2")
+    import jinja2                                   # the dev extra's: this test never skips
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)), undefined=jinja2.StrictUndefined,
                              autoescape=False, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True)
     compared = 0
@@ -81,6 +81,10 @@ def test_the_language(text, expected):
     ("{% if %}x{% endif %}", "'{% if %}' is not a tag"),
     ("{%- if a %}x{% endif %}", "'{%- if a %}' is not a tag"),
     ("{% include %}", "'{% include %}' is not a tag"),
+    ("a {{ b", "'{{' opens no tag"),
+    ("a {% if b", "'{%' opens no tag"),
+    ("{# a comment #}", "'{#' opens no tag"),
+    ("{{ a }} and {{ b", "'{{' opens no tag"),
 ])
 def test_syntax_outside_the_language_is_refused(text, message):
     with pytest.raises(templating.TemplateError) as caught:
@@ -97,6 +101,11 @@ def test_a_name_without_a_value_is_refused(text, missing):
     nodes = templating.parse(text, "t.j2")
     with pytest.raises(templating.TemplateError, match=f"t.j2: no value for '{missing}'"):
         templating.render(nodes, {"t": True}, "t.j2", lambda name: ())
+
+
+def test_a_checkout_s_crlf_renders_as_lf():
+    nodes = templating.parse("#!/bin/bash\r\n{% if t %}\r\necho {{ x }}\r\n{% endif %}\r\n", "t.j2")
+    assert templating.render(nodes, {"t": True, "x": 1}, "t.j2", lambda name: ()) == "#!/bin/bash\necho 1\n"
 
 
 def test_a_value_is_never_read_as_a_template():
