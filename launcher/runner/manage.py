@@ -105,18 +105,38 @@ class _Outage:
         try:
             record = refreshed(run_dir)
         except NotRefreshed as exc:
-            now = time.monotonic()
-            if self.since is None:
-                self.since = now
-                self._say(f"the run's state cannot be asked now ({exc.cause.message}); asking again for up to "
-                          f"{FOLLOW_OUTAGE_S:g} s: the run goes on meanwhile")
-            if now - self.since >= FOLLOW_OUTAGE_S:
-                raise
+            self._failed(exc, exc.cause.message)
             return exc.record
+        self._answered()
+        return record
+
+    def sweep_records(self, sweep_dir: Path, last: dict[str, RunRecord | GlaunchError] | None
+                      ) -> dict[str, RunRecord | GlaunchError]:
+        """A sweep's elements' records; through an outage, `last` (the records last asked)."""
+        try:
+            records = sweep_records(sweep_dir)
+        except SchedulerError as exc:
+            if last is None:
+                raise
+            self._failed(exc, exc.message)
+            return last
+        self._answered()
+        return records
+
+    def _failed(self, exc: SchedulerError, why: str) -> None:
+        """An ask that failed: the outage's start said; `exc` raised once it outlasts the bound."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            self._say(f"the run's state cannot be asked now ({why}); asking again for up to {FOLLOW_OUTAGE_S:g} s: "
+                      "the run goes on meanwhile")
+        if now - self.since >= FOLLOW_OUTAGE_S:
+            raise exc
+
+    def _answered(self) -> None:
         if self.since is not None:
             self._say(f"the run's state can be asked again, after {time.monotonic() - self.since:.0f} s")
             self.since = None
-        return record
 
     def _say(self, text: str) -> None:
         if self.console is not None:
@@ -161,8 +181,9 @@ def _wait_sweep(sweep_dir: Path, *, on_state: OnState | None, poll_s: float) -> 
     the elements still waiting can never start."""
     index = {e.run_id: e.index for e in sweeps.read(sweep_dir).elements}
     last: dict[str, str] = {}
+    outage, records = _Outage(None), None
     while True:
-        records = sweep_records(sweep_dir)
+        records = outage.sweep_records(sweep_dir, records)
         states = []
         blocked = []
         for run_id, record in records.items():

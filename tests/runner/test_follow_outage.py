@@ -70,3 +70,26 @@ def test_an_outage_longer_than_the_bound_is_exit_3_naming_its_cause(monkeypatch)
     with pytest.raises(NotRefreshed) as raised:
         follow(monkeypatch, [RUNNING] + [DOWN] * 50, bound_s=60.0)
     assert raised.value.exit_code == 3 and "cannot reach login1" in str(raised.value)
+
+
+def test_a_sweep_s_wait_asks_through_an_outage_from_the_records_it_last_had(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(manage.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(manage, "FOLLOW_OUTAGE_S", 60.0)
+    answers = [DOWN, {"a": RUNNING}, DOWN, DOWN, {"a": DONE}]
+
+    def sweep_records(sweep_dir):
+        now[0] += 20.0
+        answer = answers.pop(0)
+        if answer is DOWN:
+            raise DOWN
+        return answer
+
+    monkeypatch.setattr(manage, "sweep_records", sweep_records)
+    outage = manage._Outage(None)
+    with pytest.raises(SchedulerError):
+        outage.sweep_records(None, None)        # nothing asked yet: nothing to go on from
+    records = outage.sweep_records(None, None)
+    assert outage.sweep_records(None, records) == {"a": RUNNING}       # the link is down: the last records
+    assert outage.sweep_records(None, records) == {"a": RUNNING}
+    assert outage.sweep_records(None, records) == {"a": DONE} and outage.since is None
