@@ -761,8 +761,9 @@ def refreshed(run_dir: Path) -> RunRecord:
         return refreshed_over(conn, run_dir, where)
 
 
-def refreshed_over(conn: Connection, run_dir: Path, where: Where, *, all_logs: bool = False) -> RunRecord:
-    mirror_run(conn, run_dir, where, registry.read(run_dir), all_logs=all_logs)
+def refreshed_over(conn: Connection, run_dir: Path, where: Where, *, all_logs: bool = False,
+                   worker_rank: int | None = None) -> RunRecord:
+    mirror_run(conn, run_dir, where, registry.read(run_dir), all_logs=all_logs, worker_rank=worker_rank)
     record = registry.read(run_dir)
     if record.job_id and not (record.state in ENDS and settled(record)):
         client = on_login.slurm_client(conn)
@@ -803,7 +804,8 @@ MIRRORED = (RESULT_FILE, RESUME_FILE, CRASH_FILE, HANG_FILE, RESOLVED_FILE, TASK
 MIRROR_LIMIT = 4 << 20
 
 
-def mirror_run(conn: Connection, run_dir: Path, where: Where, asked: RunRecord, *, all_logs: bool = False) -> None:
+def mirror_run(conn: Connection, run_dir: Path, where: Where, asked: RunRecord, *, all_logs: bool = False,
+               worker_rank: int | None = None) -> None:
     """In one call: run.json of the run on the cluster, checked to be `asked`'s, then the
     files of MIRRORED and what rank 0's log of each of its jobs gained (`all_logs`: every
     task log's), into its record here, so that everything that reads a run's directory
@@ -815,10 +817,9 @@ def mirror_run(conn: Connection, run_dir: Path, where: Where, asked: RunRecord, 
             in dict.fromkeys([*(s.job_id for s in asked.starts), *([asked.job_id] if asked.job_id else [])])]
     if all_logs:
         logs += [p for p in here.log_dir.glob("*_log.*") if TASK_LOG.fullmatch(p.name)] if here.log_dir.is_dir() else []
-        wanted.update({f"{LOG_DIR}/*_log.out": 0, f"{LOG_DIR}/*_log.err": 0, WORKER_LOGS: 0})
-        # Each worker's own log under torchrun (`logs --rank`), from where its copy here ends.
-        wanted.update({worker.path.relative_to(here.path).as_posix(): worker.path.stat().st_size
-                       for worker in here.worker_logs()})
+        wanted.update({f"{LOG_DIR}/*_log.out": 0, f"{LOG_DIR}/*_log.err": 0})
+    if worker_rank is not None:
+        wanted.update(_worker_logs_of(here, worker_rank))
     for log in logs:
         wanted[posixpath.join(LOG_DIR, log.name)] = log.stat().st_size if log.is_file() else 0
     got = {name: (offset, data) for name, offset, data
@@ -845,8 +846,19 @@ def _drop_gone(run_dir: Path, got: Mapping[str, object]) -> None:
                 copy.unlink(missing_ok=True)
 
 
-# torchrun's workers' own logs (launcher.rundir.layout.WORKER_LOG), as the cluster's shell globs them.
-WORKER_LOGS = f"{LOG_DIR}/{WORKER_LOG_DIR}/*/*/attempt_*/*/std*.log"
+def _worker_logs_of(here: RunDir, rank: int) -> dict[str, int]:
+    """What `logs --rank` of a torchrun run asks for besides the task logs: that rank's
+    worker's own logs (launcher.rundir.layout.WORKER_LOG), each from where its copy here
+    ends, and a glob for those not copied yet; none where the run is not a torchrun one
+    (as far as its task.json here says)."""
+    placement = read_placement(here.path)
+    if not placement.per_node:
+        return {}
+    node, local = placement.task(rank), rank % placement.ranks_per_node
+    wanted = {f"{LOG_DIR}/{WORKER_LOG_DIR}/*_{node}/*/attempt_*/{local}/std*.log": 0}
+    wanted.update({worker.path.relative_to(here.path).as_posix(): worker.path.stat().st_size
+                   for worker in here.worker_logs() if placement.rank(worker.node, worker.local_rank) == rank})
+    return wanted
 
 
 def _is_worker_log(name: str) -> bool:
@@ -950,10 +962,10 @@ def logs(run_dir: Path, *, rank: int | None, follow: bool, echo: Callable[[str],
     with connect(where.login) as conn:
         while True:
             if follow:
-                state = refreshed_over(conn, run_dir, where, all_logs=True).state
+                state = refreshed_over(conn, run_dir, where, all_logs=True, worker_rank=rank).state
                 follow = not (is_terminal(state) or state == State.UNKNOWN)
             else:
-                mirror_run(conn, run_dir, where, registry.read(run_dir), all_logs=True)
+                mirror_run(conn, run_dir, where, registry.read(run_dir), all_logs=True, worker_rank=rank)
             # Made once the first copy brought task.json: which logs are a rank's own.
             reader = reader or RankLogs(run_dir, rank, echo)
             reader.poll()

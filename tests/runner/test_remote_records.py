@@ -285,13 +285,17 @@ def test_logs_of_one_rank_under_torchrun_are_its_workers_own_as_on_the_login_nod
     home = kept_here("t-1", runs / "t-1", "101")
     on_cluster(runs / "t-1", {**record("t-1", runs / "t-1", "101"), "starts": [{"job_id": "101", "restart": 0}]})
     spec = json.loads((Path(__file__).parents[1] / "golden" / "local-slurm.torchrun.task.json").read_text())
-    (runs / "t-1" / "task.json").write_text(json.dumps({**spec, "run_dir": str(runs / "t-1"), "run_id": "t-1"}))
+    for folder in (runs / "t-1", home):         # submit copies task.json into the record here
+        (folder / "task.json").write_text(json.dumps({**spec, "run_dir": str(runs / "t-1"), "run_id": "t-1"}))
     logs = runs / "t-1" / "logs"
     logs.mkdir()
     (logs / "101_0_log.out").write_text("[default0]: rank 0 says hi\n[default1]: rank 1 says hi\n")
     worker = logs / "workers" / "101_0_0" / "none_abc" / "attempt_0" / "1" / "stdout.log"
     worker.parent.mkdir(parents=True)
     worker.write_text("rank 1 alone\n")
+    rank0 = logs / "workers" / "101_0_0" / "none_abc" / "attempt_0" / "0" / "stdout.log"
+    rank0.parent.mkdir(parents=True)
+    rank0.write_text("rank 0 alone\n")          # another rank's: not copied for --rank 1
     odd = logs / "workers" / "101_0_0" / "none_abc" / "attempt_0" / "1" / "notes.log"
     odd.write_text("not a worker log\n")
     calls, shown = [], []
@@ -303,6 +307,7 @@ def test_logs_of_one_rank_under_torchrun_are_its_workers_own_as_on_the_login_nod
     assert shown == ["[r1] rank 1 alone"], shown
     copied = home / worker.relative_to(runs / "t-1")
     assert copied.read_text() == "rank 1 alone\n" and not (home / odd.relative_to(runs / "t-1")).exists()
+    assert not (home / rank0.relative_to(runs / "t-1")).exists()
     with open(worker, "a") as f:
         f.write("rank 1 again\n")
     shown.clear()
