@@ -73,8 +73,9 @@ SLURM_TIMEOUT_S = 60          # scontrol, sbatch, scancel: the controller's answ
 REQUEUE_WAIT_S = 300          # the requeue ends this process well before
 WATCHDOG_JOIN_S = 120         # a watchdog writing the stacks of a hang it found
 REPLACE_JOIN_S = replace.END_WAIT_S + 3 * replace.TERM_WAIT_S
-# srun's own lines of the steps that start lost ranks again, apart from the batch log's.
-REPLACE_LOG = "{job_id}_peer-replace.log"
+# srun's own lines about each step that starts a lost rank again (the rank's n-th in start
+# RESTART), apart from the batch log's and from each other's.
+REPLACE_LOG = "{job_id}_{restart}_peer-replace_{rank}_{n}.log"
 # Slurm took the job back while this start ran: a preemption sets PreemptTime; a requeue
 # (`scontrol requeue`, as an admin or a preemption by requeue does) puts the job back in the
 # queue, so the job this controller runs in reads as pending (or requeued) once its step
@@ -358,8 +359,12 @@ class SlurmEdge:
             return -1
         if ctx.job_id is None:
             return -1
-        replace_log = RunDir(job.run_dir).log_dir / REPLACE_LOG.format(job_id=ctx.job_id)
-        started = replace.Replacements(replace.popen_starter(env, replace_log), spares, log=replace_log)
+        log_dir, job_id, restart = RunDir(job.run_dir).log_dir, ctx.job_id, ctx.restart
+
+        def log_of(rank: int, n: int) -> Path:
+            return log_dir / REPLACE_LOG.format(job_id=job_id, restart=restart, rank=rank, n=n)
+
+        started = replace.Replacements(replace.popen_starter(env), spares, logs=log_of)
         log = RunDir(job.run_dir).batch_log(ctx.job_id)
         replace.serve(job.run_dir, started, stop=stop.is_set, job_id=ctx.job_id, restart=ctx.restart,
                       step_nodes=nodes, srun=job.srun, task=job.task, batch_log=lambda: jobend.batch_log_tail(log),

@@ -234,13 +234,14 @@ class Requests:
 class Replacements:
     """The processes this step started again, and the requests already served."""
 
-    def __init__(self, start: Callable[[list[str]], Any], spares: Sequence[str] = (), log: Path | None = None) -> None:
-        self.start = start              # words -> a process (subprocess.Popen), or None when it could not start
+    def __init__(self, start: Callable[[list[str], Path | None], Any], spares: Sequence[str] = (),
+                 logs: Callable[[int, int], Path] | None = None) -> None:
+        self.start = start              # (words, its log) -> a process (subprocess.Popen), or None when it could not
         self.spares = tuple(spares)     # the allocation's nodes outside the step
-        self.log = log                  # where the new steps' srun write their own lines
+        self.logs = logs                # (rank, its n-th new process) -> the log of that srun's own lines
         self.started_on: dict[int, list[str]] = {}
         self.procs: dict[int, list[Any]] = {}
-        self.lines_from: dict[int, int] = {}      # id of a process -> where its lines begin in `log`
+        self.log_of: dict[int, Path] = {}         # id of a process -> its own log
         self.capped: tuple[int, str] | None = None   # (rank, node) of a request past MAX_REPLACEMENTS
         self.requests: Requests | None = None      # read from the first serve_once on
         self.failed_seen: dict[int, float] = {}
@@ -283,31 +284,26 @@ class Replacements:
         say(f"rank {new.rank}'s process is lost: starting it again {where} to join generation "
             f"{new.generation} of its peers' group")
         earlier.append(moved.node)
-        offset = self._log_size()
-        proc = self.start(replacement_words(srun, task, moved, world_size))
+        log = self.logs(new.rank, len(earlier)) if self.logs is not None else None
+        proc = self.start(replacement_words(srun, task, moved, world_size), log)
         if proc is not None:
             self.procs.setdefault(new.rank, []).append(proc)
-            self.lines_from[id(proc)] = offset
-
-    def _log_size(self) -> int:
-        try:
-            return self.log.stat().st_size if self.log is not None else 0
-        except OSError:
-            return 0
+            if log is not None:
+                self.log_of[id(proc)] = log
 
     def not_started(self) -> tuple[int, str, str] | None:
         """(rank, node, why) of a lost rank that was not started again: past MAX_REPLACEMENTS,
         or its new process's srun ended in failure before its task ran (:func:`not_started`,
-        on that srun's part of the log); None when there is none."""
+        on that srun's own log: its first OWN_LINES_READ bytes); None when there is none."""
         if self.capped is not None:
             return (*self.capped, CAPPED)
         for rank, procs in self.procs.items():
             proc = procs[-1]
-            if proc.poll() in (None, 0) or self.log is None:
+            log_path = self.log_of.get(id(proc))
+            if proc.poll() in (None, 0) or log_path is None:
                 continue
             try:
-                with open(self.log, "rb") as log:
-                    log.seek(self.lines_from.get(id(proc), 0))
+                with open(log_path, "rb") as log:
                     output = log.read(OWN_LINES_READ).decode("utf-8", "replace")
             except OSError:
                 continue
@@ -380,7 +376,11 @@ def _end_if_not_started(run_dir: Path, replacements: Replacements, job_id: str, 
         return False
     rank, node, why = found
     say(f"rank {rank} could not be started again on {node} ({why}): the step ends")
-    note_not_started(run_dir, job_id, restart, rank, node, why)
+    crash = read_json(RunDir(run_dir).crash_file)
+    if not (crash is not None and crash.get("restart") == restart):
+        # Else a task's own failure came first (the step may be ending for it already, and
+        # Slurm then refuses new steps): crash.json names it.
+        note_not_started(run_dir, job_id, restart, rank, node, why)
     end_step()
     return True
 
@@ -394,11 +394,11 @@ def note_not_started(run_dir: str | Path, job_id: str, restart: int, rank: int, 
         say(f"cannot write {RunDir(run_dir).peer_not_started_file}: {exc}")
 
 
-def popen_starter(env: MutableMapping[str, str], log: Path | None = None) -> Callable[[list[str]], Any]:
+def popen_starter(env: MutableMapping[str, str]) -> Callable[[list[str], Path | None], Any]:
     """Start words as a process with `env` (the step's): a Popen, or None, said, when it cannot.
     What the process itself prints (srun's own lines about its one task, "task 0") goes to
-    `log`, not to the batch log, whose srun lines are the job step's."""
-    def start(words: list[str]) -> Any:
+    its `log`, not to the batch log, whose srun lines are the job step's."""
+    def start(words: list[str], log: Path | None) -> Any:
         try:
             if log is None:
                 return subprocess.Popen(words, env=dict(env))

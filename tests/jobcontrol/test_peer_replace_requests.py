@@ -90,7 +90,7 @@ def serve_once(replacements, run_dir, **more):
 
 def test_each_request_starts_one_process_once_and_no_more_than_the_bound(tmp_path):
     started: list[list[str]] = []
-    replacements = Replacements(lambda words: started.append(words) or Proc(0))
+    replacements = Replacements(lambda words, log: started.append(words) or Proc(0))
     write_request(tmp_path, REQUEST)
     write_request(tmp_path, {**REQUEST, "restart": 1})             # another start's: left alone
     serve_once(replacements, tmp_path)
@@ -109,7 +109,7 @@ def test_a_request_for_a_rank_whose_process_still_runs_waits_and_only_the_newest
     """A peer asks for rank 3 while its report is only late (srun says nothing of its task):
     nothing starts; once its task has ended, the newest request for it starts one process."""
     started: list[list[str]] = []
-    replacements = Replacements(lambda words: started.append(words) or Proc(None))
+    replacements = Replacements(lambda words, log: started.append(words) or Proc(None))
     write_request(tmp_path, {**REQUEST, "generation": 1})
     write_request(tmp_path, {**REQUEST, "generation": 2})
     serve_once(replacements, tmp_path, failed=set(), check_ended=True)
@@ -193,7 +193,7 @@ def test_serving_ends_the_step_once_for_a_loss_nobody_asks_for(tmp_path, monkeyp
     monkeypatch.setattr("launcher.rundir.taskspec.read_task_spec", lambda path: spec)
     ended: list[int] = []
     polls = iter(range(5))
-    replace.serve(run_dir, Replacements(lambda words: None), stop=lambda: next(polls, None) is None,
+    replace.serve(run_dir, Replacements(lambda words, log: None), stop=lambda: next(polls, None) is None,
                   job_id="4242", restart=1, step_nodes=NODES, srun=("srun",), task=("python",),
                   batch_log=lambda: BATCH, end_step=lambda: ended.append(1))
     assert ended == [1]
@@ -201,7 +201,7 @@ def test_serving_ends_the_step_once_for_a_loss_nobody_asks_for(tmp_path, monkeyp
 
 def test_a_rank_lost_again_on_the_node_it_was_started_again_on_moves_to_a_spare(tmp_path):
     started: list[list[str]] = []
-    replacements = Replacements(lambda words: started.append(words) or Proc(1), spares=("n3", "n4"))
+    replacements = Replacements(lambda words, log: started.append(words) or Proc(1), spares=("n3", "n4"))
     write_request(tmp_path, REQUEST)
     serve_once(replacements, tmp_path)
     write_request(tmp_path, {**REQUEST, "generation": 2})          # lost again on n2
@@ -267,6 +267,30 @@ def test_why_srun_did_not_start_a_new_process_is_read_from_its_own_lines(output,
     assert replace.not_started(output) == why
 
 
+def own_log(run_dir):
+    return lambda rank, n: run_dir / "logs" / f"4242_0_peer-replace_{rank}_{n}.log"
+
+
+def test_each_new_process_is_judged_by_its_own_srun_s_lines(tmp_path):
+    """Rank 1's new process ran and failed (its peers see that); rank 2's srun was refused
+    after it. The refusal is rank 2's, never rank 1's: each srun writes its own log."""
+    (tmp_path / "logs").mkdir()
+    outputs = {1: (TASK_FAILED, 1), 2: (NOT_IN_JOB, 1)}
+
+    def start(words, log):
+        rank = int(next(w for w in words if w.startswith("SLURM_PROCID=")).split("=")[1])
+        log.write_text(outputs[rank][0])
+        return Proc(outputs[rank][1])
+
+    replacements = Replacements(start, logs=own_log(tmp_path))
+    for rank in (1, 2):
+        write_request(tmp_path, {**REQUEST, "rank": rank, "node": "n1"})
+        serve_once(replacements, tmp_path)
+    assert replacements.not_started() == (2, "n1", NOT_IN_JOB.strip())
+    assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["4242_0_peer-replace_1_1.log",
+                                                                     "4242_0_peer-replace_2_1.log"]
+
+
 @pytest.mark.parametrize("output, status, ends", [
     (NOT_IN_JOB, 1, True), (EXECVE, 2, True), (TASK_FAILED, 3, False), (NOT_IN_JOB, 0, False),
     (NOT_IN_JOB, None, False),
@@ -278,22 +302,20 @@ def test_a_new_process_srun_could_not_start_ends_the_step_at_once_and_the_start_
     watchdog's bound and the start end as a hang. The step ends at once, and the start's end
     (a crash) names srun's line. A new process that ran and failed, or runs on, ends nothing."""
     run_dir = tmp_path / "run"
-    log = run_dir / "logs" / "4242_peer-replace.log"
-    log.parent.mkdir(parents=True)
-    log.write_text("srun: error: Unable to create step for job 4242: an older step's line\n")
+    (run_dir / "logs").mkdir(parents=True)
     write_request(run_dir, REQUEST)
     monkeypatch.setattr(replace, "POLL_S", 0.01)
     spec = type("Spec", (), {"launcher": "srun", "world_size": 4, "ranks_per_node": 2})()
     monkeypatch.setattr("launcher.rundir.taskspec.read_task_spec", lambda path: spec)
 
-    def start(words):
-        with open(log, "a") as out:
-            out.write(output)
+    def start(words, log):
+        log.write_text(output)
         return Proc(status)
 
     ended: list[int] = []
     polls = iter(range(20))
-    replace.serve(run_dir, Replacements(start, log=log), stop=lambda: next(polls, None) is None, job_id="4242",
+    replace.serve(run_dir, Replacements(start, logs=own_log(run_dir)), stop=lambda: next(polls, None) is None,
+                  job_id="4242",
                   restart=0, step_nodes=NODES, srun=("srun",), task=("python",),
                   batch_log=lambda: "glaunch: start 0\n" + TASK_FAILED.replace("task 0", "task 3").replace(
                       "node2", "n2"), end_step=lambda: ended.append(1))
@@ -312,3 +334,30 @@ def test_a_new_process_srun_could_not_start_ends_the_step_at_once_and_the_start_
         assert jobend.with_crash_note(crash, run_dir, 0, "5000").detail == "exit status 1; task 2 on n2: KeyboardInterrupt"
     else:
         assert detail == "exit status 1" and not RunDir(run_dir).peer_not_started_file.exists()
+
+
+def test_a_task_s_own_failure_before_the_new_step_was_refused_stays_the_first(tmp_path, monkeypatch):
+    """A rank's own crash (crash.json of this start) came first; the step was ending for it
+    when Slurm refused the new step ("already completing"): the end names the crash."""
+    run_dir = tmp_path / "run"
+    (run_dir / "logs").mkdir(parents=True)
+    RunDir(run_dir).crash_file.write_text(json.dumps({"restart": 0, "task": 1, "node": "n1",
+                                                      "error": "ValueError: bad batch"}))
+    write_request(run_dir, REQUEST)
+    monkeypatch.setattr(replace, "POLL_S", 0.01)
+    spec = type("Spec", (), {"launcher": "srun", "world_size": 4, "ranks_per_node": 2})()
+    monkeypatch.setattr("launcher.rundir.taskspec.read_task_spec", lambda path: spec)
+
+    def start(words, log):
+        log.write_text("srun: error: Unable to create step for job 4242: Job/step already completing or completed\n")
+        return Proc(1)
+
+    ended: list[int] = []
+    polls = iter(range(20))
+    replace.serve(run_dir, Replacements(start, logs=own_log(run_dir)), stop=lambda: next(polls, None) is None,
+                  job_id="4242", restart=0, step_nodes=NODES, srun=("srun",), task=("python",),
+                  batch_log=lambda: "glaunch: start 0\nsrun: error: n2: task 3: Killed\n",
+                  end_step=lambda: ended.append(1))
+    assert ended == [1] and not RunDir(run_dir).peer_not_started_file.exists()
+    crash = jobend.Outcome(State.FAILED.value, "crash", False, 1, "exit status 1")
+    assert jobend.with_crash_note(crash, run_dir, 0, "4242").detail == "exit status 1; task 1 on n1: ValueError: bad batch"
