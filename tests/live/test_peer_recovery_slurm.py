@@ -181,8 +181,10 @@ def test_a_hung_rank_0_ends_itself_is_started_again_and_gets_a_peers_state_in_th
     assert "resumed from" not in logs and (run_dir / "checkpoints" / "step-00000005").is_dir()
 
     (entry,) = (json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines())
+    # The entry names the lost rank and its replacement's account, not the source's loss of it.
     assert (entry["rank"], entry["source"], entry["failed"], entry["replaced"], entry["lost_steps"]) == \
-        (1, 1, [HUNG_RANK], [HUNG_RANK], 1), entry
+        (HUNG_RANK, 1, [HUNG_RANK], [HUNG_RANK], 1), entry
+    assert entry["error"] == "process lost; started again" and entry["node"], entry
     hung_at = read_json(run_dir / f"peer-times-{HUNG_RANK}.json")["failed_at"]
     again = read_json(run_dir / f"peer-times-{HUNG_RANK}-started-again.json")
     to_next = again["step_ends"][0] - hung_at
