@@ -93,7 +93,7 @@ from launcher.rundir.records import (
 )
 from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.rundir.rankcontext import RuntimeConfigError, context
-from launcher.rundir.startsummary import iso, start_summary
+from launcher.rundir.startsummary import iso, not_started_note, start_summary
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
 from launcher.jobcontrol import jobstart, watchdog
 
@@ -300,8 +300,7 @@ def not_started_in(run_dir: Path, restart: int, job_id: str | None) -> dict | No
     """Why a lost rank's new process could not be started in this start (of job `job_id`: a
     resumed run's new job numbers its starts from 0 again), if that is what ended its step
     (launcher.jobcontrol.replace)."""
-    note = _of_restart(read_json(RunDir(run_dir).peer_not_started_file), restart)
-    return note if note is not None and str(note.get("job_id")) == str(job_id) else None
+    return not_started_note(RunDir(run_dir), job_id, restart)
 
 
 def with_crash_note(outcome: Outcome, run_dir: Path, restart: int, job_id: str | None) -> Outcome:

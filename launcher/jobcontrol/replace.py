@@ -376,8 +376,9 @@ def _end_if_not_started(run_dir: Path, replacements: Replacements, job_id: str, 
         return False
     rank, node, why = found
     say(f"rank {rank} could not be started again on {node} ({why}): the step ends")
-    crash = read_json(RunDir(run_dir).crash_file)
-    if not (crash is not None and crash.get("restart") == restart):
+    from launcher.jobcontrol.jobend import crash_in
+
+    if crash_in(run_dir, restart) is None:
         # Else a task's own failure came first (the step may be ending for it already, and
         # Slurm then refuses new steps): crash.json names it.
         note_not_started(run_dir, job_id, restart, rank, node, why)

@@ -164,6 +164,17 @@ def node_versions(rd: RunDir, job_id: str, restart: int) -> dict[str, dict[str, 
     return found
 
 
+def not_started_note(run_dir: RunDir, job_id: str | None, restart: int) -> dict[str, Any] | None:
+    """peer-not-started.json, where it is of start `restart` of job `job_id` (a resumed run's
+    new job numbers its starts from 0 again): why a lost rank's new process could not be
+    started (launcher.jobcontrol.replace); else None."""
+    note = read_json(run_dir.peer_not_started_file)
+    if note is None or type(note.get("restart")) is not int or note["restart"] != restart \
+            or str(note.get("job_id")) != str(job_id):
+        return None
+    return note
+
+
 def first_failure(run_dir: RunDir, record: RunRecord) -> tuple[int | None, str | None, str | None]:
     """(task, node, error) of the first task that failed in the last start (a rank under
     srun, a node's agent under torchrun): crash.json, else the local step summary's first
@@ -171,8 +182,8 @@ def first_failure(run_dir: RunDir, record: RunRecord) -> tuple[int | None, str |
     if not record.starts:
         return None, None, None
     last = record.starts[-1]
-    lost = read_json(run_dir.peer_not_started_file)
-    if lost is not None and lost.get("restart") == last.restart and str(lost.get("job_id")) == str(last.job_id):
+    lost = not_started_note(run_dir, last.job_id, last.restart)
+    if lost is not None:
         # A lost rank that could not be started again (recovery.peer) ended the step: the
         # other ranks' crash.json says only how they were stopped.
         rank, node, error = lost.get("rank"), lost.get("node"), lost.get("error")

@@ -125,21 +125,21 @@ def road_to(run_dir: Path) -> RunRoad:
     that of a run living on a cluster (it holds remote.json), else the direct one. RunError
     when run.json names the other transport: a record that lost (or gained) its remote.json
     is never followed on the wrong road, where a job id of one cluster is another's job."""
-    over_ssh = (Path(run_dir) / REMOTE_FILE).is_file()
     record = _record_of(run_dir)
-    if record is not None:
-        check_road(run_dir, record)
+    over_ssh = check_road(run_dir, record) if record is not None else (Path(run_dir) / REMOTE_FILE).is_file()
     return OverSSH() if over_ssh else DIRECT
 
 
-def check_road(run_dir: Path, record: RunRecord) -> None:
-    """RunError (naming run.json's transport) when `record`, run.json of `run_dir`, names
-    another transport than the record here holds (`transport_mismatch`)."""
+def check_road(run_dir: Path, record: RunRecord) -> bool:
+    """Whether the record here is that of a run reached over SSH (it holds remote.json);
+    RunError (naming run.json's transport) when `record`, run.json of `run_dir`, names the
+    other transport (`transport_mismatch`)."""
     over_ssh = (Path(run_dir) / REMOTE_FILE).is_file()
     problem = transport_mismatch(record.transport, over_ssh, elsewhere=_lives_elsewhere(run_dir, record))
     if problem is not None:
         raise RunError(f"{problem}; the record here is not followed", file=str(RunDir(run_dir).run_file),
                        key="transport")
+    return over_ssh
 
 
 def _record_of(run_dir: Path) -> RunRecord | None:
