@@ -27,31 +27,16 @@ SITE = "local-slurm-defaults"
 STEPS = "entrypoint.args=[--steps,6]"
 
 
-def defaults_conf() -> str | None:
-    """SLURM_CONF of the defaults cluster, when the script knows it and the cluster answers."""
-    try:
-        proc = subprocess.run([str(REPO / "scripts" / "local-slurm"), "env", "defaults"], capture_output=True,
-                              text=True, timeout=30)
-    except OSError:
-        return None
-    conf = proc.stdout.strip().removeprefix("export SLURM_CONF=") if proc.returncode == 0 else ""
-    if not conf or not Path(conf).is_file():
-        return None
-    state = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, timeout=30,
-                           env=dict(os.environ, SLURM_CONF=conf))
-    return conf if state.returncode == 0 and ("idle" in state.stdout or "mixed" in state.stdout) else None
-
-
-CONF = defaults_conf()
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, requires_slurm_defaults]
 
 
 @pytest.fixture
-def env(isolated_env, monkeypatch):
-    """The environment of a user of the defaults cluster: SLURM_CONF names it."""
-    monkeypatch.setenv("SLURM_CONF", str(CONF))
+def env(slurm_defaults_env):
+    """The environment of a user of the defaults cluster: SLURM_CONF names it. (Asked of
+    scripts/local-slurm, never of the nodes' state: the cluster's benches may hold every
+    node while this module is collected.)"""
     CLIENT.forget_down()
-    return dict(isolated_env, SLURM_CONF=str(CONF))
+    return slurm_defaults_env
 
 
 def on_cluster(env, *cmd) -> str:

@@ -250,10 +250,16 @@ def test_parse_controller(text, hosts, port):
     assert parse_controller(text) == (hosts, port)
 
 
-def test_a_configless_client_says_so(tmp_path):
-    text = describe_controller({"SLURM_CONF": str(tmp_path / "absent.conf")})
-    assert text == f"the Slurm controller (no readable {tmp_path / 'absent.conf'}: a configless client finds it " \
-                   "through DNS)"
+def test_a_configless_client_says_so(monkeypatch):
+    monkeypatch.setattr("launcher.schedulers.slurm.client.DEFAULT_CONF", "/nonexistent/slurm.conf")
+    assert describe_controller({}) == ("the Slurm controller (no readable /nonexistent/slurm.conf: a configless "
+                                       "client finds it through DNS)")
+
+
+def test_an_unreadable_slurm_conf_is_named_as_the_variable_that_set_it(tmp_path):
+    absent = tmp_path / "absent.conf"
+    assert describe_controller({"SLURM_CONF": str(absent)}) == \
+        f"the Slurm controller (SLURM_CONF names {str(absent)!r}, which cannot be read)"
 
 
 # --- the environment Slurm's commands get -------------------------------------------------------------

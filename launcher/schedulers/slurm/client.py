@@ -155,6 +155,8 @@ def describe_controller(environ: Mapping[str, str] = os.environ) -> str:
     try:
         text = Path(path).read_text(encoding="utf-8", errors="replace")
     except OSError:
+        if environ.get("SLURM_CONF"):
+            return f"the Slurm controller (SLURM_CONF names {path!r}, which cannot be read)"
         return f"the Slurm controller (no readable {path}: a configless client finds it through DNS)"
     hosts, port = parse_controller(text)
     if not hosts:
