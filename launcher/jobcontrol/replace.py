@@ -10,13 +10,16 @@ each request of this start, one more job step inside the allocation (on the lost
 node; on a spare node of the allocation when the rank was started again there already and
 was lost again, :func:`node_for`)::
 
-    srun --overlap --nodes=1 --ntasks=1 --nodelist=NODE --mem=0 --output=..._RANK_log.out ... \\
+    srun --overlap --nodes=1 --ntasks=1 --nodelist=NODE --mem=0 --immediate=60 --output=..._RANK_log.out ... \\
          env SLURM_PROCID=RANK SLURM_NTASKS=WORLD SLURM_LOCALID=L SLURM_NODEID=N \\
              GLAUNCH_PEER_JOIN=GEN GLAUNCH_PEER_LOST_PID=PID  TASK_WORDS
 
 ``--overlap``: the running step holds the node's CPUs; ``--mem=0``: and, where Slurm counts
 memory (SelectTypeParameters=CR_*_Memory), all of the job's memory on the node, which a
-step asking for any would not get (the new process takes the lost one's share). The task's words are the
+step asking for any would not get (the new process takes the lost one's share);
+``--immediate``: a step Slurm cannot create now (its nodes busy) is refused after
+STEP_CREATE_WAIT_S instead of waiting, silently, while its peers wait for it to the end of
+their own bound (launcher.runtime.peer.REPORT_WAIT_S). The task's words are the
 step's own (submitit's loader of the same pickled task); ``env`` gives it the lost rank's
 place in the step (submitit's JobEnvironment reads it from Slurm's variables, which srun
 sets for its single task to 0 and 1), so it runs the script as that rank, writing on in
@@ -68,7 +71,11 @@ TERM_WAIT_S = 10.0
 # The words of the step that name its tasks, its logs and how a failed task ends it: the
 # new step's own take their place.
 STEP_OWN = ("--output=", "--error=", "--nodes=", "--ntasks=", "--ntasks-per-node=", "--kill-on-bad-exit=",
-            "--nodelist=", "--mem=", "--mem-per-cpu=", "--mem-per-gpu=")
+            "--nodelist=", "--mem=", "--mem-per-cpu=", "--mem-per-gpu=", "--immediate", "-I")
+# How long a new step may wait for Slurm to create it (srun --immediate: "Unable to create
+# step for job N: Requested nodes are busy" after it, read as any refusal); well within the
+# peers' wait for the new process (launcher.runtime.peer.REPORT_WAIT_S).
+STEP_CREATE_WAIT_S = 60
 # srun's line for failed tasks, as the batch log has it ("srun: error: n2: task 3: Exited
 # with exit code 3"; "tasks 2-3: Killed").
 SRUN_FAILED = re.compile(r"srun: error: [A-Za-z0-9][A-Za-z0-9._-]{0,99}: tasks? ([0-9][0-9,-]{0,200}): ")
@@ -120,7 +127,8 @@ def replacement_for(request: Mapping[str, Any], *, job_id: str, restart: int, wo
 def replacement_words(srun: Sequence[str], task: Sequence[str], new: Replacement, world_size: int) -> list[str]:
     """Pure: the command of the step that starts `new` (the module's docstring), from the
     job step's srun words and task words."""
-    words = [srun[0], "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={new.node}", "--mem=0"]
+    words = [srun[0], "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={new.node}", "--mem=0",
+             f"--immediate={STEP_CREATE_WAIT_S}"]
     for word in srun[1:]:
         if word.startswith(("--output=", "--error=")):
             words.append(word.replace("%t", str(new.rank)))     # %t: 0, the new step's only task

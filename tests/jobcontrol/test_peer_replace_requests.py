@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from launcher.jobcontrol import jobend, replace
+from launcher.runtime import peer
 from launcher.jobcontrol.controller import Controller, JobSteps
 from launcher.jobcontrol.replace import Replacement, Replacements, failed_tasks, replacement_for, step_status
 from launcher.rundir.layout import RunDir
@@ -54,8 +55,11 @@ def test_the_new_step_runs_the_same_task_in_the_lost_rank_s_place_and_log():
     new = wanted(REQUEST)
     words = replace.replacement_words(job.srun, job.task, new, 4)
     logs = "/home/alice/exp/runs/torch-ddp-20260101-000000-abcd/logs"
-    # --mem=0: the job's memory on the node, which the running step holds where Slurm counts it.
-    assert words[:6] == ["srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--mem=0"]
+    # --mem=0: the job's memory on the node, which the running step holds where Slurm counts it;
+    # --immediate: a step Slurm cannot create now is refused, not left waiting.
+    assert words[:7] == ["srun", "--overlap", "--nodes=1", "--ntasks=1", "--nodelist=n2", "--mem=0",
+                         f"--immediate={replace.STEP_CREATE_WAIT_S}"]
+    assert replace.STEP_CREATE_WAIT_S < peer.REPORT_WAIT_S / 2
     assert f"--output={logs}/%j_3_log.out" in words and f"--error={logs}/%j_3_log.err" in words
     assert not [w for w in words if w.startswith(("--ntasks-per-node", "--kill-on-bad-exit", "--nodes=2"))]
     assert "--cpus-per-task=2" in words and "--open-mode=append" in words
@@ -246,6 +250,8 @@ NOT_IN_JOB = "srun: error: Unable to create step for job 3687: Requested node co
 GRES = ("srun: error: Step requested GRES but job doesn't have GRES\n"
         "srun: error: Unable to create step for job 3687: Invalid generic resource (gres) specification\n")
 CPUS = "srun: error: Unable to create step for job 3687: More processors requested than permitted\n"
+# --immediate's end of a step the node had no room for (another step holding its CPUs).
+BUSY = "srun: error: Unable to create step for job 4693: Requested nodes are busy\n"
 EXECVE = ("srun: error: node2: task 0: Exited with exit code 2\n"
           "slurmstepd-node2: error: execve(): /nonexistent/binary: No such file or directory\n")
 TASK_FAILED = "srun: error: node2: task 0: Exited with exit code 3\n"
@@ -255,6 +261,7 @@ TASK_FAILED = "srun: error: node2: task 0: Exited with exit code 3\n"
     (NOT_IN_JOB, NOT_IN_JOB.strip()),
     (GRES, GRES.splitlines()[1]),                   # the refusal, not the line before it
     (CPUS, CPUS.strip()),
+    (BUSY, BUSY.strip()),
     (EXECVE, EXECVE.splitlines()[1]),               # the task never ran: slurmstepd says why
     (TASK_FAILED, None),                            # the new process ran, and failed: its peers see it
     ("slurmstepd-node2: error: Detected 1 oom_kill event in StepId=3687.7. Some of the step tasks have been "
