@@ -215,6 +215,24 @@ def first_signalled_task(batch_log: str) -> int | None:
     return None
 
 
+# slurmstepd's line in the batch log when the job is cancelled ("slurmstepd-n1: error: *** JOB
+# 4765 ON n1 CANCELLED AT 2026-12-06T23:50:29 ***", Slurm 22.05 and 24.11 alike). Slurm's own
+# ends of a job add why (" DUE TO TIME LIMIT", "DUE TO PREEMPTION", "DUE TO JOB REQUEUE"),
+# and a signal sent with `scancel --signal` (the watchdog's) writes no such line.
+JOB_CANCELLED = re.compile(r"^slurmstepd(?:-[A-Za-z0-9._-]{1,100})?: error: \*\*\* JOB ([0-9]{1,12}) ON "
+                           r"[A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT [0-9T:-]{1,30} \*\*\*$", re.MULTILINE)
+
+
+def cancelled_in_log(batch_log: str, job_id: str | None) -> bool:
+    """Pure: whether slurmstepd says, in this start's part of the batch log (after the last
+    "glaunch: start " line), that job `job_id` was cancelled: a user's scancel, which
+    glaunch's own mark does not name. An array element's line names its own job id, which
+    `job_id` (ARRAY_TASK) does not spell: any cancel line of the job's own log counts then."""
+    part = batch_log.rsplit("glaunch: start ", 1)[-1]
+    own = None if job_id is None or not job_id.isdigit() else job_id
+    return any(own is None or match.group(1) == own for match in JOB_CANCELLED.finditer(part))
+
+
 def batch_log_tail(path: Path) -> str:
     """The end of the job's batch log, as text ("" when it cannot be read)."""
     try:
@@ -229,6 +247,13 @@ def batch_log_tail(path: Path) -> str:
         return ""
     finally:
         os.close(fd)
+
+
+def scancelled(run_dir: Path, job_id: str | None) -> bool:
+    """Whether the job's batch log says the job was cancelled in this start (:func:`cancelled_in_log`)."""
+    if job_id is None:
+        return False
+    return cancelled_in_log(batch_log_tail(RunDir(run_dir).batch_log(job_id)), job_id)
 
 
 def killed_in_step(run_dir: Path, job_id: str | None, step_status: int) -> Killed | None:
@@ -626,8 +651,9 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             restart=restart if job_id is None else record.requeues_before(job_id, restart),
             requeue_max=record.requeue_max, crashes=record.crash_count(job_id=job_id),
             crash_retries=record.crash_retries, hung=hang is not None, swapping=swap is not None,
-            # A cancel is glaunch's own mark on the job, never read from how a task ended.
-            cancelled=registry.cancel_asked(run_dir, record, job_id),
+            # A cancel is glaunch's own mark on the job, or slurmstepd's line that the job was
+            # cancelled (a scancel of the user's); never read from how a task ended.
+            cancelled=registry.cancel_asked(run_dir, record, job_id) or scancelled(run_dir, job_id),
             killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None,
             runtime=used_runtime(run_dir, ctx_job_id or job_id, restart))
         outcome = with_crash_note(outcome, run_dir, restart, ctx_job_id or job_id)
