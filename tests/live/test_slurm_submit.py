@@ -224,12 +224,14 @@ def test_status_logs_list_cancel_on_a_real_job(tmp_path, isolated_env):
     assert followed.returncode == 0 and "[r0] step " in followed.stdout
 
 
-def test_status_without_accounting_says_so(tmp_path, isolated_env):
+def test_status_without_accounting_says_so_and_a_plain_scancel_ends_the_run_cancelled(tmp_path, isolated_env):
     """A cluster without slurmdbd: sacct fails, so states come from squeue alone. A stand-in
     sacct that fails like Slurm's does is put on PATH (accounting cannot be switched off
-    under the running cluster)."""
+    under the running cluster). Then the user's own `scancel` of the running job (not
+    `glaunch cancel`): its SIGTERM stops the ranks as the time limit's warning would, yet
+    the run ends CANCELLED and is neither requeued nor resubmitted."""
     proc, info = submit("examples/torch_ddp.yaml", tmp_path / "runs", isolated_env,
-                        "entrypoint.args=[--steps,400,--seconds-per-step,0.1]", wait=False)
+                        "entrypoint.args=[--steps,900,--seconds-per-step,0.1]", wait=False)
     assert proc.returncode == 0, proc.stderr
     fake = tmp_path / "bin"
     fake.mkdir()
@@ -241,8 +243,22 @@ def test_status_without_accounting_says_so(tmp_path, isolated_env):
     status = glaunch("status", info["run_id"], env=env)
     assert "no Slurm accounting here: states come from squeue only" in status.stdout
     assert json.loads(glaunch("status", info["run_id"], "--json", env=env).stdout)["accounting"] is False
-    glaunch("cancel", info["run_id"], env=env)
+    record = tmp_path / "runs" / info["run_id"] / "run.json"
+
+    def stepping() -> bool:
+        progress = json.loads(glaunch("status", info["run_id"], "--json", env=env).stdout)["progress"]
+        return bool(progress) and progress["step"] >= 5
+
+    wait_until(stepping, 300, "the ranks to take steps")
+    subprocess.run(["scancel", info["job_id"]], capture_output=True, timeout=30, check=True)
+    wait_until(lambda: read_json(record)["state"] != "RUNNING" or None, 180, "the job's end to be recorded")
+    ended = json.loads(glaunch("status", info["run_id"], "--json", env=env).stdout)
+    assert ended["state"] == "CANCELLED", ended
+    assert [(s["job_id"], s["state"], s["reason"]) for s in ended["starts"]] == [(info["job_id"], "CANCELLED",
+                                                                                  "cancelled")]
     wait_until(lambda: squeue_state(info["job_id"]) == "", 300, "the job to leave the queue")
+    queued = out("squeue", "-h", "-o", "%k")
+    assert f"glaunch:{info['run_id']}" not in queued.split(), queued
 
 
 @pytest.mark.release_smoke
