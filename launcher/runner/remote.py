@@ -79,7 +79,7 @@ from launcher.runner.upstream import Upstream
 from launcher.schedulers.base import Scheduler
 from launcher.schedulers.slurm.array import array_job_id
 from launcher.schedulers.slurm.client import Client
-from launcher.schedulers.slurm.queries import find_submitted, sacct_records, squeue_job
+from launcher.schedulers.slurm.queries import find_submitted, refuse_foreign_job, sacct_records, squeue_job
 from launcher.schedulers.slurm.recording import fold_job, has_ended, record_queued, settled
 from launcher.schedulers.cluster.facts import accounting_commands
 from launcher.schedulers.cluster.scontrol_text import SCONTROL_CALL, SCONTROL_COMMANDS, read_scontrol, split_scontrol
@@ -926,6 +926,10 @@ def cancel(run_dir: Path) -> str:
         if not record.job_id or is_terminal(record.state):
             return f"run {record.run_id}: nothing to cancel ({record.state})"
         job_id = record.job_id
+        # run.json there was checked to be this run's; the job it names is asked of Slurm
+        # (an edited record would end another run's job).
+        client = on_login.slurm_client(conn)
+        refuse_foreign_job(client, job_id, record.run_id, where.run_dir)
         record_there = posixpath.join(where.run_dir, RUN_FILE)
         now = _cancel_marked(conn, [(where.run_dir, job_id)], [job_id], read_back=record_there)
         # A job ending at its time limit may have resubmitted the run meanwhile: its
@@ -937,6 +941,7 @@ def cancel(run_dir: Path) -> str:
         except (GlaunchError, ValueError):
             again = record          # not read back: the job asked is the one cancelled
         if again.job_id and again.job_id != job_id and not is_terminal(again.state):
+            refuse_foreign_job(client, again.job_id, record.run_id, where.run_dir)
             _cancel_marked(conn, [(where.run_dir, again.job_id)], [again.job_id])
             job_id = f"{job_id} and its successor {again.job_id}"
     return f"run {record.run_id}: cancelled job {job_id} on {where.login.host}"

@@ -4,6 +4,7 @@ must have Slurm's shape. Anything else is "nothing to cancel", with no signal se
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from launcher import api
-from launcher.errors import RunError
+from launcher.errors import RunError, SchedulerError
 from launcher.rundir import registry
 from launcher.rundir.layout import RunDir
 from launcher.schedulers.local import hold_job_lock, process_start_time
@@ -167,6 +168,37 @@ def test_slurm_job_of_slurms_shape_is_cancelled_only_while_in_flight(tmp_path, f
     path.write_text(json.dumps(record))
     assert "nothing to cancel (COMPLETED)" in api.cancel("r")
     assert fake_scancel.read_text() == "4242\n"
+
+
+def squeue_says_origin(tmp_path: Path, origin: str) -> None:
+    """The fake squeue answers `squeue -h -j JOB -o %o|%k` (the job's batch script and
+    comment) with `origin`, and nothing else (no state known)."""
+    squeue = tmp_path / "fake-slurm-bin" / "squeue"
+    squeue.write_text(f'#!/bin/bash\ncase "$*" in *"%o|%k"*) printf "%s\\n" {shlex.quote(origin)} ;; esac\n')
+
+
+@pytest.mark.parametrize("origin, cancelled", [
+    ("{run_dir}/logs/.submission_file_1a2b.sh|glaunch:r", True),        # submitit's script, the run's marker
+    ("{run_dir}/job.sbatch|(null)", True),                               # queued again by its controller
+    ("{runs}/other/logs/.submission_file_9f.sh|glaunch:other", False),   # another run's job
+    ("/home/u/interactive.sh|(null)", False),                            # a job of the user's own
+    ("{runs}/r-not/job.sbatch|glaunch:r-not", False),                    # a run whose name extends this one's
+    ("(null)|glaunch:rr", False),
+])
+def test_cancel_ends_only_a_job_slurm_says_is_the_run_s(tmp_path, fake_scancel, origin, cancelled):
+    """run.json names job 4242 (edited, or another run's record put in its place): scancel
+    ends it only where squeue says the job comes from this run; else nothing is marked or
+    cancelled, and the error says why."""
+    run_dir = write_run(tmp_path, state="RUNNING", scheduler="slurm", job_id="4242")
+    squeue_says_origin(tmp_path, origin.format(run_dir=run_dir, runs=run_dir.parent))
+    if cancelled:
+        assert "cancelled job 4242" in api.cancel("r")
+        assert fake_scancel.read_text() == "4242\n"
+        return
+    with pytest.raises(SchedulerError, match="its record names job 4242, but Slurm's record of it is not the run's"):
+        api.cancel("r")
+    assert not fake_scancel.exists()
+    assert not RunDir(run_dir).cancel_file.exists()
 
 
 # --- a real local run -----------------------------------------------------------------------

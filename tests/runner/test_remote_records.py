@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.errors import RunError
+from launcher.errors import RunError, SchedulerError
 from launcher.rundir import registry
 from launcher.runner import remote
 from launcher.schedulers.ssh.connection import Connection
@@ -37,7 +37,8 @@ def cluster(tmp_path, isolated_env, monkeypatch):
         (stubs / tool).chmod(0o755)
     with open(stubs / "squeue", "a") as f:         # every job asked for is running
         f.write('while [ "$1" != -j ]; do shift; done; for job in $(echo "$2" | tr , " "); do\n'
-                '  case "$*" in *%i*) echo "$job|RUNNING|None" ;; *) echo "RUNNING|None" ;; esac\ndone\n')
+                f'  case "$*" in *%o*) cat "{tmp_path}/origins/$job" 2>/dev/null ;;\n'
+                '    *%i*) echo "$job|RUNNING|None" ;; *) echo "RUNNING|None" ;; esac\ndone\n')
     fake.write_text(f'#!/bin/sh\nfor last; do :; done\nPATH={stubs}:$PATH BASH_ENV={rc} exec bash -c "$last"\n')
     fake.chmod(0o755)
 
@@ -81,6 +82,24 @@ def test_a_record_swapped_on_the_cluster_is_refused_and_the_other_runs_job_is_ne
     assert "a-1" in said and "b-2" in said and "\n" not in said, said
     assert not asked.exists() or "scancel" not in asked.read_text()
     assert (home / "run.json").read_text() == before
+
+
+def test_a_record_edited_on_the_cluster_to_name_another_run_s_job_cancels_nothing(cluster, tmp_path):
+    """a-1's own record there, its job id edited to b-2's job: Slurm says whose job 202 is
+    (its script and marker), and cancel refuses it before any mark or scancel."""
+    runs, asked = cluster
+    home = kept_here("a-1", runs / "a-1", "101")
+    on_cluster(runs / "a-1", record("a-1", runs / "a-1", "202"))
+    (tmp_path / "origins").mkdir()
+    (tmp_path / "origins" / "202").write_text(f"{runs}/b-2/logs/.submission_file_1.sh|glaunch:b-2\n")
+    with pytest.raises(SchedulerError, match="run a-1: its record names job 202, but Slurm's record of it is not"):
+        remote.cancel(home)
+    assert "scancel" not in asked.read_text()
+    assert not (runs / "a-1" / "cancel").exists() and not list((runs / "a-1").glob("*cancel*"))
+    # Its own job, as Slurm says it: cancelled.
+    (tmp_path / "origins" / "202").write_text(f"{runs}/a-1/logs/.submission_file_1.sh|glaunch:a-1\n")
+    assert "cancelled job 202" in remote.cancel(home)
+    assert "scancel 202" in asked.read_text()
 
 
 def test_a_record_moved_from_another_directory_is_refused(cluster):

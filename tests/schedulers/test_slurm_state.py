@@ -15,6 +15,7 @@ from launcher.schedulers.slurm.state import (
     SACCT_FORMAT,
     base_state,
     current_state,
+    foreign_job,
     merge_history,
     parse_sacct,
     parse_squeue,
@@ -384,3 +385,34 @@ def test_every_recorded_refusal_is_covered():
     assert "exit 0;" in (RECORDED / "sbatch-accepted.txt").read_text().partition("\n")[0]
     for name in refusals:
         assert "exit 1;" in (RECORDED / name).read_text().partition("\n")[0], name
+
+
+# --- whose job it is (squeue -o "%o|%k": batch script, then comment) ----------------------------
+
+SWEEP = "/runs/s-1"
+ELEMENT = f"{SWEEP}/s-1-0"
+
+
+@pytest.mark.parametrize("origin, run_id, run_dir, foreign", [
+    ("/runs/a/logs/.submission_file_x.sh|glaunch:a", "a", "/runs/a", False),
+    ("/runs/a/job.sbatch|(null)", "a", "/runs/a/", False),
+    ("/elsewhere/job.sh|glaunch:a", "a", "/runs/a", False),          # the marker names the run
+    ("/runs/a/job.sbatch|team|budget x", "a", "/runs/a", False),     # a comment of the profile's own, with "|"
+    ("/runs/b/job.sbatch|glaunch:b", "a", "/runs/a", True),
+    ("/runs/ab/job.sbatch|glaunch:ab", "a", "/runs/a", True),        # a directory whose name extends the run's
+    ("/runs/b/job.sbatch|glaunch:b|glaunch:a ", "a", "/runs/a", True),
+    ("(null)|(null)", "a", "/runs/a", True),
+    ("", "a", "/runs/a", True),
+    # a sweep's element: the sweep's array's marker or script
+    (f"{SWEEP}/array-0.sbatch|glaunch:s-1:array-0", "s-1-0", ELEMENT, False),
+    (f"{SWEEP}/array-3.sbatch|(null)", "s-1-0", ELEMENT, False),
+    ("/runs/s-2/array-0.sbatch|glaunch:s-2:array-0", "s-1-0", ELEMENT, True),
+    ("/runs/s-2/array-0.sbatch|glaunch:s-2:array-0", "a", "/runs/a", True),
+])
+def test_a_job_is_the_run_s_only_where_its_script_or_marker_says_so(origin, run_id, run_dir, foreign):
+    assert (foreign_job(origin + "\n", run_id, run_dir) is not None) is foreign
+
+
+def test_why_a_job_is_not_the_run_s_shows_what_slurm_said_printably():
+    assert foreign_job("/x/\x1b]0;t\x07.sh|glaunch:b\n", "a", "/runs/a") == \
+        "Slurm's record of it is not the run's (batch script and comment: '/x/?]0;t?.sh|glaunch:b')"

@@ -13,8 +13,10 @@ from launcher.errors import SchedulerError
 from launcher.processes import without_tool_prefix
 from launcher.schedulers.slurm.client import ACCOUNTING_POLICY, Client, Unreachable
 from launcher.schedulers.slurm.state import (
+    ORIGIN_FORMAT,
     SACCT_FORMAT,
     SQUEUE_FORMAT,
+    foreign_job,
     parse_sacct,
     parse_squeue,
     parse_squeue_reason,
@@ -55,6 +57,23 @@ def squeue_job(client: Client, job_id: str) -> tuple[str | None, str | None]:
         _raise_unless_gone(proc, job_id)
         return None, None
     return parse_squeue(proc.stdout), parse_squeue_reason(proc.stdout)
+
+
+def refuse_foreign_job(client: Client, job_id: str, run_id: str, run_dir: str) -> None:
+    """Before a job named in a run's record is cancelled: SchedulerError when Slurm says the
+    job is another's (:func:`launcher.schedulers.slurm.state.foreign_job`: a run.json edited
+    or swapped names another run's job, and scancel must not end it). Nothing is refused
+    for a job squeue no longer lists."""
+    proc = client.call("squeue", "-h", "-j", job_id, "-o", ORIGIN_FORMAT)
+    if proc.returncode != 0:
+        _raise_unless_gone(proc, job_id)
+        return
+    if not proc.stdout.strip():
+        return
+    why = foreign_job(proc.stdout, run_id, run_dir)
+    if why is not None:
+        raise SchedulerError(f"run {run_id}: its record names job {job_id}, but {why}: the record was edited or "
+                             "replaced; nothing was cancelled")
 
 
 def squeue_jobs(client: Client, job_ids: list[str]) -> dict[str, tuple[str | None, str | None]]:

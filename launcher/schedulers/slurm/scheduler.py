@@ -314,11 +314,16 @@ class SlurmScheduler(Scheduler):
             return f"run {record.run_id}: nothing to cancel ({record.state})"
         if record.extra.get("allocation"):
             return inside_allocation(record)
+        from launcher.schedulers.slurm.queries import refuse_foreign_job
+
         with registry.updating(run_dir) as rec:
             # Read with the mark set: a job ending at its time limit that resubmits the run
             # either recorded its successor already (cancelled here) or finds the mark and
             # cancels the successor itself (launcher.jobcontrol.jobend.record_successor).
             job_id = rec.job_id or record.job_id
+            # The record names the job: Slurm must say it is this run's before it is marked
+            # or ended (an edited run.json would end another run's job).
+            refuse_foreign_job(self.client, job_id, rec.run_id, str(rec.run_dir or run_dir))
             registry.request_cancel(run_dir, job_id)
         proc = self.client.call("scancel", job_id)
         if proc.returncode != 0:

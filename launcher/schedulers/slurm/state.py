@@ -58,6 +58,30 @@ def parse_squeue_reason(text: str) -> str | None:
 
 
 SQUEUE_FORMAT = "%T|%r"
+# What squeue says of a job's origin: its batch script, then its comment (glaunch's marker).
+ORIGIN_FORMAT = "%o|%k"
+
+
+def foreign_job(origin: str, run_id: str, run_dir: str) -> str | None:
+    """Pure: why the job whose origin squeue gives as `origin` (ORIGIN_FORMAT's one line)
+    is not run `run_id`'s (kept in `run_dir`, as the job sees it), or None where it is: its
+    comment is the run's marker; or its batch script lies in the run's directory (a job its
+    controller queued again at a time limit, one a user queued from a dry run's bundle,
+    submitit's script where the profile sets a comment of its own); or, for a sweep's
+    element (its directory inside the sweep's), the sweep's array's marker or script.
+    The two fields are matched from each end, never split: a path or comment may hold "|"."""
+    line = origin.strip("\n").splitlines()[0] if origin.strip() else ""
+    own_dir = run_dir.rstrip("/") + "/"
+    if line.endswith(f"|glaunch:{run_id}") or line.startswith(own_dir):
+        return None
+    sweep_dir, _, element = run_dir.rstrip("/").rpartition("/")
+    sweep_id = sweep_dir.rpartition("/")[2]
+    if sweep_id and element.startswith(f"{sweep_id}-") and (
+            re.search(rf"\|glaunch:{re.escape(sweep_id)}:array-[0-9]+$", line)
+            or re.match(rf"{re.escape(sweep_dir)}/array-[0-9]+\.sbatch\|", line)):
+        return None
+    said = "".join(c if c.isprintable() else "?" for c in line)[:300]
+    return f"Slurm's record of it is not the run's (batch script and comment: {said!r})"
 
 # Held states whose job never starts until someone releases it, in words.
 HELD = {
