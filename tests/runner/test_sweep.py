@@ -144,16 +144,23 @@ def test_array_script_golden_and_shell_clean(tmp_path, isolated_env, update_gold
 
 def test_each_array_task_runs_its_own_element(tmp_path):
     """The array script, run by bash as Slurm would (SLURM_ARRAY_*), execs the job.sbatch of
-    the element its task maps to, its output going to that element's batch log."""
+    the element its task maps to, in that element's working folder (over SSH without a code
+    snapshot each element's folder is its own: still one array, as --max-parallel needs),
+    its output going to that element's batch log."""
     prepared = sweep_of(tmp_path, "entrypoint.args=[--steps,5],[--steps,6],[--steps,7]")
     plans = [p.plan for p in prepared.prepared]
     sweep_dir = tmp_path / "sweep"
-    plans = [dataclasses.replace(p, run_dir=str(sweep_dir / f"e{i}")) for i, p in enumerate(plans)]
+    plans = [dataclasses.replace(p, run_dir=str(sweep_dir / f"e{i}"), workdir=str(sweep_dir / f"e{i}" / "code it's"))
+             for i, p in enumerate(plans)]
+    assert len(slurm_array.group(plans)) == 1
     for i, plan in enumerate(plans):
+        (Path(plan.workdir)).mkdir(parents=True)
         (Path(plan.run_dir) / "logs").mkdir(parents=True)
-        (Path(plan.run_dir) / "job.sbatch").write_text(f'echo "element {i} as $SLURM_ARRAY_JOB_ID"\n')
-    text = SlurmScheduler().plan_sweep(plans, sweep_id="s", sweep_dir=str(sweep_dir), max_parallel=None,
-                                       dry_run=True).files["array-0.sbatch"]
+        (Path(plan.run_dir) / "job.sbatch").write_text(f'echo "element {i} as $SLURM_ARRAY_JOB_ID in $PWD"\n')
+    files = SlurmScheduler().plan_sweep(plans, sweep_id="s", sweep_dir=str(sweep_dir), max_parallel=None,
+                                        dry_run=True).files
+    assert sorted(files) == ["array-0.sbatch"]
+    text = files["array-0.sbatch"]
     script = tmp_path / "array.sbatch"
     script.write_text(text)
     base = {"PATH": os.environ["PATH"], "SLURM_ARRAY_JOB_ID": "77"}
@@ -161,7 +168,8 @@ def test_each_array_task_runs_its_own_element(tmp_path):
         proc = subprocess.run(["bash", str(script)], env=dict(base, SLURM_ARRAY_TASK_ID=str(task)),
                               capture_output=True, text=True, timeout=30)
         assert proc.returncode == 0, proc.stderr
-        assert (sweep_dir / f"e{task}" / "logs" / f"77_{task}_batch.log").read_text() == f"element {task} as 77\n"
+        assert (sweep_dir / f"e{task}" / "logs" / f"77_{task}_batch.log").read_text() == \
+            f"element {task} as 77 in {sweep_dir}/e{task}/code it's\n"
     proc = subprocess.run(["bash", str(script)], env=dict(base, SLURM_ARRAY_TASK_ID="3"), capture_output=True,
                           text=True, timeout=30)
     assert proc.returncode == 1 and "array task 3 has no element in sweep s" in proc.stderr

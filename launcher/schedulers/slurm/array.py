@@ -29,8 +29,10 @@ ARRAY_SCRIPT = "array-{number}.sbatch"
 ARRAY_LOG = "%A_%a.log"             # the dispatch of each task, before it writes into its element's logs
 # Slurm's default MaxArraySize: the largest task index is one less.
 DEFAULT_MAX_ARRAY_SIZE = 1001
-# Directives that differ from element to element without changing the allocation.
-_PER_ELEMENT = ("--output=",)
+# Directives that differ from element to element without changing the allocation: its log,
+# and its folder (over SSH without a code snapshot each element carries its code in its own
+# run directory, its working folder there): each task goes to its element's (render_array).
+_PER_ELEMENT = ("--output=", "--chdir=")
 
 
 @dataclass(frozen=True)
@@ -76,14 +78,17 @@ def render_array(group: ArrayGroup, plans: Sequence[JobPlan], *, sweep_id: str, 
     """The array script of `group` (`plans`: every element of the sweep, in order). Pure."""
     first = plans[group.elements[0]]
     directives = list(group.shape) + [
+        shell.sbatch_directive("chdir", first.workdir),
         shell.sbatch_directive("output", os.path.join(sweep_dir, "logs", ARRAY_LOG)),
         shell.sbatch_directive("array", group.spec(max_parallel)),
     ]
     run_dirs = lines(f"    [{task}]={shell.quote(plans[element].run_dir)}  # element {element}"
                      for task, element in enumerate(group.elements))
+    workdirs = lines(f"    [{task}]={shell.quote(plans[element].workdir)}"
+                     for task, element in enumerate(group.elements))
     return template("array.sbatch.j2", sweep_id=sweep_id, sweep_id_word=shell.quote(sweep_id), number=group.number,
                     arrays=arrays, name=first.name, site=first.site_name, directives=lines(directives),
-                    elements=len(group.elements), run_dirs=run_dirs)
+                    elements=len(group.elements), run_dirs=run_dirs, workdirs=workdirs)
 
 
 def array_script(sweep_dir: str | os.PathLike[str], number: int) -> Path:
