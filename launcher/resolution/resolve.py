@@ -67,7 +67,9 @@ def _plan(exp_loaded: LoadedExperiment, site_loaded: LoadedSite, ctx: SubmitCont
     part = alloc.part
     return JobPlan(
         run_id=ctx.run_id, name=exp.name, site_name=site.name, site_file=str(site_loaded.path),
-        scheduler=site.scheduler, experiment_file=str(exp_loaded.path),
+        # Where it was submitted from, whole: a resume over SSH runs from the code tree's
+        # root, where a path relative to the submitting folder names another file.
+        scheduler=site.scheduler, experiment_file=os.path.join(ctx.cwd, exp_loaded.path),
         workdir=ctx.cwd, run_dir=dirs.run_dir, log_dir=os.path.join(dirs.run_dir, "logs"),
         checkpoint_dir=dirs.checkpoint_dir, checkpoint_take_over=exp.checkpoint.take_over,
         profile_files=site_loaded.files,

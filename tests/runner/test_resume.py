@@ -209,3 +209,25 @@ def test_deepspeed_zero2_checkpoint_loads_at_another_world_size(tmp_path):
     losses = [float(x) for x in re.findall(r"^step \d+/20 loss ([\d.]+)", further.stdout, re.M)]
     assert len(losses) == 2 and all(0 < v < 1.0 for v in losses), further.stdout
     assert "resumed from" in further.stdout and "(step 10)" in further.stdout
+
+
+def test_the_experiment_file_is_recorded_whole_so_a_resume_from_another_folder_finds_it(tmp_path, isolated_env,
+                                                                                      monkeypatch):
+    """Submitted as `examples/exp.yaml` from the project's folder: resolved.yaml records the
+    file's whole path. A resume reads the experiment again from the folder it runs from
+    (over SSH, the code tree's root: here `examples/`), where the relative path named
+    examples/examples/exp.yaml, and the entry script with it."""
+    project = tmp_path / "project"
+    (project / "examples").mkdir(parents=True)
+    (project / "examples" / "train.py").write_text("print('ok')\n")
+    (project / "examples" / "exp.yaml").write_text("name: exp\nentrypoint: {script: train.py}\n"
+                                                   "resources: {nodes: 1, gpus_per_node: 0}\n")
+    monkeypatch.chdir(project)
+    run = api.submit("examples/exp.yaml", site="local", runs_dir=str(tmp_path / "runs"), dry_run=True)
+    resolved = yaml.safe_load((Path(run.run_dir) / "resolved.yaml").read_text())
+    assert resolved["experiment_file"] == str(project / "examples" / "exp.yaml")
+    monkeypatch.chdir(project / "examples")
+    from launcher.runner.resumable import RecordedConfig
+
+    exp, _ = RecordedConfig.read(Path(run.run_dir)).load(())
+    assert Path(exp.path) == project / "examples" / "exp.yaml"
