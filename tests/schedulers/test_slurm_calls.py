@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -863,3 +864,19 @@ def test_fake_a_release_answered_as_failed_that_went_through_counts_as_released(
     run = api.launch(_prepared(tmp_path), check=False)
     assert run.job_id == "14" and run.state == "PENDING"
     assert _calls(fakes, "scancel") == [] and "-j 14 -o %i|%r" in _calls(fakes, "squeue")[-1]
+
+
+def test_the_refusal_names_the_profile_as_sites_check_finds_it(tmp_path, monkeypatch, isolated_env):
+    """`glaunch sites check X` in a refusal's advice: the name where the search path finds
+    this very file by it, else the file's path, quoted (a profile given as a file)."""
+    from launcher.config.sites import find_site
+    from launcher.schedulers.slurm.scheduler import site_reference
+
+    monkeypatch.chdir(tmp_path)
+    shipped = find_site("local-slurm", tmp_path, os.environ)
+    assert site_reference("local-slurm", str(shipped)) == "local-slurm"
+    mine = tmp_path / "my site's.yaml"
+    mine.write_text("name: badacct\nextends: local-slurm\naccount: nosuch\n")
+    assert site_reference("badacct", str(mine)) == shlex.quote(str(mine))
+    # Named like a shipped profile, but another file: the name would check the shipped one.
+    assert site_reference("local-slurm", str(mine)) == shlex.quote(str(mine))

@@ -67,13 +67,14 @@ class CheckReport:
     def format(self) -> str:
         return "\n".join(self.lines())
 
-    def error(self, site_file: str | None = None) -> SchedulerError:
+    def error(self, site_file: str | None = None, site_ref: str | None = None) -> SchedulerError:
         """The refusal `submit` raises: every fatal difference, and what to do (what the
-        cluster named escaped, as in :meth:`lines`)."""
+        cluster named escaped, as in :meth:`lines`). `site_ref`: how `glaunch sites check`
+        finds the profile (its name, or its file's path where the name finds another or none)."""
         lines = [one_line(f"site {self.site} does not match Slurm cluster {self.cluster}; nothing was submitted:")]
         lines += [one_line(f"  {d}") for d in self.fatal]
         advice = shipped_profile_advice(site_file) if site_file else None
-        lines.append(f"fix the profile (`glaunch sites check {self.site}` lists every difference)"
+        lines.append(one_line(f"fix the profile (`glaunch sites check {site_ref or self.site}` lists every difference)")
                      + (f"; {advice}" if advice else ""))
         return SchedulerError("\n".join(lines), file=site_file)
 

@@ -112,7 +112,7 @@ class SlurmScheduler(Scheduler):
         report = check_site(plan.site, self.cluster(), partition=plan.allocation.partition,
                             request=Request.of_plan(plan))
         if report.fatal:
-            raise report.error(plan.site_file)
+            raise report.error(plan.site_file, site_reference(plan.site_name, plan.site_file))
         # The nodes' interpreter, asked where Slurm's commands run (the login node stands in
         # for the nodes): one that is not there or finds no torch would fail every start.
         found = probe_plan(self.client, plan, where=self.client.where)
@@ -329,6 +329,23 @@ class SlurmScheduler(Scheduler):
         if proc.returncode != 0:
             raise SchedulerError(f"scancel {job_id} failed: {without_tool_prefix('scancel', proc.stderr)}")
         return f"run {record.run_id}: cancelled job {job_id}"
+
+
+def site_reference(name: str, site_file: str) -> str:
+    """How `glaunch sites check` is to be told the profile: its name where the search path
+    finds this file by it, else the file's path (a profile given as a file, off the path or
+    behind another of its name), quoted for a shell."""
+    from launcher import shell
+    from launcher.config.sites import find_site
+    from launcher.errors import GlaunchError
+
+    try:
+        found = find_site(name, Path.cwd(), os.environ)
+    except (GlaunchError, OSError):
+        found = None
+    if found is not None and os.path.realpath(found) == os.path.realpath(site_file):
+        return name
+    return shell.quote(site_file)
 
 
 def _queue_array(client: Client, number: int, batch: SweepBatch, script: Path, members: Sequence[JobPlan],
