@@ -341,6 +341,12 @@ def with_crash_note(outcome: Outcome, run_dir: Path, restart: int, job_id: str |
                                else outcome.detail or where)
 
 
+def first_failure_record(run_dir: Path, restart: int, job_id: str | None) -> Mapping[str, Any] | None:
+    """The record of a start's first failure, with its node (what :func:`_crash_where`
+    says): a lost rank's that could not be started again, else crash.json's first task."""
+    return not_started_in(run_dir, restart, job_id) or crash_in(run_dir, restart)
+
+
 def _crash_where(run_dir: Path, restart: int, job_id: str | None) -> str:
     """The first failure of a start that ended in a crash: a lost rank that could not be
     started again, whose end the step was ended for (the other ranks' crash.json then says
@@ -657,7 +663,9 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None,
             runtime=used_runtime(run_dir, ctx_job_id or job_id, restart))
         outcome = with_crash_note(outcome, run_dir, restart, ctx_job_id or job_id)
-        bad = blamed_node(outcome.reason, crash_in(run_dir, restart), hang, swap)
+        # A lost rank that could not be started again is the failure: its peers' crash.json
+        # says only how the ended step stopped them, on nodes that did nothing wrong.
+        bad = blamed_node(outcome.reason, first_failure_record(run_dir, restart, ctx_job_id or job_id), hang, swap)
         kept_off = list(record.excluded_nodes)
         step, exclude, note = _restart_or_exclude(record, run_dir, outcome, bad, job_id, restart, args)
         if step is not None:

@@ -115,6 +115,22 @@ def test_jobend_restarts_on_the_spare_then_requeues_with_none_left(job, monkeypa
     assert capsys.readouterr().out.strip() == "start 2"
 
 
+def test_a_lost_rank_that_could_not_be_started_again_is_the_node_left_out(job, monkeypatch, capsys):
+    """Peer recovery ended the step for rank 3, lost on n2 past its bound of new processes;
+    rank 1's crash.json (its node written as n1) says only how the step's end stopped it.
+    n2 is the bad node, and the spare n1 takes its place."""
+    from launcher.jobcontrol.replace import note_not_started
+
+    monkeypatch.setenv("GLAUNCH_RESTART", "0")
+    note_not_started(job, "7", 0, 3, "n2", "4 processes were already started again in this start")
+    (job / "crash.json").write_text(json.dumps({"restart": 0, "task": 1, "node": "n1",
+                                                "error": "KeyboardInterrupt"}))
+    assert jobend.main([str(job), "--status", "1", "--allocation", "n1,n2", "--step-nodes", "n2"]) == 0
+    assert capsys.readouterr().out.strip() == "restart n1"
+    first = registry.read(job).start("7", 0)
+    assert (first.reason, first.bad_node, first.left_out) == ("crash", "n2", "n2")
+
+
 def test_jobend_without_the_allocation_requeues_as_before(job, monkeypatch, capsys):
     monkeypatch.setenv("GLAUNCH_RESTART", "0")
     (job / "crash.json").write_text(json.dumps({"restart": 0, "task": 0, "node": "n1", "error": "x"}))
