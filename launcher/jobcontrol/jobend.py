@@ -122,7 +122,7 @@ class Outcome:
 def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, timed_out: bool,
            restart: int, requeue_max: int, crashes: int, crash_retries: int,
            cancelled: bool = False, hung: bool = False, swapping: bool = False,
-           killed: Killed | None = None, runtime: bool = True) -> Outcome:
+           killed: Killed | None = None, runtime: bool = True, failed_node: str | None = None) -> Outcome:
     """Pure: the outcome of a start from what is known when its step ended.
 
     finished: result.json exists (the run is done, whatever ended the step);
@@ -134,7 +134,9 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
     cancelled: a cancel was asked for this job (glaunch's own mark, or Ctrl-C): only that
     makes a start CANCELLED; killed: the signal that ended the first failing task, which
     no cancel asked for: a crash like any other (the kernel's OOM killer sends SIGKILL);
-    runtime: a rank of this start reported through glaunch's runtime (:func:`used_runtime`).
+    runtime: a rank of this start reported through glaunch's runtime (:func:`used_runtime`);
+    failed_node: Slurm took the job back for a node's failure (its name; "" where not
+    said), not a preemption: the start ends with reason "node failure".
     A clean exit without result.json is noted only then: result.json is the runtime's
     (``rt.write_result``), and a script without it never writes one: its clean exit is its end.
     """
@@ -144,6 +146,11 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
         return Outcome(State.CANCELLED.value, "cancelled", False, 1)
     # A step that ended cleanly as the limit came was not ended by it (a script without the
     # runtime that ended by itself is done).
+    if preempted and failed_node is not None:
+        detail = f"node {failed_node} failed" if failed_node else "a node failed"
+        if restart < requeue_max:
+            return Outcome(State.REQUEUED.value, NODE_FAILURE, True, 0, detail)
+        return Outcome(State.NODE_FAIL.value, NODE_FAILURE, False, 1, f"{detail}; requeue.max ({requeue_max}) reached")
     if stopped or preempted or (timed_out and step_status != 0):
         reason = "preemption" if preempted else SLOW_NODE if swapping and stopped else "timeout"
         if restart < requeue_max:
@@ -221,6 +228,27 @@ def first_signalled_task(batch_log: str) -> int | None:
 # and a signal sent with `scancel --signal` (the watchdog's) writes no such line.
 JOB_CANCELLED = re.compile(r"^slurmstepd(?:-[A-Za-z0-9._-]{1,100})?: error: \*\*\* JOB ([0-9]{1,12}) ON "
                            r"[A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT [0-9T:-]{1,30} \*\*\*$", re.MULTILINE)
+
+
+# srun's line when a node of the step fails ("srun: error: Node failure on dnode2"), and
+# slurmstepd's when Slurm ends the job for it ("*** JOB 12 ON dnode1 CANCELLED AT ... DUE TO
+# NODE FAILURE ***"): Slurm then requeues the job as it does a preempted one.
+NODE_FAILURE = "node failure"
+SRUN_NODE_FAILURE = re.compile(r"^srun: error: Node failure on ([A-Za-z0-9][A-Za-z0-9._-]{0,99})$", re.MULTILINE)
+JOB_NODE_FAILURE = re.compile(r"^slurmstepd(?:-[A-Za-z0-9._-]{1,100})?: error: \*\*\* JOB [0-9]{1,12} ON "
+                              r"[A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT [0-9T:-]{1,30} DUE TO NODE FAILURE",
+                              re.MULTILINE)
+
+
+def failed_node_in_log(batch_log: str) -> str | None:
+    """Pure: the node whose failure srun or slurmstepd names in this start's part of the
+    batch log (after the last "glaunch: start " line): its name; "" where only the job's
+    end says a node failed; None where nothing says so."""
+    part = batch_log.rsplit("glaunch: start ", 1)[-1]
+    named = SRUN_NODE_FAILURE.search(part)
+    if named:
+        return named.group(1)
+    return "" if JOB_NODE_FAILURE.search(part) else None
 
 
 def cancelled_in_log(batch_log: str, job_id: str | None) -> bool:
@@ -362,10 +390,11 @@ def _crash_where(run_dir: Path, restart: int, job_id: str | None) -> str:
 
 
 def blamed_node(reason: str | None, crash: Mapping[str, Any] | None, hang: Mapping[str, Any] | None,
-                 swap: Mapping[str, Any] | None = None) -> str | None:
+                 swap: Mapping[str, Any] | None = None, failed: Mapping[str, Any] | None = None) -> str | None:
     """The node a start that went wrong points at: a hang's silent node; a crash's first
-    failing task's; the slow node the watchdog stopped the start to leave out."""
-    source = {"hang": hang, "crash": crash, SLOW_NODE: swap}.get(reason or "")
+    failing task's; the slow node the watchdog stopped the start to leave out; the node
+    whose failure Slurm took the job back for."""
+    source = {"hang": hang, "crash": crash, SLOW_NODE: swap, NODE_FAILURE: failed}.get(reason or "")
     node = (source or {}).get("node")
     return node if is_node_name(node) else None
 
@@ -647,6 +676,7 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
     allocation)."""
     stop = stopped_in(run_dir, restart)
     hang = watchdog.hang_in(run_dir, restart)
+    failed = failed_node_in_log(batch_log_tail(RunDir(run_dir).batch_log(ctx_job_id))) if ctx_job_id else None
     with registry.updating(run_dir) as record:
         # Only an id of Slurm's shape goes into run.json (it may reach scancel later).
         job_id = ctx_job_id if is_job_id(ctx_job_id) else record.job_id
@@ -661,11 +691,12 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             # cancelled (a scancel of the user's); never read from how a task ended.
             cancelled=registry.cancel_asked(run_dir, record, job_id) or scancelled(run_dir, job_id),
             killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None,
-            runtime=used_runtime(run_dir, ctx_job_id or job_id, restart))
+            runtime=used_runtime(run_dir, ctx_job_id or job_id, restart), failed_node=failed)
         outcome = with_crash_note(outcome, run_dir, restart, ctx_job_id or job_id)
         # A lost rank that could not be started again is the failure: its peers' crash.json
         # says only how the ended step stopped them, on nodes that did nothing wrong.
-        bad = blamed_node(outcome.reason, first_failure_record(run_dir, restart, ctx_job_id or job_id), hang, swap)
+        bad = blamed_node(outcome.reason, first_failure_record(run_dir, restart, ctx_job_id or job_id), hang, swap,
+                          {"node": failed})
         kept_off = list(record.excluded_nodes)
         step, exclude, note = _restart_or_exclude(record, run_dir, outcome, bad, job_id, restart, args)
         if step is not None:

@@ -1,7 +1,9 @@
 """A job cancelled with a plain `scancel` (not `glaunch cancel`) ends its run CANCELLED:
 slurmstepd's line in the batch log says so, while the ranks, stopped by the SIGTERM that
 came with it, look just like a start stopped by the time limit's warning, which requeues.
-The lines are recorded from Slurm 22.05 (the local clusters) and 24.11 (scripts/slurm-release)."""
+And a job Slurm took back for a node's failure ends its start as a node failure, not as
+the preemption the requeue would otherwise be read as. The lines are recorded from Slurm
+22.05 (the local clusters) and 24.11 (scripts/slurm-release)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,8 @@ import json
 import pytest
 
 from launcher import api
-from launcher.jobcontrol.jobend import StepEnd, cancelled_in_log, end_of_start
+from launcher.jobcontrol import jobend
+from launcher.jobcontrol.jobend import StepEnd, cancelled_in_log, end_of_start, failed_node_in_log
 from launcher.rundir import registry
 from launcher.rundir.layout import RunDir
 from test_plain_script_end import started_run
@@ -71,3 +74,38 @@ def test_a_stop_without_the_cancel_line_is_the_time_limit_s_and_requeues(tmp_pat
     road = end_of_start(run_dir, StepEnd(0), "1000", 0)
     assert road.line() in ("requeue", "resubmit")
     assert registry.read(run_dir).starts[0].reason == "timeout"
+
+
+# --- a node's failure (Slurm 22.05's lines, as a node set DOWN under a running job left them) ---
+
+NODE_FAILED = ("srun: error: Node failure on dnode2\n"
+               "slurmstepd-dnode1: error: *** JOB 501158 ON dnode1 CANCELLED AT 2026-12-07T00:06:14 DUE TO NODE "
+               "FAILURE, SEE SLURMCTLD LOG FOR DETAILS ***\n")
+
+
+@pytest.mark.parametrize("log, node", [
+    (NODE_FAILED, "dnode2"),
+    (NODE_FAILED.splitlines()[1], ""),                   # the job's end alone: a node failed, which not said
+    (NODE_FAILED + EARLIER_START, None),                 # an earlier start's
+    (PREEMPTION, None),
+    ("[r1] srun: error: Node failure on dnode2\n", None),
+])
+def test_a_node_s_failure_is_read_from_srun_and_slurmstepd(log, node):
+    assert failed_node_in_log(log) == node
+
+
+def test_a_start_slurm_took_back_for_a_node_s_failure_is_no_preemption(tmp_path, isolated_env, monkeypatch):
+    """Slurm requeues a job whose node failed as it does a preempted one: the start ends
+    with reason "node failure", naming the node, which is the one the start blames."""
+    run_dir = started_run(tmp_path)
+    with registry.updating(run_dir) as record:
+        record.requeue_max = 3
+    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
+    RunDir(run_dir).batch_log("1000").write_text(f"glaunch: start 0: ...\n{NODE_FAILED}")
+    monkeypatch.setattr(jobend, "exclude_bad_nodes_setting", lambda run_dir: (True, ""))
+    monkeypatch.setattr(jobend, "partition_nodes", lambda partition: (["dnode1", "dnode2", "dnode3"], ""))
+    road = end_of_start(run_dir, StepEnd(143, preempted=True), "1000", 0)
+    assert road.line() == "requeue dnode2"
+    start = registry.read(run_dir).starts[0]
+    assert (start.state, start.reason, start.detail) == ("REQUEUED", "node failure", "node dnode2 failed")
+    assert start.exclusion == "dnode2 excluded from later starts"
