@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
 import signal
@@ -77,7 +78,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from launcher.rundir import registry
 from launcher.processes import run_bounded
-from launcher.rundir.files import open_regular, read_json
+from launcher.rundir.files import atomic_write_text, open_regular, read_json
 from launcher.rundir.lifecycle import IllegalMove, move
 from launcher.rundir.records import (
     FAILURES,
@@ -282,6 +283,61 @@ def scancelled(run_dir: Path, job_id: str | None) -> bool:
     if job_id is None:
         return False
     return cancelled_in_log(batch_log_tail(RunDir(run_dir).batch_log(job_id)), job_id)
+
+
+# srun's words for a task a signal ended -> the signal (its other words are kept as they are).
+SRUN_SIGNAL_WORDS = {"Killed": signal.SIGKILL, "Terminated": signal.SIGTERM, "Segmentation fault": signal.SIGSEGV,
+                     "Aborted": signal.SIGABRT, "Bus error": signal.SIGBUS, "Illegal instruction": signal.SIGILL,
+                     "Floating point exception": signal.SIGFPE}
+
+
+def first_task_line(batch_log: str) -> tuple[int, str, str] | None:
+    """Pure: (task, node, srun's words) of the first task srun says ended in this start's
+    part of the batch log, where a signal ended it (not "Exited with exit code N"); None
+    where the first ended by itself, or srun named none."""
+    part = batch_log.rsplit("glaunch: start ", 1)[-1]
+    for line in part.splitlines():
+        match = SRUN_TASK_LINE.fullmatch(line.strip())
+        if match:
+            words = match.group(3).strip()
+            return None if words.startswith(SRUN_EXITED) else (int(match.group(2)), match.group(1), words)
+    return None
+
+
+def killed_first(crash: Mapping[str, Any] | None, first: tuple[int, str, str] | None,
+                 restart: int) -> dict[str, Any] | None:
+    """Pure: the crash record of a start where srun says a signal ended a task (`first`,
+    :func:`first_task_line`) before any other ended, and crash.json (`crash`) names another
+    task: the killed task could write nothing (SIGKILL), and its peers' errors ("Connection
+    closed by peer") followed from its end. None where crash.json stands."""
+    if first is None or crash is None or crash.get("task") == first[0]:
+        return None
+    task, node, words = first
+    signum = SRUN_SIGNAL_WORDS.get(words)
+    how = str(Killed(signum, task)).removeprefix(f"rank {task} ") if signum is not None else f"ended: {words}"
+    return {"restart": restart, "job_id": crash.get("job_id"), "task": task, "node": node, "error": how,
+            "followed_by": f"task {crash.get('task')} on {crash.get('node')}: {crash.get('error')}"}
+
+
+def note_killed_first(run_dir: Path, job_id: str | None, restart: int) -> None:
+    """crash.json made to name the task srun says a signal ended first (:func:`killed_first`),
+    for the start's end, its blamed node and `glaunch status`, under launcher srun (a task
+    per rank; torchrun's tasks are nodes' agents)."""
+    if job_id is None:
+        return
+    try:
+        per_rank = read_task_spec(run_dir).launcher == "srun"
+    except TaskSpecError:
+        return
+    if not per_rank:
+        return
+    first = first_task_line(batch_log_tail(RunDir(run_dir).batch_log(job_id)))
+    record = killed_first(crash_in(run_dir, restart), first, restart)
+    if record is not None:
+        try:
+            atomic_write_text(RunDir(run_dir).crash_file, json.dumps(record) + "\n")
+        except OSError as exc:
+            print(f"glaunch: cannot write {RunDir(run_dir).crash_file}: {exc}", file=sys.stderr, flush=True)
 
 
 def killed_in_step(run_dir: Path, job_id: str | None, step_status: int) -> Killed | None:
@@ -676,6 +732,9 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
     allocation)."""
     stop = stopped_in(run_dir, restart)
     hang = watchdog.hang_in(run_dir, restart)
+    if args.status != 0 and hang is None and stop is None:
+        # (The watchdog's end of a hung step kills every task itself.)
+        note_killed_first(run_dir, ctx_job_id, restart)
     failed = failed_node_in_log(batch_log_tail(RunDir(run_dir).batch_log(ctx_job_id))) if ctx_job_id else None
     with registry.updating(run_dir) as record:
         # Only an id of Slurm's shape goes into run.json (it may reach scancel later).

@@ -109,3 +109,42 @@ def test_a_start_slurm_took_back_for_a_node_s_failure_is_no_preemption(tmp_path,
     start = registry.read(run_dir).starts[0]
     assert (start.state, start.reason, start.detail) == ("REQUEUED", "node failure", "node dnode2 failed")
     assert start.exclusion == "dnode2 excluded from later starts"
+
+
+# --- a task a signal ended first, which could write no crash.json --------------------------------
+
+KILLED_FIRST = ("srun: error: dnode2: task 2: Killed\n"
+                "srun: error: dnode2: task 3: Exited with exit code 1\n"
+                "srun: error: dnode1: tasks 0-1: Exited with exit code 1\n")
+PEER_ERROR = {"restart": 0, "job_id": "1000", "task": 3, "node": "dnode2",
+              "error": "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer"}
+
+
+@pytest.mark.parametrize("log, first", [
+    (KILLED_FIRST, (2, "dnode2", "Killed")),
+    ("srun: error: dnode1: tasks 0-1: Segmentation fault\n", (0, "dnode1", "Segmentation fault")),
+    (KILLED_FIRST.split("\n", 1)[1], None),            # the first ended by itself
+    ("glaunch: start 0\n" + KILLED_FIRST + "glaunch: start 1: a new step on dnode3\n", None),
+    ("[r2] srun: error: dnode2: task 2: Killed\n", None),
+])
+def test_the_first_task_srun_says_a_signal_ended(log, first):
+    assert jobend.first_task_line(log) == first
+
+
+def test_a_task_killed_first_is_the_start_s_first_failure_not_the_peer_that_lost_it(tmp_path, isolated_env,
+                                                                                   monkeypatch):
+    """kill -9 of rank 2: srun names it first; rank 3's crash.json says only that its peer
+    went away. The start's end names rank 2, killed, and blames its node."""
+    run_dir = started_run(tmp_path)
+    RunDir(run_dir).crash_file.write_text(json.dumps(PEER_ERROR))
+    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
+    RunDir(run_dir).batch_log("1000").write_text("glaunch: start 0: ...\n" + KILLED_FIRST)
+    spec = type("Spec", (), {"launcher": "srun", "world_size": 4, "ranks_per_node": 2, "exclude_bad_nodes": False})()
+    monkeypatch.setattr(jobend, "read_task_spec", lambda path: spec)
+    end_of_start(run_dir, StepEnd(137), "1000", 0)
+    start = registry.read(run_dir).starts[0]
+    assert (start.state, start.reason) == ("FAILED", "crash")
+    assert start.detail == "exit status 137; task 2 on dnode2: killed by SIGKILL (out of memory?)"
+    crash = json.loads(RunDir(run_dir).crash_file.read_text())
+    assert crash["followed_by"] == f"task 3 on dnode2: {PEER_ERROR['error']}"
+    assert jobend.killed_first(PEER_ERROR, (3, "dnode2", "Killed"), 0) is None      # crash.json's own task
