@@ -281,7 +281,13 @@ def list_runs(limit: int = 20, sweep: RunRef | None = None) -> list[dict[str, An
     # A run's record here is a copy when its job writes run.json elsewhere (over SSH).
     in_flight = [Path(row["run_dir"]) for row in rows
                  if row.get("run_dir") and row.get("state") in {s.value for s in IN_FLIGHT}]
-    return recent(limit) if refresh_copies(in_flight) else rows
+    refreshed, unanswered = refresh_copies(in_flight)
+    rows = recent(limit) if refreshed else rows
+    for row in rows:
+        why = unanswered.get(str(row.get("run_dir")))
+        if why is not None:
+            row["stale"] = f"as last recorded: {why}"
+    return rows
 
 
 def prefixed(echo: Text, prefix: str) -> Text:

@@ -1051,13 +1051,16 @@ def _members(stream: bytes, what: str, host: str) -> dict[str, bytes]:
     return out
 
 
-def refresh_copies(run_dirs: Sequence[Path]) -> None:
+def refresh_copies(run_dirs: Sequence[Path]) -> dict[str, str]:
     """run.json of each run of `run_dirs` kept on a cluster reached over SSH (of a sweep:
     each element's) copied here from there, checked to be that run's, Slurm's view folded
     in: three calls per login (the records, one squeue, one sacct). A login that cannot be
     reached, or a record there that is not its run's, leaves the copy here as it was: a
-    listing shows what was last recorded."""
+    listing shows what was last recorded, and is told so: the runs of `run_dirs` (as given)
+    whose login did not answer, each with why."""
+    unanswered: dict[str, str] = {}
     by_login: dict[Login, list[tuple[Path, Where]]] = {}
+    given: dict[Login, set[str]] = {}
     for run_dir in run_dirs:
         for local in _records_of(Path(run_dir)):
             try:
@@ -1065,14 +1068,16 @@ def refresh_copies(run_dirs: Sequence[Path]) -> None:
             except RunError:
                 continue
             by_login.setdefault(where.login, []).append((local, where))
+            given.setdefault(where.login, set()).add(str(run_dir))
     for login, runs in by_login.items():
         try:
             with connect(login) as conn:
                 names = {posixpath.join(w.run_dir, RUN_FILE).lstrip("/"): (local, w) for local, w in runs}
                 copied = _copy_checked(on_login.pack_files(conn, "/", list(names)), names, conn.where())
                 _refresh_many(on_login.slurm_client(conn), [(local, registry.read(local)) for local in copied])
-        except GlaunchError:
-            continue
+        except GlaunchError as exc:
+            unanswered.update(dict.fromkeys(given[login], f"{login.host}: {exc.message}"))
+    return unanswered
 
 
 def _records_of(run_dir: Path) -> list[Path]:

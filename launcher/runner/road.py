@@ -185,17 +185,17 @@ def _followed_over_ssh(run_dir: Path) -> bool:
         return False
 
 
-def refresh_copies(run_dirs: Sequence[Path]) -> bool:
+def refresh_copies(run_dirs: Sequence[Path]) -> tuple[bool, dict[str, str]]:
     """The records here of the runs of `run_dirs` kept on a cluster reached over SSH (their
     job writes run.json there, not here) copied from there, Slurm's view folded in; whether
-    there were any."""
+    there were any, and those (of `run_dirs`, as given) whose login did not answer, each
+    with why (their records here stay as last recorded)."""
     kept = [run_dir for run_dir in run_dirs if _followed_over_ssh(run_dir)]
     if not kept:
-        return False
+        return False, {}
     from launcher.runner import remote
 
-    remote.refresh_copies(kept)
-    return True
+    return True, remote.refresh_copies(kept)
 
 
 @contextlib.contextmanager

@@ -16,8 +16,11 @@ def format_list(rows: list[dict[str, Any]]) -> str:
             lines.append(f"{'bad record' if r.get('run_dir') else 'bad index'}: {printable(r['error'])}")
         else:
             sweep = f"  (a sweep of {r['sweep']} runs)" if r.get("sweep") else ""
-            lines.append(f"{printable(r['run_id']):44s} {printable(r['state']):11s} {printable(r['site']):18s} "
+            state = printable(r["state"]) + ("?" if r.get("stale") else "")
+            lines.append(f"{printable(r['run_id']):44s} {state:11s} {printable(r['site']):18s} "
                          f"{_shown(r['nodes']):5s} {r['age']}{sweep}")
+    stale = sorted({printable(r["stale"]) for r in rows if r.get("stale")})
+    lines += [f"STATE?: {why}" for why in stale]
     return "\n".join(lines)
 
 

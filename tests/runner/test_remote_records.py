@@ -345,3 +345,24 @@ def test_logs_of_one_rank_under_torchrun_are_its_workers_own_as_on_the_login_nod
 ])
 def test_only_names_in_torchrun_s_layout_are_taken_as_workers_logs(name, taken):
     assert remote._is_worker_log(name) is taken
+
+
+def test_a_listing_whose_login_does_not_answer_marks_those_runs_as_last_recorded(tmp_path, isolated_env,
+                                                                              monkeypatch):
+    """`glaunch list` with the login node unreachable: its runs keep their states as last
+    recorded here, and the listing says so (STATE?), never passing them off as current."""
+    from launcher.runner import manage
+    from launcher.views.listing import format_list
+
+    down = tmp_path / "down-ssh"
+    down.write_text("#!/bin/sh\necho 'ssh: connect to host login1 port 22: Connection refused' >&2\nexit 255\n")
+    down.chmod(0o755)
+    monkeypatch.setattr(remote, "connect",
+                        lambda login: Connection(login, state_dir=tmp_path / "ssh", runner=[str(down)]))
+    home = kept_here("a-1", tmp_path / "cluster" / "a-1", "101")
+    (row,) = [r for r in manage.list_runs() if r.get("run_id") == "a-1"]
+    assert row["state"] == "RUNNING" and row["stale"].startswith("as last recorded: login1: ")
+    assert "Connection refused" in row["stale"], row
+    text = format_list([row])
+    assert "RUNNING?" in text and "STATE?: as last recorded: login1: " in text
+    assert (home / "run.json").exists()
