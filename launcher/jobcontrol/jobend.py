@@ -64,6 +64,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -92,7 +93,7 @@ from launcher.rundir.records import (
     is_terminal,
     node_list,
 )
-from launcher.rundir.layout import RunDir, read_heartbeat
+from launcher.rundir.layout import LOG_DIR, PEER_REPLACE_FILE, RunDir, name_part, read_heartbeat
 from launcher.rundir.rankcontext import RuntimeConfigError, context
 from launcher.rundir.startsummary import iso, not_started_note, start_summary
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
@@ -148,7 +149,8 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
     # A step that ended cleanly as the limit came was not ended by it (a script without the
     # runtime that ended by itself is done).
     if preempted and failed_node is not None:
-        detail = f"node {failed_node} failed" if failed_node else "a node failed"
+        detail = (f"node {failed_node} failed" if is_node_name(failed_node) else
+                  f"nodes {failed_node} failed" if failed_node else "a node failed")
         if restart < requeue_max:
             return Outcome(State.REQUEUED.value, NODE_FAILURE, True, 0, detail)
         return Outcome(State.NODE_FAIL.value, NODE_FAILURE, False, 1, f"{detail}; requeue.max ({requeue_max}) reached")
@@ -227,17 +229,21 @@ def first_signalled_task(batch_log: str) -> int | None:
 # 4765 ON n1 CANCELLED AT 2026-12-06T23:50:29 ***", Slurm 22.05 and 24.11 alike). Slurm's own
 # ends of a job add why (" DUE TO TIME LIMIT", "DUE TO PREEMPTION", "DUE TO JOB REQUEUE"),
 # and a signal sent with `scancel --signal` (the watchdog's) writes no such line.
+# (The time is as slurmd's SLURM_TIME_FORMAT writes it: any text but a reason.)
 JOB_CANCELLED = re.compile(r"^slurmstepd(?:-[A-Za-z0-9._-]{1,100})?: error: \*\*\* JOB ([0-9]{1,12}) ON "
-                           r"[A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT [0-9T:-]{1,30} \*\*\*$", re.MULTILINE)
+                           r"[A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT (?:(?!DUE TO)[^*\n]){1,40} \*\*\*$",
+                           re.MULTILINE)
 
 
 # srun's line when a node of the step fails ("srun: error: Node failure on dnode2"), and
 # slurmstepd's when Slurm ends the job for it ("*** JOB 12 ON dnode1 CANCELLED AT ... DUE TO
 # NODE FAILURE ***"): Slurm then requeues the job as it does a preempted one.
 NODE_FAILURE = "node failure"
-SRUN_NODE_FAILURE = re.compile(r"^srun: error: Node failure on ([A-Za-z0-9][A-Za-z0-9._-]{0,99})$", re.MULTILINE)
+# (srun names the failed nodes as a hostlist: "dnode[2-3]" names no one node to blame.)
+SRUN_NODE_FAILURE = re.compile(r"^srun: error: Node failure on ([A-Za-z0-9][A-Za-z0-9._,\[\]-]{0,199})$",
+                               re.MULTILINE)
 JOB_NODE_FAILURE = re.compile(r"^slurmstepd(?:-[A-Za-z0-9._-]{1,100})?: error: \*\*\* JOB [0-9]{1,12} ON "
-                              r"[A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT [0-9T:-]{1,30} DUE TO NODE FAILURE",
+                              r"[A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT [^*\n]{1,40} DUE TO NODE FAILURE",
                               re.MULTILINE)
 
 
@@ -279,10 +285,18 @@ def batch_log_tail(path: Path) -> str:
 
 
 def scancelled(run_dir: Path, job_id: str | None) -> bool:
-    """Whether the job's batch log says the job was cancelled in this start (:func:`cancelled_in_log`)."""
+    """Whether the job's batch log says the job was cancelled in this start (:func:`cancelled_in_log`);
+    for a sweep's element (ARRAY_TASK), slurmstepd writes it in the array's log of the task
+    (the sweep's logs/%A_%a.log), the batch log being its element's own."""
     if job_id is None:
         return False
-    return cancelled_in_log(batch_log_tail(RunDir(run_dir).batch_log(job_id)), job_id)
+    if cancelled_in_log(batch_log_tail(RunDir(run_dir).batch_log(job_id)), job_id):
+        return True
+    array_job, _, task = job_id.partition("_")
+    if not (task.isdigit() and array_job.isdigit()):
+        return False
+    dispatch = Path(run_dir).parent / LOG_DIR / f"{array_job}_{task}.log"
+    return cancelled_in_log(batch_log_tail(dispatch), None)
 
 
 # srun's words for a task a signal ended -> the signal (its other words are kept as they are).
@@ -319,6 +333,15 @@ def killed_first(crash: Mapping[str, Any] | None, first: tuple[int, str, str] | 
             "followed_by": f"task {crash.get('task')} on {crash.get('node')}: {crash.get('error')}"}
 
 
+def started_again(run_dir: Path, job_id: str, restart: int, rank: int) -> bool:
+    """Whether a peer asked, in this start, for rank `rank`'s lost process to be started
+    again (launcher.jobcontrol.replace serves such a request)."""
+    folder = RunDir(run_dir).peer_replace_dir
+    pattern = glob.escape(PEER_REPLACE_FILE.format(job_id=name_part(job_id), restart=int(restart), generation="@",
+                                                   rank=int(rank))).replace("@", "*")
+    return folder.is_dir() and any(folder.glob(pattern))
+
+
 def note_killed_first(run_dir: Path, job_id: str | None, restart: int) -> None:
     """crash.json made to name the task srun says a signal ended first (:func:`killed_first`),
     for the start's end, its blamed node and `glaunch status`, under launcher srun (a task
@@ -332,6 +355,8 @@ def note_killed_first(run_dir: Path, job_id: str | None, restart: int) -> None:
     if not per_rank:
         return
     first = first_task_line(batch_log_tail(RunDir(run_dir).batch_log(job_id)))
+    if first is not None and started_again(run_dir, job_id, restart, first[0]):
+        return      # its loss was recovered (recovery.peer): a later failure is the start's
     record = killed_first(crash_in(run_dir, restart), first, restart)
     if record is not None:
         try:
@@ -732,14 +757,17 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
     allocation)."""
     stop = stopped_in(run_dir, restart)
     hang = watchdog.hang_in(run_dir, restart)
-    if args.status != 0 and hang is None and stop is None:
-        # (The watchdog's end of a hung step kills every task itself.)
-        note_killed_first(run_dir, ctx_job_id, restart)
     failed = failed_node_in_log(batch_log_tail(RunDir(run_dir).batch_log(ctx_job_id))) if ctx_job_id else None
     with registry.updating(run_dir) as record:
         # Only an id of Slurm's shape goes into run.json (it may reach scancel later).
         job_id = ctx_job_id if is_job_id(ctx_job_id) else record.job_id
         swap = watchdog.swap_asked(record.start(job_id, restart)) if job_id is not None else None
+        cancelled = registry.cancel_asked(run_dir, record, job_id) or scancelled(run_dir, job_id)
+        if (args.status != 0 and hang is None and stop is None and not cancelled and not args.preempted
+                and not args.timed_out):
+            # A crash's first failure (the watchdog's end of a hung step, a cancel or the
+            # scheduler taking the job back end every task themselves).
+            note_killed_first(run_dir, ctx_job_id, restart)
         outcome = decide(
             step_status=args.status, finished=RunDir(run_dir).result_file.exists(), stopped=stop is not None,
             preempted=args.preempted, timed_out=args.timed_out,
@@ -748,7 +776,7 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             crash_retries=record.crash_retries, hung=hang is not None, swapping=swap is not None,
             # A cancel is glaunch's own mark on the job, or slurmstepd's line that the job was
             # cancelled (a scancel of the user's); never read from how a task ended.
-            cancelled=registry.cancel_asked(run_dir, record, job_id) or scancelled(run_dir, job_id),
+            cancelled=cancelled,
             killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None,
             runtime=used_runtime(run_dir, ctx_job_id or job_id, restart), failed_node=failed)
         outcome = with_crash_note(outcome, run_dir, restart, ctx_job_id or job_id)

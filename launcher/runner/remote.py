@@ -941,7 +941,11 @@ def cancel(run_dir: Path) -> str:
         except (GlaunchError, ValueError):
             again = record          # not read back: the job asked is the one cancelled
         if again.job_id and again.job_id != job_id and not is_terminal(again.state):
-            refuse_foreign_job(client, again.job_id, record.run_id, where.run_dir)
+            try:
+                refuse_foreign_job(client, again.job_id, record.run_id, where.run_dir)
+            except SchedulerError as exc:
+                raise SchedulerError(f"run {record.run_id}: cancelled job {job_id} on {where.login.host}; its "
+                                     f"successor {again.job_id} was not: {exc.message}") from None
             _cancel_marked(conn, [(where.run_dir, again.job_id)], [again.job_id])
             job_id = f"{job_id} and its successor {again.job_id}"
     return f"run {record.run_id}: cancelled job {job_id} on {where.login.host}"

@@ -41,6 +41,10 @@ EARLIER_START = "glaunch: start 0 of job 1000 ended: REQUEUED (preemption); requ
     ("[r0] " + CANCELLED, "1000", False),                 # not slurmstepd's own line
     ("", "1000", False),
     (CANCELLED, None, True),
+    # a slurmd whose SLURM_TIME_FORMAT writes another time
+    ("slurmstepd-node1: error: *** JOB 1000 ON node1 CANCELLED AT Sun Dec  6 23:50:29 2026 ***", "1000", True),
+    ("slurmstepd-node1: error: *** JOB 1000 ON node1 CANCELLED AT Sun Dec  6 23:50:29 2026 DUE TO TIME LIMIT ***",
+     "1000", False),
 ])
 def test_a_cancel_is_read_from_slurmstepd_s_own_line_in_this_start(log, job_id, cancelled):
     assert cancelled_in_log(log, job_id) is cancelled
@@ -87,6 +91,7 @@ NODE_FAILED = ("srun: error: Node failure on dnode2\n"
     (NODE_FAILED, "dnode2"),
     (NODE_FAILED.splitlines()[1], ""),                   # the job's end alone: a node failed, which not said
     (NODE_FAILED + EARLIER_START, None),                 # an earlier start's
+    ("srun: error: Node failure on dnode[2-3]\n", "dnode[2-3]"),    # a hostlist: no one node to blame
     (PREEMPTION, None),
     ("[r1] srun: error: Node failure on dnode2\n", None),
 ])
@@ -148,3 +153,49 @@ def test_a_task_killed_first_is_the_start_s_first_failure_not_the_peer_that_lost
     crash = json.loads(RunDir(run_dir).crash_file.read_text())
     assert crash["followed_by"] == f"task 3 on dnode2: {PEER_ERROR['error']}"
     assert jobend.killed_first(PEER_ERROR, (3, "dnode2", "Killed"), 0) is None      # crash.json's own task
+
+
+def test_a_sweep_element_s_cancel_is_read_from_its_array_task_s_log(tmp_path, isolated_env):
+    """slurmstepd writes an array task's cancel into the array's output (the sweep's
+    logs/%A_%a.log), not the element's own batch log."""
+    run_dir = tmp_path / "sweep" / "sweep-0"
+    (run_dir / "logs").mkdir(parents=True)
+    (tmp_path / "sweep" / "logs").mkdir()
+    RunDir(run_dir).batch_log("2396_1").write_text("glaunch: start 0: ...\n")
+    assert not jobend.scancelled(run_dir, "2396_1")
+    (tmp_path / "sweep" / "logs" / "2396_1.log").write_text(CANCELLED.replace("1000", "2398") + "\n")
+    assert jobend.scancelled(run_dir, "2396_1")
+    assert not jobend.scancelled(run_dir, "2396_2")
+
+
+def test_a_rank_killed_then_started_again_by_its_peers_is_not_the_later_crash_s_first_failure(
+        tmp_path, isolated_env, monkeypatch):
+    """recovery.peer: rank 3 was lost (srun: Killed) and started again; rank 1 crashed later
+    on its own. crash.json (rank 1's) stands."""
+
+    run_dir = started_run(tmp_path)
+    own = {"restart": 0, "job_id": "1000", "task": 1, "node": "dnode1", "error": "ValueError: bad batch"}
+    RunDir(run_dir).crash_file.write_text(json.dumps(own))
+    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
+    RunDir(run_dir).batch_log("1000").write_text("glaunch: start 0: ...\nsrun: error: dnode2: task 3: Killed\n"
+                                                 "srun: error: dnode1: task 1: Exited with exit code 1\n")
+    request = RunDir(run_dir).peer_replace_request("1000", 0, 1, 3)
+    request.parent.mkdir(parents=True)
+    request.write_text("{}")
+    spec = type("Spec", (), {"launcher": "srun", "world_size": 4, "ranks_per_node": 2, "exclude_bad_nodes": False})()
+    monkeypatch.setattr(jobend, "read_task_spec", lambda path: spec)
+    end_of_start(run_dir, StepEnd(1), "1000", 0)
+    assert json.loads(RunDir(run_dir).crash_file.read_text()) == own
+    assert registry.read(run_dir).starts[0].detail == "exit status 1; task 1 on dnode1: ValueError: bad batch"
+
+
+def test_a_cancelled_start_keeps_crash_json_as_the_ranks_wrote_it(tmp_path, isolated_env, monkeypatch):
+    run_dir = started_run(tmp_path)
+    RunDir(run_dir).crash_file.write_text(json.dumps(PEER_ERROR))
+    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
+    RunDir(run_dir).batch_log("1000").write_text("glaunch: start 0: ...\n" + KILLED_FIRST + CANCELLED + "\n")
+    spec = type("Spec", (), {"launcher": "srun", "world_size": 4, "ranks_per_node": 2, "exclude_bad_nodes": False})()
+    monkeypatch.setattr(jobend, "read_task_spec", lambda path: spec)
+    end_of_start(run_dir, StepEnd(137), "1000", 0)
+    assert registry.read(run_dir).starts[0].state == "CANCELLED"
+    assert json.loads(RunDir(run_dir).crash_file.read_text()) == PEER_ERROR

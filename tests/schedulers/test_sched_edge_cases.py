@@ -122,7 +122,8 @@ def test_fake_status_of_a_task_cancelled_while_its_array_was_pending(tmp_path, f
     start = StartRecord(job_id="2396_1", restart=0, state="PENDING")
     record = RunRecord(run_id="r1", job_id="2396_1", state="PENDING", starts=[start])
     rec = SlurmScheduler().refresh(run_dir_with(tmp_path, record), record)
-    assert (rec.state, rec.reason) == ("CANCELLED", None)
+    # The run's reason is its last start's.
+    assert (rec.state, rec.reason) == ("CANCELLED", "cancelled")
     assert [(s.job_id, s.state, s.reason) for s in rec.starts] == [("2396_1", "CANCELLED", "cancelled")]
 
 

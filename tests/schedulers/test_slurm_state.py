@@ -219,6 +219,20 @@ def test_merge_follows_one_start_from_running_to_cancelled():
         == ("CANCELLED", "cancelled", "2026-12-03T13:11:10", "2026-12-03T13:11:12", "node1", "CANCELLED")
 
 
+def test_an_allocation_s_end_goes_to_its_last_start_not_the_one_it_restarted_from():
+    """Start 0 crashed and the job restarted in its allocation (start 1); the job was then
+    cancelled before it could record start 1's end. sacct's one row for the allocation
+    ends start 1; start 0 keeps its own end."""
+    restarted = StartRecord(job_id="12", restart=0, state="RESTARTED", reason="crash", detail="retry 1 of 2",
+                            ended="2026-12-03T13:11:11")
+    record = RunRecord(run_id="r1", job_id="12", starts=[restarted, StartRecord(job_id="12", restart=1,
+                                                                                  state="RUNNING")])
+    merge_history(record, sacct("sacct-cancelled.txt"))
+    first, second = record.starts
+    assert (first.state, first.reason, first.started) == ("RESTARTED", "crash", "2026-12-03T13:11:10")
+    assert (second.state, second.reason, second.ended) == ("CANCELLED", "cancelled", "2026-12-03T13:11:12")
+
+
 @pytest.mark.parametrize("name, state, reason", [
     ("sacct-failed.txt", "FAILED", "crash"),
     ("sacct-completed.txt", "COMPLETED", None),

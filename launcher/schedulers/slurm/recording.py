@@ -71,11 +71,23 @@ def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[
             rec.extra["scheduler_history"] = history
             merge_history(rec, history)
         move(rec, current_state(rec.state, live, history), why="what Slurm says now")
+        _reason_of_last_start(rec)
         record_unlisted(rec, live, history)
         record_pending_reason(rec, live, reason)
         if history is not None and rec.state in ENDS:
             rec.extra[AFTER_END] = {"job_id": rec.job_id, "at": registry.now()}
     return rec
+
+
+def _reason_of_last_start(rec: RunRecord) -> None:
+    """An ended run's reason and detail are its last start's, where that start ended as the
+    run did (accounting told how: an earlier start's reason, a crash restarted in the
+    allocation, would stand for a run a cancel ended)."""
+    if rec.state not in ENDS or not rec.starts:
+        return
+    last = rec.starts[-1]
+    if last.state == rec.state and last.reason is not None:
+        rec.reason, rec.detail = last.reason, last.detail
 
 
 def has_ended(record: RunRecord) -> bool:

@@ -228,10 +228,20 @@ def merge_history(record: RunRecord, history: list[dict[str, str]]) -> None:
     # A resumed run holds the starts of earlier jobs too: a start is its job's id and restart.
     for index, row in enumerate(history):
         restart = record.allocation_start(row["job_id"], index)
-        entry = record.start(row["job_id"], restart)
-        if entry is None:
-            entry = StartRecord(job_id=row["job_id"], restart=restart)
-            record.starts.append(entry)
+        first = record.start(row["job_id"], restart)
+        if first is None:
+            first = StartRecord(job_id=row["job_id"], restart=restart)
+            record.starts.append(first)
+        if not first.get("started") and row["start"] not in ("", "Unknown", "None"):
+            first.set("started", row["start"])
+        # The allocation's row ends with its last start: the steps before it that the job
+        # restarted in the allocation recorded their own ends (RESTARTED).
+        entry = first
+        while entry.state == State.RESTARTED.value:
+            following = record.start(row["job_id"], entry.restart + 1)
+            if following is None:
+                break
+            entry = following
         state = base_state(row["state"])
         # Asked before sacct fills in `ended`: did the job itself record how this start ended?
         unrecorded = entry.state in (None, State.PENDING, State.RUNNING) or entry.ended is None
