@@ -50,20 +50,20 @@ def test_a_cancel_is_read_from_slurmstepd_s_own_line_in_this_start(log, job_id, 
     assert cancelled_in_log(log, job_id) is cancelled
 
 
-def stopped_by_sigterm(run_dir, batch_log: str) -> None:
-    """The ranks saved and stopped at step 29 on the SIGTERM (stop.json of start 0), and
-    the batch log ends as `batch_log`."""
-    RunDir(run_dir).stop_file.write_text(json.dumps({"restart": 0, "step": 29}))
-    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
-    RunDir(run_dir).batch_log("1000").write_text(batch_log)
-
-
-def test_a_plain_scancel_ends_the_run_cancelled_and_nothing_requeues(tmp_path, isolated_env):
+def stopped_by_sigterm(tmp_path, batch_log: str):
+    """A run whose ranks saved and stopped at step 29 on the SIGTERM (stop.json of start 0),
+    its batch log ending as `batch_log`: the road its start's end takes, and the run."""
     run_dir = started_run(tmp_path)
     with registry.updating(run_dir) as record:
         record.requeue_max = 3
-    stopped_by_sigterm(run_dir, f"glaunch: start 0: ...\n{CANCELLED}\n")
-    road = end_of_start(run_dir, StepEnd(0), "1000", 0)
+    RunDir(run_dir).stop_file.write_text(json.dumps({"restart": 0, "step": 29}))
+    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
+    RunDir(run_dir).batch_log("1000").write_text(f"glaunch: start 0: ...\n{batch_log}\n")
+    return end_of_start(run_dir, StepEnd(0), "1000", 0), run_dir
+
+
+def test_a_plain_scancel_ends_the_run_cancelled_and_nothing_requeues(tmp_path, isolated_env):
+    road, run_dir = stopped_by_sigterm(tmp_path, CANCELLED)
     assert road.line() == "done" and road.exit_code == 1
     summary = api.status(str(run_dir))
     assert summary["state"] == "CANCELLED" and summary["reason"] == "cancelled"
@@ -71,11 +71,7 @@ def test_a_plain_scancel_ends_the_run_cancelled_and_nothing_requeues(tmp_path, i
 
 
 def test_a_stop_without_the_cancel_line_is_the_time_limit_s_and_requeues(tmp_path, isolated_env):
-    run_dir = started_run(tmp_path)
-    with registry.updating(run_dir) as record:
-        record.requeue_max = 3
-    stopped_by_sigterm(run_dir, f"glaunch: start 0: ...\n{TIME_LIMIT}\n")
-    road = end_of_start(run_dir, StepEnd(0), "1000", 0)
+    road, run_dir = stopped_by_sigterm(tmp_path, TIME_LIMIT)
     assert road.line() in ("requeue", "resubmit")
     assert registry.read(run_dir).starts[0].reason == "timeout"
 
