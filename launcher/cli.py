@@ -369,7 +369,18 @@ def status_cmd(run, as_json):
 def logs(run, follow, rank):
     """Per-task logs of RUN, each line tagged with its ranks ([r0]; under torchrun [node1 r2-3]),
     across requeues (a sweep: every element's)."""
-    api.logs(run, rank=rank, follow=follow, echo=click.echo)
+    shown = 0
+
+    def echo(line: str) -> None:
+        nonlocal shown
+        shown += 1
+        click.echo(line)
+
+    api.logs(run, rank=rank, follow=follow, echo=echo)
+    if not shown:
+        # Said, not silent: an empty answer reads as a broken command.
+        whose = f"rank {rank} of {run}" if rank is not None else run
+        click.echo(f"glaunch: no output from {printable(whose)} in its logs yet", err=True)
 
 
 @cli.command()

@@ -228,3 +228,18 @@ def test_logs_follow_shows_what_is_written_after_a_truncation(tmp_path, isolated
     assert len(notices) == 3 and all("1000_0_log.out" in n for n in notices)
     assert "truncated" in notices[0] and "not a regular file" in notices[1] and "replaced" in notices[2]
     assert lines.index(notices[0]) == 2 and lines.index(notices[2]) == len(lines) - 2
+
+
+def test_logs_with_nothing_to_show_say_so_on_stderr(tmp_path, isolated_env):
+    """A run (or a rank) that has written nothing yet: `glaunch logs` says so, exit 0, rather
+    than print nothing, which reads as a broken command."""
+    import subprocess
+    import sys
+
+    run = api.submit(str(Path(__file__).resolve().parents[2] / "examples" / "torch_ddp.yaml"),
+                     runs_dir=str(tmp_path / "runs"), dry_run=True)
+    for extra, whose in (((), run.run_id), (("--rank", "1"), f"rank 1 of {run.run_id}")):
+        proc = subprocess.run([sys.executable, "-m", "launcher.cli", "logs", run.run_id, *extra], capture_output=True,
+                              text=True, timeout=120, cwd=Path(__file__).resolve().parents[2], env=isolated_env)
+        assert proc.returncode == 0 and proc.stdout == "", proc.stderr
+        assert proc.stderr == f"glaunch: no output from {whose} in its logs yet\n"
