@@ -190,7 +190,9 @@ def progress(run_dir: Path, record: RunRecord, now: float) -> dict[str, Any] | N
         if reached is not None and now - reached > limit and beat.get("state") == "running":
             silent.append({"rank": rank, "step": beat["step"], "for_s": round(now - reached, 1),
                            "node": beat.get("node") if isinstance(beat.get("node"), str) else None})
-    return {"step": rank0["step"], "total": step_of(rank0.get("total")), "step_s": number(rank0.get("step_s")),
+    total, step_s = step_of(rank0.get("total")), number(rank0.get("step_s"))
+    eta_s = round((total - rank0["step"]) * step_s, 1) if total and step_s and total > rank0["step"] else None
+    return {"step": rank0["step"], "total": total, "step_s": step_s, "eta_s": eta_s,
             "age_s": None if when is None else round(max(0.0, now - when), 1),
             "first_step": step_of(rank0.get("first_step")), "first_time": number(rank0.get("first_time")),
             "time": when, "checkpoint_step": step_of(rank0.get("checkpoint_step")), "ranks": len(beats),

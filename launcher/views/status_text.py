@@ -390,6 +390,8 @@ def _progress_line(live: Mapping[str, Any]) -> str:
     line = f"  progress: step {live['step']}{total}"
     if number(live.get("step_s")):
         line += f", {1 / live['step_s']:.3g} steps/s"
+    if number(live.get("eta_s")):
+        line += f", ETA {duration(live['eta_s'])}"      # as --wait's line has it
     if live.get("age_s") is not None:
         line += f", last step {duration(live['age_s'])} ago"
     silent = live.get("silent") or []

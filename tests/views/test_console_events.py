@@ -133,13 +133,13 @@ def test_status_of_a_running_start(tmp_path):
             "state": "running"}))
     summary = summarize(run_dir.path, registry.read(run_dir.path), now=now)
     live = summary["progress"]
-    assert (live["step"], live["total"], live["ranks"]) == (100, 400, 3)
+    assert (live["step"], live["total"], live["ranks"], live["eta_s"]) == (100, 400, 3, 150.0)
     assert [s["rank"] for s in live["silent"]] == [2]                  # 50 s > max(30 s, 3 x 5 s)
     good = summary["goodput"]
     assert good["starts"][0]["startup_s"] == 10.0 and good["wall_s"] == 60.0
     assert good["ettr"] == round(100 * 0.5 / 60, 4)
     text = format_status(summary)
-    assert "progress: step 100/400, 2 steps/s" in text
+    assert "progress: step 100/400, 2 steps/s, ETA 2m30s, last step 0.5 s ago" in text      # --wait's ETA too
     assert "1 rank(s) silent: rank 2 (n2) at step 20 for 50.0 s" in text
 
 
