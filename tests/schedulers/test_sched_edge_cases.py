@@ -310,3 +310,18 @@ def test_a_start_cancelled_by_someone_says_who(name, detail):
     record = RunRecord(run_id="r1", job_id=job_id, starts=[StartRecord(job_id=job_id, restart=0, state="RUNNING")])
     merge_history(record, other)
     assert record.starts[0].detail == "cancelled by uid 1000"
+
+
+def test_a_start_glaunch_cancel_ended_says_so_not_which_uid(tmp_path, fake_bin):
+    """sacct says `CANCELLED by 0`; the run's cancel file says `glaunch cancel` asked for it."""
+    fake_bin("squeue", "squeue-unknown-job-stderr.txt")
+    fake_bin("sacct", "sacct-cancelled.txt")
+    job_id = parse_sacct(recorded("sacct-cancelled.txt"))[0]["job_id"]
+    record = RunRecord(run_id="r1", job_id=job_id, state="RUNNING",
+                       starts=[StartRecord(job_id=job_id, restart=0, state="RUNNING")])
+    run_dir = run_dir_with(tmp_path, record)
+    registry.request_cancel(run_dir, job_id)
+    rec = SlurmScheduler().refresh(run_dir, record)
+    assert (rec.state, rec.starts[0].state, rec.starts[0].detail) == ("CANCELLED", "CANCELLED",
+                                                                      "cancelled with glaunch cancel")
+    assert (rec.reason, rec.detail) == ("cancelled", "cancelled with glaunch cancel")

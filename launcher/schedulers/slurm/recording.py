@@ -70,6 +70,7 @@ def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[
         if history:
             rec.extra["scheduler_history"] = history
             merge_history(rec, history)
+            _cancels_of_glaunch(run_dir, rec)
         move(rec, current_state(rec.state, live, history), why="what Slurm says now")
         _reason_of_last_start(rec)
         record_unlisted(rec, live, history)
@@ -77,6 +78,15 @@ def fold_job(run_dir: Path, live: str | None, reason: str | None, history: list[
         if history is not None and rec.state in ENDS:
             rec.extra[AFTER_END] = {"job_id": rec.job_id, "at": registry.now()}
     return rec
+
+
+def _cancels_of_glaunch(run_dir: Path, rec: RunRecord) -> None:
+    """A start sacct says a uid cancelled, whose job `glaunch cancel` asked to end (the run's
+    cancel file): said so, not as an administrator's or Slurm's cancel."""
+    for start in rec.starts:
+        if (start.state == State.CANCELLED.value and (start.detail or "").startswith("cancelled by uid ")
+                and registry.cancel_asked(run_dir, rec, start.job_id)):
+            start.detail = "cancelled with glaunch cancel"
 
 
 def _reason_of_last_start(rec: RunRecord) -> None:
