@@ -281,6 +281,7 @@ class Hang:
     node: str | None                # the node it points at, when the silent ranks single one out
     ranks: int                      # ranks of the start
     stacks: list[str] = field(default_factory=list)
+    unanswered: tuple[int, ...] = ()    # ranks that wrote no stack when asked, where others did
 
     def describe(self) -> str:
         what = {"stall": f"no rank finished a step for {self.bound_s:g} s",
@@ -291,11 +292,31 @@ class Hang:
             where = "every rank silent" + (f" at step {steps[0]}" if len(steps) == 1 and steps[0] is not None else "")
         else:
             where = "silent: " + ", ".join(f"rank {s.rank}" + (f" on {s.node}" if s.node else "") for s in self.silent)
+        if self.unanswered:
+            listed = ", ".join(map(str, self.unanswered[:8])) + (" ..." if len(self.unanswered) > 8 else "")
+            where += (f"; rank(s) {listed}" + (f" on {self.node}" if self.node else "")
+                      + " wrote no stack when asked (stopped, or stuck in the kernel)")
         return f"{what} ({where})"
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "bound_s": self.bound_s, "silent": [s.to_dict() for s in self.silent],
                 "node": self.node, "stacks": list(self.stacks), "detail": self.describe()}
+
+
+def unanswering_node(records: Mapping[int, Mapping[str, Any]],
+                     answered: Iterable[int]) -> tuple[tuple[int, ...], str | None]:
+    """Pure: after every rank of a hung start was asked for its stack, those that wrote none
+    while others did (a process stopped, or stuck in the kernel, cannot answer; a rank
+    merely waiting in a collective can), and their node where they all sit on one: the
+    node the hang points at, when the heartbeats, all at one step, single out none."""
+    answered = set(answered)
+    quiet = tuple(sorted(rank for rank in records if rank not in answered))
+    if not quiet or not answered & set(records):
+        return (), None
+    nodes = {records[rank].get("node") for rank in quiet}
+    node = nodes.pop() if len(nodes) == 1 else None
+    spans = {records[rank].get("node") for rank in records if rank not in quiet}
+    return quiet, node if is_node_name(node) and node not in spans else None
 
 
 def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: float, limits: Limits,
@@ -660,7 +681,10 @@ class Watch:
             stacks = write_stacks(self.run_dir, self.job_id, self.restart, self.records, ranks)
         finally:
             ranks.end()
-        self.hang = Hang(hang.kind, hang.bound_s, hang.silent, hang.node, hang.ranks, stacks)
+        rank_of = {RunDir(self.run_dir).stack_file(self.job_id, self.restart, rank).name: rank for rank in self.records}
+        answered = [rank_of[name] for name in map(os.path.basename, stacks) if name in rank_of]
+        quiet, node = unanswering_node(self.records, answered)
+        self.hang = Hang(hang.kind, hang.bound_s, hang.silent, hang.node or node, hang.ranks, stacks, quiet)
         self._record(self.hang, detected)
         return self.hang
 

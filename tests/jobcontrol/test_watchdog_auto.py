@@ -319,3 +319,35 @@ def test_a_rank_is_slow_only_when_it_is_behind_by_more_than_a_few_milliseconds(b
     for window in range(SLOW_WINDOWS):
         slow.observe(busy_records(busy, dict.fromkeys(nodes, (window + 1) * BUSY_WINDOW), nodes), T0 + window)
     assert list(slow.named) == named
+
+
+@pytest.mark.parametrize("nodes, answered, quiet, node", [
+    ({0: "a", 1: "a", 2: "b", 3: "b"}, {0, 1}, (2, 3), "b"),      # both of b's ranks answered nothing: b
+    ({0: "a", 1: "a", 2: "b", 3: "b"}, {0, 1, 3}, (2,), None),     # one of b's answered: no node to blame
+    ({0: "a", 1: "a", 2: "b", 3: "c"}, {0, 1}, (2, 3), None),      # two nodes
+    ({0: "a", 1: "b"}, set(), (), None),                            # none answered: nothing stands out
+    ({0: "a", 1: "b"}, {0, 1}, (), None),
+])
+def test_ranks_that_write_no_stack_when_others_do_point_at_their_node(nodes, answered, quiet, node):
+    from launcher.jobcontrol.watchdog import unanswering_node
+
+    records = {rank: beat(rank, 29, T0, node=n) for rank, n in nodes.items()}
+    assert unanswering_node(records, answered) == (quiet, node)
+
+
+def test_a_hang_whose_stopped_ranks_wrote_no_stack_names_them_and_their_node(tmp_path, monkeypatch):
+    """Every rank silent at step 29 (its peers wait in a collective for it): the heartbeats
+    single out no one. dnode2's ranks, stopped (SIGSTOP, a frozen host), write no stack."""
+    watch = Watch(tmp_path, "7", 0, limits=AUTO, world_size=4, started=T0, clock=lambda: T0)
+    watch.records = {rank: beat(rank, 29, T0 - 700, node="dnode1" if rank < 2 else "dnode2") for rank in range(4)}
+    monkeypatch.setattr("launcher.jobcontrol.watchdog.write_stacks",
+                        lambda *args: ["logs/stack-7_0_0.txt", "logs/stack-7_0_1.txt"])
+    ranks = type("Ranks", (), {"signal": lambda self, signum: None, "end": lambda self: None})()
+    hang = find_hang(watch.records, now=T0, started=T0 - 800, limits=AUTO, world_size=4)
+    assert hang is not None and hang.node is None
+    written = watch.act(hang, ranks)
+    assert written.node == "dnode2" and written.unanswered == (2, 3)
+    record = json.loads((tmp_path / "hang.json").read_text())
+    assert record["node"] == "dnode2"
+    assert record["detail"].endswith("; rank(s) 2, 3 on dnode2 wrote no stack when asked (stopped, or stuck in the "
+                                     "kernel))")
