@@ -180,8 +180,11 @@ class Killed:
 
     signum: int
     rank: int | None = None
+    cancelled_step: str | None = None   # JOB.STEP where someone's scancel of the step ended it
 
     def __str__(self) -> str:
+        if self.cancelled_step is not None:
+            return f"job step {self.cancelled_step} was cancelled (scancel of the step, not of the job)"
         try:
             name = signal.Signals(self.signum).name
         except ValueError:
@@ -354,7 +357,10 @@ def note_killed_first(run_dir: Path, job_id: str | None, restart: int) -> None:
         return
     if not per_rank:
         return
-    first = first_task_line(batch_log_tail(RunDir(run_dir).batch_log(job_id)))
+    log = batch_log_tail(RunDir(run_dir).batch_log(job_id))
+    if cancelled_step_in_log(log) is not None:
+        return      # someone's scancel of the step ended every task: no rank was first
+    first = first_task_line(log)
     if first is not None and started_again(run_dir, job_id, restart, first[0]):
         return      # its loss was recovered (recovery.peer): a later failure is the start's
     record = killed_first(crash_in(run_dir, restart), first, restart)
@@ -375,8 +381,23 @@ def killed_in_step(run_dir: Path, job_id: str | None, step_status: int) -> Kille
         per_rank = read_task_spec(run_dir).launcher == "srun"
     except TaskSpecError:
         per_rank = False
-    task = first_signalled_task(batch_log_tail(RunDir(run_dir).batch_log(job_id))) if per_rank else None
-    return dataclasses.replace(killed, rank=task)
+    log = batch_log_tail(RunDir(run_dir).batch_log(job_id))
+    task = first_signalled_task(log) if per_rank else None
+    return dataclasses.replace(killed, rank=task, cancelled_step=cancelled_step_in_log(log))
+
+
+# slurmstepd's line when one step is cancelled (`scancel JOB.STEP`: "*** STEP 12.0 ON n1
+# CANCELLED AT ... ***"); the watchdog's `scancel --signal` sends a signal, which writes none.
+STEP_CANCELLED = re.compile(r"^slurmstepd(?:-[A-Za-z0-9._-]{1,100})?: error: \*\*\* STEP ([0-9]{1,12}\.[0-9]{1,9}) "
+                            r"ON [A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT (?:(?!DUE TO)[^*\n]){1,40} \*\*\*$",
+                            re.MULTILINE)
+
+
+def cancelled_step_in_log(batch_log: str) -> str | None:
+    """Pure: the step (JOB.STEP) slurmstepd says was cancelled in this start's part of the
+    batch log, or None."""
+    match = STEP_CANCELLED.search(batch_log.rsplit("glaunch: start ", 1)[-1])
+    return match.group(1) if match else None
 
 
 def next_start(outcome: Outcome, mode: str) -> str | None:

@@ -195,3 +195,19 @@ def test_a_cancelled_start_keeps_crash_json_as_the_ranks_wrote_it(tmp_path, isol
     end_of_start(run_dir, StepEnd(137), "1000", 0)
     assert registry.read(run_dir).starts[0].state == "CANCELLED"
     assert json.loads(RunDir(run_dir).crash_file.read_text()) == PEER_ERROR
+
+
+def test_a_step_cancelled_by_hand_is_said_so_not_as_an_out_of_memory_kill(tmp_path, isolated_env, monkeypatch):
+    """`scancel JOB.0` (an administrator ending one step): srun's tasks end by SIGKILL; the
+    start's crash names the cancelled step (slurmstepd's STEP line), not the OOM killer."""
+    run_dir = started_run(tmp_path)
+    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
+    RunDir(run_dir).batch_log("1000").write_text("glaunch: start 0: ...\n" + STEP.replace("1000.0", "1000.0") + "\n"
+                                                 "srun: error: node1: tasks 0-1: Killed\n")
+    spec = type("Spec", (), {"launcher": "srun", "world_size": 2, "ranks_per_node": 2, "exclude_bad_nodes": False})()
+    monkeypatch.setattr(jobend, "read_task_spec", lambda path: spec)
+    end_of_start(run_dir, StepEnd(137), "1000", 0)
+    start = registry.read(run_dir).starts[0]
+    assert (start.state, start.reason) == ("FAILED", "crash")
+    assert start.detail == "job step 1000.0 was cancelled (scancel of the step, not of the job)"
+    assert jobend.cancelled_step_in_log(STEP + "\n" + EARLIER_START) is None
