@@ -217,10 +217,16 @@ SRUN_EXITED = "Exited with exit code"
 BATCH_LOG_TAIL_BYTES = 65536
 
 
+def this_start(batch_log: str) -> str:
+    """Pure: this start's part of the batch log, after the last line a start's end or
+    restart wrote ("glaunch: start ...")."""
+    return batch_log.rsplit("glaunch: start ", 1)[-1]
+
+
 def first_signalled_task(batch_log: str) -> int | None:
     """Pure: the task srun says a signal ended first, in this start's part of the batch log
     (after the last line a start's end or restart wrote, "glaunch: start ..."), or None."""
-    part = batch_log.rsplit("glaunch: start ", 1)[-1]
+    part = this_start(batch_log)
     for line in part.splitlines():
         match = SRUN_TASK_LINE.fullmatch(line.strip())
         if match and not match.group(3).startswith(SRUN_EXITED):
@@ -233,7 +239,9 @@ def first_signalled_task(batch_log: str) -> int | None:
 # ends of a job add why (" DUE TO TIME LIMIT", "DUE TO PREEMPTION", "DUE TO JOB REQUEUE"),
 # and a signal sent with `scancel --signal` (the watchdog's) writes no such line.
 # (The time is as slurmd's SLURM_TIME_FORMAT writes it: any text but a reason.)
-JOB_CANCELLED = re.compile(r"^slurmstepd(?:-[A-Za-z0-9._-]{1,100})?: error: \*\*\* JOB ([0-9]{1,12}) ON "
+# slurmstepd's error line about a job or step ("slurmstepd-n1: error: *** ").
+SLURMSTEPD_NOTICE = r"^slurmstepd(?:-[A-Za-z0-9._-]{1,100})?: error: \*\*\* "
+JOB_CANCELLED = re.compile(SLURMSTEPD_NOTICE + r"JOB ([0-9]{1,12}) ON "
                            r"[A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT (?:(?!DUE TO)[^*\n]){1,40} \*\*\*$",
                            re.MULTILINE)
 
@@ -245,7 +253,7 @@ NODE_FAILURE = "node failure"
 # (srun names the failed nodes as a hostlist: "dnode[2-3]" names no one node to blame.)
 SRUN_NODE_FAILURE = re.compile(r"^srun: error: Node failure on ([A-Za-z0-9][A-Za-z0-9._,\[\]-]{0,199})$",
                                re.MULTILINE)
-JOB_NODE_FAILURE = re.compile(r"^slurmstepd(?:-[A-Za-z0-9._-]{1,100})?: error: \*\*\* JOB [0-9]{1,12} ON "
+JOB_NODE_FAILURE = re.compile(SLURMSTEPD_NOTICE + r"JOB [0-9]{1,12} ON "
                               r"[A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT [^*\n]{1,40} DUE TO NODE FAILURE",
                               re.MULTILINE)
 
@@ -254,7 +262,7 @@ def failed_node_in_log(batch_log: str) -> str | None:
     """Pure: the node whose failure srun or slurmstepd names in this start's part of the
     batch log (after the last "glaunch: start " line): its name; "" where only the job's
     end says a node failed; None where nothing says so."""
-    part = batch_log.rsplit("glaunch: start ", 1)[-1]
+    part = this_start(batch_log)
     named = SRUN_NODE_FAILURE.search(part)
     if named:
         return named.group(1)
@@ -266,7 +274,7 @@ def cancelled_in_log(batch_log: str, job_id: str | None) -> bool:
     "glaunch: start " line), that job `job_id` was cancelled: a user's scancel, which
     glaunch's own mark does not name. An array element's line names its own job id, which
     `job_id` (ARRAY_TASK) does not spell: any cancel line of the job's own log counts then."""
-    part = batch_log.rsplit("glaunch: start ", 1)[-1]
+    part = this_start(batch_log)
     own = None if job_id is None or not job_id.isdigit() else job_id
     return any(own is None or match.group(1) == own for match in JOB_CANCELLED.finditer(part))
 
@@ -312,7 +320,7 @@ def first_task_line(batch_log: str) -> tuple[int, str, str] | None:
     """Pure: (task, node, srun's words) of the first task srun says ended in this start's
     part of the batch log, where a signal ended it (not "Exited with exit code N"); None
     where the first ended by itself, or srun named none."""
-    part = batch_log.rsplit("glaunch: start ", 1)[-1]
+    part = this_start(batch_log)
     for line in part.splitlines():
         match = SRUN_TASK_LINE.fullmatch(line.strip())
         if match:
@@ -388,7 +396,7 @@ def killed_in_step(run_dir: Path, job_id: str | None, step_status: int) -> Kille
 
 # slurmstepd's line when one step is cancelled (`scancel JOB.STEP`: "*** STEP 12.0 ON n1
 # CANCELLED AT ... ***"); the watchdog's `scancel --signal` sends a signal, which writes none.
-STEP_CANCELLED = re.compile(r"^slurmstepd(?:-[A-Za-z0-9._-]{1,100})?: error: \*\*\* STEP ([0-9]{1,12}\.[0-9]{1,9}) "
+STEP_CANCELLED = re.compile(SLURMSTEPD_NOTICE + r"STEP ([0-9]{1,12}\.[0-9]{1,9}) "
                             r"ON [A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT (?:(?!DUE TO)[^*\n]){1,40} \*\*\*$",
                             re.MULTILINE)
 
@@ -396,7 +404,7 @@ STEP_CANCELLED = re.compile(r"^slurmstepd(?:-[A-Za-z0-9._-]{1,100})?: error: \*\
 def cancelled_step_in_log(batch_log: str) -> str | None:
     """Pure: the step (JOB.STEP) slurmstepd says was cancelled in this start's part of the
     batch log, or None."""
-    match = STEP_CANCELLED.search(batch_log.rsplit("glaunch: start ", 1)[-1])
+    match = STEP_CANCELLED.search(this_start(batch_log))
     return match.group(1) if match else None
 
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, MutableMapping, Sequence
 
+from launcher.jobcontrol.jobend import crash_in, this_start
 from launcher.rundir import envnames
 from launcher.rundir.files import atomic_write_text, read_json
 from launcher.rundir.layout import RunDir
@@ -144,9 +145,8 @@ def replacement_words(srun: Sequence[str], task: Sequence[str], new: Replacement
 def failed_tasks(batch_log: str) -> set[int] | None:
     """Pure: the tasks srun says failed, in this start's part of the batch log (after the
     last "glaunch: start " line); None when a line names them in a form not read here."""
-    part = batch_log.rsplit("glaunch: start ", 1)[-1]
     tasks: set[int] = set()
-    for match in SRUN_FAILED.finditer(part):
+    for match in SRUN_FAILED.finditer(this_start(batch_log)):
         for piece in match.group(1).split(","):
             low, _, high = piece.partition("-")
             if not low.isdigit() or (high and not high.isdigit()):
@@ -384,8 +384,6 @@ def _end_if_not_started(run_dir: Path, replacements: Replacements, job_id: str, 
         return False
     rank, node, why = found
     say(f"rank {rank} could not be started again on {node} ({why}): the step ends")
-    from launcher.jobcontrol.jobend import crash_in
-
     if crash_in(run_dir, restart) is None:
         # Else a task's own failure came first (the step may be ending for it already, and
         # Slurm then refuses new steps): crash.json names it.

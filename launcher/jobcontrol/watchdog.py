@@ -683,7 +683,8 @@ class Watch:
             ranks.end()
         rank_of = {RunDir(self.run_dir).stack_file(self.job_id, self.restart, rank).name: rank for rank in self.records}
         answered = [rank_of[name] for name in map(os.path.basename, stacks) if name in rank_of]
-        quiet, node = unanswering_node(self.records, answered)
+        # Only where the heartbeats single out no node: the hang's node is then the quiet ranks'.
+        quiet, node = unanswering_node(self.records, answered) if hang.node is None else ((), None)
         self.hang = Hang(hang.kind, hang.bound_s, hang.silent, hang.node or node, hang.ranks, stacks, quiet)
         self._record(self.hang, detected)
         return self.hang

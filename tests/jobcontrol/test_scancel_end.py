@@ -132,17 +132,32 @@ def test_the_first_task_srun_says_a_signal_ended(log, first):
     assert jobend.first_task_line(log) == first
 
 
+def ended_under_srun(tmp_path, monkeypatch, batch_log: str, status: int, crash: dict | None = None,
+                     started_again: tuple[int, ...] = ()):
+    """A run of 4 ranks under launcher srun whose start 0 ended with `status`, its batch log
+    ending as `batch_log`, crash.json as `crash` wrote it (none: no rank wrote one), the
+    ranks `started_again` asked for by their peers (recovery.peer); the run directory, once
+    the start's end is recorded."""
+    run_dir = started_run(tmp_path)
+    if crash is not None:
+        RunDir(run_dir).crash_file.write_text(json.dumps(crash))
+    for rank in started_again:
+        request = RunDir(run_dir).peer_replace_request("1000", 0, 1, rank)
+        request.parent.mkdir(parents=True, exist_ok=True)
+        request.write_text("{}")
+    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
+    RunDir(run_dir).batch_log("1000").write_text("glaunch: start 0: ...\n" + batch_log)
+    spec = type("Spec", (), {"launcher": "srun", "world_size": 4, "ranks_per_node": 2, "exclude_bad_nodes": False})()
+    monkeypatch.setattr(jobend, "read_task_spec", lambda path: spec)
+    end_of_start(run_dir, StepEnd(status), "1000", 0)
+    return run_dir
+
+
 def test_a_task_killed_first_is_the_start_s_first_failure_not_the_peer_that_lost_it(tmp_path, isolated_env,
                                                                                    monkeypatch):
     """kill -9 of rank 2: srun names it first; rank 3's crash.json says only that its peer
     went away. The start's end names rank 2, killed, and blames its node."""
-    run_dir = started_run(tmp_path)
-    RunDir(run_dir).crash_file.write_text(json.dumps(PEER_ERROR))
-    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
-    RunDir(run_dir).batch_log("1000").write_text("glaunch: start 0: ...\n" + KILLED_FIRST)
-    spec = type("Spec", (), {"launcher": "srun", "world_size": 4, "ranks_per_node": 2, "exclude_bad_nodes": False})()
-    monkeypatch.setattr(jobend, "read_task_spec", lambda path: spec)
-    end_of_start(run_dir, StepEnd(137), "1000", 0)
+    run_dir = ended_under_srun(tmp_path, monkeypatch, KILLED_FIRST, 137, PEER_ERROR)
     start = registry.read(run_dir).starts[0]
     assert (start.state, start.reason) == ("FAILED", "crash")
     assert start.detail == "exit status 137; task 2 on dnode2: killed by SIGKILL (out of memory?)"
@@ -168,31 +183,15 @@ def test_a_rank_killed_then_started_again_by_its_peers_is_not_the_later_crash_s_
         tmp_path, isolated_env, monkeypatch):
     """recovery.peer: rank 3 was lost (srun: Killed) and started again; rank 1 crashed later
     on its own. crash.json (rank 1's) stands."""
-
-    run_dir = started_run(tmp_path)
     own = {"restart": 0, "job_id": "1000", "task": 1, "node": "dnode1", "error": "ValueError: bad batch"}
-    RunDir(run_dir).crash_file.write_text(json.dumps(own))
-    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
-    RunDir(run_dir).batch_log("1000").write_text("glaunch: start 0: ...\nsrun: error: dnode2: task 3: Killed\n"
-                                                 "srun: error: dnode1: task 1: Exited with exit code 1\n")
-    request = RunDir(run_dir).peer_replace_request("1000", 0, 1, 3)
-    request.parent.mkdir(parents=True)
-    request.write_text("{}")
-    spec = type("Spec", (), {"launcher": "srun", "world_size": 4, "ranks_per_node": 2, "exclude_bad_nodes": False})()
-    monkeypatch.setattr(jobend, "read_task_spec", lambda path: spec)
-    end_of_start(run_dir, StepEnd(1), "1000", 0)
+    run_dir = ended_under_srun(tmp_path, monkeypatch, "srun: error: dnode2: task 3: Killed\n"
+                               "srun: error: dnode1: task 1: Exited with exit code 1\n", 1, own, started_again=(3,))
     assert json.loads(RunDir(run_dir).crash_file.read_text()) == own
     assert registry.read(run_dir).starts[0].detail == "exit status 1; task 1 on dnode1: ValueError: bad batch"
 
 
 def test_a_cancelled_start_keeps_crash_json_as_the_ranks_wrote_it(tmp_path, isolated_env, monkeypatch):
-    run_dir = started_run(tmp_path)
-    RunDir(run_dir).crash_file.write_text(json.dumps(PEER_ERROR))
-    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
-    RunDir(run_dir).batch_log("1000").write_text("glaunch: start 0: ...\n" + KILLED_FIRST + CANCELLED + "\n")
-    spec = type("Spec", (), {"launcher": "srun", "world_size": 4, "ranks_per_node": 2, "exclude_bad_nodes": False})()
-    monkeypatch.setattr(jobend, "read_task_spec", lambda path: spec)
-    end_of_start(run_dir, StepEnd(137), "1000", 0)
+    run_dir = ended_under_srun(tmp_path, monkeypatch, KILLED_FIRST + CANCELLED + "\n", 137, PEER_ERROR)
     assert registry.read(run_dir).starts[0].state == "CANCELLED"
     assert json.loads(RunDir(run_dir).crash_file.read_text()) == PEER_ERROR
 
@@ -200,13 +199,7 @@ def test_a_cancelled_start_keeps_crash_json_as_the_ranks_wrote_it(tmp_path, isol
 def test_a_step_cancelled_by_hand_is_said_so_not_as_an_out_of_memory_kill(tmp_path, isolated_env, monkeypatch):
     """`scancel JOB.0` (an administrator ending one step): srun's tasks end by SIGKILL; the
     start's crash names the cancelled step (slurmstepd's STEP line), not the OOM killer."""
-    run_dir = started_run(tmp_path)
-    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
-    RunDir(run_dir).batch_log("1000").write_text("glaunch: start 0: ...\n" + STEP.replace("1000.0", "1000.0") + "\n"
-                                                 "srun: error: node1: tasks 0-1: Killed\n")
-    spec = type("Spec", (), {"launcher": "srun", "world_size": 2, "ranks_per_node": 2, "exclude_bad_nodes": False})()
-    monkeypatch.setattr(jobend, "read_task_spec", lambda path: spec)
-    end_of_start(run_dir, StepEnd(137), "1000", 0)
+    run_dir = ended_under_srun(tmp_path, monkeypatch, STEP + "\nsrun: error: node1: tasks 0-1: Killed\n", 137)
     start = registry.read(run_dir).starts[0]
     assert (start.state, start.reason) == ("FAILED", "crash")
     assert start.detail == "job step 1000.0 was cancelled (scancel of the step, not of the job)"
