@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -238,6 +239,26 @@ def processes_mentioning(text: str) -> list[str]:
         if text in cmdline and "pytest" not in cmdline:
             found.append(f"{proc_dir.name}: {cmdline}")
     return found
+
+
+def kill_step_daemons(job_id: str, step: int, run_dir: Path) -> int:
+    """SIGKILL the slurmstepd of job step JOB.STEP whose tasks are those of `run_dir` (by
+    their GLAUNCH_RUN_DIR: another cluster's job may have the same number), as the OOM killer
+    or an administrator may take a node's: the tasks run on, orphaned, and srun waits for
+    word of them that never comes. How many daemons were killed."""
+    title, wanted = f"slurmstepd: [{job_id}.{step}]", f"GLAUNCH_RUN_DIR={run_dir}".encode()
+    killed = 0
+    for proc_dir in Path("/proc").iterdir():
+        try:
+            if not proc_dir.name.isdigit() or (proc_dir / "cmdline").read_bytes().rstrip(b"\0") != title.encode():
+                continue
+            children = (proc_dir / "task" / proc_dir.name / "children").read_text().split()
+            if any(wanted in Path(f"/proc/{child}/environ").read_bytes().split(b"\0") for child in children):
+                os.kill(int(proc_dir.name), signal.SIGKILL)
+                killed += 1
+        except (OSError, ProcessLookupError):
+            continue
+    return killed
 
 
 def read_json(path: Path) -> dict:

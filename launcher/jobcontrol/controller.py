@@ -242,7 +242,8 @@ class Edge(Protocol):
     def submit_next(self, script: Path, after: str, exclude: Sequence[str]) -> str | None: ...
     def cancel(self, args: list[str]) -> bool: ...
     def watch(self, run_dir: Path, stop: threading.Event, allocation: Sequence[str],
-              in_use: Sequence[str]) -> None: ...
+              in_use: Sequence[str], end_step: Callable[[], None]) -> None: ...
+    def end_step(self) -> None: ...
     def replace(self, job: JobSteps, stop: threading.Event, nodes: Sequence[str],
                 env: MutableMapping[str, str], spares: Sequence[str]) -> int: ...
     def end_on_term(self) -> None: ...
@@ -343,9 +344,9 @@ class SlurmEdge:
         return self._ask(["scancel", *args]) is not None
 
     def watch(self, run_dir: Path, stop: threading.Event, allocation: Sequence[str],
-              in_use: Sequence[str]) -> None:
+              in_use: Sequence[str], end_step: Callable[[], None]) -> None:
         watchdog.watch_slurm(str(run_dir), stop=stop.is_set, allocation=allocation, in_use=in_use,
-                             cancel=self.cancel)
+                             cancel=self.cancel, end_step=end_step)
 
     def replace(self, job: JobSteps, stop: threading.Event, nodes: Sequence[str],
                 env: MutableMapping[str, str], spares: Sequence[str]) -> int:
@@ -397,6 +398,7 @@ class Controller:
         self.kill_wait_s = float(DEFAULT_KILL_WAIT_S)
         self.term_at: float | None = None       # time.monotonic() of a SIGTERM not yet looked into
         self.leave_at: float | None = None      # the time limit's: when its step stops being waited for
+        self.outlived = False      # the watchdog ended the running step: it outlived every rank's exit
 
     def on_signal(self, signum: int, _frame: Any = None) -> None:
         """SIGTERM or SIGUSR2 to the batch script: passed on to the running step. A SIGTERM
@@ -456,7 +458,8 @@ class Controller:
             if taken is None and self.at_time_limit:
                 taken = TakenBack.TIMED_OUT
             end = StepEnd(status, taken in (TakenBack.PREEMPTED, TakenBack.REQUEUED), started,
-                          allocation if self.job.requeue else (), nodes, timed_out=taken is TakenBack.TIMED_OUT)
+                          allocation if self.job.requeue else (), nodes, timed_out=taken is TakenBack.TIMED_OUT,
+                          outlived=self.outlived)
             try:
                 road = jobend.end_of_start(self.job.run_dir, end, job_id, restart)
             except (RunError, RecordError, OSError, ValueError) as exc:
@@ -487,8 +490,10 @@ class Controller:
         thread that starts lost ranks again): srun's status, or 0 where only ranks started
         again failed and their new processes ended well."""
         stop = threading.Event()
+        self.outlived = False
         watch = threading.Thread(target=self.edge.watch, name="glaunch-watchdog", daemon=True,
-                                 args=(self.job.run_dir, stop, allocation if self.job.requeue else (), nodes))
+                                 args=(self.job.run_dir, stop, allocation if self.job.requeue else (), nodes,
+                                       self.end_outlived_step))
         watch.start()
         replaced: list[int] = []
         replacer = None
@@ -514,6 +519,12 @@ class Controller:
                   "ended well: the step's is 0", flush=True)
             return 0
         return status
+
+    def end_outlived_step(self) -> None:
+        """The watchdog's, for a step that outlived every rank's exit: srun ends it (it waits
+        out the step's end up to KillWait, then gives up on a slurmstepd that is gone)."""
+        self.outlived = True
+        self.edge.end_step()
 
     def finish(self, action: str, road: NextRoad, job_id: str | None, restart: int,
                taken: TakenBack | None = None) -> int:

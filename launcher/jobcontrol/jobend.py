@@ -451,6 +451,20 @@ def used_runtime(run_dir: Path, job_id: str | None, restart: int) -> bool:
     return False
 
 
+# The detail of a start whose step glaunch ended after every rank had exited
+# (watchdog.step_outlives_ranks).
+OUTLIVED = "every rank had exited and the step still ran (a node's slurmstepd gone?): glaunch ended it"
+
+
+def outlived_step_status(status: int, batch_log: str, crashed: bool) -> int:
+    """Pure: the status of a step glaunch ended after every rank had exited: 0 where no task
+    failed, as far as srun (no task line in this start's part of the batch log) and the
+    ranks (`crashed`: crash.json of this start) tell, for srun's own status then says only
+    that it was ended; else srun's."""
+    failed = any(SRUN_TASK_LINE.fullmatch(line.strip()) for line in this_start(batch_log).splitlines())
+    return status if failed or crashed else 0
+
+
 def crash_in(run_dir: Path, restart: int) -> dict | None:
     """crash.json, if a task of this start wrote it."""
     return _of_restart(read_json(RunDir(run_dir).crash_file), restart)
@@ -679,6 +693,7 @@ class StepEnd:
     allocation: tuple[str, ...] = ()
     step_nodes: tuple[str, ...] = ()
     timed_out: bool = False
+    outlived: bool = False      # glaunch ended the step, which outlived every rank's exit
 
 
 @dataclass(frozen=True)
@@ -786,7 +801,11 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
     allocation)."""
     stop = stopped_in(run_dir, restart)
     hang = watchdog.hang_in(run_dir, restart)
-    failed = failed_node_in_log(batch_log_tail(RunDir(run_dir).batch_log(ctx_job_id))) if ctx_job_id else None
+    batch_log = batch_log_tail(RunDir(run_dir).batch_log(ctx_job_id)) if ctx_job_id else ""
+    failed = failed_node_in_log(batch_log) if ctx_job_id else None
+    if args.outlived:
+        args = dataclasses.replace(args, status=outlived_step_status(args.status, batch_log,
+                                                                     crash_in(run_dir, restart) is not None))
     with registry.updating(run_dir) as record:
         # Only an id of Slurm's shape goes into run.json (it may reach scancel later).
         job_id = ctx_job_id if is_job_id(ctx_job_id) else record.job_id
@@ -809,6 +828,8 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None,
             runtime=used_runtime(run_dir, ctx_job_id or job_id, restart), failed_node=failed)
         outcome = with_crash_note(outcome, run_dir, restart, ctx_job_id or job_id)
+        if args.outlived:
+            outcome = dataclasses.replace(outcome, detail="; ".join(x for x in (outcome.detail, OUTLIVED) if x))
         # A lost rank that could not be started again is the failure: its peers' crash.json
         # says only how the ended step stopped them, on nodes that did nothing wrong.
         bad = blamed_node(outcome.reason, first_failure_record(run_dir, restart, ctx_job_id or job_id), hang, swap,

@@ -135,6 +135,11 @@ DONE_STATES = frozenset({"stopped", "finished"})
 # rank handles (launcher.runtime.task.WARNING_SIGNAL; forwarded by torchrun's agent).
 STOP_SIGNAL = signal.SIGUSR2
 STEP_ID = re.compile(r"[0-9]{1,10}")      # a Slurm job step's number (isdigit() would take any script's digits)
+# srun returns within seconds of its last task's exit, once every node's slurmstepd has said
+# so. A step that outlives every rank's exit by this long waits for a slurmstepd that is
+# gone (killed, or its node's slurmd restarted), or for a rank stuck in its teardown after
+# its exit handlers: left alone, it holds the allocation to the time limit.
+OUTLIVED_S = 30.0
 
 
 # --- the decision: pure ---------------------------------------------------------------------
@@ -363,6 +368,20 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
     return Hang(kind, bound, silent, blamed_node(silent, records, len(ranks)), len(ranks))
 
 
+def step_outlives_ranks(records: Mapping[int, Mapping[str, Any]], world_size: int | None, *, now: float,
+                        grace_s: float = OUTLIVED_S) -> float | None:
+    """Pure: how long ago the last of the start's ranks exited, where every one of them has
+    (its record's ``exited``, which its exit handler writes) and the last at least `grace_s`
+    before `now`; else None. A rank without a record, or whose record has no exit, may still
+    run (a script that reports no steps writes no exit either)."""
+    ranks = set(records) | set(range(world_size or 0))
+    exits = [_seconds(records.get(rank, {}).get("exited")) for rank in ranks]
+    if not exits or any(exited is None for exited in exits):
+        return None
+    since = now - max(e for e in exits if e is not None)
+    return since if since >= grace_s else None
+
+
 def watched_ranks(records: Mapping[int, Mapping[str, Any]], world_size: int | None) -> set[int]:
     """The ranks whose silence is evidence: every rank of the start, where the ranks report
     through the runtime; only those with a report of their own where the steps come from a
@@ -558,7 +577,16 @@ class Watch:
                 self._note({})
             return None
         now = self.clock()
-        self.records = {}
+        self.records = self._read_records(now)
+        self.bounds = bounds_in_force(self.records, self.limits)
+        self.slow.observe(self.records, now)
+        self._note(self.records)
+        return find_hang(self.records, now=now, started=self.started, limits=self.limits,
+                         world_size=self.world_size, bounds=self.bounds, recovering_at=self._recovering_at())
+
+    def _read_records(self, now: float) -> dict[int, dict[str, Any]]:
+        """This start's heartbeats, each checked (one that is not is said once, and skipped)."""
+        records: dict[int, dict[str, Any]] = {}
         for rank, path in RunDir(self.run_dir).heartbeats():
             record = read_heartbeat(path)
             if record is None or not of_start(record, self.job_id, self.restart):
@@ -570,12 +598,15 @@ class Watch:
             except ValueError as exc:
                 self._say_once(path, f"{path} skipped: {exc}")
                 continue
-            self.records[rank] = checked
-        self.bounds = bounds_in_force(self.records, self.limits)
-        self.slow.observe(self.records, now)
-        self._note(self.records)
-        return find_hang(self.records, now=now, started=self.started, limits=self.limits,
-                         world_size=self.world_size, bounds=self.bounds, recovering_at=self._recovering_at())
+            records[rank] = checked
+        return records
+
+    def outlived_s(self) -> float | None:
+        """How long the step has outlived every rank of this start (step_outlives_ranks),
+        from the records :meth:`check` read, or, with the watch off, read now."""
+        now = self.clock()
+        records = self._read_records(now) if self.off else self.records
+        return step_outlives_ranks(records, self.world_size, now=now)
 
     def _recovering_at(self) -> float | None:
         """When a rank of this start last asked for a lost rank's process (peer-replace/)."""
@@ -797,11 +828,14 @@ def scancel(args: list[str]) -> bool:
 
 
 def watch_slurm(run_dir: str, *, stop: Callable[[], bool], allocation: Sequence[str] = (),
-                in_use: Sequence[str] = (), cancel: Callable[[list[str]], object] = scancel) -> int:
+                in_use: Sequence[str] = (), cancel: Callable[[list[str]], object] = scancel,
+                end_step: Callable[[], None] | None = None) -> int:
     """Watch this start's step until `stop()`: end it when it hangs; with slow_node: exclude,
     stop it to swap a slow node of `in_use` (the step's nodes) for a spare of `allocation`
     (the job's nodes; empty: no restart in the allocation, so no swap). `cancel` runs
-    scancel (the job controller's, in the same process)."""
+    scancel (the job controller's, in the same process). `end_step` ends the step where it
+    outlives every rank's exit (step_outlives_ranks), the watch off or on: srun then waits
+    for a slurmstepd that will never answer."""
     try:
         ctx = context()
     except RuntimeConfigError as exc:
@@ -817,7 +851,13 @@ def watch_slurm(run_dir: str, *, stop: Callable[[], bool], allocation: Sequence[
     watch = Watch(run_dir, ctx.job_id, ctx.restart)
     while not stop():
         hang = watch.check()
-        if watch.off and not watch.follows_log:
+        outlived = watch.outlived_s() if end_step is not None else None
+        if outlived is not None and end_step is not None:
+            log(f"every rank of start {watch.restart} exited, the last {outlived:.0f} s ago, and its step still "
+                "runs (a node's slurmstepd is gone, or a rank is stuck after its exit): ending the step")
+            end_step()
+            return 0
+        if watch.off and not watch.follows_log and end_step is None:
             return 0
         if hang is not None:
             watch.act(hang, SlurmSteps(slurm_job, lambda: watch.records, cancel))

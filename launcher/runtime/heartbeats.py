@@ -17,6 +17,10 @@ it also replaces ``<run dir>/heartbeats/rank-RRRRR.json``::
 knows every rank before its first step), ``running``, ``saving`` (a checkpoint save that
 holds up the loop, :func:`saving`; ``saving_since`` when it began, ``save_ended`` when the
 last one ended), ``stopping`` (the save of an agreed stop), ``stopped``, ``finished``.
+``exited``: when the rank's interpreter began to exit (written once more by its exit
+handler, after its non-daemon threads ended): a step whose ranks have all exited and that
+Slurm still runs has lost a node's slurmstepd, or a rank is stuck in its teardown, and the
+watchdog ends it (:func:`launcher.jobcontrol.watchdog.step_outlives_ranks`).
 The batch host's watchdog (:mod:`launcher.jobcontrol.watchdog`) reads these files, each
 checked (:mod:`launcher.rundir.heartbeatrecord`), and its bounds from the job's task.json.
 
@@ -142,6 +146,7 @@ class Beats:
         self.wait_sources: list[Callable[[], float]] = []   # each: seconds waited for peers since asked last
         self.stop_decided: float | None = None
         self.announced_at: float | None = None   # when the script said it reports its steps (announce)
+        self.exited: float | None = None      # when the interpreter began to exit (its exit handler)
         self.state = "running"
         self.untimed = False                  # the interval in flight is no step's time (interrupted)
         self._random = random.Random(rank)
@@ -247,7 +252,8 @@ class Beats:
                 "checkpoint_step": self.checkpoint_step, "state": self.state, "written": time.time(),
                 "interval_s": self.interval_s, "host": self.host, "job_step": self.job_step,
                 "world_size": self.world_size, "saving_since": self.saving_since,
-                "save_ended": self.save_ended, "announced_at": self.announced_at, **self.pace()}
+                "save_ended": self.save_ended, "announced_at": self.announced_at, "exited": self.exited,
+                **self.pace()}
 
     def pace(self) -> dict[str, Any]:
         """What the watchdog's auto bound and slow-node report read (see the module's
@@ -406,6 +412,9 @@ def _at_exit() -> None:
     except Exception as exc:  # at exit: say it, never fail the process for it
         log(f"telemetry at exit failed: {type(exc).__name__}: {exc}")
     telemetry.stop_gpu_sampler()
+    if _beats is not None:
+        _beats.exited = time.time()
+        _beats.write()
 
 
 # --- the runtime's API ----------------------------------------------------------------------

@@ -204,3 +204,46 @@ def test_a_step_cancelled_by_hand_is_said_so_not_as_an_out_of_memory_kill(tmp_pa
     assert (start.state, start.reason) == ("FAILED", "crash")
     assert start.detail == "job step 1000.0 was cancelled (scancel of the step, not of the job)"
     assert jobend.cancelled_step_in_log(STEP + "\n" + EARLIER_START) is None
+
+
+# --- a step glaunch ended after every rank had exited (a node's slurmstepd gone) -----------
+
+# What srun 22.05 wrote when the step was ended with its two SIGINTs, node2's slurmstepd killed.
+OUTLIVED_STEP = """srun: interrupt (one more within 1 sec to abort)
+srun: StepId=1000.0 tasks 2-3: running
+srun: StepId=1000.0 tasks 0-1: exited
+srun: sending Ctrl-C to StepId=1000.0
+srun: forcing job termination
+srun: Job step aborted: Waiting up to 12 seconds for job step to finish.
+srun: error: Timed out waiting for job step to complete"""
+
+
+@pytest.mark.parametrize("log, crashed, status", [
+    (OUTLIVED_STEP, False, 0),                                          # no task failed: srun's 1 says only it was ended
+    (OUTLIVED_STEP, True, 1),                                           # a rank's crash.json: srun's status stands
+    ("srun: error: node2: task 3: Exited with exit code 3\n" + OUTLIVED_STEP, False, 1),
+    ("srun: error: node2: task 3: Exited with exit code 3\n" + EARLIER_START + OUTLIVED_STEP, False, 0),
+])
+def test_a_step_ended_after_its_ranks_exited_keeps_a_failure_srun_or_a_rank_reported(log, crashed, status):
+    assert jobend.outlived_step_status(1, log, crashed) == status
+
+
+def test_a_step_that_outlived_its_ranks_ends_as_they_did_and_says_why_glaunch_ended_it(tmp_path, isolated_env):
+    run_dir = started_run(tmp_path)
+    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
+    RunDir(run_dir).batch_log("1000").write_text(f"glaunch: start 0: ...\n{OUTLIVED_STEP}\n")
+    road = end_of_start(run_dir, StepEnd(1, outlived=True), "1000", 0)
+    assert road.line() == "done" and road.exit_code == 0
+    summary = api.status(str(run_dir))
+    assert summary["state"] == "COMPLETED"
+    assert jobend.OUTLIVED in summary["starts"][0]["detail"]
+    # A crash stays one: the ranks' own word.
+    (tmp_path / "crashed").mkdir()
+    run_dir = started_run(tmp_path / "crashed")
+    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
+    RunDir(run_dir).batch_log("1000").write_text(f"glaunch: start 0: ...\n{OUTLIVED_STEP}\n")
+    RunDir(run_dir).crash_file.write_text(json.dumps({"restart": 0, "job_id": "1000", "task": 1, "node": "node1",
+                                                      "error": "ValueError: boom"}))
+    end_of_start(run_dir, StepEnd(1, outlived=True), "1000", 0)
+    start = registry.read(run_dir).starts[0]
+    assert (start.state, start.reason) == ("FAILED", "crash") and jobend.OUTLIVED in start.detail

@@ -11,6 +11,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -31,8 +32,10 @@ class FakeEdge:
     and returns the next status; every other command is recorded."""
 
     def __init__(self, statuses: list[int], *, taken: TakenBack | None = None, requeue_ok: bool = True,
-                 successor: str | None = "5000") -> None:
+                 successor: str | None = "5000", outlive: frozenset[int] = frozenset()) -> None:
         self.statuses, self.taken = list(statuses), taken
+        self.outlive = outlive     # the steps (1, 2...) whose watchdog finds them outliving their ranks
+        self.ended = threading.Event()
         self.requeue_ok, self.successor = requeue_ok, successor
         self.steps: list[str] = []
         self.commands: list[str] = []
@@ -51,7 +54,14 @@ class FakeEdge:
     def run_step(self, argv, env, leave=lambda: False):
         nodes = next(a.split("=", 1)[1] for a in argv if a.startswith("--nodelist="))
         self.steps.append(f"{nodes} {env['GLAUNCH_RESTART']} {env.get('MASTER_ADDR')} {env.get('MASTER_PORT')}")
+        if len(self.steps) in self.outlive:     # srun waits until the watchdog's end_step
+            assert self.ended.wait(10)
+            self.ended.clear()
         return self.statuses.pop(0)
+
+    def end_step(self):
+        self.commands.append("step ended")
+        self.ended.set()
 
     def signal_step(self, signum):
         self.signals.append(signum)
@@ -72,8 +82,10 @@ class FakeEdge:
         self.commands.append("scancel " + " ".join(args))
         return True
 
-    def watch(self, run_dir, stop, allocation, in_use):
+    def watch(self, run_dir, stop, allocation, in_use, end_step):
         self.watched.append((tuple(allocation), tuple(in_use)))
+        if len(self.watched) in self.outlive:
+            end_step()
 
     def end_on_term(self):
         self.commands.append("SIGTERM ends")
@@ -134,6 +146,16 @@ def test_a_restart_runs_the_next_step_on_the_nodes_the_end_names(job_env, monkey
     assert "glaunch: start 1: a new step on n2,n3" in capsys.readouterr().out
     # The watchdog watched each step, with the allocation to find a spare in.
     assert edge.watched == [(("n1", "n2", "n3"), ("n1", "n2")), (("n1", "n2", "n3"), ("n2", "n3"))]
+
+
+def test_a_step_the_watchdog_ended_for_outliving_its_ranks_is_said_so_to_its_end_only(job_env, monkeypatch,
+                                                                                      tmp_path):
+    """The first step outlives its ranks (a node's slurmstepd gone): the watchdog ends it,
+    and its end knows; the next step, ended by itself, is not said to be."""
+    code, edge, ends = run_job(monkeypatch, tmp_path, [NextRoad("restart", ("n2", "n3")), NextRoad("done")],
+                               [1, 0], outlive=frozenset({1}))
+    assert code == 0 and edge.commands == ["step ended"]
+    assert [(e.status, e.outlived) for e, _ in ends] == [(1, True), (0, False)]
 
 
 def test_with_no_node_to_spare_the_job_requeues_without_it(job_env, monkeypatch, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -464,3 +465,54 @@ def test_hang_json_read_back_is_checked(tmp_path):
     os.unlink(rd.hang_file)
     os.mkfifo(rd.hang_file)
     assert hang_in(tmp_path, 0) is None
+
+
+# --- a step that outlives every rank's exit (a node's slurmstepd gone) ---------------------
+
+
+@pytest.mark.parametrize("exits, world_size, now, outlived", [
+    ({0: T0, 1: T0 + 5}, 2, T0 + 35, 30.0),         # the last exit 30 s ago: the step outlived it
+    ({0: T0, 1: T0 + 5}, 2, T0 + 34, None),         # within the grace srun takes to hear every node
+    ({0: T0, 1: None}, 2, T0 + 1000, None),         # a rank that has not exited may still run
+    ({0: T0}, 2, T0 + 1000, None),                  # a rank without a record may still run
+    ({}, 2, T0 + 1000, None),
+    ({}, None, T0 + 1000, None),
+])
+def test_a_step_outlives_its_ranks_only_once_every_one_exited_a_grace_ago(exits, world_size, now, outlived):
+    from launcher.jobcontrol.watchdog import step_outlives_ranks
+
+    records = {rank: beat(rank, 100, T0, state="finished", exited=at) for rank, at in exits.items()}
+    assert step_outlives_ranks(records, world_size, now=now, grace_s=30.0) == outlived
+
+
+def test_the_slurm_watchdog_ends_a_step_that_outlived_its_ranks_even_with_the_watch_off(tmp_path, monkeypatch,
+                                                                                      capsys):
+    """Every rank finished and exited 40 s ago (their exit handler's last beat), and srun
+    still waits: a node's slurmstepd is gone. The watch is off (no hang bound), and still
+    the step is ended; a rank's record that claims an exit it is not of this start is not read."""
+    import launcher.jobcontrol.watchdog as watchdog
+
+    write_task_spec(tmp_path, spec(tmp_path, watchdog_stall_s=0.0, watchdog_first_step_s=0.0))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("GLAUNCH_JOB_ID", "7")
+    monkeypatch.setenv("GLAUNCH_RESTART", "0")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    rd = RunDir(tmp_path)
+    rd.heartbeat_dir.mkdir()
+    exited = time.time() - 40
+    rd.heartbeat(0).write_bytes(heartbeat_bytes(beat(0, 50, exited, state="finished", exited=exited)))
+    rd.heartbeat(1).write_bytes(heartbeat_bytes(dict(beat(1, 50, exited, state="finished", exited=exited),
+                                                     restart=1)))
+    ended: list[int] = []
+    deadline = time.monotonic() + 3
+    assert watchdog.watch_slurm(str(tmp_path), stop=lambda: time.monotonic() > deadline, cancel=print,
+                                end_step=lambda: ended.append(1)) == 0
+    assert ended == []          # rank 1's exit is an earlier start's: it may still run
+    rd.heartbeat(1).write_bytes(heartbeat_bytes(beat(1, 50, exited, state="finished", exited=exited)))
+    deadline = time.monotonic() + 20
+    assert watchdog.watch_slurm(str(tmp_path), stop=lambda: bool(ended) or time.monotonic() > deadline,
+                                cancel=print, end_step=lambda: ended.append(1)) == 0
+    assert ended == [1]
+    err = capsys.readouterr().err
+    assert re.search(r"every rank of start 0 exited, the last 4[0-9] s ago, and its step still runs", err), err

@@ -3,7 +3,10 @@ sleeps inside its loop on the first start; the watchdog beside the job step (job
 finds the stall, gets every rank's stack through Slurm (scancel --signal), ends the step;
 jobend records the hang and, the hang pointing at no one node, starts a new job step on
 the same node in the same allocation (no requeue); the run resumes and ends bitwise like an
-uninterrupted run. And a slow rank with `watchdog.slow_node: exclude` and a spare node:
+uninterrupted run. That new step loses its slurmstepd as its ranks train (SIGKILL): the
+ranks run on to their end and exit, and srun, waiting for word from the lost daemon, would
+hold the allocation to its time limit; the watchdog ends the step once it has outlived
+every rank's exit, and the run completes, saying why its step was ended. And a slow rank with `watchdog.slow_node: exclude` and a spare node:
 the watchdog stops the start as soon as it names the rank, and the run goes on on the spare."""
 
 from __future__ import annotations
@@ -14,7 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from slurmkit import DEFAULTS, finish, job_id_of, read_json, start_submit, the_run_dir
+from launcher.jobcontrol.jobend import OUTLIVED
+from launcher.jobcontrol.watchdog import OUTLIVED_S
+from launcher.rundir.layout import read_heartbeat
+from slurmkit import DEFAULTS, finish, job_id_of, kill_step_daemons, read_json, start_submit, the_run_dir, wait_until
 from test_watchdog_local import EXPERIMENT, HANGING_SCRIPT, status_of, submit
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -43,6 +49,9 @@ def test_a_hung_rank_on_slurm_is_found_dumped_and_the_run_resumes_bitwise(tmp_pa
                         site=str(tmp_path / "slurm-site.yaml"), cluster=DEFAULTS)
     run_dir = the_run_dir(tmp_path / "runs")
     job_id = job_id_of(run_dir)
+    # Start 1's step (the allocation's second, JOB.1) loses its slurmstepd once its ranks train.
+    wait_until(lambda: _stepped_in_start(run_dir, 1), 600, "start 1's first step", interval=0.2)
+    assert kill_step_daemons(job_id, 1, run_dir) == 1, _batch_log(run_dir)
     code, stdout, stderr = finish(proc, job_id, timeout=900, cluster=DEFAULTS)
     assert code == 0, stdout[-2000:] + stderr[-3000:] + _batch_log(run_dir)
     record = read_json(run_dir / "run.json")
@@ -50,6 +59,10 @@ def test_a_hung_rank_on_slurm_is_found_dumped_and_the_run_resumes_bitwise(tmp_pa
     assert (first["state"], first["reason"]) == ("RESTARTED", "hang"), (first, _batch_log(run_dir))
     assert last["job_id"] == job_id and last["restart"] == 1 and last["nodes"] == first["nodes"], last
     assert (last["state"], last["reason"]) == ("COMPLETED", None), last
+    assert last["detail"] == OUTLIVED, (last, _batch_log(run_dir))
+    outlived = datetime.fromisoformat(last["ended"]).timestamp() - (run_dir / "result.json").stat().st_mtime
+    # The grace after the last exit, a poll, and srun's own wait for the lost daemon (KillWait).
+    assert OUTLIVED_S <= outlived < OUTLIVED_S + 60, outlived
 
     hang = first["hang"]
     assert hang["kind"] == "stall" and {s["rank"] for s in hang["silent"]} >= {1}
@@ -68,7 +81,13 @@ def test_a_hung_rank_on_slurm_is_found_dumped_and_the_run_resumes_bitwise(tmp_pa
     result, expected = read_json(run_dir / "result.json"), read_json(base_dir / "result.json")
     assert result["resumed_from"] == 10 and result["final_step"] == 30
     assert result["param_sha256"] == expected["param_sha256"]
-    print(f"detection latency {latency:.1f} s (stall_s {STALL_S}); Slurm run {time.time() - began:.0f} s")
+    print(f"detection latency {latency:.1f} s (stall_s {STALL_S}); step outlived its ranks' results by "
+          f"{outlived:.0f} s; Slurm run {time.time() - began:.0f} s")
+
+
+def _stepped_in_start(run_dir: Path, restart: int) -> bool:
+    beat = read_heartbeat(run_dir / "heartbeats" / "rank-00000.json")
+    return beat is not None and beat.get("restart") == restart and beat.get("step") is not None
 
 
 SLOW_STEPS = 120

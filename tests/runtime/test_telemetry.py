@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from launcher.rundir.layout import RunDir, heartbeat_bytes
+from launcher.rundir.layout import RunDir, heartbeat_bytes, read_heartbeat
 from launcher.rundir import startsummary
 from launcher.rundir.records import RunRecord
 from launcher.runtime import heartbeats, telemetry
@@ -124,6 +124,10 @@ def test_no_nvidia_smi_no_samples_no_error(tmp_path):
     assert proc.stderr == ""
     assert not list(tmp_path.glob("logs/*gpu*"))
     assert json.loads(RunDir(tmp_path).telemetry("12", 0, 0).read_text())["reason"] == "exit"   # atexit
+    # The exit handler's last beat says the process exited (and when): a step that outlives
+    # every rank's exit has lost a slurmstepd (launcher.jobcontrol.watchdog.step_outlives_ranks).
+    beat = read_heartbeat(RunDir(tmp_path).heartbeat(0))
+    assert beat is not None and beat["step"] == 3 and 0 < time.time() - beat["exited"] < 60
 
 
 def test_gpu_samples_from_a_stand_in_nvidia_smi(tmp_path):
