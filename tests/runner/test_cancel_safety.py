@@ -160,6 +160,7 @@ def test_slurm_job_id_of_another_shape_never_reaches_scancel(tmp_path, fake_scan
 
 def test_slurm_job_of_slurms_shape_is_cancelled_only_while_in_flight(tmp_path, fake_scancel):
     run_dir = write_run(tmp_path, state="PENDING", scheduler="slurm", job_id="4242")
+    squeue_says_origin(tmp_path, f"{run_dir}/logs/.submission_file_1a2b.sh|glaunch:r")
     assert "cancelled job 4242" in api.cancel("r")
     assert fake_scancel.read_text() == "4242\n"
     path = RunDir(run_dir).run_file
@@ -196,6 +197,18 @@ def test_cancel_ends_only_a_job_slurm_says_is_the_run_s(tmp_path, fake_scancel, 
         assert fake_scancel.read_text() == "4242\n"
         return
     with pytest.raises(SchedulerError, match="its record names job 4242, but Slurm's record of it is not the run's"):
+        api.cancel("r")
+    assert not fake_scancel.exists()
+    assert not RunDir(run_dir).cancel_file.exists()
+
+
+def test_a_job_slurm_does_not_list_is_not_said_cancelled_nor_marked(tmp_path, fake_scancel):
+    """The run's record says RUNNING, and squeue here lists no job 4242: it has ended, or
+    SLURM_CONF reaches another cluster, whose scancel would exit 0 and end nothing. Nothing
+    is marked (the mark would make the run's next end a cancel) or cancelled: exit 3."""
+    run_dir = write_run(tmp_path, state="RUNNING", scheduler="slurm", job_id="4242")
+    with pytest.raises(SchedulerError, match=r"Slurm does not list its job 4242 \(squeue\): the job has ended, or "
+                                             r"these Slurm commands reach another cluster"):
         api.cancel("r")
     assert not fake_scancel.exists()
     assert not RunDir(run_dir).cancel_file.exists()

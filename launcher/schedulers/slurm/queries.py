@@ -62,14 +62,17 @@ def squeue_job(client: Client, job_id: str) -> tuple[str | None, str | None]:
 def refuse_foreign_job(client: Client, job_id: str, run_id: str, run_dir: str) -> None:
     """Before a job named in a run's record is cancelled: SchedulerError when Slurm says the
     job is another's (:func:`launcher.schedulers.slurm.state.foreign_job`: a run.json edited
-    or swapped names another run's job, and scancel must not end it). Nothing is refused
-    for a job squeue no longer lists."""
+    or swapped names another run's job, and scancel must not end it), and when squeue does
+    not list it: it has ended (nothing to cancel), or the commands reach another cluster than
+    the run's, whose scancel (Slurm 22.05's exits 0 for a job it does not know) would end
+    nothing while the cancel mark would turn the run's next end into a cancel."""
     proc = client.call("squeue", "-h", "-j", job_id, "-o", ORIGIN_FORMAT)
     if proc.returncode != 0:
         _raise_unless_gone(proc, job_id)
-        return
-    if not proc.stdout.strip():
-        return
+    if proc.returncode != 0 or not proc.stdout.strip():
+        raise SchedulerError(f"run {run_id}: Slurm does not list its job {job_id} (squeue): the job has ended, or "
+                             "these Slurm commands reach another cluster than the one the run was submitted to "
+                             "(SLURM_CONF); nothing was cancelled")
     why = foreign_job(proc.stdout, run_id, run_dir)
     if why is not None:
         raise SchedulerError(f"run {run_id}: its record names job {job_id}, but {why}: the record was edited or "
