@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from launcher import shell
 from launcher.errors import RunError
 from launcher.rundir import envnames, launch, runvalues
 from launcher.rundir.files import atomic_write_text, read_json, read_record
@@ -99,7 +100,7 @@ class TrainingTask:
         stackdump.arm_stack_dump(spec.run_dir, job.global_rank)
         heartbeats.starting()
         _log(f"rank {job.global_rank}/{spec.world_size} on {node_name()}: "
-             f"python {' '.join(launch.entry_words(spec, start_args(spec)))}")
+             f"python {shown_words(launch.entry_words(spec, start_args(spec)))}")
         return run_entry(spec)
 
     # --- torchrun: this process is the node's agent -----------------------------------
@@ -125,7 +126,7 @@ class TrainingTask:
         # The workers read this run's task.json (launcher.runtime.worker).
         os.environ[envnames.RUN_DIR] = spec.run_dir
         # The entry point as the user would run it; each worker runs it through WORKER_MODULE.
-        _log(f"node {job.node} on {node_name()}: torchrun {' '.join(args + launch.entry_words(spec, start))}")
+        _log(f"node {job.node} on {node_name()}: torchrun {shown_words(args + launch.entry_words(spec, start))}")
         entry = worker_entry(spec, start, accepted)
         for signum in (WARNING_SIGNAL, LIGHTNING_WARNING_SIGNAL, signal.SIGTERM, DUMP_SIGNAL):
             signal.signal(signum, _forward_to_children)
@@ -384,6 +385,15 @@ def child_pids(parent: int) -> list[int]:
         if len(fields) > 1 and fields[1] == str(parent):
             children.append(int(entry))
     return children
+
+
+def shown_words(words: list[str]) -> str:
+    """A command's words as a shell reads them back (an argument with a space, a newline or
+    nothing in it stays one word, on one line); repr where no shell word carries one."""
+    try:
+        return shell.join(words)
+    except shell.ShellTextError:
+        return " ".join(repr(word) for word in words)
 
 
 def _log(message: str) -> None:

@@ -143,3 +143,16 @@ def test_the_task_reads_task_json_and_a_damaged_one_is_its_crash(tmp_path, monke
     crash = json.loads(RunDir(tmp_path).crash_file.read_text())
     assert crash["task"] == 0 and crash["job_id"] == "41" and crash["error"].startswith("TaskSpecError: ")
     assert os.environ["GLAUNCH_JOB_ID"] == "41" and "GLAUNCH_RUN_DIR" not in os.environ
+
+
+@pytest.mark.parametrize("words, shown", [
+    (["train.py", "--steps", "40"], "train.py --steps 40"),
+    (["train.py", "--tag", "a b", ""], "train.py --tag 'a b' ''"),
+    (["train.py", "line1\nline2"], "train.py $'line1\\nline2'"),     # one word, on one line
+    (["train.py", "$(touch x)"], "train.py '$(touch x)'"),
+    (["train.py", "nul\0byte"], "'train.py' 'nul\\x00byte'"),         # no shell word carries a NUL
+])
+def test_a_rank_s_command_line_in_its_log_is_one_its_words_can_be_read_back_from(words, shown):
+    from launcher.runtime.task import shown_words
+
+    assert shown_words(words) == shown
