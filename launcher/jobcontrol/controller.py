@@ -441,6 +441,9 @@ class Controller:
         restart = start_number(begun, ctx.restart, requeue=self.job.requeue)
         if restart != ctx.restart:
             self._set_start(restart, None)
+        # Where this start's part of the batch log begins (jobend.this_start): slurmstepd's
+        # lines about the end of the one before (its requeue's) come before it.
+        print(f"glaunch: start {restart} of job {ctx.job_id} begins", flush=True)
         if self.job.requeue:
             # Read now: at the time limit every second of KillWait counts.
             self.kill_wait_s = self.edge.kill_wait()

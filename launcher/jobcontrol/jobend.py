@@ -83,6 +83,7 @@ from launcher.rundir.files import atomic_write_text, open_regular, read_json
 from launcher.rundir.lifecycle import IllegalMove, move
 from launcher.rundir.records import (
     FAILURES,
+    REQUEUED_BY_HAND,
     RESUBMITTED_AFTER,
     SLOW_NODE,
     RunRecord,
@@ -124,7 +125,8 @@ class Outcome:
 def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, timed_out: bool,
            restart: int, requeue_max: int, crashes: int, crash_retries: int,
            cancelled: bool = False, hung: bool = False, swapping: bool = False,
-           killed: Killed | None = None, runtime: bool = True, failed_node: str | None = None) -> Outcome:
+           killed: Killed | None = None, runtime: bool = True, failed_node: str | None = None,
+           requeued: bool = False) -> Outcome:
     """Pure: the outcome of a start from what is known when its step ended.
 
     finished: result.json exists (the run is done, whatever ended the step);
@@ -138,7 +140,8 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
     no cancel asked for: a crash like any other (the kernel's OOM killer sends SIGKILL);
     runtime: a rank of this start reported through glaunch's runtime (:func:`used_runtime`);
     failed_node: Slurm took the job back for a node's failure (its name; "" where not
-    said), not a preemption: the start ends with reason "node failure".
+    said), not a preemption: the start ends with reason "node failure". requeued: someone's
+    `scontrol requeue` took it back (slurmstepd's line), not a preemption: reason "requeued".
     A clean exit without result.json is noted only then: result.json is the runtime's
     (``rt.write_result``), and a script without it never writes one: its clean exit is its end.
     """
@@ -155,7 +158,8 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
             return Outcome(State.REQUEUED.value, NODE_FAILURE, True, 0, detail)
         return Outcome(State.NODE_FAIL.value, NODE_FAILURE, False, 1, f"{detail}; requeue.max ({requeue_max}) reached")
     if stopped or preempted or (timed_out and step_status != 0):
-        reason = "preemption" if preempted else SLOW_NODE if swapping and stopped else "timeout"
+        reason = ((REQUEUED_BY_HAND if requeued else "preemption") if preempted
+                  else SLOW_NODE if swapping and stopped else "timeout")
         if restart < requeue_max:
             return Outcome(State.REQUEUED.value, reason, True, 0)
         return Outcome((State.PREEMPTED if preempted else State.TIMEOUT).value, reason, False, 1,
@@ -256,6 +260,22 @@ SRUN_NODE_FAILURE = re.compile(r"^srun: error: Node failure on ([A-Za-z0-9][A-Za
 JOB_NODE_FAILURE = re.compile(SLURMSTEPD_NOTICE + r"JOB [0-9]{1,12} ON "
                               r"[A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT [^*\n]{1,40} DUE TO NODE FAILURE",
                               re.MULTILINE)
+
+
+# slurmstepd's line when someone put the running job back in the queue (`scontrol requeue`:
+# a user, an administrator, or the script's own framework, as Lightning's on SIGUSR1), not a
+# preemption: that writes "DUE TO PREEMPTION", or nothing where the ranks stop within its
+# GraceTime. glaunch's own requeue writes it too, after the start's end and before the next
+# start's first line, so never in a start's own part of the log.
+JOB_REQUEUED = re.compile(SLURMSTEPD_NOTICE + r"JOB [0-9]{1,12} ON "
+                          r"[A-Za-z0-9][A-Za-z0-9._-]{0,99} CANCELLED AT [^*\n]{1,40} DUE TO JOB REQUEUE \*\*\*$",
+                          re.MULTILINE)
+
+
+def requeued_in_log(batch_log: str) -> bool:
+    """Pure: whether slurmstepd says, in this start's part of the batch log, that the job was
+    requeued (:data:`JOB_REQUEUED`)."""
+    return JOB_REQUEUED.search(this_start(batch_log)) is not None
 
 
 def failed_node_in_log(batch_log: str) -> str | None:
@@ -826,7 +846,8 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             # cancelled (a scancel of the user's); never read from how a task ended.
             cancelled=cancelled,
             killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None,
-            runtime=used_runtime(run_dir, ctx_job_id or job_id, restart), failed_node=failed)
+            runtime=used_runtime(run_dir, ctx_job_id or job_id, restart), failed_node=failed,
+            requeued=requeued_in_log(batch_log))
         outcome = with_crash_note(outcome, run_dir, restart, ctx_job_id or job_id)
         if args.outlived:
             outcome = dataclasses.replace(outcome, detail="; ".join(x for x in (outcome.detail, OUTLIVED) if x))

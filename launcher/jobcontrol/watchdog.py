@@ -102,6 +102,7 @@ from launcher.rundir.layout import RunDir, name_part, read_heartbeat
 from launcher.rundir.rankcontext import RuntimeConfigError, context
 from launcher.rundir.rankstacks import Ranks, log, write_stacks
 from launcher.rundir.records import (
+    NOT_WATCHED,
     RecordError,
     StartRecord,
     State,
@@ -222,7 +223,6 @@ def armed_at(records: Mapping[int, Mapping[str, Any]]) -> float | None:
     return min(times, default=None)
 
 
-NOT_WATCHED = "no rank uses glaunch's runtime"
 STALL_OFF = "watchdog.stall_s is 0"
 
 

@@ -82,6 +82,12 @@ FAILURES = frozenset({"crash", "hang"})
 # The reason of a start the watchdog stopped to swap a slow node for a spare (watchdog.slow_node:
 # exclude): a graceful stop, not a failure (crash_retries does not count it).
 SLOW_NODE = "slow node"
+# The reason of a start someone's `scontrol requeue` took back (a user, an administrator, the
+# script's framework), which Slurm tells apart from a preemption only in slurmstepd's line.
+REQUEUED_BY_HAND = "requeued"
+# Why the watchdog did not watch a start (its run.json entry's `why`): no rank of it reported
+# through glaunch's runtime. What such a script resumed from is its own affair.
+NOT_WATCHED = "no rank uses glaunch's runtime"
 # Ends of a start after which its job starts again: requeued, or restarted in its allocation.
 GOES_ON = frozenset({State.REQUEUED.value, State.RESTARTED.value})
 # run.json `extra` key: the job `glaunch cancel` was asked to cancel (a job resubmitting the

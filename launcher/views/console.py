@@ -34,7 +34,7 @@ from launcher.runner import goodput
 from launcher.rundir.files import read_json, read_text
 from launcher.runner.goodput import epoch, number, step_of
 from launcher.rundir.layout import REMOTE_FILE, RunDir, read_heartbeat
-from launcher.rundir.records import GOES_ON, RunRecord, StartRecord, State, is_terminal
+from launcher.rundir.records import GOES_ON, NOT_WATCHED, RunRecord, StartRecord, State, is_terminal
 from launcher.rundir.startsummary import first_failure
 from launcher.rundir.taskspec import Placement, TaskSpecError, read_placement, read_task_spec
 from launcher.runner.logs import LogFollower, read_tail
@@ -51,7 +51,8 @@ SUBMITIT_LINE = re.compile(r"^submitit (DEBUG|INFO) \(|^submitit WARNING \(.*\) 
 LATEST_STEP = re.compile(r"step-0*(\d+)$")
 CLEAR_LINE = "\r\x1b[K"
 
-REASONS = {"timeout": "time limit", "preemption": "preempted", "slow node": "stopped for a slow node",
+REASONS = {"timeout": "time limit", "preemption": "preempted", "requeued": "requeued (scontrol requeue)",
+           "slow node": "stopped for a slow node",
            "crash": "crashed", "hang": "hung",
            "node failure": "node failure", "cancelled": "cancelled"}
 
@@ -296,16 +297,25 @@ def _where(start: StartRecord) -> str:
     return "" if step is None else f" at step {step}"
 
 
-def _resumed(run_dir: RunDir, starts: list[StartRecord], restart: int) -> tuple[bool, int | None]:
+# Where a start of a script that does not use glaunch's runtime went on from: its own
+# affair (its own checkpoint, or none), which glaunch does not see.
+ITS_OWN = "went on as its script does (glaunch sees no checkpoint of its own)"
+
+
+def _resumed(run_dir: RunDir, starts: list[StartRecord], restart: int) -> tuple[bool, int | str | None]:
     """(known, step) of where start `restart` of the job of `starts` resumed: run.json once
     it recorded the start, else resume.json or the start's first heartbeat while it runs.
     A script without the runtime (entrypoint.progress) says so in its own log lines: the
-    first step of the start (when past 0) is where it went on from."""
+    first step it logged in the start (when past 0) is where it went on at. Of one that
+    neither uses the runtime nor logs its steps, nothing is known: ITS_OWN."""
     later = next((s for s in starts if s.restart == restart), None)
     if later is not None and (later.resumed_from is not None or is_terminal(later.state)
                               or later.state in GOES_ON):
         if later.resumed_from is None:
-            return True, _logged_resume(run_dir, later.get("first_step"))
+            logged = _logged_resume(run_dir, later.get("first_step"))
+            if logged is None and (later.get("watchdog") or {}).get("why") == NOT_WATCHED:
+                return True, ITS_OWN
+            return True, logged if logged is None else f"went on at step {logged} (its log)"
         return True, later.resumed_from
     resume = read_json(run_dir.resume_file)
     if resume is not None and resume.get("restart") == restart:
@@ -313,7 +323,8 @@ def _resumed(run_dir: RunDir, starts: list[StartRecord], restart: int) -> tuple[
     beat = _heartbeat(run_dir)
     # Its first step (not the record a rank writes as it starts, before it resumes).
     if beat is not None and beat.get("restart") == restart and step_of(beat.get("step")) is not None:
-        return True, _logged_resume(run_dir, beat.get("first_step")) if beat.get("source") == "log" else None
+        logged = _logged_resume(run_dir, beat.get("first_step")) if beat.get("source") == "log" else None
+        return True, logged if logged is None else f"went on at step {logged} (its log)"
     return False, None
 
 
@@ -336,6 +347,8 @@ def resume_event(run_dir: RunDir, resume: dict, starts: list[StartRecord], *, fi
     known, step = _resumed(run_dir, starts, 0)
     if not known:
         return head if final else None
+    if isinstance(step, str):
+        return f"{head}: {step}"
     return head + (f" from step {step}" if step is not None else ": began again from step 0 (no checkpoint)")
 
 
@@ -355,7 +368,7 @@ def requeue_event(run_dir: RunDir, starts: list[StartRecord], start: StartRecord
         then += f" without {printable(start.left_out)}"
     if not known:
         return f"{head} -> {then}"
-    return f"{head} -> {then} -> " + (f"resumed from {step}" if step is not None
+    return f"{head} -> {then} -> " + (step if isinstance(step, str) else f"resumed from {step}" if step is not None
                                          else "began again from step 0 (no checkpoint)")
 
 

@@ -247,3 +247,42 @@ def test_a_step_that_outlived_its_ranks_ends_as_they_did_and_says_why_glaunch_en
     end_of_start(run_dir, StepEnd(1, outlived=True), "1000", 0)
     start = registry.read(run_dir).starts[0]
     assert (start.state, start.reason) == ("FAILED", "crash") and jobend.OUTLIVED in start.detail
+
+
+# --- a job someone requeued (scontrol requeue), not a preemption ---------------------------
+
+OWN_REQUEUE_AFTER_START_0 = ("glaunch: start 0 of job 1000 ended: REQUEUED (timeout); requeueing\n"
+                             + REQUEUE + "\nglaunch: start 1 of job 1000 begins\n")
+
+
+@pytest.mark.parametrize("log, requeued", [
+    (REQUEUE, True),
+    ("glaunch: start 1 of job 1000 begins\n" + REQUEUE, True),
+    # glaunch's own requeue of the start before: its line precedes this start's first
+    (OWN_REQUEUE_AFTER_START_0, False),
+    (OWN_REQUEUE_AFTER_START_0 + REQUEUE, True),
+    (PREEMPTION, False),
+    (CANCELLED, False),
+    ("[r0] " + REQUEUE, False),
+])
+def test_a_requeue_is_read_from_slurmstepd_s_line_in_this_start_only(log, requeued):
+    assert jobend.requeued_in_log(log) is requeued
+
+
+def test_a_start_someone_requeued_says_so_not_preemption(tmp_path, isolated_env):
+    run_dir = started_run(tmp_path)
+    with registry.updating(run_dir) as record:
+        record.requeue_max = 3
+    RunDir(run_dir).stop_file.write_text(json.dumps({"restart": 0, "step": 29}))
+    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
+    RunDir(run_dir).batch_log("1000").write_text(f"glaunch: start 0 of job 1000 begins\n{REQUEUE}\n")
+    end_of_start(run_dir, StepEnd(0, preempted=True), "1000", 0)
+    start = registry.read(run_dir).starts[0]
+    assert (start.state, start.reason) == ("REQUEUED", "requeued")
+    # Without the line, a start Slurm took back was preempted.
+    (tmp_path / "other").mkdir()
+    run_dir = started_run(tmp_path / "other")
+    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
+    RunDir(run_dir).batch_log("1000").write_text(OWN_REQUEUE_AFTER_START_0)
+    end_of_start(run_dir, StepEnd(0, preempted=True), "1000", 0)
+    assert registry.read(run_dir).starts[0].reason == "preemption"

@@ -214,14 +214,16 @@ def test_plain_lightning_saves_at_the_warning_and_resumes(tmp_path, isolated_env
     assert len(re.findall(r"Handling auto-requeue signal: (?:10|Signals\.SIGUSR1)\b", errors)) == 1, errors[-3000:]
     # Who requeued: Lightning, or (its requeue too late for the limit) glaunch at the timeout.
     # Lightning logs its requeue after scontrol returns, by when the requeue may have ended
-    # its process: then slurmstepd's line in the batch log says the job was requeued, and the
-    # start (Slurm took the job back, not glaunch) reads as taken back by the scheduler.
+    # its process: slurmstepd's line in the first start's part of the batch log (before its
+    # end; glaunch's own requeue writes one after it) says the job was requeued, and the
+    # start reads as requeued by someone, not as a preemption nor as the time limit.
     by_lightning = errors.count(f"Requeued SLURM job: {job}")
     batch = logs.batch_log(job).read_text(errors="replace")
-    requeued = re.search(rf"\*\*\* JOB {job} ON \S+ CANCELLED AT .* DUE TO JOB REQUEUE \*\*\*", batch) is not None
+    first_start = batch.split(f"glaunch: start 0 of job {job} ended", 1)[0]
+    requeued = re.search(rf"\*\*\* JOB {job} ON \S+ CANCELLED AT .* DUE TO JOB REQUEUE \*\*\*", first_start) is not None
     reason = record["starts"][0]["reason"]
-    assert (by_lightning == 1 or (by_lightning == 0 and reason == "timeout")
-            or (by_lightning == 0 and reason == "preemption" and requeued)), (record["starts"][0], errors[-3000:])
+    assert reason == ("requeued" if requeued else "timeout") and (by_lightning == 0 or requeued), \
+        (record["starts"][0], batch, errors[-3000:])
     assert f"Restoring states from the checkpoint path at {root}/hpc_ckpt_1.ckpt" in errors, errors[-3000:]
     steps = logged_steps(logs.task_log(job, 0, "out").read_text(errors="replace"))
     assert 0 < saved < EPOCHS - 1 and sorted(set(steps)) == list(range(EPOCHS)) and steps[-1] == EPOCHS - 1, \

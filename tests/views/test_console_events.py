@@ -229,7 +229,8 @@ def test_a_torchrun_run_shows_global_rank_0_and_names_the_failing_node(tmp_path)
 
 def test_a_script_without_the_runtime_is_said_to_resume_where_its_log_went_on(tmp_path):
     """entrypoint.progress: the script resumes by itself (no resume.json); where the next
-    start's log lines began is where it went on from, not "step 0"."""
+    start's log lines began is where it went on, not "step 0" (nor "resumed from": a log
+    that says every tenth step says where it went on to within ten)."""
     import dataclasses
 
     from launcher.rundir.taskspec import TaskSpec, write_task_spec
@@ -249,13 +250,30 @@ def test_a_script_without_the_runtime_is_said_to_resume_where_its_log_went_on(tm
                                                       "source": "log", "time": 1e12}))
     console.observe(registry.read(run_dir.path))
     console.pump()
-    assert "[glaunch] start 0: preempted at step 37 -> requeued -> resumed from 30\n" in shown
+    assert "[glaunch] start 0: preempted at step 37 -> requeued -> went on at step 30 (its log)\n" in shown
     with registry.updating(run_dir.path) as record:
         record.record_start("77", 1, state="COMPLETED", first_step=30, last_step=60)
         record.state = "COMPLETED"
     later: list[str] = []
     Console(run_dir.path, later.append, live=False).finish(registry.read(run_dir.path))
-    assert "[glaunch] start 0: preempted at step 37 -> requeued -> resumed from 30\n" in later
+    assert "[glaunch] start 0: preempted at step 37 -> requeued -> went on at step 30 (its log)\n" in later
+
+
+def test_a_script_that_neither_uses_the_runtime_nor_logs_its_steps_is_not_said_to_begin_again(tmp_path):
+    """A plain script that resumes from its own checkpoint: glaunch sees neither it nor
+    its steps, and says so, not "began again from step 0 (no checkpoint)"."""
+    run_dir = make_run(tmp_path)
+    unwatched = {"state": "not watched", "why": "no rank uses glaunch's runtime", "slow": []}
+    with registry.updating(run_dir.path) as record:
+        record.record_start("77", 0, state="REQUEUED", reason="timeout", watchdog=unwatched)
+        record.record_start("77", 1, state="COMPLETED", watchdog=unwatched)
+        record.state = "COMPLETED"
+    shown: list[str] = []
+    Console(run_dir.path, shown.append, live=False).finish(registry.read(run_dir.path))
+    text = "".join(shown)
+    assert ("[glaunch] start 0: time limit -> requeued -> went on as its script does (glaunch sees no checkpoint "
+            "of its own)\n") in text, text
+    assert "began again from step 0" not in text
 
 
 def test_a_plain_console_says_the_first_step_at_once_then_at_most_every_interval(tmp_path):
