@@ -78,16 +78,24 @@ def owns_snapshot(plan: JobPlan) -> bool:
         os.path.normpath(plan.run_dir), CODE_DIR)
 
 
+def script_problem(plan: JobPlan) -> str | None:
+    """Why the plan's entry script cannot be run as given (it is not a file here), or None;
+    a container's script is the image's, not looked for here."""
+    script = plan.submitted_script
+    if script and plan.launch.container is None and not os.path.isfile(script):
+        return f"script {script!r} not found (relative paths are taken from the experiment file's directory)"
+    return None
+
+
 def check_inputs(plan: JobPlan, *, runs_root: PathSource | None = None,
                  checkpoint: PathSource | None = None) -> snapshot.Survey | None:
     """What resolve cannot see without touching the disk: the entry point exists, the run
     directory does not, the directories to write can be made and written, and the code
     snapshot is within its bound (its survey is returned, for write_bundle). Looks only."""
     runs_src, ckpt_src = sources(plan, runs_root, checkpoint)
-    script = plan.submitted_script
-    if script and plan.launch.container is None and not os.path.isfile(script):
-        raise ConfigError(f"script {script!r} not found (relative paths are taken from the "
-                          "experiment file's directory)", file=plan.experiment_file, key="entrypoint.script")
+    problem = script_problem(plan)
+    if problem is not None:
+        raise ConfigError(problem, file=plan.experiment_file, key="entrypoint.script")
     if os.path.lexists(plan.run_dir):
         raise ConfigError(f"run directory {plan.run_dir!r} already exists", file=plan.experiment_file,
                           key="name")

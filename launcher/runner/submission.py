@@ -22,7 +22,7 @@ from launcher.resolution.resolve import code_anchor, resolve
 from launcher.rundir import registry
 from launcher.rundir.records import IN_FLIGHT, State
 from launcher.rundir.registry import find_run, new_run_id
-from launcher.runner import bundle, shared_folder, unseen
+from launcher.runner import bundle, frameworks, shared_folder, unseen
 from launcher.runner.bundle import PathSource
 from launcher.runner.gitview import locate
 from launcher.runner.inputs import folder_of, items
@@ -94,6 +94,7 @@ def _prepare(exp, loaded_site, runs_dir: str | None, run_id: str | None, after: 
     ctx = SubmitContext(cwd=os.getcwd(), python=sys.executable, environ=road.environ(os.environ),
                         run_id=run_id or new_run_id(exp.config.name), runs_dir=runs_dir, dependency=dependency)
     plan = road.plan(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, {})))
+    require_script(exp, plan)
     scheduler = schedulers.get(plan.scheduler)
     scheduler.check(plan)
     warnings = [w for w in (take_over_warning(exp, plan, upstreams, dry_run=dry_run), checkpoint_warning(exp, plan),
@@ -152,13 +153,25 @@ def take_over_warning(exp, plan: JobPlan, upstreams: Sequence[Any], *, dry_run: 
             f"newest checkpoint, and {record.run_id} can no longer be resumed from it")
 
 
+def require_script(exp, plan: JobPlan) -> None:
+    """ConfigError naming the experiment's file, line and key where its entry script is not
+    there (bundle.check_inputs looks again as the bundle is written, with no line to name)."""
+    problem = bundle.script_problem(plan)
+    if problem is not None:
+        raise exp.provenance.error("entrypoint.script", problem)
+
+
 def checkpoint_warning(exp, plan: JobPlan) -> str | None:
     """A run that may be requeued, from an experiment that says nothing of how it resumes
     (no checkpoint settings, no `entrypoint.resume_args`): whether its script saves cannot
     be told before it runs, so say so, what a requeue does to a script that never saves,
-    and how to tell glaunch otherwise (`glaunch status` says it again if that happens)."""
+    and how to tell glaunch otherwise (`glaunch status` says it again if that happens). A
+    plain Lightning script (launcher.runner.frameworks) saves and resumes by itself at the
+    warning: nothing to say."""
     if plan.recovery.requeue_max <= 0 or plan.launch.entry_resume_args or any(
             key == "checkpoint" or key.startswith("checkpoint.") for key in exp.provenance.origins):
+        return None
+    if plan.recovery.warning_signal == frameworks.LIGHTNING_SIGNAL:
         return None
     entry = plan.submitted_script or plan.launch.entry_module
     return (f"{exp.path}: no checkpoint settings and requeue.max={plan.recovery.requeue_max}: glaunch cannot tell "

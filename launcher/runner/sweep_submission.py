@@ -29,6 +29,7 @@ from launcher.runner.submission import (
     checkpoint_warning,
     load,
     path_sources,
+    require_script,
     upstreams_of,
     with_code_root,
 )
@@ -99,6 +100,7 @@ def _prepare_elements(experiment, elements, axes, exp0, loaded_site, overrides, 
                          "checkpoints in a directory of its own below it, named by its run id",)
                 exp = _checkpoints_below(exp, ctx.run_id)
                 plan = road.plan(resolve(exp, loaded_site, with_code_root(exp, loaded_site, ctx, roots)))
+            require_script(exp, plan)
             scheduler = schedulers.get(plan.scheduler)
             scheduler.check(plan)
             files = road.files(scheduler.render(plan))

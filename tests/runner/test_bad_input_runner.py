@@ -24,7 +24,7 @@ NO_RUN = "glaunch: error: command line: RUN: no run 'no-such-run'"
 
 CASES = [
     # --- what a submission needs on disk ---
-    Refused("missing-script", {"exp.yaml": EXP.replace("train.py", "nope.py")}, [], ["exp.yaml", "entrypoint.script",
+    Refused("missing-script", {"exp.yaml": EXP.replace("train.py", "nope.py")}, [], ["exp.yaml:2: entrypoint.script",
                                                                                    "not found"]),
     # The checkpoint warning names the script; a script that is not there is the error, alone.
     Refused("missing-script-no-warning-first",
@@ -32,7 +32,11 @@ CASES = [
             ["entrypoint.script", "not found"]),
     # Not a dry run: the default requeue.max warns about checkpoints; the missing script it names is the error.
     Refused("missing-script-local-run", {"exp.yaml": "name: good\nentrypoint: {script: nope.py}\n"},
-            ["--site", "local"], ["entrypoint.script", "not found"], dry_run=False),
+            ["--site", "local"], ["exp.yaml:2: entrypoint.script", "not found"], dry_run=False),
+    Refused("missing-script-of-a-sweep", {"exp.yaml": EXP.replace("train.py", "nope.py")},
+            ["--sweep", "hparams.lr=1,2"], ["exp.yaml:2: entrypoint.script", "sweep element 0", "not found"]),
+    Refused("missing-script-from-the-command-line", {"exp.yaml": EXP}, ["entrypoint.script=nope.py"],
+            ["command line: entrypoint.script", "not found"]),
     Refused("runs-dir-is-a-file", {"exp.yaml": QUIET_EXP, "afile": "x"}, ["--runs-dir", "afile"],
             ["--runs-dir", "is a file"]),
     # --- what the code snapshot leaves out that every start runs ---
@@ -174,6 +178,16 @@ def test_warning_still_shown_for_a_dry_run(mysite_workdir, monkeypatch, capsys):
     code, out, err = run_cli(monkeypatch, capsys, ["glaunch", "submit", "exp.yaml", "--site", "mysite", "--dry-run"])
     assert code == 0, err
     assert err.startswith("glaunch: warning: exp.yaml: no checkpoint settings")
+
+
+def test_a_plain_lightning_script_is_not_warned_it_restarts_from_step_0(mysite_workdir, monkeypatch, capsys):
+    """Lightning saves its hpc_ckpt at the warning and resumes from it by itself: the warning
+    would be false of it."""
+    (mysite_workdir / "train.py").write_text("import lightning as L\nprint('hi')\n")
+    (mysite_workdir / "exp.yaml").write_text(QUIET_EXP.replace("requeue: {max: 0}\n", ""))
+    code, out, err = run_cli(monkeypatch, capsys, ["glaunch", "submit", "exp.yaml", "--site", "mysite", "--dry-run"])
+    assert code == 0, err
+    assert "no checkpoint settings" not in err
 
 
 def test_local_run_warns_before_it_starts(mysite_workdir, isolated_env):
