@@ -494,7 +494,7 @@ class Controller:
         again failed and their new processes ended well."""
         stop = threading.Event()
         self.outlived = False
-        watch = threading.Thread(target=self.edge.watch, name="glaunch-watchdog", daemon=True,
+        watch = threading.Thread(target=self.watch, name="glaunch-watchdog", daemon=True,
                                  args=(self.job.run_dir, stop, allocation if self.job.requeue else (), nodes,
                                        self.end_outlived_step))
         watch.start()
@@ -522,6 +522,19 @@ class Controller:
                   "ended well: the step's is 0", flush=True)
             return 0
         return status
+
+    def watch(self, run_dir: Path, stop: threading.Event, allocation: Sequence[str], in_use: Sequence[str],
+              end_step: Callable[[], None]) -> None:
+        """The watchdog beside the step; should it fail (a defect of its own), the step runs
+        on unwatched, and the batch log and the start's record say so."""
+        try:
+            self.edge.watch(run_dir, stop, allocation, in_use, end_step)
+        except Exception as exc:        # the training goes on without its watchdog, said so
+            error = f"{type(exc).__name__}: {exc}"
+            say(f"the watchdog failed, and this start is no longer watched: {error}")
+            job_id, restart = self.env.get(envnames.JOB_ID, ""), self.env.get(envnames.RESTART, "")
+            if job_id and restart.isdigit():
+                watchdog.note_failed(run_dir, job_id, int(restart), error)
 
     def end_outlived_step(self) -> None:
         """The watchdog's, for a step that outlived every rank's exit: srun ends it (it waits

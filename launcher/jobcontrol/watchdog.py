@@ -736,6 +736,18 @@ def _changed(noted: Mapping[str, Any] | None, entry: Mapping[str, Any]) -> bool:
                for k in ("bound_s", "save_bound_s"))
 
 
+def note_failed(run_dir: str | os.PathLike, job_id: str, restart: int, error: str) -> None:
+    """Record in the start's run.json entry that its watchdog failed (a defect of its own,
+    `error`): `status` then says the start is not watched, and why, where it would otherwise
+    show nothing at all."""
+    try:
+        with registry.updating(Path(run_dir)) as record:
+            start = record.start(job_id, restart) or record.record_start(job_id, restart, state=State.RUNNING.value)
+            start.set("watchdog", {"state": "off", "why": f"the watchdog failed ({error[:200]})", "slow": []})
+    except (OSError, RunError, RecordError) as exc:
+        log(f"run.json not updated: {exc}")
+
+
 def hang_in(run_dir: str | os.PathLike, restart: int) -> dict | None:
     """hang.json, if the watchdog wrote it for this start; None also when it is not a
     record the watchdog writes (it reaches run.json and the requeue's choice of node)."""

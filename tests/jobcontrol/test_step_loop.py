@@ -32,9 +32,11 @@ class FakeEdge:
     and returns the next status; every other command is recorded."""
 
     def __init__(self, statuses: list[int], *, taken: TakenBack | None = None, requeue_ok: bool = True,
-                 successor: str | None = "5000", outlive: frozenset[int] = frozenset()) -> None:
+                 successor: str | None = "5000", outlive: frozenset[int] = frozenset(),
+                 watch_fails: bool = False) -> None:
         self.statuses, self.taken = list(statuses), taken
         self.outlive = outlive     # the steps (1, 2...) whose watchdog finds them outliving their ranks
+        self.watch_fails = watch_fails
         self.ended = threading.Event()
         self.requeue_ok, self.successor = requeue_ok, successor
         self.steps: list[str] = []
@@ -84,6 +86,8 @@ class FakeEdge:
 
     def watch(self, run_dir, stop, allocation, in_use, end_step):
         self.watched.append((tuple(allocation), tuple(in_use)))
+        if self.watch_fails:
+            raise TypeError("a defect of the watchdog's")
         if len(self.watched) in self.outlive:
             end_step()
 
@@ -160,6 +164,19 @@ def test_a_step_the_watchdog_ended_for_outliving_its_ranks_is_said_so_to_its_end
                                [1, 0], outlive=frozenset({1}))
     assert code == 0 and edge.commands == ["step ended"]
     assert [(e.status, e.outlived) for e, _ in ends] == [(1, True), (0, False)]
+
+
+def test_a_watchdog_that_fails_leaves_the_step_running_and_says_so(job_env, monkeypatch, tmp_path, capsys):
+    from launcher.rundir import registry
+    from launcher.rundir.records import RunRecord
+
+    registry.write(tmp_path, RunRecord(run_id="r"))
+    code, edge, ends = run_job(monkeypatch, tmp_path, [NextRoad("done")], [0], watch_fails=True)
+    assert code == 0 and [e.status for e, _ in ends] == [0]
+    err = capsys.readouterr().err
+    assert "glaunch: the watchdog failed, and this start is no longer watched: TypeError: a defect" in err, err
+    entry = registry.read(tmp_path).start("4242", 0).get("watchdog")
+    assert entry["state"] == "off" and entry["why"].startswith("the watchdog failed (TypeError: a defect"), entry
 
 
 def test_with_no_node_to_spare_the_job_requeues_without_it(job_env, monkeypatch, tmp_path):
