@@ -213,8 +213,10 @@ def unlisted_verdict(job_id: str, history: list[dict[str, str]] | None, unlisted
         return (f"Slurm no longer lists job {job_id} (squeue), the job left no record of its end, and this "
                 "cluster has no accounting (sacct) to tell how it ended")
     if not history:
+        # Neither knows the job: so it goes where these commands reach another cluster.
         return (f"Slurm no longer lists job {job_id} (squeue), the job left no record of its end, and accounting "
-                "(sacct) has no record of it")
+                "(sacct) has no record of it: it is lost, or these Slurm commands reach another cluster than the "
+                "one the run was submitted to (SLURM_CONF)")
     last = base_state(history[-1]["state"])
     if last in LIVE and unlisted_s >= UNLISTED_GRACE_S:
         return (f"Slurm no longer lists job {job_id} (squeue, for {unlisted_s:.0f} s), yet accounting (sacct) still "
