@@ -452,6 +452,12 @@ def note_stop_decided() -> None:
         beats.write()
 
 
+def announced() -> bool:
+    """Whether this rank's script has announced itself (:func:`announce`), read without
+    beginning its beats (a signal handler's question)."""
+    return _beats is not None and _beats.announced_at is not None
+
+
 def announce() -> None:
     """This rank's script reports its steps through the runtime: from now on the watchdog
     may hold the start to its first-step bound. The heartbeat is written at once, so a

@@ -10,9 +10,11 @@ is the one whose heartbeat stops.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
-from typing import Any
+from types import FrameType
+from typing import Any, Callable
 
 from launcher.rundir.rankcontext import bare_signal_name, context, log
 from launcher.runtime import heartbeats, stopflag
@@ -44,19 +46,34 @@ def install_stop_handler(signals: list[str] | tuple[str, ...] | None = None) -> 
     return take_stop_signals(signals)
 
 
-def take_stop_signals(signals: list[str] | tuple[str, ...] | None = None) -> tuple[str, ...]:
+def take_stop_signals(signals: list[str] | tuple[str, ...] | None = None,
+                      handler: Callable[[int, FrameType | None], None] = stopflag.handler) -> tuple[str, ...]:
     """:func:`install_stop_handler` without the announcement: the task's own call, before
-    the script runs, says nothing of the script."""
+    the script runs, says nothing of the script (`handler`: the task's, :func:`early_stop`)."""
     names = tuple(signals) if signals is not None else context().stop_signals
     sigs = [_resolve(n) for n in names]
     if threading.current_thread() is not threading.main_thread():
         log("stop handler not installed: not in the main thread")
         return ()
     for sig in sigs:
-        old = signal.signal(sig, stopflag.handler)
-        if old is not stopflag.handler:
+        old = signal.signal(sig, handler)
+        if old is not stopflag.handler and old is not early_stop:
             _previous.setdefault(int(sig), old)
     return tuple(s.name for s in sigs)
+
+
+def early_stop(signum: int, frame: FrameType | None) -> None:
+    """The stop handler a rank holds before its script takes up the runtime: a stop request
+    (the flag should_stop reads), but SIGTERM to a rank whose script has not announced itself
+    (:func:`heartbeats.announce`: an unchanged script, or one still before its first step)
+    ends it, as SIGTERM ends a script under srun alone: a cancel, a preemption or the time
+    limit ends it at once, not at Slurm's SIGKILL KillWait later. (A script's own SIGTERM
+    handler, installed as it starts, replaces this one.)"""
+    if signum == signal.SIGTERM and not heartbeats.announced():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    stopflag.handler(signum, frame)
 
 
 def uninstall_stop_handler() -> None:

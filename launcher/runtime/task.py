@@ -43,7 +43,7 @@ from launcher.rundir.rankstacks import DUMP_SIGNAL
 from launcher.rundir.records import RunRecord
 from launcher.rundir.taskspec import TaskSpec, read_task_spec
 from launcher.runtime import heartbeats, stackdump, workerlogs
-from launcher.runtime.stop import take_stop_signals
+from launcher.runtime.stop import early_stop, take_stop_signals
 
 # The signal Slurm sends `requeue.signal_lead_s` before the time limit (see render.py).
 WARNING_SIGNAL = signal.SIGUSR2
@@ -96,7 +96,7 @@ class TrainingTask:
         # count (not reach submitit's handler, which requeues on its own terms). Not
         # Lightning's USR1 (the warning of a plain Lightning script): its SLURMEnvironment
         # registers its save-and-requeue handler only where USR1 has none.
-        take_stop_signals(early_stop_signals(context().stop_signals))
+        take_stop_signals(early_stop_signals(context().stop_signals), early_stop)
         stackdump.arm_stack_dump(spec.run_dir, job.global_rank)
         heartbeats.starting()
         _log(f"rank {job.global_rank}/{spec.world_size} on {node_name()}: "

@@ -4,12 +4,18 @@ SLURMEnvironment registers its save-and-requeue handler only where SIGUSR1 has n
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from launcher.runtime.stop import take_stop_signals
 from launcher.runtime.task import early_stop_signals
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("signals, taken", [
@@ -33,3 +39,30 @@ def test_sigusr1_has_no_handler_when_the_script_starts():
     finally:
         for signum, handler in before.items():
             signal.signal(signum, handler)
+
+
+EARLY = """
+import os, signal, sys, time
+from launcher.runtime import heartbeats, stopflag
+from launcher.runtime.stop import early_stop, take_stop_signals
+take_stop_signals(("USR2", "TERM"), early_stop)
+if sys.argv[1] == "announced":
+    heartbeats.announce()
+os.kill(os.getpid(), signal.SIGUSR2)          # the time limit's warning: a stop request, never an end
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.5)
+print("alive", stopflag.raised(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("announced, ends", [(False, True), (True, False)])
+def test_sigterm_ends_a_rank_whose_script_never_took_up_the_runtime(announced, ends):
+    """Before its script announces itself a rank's SIGTERM ends it, as under srun alone
+    (a cancel, a preemption or the time limit, at once rather than at Slurm's SIGKILL); once
+    it announced, SIGTERM is the stop request its loop's should_stop reads."""
+    proc = subprocess.run([sys.executable, "-c", EARLY, "announced" if announced else "plain"],
+                          capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    if ends:
+        assert proc.returncode == -signal.SIGTERM and "alive" not in proc.stdout, (proc.returncode, proc.stderr)
+    else:
+        assert proc.returncode == 0 and proc.stdout.strip() == "alive True", (proc.stdout, proc.stderr)
