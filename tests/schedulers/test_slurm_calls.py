@@ -312,6 +312,8 @@ NEVER = {
     "PartitionDown": "partition gpu is DOWN on the cluster",
     "PartitionInactive": "partition gpu is INACTIVE",
     "JobHeldAdmin": "an administrator holds it",
+    # Slurm 24.11's squeue after `scontrol requeuehold` of a running job
+    "job_requeued_in_held_state": "it was requeued held (scontrol requeuehold, or the cluster's RequeueExitHold)",
     "ReqNodeNotAvail, UnavailableNodes:g[001-004]": "node(s) g[001-004] it needs are down, drained or reserved",
 }
 CLEARS = ["Priority", "Resources", "BeginTime", "Dependency", "JobHeldUser", "None", "Reservation",

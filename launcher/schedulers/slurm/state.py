@@ -123,6 +123,9 @@ NEVER_STARTS = {
     "ReservationDeleted": "the reservation the job asked for was deleted",
     "JobHeldAdmin": "an administrator holds it (scontrol release, by an administrator, lets it start)",
     "JobHoldMaxRequeue": "Slurm held it after too many requeues (scontrol release lets it start)",
+    # `scontrol requeuehold`, or an exit code the cluster's RequeueExitHold names: held until released.
+    "job_requeued_in_held_state": "it was requeued held (scontrol requeuehold, or the cluster's RequeueExitHold): "
+                                  "scontrol release lets it start",
     "AssociationTimeLimit": "resources.time {time} is over the time limit of the association of account "
                             "{account}",
     "QOSTimeLimit": "resources.time {time} is over the time limit of QOS {qos}",
