@@ -555,7 +555,17 @@ class Controller:
             return self.requeue(ref, road)
         if action == "resubmit":
             return self.resubmit(road, job_id, restart)
+        if taken in (TakenBack.PREEMPTED, TakenBack.REQUEUED):
+            self.cancel_taken_back(ref, road)
         return road.exit_code
+
+    def cancel_taken_back(self, ref: str, road: NextRoad) -> None:
+        """The run has ended (done, requeue.max reached, cancelled) in a start Slurm took
+        back: a preemption by requeue puts the job back in the queue (now, or as this batch
+        script ends), whence it would take nodes again only to find the run ended. Cancelled
+        now, its start recorded already."""
+        say(f"the run has ended ({road.line()}): job {ref}, which Slurm would start again, is cancelled")
+        self.edge.cancel([ref])
 
     def requeue(self, ref: str, road: NextRoad) -> int:
         """The job back to the queue; kept off road.nodes, which Slurm takes only once it is

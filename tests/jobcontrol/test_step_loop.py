@@ -245,6 +245,22 @@ def test_a_preempted_step_says_so_to_the_end_of_its_start(job_env, monkeypatch, 
     assert "requeue 4242" in edge.commands
 
 
+@pytest.mark.parametrize("taken", [TakenBack.PREEMPTED, TakenBack.REQUEUED])
+def test_a_run_that_ended_in_a_start_slurm_took_back_cancels_the_job_slurm_would_start_again(
+        job_env, monkeypatch, tmp_path, capsys, taken):
+    """requeue.max reached (or the run done) as a preemption came: Slurm requeues the job
+    (PreemptMode=REQUEUE), which would start only to find the run ended. Cancelled at once."""
+    code, edge, ends = run_job(monkeypatch, tmp_path, [NextRoad("done", exit_code=1)], [143], taken=taken)
+    assert code == 1 and ends[0][0].preempted
+    assert edge.commands == ["scancel 4242"]
+    assert "job 4242, which Slurm would start again, is cancelled" in capsys.readouterr().err
+
+
+def test_a_run_that_ended_by_itself_cancels_nothing(job_env, monkeypatch, tmp_path):
+    code, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("done")], [0])
+    assert code == 0 and edge.commands == []
+
+
 def test_a_job_slurm_requeued_itself_is_not_requeued_again(job_env, monkeypatch, tmp_path, capsys):
     """`scontrol requeue` by an admin (or a preemption by requeue): the job is back in the
     queue already; asking again fails ("Job is pending execution"). The nodes to keep off
