@@ -109,7 +109,11 @@ def start_summary(run_dir: str | os.PathLike[str], job_id: str, restart: int) ->
                          "count": max(len(r["save_s"]) for r in ranks if isinstance(r.get("save_s"), list))}
 
     firsts = _progress(beats + ranks, "first_time", "first_step")
-    lasts = _progress(beats, "time", "step") + _progress(ranks, "last_time", "last_step")
+    # A checkpoint a rank saved says its step was reached too: where a rank hangs or is
+    # killed, its last written beat may lag its steps by up to its interval, but not the save
+    # it wrote at once (heartbeats.saving).
+    lasts = (_progress(beats, "time", "step") + _progress(beats, "save_ended", "checkpoint_step")
+             + _progress(ranks, "last_time", "last_step"))
     if firsts:
         when, first = min(firsts)
         out["first_step"], out["first_step_at"] = first, iso(when)

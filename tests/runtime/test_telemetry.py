@@ -39,6 +39,18 @@ def rank_file(run_dir: Path, rank: int, **fields) -> None:
     path.write_text(json.dumps(data))
 
 
+def test_a_start_s_last_step_is_at_least_its_newest_checkpoint(tmp_path):
+    """A rank that hung (or was killed) at step 8 last wrote its beat at step 4, then saved
+    step 5 (the beat written as the save ended): the start reached step 5 at least, which
+    the next start resumes from, never "hung at step 4 -> resumed from 5"."""
+    hb = RunDir(tmp_path).heartbeat(0)
+    hb.parent.mkdir()
+    hb.write_bytes(heartbeat_bytes({"rank": 0, "job_id": "9", "restart": 1, "step": 4, "time": 1000.0,
+                                    "checkpoint_step": 5, "save_ended": 1000.6}))
+    out = startsummary.start_summary(tmp_path, "9", 1)
+    assert out["last_step"] == 5 and out["last_step_at"] == startsummary.iso(1000.6)
+
+
 def test_start_summary_folds_every_rank(tmp_path):
     for rank in range(4):
         rank_file(tmp_path, rank)
