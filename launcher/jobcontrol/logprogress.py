@@ -73,20 +73,34 @@ class LogProgress:
             return self.step
         lines = (self.partial + chunk).split(b"\n")
         self.partial = lines.pop()[-MAX_LINE:]
-        for raw in lines:
-            step = step_of(raw.decode("utf-8", errors="replace")[:MAX_LINE], self.pattern)
-            if step is not None:
-                self._take(step, now)
+        steps = [step for raw in lines
+                 if (step := step_of(raw.decode("utf-8", errors="replace")[:MAX_LINE], self.pattern)) is not None]
+        self._take(steps, now)
         return self.step
 
-    def _take(self, step: int, now: float) -> None:
+    def _take(self, steps: list[int], now: float) -> None:
+        """The steps one poll read, in order. Every line of one read arrives at the same
+        `now`: the newest step is timed against the step of the poll before (a line against
+        the one before it would time nothing, and the first line against the last poll would
+        give one step the whole interval between polls). A step lower than the one before
+        begins a new count (a restart's first lines), untimed."""
+        if not steps:
+            return
         if self.first_step is None:
-            self.first_step, self.first_time = step, now
-        if self.step is None or step != self.step:
-            if self.step is not None and self.step_time is not None and step > self.step and now > self.step_time:
-                self.step_times.append((now - self.step_time) / (step - self.step))
-                self.steps_timed += step - self.step
-            self.step, self.step_time = step, now
+            self.first_step, self.first_time = steps[0], now
+        base_step, base_time = self.step, self.step_time
+        newest = base_step
+        for step in steps:
+            if newest is not None and step < newest:
+                base_step, base_time, newest = step, now, step
+            elif newest is None or step > newest:
+                newest = step
+        if newest is None or newest == self.step:
+            return
+        if base_step is not None and base_time is not None and newest > base_step and now > base_time:
+            self.step_times.append((now - base_time) / (newest - base_step))
+            self.steps_timed += newest - base_step
+        self.step, self.step_time = newest, now
 
     def step_p99_s(self) -> float | None:
         if not self.step_times:

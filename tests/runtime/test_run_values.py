@@ -97,6 +97,29 @@ def test_the_follower_reads_what_the_log_gained_and_keeps_a_line_cut_in_two(tmp_
     assert follower.poll(now=12.0) == 21        # nothing new
 
 
+def test_a_poll_that_reads_many_steps_times_them_together_not_the_first_by_the_whole_interval(tmp_path):
+    """0.1 s steps read every 5 s: each poll reads 50 lines at one `now`. The steps take
+    0.1 s each, not the 5 s between polls (nor 0 s between lines); a restart's lower step
+    begins a new count, untimed."""
+    log = tmp_path / "rank0.out"
+    log.write_bytes(b"")
+    follower = LogProgress.following(log, PATTERN.pattern)
+    for poll, now in enumerate((5.0, 10.0, 15.0)):
+        with log.open("ab") as f:
+            f.write(b"".join(f"iter {poll * 50 + n}: x\n".encode() for n in range(1, 51)))
+        assert follower.poll(now=now) == poll * 50 + 50
+    assert list(follower.step_times) == [0.1, 0.1] and follower.steps_timed == 100
+    assert follower.step_p99_s() == 0.1
+    with log.open("ab") as f:
+        f.write(b"iter 140: y\niter 1: a restart\niter 2: z\n")
+    assert follower.poll(now=20.0) == 2
+    assert list(follower.step_times) == [0.1, 0.1]
+    with log.open("ab") as f:
+        f.write(b"iter 12: z\n")
+    follower.poll(now=21.0)
+    assert list(follower.step_times) == [0.1, 0.1, 0.1]
+
+
 def test_the_log_s_step_reaches_rank_0_s_heartbeat_unless_the_rank_reports_itself(tmp_path):
     log, beat = tmp_path / "rank0.out", tmp_path / "rank-00000.json"
     follower = LogProgress.following(log, PATTERN.pattern)
