@@ -207,9 +207,12 @@ def test_ctrl_c_stops_saves_and_records(tmp_path, isolated_env):
     assert _processes_of(run_dir) == []
 
 
+# A script that never asks whether to stop, and ignores SIGTERM (a plain script that does
+# not ends on the first Ctrl-C's SIGTERM, as under torchrun alone).
 STUBBORN = """\
-import time
-while True:          # never asks whether to stop
+import signal, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+while True:
     time.sleep(0.1)
 """
 
