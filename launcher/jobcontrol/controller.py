@@ -555,15 +555,17 @@ class Controller:
             return self.requeue(ref, road)
         if action == "resubmit":
             return self.resubmit(road, job_id, restart)
-        if taken in (TakenBack.PREEMPTED, TakenBack.REQUEUED):
+        if taken in (TakenBack.PREEMPTED, TakenBack.REQUEUED) and road.exit_code != 0:
             self.cancel_taken_back(ref, road)
         return road.exit_code
 
     def cancel_taken_back(self, ref: str, road: NextRoad) -> None:
-        """The run has ended (done, requeue.max reached, cancelled) in a start Slurm took
-        back: a preemption by requeue puts the job back in the queue (now, or as this batch
-        script ends), whence it would take nodes again only to find the run ended. Cancelled
-        now, its start recorded already."""
+        """The run has ended without its result (requeue.max reached, cancelled) in a start
+        Slurm took back: a preemption by requeue puts the job back in the queue (now, or as
+        this batch script ends), whence it would take nodes again only to find the run ended,
+        and end COMPLETED, which a dependent's afterok would take for the run's success.
+        Cancelled now, its start recorded already. A run that ended well is left to end
+        COMPLETED (its requeued start, if any, ends at once), for afterok."""
         say(f"the run has ended ({road.line()}): job {ref}, which Slurm would start again, is cancelled")
         self.edge.cancel([ref])
 

@@ -256,8 +256,12 @@ def test_a_run_that_ended_in_a_start_slurm_took_back_cancels_the_job_slurm_would
     assert "job 4242, which Slurm would start again, is cancelled" in capsys.readouterr().err
 
 
-def test_a_run_that_ended_by_itself_cancels_nothing(job_env, monkeypatch, tmp_path):
-    code, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("done")], [0])
+@pytest.mark.parametrize("taken", [None, TakenBack.PREEMPTED, TakenBack.REQUEUED])
+def test_a_run_that_ended_well_cancels_nothing(job_env, monkeypatch, tmp_path, taken):
+    """Done as a preemption came: the job ends COMPLETED (its requeued start, if any, ends
+    at once), which a dependent's afterok takes as the run's success; a cancel would leave
+    the dependent waiting for ever."""
+    code, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("done")], [0], taken=taken)
     assert code == 0 and edge.commands == []
 
 
