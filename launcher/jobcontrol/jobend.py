@@ -476,12 +476,18 @@ def used_runtime(run_dir: Path, job_id: str | None, restart: int) -> bool:
 OUTLIVED = "every rank had exited and the step still ran (a node's slurmstepd gone?): glaunch ended it"
 
 
+# srun's first line once glaunch's interrupt reached it: the task lines after it are of the
+# tasks that interrupt ended ("task 2: Killed" of a rank stuck in its teardown).
+SRUN_INTERRUPTED = "srun: interrupt (one more within 1 sec to abort)"
+
+
 def outlived_step_status(status: int, batch_log: str, crashed: bool) -> int:
     """Pure: the status of a step glaunch ended after every rank had exited: 0 where no task
-    failed, as far as srun (no task line in this start's part of the batch log) and the
-    ranks (`crashed`: crash.json of this start) tell, for srun's own status then says only
-    that it was ended; else srun's."""
-    failed = any(SRUN_TASK_LINE.fullmatch(line.strip()) for line in this_start(batch_log).splitlines())
+    failed, as far as srun (no task line in this start's part of the batch log before
+    glaunch's interrupt) and the ranks (`crashed`: crash.json of this start) tell, for
+    srun's own status then says only that it was ended; else srun's."""
+    before = this_start(batch_log).split(SRUN_INTERRUPTED, 1)[0]
+    failed = any(SRUN_TASK_LINE.fullmatch(line.strip()) for line in before.splitlines())
     return status if failed or crashed else 0
 
 

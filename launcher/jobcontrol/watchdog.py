@@ -137,9 +137,10 @@ DONE_STATES = frozenset({"stopped", "finished"})
 STOP_SIGNAL = signal.SIGUSR2
 STEP_ID = re.compile(r"[0-9]{1,10}")      # a Slurm job step's number (isdigit() would take any script's digits)
 # srun returns within seconds of its last task's exit, once every node's slurmstepd has said
-# so. A step that outlives every rank's exit by this long waits for a slurmstepd that is
-# gone (killed, or its node's slurmd restarted), or for a rank stuck in its teardown after
-# its exit handlers: left alone, it holds the allocation to the time limit.
+# so. A step that outlives every rank's exit by this long (on the batch host's clock, from
+# the poll that saw the last exit) waits for a slurmstepd that is gone (killed, or its
+# node's slurmd restarted), or for a rank stuck in its teardown after its exit handlers:
+# left alone, it holds the allocation to the time limit.
 OUTLIVED_S = 30.0
 
 
@@ -368,18 +369,13 @@ def find_hang(records: Mapping[int, Mapping[str, Any]], *, now: float, started: 
     return Hang(kind, bound, silent, blamed_node(silent, records, len(ranks)), len(ranks))
 
 
-def step_outlives_ranks(records: Mapping[int, Mapping[str, Any]], world_size: int | None, *, now: float,
-                        grace_s: float = OUTLIVED_S) -> float | None:
-    """Pure: how long ago the last of the start's ranks exited, where every one of them has
-    (its record's ``exited``, which its exit handler writes) and the last at least `grace_s`
-    before `now`; else None. A rank without a record, or whose record has no exit, may still
-    run (a script that reports no steps writes no exit either)."""
+def step_outlives_ranks(records: Mapping[int, Mapping[str, Any]], world_size: int | None) -> bool:
+    """Pure: whether every rank of the start has exited (its record's ``exited``, which the
+    exit handler of every rank under a launcher writes). A rank without a record, or whose
+    record has no exit, may still run."""
     ranks = set(records) | set(range(world_size or 0))
     exits = [_seconds(records.get(rank, {}).get("exited")) for rank in ranks]
-    if not exits or any(exited is None for exited in exits):
-        return None
-    since = now - max(e for e in exits if e is not None)
-    return since if since >= grace_s else None
+    return bool(exits) and all(exited is not None for exited in exits)
 
 
 def watched_ranks(records: Mapping[int, Mapping[str, Any]], world_size: int | None) -> set[int]:
@@ -550,6 +546,7 @@ class Watch:
         self.unread = False                 # task.json could not be read: off, and nothing to record
         self.progress: LogProgress | None = None    # entrypoint.progress: rank 0's log, followed
         self.progress_total: int | None = None
+        self.exits_seen: float | None = None    # when a poll first saw every rank of the start exited
         if self.limits is None:
             self._read_spec()
 
@@ -603,10 +600,18 @@ class Watch:
 
     def outlived_s(self) -> float | None:
         """How long the step has outlived every rank of this start (step_outlives_ranks),
-        from the records :meth:`check` read, or, with the watch off, read now."""
+        from the records :meth:`check` read, or, with the watch off, read now: counted on
+        this host's clock from the poll that first saw every exit (a node's clock may be
+        off), and said once OUTLIVED_S have passed; else None."""
         now = self.clock()
         records = self._read_records(now) if self.off else self.records
-        return step_outlives_ranks(records, self.world_size, now=now)
+        if not step_outlives_ranks(records, self.world_size):
+            self.exits_seen = None
+            return None
+        if self.exits_seen is None:
+            self.exits_seen = now
+        waited = now - self.exits_seen
+        return waited if waited >= OUTLIVED_S else None
 
     def _recovering_at(self) -> float | None:
         """When a rank of this start last asked for a lost rank's process (peer-replace/)."""
@@ -865,7 +870,7 @@ def watch_slurm(run_dir: str, *, stop: Callable[[], bool], allocation: Sequence[
         hang = watch.check()
         outlived = watch.outlived_s() if end_step is not None else None
         if outlived is not None and end_step is not None:
-            log(f"every rank of start {watch.restart} exited, the last {outlived:.0f} s ago, and its step still "
+            log(f"every rank of start {watch.restart} has exited (seen {outlived:.0f} s ago), and its step still "
                 "runs (a node's slurmstepd is gone, or a rank is stuck after its exit): ending the step")
             end_step()
             return 0

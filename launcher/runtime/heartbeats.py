@@ -18,8 +18,9 @@ knows every rank before its first step), ``running``, ``saving`` (a checkpoint s
 holds up the loop, :func:`saving`; ``saving_since`` when it began, ``save_ended`` when the
 last one ended), ``stopping`` (the save of an agreed stop), ``stopped``, ``finished``.
 ``exited``: when the rank's interpreter began to exit (written once more by its exit
-handler, after its non-daemon threads ended): a step whose ranks have all exited and that
-Slurm still runs has lost a node's slurmstepd, or a rank is stuck in its teardown, and the
+handler, after its non-daemon threads ended; every rank under a launcher has one, from its
+first beat or the task's ``starting``): a step whose ranks have all exited and that Slurm
+still runs has lost a node's slurmstepd, or a rank is stuck in its teardown, and the
 watchdog ends it (:func:`launcher.jobcontrol.watchdog.step_outlives_ranks`).
 The batch host's watchdog (:mod:`launcher.jobcontrol.watchdog`) reads these files, each
 checked (:mod:`launcher.rundir.heartbeatrecord`), and its bounds from the job's task.json.

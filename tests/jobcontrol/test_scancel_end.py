@@ -223,6 +223,8 @@ srun: error: Timed out waiting for job step to complete"""
     (OUTLIVED_STEP, True, 1),                                           # a rank's crash.json: srun's status stands
     ("srun: error: node2: task 3: Exited with exit code 3\n" + OUTLIVED_STEP, False, 1),
     ("srun: error: node2: task 3: Exited with exit code 3\n" + EARLIER_START + OUTLIVED_STEP, False, 0),
+    # a rank stuck in its teardown, which glaunch's interrupt ended: not a failure of its own
+    (OUTLIVED_STEP + "\nsrun: error: node2: task 3: Killed", False, 0),
 ])
 def test_a_step_ended_after_its_ranks_exited_keeps_a_failure_srun_or_a_rank_reported(log, crashed, status):
     assert jobend.outlived_step_status(1, log, crashed) == status

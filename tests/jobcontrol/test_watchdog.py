@@ -470,19 +470,45 @@ def test_hang_json_read_back_is_checked(tmp_path):
 # --- a step that outlives every rank's exit (a node's slurmstepd gone) ---------------------
 
 
-@pytest.mark.parametrize("exits, world_size, now, outlived", [
-    ({0: T0, 1: T0 + 5}, 2, T0 + 35, 30.0),         # the last exit 30 s ago: the step outlived it
-    ({0: T0, 1: T0 + 5}, 2, T0 + 34, None),         # within the grace srun takes to hear every node
-    ({0: T0, 1: None}, 2, T0 + 1000, None),         # a rank that has not exited may still run
-    ({0: T0}, 2, T0 + 1000, None),                  # a rank without a record may still run
-    ({}, 2, T0 + 1000, None),
-    ({}, None, T0 + 1000, None),
+@pytest.mark.parametrize("exits, world_size, outlived", [
+    ({0: T0, 1: T0 + 5}, 2, True),
+    ({0: T0, 1: None}, 2, False),           # a rank that has not exited may still run
+    ({0: T0}, 2, False),                    # a rank without a record may still run
+    ({}, 2, False),
+    ({}, None, False),
 ])
-def test_a_step_outlives_its_ranks_only_once_every_one_exited_a_grace_ago(exits, world_size, now, outlived):
+def test_a_step_outlives_its_ranks_only_once_every_one_exited(exits, world_size, outlived):
     from launcher.jobcontrol.watchdog import step_outlives_ranks
 
     records = {rank: beat(rank, 100, T0, state="finished", exited=at) for rank, at in exits.items()}
-    assert step_outlives_ranks(records, world_size, now=now, grace_s=30.0) == outlived
+    assert step_outlives_ranks(records, world_size) is outlived
+
+
+def test_the_grace_runs_on_the_watchdog_s_clock_from_the_poll_that_saw_every_exit(tmp_path):
+    """A node whose clock runs 10 min behind wrote its exit 'long ago': the grace counts from
+    when this host first saw every rank exited, not from the nodes' times."""
+    from launcher.jobcontrol.watchdog import OUTLIVED_S
+
+    write_task_spec(tmp_path, spec(tmp_path))
+    clock = [T0]
+    watch = Watch(tmp_path, "7", 0, started=T0 - 100, clock=lambda: clock[0])
+    rd = RunDir(tmp_path)
+    rd.heartbeat_dir.mkdir()
+    for rank in (0, 1):
+        rd.heartbeat(rank).write_bytes(heartbeat_bytes(beat(rank, 50, T0 - 600, state="finished", exited=T0 - 600)))
+    watch.check()
+    assert watch.outlived_s() is None                    # first seen now
+    clock[0] = T0 + OUTLIVED_S - 1
+    watch.check()
+    assert watch.outlived_s() is None
+    clock[0] = T0 + OUTLIVED_S
+    watch.check()
+    assert watch.outlived_s() == OUTLIVED_S
+    # A rank started again (peer recovery) has not exited: the count begins anew.
+    rd.heartbeat(1).write_bytes(heartbeat_bytes(beat(1, 50, T0 + 40)))
+    clock[0] = T0 + 41
+    watch.check()
+    assert watch.outlived_s() is None and watch.exits_seen is None
 
 
 def test_the_slurm_watchdog_ends_a_step_that_outlived_its_ranks_even_with_the_watch_off(tmp_path, monkeypatch,
@@ -510,9 +536,10 @@ def test_the_slurm_watchdog_ends_a_step_that_outlived_its_ranks_even_with_the_wa
                                 end_step=lambda: ended.append(1)) == 0
     assert ended == []          # rank 1's exit is an earlier start's: it may still run
     rd.heartbeat(1).write_bytes(heartbeat_bytes(beat(1, 50, exited, state="finished", exited=exited)))
-    deadline = time.monotonic() + 20
+    monkeypatch.setattr(watchdog, "OUTLIVED_S", 2.0)
+    deadline = time.monotonic() + 30
     assert watchdog.watch_slurm(str(tmp_path), stop=lambda: bool(ended) or time.monotonic() > deadline,
                                 cancel=print, end_step=lambda: ended.append(1)) == 0
     assert ended == [1]
     err = capsys.readouterr().err
-    assert re.search(r"every rank of start 0 exited, the last 4[0-9] s ago, and its step still runs", err), err
+    assert re.search(r"every rank of start 0 has exited \(seen [0-9]+ s ago\), and its step still runs", err), err
