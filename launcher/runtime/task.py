@@ -180,9 +180,15 @@ def worker_entry(spec: TaskSpec, args: list[str], accepted: frozenset[str]) -> l
 
 
 def early_stop_signals(signals: tuple[str, ...]) -> tuple[str, ...]:
-    """Pure: the stop signals a rank takes before its script runs: all but Lightning's own."""
+    """Pure: the stop signals a rank takes before its script runs: all but Lightning's own,
+    and, for a plain Lightning script (whose plan has Lightning's warning signal), not
+    SIGTERM either: Lightning's handler of it ends the fit gracefully (its loggers flushed,
+    its callbacks told), then calls the one it found, which would end the process at once
+    (stop.early_stop)."""
     lightning = bare_signal_name(LIGHTNING_WARNING_SIGNAL.name)
-    return tuple(name for name in signals if bare_signal_name(name) != lightning)
+    names = [bare_signal_name(name) for name in signals]
+    left = {lightning, "TERM"} if lightning in names else {lightning}
+    return tuple(name for name, bare in zip(signals, names) if bare not in left)
 
 
 def rank_environment(rank: int, local_rank: int, node: int, world_size: int, ranks_per_node: int) -> dict[str, str]:

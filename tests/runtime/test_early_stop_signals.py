@@ -19,12 +19,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("signals, taken", [
-    (("USR1", "USR2", "TERM"), ("USR2", "TERM")),     # a plain Lightning script's plan
-    (("SIGUSR1", "TERM"), ("TERM",)),
+    (("USR1", "USR2", "TERM"), ("USR2",)),            # a plain Lightning script's plan: SIGTERM is Lightning's
+    (("SIGUSR1", "SIGTERM"), ()),
     (("USR2", "TERM"), ("USR2", "TERM")),             # every other plan
     ((), ()),
 ])
-def test_a_rank_leaves_lightning_s_warning_signal_to_lightning(signals, taken):
+def test_a_rank_leaves_lightning_s_signals_to_lightning(signals, taken):
     assert early_stop_signals(signals) == taken
 
 
