@@ -50,7 +50,7 @@ def test_a_cancel_is_read_from_slurmstepd_s_own_line_in_this_start(log, job_id, 
     assert cancelled_in_log(log, job_id) is cancelled
 
 
-def stopped_by_sigterm(tmp_path, batch_log: str):
+def stopped_by_sigterm(tmp_path, batch_log: str, *, preempted: bool = False):
     """A run whose ranks saved and stopped at step 29 on the SIGTERM (stop.json of start 0),
     its batch log ending as `batch_log`: the road its start's end takes, and the run."""
     run_dir = started_run(tmp_path)
@@ -59,7 +59,7 @@ def stopped_by_sigterm(tmp_path, batch_log: str):
     RunDir(run_dir).stop_file.write_text(json.dumps({"restart": 0, "step": 29}))
     RunDir(run_dir).log_dir.mkdir(exist_ok=True)
     RunDir(run_dir).batch_log("1000").write_text(f"glaunch: start 0: ...\n{batch_log}\n")
-    return end_of_start(run_dir, StepEnd(0), "1000", 0), run_dir
+    return end_of_start(run_dir, StepEnd(0, preempted=preempted), "1000", 0), run_dir
 
 
 def test_a_plain_scancel_ends_the_run_cancelled_and_nothing_requeues(tmp_path, isolated_env):
@@ -272,13 +272,7 @@ def test_a_requeue_is_read_from_slurmstepd_s_line_in_this_start_only(log, requeu
 
 
 def test_a_start_someone_requeued_says_so_not_preemption(tmp_path, isolated_env):
-    run_dir = started_run(tmp_path)
-    with registry.updating(run_dir) as record:
-        record.requeue_max = 3
-    RunDir(run_dir).stop_file.write_text(json.dumps({"restart": 0, "step": 29}))
-    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
-    RunDir(run_dir).batch_log("1000").write_text(f"glaunch: start 0 of job 1000 begins\n{REQUEUE}\n")
-    end_of_start(run_dir, StepEnd(0, preempted=True), "1000", 0)
+    _, run_dir = stopped_by_sigterm(tmp_path, REQUEUE, preempted=True)
     start = registry.read(run_dir).starts[0]
     assert (start.state, start.reason) == ("REQUEUED", "requeued")
     # Without the line, a start Slurm took back was preempted.

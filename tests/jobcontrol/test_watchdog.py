@@ -384,15 +384,20 @@ def test_a_heartbeat_in_another_rank_s_file_is_skipped(tmp_path, capsys):
     assert f"{rd.heartbeat(1)} skipped: it names rank 0" in capsys.readouterr().err
 
 
-def test_the_slurm_watchdog_finds_the_hang_beside_a_hostile_heartbeat(tmp_path, monkeypatch, capsys):
-    import launcher.jobcontrol.watchdog as watchdog
-
-    write_task_spec(tmp_path, spec(tmp_path, watchdog_stall_s=1.0, watchdog_first_step_s=1.0))
+def as_slurm_job_7(monkeypatch) -> None:
+    """The environment of start 0 of Slurm job 7's batch host (no rank's variables)."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("GLAUNCH_JOB_ID", "7")
     monkeypatch.setenv("GLAUNCH_RESTART", "0")
     monkeypatch.setenv("SLURM_JOB_ID", "7")
+
+
+def test_the_slurm_watchdog_finds_the_hang_beside_a_hostile_heartbeat(tmp_path, monkeypatch, capsys):
+    import launcher.jobcontrol.watchdog as watchdog
+
+    write_task_spec(tmp_path, spec(tmp_path, watchdog_stall_s=1.0, watchdog_first_step_s=1.0))
+    as_slurm_job_7(monkeypatch)
     real = watchdog.write_stacks
     monkeypatch.setattr(watchdog, "write_stacks", lambda *a, **kw: real(*a, **kw, wait_s=0.5))
     rd = RunDir(tmp_path)
@@ -420,11 +425,7 @@ def test_a_start_that_ends_before_the_next_poll_is_recorded_as_watched_once_its_
     record = RunRecord(run_id="r")
     record.record_start("7", 0, state="RUNNING")
     registry.write(tmp_path, record)
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("GLAUNCH_JOB_ID", "7")
-    monkeypatch.setenv("GLAUNCH_RESTART", "0")
-    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    as_slurm_job_7(monkeypatch)
     rd = RunDir(tmp_path)
     asked = []
 
@@ -519,11 +520,7 @@ def test_the_slurm_watchdog_ends_a_step_that_outlived_its_ranks_even_with_the_wa
     import launcher.jobcontrol.watchdog as watchdog
 
     write_task_spec(tmp_path, spec(tmp_path, watchdog_stall_s=0.0, watchdog_first_step_s=0.0))
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("GLAUNCH_JOB_ID", "7")
-    monkeypatch.setenv("GLAUNCH_RESTART", "0")
-    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    as_slurm_job_7(monkeypatch)
     rd = RunDir(tmp_path)
     rd.heartbeat_dir.mkdir()
     exited = time.time() - 40
