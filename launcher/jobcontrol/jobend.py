@@ -411,7 +411,12 @@ def killed_in_step(run_dir: Path, job_id: str | None, step_status: int) -> Kille
         per_rank = False
     log = batch_log_tail(RunDir(run_dir).batch_log(job_id))
     task = first_signalled_task(log) if per_rank else None
-    return dataclasses.replace(killed, rank=task, cancelled_step=cancelled_step_in_log(log))
+    first = first_task_line(log) if per_rank else None
+    said = SRUN_SIGNAL_WORDS.get(first[2]) if first is not None and first[0] == task else None
+    # srun's status is the step's last task's signal (the SIGTERM with which srun ended the
+    # others, say); its word for the first task ("Killed") is that task's own.
+    signum = int(said) if said is not None else killed.signum
+    return dataclasses.replace(killed, signum=signum, rank=task, cancelled_step=cancelled_step_in_log(log))
 
 
 # slurmstepd's line when one step is cancelled (`scancel JOB.STEP`: "*** STEP 12.0 ON n1

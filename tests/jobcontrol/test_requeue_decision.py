@@ -183,6 +183,21 @@ def test_a_slurm_start_names_the_rank_from_srun(tmp_path, monkeypatch):
     assert killed_in_step(tmp_path, "77", 137) == Killed(9)                  # srun's tasks are nodes there
 
 
+def test_the_first_task_s_signal_is_srun_s_word_for_it_not_the_step_s_status(tmp_path, monkeypatch):
+    """Slurm 22.05, rank 1 SIGKILLed: srun then ends rank 0 with SIGTERM, and its status
+    is 143, the last task's. Rank 1 was killed by SIGKILL, as srun says of it."""
+    from launcher.jobcontrol import jobend
+
+    monkeypatch.setattr(jobend, "read_task_spec", lambda run_dir: type("Spec", (), {"launcher": "srun"})())
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "77_batch.log").write_text(
+        "glaunch: start 0 of job 77 begins\nsrun: error: node1: task 1: Killed\n"
+        "srun: launch/slurm: _step_signal: Terminating StepId=77.0\nsrun: error: node1: task 0: Terminated\n"
+        "srun: Force Terminated StepId=77.0\n")
+    assert killed_in_step(tmp_path, "77", 143) == Killed(9, 1)
+    assert str(killed_in_step(tmp_path, "77", 143)) == "rank 1 killed by SIGKILL (out of memory?)"
+
+
 # --- the files a start leaves -------------------------------------------------------------
 
 
