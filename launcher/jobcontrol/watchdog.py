@@ -644,14 +644,7 @@ class Watch:
                  **({"swap": self.swap} if self.swap else {})}
         if not _changed(self.noted, entry):
             return
-        try:
-            with registry.updating(self.run_dir) as record:
-                start = record.start(self.job_id, self.restart)
-                if start is None:       # a requeued start: its entry is made by its end, or here
-                    start = record.record_start(self.job_id, self.restart, state=State.RUNNING.value)
-                start.set("watchdog", entry)
-        except (OSError, RunError, RecordError) as exc:
-            log(f"run.json not updated: {exc}")
+        set_watch_entry(self.run_dir, self.job_id, self.restart, entry)
         known = {s["rank"] for s in (self.noted or {}).get("slow") or []}
         for slow in entry["slow"]:
             if slow["rank"] not in known:
@@ -741,16 +734,24 @@ def _changed(noted: Mapping[str, Any] | None, entry: Mapping[str, Any]) -> bool:
                for k in ("bound_s", "save_bound_s"))
 
 
+def set_watch_entry(run_dir: str | os.PathLike, job_id: str, restart: int, entry: Mapping[str, Any]) -> None:
+    """The start's `watchdog` entry in run.json (said, not raised, where it cannot be written)."""
+    try:
+        with registry.updating(Path(run_dir)) as record:
+            start = record.start(job_id, restart)
+            if start is None:       # a requeued start: its entry is made by its end, or here
+                start = record.record_start(job_id, restart, state=State.RUNNING.value)
+            start.set("watchdog", dict(entry))
+    except (OSError, RunError, RecordError) as exc:
+        log(f"run.json not updated: {exc}")
+
+
 def note_failed(run_dir: str | os.PathLike, job_id: str, restart: int, error: str) -> None:
     """Record in the start's run.json entry that its watchdog failed (a defect of its own,
     `error`): `status` then says the start is not watched, and why, where it would otherwise
     show nothing at all."""
-    try:
-        with registry.updating(Path(run_dir)) as record:
-            start = record.start(job_id, restart) or record.record_start(job_id, restart, state=State.RUNNING.value)
-            start.set("watchdog", {"state": "off", "why": f"the watchdog failed ({error[:200]})", "slow": []})
-    except (OSError, RunError, RecordError) as exc:
-        log(f"run.json not updated: {exc}")
+    set_watch_entry(run_dir, job_id, restart, {"state": "off", "why": f"the watchdog failed ({error[:200]})",
+                                               "slow": []})
 
 
 def hang_in(run_dir: str | os.PathLike, restart: int) -> dict | None:
@@ -868,8 +869,7 @@ def watch_slurm(run_dir: str, *, stop: Callable[[], bool], allocation: Sequence[
     watch = Watch(run_dir, ctx.job_id, ctx.restart)
     while not stop():
         hang = watch.check()
-        outlived = watch.outlived_s() if end_step is not None else None
-        if outlived is not None and end_step is not None:
+        if end_step is not None and (outlived := watch.outlived_s()) is not None:
             log(f"every rank of start {watch.restart} has exited (seen {outlived:.0f} s ago), and its step still "
                 "runs (a node's slurmstepd is gone, or a rank is stuck after its exit): ending the step")
             end_step()

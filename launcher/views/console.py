@@ -315,7 +315,7 @@ def _resumed(run_dir: RunDir, starts: list[StartRecord], restart: int) -> tuple[
             logged = _logged_resume(run_dir, later.get("first_step"))
             if logged is None and (later.get("watchdog") or {}).get("why") == NOT_WATCHED:
                 return True, ITS_OWN
-            return True, logged if logged is None else f"went on at step {logged} (its log)"
+            return True, logged
         return True, later.resumed_from
     resume = read_json(run_dir.resume_file)
     if resume is not None and resume.get("restart") == restart:
@@ -323,21 +323,21 @@ def _resumed(run_dir: RunDir, starts: list[StartRecord], restart: int) -> tuple[
     beat = _heartbeat(run_dir)
     # Its first step (not the record a rank writes as it starts, before it resumes).
     if beat is not None and beat.get("restart") == restart and step_of(beat.get("step")) is not None:
-        logged = _logged_resume(run_dir, beat.get("first_step")) if beat.get("source") == "log" else None
-        return True, logged if logged is None else f"went on at step {logged} (its log)"
+        return True, _logged_resume(run_dir, beat.get("first_step")) if beat.get("source") == "log" else None
     return False, None
 
 
-def _logged_resume(run_dir: RunDir, first_step: object) -> int | None:
-    """The step a start of a run with entrypoint.progress began at, as its log said; None
-    for 0, for none, or for a run whose steps come from the runtime."""
+def _logged_resume(run_dir: RunDir, first_step: object) -> str | None:
+    """Where a start of a run with entrypoint.progress went on, as its log said ("went on at
+    step N (its log)"); None for 0, for none, or for a run whose steps come from the runtime."""
     step = step_of(first_step)
     if not step:
         return None
     try:
-        return step if read_task_spec(run_dir.path).progress_pattern is not None else None
+        logged = read_task_spec(run_dir.path).progress_pattern is not None
     except TaskSpecError:
         return None
+    return f"went on at step {step} (its log)" if logged else None
 
 
 def resume_event(run_dir: RunDir, resume: dict, starts: list[StartRecord], *, final: bool) -> str | None:
