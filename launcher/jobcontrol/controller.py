@@ -1,7 +1,7 @@
 """The job's controller: what job.sbatch runs on the batch host, once, after its directives
 and environment::
 
-    exec PYTHON -m launcher.jobcontrol.controller RUN_DIR --nodes N [--master-port BASE,SPAN]
+    exec PYTHON -m launcher.jobcontrol.controller RUN_DIR --nodes N [--master-port BASE,SPAN,STRIDE]
          [--requeue | --requeue --resubmit] -- SRUN_WORDS -- TASK_WORDS
 
 It runs the job's steps (``SRUN_WORDS --nodelist=NODES TASK_WORDS``: srun, then submitit's
@@ -24,7 +24,8 @@ performs how the run goes on after each:
 ``--requeue`` marks a batch job (not a script run inside someone's allocation by ``glaunch
 run``): only a batch job is requeued, restarts in its allocation, or numbers its start past
 the steps it restarted before. ``--master-port``: the rendezvous port is derived from the
-job id and the start's number (each restarted step rendezvous on a port of its own).
+job id and the start's number (each restarted step rendezvous on a port of its own;
+:func:`master_port`).
 
 Slurm's signals: the time limit's warning reaches the steps from Slurm itself (``--signal``
 without ``B:``); a SIGTERM or SIGUSR2 this process gets (a preemption, a cancel) is passed
@@ -148,7 +149,7 @@ class JobSteps:
     task: tuple[str, ...]               # what every task runs (submitit's loader)
     requeue: bool = False               # a batch job: requeue, restart in the allocation
     resubmit: bool = False              # requeue.mode resubmit: at the time limit, a new job
-    port: tuple[int, int] | None = None     # derive MASTER_PORT: (base, span)
+    port: tuple[int, int, int] | None = None    # derive MASTER_PORT: (base, span, stride)
 
     def command(self, nodes: Sequence[str]) -> list[str]:
         """The step's command words, on these nodes."""
@@ -164,7 +165,7 @@ class UsageError(ValueError):
 
 
 def parse(argv: Sequence[str]) -> JobSteps:
-    """``RUN_DIR [--nodes N] [--master-port BASE,SPAN] [--requeue] [--resubmit] -- SRUN -- TASK``."""
+    """``RUN_DIR [--nodes N] [--master-port BASE,SPAN,STRIDE] [--requeue] [--resubmit] -- SRUN -- TASK``."""
     words = list(argv)
     if words.count("--") < 2 or not words or words[0].startswith("-"):
         raise UsageError("usage: RUN_DIR [OPTIONS] -- SRUN_WORDS -- TASK_WORDS")
@@ -181,8 +182,11 @@ def parse(argv: Sequence[str]) -> JobSteps:
         elif option == "--nodes":
             values["nodes"] = _positive(next(rest, ""), option)
         elif option == "--master-port":
-            base, _, span = next(rest, "").partition(",")
-            values["port"] = (_positive(base, option), _positive(span, option))
+            numbers = next(rest, "").split(",")
+            if len(numbers) != 3:
+                raise UsageError(f"{option} takes BASE,SPAN,STRIDE, not {','.join(numbers)!r}")
+            base, span, stride = (_positive(n, option) for n in numbers)
+            values["port"] = (base, span, stride)
         else:
             raise UsageError(f"unknown option {option!r}")
     return JobSteps(Path(words[0]), srun=srun, task=task, **values)
@@ -204,12 +208,16 @@ def start_number(begun: Begun, requeues: int, *, requeue: bool) -> int:
     return begun.number if requeue else requeues
 
 
-def master_port(job_id: str, start: int, port: tuple[int, int]) -> int:
+def master_port(job_id: str, start: int, port: tuple[int, int, int]) -> int:
     """Pure: the rendezvous port of a start, derived from the job id and the start's number,
-    below the ephemeral range (env.sh's glaunch_master_port, for the first start)."""
-    base, span = port
+    below the ephemeral range (env.sh's glaunch_master_port, for the first start): base +
+    (job id x stride + start) mod span. Job ids step by the stride, so a job's later starts
+    do not land on the next jobs' ports, as they would with a stride of 1 (job N's second
+    start on job N+1's first), which a shared node or one host running several nodes
+    makes a rendezvous that cannot bind (jobplan.PORT_STRIDE)."""
+    base, span, stride = port
     digits = "".join(c for c in job_id if c.isascii() and c.isdigit())[:18]
-    return base + (int(digits or 0) + start) % span
+    return base + ((int(digits or 0) % span) * stride + start) % span
 
 
 def after_step(road: NextRoad, job: JobSteps) -> str:

@@ -22,6 +22,12 @@ from launcher.config.sites import ProfileFile
 # taken by some outgoing connection on the node.
 PORT_BASE = 10000
 PORT_SPAN = 20000
+# A start's port is PORT_BASE + (job id x PORT_STRIDE + its start's number) mod PORT_SPAN.
+# The stride is prime to the span (every port is used) and spreads neighbouring jobs apart:
+# of two jobs whose ids are within 300 of each other, neither's start lands on the other's
+# port while their starts' numbers differ by less than 65 (a stride of 1 put job N's second
+# start on job N+1's first).
+PORT_STRIDE = 1329
 STOP_SIGNALS = ("USR2", "TERM")
 
 # Every command builds these classes: eq=False (plans are never compared) and a docstring

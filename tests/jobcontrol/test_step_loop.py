@@ -24,7 +24,7 @@ from launcher.jobcontrol.jobend import NextRoad, StepEnd
 from launcher.jobcontrol.jobstart import Action, Begun
 
 GOLDEN = Path(__file__).parent.parent / "golden"
-PORT = (10000, 20000)
+PORT = (10000, 20000, 1329)
 
 
 class FakeEdge:
@@ -404,10 +404,22 @@ def test_a_start_s_number(begun, requeues, requeue, number):
 
 
 def test_the_port_is_env_sh_s_for_each_start():
-    assert master_port("4242", 0, PORT) == 10000 + 4242
-    assert master_port("4242", 1, PORT) == 10000 + 4243
-    assert master_port("19999", 1, PORT) == 10000                   # wraps within the span
-    assert master_port("12_3", 0, PORT) == 10000 + 123               # only the digits count
+    assert master_port("4242", 0, PORT) == 10000 + 4242 * 1329 % 20000
+    assert master_port("4242", 1, PORT) == 10000 + (4242 * 1329 + 1) % 20000
+    assert master_port("12_3", 0, PORT) == 10000 + 123 * 1329 % 20000    # only the digits count
+    assert master_port("9" * 18, 3, PORT) == 10000 + (int("9" * 18) * 1329 + 3) % 20000
+    assert all(10000 <= master_port(str(job), 0, PORT) < 30000 for job in range(19990, 20010))
+
+
+def test_a_job_s_later_starts_never_take_a_neighbouring_job_s_port():
+    # With a stride of 1, job N's second start rendezvoused on job N+1's first start's port:
+    # two jobs on one host (a shared node, or the local clusters' nodes) then collided.
+    for job in (1, 6316, 19999, 500000, 123456789):
+        mine = {master_port(str(job), start, PORT) for start in range(64)}
+        assert len(mine) == 64
+        for near in range(job - 300, job + 301):
+            if near != job and near > 0:
+                assert mine.isdisjoint(master_port(str(near), start, PORT) for start in range(64)), (job, near)
 
 
 # --- job.sbatch's command line --------------------------------------------------------------------
@@ -436,7 +448,9 @@ def test_job_sbatch_runs_the_same_step_through_the_controller():
 @pytest.mark.parametrize("argv", [
     [], ["/r"], ["/r", "--", "srun"], ["/r", "--", "--", "task"], ["--nodes", "2", "--", "s", "--", "t"],
     ["/r", "--nodes", "0", "--", "s", "--", "t"], ["/r", "--nodes", "x", "--", "s", "--", "t"],
-    ["/r", "--master-port", "10000", "--", "s", "--", "t"], ["/r", "--bogus", "--", "s", "--", "t"],
+    ["/r", "--master-port", "10000", "--", "s", "--", "t"],
+    ["/r", "--master-port", "10000,20000", "--", "s", "--", "t"], ["/r", "--master-port", "1,2,3,4", "--", "s", "--", "t"],
+    ["/r", "--bogus", "--", "s", "--", "t"],
 ])
 def test_a_command_line_that_is_not_job_sbatch_s_is_refused(argv, capsys):
     assert controller.main(argv) == 2

@@ -32,7 +32,8 @@ from launcher.config.load import load_experiment
 from launcher.config.sites import load_site
 from launcher.errors import ConfigError
 from launcher import shell
-from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, SubmitContext
+from launcher.jobcontrol.controller import master_port
+from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, PORT_STRIDE, SubmitContext
 from launcher.resolution.resolve import resolve
 
 # (class, value)
@@ -283,7 +284,8 @@ def check_rendered(context, value, plan, files, cwd: Path):
     elif context == "env-job-id":
         out, seen, _ = _source_env(files, ["MASTER_PORT"], cwd)
         if value.isascii() and value.isdigit() and len(value) <= 18:
-            assert out.returncode == 0 and seen["MASTER_PORT"] == str(PORT_BASE + int(value) % PORT_SPAN)
+            assert out.returncode == 0
+            assert seen["MASTER_PORT"] == str(master_port(value, 0, (PORT_BASE, PORT_SPAN, PORT_STRIDE)))
         else:
             assert out.returncode == 99, "env.sh must stop on a job id that is not one"
             assert b"not a Slurm job id" in out.stderr
@@ -396,7 +398,7 @@ def test_master_port_never_evaluates_the_job_id(job_id, render_root, tmp_path):
     assert not list(tmp_path.rglob("PWNED*"))
     if job_id.isascii() and job_id.isdigit() and len(job_id) <= 18:
         assert out.returncode == 0, out.stderr
-        assert seen["MASTER_PORT"] == str(PORT_BASE + int(job_id) % PORT_SPAN)
+        assert seen["MASTER_PORT"] == str(master_port(job_id, 0, (PORT_BASE, PORT_SPAN, PORT_STRIDE)))
     else:
         assert out.returncode == 99
         assert b"not a Slurm job id" in out.stderr

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 from launcher.errors import GlaunchError, SchedulerError
 from launcher.processes import without_tool_prefix
 from launcher.rendering.render import JobShell
-from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
+from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, PORT_STRIDE, JobPlan
 from launcher.rundir import envnames, registry
 from launcher.rundir.lifecycle import move
 from launcher.rundir.layout import RunDir
@@ -89,7 +89,7 @@ class SlurmScheduler(Scheduler):
             launch_template="slurm.launch.sh.j2", launch_context={"nodes": plan.allocation.nodes},
             rendezvous_template="slurm.rendezvous.sh.j2",
             rendezvous_context={"derive_master_port": plan.launch.derive_master_port, "port_base": PORT_BASE,
-                                "port_span": PORT_SPAN},
+                                "port_span": PORT_SPAN, "port_stride": PORT_STRIDE},
             submitit_executor="slurm", node_rank="$SLURM_NODEID", job_id="$SLURM_JOB_ID",
             extra_env=(job_env, (envnames.RESTART, "${SLURM_RESTART_COUNT:-0}", "raw")))
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from launcher import shell
 from launcher.rendering.render import submitit_command, task_log_patterns
-from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, JobPlan
+from launcher.resolution.jobplan import PORT_BASE, PORT_SPAN, PORT_STRIDE, JobPlan
 from launcher.rundir.layout import RunDir
 
 
@@ -105,7 +105,7 @@ def controller_command(plan: JobPlan, *, batch: bool) -> str:
     restarts in its allocation and (requeue.mode resubmit) resubmits itself."""
     options = [plan.run_dir, "--nodes", str(plan.allocation.nodes)]
     if plan.launch.derive_master_port:
-        options += ["--master-port", f"{PORT_BASE},{PORT_SPAN}"]
+        options += ["--master-port", f"{PORT_BASE},{PORT_SPAN},{PORT_STRIDE}"]
     if batch:
         options += ["--requeue"] + (["--resubmit"] if plan.recovery.requeue_mode == "resubmit" else [])
     head = shell.join(["exec", *controller_python(plan), "-m", "launcher.jobcontrol.controller", *options])
