@@ -11,6 +11,7 @@ from typing import Any
 from launcher.errors import GlaunchError
 from launcher.rundir import registry
 from launcher.rundir.layout import SWEEP_FILE, RunDir
+from launcher.rundir.records import RunRecord
 from launcher.runner import sweeps
 from launcher.runner.road import check_road
 
@@ -47,7 +48,7 @@ def recent(limit: int) -> list[dict[str, Any]]:
         if isinstance(record.extra.get("sweep"), dict):
             continue            # a sweep's element: its sweep's row stands for it
         rows.append({"run_id": record.run_id, "state": record.state, "site": record.site,
-                     "nodes": record.nodes, "created": record.created,
+                     "nodes": record.nodes, "spare_nodes": spare_nodes(record), "created": record.created,
                      "age": _age(record.created), "run_dir": str(run_dir)})
         good += 1
     if index.bad_lines:
@@ -74,10 +75,21 @@ def _sweep_row(sweep_id: str, sweep_dir: Path) -> dict[str, Any]:
             states.append("UNKNOWN")
             continue
         states.append(record.state)
-        nodes.add(record.nodes)
+        nodes.add((record.nodes, spare_nodes(record)))
+    one = next(iter(nodes)) if len(nodes) == 1 else None
     return {"run_id": sweep.sweep_id, "state": sweeps.sweep_state(states) if states else None, "site": sweep.site,
-            "nodes": next(iter(nodes)) if len(nodes) == 1 else "mixed", "created": sweep.created,
+            "nodes": one[0] if one else "mixed", "spare_nodes": one[1] if one else 0, "created": sweep.created,
             "age": _age(sweep.created), "run_dir": str(sweep_dir), "sweep": len(sweep.elements)}
+
+
+def spare_nodes(record: RunRecord) -> int:
+    """Pure: the nodes the run's job holds besides its training nodes (``spare_nodes``): its
+    request's nodes (run.json `request`, as queued) past the record's; 0 where not known."""
+    request = record.extra.get("request")
+    asked = request.get("nodes") if isinstance(request, dict) else None
+    if isinstance(asked, int) and not isinstance(asked, bool) and isinstance(record.nodes, int):
+        return max(0, asked - record.nodes)
+    return 0
 
 
 def _age(created: str | None) -> str:

@@ -18,10 +18,16 @@ def format_list(rows: list[dict[str, Any]]) -> str:
             sweep = f"  (a sweep of {r['sweep']} runs)" if r.get("sweep") else ""
             state = printable(r["state"]) + ("?" if r.get("stale") else "")
             lines.append(f"{printable(r['run_id']):44s} {state:11s} {printable(r['site']):18s} "
-                         f"{_shown(r['nodes']):5s} {r['age']}{sweep}")
+                         f"{_nodes(r):5s} {r['age']}{sweep}")
     stale = sorted({printable(r["stale"]) for r in rows if r.get("stale")})
     lines += [f"STATE?: {why}" for why in stale]
     return "\n".join(lines)
+
+
+def _nodes(row: dict[str, Any]) -> str:
+    """The NODES column: the training nodes, and "+S" for the spares the job holds besides."""
+    spares = row.get("spare_nodes")
+    return _shown(row["nodes"]) + (f"+{spares}" if isinstance(spares, int) and spares > 0 else "")
 
 
 def _shown(value: Any) -> str:

@@ -24,6 +24,7 @@ from launcher.rundir.records import StartRecord
 from launcher.runner import lookup
 from launcher.schedulers.slurm import client as slurm_client, queries as slurm_queries
 from launcher.schedulers.slurm.client import RetryPolicy
+from launcher.views.listing import format_list
 
 REPO = Path(__file__).resolve().parents[2]
 ERRORS = REPO / "tests" / "recorded_cluster" / "errors"
@@ -126,6 +127,19 @@ def test_logs_list_and_cancel_of_an_ended_run_ask_nothing(down):
     assert lines == ["[r0] step 1"]
     assert [(r["run_id"], r["state"]) for r in api.list_runs()] == [(run_dir.name, "FAILED")]
     assert api.cancel(str(run_dir)) == f"run {run_dir.name}: nothing to cancel (FAILED)"
+    assert calls(down) == {}
+
+
+@pytest.mark.parametrize("asked, shown, spares", [(3, "2+1", 1), (2, "2", 0), ("3", "2", 0), (None, "2", 0)])
+def test_list_counts_the_spare_nodes_a_job_holds_besides_its_training_nodes(down, asked, shown, spares):
+    # `request` is what the job asked Slurm for (training nodes and spares); a record that
+    # lacks it, or whose value is not a count, shows the training nodes alone.
+    run_dir = completed(nodes=2)
+    with registry.updating(run_dir) as record:
+        record.extra["request"] = {"nodes": asked}
+    rows = api.list_runs()
+    assert [(r["nodes"], r["spare_nodes"]) for r in rows] == [(2, spares)]
+    assert format_list(rows).splitlines()[1].split()[3] == shown
     assert calls(down) == {}
 
 
