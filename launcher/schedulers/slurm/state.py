@@ -227,6 +227,11 @@ def unlisted_verdict(job_id: str, history: list[dict[str, str]] | None, unlisted
     return None
 
 
+# sacct's states of a start (one row) that has not ended yet.
+ROW_LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING",
+                      "STAGE_OUT"})
+
+
 def merge_history(record: RunRecord, history: list[dict[str, str]]) -> None:
     """sacct lists one row per start (with -D): fill in what the starts' own records lack.
     The job's record of a start (launcher.jobcontrol.jobend) wins over sacct's."""
@@ -261,7 +266,12 @@ def merge_history(record: RunRecord, history: list[dict[str, str]]) -> None:
             if by and entry.detail is None:     # who: uid 0 is root, an administrator or Slurm itself
                 root = " (root: an administrator or Slurm)" if by[1] == "0" else ""
                 entry.detail = f"cancelled by uid {by[1]}{root}"
-        entry.set("scheduler_state", state)
+        # How accounting says the start ended; not a live state, which a later read may
+        # never replace (a job that records its own ends is not asked about again).
+        if state in ROW_LIVE:
+            entry.extra.pop("scheduler_state", None)
+        else:
+            entry.set("scheduler_state", state)
     jobs: dict[str, int] = {}
     for start in record.starts:
         jobs.setdefault(start.job_id, len(jobs))
