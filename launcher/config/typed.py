@@ -33,7 +33,7 @@ from launcher.config import interpolate
 from launcher.config.interpolate import Interpolation, Pending
 from launcher.config.sourcemap import ConfigKeyError, Provenance, locating
 from launcher.config.schema import MISSING
-from launcher.config.yamlfile import Scalar
+from launcher.config.yamlfile import Scalar, Unread
 
 NULLS = frozenset({"", "~", "null", "Null", "NULL"})
 TRUES = frozenset({"true", "True", "TRUE"})
@@ -106,8 +106,13 @@ def _flow_hint(raw: Any, opening: str) -> str:
     if not (isinstance(raw, Scalar) and raw.plain and raw.text.startswith(opening)):
         return ""
     example = "[--tag, 'a,b', '#1']" if opening == "[" else "{a: 'b, c', d: '#1'}"
-    return (f", which is not a YAML flow {'list' if opening == '[' else 'mapping'} (an unclosed bracket, brace or "
-            f"quote, or an unclosed '${{'?); quote an item that holds , [ ] {{ }} or #: {example}")
+    what = f"YAML flow {'list' if opening == '[' else 'mapping'}"
+    if isinstance(raw, Unread) and "escape" in raw.problem:
+        return (f", which is not a {what} ({raw.problem}: in double quotes a backslash starts an escape; "
+                f"single quotes keep it as written: '\\d')")
+    why = f"YAML: {raw.problem}; " if isinstance(raw, Unread) else ""
+    return (f", which is not a {what} ({why}an unclosed bracket, brace or quote, or an unclosed '${{'?); "
+            f"quote an item that holds , [ ] {{ }} or #: {example}")
 
 
 class _Converter:
@@ -303,8 +308,19 @@ def _int_field(text: str, key: str) -> int:
     if re.fullmatch(_INT, text) or re.fullmatch(_INT_PREFIXED, text):
         return _parse_int(text, key)
     if re.fullmatch(_FLOAT, text) or re.fullmatch(_NONFINITE, text):
-        raise ConfigKeyError(key, f"must be a whole number, got {text}")
+        raise ConfigKeyError(key, f"must be a whole number, got {text}{_written_whole(text)}")
     raise ConfigKeyError(key, f"must be an integer, got {_shown(text)}")
+
+
+def _written_whole(text: str) -> str:
+    """For a whole number written as a float (1e3, 2.0): how to write it as one."""
+    try:
+        value = float(text.replace("_", ""))
+    except ValueError:
+        return ""
+    if math.isfinite(value) and value.is_integer() and abs(value) < 2 ** 53:
+        return f" (written as a float; write {int(value)})"
+    return ""
 
 
 def _float_field(text: str, key: str) -> float:

@@ -58,6 +58,17 @@ class Scalar:
         return self           # immutable in practice: nothing assigns to it after parsing
 
 
+class Unread(Scalar):
+    """An override's text that opens a flow list or mapping YAML could not read: kept as
+    text, with YAML's `problem`, for the message of a key that wanted the list or mapping."""
+
+    __slots__ = ("problem",)
+
+    def __init__(self, text: str, problem: str) -> None:
+        super().__init__(text)
+        self.problem = problem
+
+
 class YamlDoc:
     """One parsed file: its raw data and the line of every key."""
 
@@ -332,8 +343,8 @@ def override_value(text: str) -> Any:
             if not exc.message.startswith(("invalid YAML", "is not valid Unicode")):
                 raise
             value = _flow_with_interpolations(text)
-            if value is None:
-                return Scalar(text)       # the converter refuses what no value can hold
+            if value is None:           # the converter refuses what no value can hold
+                return Unread(text, exc.message.removeprefix("invalid YAML: "))
         if isinstance(value, (list, dict)):
             return value
         return Scalar(text)

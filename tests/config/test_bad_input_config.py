@@ -268,6 +268,14 @@ CASES = [
             ["command line: entrypoint.args", "not a YAML flow list", "quote"]),
     Refused("override-list-unclosed-bracket", {"exp.yaml": QUIET_EXP}, ["entrypoint.args=[--lr,${hparams.lr}"],
             ["command line: entrypoint.args", "not a YAML flow list", "quote"]),
+    # YAML's own word on why, and for a backslash in double quotes, how to keep it.
+    Refused("override-list-yaml-problem", {"exp.yaml": QUIET_EXP}, ["entrypoint.args=[a, b"],
+            ["command line: entrypoint.args", "not a YAML flow list (YAML: did not find expected ',' or ']'"]),
+    Refused("override-mapping-escape", {"exp.yaml": QUIET_EXP}, ['env={A: "\\d"}'],
+            ["command line: env", "not a YAML flow mapping (found unknown escape character", "single quotes",
+             "'\\d'"]),
+    Refused("override-int-as-float", {"exp.yaml": QUIET_EXP}, ["checkpoint.every_steps=1e3"],
+            ["command line: checkpoint.every_steps: must be a whole number, got 1e3 (written as a float; write 1000)"]),
     # `checkpoint.dir=$CKPT` with CKPT unset must not quietly mean the default.
     *[Refused(f"empty-choice-{override.split('=')[0]}{'-blank' if override.endswith(' ') else ''}",
               {"exp.yaml": QUIET_EXP}, [override], [f"command line: {override.split('=')[0]}", "leave it out"])

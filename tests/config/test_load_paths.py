@@ -111,7 +111,9 @@ CONVERSIONS = [
     # typed fields: refused, naming the key
     ("int-fraction", "resources: {nodes: 2.5}\n", [], None, "resources.nodes: must be a whole number, got 2.5"),
     ("int-float-spelling", "resources: {nodes: 2.0}\n", [], None, "resources.nodes: must be a whole number"),
-    ("int-exponent", "resources: {nodes: 1e3}\n", [], None, "resources.nodes: must be a whole number"),
+    ("int-exponent", "resources: {nodes: 1e3}\n", [], None, "resources.nodes: must be a whole number, got 1e3 "
+     "(written as a float; write 1000)"),
+    ("int-huge-exponent", "resources: {nodes: 1e300}\n", [], None, "resources.nodes: must be a whole number, got 1e300"),
     ("int-bool", "resources: {nodes: true}\n", [], None, "resources.nodes: must be an integer, got true"),
     ("int-leading-zero", "resources: {nodes: 010}\n", [], None, "resources.nodes: 010 has a leading zero"),
     ("int-word", "resources: {nodes: two}\n", [], None, "resources.nodes: must be an integer, got 'two'"),
