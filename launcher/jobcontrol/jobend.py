@@ -323,11 +323,17 @@ def scancelled(run_dir: Path, job_id: str | None) -> bool:
         return False
     if cancelled_in_log(batch_log_tail(RunDir(run_dir).batch_log(job_id)), job_id):
         return True
-    array_job, _, task = job_id.partition("_")
+    return cancelled_in_log(dispatch_log_tail(run_dir, job_id), None)
+
+
+def dispatch_log_tail(run_dir: Path, job_id: str | None) -> str:
+    """The end of a sweep element's task log (the sweep's logs/%A_%a.log, ARRAY_TASK's),
+    where slurmstepd writes its lines about the task and each start begins with its own
+    "glaunch: start " line (array.sbatch); "" for a job that is no array task."""
+    array_job, _, task = (job_id or "").partition("_")
     if not (task.isdigit() and array_job.isdigit()):
-        return False
-    dispatch = Path(run_dir).parent / LOG_DIR / f"{array_job}_{task}.log"
-    return cancelled_in_log(batch_log_tail(dispatch), None)
+        return ""
+    return batch_log_tail(Path(run_dir).parent / LOG_DIR / f"{array_job}_{task}.log")
 
 
 # srun's words for a task a signal ended -> the signal (its other words are kept as they are).
@@ -858,7 +864,7 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             cancelled=cancelled,
             killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None,
             runtime=used_runtime(run_dir, ctx_job_id or job_id, restart), failed_node=failed,
-            requeued=requeued_in_log(batch_log))
+            requeued=requeued_in_log(batch_log) or requeued_in_log(dispatch_log_tail(run_dir, ctx_job_id)))
         outcome = with_crash_note(outcome, run_dir, restart, ctx_job_id or job_id)
         if args.outlived:
             outcome = dataclasses.replace(outcome, detail="; ".join(x for x in (outcome.detail, OUTLIVED) if x))

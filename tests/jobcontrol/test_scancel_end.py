@@ -282,3 +282,30 @@ def test_a_start_someone_requeued_says_so_not_preemption(tmp_path, isolated_env)
     RunDir(run_dir).batch_log("1000").write_text(OWN_REQUEUE_AFTER_START_0)
     end_of_start(run_dir, StepEnd(0, preempted=True), "1000", 0)
     assert registry.read(run_dir).starts[0].reason == "preemption"
+
+
+ARRAY_TASK_BEGINS = "glaunch: start of array task 1000_2 begins (Slurm restart count {n})\n"
+
+
+@pytest.mark.parametrize("dispatch, reason", [
+    (ARRAY_TASK_BEGINS.format(n=0) + REQUEUE + "\n", "requeued"),
+    # glaunch's own requeue of the start before, in the task's log before this start began
+    (ARRAY_TASK_BEGINS.format(n=0) + REQUEUE + "\n" + ARRAY_TASK_BEGINS.format(n=1), "preemption"),
+    (ARRAY_TASK_BEGINS.format(n=0) + PREEMPTION + "\n", "preemption"),
+])
+def test_a_sweep_element_someone_requeued_is_read_from_its_array_task_s_log(tmp_path, isolated_env, dispatch,
+                                                                             reason):
+    # An element's batch log is its own; slurmstepd writes its lines about the array task in
+    # the sweep's logs/%A_%a.log, where array.sbatch begins each start with its own line.
+    run_dir = started_run(tmp_path)
+    with registry.updating(run_dir) as record:
+        record.requeue_max, record.job_id = 3, "1000_2"
+        record.starts = [registry.new_start("1000_2", 0, state="RUNNING", started="2026-01-01T00:00:00+00:00")]
+    RunDir(run_dir).stop_file.write_text(json.dumps({"restart": 0, "step": 29}))
+    RunDir(run_dir).log_dir.mkdir(exist_ok=True)
+    RunDir(run_dir).batch_log("1000_2").write_text("glaunch: start 0 of job 1000_2 begins\n")
+    (run_dir.parent / "logs").mkdir()
+    (run_dir.parent / "logs" / "1000_2.log").write_text(dispatch)
+    end_of_start(run_dir, StepEnd(0, preempted=True), "1000_2", 0)
+    start = registry.read(run_dir).starts[0]
+    assert (start.state, start.reason) == ("REQUEUED", reason)

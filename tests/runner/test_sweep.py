@@ -170,6 +170,11 @@ def test_each_array_task_runs_its_own_element(tmp_path):
         assert proc.returncode == 0, proc.stderr
         assert (sweep_dir / f"e{task}" / "logs" / f"77_{task}_batch.log").read_text() == \
             f"element {task} as 77 in {sweep_dir}/e{task}/code it's\n"
+        # The task's own log (Slurm's --output) gets only the line each start begins with.
+        assert proc.stdout == f"glaunch: start of array task 77_{task} begins (Slurm restart count 0)\n"
+    proc = subprocess.run(["bash", str(script)], env=dict(base, SLURM_ARRAY_TASK_ID="0", SLURM_RESTART_COUNT="2$(x)"),
+                          capture_output=True, text=True, timeout=30)
+    assert proc.stdout == "glaunch: start of array task 77_0 begins (Slurm restart count 2)\n"
     proc = subprocess.run(["bash", str(script)], env=dict(base, SLURM_ARRAY_TASK_ID="3"), capture_output=True,
                           text=True, timeout=30)
     assert proc.returncode == 1 and "array task 3 has no element in sweep s" in proc.stderr
