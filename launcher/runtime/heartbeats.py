@@ -85,6 +85,7 @@ import os
 import random
 import re
 import socket
+import sys
 import time
 from array import array
 from collections import deque
@@ -413,9 +414,26 @@ def _at_exit() -> None:
     except Exception as exc:  # at exit: say it, never fail the process for it
         log(f"telemetry at exit failed: {type(exc).__name__}: {exc}")
     telemetry.stop_gpu_sampler()
+    _join_children()
     if _beats is not None:
         _beats.exited = time.time()
         _beats.write()
+
+
+def _join_children() -> None:
+    """Wait for this process's non-daemonic multiprocessing children (an upload, a writer),
+    as multiprocessing's own exit handler would right after this one (atexit runs the last
+    registered first): the rank has exited only once they have, and a step whose ranks all
+    exited is ended soon after (launcher.jobcontrol.watchdog.step_outlives_ranks)."""
+    mp = sys.modules.get("multiprocessing")
+    if mp is None:
+        return
+    try:
+        for child in mp.active_children():
+            if not child.daemon:
+                child.join()
+    except Exception as exc:  # at exit: say it, never fail the process for it
+        log(f"waiting for this rank's child processes at exit failed: {type(exc).__name__}: {exc}")
 
 
 # --- the runtime's API ----------------------------------------------------------------------

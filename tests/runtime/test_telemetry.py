@@ -163,3 +163,27 @@ def test_gpu_samples_from_a_stand_in_nvidia_smi(tmp_path):
 
     (row,) = gpu_report(tmp_path)
     assert row["utilization_mean_pct"] == 89 and row["memory_used_max_mib"] == 61234
+
+
+def test_a_rank_has_exited_once_its_non_daemonic_children_have(tmp_path):
+    # multiprocessing's exit handler joins such a child after glaunch's (atexit runs the last
+    # registered first): the rank's `exited` must not come before the child's end, or a step
+    # still uploading would read as one that outlived its ranks.
+    # (multiprocessing.util registers that handler when imported: torch imports it first.)
+    code = ("import multiprocessing.util, pathlib, sys, time\n"
+            "from launcher.runtime import heartbeats\n"
+            "def upload(path):\n"
+            "    time.sleep(1.5)\n"
+            "    pathlib.Path(path).write_text(repr(time.time()))\n"
+            "if __name__ == '__main__':\n"
+            "    heartbeats.heartbeat(1)\n"
+            "    multiprocessing.get_context('spawn').Process(target=upload, args=(sys.argv[1],)).start()\n")
+    script = tmp_path / "rank.py"
+    script.write_text(code)
+    env = dict(os.environ, GLAUNCH_RUN_DIR=str(tmp_path), GLAUNCH_JOB_ID="12", GLAUNCH_GPU_SAMPLE_S="0",
+               PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "uploaded")], env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    beat = read_heartbeat(RunDir(tmp_path).heartbeat(0))
+    assert beat is not None and beat["exited"] >= float((tmp_path / "uploaded").read_text())
