@@ -315,15 +315,14 @@ def batch_log_tail(path: Path) -> str:
         os.close(fd)
 
 
-def scancelled(run_dir: Path, job_id: str | None) -> bool:
-    """Whether the job's batch log says the job was cancelled in this start (:func:`cancelled_in_log`);
-    for a sweep's element (ARRAY_TASK), slurmstepd writes it in the array's log of the task
-    (the sweep's logs/%A_%a.log), the batch log being its element's own."""
+def scancelled(batch_log: str, task_log: str, job_id: str | None) -> bool:
+    """Pure: whether the job's batch log says the job was cancelled in this start
+    (:func:`cancelled_in_log`); for a sweep's element (ARRAY_TASK), slurmstepd writes it in
+    its array task's log (`task_log`, :func:`dispatch_log_tail`), the batch log being the
+    element's own."""
     if job_id is None:
         return False
-    if cancelled_in_log(batch_log_tail(RunDir(run_dir).batch_log(job_id)), job_id):
-        return True
-    return cancelled_in_log(dispatch_log_tail(run_dir, job_id), None)
+    return cancelled_in_log(batch_log, job_id) or cancelled_in_log(task_log, None)
 
 
 def dispatch_log_tail(run_dir: Path, job_id: str | None) -> str:
@@ -379,7 +378,7 @@ def started_again(run_dir: Path, job_id: str, restart: int, rank: int) -> bool:
     return folder.is_dir() and any(folder.glob(pattern))
 
 
-def note_killed_first(run_dir: Path, job_id: str | None, restart: int) -> None:
+def note_killed_first(run_dir: Path, job_id: str | None, restart: int, batch_log: str) -> None:
     """crash.json made to name the task srun says a signal ended first (:func:`killed_first`),
     for the start's end, its blamed node and `glaunch status`, under launcher srun (a task
     per rank; torchrun's tasks are nodes' agents)."""
@@ -391,10 +390,9 @@ def note_killed_first(run_dir: Path, job_id: str | None, restart: int) -> None:
         return
     if not per_rank:
         return
-    log = batch_log_tail(RunDir(run_dir).batch_log(job_id))
-    if cancelled_step_in_log(log) is not None:
+    if cancelled_step_in_log(batch_log) is not None:
         return      # someone's scancel of the step ended every task: no rank was first
-    first = first_task_line(log)
+    first = first_task_line(batch_log)
     if first is not None and started_again(run_dir, job_id, restart, first[0]):
         return      # its loss was recovered (recovery.peer): a later failure is the start's
     record = killed_first(crash_in(run_dir, restart), first, restart)
@@ -405,9 +403,10 @@ def note_killed_first(run_dir: Path, job_id: str | None, restart: int) -> None:
             print(f"glaunch: cannot write {RunDir(run_dir).crash_file}: {exc}", file=sys.stderr, flush=True)
 
 
-def killed_in_step(run_dir: Path, job_id: str | None, step_status: int) -> Killed | None:
+def killed_in_step(run_dir: Path, job_id: str | None, step_status: int, batch_log: str) -> Killed | None:
     """The signal that ended a task of a Slurm job step (its status), and the rank, where
-    srun named the task (one task per rank under launcher srun; torchrun's are nodes)."""
+    srun named the task in the job's batch log (one task per rank under launcher srun;
+    torchrun's are nodes)."""
     killed = killed_by(step_status)
     if killed is None or job_id is None:
         return killed
@@ -415,14 +414,13 @@ def killed_in_step(run_dir: Path, job_id: str | None, step_status: int) -> Kille
         per_rank = read_task_spec(run_dir).launcher == "srun"
     except TaskSpecError:
         per_rank = False
-    log = batch_log_tail(RunDir(run_dir).batch_log(job_id))
-    task = first_signalled_task(log) if per_rank else None
-    first = first_task_line(log) if per_rank else None
+    task = first_signalled_task(batch_log) if per_rank else None
+    first = first_task_line(batch_log) if per_rank else None
     said = SRUN_SIGNAL_WORDS.get(first[2]) if first is not None and first[0] == task else None
     # srun's status is the step's last task's signal (the SIGTERM with which srun ended the
     # others, say); its word for the first task ("Killed") is that task's own.
     signum = int(said) if said is not None else killed.signum
-    return dataclasses.replace(killed, signum=signum, rank=task, cancelled_step=cancelled_step_in_log(log))
+    return dataclasses.replace(killed, signum=signum, rank=task, cancelled_step=cancelled_step_in_log(batch_log))
 
 
 # slurmstepd's line when one step is cancelled (`scancel JOB.STEP`: "*** STEP 12.0 ON n1
@@ -838,7 +836,9 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
     allocation)."""
     stop = stopped_in(run_dir, restart)
     hang = watchdog.hang_in(run_dir, restart)
+    # The job's batch log (and a sweep element's array task's log), read once for all below.
     batch_log = batch_log_tail(RunDir(run_dir).batch_log(ctx_job_id)) if ctx_job_id else ""
+    task_log = dispatch_log_tail(run_dir, ctx_job_id)
     failed = failed_node_in_log(batch_log) if ctx_job_id else None
     if args.outlived:
         args = dataclasses.replace(args, status=outlived_step_status(args.status, batch_log,
@@ -847,12 +847,12 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
         # Only an id of Slurm's shape goes into run.json (it may reach scancel later).
         job_id = ctx_job_id if is_job_id(ctx_job_id) else record.job_id
         swap = watchdog.swap_asked(record.start(job_id, restart)) if job_id is not None else None
-        cancelled = registry.cancel_asked(run_dir, record, job_id) or scancelled(run_dir, job_id)
+        cancelled = registry.cancel_asked(run_dir, record, job_id) or scancelled(batch_log, task_log, job_id)
         if (args.status != 0 and hang is None and stop is None and not cancelled and not args.preempted
                 and not args.timed_out):
             # A crash's first failure (the watchdog's end of a hung step, a cancel or the
             # scheduler taking the job back end every task themselves).
-            note_killed_first(run_dir, ctx_job_id, restart)
+            note_killed_first(run_dir, ctx_job_id, restart, batch_log)
         outcome = decide(
             step_status=args.status, finished=RunDir(run_dir).result_file.exists(), stopped=stop is not None,
             preempted=args.preempted, timed_out=args.timed_out,
@@ -862,9 +862,10 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             # A cancel is glaunch's own mark on the job, or slurmstepd's line that the job was
             # cancelled (a scancel of the user's); never read from how a task ended.
             cancelled=cancelled,
-            killed=killed_in_step(run_dir, job_id, args.status) if crash_in(run_dir, restart) is None else None,
+            killed=(killed_in_step(run_dir, job_id, args.status, batch_log) if crash_in(run_dir, restart) is None
+                    else None),
             runtime=used_runtime(run_dir, ctx_job_id or job_id, restart), failed_node=failed,
-            requeued=requeued_in_log(batch_log) or requeued_in_log(dispatch_log_tail(run_dir, ctx_job_id)))
+            requeued=requeued_in_log(batch_log) or requeued_in_log(task_log))
         outcome = with_crash_note(outcome, run_dir, restart, ctx_job_id or job_id)
         if args.outlived:
             outcome = dataclasses.replace(outcome, detail="; ".join(x for x in (outcome.detail, OUTLIVED) if x))

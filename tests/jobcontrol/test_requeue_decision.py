@@ -176,11 +176,13 @@ def test_a_slurm_start_names_the_rank_from_srun(tmp_path, monkeypatch):
     monkeypatch.setattr(jobend, "read_task_spec", lambda run_dir: type("Spec", (), {"launcher": "srun"})())
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "77_batch.log").write_text("x" * 100_000 + "\n" + KILLED_LOG)
-    assert killed_in_step(tmp_path, "77", 137) == Killed(9, 1)
-    assert killed_in_step(tmp_path, "78", 137) == Killed(9)                  # no batch log
-    assert killed_in_step(tmp_path, "77", 1) is None
+    log = jobend.batch_log_tail(tmp_path / "logs" / "77_batch.log")
+    assert killed_in_step(tmp_path, "77", 137, log) == Killed(9, 1)
+    no_log = jobend.batch_log_tail(tmp_path / "logs" / "78_batch.log")
+    assert no_log == "" and killed_in_step(tmp_path, "78", 137, no_log) == Killed(9)
+    assert killed_in_step(tmp_path, "77", 1, log) is None
     monkeypatch.setattr(jobend, "read_task_spec", lambda run_dir: type("Spec", (), {"launcher": "torchrun"})())
-    assert killed_in_step(tmp_path, "77", 137) == Killed(9)                  # srun's tasks are nodes there
+    assert killed_in_step(tmp_path, "77", 137, log) == Killed(9)             # srun's tasks are nodes there
 
 
 def test_the_first_task_s_signal_is_srun_s_word_for_it_not_the_step_s_status(tmp_path, monkeypatch):
@@ -189,13 +191,11 @@ def test_the_first_task_s_signal_is_srun_s_word_for_it_not_the_step_s_status(tmp
     from launcher.jobcontrol import jobend
 
     monkeypatch.setattr(jobend, "read_task_spec", lambda run_dir: type("Spec", (), {"launcher": "srun"})())
-    (tmp_path / "logs").mkdir()
-    (tmp_path / "logs" / "77_batch.log").write_text(
-        "glaunch: start 0 of job 77 begins\nsrun: error: node1: task 1: Killed\n"
-        "srun: launch/slurm: _step_signal: Terminating StepId=77.0\nsrun: error: node1: task 0: Terminated\n"
-        "srun: Force Terminated StepId=77.0\n")
-    assert killed_in_step(tmp_path, "77", 143) == Killed(9, 1)
-    assert str(killed_in_step(tmp_path, "77", 143)) == "rank 1 killed by SIGKILL (out of memory?)"
+    log = ("glaunch: start 0 of job 77 begins\nsrun: error: node1: task 1: Killed\n"
+           "srun: launch/slurm: _step_signal: Terminating StepId=77.0\nsrun: error: node1: task 0: Terminated\n"
+           "srun: Force Terminated StepId=77.0\n")
+    assert killed_in_step(tmp_path, "77", 143, log) == Killed(9, 1)
+    assert str(killed_in_step(tmp_path, "77", 143, log)) == "rank 1 killed by SIGKILL (out of memory?)"
 
 
 # --- the files a start leaves -------------------------------------------------------------

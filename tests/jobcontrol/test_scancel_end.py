@@ -173,10 +173,15 @@ def test_a_sweep_element_s_cancel_is_read_from_its_array_task_s_log(tmp_path, is
     (run_dir / "logs").mkdir(parents=True)
     (tmp_path / "sweep" / "logs").mkdir()
     RunDir(run_dir).batch_log("2396_1").write_text("glaunch: start 0: ...\n")
-    assert not jobend.scancelled(run_dir, "2396_1")
+
+    def scancelled(job_id):
+        logs = jobend.batch_log_tail(RunDir(run_dir).batch_log(job_id)), jobend.dispatch_log_tail(run_dir, job_id)
+        return jobend.scancelled(*logs, job_id)
+
+    assert not scancelled("2396_1")
     (tmp_path / "sweep" / "logs" / "2396_1.log").write_text(CANCELLED.replace("1000", "2398") + "\n")
-    assert jobend.scancelled(run_dir, "2396_1")
-    assert not jobend.scancelled(run_dir, "2396_2")
+    assert scancelled("2396_1")
+    assert not scancelled("2396_2")
 
 
 def test_a_rank_killed_then_started_again_by_its_peers_is_not_the_later_crash_s_first_failure(
