@@ -414,26 +414,38 @@ def _at_exit() -> None:
     except Exception as exc:  # at exit: say it, never fail the process for it
         log(f"telemetry at exit failed: {type(exc).__name__}: {exc}")
     telemetry.stop_gpu_sampler()
-    _join_children()
-    if _beats is not None:
-        _beats.exited = time.time()
-        _beats.write()
+    if _beats is not None and not _after_children(_beats):
+        _write_exited(_beats)
 
 
-def _join_children() -> None:
-    """Wait for this process's non-daemonic multiprocessing children (an upload, a writer),
-    as multiprocessing's own exit handler would right after this one (atexit runs the last
-    registered first): the rank has exited only once they have, and a step whose ranks all
-    exited is ended soon after (launcher.jobcontrol.watchdog.step_outlives_ranks)."""
-    mp = sys.modules.get("multiprocessing")
-    if mp is None:
-        return
+def _write_exited(beats: Beats) -> None:
+    beats.exited = time.time()
+    beats.write()
+
+
+def _after_children(beats: Beats) -> bool:
+    """Leave the `exited` beat to multiprocessing's own exit, when that is still to come
+    (atexit runs the last registered first, and torch imports multiprocessing.util, which
+    registers it, before the runtime begins): its finalizers run (a Manager's server shut
+    down), its daemonic children are ended and the others (an upload, a writer) waited for,
+    then its last finalizers, this one among them. The rank has exited only once they have:
+    a step whose ranks all exited is ended soon after
+    (launcher.jobcontrol.watchdog.step_outlives_ranks). False where it has run already,
+    or multiprocessing was never imported."""
+    util = sys.modules.get("multiprocessing.util")
+    finalize = getattr(util, "Finalize", None)
+    if finalize is None or getattr(util, "_exiting", True) is not False:
+        return False
     try:
-        for child in mp.active_children():
-            if not child.daemon:
-                child.join()
+        finalize(None, _write_exited, args=(beats,), exitpriority=LAST_FINALIZER)
     except Exception as exc:  # at exit: say it, never fail the process for it
-        log(f"waiting for this rank's child processes at exit failed: {type(exc).__name__}: {exc}")
+        log(f"the exit beat is written now: {type(exc).__name__}: {exc}")
+        return False
+    return True
+
+
+# Below any finalizer's priority a program would choose: run after all of them.
+LAST_FINALIZER = -(2 ** 31)
 
 
 # --- the runtime's API ----------------------------------------------------------------------

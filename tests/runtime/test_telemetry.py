@@ -165,21 +165,29 @@ def test_gpu_samples_from_a_stand_in_nvidia_smi(tmp_path):
     assert row["utilization_mean_pct"] == 89 and row["memory_used_max_mib"] == 61234
 
 
+CHILDREN = """\
+import multiprocessing.util, pathlib, sys, time
+from launcher.runtime import heartbeats
+def upload(path):
+    time.sleep(1.5)
+    pathlib.Path(path).write_text(repr(time.time()))
+if __name__ == "__main__":
+    heartbeats.heartbeat(1)
+    spawn = multiprocessing.get_context("spawn")
+    spawn.Process(target=upload, args=(sys.argv[1],)).start()
+    # A Manager left running: multiprocessing's exit shuts its server down before it joins
+    # the other children (a join of the server first would wait for ever).
+    shared = spawn.Manager().dict(a=1)
+"""
+
+
 def test_a_rank_has_exited_once_its_non_daemonic_children_have(tmp_path):
-    # multiprocessing's exit handler joins such a child after glaunch's (atexit runs the last
-    # registered first): the rank's `exited` must not come before the child's end, or a step
-    # still uploading would read as one that outlived its ranks.
-    # (multiprocessing.util registers that handler when imported: torch imports it first.)
-    code = ("import multiprocessing.util, pathlib, sys, time\n"
-            "from launcher.runtime import heartbeats\n"
-            "def upload(path):\n"
-            "    time.sleep(1.5)\n"
-            "    pathlib.Path(path).write_text(repr(time.time()))\n"
-            "if __name__ == '__main__':\n"
-            "    heartbeats.heartbeat(1)\n"
-            "    multiprocessing.get_context('spawn').Process(target=upload, args=(sys.argv[1],)).start()\n")
+    # multiprocessing's exit handler ends them after glaunch's (atexit runs the last
+    # registered first; multiprocessing.util registers it when imported, and torch imports
+    # it first): the rank's `exited` must not come before the child's end, or a step still
+    # uploading would read as one that outlived its ranks.
     script = tmp_path / "rank.py"
-    script.write_text(code)
+    script.write_text(CHILDREN)
     env = dict(os.environ, GLAUNCH_RUN_DIR=str(tmp_path), GLAUNCH_JOB_ID="12", GLAUNCH_GPU_SAMPLE_S="0",
                PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, str(script), str(tmp_path / "uploaded")], env=env, capture_output=True,
