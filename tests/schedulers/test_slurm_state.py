@@ -219,15 +219,18 @@ def test_merge_follows_one_start_from_running_to_cancelled():
         == ("CANCELLED", "cancelled", "2026-12-03T13:11:10", "2026-12-03T13:11:12", "node1", "CANCELLED")
 
 
-def test_a_start_the_job_ended_keeps_no_live_scheduler_state_from_a_read_while_it_ran():
+@pytest.mark.parametrize("live", ["RUNNING", "STOPPED", "REQUEUE_HOLD", "SUSPENDED", "SPECIAL_EXIT"])
+def test_a_start_the_job_ended_keeps_no_live_scheduler_state_from_a_read_while_it_ran(live):
     # sacct read while the start ran, then the job recorded its end and settled: nothing asks
     # sacct again, so a RUNNING there would stand for ever beside the start's COMPLETED.
+    running = parse_sacct(recorded("sacct-running.txt").replace("|RUNNING|", f"|{live}|"))
+    assert [row["state"] for row in running] == [live]
     record = RunRecord(run_id="r1", job_id="12", starts=[StartRecord(job_id="12", restart=0)])
-    merge_history(record, sacct("sacct-running.txt"))
+    merge_history(record, running)
     (start,) = record.starts
     start.update(state="COMPLETED", ended="2026-12-03T13:11:12", exit_code=0)
     assert "scheduler_state" not in start.to_dict()
-    merge_history(record, sacct("sacct-running.txt"))          # accounting lagging the job's end
+    merge_history(record, running)                             # accounting lagging the job's end
     assert (start.state, start.get("scheduler_state")) == ("COMPLETED", None)
     merge_history(record, sacct("sacct-cancelled.txt"))        # its end, when accounting has it
     assert (start.state, start.get("scheduler_state")) == ("COMPLETED", "CANCELLED")

@@ -227,9 +227,9 @@ def unlisted_verdict(job_id: str, history: list[dict[str, str]] | None, unlisted
     return None
 
 
-# sacct's states of a start (one row) that has not ended yet.
-ROW_LIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING", "SIGNALING",
-                      "STAGE_OUT"})
+# sacct's states of a start (one row) that has not ended yet: a job's live states, but for
+# REQUEUED, which in `sacct -D` is a start that ended in a requeue.
+ROW_LIVE = LIVE - {"REQUEUED"}
 
 
 def merge_history(record: RunRecord, history: list[dict[str, str]]) -> None:
