@@ -107,9 +107,11 @@ def _flow_hint(raw: Any, opening: str) -> str:
         return ""
     example = "[--tag, 'a,b', '#1']" if opening == "[" else "{a: 'b, c', d: '#1'}"
     what = f"YAML flow {'list' if opening == '[' else 'mapping'}"
-    if isinstance(raw, Unread) and "escape" in raw.problem:
-        return (f", which is not a {what} ({raw.problem}: in double quotes a backslash starts an escape; "
-                f"single quotes keep it as written: '\\d')")
+    if isinstance(raw, Unread) and raw.problem.startswith("is not valid Unicode"):
+        return f", which is not a {what}: it {raw.problem}"
+    if isinstance(raw, Unread) and re.search(r'"[^"]*\\', raw.text):
+        return (f", which is not a {what} ({raw.problem}): in double quotes a backslash starts an escape; "
+                "an item in single quotes keeps it as written")
     why = f"YAML: {raw.problem}; " if isinstance(raw, Unread) else ""
     return (f", which is not a {what} ({why}an unclosed bracket, brace or quote, or an unclosed '${{'?); "
             f"quote an item that holds , [ ] {{ }} or #: {example}")
@@ -313,12 +315,15 @@ def _int_field(text: str, key: str) -> int:
 
 
 def _written_whole(text: str) -> str:
-    """For a whole number written as a float (1e3, 2.0): how to write it as one."""
+    """For a whole number written as a float (1e3, 2.0): how to write it as one. Decided
+    exactly (1.00000000000000001 is no whole number, though its float is)."""
+    import decimal          # an error's wording only: not on every load's path
+
     try:
-        value = float(text.replace("_", ""))
-    except ValueError:
+        value = decimal.Decimal(text.replace("_", ""))
+    except (decimal.InvalidOperation, ValueError):
         return ""
-    if math.isfinite(value) and value.is_integer() and abs(value) < 2 ** 53:
+    if value.is_finite() and value == value.to_integral_value() and abs(value) < 10 ** 18:
         return f" (written as a float; write {int(value)})"
     return ""
 

@@ -272,8 +272,10 @@ CASES = [
     Refused("override-list-yaml-problem", {"exp.yaml": QUIET_EXP}, ["entrypoint.args=[a, b"],
             ["command line: entrypoint.args", "not a YAML flow list (YAML: did not find expected ',' or ']'"]),
     Refused("override-mapping-escape", {"exp.yaml": QUIET_EXP}, ['env={A: "\\d"}'],
-            ["command line: env", "not a YAML flow mapping (found unknown escape character", "single quotes",
-             "'\\d'"]),
+            ["command line: env", "not a YAML flow mapping (found unknown escape character): in double quotes a "
+             "backslash starts an escape; an item in single quotes keeps it as written"]),
+    Refused("override-list-escape", {"exp.yaml": QUIET_EXP}, ['entrypoint.args=["\\x4"]'],
+            ["command line: entrypoint.args", "(did not find expected hexdecimal number): in double quotes"]),
     Refused("override-int-as-float", {"exp.yaml": QUIET_EXP}, ["checkpoint.every_steps=1e3"],
             ["command line: checkpoint.every_steps: must be a whole number, got 1e3 (written as a float; write 1000)"]),
     # `checkpoint.dir=$CKPT` with CKPT unset must not quietly mean the default.

@@ -283,3 +283,17 @@ def test_plain_dry_run_does_not_import_omegaconf(tmp_path):
 
 def test_interpolation_imports_omegaconf(tmp_path):
     assert _imports_omegaconf(tmp_path, "examples/torch_ddp.yaml", "env.N=${resources.nodes}")
+
+
+@pytest.mark.parametrize("written, hint", [
+    ("1e3", " (written as a float; write 1000)"), ("2.0", " (written as a float; write 2)"),
+    ("-4.0e1", " (written as a float; write -40)"),
+    # decided exactly: each one's float is whole, the number is not
+    ("1.00000000000000001", ""), ("9007199254740990.5", ""), ("1e300", ""), ("2.5", ""),
+])
+def test_a_whole_number_written_as_a_float_is_told_how_to_write_it(written, hint, tmp_path):
+    path = tmp_path / "exp.yaml"
+    path.write_text(EXP + f"resources: {{nodes: {written}}}\n")
+    with pytest.raises(ConfigError) as info:
+        load.load_experiment(path, [])
+    assert str(info.value).endswith(f"resources.nodes: must be a whole number, got {written}{hint}")
