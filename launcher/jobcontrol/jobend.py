@@ -94,7 +94,7 @@ from launcher.rundir.records import (
     is_terminal,
     node_list,
 )
-from launcher.rundir.layout import LOG_DIR, PEER_REPLACE_FILE, RunDir, name_part, read_heartbeat
+from launcher.rundir.layout import PEER_REPLACE_FILE, RunDir, array_task_log, name_part, read_heartbeat
 from launcher.rundir.rankcontext import RuntimeConfigError, context
 from launcher.rundir.startsummary import iso, not_started_note, start_summary
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
@@ -315,24 +315,25 @@ def batch_log_tail(path: Path) -> str:
         os.close(fd)
 
 
-def scancelled(batch_log: str, task_log: str, job_id: str | None) -> bool:
+def scancelled(batch_log: str, array_log: str, job_id: str | None) -> bool:
     """Pure: whether the job's batch log says the job was cancelled in this start
     (:func:`cancelled_in_log`); for a sweep's element (ARRAY_TASK), slurmstepd writes it in
-    its array task's log (`task_log`, :func:`dispatch_log_tail`), the batch log being the
+    its array task's log (`array_log`, :func:`array_log_tail`), the batch log being the
     element's own."""
     if job_id is None:
         return False
-    return cancelled_in_log(batch_log, job_id) or cancelled_in_log(task_log, None)
+    return cancelled_in_log(batch_log, job_id) or cancelled_in_log(array_log, None)
 
 
-def dispatch_log_tail(run_dir: Path, job_id: str | None) -> str:
-    """The end of a sweep element's task log (the sweep's logs/%A_%a.log, ARRAY_TASK's),
-    where slurmstepd writes its lines about the task and each start begins with its own
-    "glaunch: start " line (array.sbatch); "" for a job that is no array task."""
+def array_log_tail(run_dir: Path, job_id: str | None) -> str:
+    """The end of a sweep element's array task log (layout.ARRAY_TASK_LOG_PATTERN, in the
+    sweep's folder, the element's parent), where slurmstepd writes its lines about the task
+    and each run of the task begins with its own "glaunch: start " line (array.sbatch); ""
+    for a job that is no array task (ARRAYJOB_TASK)."""
     array_job, _, task = (job_id or "").partition("_")
     if not (task.isdigit() and array_job.isdigit()):
         return ""
-    return batch_log_tail(Path(run_dir).parent / LOG_DIR / f"{array_job}_{task}.log")
+    return batch_log_tail(array_task_log(Path(run_dir).parent, array_job, task))
 
 
 # srun's words for a task a signal ended -> the signal (its other words are kept as they are).
@@ -838,7 +839,7 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
     hang = watchdog.hang_in(run_dir, restart)
     # The job's batch log (and a sweep element's array task's log), read once for all below.
     batch_log = batch_log_tail(RunDir(run_dir).batch_log(ctx_job_id)) if ctx_job_id else ""
-    task_log = dispatch_log_tail(run_dir, ctx_job_id)
+    array_log = array_log_tail(run_dir, ctx_job_id)
     failed = failed_node_in_log(batch_log) if ctx_job_id else None
     if args.outlived:
         args = dataclasses.replace(args, status=outlived_step_status(args.status, batch_log,
@@ -847,7 +848,7 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
         # Only an id of Slurm's shape goes into run.json (it may reach scancel later).
         job_id = ctx_job_id if is_job_id(ctx_job_id) else record.job_id
         swap = watchdog.swap_asked(record.start(job_id, restart)) if job_id is not None else None
-        cancelled = registry.cancel_asked(run_dir, record, job_id) or scancelled(batch_log, task_log, job_id)
+        cancelled = registry.cancel_asked(run_dir, record, job_id) or scancelled(batch_log, array_log, job_id)
         if (args.status != 0 and hang is None and stop is None and not cancelled and not args.preempted
                 and not args.timed_out):
             # A crash's first failure (the watchdog's end of a hung step, a cancel or the
@@ -865,7 +866,7 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             killed=(killed_in_step(run_dir, job_id, args.status, batch_log) if crash_in(run_dir, restart) is None
                     else None),
             runtime=used_runtime(run_dir, ctx_job_id or job_id, restart), failed_node=failed,
-            requeued=requeued_in_log(batch_log) or requeued_in_log(task_log))
+            requeued=requeued_in_log(batch_log) or requeued_in_log(array_log))
         outcome = with_crash_note(outcome, run_dir, restart, ctx_job_id or job_id)
         if args.outlived:
             outcome = dataclasses.replace(outcome, detail="; ".join(x for x in (outcome.detail, OUTLIVED) if x))

@@ -103,6 +103,10 @@ STANDALONE_RUN_DIR = "glaunch-run"
 # A task's log, as srun's --output/--error patterns name it (%j job id, %t task id).
 TASK_LOG_PATTERN = "%j_%t_log.{stream}"
 BATCH_LOG_PATTERN = "%j_batch.log"
+# A sweep's array task's own log, in the sweep's logs/ (its sbatch --output; %A array job,
+# %a task): array.sbatch's line each time the task runs, and slurmstepd's lines about the
+# task (a cancel, a requeue); the task then writes into its element's own logs.
+ARRAY_TASK_LOG_PATTERN = "%A_%a.log"
 STEP_SUMMARY = "{job_id}_step.json"      # the local stand-in for srun's account of a step
 # A sweep's element on Slurm is a task of an array job: its job id is ARRAYJOB_TASK.
 # In the local record of a run that lives on a cluster reached over SSH: where it lives.
@@ -182,6 +186,11 @@ def read_heartbeat(path: str | os.PathLike[str], attempts: int = 3) -> dict[str,
         if attempt + 1 < attempts:
             time.sleep(0.005)
     return None
+
+
+def array_task_log(sweep_dir: str | os.PathLike[str], array_job: str, task: str) -> Path:
+    """The log of task `task` of array job `array_job` (ARRAY_TASK_LOG_PATTERN)."""
+    return Path(sweep_dir) / LOG_DIR / ARRAY_TASK_LOG_PATTERN.replace("%A", array_job).replace("%a", task)
 
 
 @dataclass(frozen=True)

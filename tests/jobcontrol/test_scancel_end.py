@@ -175,7 +175,7 @@ def test_a_sweep_element_s_cancel_is_read_from_its_array_task_s_log(tmp_path, is
     RunDir(run_dir).batch_log("2396_1").write_text("glaunch: start 0: ...\n")
 
     def scancelled(job_id):
-        logs = jobend.batch_log_tail(RunDir(run_dir).batch_log(job_id)), jobend.dispatch_log_tail(run_dir, job_id)
+        logs = jobend.batch_log_tail(RunDir(run_dir).batch_log(job_id)), jobend.array_log_tail(run_dir, job_id)
         return jobend.scancelled(*logs, job_id)
 
     assert not scancelled("2396_1")

@@ -23,10 +23,10 @@ from launcher.errors import SchedulerError
 from launcher import shell
 from launcher.rendering.render import lines, template
 from launcher.resolution.jobplan import JobPlan
+from launcher.rundir.layout import ARRAY_TASK_LOG_PATTERN, LOG_DIR
 from launcher.schedulers.slurm.script import sbatch_directives
 
 ARRAY_SCRIPT = "array-{number}.sbatch"
-ARRAY_LOG = "%A_%a.log"             # the dispatch of each task, before it writes into its element's logs
 # Slurm's default MaxArraySize: the largest task index is one less.
 DEFAULT_MAX_ARRAY_SIZE = 1001
 # Directives that differ from element to element without changing the allocation: its log,
@@ -79,7 +79,7 @@ def render_array(group: ArrayGroup, plans: Sequence[JobPlan], *, sweep_id: str, 
     first = plans[group.elements[0]]
     directives = list(group.shape) + [
         shell.sbatch_directive("chdir", first.workdir),
-        shell.sbatch_directive("output", os.path.join(sweep_dir, "logs", ARRAY_LOG)),
+        shell.sbatch_directive("output", os.path.join(sweep_dir, LOG_DIR, ARRAY_TASK_LOG_PATTERN)),
         shell.sbatch_directive("array", group.spec(max_parallel)),
     ]
     run_dirs = lines(f"    [{task}]={shell.quote(plans[element].run_dir)}  # element {element}"
