@@ -56,7 +56,7 @@ export MASTER_ADDR
 glaunch_master_port() {
     local job=${SLURM_JOB_ID//[!0-9]/} start=${GLAUNCH_RESTART//[!0-9]/}
     job=${job:0:18} start=${start:0:9}
-    printf '%s\n' "$(( 10000 + ((10#$job % 20000) * 1329 + 10#${start:-0}) % 20000 ))"
+    printf '%s\n' "$(( 10000 + ((10#${job:-0} % 20000) * 1329 + 10#${start:-0}) % 20000 ))"
 }
 export MASTER_PORT
 MASTER_PORT=$(glaunch_master_port)
