@@ -52,11 +52,12 @@ export MASTER_ADDR
 # Derived from the job id and the start's number (a step started again in the allocation
 # rendezvous on a port of its own), below the ephemeral range 32768-60999; job ids step by
 # 1329, so a job's later starts miss its neighbours' ports. Only their digits
-# reach the arithmetic, even if this file runs without the check above; 10#: not octal.
+# reach the arithmetic, even if this file runs without the check above (a job id with none
+# is then an arithmetic error, never a port); 10#: not octal.
 glaunch_master_port() {
     local job=${SLURM_JOB_ID//[!0-9]/} start=${GLAUNCH_RESTART//[!0-9]/}
     job=${job:0:18} start=${start:0:9}
-    printf '%s\n' "$(( 10000 + ((10#${job:-0} % 20000) * 1329 + 10#${start:-0}) % 20000 ))"
+    printf '%s\n' "$(( 10000 + ((10#$job % 20000) * 1329 + 10#${start:-0}) % 20000 ))"
 }
 export MASTER_PORT
 MASTER_PORT=$(glaunch_master_port)
