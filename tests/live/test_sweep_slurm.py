@@ -1,8 +1,8 @@
 """Sweeps on the real local Slurm cluster: a 2 x 2 sweep of examples/torch_ddp as one job
 array of four tasks, two at a time, every element COMPLETED with its result; one element
-preempted by an `urgent` job requeues alone and resumes bitwise while the other runs; an
-element's parameters equal those of the same configuration submitted alone; a sweep
-cancelled as a whole."""
+preempted by an `urgent` job requeues alone, is requeued by hand in its next start, and
+resumes bitwise while the other runs; an element's parameters equal those of the same
+configuration submitted alone; a sweep cancelled as a whole."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def element_records(sweep_dir, record):
 
 
 @pytest.mark.release_smoke
-def test_two_by_two_sweep_one_array_one_element_preempted_resumes_bitwise(tmp_path, isolated_env):
+def test_two_by_two_sweep_one_array_one_element_preempted_then_requeued_resumes_bitwise(tmp_path, isolated_env):
     exp = tmp_path / "grid.yaml"
     exp.write_text(EXPERIMENT)
     proc = glaunch("submit", str(exp), "--site", SITE, "--runs-dir", str(tmp_path / "runs"), "--json",
@@ -76,6 +76,20 @@ def test_two_by_two_sweep_one_array_one_element_preempted_resumes_bitwise(tmp_pa
         others = [r for r in running if r["run_id"] != victim["run_id"]]
         assert len(others) == 1
 
+        # Its second start, once it trains again, requeued by hand (`scontrol requeue`, as a
+        # user or an administrator would): slurmstepd says so in the task's own log, after the
+        # line glaunch's own requeue of the first start left there.
+        logged = len(rank0_steps(sweep_dir / victim["run_id"], victim["job_id"]))
+
+        def training_again():
+            release_requeue_hold(victim["job_id"])
+            starts = read_json(sweep_dir / victim["run_id"] / "run.json")["starts"]
+            return (len(starts) == 2 and starts[-1]["state"] in ("PENDING", "RUNNING")
+                    and len(rank0_steps(sweep_dir / victim["run_id"], victim["job_id"])) >= logged + 3)
+
+        wait_until(training_again, 300, "the preempted element to train again", interval=0.3)
+        out("scontrol", "requeue", victim["job_id"])
+
         def all_ended():
             release_requeue_hold(victim["job_id"])
             summary = json.loads(glaunch("status", info["sweep_id"], "--json", env=isolated_env).stdout)
@@ -104,9 +118,11 @@ def test_two_by_two_sweep_one_array_one_element_preempted_resumes_bitwise(tmp_pa
 
     # The victim: its own requeue, resumed from where it stopped, nothing lost.
     victim = read_json(sweep_dir / victim["run_id"] / "run.json")
-    first, *rest = victim["starts"]
+    first, by_hand, last = victim["starts"]
     assert first["state"] == "REQUEUED" and first["reason"] == "preemption" and first["stopped_at"] is not None
-    assert rest[0]["resumed_from"] == first["stopped_at"] and victim["starts"][-1]["state"] == "COMPLETED"
+    assert by_hand["state"] == "REQUEUED" and by_hand["reason"] == "requeued" and by_hand["stopped_at"] is not None
+    assert by_hand["resumed_from"] == first["stopped_at"] and last["resumed_from"] == by_hand["stopped_at"]
+    assert last["state"] == "COMPLETED"
     # The other element ran through the preemption in one start.
     other = read_json(sweep_dir / others[0]["run_id"] / "run.json")
     assert len(other["starts"]) == 1 and other["starts"][0]["state"] == "COMPLETED"
