@@ -95,7 +95,12 @@ def clusters_held(item) -> list[str]:
     """The clusters a test holds from its setup to its end: those it needs, but for `main`
     where the test runs on `defaults` and only its module says requires_slurm (a module of
     both clusters' tests; the test itself sends nothing to `main`). Held, `main` would keep
-    such a test waiting behind every `main` test of the other worker."""
+    such a test waiting behind every `main` test of the other worker. A test that is not a
+    `slurm` test (it runs with the tests that need no cluster) holds none: it asks a cluster
+    without taking its nodes (sbatch --test-only queues nothing), and holding it would keep
+    its worker, with every test queued behind it, waiting out the clusters' whole stage."""
+    if not item.get_closest_marker("slurm"):
+        return []
     needed = clusters_needed(item)
     own = {marker.name for marker in item.own_markers}
     if on_defaults(item) and MAIN in needed and "requires_slurm" not in own:
