@@ -206,15 +206,16 @@ def test_a_damaged_record_or_bundle_is_left_out(folder):
 
 def test_the_check_stays_cheap_with_a_full_index(folder):
     """RECENT_RUNS resumable runs in the folder: the warning's reading of their records
-    stays a small part of a dry run."""
+    stays a small part of a dry run. Timed in this process's CPU time, which the other
+    processes of a busy machine do not stretch as they stretch the wall clock."""
     for i in range(shared_folder.RECENT_RUNS):
         earlier_run(folder, "FAILED", name=f"r{i}")
     plan = submission.prepare(experiment(folder, "second"), site="local", dry_run=True).plan
-    began = time.perf_counter()
+    began = time.process_time()
     warning = shared_folder.warning(plan)
-    took = time.perf_counter() - began
+    took = time.process_time() - began
     assert warning is not None
-    assert took < 0.5, f"{took:.3f} s"
+    assert took < 0.5, f"{took:.3f} s of CPU"
 
 
 # --- the submission shows it (launcher.runner.submission._prepare) ------------------------------
