@@ -48,6 +48,8 @@ slurmkit.wait_queue_drained = lambda cluster, limit_s: None
 
 
 def run_session(tmp_path: Path, dist: str) -> list[dict]:
+    # A pytest of its own with two workers, each importing the suite's conftest: about 15 s
+    # of CPU, which a machine busy with the clusters' tests stretches past 4 minutes.
     session = tmp_path / dist
     session.mkdir()
     (session / "conftest.py").write_text((TESTS / "conftest.py").read_text() + STUB_CLUSTERS)
@@ -58,7 +60,7 @@ def run_session(tmp_path: Path, dist: str) -> list[dict]:
                TURNS_LOG=str(log), GLAUNCH_TEST_TURN_DIR=str(session / "locks"), GLAUNCH_REQUIRE_SLURM="0")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
                            "--dist", dist, "--rootdir", str(session), "-c", os.devnull, str(session)],
-                          cwd=session, env=env, capture_output=True, text=True, timeout=240)
+                          cwd=session, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return [json.loads(line) for line in log.read_text().splitlines()]
 

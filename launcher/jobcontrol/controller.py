@@ -33,12 +33,13 @@ on to the running step, whose ranks save and stop, and its end is recorded. Whil
 is being made, SIGTERM is ignored (the requeue sends it) until the job is kept off the nodes
 (Slurm takes ExcNodeList only for a pending job); SIGKILL ends the script KillWait later.
 
-At the time limit Slurm sends SIGTERM to this process and to every task at once, and
-SIGKILL to all of them KillWait later; srun waits that long for tasks that do not end on
-SIGTERM (a script without glaunch's runtime, or one still saving). Waiting for srun would
-leave this process no time to record the start and requeue the run, so at the limit the
-step is given KillWait less what the controller needs (:func:`step_grace_s`), and its end
-is recorded then, while Slurm ends what is left of it.
+At the time limit, and at a cancel (`scancel` of the job), Slurm sends SIGTERM to this
+process and to every task at once, and SIGKILL to all of them KillWait later; srun waits that
+long for tasks that do not end on SIGTERM (a script without glaunch's runtime, or one still
+saving). Waiting for srun would leave this process no time to record the start (and requeue
+the run), so the step is given KillWait less what the controller needs (:func:`step_grace_s`),
+and its end is recorded then, while Slurm ends what is left of it. A preemption's SIGTERM
+leaves the step the partition's GraceTime.
 
 The decisions are pure functions (:func:`start_number`, :func:`after_step`,
 :func:`master_port`, and jobend's :func:`launcher.jobcontrol.jobend.decide`); every command
@@ -89,6 +90,10 @@ NODE_ADDR = re.compile(r"\bNodeAddr=([^\s]+)")
 # The time limit ended the job (the state Slurm gives it while its processes are ended, then
 # after): `JobState=COMPLETING Reason=TimeLimit`, then `JobState=TIMEOUT`.
 TIME_LIMIT = re.compile(r"\bReason=TimeLimit\b|\bJobState=TIMEOUT\b")
+# Slurm ends the job otherwise (a cancel: `JobState=COMPLETING Reason=None` while its
+# processes are ended, then CANCELLED): SIGKILL follows the SIGTERM KillWait later, as at the
+# time limit.
+ENDING = re.compile(r"\bJobState=(?:COMPLETING|CANCELLED)\b")
 # `scontrol show config`: how long Slurm waits between a job's SIGTERM and its SIGKILL.
 KILL_WAIT = re.compile(r"^KillWait\s*=\s*([0-9]{1,6}) sec\b", re.M)
 DEFAULT_KILL_WAIT_S = 30      # Slurm's own default, where the cluster's is not known
@@ -107,6 +112,7 @@ class TakenBack(enum.Enum):
     PREEMPTED = "preempted"     # preempted: the job goes back to the queue only if asked
     REQUEUED = "requeued"       # already back in the queue: asking again fails ("pending")
     TIMED_OUT = "timed out"     # its time limit ended it: back in the queue only if asked
+    ENDED = "ended"             # otherwise ended (a cancel): its processes are being ended
 
 
 def taken_back(shown: str, restart_count: str) -> TakenBack | None:
@@ -119,7 +125,9 @@ def taken_back(shown: str, restart_count: str) -> TakenBack | None:
         return TakenBack.REQUEUED
     if PREEMPT_TIME.search(shown):
         return TakenBack.PREEMPTED
-    return TakenBack.TIMED_OUT if TIME_LIMIT.search(shown) else None
+    if TIME_LIMIT.search(shown):
+        return TakenBack.TIMED_OUT
+    return TakenBack.ENDED if ENDING.search(shown) else None
 
 
 def kill_wait_s(config: str) -> float:
@@ -303,7 +311,8 @@ class SlurmEdge:
         finally:
             self.step = None
         if code is None:
-            say("the time limit: the end of this start is recorded now; Slurm ends what is left of its step")
+            say("Slurm ends the job (its time limit, a cancel): the end of this start is recorded now; "
+                "Slurm ends what is left of its step")
             return jobend.SIGNALLED_STATUS + signal.SIGTERM
         return jobend.SIGNALLED_STATUS - code if code < 0 else code
 
@@ -405,7 +414,8 @@ class Controller:
         self.env = os.environ if env is None else env
         self.kill_wait_s = float(DEFAULT_KILL_WAIT_S)
         self.term_at: float | None = None       # time.monotonic() of a SIGTERM not yet looked into
-        self.leave_at: float | None = None      # the time limit's: when its step stops being waited for
+        self.leave_at: float | None = None      # Slurm ends the job: when its step stops being waited for
+        self.limit_reached = False              # ... and the time limit is what ends it
         self.outlived = False      # the watchdog ended the running step: it outlived every rank's exit
 
     def on_signal(self, signum: int, _frame: Any = None) -> None:
@@ -418,17 +428,25 @@ class Controller:
 
     def past_time_limit(self) -> bool:
         """Asked while a step runs: whether to stop waiting for it. After a SIGTERM, once:
-        where the time limit sent it (scontrol show job), the step is waited for until
-        step_grace_s after it; a SIGTERM of anything else (a preemption's GraceTime, a
-        cancel) leaves the step its time."""
+        where Slurm sent it to end the job (the time limit, a cancel: scontrol show job), whose
+        SIGKILL comes KillWait later, the step is waited for until step_grace_s after it, so
+        that the start's end is recorded before the SIGKILL; a preemption's SIGTERM (its
+        GraceTime) leaves the step its time."""
         if self.leave_at is None and self.term_at is not None:
             term_at, self.term_at = self.term_at, None
-            if self.edge.taken_back(self.slurm_job, LIMIT_ASK_S) is TakenBack.TIMED_OUT:
+            taken = self.edge.taken_back(self.slurm_job, LIMIT_ASK_S)
+            if taken in (TakenBack.TIMED_OUT, TakenBack.ENDED):
                 self.leave_at = term_at + step_grace_s(self.kill_wait_s)
+                self.limit_reached = taken is TakenBack.TIMED_OUT
         return self.leave_at is not None and time.monotonic() >= self.leave_at
 
     @property
     def at_time_limit(self) -> bool:
+        return self.limit_reached
+
+    @property
+    def being_ended(self) -> bool:
+        """Slurm ends the job (its time limit, a cancel): its SIGKILL is at most KillWait away."""
         return self.leave_at is not None
 
     def run(self) -> int:
@@ -465,7 +483,7 @@ class Controller:
             status = self.step(nodes, allocation)
             # At the time limit the job's record is asked within what is left of KillWait, and
             # the limit stands where it does not answer.
-            taken = self.edge.taken_back(self.slurm_job, LIMIT_ASK_S if self.at_time_limit else SLURM_TIMEOUT_S)
+            taken = self.edge.taken_back(self.slurm_job, LIMIT_ASK_S if self.being_ended else SLURM_TIMEOUT_S)
             if taken is None and self.at_time_limit:
                 taken = TakenBack.TIMED_OUT
             end = StepEnd(status, taken in (TakenBack.PREEMPTED, TakenBack.REQUEUED), started,
@@ -519,9 +537,9 @@ class Controller:
             status = self.edge.run_step(self.job.command(nodes), self.env, self.past_time_limit)
         finally:
             stop.set()
-            # Past the time limit the threads get LIMIT_JOIN_S, not their own bounds (both are
-            # daemons: the process ends without them); their steps end with the job.
-            limit = LIMIT_JOIN_S if self.at_time_limit else None
+            # Once Slurm ends the job the threads get LIMIT_JOIN_S, not their own bounds (both
+            # are daemons: the process ends without them); their steps end with the job.
+            limit = LIMIT_JOIN_S if self.being_ended else None
             watch.join(limit or WATCHDOG_JOIN_S)
             if replacer is not None:
                 replacer.join(limit or REPLACE_JOIN_S)

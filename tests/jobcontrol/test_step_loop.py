@@ -284,10 +284,18 @@ def test_a_step_the_time_limit_ended_is_a_timeout_the_controller_requeues(job_en
     assert edge.commands == ["SIGTERM ends", "requeue 4242", "wait"]
 
 
-@pytest.mark.parametrize("taken, limit", [(TakenBack.TIMED_OUT, True), (TakenBack.PREEMPTED, False), (None, False)])
-def test_the_time_limit_s_sigterm_leaves_the_step_kill_wait_less_the_reserve(tmp_path, taken, limit):
-    """At the limit the step is waited for KillWait less the controller's reserve (10 s:
-    5 s each); a preemption's SIGTERM (GraceTime) or a cancel's leaves the step its time.
+def test_a_step_a_cancel_ended_is_neither_a_timeout_nor_a_preemption(job_env, monkeypatch, tmp_path):
+    """`scancel` of the job: Slurm ends it (JobState=COMPLETING, no TimeLimit, no
+    PreemptTime); the start's end is the batch log's to read (the cancel), not a time limit's."""
+    _, _, ends = run_job(monkeypatch, tmp_path, [NextRoad("done", exit_code=1)], [143], taken=TakenBack.ENDED)
+    assert not ends[0][0].timed_out and not ends[0][0].preempted
+
+
+@pytest.mark.parametrize("taken, ending, limit", [(TakenBack.TIMED_OUT, True, True), (TakenBack.ENDED, True, False),
+                                                   (TakenBack.PREEMPTED, False, False), (None, False, False)])
+def test_the_time_limit_s_sigterm_leaves_the_step_kill_wait_less_the_reserve(tmp_path, taken, ending, limit):
+    """At the limit, and at a cancel, the step is waited for KillWait less the controller's
+    reserve (10 s: 5 s each); a preemption's SIGTERM (GraceTime) leaves the step its time.
     The handler only notes the SIGTERM; the step's wait asks Slurm, once."""
     edge = FakeEdge([], taken=taken)
     control = Controller(JobSteps(tmp_path, 1, ("srun",), ("task",), requeue=True), edge)
@@ -297,8 +305,8 @@ def test_the_time_limit_s_sigterm_leaves_the_step_kill_wait_less_the_reserve(tmp
     control.on_signal(signal.SIGTERM)
     assert edge.signals == [signal.SIGTERM] and control.term_at is not None
     assert not control.past_time_limit()          # within the grace, or no limit at all
-    assert control.at_time_limit is limit and control.term_at is None
-    if limit:
+    assert control.at_time_limit is limit and control.being_ended is ending and control.term_at is None
+    if ending:
         assert before + 5 <= control.leave_at <= time.monotonic() + 5
         control.leave_at = time.monotonic()
         assert control.past_time_limit()

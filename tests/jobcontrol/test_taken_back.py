@@ -1,14 +1,15 @@
 """Whether Slurm took the job back while a start ran, read from `scontrol show job` of the
 controller's own job once its step ended: a preemption (PreemptTime set) or a requeue
 (`scontrol requeue`: the job is pending again, or requeued), or its end by the time limit
-(Reason=TimeLimit). A job still running is none of them."""
+(Reason=TimeLimit), or otherwise ended (a cancel: its processes are being ended). A job
+still running is none of them."""
 
 import pytest
 
 from launcher.jobcontrol.controller import TakenBack, taken_back
 
 
-REQUEUED, PREEMPTED, TIMED_OUT = TakenBack.REQUEUED, TakenBack.PREEMPTED, TakenBack.TIMED_OUT
+REQUEUED, PREEMPTED, TIMED_OUT, ENDED = TakenBack.REQUEUED, TakenBack.PREEMPTED, TakenBack.TIMED_OUT, TakenBack.ENDED
 
 
 @pytest.mark.parametrize("shown, taken", [
@@ -19,14 +20,18 @@ REQUEUED, PREEMPTED, TIMED_OUT = TakenBack.REQUEUED, TakenBack.PREEMPTED, TakenB
     ("JobId=7 JobState=RUNNING Reason=None Restarts=0 PreemptTime=2026-12-05T15:34:11", PREEMPTED),
     ("JobId=7 JobState=COMPLETING Reason=None Restarts=0 PreemptTime=2026-12-05T15:34:11", PREEMPTED),
     ("JobId=7 JobState=RUNNING Reason=None Restarts=0 PreemptTime=None", None),
-    ("JobId=7 JobState=COMPLETING Reason=NonZeroExitCode PreemptTime=None", None),
+    ("JobId=7 JobState=COMPLETING Reason=NonZeroExitCode PreemptTime=None", ENDED),
+    # Recorded on Slurm 22.05 after `scancel` of a running job: while its processes end, then after.
+    ("JobId=7 JobState=COMPLETING Reason=None Dependency=(null) Requeue=1 Restarts=0 PreemptTime=None", ENDED),
+    ("JobId=7 JobState=CANCELLED Reason=None Dependency=(null) Requeue=1 Restarts=0 PreemptTime=None", ENDED),
+    ("JobId=7 JobState=COMPLETINGX Reason=None", None),
     ("JobId=7 JobState=RUNNINGPENDING PreemptTime=Nonsense", None),
     # Recorded on Slurm 22.05 at a time limit: while its processes end, then after.
     ("JobId=7 JobState=COMPLETING Reason=TimeLimit Dependency=(null) Requeue=1 Restarts=0 PreemptTime=None",
      TIMED_OUT),
     ("JobId=7 JobState=TIMEOUT Reason=TimeLimit Restarts=0 PreemptTime=None", TIMED_OUT),
     ("JobId=7 JobState=PENDING Reason=BeginTime Restarts=1 PreemptTime=None", REQUEUED),  # requeued at it
-    ("JobId=7 JobState=COMPLETING Reason=TimeLimitX Restarts=0", None),
+    ("JobId=7 JobState=RUNNING Reason=TimeLimitX Restarts=0", None),
     ("", None),
 ])
 def test_a_job_slurm_took_back(shown, taken):
