@@ -111,7 +111,12 @@ def test_time_limit_resubmits_and_resumes_bitwise(tmp_path, tmp_path_factory, sl
     assert jobs[0] == job_id and len(set(jobs)) == len(jobs) and record["job_id"] == jobs[-1], jobs
     # --wait returns once the job recorded its end; accounting has it a little later.
     assert final_sacct_state(jobs[-1], cluster=DEFAULTS) == "COMPLETED"
-    assert [[r["state"] for r in sacct_rows(job, DEFAULTS)] for job in jobs] == [["COMPLETED"]] * len(jobs)
+    # Each job one row of its own. A start stopped at the warning ends COMPLETED; on a busy
+    # machine its save and the next job's sbatch may outlast the 10 s lead, and the limit
+    # then ends it (TIMEOUT) with nothing lost: the run's record and result say so above.
+    states = [[r["state"] for r in sacct_rows(job, DEFAULTS)] for job in jobs]
+    assert all(len(rows) == 1 and rows[0] in ("COMPLETED", "TIMEOUT") for rows in states[:-1]), states
+    assert states[-1] == ["COMPLETED"], states
     # Each job's rank 0 log tells its start's story.
     logs = [(run_dir / "logs" / f"{job}_0_log.out").read_text() for job in jobs]
     assert ["resumed from" in log for log in logs] == [False] + [True] * (len(jobs) - 1)

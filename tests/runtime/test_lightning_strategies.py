@@ -82,11 +82,12 @@ def requeued_and_resumed_bitwise(tmp_path, env, example: str, steps: int, *overr
     """An uninterrupted run and one that a time limit stops, requeues and resumes: same parameters.
 
     The limit warns half-way through it; every start, the requeued ones too, gets further
-    (``requeue.max`` leaves room for a start-up slowed by a busy machine).
+    (``requeue.max`` leaves room for a start-up slowed by a busy machine: on one, starts of
+    a single step each were seen, where an idle machine needs two starts).
     """
     base_dir, _ = submit(tmp_path / "base", env, example, f"entrypoint.args=[--steps,{steps}]", *overrides)
     cut_dir, out = submit(tmp_path / "cut", env, example, f"resources.time={limit_s // 60}:{limit_s % 60:02d}",
-                          f"requeue.signal_lead_s={limit_s // 2}", "requeue.max=5", "checkpoint.every_steps=100",
+                          f"requeue.signal_lead_s={limit_s // 2}", "requeue.max=20", "checkpoint.every_steps=100",
                           f"entrypoint.args=[--steps,{steps},--seconds-per-step,{seconds_per_step}]", *overrides)
     record = json.loads((cut_dir / "run.json").read_text())
     states = [(s["state"], s["reason"]) for s in record["starts"]]
