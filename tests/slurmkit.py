@@ -213,8 +213,7 @@ SETTLE_S = 8.0
 
 
 def release_requeue_hold(job_id: str, cluster: str | None = None) -> None:
-    """A requeued job waits 31 s on `main`, 121 s on `defaults` (its BeginTime moves ahead
-    by AuthInfo's cred_expire + 1: scripts/local-slurm); let it start sooner, but only
+    """A requeued job waits ~120 s (its BeginTime moves ahead); let it start sooner, but only
     once it has waited SETTLE_S: started while its previous start is still being torn down,
     Slurm kills it at launch ("Job credential revoked") and the run is lost."""
     if squeue_state(job_id, cluster) != "PENDING":
