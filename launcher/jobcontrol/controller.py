@@ -49,9 +49,11 @@ runs through :class:`SlurmEdge`, which the tests replace. Imports no torch.
 from __future__ import annotations
 
 import enum
+import errno
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -104,6 +106,7 @@ LIMIT_RESERVE_S = 10.0
 STEP_POLL_S = 0.5             # how often the controller looks at a step it may stop waiting for
 LIMIT_ASK_S = 3               # scontrol at the time limit, within KillWait
 LIMIT_JOIN_S = 1              # the watchdog's and replacements' threads, at the time limit
+PORT_TRIES = 16               # rendezvous ports tried, from the derived one on (port_not_in_use)
 
 
 class TakenBack(enum.Enum):
@@ -228,6 +231,23 @@ def master_port(job_id: str, start: int, port: tuple[int, int, int]) -> int:
     return base + ((int(digits or 0) % span) * stride + start) % span
 
 
+def port_not_in_use(first: int, port: tuple[int, int, int], in_use: Callable[[int], bool | None]) -> int:
+    """Pure: the rendezvous port of a step: `first` (:func:`master_port`), or where another
+    process listens on it at the rendezvous host (a daemon's port inside the span, another
+    job's rendezvous), the next of the PORT_TRIES ports after it (within the span) that none
+    listens on. `in_use(p)` says whether one does, or None where it cannot tell (the
+    rendezvous host is not this one): `first` then stands, as it does where all are taken."""
+    base, span, _ = port
+    for k in range(PORT_TRIES):
+        candidate = base + (first - base + k) % span
+        taken = in_use(candidate)
+        if taken is None:
+            return first
+        if not taken:
+            return candidate
+    return first
+
+
 def after_step(road: NextRoad, job: JobSteps) -> str:
     """Pure: what the controller does after a step, from the end's road: ``restart`` (a new
     step on road.nodes), ``requeue``, ``resubmit``, or ``end`` (exit with road.exit_code).
@@ -266,6 +286,7 @@ class Edge(Protocol):
     def ignore_term(self) -> None: ...
     def wait_for_requeue(self) -> None: ...
     def kill_wait(self) -> float: ...
+    def port_in_use(self, host: str, port: int) -> bool | None: ...
 
 
 class SlurmEdge:
@@ -294,6 +315,25 @@ class SlurmEdge:
 
     def kill_wait(self) -> float:
         return kill_wait_s(self._ask(["scontrol", "show", "config"], timeout_s=LIMIT_ASK_S) or "")
+
+    @staticmethod
+    def port_in_use(host: str, port: int) -> bool | None:
+        """Whether a process listens on `port` at `host`, where `host` is this machine (an
+        address of it binds); None where it is another, or the question fails otherwise. Asked
+        as rank 0's rendezvous store binds: every address, SO_REUSEADDR (a port whose last
+        connections wait out TIME_WAIT is free)."""
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.bind((host, 0))
+        except OSError:
+            return None
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(("", port))
+        except OSError as exc:
+            return True if exc.errno == errno.EADDRINUSE else None
+        return False
 
     def run_step(self, argv: Sequence[str], env: MutableMapping[str, str],
                  leave: Callable[[], bool] = lambda: False) -> int:
@@ -480,6 +520,7 @@ class Controller:
         nodes = allocation[:self.job.nodes]
         while True:
             started = datetime.now().astimezone().isoformat(timespec="seconds")
+            self._free_port()
             status = self.step(nodes, allocation)
             # At the time limit the job's record is asked within what is left of KillWait, and
             # the limit stands where it does not answer.
@@ -513,6 +554,18 @@ class Controller:
             self.env["MASTER_ADDR"] = self.edge.node_addr(nodes[0]) or nodes[0]
         if self.job.port is not None:
             self.env["MASTER_PORT"] = str(master_port(self.slurm_job, restart, self.job.port))
+
+    def _free_port(self) -> None:
+        """The step's rendezvous port moved past one that a process at the rendezvous host
+        (this one) already listens on, where the port is derived and the host is this one."""
+        raw, host = self.env.get("MASTER_PORT", ""), self.env.get("MASTER_ADDR", "")
+        if self.job.port is None or not raw.isdigit() or not host:
+            return
+        derived = int(raw)
+        chosen = port_not_in_use(derived, self.job.port, lambda p: self.edge.port_in_use(host, p))
+        if chosen != derived:
+            say(f"the rendezvous port {derived} is in use on {host}: this step rendezvous on {chosen}")
+            self.env["MASTER_PORT"] = str(chosen)
 
     def step(self, nodes: Sequence[str], allocation: Sequence[str]) -> int:
         """One job step on `nodes`, with the watchdog beside it (and, with recovery.peer, the

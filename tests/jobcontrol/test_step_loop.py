@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ import pytest
 
 from launcher.jobcontrol import controller, jobend, jobstart
 from launcher.jobcontrol.controller import (Controller, JobSteps, TakenBack, after_step, master_port, parse,
-                                           start_number)
+                                           port_not_in_use, start_number)
 from launcher.jobcontrol.jobend import NextRoad, StepEnd
 from launcher.jobcontrol.jobstart import Action, Begun
 
@@ -33,8 +34,9 @@ class FakeEdge:
 
     def __init__(self, statuses: list[int], *, taken: TakenBack | None = None, requeue_ok: bool = True,
                  successor: str | None = "5000", outlive: frozenset[int] = frozenset(),
-                 watch_fails: bool = False) -> None:
+                 watch_fails: bool = False, busy_ports: frozenset[int] = frozenset()) -> None:
         self.statuses, self.taken = list(statuses), taken
+        self.busy_ports = busy_ports   # ports a process already listens on at the rendezvous host
         self.outlive = outlive     # the steps (1, 2...) whose watchdog finds them outliving their ranks
         self.watch_fails = watch_fails
         self.ended = threading.Event()
@@ -103,6 +105,9 @@ class FakeEdge:
     def kill_wait(self):
         return 10.0
 
+    def port_in_use(self, host, port):
+        return port in self.busy_ports
+
 
 @pytest.fixture
 def job_env(monkeypatch, tmp_path):
@@ -136,6 +141,46 @@ def run_job(monkeypatch, tmp_path, roads: list[NextRoad], statuses: list[int], *
 
 def port(start: int) -> int:
     return master_port("4242", start, PORT)
+
+
+def test_a_rendezvous_port_already_listened_on_moves_to_the_next_free_one(job_env, monkeypatch, tmp_path, capsys):
+    """Daemons listen on the ports derived for start 0 and start 1 (the local clusters'
+    slurmctld sat inside the span): each step rendezvous on the next port that none listens
+    on, and the batch log says so."""
+    assert port(1) == port(0) + 1
+    code, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("restart", ("n2", "n3")), NextRoad("done")], [1, 0],
+                            busy_ports=frozenset({port(0), port(1)}))
+    assert code == 0
+    assert edge.steps == [f"n1,n2 0 n1 {port(0) + 2}", f"n2,n3 1 n2 {port(1) + 1}"]
+    err = capsys.readouterr().err
+    assert f"the rendezvous port {port(0)} is in use on n1: this step rendezvous on {port(0) + 2}" in err
+    assert f"the rendezvous port {port(1)} is in use on n2: this step rendezvous on {port(1) + 1}" in err
+
+
+@pytest.mark.parametrize("first, busy, chosen", [
+    (15000, set(), 15000),
+    (15000, {15000}, 15001),
+    (15000, {15000, 15001, 15002}, 15003),
+    (29999, {29999}, 10000),                            # within the span: past its end is its start
+    (15000, set(range(15000, 15016)), 15000),           # all PORT_TRIES taken: the derived one stands
+    (15000, None, 15000),                               # another host's: not known, the derived one stands
+])
+def test_the_port_after_those_in_use(first, busy, chosen):
+    in_use = (lambda p: None) if busy is None else (lambda p: p in busy)
+    assert port_not_in_use(first, PORT, in_use) == chosen
+
+
+def test_a_port_is_in_use_where_this_host_listens_on_it_and_unknown_on_another_host():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        taken = listener.getsockname()[1]
+        assert controller.SlurmEdge.port_in_use("127.0.0.1", taken) is True
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        free = closed.getsockname()[1]
+    assert controller.SlurmEdge.port_in_use("127.0.0.1", free) is False
+    assert controller.SlurmEdge.port_in_use("192.0.2.1", free) is None      # TEST-NET-1: no address of this host
 
 
 def test_a_restart_runs_the_next_step_on_the_nodes_the_end_names(job_env, monkeypatch, tmp_path, capsys):
