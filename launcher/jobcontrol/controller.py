@@ -121,7 +121,8 @@ class TakenBack(enum.Enum):
 def taken_back(shown: str, restart_count: str) -> TakenBack | None:
     """Pure: whether `scontrol show job` of this start's job (`shown`) says Slurm took the job
     back: requeued (pending or requeued again, or its Restarts past the SLURM_RESTART_COUNT
-    this start was given), preempted (PreemptTime set), ended by its time limit, or not (None)."""
+    this start was given), preempted (PreemptTime set), ended by its time limit, otherwise
+    being ended (COMPLETING or CANCELLED: a cancel), or none of them (None)."""
     counted = RESTARTS.search(shown)
     if BACK_IN_QUEUE.search(shown) or (counted is not None and restart_count.isdigit()
                                         and int(counted.group(1)) > int(restart_count)):
@@ -238,6 +239,8 @@ def port_not_in_use(first: int, port: tuple[int, int, int], in_use: Callable[[in
     listens on. `in_use(p)` says whether one does, or None where it cannot tell (the
     rendezvous host is not this one): `first` then stands, as it does where all are taken."""
     base, span, _ = port
+    if not base <= first < base + span:
+        return first
     for k in range(PORT_TRIES):
         candidate = base + (first - base + k) % span
         taken = in_use(candidate)
@@ -325,7 +328,7 @@ class SlurmEdge:
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
                 probe.bind((host, 0))
-        except OSError:
+        except (OSError, ValueError):       # not this host's address; a name that is none (UnicodeError)
             return None
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -333,6 +336,8 @@ class SlurmEdge:
                 probe.bind(("", port))
         except OSError as exc:
             return True if exc.errno == errno.EADDRINUSE else None
+        except (ValueError, OverflowError):
+            return None
         return False
 
     def run_step(self, argv: Sequence[str], env: MutableMapping[str, str],
@@ -536,6 +541,11 @@ class Controller:
                 say(f"the end of this start is not recorded: {exc}")
                 return 1
             action = after_step(road, self.job)
+            if action in ("restart", "requeue") and self.being_ended and not self.at_time_limit:
+                # Slurm is ending the job (a cancel whose line the batch log's tail lost, a node
+                # failure): a new step would be cut short at once and a requeue refused.
+                say(f"Slurm is ending job {self.slurm_job}: no {action} (the end read {road.line()})")
+                return road.exit_code or 1
             if action != "restart":
                 return self.finish(action, road, job_id, restart, taken)
             nodes, restart = road.nodes, restart + 1
@@ -559,7 +569,7 @@ class Controller:
         """The step's rendezvous port moved past one that a process at the rendezvous host
         (this one) already listens on, where the port is derived and the host is this one."""
         raw, host = self.env.get("MASTER_PORT", ""), self.env.get("MASTER_ADDR", "")
-        if self.job.port is None or not raw.isdigit() or not host:
+        if self.job.port is None or not (raw.isascii() and raw.isdigit()) or not host:
             return
         derived = int(raw)
         chosen = port_not_in_use(derived, self.job.port, lambda p: self.edge.port_in_use(host, p))
@@ -590,6 +600,8 @@ class Controller:
             status = self.edge.run_step(self.job.command(nodes), self.env, self.past_time_limit)
         finally:
             stop.set()
+            if self.term_at is not None:      # a SIGTERM as the step ended: asked about still
+                self.past_time_limit()
             # Once Slurm ends the job the threads get LIMIT_JOIN_S, not their own bounds (both
             # are daemons: the process ends without them); their steps end with the job.
             limit = LIMIT_JOIN_S if self.being_ended else None

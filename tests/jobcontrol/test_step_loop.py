@@ -157,6 +157,27 @@ def test_a_rendezvous_port_already_listened_on_moves_to_the_next_free_one(job_en
     assert f"the rendezvous port {port(1)} is in use on n2: this step rendezvous on {port(1) + 1}" in err
 
 
+@pytest.mark.parametrize("road", [NextRoad("restart", ("n2", "n3")), NextRoad("requeue")])
+def test_a_job_slurm_is_ending_is_neither_restarted_nor_requeued(job_env, monkeypatch, tmp_path, road, capsys):
+    """A cancel whose slurmstepd line the batch log's tail no longer holds reads as a crash,
+    whose road is a restart or a requeue; Slurm is ending the job (its SIGTERM, then
+    JobState=COMPLETING): no new step (it would be cut short at once), no requeue."""
+
+    class EndedDuringStep(FakeEdge):
+        def run_step(self, argv, env, leave=lambda: False):
+            control[0].on_signal(signal.SIGTERM)
+            return super().run_step(argv, env, leave)
+
+    monkeypatch.setattr(jobend, "end_of_start", lambda run_dir, end, job_id, restart: road)
+    monkeypatch.setattr(jobstart, "begin", lambda run_dir, job_id, requeues: Begun(Action.START, requeues))
+    edge = EndedDuringStep([143], taken=TakenBack.ENDED)
+    control = [Controller(JobSteps(tmp_path, nodes=2, srun=("srun",), task=("task",), requeue=True, port=PORT),
+                          edge)]
+    assert control[0].run() == 1
+    assert len(edge.steps) == 1 and "requeue 4242" not in edge.commands
+    assert f"Slurm is ending job 4242: no {road.road}" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("first, busy, chosen", [
     (15000, set(), 15000),
     (15000, {15000}, 15001),
@@ -164,6 +185,7 @@ def test_a_rendezvous_port_already_listened_on_moves_to_the_next_free_one(job_en
     (29999, {29999}, 10000),                            # within the span: past its end is its start
     (15000, set(range(15000, 15016)), 15000),           # all PORT_TRIES taken: the derived one stands
     (15000, None, 15000),                               # another host's: not known, the derived one stands
+    (9000, {9000}, 9000),                               # not a port of the span: left as it is
 ])
 def test_the_port_after_those_in_use(first, busy, chosen):
     in_use = (lambda p: None) if busy is None else (lambda p: p in busy)
@@ -180,7 +202,9 @@ def test_a_port_is_in_use_where_this_host_listens_on_it_and_unknown_on_another_h
         closed.bind(("127.0.0.1", 0))
         free = closed.getsockname()[1]
     assert controller.SlurmEdge.port_in_use("127.0.0.1", free) is False
-    assert controller.SlurmEdge.port_in_use("192.0.2.1", free) is None      # TEST-NET-1: no address of this host
+    if Path("/proc/sys/net/ipv4/ip_nonlocal_bind").read_text().strip() == "0":
+        assert controller.SlurmEdge.port_in_use("192.0.2.1", free) is None  # TEST-NET-1: no address of this host
+    assert controller.SlurmEdge.port_in_use("a" * 64, free) is None        # a name no resolver takes (UnicodeError)
 
 
 def test_a_restart_runs_the_next_step_on_the_nodes_the_end_names(job_env, monkeypatch, tmp_path, capsys):
