@@ -96,8 +96,17 @@ TIME_LIMIT = re.compile(r"\bReason=TimeLimit\b|\bJobState=TIMEOUT\b")
 # processes are ended, then CANCELLED): SIGKILL follows the SIGTERM KillWait later, as at the
 # time limit.
 ENDING = re.compile(r"\bJobState=(?:COMPLETING|CANCELLED)\b")
-# `scontrol show config`: how long Slurm waits between a job's SIGTERM and its SIGKILL.
+# `scontrol show config`: how long Slurm waits between a job's SIGTERM and its SIGKILL, and
+# the release slurmctld runs.
 KILL_WAIT = re.compile(r"^KillWait\s*=\s*([0-9]{1,6}) sec\b", re.M)
+SLURM_VERSION = re.compile(r"^SLURM_VERSION\s*=\s*([0-9]{1,3})\.([0-9]{1,2})(?:\D|$)", re.M)
+# From Slurm 24.05 on, a job preempted with a GraceTime in a partition whose PreemptMode
+# requeues is requeued by Slurm when its batch script ends, and a job requeued otherwise
+# (`scontrol requeue`) keeps that mark: its next start is requeued again as it ends, with
+# nothing preempting it (slurmctld's GRACE_PREEMPT flag, cleared only by the requeue at the
+# batch script's end). Recorded on 24.11.5.
+GRACE_REQUEUE_RELEASE = (24, 5)
+PREEMPT_MODE = re.compile(r"\bPreemptMode=([A-Z,]+)")
 DEFAULT_KILL_WAIT_S = 30      # Slurm's own default, where the cluster's is not known
 # What the controller keeps of KillWait for itself at the time limit (scontrol show job, the
 # start's record, scontrol requeue: a second or two on a cluster that answers), at most: half
@@ -138,6 +147,33 @@ def kill_wait_s(config: str) -> float:
     """Pure: KillWait from `scontrol show config` (Slurm's default where it is not there)."""
     match = KILL_WAIT.search(config)
     return float(match.group(1)) if match else float(DEFAULT_KILL_WAIT_S)
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """What the controller reads of `scontrol show config`, once per start."""
+
+    kill_wait_s: float = float(DEFAULT_KILL_WAIT_S)
+    release: tuple[int, int] | None = None      # (24, 11) for 24.11.5; None: not known
+
+    @classmethod
+    def parse(cls, config: str) -> SlurmConfig:
+        """Pure."""
+        found = SLURM_VERSION.search(config)
+        return cls(kill_wait_s(config), (int(found[1]), int(found[2])) if found else None)
+
+
+def requeues_at_script_end(release: tuple[int, int] | None) -> bool:
+    """Pure: whether this Slurm release requeues a job preempted with a GraceTime as its
+    batch script ends (where the preemption requeues); not known: no."""
+    return release is not None and release >= GRACE_REQUEUE_RELEASE
+
+
+def preemption_requeues(partition: str) -> bool:
+    """Pure: whether `scontrol show partition` says its preemption requeues (PreemptMode
+    REQUEUE, alone or beside GANG); not known: no."""
+    mode = PREEMPT_MODE.search(partition)
+    return mode is not None and "REQUEUE" in mode.group(1).split(",")
 
 
 def step_grace_s(kill_wait: float) -> float:
@@ -288,7 +324,8 @@ class Edge(Protocol):
     def end_on_term(self) -> None: ...
     def ignore_term(self) -> None: ...
     def wait_for_requeue(self) -> None: ...
-    def kill_wait(self) -> float: ...
+    def config(self) -> SlurmConfig: ...
+    def partition(self) -> str: ...
     def port_in_use(self, host: str, port: int) -> bool | None: ...
 
 
@@ -316,8 +353,13 @@ class SlurmEdge:
         return taken_back(self._ask(["scontrol", "show", "job", job_id], timeout_s=timeout_s) or "",
                           os.environ.get("SLURM_RESTART_COUNT", "0"))
 
-    def kill_wait(self) -> float:
-        return kill_wait_s(self._ask(["scontrol", "show", "config"], timeout_s=LIMIT_ASK_S) or "")
+    def config(self) -> SlurmConfig:
+        return SlurmConfig.parse(self._ask(["scontrol", "show", "config"], timeout_s=LIMIT_ASK_S) or "")
+
+    def partition(self) -> str:
+        """`scontrol show partition` of the job's partition ("" where it does not answer)."""
+        name = os.environ.get("SLURM_JOB_PARTITION", "")
+        return (self._ask(["scontrol", "show", "partition", name]) or "") if name else ""
 
     @staticmethod
     def port_in_use(host: str, port: int) -> bool | None:
@@ -458,6 +500,7 @@ class Controller:
         self.job, self.edge = job, edge
         self.env = os.environ if env is None else env
         self.kill_wait_s = float(DEFAULT_KILL_WAIT_S)
+        self.release: tuple[int, int] | None = None      # Slurm's, where read
         self.term_at: float | None = None       # time.monotonic() of a SIGTERM not yet looked into
         self.leave_at: float | None = None      # Slurm ends the job: when its step stops being waited for
         self.limit_reached = False              # ... and the time limit is what ends it
@@ -517,7 +560,8 @@ class Controller:
         print(f"glaunch: start {restart} of job {ctx.job_id} begins", flush=True)
         if self.job.requeue:
             # Read now: at the time limit every second of KillWait counts.
-            self.kill_wait_s = self.edge.kill_wait()
+            config = self.edge.config()
+            self.kill_wait_s, self.release = config.kill_wait_s, config.release
         return self.steps(ctx.job_id, restart, tuple(allocation))
 
     def steps(self, job_id: str | None, restart: int, allocation: tuple[str, ...]) -> int:
@@ -642,6 +686,9 @@ class Controller:
         ref = job_id or self.slurm_job
         if action == "requeue" and taken is TakenBack.REQUEUED:
             return self.requeued_by_slurm(ref, road)
+        if (action == "requeue" and taken is TakenBack.PREEMPTED and requeues_at_script_end(self.release)
+                and preemption_requeues(self.edge.partition())):
+            return self.left_to_slurm(ref, road)
         if action == "requeue":
             return self.requeue(ref, road)
         if action == "resubmit":
@@ -684,6 +731,16 @@ class Controller:
         requeue): not asked again; the nodes to keep off are set on the pending job."""
         say(f"Slurm requeued job {ref} itself; its next start comes from the queue")
         self.keep_off(ref, road)
+        return road.exit_code
+
+    def left_to_slurm(self, ref: str, road: NextRoad) -> int:
+        """Preempted, on a Slurm that requeues the job as this script ends: asked to requeue
+        it now, Slurm would also requeue its next start as that ends (GRACE_REQUEUE_RELEASE).
+        The nodes to keep off cannot be set before it is pending."""
+        release = ".".join(map(str, self.release or ()))
+        say(f"job {ref} was preempted: Slurm {release} requeues it as this start ends")
+        if road.nodes:
+            say(f"the next start may run on {','.join(road.nodes)} again")
         return road.exit_code
 
     def resubmit(self, road: NextRoad, job_id: str | None, restart: int) -> int:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from launcher.jobcontrol import controller, jobend, jobstart
-from launcher.jobcontrol.controller import (Controller, JobSteps, TakenBack, after_step, master_port, parse,
-                                           port_not_in_use, start_number)
+from launcher.jobcontrol.controller import (Controller, JobSteps, SlurmConfig, TakenBack, after_step, master_port,
+                                           parse, port_not_in_use, preemption_requeues, start_number)
 from launcher.jobcontrol.jobend import NextRoad, StepEnd
 from launcher.jobcontrol.jobstart import Action, Begun
 
@@ -34,8 +34,10 @@ class FakeEdge:
 
     def __init__(self, statuses: list[int], *, taken: TakenBack | None = None, requeue_ok: bool = True,
                  successor: str | None = "5000", outlive: frozenset[int] = frozenset(),
-                 watch_fails: bool = False, busy_ports: frozenset[int] = frozenset()) -> None:
+                 watch_fails: bool = False, busy_ports: frozenset[int] = frozenset(),
+                 release: tuple[int, int] | None = (22, 5), preempt_mode: str = "REQUEUE") -> None:
         self.statuses, self.taken = list(statuses), taken
+        self.release, self.preempt_mode = release, preempt_mode
         self.busy_ports = busy_ports   # ports a process already listens on at the rendezvous host
         self.outlive = outlive     # the steps (1, 2...) whose watchdog finds them outliving their ranks
         self.watch_fails = watch_fails
@@ -102,8 +104,12 @@ class FakeEdge:
     def wait_for_requeue(self):
         self.commands.append("wait")
 
-    def kill_wait(self):
-        return 10.0
+    def config(self):
+        return SlurmConfig(10.0, self.release)
+
+    def partition(self):
+        self.commands.append("show partition")
+        return f"PartitionName=debug\n   OverTimeLimit=NONE PreemptMode={self.preempt_mode}\n"
 
     def port_in_use(self, host, port):
         return port in self.busy_ports
@@ -310,8 +316,49 @@ def test_a_refused_resubmission_ends_the_job_with_status_1(job_env, monkeypatch,
 def test_a_preempted_step_says_so_to_the_end_of_its_start(job_env, monkeypatch, tmp_path):
     _, edge, ends = run_job(monkeypatch, tmp_path, [NextRoad("requeue")], [143], taken=TakenBack.PREEMPTED)
     assert ends[0][0].preempted and ends[0][0].status == 143
-    # Preempted, not requeued: the job goes back to the queue because the controller asks.
-    assert "requeue 4242" in edge.commands
+    # Preempted, not requeued: on 22.05 the job goes back to the queue because the controller asks.
+    assert edge.commands == ["SIGTERM ends", "requeue 4242", "wait"]
+
+
+@pytest.mark.parametrize("release, mode, requeued", [
+    ((22, 5), "REQUEUE", True), ((23, 11), "REQUEUE", True), ((24, 11), "CANCEL", True), ((24, 11), "OFF", True),
+    (None, "REQUEUE", True), ((24, 5), "REQUEUE", False), ((24, 11), "REQUEUE", False), ((25, 11), "GANG,REQUEUE", False),
+])
+def test_a_preempted_job_is_left_to_slurm_where_slurm_requeues_it_as_the_start_ends(
+        job_env, monkeypatch, tmp_path, capsys, release, mode, requeued):
+    """From Slurm 24.05 on, a job preempted in a partition that requeues is requeued by Slurm
+    as its batch script ends; requeued by the controller too, its next start would be
+    requeued once more at its end, with nothing preempting it (recorded on 24.11.5)."""
+    code, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("requeue", ("n2",))], [143], taken=TakenBack.PREEMPTED,
+                            release=release, preempt_mode=mode)
+    assert code == 0
+    asked = ["show partition"] if release and release >= (24, 5) else []
+    if requeued:
+        assert edge.commands == [*asked, "SIGTERM ignored", "requeue 4242", "update JobId=4242 ExcNodeList=n2", "wait"]
+    else:
+        assert edge.commands == ["show partition"]
+        err = capsys.readouterr().err
+        assert f"job 4242 was preempted: Slurm {release[0]}.{release[1]} requeues it as this start ends" in err
+        assert "the next start may run on n2 again" in err
+
+
+@pytest.mark.parametrize("config, release", [
+    ("Configuration data as of 2026-12-07T14:40:02\nPreemptMode             = REQUEUE\n"
+     "SLURM_VERSION           = 24.11.5\nKillWait                = 10 sec\n", (24, 11)),   # recorded on 24.11
+    ("SLURM_VERSION           = 22.05.8\n", (22, 5)), ("SLURM_VERSION = 25.11.0-0rc1\n", (25, 11)),
+    ("", None), ("SLURM_VERSION = unknown\n", None), ("X_SLURM_VERSION = 24.11.5\n", None),
+])
+def test_slurm_s_release_is_read_from_its_config(config, release):
+    assert SlurmConfig.parse(config).release == release
+
+
+@pytest.mark.parametrize("partition, requeues", [
+    ("   OverTimeLimit=NONE PreemptMode=REQUEUE\n", True), ("PreemptMode=GANG,REQUEUE", True),
+    ("PreemptMode=CANCEL", False), ("PreemptMode=OFF", False), ("", False),      # "": not answered
+    ("PreemptMode=requeue", False), ("NoPreemptMode=REQUEUE", False),
+])
+def test_whether_a_partition_s_preemption_requeues(partition, requeues):
+    assert preemption_requeues(partition) is requeues
 
 
 @pytest.mark.parametrize("taken", [TakenBack.PREEMPTED, TakenBack.REQUEUED])

@@ -114,6 +114,12 @@ def test_two_by_two_sweep_one_array_one_element_preempted_then_requeued_resumes_
     assert sorted(finals) == [f"{array_id}_{i}" for i in range(4)] and set(finals.values()) == {"COMPLETED"}
     requeued = {r["job_id"] for r in rows if r["state"] == "REQUEUED"}
     assert requeued == {victim["job_id"]}
+    # The victim's three starts, and none after the run's end: from Slurm 24.05 on, a job
+    # requeued (by glaunch or by hand) after a preemption by requeue would be requeued once
+    # more as its last start ended, had glaunch requeued the preempted start itself.
+    starts = [r["state"] for r in rows if r["job_id"] == victim["job_id"]]
+    assert len(starts) == 3 and starts[0] in ("REQUEUED", "PREEMPTED") and starts[1:] == ["REQUEUED", "COMPLETED"], \
+        starts
     assert sacct_rows(urgent)[-1]["state"] == "COMPLETED"
 
     # The victim: its own requeue, resumed from where it stopped, nothing lost.
