@@ -7,9 +7,11 @@ import io
 import os
 import pwd
 import shutil
+import signal
 import socket
 import stat
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -247,6 +249,37 @@ def test_one_master_connection_serves_every_call_and_closes_with_the_command(lap
     assert not conn.master_running()
     assert not os.path.exists(socket_path)
     assert "-O" not in check
+
+
+TERMINATED_CLIENT = """
+import sys
+from launcher.schedulers.ssh.command import Login
+from launcher.schedulers.ssh.connection import Connection
+
+alias, state, *runner = sys.argv[1:]
+with Connection(Login(alias), state_dir=state, timeout_s=60, runner=runner) as conn:
+    conn.run(["true"])
+    print(conn.control_path, flush=True)
+    conn.run(["sleep", "30"])
+"""
+
+
+@pytest.mark.requires_sshd
+def test_a_command_ended_by_sigterm_closes_its_master_at_once(laptop):
+    """`timeout glaunch logs -f RUN`: SIGTERM unwinds the command as an exception would, so
+    its master is closed, not left up until ControlPersist (60 s) ends it."""
+    proc = subprocess.Popen([sys.executable, "-c", TERMINATED_CLIENT, laptop["alias"], laptop["state"],
+                             *laptop["runner"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        socket_path = proc.stdout.readline().strip()
+        assert socket_path and stat.S_ISSOCK(os.stat(socket_path).st_mode), proc.stderr.read() if proc.poll() else ""
+        began = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=20) == 128 + signal.SIGTERM
+    finally:
+        proc.kill()
+    assert time.monotonic() - began < 15
+    assert not os.path.exists(socket_path)
 
 
 @pytest.mark.requires_sshd

@@ -2,10 +2,11 @@
 
 OpenSSH multiplexes: the first remote call starts a master connection (ControlMaster=auto,
 its socket under the state directory) and every later call runs over it without a new
-handshake; leaving the `with` block closes it (`ssh -O exit`), and ControlPersist ends one
-that a dying glaunch left behind. Each call is one ssh process run through
-`processes.run_bounded`: it ends within its bound, and a failure of ssh itself (exit 255)
-becomes a SchedulerError (exit 3) that names the host and says, in one line, what ssh said.
+handshake; leaving the `with` block closes it (`ssh -O exit`), a SIGTERM too (it ends the
+command as an exception would), and ControlPersist ends one that a killed glaunch left.
+Each call is one ssh process run through `processes.run_bounded`: it ends within its bound,
+and a failure of ssh itself (exit 255) becomes a SchedulerError (exit 3) that names the
+host and says, in one line, what ssh said.
 
 The remote command is given as words, each quoted with `launcher.shell.quote` and read by
 the remote account's login shell, which must be a POSIX shell (sh, bash, zsh, dash). Words
@@ -21,7 +22,9 @@ import os
 import re
 import secrets
 import shutil
+import signal
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
@@ -117,6 +120,10 @@ def describe(login: Login, destination: Destination | None) -> str:
     return real if destination.hostname == login.host else f"{login.host} ({real})"
 
 
+def _exit_on_term(_signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signal.SIGTERM)
+
+
 class Connection:
     """The connection of one glaunch command to `login`. `timeout_s` bounds each call
     (a call may ask for another bound); `state_dir` holds the master's socket, private to
@@ -135,12 +142,27 @@ class Connection:
         self._control_path: str | None = None
         self._own_dir: str | None = None
         self._where: str | None = None
+        self._entered = 0                   # open `with` blocks (a shared connection nests them)
+        self._previous_term: object = None  # SIGTERM's handler before the outermost block, where it set one
 
     def __enter__(self) -> Connection:
+        # A SIGTERM (`timeout`, a supervisor) ends the command as an exception would, so the
+        # block closes the master instead of leaving it to ControlPersist. Only where nothing
+        # else handles SIGTERM, and only in the main thread, where Python runs handlers.
+        if (self._entered == 0 and threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+            self._previous_term = signal.signal(signal.SIGTERM, _exit_on_term)
+        self._entered += 1
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        self._entered -= 1
+        try:
+            self.close()
+        finally:
+            if self._entered == 0 and self._previous_term is not None:
+                signal.signal(signal.SIGTERM, self._previous_term)  # type: ignore[arg-type]
+                self._previous_term = None
 
     @property
     def control_path(self) -> str:
