@@ -1,7 +1,7 @@
 """scripts/slurm-release (another Slurm release in a sandbox of its own) and
 scripts/record-slurm-outputs (the fixtures of tests/recorded/slurm-RELEASE/), without
 starting anything: both parse, and a wrong word is refused (exit 2) before any change. The
-sandbox itself runs in scripts/test's last stage (tests/live, -m release_smoke)."""
+sandbox itself runs in scripts/test's last stage (tests/live, -m "release_smoke or release_only")."""
 
 from __future__ import annotations
 

@@ -82,6 +82,7 @@ def finish_while_progressing(proc, job_id: str, run_dir, timeout: float) -> tupl
     return proc.returncode, stdout, stderr
 
 
+@pytest.mark.release_only     # on Slurm 24.11; on 22.05 the plain Lightning script's test meets the time limit
 def test_time_limit_resubmits_and_resumes_bitwise(tmp_path, tmp_path_factory, slurm_defaults_env):
     # 60 s of steps against a 1-minute limit warned 10 s ahead. slurmctld checks time limits
     # every 30 s and sends the warning at the first check that is within lead + 30 s of the
@@ -150,8 +151,13 @@ def run_with_preemptions(example: str, steps: int, times: int, tmp_path, env, *,
 
 
 # Lightning's FSDP strategy stops and resumes bitwise in tests/runtime/test_lightning_strategies.py (local site).
-@pytest.mark.parametrize("example,steps", [("examples/deepspeed_zero2.yaml", 40), ("examples/lightning_ddp.yaml", 60),
-                                           ("examples/fsdp.yaml", 40)])
+# FSDP on Slurm 24.11 (which requeues the preempted job itself), the others here: each
+# preemption road on both releases, and this host's `main` free for its other tests. (DeepSpeed
+# builds its CPU communication extension on first use, which the 24.11 sandbox cannot.)
+@pytest.mark.parametrize("example,steps", [
+    ("examples/deepspeed_zero2.yaml", 40),
+    ("examples/lightning_ddp.yaml", 60),
+    pytest.param("examples/fsdp.yaml", 40, marks=pytest.mark.release_only)])
 def test_framework_preempted_once_resumes_bitwise(example, steps, tmp_path, tmp_path_factory, isolated_env):
     expected = baseline_hash(example, steps, tmp_path_factory, isolated_env)
     record, _ = run_with_preemptions(example, steps, 1, tmp_path, isolated_env, every=1000, seconds_per_step=0.3,

@@ -103,6 +103,7 @@ def written_checkpoint(path: Path) -> int:
         return -1
 
 
+@pytest.mark.release_only     # on Slurm 24.11, whose clusters are idle most of the run
 def test_nanogpt_preempted_resumes_through_resume_args(tmp_path, isolated_env):
     folder = project(tmp_path, "nanogpt", NANOGPT)
     tiny_char_dataset(folder)
