@@ -34,6 +34,9 @@ PEER_LOST_PID = "GLAUNCH_PEER_LOST_PID"
 # Per start, from the scheduler: the job's id and how many starts came before this one.
 JOB_ID = "GLAUNCH_JOB_ID"
 RESTART = "GLAUNCH_RESTART"
+# A stop signal the node's torchrun agent took before its workers existed ("USR2"): each
+# worker starts with the stop asked (launcher.runtime.worker).
+STOPPED_BEFORE_WORKERS = "GLAUNCH_STOPPED_BEFORE_WORKERS"
 
 # Read by the runtime on every rank, from a site's or an experiment's environment, or
 # (TENSORBOARD_DIR, where unset) set by it for the script.

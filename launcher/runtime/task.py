@@ -106,6 +106,12 @@ class TrainingTask:
     # --- torchrun: this process is the node's agent -----------------------------------
 
     def _run_torchrun(self, spec: TaskSpec, job: Any) -> int:
+        # Before torch's import, which takes seconds (tens on a loaded node): a warning or a
+        # preemption may come first, and submitit's handler (or the default action) would end
+        # the agent as a crash.
+        STOPS_RECEIVED.clear()
+        for signum in (WARNING_SIGNAL, LIGHTNING_WARNING_SIGNAL, signal.SIGTERM):
+            signal.signal(signum, _stop_before_workers)
         import torch
         from torch.distributed.run import get_args_parser
         from torch.distributed.run import main as torchrun_main
@@ -128,11 +134,16 @@ class TrainingTask:
         # The entry point as the user would run it; each worker runs it through WORKER_MODULE.
         _log(f"node {job.node} on {node_name()}: torchrun {shown_words(args + launch.entry_words(spec, start))}")
         entry = worker_entry(spec, start, accepted)
+        if STOPS_RECEIVED:
+            # Taken before the workers existed: they start with it (torchrun gives them this
+            # environment), and the start ends stopped, not crashed, should they fail after it.
+            os.environ[envnames.STOPPED_BEFORE_WORKERS] = bare_signal_name(signal.Signals(STOPS_RECEIVED[0]).name)
+            _log(f"node {job.node}: {signal.Signals(STOPS_RECEIVED[0]).name} came before the workers started; "
+                 "they start with a stop asked")
         for signum in (WARNING_SIGNAL, LIGHTNING_WARNING_SIGNAL, signal.SIGTERM, DUMP_SIGNAL):
             signal.signal(signum, _forward_to_children)
         _, stop_copying = workerlogs.copying(spec.run_dir, str(job.job_id), restart, int(job.node),
                                              sys.stdout.buffer, sys.stderr.buffer)
-        STOPS_RECEIVED.clear()
         try:
             torchrun_main(args + entry)
         except SystemExit as exc:
@@ -364,6 +375,18 @@ def stopped_workers(node: int) -> WorkersStopped | None:
     _log(f"node {node}: the workers ended after {signal.Signals(signum).name} (a preemption, the time limit "
          "or a cancel); torchrun's report of their exit is left out")
     return WorkersStopped(128 + signum)
+
+
+def _stop_before_workers(signum: int, _frame: Any) -> None:
+    """The agent's handler until it starts torchrun: a warning is noted for the workers to
+    come; SIGTERM (a cancel, a preemption, the time limit) ends the agent at once, as it
+    would end a rank whose script has not started (runtime.stop.early_stop)."""
+    if signum == signal.SIGTERM:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
+    if signum not in STOPS_RECEIVED:
+        STOPS_RECEIVED.append(signum)
 
 
 def _forward_to_children(signum: int, _frame: Any) -> None:

@@ -21,12 +21,14 @@ agent's environment gives it). Imports no torch.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from launcher.rundir.rankcontext import RuntimeConfigError, bare_signal_name, context
 from launcher.rundir.taskspec import TaskSpecError, read_task_spec
 from launcher.runtime import stackdump
-from launcher.runtime.stop import take_stop_signals
+from launcher.rundir import envnames
+from launcher.runtime.stop import request_stop, take_stop_signals
 from launcher.runtime.task import early_stop_signals, run_as_main
 
 
@@ -41,6 +43,17 @@ def worker_stop_signals(signals: tuple[str, ...]) -> tuple[str, ...]:
                  if bare_signal_name(name) not in ENDING_SIGNALS)
 
 
+def stop_before_start(name: str, taken: tuple[str, ...]) -> int | None:
+    """Pure: the signal number of the stop the node's agent took before this worker existed
+    (`name`, e.g. "USR2"), where it is one of the stop signals this worker takes; else None."""
+    if not name or name not in {bare_signal_name(n) for n in taken}:
+        return None
+    try:
+        return int(signal.Signals[f"SIG{name}"])
+    except KeyError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     try:
@@ -48,7 +61,10 @@ def main(argv: list[str] | None = None) -> None:
         spec = read_task_spec(ctx.run_dir)
     except (TaskSpecError, RuntimeConfigError) as exc:
         sys.exit(f"glaunch: this worker does not start: {exc}")
-    take_stop_signals(worker_stop_signals(ctx.stop_signals))
+    taken = take_stop_signals(worker_stop_signals(ctx.stop_signals))
+    early = stop_before_start(os.environ.get(envnames.STOPPED_BEFORE_WORKERS, ""), taken)
+    if early is not None:
+        request_stop(early)
     stackdump.arm_stack_dump(ctx.run_dir, ctx.rank)
     if spec.module is None and not sys.flags.safe_path and sys.path[:1] == [os.getcwd()]:
         # `python -m` put the working directory first; `python SCRIPT` puts only the
