@@ -105,8 +105,15 @@ SLURM_VERSION = re.compile(r"^SLURM_VERSION\s*=\s*([0-9]{1,3})\.([0-9]{1,2})(?:\
 # (`scontrol requeue`) keeps that mark: its next start is requeued again as it ends, with
 # nothing preempting it (slurmctld's GRACE_PREEMPT flag, cleared only by the requeue at the
 # batch script's end). Recorded on 24.11.5.
+# Only where the partition decides the preemption's mode (preempt/partition_prio: under
+# preempt/qos a job's QOS may say otherwise, which `scontrol show partition` does not show),
+# and while Slurm's count of the job's requeues at a batch script's end stays within
+# MaxBatchRequeue: past it, Slurm holds the job.
 GRACE_REQUEUE_RELEASE = (24, 5)
 PREEMPT_MODE = re.compile(r"\bPreemptMode=([A-Z,]+)")
+PREEMPT_TYPE = re.compile(r"^PreemptType\s*=\s*(\S+)", re.M)
+MAX_BATCH_REQUEUE = re.compile(r"^MaxBatchRequeue\s*=\s*([0-9]{1,6})\s*$", re.M)
+DEFAULT_MAX_BATCH_REQUEUE = 5     # Slurm's own default
 DEFAULT_KILL_WAIT_S = 30      # Slurm's own default, where the cluster's is not known
 # What the controller keeps of KillWait for itself at the time limit (scontrol show job, the
 # start's record, scontrol requeue: a second or two on a cluster that answers), at most: half
@@ -155,18 +162,28 @@ class SlurmConfig:
 
     kill_wait_s: float = float(DEFAULT_KILL_WAIT_S)
     release: tuple[int, int] | None = None      # (24, 11) for 24.11.5; None: not known
+    preempt_type: str = ""                      # "preempt/partition_prio"; "": not known
+    max_batch_requeue: int = DEFAULT_MAX_BATCH_REQUEUE
 
     @classmethod
     def parse(cls, config: str) -> SlurmConfig:
         """Pure."""
         found = SLURM_VERSION.search(config)
-        return cls(kill_wait_s(config), (int(found[1]), int(found[2])) if found else None)
+        kind = PREEMPT_TYPE.search(config)
+        limit = MAX_BATCH_REQUEUE.search(config)
+        return cls(kill_wait_s(config), (int(found[1]), int(found[2])) if found else None,
+                   kind.group(1) if kind else "", int(limit.group(1)) if limit else DEFAULT_MAX_BATCH_REQUEUE)
 
 
-def requeues_at_script_end(release: tuple[int, int] | None) -> bool:
-    """Pure: whether this Slurm release requeues a job preempted with a GraceTime as its
-    batch script ends (where the preemption requeues); not known: no."""
-    return release is not None and release >= GRACE_REQUEUE_RELEASE
+def requeues_at_script_end(config: SlurmConfig, requeues: str) -> bool:
+    """Pure: whether Slurm requeues a job preempted with a GraceTime as its batch script
+    ends (where the partition's preemption requeues: preemption_requeues), on this release,
+    with its preemptions' mode the partition's, and without holding it: each such requeue
+    counts towards MaxBatchRequeue, and `requeues` (SLURM_RESTART_COUNT) bounds how many came
+    before. Not known: no."""
+    return (config.release is not None and config.release >= GRACE_REQUEUE_RELEASE
+            and config.preempt_type == "preempt/partition_prio"
+            and requeues.isdigit() and int(requeues) + 2 <= config.max_batch_requeue)
 
 
 def preemption_requeues(partition: str) -> bool:
@@ -359,7 +376,7 @@ class SlurmEdge:
     def partition(self) -> str:
         """`scontrol show partition` of the job's partition ("" where it does not answer)."""
         name = os.environ.get("SLURM_JOB_PARTITION", "")
-        return (self._ask(["scontrol", "show", "partition", name]) or "") if name else ""
+        return (self._ask(["scontrol", "show", "partition", name], timeout_s=LIMIT_ASK_S) or "") if name else ""
 
     @staticmethod
     def port_in_use(host: str, port: int) -> bool | None:
@@ -500,7 +517,7 @@ class Controller:
         self.job, self.edge = job, edge
         self.env = os.environ if env is None else env
         self.kill_wait_s = float(DEFAULT_KILL_WAIT_S)
-        self.release: tuple[int, int] | None = None      # Slurm's, where read
+        self.slurm_config = SlurmConfig()       # what scontrol show config said, once read
         self.term_at: float | None = None       # time.monotonic() of a SIGTERM not yet looked into
         self.leave_at: float | None = None      # Slurm ends the job: when its step stops being waited for
         self.limit_reached = False              # ... and the time limit is what ends it
@@ -560,8 +577,8 @@ class Controller:
         print(f"glaunch: start {restart} of job {ctx.job_id} begins", flush=True)
         if self.job.requeue:
             # Read now: at the time limit every second of KillWait counts.
-            config = self.edge.config()
-            self.kill_wait_s, self.release = config.kill_wait_s, config.release
+            self.slurm_config = self.edge.config()
+            self.kill_wait_s = self.slurm_config.kill_wait_s
         return self.steps(ctx.job_id, restart, tuple(allocation))
 
     def steps(self, job_id: str | None, restart: int, allocation: tuple[str, ...]) -> int:
@@ -686,7 +703,8 @@ class Controller:
         ref = job_id or self.slurm_job
         if action == "requeue" and taken is TakenBack.REQUEUED:
             return self.requeued_by_slurm(ref, road)
-        if (action == "requeue" and taken is TakenBack.PREEMPTED and requeues_at_script_end(self.release)
+        if (action == "requeue" and taken is TakenBack.PREEMPTED
+                and requeues_at_script_end(self.slurm_config, self.env.get("SLURM_RESTART_COUNT", "0"))
                 and preemption_requeues(self.edge.partition())):
             return self.left_to_slurm(ref, road)
         if action == "requeue":
@@ -737,7 +755,7 @@ class Controller:
         """Preempted, on a Slurm that requeues the job as this script ends: asked to requeue
         it now, Slurm would also requeue its next start as that ends (GRACE_REQUEUE_RELEASE).
         The nodes to keep off cannot be set before it is pending."""
-        release = ".".join(map(str, self.release or ()))
+        release = ".".join(map(str, self.slurm_config.release or ()))
         say(f"job {ref} was preempted: Slurm {release} requeues it as this start ends")
         if road.nodes:
             say(f"the next start may run on {','.join(road.nodes)} again")

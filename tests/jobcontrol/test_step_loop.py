@@ -35,9 +35,10 @@ class FakeEdge:
     def __init__(self, statuses: list[int], *, taken: TakenBack | None = None, requeue_ok: bool = True,
                  successor: str | None = "5000", outlive: frozenset[int] = frozenset(),
                  watch_fails: bool = False, busy_ports: frozenset[int] = frozenset(),
-                 release: tuple[int, int] | None = (22, 5), preempt_mode: str = "REQUEUE") -> None:
+                 release: tuple[int, int] | None = (22, 5), preempt_mode: str = "REQUEUE",
+                 preempt_type: str = "preempt/partition_prio") -> None:
         self.statuses, self.taken = list(statuses), taken
-        self.release, self.preempt_mode = release, preempt_mode
+        self.release, self.preempt_mode, self.preempt_type = release, preempt_mode, preempt_type
         self.busy_ports = busy_ports   # ports a process already listens on at the rendezvous host
         self.outlive = outlive     # the steps (1, 2...) whose watchdog finds them outliving their ranks
         self.watch_fails = watch_fails
@@ -105,7 +106,7 @@ class FakeEdge:
         self.commands.append("wait")
 
     def config(self):
-        return SlurmConfig(10.0, self.release)
+        return SlurmConfig(10.0, self.release, self.preempt_type, 5)
 
     def partition(self):
         self.commands.append("show partition")
@@ -320,19 +321,29 @@ def test_a_preempted_step_says_so_to_the_end_of_its_start(job_env, monkeypatch, 
     assert edge.commands == ["SIGTERM ends", "requeue 4242", "wait"]
 
 
-@pytest.mark.parametrize("release, mode, requeued", [
-    ((22, 5), "REQUEUE", True), ((23, 11), "REQUEUE", True), ((24, 11), "CANCEL", True), ((24, 11), "OFF", True),
-    (None, "REQUEUE", True), ((24, 5), "REQUEUE", False), ((24, 11), "REQUEUE", False), ((25, 11), "GANG,REQUEUE", False),
+@pytest.mark.parametrize("release, mode, kind, requeues, requeued", [
+    ((22, 5), "REQUEUE", "preempt/partition_prio", "0", True), ((23, 11), "REQUEUE", "preempt/partition_prio", "0", True),
+    ((24, 11), "CANCEL", "preempt/partition_prio", "0", True), ((24, 11), "OFF", "preempt/partition_prio", "0", True),
+    (None, "REQUEUE", "preempt/partition_prio", "0", True),
+    ((24, 11), "REQUEUE", "preempt/qos", "0", True),            # the job's QOS may say CANCEL: not shown
+    ((24, 11), "REQUEUE", "", "0", True),                       # not known
+    ((24, 11), "REQUEUE", "preempt/partition_prio", "4", True),  # a 5th requeue at the script's end: held
+    ((24, 11), "REQUEUE", "preempt/partition_prio", "", True),
+    ((24, 5), "REQUEUE", "preempt/partition_prio", "0", False), ((24, 11), "REQUEUE", "preempt/partition_prio", "3", False),
+    ((25, 11), "GANG,REQUEUE", "preempt/partition_prio", "1", False),
 ])
 def test_a_preempted_job_is_left_to_slurm_where_slurm_requeues_it_as_the_start_ends(
-        job_env, monkeypatch, tmp_path, capsys, release, mode, requeued):
+        job_env, monkeypatch, tmp_path, capsys, release, mode, kind, requeues, requeued):
     """From Slurm 24.05 on, a job preempted in a partition that requeues is requeued by Slurm
     as its batch script ends; requeued by the controller too, its next start would be
-    requeued once more at its end, with nothing preempting it (recorded on 24.11.5)."""
+    requeued once more at its end, with nothing preempting it (recorded on 24.11.5). Not
+    where a QOS may decide the mode, nor where Slurm would hold the job (MaxBatchRequeue 5)."""
+    monkeypatch.setenv("SLURM_RESTART_COUNT", requeues)
     code, edge, _ = run_job(monkeypatch, tmp_path, [NextRoad("requeue", ("n2",))], [143], taken=TakenBack.PREEMPTED,
-                            release=release, preempt_mode=mode)
+                            release=release, preempt_mode=mode, preempt_type=kind)
     assert code == 0
-    asked = ["show partition"] if release and release >= (24, 5) else []
+    asked = ["show partition"] if (release and release >= (24, 5) and kind == "preempt/partition_prio"
+                                   and requeues.isdigit() and int(requeues) <= 3) else []
     if requeued:
         assert edge.commands == [*asked, "SIGTERM ignored", "requeue 4242", "update JobId=4242 ExcNodeList=n2", "wait"]
     else:
@@ -350,6 +361,16 @@ def test_a_preempted_job_is_left_to_slurm_where_slurm_requeues_it_as_the_start_e
 ])
 def test_slurm_s_release_is_read_from_its_config(config, release):
     assert SlurmConfig.parse(config).release == release
+
+
+def test_the_preemption_type_and_requeue_limit_are_read_from_slurm_s_config():
+    recorded = (Path(__file__).parent.parent / "recorded" / "slurm-24.11" / "scontrol.txt").read_text()
+    config = SlurmConfig.parse(recorded)
+    assert (config.release, config.preempt_type, config.max_batch_requeue) == ((24, 11), "preempt/partition_prio", 5)
+    bare = SlurmConfig.parse("MaxBatchRequeue = lots\n")
+    assert (bare.preempt_type, bare.max_batch_requeue) == ("", 5)
+    other = SlurmConfig.parse("MaxBatchRequeue         = 1\nPreemptType             = preempt/qos\n")
+    assert (other.preempt_type, other.max_batch_requeue) == ("preempt/qos", 1)
 
 
 @pytest.mark.parametrize("partition, requeues", [
