@@ -110,6 +110,7 @@ class TrainingTask:
         # preemption may come first, and submitit's handler (or the default action) would end
         # the agent as a crash.
         STOPS_RECEIVED.clear()
+        UNPASSED.clear()
         for signum in (WARNING_SIGNAL, LIGHTNING_WARNING_SIGNAL, signal.SIGTERM):
             signal.signal(signum, _stop_before_workers)
         import torch
@@ -137,9 +138,12 @@ class TrainingTask:
         if STOPS_RECEIVED:
             # Taken before the workers existed: they start with it (torchrun gives them this
             # environment), and the start ends stopped, not crashed, should they fail after it.
-            os.environ[envnames.STOPPED_BEFORE_WORKERS] = bare_signal_name(signal.Signals(STOPS_RECEIVED[0]).name)
-            _log(f"node {job.node}: {signal.Signals(STOPS_RECEIVED[0]).name} came before the workers started; "
-                 "they start with a stop asked")
+            os.environ[envnames.STOPPED_BEFORE_WORKERS] = bare_signal_name(WARNING_SIGNAL.name)
+            _log(f"node {job.node}: {WARNING_SIGNAL.name} came before the workers started; they start with a "
+                 "stop asked")
+        if UNPASSED:
+            _log(f"node {job.node}: {LIGHTNING_WARNING_SIGNAL.name} came before the workers started; a handler "
+                 "of their script's (Lightning's) does not see it")
         for signum in (WARNING_SIGNAL, LIGHTNING_WARNING_SIGNAL, signal.SIGTERM, DUMP_SIGNAL):
             signal.signal(signum, _forward_to_children)
         _, stop_copying = workerlogs.copying(spec.run_dir, str(job.job_id), restart, int(job.node),
@@ -358,6 +362,7 @@ def _exit_code(exc: SystemExit) -> int:
 # The stop signals (the time limit's warning, SIGTERM) this node's agent passed on to its
 # workers in this start, first first.
 STOPS_RECEIVED: list[int] = []
+UNPASSED: list[int] = []       # signals that came before the workers and that they cannot take
 
 
 class WorkersStopped(SystemExit):
@@ -385,13 +390,20 @@ def _stop_before_workers(signum: int, _frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         return
-    if signum not in STOPS_RECEIVED:
-        STOPS_RECEIVED.append(signum)
+    # A worker takes only the warning before its script runs (worker_stop_signals); Lightning's
+    # USR1 is its script's own, which it can no longer get.
+    noted = STOPS_RECEIVED if signum == WARNING_SIGNAL else UNPASSED
+    if signum not in noted:
+        noted.append(signum)
 
 
 def _forward_to_children(signum: int, _frame: Any) -> None:
     if signum != DUMP_SIGNAL and signum not in STOPS_RECEIVED:
         STOPS_RECEIVED.append(signum)
+    if signum == WARNING_SIGNAL:
+        # Workers torchrun starts from now on (its rendezvous may not have started any yet)
+        # start with the stop asked: it copies this environment for each.
+        os.environ.setdefault(envnames.STOPPED_BEFORE_WORKERS, bare_signal_name(WARNING_SIGNAL.name))
     for pid in child_pids(os.getpid()):
         try:
             os.kill(pid, signum)

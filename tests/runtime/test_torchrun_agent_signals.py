@@ -22,7 +22,11 @@ for signum in (signal.SIGUSR2, signal.SIGUSR1, signal.SIGTERM):
     signal.signal(signum, task._stop_before_workers)
 os.kill(os.getpid(), signal.SIGUSR2)
 os.kill(os.getpid(), signal.SIGUSR2)
-print("noted", [int(s) for s in task.STOPS_RECEIVED], flush=True)
+os.kill(os.getpid(), signal.SIGUSR1)
+print("noted", [int(s) for s in task.STOPS_RECEIVED], [int(s) for s in task.UNPASSED], flush=True)
+# Once torchrun runs, a warning reaches the workers it starts later through their environment.
+task._forward_to_children(signal.SIGUSR2, None)
+print(os.environ.get("GLAUNCH_STOPPED_BEFORE_WORKERS"), flush=True)
 os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(5)
 print("outlived SIGTERM", flush=True)
@@ -31,7 +35,7 @@ print("outlived SIGTERM", flush=True)
 
 def test_the_agent_keeps_a_warning_for_its_workers_and_ends_on_sigterm():
     done = subprocess.run([sys.executable, "-c", AGENT], capture_output=True, text=True, timeout=60)
-    assert done.stdout == f"noted [{int(signal.SIGUSR2)}]\n", done.stdout + done.stderr
+    assert done.stdout == f"noted [{int(signal.SIGUSR2)}] [{int(signal.SIGUSR1)}]\nUSR2\n", done.stdout + done.stderr
     assert done.returncode == -signal.SIGTERM
 
 
