@@ -209,18 +209,30 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 1.0):
 
 
 _pending_since: dict[str, float] = {}
-SETTLE_S = 8.0
+_settle_s: dict[str | None, float] = {}
+SETTLE_MARGIN_S = 5.0
+
+
+def settle_s(cluster: str | None = None) -> float:
+    """How long a requeued job waits before its hold is released: the cluster's KillWait and
+    a margin. Released sooner, its new start can begin on a node where the previous start is
+    still being ended, under the same job id: the likely cause of a SIGTERM seen on `defaults`
+    (KillWait 30 s) 48 s into a start released 11 s after its requeue."""
+    if cluster not in _settle_s:
+        found = re.search(r"^KillWait\s*=\s*(\d+) sec", out("scontrol", "show", "config", cluster=cluster), re.M)
+        _settle_s[cluster] = (float(found.group(1)) if found else 30.0) + SETTLE_MARGIN_S
+    return _settle_s[cluster]
 
 
 def release_requeue_hold(job_id: str, cluster: str | None = None) -> None:
     """A requeued job waits ~120 s (its BeginTime moves ahead); let it start sooner, but only
-    once it has waited SETTLE_S: started while its previous start is still being torn down,
-    Slurm kills it at launch ("Job credential revoked") and the run is lost."""
+    once it has waited settle_s: started while its previous start is still being torn down,
+    Slurm kills it at launch ("Job credential revoked"), or ends it as it ends that start."""
     if squeue_state(job_id, cluster) != "PENDING":
         _pending_since.pop(job_id, None)
         return
     since = _pending_since.setdefault(job_id, time.monotonic())
-    if time.monotonic() - since >= SETTLE_S:
+    if time.monotonic() - since >= settle_s(cluster):
         subprocess.run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], capture_output=True,
                        timeout=30, env=with_cluster(None, cluster))
         _pending_since.pop(job_id, None)
