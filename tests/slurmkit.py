@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Iterator, Mapping
 
+from launcher.jobcontrol.controller import kill_wait_s
 from launcher.schedulers.slurm.client import is_transient
 from launcher.schedulers.slurm.state import SACCT_FORMAT, base_state, parse_sacct, parse_squeue
 
@@ -219,8 +220,7 @@ def settle_s(cluster: str | None = None) -> float:
     still being ended, under the same job id: the likely cause of a SIGTERM seen on `defaults`
     (KillWait 30 s) 48 s into a start released 11 s after its requeue."""
     if cluster not in _settle_s:
-        found = re.search(r"^KillWait\s*=\s*(\d+) sec", out("scontrol", "show", "config", cluster=cluster), re.M)
-        _settle_s[cluster] = (float(found.group(1)) if found else 30.0) + SETTLE_MARGIN_S
+        _settle_s[cluster] = kill_wait_s(out("scontrol", "show", "config", cluster=cluster)) + SETTLE_MARGIN_S
     return _settle_s[cluster]
 
 
