@@ -535,12 +535,14 @@ class Controller:
         """Asked while a step runs: whether to stop waiting for it. After a SIGTERM, once:
         where Slurm sent it to end the job (the time limit, a cancel: scontrol show job), whose
         SIGKILL comes KillWait later, the step is waited for until step_grace_s after it, so
-        that the start's end is recorded before the SIGKILL; a preemption's SIGTERM (its
+        that the start's end is recorded before the SIGKILL. The same for a job Slurm has put
+        back in the queue (`scontrol requeue`, or a preemption's requeue once its GraceTime is
+        over): its processes are being ended as a cancel's are. A preemption's SIGTERM (its
         GraceTime) leaves the step its time."""
         if self.leave_at is None and self.term_at is not None:
             term_at, self.term_at = self.term_at, None
             taken = self.edge.taken_back(self.slurm_job, LIMIT_ASK_S)
-            if taken in (TakenBack.TIMED_OUT, TakenBack.ENDED):
+            if taken in (TakenBack.TIMED_OUT, TakenBack.ENDED, TakenBack.REQUEUED):
                 self.leave_at = term_at + step_grace_s(self.kill_wait_s)
                 self.limit_reached = taken is TakenBack.TIMED_OUT
         return self.leave_at is not None and time.monotonic() >= self.leave_at
@@ -551,7 +553,8 @@ class Controller:
 
     @property
     def being_ended(self) -> bool:
-        """Slurm ends the job (its time limit, a cancel): its SIGKILL is at most KillWait away."""
+        """Slurm ends the job (its time limit, a cancel, a requeue): its SIGKILL is at most
+        KillWait away."""
         return self.leave_at is not None
 
     def run(self) -> int:
@@ -602,7 +605,8 @@ class Controller:
                 say(f"the end of this start is not recorded: {exc}")
                 return 1
             action = after_step(road, self.job)
-            if action in ("restart", "requeue") and self.being_ended and not self.at_time_limit:
+            if (action in ("restart", "requeue") and self.being_ended and not self.at_time_limit
+                    and taken is not TakenBack.REQUEUED):
                 # Slurm is ending the job (a cancel whose line the batch log's tail lost, a node
                 # failure): a new step would be cut short at once and a requeue refused.
                 say(f"Slurm is ending job {self.slurm_job}: no {action} (the end read {road.line()})")

@@ -429,10 +429,13 @@ def test_a_step_a_cancel_ended_is_neither_a_timeout_nor_a_preemption(job_env, mo
 
 
 @pytest.mark.parametrize("taken, ending, limit", [(TakenBack.TIMED_OUT, True, True), (TakenBack.ENDED, True, False),
+                                                   (TakenBack.REQUEUED, True, False),
                                                    (TakenBack.PREEMPTED, False, False), (None, False, False)])
 def test_the_time_limit_s_sigterm_leaves_the_step_kill_wait_less_the_reserve(tmp_path, taken, ending, limit):
-    """At the limit, and at a cancel, the step is waited for KillWait less the controller's
-    reserve (10 s: 5 s each); a preemption's SIGTERM (GraceTime) leaves the step its time.
+    """At the limit, at a cancel and at a requeue (`scontrol requeue`: Slurm 24.11 under load
+    SIGKILLed a controller still waiting for its step, and the start's end went unrecorded),
+    the step is waited for KillWait less the controller's reserve (10 s: 5 s each); a
+    preemption's SIGTERM (GraceTime) leaves the step its time.
     The handler only notes the SIGTERM; the step's wait asks Slurm, once."""
     edge = FakeEdge([], taken=taken)
     control = Controller(JobSteps(tmp_path, 1, ("srun",), ("task",), requeue=True), edge)
@@ -478,6 +481,37 @@ def test_a_step_left_at_the_limit_is_a_timeout_though_slurm_no_longer_answers(jo
     assert control[0].run() == 0
     assert control[0].kill_wait_s == 10.0
     assert ends[0].timed_out and ends[0].status == 143 and "requeue 4242" in edge.commands
+
+
+class RequeuedWhileRunning(FakeEdge):
+    """`scontrol requeue` while the step runs: SIGTERM, and the job back in the queue."""
+
+    def __init__(self, control_of, *args, **kwargs):
+        super().__init__(*args, taken=TakenBack.REQUEUED, **kwargs)
+        self.control_of = control_of
+
+    def run_step(self, argv, env, leave=lambda: False):
+        control = self.control_of()
+        control.on_signal(signal.SIGTERM)
+        assert not leave() and control.being_ended
+        control.leave_at = time.monotonic()
+        assert leave()          # the step is left before KillWait's SIGKILL, and the end recorded
+        return super().run_step(argv, env, leave)
+
+
+def test_a_step_left_at_a_requeue_is_recorded_and_the_job_not_requeued_again(job_env, monkeypatch, tmp_path, capsys):
+    ends: list[StepEnd] = []
+    monkeypatch.setattr(jobend, "end_of_start", lambda run_dir, end, job_id, restart: ends.append(end)
+                        or NextRoad("requeue"))
+    monkeypatch.setattr(jobstart, "begin", lambda run_dir, job_id, requeues: Begun(Action.START, requeues))
+    job = JobSteps(tmp_path, nodes=2, srun=("srun",), task=("task",), requeue=True, port=PORT)
+    control: list[Controller] = []
+    edge = RequeuedWhileRunning(lambda: control[0], [143])
+    control.append(Controller(job, edge))
+    assert control[0].run() == 0
+    assert ends[0].preempted and not ends[0].timed_out and edge.commands == []
+    err = capsys.readouterr().err
+    assert "Slurm requeued job 4242 itself" in err and "Slurm is ending" not in err
 
 
 def test_inside_an_allocation_nothing_restarts_or_requeues(job_env, monkeypatch, tmp_path, capsys):
