@@ -35,10 +35,10 @@ from pathlib import Path
 
 from launcher.errors import RunError
 from launcher.rundir import registry
-from launcher.rundir.files import exclusive_lock
+from launcher.rundir.files import exclusive_lock, read_json
 from launcher.rundir.layout import RunDir
 from launcher.rundir.lifecycle import ENDS, adopt
-from launcher.rundir.records import RunRecord, State, is_job_id
+from launcher.rundir.records import GOES_ON, RunRecord, State, is_job_id
 
 
 class Origin(str, enum.Enum):
@@ -146,6 +146,7 @@ def begin(run_dir: Path, job_id: str | None, requeues: int) -> Begun:
         # Nothing to decide on: the start goes on, and its end says what it cannot record.
         _say(f"run.json not read, this start is number {requeues}: {exc}")
         return Begun(Action.START, requeues)
+    note_stop_after_end(run_dir, record)
     decided = beginning_of(run_dir, record, job_id)
     if decided.action is Action.ADOPT and job_id is not None:
         try:
@@ -162,6 +163,37 @@ def begin(run_dir: Path, job_id: str | None, requeues: int) -> Begun:
         return Begun(decided.action)
     number = record.next_restart(job_id, requeues) if job_id is not None and is_job_id(job_id) else requeues
     return Begun(Action.START, number)
+
+
+def late_stop(record: RunRecord, stop: object) -> tuple[int, int] | None:
+    """Pure: (restart, step) where stop.json (`stop`) says a start saved at a stop that its
+    recorded end lacks: Slurm ends a requeued or cancelled job's processes KillWait after
+    its SIGTERM, and the controller records the end before that, while the ranks may still
+    be saving. None otherwise."""
+    if not isinstance(stop, dict):
+        return None
+    restart, step = stop.get("restart"), stop.get("step")
+    if type(restart) is not int or type(step) is not int or step < 0:
+        return None
+    start = next((s for s in record.starts if s.restart == restart), None)
+    if start is None or start.stopped_at is not None or start.state not in GOES_ON:
+        return None
+    return restart, step
+
+
+def note_stop_after_end(run_dir: Path, record: RunRecord) -> None:
+    """The stop a start's ranks saved after its end was recorded, noted in run.json before
+    the next start begins (status and goodput count from it)."""
+    late = late_stop(record, read_json(RunDir(run_dir).stop_file))
+    if late is None:
+        return
+    try:
+        with registry.updating(run_dir) as rec:
+            start = next((s for s in rec.starts if s.restart == late[0]), None)
+            if start is not None and start.stopped_at is None:
+                start.stopped_at = late[1]
+    except (RunError, OSError, ValueError) as exc:
+        _say(f"start {late[0]}'s stop at step {late[1]} is not noted: {exc}")
 
 
 def begin_start(run_dir: Path, job_id: str | None, requeues: int) -> int:

@@ -17,7 +17,8 @@ import pytest
 from launcher.rundir import registry
 from launcher.rundir.records import RunRecord, StartRecord
 from launcher.jobcontrol import jobend
-from launcher.jobcontrol.jobstart import Action, Origin, beginning, origin_of
+from launcher.jobcontrol.jobstart import Action, Origin, beginning, late_stop, origin_of
+from launcher.rundir.layout import RunDir
 
 REPO = Path(__file__).resolve().parents[2]
 RUN, END, ADOPT, REFUSE, START = "r", Action.END, Action.ADOPT, Action.REFUSE, Action.START
@@ -218,3 +219,37 @@ def test_only_a_dry_runs_record_is_taken_on():
         with pytest.raises(IllegalMove):
             adopt(record, "9", "2026-12-05T10:00:00+00:00")
         assert (record.state, record.job_id, record.starts) == (state, "7", [])
+
+
+def _starts(*entries: tuple[int, str, int | None]) -> RunRecord:
+    return RunRecord(run_id=RUN, job_id="7", starts=[StartRecord(job_id="7", restart=r, state=state, stopped_at=at)
+                                                     for r, state, at in entries])
+
+
+@pytest.mark.parametrize("record, stop, late", [
+    # A requeued start whose end was recorded before its ranks' stop.json: noted.
+    (_starts((0, "REQUEUED", None)), {"restart": 0, "step": 31}, (0, 31)),
+    (_starts((0, "REQUEUED", 5), (1, "RESTARTED", None)), {"restart": 1, "step": 12}, (1, 12)),
+    # Its stop already recorded, or another start's, or an end that does not go on: nothing.
+    (_starts((0, "REQUEUED", 30)), {"restart": 0, "step": 31}, None),
+    (_starts((0, "REQUEUED", None)), {"restart": 1, "step": 31}, None),
+    (_starts((0, "FAILED", None)), {"restart": 0, "step": 31}, None),
+    (_starts((0, "RUNNING", None)), {"restart": 0, "step": 31}, None),
+    # stop.json damaged or absent: nothing.
+    (_starts((0, "REQUEUED", None)), {"restart": True, "step": 31}, None),
+    (_starts((0, "REQUEUED", None)), {"restart": 0, "step": "31"}, None),
+    (_starts((0, "REQUEUED", None)), {"restart": 0, "step": -1}, None),
+    (_starts((0, "REQUEUED", None)), ["restart", 0], None),
+    (_starts((0, "REQUEUED", None)), None, None),
+])
+def test_a_stop_saved_after_the_start_s_end_was_recorded(record, stop, late):
+    assert late_stop(record, stop) == late
+
+
+def test_the_next_start_notes_a_stop_saved_after_the_end_was_recorded(run_dir, monkeypatch, capsys):
+    with registry.updating(run_dir) as rec:
+        rec.starts[0].state, rec.state = "REQUEUED", "REQUEUED"
+    RunDir(run_dir).stop_file.write_text(json.dumps({"restart": 0, "step": 31, "signal": "SIGTERM"}))
+    code, out, _ = begin(run_dir, monkeypatch, capsys, requeues=1)
+    assert code == 0 and out == "start 1"
+    assert registry.read(run_dir).starts[0].stopped_at == 31
