@@ -1,5 +1,6 @@
 """Lightning's sharded strategies through glaunch: every rank's share of a checkpoint directory
-committed through the protocol, resumed bitwise after a time-limit requeue.
+committed through the protocol, resumed bitwise after a stop at a time limit's warning and a
+requeue (the local scheduler's own time limit is tests/runner/test_local_requeue.py's).
 
 FSDP (examples/lightning_fsdp.py) runs for real on the CPU over gloo.
 
@@ -77,36 +78,57 @@ def owners(manifest: dict) -> dict[str, int | None]:
     return {s["path"]: s["rank"] for s in manifest["shards"]}
 
 
-def requeued_and_resumed_bitwise(tmp_path, env, example: str, steps: int, *overrides: str, limit_s: int = 50,
-                                 seconds_per_step: float = 0.5) -> Path:
-    """An uninterrupted run and one that a time limit stops, requeues and resumes: same parameters.
+# The script (SCRIPT), warned of its time limit in its first start: after its optimizer step
+# STEP each rank sends itself SIGUSR2, as the local scheduler's --signal does at a limit's
+# warning. A warning at a time instead left a start slowed by a busy machine's start-up
+# one step of training, and the run 20 starts.
+WARNED_AT_STEP = """\
+import os
+import runpy
+import signal
+import sys
 
-    The limit warns half-way through it; every start, the requeued ones too, gets further
-    (``requeue.max`` leaves room for a start-up slowed by a busy machine: on one, starts of
-    a single step each were seen, where an idle machine needs two starts).
-    """
-    base_dir, _ = submit(tmp_path / "base", env, example, f"entrypoint.args=[--steps,{steps}]", *overrides)
-    cut_dir, out = submit(tmp_path / "cut", env, example, f"resources.time={limit_s // 60}:{limit_s % 60:02d}",
-                          f"requeue.signal_lead_s={limit_s // 2}", "requeue.max=20", "checkpoint.every_steps=100",
-                          f"entrypoint.args=[--steps,{steps},--seconds-per-step,{seconds_per_step}]", *overrides)
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+optimizer_steps = [0]
+
+
+def warn(optimizer, args, kwargs):
+    optimizer_steps[0] += 1
+    if optimizer_steps[0] == {step} and os.environ.get("GLAUNCH_RESTART") == "0":
+        os.kill(os.getpid(), signal.SIGUSR2)
+
+
+register_optimizer_step_post_hook(warn)
+sys.argv[0] = {script!r}
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def requeued_and_resumed_bitwise(tmp_path, env, example: str, steps: int, script: Path, *overrides: str) -> Path:
+    """An uninterrupted run of `script` and one its limit's warning stops half-way through its
+    first start, which is requeued and resumed: the same parameters."""
+    base_dir, _ = submit(tmp_path / "base", env, example, f"entrypoint.script={script}",
+                         f"entrypoint.args=[--steps,{steps}]", *overrides)
+    warned = tmp_path / "warned.py"
+    warned.write_text(WARNED_AT_STEP.format(step=steps // 2, script=str(script)))
+    cut_dir, out = submit(tmp_path / "cut", env, example, f"entrypoint.script={warned}", "requeue.max=2",
+                          "checkpoint.every_steps=100", f"entrypoint.args=[--steps,{steps}]", *overrides)
     record = json.loads((cut_dir / "run.json").read_text())
     states = [(s["state"], s["reason"]) for s in record["starts"]]
-    assert states[0] == ("REQUEUED", "timeout"), states
-    assert states[-1] == ("COMPLETED", None), states
+    assert states == [("REQUEUED", "timeout"), ("COMPLETED", None)], states
     assert "stopping at step" in out and "resumed from" in out, out[-3000:]
     base = json.loads((base_dir / "result.json").read_text())
     cut = json.loads((cut_dir / "result.json").read_text())
     assert cut["final_step"] == base["final_step"] == steps
-    assert 0 < cut["resumed_from"] < steps
+    assert steps // 2 <= cut["resumed_from"] < steps
     assert cut["param_sha256"] == base["param_sha256"]
     return cut_dir
 
 
 def test_lightning_fsdp_stops_and_resumes_bitwise_on_cpu(tmp_path, isolated_env):
-    # 40 s of steps against a warning 25 s into the start: the first start is stopped however
-    # fast the machine starts the ranks.
-    cut_dir = requeued_and_resumed_bitwise(tmp_path, isolated_env, "examples/lightning_fsdp.yaml", 40,
-                                           seconds_per_step=1.0)
+    cut_dir = requeued_and_resumed_bitwise(tmp_path, isolated_env, "examples/lightning_fsdp.yaml", 20,
+                                           REPO / "examples" / "lightning_fsdp.py")
     manifest = newest_manifest(cut_dir)
     # Each rank's DCP shard is in its own done marker, as are meta.pt and .metadata (rank 0).
     assert owners(manifest) == {
@@ -123,9 +145,8 @@ def test_lightning_deepspeed_zero2_stops_and_resumes_bitwise_with_cuda_only_part
     # DeepSpeed's CPU communication op is compiled on first use into torch's extension cache:
     # the machine's cache, not one in the test's empty HOME (a build of minutes per run).
     cache = Path(pwd.getpwuid(os.getuid()).pw_dir) / ".cache" / "torch_extensions"
-    cut_dir = requeued_and_resumed_bitwise(tmp_path, isolated_env, "examples/lightning_deepspeed.yaml", 24,
-                                           f"entrypoint.script={entry}", f"env.TORCH_EXTENSIONS_DIR={cache}",
-                                           limit_s=100, seconds_per_step=1.0)
+    cut_dir = requeued_and_resumed_bitwise(tmp_path, isolated_env, "examples/lightning_deepspeed.yaml", 20, entry,
+                                           f"env.TORCH_EXTENSIONS_DIR={cache}")
     manifest = newest_manifest(cut_dir)
     claimed = owners(manifest)
     # DeepSpeed's files, each in the done marker of the rank that wrote it; its `latest` and
