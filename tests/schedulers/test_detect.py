@@ -301,21 +301,25 @@ def fake_cluster(monkeypatch, tmp_path, isolated_env):
     return answer
 
 
-def files_in(root: Path) -> set[Path]:
-    return {p for p in root.rglob("*") if "home" not in p.relative_to(root).parts}
+def files_near(folder: Path) -> set[Path]:
+    """Every file under the test's folder but its home, and the entries of the two folders
+    above it: where a name with `..` in it could write. (Not every file above: those are
+    every earlier test's, thousands of them.)"""
+    return ({p for p in folder.rglob("*") if "home" not in p.relative_to(folder).parts}
+            | set(folder.parent.iterdir()) | set(folder.parent.parent.iterdir()))
 
 
 @pytest.mark.parametrize("cluster_name", ["../../escaped", "/tmp/glaunch-absolute", "..", ".hidden", "-rf",
                                           "a" * 300, "tiny" + ESC_TITLE, "a/b"])
 def test_a_cluster_name_that_is_no_profile_name_is_refused_and_nothing_written(fake_cluster, tmp_path, cluster_name):
     fake_cluster["text"] = scontrol_answer(cluster_name)
-    before = files_in(tmp_path.parent)
+    before = files_near(tmp_path)
     with pytest.raises(ConfigError) as info:
         api.detect_site(write_to=True)
     assert info.value.key == "--name" and info.value.exit_code == 2
     assert "ClusterName" in info.value.message and "--name" in str(info.value)
     assert "\x1b" not in str(info.value) and "\x07" not in str(info.value)
-    assert files_in(tmp_path.parent) == before
+    assert files_near(tmp_path) == before
     assert not Path("/tmp/glaunch-absolute.yaml").exists()
 
 
