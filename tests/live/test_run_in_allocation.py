@@ -69,6 +69,7 @@ def finished(proc: subprocess.Popen, timeout: float = 900) -> dict:
 
 
 @pytest.mark.slurm
+@pytest.mark.release_only     # in the Slurm 24.11 sandbox, whose `main` is idle most of CI's run
 @requires_slurm
 def test_run_inside_salloc_then_interrupted_and_resumed_bitwise(tmp_path, isolated_env):
     steps = 120
