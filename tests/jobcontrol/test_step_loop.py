@@ -452,43 +452,14 @@ def test_the_time_limit_s_sigterm_leaves_the_step_kill_wait_less_the_reserve(tmp
         assert control.past_time_limit()
 
 
-class LimitThenSilence(FakeEdge):
-    """Slurm says the limit ended the job while the step runs, then does not answer."""
+class EndedWhileRunning(FakeEdge):
+    """Slurm ends the job while the step runs (SIGTERM; `taken`: its time limit, a requeue);
+    with `silent_after`, Slurm then no longer answers."""
 
-    def __init__(self, control_of, *args, **kwargs):
-        super().__init__(*args, taken=TakenBack.TIMED_OUT, **kwargs)
+    def __init__(self, control_of, *args, taken: TakenBack, silent_after: bool = False, **kwargs):
+        super().__init__(*args, taken=taken, **kwargs)
         self.control_of = control_of
-
-    def run_step(self, argv, env, leave=lambda: False):
-        control = self.control_of()
-        control.on_signal(signal.SIGTERM)
-        assert not leave()
-        control.leave_at = time.monotonic()
-        assert leave()
-        self.taken = None
-        return super().run_step(argv, env, leave)
-
-
-def test_a_step_left_at_the_limit_is_a_timeout_though_slurm_no_longer_answers(job_env, monkeypatch, tmp_path):
-    ends: list[StepEnd] = []
-    monkeypatch.setattr(jobend, "end_of_start", lambda run_dir, end, job_id, restart: ends.append(end)
-                        or NextRoad("requeue"))
-    monkeypatch.setattr(jobstart, "begin", lambda run_dir, job_id, requeues: Begun(Action.START, requeues))
-    job = JobSteps(tmp_path, nodes=2, srun=("srun",), task=("task",), requeue=True, port=PORT)
-    control: list[Controller] = []
-    edge = LimitThenSilence(lambda: control[0], [143])
-    control.append(Controller(job, edge))
-    assert control[0].run() == 0
-    assert control[0].kill_wait_s == 10.0
-    assert ends[0].timed_out and ends[0].status == 143 and "requeue 4242" in edge.commands
-
-
-class RequeuedWhileRunning(FakeEdge):
-    """`scontrol requeue` while the step runs: SIGTERM, and the job back in the queue."""
-
-    def __init__(self, control_of, *args, **kwargs):
-        super().__init__(*args, taken=TakenBack.REQUEUED, **kwargs)
-        self.control_of = control_of
+        self.silent_after = silent_after
 
     def run_step(self, argv, env, leave=lambda: False):
         control = self.control_of()
@@ -496,19 +467,33 @@ class RequeuedWhileRunning(FakeEdge):
         assert not leave() and control.being_ended
         control.leave_at = time.monotonic()
         assert leave()          # the step is left before KillWait's SIGKILL, and the end recorded
+        if self.silent_after:
+            self.taken = None
         return super().run_step(argv, env, leave)
 
 
-def test_a_step_left_at_a_requeue_is_recorded_and_the_job_not_requeued_again(job_env, monkeypatch, tmp_path, capsys):
+def run_ended_while_running(monkeypatch, tmp_path, **edge_args) -> tuple[Controller, FakeEdge, list[StepEnd]]:
     ends: list[StepEnd] = []
     monkeypatch.setattr(jobend, "end_of_start", lambda run_dir, end, job_id, restart: ends.append(end)
                         or NextRoad("requeue"))
     monkeypatch.setattr(jobstart, "begin", lambda run_dir, job_id, requeues: Begun(Action.START, requeues))
     job = JobSteps(tmp_path, nodes=2, srun=("srun",), task=("task",), requeue=True, port=PORT)
     control: list[Controller] = []
-    edge = RequeuedWhileRunning(lambda: control[0], [143])
+    edge = EndedWhileRunning(lambda: control[0], [143], **edge_args)
     control.append(Controller(job, edge))
     assert control[0].run() == 0
+    return control[0], edge, ends
+
+
+def test_a_step_left_at_the_limit_is_a_timeout_though_slurm_no_longer_answers(job_env, monkeypatch, tmp_path):
+    control, edge, ends = run_ended_while_running(monkeypatch, tmp_path, taken=TakenBack.TIMED_OUT, silent_after=True)
+    assert control.kill_wait_s == 10.0
+    assert ends[0].timed_out and ends[0].status == 143 and "requeue 4242" in edge.commands
+
+
+def test_a_step_left_at_a_requeue_is_recorded_and_the_job_not_requeued_again(job_env, monkeypatch, tmp_path, capsys):
+    """`scontrol requeue` while the step runs: SIGTERM, and the job back in the queue."""
+    _, edge, ends = run_ended_while_running(monkeypatch, tmp_path, taken=TakenBack.REQUEUED)
     assert ends[0].preempted and not ends[0].timed_out and edge.commands == []
     err = capsys.readouterr().err
     assert "Slurm requeued job 4242 itself" in err and "Slurm is ending" not in err
