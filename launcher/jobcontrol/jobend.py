@@ -86,6 +86,7 @@ from launcher.rundir.records import (
     REQUEUED_BY_HAND,
     RESUBMITTED_AFTER,
     SLOW_NODE,
+    TERMINATED,
     RunRecord,
     State,
     free_spares,
@@ -126,7 +127,7 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
            restart: int, requeue_max: int, crashes: int, crash_retries: int,
            cancelled: bool = False, hung: bool = False, swapping: bool = False,
            killed: Killed | None = None, runtime: bool = True, failed_node: str | None = None,
-           requeued: bool = False) -> Outcome:
+           requeued: bool = False, stop_signal: str | None = None) -> Outcome:
     """Pure: the outcome of a start from what is known when its step ended.
 
     finished: result.json exists (the run is done, whatever ended the step);
@@ -142,6 +143,8 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
     failed_node: Slurm took the job back for a node's failure (its name; "" where not
     said), not a preemption: the start ends with reason "node failure". requeued: someone's
     `scontrol requeue` took it back (slurmstepd's line), not a preemption: reason "requeued".
+    stop_signal: the signal the ranks stopped on (stop.json): a SIGTERM that no time limit,
+    preemption, requeue or cancel explains is reason "terminated", not a time limit.
     A clean exit without result.json is noted only then: result.json is the runtime's
     (``rt.write_result``), and a script without it never writes one: its clean exit is its end.
     """
@@ -159,11 +162,12 @@ def decide(*, step_status: int, finished: bool, stopped: bool, preempted: bool, 
         return Outcome(State.NODE_FAIL.value, NODE_FAILURE, False, 1, f"{detail}; requeue.max ({requeue_max}) reached")
     if stopped or preempted or (timed_out and step_status != 0):
         reason = ((REQUEUED_BY_HAND if requeued else "preemption") if preempted
-                  else SLOW_NODE if swapping and stopped else "timeout")
+                  else SLOW_NODE if swapping and stopped
+                  else TERMINATED if stopped and stop_signal == "SIGTERM" and not timed_out else "timeout")
         if restart < requeue_max:
             return Outcome(State.REQUEUED.value, reason, True, 0)
-        return Outcome((State.PREEMPTED if preempted else State.TIMEOUT).value, reason, False, 1,
-                       f"requeue.max ({requeue_max}) reached")
+        ended = State.PREEMPTED if preempted else State.FAILED if reason == TERMINATED else State.TIMEOUT
+        return Outcome(ended.value, reason, False, 1, f"requeue.max ({requeue_max}) reached")
     if step_status == 0 and not hung:
         # The step ended cleanly: nothing to resume for, with or without a result.
         return Outcome(State.COMPLETED.value, None, False, 0, NO_RESULT if runtime else None)
@@ -457,6 +461,12 @@ def _of_restart(record: dict | None, restart: int) -> dict | None:
     if record is None or type(record.get("restart")) is not int or record["restart"] != restart:
         return None
     return record
+
+
+def signal_of(stop: Mapping[str, Any] | None) -> str | None:
+    """Pure: the signal a stop.json says the ranks stopped on (a signal's name), or None."""
+    name = None if stop is None else stop.get("signal")
+    return name if isinstance(name, str) and re.fullmatch(r"SIG[A-Z0-9]{1,10}", name) else None
 
 
 def resumed_in(run_dir: Path, restart: int) -> int | None:
@@ -866,7 +876,7 @@ def end_of_start(run_dir: Path, args: StepEnd, ctx_job_id: str | None, restart: 
             killed=(killed_in_step(run_dir, job_id, args.status, batch_log) if crash_in(run_dir, restart) is None
                     else None),
             runtime=used_runtime(run_dir, ctx_job_id or job_id, restart), failed_node=failed,
-            requeued=requeued_in_log(batch_log) or requeued_in_log(array_log))
+            requeued=requeued_in_log(batch_log) or requeued_in_log(array_log), stop_signal=signal_of(stop))
         outcome = with_crash_note(outcome, run_dir, restart, ctx_job_id or job_id)
         if args.outlived:
             outcome = dataclasses.replace(outcome, detail="; ".join(x for x in (outcome.detail, OUTLIVED) if x))

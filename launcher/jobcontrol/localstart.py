@@ -45,7 +45,9 @@ def end_of_local_start(run_dir: RunDir, record: RunRecord, *, job_id: str, resta
         timed_out=timed_out, restart=restart, requeue_max=requeue_max, crashes=crashes,
         crash_retries=crash_retries, hung=hang is not None, cancelled=interrupted or cancelled,
         killed=None if crash else first_killed_task(summary, status),
-        runtime=jobend.used_runtime(run_dir.path, job_id, restart)),
+        runtime=jobend.used_runtime(run_dir.path, job_id, restart),
+        # The local step's own warning (its time limit) explains whatever the ranks stopped on.
+        stop_signal=None if warned else jobend.signal_of(stop)),
         run_dir.path, restart, job_id)
     if interrupted and outcome.state == State.CANCELLED:
         outcome = dataclasses.replace(outcome, detail=f"interrupted (Ctrl-C): {_how_it_stopped(stop, status)}")

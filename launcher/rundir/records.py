@@ -85,6 +85,11 @@ SLOW_NODE = "slow node"
 # The reason of a start someone's `scontrol requeue` took back (a user, an administrator, the
 # script's framework), which Slurm tells apart from a preemption only in slurmstepd's line.
 REQUEUED_BY_HAND = "requeued"
+# The reason of a start whose ranks stopped on a SIGTERM that neither its time limit, a
+# preemption, a requeue nor a cancel explains (an administrator's `scancel --signal=TERM`, a
+# node's shutdown, a stray one): the run goes on as after a time limit, but is not said to
+# have met one.
+TERMINATED = "terminated"
 # Why the watchdog did not watch a start (its run.json entry's `why`): no rank of it reported
 # through glaunch's runtime. What such a script resumed from is its own affair.
 NOT_WATCHED = "no rank uses glaunch's runtime"

@@ -71,14 +71,14 @@ from launcher.rundir.files import (
     parse_json_object,
 )
 from launcher.rundir.layout import RunDir
-from launcher.rundir.records import (GOES_ON, REQUEUED_BY_HAND, SLOW_NODE, RunRecord, StartRecord, State, is_job_id,
-                                     is_terminal)
+from launcher.rundir.records import (GOES_ON, REQUEUED_BY_HAND, SLOW_NODE, TERMINATED, RunRecord, StartRecord, State,
+                                     is_job_id, is_terminal)
 
 # Reasons a start ended without finishing, after which the run may go on.
-INTERRUPTED = frozenset({"timeout", "preemption", REQUEUED_BY_HAND, SLOW_NODE, "crash", "hang", "node failure",
-                         "node_fail"})
+INTERRUPTED = frozenset({"timeout", "preemption", REQUEUED_BY_HAND, SLOW_NODE, TERMINATED, "crash", "hang",
+                         "node failure", "node_fail"})
 # A graceful stop: the ranks had time to save.
-STOPPED = frozenset({"timeout", "preemption", REQUEUED_BY_HAND, SLOW_NODE})
+STOPPED = frozenset({"timeout", "preemption", REQUEUED_BY_HAND, SLOW_NODE, TERMINATED})
 SAVE_MARGIN = 2.0
 LEAD_MARGIN_S = 10.0
 LEAD_ROUND_S = 5

@@ -53,6 +53,7 @@ CLEAR_LINE = "\r\x1b[K"
 
 REASONS = {"timeout": "time limit", "preemption": "preempted", "requeued": "requeued (scontrol requeue)",
            "slow node": "stopped for a slow node",
+           "terminated": "stopped by a SIGTERM (no time limit, preemption or cancel)",
            "crash": "crashed", "hang": "hung",
            "node failure": "node failure", "cancelled": "cancelled"}
 

@@ -10,7 +10,7 @@ import pytest
 
 from launcher.rundir.layout import RunDir
 from launcher.jobcontrol.jobend import (Killed, Outcome, decide, first_signalled_task, killed_by, killed_in_step,
-                                     resumed_in, stopped_in, with_crash_note)
+                                     resumed_in, signal_of, stopped_in, with_crash_note)
 
 # What is known when a start's step ended; each row of the table changes some of it.
 BASE: dict[str, Any] = dict(step_status=0, finished=False, stopped=False, preempted=False, timed_out=False, restart=0,
@@ -46,6 +46,23 @@ TABLE = [
     ("stopped because preempted", {"stopped": True, "preempted": True},
      Outcome("REQUEUED", "preemption", True, 0)),
     ("stopped with a non-zero step status", {"stopped": True, "step_status": 1, "crash_retries": 2},
+     Outcome("REQUEUED", "timeout", True, 0)),
+    # --- the signal the ranks stopped on: the time limit's warning, or a SIGTERM the limit explains,
+    # is a timeout; a SIGTERM that nothing Slurm said explains (an administrator's, a node's
+    # shutdown) is its own reason
+    ("stopped on the limit's warning", {"stopped": True, "stop_signal": "SIGUSR2"},
+     Outcome("REQUEUED", "timeout", True, 0)),
+    ("stopped on the SIGTERM of the time limit", {"stopped": True, "stop_signal": "SIGTERM", "timed_out": True,
+                                                   "step_status": 143},
+     Outcome("REQUEUED", "timeout", True, 0)),
+    ("stopped on a SIGTERM nothing explains", {"stopped": True, "stop_signal": "SIGTERM"},
+     Outcome("REQUEUED", "terminated", True, 0)),
+    ("stopped on a SIGTERM of a preemption", {"stopped": True, "stop_signal": "SIGTERM", "preempted": True},
+     Outcome("REQUEUED", "preemption", True, 0)),
+    ("stopped on a SIGTERM nothing explains, at requeue.max", {"stopped": True, "stop_signal": "SIGTERM",
+                                                                "restart": 3},
+     Outcome("FAILED", "terminated", False, 1, "requeue.max (3) reached")),
+    ("a stop asked from code", {"stopped": True, "stop_signal": None},
      Outcome("REQUEUED", "timeout", True, 0)),
     # --- ... and at requeue.max the run ends in the scheduler's terms
     ("stopped at requeue.max", {"stopped": True, "restart": 3},
@@ -265,3 +282,19 @@ def test_a_hang_is_described_from_hang_json_of_its_own_start(tmp_path):
     (tmp_path / "hang.json").write_text(json.dumps({"restart": 0, "detail": "no rank finished a step for 60 s"}))
     assert with_crash_note(hung, tmp_path, 0, "77").detail == (
         "the watchdog ended the step; retry 1 of 1; no rank finished a step for 60 s")
+
+
+@pytest.mark.parametrize("stop, name", [
+    ({"step": 4, "signal": "SIGTERM"}, "SIGTERM"),
+    ({"step": 4, "signal": "SIGUSR2"}, "SIGUSR2"),
+    ({"step": 4, "signal": None}, None),                 # a stop asked from code
+    ({"step": 4}, None),
+    (None, None),
+    # What the ranks wrote is read, never trusted: only a signal's name passes.
+    ({"step": 4, "signal": "SIGTERM; rm -rf /"}, None),
+    ({"step": 4, "signal": 15}, None),
+    ({"step": 4, "signal": "sigterm"}, None),
+    ({"step": 4, "signal": "SIG" + "X" * 40}, None),
+])
+def test_the_signal_a_stop_record_names(stop, name):
+    assert signal_of(stop) == name
