@@ -70,10 +70,16 @@ def early_stop(signum: int, frame: FrameType | None) -> None:
     limit ends it at once, not at Slurm's SIGKILL KillWait later. (A script's own SIGTERM
     handler, installed as it starts, replaces this one.)"""
     if signum == signal.SIGTERM and not heartbeats.announced():
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        end_as_without_handler(signum)
         return
     stopflag.handler(signum, frame)
+
+
+def end_as_without_handler(signum: int) -> None:
+    """This process ended by `signum` as it would be with no handler of ours: the default
+    action put back, and the signal sent to it again."""
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
 
 
 def uninstall_stop_handler() -> None:

@@ -43,7 +43,7 @@ from launcher.rundir.rankstacks import DUMP_SIGNAL
 from launcher.rundir.records import RunRecord
 from launcher.rundir.taskspec import TaskSpec, read_task_spec
 from launcher.runtime import heartbeats, stackdump, workerlogs
-from launcher.runtime.stop import early_stop, take_stop_signals
+from launcher.runtime.stop import early_stop, end_as_without_handler, take_stop_signals
 
 # The signal Slurm sends `requeue.signal_lead_s` before the time limit (see render.py).
 WARNING_SIGNAL = signal.SIGUSR2
@@ -387,8 +387,7 @@ def _stop_before_workers(signum: int, _frame: Any) -> None:
     come; SIGTERM (a cancel, a preemption, the time limit) ends the agent at once, as it
     would end a rank whose script has not started (runtime.stop.early_stop)."""
     if signum == signal.SIGTERM:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        end_as_without_handler(signum)
         return
     # A worker takes only the warning before its script runs (worker_stop_signals); Lightning's
     # USR1 is its script's own, which it can no longer get.
