@@ -415,7 +415,7 @@ class SlurmEdge:
         finally:
             self.step = None
         if code is None:
-            say("Slurm ends the job (its time limit, a cancel): the end of this start is recorded now; "
+            say("Slurm ends the job (its time limit, a cancel, a requeue): the end of this start is recorded now; "
                 "Slurm ends what is left of its step")
             return jobend.SIGNALLED_STATUS + signal.SIGTERM
         return jobend.SIGNALLED_STATUS - code if code < 0 else code
@@ -520,7 +520,7 @@ class Controller:
         self.slurm_config = SlurmConfig()       # what scontrol show config said, once read
         self.term_at: float | None = None       # time.monotonic() of a SIGTERM not yet looked into
         self.leave_at: float | None = None      # Slurm ends the job: when its step stops being waited for
-        self.limit_reached = False              # ... and the time limit is what ends it
+        self.ending: TakenBack | None = None    # ... and how Slurm said it does, at its SIGTERM
         self.outlived = False      # the watchdog ended the running step: it outlived every rank's exit
 
     def on_signal(self, signum: int, _frame: Any = None) -> None:
@@ -544,12 +544,12 @@ class Controller:
             taken = self.edge.taken_back(self.slurm_job, LIMIT_ASK_S)
             if taken in (TakenBack.TIMED_OUT, TakenBack.ENDED, TakenBack.REQUEUED):
                 self.leave_at = term_at + step_grace_s(self.kill_wait_s)
-                self.limit_reached = taken is TakenBack.TIMED_OUT
+                self.ending = taken
         return self.leave_at is not None and time.monotonic() >= self.leave_at
 
     @property
     def at_time_limit(self) -> bool:
-        return self.limit_reached
+        return self.ending is TakenBack.TIMED_OUT
 
     @property
     def being_ended(self) -> bool:
@@ -591,11 +591,12 @@ class Controller:
             started = datetime.now().astimezone().isoformat(timespec="seconds")
             self._free_port()
             status = self.step(nodes, allocation)
-            # At the time limit the job's record is asked within what is left of KillWait, and
-            # the limit stands where it does not answer.
+            # While Slurm ends the job the job's record is asked within what is left of KillWait,
+            # and what it said at its SIGTERM (the time limit, a requeue) stands where it does
+            # not answer.
             taken = self.edge.taken_back(self.slurm_job, LIMIT_ASK_S if self.being_ended else SLURM_TIMEOUT_S)
-            if taken is None and self.at_time_limit:
-                taken = TakenBack.TIMED_OUT
+            if taken is None and self.being_ended:
+                taken = self.ending
             end = StepEnd(status, taken in (TakenBack.PREEMPTED, TakenBack.REQUEUED), started,
                           allocation if self.job.requeue else (), nodes, timed_out=taken is TakenBack.TIMED_OUT,
                           outlived=self.outlived)
@@ -607,8 +608,9 @@ class Controller:
             action = after_step(road, self.job)
             if (action in ("restart", "requeue") and self.being_ended and not self.at_time_limit
                     and taken is not TakenBack.REQUEUED):
-                # Slurm is ending the job (a cancel whose line the batch log's tail lost, a node
-                # failure): a new step would be cut short at once and a requeue refused.
+                # Slurm is ending the job (a cancel whose line the batch log's tail lost): a new
+                # step would be cut short at once and a requeue refused. (A job Slurm put back in
+                # the queue, a node failure's included, goes to requeued_by_slurm.)
                 say(f"Slurm is ending job {self.slurm_job}: no {action} (the end read {road.line()})")
                 return road.exit_code or 1
             if action != "restart":
@@ -766,9 +768,10 @@ class Controller:
         return road.exit_code
 
     def resubmit(self, road: NextRoad, job_id: str | None, restart: int) -> int:
-        """The time limit: the next start is a new job, submitted now and started once this
-        one has ended (afterany), where a requeued job would wait out Slurm's hold (about 120
-        s). A cancel from now on reaches the new job through run.json, or here."""
+        """The time limit (or a stop on a SIGTERM nothing explains): the next start is a new
+        job, submitted now and started once this one has ended (afterany), where a requeued job
+        would wait out Slurm's hold (about 120 s). A cancel from now on reaches the new job
+        through run.json, or here."""
         self.edge.ignore_term()
         successor = self.edge.submit_next(self.job.job_script, self.slurm_job, road.nodes)
         if successor is None:

@@ -444,11 +444,11 @@ def cancelled_step_in_log(batch_log: str) -> str | None:
 
 def next_start(outcome: Outcome, mode: str) -> str | None:
     """Pure: how the run goes on after this start: "requeue" (the same job, back to the
-    queue), "resubmit" (a new job chained after this one: only after the time limit, with
-    requeue.mode resubmit) or None (it does not)."""
+    queue), "resubmit" (a new job chained after this one: only after the time limit, or a
+    stop on a SIGTERM nothing explains, with requeue.mode resubmit) or None (it does not)."""
     if not outcome.requeue:
         return None
-    return "resubmit" if mode == "resubmit" and outcome.reason == "timeout" else "requeue"
+    return "resubmit" if mode == "resubmit" and outcome.reason in ("timeout", TERMINATED) else "requeue"
 
 
 def stopped_in(run_dir: Path, restart: int) -> dict | None:

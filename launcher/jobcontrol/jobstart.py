@@ -28,6 +28,7 @@ Imports no torch; submitit only to take on a bundle.
 from __future__ import annotations
 
 import enum
+import math
 import pickle
 import sys
 from dataclasses import dataclass
@@ -36,9 +37,11 @@ from pathlib import Path
 from launcher.errors import RunError
 from launcher.rundir import registry
 from launcher.rundir.files import exclusive_lock, read_json
+from launcher.rundir.heartbeatrecord import MAX_STEP
 from launcher.rundir.layout import RunDir
 from launcher.rundir.lifecycle import ENDS, adopt
 from launcher.rundir.records import GOES_ON, RunRecord, State, is_job_id
+from launcher.rundir.startsummary import epoch
 
 
 class Origin(str, enum.Enum):
@@ -146,7 +149,6 @@ def begin(run_dir: Path, job_id: str | None, requeues: int) -> Begun:
         # Nothing to decide on: the start goes on, and its end says what it cannot record.
         _say(f"run.json not read, this start is number {requeues}: {exc}")
         return Begun(Action.START, requeues)
-    note_stop_after_end(run_dir, record)
     decided = beginning_of(run_dir, record, job_id)
     if decided.action is Action.ADOPT and job_id is not None:
         try:
@@ -161,24 +163,33 @@ def begin(run_dir: Path, job_id: str | None, requeues: int) -> Begun:
         _say(decided.why)
     if decided.action in (Action.REFUSE, Action.END):
         return Begun(decided.action)
+    note_stop_after_end(run_dir, record)
     number = record.next_restart(job_id, requeues) if job_id is not None and is_job_id(job_id) else requeues
     return Begun(Action.START, number)
 
 
 def late_stop(record: RunRecord, stop: object) -> tuple[int, int] | None:
-    """Pure: (restart, step) where stop.json (`stop`) says a start saved at a stop that its
-    recorded end lacks: Slurm ends a requeued or cancelled job's processes KillWait after
-    its SIGTERM, and the controller records the end before that, while the ranks may still
-    be saving. None otherwise."""
+    """Pure: (index in record.starts, step) where stop.json (`stop`) says a start saved at a
+    stop that its recorded end lacks: Slurm ends a requeued job's processes KillWait after its
+    SIGTERM, and the controller records the end before that, while the ranks may still be
+    saving. The start is the newest of that number (a resumed run numbers its job's starts
+    from 0 again) that had begun by the stop's time; None otherwise."""
     if not isinstance(stop, dict):
         return None
-    restart, step = stop.get("restart"), stop.get("step")
-    if type(restart) is not int or type(step) is not int or step < 0:
+    restart, step, at = stop.get("restart"), stop.get("step"), stop.get("time")
+    if type(restart) is not int or type(step) is not int or not 0 <= step <= MAX_STEP:
         return None
-    start = next((s for s in record.starts if s.restart == restart), None)
-    if start is None or start.stopped_at is not None or start.state not in GOES_ON:
+    if not isinstance(at, (int, float)) or isinstance(at, bool) or not math.isfinite(at):
         return None
-    return restart, step
+    numbered = [i for i, s in enumerate(record.starts) if s.restart == restart]
+    if not numbered:
+        return None
+    index = numbered[-1]
+    start, began = record.starts[index], epoch(record.starts[index].started)
+    # started is cut to the second; a stop before it is an earlier start's.
+    if start.stopped_at is not None or start.state not in GOES_ON or began is None or at < began - 1:
+        return None
+    return index, step
 
 
 def note_stop_after_end(run_dir: Path, record: RunRecord) -> None:
@@ -187,13 +198,13 @@ def note_stop_after_end(run_dir: Path, record: RunRecord) -> None:
     late = late_stop(record, read_json(RunDir(run_dir).stop_file))
     if late is None:
         return
+    index, step = late
     try:
         with registry.updating(run_dir) as rec:
-            start = next((s for s in rec.starts if s.restart == late[0]), None)
-            if start is not None and start.stopped_at is None:
-                start.stopped_at = late[1]
+            if late_stop(rec, read_json(RunDir(run_dir).stop_file)) == late:
+                rec.starts[index].stopped_at = step
     except (RunError, OSError, ValueError) as exc:
-        _say(f"start {late[0]}'s stop at step {late[1]} is not noted: {exc}")
+        _say(f"a stop at step {step} is not noted: {exc}")
 
 
 def begin_start(run_dir: Path, job_id: str | None, requeues: int) -> int:

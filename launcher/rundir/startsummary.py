@@ -24,6 +24,19 @@ from launcher.rundir.layout import RunDir, read_heartbeat
 from launcher.rundir.records import RunRecord, is_node_name
 
 
+def epoch(value: Any) -> float | None:
+    """An ISO 8601 time (a naive one is local time) as epoch seconds, else None."""
+    if not isinstance(value, str):
+        return None
+    try:
+        when = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
+        if when.tzinfo is None:
+            when = when.astimezone()        # past the platform's local times for year 1 or 9999
+        return when.timestamp()
+    except (ValueError, OverflowError, OSError):
+        return None
+
+
 def iso(epoch: float | None) -> str | None:
     """An epoch time as run.json writes times (ISO 8601, local offset), to the millisecond."""
     if epoch is None:

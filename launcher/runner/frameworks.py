@@ -5,9 +5,9 @@ handling: its SLURMEnvironment listens for SIGUSR1, saves an ``hpc_ckpt_N.ckpt``
 Trainer's ``default_root_dir``, requeues the job itself (``scontrol requeue``) and, when
 the job starts again, resumes from that checkpoint. Such a run's time-limit warning is
 SIGUSR1, not glaunch's SIGUSR2 (which would end its ranks unhandled). The requeue is then
-Lightning's alone: Slurm's requeue ends the job's batch script with its steps, so glaunch's
-end of the start never runs to requeue it again, and the next start counts it as Slurm's
-requeue (launcher.jobcontrol.jobstart).
+Lightning's alone: the job controller finds the job back in the queue, records the start's
+end (`requeued`) within KillWait and asks for no second requeue, and the next start counts
+it as Slurm's requeue (launcher.jobcontrol.jobstart).
 
 The test is a scan of the script's text, not an import: a line that imports ``lightning``
 or ``pytorch_lightning`` and none that imports ``launcher`` (a script using glaunch's

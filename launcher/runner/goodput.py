@@ -56,7 +56,6 @@ Suggestions (``suggest``):
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 import math
 import os
@@ -71,6 +70,7 @@ from launcher.rundir.files import (
     parse_json_object,
 )
 from launcher.rundir.layout import RunDir
+from launcher.rundir.startsummary import epoch
 from launcher.rundir.records import (GOES_ON, REQUEUED_BY_HAND, SLOW_NODE, TERMINATED, RunRecord, StartRecord, State,
                                      is_job_id, is_terminal)
 
@@ -119,19 +119,6 @@ def step_of(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         return None
     return value
-
-
-def epoch(value: Any) -> float | None:
-    """An ISO 8601 time (a naive one is local time) as epoch seconds, else None."""
-    if not isinstance(value, str):
-        return None
-    try:
-        when = dt.datetime.fromisoformat(value.strip().replace("Z", "+00:00"))
-        if when.tzinfo is None:
-            when = when.astimezone()        # past the platform's local times for year 1 or 9999
-        return when.timestamp()
-    except (ValueError, OverflowError, OSError):
-        return None
 
 
 def _span(start: float | None, end: float | None) -> float | None:

@@ -221,24 +221,46 @@ def test_only_a_dry_runs_record_is_taken_on():
         assert (record.state, record.job_id, record.starts) == (state, "7", [])
 
 
-def _starts(*entries: tuple[int, str, int | None]) -> RunRecord:
-    return RunRecord(run_id=RUN, job_id="7", starts=[StartRecord(job_id="7", restart=r, state=state, stopped_at=at)
-                                                     for r, state, at in entries])
+BEGAN = "2026-12-07T17:00:00+00:00"
+AT = 1796662810.0           # the stop's time: 10 s after BEGAN
+
+
+def _starts(*entries: tuple) -> RunRecord:
+    """Starts of job 7 by (restart, state, stopped_at[, job id[, started]])."""
+    return RunRecord(run_id=RUN, job_id="7", starts=[
+        StartRecord(job_id=(rest[0] if rest else "7"), restart=r, state=state, stopped_at=at,
+                    started=(rest[1] if len(rest) > 1 else BEGAN))
+        for r, state, at, *rest in entries])
+
+
+def _stop(restart: object = 0, step: object = 31, at: object = AT) -> dict:
+    return {"restart": restart, "step": step, "time": at, "signal": "SIGTERM"}
 
 
 @pytest.mark.parametrize("record, stop, late", [
     # A requeued start whose end was recorded before its ranks' stop.json: noted.
-    (_starts((0, "REQUEUED", None)), {"restart": 0, "step": 31}, (0, 31)),
-    (_starts((0, "REQUEUED", 5), (1, "RESTARTED", None)), {"restart": 1, "step": 12}, (1, 12)),
+    (_starts((0, "REQUEUED", None)), _stop(), (0, 31)),
+    (_starts((0, "REQUEUED", 5), (1, "RESTARTED", None)), _stop(1, 12), (1, 12)),
+    # A resumed run numbers its new job's starts from 0 again: the newest of that number,
+    # and only if it had begun by the stop's time.
+    (_starts((0, "REQUEUED", None), (0, "COMPLETED", None, "8")), _stop(), None),
+    (_starts((0, "REQUEUED", 40), (0, "REQUEUED", None, "8")), _stop(), (1, 31)),
+    (_starts((0, "REQUEUED", None), (0, "REQUEUED", None, "8", "2026-12-07T18:00:00+00:00")), _stop(), None),
+    (_starts((0, "REQUEUED", None, "7", None)), _stop(), None),
     # Its stop already recorded, or another start's, or an end that does not go on: nothing.
-    (_starts((0, "REQUEUED", 30)), {"restart": 0, "step": 31}, None),
-    (_starts((0, "REQUEUED", None)), {"restart": 1, "step": 31}, None),
-    (_starts((0, "FAILED", None)), {"restart": 0, "step": 31}, None),
-    (_starts((0, "RUNNING", None)), {"restart": 0, "step": 31}, None),
+    (_starts((0, "REQUEUED", 30)), _stop(), None),
+    (_starts((0, "REQUEUED", None)), _stop(1), None),
+    (_starts((0, "FAILED", None)), _stop(), None),
+    (_starts((0, "CANCELLED", None)), _stop(), None),
+    (_starts((0, "RUNNING", None)), _stop(), None),
     # stop.json damaged or absent: nothing.
-    (_starts((0, "REQUEUED", None)), {"restart": True, "step": 31}, None),
-    (_starts((0, "REQUEUED", None)), {"restart": 0, "step": "31"}, None),
-    (_starts((0, "REQUEUED", None)), {"restart": 0, "step": -1}, None),
+    (_starts((0, "REQUEUED", None)), _stop(restart=True), None),
+    (_starts((0, "REQUEUED", None)), _stop(step="31"), None),
+    (_starts((0, "REQUEUED", None)), _stop(step=-1), None),
+    (_starts((0, "REQUEUED", None)), _stop(step=2**64), None),
+    (_starts((0, "REQUEUED", None)), _stop(at=None), None),
+    (_starts((0, "REQUEUED", None)), _stop(at=float("nan")), None),
+    (_starts((0, "REQUEUED", None)), _stop(at=True), None),
     (_starts((0, "REQUEUED", None)), ["restart", 0], None),
     (_starts((0, "REQUEUED", None)), None, None),
 ])
@@ -248,8 +270,19 @@ def test_a_stop_saved_after_the_start_s_end_was_recorded(record, stop, late):
 
 def test_the_next_start_notes_a_stop_saved_after_the_end_was_recorded(run_dir, monkeypatch, capsys):
     with registry.updating(run_dir) as rec:
-        rec.starts[0].state, rec.state = "REQUEUED", "REQUEUED"
-    RunDir(run_dir).stop_file.write_text(json.dumps({"restart": 0, "step": 31, "signal": "SIGTERM"}))
+        rec.starts[0].state, rec.starts[0].started, rec.state = "REQUEUED", BEGAN, "REQUEUED"
+    RunDir(run_dir).stop_file.write_text(json.dumps(_stop()))
     code, out, _ = begin(run_dir, monkeypatch, capsys, requeues=1)
     assert code == 0 and out == "start 1"
     assert registry.read(run_dir).starts[0].stopped_at == 31
+
+
+def test_a_start_that_does_not_train_notes_nothing(run_dir, monkeypatch, capsys):
+    """A job that is not the run's changes nothing of it, a late stop's note included."""
+    with registry.updating(run_dir) as rec:
+        rec.starts[0].state, rec.starts[0].started, rec.state = "REQUEUED", BEGAN, "REQUEUED"
+    RunDir(run_dir).stop_file.write_text(json.dumps(_stop()))
+    before = (run_dir / "run.json").read_text()
+    code, _, err = begin(run_dir, monkeypatch, capsys, requeues=0, job_id="99")
+    assert code == 1 and "99" in err
+    assert (run_dir / "run.json").read_text() == before

@@ -17,6 +17,10 @@ from launcher.schedulers.slurm.state import merge_history
 @pytest.mark.parametrize("outcome, mode, road", [
     (Outcome("REQUEUED", "timeout", True, 0), "resubmit", "resubmit"),
     (Outcome("REQUEUED", "timeout", True, 0), "requeue", "requeue"),
+    # A stop on a SIGTERM nothing explains goes on as after the limit.
+    (Outcome("REQUEUED", "terminated", True, 0), "resubmit", "resubmit"),
+    (Outcome("REQUEUED", "terminated", True, 0), "requeue", "requeue"),
+    (Outcome("REQUEUED", "requeued", True, 0), "resubmit", "requeue"),
     # Slurm requeues a preempted job itself; a crash's bad node is kept off with ExcNodeList.
     (Outcome("REQUEUED", "preemption", True, 0), "resubmit", "requeue"),
     (Outcome("REQUEUED", "crash", True, 0, "exit status 1; retry 1 of 2"), "resubmit", "requeue"),

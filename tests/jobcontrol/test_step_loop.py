@@ -491,9 +491,13 @@ def test_a_step_left_at_the_limit_is_a_timeout_though_slurm_no_longer_answers(jo
     assert ends[0].timed_out and ends[0].status == 143 and "requeue 4242" in edge.commands
 
 
-def test_a_step_left_at_a_requeue_is_recorded_and_the_job_not_requeued_again(job_env, monkeypatch, tmp_path, capsys):
-    """`scontrol requeue` while the step runs: SIGTERM, and the job back in the queue."""
-    _, edge, ends = run_ended_while_running(monkeypatch, tmp_path, taken=TakenBack.REQUEUED)
+@pytest.mark.parametrize("silent_after", [False, True])
+def test_a_step_left_at_a_requeue_is_recorded_and_the_job_not_requeued_again(job_env, monkeypatch, tmp_path, capsys,
+                                                                             silent_after):
+    """`scontrol requeue` while the step runs: SIGTERM, and the job back in the queue; what
+    Slurm said at the SIGTERM stands where it no longer answers at the step's end."""
+    _, edge, ends = run_ended_while_running(monkeypatch, tmp_path, taken=TakenBack.REQUEUED,
+                                            silent_after=silent_after)
     assert ends[0].preempted and not ends[0].timed_out and edge.commands == []
     err = capsys.readouterr().err
     assert "Slurm requeued job 4242 itself" in err and "Slurm is ending" not in err
