@@ -6,17 +6,17 @@ the same nodes, a spare in place of the failed node, and a requeue through Slurm
 
 Each sample is one run of examples/torch_ddp.py with ``recovery.peer: true`` (1 training
 node + 1 spare, 2 ranks, a step every 0.25 s, a checkpoint every 10 steps, crash_retries
-3, a fixed stall bound of 8 s: under the 10 s after which a rank that holds its peers ends
-itself (launcher.runtime.peerhold), so the watchdog, not a peer recovery, takes the hang
-below, and over the 5 s that took a loaded machine's pause for a hang) that fails once in
-each of its first three starts, and once more before that in the first:
+3, a fixed stall bound of 15 s: 5 s took a loaded machine's pause for a hang) that fails
+once in each of its first three starts, and once more before that in the first:
 
 0. at step 5 rank 1 raises in its forward pass (rank 0 waits for it in the gradient
    all-reduce): rank 0's state goes to rank 1 and the step is done again, in the same
    start (a peer recovery: no restart, no checkpoint read);
-1. at step 15 rank 1 hangs: every rank of the job is on one node, so the hang points at
-   no single node; the watchdog ends the step and the job starts a new step in its
-   allocation on the same node;
+1. at step 15 rank 1 hangs, stopped whole (SIGSTOP: no thread of it runs, so it cannot end
+   itself for its peers as a rank hung in its own code does, launcher.runtime.peerhold, which
+   would make this a second peer recovery): every rank of the job is on one node, so the
+   hang points at no single node; the watchdog ends the step and the job starts a new step
+   in its allocation on the same node;
 2. at step 25 every rank's process exits (status 3: no peer is left to recover them): the
    failure points at their node, which the next step leaves out; the spare takes its place
    (a spare swap);
@@ -59,13 +59,13 @@ RESTART_ROADS = ROADS[1:]           # the roads that end a start, one per start
 EXPECTED = (("RESTARTED", False), ("RESTARTED", True), ("REQUEUED", False))
 FAULT_STEPS = (15, 25, 35)
 PEER_STEP = 5
-STEPS, EVERY, SECONDS_PER_STEP, STALL_S = 45, 10, 0.25, 8
+STEPS, EVERY, SECONDS_PER_STEP, STALL_S = 45, 10, 0.25, 15
 LIMIT_S = 900
 
 # torch_ddp, except that in its first start rank 1 raises in a step (once) and later hangs,
 # and in the next two every rank's process exits.
 WRAPPER = textwrap.dedent("""\
-    import json, os, runpy, sys, time
+    import json, os, runpy, signal, sys, time
     import torch
     from launcher import runtime as rt
 
@@ -90,7 +90,7 @@ WRAPPER = textwrap.dedent("""\
         seen["step"] = step
         if RESTART < len(FAULTS) and step == FAULTS[RESTART]:
             if RESTART == 0 and os.environ.get("RANK") == "1":
-                time.sleep(3600)
+                os.kill(os.getpid(), signal.SIGSTOP)
             if RESTART > 0:
                 if os.environ.get("RANK") == "0":
                     note("crash")
