@@ -83,6 +83,8 @@ class TrainingTask:
         except BaseException as exc:
             note_crash(self.run_dir, job, exc)
             raise
+        finally:
+            ignore_warnings_from_now()
 
     # --- srun: this process is one rank ---------------------------------------------
 
@@ -380,6 +382,18 @@ def stopped_workers(node: int) -> WorkersStopped | None:
     _log(f"node {node}: the workers ended after {signal.Signals(signum).name} (a preemption, the time limit "
          "or a cancel); torchrun's report of their exit is left out")
     return WorkersStopped(128 + signum)
+
+
+def ignore_warnings_from_now() -> None:
+    """The time limit's warnings (glaunch's and Lightning's) ignored once the task's work is
+    done: as Python shuts down it puts back the default action of every signal it handled,
+    and a warning that came in that moment ended a task that had finished (a torchrun agent
+    whose workers had completed: "a rank killed by SIGUSR2", a crash)."""
+    for signum in (WARNING_SIGNAL, LIGHTNING_WARNING_SIGNAL):
+        try:
+            signal.signal(signum, signal.SIG_IGN)
+        except ValueError:
+            return      # not the main thread: nothing of ours holds the signal there
 
 
 def _stop_before_workers(signum: int, _frame: Any) -> None:

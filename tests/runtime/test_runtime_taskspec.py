@@ -8,6 +8,7 @@ import dataclasses
 import json
 import os
 import pickle
+import signal
 from pathlib import Path
 
 import pytest
@@ -138,8 +139,17 @@ def test_the_task_reads_task_json_and_a_damaged_one_is_its_crash(tmp_path, monke
     for key in ("GLAUNCH_RUN_DIR", "GLAUNCH_RUN_ID", "GLAUNCH_JOB_ID"):
         monkeypatch.delenv(key, raising=False)
     (tmp_path / TASK_FILE).write_text(damaged(launcher="mpirun"))
-    with pytest.raises(TaskSpecError, match="launcher: 'mpirun'"):
-        TrainingTask(tmp_path)()
+    warnings = (signal.SIGUSR1, signal.SIGUSR2)
+    before = [signal.getsignal(s) for s in warnings]
+    try:
+        with pytest.raises(TaskSpecError, match="launcher: 'mpirun'"):
+            TrainingTask(tmp_path)()
+        # The task's work is over, ended or not: a warning from now on is ignored, not the
+        # default action Python's shutdown would put back (launcher.runtime.task).
+        assert [signal.getsignal(s) for s in warnings] == [signal.SIG_IGN, signal.SIG_IGN]
+    finally:
+        for signum, handler in zip(warnings, before):
+            signal.signal(signum, handler)
     crash = json.loads(RunDir(tmp_path).crash_file.read_text())
     assert crash["task"] == 0 and crash["job_id"] == "41" and crash["error"].startswith("TaskSpecError: ")
     assert os.environ["GLAUNCH_JOB_ID"] == "41" and "GLAUNCH_RUN_DIR" not in os.environ

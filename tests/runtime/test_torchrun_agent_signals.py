@@ -6,9 +6,11 @@ start was read as a crash."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -48,3 +50,35 @@ def test_the_agent_keeps_a_warning_for_its_workers_and_ends_on_sigterm():
 ])
 def test_a_worker_starts_with_the_stop_its_agent_took_before_it_existed(name, taken, stop):
     assert stop_before_start(name, taken) == stop
+
+
+# A task that handles the warning in Python, done; with "ignore", as the task leaves it.
+FINISHED = """
+import signal, sys
+from launcher.runtime import task
+signal.signal(signal.SIGUSR2, lambda *_: None)
+if sys.argv[1] == "ignore":
+    task.ignore_warnings_from_now()
+print("done", flush=True)
+"""
+
+
+def exit_under_warnings(mode: str) -> int:
+    """The task's exit status while the time limit's warning keeps coming as it shuts down."""
+    task = subprocess.Popen([sys.executable, "-c", FINISHED, mode], stdout=subprocess.PIPE, text=True)
+    assert task.stdout is not None and task.stdout.readline() == "done\n"
+    deadline = time.monotonic() + 30
+    while task.poll() is None and time.monotonic() < deadline:
+        try:
+            os.kill(task.pid, signal.SIGUSR2)
+        except ProcessLookupError:
+            break
+        time.sleep(0.0002)
+    return task.wait(timeout=30)
+
+
+def test_a_warning_while_a_finished_task_shuts_down_does_not_end_it_as_a_crash():
+    """Python puts back each handled signal's default action as it shuts down: a warning then
+    ended a torchrun agent whose workers had completed (CI: "a rank killed by SIGUSR2")."""
+    assert -signal.SIGUSR2 in [exit_under_warnings("plain") for _ in range(3)]
+    assert [exit_under_warnings("ignore") for _ in range(3)] == [0, 0, 0]
