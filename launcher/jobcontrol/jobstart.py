@@ -195,13 +195,15 @@ def late_stop(record: RunRecord, stop: object) -> tuple[int, int] | None:
 def note_stop_after_end(run_dir: Path, record: RunRecord) -> None:
     """The stop a start's ranks saved after its end was recorded, noted in run.json before
     the next start begins (status and goodput count from it)."""
-    late = late_stop(record, read_json(RunDir(run_dir).stop_file))
+    stop = read_json(RunDir(run_dir).stop_file)
+    late = late_stop(record, stop)
     if late is None:
         return
     index, step = late
     try:
         with registry.updating(run_dir) as rec:
-            if late_stop(rec, read_json(RunDir(run_dir).stop_file)) == late:
+            # Asked again of run.json as it is under the lock: another writer may have come first.
+            if late_stop(rec, stop) == late:
                 rec.starts[index].stopped_at = step
     except (RunError, OSError, ValueError) as exc:
         _say(f"a stop at step {step} is not noted: {exc}")
