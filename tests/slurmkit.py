@@ -242,8 +242,8 @@ SETTLE_MARGIN_S = 5.0
 def settle_s(cluster: str | None = None) -> float:
     """How long a requeued job waits before its hold is released: the cluster's KillWait and
     a margin. Released sooner, its new start can begin on a node where the previous start is
-    still being ended, under the same job id: the likely cause of a SIGTERM seen on `defaults`
-    (KillWait 30 s) 48 s into a start released 11 s after its requeue."""
+    still being ended, under the same job id. (Waiting this long did not prevent the step
+    cancel Slurm 22.05 once sent a new start 8 s in: test_slurm_requeue.py allows for it.)"""
     if cluster not in _settle_s:
         _settle_s[cluster] = kill_wait_s(out("scontrol", "show", "config", cluster=cluster)) + SETTLE_MARGIN_S
     return _settle_s[cluster]
