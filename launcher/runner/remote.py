@@ -79,7 +79,14 @@ from launcher.runner.upstream import Upstream
 from launcher.schedulers.base import Scheduler
 from launcher.schedulers.slurm.array import array_job_id
 from launcher.schedulers.slurm.client import Client
-from launcher.schedulers.slurm.queries import find_submitted, refuse_foreign_job, sacct_records, squeue_job
+from launcher.schedulers.slurm.queries import (
+    find_submitted,
+    job_origin,
+    refuse_foreign_job,
+    refuse_foreign_origin,
+    sacct_records,
+    squeue_job,
+)
 from launcher.schedulers.slurm.recording import fold_job, has_ended, record_queued, settled
 from launcher.schedulers.cluster.facts import accounting_commands
 from launcher.schedulers.cluster.scontrol_text import SCONTROL_CALL, SCONTROL_COMMANDS, read_scontrol, split_scontrol
@@ -764,14 +771,20 @@ def refreshed(run_dir: Path) -> RunRecord:
 def refreshed_over(conn: Connection, run_dir: Path, where: Where, *, all_logs: bool = False,
                    worker_rank: int | None = None) -> RunRecord:
     mirror_run(conn, run_dir, where, registry.read(run_dir), all_logs=all_logs, worker_rank=worker_rank)
-    record = registry.read(run_dir)
+    record = _folded_over(conn, run_dir, registry.read(run_dir))
+    _mirror_failing_log(conn, run_dir, where, record)
+    return record
+
+
+def _folded_over(conn: Connection, run_dir: Path, record: RunRecord) -> RunRecord:
+    """The mirrored record with what squeue and sacct say of its job folded in (as
+    status's refresh does on the login node)."""
     if record.job_id and not (record.state in ENDS and settled(record)):
         client = on_login.slurm_client(conn)
         live = reason = None
         if not has_ended(record):
             live, reason = squeue_job(client, record.job_id)
         record = fold_job(run_dir, live, reason, sacct_records(client, record.job_id))
-    _mirror_failing_log(conn, run_dir, where, record)
     return record
 
 
@@ -922,14 +935,21 @@ def cancel(run_dir: Path) -> str:
         return clean_left(run_dir, left)
     where = where_of(run_dir)
     with connect(where.login) as conn:
-        record = refreshed_over(conn, run_dir, where)
+        # Three round trips: run.json there (checked to be this run's), squeue's word on the
+        # job it names (an edited record would end another run's job), and the cancel.
+        # squeue and sacct's fold only for a job that squeue no longer lists.
+        mirror_run(conn, run_dir, where, registry.read(run_dir))
+        record = registry.read(run_dir)
         if not record.job_id or is_terminal(record.state):
             return f"run {record.run_id}: nothing to cancel ({record.state})"
         job_id = record.job_id
-        # run.json there was checked to be this run's; the job it names is asked of Slurm
-        # (an edited record would end another run's job).
         client = on_login.slurm_client(conn)
-        refuse_foreign_job(client, job_id, record.run_id, where.run_dir)
+        origin = job_origin(client, job_id)
+        if origin is None:
+            record = _folded_over(conn, run_dir, record)
+            if is_terminal(record.state):
+                return f"run {record.run_id}: nothing to cancel ({record.state})"
+        refuse_foreign_origin(origin, job_id, record.run_id, where.run_dir)
         record_there = posixpath.join(where.run_dir, RUN_FILE)
         now = _cancel_marked(conn, [(where.run_dir, job_id)], [job_id], read_back=record_there)
         # A job ending at its time limit may have resubmitted the run meanwhile: its

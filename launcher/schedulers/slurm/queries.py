@@ -61,19 +61,32 @@ def squeue_job(client: Client, job_id: str) -> tuple[str | None, str | None]:
 
 def refuse_foreign_job(client: Client, job_id: str, run_id: str, run_dir: str) -> None:
     """Before a job named in a run's record is cancelled: SchedulerError when Slurm says the
-    job is another's (:func:`launcher.schedulers.slurm.state.foreign_job`: a run.json edited
-    or swapped names another run's job, and scancel must not end it), and when squeue does
-    not list it: it has ended (nothing to cancel), or the commands reach another cluster than
-    the run's, whose scancel (Slurm 22.05's exits 0 for a job it does not know) would end
-    nothing while the cancel mark would turn the run's next end into a cancel."""
+    job is another's, or does not list it (:func:`refuse_foreign_origin`)."""
+    refuse_foreign_origin(job_origin(client, job_id), job_id, run_id, run_dir)
+
+
+def job_origin(client: Client, job_id: str) -> str | None:
+    """squeue's ORIGIN_FORMAT line of the job (its script and comment); None when squeue
+    does not list it."""
     proc = client.call("squeue", "-h", "-j", job_id, "-o", ORIGIN_FORMAT)
     if proc.returncode != 0:
         _raise_unless_gone(proc, job_id)
-    if proc.returncode != 0 or not proc.stdout.strip():
+        return None
+    return proc.stdout if proc.stdout.strip() else None
+
+
+def refuse_foreign_origin(origin: str | None, job_id: str, run_id: str, run_dir: str) -> None:
+    """SchedulerError when the job whose squeue origin is `origin` is another's
+    (:func:`launcher.schedulers.slurm.state.foreign_job`: a run.json edited or swapped names
+    another run's job, and scancel must not end it), and when squeue did not list it
+    (`origin` None): it has ended (nothing to cancel), or the commands reach another cluster
+    than the run's, whose scancel (Slurm 22.05's exits 0 for a job it does not know) would
+    end nothing while the cancel mark would turn the run's next end into a cancel."""
+    if origin is None:
         raise SchedulerError(f"run {run_id}: Slurm does not list its job {job_id} (squeue): the job has ended, or "
                              "these Slurm commands reach another cluster than the one the run was submitted to "
                              "(SLURM_CONF); nothing was cancelled")
-    why = foreign_job(proc.stdout, run_id, run_dir)
+    why = foreign_job(origin, run_id, run_dir)
     if why is not None:
         raise SchedulerError(f"run {run_id}: its record names job {job_id}, but {why}: the record was edited or "
                              "replaced; nothing was cancelled")
