@@ -121,8 +121,15 @@ def test_host_peak_is_this_process():
 
 
 def _run_rank(tmp_path: Path, path_env: str) -> subprocess.CompletedProcess:
-    code = ("import time\nfrom launcher.runtime import heartbeats\n"
-            "for s in range(1, 4):\n    heartbeats.heartbeat(s)\n    time.sleep(0.4)\n")
+    # Three beats, and then, where there is an nvidia-smi, on (to 30 s) until the sampler has
+    # written a sample: on a loaded machine its interpreter may take longer to start than
+    # three beats do.
+    code = ("import os, pathlib, shutil, time\nfrom launcher.runtime import heartbeats\n"
+            "for s in range(1, 4):\n    heartbeats.heartbeat(s)\n    time.sleep(0.4)\n"
+            "logs = pathlib.Path(os.environ['GLAUNCH_RUN_DIR'], 'logs')\n"
+            "rows = lambda: sum(len(p.read_text().splitlines()) for p in logs.glob('*_gpu_*.csv'))\n"
+            "end = time.monotonic() + 30\n"
+            "while shutil.which('nvidia-smi') and rows() < 3 and time.monotonic() < end:\n    time.sleep(0.1)\n")
     env = dict(os.environ, GLAUNCH_RUN_DIR=str(tmp_path), GLAUNCH_JOB_ID="12", GLAUNCH_GPU_SAMPLE_S="0.5",
                PATH=path_env, PYTHONPATH=str(REPO))
     return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
