@@ -35,7 +35,8 @@ def element_records(sweep_dir, record):
     return [read_json(sweep_dir / e["run_id"] / "run.json") for e in record["elements"]]
 
 
-@pytest.mark.release_smoke
+# On 22.05 a sweep's array runs through the login node (tests/test_remote_submission.py).
+@pytest.mark.release_only
 def test_two_by_two_sweep_one_array_one_element_preempted_then_requeued_resumes_bitwise(tmp_path, isolated_env):
     exp = tmp_path / "grid.yaml"
     exp.write_text(EXPERIMENT)
