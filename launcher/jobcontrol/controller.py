@@ -516,7 +516,6 @@ class Controller:
     def __init__(self, job: JobSteps, edge: Edge, env: MutableMapping[str, str] | None = None) -> None:
         self.job, self.edge = job, edge
         self.env = os.environ if env is None else env
-        self.kill_wait_s = float(DEFAULT_KILL_WAIT_S)
         self.slurm_config = SlurmConfig()       # what scontrol show config said, once read
         self.term_at: float | None = None       # time.monotonic() of a SIGTERM not yet looked into
         self.leave_at: float | None = None      # Slurm ends the job: when its step stops being waited for
@@ -543,7 +542,7 @@ class Controller:
             term_at, self.term_at = self.term_at, None
             taken = self.edge.taken_back(self.slurm_job, LIMIT_ASK_S)
             if taken in (TakenBack.TIMED_OUT, TakenBack.ENDED, TakenBack.REQUEUED):
-                self.leave_at = term_at + step_grace_s(self.kill_wait_s)
+                self.leave_at = term_at + step_grace_s(self.slurm_config.kill_wait_s)
                 self.ending = taken
         return self.leave_at is not None and time.monotonic() >= self.leave_at
 
@@ -581,7 +580,6 @@ class Controller:
         if self.job.requeue:
             # Read now: at the time limit every second of KillWait counts.
             self.slurm_config = self.edge.config()
-            self.kill_wait_s = self.slurm_config.kill_wait_s
         return self.steps(ctx.job_id, restart, tuple(allocation))
 
     def steps(self, job_id: str | None, restart: int, allocation: tuple[str, ...]) -> int:

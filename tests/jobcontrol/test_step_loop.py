@@ -439,7 +439,7 @@ def test_the_time_limit_s_sigterm_leaves_the_step_kill_wait_less_the_reserve(tmp
     The handler only notes the SIGTERM; the step's wait asks Slurm, once."""
     edge = FakeEdge([], taken=taken)
     control = Controller(JobSteps(tmp_path, 1, ("srun",), ("task",), requeue=True), edge)
-    control.kill_wait_s = 10.0
+    control.slurm_config = SlurmConfig(kill_wait_s=10.0)
     assert not control.past_time_limit()
     before = time.monotonic()
     control.on_signal(signal.SIGTERM)
@@ -487,7 +487,7 @@ def run_ended_while_running(monkeypatch, tmp_path, **edge_args) -> tuple[Control
 
 def test_a_step_left_at_the_limit_is_a_timeout_though_slurm_no_longer_answers(job_env, monkeypatch, tmp_path):
     control, edge, ends = run_ended_while_running(monkeypatch, tmp_path, taken=TakenBack.TIMED_OUT, silent_after=True)
-    assert control.kill_wait_s == 10.0
+    assert control.slurm_config.kill_wait_s == 10.0
     assert ends[0].timed_out and ends[0].status == 143 and "requeue 4242" in edge.commands
 
 
