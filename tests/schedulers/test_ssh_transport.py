@@ -282,6 +282,37 @@ def test_a_command_ended_by_sigterm_closes_its_master_at_once(laptop):
     assert not os.path.exists(socket_path)
 
 
+# The SIGTERM comes as the master is being closed: at the start of `ssh -O exit`.
+TERMINATED_WHILE_CLOSING = """
+import os, signal, sys
+from launcher.schedulers.ssh.command import Login
+from launcher.schedulers.ssh.connection import Connection
+
+control = Connection._control
+def terminated_then_control(self, command):
+    if command == "exit":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return control(self, command)
+Connection._control = terminated_then_control
+
+alias, state, *runner = sys.argv[1:]
+with Connection(Login(alias), state_dir=state, timeout_s=60, runner=runner) as conn:
+    conn.run(["true"])
+    print(conn.control_path, flush=True)
+print("after the block", flush=True)
+"""
+
+
+@pytest.mark.requires_sshd
+def test_a_sigterm_while_the_master_closes_lets_the_close_finish_then_ends_the_command(laptop):
+    proc = subprocess.run([sys.executable, "-c", TERMINATED_WHILE_CLOSING, laptop["alias"], laptop["state"],
+                           *laptop["runner"]], capture_output=True, text=True, timeout=60)
+    socket_path, *after = proc.stdout.splitlines()
+    assert proc.returncode == 128 + signal.SIGTERM and after == [], proc.stdout + proc.stderr
+    assert socket_path and not os.path.exists(socket_path)
+    assert subprocess.run(["pgrep", "-f", socket_path], capture_output=True).returncode == 1
+
+
 @pytest.mark.requires_sshd
 def test_the_remote_exit_status_is_the_callers(laptop):
     with connect(laptop) as conn:

@@ -157,12 +157,22 @@ class Connection:
 
     def __exit__(self, *exc: object) -> None:
         self._entered -= 1
+        owns_term = self._previous_term is not None
+        held: list[int] = []
+        if owns_term:
+            # A SIGTERM while the master is closed waits for the close: raised at once, it
+            # would cut `ssh -O exit` short and leave the master to ControlPersist.
+            signal.signal(signal.SIGTERM, lambda signum, _frame: held.append(signum))
         try:
             self.close()
         finally:
-            if self._entered == 0 and self._previous_term is not None:
+            if owns_term and self._entered == 0:
                 signal.signal(signal.SIGTERM, self._previous_term)  # type: ignore[arg-type]
                 self._previous_term = None
+            elif owns_term:
+                signal.signal(signal.SIGTERM, _exit_on_term)
+        if held:
+            raise SystemExit(128 + signal.SIGTERM)
 
     @property
     def control_path(self) -> str:
