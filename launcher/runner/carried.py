@@ -11,7 +11,10 @@ that runs it (the submitter's). typing_extensions, which submitit imports too, i
 carried: torch depends on it, so every interpreter with torch has it.
 
 Only .py files travel (no bytecode: the nodes' Python may be another version), and no
-package's own tests.
+package's own tests. Beside them, the metadata of a distribution named glaunch that holds
+only the entry points Lightning looks up (launcher.runtime.lightning_warning): a node
+without glaunch installed offers them too, and one with it installed offers them once
+(importlib.metadata takes the first distribution of a name on the path: the lib's).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import shutil
 from functools import lru_cache
 from pathlib import Path
 
+from launcher import __version__
 from launcher.errors import RunError
 
 # (top-level package, the parts of it carried; () is all of it). glaunch's parts are the
@@ -32,6 +36,22 @@ CARRIED: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("submitit", ()),
     ("cloudpickle", ()),
 )
+
+
+# The entry points of glaunch's distribution (pyproject.toml) that the job side needs.
+ENTRY_POINTS = (
+    ("lightning.pytorch.callbacks_factory", "glaunch", "launcher.runtime.lightning_warning:lightning_callbacks"),
+    ("pytorch_lightning.callbacks_factory", "glaunch",
+     "launcher.runtime.lightning_warning:pytorch_lightning_callbacks"),
+)
+
+
+def carried_metadata() -> tuple[tuple[str, bytes], ...]:
+    """(path under lib/, content) of the distribution metadata carried."""
+    folder = f"glaunch-{__version__}.dist-info"
+    entry_points = "".join(f"[{group}]\n{name} = {value}\n\n" for group, name, value in ENTRY_POINTS)
+    return ((f"{folder}/METADATA", f"Metadata-Version: 2.1\nName: glaunch\nVersion: {__version__}\n".encode()),
+            (f"{folder}/entry_points.txt", entry_points.encode()))
 
 
 def package_dir(name: str) -> Path:
@@ -85,3 +105,7 @@ def write_lib(lib_dir: Path) -> None:
             target.parent.mkdir(parents=True, exist_ok=True)
             made.add(target.parent)
         shutil.copyfile(source, target)
+    for relative, content in carried_metadata():
+        target = lib_dir / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(content)

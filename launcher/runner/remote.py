@@ -666,7 +666,8 @@ def _resume_files(prepared: PreparedResume) -> bytes:
         members = {**{name: (text.encode(), name in bundle.EXECUTABLE) for name, text in prepared.files.items()},
                    "run.json": (RunDir(here).run_file.read_bytes(), False),
                    posixpath.relpath(str(task_template(plan.log_dir)), plan.run_dir): (template.read_bytes(), False),
-                   **{f"{LIB_DIR}/{name}": (source.read_bytes(), False) for source, name in carried.carried_files()}}
+                   **{f"{LIB_DIR}/{name}": (source.read_bytes(), False) for source, name in carried.carried_files()},
+                   **{f"{LIB_DIR}/{name}": (content, False) for name, content in carried.carried_metadata()}}
     return _tar(members)
 
 

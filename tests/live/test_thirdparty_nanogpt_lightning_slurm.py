@@ -210,17 +210,19 @@ def test_plain_lightning_saves_at_the_warning_and_resumes(tmp_path, isolated_env
     errors = logs.task_log(job, 0, "err").read_text(errors="replace")
     steps = logged_steps(logs.task_log(job, 0, "out").read_text(errors="replace"))
     if not saved_at_warning:
-        # Lightning saves inside its SIGUSR1 handler, through a barrier of every rank: where
-        # the warning finds a rank inside the step's all-reduce, the ranks wait on each other
-        # until the limit ends the step (Lightning's own hazard, not glaunch's). Then the limit
-        # is the start's end: glaunch's controller requeues the job (a timeout), and the next
-        # start, with no checkpoint of Lightning's, trains from the beginning to the end.
+        # Lightning's save runs at the first training batch's end after the warning, on every
+        # rank together (glaunch's callback, launcher.runtime.lightning_warning; run without
+        # it, a rank warned in its forward pass enters the save's barrier while a peer waits in
+        # the gradient all-reduce: tests/runtime/test_lightning_warning.py). The warning comes
+        # 5 to 35 s before the limit: on a loaded machine the limit may still come first. Then
+        # it is the start's end: glaunch's controller requeues the job (a timeout), and the
+        # next start, with no checkpoint of Lightning's, trains from the beginning to the end.
         warned = all("Bypassing signal SIGCONT" in logs.task_log(job, rank, "err").read_text(errors="replace")
                      for rank in range(4))       # Slurm's warning: SIGCONT, then SIGUSR1, to every task
         assert warned and record["starts"][0]["reason"] == "timeout", (record["starts"][0], errors[-3000:])
         assert not list(root.glob("hpc_ckpt_*.ckpt")) and steps[-1] == EPOCHS - 1, steps[-5:]
         assert "Restoring states from the checkpoint path" not in errors, errors[-3000:]
-        print("Lightning's handler did not save before the limit (its barrier inside the signal handler); "
+        print("Lightning's handler did not save before the limit; "
               "the limit requeued the job and the next start trained from the beginning")
         no_traceback(console, err)
         return

@@ -55,7 +55,9 @@ def test_the_bundle_carries_the_job_side_as_installed_and_env_sh_puts_it_first(p
         top, _, rest = name.partition("/")
         assert (lib / name).read_bytes() == (installed[top] / rest).read_bytes()
     files = [p for p in lib.rglob("*") if p.is_file()]
-    assert all(p.suffix == ".py" and not p.name.startswith("test_") for p in files)
+    metadata = {name for name, _ in carried.carried_metadata()}
+    assert {p.relative_to(lib).as_posix() for p in files if p.suffix != ".py"} == metadata
+    assert not any(p.name.startswith("test_") for p in files)
     # What the submitting side alone uses stays home.
     assert not (lib / "launcher/cli.py").exists() and not (lib / "launcher/runner").exists()
     assert sum(p.stat().st_size for p in files) < 2_000_000
@@ -80,6 +82,7 @@ def test_the_tree_sent_to_the_cluster_holds_the_lib(project, isolated_env):
     run_dir = dry_run(project, isolated_env)
     names = set(tar_names(archive(run_dir)))
     assert {f"lib/{name}" for _, name in carried.carried_files()} <= names
+    assert {f"lib/{name}" for name, _ in carried.carried_metadata()} <= names
 
 
 def test_the_carried_parts_of_glaunch_are_the_layers_the_job_side_may_import():
@@ -159,6 +162,35 @@ def test_an_interpreter_with_torch_alone_imports_the_job_side_from_the_lib(tmp_p
     files = json.loads(proc.stdout)
     assert set(JOB_SIDE) <= set(files)
     assert all(path is None or path.startswith(f"{lib}/") for path in files.values()), files
+
+
+ENTRY_POINTS = """
+import importlib.metadata, json
+points = [(e.group, e.name, e.value, e.load()()) for group in ("lightning.pytorch.callbacks_factory",
+          "pytorch_lightning.callbacks_factory") for e in importlib.metadata.entry_points(group=group)]
+print(json.dumps([points, [d.metadata["Name"] for d in importlib.metadata.distributions()
+                          if d.metadata["Name"] == "glaunch"]]))
+"""
+
+
+def test_the_lib_offers_lightning_the_entry_points_glaunch_s_distribution_declares_once(tmp_path, project,
+                                                                                          isolated_env):
+    """Lightning adds the callbacks of these entry points to every Trainer: from the lib on a
+    node without glaunch, once on a node with it (importlib.metadata takes the lib's, first
+    on the path), and the same ones glaunch's own distribution declares (pyproject.toml)."""
+    declared = sorted((e.group, e.name, e.value) for e in importlib.metadata.distribution("glaunch").entry_points
+                      if e.group != "console_scripts")
+    assert sorted(carried.ENTRY_POINTS) == declared
+    lib = dry_run(project, isolated_env) / "lib"
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(lib)}
+    for python in (torch_only_python(tmp_path / "node"), Path(sys.executable)):
+        proc = subprocess.run([str(python), "-c", ENTRY_POINTS], cwd=tmp_path, env=env, capture_output=True,
+                              text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        points, names = json.loads(proc.stdout)
+        # Outside a glaunch run (no GLAUNCH_RUN_DIR) each factory offers no callback.
+        assert sorted(tuple(p) for p in points) == sorted((*point, []) for point in declared), python
+        assert len(names) >= 1
 
 
 def test_a_run_on_a_local_site_whose_python_has_torch_but_no_glaunch_completes(tmp_path, project, isolated_env):
