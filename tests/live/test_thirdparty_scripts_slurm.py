@@ -102,7 +102,7 @@ def rank_logs(run_dir: Path, env, rank: int) -> list[str]:
 DDP_TUTORIAL = r"""name: ddp-tutorial
 entrypoint:
   script: multinode.py
-  args: ["110", "5", "--batch_size=4", "--snapshot_path=${run:dir}/snapshot.pt"]
+  args: ["110", "5", "--snapshot_path=${run:dir}/snapshot.pt"]
   progress: {pattern: '^\[GPU0\] Epoch (\d+) ', total: 109}
 launcher: torchrun
 resources: {nodes: 2, time: "1"}
@@ -118,7 +118,8 @@ def test_ddp_tutorial_under_torchrun(tmp_path, isolated_env):
     first = new_run_dir(runs, set())
     job = job_id_of(first)
     # Its 1-minute limit ends the first start (60 to 90 s in, by slurmctld's 30 s checks; the
-    # script's 110 epochs take about 110 s here, and it snapshots every 5). The warning ahead
+    # script's 110 epochs take at least 110 s, each 16 steps and a 1 s sleep, and it snapshots
+    # every 5). The warning ahead
     # of it does not end the script; the limit does. The controller records a timeout and
     # submits the next job, whose limit is raised here so that it finishes the run.
     successor = wait_until(still_running(proc, lambda: next_job(first, job)), 300, "the run's next job")

@@ -10,7 +10,10 @@
 #   5. after destroy_process_group() a rank flushes its output and leaves with os._exit(0):
 #      under torch 2.13 with gloo across two torchrun agents, the interpreter's finalization
 #      after training aborts a rank now and then ("terminate called without an active
-#      exception", SIGABRT; 2 runs in 6 of plain torchrun on two agents without glaunch).
+#      exception", SIGABRT; 2 runs in 6 of plain torchrun on two agents without glaunch);
+#   6. each epoch ends with a 1 s sleep (and `import time`): glaunch's test runs it past a
+#      1-minute time limit, which its epochs alone, at a batch size of 32, would need a
+#      minute of every CPU here to reach.
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset, DataLoader
@@ -21,6 +24,7 @@ from torch.utils.data.distributed import DistributedSampler
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.distributed import init_process_group, destroy_process_group
 import os
+import time
 
 
 def ddp_setup():
@@ -73,6 +77,7 @@ class Trainer:
             source = source.to(self.local_rank)
             targets = targets.to(self.local_rank)
             self._run_batch(source, targets)
+        time.sleep(1)
 
     def _save_snapshot(self, epoch):
         snapshot = {
