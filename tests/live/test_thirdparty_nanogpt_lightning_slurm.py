@@ -153,8 +153,9 @@ def test_nanogpt_preempted_resumes_through_resume_args(tmp_path, isolated_env):
 
 # --- Lightning's bug-report model, plain (no glaunch runtime) --------------------------------------
 
-# 0.2 s a step: more steps than a 2-minute start can run, so the limit's warning comes first.
-EPOCHS = 600
+# 0.5 s a step: more steps than a 2-minute start can run (240 at most), so the limit's warning
+# comes first.
+EPOCHS = 300
 LIGHTNING = f"""name: lightning-bug-report
 entrypoint:
   script: bug_report_model.py

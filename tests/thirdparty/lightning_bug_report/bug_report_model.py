@@ -3,7 +3,7 @@
 # 7f0c3436cd3f6ad3753125672024fc415cbcb414, run unchanged but for:
 #   1. these header lines;
 #   2. `import sys, time`;
-#   3. training_step prints its step and sleeps 0.2 s (progress to follow, time to be warned in);
+#   3. training_step prints its step and sleeps 0.5 s (progress to follow, time to be warned in);
 #   4. the Trainer: 2 nodes x 2 CPU devices over DDP, its root dir and number of epochs (one
 #      training batch each) from the command line: `bug_report_model.py ROOT_DIR EPOCHS`.
 import os
@@ -39,7 +39,7 @@ class BoringModel(LightningModule):
     def training_step(self, batch, batch_idx):
         loss = self(batch).sum()
         print(f"step {self.global_step}", flush=True)
-        time.sleep(0.2)
+        time.sleep(0.5)
         self.log("train_loss", loss)
         return {"loss": loss}
 
