@@ -21,6 +21,7 @@ Lightning's auto-requeue off and takes the warning itself.
 
 from __future__ import annotations
 
+import importlib
 import os
 import signal
 from typing import Any
@@ -30,20 +31,19 @@ from launcher.rundir import envnames
 
 def lightning_callbacks() -> list[Any]:
     """The entry point for ``lightning.pytorch``."""
-    if not os.environ.get(envnames.RUN_DIR):
-        return []
-    from lightning.pytorch import Callback
-
-    return [_step_boundary_warning(Callback)()]
+    return _offered("lightning.pytorch")
 
 
 def pytorch_lightning_callbacks() -> list[Any]:
     """The entry point for the standalone ``pytorch_lightning``."""
+    return _offered("pytorch_lightning")
+
+
+def _offered(package: str) -> list[Any]:
+    """The callback, built on `package`'s Callback, in a glaunch run; nothing elsewhere."""
     if not os.environ.get(envnames.RUN_DIR):
         return []
-    from pytorch_lightning import Callback
-
-    return [_step_boundary_warning(Callback)()]
+    return [_step_boundary_warning(importlib.import_module(package).Callback)()]
 
 
 def requeue_signal(trainer: Any) -> int | None:
