@@ -11,7 +11,6 @@ waits in the step's gradient all-reduce for rank 1, which is late in its forward
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +19,7 @@ import pytest
 
 pytest.importorskip("lightning")
 
+from launcher.rundir.rankcontext import free_port
 from launcher.runtime import lightning_warning
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,12 +62,6 @@ trainer = Trainer(default_root_dir=root, accelerator="cpu", devices=2, num_nodes
 trainer.fit(Model(), train_dataloaders=data)
 print("trained", flush=True)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_ranks(tmp_path: Path, under_glaunch: bool) -> tuple[list[subprocess.CompletedProcess], Path, Path]:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from launcher.errors import SchedulerError
+from launcher.rundir.rankcontext import free_port
 from launcher.schedulers.ssh import transfer
 from launcher.schedulers.ssh.connection import (
     Connection,
@@ -320,12 +321,6 @@ def test_the_remote_exit_status_is_the_callers(laptop):
         echoed = conn.run(["cat"], input=b"\x00\xffbytes in\n" * 1000)
     assert (done.returncode, done.out, done.err) == (7, "out\n", "err\n")
     assert echoed.stdout == b"\x00\xffbytes in\n" * 1000
-
-
-def free_port():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.requires_sshd
