@@ -63,6 +63,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Callable, MutableMapping, Protocol, Sequence
 
+from launcher import storeprocess
 from launcher.errors import RunError
 from launcher.processes import run_command
 from launcher.rundir import envnames
@@ -344,6 +345,17 @@ class Edge(Protocol):
     def config(self) -> SlurmConfig: ...
     def partition(self) -> str: ...
     def port_in_use(self, host: str, port: int) -> bool | None: ...
+    def serve_store(self, host: str, world_size: int) -> tuple[subprocess.Popen[bytes], int] | None: ...
+
+
+def is_this_host(host: str) -> bool:
+    """Whether `host` (a name or address) is this machine's: an address of it binds."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+    except (OSError, ValueError):       # not this host's address; a name that is none (UnicodeError)
+        return False
+    return True
 
 
 class SlurmEdge:
@@ -384,10 +396,7 @@ class SlurmEdge:
         address of it binds); None where it is another, or the question fails otherwise. Asked
         as rank 0's rendezvous store binds: every address, SO_REUSEADDR (a port whose last
         connections wait out TIME_WAIT is free)."""
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                probe.bind((host, 0))
-        except (OSError, ValueError):       # not this host's address; a name that is none (UnicodeError)
+        if not is_this_host(host):
             return None
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
@@ -398,6 +407,20 @@ class SlurmEdge:
         except (ValueError, OverflowError):
             return None
         return False
+
+    @staticmethod
+    def serve_store(host: str, world_size: int) -> tuple[subprocess.Popen[bytes], int] | None:
+        """The rendezvous store of a step under recovery.peer, served from here (outside the
+        step: launcher.storeprocess) where `host`, the step's rendezvous host, is this
+        machine: its process and port. None elsewhere, or where it cannot listen (said):
+        rank 0 then starts one, as on a step whose first node is another."""
+        if not host or not is_this_host(host):
+            return None
+        try:
+            return storeprocess.start(host, 0, world_size, os.getpid())
+        except (RuntimeError, OSError) as exc:
+            say(f"{exc}: rank 0 starts the step's store instead")
+            return None
 
     def run_step(self, argv: Sequence[str], env: MutableMapping[str, str],
                  leave: Callable[[], bool] = lambda: False) -> int:
@@ -654,7 +677,9 @@ class Controller:
         watch.start()
         replaced: list[int] = []
         replacer = None
+        store = None
         if self.env.get(envnames.RECOVERY_PEER) == "1":
+            store = self._serve_store(nodes)
             spares = [node for node in allocation if node not in nodes]
             replacer = threading.Thread(target=lambda: replaced.append(self.edge.replace(self.job, stop, nodes,
                                                                                          self.env, spares)),
@@ -673,11 +698,31 @@ class Controller:
             watch.join(limit or WATCHDOG_JOIN_S)
             if replacer is not None:
                 replacer.join(limit or REPLACE_JOIN_S)
+            if store is not None:
+                storeprocess.stop(store)
+                self.env.pop(envnames.PEER_STORE, None)
         if status != 0 and replaced == [0]:
             print(f"glaunch: srun's status {status} came from ranks whose processes were started again and "
                   "ended well: the step's is 0", flush=True)
             return 0
         return status
+
+    def _serve_store(self, nodes: Sequence[str]) -> subprocess.Popen[bytes] | None:
+        """The step's rendezvous store under recovery.peer, served from here for the step's
+        ranks (GLAUNCH_PEER_STORE), one task per rank (srun; torchrun's agent holds its
+        workers' store): its process, or None where rank 0 is to start one."""
+        per_node = self.env.get(envnames.RANKS_PER_NODE, "")
+        if self.env.get(envnames.LAUNCHER) != "srun" or not (per_node.isascii() and per_node.isdigit()):
+            return None
+        host = self.env.get("MASTER_ADDR", "")
+        served = self.edge.serve_store(host, len(nodes) * int(per_node))
+        if served is None:
+            return None
+        store, port = served
+        self.env[envnames.PEER_STORE] = f"{host}:{port}"
+        say(f"the step's rendezvous store (recovery.peer) listens here, on port {port}: "
+            "it outlives any rank's process")
+        return store
 
     def watch(self, run_dir: Path, stop: threading.Event, allocation: Sequence[str], in_use: Sequence[str],
               end_step: Callable[[], None]) -> None:

@@ -27,6 +27,9 @@ STOP_SIGNALS = "GLAUNCH_STOP_SIGNALS"
 HPARAMS = "GLAUNCH_HPARAMS"
 DS_CONFIG = "GLAUNCH_DS_CONFIG"
 RECOVERY_PEER = "GLAUNCH_RECOVERY_PEER"   # "1": recovery.peer (launcher.runtime.peer)
+# "HOST:PORT": the rendezvous store the job controller serves for the step's ranks under
+# recovery.peer (launcher.storeprocess); where unset, rank 0 starts one on the rendezvous port.
+PEER_STORE = "GLAUNCH_PEER_STORE"
 # Set by the job controller for a process that replaces a lost rank (launcher.jobcontrol.replace):
 # the generation of the process group it joins, and the pid the lost rank had on this node.
 PEER_JOIN = "GLAUNCH_PEER_JOIN"

@@ -31,8 +31,8 @@ from launcher.errors import RunError
 # layers the job side stands on: the floor, the training library, the job controller and
 # the local driver (tests/test_layers.py).
 CARRIED: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("launcher", ("__init__.py", "errors.py", "processes.py", "shell.py", "rundir", "runtime", "jobcontrol",
-                   "localrun")),
+    ("launcher", ("__init__.py", "errors.py", "processes.py", "shell.py", "storeprocess.py", "rundir", "runtime",
+                  "jobcontrol", "localrun")),
     ("submitit", ()),
     ("cloudpickle", ()),
 )

@@ -75,7 +75,7 @@ from launcher.processes import process_runs
 from launcher.rundir import envnames
 from launcher.rundir.files import atomic_write_text, open_regular, read_json
 from launcher.rundir.layout import RunDir, read_heartbeat
-from launcher.rundir.rankcontext import RankContext, context, log, node_name
+from launcher.rundir.rankcontext import RankContext, RuntimeConfigError, context, log, node_name
 from launcher.rundir.startsummary import iso
 from launcher.runtime import heartbeats, stopflag
 from launcher.runtime.peerplan import PeerRecoveryImpossible, RecoveryPlan, Report, is_peer_loss, plan_recovery
@@ -118,10 +118,10 @@ def group_backend(backend: str) -> str:
 
 def peer_store(ctx: RankContext, backend: str, timeout: datetime.timedelta | None) -> Any | None:
     """The rendezvous store of the recoverable group (`backend`, from :func:`group_backend`):
-    one in a process of its own (launcher.runtime.peerstore), started by rank 0 unless it
-    takes a lost rank 0's place; None for any other group, and under torchrun, whose agent
-    holds the store its workers meet through and outlives them (the env:// rendezvous'
-    own)."""
+    one in a process of its own (launcher.runtime.peerstore): the job controller's
+    (GLAUNCH_PEER_STORE), or else one rank 0 starts unless it takes a lost rank 0's place;
+    None for any other group, and under torchrun, whose agent holds the store its workers
+    meet through and outlives them (the env:// rendezvous' own)."""
     if not enabled() or os.environ.get(AGENT_STORE) == str(True):
         return None
     import torch.distributed as dist
@@ -131,10 +131,25 @@ def peer_store(ctx: RankContext, backend: str, timeout: datetime.timedelta | Non
     if backend != peergroup.BACKEND_NAME:
         return None
 
-    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    if ctx.rank == 0 and ctx.peer_join is None:
-        peerstore.start(host, port, ctx.world_size)
+    served = served_store(os.environ.get(envnames.PEER_STORE, ""))
+    if served is not None:
+        host, port = served
+    else:
+        host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+        if ctx.rank == 0 and ctx.peer_join is None:
+            peerstore.start(host, port, ctx.world_size)
     return peerstore.connect(host, port, ctx.world_size, timeout or dist.default_pg_timeout)
+
+
+def served_store(value: str) -> tuple[str, int] | None:
+    """Pure: the (host, port) of GLAUNCH_PEER_STORE's "HOST:PORT" (the store the job
+    controller serves); None where it names none. RuntimeConfigError for another value."""
+    if not value:
+        return None
+    host, _, port = value.rpartition(":")
+    if not host or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
+        raise RuntimeConfigError(f"{envnames.PEER_STORE}={value[:100]!r}: not HOST:PORT")
+    return host, int(port)
 
 
 def peer_finished() -> None:

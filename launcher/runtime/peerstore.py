@@ -3,15 +3,18 @@ its own, so that a recovery outlives the loss of any rank's process, rank 0's in
 
 Without peer recovery, the TCPStore of the env:// rendezvous lives in rank 0's process, and
 dies with it. Under peer recovery the store is what the ranks meet through after a failure
-(their reports, each generation of the group: launcher.runtime.peer, peergroup), so rank 0
-starts it as a process of its own on its node (:func:`start`), on the rendezvous' address
-and port, and every rank, rank 0 too, connects to it as a client (:func:`connect`). A rank 0
-started again in place of a lost one (``GLAUNCH_PEER_JOIN``) finds it there and starts none.
+(their reports, each generation of the group: launcher.runtime.peer, peergroup), so it is a
+process of its own, and every rank, rank 0 too, connects to it as a client
+(:func:`connect`). The job controller serves one beside each step whose rendezvous host is
+the batch host (GLAUNCH_PEER_STORE names it); elsewhere rank 0 starts it on its node
+(:func:`start`), on the rendezvous' address and port (launcher.storeprocess says why). A
+rank 0 started again in place of a lost one (``GLAUNCH_PEER_JOIN``) finds it there and
+starts none.
 
 The store's process (:func:`main`) ends LINGER_S after every rank has said it finished
 (:func:`finished`, from launcher.runtime.shutdown_distributed), or when the process that
-started rank 0 is gone (srun's step daemon, the local job step: the step it served has
-ended, whatever became of its ranks). It ignores the signals a job's warning, its stack
+started it is gone (the job controller; for rank 0's, srun's step daemon or the local job
+step: the step it served has ended, whatever became of its ranks). It ignores the signals a job's warning, its stack
 dumps and a terminal's keys send, which are meant for the ranks; SIGTERM ends it.
 """
 
@@ -19,14 +22,13 @@ from __future__ import annotations
 
 import datetime
 import os
-import selectors
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
+from launcher import storeprocess
 from launcher.processes import process_runs
 
 # Every rank adds 1 to this key as it shuts down cleanly; the store ends at the world size.
@@ -36,9 +38,6 @@ POLL_S = 0.5
 # interpreter ends, after it said it finished: a store gone under it can abort it there
 # ("terminate called without an active exception"). The end of the step comes first.
 LINGER_S = 10.0
-# How long rank 0 waits for the store's process to listen: it imports torch first.
-READY_WAIT_S = 120.0
-READY = "listening"
 # Meant for the ranks (the job's warning, the watchdog's stack dump, a terminal's keys).
 IGNORED_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGINT", "SIGHUP", "SIGQUIT", "SIGPIPE")
 
@@ -46,48 +45,10 @@ _client: Any = None
 
 
 def start(host: str, port: int, world_size: int) -> subprocess.Popen[bytes]:
-    """The store's process started, listening on `port`, once it says so. It watches this
-    process's parent (the step that started rank 0). RuntimeError naming the port when
-    it cannot listen (in use), or does not say so within READY_WAIT_S.
-
-    It holds none of rank 0's output: a step's end waits for every holder of its tasks'
-    output to close it, and the store ends only after the step (it says why it cannot
-    listen on its first line, read here)."""
-    package_root = str(Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (package_root, os.environ.get("PYTHONPATH"))
-                                                      if p))
-    proc = subprocess.Popen([sys.executable, "-m", "launcher.runtime.peerstore", host, str(port), str(world_size),
-                             str(os.getppid())], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=env)
-    said = _first_line(proc, READY_WAIT_S)
-    if said != READY:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
-        raise RuntimeError(f"recovery.peer: the rendezvous store could not listen on port {port} "
-                                 f"({said or 'it said nothing within ' + format(READY_WAIT_S, 'g') + ' s'})")
-    if proc.stdout is not None:
-        proc.stdout.close()
-    return proc
-
-
-def _first_line(proc: subprocess.Popen[bytes], bound_s: float) -> str:
-    """The first line `proc` writes within `bound_s`, stripped ('' when none)."""
-    if proc.stdout is None:
-        return ""
-    out = proc.stdout
-    data = b""
-    with selectors.DefaultSelector() as sel:
-        sel.register(out, selectors.EVENT_READ)
-        deadline = time.monotonic() + bound_s
-        while b"\n" not in data and (left := deadline - time.monotonic()) > 0:
-            if not sel.select(left):
-                break
-            chunk = os.read(out.fileno(), 4096)
-            if not chunk:
-                break
-            data += chunk
-    return data.split(b"\n", 1)[0].decode("utf-8", errors="replace").strip()[:500]
+    """The store's process, started by rank 0 on the rendezvous port (launcher.storeprocess:
+    where the job controller serves none), watching this process's parent (the step that
+    started rank 0)."""
+    return storeprocess.start(host, port, world_size, os.getppid())[0]
 
 
 def connect(host: str, port: int, world_size: int, timeout: datetime.timedelta) -> Any:
@@ -111,8 +72,8 @@ def finished() -> None:
 
 
 def serve(host: str, port: int, world_size: int, watched: int, linger_s: float = LINGER_S) -> int:
-    """The store: listening on `port` until `linger_s` after every rank has finished, or
-    until `watched` is gone."""
+    """The store: listening on `port` (0: one the system picks, said on the first line)
+    until `linger_s` after every rank has finished, or until `watched` is gone."""
     for name in IGNORED_SIGNALS:
         signal.signal(getattr(signal, name), signal.SIG_IGN)
     import torch.distributed as dist
@@ -123,7 +84,7 @@ def serve(host: str, port: int, world_size: int, watched: int, linger_s: float =
     except Exception as exc:
         print(f"{type(exc).__name__}: {' '.join(str(exc).split())}", flush=True)
         return 1
-    print(READY, flush=True)
+    print(f"{storeprocess.READY} {store.port}", flush=True)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)         # rank 0 reads one line; nothing more goes to its pipe
     all_finished_at: float | None = None

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import threading
 
 import pytest
 
 from launcher.jobcontrol import jobend, replace
 from launcher.runtime import peer
-from launcher.jobcontrol.controller import Controller, JobSteps
+from launcher.jobcontrol.controller import Controller, JobSteps, SlurmEdge
 from launcher.jobcontrol.replace import Replacement, Replacements, failed_tasks, replacement_for, step_status
 from launcher.rundir.layout import RunDir
 from launcher.rundir.records import State
@@ -163,6 +164,58 @@ def test_with_recovery_peer_the_step_s_status_is_the_replacements_answer(job_env
     assert Controller(job, edge, env).step(NODES, ("n1", "n2", "n3")) == status
     assert edge.asked == ([NODES] if peer else [])
     assert not [t for t in threading.enumerate() if t.name == "glaunch-peer-replace"]
+
+
+class StoreEdge(PeerEdge):
+    """Serves the step's store here (a stand-in process); records what the ranks and the
+    lost ranks' new processes read."""
+
+    def __init__(self, statuses, answer):
+        super().__init__(statuses, answer)
+        self.served: list[tuple[str, int]] = []
+        self.stores: list[subprocess.Popen] = []
+        self.seen: list[str | None] = []
+
+    def serve_store(self, host, world_size):
+        self.served.append((host, world_size))
+        self.stores.append(subprocess.Popen(["sleep", "60"]))
+        return self.stores[-1], 4321
+
+    def run_step(self, argv, env, leave=lambda: False):
+        self.seen.append(env.get("GLAUNCH_PEER_STORE"))
+        return super().run_step(argv, env, leave)
+
+    def replace(self, job, stop, nodes, env, spares):
+        self.seen.append(env.get("GLAUNCH_PEER_STORE"))
+        return super().replace(job, stop, nodes, env, spares)
+
+
+@pytest.mark.parametrize("launcher,per_node,served", [("srun", "1", True), ("srun", "2", True),
+                                                      ("torchrun", "2", False), ("srun", "", False)])
+def test_the_controller_serves_the_step_s_store_which_outlives_any_rank_and_ends_with_the_step(
+        job_env, tmp_path, launcher, per_node, served):  # noqa: F811
+    """Under recovery.peer with one task per rank, the step's store is served beside the
+    step (outside it: a node whose only task ended loses every process the step started
+    there, rank 0's own store too); the ranks and a lost rank's new process read where, and
+    it ends with the step. Under torchrun (its agent's store) or without the ranks per node,
+    rank 0 starts it as before."""
+    edge = StoreEdge([0], 0)
+    env = dict(job_env, GLAUNCH_RECOVERY_PEER="1", GLAUNCH_LAUNCHER=launcher, GLAUNCH_RANKS_PER_NODE=per_node)
+    controller = Controller(JobSteps(tmp_path, nodes=2, srun=("srun",), task=("task",)), edge, env)
+    assert controller.step(NODES, ("n1", "n2", "n3")) == 0
+    if not served:
+        assert edge.served == [] and edge.seen == [None, None]
+        return
+    assert edge.served == [("n1", 2 * int(per_node))]
+    assert edge.seen == ["n1:4321", "n1:4321"]
+    (store,) = edge.stores
+    assert store.poll() is not None            # ended with the step
+    assert "GLAUNCH_PEER_STORE" not in controller.env
+
+
+def test_the_store_is_served_only_where_the_rendezvous_host_is_this_machine():
+    assert SlurmEdge.serve_store("", 2) is None
+    assert SlurmEdge.serve_store("192.0.2.1", 2) is None         # TEST-NET: no address of this machine
 
 
 def test_only_a_run_with_recovery_peer_and_one_task_per_rank_keeps_its_ranks_running_when_one_ends():

@@ -115,6 +115,9 @@ class FakeEdge:
     def port_in_use(self, host, port):
         return port in self.busy_ports
 
+    def serve_store(self, host, world_size):
+        return None         # not this machine's rendezvous host: rank 0 starts the store
+
 
 @pytest.fixture
 def job_env(monkeypatch, tmp_path):

@@ -18,6 +18,8 @@ import pytest
 
 from conftest import RANK_VARS
 from launcher.rundir.rankcontext import context, free_port
+from launcher import storeprocess
+from launcher.rundir.rankcontext import RuntimeConfigError
 from launcher.runtime import peer, peerstore
 from test_peer_recovery import REPO, SCRIPT, STEPS, stop_all, store_processes
 
@@ -31,7 +33,7 @@ def serving(port: int, watched: int) -> subprocess.Popen[str]:
     env = dict(os.environ, PYTHONPATH=str(REPO))
     proc = subprocess.Popen([sys.executable, "-m", "launcher.runtime.peerstore", "127.0.0.1", str(port), "2",
                              str(watched), str(LINGER_S)], env=env, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == peerstore.READY
+    assert proc.stdout is not None and proc.stdout.readline().split() == [storeprocess.READY, str(port)]
     return proc
 
 
@@ -85,6 +87,42 @@ def test_it_ends_a_while_after_every_rank_has_finished():
         peerstore._client = None
         step.kill()
         proc.kill()
+
+
+def test_the_job_controller_s_store_listens_on_a_port_it_says_and_rank_0_starts_none(monkeypatch):
+    """As the job controller serves one: a port of the system's choosing, said on the first
+    line; the ranks, rank 0 too, connect to it as GLAUNCH_PEER_STORE names it."""
+    watched = subprocess.Popen(["sleep", "60"])
+    proc, port = storeprocess.start("127.0.0.1", 0, 2, watched.pid)
+    try:
+        monkeypatch.setenv("GLAUNCH_RECOVERY_PEER", "1")
+        monkeypatch.setenv("GLAUNCH_PEER_STORE", f"127.0.0.1:{port}")
+        monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+        monkeypatch.setenv("MASTER_PORT", "1")           # not where the store is
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE"):
+            monkeypatch.setenv(name, {"WORLD_SIZE": "2"}.get(name, "0"))
+        client = peer.peer_store(context(), "glaunch_peer", timedelta(seconds=10))
+        client.set("asked", "here")
+        assert client.get("asked") == b"here" and proc.poll() is None
+        assert store_processes(1) == []                   # none on the rendezvous port
+    finally:
+        peerstore._client = None
+        storeprocess.stop(proc)
+        watched.kill()
+        watched.wait()
+    assert proc.returncode is not None
+
+
+@pytest.mark.parametrize("value,served", [("", None), ("n1:4321", ("n1", 4321)), ("[::1]:80", ("[::1]", 80)),
+                                          ("n1", "not HOST:PORT"), (":4321", "not HOST:PORT"),
+                                          ("n1:0", "not HOST:PORT"), ("n1:65536", "not HOST:PORT"),
+                                          ("n1:$(id)", "not HOST:PORT"), ("n1:٤٣", "not HOST:PORT")])
+def test_the_served_store_s_address_is_read_strictly(value, served):
+    if isinstance(served, str):
+        with pytest.raises(RuntimeConfigError, match=served):
+            peer.served_store(value)
+    else:
+        assert peer.served_store(value) == served
 
 
 def test_none_is_started_off_recovery_peer_for_another_backend_or_under_torchrun(monkeypatch):
