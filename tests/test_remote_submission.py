@@ -421,7 +421,7 @@ def test_a_laptop_checks_the_cluster_sweeps_after_a_run_and_survives_a_dropped_l
     """Over SSH: sites check and detect; the DeepSpeed example with --wait, preempted once
     and resumed bitwise; a sweep that waits (--after) for it through Slurm; a link dropped
     for a while during --wait is said, asked through, and the run followed to its end."""
-    from slurmkit import preempt, rank0_steps, release_requeue_hold, wait_until
+    from slurmkit import ONE_RANK_PER_NODE, preempt, rank0_steps, release_requeue_hold, wait_until
     from test_slurm_requeue import baseline_hash
 
     check = glaunch(laptop, "sites", "check", "local-slurm-remote")
@@ -435,8 +435,8 @@ def test_a_laptop_checks_the_cluster_sweeps_after_a_run_and_survives_a_dropped_l
     runs.mkdir()
     site = ["--site", "local-slurm-remote", "--runs-dir", str(runs)]
     waiting = subprocess.Popen([sys.executable, "-m", "launcher.cli", "submit", zero2, *site, "--wait",
-                                "resources.nodes=2", "checkpoint.every_steps=1000", "requeue.max=5",
-                                "entrypoint.args=[--steps,40,--seconds-per-step,0.3,--log-every,1]"],
+                                "resources.nodes=2", ONE_RANK_PER_NODE, "checkpoint.every_steps=1000",
+                                "requeue.max=5", "entrypoint.args=[--steps,40,--seconds-per-step,0.3,--log-every,1]"],
                                cwd=REPO, env=laptop, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         upstream = run_dir_appears(runs, "deepspeed-zero2")

@@ -42,7 +42,7 @@ entrypoint:
   script: crash_ddp.py
   args: ["--steps", "20", "--seconds-per-step", "0.1"]
 launcher: srun
-resources: {nodes: 1, time: "00:10:00"}
+resources: {nodes: 1, gpus_per_node: 1, time: "00:10:00"}
 strategy: {name: ddp}
 precision: fp32
 batch: {micro_size: 8}

@@ -1,11 +1,11 @@
 """Peer recovery (recovery.peer) on the local Slurm clusters (`defaults`; `main`, which counts
 memory, for a hung rank 0): a 2-node DDP run of
-2 ranks per node whose rank 3 (on the second node) raises inside its backward pass at step
-FAIL_STEP, its peers waiting for it in the gradient all-reduce. The run goes on in the same
-job step (one start), rank 3 gets rank 0's state across the nodes, at most the step in
+one rank per node whose rank 1 (on the second node) raises inside its backward pass at step
+FAIL_STEP, its peer waiting for it in the gradient all-reduce. The run goes on in the same
+job step (one start), rank 1 gets rank 0's state across the nodes, at most the step in
 flight is done again, no checkpoint is read (one was there), every rank's log says from
 which peer, the ledger records it once and `glaunch status` counts it; the final
-parameters are bitwise those of the same run uninterrupted (its 4 ranks started directly
+parameters are bitwise those of the same run uninterrupted (its ranks started directly
 on this machine: one Slurm job only). The same for a rank whose process is lost, and for
 rank 0 hung in its data, which ends itself. The failing example is test_peer_recovery's."""
 
@@ -29,16 +29,17 @@ from test_peer_recovery import SCRIPT, recovery_lines, stop_all
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
-NODES, PER_NODE = 2, 2
+# One rank per node (ONE_RANK_PER_NODE): a peer is always on another node.
+NODES, PER_NODE = 2, 1
 WORLD = NODES * PER_NODE
-STEPS, FAIL_STEP, FAIL_RANK = 20, 8, 3
+STEPS, FAIL_STEP, FAIL_RANK = 20, 8, 1
 ARGS = ["--steps", str(STEPS), "--log-every", "5", "--seconds-per-step", "0.05"]
 EXPERIMENT = f"""
 name: peer-slurm
 entrypoint:
   script: failing_ddp.py
   args: {json.dumps(ARGS)}
-resources: {{nodes: {NODES}, time: "00:10:00"}}
+resources: {{nodes: {NODES}, gpus_per_node: {PER_NODE}, time: "00:10:00"}}
 strategy: {{name: ddp}}
 precision: fp32
 batch: {{micro_size: 8}}
@@ -139,8 +140,9 @@ def test_a_rank_that_raises_on_the_second_node_is_restored_from_a_peer_in_the_sa
 LOST_EXPERIMENT = EXPERIMENT.replace("FAIL_WHERE: backward", "FAIL_WHERE: exit").replace("name: peer-slurm",
                                                                                           "name: peer-lost")
 # Rank 0 hangs in its data instead (nothing raises); the watchdog's floor lowered to 20 s, so
-# its peers wait 10 s before it ends itself. Rank 0's process started the rendezvous store,
-# which lives on in a process of its own (launcher.runtime.peerstore).
+# its peer waits 10 s before it ends itself. Rank 0 is its node's only task: the step's end
+# there ends every process the step started on that node, so the rendezvous store is the job
+# controller's, beside the step (launcher.storeprocess).
 HUNG_RANK = 0
 HUNG_EXPERIMENT = (LOST_EXPERIMENT.replace("FAIL_WHERE: exit", "FAIL_WHERE: hang").replace("name: peer-lost",
                                                                                             "name: peer-hung")
@@ -150,9 +152,9 @@ HUNG_EXPERIMENT = (LOST_EXPERIMENT.replace("FAIL_WHERE: exit", "FAIL_WHERE: hang
 
 @requires_slurm
 def test_a_hung_rank_0_ends_itself_is_started_again_and_gets_a_peers_state_in_the_same_job(tmp_path, isolated_env):
-    """Rank 0 hangs in its data at step FAIL_STEP on the first node while its peers wait for
+    """Rank 0 hangs in its data at step FAIL_STEP on the first node while its peer waits for
     it in the gradient all-reduce: after half the hang bound it ends its own process, its
-    peers go on waiting (srun --kill-on-bad-exit=0 for recovery.peer) through the store that
+    peer goes on waiting (srun --kill-on-bad-exit=0 for recovery.peer) through the store that
     outlives it, rank 1 asks for it, the job controller starts it again on its node in a
     step of its own (srun --overlap), the new process joins, gets rank 1's state and the run
     ends in the same job and start, the watchdog never ending the step, with the parameters
@@ -169,6 +171,7 @@ def test_a_hung_rank_0_ends_itself_is_started_again_and_gets_a_peers_state_in_th
     # srun's status was the ended task's; its new process ended well, and so the step.
     assert f"task {HUNG_RANK}: Exited with exit code 75" in batch and "the step's is 0" in batch, batch[-3000:]
     assert f"rank {HUNG_RANK}'s process is lost: starting it again on" in batch, batch[-3000:]
+    assert "the step's rendezvous store (recovery.peer) listens here" in batch, batch[-3000:]
 
     # The new process of rank 0 writes on in rank 0's log: it received rank 1's state.
     (own_log,) = (p for p in (run_dir / "logs").glob(f"{start['job_id']}_{HUNG_RANK}_log.err"))
@@ -177,7 +180,7 @@ def test_a_hung_rank_0_ends_itself_is_started_again_and_gets_a_peers_state_in_th
                               f"at step {FAIL_STEP}") in own[0] and "(received it)" in own[0], own
     assert "lost their process and were started again" in own[0] and "no checkpoint read" in own[0]
     lines = recovery_lines(logs)
-    assert len(lines) == WORLD, logs[-4000:]                 # 3 survivors and the new process
+    assert len(lines) == WORLD, logs[-4000:]                 # the survivor and the new process
     assert "resumed from" not in logs and (run_dir / "checkpoints" / "step-00000005").is_dir()
 
     (entry,) = (json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines())
@@ -199,21 +202,21 @@ SPARE_EXPERIMENT = (LOST_EXPERIMENT.replace("name: peer-lost", "name: peer-spare
 
 
 def test_a_rank_lost_again_where_it_was_started_again_moves_to_the_spare_node(tmp_path, slurm_defaults_env):
-    """Rank 3's process is lost at step FAIL_STEP, and its new process, on the same node, is
+    """Rank 1's process is lost at step FAIL_STEP, and its new process, on the same node, is
     lost again at the same step: the third is started on the allocation's spare node (one
     none of them ran on), joins, and the run ends in the same job and start with the
     parameters of the uninterrupted run."""
     assert "spare_nodes: 1" in SPARE_EXPERIMENT and "FAIL_TIMES" in SPARE_EXPERIMENT
     run = submitted_peer_run(tmp_path, SPARE_EXPERIMENT, slurm_defaults_env)
     run_dir, batch = run.run_dir, run.batch
-    first = re.search(r"rank 3's process is lost: starting it again on (\S+) to join generation 1", batch)
-    moved = re.search(r"rank 3's process is lost: starting it again on the spare node (\S+) \(it was lost again "
+    first = re.search(rf"rank {FAIL_RANK}'s process is lost: starting it again on (\S+) to join generation 1", batch)
+    moved = re.search(rf"rank {FAIL_RANK}'s process is lost: starting it again on the spare node (\S+) \(it was lost again "
                       r"on (\S+)\) to join generation 2", batch)
     assert first and moved, batch[-4000:]
     assert moved.group(2) == first.group(1) != moved.group(1), (first.group(0), moved.group(0))
     entries = [json.loads(line) for line in (run_dir / "peer-recoveries.jsonl").read_text().splitlines()]
     assert [(e["failed"], e["replaced"]) for e in entries] == [([FAIL_RANK], [FAIL_RANK])] * 2, entries
-    # The last process of rank 3 beat from the spare node.
+    # The last process of the lost rank beat from the spare node.
     nodes = {rank: (read_heartbeat(path) or {}).get("node") for rank, path in RunDir(run_dir).heartbeats()}
     assert nodes[FAIL_RANK] == moved.group(1), nodes
     print(f"rank {FAIL_RANK} lost on {first.group(1)}, started again there, lost again: moved to the spare node "

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import requires_slurm
-from slurmkit import (DEFAULTS, REPO, SITE, assert_completed_on_two_nodes, final_sacct_state, finish, glaunch, job_id_of, preempt, rank0_steps, read_json,
+from slurmkit import (DEFAULTS, ONE_RANK_PER_NODE, REPO, SITE, assert_completed_on_two_nodes, final_sacct_state, finish, glaunch, job_id_of, preempt, rank0_steps, read_json,
                       release_requeue_hold, sacct_rows, squeue_state, start_submit, submit, the_run_dir,
                       wait_until)
 
@@ -30,12 +30,14 @@ _baselines: dict[tuple, tuple[str, Path, str]] = {}
 
 def baseline_run(example: str, steps: int, tmp_path_factory, env, nodes: int = 2,
                  cluster: str | None = None) -> tuple[str, Path, str]:
-    """An uninterrupted run on `nodes` nodes (one per example, length, size and cluster):
-    its param_sha256, run directory and job id."""
+    """An uninterrupted run on `nodes` nodes, one rank each (ONE_RANK_PER_NODE, as the runs
+    compared with it), one per example, length, size and cluster: its param_sha256, run
+    directory and job id."""
     key = (example, steps, nodes, cluster)
     if key not in _baselines:
         runs = tmp_path_factory.mktemp("baseline")
-        proc, info = submit(example, runs, env, f"resources.nodes={nodes}", f"entrypoint.args=[--steps,{steps}]",
+        proc, info = submit(example, runs, env, f"resources.nodes={nodes}", ONE_RANK_PER_NODE,
+                            f"entrypoint.args=[--steps,{steps}]",
                             cluster=cluster)
         assert proc.returncode == 0, proc.stderr[-3000:]
         run_dir = runs / info["run_id"]
@@ -105,7 +107,7 @@ def test_time_limit_resubmits_and_resumes_bitwise(tmp_path, tmp_path_factory, sl
     steps = 480
     env = slurm_defaults_env
     expected = baseline_hash("examples/torch_ddp.yaml", steps, tmp_path_factory, env, cluster=DEFAULTS)
-    proc = start_submit("examples/torch_ddp.yaml", tmp_path / "runs", env, "resources.nodes=2",
+    proc = start_submit("examples/torch_ddp.yaml", tmp_path / "runs", env, "resources.nodes=2", ONE_RANK_PER_NODE,
                         "resources.time=2", "requeue.signal_lead_s=10", "requeue.max=100",
                         "checkpoint.every_steps=1000", f"entrypoint.args=[--steps,{steps},--seconds-per-step,0.25]",
                         cluster=DEFAULTS)
@@ -138,7 +140,7 @@ def test_time_limit_resubmits_and_resumes_bitwise(tmp_path, tmp_path_factory, sl
 def run_with_preemptions(example: str, steps: int, times: int, tmp_path, env, *, every: int,
                          seconds_per_step: float, min_progress: int = 5, timeout: float = 900) -> tuple[dict, str]:
     """Submit, and each time the run has made progress in its current start, preempt it."""
-    proc = start_submit(example, tmp_path / "runs", env, "resources.nodes=2", "resources.time=15",
+    proc = start_submit(example, tmp_path / "runs", env, "resources.nodes=2", ONE_RANK_PER_NODE, "resources.time=15",
                         f"checkpoint.every_steps={every}", "requeue.max=5",
                         f"entrypoint.args=[--steps,{steps},--seconds-per-step,{seconds_per_step},--log-every,1]")
     run_dir = the_run_dir(tmp_path / "runs")
@@ -174,7 +176,7 @@ def test_framework_preempted_once_resumes_bitwise(example, steps, tmp_path, tmp_
     # The uninterrupted run it is compared with: the example on two nodes, as the torch
     # example's own test checks it (tests/live/test_slurm_submit.py).
     expected, base_dir, base_job = baseline_run(example, steps, tmp_path_factory, isolated_env)
-    assert_completed_on_two_nodes(base_dir, base_job, steps)
+    assert_completed_on_two_nodes(base_dir, base_job, steps, ranks_per_node=1)
     record, _ = run_with_preemptions(example, steps, 1, tmp_path, isolated_env, every=1000, seconds_per_step=0.3,
                                      min_progress=5)
     assert_resumed_without_loss(record, "preemption", min_requeues=1)
@@ -230,7 +232,7 @@ def test_rank_killed_mid_checkpoint_resumes_from_the_previous_one(tmp_path, tmp_
     (tmp_path / "killer.py").write_text(KILLER.format(script=str(REPO / "examples" / "torch_ddp.py")))
     exp = tmp_path / "exp.yaml"
     exp.write_text(f"name: killed\nentrypoint: {{script: killer.py, args: ['--steps', '{steps}']}}\n"
-                   f"resources: {{nodes: 2, time: '10'}}\ncheckpoint: {{every_steps: {every}, keep: 5}}\n")
+                   f"resources: {{nodes: 2, gpus_per_node: 1, time: '10'}}\ncheckpoint: {{every_steps: {every}, keep: 5}}\n")
     env = dict(slurm_defaults_env, KILL_STEP=str(kill_step))
     # crash_retries 2: the kill takes one; the other is for a start that something outside the
     # run ends as it begins (a CI run saw Slurm 22.05 cancel the requeued job's new step 8 s
@@ -323,7 +325,7 @@ def test_a_crash_swaps_in_the_spare_then_with_none_left_requeues(tmp_path, tmp_p
     (tmp_path / "crasher.py").write_text(CRASHER.format(script=str(REPO / "examples" / "torch_ddp.py")))
     exp = tmp_path / "exp.yaml"
     exp.write_text(f"name: spare\nentrypoint: {{script: crasher.py, args: ['--steps', '{steps}']}}\n"
-                   f"resources: {{nodes: 2, spare_nodes: 1, time: '10'}}\n"
+                   f"resources: {{nodes: 2, spare_nodes: 1, gpus_per_node: 1, time: '10'}}\n"
                    f"checkpoint: {{every_steps: {every}, keep: 2}}\n")
     site = tmp_path / "site.yaml"
     site.write_text("name: retrying\nextends: local-slurm-defaults\ncrash_retries: 2\n")

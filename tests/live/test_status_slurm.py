@@ -20,7 +20,7 @@ import pytest
 
 from conftest import requires_slurm
 from launcher.rundir.layout import RunDir, read_heartbeat
-from slurmkit import (REPO, SITE, final_sacct_state, glaunch, job_id_of, preempt, read_json, release_requeue_hold,
+from slurmkit import (ONE_RANK_PER_NODE, REPO, SITE, final_sacct_state, glaunch, job_id_of, preempt, read_json, release_requeue_hold,
                       sacct_rows, squeue_state, the_run_dir, wait_until)
 from test_console import as_seen, in_pty
 from test_console import glaunch as glaunch_argv
@@ -125,7 +125,8 @@ def test_status_of_a_run_preempted_twice(tmp_path, tmp_path_factory, isolated_en
     expected = baseline_hash("examples/torch_ddp.yaml", STEPS, tmp_path_factory, isolated_env)
     runs = tmp_path / "runs"
     thread, seen = _on_terminal(_submit_argv(
-        "examples/torch_ddp.yaml", runs, "resources.nodes=2", "resources.time=10", f"model.params={MODEL_PARAMS}",
+        "examples/torch_ddp.yaml", runs, "resources.nodes=2", ONE_RANK_PER_NODE, "resources.time=10",
+        f"model.params={MODEL_PARAMS}",
         "checkpoint.every_steps=1000", "requeue.max=5",
         f"entrypoint.args=[--steps,{STEPS},--seconds-per-step,{STEP_S}]"), isolated_env, REPO, timeout=840)
     run_dir, job_id = _preempt_and_follow(runs, thread, times=2, min_progress=10, timeout=800)
@@ -144,7 +145,8 @@ def test_status_of_a_run_preempted_twice(tmp_path, tmp_path_factory, isolated_en
     text, status = text_proc.stdout, json.loads(json_proc.stdout)
     shown_runs = str(runs)
     _record("slurm_status_preempted_twice.txt",
-            "# glaunch submit --wait examples/torch_ddp.yaml --site local-slurm resources.nodes=2 resources.time=10 \\\n"
+            "# glaunch submit --wait examples/torch_ddp.yaml --site local-slurm resources.nodes=2 \\\n"
+            f"#     {ONE_RANK_PER_NODE} resources.time=10 \\\n"
             f"#     model.params={MODEL_PARAMS} checkpoint.every_steps=1000 requeue.max=5 \\\n"
             f"#     'entrypoint.args=[--steps,{STEPS},--seconds-per-step,{STEP_S}]'\n"
             "# preempted twice by a job on the `urgent` partition; then:\n"

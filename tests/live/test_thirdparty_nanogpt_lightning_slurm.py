@@ -1,5 +1,5 @@
 """nanoGPT's train.py and Lightning's bug-report model (tests/thirdparty), brought as a user
-would bring them, on the cluster `main`: 2 nodes x 2 ranks on the CPU over gloo.
+would bring them, on the cluster `main`: 2 nodes on the CPU over gloo.
 
 nanoGPT runs under `launcher: torchrun` with its own config overrides as arguments, writes
 into its run (`--out_dir=${run:dir}/out`), reports progress through its "iter N:" lines
@@ -8,7 +8,7 @@ into its run (`--out_dir=${run:dir}/out`), reports progress through its "iter N:
 `entrypoint.resume_args` (`--init_from=resume`) and goes on from that checkpoint. A second
 run from the same folder has outputs of its own.
 
-The plain Lightning script (Trainer(num_nodes=2, devices=2, strategy="ddp")) gets SIGUSR1
+The plain Lightning script (Trainer(num_nodes=2, devices=1, strategy="ddp")) gets SIGUSR1
 ahead of a 2-minute limit (late enough that its handler is in place on a busy machine): Lightning's SLURM environment saves hpc_ckpt_1.ckpt and requeues
 the job itself, once; the next start resumes from it.
 """
@@ -161,7 +161,7 @@ entrypoint:
   script: bug_report_model.py
   args: ["${{run:dir}}/lightning", "{EPOCHS}"]
   progress: {{pattern: '\\bstep (\\d+)$', total: {EPOCHS - 1}}}
-resources: {{nodes: 2, time: "2"}}
+resources: {{nodes: 2, gpus_per_node: 1, time: "2"}}
 requeue: {{max: 3, signal_lead_s: 5, mode: requeue}}
 """
 
@@ -219,7 +219,7 @@ def test_plain_lightning_saves_at_the_warning_and_resumes(tmp_path, isolated_env
         # it is the start's end: glaunch's controller requeues the job (a timeout), and the
         # next start, with no checkpoint of Lightning's, trains from the beginning to the end.
         warned = all("Bypassing signal SIGCONT" in logs.task_log(job, rank, "err").read_text(errors="replace")
-                     for rank in range(4))       # Slurm's warning: SIGCONT, then SIGUSR1, to every task
+                     for rank in range(2))       # Slurm's warning: SIGCONT, then SIGUSR1, to every task
         assert warned and record["starts"][0]["reason"] == "timeout", (record["starts"][0], errors[-3000:])
         assert not list(root.glob("hpc_ckpt_*.ckpt")) and steps[-1] == EPOCHS - 1, steps[-5:]
         assert "Restoring states from the checkpoint path" not in errors, errors[-3000:]

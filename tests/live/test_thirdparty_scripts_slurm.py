@@ -1,6 +1,6 @@
 """Training scripts nobody here wrote (tests/thirdparty: the PyTorch DDP tutorial's multinode
 script, nanoGPT's train.py, Lightning's bug-report model), brought as a user would bring
-them, on the `defaults` cluster: 2 nodes x 2 ranks on the CPU over gloo. Each run gets its
+them, on the `defaults` cluster: 2 nodes on the CPU over gloo. Each run gets its
 own outputs through ${run:dir}; progress comes from their own log lines
 (entrypoint.progress) to the console. The DDP tutorial's script, which knows nothing of
 time limits, meets its job's: glaunch carries the run on in a new job (requeue.mode
@@ -105,7 +105,7 @@ entrypoint:
   args: ["110", "5", "--snapshot_path=${run:dir}/snapshot.pt"]
   progress: {pattern: '^\[GPU0\] Epoch (\d+) ', total: 109}
 launcher: torchrun
-resources: {nodes: 2, time: "1"}
+resources: {nodes: 2, gpus_per_node: 1, time: "1"}
 requeue: {max: 3, signal_lead_s: 10}
 """
 
@@ -140,9 +140,9 @@ def test_ddp_tutorial_under_torchrun(tmp_path, isolated_env):
     assert re.search(r"\[glaunch\] RUNNING \| (start 1 \| )?step \d+/109", console), console[-3000:]
     assert "ChildFailedError" not in console and "Traceback" not in console
     # One rank's log is that rank's lines alone.
-    lines = rank_logs(first, env, 3)
-    assert lines and all(line.startswith(("[r3]", "[r3!]")) for line in lines), lines[:5]
-    assert any("[GPU3] Epoch" in line for line in lines) and not any("[GPU2]" in line for line in lines)
+    lines = rank_logs(first, env, 1)
+    assert lines and all(line.startswith(("[r1]", "[r1!]")) for line in lines), lines[:5]
+    assert any("[GPU1] Epoch" in line for line in lines) and not any("[GPU0]" in line for line in lines)
 
     # A second run from the same folder has a snapshot of its own: it starts at epoch 0.
     second_proc = start_console(folder, env, "entrypoint.args=[3,5,--snapshot_path=${run:dir}/snapshot.pt]")

@@ -4,7 +4,7 @@
 #   1. these header lines;
 #   2. `import sys, time`;
 #   3. training_step prints its step and sleeps 0.5 s (progress to follow, time to be warned in);
-#   4. the Trainer: 2 nodes x 2 CPU devices over DDP, its root dir and number of epochs (one
+#   4. the Trainer: 2 nodes x 1 CPU device over DDP, its root dir and number of epochs (one
 #      training batch each) from the command line: `bug_report_model.py ROOT_DIR EPOCHS`.
 import os
 import sys
@@ -64,7 +64,7 @@ def run():
     trainer = Trainer(
         default_root_dir=sys.argv[1] if len(sys.argv) > 1 else os.getcwd(),
         accelerator="cpu",
-        devices=2,
+        devices=1,
         num_nodes=2,
         strategy="ddp",
         limit_train_batches=1,
