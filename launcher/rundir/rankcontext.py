@@ -11,6 +11,7 @@ makes once torch.distributed is up are :mod:`launcher.runtime.distributed`.
 from __future__ import annotations
 
 import os
+import random
 import re
 import socket
 import sys
@@ -170,10 +171,51 @@ def context() -> RankContext:
     )
 
 
+# A rendezvous port picked on this machine (the local site's job step, a world of one) lies
+# below the kernel's ephemeral range, as a Slurm start's does (jobplan.PORT_BASE): a port of
+# that range found free is handed to the next outgoing connection of any process, and one
+# made before rank 0's store binds it (seconds: rank 0 imports torch first) left the store
+# EADDRINUSE. Below the range only a process that binds the port itself takes it.
+FREE_PORT_FLOOR = 10000
+FREE_PORT_TRIES = 64
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+EPHEMERAL_FIRST = 32768        # Linux's default, where the range cannot be read
+
+
 def free_port() -> int:
+    """A TCP port no process listens on here, picked at random below the ephemeral range
+    (FREE_PORT_FLOOR up to it); one the system picks where none of FREE_PORT_TRIES is free."""
+    below = _ephemeral_first()
+    if below - FREE_PORT_FLOOR >= FREE_PORT_TRIES:
+        for _ in range(FREE_PORT_TRIES):
+            port = random.randrange(FREE_PORT_FLOOR, below)
+            if _binds(port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _ephemeral_first() -> int:
+    """The first port of the kernel's ephemeral range (EPHEMERAL_FIRST where unreadable)."""
+    try:
+        with open(EPHEMERAL_RANGE, encoding="ascii") as f:
+            first = f.read(64).split()[0]
+    except (OSError, ValueError, IndexError):
+        return EPHEMERAL_FIRST
+    return int(first) if first.isdigit() and 1024 < int(first) < 65536 else EPHEMERAL_FIRST
+
+
+def _binds(port: int) -> bool:
+    """Whether a listener could bind `port` on every address, as a rendezvous store does
+    (SO_REUSEADDR: a port whose last connections wait out TIME_WAIT is free)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def seconds_from_env(name: str, default: float) -> float:

@@ -114,3 +114,37 @@ def test_the_flight_recorder_is_named_as_the_node_torch_names_it(tmp_path, versi
     found = flight_recorder_environment(str(tmp_path), {"SLURM_GPUS_ON_NODE": "4"}, torch_version=version)
     assert set(found) == names
     assert flight_recorder_environment(str(tmp_path), {}, torch_version=version) == {}
+
+
+def test_a_free_port_lies_below_the_ephemeral_range_and_binds(monkeypatch):
+    """Below the kernel's ephemeral range no outgoing connection is handed the port between
+    its pick and rank 0's bind; a port someone listens on is never picked."""
+    import socket
+
+    from launcher.rundir import rankcontext
+
+    first = rankcontext._ephemeral_first()
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        busy = taken.getsockname()[1]
+        ports = [rankcontext.free_port() for _ in range(50)]
+        assert all(rankcontext.FREE_PORT_FLOOR <= p < first for p in ports), ports
+        # Every pick but one is the busy port: the one that binds is taken.
+        picks = iter([busy] * (rankcontext.FREE_PORT_TRIES - 1) + [busy + 1])
+        monkeypatch.setattr(rankcontext.random, "randrange", lambda a, b: next(picks))
+        monkeypatch.setattr(rankcontext, "_binds", lambda port: port != busy)
+        assert rankcontext.free_port() == busy + 1
+        # None of the tries binds: the system picks one.
+        monkeypatch.setattr(rankcontext.random, "randrange", lambda a, b: busy)
+        assert rankcontext.free_port() != busy
+
+
+@pytest.mark.parametrize("text,first", [("32768\t60999\n", 32768), ("20000 60999", 20000), ("", 32768),
+                                        ("x 1", 32768), ("80 1000", 32768), ("99999 1", 32768)])
+def test_the_ephemeral_range_is_read_strictly(tmp_path, monkeypatch, text, first):
+    from launcher.rundir import rankcontext
+
+    (tmp_path / "range").write_text(text)
+    monkeypatch.setattr(rankcontext, "EPHEMERAL_RANGE", str(tmp_path / "range"))
+    assert rankcontext._ephemeral_first() == first
