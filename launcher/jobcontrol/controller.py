@@ -49,7 +49,6 @@ runs through :class:`SlurmEdge`, which the tests replace. Imports no torch.
 from __future__ import annotations
 
 import enum
-import errno
 import os
 import re
 import signal
@@ -68,7 +67,7 @@ from launcher.errors import RunError
 from launcher.processes import run_command
 from launcher.rundir import envnames
 from launcher.rundir.layout import RunDir
-from launcher.rundir.rankcontext import RuntimeConfigError, context
+from launcher.rundir.rankcontext import RuntimeConfigError, context, port_taken
 from launcher.rundir.records import RecordError, is_job_id, is_node_name
 from launcher.jobcontrol import jobend, jobstart, replace, watchdog
 from launcher.jobcontrol.jobend import NextRoad, StepEnd
@@ -393,20 +392,9 @@ class SlurmEdge:
     @staticmethod
     def port_in_use(host: str, port: int) -> bool | None:
         """Whether a process listens on `port` at `host`, where `host` is this machine (an
-        address of it binds); None where it is another, or the question fails otherwise. Asked
-        as rank 0's rendezvous store binds: every address, SO_REUSEADDR (a port whose last
-        connections wait out TIME_WAIT is free)."""
-        if not is_this_host(host):
-            return None
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                probe.bind(("", port))
-        except OSError as exc:
-            return True if exc.errno == errno.EADDRINUSE else None
-        except (ValueError, OverflowError):
-            return None
-        return False
+        address of it binds); None where it is another, or the question fails otherwise
+        (launcher.rundir.rankcontext.port_taken)."""
+        return port_taken(port) if is_this_host(host) else None
 
     @staticmethod
     def serve_store(host: str, world_size: int) -> tuple[subprocess.Popen[bytes], int] | None:

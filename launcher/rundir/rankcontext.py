@@ -10,6 +10,7 @@ makes once torch.distributed is up are :mod:`launcher.runtime.distributed`.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import re
@@ -189,7 +190,7 @@ def free_port() -> int:
     if below - FREE_PORT_FLOOR >= FREE_PORT_TRIES:
         for _ in range(FREE_PORT_TRIES):
             port = random.randrange(FREE_PORT_FLOOR, below)
-            if _binds(port):
+            if port_taken(port) is False:
                 return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -206,16 +207,20 @@ def _ephemeral_first() -> int:
     return int(first) if first.isdigit() and 1024 < int(first) < 65536 else EPHEMERAL_FIRST
 
 
-def _binds(port: int) -> bool:
-    """Whether a listener could bind `port` on every address, as a rendezvous store does
-    (SO_REUSEADDR: a port whose last connections wait out TIME_WAIT is free)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind(("", port))
-        except OSError:
-            return False
-    return True
+def port_taken(port: int) -> bool | None:
+    """Whether a process here listens on `port`, asked as a rendezvous store binds: every
+    address, SO_REUSEADDR (a port whose last connections wait out TIME_WAIT is free). None
+    where the question fails otherwise (a port out of range, a bind refused for another
+    reason)."""
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(("", port))
+    except OSError as exc:
+        return True if exc.errno == errno.EADDRINUSE else None
+    except (ValueError, OverflowError):
+        return None
+    return False
 
 
 def seconds_from_env(name: str, default: float) -> float:

@@ -133,7 +133,7 @@ def test_a_free_port_lies_below_the_ephemeral_range_and_binds(monkeypatch):
         # Every pick but one is the busy port: the one that binds is taken.
         picks = iter([busy] * (rankcontext.FREE_PORT_TRIES - 1) + [busy + 1])
         monkeypatch.setattr(rankcontext.random, "randrange", lambda a, b: next(picks))
-        monkeypatch.setattr(rankcontext, "_binds", lambda port: port != busy)
+        monkeypatch.setattr(rankcontext, "port_taken", lambda port: port == busy)
         assert rankcontext.free_port() == busy + 1
         # None of the tries binds: the system picks one.
         monkeypatch.setattr(rankcontext.random, "randrange", lambda a, b: busy)
