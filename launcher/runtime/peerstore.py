@@ -14,8 +14,9 @@ starts none.
 The store's process (:func:`main`) ends LINGER_S after every rank has said it finished
 (:func:`finished`, from launcher.runtime.shutdown_distributed), or when the process that
 started it is gone (the job controller; for rank 0's, srun's step daemon or the local job
-step: the step it served has ended, whatever became of its ranks). It ignores the signals a job's warning, its stack
-dumps and a terminal's keys send, which are meant for the ranks; SIGTERM ends it.
+step: the step it served has ended, whatever became of its ranks). It ignores the signals
+a job's warning, its stack dumps and a terminal's keys send, which are meant for the
+ranks; SIGTERM ends it.
 """
 
 from __future__ import annotations
